@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The test command: installs what it needs, builds tandem twice (plain, and
+# with AddressSanitizer + UndefinedBehaviorSanitizer) and runs every test in
+# both builds. Ends with one summary line over both runs.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/deps.sh" || exit 1
+jobs="$(nproc)"
+status=0
+pass=0
+fail=0
+for variant in plain asan; do
+  dir="$root/build"
+  args=()
+  if [ "$variant" = asan ]; then
+    dir="$root/build-asan"
+    args=(-DTANDEM_SANITIZE=ON)
+  fi
+  echo "== build ($variant)"
+  mkdir -p "$dir"
+  "$root/scripts/build.sh" "$dir" "${args[@]}" || { echo "build ($variant) failed"; exit 1; }
+  echo "== tests ($variant)"
+  log="$dir/ctest.log"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "$dir" --output-on-failure -j"$jobs" --timeout 600 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -ne 0 ] && status=1
+  line=$(grep -E 'tests passed, [0-9]+ tests failed out of' "$log" | tail -1)
+  total=$(echo "$line" | sed -E 's/.* out of ([0-9]+).*/\1/')
+  failed=$(echo "$line" | sed -E 's/.*tests passed, ([0-9]+) tests failed.*/\1/')
+  if [ -n "$total" ] && [ -n "$failed" ]; then
+    pass=$((pass + total - failed))
+    fail=$((fail + failed))
+  else
+    status=1
+  fi
+done
+echo
+echo "all: $pass passed, $fail failed"
+exit $status

@@ -1,0 +1,19 @@
+/*
+ * cli.h - the `tandem` command: one binary, one file per subcommand.
+ *
+ * Each subcommand is `int cli_<name>(int argc, char **argv)` where argv[0] is
+ * the subcommand's name; it returns the process exit status. The dispatch
+ * table lives in main.c.
+ */
+#ifndef TANDEM_CLI_H
+#define TANDEM_CLI_H
+
+typedef struct cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} cli_command;
+
+int cli_version(int argc, char **argv);
+
+#endif
