@@ -8,5 +8,8 @@ shift || true
 export PATH="$PATH:/usr/local/cuda/bin"
 cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir.cmake.log" 2>&1 \
   || { cat "$dir.cmake.log"; exit 1; }
-cmake --build "$dir" -j"$(nproc)" 2>&1 | grep -vE '^\[ *[0-9]+%\]' || true
-test "${PIPESTATUS[0]}" -eq 0
+if ! cmake --build "$dir" -j"$(nproc)" >"$dir.build.log" 2>&1; then
+  grep -vE '^\[ *[0-9]+%\]' "$dir.build.log" | tail -60
+  echo "build failed: full log in $dir.build.log"
+  exit 1
+fi

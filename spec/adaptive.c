@@ -1,0 +1,77 @@
+#include "adaptive.h"
+
+#include <math.h>
+
+#define EMA_WEIGHT 0.3
+#define PRIOR_ACCEPT 0.7
+#define PRIOR_COST 0.1
+
+void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
+{
+    a->p = *p;
+    if (a->p.k_max < 1)
+        a->p.k_max = 1;
+    if (a->p.k_initial < 1 || a->p.k_initial > a->p.k_max)
+        a->p.k_initial = a->p.k_max;
+    a->accept_rate = PRIOR_ACCEPT;
+    a->cost = PRIOR_COST;
+    a->k_next = a->p.k_initial;
+    a->paused_left = 0;
+    a->rounds = 0;
+    a->pauses = 0;
+    a->probes = 0;
+}
+
+double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
+{
+    double al = a->accept_rate;
+    double expected = al >= 1.0 ? (double)(k + 1) : (1.0 - pow(al, k + 1)) / (1.0 - al);
+    return expected / (1.0 + a->cost * k);
+}
+
+static void choose(tdm_adaptive *a)
+{
+    int best = 1;
+    double best_s = tdm_adaptive_speedup(a, 1);
+    for (int k = 2; k <= a->p.k_max; k++) {
+        double s = tdm_adaptive_speedup(a, k);
+        if (s > best_s) {
+            best_s = s;
+            best = k;
+        }
+    }
+    if (best_s < 1.0 + a->p.min_gain) {
+        a->k_next = 0;
+        a->paused_left = a->p.pause_tokens;
+        a->pauses++;
+        return;
+    }
+    a->k_next = best;
+}
+
+void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft)
+{
+    a->rounds++;
+    if (drafted <= 0)
+        return;
+    double rate = (double)accepted / (double)drafted;
+    a->accept_rate = (1.0 - EMA_WEIGHT) * a->accept_rate + EMA_WEIGHT * rate;
+    if (cost_per_draft >= 0.0 && isfinite(cost_per_draft))
+        a->cost = (1.0 - EMA_WEIGHT) * a->cost + EMA_WEIGHT * cost_per_draft;
+    if (a->p.fixed) {
+        a->k_next = a->p.k_initial;
+        return;
+    }
+    choose(a);
+}
+
+void tdm_adaptive_on_plain_token(tdm_adaptive *a)
+{
+    if (a->k_next > 0 || a->p.fixed)
+        return;
+    if (--a->paused_left <= 0) {
+        /* Probe: one cheap round tells whether acceptance has recovered. */
+        a->k_next = 1;
+        a->probes++;
+    }
+}

@@ -1,0 +1,54 @@
+/*
+ * adaptive.h - how many tokens to draft next, per sequence, and when to stop
+ * speculating because it does not pay.
+ *
+ * The rule (documented in README.md, "Adaptive speculation"):
+ *  - a = exponential moving average (weight 0.3) of the per-token acceptance
+ *    rate accepted/drafted, starting from a prior of 0.7;
+ *  - c = the measured cost of one drafted token relative to one plain
+ *    decoding step (drafter time plus the extra verify work), also averaged;
+ *  - with k drafts a round yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
+ *    costs 1 + c*k steps, so the expected speed-up is S(k) = E(k) / (1 + c*k);
+ *  - the next block length is the k in [1, k_max] with the largest S(k);
+ *  - if the best S(k) is below 1 + min_gain, speculation is switched off for
+ *    this sequence for `pause_tokens` tokens, then probed again with one
+ *    round at k = 1 (acceptance can recover, e.g. entering boilerplate).
+ * Every decision is counted so that it is visible in the request's stats.
+ */
+#ifndef TANDEM_SPEC_ADAPTIVE_H
+#define TANDEM_SPEC_ADAPTIVE_H
+
+#include <stdbool.h>
+
+typedef struct tdm_adaptive_params {
+    int k_max;          /* most drafts per round (verifier and drafter limits) */
+    int k_initial;      /* first block length */
+    double min_gain;    /* required expected speed-up over plain decoding, e.g. 0.05 */
+    int pause_tokens;   /* plain tokens before probing again */
+    bool fixed;         /* true: always k_initial, never switch off (benchmarks, tests) */
+} tdm_adaptive_params;
+
+typedef struct tdm_adaptive {
+    tdm_adaptive_params p;
+    double accept_rate; /* EMA of accepted/drafted */
+    double cost;        /* EMA of per-draft-token cost relative to a plain step */
+    int k_next;         /* block length for the next round; 0 = speculation paused */
+    int paused_left;    /* plain tokens left before the next probe */
+    int rounds;
+    int pauses;         /* times speculation was switched off */
+    int probes;         /* rounds run to test whether it pays again */
+} tdm_adaptive;
+
+void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p);
+
+/* After a speculative round: k drafted, n accepted, and the measured cost of
+ * one drafted token relative to a plain step (< 0: unknown, keep estimate). */
+void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft);
+
+/* After a plain (non-speculative) step while paused. */
+void tdm_adaptive_on_plain_token(tdm_adaptive *a);
+
+/* Expected speed-up S(k) under the current estimates. */
+double tdm_adaptive_speedup(const tdm_adaptive *a, int k);
+
+#endif

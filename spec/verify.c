@@ -1,0 +1,115 @@
+#include "verify.h"
+
+#include <stddef.h>
+#include <string.h>
+
+size_t tdm_verify_scratch_bytes(int vocab)
+{
+    return (size_t)vocab * (2 * sizeof(float) + sizeof(int));
+}
+
+int tdm_verify_sample_one(const tdm_sampling *s, tdm_rng *rng, const float *logits, int vocab,
+                          void *scratch)
+{
+    if (tdm_sampling_is_greedy(s))
+        return tdm_sampling_argmax(logits, vocab);
+    float *p = scratch;
+    int *order = (int *)(p + 2 * (size_t)vocab);
+    tdm_sampling_probs(s, logits, vocab, p, order);
+    return tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
+}
+
+/* q(x) for the draft distribution at one position. */
+static float draft_prob(const tdm_draft_dist *d, uint32_t drafted, uint32_t x)
+{
+    if (d == NULL || d->n == 0)
+        return x == drafted ? 1.0f : 0.0f;
+    for (int i = 0; i < d->n; i++)
+        if (d->ids[i] == x)
+            return d->probs[i];
+    return 0.0f;
+}
+
+int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_logits, int vocab,
+                     const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
+                     tdm_verdict *out)
+{
+    for (int i = 0; i < k; i++) {
+        if (drafts[i] >= (uint32_t)vocab)
+            return -1;
+        if (dists && dists[i].n > 0)
+            for (int j = 0; j < dists[i].n; j++)
+                if (dists[i].ids[j] >= (uint32_t)vocab)
+                    return -1;
+    }
+
+    if (tdm_sampling_is_greedy(s)) {
+        int i = 0;
+        for (; i < k; i++) {
+            int best = tdm_sampling_argmax(target_logits + (size_t)i * vocab, vocab);
+            if ((uint32_t)best != drafts[i]) {
+                out->accepted = i;
+                out->next_token = best;
+                return 0;
+            }
+        }
+        out->accepted = k;
+        out->next_token = tdm_sampling_argmax(target_logits + (size_t)k * vocab, vocab);
+        return 0;
+    }
+
+    float *p = scratch;
+    float *resid = p + vocab;
+    int *order = (int *)(resid + vocab);
+    for (int i = 0; i < k; i++) {
+        const tdm_draft_dist *d = dists ? &dists[i] : NULL;
+        tdm_sampling_probs(s, target_logits + (size_t)i * vocab, vocab, p, order);
+        uint32_t x = drafts[i];
+        float px = p[x];
+        float qx = draft_prob(d, x, x);
+        /* Accept with probability min(1, p/q). A draft the drafter could not
+         * have drawn (q = 0) is rejected outright. */
+        double u = tdm_rng_uniform(rng);
+        if (qx > 0.0f && (px >= qx || u * (double)qx < (double)px))
+            continue;
+        /* Rejected: draw from normalise(max(0, p - q)). */
+        memcpy(resid, p, sizeof(float) * (size_t)vocab);
+        if (d == NULL || d->n == 0) {
+            resid[x] -= 1.0f;
+        } else {
+            for (int j = 0; j < d->n; j++)
+                resid[d->ids[j]] -= d->probs[j];
+        }
+        double mass = 0.0;
+        for (int t = 0; t < vocab; t++) {
+            if (resid[t] < 0.0f)
+                resid[t] = 0.0f;
+            mass += resid[t];
+        }
+        int next;
+        if (mass <= 0.0) {
+            /* p == q exactly: rejection has probability zero; rounding got us
+             * here. Sampling from p is then the exact answer. */
+            next = tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
+        } else {
+            double v = tdm_rng_uniform(rng) * mass;
+            next = -1;
+            double acc = 0.0;
+            for (int t = 0; t < vocab; t++) {
+                if (resid[t] <= 0.0f)
+                    continue;
+                acc += resid[t];
+                next = t;
+                if (v < acc)
+                    break;
+            }
+        }
+        out->accepted = i;
+        out->next_token = next;
+        return 0;
+    }
+    tdm_sampling_probs(s, target_logits + (size_t)k * vocab, vocab, p, order);
+    out->accepted = k;
+    out->next_token = tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
+    return 0;
+}

@@ -1,0 +1,57 @@
+/*
+ * verify.h - deciding how many draft tokens the target accepts.
+ *
+ * Given the target's logits at the k+1 positions of a verify pass (after the
+ * last committed token and after each of the k drafts) and the drafter's
+ * proposal, returns the number of drafts accepted and the token the target
+ * contributes (the correction at the first rejection, or the bonus token
+ * when every draft was accepted).
+ *
+ * Greedy settings: accept while the draft equals the target's argmax.
+ * Sampling settings: speculative rejection sampling (Leviathan et al. 2023,
+ * Chen et al. 2023): accept draft x with probability min(1, p(x)/q(x)); on
+ * rejection draw from normalise(max(0, p - q)); after k acceptances draw the
+ * bonus token from p. The tokens produced are distributed exactly as if
+ * sampled from p alone, whatever q is — provided q is the distribution the
+ * drafter actually drew from.
+ */
+#ifndef TANDEM_SPEC_VERIFY_H
+#define TANDEM_SPEC_VERIFY_H
+
+#include "sampling.h"
+
+#include <stddef.h>
+
+#include <stdint.h>
+
+/* The drafter's distribution at one position, sparse. n == 0 means a
+ * one-hot on the drafted token (a greedy drafter). */
+typedef struct tdm_draft_dist {
+    int n;
+    const uint32_t *ids;
+    const float *probs;
+} tdm_draft_dist;
+
+typedef struct tdm_verdict {
+    int accepted;   /* drafts accepted, 0..k */
+    int next_token; /* correction or bonus token */
+} tdm_verdict;
+
+/*
+ * target_logits: (k+1, vocab) row-major; drafts: k tokens; dists: k entries,
+ * or NULL for one-hot drafts everywhere. scratch: 2*vocab floats + vocab ints
+ * (see tdm_verify_scratch_bytes). rng is used only for sampling settings.
+ * Returns -1 when a draft token or a distribution id is outside the
+ * vocabulary (the caller treats the block as malformed); 0 otherwise.
+ */
+int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_logits, int vocab,
+                     const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
+                     tdm_verdict *out);
+
+/* Plain decoding: the next token from one row of logits. */
+int tdm_verify_sample_one(const tdm_sampling *s, tdm_rng *rng, const float *logits, int vocab,
+                          void *scratch);
+
+size_t tdm_verify_scratch_bytes(int vocab);
+
+#endif

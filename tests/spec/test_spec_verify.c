@@ -1,0 +1,286 @@
+/*
+ * Speculative verification is lossless: sequences produced by drafting from
+ * q and verifying against p are distributed exactly as sequences sampled
+ * from p alone. Checked with a chi-square test on an enumerable Markov
+ * "model" (vocabulary 5, sequences of 3 tokens: 125 cells), for several
+ * sampling settings and draft lengths. A deliberately broken verifier must
+ * fail the same test, so the test can fail.
+ */
+#include "adaptive.h"
+#include "ngram.h"
+#include "sampling.h"
+#include "verify.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define V 5
+#define L 3
+#define CELLS (V * V * V)
+
+static int failures;
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            failures++;                                                                           \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                           \
+            printf(__VA_ARGS__);                                                                  \
+            printf("\n");                                                                         \
+        }                                                                                         \
+    } while (0)
+
+/* Markov tables of logits: next-token logits given the previous token. */
+static float target_logits[V][V];
+static float draft_logits[V][V];
+
+static void make_tables(tdm_rng *rng)
+{
+    for (int a = 0; a < V; a++)
+        for (int b = 0; b < V; b++) {
+            target_logits[a][b] = (float)(3.0 * tdm_rng_uniform(rng) - 1.5);
+            draft_logits[a][b] = (float)(3.0 * tdm_rng_uniform(rng) - 1.5);
+        }
+}
+
+/* Exact probability of each 3-token sequence under the target's sampling. */
+static void exact_probs(const tdm_sampling *s, int start, double *out)
+{
+    float p[3][V];
+    int order[V];
+    (void)p;
+    for (int c = 0; c < CELLS; c++) {
+        int t[L] = {c / (V * V), (c / V) % V, c % V};
+        double prob = 1.0;
+        int prev = start;
+        for (int i = 0; i < L; i++) {
+            float pr[V];
+            tdm_sampling_probs(s, target_logits[prev], V, pr, order);
+            prob *= pr[t[i]];
+            prev = t[i];
+        }
+        out[c] = prob;
+    }
+}
+
+typedef enum { VERIFY_CORRECT, VERIFY_ALWAYS_ACCEPT, VERIFY_NO_RESIDUAL } verify_mode;
+
+/* Generates L tokens speculatively; returns the cell index. */
+static int generate(const tdm_sampling *ts, const tdm_sampling *ds, int k, int start, tdm_rng *rng,
+                    verify_mode mode, void *scratch)
+{
+    int out[L + 16];
+    int n = 0;
+    int prev = start;
+    while (n < L) {
+        uint32_t drafts[8];
+        float qrows[8][V];
+        uint32_t ids[8][V];
+        tdm_draft_dist dists[8];
+        int order[V];
+        int p = prev;
+        for (int i = 0; i < k; i++) {
+            tdm_sampling_probs(ds, draft_logits[p], V, qrows[i], order);
+            int x = tdm_sampling_draw(qrows[i], V, tdm_rng_uniform(rng));
+            drafts[i] = (uint32_t)x;
+            for (int j = 0; j < V; j++)
+                ids[i][j] = (uint32_t)j;
+            dists[i].n = V;
+            dists[i].ids = ids[i];
+            dists[i].probs = qrows[i];
+            p = x;
+        }
+        float logits[9][V];
+        p = prev;
+        for (int i = 0; i <= k; i++) {
+            memcpy(logits[i], target_logits[p], sizeof(logits[i]));
+            if (i < k)
+                p = (int)drafts[i];
+        }
+        tdm_verdict v;
+        if (mode == VERIFY_ALWAYS_ACCEPT) {
+            v.accepted = k;
+            v.next_token = tdm_verify_sample_one(ts, rng, logits[k], V, scratch);
+        } else {
+            int rc = tdm_verify_block(ts, rng, &logits[0][0], V, drafts, k, dists, scratch, &v);
+            if (rc != 0)
+                return -1;
+            if (mode == VERIFY_NO_RESIDUAL && v.accepted < k) {
+                /* Wrong: correction drawn from p instead of max(0, p - q). */
+                v.next_token = tdm_verify_sample_one(ts, rng, logits[v.accepted], V, scratch);
+            }
+        }
+        for (int i = 0; i < v.accepted; i++)
+            out[n++] = (int)drafts[i];
+        out[n++] = v.next_token;
+        prev = v.next_token;
+    }
+    return out[0] * V * V + out[1] * V + out[2];
+}
+
+/* Chi-square statistic over cells with expected count >= 5 (others pooled). */
+static double chi_square(const long *counts, const double *probs, long total, int *df)
+{
+    double stat = 0.0, pool_e = 0.0, pool_o = 0.0;
+    int cells = 0;
+    for (int c = 0; c < CELLS; c++) {
+        double e = probs[c] * (double)total;
+        if (e < 5.0) {
+            pool_e += e;
+            pool_o += (double)counts[c];
+            continue;
+        }
+        stat += (counts[c] - e) * (counts[c] - e) / e;
+        cells++;
+    }
+    if (pool_e >= 5.0) {
+        stat += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+        cells++;
+    } else if (pool_o > 0 && pool_e == 0.0) {
+        stat = INFINITY; /* produced a sequence of probability zero */
+    }
+    *df = cells - 1;
+    return stat;
+}
+
+/* Upper critical value of chi-square at p = 0.001 (Wilson–Hilferty). */
+static double chi_critical(int df)
+{
+    double z = 3.090; /* one-sided 0.001 */
+    double h = 2.0 / (9.0 * df);
+    return df * pow(1.0 - h + z * sqrt(h), 3.0);
+}
+
+static double run_case(const tdm_sampling *ts, const tdm_sampling *ds, int k, verify_mode mode,
+                       uint64_t seed, int *df_out)
+{
+    static long counts[CELLS];
+    double probs[CELLS];
+    memset(counts, 0, sizeof(counts));
+    exact_probs(ts, 0, probs);
+    tdm_rng rng;
+    tdm_rng_seed(&rng, seed);
+    void *scratch = malloc(tdm_verify_scratch_bytes(V));
+    const long N = 60000;
+    for (long i = 0; i < N; i++) {
+        int c = generate(ts, ds, k, 0, &rng, mode, scratch);
+        if (c < 0) {
+            free(scratch);
+            return INFINITY;
+        }
+        counts[c]++;
+    }
+    free(scratch);
+    return chi_square(counts, probs, N, df_out);
+}
+
+static void test_lossless(void)
+{
+    tdm_rng rng;
+    tdm_rng_seed(&rng, 12345);
+    make_tables(&rng);
+    struct {
+        tdm_sampling t, d;
+        int k;
+    } cases[] = {
+        {{1.0f, 0.0f, 0}, {1.0f, 0.0f, 0}, 1},
+        {{1.0f, 0.0f, 0}, {1.0f, 0.0f, 0}, 4},
+        {{0.7f, 0.0f, 0}, {1.3f, 0.0f, 0}, 3},
+        {{1.0f, 0.8f, 0}, {1.0f, 0.0f, 0}, 2},  /* target top-p */
+        {{1.0f, 0.0f, 3}, {0.5f, 0.9f, 0}, 4},  /* target top-k, sparse draft */
+        {{1.0f, 0.0f, 0}, {0.0f, 0.0f, 0}, 3},  /* greedy (one-hot) drafter */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int df = 0;
+        double stat = run_case(&cases[i].t, &cases[i].d, cases[i].k, VERIFY_CORRECT, 777 + i, &df);
+        double crit = chi_critical(df);
+        printf("case %zu: k=%d chi2=%.1f df=%d critical(0.001)=%.1f\n", i, cases[i].k, stat, df,
+               crit);
+        CHECK(stat < crit, "case %zu: speculative output distribution differs from target "
+                           "(chi2 %.1f >= %.1f)", i, stat, crit);
+    }
+    /* The same test catches broken verifiers. */
+    int df = 0;
+    double stat = run_case(&cases[2].t, &cases[2].d, 3, VERIFY_ALWAYS_ACCEPT, 99, &df);
+    printf("broken (always accept): chi2=%.1f critical=%.1f\n", stat, chi_critical(df));
+    CHECK(stat > chi_critical(df), "an always-accepting verifier passed the chi-square test");
+    stat = run_case(&cases[2].t, &cases[2].d, 3, VERIFY_NO_RESIDUAL, 98, &df);
+    printf("broken (no residual): chi2=%.1f critical=%.1f\n", stat, chi_critical(df));
+    CHECK(stat > chi_critical(df), "a verifier without residual sampling passed the test");
+}
+
+static void test_greedy(void)
+{
+    enum { VG = 7 };
+    float logits[4][VG];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < VG; j++)
+            logits[i][j] = (float)((i * 3 + j * 5) % VG);
+    /* argmax of row i: the j with (3i + 5j) % 7 == 6 */
+    int am[4];
+    for (int i = 0; i < 4; i++)
+        am[i] = tdm_sampling_argmax(logits[i], VG);
+    void *scratch = malloc(tdm_verify_scratch_bytes(VG));
+    tdm_sampling greedy = {0};
+    tdm_verdict v;
+    uint32_t d[3] = {(uint32_t)am[0], (uint32_t)am[1], (uint32_t)((am[2] + 1) % VG)};
+    CHECK(tdm_verify_block(&greedy, NULL, &logits[0][0], VG, d, 3, NULL, scratch, &v) == 0, "rc");
+    CHECK(v.accepted == 2 && v.next_token == am[2], "greedy partial: got %d/%d", v.accepted,
+          v.next_token);
+    d[2] = (uint32_t)am[2];
+    tdm_verify_block(&greedy, NULL, &logits[0][0], VG, d, 3, NULL, scratch, &v);
+    CHECK(v.accepted == 3 && v.next_token == am[3], "greedy full: got %d/%d", v.accepted,
+          v.next_token);
+    d[0] = VG + 3;
+    CHECK(tdm_verify_block(&greedy, NULL, &logits[0][0], VG, d, 3, NULL, scratch, &v) == -1,
+          "out-of-vocabulary draft accepted");
+    free(scratch);
+}
+
+static void test_ngram(void)
+{
+    uint32_t ctx[] = {1, 2, 3, 4, 5, 9, 9, 1, 2, 3};
+    uint32_t out[8];
+    int n = tdm_ngram_propose(ctx, 10, 1, 3, 4, out);
+    CHECK(n == 4 && out[0] == 4 && out[1] == 5 && out[2] == 9 && out[3] == 9,
+          "ngram proposal: n=%d", n);
+    uint32_t none[] = {1, 2, 3, 4};
+    CHECK(tdm_ngram_propose(none, 4, 1, 3, 4, out) == 0, "ngram proposed without a match");
+}
+
+static void test_adaptive(void)
+{
+    tdm_adaptive_params p = {.k_max = 8, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 10};
+    tdm_adaptive a;
+    tdm_adaptive_init(&a, &p);
+    for (int i = 0; i < 20; i++)
+        tdm_adaptive_on_round(&a, a.k_next, a.k_next, 0.05);
+    CHECK(a.k_next == 8, "full acceptance should draft k_max, got %d", a.k_next);
+    for (int i = 0; i < 20 && a.k_next > 0; i++)
+        tdm_adaptive_on_round(&a, a.k_next, 0, 0.05);
+    CHECK(a.k_next == 0 && a.pauses == 1, "zero acceptance should pause speculation");
+    for (int i = 0; i < 10; i++)
+        tdm_adaptive_on_plain_token(&a);
+    CHECK(a.k_next == 1 && a.probes == 1, "a probe should follow the pause, k=%d", a.k_next);
+    /* Expensive drafts pay less: the chosen k shrinks with cost. */
+    tdm_adaptive b;
+    tdm_adaptive_init(&b, &p);
+    for (int i = 0; i < 20; i++)
+        tdm_adaptive_on_round(&b, 10, 7, 0.3);
+    CHECK(b.k_next > 0 && b.k_next < 8, "costly drafts should shorten blocks, got %d", b.k_next);
+}
+
+int main(void)
+{
+    test_greedy();
+    test_ngram();
+    test_adaptive();
+    test_lossless();
+    if (failures) {
+        printf("%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("all spec checks passed\n");
+    return 0;
+}
