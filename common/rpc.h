@@ -208,7 +208,7 @@ tdm_status tdm_rpc_unary(tdm_rpc_channel *ch, const char *method, const Protobuf
                          const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
                          const tdm_rpc_call_options *opt, tdm_error *err);
 
-/* Unary call with raw bytes both ways (tests, tools). *resp/*resp_len are
+/* Unary call with raw bytes both ways (tests, tools). *resp and *resp_len are
  * malloc'ed (caller frees) on TDM_OK. */
 tdm_status tdm_rpc_unary_raw(tdm_rpc_channel *ch, const char *method, const void *req,
                              size_t req_len, void **resp, size_t *resp_len,

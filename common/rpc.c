@@ -1,0 +1,183 @@
+/*
+ * rpc.c - helpers shared by the server and client halves of the gRPC layer:
+ * file loading for TLS, protobuf-c <-> byte buffer conversion, channel
+ * arguments, deadlines and the process-wide signal wait.
+ */
+#include <errno.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/support/time.h>
+#include <limits.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc_internal.h"
+
+tdm_status tdm_rpc__read_file(const char *what, const char *path, char **out, tdm_error *err)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "cannot read %s file '%s': %s", what,
+                             path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            fclose(f);
+            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory reading %s",
+                                 path);
+        }
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0)
+            break;
+        if (len + 1 == cap) {
+            if (cap > (64u << 20)) {
+                free(buf);
+                fclose(f);
+                return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s file '%s' is too large",
+                                     what, path);
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb)
+                free(buf);
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int rerr = ferror(f);
+    fclose(f);
+    if (rerr) {
+        free(buf);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "error reading %s file '%s'", what,
+                             path);
+    }
+    buf[len] = '\0';
+    if (len == 0) {
+        free(buf);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s file '%s' is empty", what, path);
+    }
+    *out = buf;
+    return TDM_OK;
+}
+
+grpc_byte_buffer *tdm_rpc__pack(const ProtobufCMessage *msg)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(n);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+grpc_byte_buffer *tdm_rpc__pack_raw(const void *data, size_t len)
+{
+    grpc_slice s = grpc_slice_from_copied_buffer(data, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+ProtobufCMessage *tdm_rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *buf)
+{
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, buf))
+        return NULL;
+    grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    ProtobufCMessage *m =
+        protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+    return m;
+}
+
+void *tdm_rpc__buffer_bytes(grpc_byte_buffer *buf, size_t *len)
+{
+    grpc_byte_buffer_reader r;
+    *len = 0;
+    if (!grpc_byte_buffer_reader_init(&r, buf))
+        return NULL;
+    grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    size_t n = GRPC_SLICE_LENGTH(s);
+    void *out = malloc(n ? n : 1);
+    if (out)
+        memcpy(out, GRPC_SLICE_START_PTR(s), n);
+    grpc_slice_unref(s);
+    *len = out ? n : 0;
+    return out;
+}
+
+void tdm_rpc__size_args(grpc_arg *args, grpc_channel_args *out, int64_t max_bytes,
+                        const char *name_override)
+{
+    if (max_bytes <= 0)
+        max_bytes = TDM_RPC_DEFAULT_MAX_MESSAGE_BYTES;
+    if (max_bytes > INT_MAX)
+        max_bytes = INT_MAX;
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int)max_bytes;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = (int)max_bytes;
+    out->num_args = 2;
+    if (name_override && name_override[0]) {
+        args[2].type = GRPC_ARG_STRING;
+        args[2].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[2].value.string = (char *)name_override;
+        out->num_args = 3;
+    }
+    out->args = args;
+}
+
+gpr_timespec tdm_rpc__deadline(int64_t timeout_ms)
+{
+    if (timeout_ms <= 0)
+        return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+}
+
+/* ---- signals ----------------------------------------------------------------
+ * The handler only posts a semaphore (async-signal-safe); the waiting thread
+ * does the rest, so no gRPC function ever runs in signal context. */
+
+static sem_t sig_sem;
+static volatile sig_atomic_t sig_last;
+static pthread_once_t sig_once = PTHREAD_ONCE_INIT;
+
+static void sig_handler(int signo)
+{
+    sig_last = signo;
+    sem_post(&sig_sem);
+}
+
+static void sig_install_once(void)
+{
+    sem_init(&sig_sem, 0, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = sig_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+void tdm_rpc_signals_install(void)
+{
+    pthread_once(&sig_once, sig_install_once);
+}
+
+int tdm_rpc_wait_for_signal(void)
+{
+    tdm_rpc_signals_install();
+    while (sem_wait(&sig_sem) != 0 && errno == EINTR) {
+    }
+    return (int)sig_last;
+}
