@@ -1,0 +1,742 @@
+/*
+ * compat.c - the compatibility rule table and the fingerprints a Descriptor
+ * carries (see compat.h).
+ */
+#include "compat.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- naming helpers ------------------------------------------------------- */
+
+const char *tdm_compat_service_name(const Tandem__V1__Descriptor *d, char *buf, size_t len)
+{
+    const char *id = (d->replica_id && d->replica_id[0]) ? d->replica_id : "(no replica id)";
+    const char *addr = (d->address && d->address[0]) ? d->address : "no address";
+    snprintf(buf, len, "%s (%s)", id, addr);
+    return buf;
+}
+
+static const char *role_name(Tandem__V1__Role r)
+{
+    switch (r) {
+    case TANDEM__V1__ROLE__ROLE_GATEWAY: return "gateway";
+    case TANDEM__V1__ROLE__ROLE_VERIFIER: return "verifier";
+    case TANDEM__V1__ROLE__ROLE_DRAFTER: return "drafter";
+    default: return "replica";
+    }
+}
+
+static const char *strategy_name(Tandem__V1__StateStrategy s)
+{
+    switch (s) {
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER: return "extra_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER: return "no_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY: return "replay";
+    default: return "unspecified";
+    }
+}
+
+/* Strategies that can produce the recurrent state at any committed position. */
+static int strategy_has_any_position(Tandem__V1__StateStrategy s)
+{
+    return s == TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER ||
+           s == TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY;
+}
+
+static const char *fp_or_none(const char *fp)
+{
+    return (fp && fp[0]) ? fp : "(none)";
+}
+
+/* First 12 hex digits of a fingerprint, for sentences. */
+static const char *fp_short(const char *fp, char *buf, size_t len)
+{
+    if (!fp || !fp[0])
+        snprintf(buf, len, "(none)");
+    else
+        snprintf(buf, len, "%.12s", fp);
+    return buf;
+}
+
+static void fill_services(tdm_compat_refusal *r, const char *rule, const Tandem__V1__Descriptor *a,
+                          const Tandem__V1__Descriptor *b)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->rule, sizeof(r->rule), "%s", rule);
+    tdm_compat_service_name(a, r->a_replica, sizeof(r->a_replica));
+    tdm_compat_service_name(b, r->b_replica, sizeof(r->b_replica));
+}
+
+/* ---- pair rules (a = verifier, b = drafter) ------------------------------- */
+
+static int rule_tokenizer(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                          tdm_compat_refusal *out)
+{
+    /* An n-gram drafter proposes token ids it has seen in the sequence itself:
+     * it has no vocabulary of its own to disagree about. */
+    if (d->drafter_kind == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM)
+        return 0;
+    const char *a = v->tokenizer_fingerprint ? v->tokenizer_fingerprint : "";
+    const char *b = d->tokenizer_fingerprint ? d->tokenizer_fingerprint : "";
+    if (strcmp(a, b) == 0)
+        return 0;
+    fill_services(out, "tokenizer-fingerprint", v, d);
+    snprintf(out->a_value, sizeof(out->a_value), "%s", fp_or_none(a));
+    snprintf(out->b_value, sizeof(out->b_value), "%s", fp_or_none(b));
+    char sa[16], sb[16];
+    snprintf(out->message, sizeof(out->message),
+             "rule tokenizer-fingerprint: verifier %s uses tokenizer %s but drafter %s uses "
+             "tokenizer %s; a drafter must share the verifier's tokenizer so that its token ids "
+             "mean the same text.",
+             out->a_replica, fp_short(a, sa, sizeof(sa)), out->b_replica,
+             fp_short(b, sb, sizeof(sb)));
+    return 1;
+}
+
+static int rule_block_size(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                           tdm_compat_refusal *out)
+{
+    if (d->draft_block_size <= v->max_draft_tokens)
+        return 0;
+    fill_services(out, "draft-block-size", v, d);
+    snprintf(out->a_value, sizeof(out->a_value), "max_draft_tokens=%u", v->max_draft_tokens);
+    snprintf(out->b_value, sizeof(out->b_value), "draft_block_size=%u", d->draft_block_size);
+    snprintf(out->message, sizeof(out->message),
+             "rule draft-block-size: drafter %s proposes blocks of %u tokens (draft_block_size) "
+             "but verifier %s verifies at most %u draft tokens per round (max_draft_tokens); the "
+             "drafter's block size must not exceed the verifier's max_draft_tokens.",
+             out->b_replica, d->draft_block_size, out->a_replica, v->max_draft_tokens);
+    return 1;
+}
+
+static int rule_prefix_cache(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                             tdm_compat_refusal *out)
+{
+    int v_bad = v->prefix_cache && !strategy_has_any_position(v->state_strategy);
+    int d_bad = d->prefix_cache && !strategy_has_any_position(d->state_strategy);
+    if (!v_bad && !d_bad)
+        return 0;
+    fill_services(out, "prefix-cache-state", v, d);
+    snprintf(out->a_value, sizeof(out->a_value), "prefix_cache=%s, state_strategy=%s",
+             v->prefix_cache ? "on" : "off", strategy_name(v->state_strategy));
+    snprintf(out->b_value, sizeof(out->b_value), "prefix_cache=%s, state_strategy=%s",
+             d->prefix_cache ? "on" : "off", strategy_name(d->state_strategy));
+    snprintf(out->message, sizeof(out->message),
+             "rule prefix-cache-state: verifier %s has %s and drafter %s has %s; prefix caching "
+             "needs the recurrent state at any committed position, which only extra_buffer or "
+             "replay can produce, so %s cannot serve with prefix caching.",
+             out->a_replica, out->a_value, out->b_replica, out->b_value,
+             v_bad && d_bad ? "neither" : (v_bad ? "the verifier" : "the drafter"));
+    return 1;
+}
+
+static uint32_t protocol_major(const Tandem__V1__Descriptor *d)
+{
+    return d->protocol ? d->protocol->major : 0;
+}
+
+static uint32_t protocol_minor(const Tandem__V1__Descriptor *d)
+{
+    return d->protocol ? d->protocol->minor : 0;
+}
+
+static int rule_protocol(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
+                         tdm_compat_refusal *out)
+{
+    if (protocol_major(a) == protocol_major(b))
+        return 0;
+    fill_services(out, "protocol-major", a, b);
+    snprintf(out->a_value, sizeof(out->a_value), "%u.%u", protocol_major(a), protocol_minor(a));
+    snprintf(out->b_value, sizeof(out->b_value), "%u.%u", protocol_major(b), protocol_minor(b));
+    snprintf(out->message, sizeof(out->message),
+             "rule protocol-major: %s %s speaks protocol %s but %s %s speaks protocol %s; the "
+             "protocol major versions must be equal.",
+             role_name(a->role), out->a_replica, out->a_value, role_name(b->role), out->b_replica,
+             out->b_value);
+    return 1;
+}
+
+/* ---- same-role rules ------------------------------------------------------ */
+
+static int rule_snapshot_layout(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
+                                tdm_compat_refusal *out)
+{
+    if (a->snapshot_layout_version == b->snapshot_layout_version)
+        return 0;
+    fill_services(out, "snapshot-layout", a, b);
+    snprintf(out->a_value, sizeof(out->a_value), "%u", a->snapshot_layout_version);
+    snprintf(out->b_value, sizeof(out->b_value), "%u", b->snapshot_layout_version);
+    snprintf(out->message, sizeof(out->message),
+             "rule snapshot-layout: %s %s writes state snapshots in layout version %u but %s %s "
+             "in layout version %u; replicas of one role must share the snapshot layout to move "
+             "sequences between them.",
+             role_name(a->role), out->a_replica, a->snapshot_layout_version, role_name(b->role),
+             out->b_replica, b->snapshot_layout_version);
+    return 1;
+}
+
+static const tdm_compat_rule g_rules[] = {
+    {"tokenizer-fingerprint", TDM_COMPAT_PAIR,
+     "a model drafter and its verifier use the same tokenizer (same fingerprint)",
+     rule_tokenizer},
+    {"draft-block-size", TDM_COMPAT_PAIR,
+     "the drafter's draft_block_size is at most the verifier's max_draft_tokens", rule_block_size},
+    {"prefix-cache-state", TDM_COMPAT_PAIR,
+     "a side with prefix_cache on uses a state strategy that yields the state at any committed "
+     "position (extra_buffer or replay)",
+     rule_prefix_cache},
+    {"protocol-major", TDM_COMPAT_PAIR, "both sides speak the same protocol major version",
+     rule_protocol},
+    {"snapshot-layout", TDM_COMPAT_REPLICAS,
+     "replicas of one role write state snapshots in the same layout version",
+     rule_snapshot_layout},
+};
+
+const tdm_compat_rule *tdm_compat_rules(size_t *n)
+{
+    *n = TDM_ARRAY_LEN(g_rules);
+    return g_rules;
+}
+
+static size_t apply(tdm_compat_scope scope, const Tandem__V1__Descriptor *a,
+                    const Tandem__V1__Descriptor *b, tdm_compat_refusal *out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(g_rules); i++) {
+        if (g_rules[i].scope != scope)
+            continue;
+        tdm_compat_refusal r;
+        if (g_rules[i].check(a, b, &r)) {
+            if (n < max)
+                out[n] = r;
+            n++;
+        }
+    }
+    return n;
+}
+
+size_t tdm_compat_check_pair(const Tandem__V1__Descriptor *verifier,
+                             const Tandem__V1__Descriptor *drafter, tdm_compat_refusal *out,
+                             size_t max)
+{
+    return apply(TDM_COMPAT_PAIR, verifier, drafter, out, max);
+}
+
+size_t tdm_compat_check_replicas(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
+                                 tdm_compat_refusal *out, size_t max)
+{
+    return apply(TDM_COMPAT_REPLICAS, a, b, out, max);
+}
+
+static char *dup_or_die(const char *s)
+{
+    char *d = strdup(s);
+    TDM_ASSERT(d != NULL);
+    return d;
+}
+
+void tdm_compat_refusal_to_proto(const tdm_compat_refusal *r, Tandem__V1__Refusal *out)
+{
+    out->rule = dup_or_die(r->rule);
+    out->message = dup_or_die(r->message);
+    out->a_replica = dup_or_die(r->a_replica);
+    out->a_value = dup_or_die(r->a_value);
+    out->b_replica = dup_or_die(r->b_replica);
+    out->b_value = dup_or_die(r->b_value);
+}
+
+void tdm_compat_refusal_proto_clear(Tandem__V1__Refusal *out)
+{
+    free(out->rule);
+    free(out->message);
+    free(out->a_replica);
+    free(out->a_value);
+    free(out->b_replica);
+    free(out->b_value);
+    tandem__v1__refusal__init(out);
+}
+
+/* ---- canonical hashing ---------------------------------------------------- */
+
+/* Every item is hashed as an 8-byte little-endian length followed by its bytes,
+ * so that no two different sequences of items hash the same stream. */
+static void hash_item(EVP_MD_CTX *h, const void *data, size_t len)
+{
+    unsigned char n[8];
+    for (int i = 0; i < 8; i++)
+        n[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    EVP_DigestUpdate(h, n, 8);
+    if (len)
+        EVP_DigestUpdate(h, data, len);
+}
+
+static void hash_str(EVP_MD_CTX *h, const char *s)
+{
+    hash_item(h, s, strlen(s));
+}
+
+static void hash_u64(EVP_MD_CTX *h, uint64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
+    hash_str(h, buf);
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Canonical form of a JSON value: a type tag, then for objects the members
+ * sorted by key, for arrays the elements in order. Depth-limited because the
+ * input comes from a file. */
+static int hash_json(EVP_MD_CTX *h, const cJSON *j, int depth, const char *const *skip,
+                     size_t n_skip)
+{
+    if (depth > 64)
+        return -1;
+    if (!j || cJSON_IsNull(j)) {
+        hash_str(h, "n");
+    } else if (cJSON_IsBool(j)) {
+        hash_str(h, cJSON_IsTrue(j) ? "t" : "f");
+    } else if (cJSON_IsNumber(j)) {
+        char buf[64];
+        double v = j->valuedouble;
+        if (v == (double)(int64_t)v && v > -9e15 && v < 9e15)
+            snprintf(buf, sizeof(buf), "%lld", (long long)v);
+        else
+            snprintf(buf, sizeof(buf), "%.17g", v);
+        hash_str(h, "#");
+        hash_str(h, buf);
+    } else if (cJSON_IsString(j)) {
+        hash_str(h, "s");
+        hash_str(h, j->valuestring);
+    } else if (cJSON_IsArray(j)) {
+        hash_str(h, "[");
+        hash_u64(h, (uint64_t)cJSON_GetArraySize(j));
+        for (const cJSON *c = j->child; c; c = c->next)
+            if (hash_json(h, c, depth + 1, NULL, 0) != 0)
+                return -1;
+    } else if (cJSON_IsObject(j)) {
+        size_t n = 0;
+        for (const cJSON *c = j->child; c; c = c->next)
+            n++;
+        const char **keys = calloc(n ? n : 1, sizeof(char *));
+        TDM_ASSERT(keys != NULL);
+        size_t k = 0;
+        for (const cJSON *c = j->child; c; c = c->next) {
+            int skipped = 0;
+            for (size_t s = 0; s < n_skip; s++)
+                skipped = skipped || strcmp(c->string, skip[s]) == 0;
+            if (!skipped)
+                keys[k++] = c->string;
+        }
+        qsort(keys, k, sizeof(char *), cmp_cstr);
+        hash_str(h, "{");
+        hash_u64(h, k);
+        int rc = 0;
+        for (size_t i = 0; i < k && rc == 0; i++) {
+            hash_str(h, keys[i]);
+            rc = hash_json(h, cJSON_GetObjectItemCaseSensitive(j, keys[i]), depth + 1, NULL, 0);
+        }
+        free(keys);
+        return rc;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+static void hex_digest(EVP_MD_CTX *h, char out[65])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(h, md, &len);
+    for (unsigned int i = 0; i < len && i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", md[i]);
+    out[64] = '\0';
+}
+
+/* Reads a whole file (at most max bytes) into a NUL-terminated buffer. */
+static tdm_status read_file(const char *path, size_t max, char **out, size_t *len, tdm_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path,
+                             strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max) {
+        fclose(f);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: %lld bytes is larger than %zu",
+                             path, (long long)st.st_size, max);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    TDM_ASSERT(buf != NULL);
+    size_t got = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    if (got != (size_t)st.st_size) {
+        free(buf);
+        return tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: short read", path);
+    }
+    buf[got] = '\0';
+    *out = buf;
+    if (len)
+        *len = got;
+    return TDM_OK;
+}
+
+static tdm_status read_json(const char *path, size_t max, cJSON **out, tdm_error *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    tdm_status st = read_file(path, max, &text, &len, err);
+    if (st != TDM_OK)
+        return st;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j) {
+        const char *where = cJSON_GetErrorPtr();
+        long off = where ? (long)(where - text) : -1;
+        free(text);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not valid JSON (near byte %ld)",
+                             path, off);
+    }
+    free(text);
+    *out = j;
+    return TDM_OK;
+}
+
+/* ---- tokenizer fingerprint ------------------------------------------------ */
+
+typedef struct id_str {
+    uint64_t id;
+    const char *s;
+    int special;
+} id_str;
+
+static int cmp_id(const void *a, const void *b)
+{
+    const id_str *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+tdm_status tdm_compat_tokenizer_fingerprint_file(const char *path, char out[65], tdm_error *err)
+{
+    cJSON *root = NULL;
+    tdm_status st = read_json(path, (size_t)1 << 30, &root, err);
+    if (st != TDM_OK)
+        return st;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    if (!cJSON_IsObject(model) || !cJSON_IsObject(vocab)) {
+        cJSON_Delete(root);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: no model.vocab object (not a tokenizer.json?)", path);
+    }
+    if (merges && !cJSON_IsArray(merges)) {
+        cJSON_Delete(root);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: model.merges is not an array",
+                             path);
+    }
+    EVP_MD_CTX *h = EVP_MD_CTX_new();
+    TDM_ASSERT(h != NULL);
+    EVP_DigestInit_ex(h, EVP_sha256(), NULL);
+    hash_str(h, "tandem-tokenizer-v1");
+    hash_str(h, cJSON_IsString(type) ? type->valuestring : "");
+
+    size_t n = (size_t)cJSON_GetArraySize(vocab);
+    id_str *entries = calloc(n ? n : 1, sizeof(*entries));
+    TDM_ASSERT(entries != NULL);
+    size_t k = 0;
+    for (const cJSON *c = vocab->child; c; c = c->next) {
+        if (!cJSON_IsNumber(c) || c->valuedouble < 0) {
+            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                               "%s: model.vocab entry '%s' has no valid id", path, c->string);
+            goto done;
+        }
+        entries[k].id = (uint64_t)c->valuedouble;
+        entries[k].s = c->string;
+        k++;
+    }
+    qsort(entries, k, sizeof(*entries), cmp_id);
+    hash_str(h, "vocab");
+    hash_u64(h, k);
+    for (size_t i = 0; i < k; i++) {
+        hash_u64(h, entries[i].id);
+        hash_str(h, entries[i].s);
+    }
+
+    hash_str(h, "merges");
+    hash_u64(h, merges ? (uint64_t)cJSON_GetArraySize(merges) : 0);
+    size_t rank = 0;
+    for (const cJSON *m = merges ? merges->child : NULL; m; m = m->next, rank++) {
+        if (cJSON_IsString(m)) {
+            hash_str(h, m->valuestring);
+        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 &&
+                   cJSON_IsString(m->child) && cJSON_IsString(m->child->next)) {
+            /* The pair form ["a","b"] is the same merge as the string "a b". */
+            size_t la = strlen(m->child->valuestring), lb = strlen(m->child->next->valuestring);
+            char *joined = malloc(la + lb + 2);
+            TDM_ASSERT(joined != NULL);
+            memcpy(joined, m->child->valuestring, la);
+            joined[la] = ' ';
+            memcpy(joined + la + 1, m->child->next->valuestring, lb + 1);
+            hash_str(h, joined);
+            free(joined);
+        } else {
+            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                               "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path,
+                               rank);
+            goto done;
+        }
+    }
+
+    free(entries);
+    n = added ? (size_t)cJSON_GetArraySize(added) : 0;
+    entries = calloc(n ? n : 1, sizeof(*entries));
+    TDM_ASSERT(entries != NULL);
+    k = 0;
+    for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || !cJSON_IsString(content)) {
+            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                               "%s: added_tokens[%zu] needs a numeric id and a string content",
+                               path, k);
+            goto done;
+        }
+        entries[k].id = (uint64_t)id->valuedouble;
+        entries[k].s = content->valuestring;
+        entries[k].special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "special"));
+        k++;
+    }
+    qsort(entries, k, sizeof(*entries), cmp_id);
+    hash_str(h, "added_tokens");
+    hash_u64(h, k);
+    for (size_t i = 0; i < k; i++) {
+        hash_u64(h, entries[i].id);
+        hash_str(h, entries[i].s);
+        hash_str(h, entries[i].special ? "special" : "normal");
+    }
+
+    hash_str(h, "normalizer");
+    if (hash_json(h, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), 0, NULL, 0) != 0 ||
+        (hash_str(h, "pre_tokenizer"),
+         hash_json(h, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), 0, NULL, 0) != 0)) {
+        st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                           "%s: normalizer or pre_tokenizer nested too deeply", path);
+        goto done;
+    }
+    hex_digest(h, out);
+    st = TDM_OK;
+done:
+    free(entries);
+    EVP_MD_CTX_free(h);
+    cJSON_Delete(root);
+    return st;
+}
+
+/* ---- model fingerprint ---------------------------------------------------- */
+
+typedef struct tensor_entry {
+    char *name;
+    char *dtype;
+    char *shape; /* "2,3" */
+} tensor_entry;
+
+typedef struct tensor_list {
+    tensor_entry *items;
+    size_t n, cap;
+} tensor_list;
+
+static int cmp_tensor(const void *a, const void *b)
+{
+    return strcmp(((const tensor_entry *)a)->name, ((const tensor_entry *)b)->name);
+}
+
+/* Reads the JSON header of one safetensors file and appends its tensors. */
+static tdm_status read_safetensors_header(const char *path, tensor_list *list, tdm_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path,
+                             strerror(errno));
+    struct stat st;
+    unsigned char nb[8];
+    if (fstat(fileno(f), &st) != 0 || fread(nb, 1, 8, f) != 8) {
+        fclose(f);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: too short for a safetensors header", path);
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | nb[i];
+    if (hlen == 0 || hlen > (uint64_t)100 << 20 || hlen > (uint64_t)st.st_size - 8) {
+        fclose(f);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: safetensors header length %llu does not fit the file (%lld "
+                             "bytes)",
+                             path, (unsigned long long)hlen, (long long)st.st_size);
+    }
+    char *text = malloc(hlen + 1);
+    TDM_ASSERT(text != NULL);
+    if (fread(text, 1, hlen, f) != hlen) {
+        free(text);
+        fclose(f);
+        return tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: short read of the header", path);
+    }
+    fclose(f);
+    text[hlen] = '\0';
+    cJSON *j = cJSON_ParseWithLength(text, hlen);
+    free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: safetensors header is not a JSON object", path);
+    }
+    tdm_status rc = TDM_OK;
+    for (const cJSON *t = j->child; t && rc == TDM_OK; t = t->next) {
+        if (strcmp(t->string, "__metadata__") == 0)
+            continue;
+        const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+        if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape)) {
+            rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                               "%s: tensor '%s' lacks a dtype string or a shape array", path,
+                               t->string);
+            break;
+        }
+        char shape_text[512] = "";
+        size_t used = 0;
+        for (const cJSON *d = shape->child; d; d = d->next) {
+            if (!cJSON_IsNumber(d) || d->valuedouble < 0) {
+                rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                   "%s: tensor '%s' has a shape entry that is not a size", path,
+                                   t->string);
+                break;
+            }
+            int w = snprintf(shape_text + used, sizeof(shape_text) - used, "%s%llu",
+                             used ? "," : "", (unsigned long long)d->valuedouble);
+            if (w < 0 || (size_t)w >= sizeof(shape_text) - used) {
+                rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                   "%s: tensor '%s' has too many dimensions", path, t->string);
+                break;
+            }
+            used += (size_t)w;
+        }
+        if (rc != TDM_OK)
+            break;
+        if (list->n == list->cap) {
+            list->cap = list->cap ? list->cap * 2 : 64;
+            list->items = realloc(list->items, list->cap * sizeof(*list->items));
+            TDM_ASSERT(list->items != NULL);
+        }
+        tensor_entry *e = &list->items[list->n++];
+        e->name = strdup(t->string);
+        e->dtype = strdup(dtype->valuestring);
+        e->shape = strdup(shape_text);
+        TDM_ASSERT(e->name && e->dtype && e->shape);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+tdm_status tdm_compat_model_fingerprint_dir(const char *dir, char out[65], tdm_error *err)
+{
+    char path[4096];
+    cJSON *config = NULL;
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    tdm_status st = read_json(path, (size_t)16 << 20, &config, err);
+    if (st != TDM_OK)
+        return st;
+    tensor_list list = {0};
+    struct stat sb;
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    if (stat(path, &sb) == 0) {
+        st = read_safetensors_header(path, &list, err);
+    } else {
+        cJSON *index = NULL;
+        snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+        if (stat(path, &sb) != 0) {
+            st = tdm_error_set(err, TDM_ERR_NOT_FOUND,
+                               "%s: neither model.safetensors nor model.safetensors.index.json "
+                               "exists",
+                               dir);
+        } else if ((st = read_json(path, (size_t)64 << 20, &index, err)) == TDM_OK) {
+            const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
+            if (!cJSON_IsObject(map)) {
+                st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: no weight_map object",
+                                   path);
+            } else {
+                /* Each shard once, in sorted order. */
+                size_t n = (size_t)cJSON_GetArraySize(map), k = 0;
+                const char **files = calloc(n ? n : 1, sizeof(char *));
+                TDM_ASSERT(files != NULL);
+                for (const cJSON *e = map->child; e && st == TDM_OK; e = e->next) {
+                    if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
+                        st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                           "%s: weight_map entry '%s' is not a file name in the "
+                                           "model directory",
+                                           path, e->string);
+                        break;
+                    }
+                    files[k++] = e->valuestring;
+                }
+                qsort(files, k, sizeof(char *), cmp_cstr);
+                for (size_t i = 0; i < k && st == TDM_OK; i++) {
+                    if (i > 0 && strcmp(files[i], files[i - 1]) == 0)
+                        continue;
+                    char shard[4096];
+                    snprintf(shard, sizeof(shard), "%s/%s", dir, files[i]);
+                    st = read_safetensors_header(shard, &list, err);
+                }
+                free(files);
+            }
+            cJSON_Delete(index);
+        }
+    }
+    if (st == TDM_OK) {
+        static const char *const skip[] = {"transformers_version", "_name_or_path", "dtype",
+                                           "torch_dtype"};
+        EVP_MD_CTX *h = EVP_MD_CTX_new();
+        TDM_ASSERT(h != NULL);
+        EVP_DigestInit_ex(h, EVP_sha256(), NULL);
+        hash_str(h, "tandem-model-v1");
+        if (hash_json(h, config, 0, skip, TDM_ARRAY_LEN(skip)) != 0) {
+            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s/config.json: nested too deeply",
+                               dir);
+        } else {
+            qsort(list.items, list.n, sizeof(*list.items), cmp_tensor);
+            hash_str(h, "tensors");
+            hash_u64(h, list.n);
+            for (size_t i = 0; i < list.n; i++) {
+                hash_str(h, list.items[i].name);
+                hash_str(h, list.items[i].dtype);
+                hash_str(h, list.items[i].shape);
+            }
+            hex_digest(h, out);
+        }
+        EVP_MD_CTX_free(h);
+    }
+    for (size_t i = 0; i < list.n; i++) {
+        free(list.items[i].name);
+        free(list.items[i].dtype);
+        free(list.items[i].shape);
+    }
+    free(list.items);
+    cJSON_Delete(config);
+    return st;
+}

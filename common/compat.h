@@ -1,0 +1,91 @@
+/*
+ * compat.h - the compatibility rules between replicas (DESIGN.md section 4).
+ *
+ * This module owns the rule table that decides whether a verifier and a
+ * drafter may work together, and whether replicas of one role may exchange
+ * state snapshots. Rules read only tandem.v1.Descriptor messages, so the same
+ * table runs in the gateway (on descriptors sent at registration) and offline
+ * in `tandem check-config` (on descriptors built from config files). It also
+ * owns the fingerprints that go into a Descriptor: the tokenizer fingerprint
+ * (one function, to be replaced by the tokenizer module's) and the model
+ * fingerprint.
+ *
+ * Every refusal names the rule id, both values and both services (replica id
+ * and address) in a full sentence; tdm_compat_refusal_to_proto turns it into
+ * the tandem.v1.Refusal message served by GetStatus and RegisterReplica.
+ *
+ * Ownership: descriptors are borrowed for the duration of a call; refusals are
+ * plain values written into caller-provided arrays. Thread-safe (no state).
+ */
+#ifndef TANDEM_COMMON_COMPAT_H
+#define TANDEM_COMMON_COMPAT_H
+
+#include "status.h"
+#include "tandem/v1/common.pb-c.h"
+
+#include <stddef.h>
+
+typedef enum tdm_compat_scope {
+    TDM_COMPAT_PAIR = 0,    /* a verifier with a drafter */
+    TDM_COMPAT_REPLICAS = 1 /* two replicas of the same role */
+} tdm_compat_scope;
+
+typedef struct tdm_compat_refusal {
+    char rule[48];        /* rule id, e.g. "tokenizer-fingerprint" */
+    char message[2048];   /* full sentence naming both values and services */
+    char a_replica[256];  /* "replica-id (address)"; the verifier in a pair */
+    char a_value[256];
+    char b_replica[256];  /* the drafter in a pair */
+    char b_value[256];
+} tdm_compat_refusal;
+
+typedef struct tdm_compat_rule {
+    const char *id;
+    tdm_compat_scope scope;
+    const char *summary; /* what the rule requires, one sentence */
+    /* Returns 1 and fills *out when a and b are refused, 0 when they pass. */
+    int (*check)(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
+                 tdm_compat_refusal *out);
+} tdm_compat_rule;
+
+/* The rule table, in the order rules are applied. */
+const tdm_compat_rule *tdm_compat_rules(size_t *n);
+
+/* Applies every pair rule to a verifier and a drafter. Writes up to `max`
+ * refusals into out and returns how many rules refused (which may exceed
+ * max). 0 means the pair is compatible. */
+size_t tdm_compat_check_pair(const Tandem__V1__Descriptor *verifier,
+                             const Tandem__V1__Descriptor *drafter, tdm_compat_refusal *out,
+                             size_t max);
+
+/* Applies every same-role rule to two replicas of one role. */
+size_t tdm_compat_check_replicas(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
+                                 tdm_compat_refusal *out, size_t max);
+
+/* Fills a Refusal message (initialised by the caller) with copies of the
+ * refusal's strings; free them with tdm_compat_refusal_proto_clear. */
+void tdm_compat_refusal_to_proto(const tdm_compat_refusal *r, Tandem__V1__Refusal *out);
+void tdm_compat_refusal_proto_clear(Tandem__V1__Refusal *out);
+
+/* "replica-id (address)" for messages. */
+const char *tdm_compat_service_name(const Tandem__V1__Descriptor *d, char *buf, size_t len);
+
+/* SHA-256 (hex, 64 chars + NUL) of a tokenizer.json's canonical content, so
+ * that formatting and key order do not matter. Hashed, in this order, each
+ * item as a length-prefixed string: "tandem-tokenizer-v1"; model.type; every
+ * vocab entry sorted by id as (id, token); every merge in rank order as
+ * "left right" (string or pair form); every added token sorted by id as (id,
+ * content, special); the normalizer and pre_tokenizer as canonical JSON
+ * (object keys sorted, no whitespace). Errors name the file and what is
+ * missing. */
+tdm_status tdm_compat_tokenizer_fingerprint_file(const char *path, char out[65], tdm_error *err);
+
+/* SHA-256 (hex) of a model directory: config.json as canonical JSON without
+ * the keys that do not change what the model computes (transformers_version,
+ * _name_or_path; dtype and torch_dtype, which the tensors' dtypes capture),
+ * then every tensor of model.safetensors (or of the shards listed in
+ * model.safetensors.index.json) sorted by name as (name, dtype, shape). Only
+ * the safetensors headers are read. */
+tdm_status tdm_compat_model_fingerprint_dir(const char *dir, char out[65], tdm_error *err);
+
+#endif

@@ -1,0 +1,654 @@
+/*
+ * service_config.c - the three services' configuration tables, rules and
+ * checks, their start-up sequence, and Descriptor building (see
+ * service_config.h).
+ */
+#include "service_config.h"
+
+#include "buildinfo.h"
+#include "compat.h"
+#include "log.h"
+
+#include <cjson/cJSON.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- tables --------------------------------------------------------------- */
+
+#define GRP_NET "Network"
+#define GRP_TLS "TLS (all three paths empty: plaintext)"
+#define GRP_REG "Registration with the gateway"
+#define GRP_MODEL "Model and compute"
+#define GRP_SPEC "Speculative decoding"
+#define GRP_OPS "Operations"
+
+/* Rows every service has. */
+#define KEY_LISTEN(def)                                                                            \
+    {"listen", TDM_CFG_ADDRESS, def, NULL, 0, 0, 0, NULL, GRP_NET,                                 \
+     "Address of the main gRPC port (host:port; port 0 picks a free one)."}
+#define KEY_HEALTH_LISTEN(def)                                                                     \
+    {"health_listen", TDM_CFG_ADDRESS, def, NULL, 0, 0, 0, NULL, GRP_NET,                          \
+     "Address of a plaintext port serving only grpc.health.v1.Health, for Kubernetes gRPC "        \
+     "probes, which cannot speak TLS."}
+#define KEYS_COMMON                                                                                \
+    {"max_message_size", TDM_CFG_SIZE, "64MiB", NULL, 1024, 2147483647, 0, NULL, GRP_NET,          \
+     "Largest gRPC message this process sends or accepts."},                                       \
+        {"tls_cert", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,     \
+         GRP_TLS, "PEM certificate chain this process presents; needs tls_key."},                  \
+        {"tls_key", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,      \
+         GRP_TLS, "PEM private key of tls_cert."},                                                 \
+        {"tls_ca", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,       \
+         GRP_TLS,                                                                                  \
+         "PEM CA bundle that peers' certificates must chain to (clients verify servers with it; "  \
+         "a server given one also requires client certificates)."},                               \
+        {"log_level", TDM_CFG_ENUM, "info", "debug|info|warn|error", 0, 0, 0, NULL, GRP_OPS,       \
+         "Least severe log level written to stderr."},                                             \
+        {"shutdown_grace", TDM_CFG_DURATION, "5s", NULL, 0, 600000, 0, NULL, GRP_OPS,              \
+         "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled."}
+
+/* Rows drafters and verifiers share. */
+#define KEYS_REPLICA                                                                               \
+    {"gateway", TDM_CFG_ADDRESS, "127.0.0.1:7700", NULL, 0, 0, 0, NULL, GRP_REG,                   \
+     "Address of the gateway this replica registers with and heartbeats to."},                     \
+        {"replica_id", TDM_CFG_STRING, "auto", NULL, 0, 0, TDM_CFG_AUTO, NULL, GRP_REG,            \
+         "Name of this replica, unique among the gateway's replicas; auto: "                       \
+         "<role>-<hostname>-<pid>."},                                                              \
+        {"advertise", TDM_CFG_ADDRESS, "auto", NULL, 0, 0, TDM_CFG_AUTO, NULL, GRP_REG,            \
+         "Address peers use to reach this replica's main port; auto: listen, with a wildcard "     \
+         "host replaced by the host name and port 0 by the bound port."},                          \
+        {"model", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_DIR,               \
+         "config.json", GRP_MODEL,                                                                 \
+         "Hugging Face model directory (config.json, safetensors weights, tokenizer.json)."},      \
+        {"tokenizer", TDM_CFG_PATH, "auto", NULL, 0, 0,                                            \
+         TDM_CFG_AUTO | TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL, GRP_MODEL,                     \
+         "tokenizer.json whose fingerprint this replica advertises; auto: the model "              \
+         "directory's tokenizer.json."},                                                           \
+        {"backend", TDM_CFG_ENUM, "auto", "auto|cpu|cuda", 0, 0, TDM_CFG_AUTO, NULL, GRP_MODEL,    \
+         "Compute backend; auto: cuda when this build has CUDA, else cpu."},                       \
+        {"max_sequences", TDM_CFG_INT, "64", NULL, 1, 65536, 0, NULL, GRP_MODEL,                   \
+         "Most sequences this replica holds state for at once."},                                  \
+        {"state_strategy", TDM_CFG_ENUM, "auto", "auto|extra_buffer|no_buffer", 0, 0,              \
+         TDM_CFG_AUTO, NULL, GRP_SPEC,                                                             \
+         "How the recurrent state is committed after a verify step: extra_buffer keeps a state "   \
+         "per position, no_buffer recomputes accepted positions from a checkpoint."},              \
+        {"prefix_cache", TDM_CFG_BOOL, "off", NULL, 0, 0, 0, NULL, GRP_SPEC,                       \
+         "Reuse the state of a common prompt prefix across requests (needs a state at any "        \
+         "committed position)."}
+
+static const tdm_cfg_key gateway_keys[] = {
+    KEY_LISTEN("127.0.0.1:7700"),
+    KEY_HEALTH_LISTEN("127.0.0.1:7701"),
+    KEYS_COMMON,
+    {"heartbeat_interval", TDM_CFG_DURATION, "1s", NULL, 50, 60000, 0, NULL, GRP_REG,
+     "How often replicas are told to heartbeat."},
+    {"replica_ttl", TDM_CFG_DURATION, "5s", NULL, 100, 600000, 0, NULL, GRP_REG,
+     "Silence after which a replica is dropped from the registry."},
+};
+
+static const tdm_cfg_key verifier_keys[] = {
+    KEY_LISTEN("127.0.0.1:7710"),
+    KEY_HEALTH_LISTEN("127.0.0.1:7711"),
+    KEYS_COMMON,
+    KEYS_REPLICA,
+    {"max_draft_tokens", TDM_CFG_INT, "8", NULL, 1, 64, 0, NULL, GRP_SPEC,
+     "Most draft tokens verified in one round; a drafter's draft_block_size must not exceed "
+     "it."},
+};
+
+static const tdm_cfg_key drafter_keys[] = {
+    KEY_LISTEN("127.0.0.1:7720"),
+    KEY_HEALTH_LISTEN("127.0.0.1:7721"),
+    KEYS_COMMON,
+    KEYS_REPLICA,
+    {"drafter_kind", TDM_CFG_ENUM, "auto", "auto|model|ngram", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
+     "model: a small model of the verifier's family; ngram: model-free prompt lookup; auto: "
+     "model when model is set, else ngram."},
+    {"draft_block_size", TDM_CFG_INT, "4", NULL, 1, 64, 0, NULL, GRP_SPEC,
+     "Tokens proposed per round; at most the verifier's max_draft_tokens."},
+};
+
+/* ---- rules ---------------------------------------------------------------- */
+
+Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema)
+{
+    if (schema == &tdm_svc_verifier_schema)
+        return TANDEM__V1__ROLE__ROLE_VERIFIER;
+    if (schema == &tdm_svc_drafter_schema)
+        return TANDEM__V1__ROLE__ROLE_DRAFTER;
+    if (schema == &tdm_svc_gateway_schema)
+        return TANDEM__V1__ROLE__ROLE_GATEWAY;
+    return TANDEM__V1__ROLE__ROLE_UNSPECIFIED;
+}
+
+const char *tdm_svc_role_name(Tandem__V1__Role role)
+{
+    switch (role) {
+    case TANDEM__V1__ROLE__ROLE_GATEWAY: return "gateway";
+    case TANDEM__V1__ROLE__ROLE_VERIFIER: return "verifier";
+    case TANDEM__V1__ROLE__ROLE_DRAFTER: return "drafter";
+    default: return "unspecified";
+    }
+}
+
+Tandem__V1__StateStrategy tdm_svc_strategy_from_name(const char *name)
+{
+    if (strcmp(name, "extra_buffer") == 0)
+        return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER;
+    if (strcmp(name, "no_buffer") == 0)
+        return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER;
+    if (strcmp(name, "replay") == 0)
+        return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY;
+    return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_UNSPECIFIED;
+}
+
+const char *tdm_svc_strategy_name(Tandem__V1__StateStrategy s)
+{
+    switch (s) {
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER: return "extra_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER: return "no_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY: return "replay";
+    default: return "unspecified";
+    }
+}
+
+const char *tdm_svc_drafter_kind_name(Tandem__V1__DrafterKind k)
+{
+    switch (k) {
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL: return "model";
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM: return "ngram";
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP: return "mtp";
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_DFLASH: return "dflash";
+    default: return "";
+    }
+}
+
+static void host_name(char *buf, size_t len)
+{
+    if (gethostname(buf, len) != 0 || !buf[0])
+        snprintf(buf, len, "localhost");
+    buf[len - 1] = '\0';
+}
+
+static tdm_status rule_replica_id(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                  size_t rlen, tdm_error *err)
+{
+    (void)err;
+    char host[256];
+    host_name(host, sizeof(host));
+    snprintf(value, vlen, "%s-%s-%ld", tdm_svc_role_name(tdm_svc_role_of(tdm_cfg_schema_of(cfg))),
+             host, (long)getpid());
+    snprintf(reason, rlen, "no replica_id given; named after the role, host name and process id");
+    return TDM_OK;
+}
+
+static int is_wildcard(const char *host)
+{
+    return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 || strcmp(host, "*") == 0;
+}
+
+static tdm_status rule_advertise(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                 size_t rlen, tdm_error *err)
+{
+    char host[256], d[512];
+    int port = 0;
+    if (tdm_cfg_parse_address(tdm_cfg_str(cfg, "listen"), host, sizeof(host), &port, err) !=
+        TDM_OK)
+        return TDM_ERR_INVALID_ARGUMENT;
+    tdm_cfg_describe(cfg, "listen", d, sizeof(d));
+    if (is_wildcard(host)) {
+        char me[256];
+        host_name(me, sizeof(me));
+        snprintf(value, vlen, "%s:%d", me, port);
+        snprintf(reason, rlen, "%s listens on every interface; peers are given the host name%s", d,
+                 port == 0 ? " (port 0 is replaced by the bound port at start)" : "");
+    } else {
+        snprintf(value, vlen, "%s", tdm_cfg_str(cfg, "listen"));
+        snprintf(reason, rlen, "peers reach the address of %s%s", d,
+                 port == 0 ? " (port 0 is replaced by the bound port at start)" : "");
+    }
+    return TDM_OK;
+}
+
+static tdm_status rule_tokenizer(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                 size_t rlen, tdm_error *err)
+{
+    (void)err;
+    const char *model = tdm_cfg_str(cfg, "model");
+    char d[512];
+    tdm_cfg_describe(cfg, "model", d, sizeof(d));
+    if (!model[0]) {
+        value[0] = '\0';
+        snprintf(reason, rlen, "no tokenizer: %s is not set", d);
+        return TDM_OK;
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tokenizer.json", model);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        snprintf(value, vlen, "%s", path);
+        snprintf(reason, rlen, "the tokenizer.json of %s", d);
+    } else {
+        value[0] = '\0';
+        snprintf(reason, rlen, "no tokenizer: %s has no tokenizer.json", d);
+    }
+    return TDM_OK;
+}
+
+static tdm_status rule_backend(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                               size_t rlen, tdm_error *err)
+{
+    (void)cfg;
+    (void)err;
+    const tdm_build_info *b = tdm_build_info_get();
+    if (b->cuda_runtime[0]) {
+        snprintf(value, vlen, "cuda");
+        snprintf(reason, rlen, "this build has CUDA %s (archs %s)", b->cuda_runtime, b->gpu_archs);
+    } else {
+        snprintf(value, vlen, "cpu");
+        snprintf(reason, rlen, "this build has no CUDA backend (built without nvcc)");
+    }
+    return TDM_OK;
+}
+
+static tdm_status rule_state_strategy(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                      size_t rlen, tdm_error *err)
+{
+    (void)err;
+    char d[512];
+    tdm_cfg_describe(cfg, "prefix_cache", d, sizeof(d));
+    snprintf(value, vlen, "extra_buffer");
+    if (tdm_cfg_bool(cfg, "prefix_cache"))
+        snprintf(reason, rlen,
+                 "%s needs the recurrent state at any committed position, which extra_buffer "
+                 "produces and no_buffer cannot",
+                 d);
+    else
+        snprintf(reason, rlen,
+                 "%s; default: extra_buffer commits by picking a per-position state, without "
+                 "recomputation (set no_buffer to trade that speed for state memory)",
+                 d);
+    return TDM_OK;
+}
+
+static tdm_status rule_drafter_kind(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                    size_t rlen, tdm_error *err)
+{
+    (void)err;
+    char d[512];
+    tdm_cfg_describe(cfg, "model", d, sizeof(d));
+    if (tdm_cfg_str(cfg, "model")[0]) {
+        snprintf(value, vlen, "model");
+        snprintf(reason, rlen, "%s is set: draft with that model", d);
+    } else {
+        snprintf(value, vlen, "ngram");
+        snprintf(reason, rlen, "%s is not set: draft model-free by prompt lookup", d);
+    }
+    return TDM_OK;
+}
+
+/* ---- checks --------------------------------------------------------------- */
+
+static tdm_status check_prefix_cache(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (!tdm_cfg_bool(cfg, "prefix_cache") ||
+        strcmp(tdm_cfg_str(cfg, "state_strategy"), "no_buffer") != 0)
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s conflicts with %s: prefix caching needs the recurrent state at any "
+                         "committed position, which no_buffer cannot produce; set state_strategy "
+                         "to extra_buffer (or auto), or prefix_cache to off",
+                         tdm_cfg_describe(cfg, "prefix_cache", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "state_strategy", b, sizeof(b)));
+}
+
+static tdm_status check_tls(const tdm_cfg *cfg, tdm_error *err)
+{
+    int cert = tdm_cfg_str(cfg, "tls_cert")[0] != 0;
+    int key = tdm_cfg_str(cfg, "tls_key")[0] != 0;
+    if (cert == key)
+        return TDM_OK;
+    char a[4200], b[4200];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s and %s: a certificate and its key are set together or not at all",
+                         tdm_cfg_describe(cfg, "tls_cert", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "tls_key", b, sizeof(b)));
+}
+
+static tdm_status check_ports(const tdm_cfg *cfg, tdm_error *err)
+{
+    char h1[256], h2[256];
+    int p1 = 0, p2 = 0;
+    if (tdm_cfg_parse_address(tdm_cfg_str(cfg, "listen"), h1, sizeof(h1), &p1, NULL) != TDM_OK ||
+        tdm_cfg_parse_address(tdm_cfg_str(cfg, "health_listen"), h2, sizeof(h2), &p2, NULL) !=
+            TDM_OK)
+        return TDM_OK; /* already reported as a type error */
+    if (p1 == 0 || p1 != p2)
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s and %s use the same port; the health port must be separate",
+                         tdm_cfg_describe(cfg, "listen", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "health_listen", b, sizeof(b)));
+}
+
+static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (strcmp(tdm_cfg_str(cfg, "backend"), "cuda") != 0 || tdm_build_info_get()->cuda_runtime[0])
+        return TDM_OK;
+    char a[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s, but this build has no CUDA backend (it was built without nvcc); "
+                         "use backend cpu or a CUDA build",
+                         tdm_cfg_describe(cfg, "backend", a, sizeof(a)));
+}
+
+static tdm_status check_drafter_model(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (strcmp(tdm_cfg_str(cfg, "drafter_kind"), "model") != 0 || tdm_cfg_str(cfg, "model")[0])
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s needs a draft model, but %s; set model to a model directory or "
+                         "drafter_kind to ngram",
+                         tdm_cfg_describe(cfg, "drafter_kind", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "model", b, sizeof(b)));
+}
+
+static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (tdm_cfg_int(cfg, "replica_ttl") > 2 * tdm_cfg_int(cfg, "heartbeat_interval"))
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s must be more than twice %s, or a replica is dropped after one late "
+                         "heartbeat",
+                         tdm_cfg_describe(cfg, "replica_ttl", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "heartbeat_interval", b, sizeof(b)));
+}
+
+/* Rule order matters: tokenizer and drafter_kind read model; advertise reads
+ * listen (never auto). */
+#define RULES_REPLICA                                                                              \
+    {"replica-id-from-host", "replica_id", rule_replica_id},                                       \
+        {"advertise-from-listen", "advertise", rule_advertise},                                    \
+        {"tokenizer-from-model", "tokenizer", rule_tokenizer},                                     \
+        {"backend-from-build", "backend", rule_backend},                                           \
+        {"state-strategy-for-prefix-cache", "state_strategy", rule_state_strategy}
+
+#define CHECKS_COMMON {"tls-cert-and-key", check_tls}, {"separate-health-port", check_ports}
+#define CHECKS_REPLICA                                                                             \
+    {"prefix-cache-needs-state", check_prefix_cache}, {"backend-is-built", check_backend}
+
+static const tdm_cfg_rule verifier_rules[] = {RULES_REPLICA};
+static const tdm_cfg_rule drafter_rules[] = {
+    RULES_REPLICA, {"drafter-kind-from-model", "drafter_kind", rule_drafter_kind}};
+
+static const tdm_cfg_check gateway_checks[] = {CHECKS_COMMON,
+                                               {"ttl-outlasts-heartbeats", check_ttl}};
+static const tdm_cfg_check verifier_checks[] = {CHECKS_COMMON, CHECKS_REPLICA};
+static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON, CHECKS_REPLICA,
+                                               {"model-drafter-needs-model", check_drafter_model}};
+
+const tdm_cfg_schema tdm_svc_gateway_schema = {
+    "tandem-gateway",
+    "The tandem gateway: the registry of drafters and verifiers, the compatibility rules "
+    "between them, and the public API.",
+    gateway_keys,
+    TDM_ARRAY_LEN(gateway_keys),
+    NULL,
+    0,
+    gateway_checks,
+    TDM_ARRAY_LEN(gateway_checks),
+};
+
+const tdm_cfg_schema tdm_svc_verifier_schema = {
+    "tandem-verifier",
+    "The tandem verifier: owns the target model and verifies draft blocks.",
+    verifier_keys,
+    TDM_ARRAY_LEN(verifier_keys),
+    verifier_rules,
+    TDM_ARRAY_LEN(verifier_rules),
+    verifier_checks,
+    TDM_ARRAY_LEN(verifier_checks),
+};
+
+const tdm_cfg_schema tdm_svc_drafter_schema = {
+    "tandem-drafter",
+    "The tandem drafter: proposes draft blocks with a small model or by n-gram lookup.",
+    drafter_keys,
+    TDM_ARRAY_LEN(drafter_keys),
+    drafter_rules,
+    TDM_ARRAY_LEN(drafter_rules),
+    drafter_checks,
+    TDM_ARRAY_LEN(drafter_checks),
+};
+
+/* ---- start-up ------------------------------------------------------------- */
+
+int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm_cfg **out)
+{
+    *out = NULL;
+    tdm_cfg *cfg = tdm_cfg_create(schema);
+    if (!cfg) {
+        fprintf(stderr, "%s: out of memory\n", schema->program);
+        return 2;
+    }
+    tdm_cfg_action action = TDM_CFG_ACTION_RUN;
+    tdm_error err;
+    tdm_status st = tdm_cfg_load(cfg, argc, argv, true, &action, &err);
+    if (action == TDM_CFG_ACTION_HELP) {
+        tdm_cfg_print_help(schema, stdout);
+        tdm_cfg_destroy(cfg);
+        return 0;
+    }
+    if (action == TDM_CFG_ACTION_CHECK) {
+        tdm_cfg_print(cfg, stdout);
+        /* Building the descriptor reads the model files, as start-up would. */
+        Tandem__V1__Descriptor *d = NULL;
+        tdm_error derr;
+        tdm_status dst = TDM_OK;
+        if (st == TDM_OK) {
+            dst = tdm_svc_descriptor_build(cfg, &d, &derr);
+            if (dst == TDM_OK && d->model_fingerprint[0])
+                printf("# model fingerprint:     %s\n", d->model_fingerprint);
+            if (dst == TDM_OK && d->tokenizer_fingerprint[0])
+                printf("# tokenizer fingerprint: %s\n", d->tokenizer_fingerprint);
+            tdm_svc_descriptor_free(d);
+        }
+        size_t n = tdm_cfg_error_count(cfg);
+        for (size_t i = 0; i < n; i++)
+            printf("error: %s\n", tdm_cfg_error_at(cfg, i));
+        if (dst != TDM_OK)
+            printf("error: %s\n", derr.msg);
+        bool ok = st == TDM_OK && dst == TDM_OK;
+        printf("%s: configuration %s\n", schema->program,
+               ok ? "is valid; the service would start" : "has errors; the service would not start");
+        tdm_cfg_destroy(cfg);
+        return ok ? 0 : 1;
+    }
+    if (st != TDM_OK) {
+        size_t n = tdm_cfg_error_count(cfg);
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, "%s: configuration error: %s\n", schema->program,
+                    tdm_cfg_error_at(cfg, i));
+        fprintf(stderr, "%s: not starting (--check-config shows the effective configuration)\n",
+                schema->program);
+        tdm_cfg_destroy(cfg);
+        return 2;
+    }
+    tdm_log_set_level((tdm_log_level)tdm_log_parse_level(tdm_cfg_str(cfg, "log_level")));
+    *out = cfg;
+    return -1;
+}
+
+/* ---- descriptor ----------------------------------------------------------- */
+
+static char *dup_str(const char *s)
+{
+    char *d = strdup(s ? s : "");
+    TDM_ASSERT(d != NULL);
+    return d;
+}
+
+/* Splits "sm_80,sm_90" into a repeated string field. */
+static void split_archs(const char *archs, Tandem__V1__BuildInfo *b)
+{
+    b->n_gpu_archs = 0;
+    b->gpu_archs = NULL;
+    if (!archs[0])
+        return;
+    size_t n = 1;
+    for (const char *p = archs; *p; p++)
+        n += *p == ',';
+    b->gpu_archs = calloc(n, sizeof(char *));
+    TDM_ASSERT(b->gpu_archs != NULL);
+    const char *p = archs;
+    while (*p) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        char *s = strndup(p, len);
+        TDM_ASSERT(s != NULL);
+        b->gpu_archs[b->n_gpu_archs++] = s;
+        p = c ? c + 1 : p + len;
+    }
+}
+
+static uint32_t read_vocab_size(const char *model_dir)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/config.json", model_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *j = cJSON_ParseWithLength(buf, n);
+    uint32_t v = 0;
+    const cJSON *vs = cJSON_GetObjectItemCaseSensitive(j, "vocab_size");
+    if (!vs) /* wrapper configs (model_type qwen3_5) keep it in text_config */
+        vs = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "text_config"),
+                                              "vocab_size");
+    if (cJSON_IsNumber(vs) && vs->valuedouble > 0 && vs->valuedouble < 4294967296.0)
+        v = (uint32_t)vs->valuedouble;
+    cJSON_Delete(j);
+    return v;
+}
+
+tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
+                                    tdm_error *err)
+{
+    *out = NULL;
+    Tandem__V1__Role role = tdm_svc_role_of(tdm_cfg_schema_of(cfg));
+    Tandem__V1__Descriptor *d = malloc(sizeof(*d));
+    Tandem__V1__ProtocolVersion *pv = malloc(sizeof(*pv));
+    Tandem__V1__BuildInfo *b = malloc(sizeof(*b));
+    TDM_ASSERT(d && pv && b);
+    tandem__v1__descriptor__init(d);
+    tandem__v1__protocol_version__init(pv);
+    tandem__v1__build_info__init(b);
+    d->protocol = pv;
+    d->build = b;
+    pv->major = TDM_PROTOCOL_MAJOR;
+    pv->minor = TDM_PROTOCOL_MINOR;
+    const tdm_build_info *bi = tdm_build_info_get();
+    b->version = dup_str(bi->version);
+    b->git_revision = dup_str(bi->git_revision);
+    b->cuda_runtime = dup_str(bi->cuda_runtime);
+    b->grpc_core = dup_str(bi->grpc_core);
+    b->compiler = dup_str(bi->compiler);
+    b->build_type = dup_str(bi->build_type);
+    b->backend = dup_str(tdm_cfg_has(cfg, "backend") ? tdm_cfg_str(cfg, "backend") : "");
+    split_archs(bi->gpu_archs, b);
+
+    d->role = role;
+    d->snapshot_layout_version = TDM_SNAPSHOT_LAYOUT_VERSION;
+    d->model_name = dup_str("");
+    d->model_fingerprint = dup_str("");
+    d->tokenizer_fingerprint = dup_str("");
+    if (role == TANDEM__V1__ROLE__ROLE_GATEWAY) {
+        char host[256], id[300];
+        host_name(host, sizeof(host));
+        snprintf(id, sizeof(id), "gateway-%s", host);
+        d->replica_id = dup_str(id);
+        d->address = dup_str(tdm_cfg_str(cfg, "listen"));
+        *out = d;
+        return TDM_OK;
+    }
+    d->replica_id = dup_str(tdm_cfg_str(cfg, "replica_id"));
+    d->address = dup_str(tdm_cfg_str(cfg, "advertise"));
+    d->state_strategy = tdm_svc_strategy_from_name(tdm_cfg_str(cfg, "state_strategy"));
+    d->prefix_cache = tdm_cfg_bool(cfg, "prefix_cache");
+    d->max_sequences = (uint32_t)tdm_cfg_int(cfg, "max_sequences");
+    if (role == TANDEM__V1__ROLE__ROLE_VERIFIER)
+        d->max_draft_tokens = (uint32_t)tdm_cfg_int(cfg, "max_draft_tokens");
+    if (role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
+        d->draft_block_size = (uint32_t)tdm_cfg_int(cfg, "draft_block_size");
+        d->drafter_kind = strcmp(tdm_cfg_str(cfg, "drafter_kind"), "model") == 0
+                              ? TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL
+                              : TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    }
+    const char *model = tdm_cfg_str(cfg, "model");
+    char fp[65];
+    if (model[0]) {
+        char copy[4096];
+        snprintf(copy, sizeof(copy), "%s", model);
+        size_t len = strlen(copy);
+        while (len > 1 && copy[len - 1] == '/')
+            copy[--len] = '\0';
+        free(d->model_name);
+        d->model_name = dup_str(basename(copy));
+        if (tdm_compat_model_fingerprint_dir(model, fp, err) != TDM_OK) {
+            tdm_error_prefix(err, "model fingerprint of %s", model);
+            tdm_svc_descriptor_free(d);
+            return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+        }
+        free(d->model_fingerprint);
+        d->model_fingerprint = dup_str(fp);
+        d->vocab_size = read_vocab_size(model);
+    }
+    const char *tok = tdm_cfg_str(cfg, "tokenizer");
+    if (tok[0]) {
+        if (tdm_compat_tokenizer_fingerprint_file(tok, fp, err) != TDM_OK) {
+            tdm_error_prefix(err, "tokenizer fingerprint of %s", tok);
+            tdm_svc_descriptor_free(d);
+            return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+        }
+        free(d->tokenizer_fingerprint);
+        d->tokenizer_fingerprint = dup_str(fp);
+    }
+    *out = d;
+    return TDM_OK;
+}
+
+void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
+{
+    if (!d)
+        return;
+    free(d->replica_id);
+    free(d->address);
+    free(d->model_name);
+    free(d->model_fingerprint);
+    free(d->tokenizer_fingerprint);
+    free(d->protocol);
+    if (d->build) {
+        Tandem__V1__BuildInfo *b = d->build;
+        free(b->version);
+        free(b->git_revision);
+        free(b->cuda_runtime);
+        free(b->grpc_core);
+        free(b->compiler);
+        free(b->build_type);
+        free(b->backend);
+        for (size_t i = 0; i < b->n_gpu_archs; i++)
+            free(b->gpu_archs[i]);
+        free(b->gpu_archs);
+        free(b);
+    }
+    free(d);
+}

@@ -1,0 +1,56 @@
+/*
+ * service_config.h - the configuration tables of tandem-gateway,
+ * tandem-verifier and tandem-drafter, their `auto` rules and cross-setting
+ * checks, and what a service derives from its effective configuration.
+ *
+ * This module owns the three tdm_cfg_schema tables (the single place where a
+ * service's settings are declared: the binaries and the `tandem` CLI's offline
+ * check-config read the same tables), the common start-up sequence of every
+ * binary (--help, --check-config, errors) and the building of a service's
+ * tandem.v1.Descriptor from its effective configuration.
+ *
+ * Ownership: schemas are static. Descriptors built here are heap-allocated and
+ * freed with tdm_svc_descriptor_free.
+ */
+#ifndef TANDEM_COMMON_SERVICE_CONFIG_H
+#define TANDEM_COMMON_SERVICE_CONFIG_H
+
+#include "config.h"
+#include "status.h"
+#include "tandem/v1/common.pb-c.h"
+
+extern const tdm_cfg_schema tdm_svc_gateway_schema;
+extern const tdm_cfg_schema tdm_svc_verifier_schema;
+extern const tdm_cfg_schema tdm_svc_drafter_schema;
+
+/* Default ports of the local stack (scripts/run.sh and the defaults below). */
+#define TDM_SVC_GATEWAY_PORT 7700
+#define TDM_SVC_VERIFIER_PORT 7710
+#define TDM_SVC_DRAFTER_PORT 7720
+
+/* The start-up sequence every service binary runs first: loads the
+ * configuration from argv, the environment and --config; answers --help and
+ * --check-config; sets the log level. Returns -1 when the service should go
+ * on serving with *out (the caller destroys it), or the exit status to return
+ * from main (0 for --help or a passing --check-config; 1 for a failing check;
+ * 2 for a configuration that cannot start). */
+int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm_cfg **out);
+
+/* Builds the Descriptor of a service (role from the schema) from its effective
+ * configuration: replica id, advertised address, model name, model and
+ * tokenizer fingerprints computed from the configured files, block size / max
+ * draft tokens, state strategy, prefix cache, snapshot layout and protocol
+ * versions, build info. Free with tdm_svc_descriptor_free. */
+tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
+                                    tdm_error *err);
+void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d);
+
+/* Role, state strategy and drafter kind names used in configuration and
+ * output, and their proto enum values. */
+Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema);
+const char *tdm_svc_role_name(Tandem__V1__Role role);
+Tandem__V1__StateStrategy tdm_svc_strategy_from_name(const char *name);
+const char *tdm_svc_strategy_name(Tandem__V1__StateStrategy s);
+const char *tdm_svc_drafter_kind_name(Tandem__V1__DrafterKind k);
+
+#endif
