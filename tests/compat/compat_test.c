@@ -1,0 +1,409 @@
+/*
+ * compat_test.c - the compatibility rule table (DESIGN.md section 4): a
+ * compatible pair passes; every rule refuses with a sentence naming the rule,
+ * both values and both services; the Refusal message survives the wire; the
+ * fingerprints ignore formatting and follow content.
+ *
+ * Usage: compat_test rules | fingerprints
+ *        compat_test tokenizer-fp FILE   (prints the hex, for the Python reference test)
+ *        compat_test model-fp DIR
+ */
+#include "compat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int g_failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            g_failures++;                                                                          \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+#define CHECK_HAS(hay, needle)                                                                     \
+    CHECK(strstr((hay), (needle)) != NULL, "'%s' does not contain '%s'", (hay), (needle))
+
+static const char FP_A[] = "aaaaaaaaaaaa1111111111111111111111111111111111111111111111111111";
+static const char FP_B[] = "bbbbbbbbbbbb2222222222222222222222222222222222222222222222222222";
+
+typedef struct desc_store {
+    Tandem__V1__Descriptor d;
+    Tandem__V1__ProtocolVersion pv;
+} desc_store;
+
+static void make_verifier(desc_store *s)
+{
+    tandem__v1__descriptor__init(&s->d);
+    tandem__v1__protocol_version__init(&s->pv);
+    s->pv.major = 1;
+    s->pv.minor = 0;
+    s->d.protocol = &s->pv;
+    s->d.role = TANDEM__V1__ROLE__ROLE_VERIFIER;
+    s->d.replica_id = "verifier-a";
+    s->d.address = "10.0.0.1:7710";
+    s->d.tokenizer_fingerprint = (char *)FP_A;
+    s->d.max_draft_tokens = 8;
+    s->d.state_strategy = TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER;
+    s->d.snapshot_layout_version = 1;
+}
+
+static void make_drafter(desc_store *s)
+{
+    make_verifier(s);
+    s->d.role = TANDEM__V1__ROLE__ROLE_DRAFTER;
+    s->d.replica_id = "drafter-b";
+    s->d.address = "10.0.0.2:7720";
+    s->d.max_draft_tokens = 0;
+    s->d.draft_block_size = 4;
+    s->d.drafter_kind = TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+}
+
+/* Expects exactly one refusal by `rule` whose message names both services
+ * and contains every string of `want` (NULL-terminated). */
+static void expect_refusal(size_t n, const tdm_compat_refusal *r, const char *rule,
+                           const char *const *want)
+{
+    CHECK(n == 1, "want 1 refusal by %s, got %zu", rule, n);
+    if (n < 1)
+        return;
+    CHECK(strcmp(r->rule, rule) == 0, "rule '%s', want '%s'", r->rule, rule);
+    CHECK(strncmp(r->message, "rule ", 5) == 0, "message starts with the rule: %s", r->message);
+    CHECK_HAS(r->message, rule);
+    for (size_t i = 0; want[i]; i++)
+        CHECK_HAS(r->message, want[i]);
+    CHECK(r->message[strlen(r->message) - 1] == '.', "a full sentence: %s", r->message);
+    CHECK(r->a_value[0] && r->b_value[0], "both values filled");
+}
+
+static void test_rules(void)
+{
+    desc_store v, d;
+    tdm_compat_refusal r[8];
+    make_verifier(&v);
+    make_drafter(&d);
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "compatible pair: %s", r[0].message);
+
+    /* Block equal to max_draft_tokens is fine; one more is not. */
+    d.d.draft_block_size = 8;
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "block == max");
+    d.d.draft_block_size = 9;
+    {
+        const char *want[] = {"drafter-b (10.0.0.2:7720)", "verifier-a (10.0.0.1:7710)",
+                              "blocks of 9 tokens", "at most 8 draft tokens", NULL};
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "draft-block-size", want);
+        CHECK(strcmp(r[0].a_value, "max_draft_tokens=8") == 0, "%s", r[0].a_value);
+        CHECK(strcmp(r[0].b_value, "draft_block_size=9") == 0, "%s", r[0].b_value);
+    }
+    make_drafter(&d);
+
+    /* Tokenizer fingerprints. */
+    d.d.tokenizer_fingerprint = (char *)FP_B;
+    {
+        const char *want[] = {"verifier-a (10.0.0.1:7710)", "drafter-b (10.0.0.2:7720)",
+                              "aaaaaaaaaaaa", "bbbbbbbbbbbb", NULL};
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "tokenizer-fingerprint",
+                       want);
+        CHECK(strcmp(r[0].a_value, FP_A) == 0 && strcmp(r[0].b_value, FP_B) == 0,
+              "full fingerprints as values");
+    }
+    d.d.tokenizer_fingerprint = "";
+    {
+        const char *want[] = {"(none)", NULL};
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "tokenizer-fingerprint",
+                       want);
+    }
+    /* An n-gram drafter has no vocabulary of its own. */
+    d.d.drafter_kind = TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "ngram drafter: %s", r[0].message);
+    make_drafter(&d);
+
+    /* Prefix caching needs a state at any committed position, on either side. */
+    v.d.prefix_cache = 1;
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "prefix cache with extra_buffer");
+    v.d.state_strategy = TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY;
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "prefix cache with replay");
+    v.d.state_strategy = TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER;
+    {
+        const char *want[] = {"verifier-a (10.0.0.1:7710)", "drafter-b (10.0.0.2:7720)",
+                              "prefix_cache=on, state_strategy=no_buffer",
+                              "prefix_cache=off, state_strategy=extra_buffer", "the verifier",
+                              NULL};
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "prefix-cache-state", want);
+    }
+    make_verifier(&v);
+    d.d.prefix_cache = 1;
+    d.d.state_strategy = TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER;
+    {
+        const char *want[] = {"prefix_cache=on, state_strategy=no_buffer", "the drafter", NULL};
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "prefix-cache-state", want);
+    }
+    make_drafter(&d);
+
+    /* Protocol major. */
+    d.pv.major = 2;
+    d.pv.minor = 3;
+    {
+        const char *want[] = {"verifier verifier-a (10.0.0.1:7710) speaks protocol 1.0",
+                              "drafter drafter-b (10.0.0.2:7720) speaks protocol 2.3", NULL};
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "protocol-major", want);
+    }
+    d.pv.major = 1; /* minor differences are additive */
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "minor differs only");
+    d.d.protocol = NULL; /* a peer that sent no version at all is major 0 */
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 1, "missing protocol");
+    make_drafter(&d);
+
+    /* Several rules at once: all are reported, and max bounds the array. */
+    d.d.draft_block_size = 20;
+    d.d.tokenizer_fingerprint = (char *)FP_B;
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 2, "two refusals");
+    CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 1) == 2, "count beyond max");
+    make_drafter(&d);
+
+    /* Same-role replicas: snapshot layout. */
+    desc_store v2;
+    make_verifier(&v2);
+    v2.d.replica_id = "verifier-c";
+    v2.d.address = "10.0.0.3:7710";
+    CHECK(tdm_compat_check_replicas(&v.d, &v2.d, r, 8) == 0, "same layout");
+    v2.d.snapshot_layout_version = 2;
+    {
+        const char *want[] = {"verifier verifier-a (10.0.0.1:7710)",
+                              "verifier verifier-c (10.0.0.3:7710)", "layout version 1",
+                              "layout version 2", NULL};
+        expect_refusal(tdm_compat_check_replicas(&v.d, &v2.d, r, 8), r, "snapshot-layout", want);
+    }
+    /* Pair rules are not replica rules and vice versa. */
+    CHECK(tdm_compat_check_pair(&v.d, &v2.d, r, 8) == 0, "layout is not a pair rule");
+
+    /* Refusal message through the wire. */
+    tdm_compat_check_replicas(&v.d, &v2.d, r, 8);
+    Tandem__V1__Refusal pr = TANDEM__V1__REFUSAL__INIT;
+    tdm_compat_refusal_to_proto(&r[0], &pr);
+    size_t n = tandem__v1__refusal__get_packed_size(&pr);
+    uint8_t *buf = malloc(n);
+    tandem__v1__refusal__pack(&pr, buf);
+    Tandem__V1__Refusal *back = tandem__v1__refusal__unpack(NULL, n, buf);
+    CHECK(back && strcmp(back->rule, "snapshot-layout") == 0, "rule survives");
+    CHECK(back && strcmp(back->a_replica, "verifier-a (10.0.0.1:7710)") == 0, "a_replica");
+    CHECK(back && strcmp(back->b_value, "2") == 0, "b_value");
+    CHECK(back && strcmp(back->message, r[0].message) == 0, "message");
+    tandem__v1__refusal__free_unpacked(back, NULL);
+    free(buf);
+    tdm_compat_refusal_proto_clear(&pr);
+
+    /* The table lists each rule once with a summary. */
+    size_t nr = 0;
+    const tdm_compat_rule *rules = tdm_compat_rules(&nr);
+    const char *ids[] = {"tokenizer-fingerprint", "draft-block-size", "prefix-cache-state",
+                         "protocol-major", "snapshot-layout"};
+    for (size_t i = 0; i < 5; i++) {
+        int found = 0;
+        for (size_t j = 0; j < nr; j++)
+            found += strcmp(rules[j].id, ids[i]) == 0 && rules[j].summary[0];
+        CHECK(found == 1, "rule %s in the table", ids[i]);
+    }
+}
+
+/* ---- fingerprints --------------------------------------------------------- */
+
+static char g_dir[256];
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    fputs(text, f);
+    fclose(f);
+}
+
+static void tok_fp(const char *json, char out[65], tdm_status *st, tdm_error *err)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/tokenizer.json", g_dir);
+    write_file(path, json);
+    *st = tdm_compat_tokenizer_fingerprint_file(path, out, err);
+}
+
+/* Writes a safetensors file with the given header JSON and `data` zero bytes. */
+static void write_safetensors(const char *path, const char *header, size_t data)
+{
+    FILE *f = fopen(path, "wb");
+    uint64_t n = strlen(header);
+    for (int i = 0; i < 8; i++)
+        fputc((int)((n >> (8 * i)) & 0xff), f);
+    fputs(header, f);
+    for (size_t i = 0; i < data; i++)
+        fputc(0, f);
+    fclose(f);
+}
+
+static void test_fingerprints(void)
+{
+    snprintf(g_dir, sizeof(g_dir), "%s/tdm-compat-XXXXXX",
+             getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+    char a[65], b[65];
+    tdm_status st;
+    tdm_error err;
+    const char *base =
+        "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":3,\"content\":\"<|endoftext|>\","
+        "\"special\":true}],\"normalizer\":{\"type\":\"NFC\"},\"pre_tokenizer\":{\"type\":"
+        "\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true},\"model\":{\"type\":"
+        "\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}";
+    tok_fp(base, a, &st, &err);
+    CHECK(st == TDM_OK, "%s", err.msg);
+    CHECK(strlen(a) == 64, "hex digest");
+    /* Other formatting, key order and the pair form of merges: same fingerprint. */
+    tok_fp("{\n  \"model\": {\"merges\": [[\"a\", \"b\"]], \"vocab\": {\"ab\": 2, \"b\": 1, "
+           "\"a\": 0}, \"type\": \"BPE\"},\n  \"pre_tokenizer\": {\"trim_offsets\": true, "
+           "\"add_prefix_space\": false, \"type\": \"ByteLevel\"},\n \"normalizer\": {\"type\": "
+           "\"NFC\"}, \"added_tokens\": [{\"special\": true, \"content\": \"<|endoftext|>\", "
+           "\"id\": 3}], \"version\": \"1.0\"}\n",
+           b, &st, &err);
+    CHECK(st == TDM_OK && strcmp(a, b) == 0, "formatting must not matter: %s vs %s", a, b);
+    /* Content changes change it. */
+    static const char *const variants[] = {
+        "\"ab\":2}", "\"ab\":4}",                              /* vocab id */
+        "[\"a b\"]", "[]",                                     /* merges */
+        "\"special\":true", "\"special\":false",               /* added token */
+        "\"trim_offsets\":true", "\"trim_offsets\":false",     /* pre-tokenizer */
+        "{\"type\":\"NFC\"}", "null",                          /* normalizer */
+    };
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i += 2) {
+        char json[2048];
+        const char *at = strstr(base, variants[i]);
+        TDM_ASSERT(at != NULL);
+        snprintf(json, sizeof(json), "%.*s%s%s", (int)(at - base), base, variants[i + 1],
+                 at + strlen(variants[i]));
+        tok_fp(json, b, &st, &err);
+        CHECK(st == TDM_OK && strcmp(a, b) != 0, "changing %s must change the fingerprint",
+              variants[i]);
+    }
+    /* Bad input gets an error naming the file, never a crash. */
+    tok_fp("{\"model\": {\"vocab\": []}}", b, &st, &err);
+    CHECK(st != TDM_OK, "vocab not an object");
+    CHECK_HAS(err.msg, "tokenizer.json");
+    tok_fp("{\"model\": {\"vocab\": {}, \"merges\": [1]}}", b, &st, &err);
+    CHECK(st != TDM_OK && strstr(err.msg, "merges[0]"), "bad merge: %s", err.msg);
+    tok_fp("{\"model\": ", b, &st, &err);
+    CHECK(st != TDM_OK && strstr(err.msg, "not valid JSON"), "truncated: %s", err.msg);
+    CHECK(tdm_compat_tokenizer_fingerprint_file("/nonexistent.json", b, &err) == TDM_ERR_NOT_FOUND,
+          "missing file");
+
+    /* Model fingerprint: config + tensor names/shapes/dtypes, not data. */
+    char dir[512], p[700];
+    snprintf(dir, sizeof(dir), "%s/model", g_dir);
+    mkdir(dir, 0755);
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    write_file(p, "{\"vocab_size\": 10, \"hidden_size\": 4, \"transformers_version\": \"5.0\"}");
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    const char *hdr = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+                      "\"__metadata__\":{\"format\":\"pt\"}}";
+    write_safetensors(p, hdr, 16);
+    CHECK(tdm_compat_model_fingerprint_dir(dir, a, &err) == TDM_OK, "%s", err.msg);
+    /* transformers_version and data do not count */
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    write_file(p, "{\"hidden_size\": 4, \"vocab_size\": 10, \"transformers_version\": \"5.9\"}");
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) == TDM_OK && strcmp(a, b) == 0,
+          "irrelevant config key changed the fingerprint");
+    /* a real config change does */
+    write_file(p, "{\"hidden_size\": 8, \"vocab_size\": 10}");
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) == TDM_OK && strcmp(a, b) != 0,
+          "config change");
+    write_file(p, "{\"hidden_size\": 4, \"vocab_size\": 10}");
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    write_safetensors(p, "{\"w\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,8]}}", 8);
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) == TDM_OK && strcmp(a, b) != 0,
+          "dtype change");
+    /* Sharded with the same tensors: the same fingerprint as one file. */
+    write_safetensors(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                         "\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[4,20]}}",
+                      20);
+    CHECK(tdm_compat_model_fingerprint_dir(dir, a, &err) == TDM_OK, "%s", err.msg);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/model-00001-of-00002.safetensors", dir);
+    write_safetensors(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", 16);
+    snprintf(p, sizeof(p), "%s/model-00002-of-00002.safetensors", dir);
+    write_safetensors(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+    snprintf(p, sizeof(p), "%s/model.safetensors.index.json", dir);
+    write_file(p, "{\"metadata\":{},\"weight_map\":{\"w\":\"model-00001-of-00002.safetensors\","
+                  "\"x\":\"model-00002-of-00002.safetensors\"}}");
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) == TDM_OK && strcmp(a, b) == 0,
+          "sharded == single: %s", err.msg);
+    /* Corrupt inputs: errors naming the file. */
+    write_file(p, "{\"weight_map\":{\"w\":\"../evil.safetensors\"}}");
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) != TDM_OK &&
+              strstr(err.msg, "not a file name"),
+          "path escape: %s", err.msg);
+    unlink(p);
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) == TDM_ERR_NOT_FOUND, "no weights");
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    FILE *f = fopen(p, "wb");
+    fwrite("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 1, 10, f);
+    fclose(f);
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) != TDM_OK &&
+              strstr(err.msg, "header length"),
+          "lying header length: %s", err.msg);
+    write_safetensors(p, "{\"w\":{\"dtype\":\"F32\"}}", 0);
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) != TDM_OK && strstr(err.msg, "'w'"),
+          "tensor without shape: %s", err.msg);
+    write_safetensors(p, "[1,2]", 0);
+    CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) != TDM_OK, "header not an object");
+
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "warning: could not remove %s\n", g_dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "tokenizer-fp") == 0) {
+        char fp[65];
+        tdm_error err;
+        if (tdm_compat_tokenizer_fingerprint_file(argv[2], fp, &err) != TDM_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        printf("%s\n", fp);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "model-fp") == 0) {
+        char fp[65];
+        tdm_error err;
+        if (tdm_compat_model_fingerprint_dir(argv[2], fp, &err) != TDM_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        printf("%s\n", fp);
+        return 0;
+    }
+    if (argc == 2 && strcmp(argv[1], "rules") == 0)
+        test_rules();
+    else if (argc == 2 && strcmp(argv[1], "fingerprints") == 0)
+        test_fingerprints();
+    else {
+        fprintf(stderr, "usage: compat_test rules|fingerprints|tokenizer-fp FILE|model-fp DIR\n");
+        return 2;
+    }
+    if (g_failures) {
+        fprintf(stderr, "%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}
