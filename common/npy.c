@@ -1,0 +1,104 @@
+/*
+ * npy.c - see npy.h. Format 1.0: magic "\x93NUMPY", version 1.0, uint16
+ * header length, a Python dict literal padded with spaces to a multiple of
+ * 64 bytes (ending in '\n'), then the raw data.
+ */
+#include "npy.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+tdm_status tdm_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
+                             tdm_error *err)
+{
+    char dict[256];
+    int n = snprintf(dict, sizeof(dict), "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+    size_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        n += snprintf(dict + n, sizeof(dict) - (size_t)n, "%lld,%s", (long long)shape[i],
+                      i + 1 < ndim ? " " : "");
+        count *= (size_t)shape[i];
+    }
+    n += snprintf(dict + n, sizeof(dict) - (size_t)n, "), }");
+    size_t total = 10 + (size_t)n + 1;
+    size_t pad = (64 - total % 64) % 64;
+    size_t hlen = (size_t)n + pad + 1;
+    FILE *fp = fopen(path, "wb");
+    if (!fp)
+        return tdm_error_set(err, TDM_ERR_PERMISSION_DENIED, "%s: cannot create: %s", path,
+                             strerror(errno));
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
+                             (unsigned char)(hlen >> 8)};
+    int ok = fwrite(pre, 1, 10, fp) == 10 && fwrite(dict, 1, (size_t)n, fp) == (size_t)n;
+    for (size_t i = 0; ok && i < pad; i++)
+        ok = fputc(' ', fp) != EOF;
+    ok = ok && fputc('\n', fp) != EOF;
+    ok = ok && fwrite(data, sizeof(float), count, fp) == count;
+    if (fclose(fp) != 0)
+        ok = 0;
+    if (!ok)
+        return tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: write failed", path);
+    return TDM_OK;
+}
+
+tdm_status tdm_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[4],
+                            tdm_error *err)
+{
+    *data = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
+    unsigned char pre[10];
+    tdm_status rc = TDM_OK;
+    char hdr[4096];
+    if (fread(pre, 1, 10, fp) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0 || pre[6] != 1) {
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: not a version-1 .npy file", path);
+        goto out;
+    }
+    size_t hlen = (size_t)pre[8] | ((size_t)pre[9] << 8);
+    if (hlen >= sizeof(hdr) || fread(hdr, 1, hlen, fp) != hlen) {
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: truncated header", path);
+        goto out;
+    }
+    hdr[hlen] = 0;
+    if (!strstr(hdr, "'descr': '<f4'") || !strstr(hdr, "'fortran_order': False")) {
+        rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                           "%s: only little-endian float32 in C order is supported (%s)", path,
+                           hdr);
+        goto out;
+    }
+    char *s = strstr(hdr, "'shape': (");
+    if (!s) {
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: header has no shape", path);
+        goto out;
+    }
+    s += strlen("'shape': (");
+    *ndim = 0;
+    size_t count = 1;
+    while (*s && *s != ')') {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s)
+            break;
+        if (*ndim >= 4 || v < 0) {
+            rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: unsupported shape", path);
+            goto out;
+        }
+        shape[(*ndim)++] = v;
+        count *= (size_t)v;
+        s = end;
+        while (*s == ',' || *s == ' ')
+            s++;
+    }
+    *data = malloc(count ? count * sizeof(float) : 1);
+    if (!*data || fread(*data, sizeof(float), count, fp) != count) {
+        free(*data);
+        *data = NULL;
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: truncated data", path);
+    }
+out:
+    fclose(fp);
+    return rc;
+}

@@ -1,0 +1,227 @@
+/*
+ * config.c - config.json of a Qwen3.5 text model. Missing fields take the
+ * defaults of transformers' Qwen3_5TextConfig; present fields of the wrong
+ * type or out of range are errors naming the field.
+ */
+#include "engine.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static tdm_status cfg_int(const char *path, const cJSON *o, const char *key, int def, int min,
+                          int *out, tdm_error *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!j || cJSON_IsNull(j)) {
+        *out = def;
+        return TDM_OK;
+    }
+    if (!cJSON_IsNumber(j) || floor(j->valuedouble) != j->valuedouble || j->valuedouble < min ||
+        j->valuedouble > 1e9)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: \"%s\" must be an integer >= %d", path, key, min);
+    *out = (int)j->valuedouble;
+    return TDM_OK;
+}
+
+static tdm_status cfg_num(const char *path, const cJSON *o, const char *key, double def,
+                          double *out, int *present, tdm_error *err)
+{
+    const cJSON *j = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    if (present)
+        *present = 0;
+    if (!j || cJSON_IsNull(j)) {
+        *out = def;
+        return TDM_OK;
+    }
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble) || j->valuedouble <= 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: \"%s\" must be a positive number",
+                             path, key);
+    *out = j->valuedouble;
+    if (present)
+        *present = 1;
+    return TDM_OK;
+}
+
+static char *cfg_read(const char *path, tdm_error *err)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *buf = n >= 0 && n < (16L << 20) ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, fp) != (size_t)n) {
+        free(buf);
+        fclose(fp);
+        tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: unreadable", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    fclose(fp);
+    return buf;
+}
+
+static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_config *c,
+                            tdm_error *err)
+{
+    tdm_status rc;
+    const cJSON *t = root;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(mt))
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: no \"model_type\"", path);
+    if (strcmp(mt->valuestring, "qwen3_5") == 0) {
+        t = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+        if (!cJSON_IsObject(t))
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "%s: model_type qwen3_5 needs a \"text_config\" object", path);
+        const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(t, "model_type");
+        if (tmt && (!cJSON_IsString(tmt) || strcmp(tmt->valuestring, "qwen3_5_text") != 0))
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "%s: text_config.model_type is not qwen3_5_text", path);
+    } else if (strcmp(mt->valuestring, "qwen3_5_text") != 0) {
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "%s: model_type '%s' is not supported (qwen3_5_text or qwen3_5)", path,
+                             mt->valuestring);
+    }
+    memset(c, 0, sizeof(*c));
+    if ((rc = cfg_int(path, t, "vocab_size", 248320, 1, &c->vocab_size, err)) ||
+        (rc = cfg_int(path, t, "hidden_size", 4096, 1, &c->hidden_size, err)) ||
+        (rc = cfg_int(path, t, "intermediate_size", 12288, 1, &c->intermediate_size, err)) ||
+        (rc = cfg_int(path, t, "num_hidden_layers", 32, 1, &c->num_layers, err)) ||
+        (rc = cfg_int(path, t, "num_attention_heads", 16, 1, &c->num_heads, err)) ||
+        (rc = cfg_int(path, t, "num_key_value_heads", 4, 1, &c->num_kv_heads, err)) ||
+        (rc = cfg_int(path, t, "head_dim", c->hidden_size / c->num_heads, 1, &c->head_dim, err)) ||
+        (rc = cfg_int(path, t, "linear_conv_kernel_dim", 4, 1, &c->conv_kernel, err)) ||
+        (rc = cfg_int(path, t, "linear_key_head_dim", 128, 1, &c->lin_k_dim, err)) ||
+        (rc = cfg_int(path, t, "linear_value_head_dim", 128, 1, &c->lin_v_dim, err)) ||
+        (rc = cfg_int(path, t, "linear_num_key_heads", 16, 1, &c->lin_k_heads, err)) ||
+        (rc = cfg_int(path, t, "linear_num_value_heads", 32, 1, &c->lin_v_heads, err)) ||
+        (rc = cfg_num(path, t, "rms_norm_eps", 1e-6, &c->rms_norm_eps, NULL, err)))
+        return rc;
+
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(t, "hidden_act");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "%s: hidden_act must be \"silu\" (the only one Qwen3.5 uses)", path);
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(t, "attention_bias");
+    if (cJSON_IsTrue(bias))
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED, "%s: attention_bias=true is not supported",
+                             path);
+
+    /* Tied embeddings: the wrapper's top-level flag is what transformers reads
+     * for Qwen3_5ForConditionalGeneration; fall back to text_config's. */
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    if (!cJSON_IsBool(tie))
+        tie = cJSON_GetObjectItemCaseSensitive(t, "tie_word_embeddings");
+    if (tie && !cJSON_IsBool(tie) && !cJSON_IsNull(tie))
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: \"tie_word_embeddings\" must be true or false", path);
+    c->tie_word_embeddings = cJSON_IsTrue(tie);
+
+    /* RoPE: rope_parameters first, then the legacy top-level fields. */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(t, "rope_parameters");
+    if (rp && !cJSON_IsObject(rp) && !cJSON_IsNull(rp))
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: \"rope_parameters\" must be an object", path);
+    if (!cJSON_IsObject(rp))
+        rp = NULL;
+    if (rp) {
+        const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+        if (rt && (!cJSON_IsString(rt) || strcmp(rt->valuestring, "default") != 0))
+            return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                                 "%s: rope_parameters.rope_type '%s' is not supported (default)",
+                                 path, cJSON_IsString(rt) ? rt->valuestring : "?");
+    }
+    int have;
+    double legacy_theta, legacy_prf;
+    if ((rc = cfg_num(path, t, "rope_theta", 10000.0, &legacy_theta, NULL, err)) ||
+        (rc = cfg_num(path, t, "partial_rotary_factor", 0.25, &legacy_prf, NULL, err)) ||
+        (rc = cfg_num(path, rp, "rope_theta", legacy_theta, &c->rope_theta, &have, err)) ||
+        (rc = cfg_num(path, rp, "partial_rotary_factor", legacy_prf, &c->partial_rotary_factor,
+                      &have, err)))
+        return rc;
+    if (c->partial_rotary_factor > 1.0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: partial_rotary_factor %g is above 1", path,
+                             c->partial_rotary_factor);
+    c->rot_dim = (int)((double)c->head_dim * c->partial_rotary_factor);
+    if (c->rot_dim % 2 != 0 || c->rot_dim < 2)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: head_dim %d x partial_rotary_factor %g gives rotary dim %d, which "
+                             "must be even and >= 2",
+                             path, c->head_dim, c->partial_rotary_factor, c->rot_dim);
+
+    if (c->num_layers > TDM_MODEL_MAX_LAYERS)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: %d layers (at most %d supported)",
+                             path, c->num_layers, TDM_MODEL_MAX_LAYERS);
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(t, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->num_layers)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "%s: \"layer_types\" must list %d entries (num_hidden_layers)",
+                                 path, c->num_layers);
+        int i = 0;
+        for (const cJSON *e = lt->child; e; e = e->next, i++) {
+            if (cJSON_IsString(e) && strcmp(e->valuestring, "linear_attention") == 0)
+                c->layer_types[i] = TDM_LAYER_LINEAR_ATTENTION;
+            else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0)
+                c->layer_types[i] = TDM_LAYER_FULL_ATTENTION;
+            else
+                return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                     "%s: layer_types[%d] is '%s' (expected linear_attention or "
+                                     "full_attention)",
+                                     path, i, cJSON_IsString(e) ? e->valuestring : "?");
+        }
+    } else {
+        int interval;
+        if ((rc = cfg_int(path, t, "full_attention_interval", 4, 1, &interval, err)))
+            return rc;
+        for (int i = 0; i < c->num_layers; i++)
+            c->layer_types[i] =
+                (i + 1) % interval ? TDM_LAYER_LINEAR_ATTENTION : TDM_LAYER_FULL_ATTENTION;
+    }
+
+    if (c->num_heads % c->num_kv_heads != 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: num_attention_heads %d is not a multiple of num_key_value_heads "
+                             "%d",
+                             path, c->num_heads, c->num_kv_heads);
+    if (c->lin_v_heads % c->lin_k_heads != 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: linear_num_value_heads %d is not a multiple of "
+                             "linear_num_key_heads %d",
+                             path, c->lin_v_heads, c->lin_k_heads);
+    if (c->lin_k_dim > 512 || c->lin_v_dim > 512 || c->conv_kernel > 64)
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "%s: linear head dims above 512 or conv kernel above 64 are not "
+                             "supported",
+                             path);
+    return TDM_OK;
+}
+
+tdm_status tdm_model_config_load(const char *dir, tdm_model_config *cfg, tdm_error *err)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    char *text = cfg_read(path, err);
+    if (!text)
+        return err ? err->code : TDM_ERR_NOT_FOUND;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not a JSON object", path);
+    }
+    tdm_status rc = cfg_parse(path, root, cfg, err);
+    cJSON_Delete(root);
+    return rc;
+}

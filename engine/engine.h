@@ -1,0 +1,124 @@
+/*
+ * engine.h - the hybrid-model engine: Qwen3.5 text models (Gated DeltaNet +
+ * gated attention) loaded from a Hugging Face checkpoint folder, run on a
+ * backend (kernels/backend.h), with sequences that prefill, decode, verify a
+ * block of draft tokens and commit the accepted prefix exactly.
+ *
+ * Owns: the model (config, weights mapped from safetensors and placed on the
+ * backend, a workspace for one call at a time) and sequences (KV caches of the
+ * attention layers, conv windows and recurrent states of the linear layers,
+ * and the scratch the chosen state strategy needs for verify/commit).
+ *
+ * Threading: one call at a time per model (calls share its workspace).
+ * Numbers: every activation, cache and state is fp32, whatever the storage
+ * dtype of the weights (bf16, fp16 or fp32).
+ */
+#ifndef TANDEM_ENGINE_ENGINE_H
+#define TANDEM_ENGINE_ENGINE_H
+
+#include "backend.h"
+#include "status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- configuration (config.json) --------------------------------------- */
+
+typedef enum tdm_layer_kind {
+    TDM_LAYER_LINEAR_ATTENTION = 0, /* Gated DeltaNet */
+    TDM_LAYER_FULL_ATTENTION = 1,   /* gated softmax attention */
+} tdm_layer_kind;
+
+#define TDM_MODEL_MAX_LAYERS 512
+
+typedef struct tdm_model_config {
+    int vocab_size, hidden_size, intermediate_size, num_layers;
+    /* full attention */
+    int num_heads, num_kv_heads, head_dim, rot_dim;
+    double rope_theta, partial_rotary_factor;
+    /* linear attention (Gated DeltaNet) */
+    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel;
+    double rms_norm_eps;
+    int tie_word_embeddings;
+    tdm_layer_kind layer_types[TDM_MODEL_MAX_LAYERS];
+} tdm_model_config;
+
+/* Reads `dir`/config.json (model_type qwen3_5_text, or qwen3_5 with a
+ * text_config) and checks it for consistency. */
+tdm_status tdm_model_config_load(const char *dir, tdm_model_config *cfg, tdm_error *err);
+
+/* ---- model ----------------------------------------------------------- */
+
+typedef struct tdm_model tdm_model;
+
+/* Loads config and weights from a checkpoint folder onto `be` (borrowed: it
+ * must outlive the model). On success the caller owns *out. */
+tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err);
+void tdm_model_destroy(tdm_model *m);
+const tdm_model_config *tdm_model_get_config(const tdm_model *m);
+tdm_backend *tdm_model_backend(const tdm_model *m);
+/* Bytes of weights one decode step streams, as stored (every layer, the final
+ * norm and the LM head; an untied embedding table is only indexed). */
+size_t tdm_model_weight_bytes(const tdm_model *m);
+
+/* ---- sequences ------------------------------------------------------- */
+
+typedef enum tdm_state_strategy {
+    /* verify keeps the conv window and recurrent state after every position;
+     * commit picks one. Most memory, no recomputation. */
+    TDM_STATE_EXTRA_BUFFER = 0,
+    /* verify checkpoints the states first; a partial accept restores them and
+     * recomputes the accepted positions. Least memory. */
+    TDM_STATE_NO_BUFFER = 1,
+} tdm_state_strategy;
+
+const char *tdm_state_strategy_name(tdm_state_strategy s);
+/* "extra_buffer" / "no_buffer"; -1 for anything else. */
+int tdm_state_strategy_parse(const char *s);
+
+typedef struct tdm_seq_params {
+    tdm_state_strategy strategy;
+    int max_draft; /* most draft tokens one verify may carry (k); >= 0 */
+} tdm_seq_params;
+
+typedef struct tdm_seq tdm_seq;
+
+tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, tdm_error *err);
+void tdm_seq_destroy(tdm_seq *s);
+/* A full copy of `src` at its committed position (no verify may be pending). */
+tdm_status tdm_seq_fork(const tdm_seq *src, tdm_seq **out, tdm_error *err);
+/* Committed positions. */
+int tdm_seq_length(const tdm_seq *s);
+
+/* Runs n tokens through the sequence (a prompt, or a continuation of it), in
+ * chunks. logits: NULL, or host [n, vocab] for every position. */
+tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logits,
+                           tdm_error *err);
+
+/* One token for each of nseq sequences in one batched pass; logits host
+ * [nseq, vocab] (may be NULL). */
+tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens, float *logits,
+                          tdm_error *err);
+
+/* Verifies blocks for nseq sequences in one pass: sequence i gets
+ * ntokens[i] = 1 + k_i tokens (its last sampled token then k_i drafts,
+ * k_i <= max_draft). logits host [sum ntokens, vocab], sequences in order.
+ * Each sequence then needs tdm_seq_commit before anything else. */
+tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                          const int *ntokens, float *logits, tdm_error *err);
+
+/* Keeps the first n_accepted + 1 positions of the pending verify (0 <=
+ * n_accepted < ntokens) and leaves the sequence exactly as if only those had
+ * been run. */
+tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err);
+
+typedef struct tdm_seq_memory {
+    size_t kv_bytes;        /* attention KV caches, as allocated now */
+    size_t recurrent_bytes; /* recurrent states of the linear layers */
+    size_t conv_bytes;      /* conv windows */
+    size_t strategy_bytes;  /* per-position states (extra_buffer) or checkpoint (no_buffer) */
+} tdm_seq_memory;
+
+void tdm_seq_memory_usage(const tdm_seq *s, tdm_seq_memory *mem);
+
+#endif

@@ -1,0 +1,326 @@
+/*
+ * model.c - loading a Qwen3.5 checkpoint: every tensor the config implies is
+ * looked up (prefix model.language_model. or model.), checked for shape and
+ * dtype, and placed on the backend. Matrices stay in their storage dtype when
+ * the backend's matmul takes it (bf16, f32) and are mapped without a copy on
+ * the CPU; fp16 matrices and all vectors become f32.
+ */
+#include "engine_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const prefixes[] = {"model.language_model.", "model."};
+
+static int track(void ***arr, size_t *n, size_t *cap, void *p)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        void **na = realloc(*arr, nc * sizeof(void *));
+        if (!na)
+            return -1;
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = p;
+    return 0;
+}
+
+static float half_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            man &= 0x3ff;
+            u = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static void to_f32(float *dst, const tdm_st_tensor *t)
+{
+    const unsigned char *p = t->data;
+    for (int64_t i = 0; i < t->numel; i++) {
+        if (t->dtype == TDM_ST_DTYPE_F32) {
+            memcpy(&dst[i], p + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            if (t->dtype == TDM_ST_DTYPE_BF16) {
+                uint32_t u = (uint32_t)h << 16;
+                memcpy(&dst[i], &u, 4);
+            } else {
+                dst[i] = half_to_f32(h);
+            }
+        }
+    }
+}
+
+/* Finds `name` under the known prefixes (or as is, for lm_head) and checks
+ * its shape and dtype. */
+static tdm_status find(tdm_model *m, const char *dir, const char *name, int with_prefix, int ndim,
+                       const int64_t *shape, const tdm_st_tensor **out, tdm_error *err)
+{
+    const tdm_st_tensor *t = NULL;
+    char full[512];
+    if (with_prefix) {
+        for (size_t i = 0; i < TDM_ARRAY_LEN(prefixes) && !t; i++) {
+            snprintf(full, sizeof(full), "%s%s", prefixes[i], name);
+            t = tdm_st_find(m->st, full);
+        }
+    } else {
+        snprintf(full, sizeof(full), "%s", name);
+        t = tdm_st_find(m->st, full);
+    }
+    if (!t) {
+        if (with_prefix)
+            return tdm_error_set(err, TDM_ERR_NOT_FOUND,
+                                 "%s: missing tensor '%s' (looked for model.language_model.%s and "
+                                 "model.%s)",
+                                 dir, name, name, name);
+        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: missing tensor '%s'", dir, name);
+    }
+    const char *file = tdm_st_file_path(m->st, t->file_index);
+    if (t->dtype != TDM_ST_DTYPE_F32 && t->dtype != TDM_ST_DTYPE_BF16 &&
+        t->dtype != TDM_ST_DTYPE_F16)
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "%s: tensor '%s' has dtype %s; supported are F32, BF16 and F16", file,
+                             t->name, tdm_st_dtype_name(t->dtype));
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[128], want[128];
+        tdm_st_tensor w;
+        memset(&w, 0, sizeof(w));
+        w.ndim = ndim;
+        for (int i = 0; i < ndim; i++)
+            w.shape[i] = shape[i];
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: tensor '%s' has shape %s, but config.json implies %s", file,
+                             t->name, tdm_st_shape_str(t, got, sizeof(got)),
+                             tdm_st_shape_str(&w, want, sizeof(want)));
+    }
+    *out = t;
+    return TDM_OK;
+}
+
+static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, int with_prefix,
+                              int64_t rows, int64_t cols, tdm_weight *w, tdm_error *err)
+{
+    const tdm_st_tensor *t;
+    int64_t shape[2] = {rows, cols};
+    tdm_status rc = find(m, dir, name, with_prefix, 2, shape, &t, err);
+    if (rc != TDM_OK)
+        return rc;
+    m->weight_bytes += t->nbytes;
+    const void *host = t->data;
+    tdm_dtype dt = t->dtype == TDM_ST_DTYPE_BF16 ? TDM_DTYPE_BF16 : TDM_DTYPE_F32;
+    size_t esize = dt == TDM_DTYPE_BF16 ? 2 : 4;
+    /* fp16, or data misaligned for its element type: convert to an f32 copy. */
+    if (t->dtype == TDM_ST_DTYPE_F16 || ((uintptr_t)t->data % esize) != 0) {
+        float *conv = malloc((size_t)t->numel * sizeof(float));
+        if (!conv || track(&m->host, &m->nhost, &m->caphost, conv) != 0) {
+            free(conv);
+            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory loading %s",
+                                 t->name);
+        }
+        to_f32(conv, t);
+        host = conv;
+        dt = TDM_DTYPE_F32;
+        esize = 4;
+    }
+    int owned = 0;
+    const void *dev = m->be->weight_map(m->be->ctx, host, (size_t)t->numel * esize, &owned);
+    if (!dev)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "backend out of memory for %s",
+                             t->name);
+    if (owned && track(&m->owned, &m->nowned, &m->capowned, (void *)dev) != 0)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    w->data = dev;
+    w->dtype = dt;
+    return TDM_OK;
+}
+
+static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, int ndim,
+                              const int64_t *shape, const float **out, tdm_error *err)
+{
+    const tdm_st_tensor *t;
+    tdm_status rc = find(m, dir, name, 1, ndim, shape, &t, err);
+    if (rc != TDM_OK)
+        return rc;
+    m->weight_bytes += t->nbytes;
+    float *host = malloc((size_t)t->numel * sizeof(float));
+    float *dev = m->be->alloc(m->be->ctx, (size_t)t->numel * sizeof(float));
+    if (!host || !dev || track(&m->owned, &m->nowned, &m->capowned, dev) != 0) {
+        free(host);
+        if (dev)
+            m->be->free(m->be->ctx, dev);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory loading %s", t->name);
+    }
+    to_f32(host, t);
+    m->be->upload(m->be->ctx, dev, host, (size_t)t->numel * sizeof(float));
+    free(host);
+    *out = dev;
+    return TDM_OK;
+}
+
+static tdm_status load_layer(tdm_model *m, const char *dir, int L, tdm_error *err)
+{
+    const tdm_model_config *c = &m->cfg;
+    tdm_layer_weights *w = &m->layers[L];
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    char n[256];
+    tdm_status rc;
+    int64_t vh[1] = {H};
+    w->kind = c->layer_types[L];
+#define NAME(suffix) (snprintf(n, sizeof(n), "layers.%d.%s", L, suffix), n)
+    if ((rc = load_vector(m, dir, NAME("input_layernorm.weight"), 1, vh, &w->input_norm, err)) ||
+        (rc = load_vector(m, dir, NAME("post_attention_layernorm.weight"), 1, vh, &w->post_norm,
+                          err)) ||
+        (rc = load_matrix(m, dir, NAME("mlp.gate_proj.weight"), 1, I, H, &w->gate, err)) ||
+        (rc = load_matrix(m, dir, NAME("mlp.up_proj.weight"), 1, I, H, &w->up, err)) ||
+        (rc = load_matrix(m, dir, NAME("mlp.down_proj.weight"), 1, H, I, &w->down, err)))
+        return rc;
+    if (w->kind == TDM_LAYER_LINEAR_ATTENTION) {
+        const int64_t Hv = c->lin_v_heads, VD = (int64_t)c->lin_v_heads * c->lin_v_dim;
+        const int64_t C = m->conv_dim, K = c->conv_kernel;
+        int64_t s_hv[1] = {Hv}, s_dv[1] = {c->lin_v_dim}, s_conv[3] = {C, 1, K};
+        if ((rc = load_matrix(m, dir, NAME("linear_attn.in_proj_qkv.weight"), 1, C, H, &w->in_qkv,
+                              err)) ||
+            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_z.weight"), 1, VD, H, &w->in_z,
+                              err)) ||
+            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_b.weight"), 1, Hv, H, &w->in_b,
+                              err)) ||
+            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_a.weight"), 1, Hv, H, &w->in_a,
+                              err)) ||
+            (rc = load_matrix(m, dir, NAME("linear_attn.out_proj.weight"), 1, H, VD, &w->out_proj,
+                              err)) ||
+            (rc = load_vector(m, dir, NAME("linear_attn.conv1d.weight"), 3, s_conv, &w->conv_w,
+                              err)) ||
+            (rc = load_vector(m, dir, NAME("linear_attn.A_log"), 1, s_hv, &w->A_log, err)) ||
+            (rc = load_vector(m, dir, NAME("linear_attn.dt_bias"), 1, s_hv, &w->dt_bias, err)) ||
+            (rc = load_vector(m, dir, NAME("linear_attn.norm.weight"), 1, s_dv, &w->gnorm, err)))
+            return rc;
+    } else {
+        const int64_t D = c->head_dim, QD = (int64_t)c->num_heads * D,
+                      KD = (int64_t)c->num_kv_heads * D;
+        int64_t s_d[1] = {D};
+        if ((rc = load_matrix(m, dir, NAME("self_attn.q_proj.weight"), 1, 2 * QD, H, &w->q_proj,
+                              err)) ||
+            (rc = load_matrix(m, dir, NAME("self_attn.k_proj.weight"), 1, KD, H, &w->k_proj,
+                              err)) ||
+            (rc = load_matrix(m, dir, NAME("self_attn.v_proj.weight"), 1, KD, H, &w->v_proj,
+                              err)) ||
+            (rc = load_matrix(m, dir, NAME("self_attn.o_proj.weight"), 1, H, QD, &w->o_proj,
+                              err)) ||
+            (rc = load_vector(m, dir, NAME("self_attn.q_norm.weight"), 1, s_d, &w->q_norm, err)) ||
+            (rc = load_vector(m, dir, NAME("self_attn.k_norm.weight"), 1, s_d, &w->k_norm, err)))
+            return rc;
+    }
+#undef NAME
+    return TDM_OK;
+}
+
+tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
+{
+    *out = NULL;
+    tdm_model *m = calloc(1, sizeof(*m));
+    if (!m)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    m->be = be;
+    tdm_status rc = tdm_model_config_load(dir, &m->cfg, err);
+    if (rc == TDM_OK)
+        rc = tdm_st_open(dir, &m->st, err);
+    if (rc != TDM_OK) {
+        tdm_model_destroy(m);
+        return rc;
+    }
+    const tdm_model_config *c = &m->cfg;
+    m->conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
+    m->layers = calloc((size_t)c->num_layers, sizeof(tdm_layer_weights));
+    m->inv_freq = malloc((size_t)(c->rot_dim / 2) * sizeof(float));
+    if (!m->layers || !m->inv_freq) {
+        tdm_model_destroy(m);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    /* As transformers computes it in fp32: 1 / theta^(2i / rot_dim). */
+    for (int i = 0; i < c->rot_dim / 2; i++) {
+        float e = (float)(2 * i) / (float)c->rot_dim;
+        m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, e);
+    }
+    int64_t hv[1] = {c->hidden_size};
+    rc = load_matrix(m, dir, "embed_tokens.weight", 1, c->vocab_size, c->hidden_size, &m->embed,
+                     err);
+    /* Decoding reads one embedding row, so an untied table is not streamed. */
+    size_t embed_bytes = m->weight_bytes;
+    if (rc == TDM_OK)
+        rc = load_vector(m, dir, "norm.weight", 1, hv, &m->final_norm, err);
+    if (rc == TDM_OK) {
+        if (c->tie_word_embeddings)
+            m->lm_head = m->embed;
+        else
+            rc = load_matrix(m, dir, "lm_head.weight", 0, c->vocab_size, c->hidden_size,
+                             &m->lm_head, err);
+    }
+    for (int L = 0; rc == TDM_OK && L < c->num_layers; L++)
+        rc = load_layer(m, dir, L, err);
+    if (rc == TDM_OK && !c->tie_word_embeddings)
+        m->weight_bytes -= embed_bytes;
+    if (rc != TDM_OK) {
+        tdm_model_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return TDM_OK;
+}
+
+void tdm_model_destroy(tdm_model *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->nowned; i++)
+        m->be->free(m->be->ctx, m->owned[i]);
+    free(m->owned);
+    if (m->ws.block)
+        m->be->free(m->be->ctx, m->ws.block);
+    for (size_t i = 0; i < m->nhost; i++)
+        free(m->host[i]);
+    free(m->host);
+    free(m->layers);
+    free(m->inv_freq);
+    tdm_st_close(m->st);
+    free(m);
+}
+
+const tdm_model_config *tdm_model_get_config(const tdm_model *m)
+{
+    return &m->cfg;
+}
+
+tdm_backend *tdm_model_backend(const tdm_model *m)
+{
+    return m->be;
+}
+
+size_t tdm_model_weight_bytes(const tdm_model *m)
+{
+    return m->weight_bytes;
+}

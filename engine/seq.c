@@ -1,0 +1,567 @@
+/*
+ * seq.c - sequences and the forward pass.
+ *
+ * One forward call runs R rows that may come from several sequences (a
+ * prefill chunk of one, a decode row of each, or verify blocks). Follow a
+ * row top to bottom in fwd_run: embedding, then per layer a zero-centred
+ * RMSNorm, the mixer (Gated DeltaNet or gated attention) added to the
+ * residual, a zero-centred RMSNorm and the SwiGLU MLP added to the residual;
+ * at the end the final norm and the LM head for the rows that want logits.
+ *
+ * The delta rule always runs in its recurrent form (exact math, one position
+ * after another), so a position computes the same bits whether it is part of
+ * a prefill, a verify block or a single decode step. That is what makes the
+ * commit strategies bit-identical to sequential decoding.
+ */
+#include "engine_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define PREFILL_CHUNK 128
+#define KV_INITIAL_CAP 64
+
+struct tdm_seq {
+    tdm_model *m;
+    tdm_seq_params p;
+    int n_past;  /* positions in the caches, including a pending verify's */
+    int kv_cap;  /* positions the KV caches hold */
+    /* per layer; NULL where the layer kind has no such state */
+    float **k, **v;       /* [kv_cap, nKV*D] */
+    float **conv;         /* [K-1, conv_dim] last pre-conv inputs, oldest first */
+    float **rec;          /* [Hv, Dk, Dv] */
+    float **conv_x, **rec_x; /* extra_buffer: [max_draft+1, ...] per position;
+                                no_buffer: [1, ...] checkpoint */
+    int pending;          /* rows of an uncommitted verify, 0 if none */
+    int base;             /* n_past before that verify */
+    int32_t *pend_tokens; /* [max_draft+1] its tokens (no_buffer recompute) */
+};
+
+enum { LOGITS_NONE, LOGITS_ALL };
+
+const char *tdm_state_strategy_name(tdm_state_strategy s)
+{
+    return s == TDM_STATE_NO_BUFFER ? "no_buffer" : "extra_buffer";
+}
+
+int tdm_state_strategy_parse(const char *s)
+{
+    if (strcmp(s, "extra_buffer") == 0)
+        return TDM_STATE_EXTRA_BUFFER;
+    if (strcmp(s, "no_buffer") == 0)
+        return TDM_STATE_NO_BUFFER;
+    return -1;
+}
+
+/* ---- sizes ------------------------------------------------------------- */
+
+static size_t conv_floats(const tdm_model *m)
+{
+    return (size_t)(m->cfg.conv_kernel - 1) * (size_t)m->conv_dim;
+}
+
+static size_t rec_floats(const tdm_model *m)
+{
+    const tdm_model_config *c = &m->cfg;
+    return (size_t)c->lin_v_heads * (size_t)c->lin_k_dim * (size_t)c->lin_v_dim;
+}
+
+static size_t kv_width(const tdm_model *m)
+{
+    return (size_t)m->cfg.num_kv_heads * (size_t)m->cfg.head_dim;
+}
+
+static int strategy_slots(const tdm_seq *s)
+{
+    return s->p.strategy == TDM_STATE_EXTRA_BUFFER ? s->p.max_draft + 1 : 1;
+}
+
+/* ---- workspace ----------------------------------------------------------- */
+
+static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
+{
+    tdm_workspace *w = &m->ws;
+    if (rows <= w->rows)
+        return TDM_OK;
+    if (rows < 2 * w->rows)
+        rows = 2 * w->rows;
+    const tdm_model_config *c = &m->cfg;
+    const size_t H = (size_t)c->hidden_size, C = (size_t)m->conv_dim;
+    const size_t VD = (size_t)c->lin_v_heads * (size_t)c->lin_v_dim;
+    const size_t QD = (size_t)c->num_heads * (size_t)c->head_dim, KD = kv_width(m);
+    const size_t Hv = (size_t)c->lin_v_heads, I = (size_t)c->intermediate_size;
+    const size_t V = (size_t)c->vocab_size, OW = VD > QD ? VD : QD;
+    /* Each piece rounded to 16 floats keeps every buffer 64-byte aligned. */
+#define RND(n) ((((n) * (size_t)rows) + 15) & ~(size_t)15)
+    size_t sizes[] = {RND(H),  RND(H),  RND(C),  RND(C),  RND(VD),     RND(Hv),     RND(Hv),
+                      RND(Hv), RND(Hv), RND(OW), RND(OW), RND(2 * QD), RND(QD),     RND(QD),
+                      RND(KD), RND(KD), RND(I),  RND(I),  RND(V)};
+#undef RND
+    float **dst[] = {&w->x, &w->xn, &w->qkv, &w->qkvc, &w->z,    &w->a,  &w->b,
+                     &w->g, &w->beta, &w->o, &w->o2, &w->qg, &w->q, &w->gate,
+                     &w->k, &w->v, &w->h1, &w->h2, &w->logits};
+    size_t total = 0;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(sizes); i++)
+        total += sizes[i];
+    void *block = m->be->alloc(m->be->ctx, total * sizeof(float));
+    if (!block)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "backend out of memory for a workspace of %d rows", rows);
+    if (w->block)
+        m->be->free(m->be->ctx, w->block);
+    w->block = block;
+    w->rows = rows;
+    float *p = block;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(sizes); i++) {
+        *dst[i] = p;
+        p += sizes[i];
+    }
+    return TDM_OK;
+}
+
+/* ---- KV capacity --------------------------------------------------------- */
+
+static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
+{
+    if (need <= s->kv_cap)
+        return TDM_OK;
+    tdm_model *m = s->m;
+    int cap = s->kv_cap ? s->kv_cap : KV_INITIAL_CAP;
+    while (cap < need)
+        cap *= 2;
+    size_t row = kv_width(m) * sizeof(float);
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        if (!s->k[L])
+            continue;
+        float *nk = m->be->alloc(m->be->ctx, (size_t)cap * row);
+        float *nv = m->be->alloc(m->be->ctx, (size_t)cap * row);
+        if (!nk || !nv) {
+            m->be->free(m->be->ctx, nk);
+            m->be->free(m->be->ctx, nv);
+            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                                 "out of memory growing the KV cache to %d positions", cap);
+        }
+        m->be->copy(m->be->ctx, nk, s->k[L], (size_t)s->n_past * row);
+        m->be->copy(m->be->ctx, nv, s->v[L], (size_t)s->n_past * row);
+        m->be->free(m->be->ctx, s->k[L]);
+        m->be->free(m->be->ctx, s->v[L]);
+        s->k[L] = nk;
+        s->v[L] = nv;
+    }
+    s->kv_cap = cap;
+    return TDM_OK;
+}
+
+/* ---- the forward pass ------------------------------------------------------ */
+
+/* Runs counts[i] tokens of seqs[i] for all i as one batch of rows. verify:
+ * extra_buffer sequences keep per-position states in conv_x/rec_x (their
+ * committed states stay untouched). logits: LOGITS_ALL writes host
+ * [R, vocab]. Advances every n_past. */
+static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq,
+                          const int32_t *const *toks, const int *counts, int verify,
+                          int logits_mode, float *logits, tdm_error *err)
+{
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    int R = 0;
+    for (int i = 0; i < nseq; i++)
+        R += counts[i];
+    if (R == 0)
+        return TDM_OK;
+    tdm_status rc = ws_ensure(m, R, err);
+    for (int i = 0; rc == TDM_OK && i < nseq; i++)
+        rc = kv_ensure(seqs[i], seqs[i]->n_past + counts[i], err);
+    if (rc != TDM_OK)
+        return rc;
+
+    const int H = c->hidden_size, C = m->conv_dim, K = c->conv_kernel, I = c->intermediate_size;
+    const int Hk = c->lin_k_heads, Hv = c->lin_v_heads, Dk = c->lin_k_dim, Dv = c->lin_v_dim;
+    const int VD = Hv * Dv, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
+    const int QD = nH * D, KD = nKV * D;
+    const float eps = (float)c->rms_norm_eps;
+    tdm_workspace *w = &m->ws;
+
+    int32_t *ids = malloc((size_t)R * sizeof(int32_t));
+    int32_t *pos = malloc((size_t)R * sizeof(int32_t));
+    int *row0 = malloc((size_t)nseq * sizeof(int));
+    tdm_conv_seg *cs = calloc((size_t)nseq, sizeof(*cs));
+    tdm_gdn_seg *gs = calloc((size_t)nseq, sizeof(*gs));
+    tdm_attn_seg *as = calloc((size_t)nseq, sizeof(*as));
+    if (!ids || !pos || !row0 || !cs || !gs || !as) {
+        rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (int i = 0, r = 0; i < nseq; i++) {
+        row0[i] = r;
+        for (int j = 0; j < counts[i]; j++, r++) {
+            ids[r] = toks[i][j];
+            pos[r] = seqs[i]->n_past + j;
+        }
+    }
+
+    be->embed(bx, w->x, m->embed, ids, R, H); /* x [R, H] */
+    for (int L = 0; L < c->num_layers; L++) {
+        const tdm_layer_weights *lw = &m->layers[L];
+        be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
+        if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
+            be->matmul(bx, w->qkv, w->xn, lw->in_qkv, R, H, C, 0); /* [R, C] */
+            be->matmul(bx, w->z, w->xn, lw->in_z, R, H, VD, 0);    /* [R, Hv*Dv] */
+            be->matmul(bx, w->b, w->xn, lw->in_b, R, H, Hv, 0);    /* [R, Hv] */
+            be->matmul(bx, w->a, w->xn, lw->in_a, R, H, Hv, 0);    /* [R, Hv] */
+            for (int i = 0; i < nseq; i++) {
+                tdm_seq *s = seqs[i];
+                int extra = verify && s->p.strategy == TDM_STATE_EXTRA_BUFFER;
+                cs[i] = (tdm_conv_seg){row0[i], counts[i], s->conv[L], extra ? s->conv_x[L] : NULL};
+                gs[i] = (tdm_gdn_seg){row0[i], counts[i], s->rec[L], extra ? s->rec_x[L] : NULL};
+            }
+            be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, cs, nseq, C, K); /* [R, C] */
+            be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
+            be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, gs, nseq, Hk, Hv, Dk,
+                              Dv); /* o [R, Hv, Dv] */
+            be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
+            be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
+        } else {
+            be->matmul(bx, w->qg, w->xn, lw->q_proj, R, H, 2 * QD, 0); /* [R, nH, 2D] */
+            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D);      /* [R, nH, D] each */
+            be->matmul(bx, w->k, w->xn, lw->k_proj, R, H, KD, 0);     /* [R, nKV, D] */
+            be->matmul(bx, w->v, w->xn, lw->v_proj, R, H, KD, 0);     /* [R, nKV, D] */
+            be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
+            be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
+            be->rope(bx, w->q, pos, m->inv_freq, R, nH, D, c->rot_dim);
+            be->rope(bx, w->k, pos, m->inv_freq, R, nKV, D, c->rot_dim);
+            for (int i = 0; i < nseq; i++) {
+                tdm_seq *s = seqs[i];
+                be->kv_store(bx, s->k[L], s->v[L], w->k + (size_t)row0[i] * (size_t)KD,
+                             w->v + (size_t)row0[i] * (size_t)KD, s->n_past, counts[i], KD);
+                as[i] = (tdm_attn_seg){row0[i], counts[i], s->n_past, s->k[L], s->v[L]};
+            }
+            be->attention(bx, w->o, w->q, as, nseq, nH, nKV, D); /* [R, nH, D] */
+            be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
+            be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+        }
+        be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
+        be->matmul(bx, w->h1, w->xn, lw->gate, R, H, I, 0); /* [R, I] */
+        be->matmul(bx, w->h2, w->xn, lw->up, R, H, I, 0);   /* [R, I] */
+        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
+        be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+    }
+    if (logits_mode == LOGITS_ALL && logits) {
+        be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
+        be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
+        be->download(bx, logits, w->logits, (size_t)R * (size_t)c->vocab_size * sizeof(float));
+    }
+    be->sync(bx);
+    for (int i = 0; i < nseq; i++)
+        seqs[i]->n_past += counts[i];
+out:
+    free(ids);
+    free(pos);
+    free(row0);
+    free(cs);
+    free(gs);
+    free(as);
+    return rc;
+}
+
+/* ---- sequences ---------------------------------------------------------- */
+
+static float **layer_array(int n)
+{
+    return calloc((size_t)n, sizeof(float *));
+}
+
+tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, tdm_error *err)
+{
+    *out = NULL;
+    if (p->max_draft < 0 || p->max_draft > 1024)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_draft %d is outside 0..1024",
+                             p->max_draft);
+    if (p->strategy != TDM_STATE_EXTRA_BUFFER && p->strategy != TDM_STATE_NO_BUFFER)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "unknown state strategy %d",
+                             (int)p->strategy);
+    const int NL = m->cfg.num_layers;
+    tdm_seq *s = calloc(1, sizeof(*s));
+    if (!s)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    s->m = m;
+    s->p = *p;
+    s->k = layer_array(NL);
+    s->v = layer_array(NL);
+    s->conv = layer_array(NL);
+    s->rec = layer_array(NL);
+    s->conv_x = layer_array(NL);
+    s->rec_x = layer_array(NL);
+    s->pend_tokens = malloc((size_t)(p->max_draft + 1) * sizeof(int32_t));
+    int ok = s->k && s->v && s->conv && s->rec && s->conv_x && s->rec_x && s->pend_tokens;
+    void *bx = m->be->ctx;
+    size_t slots = (size_t)strategy_slots(s);
+    for (int L = 0; ok && L < NL; L++) {
+        if (m->cfg.layer_types[L] != TDM_LAYER_LINEAR_ATTENTION)
+            continue; /* KV caches come with the first forward (kv_ensure) */
+        s->conv[L] = m->be->alloc(bx, conv_floats(m) * sizeof(float));
+        s->rec[L] = m->be->alloc(bx, rec_floats(m) * sizeof(float));
+        s->conv_x[L] = m->be->alloc(bx, slots * conv_floats(m) * sizeof(float));
+        s->rec_x[L] = m->be->alloc(bx, slots * rec_floats(m) * sizeof(float));
+        ok = s->conv[L] && s->rec[L] && s->conv_x[L] && s->rec_x[L];
+    }
+    /* A dummy non-NULL marker tells kv_ensure which layers own KV caches. */
+    for (int L = 0; ok && L < NL; L++) {
+        if (m->cfg.layer_types[L] != TDM_LAYER_FULL_ATTENTION)
+            continue;
+        s->k[L] = m->be->alloc(bx, (size_t)KV_INITIAL_CAP * kv_width(m) * sizeof(float));
+        s->v[L] = m->be->alloc(bx, (size_t)KV_INITIAL_CAP * kv_width(m) * sizeof(float));
+        ok = s->k[L] && s->v[L];
+    }
+    if (!ok) {
+        tdm_seq_destroy(s);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "out of memory for the state of a new sequence");
+    }
+    s->kv_cap = KV_INITIAL_CAP;
+    *out = s;
+    return TDM_OK;
+}
+
+void tdm_seq_destroy(tdm_seq *s)
+{
+    if (!s)
+        return;
+    tdm_backend *be = s->m->be;
+    float **arrs[] = {s->k, s->v, s->conv, s->rec, s->conv_x, s->rec_x};
+    for (size_t a = 0; a < TDM_ARRAY_LEN(arrs); a++) {
+        if (!arrs[a])
+            continue;
+        for (int L = 0; L < s->m->cfg.num_layers; L++)
+            if (arrs[a][L])
+                be->free(be->ctx, arrs[a][L]);
+        free(arrs[a]);
+    }
+    free(s->pend_tokens);
+    free(s);
+}
+
+int tdm_seq_length(const tdm_seq *s)
+{
+    return s->n_past - s->pending;
+}
+
+tdm_status tdm_seq_fork(const tdm_seq *src, tdm_seq **out, tdm_error *err)
+{
+    *out = NULL;
+    if (src->pending)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "cannot fork a sequence with an uncommitted verify");
+    tdm_seq *s;
+    tdm_status rc = tdm_seq_create(src->m, &src->p, &s, err);
+    if (rc != TDM_OK)
+        return rc;
+    if ((rc = kv_ensure(s, src->n_past, err)) != TDM_OK) {
+        tdm_seq_destroy(s);
+        return rc;
+    }
+    tdm_model *m = src->m;
+    void *bx = m->be->ctx;
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        if (src->k[L]) {
+            size_t n = (size_t)src->n_past * kv_width(m) * sizeof(float);
+            m->be->copy(bx, s->k[L], src->k[L], n);
+            m->be->copy(bx, s->v[L], src->v[L], n);
+        }
+        if (src->conv[L]) {
+            m->be->copy(bx, s->conv[L], src->conv[L], conv_floats(m) * sizeof(float));
+            m->be->copy(bx, s->rec[L], src->rec[L], rec_floats(m) * sizeof(float));
+        }
+    }
+    s->n_past = src->n_past;
+    *out = s;
+    return TDM_OK;
+}
+
+static tdm_status check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err)
+{
+    for (int i = 0; i < n; i++)
+        if (t[i] < 0 || t[i] >= m->cfg.vocab_size)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "token id %d is outside the vocabulary (0..%d)", (int)t[i],
+                                 m->cfg.vocab_size - 1);
+    return TDM_OK;
+}
+
+static tdm_status check_idle(const tdm_seq *s, tdm_error *err)
+{
+    if (s->pending)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "the sequence has an uncommitted verify; commit it first");
+    return TDM_OK;
+}
+
+tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logits, tdm_error *err)
+{
+    tdm_status rc;
+    if ((rc = check_idle(s, err)) || (rc = check_tokens(s->m, tokens, n, err)))
+        return rc;
+    const size_t V = (size_t)s->m->cfg.vocab_size;
+    for (int at = 0; at < n; at += PREFILL_CHUNK) {
+        int cnt = n - at < PREFILL_CHUNK ? n - at : PREFILL_CHUNK;
+        const int32_t *t = tokens + at;
+        rc = fwd_run(s->m, &s, 1, &t, &cnt, 0, logits ? LOGITS_ALL : LOGITS_NONE,
+                     logits ? logits + (size_t)at * V : NULL, err);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    return TDM_OK;
+}
+
+static tdm_status check_batch(tdm_seq *const *seqs, int nseq, tdm_error *err)
+{
+    if (nseq < 1)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "no sequences given");
+    for (int i = 0; i < nseq; i++) {
+        if (seqs[i]->m != seqs[0]->m)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "sequences of different models in one batch");
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                     "sequence %d appears twice in one batch", i);
+        tdm_status rc = check_idle(seqs[i], err);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens, float *logits,
+                          tdm_error *err)
+{
+    tdm_status rc;
+    if ((rc = check_batch(seqs, nseq, err)) || (rc = check_tokens(seqs[0]->m, tokens, nseq, err)))
+        return rc;
+    const int32_t **t = malloc((size_t)nseq * sizeof(*t));
+    int *cnt = malloc((size_t)nseq * sizeof(int));
+    if (!t || !cnt) {
+        free(t);
+        free(cnt);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (int i = 0; i < nseq; i++) {
+        t[i] = &tokens[i];
+        cnt[i] = 1;
+    }
+    rc = fwd_run(seqs[0]->m, seqs, nseq, t, cnt, 0, LOGITS_ALL, logits, err);
+    free(t);
+    free(cnt);
+    return rc;
+}
+
+tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                          const int *ntokens, float *logits, tdm_error *err)
+{
+    tdm_status rc = check_batch(seqs, nseq, err);
+    if (rc != TDM_OK)
+        return rc;
+    tdm_model *m = seqs[0]->m;
+    for (int i = 0; i < nseq; i++) {
+        if (ntokens[i] < 1 || ntokens[i] > seqs[i]->p.max_draft + 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "sequence %d: a verify block carries 1 + k tokens with k <= %d "
+                                 "(max_draft); got %d tokens",
+                                 i, seqs[i]->p.max_draft, ntokens[i]);
+        if ((rc = check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
+            return rc;
+    }
+    void *bx = m->be->ctx;
+    for (int i = 0; i < nseq; i++) {
+        tdm_seq *s = seqs[i];
+        if (s->p.strategy == TDM_STATE_NO_BUFFER) /* checkpoint */
+            for (int L = 0; L < m->cfg.num_layers; L++)
+                if (s->conv[L]) {
+                    m->be->copy(bx, s->conv_x[L], s->conv[L], conv_floats(m) * sizeof(float));
+                    m->be->copy(bx, s->rec_x[L], s->rec[L], rec_floats(m) * sizeof(float));
+                }
+        s->base = s->n_past;
+        memcpy(s->pend_tokens, tokens[i], (size_t)ntokens[i] * sizeof(int32_t));
+    }
+    rc = fwd_run(m, seqs, nseq, tokens, ntokens, 1, LOGITS_ALL, logits, err);
+    if (rc != TDM_OK) {
+        /* Nothing was committed: put each sequence back where it was. */
+        for (int i = 0; i < nseq; i++) {
+            tdm_seq *s = seqs[i];
+            s->n_past = s->base;
+            if (s->p.strategy == TDM_STATE_NO_BUFFER)
+                for (int L = 0; L < m->cfg.num_layers; L++)
+                    if (s->conv[L]) {
+                        m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
+                        m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
+                    }
+        }
+        return rc;
+    }
+    for (int i = 0; i < nseq; i++)
+        seqs[i]->pending = ntokens[i];
+    return TDM_OK;
+}
+
+tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
+{
+    if (!s->pending)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "commit without a pending verify");
+    if (n_accepted < 0 || n_accepted >= s->pending)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "n_accepted %d is outside 0..%d (the verify carried %d drafts)",
+                             n_accepted, s->pending - 1, s->pending - 1);
+    tdm_model *m = s->m;
+    void *bx = m->be->ctx;
+    int keep = n_accepted + 1, ran = s->pending;
+    s->pending = 0;
+    if (s->p.strategy == TDM_STATE_EXTRA_BUFFER) {
+        for (int L = 0; L < m->cfg.num_layers; L++)
+            if (s->conv[L]) {
+                m->be->copy(bx, s->conv[L], s->conv_x[L] + (size_t)n_accepted * conv_floats(m),
+                            conv_floats(m) * sizeof(float));
+                m->be->copy(bx, s->rec[L], s->rec_x[L] + (size_t)n_accepted * rec_floats(m),
+                            rec_floats(m) * sizeof(float));
+            }
+        s->n_past = s->base + keep; /* KV entries past it are simply overwritten later */
+        return TDM_OK;
+    }
+    if (keep == ran) /* everything accepted: the in-place states are final */
+        return TDM_OK;
+    for (int L = 0; L < m->cfg.num_layers; L++)
+        if (s->conv[L]) {
+            m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
+            m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
+        }
+    s->n_past = s->base;
+    const int32_t *t = s->pend_tokens;
+    tdm_status rc = fwd_run(m, &s, 1, &t, &keep, 0, LOGITS_NONE, NULL, err);
+    if (rc != TDM_OK) {
+        /* Leave a consistent sequence: the checkpoint. */
+        for (int L = 0; L < m->cfg.num_layers; L++)
+            if (s->conv[L]) {
+                m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
+                m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
+            }
+        s->n_past = s->base;
+        return tdm_error_prefix(err, "commit (state restored to before the verify)");
+    }
+    return TDM_OK;
+}
+
+void tdm_seq_memory_usage(const tdm_seq *s, tdm_seq_memory *mem)
+{
+    const tdm_model *m = s->m;
+    memset(mem, 0, sizeof(*mem));
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        if (s->k[L])
+            mem->kv_bytes += 2 * (size_t)s->kv_cap * kv_width(m) * sizeof(float);
+        if (s->conv[L]) {
+            mem->conv_bytes += conv_floats(m) * sizeof(float);
+            mem->recurrent_bytes += rec_floats(m) * sizeof(float);
+            mem->strategy_bytes +=
+                (size_t)strategy_slots(s) * (conv_floats(m) + rec_floats(m)) * sizeof(float);
+        }
+    }
+}

@@ -1,0 +1,152 @@
+/*
+ * backend.h - the compute backend interface of the model engine.
+ *
+ * A backend owns device memory and runs the ops of a hybrid-model forward
+ * pass on it. It is a struct of function pointers plus an opaque context
+ * (the ggml-backend pattern); the engine calls only these slots and never
+ * includes a backend's internals. The CPU backend (kernels/cpu/) computes in
+ * fp32 over bf16/fp16/fp32 weights; a CUDA backend implements the same slots.
+ *
+ * Memory: `alloc` returns backend memory ("device pointers"). The engine only
+ * does pointer arithmetic on them and hands them back to ops or copy slots;
+ * it never dereferences them. Host memory enters and leaves through
+ * upload/download. Activations, caches and states are fp32.
+ *
+ * Rows: most ops work on R independent rows of a [R, n] matrix. The rows of
+ * one call may belong to different sequences (batched decode/verify); ops that
+ * read per-sequence state (conv, gated delta rule, attention) take a list of
+ * segments, each a contiguous run of rows of one sequence. Every op computes
+ * each row with the same arithmetic whatever R and the segmentation are, so a
+ * batched call gives bit-identical rows to unbatched ones.
+ *
+ * Pointers named in the op arguments that are arrays of segments or of
+ * positions/token ids are host memory and only read during the call.
+ */
+#ifndef TANDEM_KERNELS_BACKEND_H
+#define TANDEM_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum tdm_dtype {
+    TDM_DTYPE_F32 = 0,
+    TDM_DTYPE_BF16 = 1,
+    TDM_DTYPE_F16 = 2,
+} tdm_dtype;
+
+size_t tdm_dtype_size(tdm_dtype dt);
+const char *tdm_dtype_name(tdm_dtype dt);
+
+/* A weight matrix or vector in backend memory. */
+typedef struct tdm_weight {
+    const void *data; /* backend memory */
+    tdm_dtype dtype;
+} tdm_weight;
+
+/* One sequence's rows in a causal-conv call. The state holds the last K-1
+ * pre-conv inputs, oldest first: [K-1, C]. */
+typedef struct tdm_conv_seg {
+    int row0, nrows;
+    float *state;      /* [K-1, C]; updated in place when states_out is NULL */
+    float *states_out; /* NULL, or [nrows, K-1, C]: the state after each row; state is left as is */
+} tdm_conv_seg;
+
+/* One sequence's rows in a gated-delta-rule call. */
+typedef struct tdm_gdn_seg {
+    int row0, nrows;
+    float *state;      /* [Hv, Dk, Dv]; updated in place when states_out is NULL */
+    float *states_out; /* NULL, or [nrows, Hv, Dk, Dv]: state after each row; state is left as is */
+} tdm_gdn_seg;
+
+/* One sequence's rows in an attention call: row i of the segment is the
+ * query at position n_past + i and attends to cache entries 0..n_past+i. */
+typedef struct tdm_attn_seg {
+    int row0, nrows;
+    int n_past;
+    const float *k_cache; /* [>= n_past + nrows, nKV, D] */
+    const float *v_cache; /* [>= n_past + nrows, nKV, D] */
+} tdm_attn_seg;
+
+typedef struct tdm_backend tdm_backend;
+
+struct tdm_backend {
+    const char *name; /* "cpu", "cuda" */
+    void *ctx;
+
+    /* --- lifetime and memory ------------------------------------------ */
+    /* Frees the backend and its context (not memory the engine still holds). */
+    void (*destroy)(tdm_backend *be);
+    /* nbytes of backend memory, zero-filled; NULL when exhausted. */
+    void *(*alloc)(void *ctx, size_t nbytes);
+    /* Frees memory from alloc or weight_map (NULL is fine). */
+    void (*free)(void *ctx, void *p);
+    /* Host -> backend. */
+    void (*upload)(void *ctx, void *dst, const void *src, size_t nbytes);
+    /* Backend -> host. */
+    void (*download)(void *ctx, void *dst, const void *src, size_t nbytes);
+    /* Backend -> backend. */
+    void (*copy)(void *ctx, void *dst, const void *src, size_t nbytes);
+    /* Makes host weight bytes usable by ops; may alias `host` (CPU: no copy,
+     * *owned = 0) or copy to the device (*owned = 1: free() it later). The
+     * host bytes must outlive the returned pointer when it aliases. */
+    const void *(*weight_map)(void *ctx, const void *host, size_t nbytes, int *owned);
+    /* Waits until all queued ops are done. */
+    void (*sync)(void *ctx);
+
+    /* --- ops ------------------------------------------------------------ */
+    /* y[r,:] = embed[ids[r], :] for r < R; embed [vocab, H]. ids: host. */
+    void (*embed)(void *ctx, float *y, tdm_weight embed, const int32_t *ids, int R, int H);
+    /* y [R,out] (+)= x [R,in] · wᵀ, w [out,in]; accumulate adds into y. */
+    void (*matmul)(void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out,
+                   int accumulate);
+    /* y = x / rms(x) * (zero_centred ? 1 + w : w), per row of n; w [n] f32. y may be x. */
+    void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
+                    int zero_centred);
+    /* Gated RMSNorm: y = w * x / rms(x) * silu(z), per row of n; w [n] f32. */
+    void (*rmsnorm_gated)(void *ctx, float *y, const float *x, const float *z, const float *w,
+                          int R, int n, float eps);
+    /* Splits q_proj output [R, nH, 2D] per head into q [R, nH, D] and gate [R, nH, D]. */
+    void (*split_qgate)(void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D);
+    /* Rotate-half RoPE on the first rot_dim dims of each head of x [R, nH, D],
+     * in place; positions [R] host; inv_freq [rot_dim/2] host. */
+    void (*rope)(void *ctx, float *x, const int32_t *positions, const float *inv_freq, int R,
+                 int nH, int D, int rot_dim);
+    /* Writes rows k,v [nrows, nKV*D] into the caches at row `at`. */
+    void (*kv_store)(void *ctx, float *k_cache, float *v_cache, const float *k, const float *v,
+                     int at, int nrows, int kv_width);
+    /* Causal attention: out [R, nH, D] from q [R, nH, D] (roped) against each
+     * segment's cache; GQA (kv head = h / (nH/nKV)), scale D^-0.5, fp32 softmax. */
+    void (*attention)(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
+                      int nH, int nKV, int D);
+    /* y = y * sigmoid(gate), n values. */
+    void (*mul_sigmoid)(void *ctx, float *y, const float *gate, size_t n);
+    /* y = silu(a) * b, n values. y may alias a. */
+    void (*silu_mul)(void *ctx, float *y, const float *a, const float *b, size_t n);
+    /* Depthwise causal conv of width K over pre-conv inputs x [R, C] with the
+     * segment's state as left context, then SiLU: y [R, C]; w [C, K] f32,
+     * w[c, K-1] multiplies the current row. */
+    void (*conv_silu)(void *ctx, float *y, const float *x, const float *w,
+                      const tdm_conv_seg *segs, int nseg, int C, int K);
+    /* Gated-delta-rule gates: g = -exp(A_log) * softplus(a + dt_bias),
+     * beta = sigmoid(b); a, b, g, beta [R, Hv]; A_log, dt_bias [Hv] f32. */
+    void (*gdn_gates)(void *ctx, float *g, float *beta, const float *a, const float *b,
+                      const float *A_log, const float *dt_bias, int R, int Hv);
+    /* Recurrent gated delta rule per segment, from its state. q, k are rows
+     * of qkv [R, qkv_stride] at offsets 0 and Hk*Dk ([Hk, Dk] each), v at
+     * 2*Hk*Dk ([Hv, Dv]); q and k are l2-normalised (eps 1e-6) and q scaled
+     * by Dk^-0.5 inside; v head j reads q/k head j / (Hv/Hk). out [R, Hv, Dv]. */
+    void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride,
+                          const float *g, const float *beta, const tdm_gdn_seg *segs, int nseg,
+                          int Hk, int Hv, int Dk, int Dv);
+    /* out[r] = argmax of x[r, 0..n) (first on ties); out host [R]. */
+    void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
+    /* In-place softmax per row of n (fp32). */
+    void (*softmax)(void *ctx, float *x, int R, int n);
+};
+
+/* The CPU backend: fp32 compute, nthreads workers in a persistent pool
+ * (0 = one per online core). Returns NULL when out of memory. The caller
+ * destroys it with be->destroy(be). */
+tdm_backend *tdm_backend_cpu_create(int nthreads);
+
+#endif

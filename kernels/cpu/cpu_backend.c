@@ -1,0 +1,478 @@
+/*
+ * cpu_backend.c - the CPU implementation of backend.h: fp32 arithmetic over
+ * host memory, heavy ops (matmul, attention, gated delta rule) spread over a
+ * persistent pool. Row results never depend on how rows are batched.
+ */
+#include "cpu_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* --- memory ------------------------------------------------------------- */
+
+static void *cpu_alloc(void *ctx, size_t nbytes)
+{
+    (void)ctx;
+    /* 64-byte alignment for SIMD loads and to keep rows off shared lines. */
+    size_t n = (nbytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (p)
+        memset(p, 0, n ? n : 64);
+    return p;
+}
+
+static void cpu_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t n)
+{
+    (void)ctx;
+    if (n)
+        memmove(dst, src, n);
+}
+
+static const void *cpu_weight_map(void *ctx, const void *host, size_t nbytes, int *owned)
+{
+    (void)ctx;
+    (void)nbytes;
+    *owned = 0;
+    return host;
+}
+
+static void cpu_sync(void *ctx)
+{
+    (void)ctx;
+}
+
+/* --- elementwise and row ops -------------------------------------------- */
+
+static void cpu_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)
+{
+    (void)ctx;
+    for (int r = 0; r < R; r++) {
+        size_t off = (size_t)ids[r] * (size_t)H;
+        float *yr = y + (size_t)r * (size_t)H;
+        if (e.dtype == TDM_DTYPE_BF16) {
+            const uint16_t *w = (const uint16_t *)e.data + off;
+            for (int i = 0; i < H; i++)
+                yr[i] = cpu_bf16_to_f32(w[i]);
+        } else {
+            memcpy(yr, (const float *)e.data + off, (size_t)H * sizeof(float));
+        }
+    }
+}
+
+static void cpu_matmul_slot(void *ctx, float *y, const float *x, tdm_weight w, int R, int in,
+                            int out, int accumulate)
+{
+    cpu_matmul(ctx, y, x, w, R, in, out, accumulate);
+}
+
+static void cpu_rmsnorm(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
+                        int zero_centred)
+{
+    (void)ctx;
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * (size_t)n;
+        float *yr = y + (size_t)r * (size_t)n;
+        float ss = 0;
+        for (int i = 0; i < n; i++)
+            ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int i = 0; i < n; i++)
+            yr[i] = (xr[i] * inv) * (zero_centred ? 1.0f + w[i] : w[i]);
+    }
+}
+
+static inline float silu(float v)
+{
+    return v / (1.0f + expf(-v));
+}
+
+static inline float sigmoid(float v)
+{
+    return 1.0f / (1.0f + expf(-v));
+}
+
+static void cpu_rmsnorm_gated(void *ctx, float *y, const float *x, const float *z, const float *w,
+                              int R, int n, float eps)
+{
+    (void)ctx;
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * (size_t)n;
+        const float *zr = z + (size_t)r * (size_t)n;
+        float *yr = y + (size_t)r * (size_t)n;
+        float ss = 0;
+        for (int i = 0; i < n; i++)
+            ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int i = 0; i < n; i++)
+            yr[i] = (w[i] * (xr[i] * inv)) * silu(zr[i]);
+    }
+}
+
+static void cpu_split_qgate(void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D)
+{
+    (void)ctx;
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < nH; h++) {
+            const float *src = qg + ((size_t)r * (size_t)nH + (size_t)h) * 2 * (size_t)D;
+            size_t dst = ((size_t)r * (size_t)nH + (size_t)h) * (size_t)D;
+            memcpy(q + dst, src, (size_t)D * sizeof(float));
+            memcpy(gate + dst, src + D, (size_t)D * sizeof(float));
+        }
+}
+
+static void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int R, int nH,
+                     int D, int rot)
+{
+    (void)ctx;
+    int half = rot / 2;
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < half; i++) {
+            /* fp32 angle as the reference computes it: inv_freq * position. */
+            float ang = inv_freq[i] * (float)pos[r];
+            float c = cosf(ang), s = sinf(ang);
+            for (int h = 0; h < nH; h++) {
+                float *xh = x + ((size_t)r * (size_t)nH + (size_t)h) * (size_t)D;
+                float x1 = xh[i], x2 = xh[i + half];
+                xh[i] = x1 * c - x2 * s;
+                xh[i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+static void cpu_kv_store(void *ctx, float *kc, float *vc, const float *k, const float *v, int at,
+                         int nrows, int width)
+{
+    (void)ctx;
+    size_t n = (size_t)nrows * (size_t)width * sizeof(float);
+    memcpy(kc + (size_t)at * (size_t)width, k, n);
+    memcpy(vc + (size_t)at * (size_t)width, v, n);
+}
+
+static void cpu_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++)
+        y[i] = y[i] * sigmoid(gate[i]);
+}
+
+static void cpu_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++)
+        y[i] = silu(a[i]) * b[i];
+}
+
+static void cpu_gdn_gates(void *ctx, float *g, float *beta, const float *a, const float *b,
+                          const float *A_log, const float *dt_bias, int R, int Hv)
+{
+    (void)ctx;
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < Hv; h++) {
+            size_t i = (size_t)r * (size_t)Hv + (size_t)h;
+            float u = a[i] + dt_bias[h];
+            /* torch softplus(beta=1, threshold=20) */
+            float sp = u > 20.0f ? u : log1pf(expf(u));
+            g[i] = -expf(A_log[h]) * sp;
+            beta[i] = sigmoid(b[i]);
+        }
+}
+
+static void cpu_conv_silu(void *ctx, float *y, const float *x, const float *w,
+                          const tdm_conv_seg *segs, int nseg, int C, int K)
+{
+    (void)ctx;
+    const int S = K - 1;
+    for (int si = 0; si < nseg; si++) {
+        const tdm_conv_seg *sg = &segs[si];
+        for (int i = 0; i < sg->nrows; i++) {
+            float *yr = y + (size_t)(sg->row0 + i) * (size_t)C;
+            for (int c = 0; c < C; c++) {
+                float acc = 0;
+                for (int j = 0; j < K; j++) {
+                    int m = i - S + j; /* input index relative to the segment */
+                    float v = m < 0 ? sg->state[(size_t)(S + m) * (size_t)C + (size_t)c]
+                                    : x[(size_t)(sg->row0 + m) * (size_t)C + (size_t)c];
+                    acc += w[(size_t)c * (size_t)K + (size_t)j] * v;
+                }
+                yr[c] = silu(acc);
+            }
+            if (sg->states_out) {
+                /* state after row i: inputs i-S+1 .. i */
+                float *so = sg->states_out + (size_t)i * (size_t)S * (size_t)C;
+                for (int j = 0; j < S; j++) {
+                    int m = i - S + 1 + j;
+                    const float *src = m < 0 ? sg->state + (size_t)(S + m) * (size_t)C
+                                             : x + (size_t)(sg->row0 + m) * (size_t)C;
+                    memcpy(so + (size_t)j * (size_t)C, src, (size_t)C * sizeof(float));
+                }
+            }
+        }
+        if (!sg->states_out && sg->nrows > 0) {
+            int n = sg->nrows;
+            for (int j = 0; j < S; j++) {
+                int m = n - S + j;
+                /* rows move forward, so reading index S+m >= j is safe in place */
+                if (m < 0)
+                    memmove(sg->state + (size_t)j * (size_t)C,
+                            sg->state + (size_t)(S + m) * (size_t)C, (size_t)C * sizeof(float));
+                else
+                    memcpy(sg->state + (size_t)j * (size_t)C, x + (size_t)(sg->row0 + m) * (size_t)C,
+                           (size_t)C * sizeof(float));
+            }
+        }
+    }
+}
+
+/* --- gated delta rule -------------------------------------------------- */
+
+typedef struct gdn_args {
+    float *out;
+    const float *qkv;
+    int stride;
+    const float *g, *beta;
+    const tdm_gdn_seg *segs;
+    int nseg, Hk, Hv, Dk, Dv;
+} gdn_args;
+
+static void gdn_task(void *vp, int ith, int nth)
+{
+    const gdn_args *a = vp;
+    const int Dk = a->Dk, Dv = a->Dv, Hv = a->Hv, r = a->Hv / a->Hk;
+    const size_t hs = (size_t)Dk * (size_t)Dv; /* one head's state */
+    float qn[512], kn[512], kv[512];
+    const float scale = 1.0f / sqrtf((float)Dk);
+    int units = a->nseg * Hv;
+    for (int u = ith; u < units; u += nth) {
+        const tdm_gdn_seg *sg = &a->segs[u / Hv];
+        int hv = u % Hv, hk = hv / r;
+        const float *prev = sg->state + (size_t)hv * hs;
+        for (int i = 0; i < sg->nrows; i++) {
+            size_t row = (size_t)(sg->row0 + i);
+            float *S = sg->states_out
+                           ? sg->states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs
+                           : sg->state + (size_t)hv * hs;
+            if (S != prev)
+                memcpy(S, prev, hs * sizeof(float));
+            const float *q = a->qkv + row * (size_t)a->stride + (size_t)hk * (size_t)Dk;
+            const float *k = q + (size_t)a->Hk * (size_t)Dk;
+            const float *v = a->qkv + row * (size_t)a->stride + 2 * (size_t)a->Hk * (size_t)Dk +
+                             (size_t)hv * (size_t)Dv;
+            float sq = 0, sk = 0;
+            for (int d = 0; d < Dk; d++) {
+                sq += q[d] * q[d];
+                sk += k[d] * k[d];
+            }
+            float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+            for (int d = 0; d < Dk; d++) {
+                qn[d] = (q[d] * iq) * scale;
+                kn[d] = k[d] * ik;
+            }
+            size_t gi = row * (size_t)Hv + (size_t)hv;
+            float decay = expf(a->g[gi]), b = a->beta[gi];
+            for (size_t j = 0; j < hs; j++)
+                S[j] *= decay;
+            for (int e = 0; e < Dv; e++)
+                kv[e] = 0;
+            for (int d = 0; d < Dk; d++) {
+                const float *Sr = S + (size_t)d * (size_t)Dv;
+                for (int e = 0; e < Dv; e++)
+                    kv[e] += Sr[e] * kn[d];
+            }
+            for (int e = 0; e < Dv; e++)
+                kv[e] = (v[e] - kv[e]) * b; /* delta */
+            float *o = a->out + (row * (size_t)Hv + (size_t)hv) * (size_t)Dv;
+            for (int e = 0; e < Dv; e++)
+                o[e] = 0;
+            for (int d = 0; d < Dk; d++) {
+                float *Sr = S + (size_t)d * (size_t)Dv;
+                for (int e = 0; e < Dv; e++) {
+                    Sr[e] += kn[d] * kv[e];
+                    o[e] += Sr[e] * qn[d];
+                }
+            }
+            prev = S;
+        }
+    }
+}
+
+static void cpu_gdn_recurrent(void *ctx, float *out, const float *qkv, int stride, const float *g,
+                              const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
+                              int Dk, int Dv)
+{
+    cpu_ctx *c = ctx;
+    TDM_ASSERT(Dk <= 512 && Dv <= 512);
+    gdn_args a = {out, qkv, stride, g, beta, segs, nseg, Hk, Hv, Dk, Dv};
+    tdm_pool_run(c->pool, gdn_task, &a);
+}
+
+/* --- attention ------------------------------------------------------------ */
+
+typedef struct attn_args {
+    float *out;
+    const float *q;
+    const tdm_attn_seg *segs;
+    int nseg, nH, nKV, D, max_ctx, total_rows;
+} attn_args;
+
+static void attn_task(void *vp, int ith, int nth)
+{
+    const attn_args *a = vp;
+    const int nH = a->nH, D = a->D, grp = a->nH / a->nKV;
+    const size_t kvw = (size_t)a->nKV * (size_t)D;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *p = malloc((size_t)a->max_ctx * sizeof(float));
+    if (!p)
+        abort();
+    int units = a->total_rows * nH;
+    /* Map a unit to (segment, row, head) by walking segments: rows are few. */
+    for (int u = ith; u < units; u += nth) {
+        int row_unit = u / nH, h = u % nH, si = 0, acc = 0;
+        while (acc + a->segs[si].nrows <= row_unit)
+            acc += a->segs[si++].nrows;
+        const tdm_attn_seg *sg = &a->segs[si];
+        int i = row_unit - acc, n = sg->n_past + i + 1, kh = h / grp;
+        size_t row = (size_t)(sg->row0 + i);
+        const float *q = a->q + (row * (size_t)nH + (size_t)h) * (size_t)D;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            const float *k = sg->k_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
+            float s = 0;
+            for (int d = 0; d < D; d++)
+                s += q[d] * k[d];
+            s *= scale;
+            p[j] = s;
+            if (s > mx)
+                mx = s;
+        }
+        float sum = 0;
+        for (int j = 0; j < n; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        float inv = 1.0f / sum;
+        float *o = a->out + (row * (size_t)nH + (size_t)h) * (size_t)D;
+        for (int d = 0; d < D; d++)
+            o[d] = 0;
+        for (int j = 0; j < n; j++) {
+            const float *v = sg->v_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
+            float pj = p[j] * inv;
+            for (int d = 0; d < D; d++)
+                o[d] += pj * v[d];
+        }
+    }
+    free(p);
+}
+
+static void cpu_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
+                          int nH, int nKV, int D)
+{
+    cpu_ctx *c = ctx;
+    int max_ctx = 1, rows = 0;
+    for (int i = 0; i < nseg; i++) {
+        if (segs[i].n_past + segs[i].nrows > max_ctx)
+            max_ctx = segs[i].n_past + segs[i].nrows;
+        rows += segs[i].nrows;
+    }
+    attn_args a = {out, q, segs, nseg, nH, nKV, D, max_ctx, rows};
+    tdm_pool_run(c->pool, attn_task, &a);
+}
+
+/* --- sampling helpers ----------------------------------------------------- */
+
+static void cpu_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
+{
+    (void)ctx;
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * (size_t)n;
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (xr[i] > xr[best])
+                best = i;
+        out[r] = best;
+    }
+}
+
+static void cpu_softmax(void *ctx, float *x, int R, int n)
+{
+    (void)ctx;
+    for (int r = 0; r < R; r++) {
+        float *xr = x + (size_t)r * (size_t)n;
+        float mx = -INFINITY, sum = 0;
+        for (int i = 0; i < n; i++)
+            mx = xr[i] > mx ? xr[i] : mx;
+        for (int i = 0; i < n; i++) {
+            xr[i] = expf(xr[i] - mx);
+            sum += xr[i];
+        }
+        for (int i = 0; i < n; i++)
+            xr[i] /= sum;
+    }
+}
+
+/* --- lifetime ----------------------------------------------------------- */
+
+static void cpu_destroy(tdm_backend *be)
+{
+    if (!be)
+        return;
+    cpu_ctx *c = be->ctx;
+    tdm_pool_destroy(c->pool);
+    free(c);
+    free(be);
+}
+
+tdm_backend *tdm_backend_cpu_create(int nthreads)
+{
+    if (nthreads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        nthreads = n > 0 ? (int)n : 1;
+    }
+    tdm_backend *be = calloc(1, sizeof(*be));
+    cpu_ctx *c = calloc(1, sizeof(*c));
+    if (!be || !c || !(c->pool = tdm_pool_create(nthreads))) {
+        free(be);
+        free(c);
+        return NULL;
+    }
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    c->use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    if (getenv("TANDEM_CPU_NO_SIMD"))
+        c->use_avx2 = 0;
+    be->name = "cpu";
+    be->ctx = c;
+    be->destroy = cpu_destroy;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->copy = cpu_copy;
+    be->weight_map = cpu_weight_map;
+    be->sync = cpu_sync;
+    be->embed = cpu_embed;
+    be->matmul = cpu_matmul_slot;
+    be->rmsnorm = cpu_rmsnorm;
+    be->rmsnorm_gated = cpu_rmsnorm_gated;
+    be->split_qgate = cpu_split_qgate;
+    be->rope = cpu_rope;
+    be->kv_store = cpu_kv_store;
+    be->attention = cpu_attention;
+    be->mul_sigmoid = cpu_mul_sigmoid;
+    be->silu_mul = cpu_silu_mul;
+    be->conv_silu = cpu_conv_silu;
+    be->gdn_gates = cpu_gdn_gates;
+    be->gdn_recurrent = cpu_gdn_recurrent;
+    be->argmax = cpu_argmax;
+    be->softmax = cpu_softmax;
+    return be;
+}

@@ -1,0 +1,156 @@
+/* util.c - see util.h. */
+#include "util.h"
+
+#include "npy.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+unsigned char *file_read(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    CHECK(fp, "cannot open %s", path);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)n + 1);
+    CHECK(buf && fread(buf, 1, (size_t)n, fp) == (size_t)n, "cannot read %s", path);
+    buf[n] = 0;
+    fclose(fp);
+    *len = (size_t)n;
+    return buf;
+}
+
+void file_write(const char *path, const void *data, size_t len)
+{
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp && fwrite(data, 1, len, fp) == len, "cannot write %s", path);
+    fclose(fp);
+}
+
+void dir_copy(const char *src, const char *dst)
+{
+    mkdir(dst, 0755);
+    DIR *d = opendir(src);
+    CHECK(d, "cannot list %s", src);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char a[1024], b[1024];
+        snprintf(a, sizeof(a), "%s/%s", src, e->d_name);
+        snprintf(b, sizeof(b), "%s/%s", dst, e->d_name);
+        size_t n;
+        unsigned char *buf = file_read(a, &n);
+        file_write(b, buf, n);
+        free(buf);
+    }
+    closedir(d);
+}
+
+void dir_remove(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char a[1024];
+        snprintf(a, sizeof(a), "%s/%s", dir, e->d_name);
+        unlink(a);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+void fixture_load(fixture *f, const char *name)
+{
+    memset(f, 0, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "%s/%s", TANDEM_ENGINE_FIXTURES, name);
+    snprintf(f->model, sizeof(f->model), "%s/model", f->dir);
+    char p[700];
+    snprintf(p, sizeof(p), "%s/meta.json", f->dir);
+    size_t n;
+    char *text = (char *)file_read(p, &n);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    CHECK(root, "%s: bad JSON", p);
+    const cJSON *dt = cJSON_GetObjectItem(root, "dtype");
+    CHECK(cJSON_IsString(dt), "%s: no dtype", p);
+    snprintf(f->dtype, sizeof(f->dtype), "%s", dt->valuestring);
+    const cJSON *calls = cJSON_GetObjectItem(root, "calls");
+    CHECK(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) == 3, "%s: calls", p);
+    f->ncalls = 3;
+    int ci = 0;
+    for (const cJSON *c = calls->child; c; c = c->next, ci++) {
+        f->ncall[ci] = cJSON_GetArraySize(c);
+        f->calls[ci] = malloc((size_t)f->ncall[ci] * sizeof(int32_t));
+        int j = 0;
+        for (const cJSON *t = c->child; t; t = t->next)
+            f->calls[ci][j++] = (int32_t)t->valuedouble;
+        f->total += f->ncall[ci];
+    }
+    cJSON_Delete(root);
+}
+
+void fixture_free(fixture *f)
+{
+    for (int i = 0; i < 3; i++)
+        free(f->calls[i]);
+}
+
+float *npy_load2(const char *path, int64_t *rows, int64_t *cols)
+{
+    float *d;
+    int nd;
+    int64_t sh[4];
+    tdm_error err;
+    CHECK(tdm_npy_read_f32(path, &d, &nd, sh, &err) == TDM_OK, "%s", err.msg);
+    CHECK(nd == 2, "%s: expected 2 dims", path);
+    *rows = sh[0];
+    *cols = sh[1];
+    return d;
+}
+
+float max_abs(const float *x, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    return m;
+}
+
+float max_abs_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) /* NaN propagates as a failure */
+            m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+int argmax_row(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+tdm_backend *test_backend(void)
+{
+    tdm_backend *be = tdm_backend_cpu_create(2);
+    CHECK(be, "cannot create the CPU backend");
+    return be;
+}

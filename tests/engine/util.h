@@ -1,0 +1,48 @@
+/*
+ * util.h - helpers for the engine tests: fixtures (meta.json + .npy logits),
+ * comparisons, files.
+ */
+#ifndef TANDEM_TESTS_ENGINE_UTIL_H
+#define TANDEM_TESTS_ENGINE_UTIL_H
+
+#include "engine.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+typedef struct fixture {
+    char dir[512];      /* the fixture folder */
+    char model[600];    /* its model/ folder */
+    char dtype[16];     /* storage dtype: float32, bfloat16, float16 */
+    int ncalls;
+    int32_t *calls[3];  /* prefill, continuation, decode */
+    int ncall[3];
+    int total;          /* positions */
+} fixture;
+
+void fixture_load(fixture *f, const char *name);
+void fixture_free(fixture *f);
+/* Reads an .npy of [rows, cols] float32; exits on error. */
+float *npy_load2(const char *path, int64_t *rows, int64_t *cols);
+float max_abs(const float *x, size_t n);
+float max_abs_diff(const float *a, const float *b, size_t n);
+int argmax_row(const float *x, int n);
+/* Whole file into memory (caller frees); exits on error. */
+unsigned char *file_read(const char *path, size_t *len);
+void file_write(const char *path, const void *data, size_t len);
+/* Copies every regular file of src into dst (created). */
+void dir_copy(const char *src, const char *dst);
+void dir_remove(const char *dir);
+tdm_backend *test_backend(void);
+
+#endif
