@@ -15,5 +15,7 @@ typedef struct cli_command {
 } cli_command;
 
 int cli_version(int argc, char **argv);
+int cli_check_config(int argc, char **argv);
+int cli_status(int argc, char **argv);
 
 #endif

@@ -11,6 +11,8 @@
 
 static const cli_command commands[] = {
     {"version", cli_version, "print the build's version, revision and compiled features"},
+    {"check-config", cli_check_config, "check service config files and their compatibility offline"},
+    {"status", cli_status, "show the gateway's replicas, pairs formed and pairs refused"},
 };
 
 static void usage(FILE *out)

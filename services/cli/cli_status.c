@@ -1,0 +1,197 @@
+/*
+ * cli_status.c - `tandem status`: asks the gateway (GetStatus) which replicas
+ * are registered, which verifier/drafter pairs are formed and which are
+ * refused and why, and prints it readably or as JSON.
+ */
+#include "cli.h"
+
+#include "config.h"
+#include "pbjson.h"
+#include "rpc.h"
+#include "service_config.h"
+#include "tandem/v1/gateway.pb-c.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: tandem status [--gateway HOST:PORT] [--json] [--timeout DURATION]\n"
+                 "                     [--tls-ca FILE]\n\n"
+                 "Shows the gateway's registered replicas with their self-descriptions and\n"
+                 "heartbeat age, the verifier/drafter pairs formed, the pairs refused with the\n"
+                 "rule and both values, counters and the gateway's effective configuration.\n"
+                 "--gateway defaults to $TANDEM_GATEWAY, else 127.0.0.1:7700.\n");
+}
+
+static const char *fp12(const char *fp, char *buf, size_t len)
+{
+    snprintf(buf, len, "%.12s", (fp && fp[0]) ? fp : "-");
+    return buf;
+}
+
+
+static void print_replica(const Tandem__V1__ReplicaStatus *r)
+{
+    const Tandem__V1__Descriptor *d = r->descriptor;
+    if (!d)
+        return;
+    char m[16], t[16];
+    printf("  %-8s %s  %s\n", tdm_svc_role_name(d->role), d->replica_id, d->address);
+    printf("           model %s (%s), tokenizer %s\n", d->model_name[0] ? d->model_name : "-",
+           fp12(d->model_fingerprint, m, sizeof(m)), fp12(d->tokenizer_fingerprint, t, sizeof(t)));
+    printf("           ");
+    if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER)
+        printf("max_draft_tokens %u, ", d->max_draft_tokens);
+    if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER)
+        printf("%s drafter, draft_block_size %u, ", tdm_svc_drafter_kind_name(d->drafter_kind),
+               d->draft_block_size);
+    printf("state %s, prefix_cache %s, max_sequences %u\n",
+           tdm_svc_strategy_name(d->state_strategy), d->prefix_cache ? "on" : "off",
+           d->max_sequences);
+    printf("           protocol %u.%u, snapshot layout %u, build %s (%s, %s)\n",
+           d->protocol ? d->protocol->major : 0, d->protocol ? d->protocol->minor : 0,
+           d->snapshot_layout_version, d->build ? d->build->version : "?",
+           d->build ? d->build->git_revision : "?",
+           d->build && d->build->backend[0] ? d->build->backend : "no backend");
+    printf("           heartbeat %.1fs ago", r->heartbeat_age_ms / 1000.0);
+    if (r->load)
+        printf(", %u active sequences, %u free slots", r->load->active_sequences,
+               r->load->free_slots);
+    printf("\n");
+}
+
+static void print_status(const Tandem__V1__StatusResponse *s)
+{
+    if (s->gateway) {
+        const Tandem__V1__Descriptor *g = s->gateway;
+        printf("gateway %s at %s: tandem %s (revision %s), protocol %u.%u\n", g->replica_id,
+               g->address, g->build ? g->build->version : "?",
+               g->build ? g->build->git_revision : "?", g->protocol ? g->protocol->major : 0,
+               g->protocol ? g->protocol->minor : 0);
+    }
+    printf("\nreplicas (%zu):\n", s->n_replicas);
+    if (s->n_replicas == 0)
+        printf("  (none registered)\n");
+    for (size_t i = 0; i < s->n_replicas; i++)
+        print_replica(s->replicas[i]);
+
+    size_t formed = 0, refused = 0;
+    for (size_t i = 0; i < s->n_pairs; i++)
+        s->pairs[i]->compatible ? formed++ : refused++;
+    printf("\npairs formed (%zu):\n", formed);
+    if (formed == 0)
+        printf("  (none)\n");
+    for (size_t i = 0; i < s->n_pairs; i++)
+        if (s->pairs[i]->compatible)
+            printf("  verifier %s + drafter %s\n", s->pairs[i]->verifier, s->pairs[i]->drafter);
+    printf("\npairs refused (%zu):\n", refused);
+    if (refused == 0)
+        printf("  (none)\n");
+    for (size_t i = 0; i < s->n_pairs; i++) {
+        const Tandem__V1__PairStatus *p = s->pairs[i];
+        if (p->compatible)
+            continue;
+        printf("  verifier %s + drafter %s\n", p->verifier, p->drafter);
+        for (size_t k = 0; k < p->n_refusals; k++)
+            printf("    %s\n", p->refusals[k]->message);
+    }
+    if (s->n_replica_refusals) {
+        printf("\nreplicas of one role that cannot exchange state (%zu):\n",
+               s->n_replica_refusals);
+        for (size_t k = 0; k < s->n_replica_refusals; k++)
+            printf("  %s\n", s->replica_refusals[k]->message);
+    }
+    if (s->n_counters) {
+        printf("\ncounters:\n");
+        for (size_t i = 0; i < s->n_counters; i++)
+            printf("  %-28s %.0f\n", s->counters[i]->name, s->counters[i]->value);
+    }
+    if (s->config && s->config->n_entries) {
+        printf("\ngateway configuration:\n");
+        for (size_t i = 0; i < s->config->n_entries; i++) {
+            const Tandem__V1__ConfigEntry *e = s->config->entries[i];
+            printf("  %-20s %-24s # %s%s%s\n", e->key, e->value[0] ? e->value : "''", e->source,
+                   e->reason[0] ? "; " : "", e->reason);
+        }
+    }
+}
+
+int cli_status(int argc, char **argv)
+{
+    const char *gateway = getenv("TANDEM_GATEWAY");
+    if (!gateway || !gateway[0])
+        gateway = "127.0.0.1:7700";
+    const char *ca = NULL;
+    bool json = false;
+    int64_t timeout_ms = 5000;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            json = true;
+        } else if ((strcmp(a, "--gateway") == 0 || strcmp(a, "--timeout") == 0 ||
+                    strcmp(a, "--tls-ca") == 0) &&
+                   i + 1 < argc) {
+            const char *v = argv[++i];
+            tdm_error err;
+            if (strcmp(a, "--gateway") == 0) {
+                char host[256];
+                int port;
+                if (tdm_cfg_parse_address(v, host, sizeof(host), &port, &err) != TDM_OK) {
+                    fprintf(stderr, "tandem status: --gateway: %s\n", err.msg);
+                    return 2;
+                }
+                gateway = v;
+            } else if (strcmp(a, "--timeout") == 0) {
+                if (tdm_cfg_parse_duration_ms(v, &timeout_ms, &err) != TDM_OK || timeout_ms <= 0) {
+                    fprintf(stderr, "tandem status: --timeout: %s\n",
+                            timeout_ms <= 0 ? "must be positive" : err.msg);
+                    return 2;
+                }
+            } else {
+                ca = v;
+            }
+        } else {
+            fprintf(stderr, "tandem status: unknown or incomplete argument '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    tdm_rpc_tls tls = {.ca_path = ca};
+    tdm_rpc_channel_options copt = {.target = gateway, .tls = ca ? &tls : NULL};
+    tdm_rpc_channel *ch = NULL;
+    tdm_error err;
+    if (tdm_rpc_channel_create(&copt, &ch, &err) != TDM_OK) {
+        fprintf(stderr, "tandem status: %s\n", err.msg);
+        return 1;
+    }
+    Tandem__V1__GetStatusRequest req = TANDEM__V1__GET_STATUS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    tdm_rpc_call_options opt = {.timeout_ms = timeout_ms};
+    tdm_status st = tdm_rpc_unary(ch, "/tandem.v1.Gateway/GetStatus", &req.base,
+                                  &tandem__v1__status_response__descriptor, &resp, &opt, &err);
+    if (st != TDM_OK) {
+        fprintf(stderr, "tandem status: gateway %s: %s: %s\n", gateway, tdm_status_name(st),
+                err.msg);
+        tdm_rpc_channel_destroy(ch);
+        return 1;
+    }
+    if (json) {
+        cJSON *j = tdm_pbjson_from_message(resp);
+        char *text = j ? cJSON_Print(j) : NULL;
+        if (text)
+            printf("%s\n", text);
+        free(text);
+        cJSON_Delete(j);
+    } else {
+        print_status((const Tandem__V1__StatusResponse *)resp);
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    tdm_rpc_channel_destroy(ch);
+    return 0;
+}
