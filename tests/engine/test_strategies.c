@@ -1,1 +1,250 @@
-int main(void){return 0;}
+/*
+ * test_strategies.c - verify/commit under extra_buffer and no_buffer against
+ * plain one-token-at-a-time decoding, batched calls against unbatched ones,
+ * and fork.
+ *
+ * These compare independently computed paths of the engine (a verify block
+ * vs a chain of decode steps; a checkpoint+recompute vs per-position states;
+ * a batch vs single sequences); the results must be bit-identical, because
+ * every op computes a row the same way whatever the batch (backend.h).
+ */
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static int rnd(int n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (int)(rng % (uint64_t)n);
+}
+
+#define MAXK 6
+
+static tdm_seq *make(tdm_model *m, tdm_state_strategy s)
+{
+    tdm_seq_params p = {s, MAXK};
+    tdm_seq *q;
+    tdm_error err;
+    CHECK(tdm_seq_create(m, &p, &q, &err) == TDM_OK, "%s", err.msg);
+    return q;
+}
+
+/* Random prompts, random draft blocks, random acceptance: after each commit,
+ * extra_buffer, no_buffer and sequential decode must agree to the bit. */
+static void strategies(tdm_model *m, const char *name)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    tdm_error err;
+    for (int trial = 0; trial < 3; trial++) {
+        tdm_seq *eb = make(m, TDM_STATE_EXTRA_BUFFER);
+        tdm_seq *nb = make(m, TDM_STATE_NO_BUFFER);
+        tdm_seq *sq = make(m, TDM_STATE_EXTRA_BUFFER);
+        int plen = 1 + rnd(20);
+        int32_t prompt[32];
+        for (int i = 0; i < plen; i++)
+            prompt[i] = rnd(V);
+        tdm_seq *all[3] = {eb, nb, sq};
+        for (int i = 0; i < 3; i++)
+            CHECK(tdm_seq_prefill(all[i], prompt, plen, NULL, &err) == TDM_OK, "%s", err.msg);
+        float *le = malloc((size_t)(MAXK + 1) * V * 4), *ln = malloc((size_t)(MAXK + 1) * V * 4);
+        float *ls = malloc((size_t)V * 4);
+        for (int round = 0; round < 8; round++) {
+            int k = rnd(MAXK + 1), ntok = k + 1, acc = rnd(k + 1);
+            int32_t blk[MAXK + 1];
+            for (int i = 0; i < ntok; i++)
+                blk[i] = rnd(V);
+            const int32_t *bp = blk;
+            CHECK(tdm_seq_verify(&eb, 1, &bp, &ntok, le, &err) == TDM_OK, "%s", err.msg);
+            CHECK(tdm_seq_verify(&nb, 1, &bp, &ntok, ln, &err) == TDM_OK, "%s", err.msg);
+            CHECK(memcmp(le, ln, (size_t)ntok * V * 4) == 0, "%s: verify logits differ", name);
+            CHECK(tdm_seq_commit(eb, acc, &err) == TDM_OK, "%s", err.msg);
+            CHECK(tdm_seq_commit(nb, acc, &err) == TDM_OK, "%s", err.msg);
+            for (int i = 0; i <= acc; i++) {
+                CHECK(tdm_seq_decode(&sq, 1, &blk[i], ls, &err) == TDM_OK, "%s", err.msg);
+                CHECK(memcmp(ls, le + (size_t)i * V, (size_t)V * 4) == 0,
+                      "%s: trial %d round %d: verify row %d != sequential decode", name, trial,
+                      round, i);
+            }
+            CHECK(tdm_seq_length(eb) == tdm_seq_length(sq) &&
+                      tdm_seq_length(nb) == tdm_seq_length(sq),
+                  "%s: lengths differ after commit", name);
+        }
+        /* The committed states themselves: one more decode on each. */
+        int32_t t = rnd(V);
+        float *lx = malloc((size_t)3 * V * 4);
+        for (int i = 0; i < 3; i++)
+            CHECK(tdm_seq_decode(&all[i], 1, &t, lx + (size_t)i * V, &err) == TDM_OK, "%s",
+                  err.msg);
+        CHECK(memcmp(lx, lx + V, (size_t)V * 4) == 0 && memcmp(lx, lx + 2 * V, (size_t)V * 4) == 0,
+              "%s: states after commit differ", name);
+        free(lx);
+        free(le);
+        free(ln);
+        free(ls);
+        for (int i = 0; i < 3; i++)
+            tdm_seq_destroy(all[i]);
+    }
+    printf("%-14s strategies: extra_buffer == no_buffer == sequential decode\n", name);
+}
+
+/* Sequences of different lengths in one decode and one verify call must give
+ * the rows they give alone. */
+static void batching(tdm_model *m, const char *name)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    enum { N = 4 };
+    tdm_error err;
+    tdm_seq *b[N], *u[N];
+    for (int i = 0; i < N; i++) {
+        b[i] = make(m, i % 2 ? TDM_STATE_NO_BUFFER : TDM_STATE_EXTRA_BUFFER);
+        u[i] = make(m, i % 2 ? TDM_STATE_NO_BUFFER : TDM_STATE_EXTRA_BUFFER);
+        int32_t prompt[40];
+        int plen = 3 + 9 * i;
+        for (int j = 0; j < plen; j++)
+            prompt[j] = rnd(V);
+        CHECK(tdm_seq_prefill(b[i], prompt, plen, NULL, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_prefill(u[i], prompt, plen, NULL, &err) == TDM_OK, "%s", err.msg);
+    }
+    float *lb = malloc((size_t)N * (MAXK + 1) * V * 4), *lu = malloc((size_t)(MAXK + 1) * V * 4);
+    for (int round = 0; round < 3; round++) {
+        int32_t tok[N];
+        for (int i = 0; i < N; i++)
+            tok[i] = rnd(V);
+        CHECK(tdm_seq_decode(b, N, tok, lb, &err) == TDM_OK, "%s", err.msg);
+        for (int i = 0; i < N; i++) {
+            CHECK(tdm_seq_decode(&u[i], 1, &tok[i], lu, &err) == TDM_OK, "%s", err.msg);
+            CHECK(memcmp(lu, lb + (size_t)i * V, (size_t)V * 4) == 0,
+                  "%s: batched decode row %d differs", name, i);
+        }
+        int32_t blk[N][MAXK + 1];
+        const int32_t *bp[N];
+        int nt[N], acc[N];
+        for (int i = 0; i < N; i++) {
+            nt[i] = 1 + rnd(MAXK + 1);
+            acc[i] = rnd(nt[i]);
+            for (int j = 0; j < nt[i]; j++)
+                blk[i][j] = rnd(V);
+            bp[i] = blk[i];
+        }
+        CHECK(tdm_seq_verify(b, N, bp, nt, lb, &err) == TDM_OK, "%s", err.msg);
+        size_t off = 0;
+        for (int i = 0; i < N; i++) {
+            CHECK(tdm_seq_verify(&u[i], 1, &bp[i], &nt[i], lu, &err) == TDM_OK, "%s", err.msg);
+            CHECK(memcmp(lu, lb + off * V, (size_t)nt[i] * V * 4) == 0,
+                  "%s: batched verify of sequence %d differs", name, i);
+            off += (size_t)nt[i];
+            CHECK(tdm_seq_commit(b[i], acc[i], &err) == TDM_OK, "%s", err.msg);
+            CHECK(tdm_seq_commit(u[i], acc[i], &err) == TDM_OK, "%s", err.msg);
+        }
+    }
+    /* Misuse is an error, not a crash. */
+    int32_t t = 0;
+    const int32_t *tp = &t;
+    int one = 1, many = MAXK + 2;
+    CHECK(tdm_seq_commit(b[0], 0, &err) == TDM_ERR_FAILED_PRECONDITION, "commit without verify");
+    CHECK(tdm_seq_verify(&b[0], 1, &tp, &many, lb, &err) == TDM_ERR_INVALID_ARGUMENT,
+          "too many drafts");
+    CHECK(tdm_seq_verify(&b[0], 1, &tp, &one, lb, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_decode(&b[0], 1, &t, lb, &err) == TDM_ERR_FAILED_PRECONDITION,
+          "decode while a verify is pending");
+    CHECK(tdm_seq_commit(b[0], 1, &err) == TDM_ERR_INVALID_ARGUMENT, "accept more than ran");
+    CHECK(tdm_seq_commit(b[0], 0, &err) == TDM_OK, "%s", err.msg);
+    t = V;
+    CHECK(tdm_seq_decode(&b[0], 1, &t, lb, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "vocabulary"),
+          "token out of range: %s", err.msg);
+    tdm_seq *dup[2] = {b[1], b[1]};
+    int32_t tt[2] = {0, 0};
+    CHECK(tdm_seq_decode(dup, 2, tt, lb, &err) == TDM_ERR_INVALID_ARGUMENT, "duplicate seq");
+    for (int i = 0; i < N; i++) {
+        tdm_seq_destroy(b[i]);
+        tdm_seq_destroy(u[i]);
+    }
+    free(lb);
+    free(lu);
+    printf("%-14s batching: batched decode/verify == unbatched\n", name);
+}
+
+/* A fork continues exactly like its parent and is independent of it. */
+static void fork_test(tdm_model *m, const char *name)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    tdm_error err;
+    tdm_seq *a = make(m, TDM_STATE_EXTRA_BUFFER), *ref = make(m, TDM_STATE_EXTRA_BUFFER);
+    int32_t prompt[80];
+    for (int i = 0; i < 80; i++)
+        prompt[i] = rnd(V);
+    CHECK(tdm_seq_prefill(a, prompt, 80, NULL, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(ref, prompt, 80, NULL, &err) == TDM_OK, "%s", err.msg);
+    tdm_seq *f;
+    CHECK(tdm_seq_fork(a, &f, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_length(f) == 80, "fork length");
+    float *l1 = malloc((size_t)V * 4), *l2 = malloc((size_t)V * 4);
+    /* The parent takes another path first; the fork must not notice. */
+    for (int i = 0; i < 5; i++) {
+        int32_t t = rnd(V);
+        CHECK(tdm_seq_decode(&a, 1, &t, l1, &err) == TDM_OK, "%s", err.msg);
+    }
+    for (int i = 0; i < 5; i++) {
+        int32_t t = rnd(V);
+        CHECK(tdm_seq_decode(&f, 1, &t, l1, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_decode(&ref, 1, &t, l2, &err) == TDM_OK, "%s", err.msg);
+        CHECK(memcmp(l1, l2, (size_t)V * 4) == 0, "%s: fork differs from its parent's past", name);
+    }
+    int32_t t = 1;
+    const int32_t *tp = &t;
+    int one = 1;
+    tdm_seq *f2;
+    CHECK(tdm_seq_verify(&a, 1, &tp, &one, l1, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_fork(a, &f2, &err) == TDM_ERR_FAILED_PRECONDITION, "fork while pending");
+    CHECK(tdm_seq_commit(a, 0, &err) == TDM_OK, "%s", err.msg);
+    tdm_seq_destroy(a);
+    tdm_seq_destroy(f);
+    tdm_seq_destroy(ref);
+    free(l1);
+    free(l2);
+    printf("%-14s fork: independent and exact\n", name);
+}
+
+static void memory_report(tdm_model *m, const char *name)
+{
+    tdm_seq_memory me, mn;
+    tdm_seq *e = make(m, TDM_STATE_EXTRA_BUFFER), *n = make(m, TDM_STATE_NO_BUFFER);
+    tdm_seq_memory_usage(e, &me);
+    tdm_seq_memory_usage(n, &mn);
+    printf("%-14s state memory per sequence (k=%d): recurrent %zu B, conv %zu B; strategy extra: "
+           "extra_buffer %zu B, no_buffer %zu B\n",
+           name, MAXK, me.recurrent_bytes, me.conv_bytes, me.strategy_bytes, mn.strategy_bytes);
+    CHECK(me.strategy_bytes == (size_t)(MAXK + 1) * (me.recurrent_bytes + me.conv_bytes),
+          "extra_buffer keeps k+1 states");
+    CHECK(mn.strategy_bytes == mn.recurrent_bytes + mn.conv_bytes, "no_buffer keeps 1 checkpoint");
+    tdm_seq_destroy(e);
+    tdm_seq_destroy(n);
+}
+
+int main(void)
+{
+    tdm_backend *be = test_backend();
+    const char *names[] = {"f32_gqa", "bf16_alt", "f32_tied"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        fixture f;
+        fixture_load(&f, names[i]);
+        tdm_model *m;
+        tdm_error err;
+        CHECK(tdm_model_load(f.model, be, &m, &err) == TDM_OK, "%s", err.msg);
+        strategies(m, names[i]);
+        batching(m, names[i]);
+        fork_test(m, names[i]);
+        memory_report(m, names[i]);
+        tdm_model_destroy(m);
+        fixture_free(&f);
+    }
+    be->destroy(be);
+    return 0;
+}
