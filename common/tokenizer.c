@@ -321,8 +321,9 @@ tdm_status tok__utf8_check(const char *text, size_t len, tdm_error *err)
         int c = tok__utf8_class(p + i, len - i);
         if (c <= 0)
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "text is not valid UTF-8: %s byte 0x%02x at byte offset %zu",
-                                 c == 0 ? "truncated sequence starting with" : "invalid sequence at",
+                                 "text is not valid UTF-8: %s 0x%02x at byte offset %zu",
+                                 c == 0 ? "the text ends inside a character starting with byte"
+                                        : "invalid sequence starting with byte",
                                  p[i], i);
         i += (size_t)c;
     }

@@ -1,0 +1,359 @@
+/*
+ * tokenizer_errors - bad input gets a clear error, never a crash.
+ *
+ *   tokenizer_errors FIXTURE_DIR
+ *
+ * Starts from a valid fixture tokenizer.json, breaks one thing at a time and
+ * checks the status code and that the message names the JSON path and the
+ * feature. Also: missing file, corrupt JSON, invalid UTF-8 to encode (with
+ * the byte offset), ids out of range to decode and to a stream, bad ChatML.
+ */
+#include "tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        exit(2);
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (fread(b, 1, (size_t)n, f) != (size_t)n)
+        exit(2);
+    b[n] = '\0';
+    fclose(f);
+    return b;
+}
+
+/* Loads `j` and expects failure with `code` and every needle in the message. */
+static void expect_load_error(const char *what, cJSON *j, tdm_status code, const char *needle1,
+                              const char *needle2)
+{
+    char *s = cJSON_PrintUnformatted(j);
+    tdm_tokenizer *tok = NULL;
+    tdm_error err = {0};
+    tdm_status st = tdm_tok_load_json(s, strlen(s), "test.json", &tok, &err);
+    CHECK(st == code, "%s: status %s, want %s (%s)", what, tdm_status_name(st),
+          tdm_status_name(code), err.msg);
+    CHECK(tok == NULL, "%s: tokenizer returned on error", what);
+    CHECK(strstr(err.msg, "test.json") != NULL, "%s: message lacks the origin: %s", what, err.msg);
+    CHECK(needle1 == NULL || strstr(err.msg, needle1) != NULL, "%s: message lacks '%s': %s", what,
+          needle1, err.msg);
+    CHECK(needle2 == NULL || strstr(err.msg, needle2) != NULL, "%s: message lacks '%s': %s", what,
+          needle2, err.msg);
+    printf("%-34s -> %s: %s\n", what, tdm_status_name(st), err.msg);
+    tdm_tok_destroy(tok);
+    free(s);
+}
+
+static cJSON *base;
+
+static cJSON *fresh(void)
+{
+    return cJSON_Duplicate(base, 1);
+}
+
+static cJSON *at(cJSON *j, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(j, key);
+}
+
+static void feature_errors(void)
+{
+    cJSON *j;
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(at(j, "model"), "type", cJSON_CreateString("WordPiece"));
+    expect_load_error("model type", j, TDM_ERR_UNIMPLEMENTED, "model.type", "WordPiece");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(at(j, "model"), "dropout", cJSON_CreateNumber(0.1));
+    expect_load_error("dropout", j, TDM_ERR_UNIMPLEMENTED, "model.dropout", "dropout");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(at(j, "model"), "byte_fallback", cJSON_CreateTrue());
+    expect_load_error("byte_fallback", j, TDM_ERR_UNIMPLEMENTED, "model.byte_fallback", NULL);
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(at(j, "model"), "continuing_subword_prefix", cJSON_CreateString("##"));
+    expect_load_error("subword prefix", j, TDM_ERR_UNIMPLEMENTED,
+                      "model.continuing_subword_prefix", NULL);
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "normalizer", cJSON_Parse("{\"type\": \"Lowercase\"}"));
+    expect_load_error("normalizer", j, TDM_ERR_UNIMPLEMENTED, "normalizer", "Lowercase");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "normalizer",
+                              cJSON_Parse("{\"type\": \"Sequence\", \"normalizers\": "
+                                          "[{\"type\": \"NFC\"}, {\"type\": \"NFKC\"}]}"));
+    expect_load_error("normalizer sequence", j, TDM_ERR_UNIMPLEMENTED,
+                      "normalizer.normalizers[1]", "NFKC");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON *split = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 0);
+    cJSON_ReplaceItemInObject(split, "behavior", cJSON_CreateString("MergedWithPrevious"));
+    expect_load_error("split behavior", j, TDM_ERR_UNIMPLEMENTED,
+                      "pre_tokenizer.pretokenizers[0].behavior", "MergedWithPrevious");
+    cJSON_Delete(j);
+
+    j = fresh();
+    split = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 0);
+    cJSON_ReplaceItemInObject(split, "invert", cJSON_CreateTrue());
+    expect_load_error("split invert", j, TDM_ERR_UNIMPLEMENTED,
+                      "pre_tokenizer.pretokenizers[0].invert", NULL);
+    cJSON_Delete(j);
+
+    j = fresh();
+    split = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 0);
+    cJSON_ReplaceItemInObject(split, "pattern", cJSON_Parse("{\"Regex\": \"(unclosed\"}"));
+    expect_load_error("bad regex", j, TDM_ERR_UNIMPLEMENTED, "pre_tokenizer.pretokenizers[0].pattern",
+                      "PCRE2");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON *bl = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 1);
+    cJSON_ReplaceItemInObject(bl, "add_prefix_space", cJSON_CreateTrue());
+    expect_load_error("add_prefix_space", j, TDM_ERR_UNIMPLEMENTED,
+                      "pre_tokenizer.pretokenizers[1]", "add_prefix_space");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "pre_tokenizer", cJSON_Parse("{\"type\": \"Whitespace\"}"));
+    expect_load_error("pre-tokenizer type", j, TDM_ERR_UNIMPLEMENTED, "pre_tokenizer",
+                      "Whitespace");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "pre_tokenizer", cJSON_CreateNull());
+    expect_load_error("no pre-tokenizer", j, TDM_ERR_UNIMPLEMENTED, "pre_tokenizer", "ByteLevel");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "decoder", cJSON_Parse("{\"type\": \"WordPiece\"}"));
+    expect_load_error("decoder", j, TDM_ERR_UNIMPLEMENTED, "decoder", "WordPiece");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "post_processor",
+                              cJSON_Parse("{\"type\": \"TemplateProcessing\"}"));
+    expect_load_error("post-processor", j, TDM_ERR_UNIMPLEMENTED, "post_processor",
+                      "TemplateProcessing");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "truncation", cJSON_Parse("{\"max_length\": 8}"));
+    expect_load_error("truncation", j, TDM_ERR_UNIMPLEMENTED, "truncation", NULL);
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(cJSON_GetArrayItem(at(j, "added_tokens"), 0), "single_word",
+                              cJSON_CreateTrue());
+    expect_load_error("single_word", j, TDM_ERR_UNIMPLEMENTED, "added_tokens[0].single_word", NULL);
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInArray(at(at(j, "model"), "merges"), 0, cJSON_CreateString("nospace"));
+    expect_load_error("merge string", j, TDM_ERR_INVALID_ARGUMENT, "model.merges[0]", "nospace");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInArray(at(at(j, "model"), "merges"), 3, cJSON_CreateString("zzz\xc3\xa9 q"));
+    expect_load_error("merge unknown token", j, TDM_ERR_INVALID_ARGUMENT, "model.merges[3]",
+                      "not in model.vocab");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "brand-new", cJSON_CreateNumber(5));
+    expect_load_error("duplicate vocab id", j, TDM_ERR_INVALID_ARGUMENT, "brand-new", "id 5");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "neg", cJSON_CreateNumber(-3));
+    expect_load_error("negative vocab id", j, TDM_ERR_INVALID_ARGUMENT, "neg", "out of range");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "frac", cJSON_CreateString("7"));
+    expect_load_error("string vocab id", j, TDM_ERR_INVALID_ARGUMENT, "frac", "integer");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(j, "model", cJSON_CreateString("BPE"));
+    expect_load_error("model not object", j, TDM_ERR_INVALID_ARGUMENT, "model", "object");
+    cJSON_Delete(j);
+}
+
+static void file_errors(const char *good_path)
+{
+    tdm_tokenizer *tok = NULL;
+    tdm_error err = {0};
+    tdm_status st = tdm_tok_load("/nonexistent/dir/tokenizer.json", &tok, &err);
+    CHECK(st == TDM_ERR_NOT_FOUND && tok == NULL, "missing file: %s", tdm_status_name(st));
+    CHECK(strstr(err.msg, "/nonexistent/dir/tokenizer.json") != NULL, "missing file msg: %s",
+          err.msg);
+    printf("%-34s -> %s: %s\n", "missing file", tdm_status_name(st), err.msg);
+
+    char fp[65];
+    st = tdm_tok_fingerprint_file("/nonexistent/tokenizer.json", fp, &err);
+    CHECK(st == TDM_ERR_NOT_FOUND, "fingerprint of a missing file: %s", tdm_status_name(st));
+
+    char *good = slurp(good_path);
+    size_t n = strlen(good);
+    /* Cut in the middle: not valid JSON any more. */
+    st = tdm_tok_load_json(good, n / 2, "half.json", &tok, &err);
+    CHECK(st == TDM_ERR_INVALID_ARGUMENT && tok == NULL, "truncated JSON: %s", tdm_status_name(st));
+    CHECK(strstr(err.msg, "half.json") && strstr(err.msg, "not valid JSON"), "truncated msg: %s",
+          err.msg);
+    printf("%-34s -> %s: %s\n", "truncated JSON", tdm_status_name(st), err.msg);
+    /* A structural character replaced: the first ':' becomes '='. */
+    *strchr(good, ':') = '=';
+    st = tdm_tok_load_json(good, n, "garbage.json", &tok, &err);
+    CHECK(st == TDM_ERR_INVALID_ARGUMENT && tok == NULL, "corrupt JSON: %s", tdm_status_name(st));
+    free(good);
+    st = tdm_tok_load_json("[1, 2]", 6, "array.json", &tok, &err);
+    CHECK(st == TDM_ERR_INVALID_ARGUMENT && strstr(err.msg, "object"), "array top: %s", err.msg);
+    st = tdm_tok_load_json("", 0, "empty.json", &tok, &err);
+    CHECK(st == TDM_ERR_INVALID_ARGUMENT, "empty: %s", tdm_status_name(st));
+}
+
+static void encode_decode_errors(tdm_tokenizer *tok)
+{
+    static const struct {
+        const char *text;
+        size_t len;
+        const char *offset;
+    } bad[] = {
+        {"abc\xff", 4, "byte offset 3"},
+        {"\x80 leading continuation", 23, "byte offset 0"},
+        {"ok \xe2\x82", 5, "byte offset 3"},         /* truncated at the end */
+        {"ok \xe2\x82 more", 10, "byte offset 3"},   /* truncated in the middle */
+        {"\xc0\x80", 2, "byte offset 0"},             /* overlong NUL */
+        {"xy\xed\xa0\x80", 5, "byte offset 2"},       /* UTF-16 surrogate */
+        {"\xf4\x90\x80\x80", 4, "byte offset 0"},     /* above U+10FFFF */
+        {"<|im_end|>\xfe", 11, "byte offset 10"},
+    };
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bad); i++) {
+        int32_t *ids = (int32_t *)1;
+        size_t n = 99;
+        tdm_error err = {0};
+        tdm_status st = tdm_tok_encode(tok, bad[i].text, bad[i].len, &ids, &n, &err);
+        CHECK(st == TDM_ERR_INVALID_ARGUMENT, "invalid UTF-8 #%zu: %s", i, tdm_status_name(st));
+        CHECK(ids == NULL && n == 0, "invalid UTF-8 #%zu: output not cleared", i);
+        CHECK(strstr(err.msg, "UTF-8") && strstr(err.msg, bad[i].offset),
+              "invalid UTF-8 #%zu: message '%s' lacks '%s'", i, err.msg, bad[i].offset);
+        if (i == 0)
+            printf("%-34s -> %s: %s\n", "invalid UTF-8", tdm_status_name(st), err.msg);
+    }
+
+    int32_t vs = (int32_t)tdm_tok_vocab_size(tok);
+    int32_t bad_ids[][2] = {{5, -1}, {vs, 5}, {5, INT32_MAX}};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bad_ids); i++) {
+        char *text = (char *)1;
+        tdm_error err = {0};
+        tdm_status st = tdm_tok_decode(tok, bad_ids[i], 2, false, &text, NULL, &err);
+        CHECK(st == TDM_ERR_OUT_OF_RANGE && text == NULL, "bad id #%zu: %s", i,
+              tdm_status_name(st));
+        CHECK(strstr(err.msg, "out of range") != NULL, "bad id #%zu: %s", i, err.msg);
+        if (i == 1)
+            printf("%-34s -> %s: %s\n", "decode id out of range", tdm_status_name(st), err.msg);
+    }
+
+    tdm_tok_stream *s;
+    tdm_error err = {0};
+    CHECK(tdm_tok_stream_create(tok, false, &s, &err) == TDM_OK, "stream create");
+    const char *t;
+    size_t tl;
+    CHECK(tdm_tok_stream_push(s, -7, &t, &tl, &err) == TDM_ERR_OUT_OF_RANGE && tl == 0,
+          "stream bad id");
+    int32_t h = tdm_tok_token_to_id(tok, "h", 1);
+    CHECK(tdm_tok_stream_push(s, h, &t, &tl, &err) == TDM_OK && tl == 1 && t[0] == 'h',
+          "stream keeps working after a bad id");
+    tdm_tok_stream_destroy(s);
+
+    tdm_tok_message msgs[] = {{"user", "hi"}, {"", "x"}};
+    char *text;
+    tdm_status st = tdm_tok_chatml(msgs, 2, true, &text, NULL, &err);
+    CHECK(st == TDM_ERR_INVALID_ARGUMENT && strstr(err.msg, "messages[1].role"), "empty role: %s",
+          err.msg);
+    tdm_tok_message nl[] = {{"user\nsystem", "x"}};
+    st = tdm_tok_chatml(nl, 1, true, &text, NULL, &err);
+    CHECK(st == TDM_ERR_INVALID_ARGUMENT, "role with newline: %s", tdm_status_name(st));
+    tdm_tok_message nc[] = {{"user", NULL}};
+    st = tdm_tok_chatml(nc, 1, true, &text, NULL, &err);
+    CHECK(st == TDM_ERR_INVALID_ARGUMENT && strstr(err.msg, "messages[0].content"),
+          "NULL content: %s", err.msg);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s FIXTURE_DIR\n", argv[0]);
+        return 2;
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/qwen2_bpe1000.tokenizer.json", argv[1]);
+    char *text = slurp(path);
+    base = cJSON_Parse(text);
+    free(text);
+    if (base == NULL) {
+        fprintf(stderr, "fixture %s does not parse\n", path);
+        return 2;
+    }
+    feature_errors();
+    file_errors(path);
+
+    tdm_tokenizer *tok;
+    tdm_error err = {0};
+    if (tdm_tok_load(path, &tok, &err) != TDM_OK) {
+        fprintf(stderr, "load %s: %s\n", path, err.msg);
+        return 1;
+    }
+    encode_decode_errors(tok);
+    tdm_tok_destroy(tok);
+
+    /* A tokenizer without ChatML tokens refuses to encode a chat. */
+    snprintf(path, sizeof(path), "%s/gpt2_bpe2000.tokenizer.json", argv[1]);
+    if (tdm_tok_load(path, &tok, &err) != TDM_OK) {
+        fprintf(stderr, "load %s: %s\n", path, err.msg);
+        return 1;
+    }
+    tdm_tok_message m[] = {{"user", "hi"}};
+    int32_t *ids;
+    size_t n;
+    tdm_status st = tdm_tok_encode_chat(tok, m, 1, true, &ids, &n, &err);
+    CHECK(st == TDM_ERR_FAILED_PRECONDITION && ids == NULL, "chat without im_start: %s",
+          tdm_status_name(st));
+    printf("%-34s -> %s: %s\n", "ChatML without <|im_start|>", tdm_status_name(st), err.msg);
+    tdm_tok_destroy(tok);
+    cJSON_Delete(base);
+    if (failures)
+        fprintf(stderr, "%d checks failed\n", failures);
+    return failures ? 1 : 0;
+}
