@@ -55,7 +55,7 @@ tdm_status tdm_rpc_channel_create(const tdm_rpc_channel_options *opt, tdm_rpc_ch
     grpc_channel_credentials *creds = channel_credentials(opt->tls, err);
     if (!creds)
         return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
-    grpc_init();
+    tdm_rpc__init();
     grpc_arg args[3];
     grpc_channel_args cargs;
     tdm_rpc__size_args(args, &cargs, opt->max_message_bytes,

@@ -10,6 +10,9 @@
 
 #include "rpc.h"
 
+/* grpc_init with tandem's process-wide settings (pair with grpc_shutdown). */
+void tdm_rpc__init(void);
+
 /* Reads a whole file into a NUL-terminated malloc'ed string (caller frees). */
 tdm_status tdm_rpc__read_file(const char *what, const char *path, char **out, tdm_error *err);
 

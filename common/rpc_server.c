@@ -138,6 +138,8 @@ struct tdm_rpc_call {
     defer_entry *defers;
 };
 
+static struct timespec abs_time_ms(int64_t ms);
+
 static const char *comp(const tdm_rpc_server *s)
 {
     return s->name;
@@ -572,7 +574,7 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     if (!creds)
         return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
 
-    grpc_init();
+    tdm_rpc__init();
     tdm_rpc_server *s = calloc(1, sizeof(*s));
     TDM_ASSERT(s);
     s->name = strdup(opt->name ? opt->name : "rpc");
@@ -948,8 +950,23 @@ tdm_status tdm_rpc_call_read(tdm_rpc_call *c, ProtobufCMessage **msg, tdm_error 
             grpc_byte_buffer_destroy(buf);
         return ended_status(c, err, "read");
     }
-    if (!buf)
+    if (!buf) {
+        /* A cancelled call also ends the read stream with "no message"; the
+         * cancellation itself (RECV_CLOSE_ON_SERVER) is processed right
+         * after on the worker. Give it a moment so that a handler does not
+         * take a client's cancel for a half-close. */
+        if (tdm_rpc_call_deadline_ms(c) <= 0)
+            return ended_status(c, err, "read");
+        struct timespec until = abs_time_ms(20);
+        pthread_mutex_lock(&c->mu);
+        while (!c->closed)
+            if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)
+                break;
+        pthread_mutex_unlock(&c->mu);
+        if (atomic_load(&c->cancelled))
+            return ended_status(c, err, "read");
         return TDM_OK; /* half-close */
+    }
     *msg = tdm_rpc__unpack(c->method->desc, buf);
     grpc_byte_buffer_destroy(buf);
     if (!*msg)
