@@ -1,0 +1,390 @@
+/*
+ * engine_bench.c - CPU speed of the hybrid-model engine.
+ *
+ *   bench_engine_bench [--model DIR] [--fixture DIR] [--threads N] [--steps N]
+ *
+ * For each model: decode tokens/s at batch 1 and 8, and the time of one
+ * verify step (1 + k tokens, then commit) for k = 4 and 8 under both state
+ * strategies, beside the memory-bandwidth floor of a decode step: bytes of
+ * weights streamed per step ÷ measured bandwidth (memcpy, and a read-only
+ * sweep). Without --model it generates a random ~100M-parameter Qwen3.5-shaped
+ * bf16 checkpoint (hidden 768, 12 layers 3:1, vocab 32000) in a temp folder.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what, const tdm_error *err)
+{
+    fprintf(stderr, "engine_bench: %s: %s\n", what, err ? err->msg : "");
+    exit(1);
+}
+
+/* ---- memory bandwidth ------------------------------------------------------ */
+
+typedef struct bw_arg {
+    char *dst;
+    const char *src;
+    size_t n;
+    int read_only;
+    double sum;
+} bw_arg;
+
+static void *bw_worker(void *vp)
+{
+    bw_arg *a = vp;
+    if (!a->read_only) {
+        memcpy(a->dst, a->src, a->n);
+    } else {
+        const double *p = (const double *)a->src;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i + 4 <= a->n / 8; i += 4) {
+            s0 += p[i];
+            s1 += p[i + 1];
+            s2 += p[i + 2];
+            s3 += p[i + 3];
+        }
+        a->sum = s0 + s1 + s2 + s3;
+    }
+    return NULL;
+}
+
+/* Bytes per second moved by nthreads workers over a 256 MiB buffer (best of 5). */
+static double bandwidth(int nthreads, int read_only)
+{
+    const size_t N = 256u << 20;
+    char *src = malloc(N), *dst = malloc(N);
+    memset(src, 1, N);
+    memset(dst, 2, N);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        bw_arg args[64];
+        size_t per = N / (size_t)nthreads;
+        double t0 = now();
+        for (int i = 0; i < nthreads; i++) {
+            args[i] = (bw_arg){dst + (size_t)i * per, src + (size_t)i * per, per, read_only, 0};
+            pthread_create(&th[i], NULL, bw_worker, &args[i]);
+        }
+        for (int i = 0; i < nthreads; i++)
+            pthread_join(th[i], NULL);
+        double bw = (double)N / (now() - t0);
+        if (bw > best)
+            best = bw;
+    }
+    free(src);
+    free(dst);
+    return best;
+}
+
+/* ---- a random Qwen3.5-shaped checkpoint ------------------------------------ */
+
+static uint64_t rs = 88172645463325252ull;
+
+static float urand(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+typedef struct gen_tensor {
+    char name[128];
+    int ndim;
+    int64_t shape[3];
+    float scale; /* uniform in [-scale, scale] */
+    float offset;
+} gen_tensor;
+
+static void gen_model(const char *dir)
+{
+    const int H = 768, L = 12, V = 32000, I = 2048, nH = 6, nKV = 2, D = 128;
+    const int Hk = 6, Hv = 12, Dk = 64, Dv = 64, K = 4;
+    const int C = 2 * Hk * Dk + Hv * Dv;
+    mkdir(dir, 0755);
+    char p[512];
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    FILE *fc = fopen(p, "w");
+    if (!fc)
+        die("cannot write the random model", NULL);
+    fprintf(fc,
+            "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": %d, \"hidden_size\": %d,\n"
+            " \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
+            " \"num_key_value_heads\": %d, \"head_dim\": %d, \"linear_num_key_heads\": %d,\n"
+            " \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
+            " \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
+            " \"full_attention_interval\": 4, \"tie_word_embeddings\": true, \"rms_norm_eps\": 1e-6,\n"
+            " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000,\n"
+            "                      \"partial_rotary_factor\": 0.25}}\n",
+            V, H, I, L, nH, nKV, D, Hk, Hv, Dk, Dv, K);
+    fclose(fc);
+
+    gen_tensor *ts = calloc(16 * (size_t)L + 4, sizeof(gen_tensor));
+    int n = 0;
+#define T2(nm, a, b, sc)                                                                          \
+    do {                                                                                          \
+        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                       \
+        ts[n].ndim = 2, ts[n].shape[0] = a, ts[n].shape[1] = b, ts[n].scale = sc;                 \
+        n++;                                                                                      \
+    } while (0)
+#define T1(nm, a, sc, off)                                                                        \
+    do {                                                                                          \
+        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                       \
+        ts[n].ndim = 1, ts[n].shape[0] = a, ts[n].scale = sc, ts[n].offset = off;                 \
+        n++;                                                                                      \
+    } while (0)
+    char nm[128];
+    T2("model.embed_tokens.weight", V, H, 1.0f);
+    T1("model.norm.weight", H, 0.1f, 0);
+    for (int l = 0; l < L; l++) {
+        float s = 1.7f / sqrtf((float)H);
+#define NM(x) (snprintf(nm, sizeof(nm), "model.layers.%d.%s", l, x), nm)
+        T1(NM("input_layernorm.weight"), H, 0.1f, 0);
+        T1(NM("post_attention_layernorm.weight"), H, 0.1f, 0);
+        T2(NM("mlp.gate_proj.weight"), I, H, s);
+        T2(NM("mlp.up_proj.weight"), I, H, s);
+        T2(NM("mlp.down_proj.weight"), H, I, 1.7f / sqrtf((float)I));
+        if ((l + 1) % 4) {
+            T2(NM("linear_attn.in_proj_qkv.weight"), C, H, s);
+            T2(NM("linear_attn.in_proj_z.weight"), Hv * Dv, H, s);
+            T2(NM("linear_attn.in_proj_b.weight"), Hv, H, s);
+            T2(NM("linear_attn.in_proj_a.weight"), Hv, H, s);
+            T2(NM("linear_attn.out_proj.weight"), H, Hv * Dv, 1.7f / sqrtf((float)(Hv * Dv)));
+            snprintf(ts[n].name, sizeof(ts[n].name), "model.layers.%d.linear_attn.conv1d.weight", l);
+            ts[n].ndim = 3, ts[n].shape[0] = C, ts[n].shape[1] = 1, ts[n].shape[2] = K;
+            ts[n].scale = 0.5f;
+            n++;
+            T1(NM("linear_attn.A_log"), Hv, 1.0f, -1.0f);
+            T1(NM("linear_attn.dt_bias"), Hv, 0.5f, 0);
+            T1(NM("linear_attn.norm.weight"), Dv, 0.2f, 1.0f);
+        } else {
+            T2(NM("self_attn.q_proj.weight"), 2 * nH * D, H, s);
+            T2(NM("self_attn.k_proj.weight"), nKV * D, H, s);
+            T2(NM("self_attn.v_proj.weight"), nKV * D, H, s);
+            T2(NM("self_attn.o_proj.weight"), H, nH * D, 1.7f / sqrtf((float)(nH * D)));
+            T1(NM("self_attn.q_norm.weight"), D, 0.1f, 0);
+            T1(NM("self_attn.k_norm.weight"), D, 0.1f, 0);
+        }
+#undef NM
+    }
+    /* Header: offsets of bf16 data in order. */
+    size_t cap = 1 << 20, len = 0, off = 0;
+    char *hdr = malloc(cap);
+    len += (size_t)snprintf(hdr + len, cap - len, "{");
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < ts[i].ndim; d++)
+            numel *= (size_t)ts[i].shape[d];
+        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[",
+                                i ? "," : "", ts[i].name);
+        for (int d = 0; d < ts[i].ndim; d++)
+            len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", d ? "," : "",
+                                    (long long)ts[i].shape[d]);
+        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off,
+                                off + 2 * numel);
+        off += 2 * numel;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8)
+        hdr[len++] = ' ';
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    FILE *fw = fopen(p, "wb");
+    if (!fw)
+        die("cannot write the random model", NULL);
+    uint64_t hl = len;
+    fwrite(&hl, 8, 1, fw);
+    fwrite(hdr, 1, len, fw);
+    uint16_t *buf = malloc(1 << 22);
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < ts[i].ndim; d++)
+            numel *= (size_t)ts[i].shape[d];
+        for (size_t at = 0; at < numel;) {
+            size_t cnt = numel - at < (1u << 21) ? numel - at : (1u << 21);
+            for (size_t j = 0; j < cnt; j++)
+                buf[j] = to_bf16(ts[i].offset + ts[i].scale * urand());
+            fwrite(buf, 2, cnt, fw);
+            at += cnt;
+        }
+    }
+    fclose(fw);
+    free(buf);
+    free(hdr);
+    free(ts);
+}
+
+/* ---- measurements ---------------------------------------------------------- */
+
+static tdm_seq *seq_new(tdm_model *m, tdm_state_strategy s, int max_draft, int plen)
+{
+    tdm_seq_params p = {s, max_draft};
+    tdm_seq *q;
+    tdm_error err;
+    if (tdm_seq_create(m, &p, &q, &err) != TDM_OK)
+        die("seq", &err);
+    int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
+    const int V = tdm_model_get_config(m)->vocab_size;
+    for (int i = 0; i < plen; i++)
+        prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    if (tdm_seq_prefill(q, prompt, plen, NULL, &err) != TDM_OK)
+        die("prefill", &err);
+    free(prompt);
+    return q;
+}
+
+static void bench_model(const char *label, const char *dir, int threads, int steps, double copy_bw,
+                        double read_bw)
+{
+    tdm_backend *be = tdm_backend_cpu_create(threads);
+    tdm_model *m;
+    tdm_error err;
+    if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
+        die(dir, &err);
+    const tdm_model_config *c = tdm_model_get_config(m);
+    const int V = c->vocab_size;
+    double wb = (double)tdm_model_weight_bytes(m);
+    float *lg = malloc((size_t)16 * 9 * (size_t)V * sizeof(float));
+    const int plen = 64;
+
+    /* batch 1 */
+    tdm_seq *s = seq_new(m, TDM_STATE_EXTRA_BUFFER, 8, plen);
+    int32_t t = 1;
+    tdm_seq_decode(&s, 1, &t, lg, &err); /* warm-up */
+    double t0 = now();
+    for (int i = 0; i < steps; i++) {
+        t = (int32_t)((i * 31 + 7) % V);
+        if (tdm_seq_decode(&s, 1, &t, lg, &err) != TDM_OK)
+            die("decode", &err);
+    }
+    double dt1 = (now() - t0) / steps;
+
+    /* batch 8 */
+    tdm_seq *b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = seq_new(m, TDM_STATE_EXTRA_BUFFER, 8, plen / 2 + 8 * i);
+    int32_t tk[8];
+    double t1 = now();
+    for (int i = 0; i < steps; i++) {
+        for (int j = 0; j < 8; j++)
+            tk[j] = (int32_t)((i * 17 + j * 3) % V);
+        if (tdm_seq_decode(b, 8, tk, lg, &err) != TDM_OK)
+            die("decode8", &err);
+    }
+    double dt8 = (now() - t1) / steps;
+
+    printf("\n### %s\n\n", label);
+    printf("layers %d, hidden %d, vocab %d; weights streamed per decode step %.1f MB\n\n",
+           c->num_layers, c->hidden_size, V, wb / 1e6);
+    printf("| measure | value |\n|---|---|\n");
+    printf("| floor per step (weights / memcpy bw %.1f GB/s) | %.3f ms |\n", copy_bw / 1e9,
+           1e3 * wb / copy_bw);
+    printf("| floor per step (weights / read bw %.1f GB/s) | %.3f ms |\n", read_bw / 1e9,
+           1e3 * wb / read_bw);
+    printf("| decode batch 1 | %.3f ms/step = %.1f tok/s (%.2fx the memcpy floor) |\n", 1e3 * dt1,
+           1.0 / dt1, dt1 / (wb / copy_bw));
+    printf("| decode batch 8 | %.3f ms/step = %.1f tok/s |\n", 1e3 * dt8, 8.0 / dt8);
+
+    for (int k = 4; k <= 8; k += 4) {
+        for (int st = 0; st < 2; st++) {
+            tdm_seq *v = seq_new(m, (tdm_state_strategy)st, 8, plen);
+            int32_t blk[9];
+            int nt = k + 1;
+            double tv = 0, tc = 0;
+            int reps = steps / 4 > 2 ? steps / 4 : 2;
+            for (int r = 0; r < reps; r++) {
+                for (int j = 0; j < nt; j++)
+                    blk[j] = (int32_t)((r * 101 + j * 7) % V);
+                const int32_t *bp = blk;
+                double a = now();
+                if (tdm_seq_verify(&v, 1, &bp, &nt, lg, &err) != TDM_OK)
+                    die("verify", &err);
+                double bb = now();
+                /* half the drafts accepted: no_buffer then recomputes */
+                if (tdm_seq_commit(v, k / 2, &err) != TDM_OK)
+                    die("commit", &err);
+                tc += now() - bb;
+                tv += bb - a;
+            }
+            tdm_seq_memory mem;
+            tdm_seq_memory_usage(v, &mem);
+            printf("| verify k=%d %s | %.3f ms verify + %.3f ms commit (accept %d); state %.1f KiB + "
+                   "%.1f KiB strategy |\n",
+                   k, tdm_state_strategy_name((tdm_state_strategy)st), 1e3 * tv / reps,
+                   1e3 * tc / reps, k / 2, (double)(mem.recurrent_bytes + mem.conv_bytes) / 1024,
+                   (double)mem.strategy_bytes / 1024);
+            tdm_seq_destroy(v);
+        }
+    }
+    tdm_seq_destroy(s);
+    for (int i = 0; i < 8; i++)
+        tdm_seq_destroy(b[i]);
+    free(lg);
+    tdm_model_destroy(m);
+    be->destroy(be);
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *fixture = NULL;
+    int threads = 0, steps = 32;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--model") == 0)
+            model = argv[i + 1];
+        else if (strcmp(argv[i], "--fixture") == 0)
+            fixture = argv[i + 1];
+        else if (strcmp(argv[i], "--threads") == 0)
+            threads = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--steps") == 0)
+            steps = atoi(argv[i + 1]);
+    }
+    if (threads <= 0)
+        threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (steps < 4)
+        steps = 4;
+    double copy_bw = bandwidth(threads, 0), read_bw = bandwidth(threads, 1);
+    printf("engine bench: %d threads; memcpy %.2f GB/s (bytes copied/s), read %.2f GB/s\n", threads,
+           copy_bw / 1e9, read_bw / 1e9);
+    if (fixture)
+        bench_model(fixture, fixture, threads, steps * 4, copy_bw, read_bw);
+    char tmp[256] = "";
+    if (!model) {
+        snprintf(tmp, sizeof(tmp), "/tmp/tandem-bench-model-%d", (int)getpid());
+        double g = now();
+        gen_model(tmp);
+        printf("generated a random ~100M-parameter bf16 model in %s (%.1f s)\n", tmp, now() - g);
+        model = tmp;
+    }
+    bench_model(tmp[0] ? "random Qwen3.5-shaped ~100M bf16 (hidden 768, 12 layers)" : model, model,
+                threads, steps, copy_bw, read_bw);
+    if (tmp[0]) {
+        char p[300];
+        snprintf(p, sizeof(p), "%s/model.safetensors", tmp);
+        unlink(p);
+        snprintf(p, sizeof(p), "%s/config.json", tmp);
+        unlink(p);
+        rmdir(tmp);
+    }
+    return 0;
+}

@@ -1,0 +1,220 @@
+/*
+ * cli_logits.c - `tandem logits`: run token ids through a model on the CPU
+ * and write the logits of every position (.npy) or print the top-k.
+ *
+ *   tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]
+ *                 [--strategy extra_buffer|no_buffer] [--threads N]
+ *
+ * The --ids are a prefill; each --then is a continuation through the cache
+ * (one multi-token forward). With --strategy, each continuation runs as a
+ * verify block that is then fully committed, exercising that strategy.
+ */
+#include "cli.h"
+
+#include "engine.h"
+#include "npy.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOGITS_MAX_CALLS 64
+
+static void logits_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]\n"
+            "                     [--strategy extra_buffer|no_buffer] [--threads N]\n\n"
+            "Runs the ids as a prefill, then each --then as a continuation through the cache,\n"
+            "and writes the float32 logits of every position as one .npy [positions, vocab]\n"
+            "(--out) or prints the top K tokens of each position (--top, default 5).\n");
+}
+
+/* Parses "1,2,3" into a new array; returns its length or -1. */
+static int parse_ids(const char *s, int32_t **out)
+{
+    int cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof(int32_t));
+    const char *p = s;
+    while (v && *p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            free(v);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof(int32_t));
+            if (!nv) {
+                free(v);
+                return -1;
+            }
+            v = nv;
+        }
+        v[n++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (!v || n == 0) {
+        free(v);
+        return -1;
+    }
+    *out = v;
+    return n;
+}
+
+static void print_top(const float *row, int V, int k, int pos)
+{
+    printf("position %d:", pos);
+    int taken[64];
+    if (k > 64)
+        k = 64;
+    for (int j = 0; j < k && j < V; j++) {
+        int best = -1;
+        for (int i = 0; i < V; i++) {
+            int used = 0;
+            for (int t = 0; t < j; t++)
+                used |= taken[t] == i;
+            if (!used && (best < 0 || row[i] > row[best]))
+                best = i;
+        }
+        taken[j] = best;
+        printf(" %d (%.4f)", best, (double)row[best]);
+    }
+    printf("\n");
+}
+
+int cli_logits(int argc, char **argv)
+{
+    const char *model = NULL, *out = NULL, *strategy = NULL;
+    const char *calls_s[LOGITS_MAX_CALLS];
+    int ncalls = 0, top = 5, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            logits_usage(stdout);
+            return 0;
+        }
+        if (!val) {
+            fprintf(stderr, "tandem logits: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--model") == 0) {
+            model = val;
+        } else if (strcmp(a, "--ids") == 0 || strcmp(a, "--then") == 0) {
+            if ((strcmp(a, "--ids") == 0) != (ncalls == 0)) {
+                fprintf(stderr, "tandem logits: --ids comes once, before any --then\n");
+                return 2;
+            }
+            if (ncalls == LOGITS_MAX_CALLS) {
+                fprintf(stderr, "tandem logits: at most %d calls\n", LOGITS_MAX_CALLS);
+                return 2;
+            }
+            calls_s[ncalls++] = val;
+        } else if (strcmp(a, "--out") == 0) {
+            out = val;
+        } else if (strcmp(a, "--top") == 0) {
+            top = atoi(val);
+            if (top < 1) {
+                fprintf(stderr, "tandem logits: --top needs a positive number\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--strategy") == 0) {
+            strategy = val;
+        } else if (strcmp(a, "--threads") == 0) {
+            threads = atoi(val);
+        } else {
+            fprintf(stderr, "tandem logits: unknown option '%s'\n\n", a);
+            logits_usage(stderr);
+            return 2;
+        }
+    }
+    if (!model || ncalls == 0) {
+        logits_usage(stderr);
+        return 2;
+    }
+    int strat = TDM_STATE_EXTRA_BUFFER;
+    if (strategy && (strat = tdm_state_strategy_parse(strategy)) < 0) {
+        fprintf(stderr, "tandem logits: --strategy '%s' is not extra_buffer or no_buffer\n",
+                strategy);
+        return 2;
+    }
+    int32_t *ids[LOGITS_MAX_CALLS];
+    int nids[LOGITS_MAX_CALLS], total = 0, maxcont = 1;
+    for (int c = 0; c < ncalls; c++) {
+        nids[c] = parse_ids(calls_s[c], &ids[c]);
+        if (nids[c] < 0) {
+            fprintf(stderr, "tandem logits: '%s' is not a comma-separated list of token ids\n",
+                    calls_s[c]);
+            for (int j = 0; j < c; j++)
+                free(ids[j]);
+            return 2;
+        }
+        total += nids[c];
+        if (c > 0 && nids[c] > maxcont)
+            maxcont = nids[c];
+    }
+
+    int rc = 1;
+    tdm_error err;
+    tdm_model *m = NULL;
+    tdm_seq *s = NULL;
+    float *logits = NULL;
+    tdm_backend *be = tdm_backend_cpu_create(threads);
+    if (!be) {
+        fprintf(stderr, "tandem logits: cannot start the CPU backend\n");
+        goto done;
+    }
+    if (tdm_model_load(model, be, &m, &err) != TDM_OK) {
+        fprintf(stderr, "tandem logits: %s\n", err.msg);
+        goto done;
+    }
+    const int V = tdm_model_get_config(m)->vocab_size;
+    tdm_seq_params p = {(tdm_state_strategy)strat, maxcont - 1};
+    logits = malloc((size_t)total * (size_t)V * sizeof(float));
+    if (!logits || tdm_seq_create(m, &p, &s, &err) != TDM_OK) {
+        fprintf(stderr, "tandem logits: %s\n", logits ? err.msg : "out of memory");
+        goto done;
+    }
+    size_t at = 0;
+    for (int c = 0; c < ncalls; c++) {
+        float *dst = logits + at * (size_t)V;
+        tdm_status st;
+        if (c > 0 && strategy) {
+            const int32_t *t = ids[c];
+            st = tdm_seq_verify(&s, 1, &t, &nids[c], dst, &err);
+            if (st == TDM_OK)
+                st = tdm_seq_commit(s, nids[c] - 1, &err);
+        } else {
+            st = tdm_seq_prefill(s, ids[c], nids[c], dst, &err);
+        }
+        if (st != TDM_OK) {
+            fprintf(stderr, "tandem logits: call %d: %s\n", c + 1, err.msg);
+            goto done;
+        }
+        at += (size_t)nids[c];
+    }
+    if (out) {
+        int64_t shape[2] = {total, V};
+        if (tdm_npy_write_f32(out, logits, 2, shape, &err) != TDM_OK) {
+            fprintf(stderr, "tandem logits: %s\n", err.msg);
+            goto done;
+        }
+    } else {
+        for (int r = 0; r < total; r++)
+            print_top(logits + (size_t)r * (size_t)V, V, top, r);
+    }
+    rc = 0;
+done:
+    free(logits);
+    tdm_seq_destroy(s);
+    tdm_model_destroy(m);
+    if (be)
+        be->destroy(be);
+    for (int c = 0; c < ncalls; c++)
+        free(ids[c]);
+    return rc;
+}
