@@ -1,0 +1,327 @@
+/*
+ * service.c - the common life of a tandem service process (see service.h).
+ */
+#include "service.h"
+
+#include "log.h"
+#include "registration.h"
+#include "service_config.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_COUNTERS 32
+
+struct tdm_service {
+    tdm_cfg *cfg;
+    const char *program;
+    char *service_name;
+    tdm_rpc_tls tls;
+    bool use_tls;
+    tdm_health *health;
+    tdm_rpc_server *server;
+    tdm_rpc_server *health_server;
+    Tandem__V1__Descriptor *desc;
+    tdm_service_counters_fn counters;
+    void *counters_arg;
+    struct timespec started;
+};
+
+static const char *component(const tdm_service *s)
+{
+    return s->program;
+}
+
+tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_service **out,
+                              tdm_error *err)
+{
+    *out = NULL;
+    tdm_service *s = calloc(1, sizeof(*s));
+    if (!s) {
+        tdm_cfg_destroy(cfg);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    clock_gettime(CLOCK_MONOTONIC, &s->started);
+    s->cfg = cfg;
+    s->program = tdm_cfg_schema_of(cfg)->program;
+    s->service_name = strdup(service_name);
+    TDM_ASSERT(s->service_name != NULL);
+    const char *cert = tdm_cfg_str(cfg, "tls_cert"), *key = tdm_cfg_str(cfg, "tls_key"),
+               *ca = tdm_cfg_str(cfg, "tls_ca");
+    s->use_tls = cert[0] || ca[0];
+    s->tls = (tdm_rpc_tls){
+        .cert_path = cert[0] ? cert : NULL,
+        .key_path = key[0] ? key : NULL,
+        .ca_path = ca[0] ? ca : NULL,
+        /* A server given a CA checks its clients against it (mutual TLS). */
+        .require_client_cert = ca[0] && cert[0],
+    };
+    tdm_cfg_log(cfg, component(s));
+
+    s->health = tdm_health_create();
+    tdm_rpc_server_options so = {
+        .listen = tdm_cfg_str(cfg, "listen"),
+        .tls = s->use_tls && cert[0] ? &s->tls : NULL,
+        .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
+        .name = s->program,
+    };
+    tdm_status st = TDM_OK;
+    if ((st = tdm_health_add_service(s->health, service_name, err)) != TDM_OK ||
+        (st = tdm_rpc_server_create(&so, &s->server, err)) != TDM_OK ||
+        (st = tdm_health_register(s->health, s->server, err)) != TDM_OK) {
+        tdm_error_prefix(err, "%s on %s", s->program, so.listen);
+        tdm_service_destroy(s);
+        return st;
+    }
+    /* A port-0 listen address binds a free port; peers must be told which. */
+    int port = tdm_rpc_server_port(s->server);
+    if (tdm_cfg_has(cfg, "advertise") && !tdm_cfg_is_explicit(cfg, "advertise")) {
+        char host[256];
+        int adv_port = 0;
+        if (tdm_cfg_parse_address(tdm_cfg_str(cfg, "advertise"), host, sizeof(host), &adv_port,
+                                  NULL) == TDM_OK &&
+            adv_port == 0) {
+            char addr[300], reason[600];
+            snprintf(addr, sizeof(addr), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+            snprintf(reason, sizeof(reason), "%s; port 0 replaced by the bound port %d",
+                     tdm_cfg_reason(cfg, "advertise"), port);
+            tdm_cfg_set_resolved(cfg, "advertise", addr, reason, NULL);
+        }
+    }
+    if ((st = tdm_svc_descriptor_build(cfg, &s->desc, err)) != TDM_OK) {
+        tdm_service_destroy(s);
+        return st;
+    }
+    *out = s;
+    return TDM_OK;
+}
+
+void tdm_service_destroy(tdm_service *s)
+{
+    if (!s)
+        return;
+    if (s->server)
+        tdm_rpc_server_destroy(s->server);
+    if (s->health_server)
+        tdm_rpc_server_destroy(s->health_server);
+    if (s->health)
+        tdm_health_destroy(s->health);
+    tdm_svc_descriptor_free(s->desc);
+    tdm_cfg_destroy(s->cfg);
+    free(s->service_name);
+    free(s);
+}
+
+tdm_rpc_server *tdm_service_server(tdm_service *s)
+{
+    return s->server;
+}
+
+const tdm_cfg *tdm_service_config(const tdm_service *s)
+{
+    return s->cfg;
+}
+
+const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s)
+{
+    return s->desc;
+}
+
+const tdm_rpc_tls *tdm_service_tls(const tdm_service *s)
+{
+    return s->use_tls ? &s->tls : NULL;
+}
+
+double tdm_service_uptime_s(const tdm_service *s)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - s->started.tv_sec) +
+           (double)(now.tv_nsec - s->started.tv_nsec) / 1e9;
+}
+
+void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg)
+{
+    s->counters = fn;
+    s->counters_arg = arg;
+}
+
+void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call, Tandem__V1__Counter ***out,
+                                   size_t *n)
+{
+    tdm_service_counter c[MAX_COUNTERS];
+    size_t k = 0;
+    c[k++] = (tdm_service_counter){"uptime_seconds", tdm_service_uptime_s(s)};
+    if (s->counters)
+        k += s->counters(s->counters_arg, c + k, MAX_COUNTERS - k);
+    if (k > MAX_COUNTERS)
+        k = MAX_COUNTERS;
+    Tandem__V1__Counter **arr = tdm_rpc_call_alloc(call, k * sizeof(*arr));
+    for (size_t i = 0; i < k; i++) {
+        arr[i] = tdm_rpc_call_alloc(call, sizeof(**arr));
+        tandem__v1__counter__init(arr[i]);
+        arr[i]->name = (char *)c[i].name;
+        arr[i]->value = c[i].value;
+    }
+    *out = arr;
+    *n = k;
+}
+
+static void free_config_proto(void *arg)
+{
+    tdm_cfg_proto_clear(arg);
+}
+
+Tandem__V1__EffectiveConfig *tdm_service_config_to_proto(tdm_service *s, tdm_rpc_call *call)
+{
+    Tandem__V1__EffectiveConfig *ec = tdm_rpc_call_alloc(call, sizeof(*ec));
+    tandem__v1__effective_config__init(ec);
+    if (tdm_cfg_to_proto(s->cfg, ec, NULL) == TDM_OK)
+        tdm_rpc_call_defer(call, free_config_proto, ec);
+    return ec;
+}
+
+static tdm_status handle_describe(tdm_rpc_call *call, const ProtobufCMessage *req,
+                                  ProtobufCMessage **resp, tdm_error *err, void *user)
+{
+    (void)req;
+    (void)err;
+    tdm_service *s = user;
+    Tandem__V1__DescribeResponse *r = tdm_rpc_call_alloc(call, sizeof(*r));
+    tandem__v1__describe_response__init(r);
+    /* The descriptor lives as long as the service, which outlives its calls. */
+    r->descriptor = s->desc;
+    r->config = tdm_service_config_to_proto(s, call);
+    tdm_service_counters_to_proto(s, call, &r->counters, &r->n_counters);
+    *resp = &r->base;
+    return TDM_OK;
+}
+
+tdm_status tdm_service_add_describe(tdm_service *s, const char *path, tdm_error *err)
+{
+    return tdm_rpc_server_add_unary(s->server, path, &tandem__v1__describe_request__descriptor,
+                                    handle_describe, s, err);
+}
+
+tdm_status tdm_service_start(tdm_service *s, tdm_error *err)
+{
+    tdm_status st = tdm_rpc_server_start(s->server, err);
+    if (st != TDM_OK)
+        return tdm_error_prefix(err, "%s", s->program);
+    const char *hl = tdm_cfg_str(s->cfg, "health_listen");
+    if ((st = tdm_health_server_start(s->health, hl, &s->health_server, err)) != TDM_OK)
+        return tdm_error_prefix(err, "%s health port %s", s->program, hl);
+    tdm_health_set_all(s->health, true);
+    tdm_log_info(component(s), "listening on %s (bound port %d, health port %d), serving %s as %s",
+                 tdm_cfg_str(s->cfg, "listen"), tdm_rpc_server_port(s->server),
+                 tdm_rpc_server_port(s->health_server), s->service_name, s->desc->replica_id);
+    return TDM_OK;
+}
+
+int tdm_service_wait_and_stop(tdm_service *s, void (*on_drain)(void *arg), void *arg)
+{
+    int sig = tdm_rpc_wait_for_signal();
+    int grace = (int)tdm_cfg_int(s->cfg, "shutdown_grace");
+    tdm_log_info(component(s), "signal %d: draining (NOT_SERVING), then stopping within %d ms",
+                 sig, grace);
+    tdm_health_drain(s->health);
+    if (on_drain)
+        on_drain(arg);
+    tdm_rpc_server_shutdown(s->server, grace);
+    if (s->health_server)
+        tdm_rpc_server_shutdown(s->health_server, 0);
+    return sig;
+}
+
+/* ---- drafters and verifiers ----------------------------------------------- */
+
+typedef struct replica_ctx {
+    pthread_mutex_t mu; /* Describe reads reg while draining stops it */
+    tdm_reg *reg;
+} replica_ctx;
+
+static size_t replica_counters(void *arg, tdm_service_counter *out, size_t max)
+{
+    replica_ctx *rc = arg;
+    if (max < 5)
+        return 0;
+    pthread_mutex_lock(&rc->mu);
+    if (!rc->reg) {
+        pthread_mutex_unlock(&rc->mu);
+        return 0;
+    }
+    tdm_reg_counters c = tdm_reg_get_counters(rc->reg);
+    bool registered = tdm_reg_is_registered(rc->reg);
+    pthread_mutex_unlock(&rc->mu);
+    out[0] = (tdm_service_counter){"registered", registered ? 1 : 0};
+    out[1] = (tdm_service_counter){"registrations", (double)c.registrations};
+    out[2] = (tdm_service_counter){"heartbeats", (double)c.heartbeats};
+    out[3] = (tdm_service_counter){"heartbeat_failures", (double)c.heartbeat_failures};
+    out[4] = (tdm_service_counter){"forgotten_by_gateway", (double)c.forgotten};
+    return 5;
+}
+
+/* Until the engine reports real occupancy, every slot is free. */
+static void replica_load(void *arg, Tandem__V1__ReplicaLoad *out)
+{
+    const tdm_cfg *cfg = arg;
+    out->active_sequences = 0;
+    out->free_slots = (uint32_t)tdm_cfg_int(cfg, "max_sequences");
+}
+
+static void replica_drain(void *arg)
+{
+    replica_ctx *rc = arg;
+    pthread_mutex_lock(&rc->mu);
+    tdm_reg *reg = rc->reg;
+    rc->reg = NULL;
+    pthread_mutex_unlock(&rc->mu);
+    tdm_reg_stop(reg, "shutting down");
+}
+
+int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char *describe_path,
+                             tdm_status (*setup)(tdm_service *s, void *arg, tdm_error *err),
+                             void *arg)
+{
+    const char *program = tdm_cfg_schema_of(cfg)->program;
+    tdm_rpc_signals_install();
+    tdm_service *s = NULL;
+    tdm_error err;
+    replica_ctx rc = {.mu = PTHREAD_MUTEX_INITIALIZER, .reg = NULL};
+    if (tdm_service_create(cfg, service_name, &s, &err) != TDM_OK) {
+        tdm_log_error(program, "cannot start: %s", err.msg);
+        return 1;
+    }
+    tdm_service_set_counters(s, replica_counters, &rc);
+    if (tdm_service_add_describe(s, describe_path, &err) != TDM_OK ||
+        (setup && setup(s, arg, &err) != TDM_OK) || tdm_service_start(s, &err) != TDM_OK) {
+        tdm_log_error(program, "cannot start: %s", err.msg);
+        tdm_service_destroy(s);
+        return 1;
+    }
+    const tdm_cfg *c = tdm_service_config(s);
+    tdm_reg_options ro = {
+        .gateway = tdm_cfg_str(c, "gateway"),
+        .tls = tdm_service_tls(s),
+        .max_message_bytes = tdm_cfg_int(c, "max_message_size"),
+        .descriptor = tdm_service_descriptor(s),
+        .load = replica_load,
+        .load_arg = (void *)c,
+    };
+    tdm_reg *reg = NULL;
+    if (tdm_reg_start(&ro, &reg, &err) != TDM_OK) {
+        tdm_log_error(program, "cannot start registration: %s", err.msg);
+        tdm_rpc_server_shutdown(tdm_service_server(s), 0);
+        tdm_service_destroy(s);
+        return 1;
+    }
+    pthread_mutex_lock(&rc.mu);
+    rc.reg = reg;
+    pthread_mutex_unlock(&rc.mu);
+    tdm_service_wait_and_stop(s, replica_drain, &rc);
+    tdm_service_destroy(s);
+    return 0;
+}

@@ -1,0 +1,82 @@
+/*
+ * service.h - what every tandem service process does around its own methods.
+ *
+ * Owns, for one process: its effective configuration, the main gRPC server
+ * (bound to `listen`, TLS from tls_*, message limits from max_message_size),
+ * the health registry served on the main port and on the separate plaintext
+ * `health_listen` port, the process's Descriptor (built from the
+ * configuration, with the bound port filled in when `advertise` was resolved
+ * from a port-0 listen address), the Describe method, and the life cycle:
+ * NOT_SERVING until started, SERVING while running, NOT_SERVING again while
+ * draining after SIGTERM/SIGINT, then a shutdown bounded by shutdown_grace.
+ * For drafters and verifiers it also runs the registration with the gateway
+ * (registration.h).
+ *
+ * Ownership: tdm_service_create takes over the tdm_cfg; everything is freed by
+ * tdm_service_destroy.
+ */
+#ifndef TANDEM_COMMON_SERVICE_H
+#define TANDEM_COMMON_SERVICE_H
+
+#include "config.h"
+#include "health.h"
+#include "rpc.h"
+#include "status.h"
+#include "tandem/v1/common.pb-c.h"
+
+#include <stddef.h>
+
+typedef struct tdm_service tdm_service;
+
+/* A counter reported by Describe / GetStatus. */
+typedef struct tdm_service_counter {
+    const char *name; /* static string */
+    double value;
+} tdm_service_counter;
+
+/* Fills up to max counters and returns how many. Called on RPC threads. */
+typedef size_t (*tdm_service_counters_fn)(void *arg, tdm_service_counter *out, size_t max);
+
+/* Binds the main and health ports, builds the Descriptor, logs the effective
+ * configuration. `service_name` is the gRPC service whose health is reported
+ * ("tandem.v1.Drafter"). Takes over cfg (also on failure). Nothing is served
+ * before tdm_service_start. */
+tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_service **out,
+                              tdm_error *err);
+void tdm_service_destroy(tdm_service *s);
+
+tdm_rpc_server *tdm_service_server(tdm_service *s);
+const tdm_cfg *tdm_service_config(const tdm_service *s);
+const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s);
+/* The TLS settings from configuration, or NULL for plaintext. */
+const tdm_rpc_tls *tdm_service_tls(const tdm_service *s);
+/* Seconds since tdm_service_create. */
+double tdm_service_uptime_s(const tdm_service *s);
+
+/* Extra counters for Describe (uptime is always reported). */
+void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg);
+/* Fills a Counter array from the counters callback, with memory from the call. */
+void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call,
+                                   Tandem__V1__Counter ***out, size_t *n);
+/* Fills an EffectiveConfig with memory released when the call is freed. */
+Tandem__V1__EffectiveConfig *tdm_service_config_to_proto(tdm_service *s, tdm_rpc_call *call);
+/* Serves Describe (descriptor, effective configuration, counters) at path,
+ * e.g. "/tandem.v1.Drafter/Describe". */
+tdm_status tdm_service_add_describe(tdm_service *s, const char *path, tdm_error *err);
+
+/* Starts serving and marks every health service SERVING. */
+tdm_status tdm_service_start(tdm_service *s, tdm_error *err);
+/* Blocks until SIGTERM or SIGINT, then drains: health NOT_SERVING, on_drain
+ * (may be NULL; e.g. deregister from the gateway), then both servers shut
+ * down within shutdown_grace. Returns the signal number. */
+int tdm_service_wait_and_stop(tdm_service *s, void (*on_drain)(void *arg), void *arg);
+
+/* The whole life of a drafter or verifier process after its configuration was
+ * loaded: create, Describe at describe_path, `setup` (may add the role's
+ * methods; may be NULL), start, register with the gateway and heartbeat,
+ * wait for a signal, deregister, stop. Returns the process exit status. */
+int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char *describe_path,
+                             tdm_status (*setup)(tdm_service *s, void *arg, tdm_error *err),
+                             void *arg);
+
+#endif

@@ -1,0 +1,525 @@
+/*
+ * registry.c - replicas, heartbeats, TTL and the pairs the rules allow (see
+ * registry.h).
+ */
+#include "registry.h"
+
+#include "compat.h"
+#include "log.h"
+#include "service_config.h"
+#include "tandem/v1/registry.pb-c.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define COMPONENT "registry"
+#define MAX_REFUSALS 8
+#define MAX_REPLICA_ID 128
+
+typedef struct gw_replica {
+    Tandem__V1__Descriptor *desc; /* unpacked copy, owned */
+    uint8_t *packed;              /* the same descriptor serialised: copies for responses */
+    size_t packed_len;
+    uint32_t active_sequences, free_slots;
+    double tokens_per_second;
+    int64_t last_seen_ms;
+} gw_replica;
+
+struct gw_registry {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t reaper;
+    bool stop;
+    gw_replica *items; /* (n) */
+    size_t n, cap;
+    int64_t heartbeat_ms, ttl_ms;
+    uint64_t registrations, reregistrations, heartbeats, unknown_heartbeats, deregistrations,
+        dropped, rejected;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void replica_free(gw_replica *r)
+{
+    if (r->desc)
+        tandem__v1__descriptor__free_unpacked(r->desc, NULL);
+    free(r->packed);
+}
+
+static ssize_t find(const gw_registry *r, const char *id)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (strcmp(r->items[i].desc->replica_id, id) == 0)
+            return (ssize_t)i;
+    return -1;
+}
+
+static void remove_at(gw_registry *r, size_t i)
+{
+    replica_free(&r->items[i]);
+    r->items[i] = r->items[--r->n];
+}
+
+/* ---- reaper --------------------------------------------------------------- */
+
+static void expire_locked(gw_registry *r)
+{
+    int64_t now = now_ms();
+    for (size_t i = 0; i < r->n;) {
+        int64_t age = now - r->items[i].last_seen_ms;
+        if (age > r->ttl_ms) {
+            char name[512];
+            tdm_compat_service_name(r->items[i].desc, name, sizeof(name));
+            tdm_log_warn(COMPONENT,
+                         "%s %s dropped: no heartbeat for %lld ms (replica_ttl %lld ms); its "
+                         "pairs are gone",
+                         tdm_svc_role_name(r->items[i].desc->role), name, (long long)age,
+                         (long long)r->ttl_ms);
+            r->dropped++;
+            remove_at(r, i);
+        } else {
+            i++;
+        }
+    }
+}
+
+static void *reaper_main(void *arg)
+{
+    gw_registry *r = arg;
+    int64_t tick = r->ttl_ms / 4 < 250 ? r->ttl_ms / 4 : 250;
+    if (tick < 10)
+        tick = 10;
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += tick * 1000000L;
+        while (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&r->cv, &r->mu, &until);
+        if (!r->stop)
+            expire_locked(r);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+gw_registry *gw_registry_create(int64_t heartbeat_ms, int64_t ttl_ms)
+{
+    gw_registry *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->heartbeat_ms = heartbeat_ms;
+    r->ttl_ms = ttl_ms;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (pthread_create(&r->reaper, NULL, reaper_main, r) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void gw_registry_destroy(gw_registry *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->reaper, NULL);
+    for (size_t i = 0; i < r->n; i++)
+        replica_free(&r->items[i]);
+    free(r->items);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+/* ---- rules over the registry ---------------------------------------------- */
+
+/* Applies the rules between a and b in the right orientation; returns the
+ * number of refusals (written up to max). */
+static size_t check(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
+                    tdm_compat_refusal *out, size_t max)
+{
+    if (a->role == b->role)
+        return tdm_compat_check_replicas(a, b, out, max);
+    if (a->role == TANDEM__V1__ROLE__ROLE_VERIFIER)
+        return tdm_compat_check_pair(a, b, out, max);
+    return tdm_compat_check_pair(b, a, out, max);
+}
+
+static void log_pairs_locked(gw_registry *r, size_t idx)
+{
+    const Tandem__V1__Descriptor *d = r->items[idx].desc;
+    tdm_compat_refusal ref[MAX_REFUSALS];
+    for (size_t i = 0; i < r->n; i++) {
+        if (i == idx)
+            continue;
+        const Tandem__V1__Descriptor *o = r->items[i].desc;
+        size_t k = check(d, o, ref, MAX_REFUSALS);
+        if (k == 0 && d->role != o->role) {
+            const Tandem__V1__Descriptor *v = d->role == TANDEM__V1__ROLE__ROLE_VERIFIER ? d : o;
+            const Tandem__V1__Descriptor *dr = v == d ? o : d;
+            tdm_log_info(COMPONENT, "pair formed: verifier %s + drafter %s", v->replica_id,
+                         dr->replica_id);
+        }
+        for (size_t j = 0; j < k && j < MAX_REFUSALS; j++)
+            tdm_log_warn(COMPONENT, "%s refused: %s",
+                         d->role == o->role ? "replica pair" : "pair", ref[j].message);
+    }
+}
+
+/* ---- validation of what a peer sends --------------------------------------- */
+
+static tdm_status validate_descriptor(const Tandem__V1__Descriptor *d, tdm_error *err)
+{
+    if (!d)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "RegisterRequest.descriptor is missing");
+    if (d->role != TANDEM__V1__ROLE__ROLE_VERIFIER && d->role != TANDEM__V1__ROLE__ROLE_DRAFTER)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.role must be ROLE_VERIFIER or ROLE_DRAFTER, got %d",
+                             (int)d->role);
+    size_t len = strlen(d->replica_id);
+    if (len == 0 || len > MAX_REPLICA_ID)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.replica_id must have 1 to %d characters, got %zu",
+                             MAX_REPLICA_ID, len);
+    for (size_t i = 0; i < len; i++)
+        if (!isgraph((unsigned char)d->replica_id[i]))
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "descriptor.replica_id may only hold printable characters "
+                                 "without spaces (byte %zu is 0x%02x)",
+                                 i, (unsigned char)d->replica_id[i]);
+    if (!d->address[0] || strlen(d->address) > 256)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.address must be a host:port of at most 256 characters");
+    return TDM_OK;
+}
+
+/* ---- RPC handlers --------------------------------------------------------- */
+
+static void free_register_response(void *arg)
+{
+    Tandem__V1__RegisterResponse *resp = arg;
+    for (size_t i = 0; i < resp->n_refusals; i++) {
+        tdm_compat_refusal_proto_clear(resp->refusals[i]);
+        free(resp->refusals[i]);
+    }
+    free(resp->refusals);
+}
+
+static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *req,
+                                  ProtobufCMessage **resp, tdm_error *err, void *user)
+{
+    gw_registry *r = user;
+    const Tandem__V1__RegisterRequest *rq = (const Tandem__V1__RegisterRequest *)req;
+    tdm_status st = validate_descriptor(rq->descriptor, err);
+    if (st != TDM_OK) {
+        pthread_mutex_lock(&r->mu);
+        r->rejected++;
+        pthread_mutex_unlock(&r->mu);
+        return st;
+    }
+    /* Keep our own serialised copy: responses get fresh unpacked copies. */
+    size_t len = tandem__v1__descriptor__get_packed_size(rq->descriptor);
+    uint8_t *packed = malloc(len ? len : 1);
+    TDM_ASSERT(packed != NULL);
+    tandem__v1__descriptor__pack(rq->descriptor, packed);
+    Tandem__V1__Descriptor *copy = tandem__v1__descriptor__unpack(NULL, len, packed);
+    TDM_ASSERT(copy != NULL);
+
+    Tandem__V1__RegisterResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
+    tandem__v1__register_response__init(out);
+    out->replica_id = tdm_rpc_call_strdup(call, copy->replica_id);
+
+    pthread_mutex_lock(&r->mu);
+    out->heartbeat_interval_ms = (uint32_t)r->heartbeat_ms;
+    out->ttl_ms = (uint32_t)r->ttl_ms;
+    ssize_t idx = find(r, copy->replica_id);
+    bool changed = true;
+    if (idx >= 0) {
+        gw_replica *old = &r->items[idx];
+        changed = old->packed_len != len || memcmp(old->packed, packed, len) != 0;
+        replica_free(old);
+        r->reregistrations++;
+    } else {
+        if (r->n == r->cap) {
+            r->cap = r->cap ? r->cap * 2 : 8;
+            r->items = realloc(r->items, r->cap * sizeof(*r->items));
+            TDM_ASSERT(r->items != NULL);
+        }
+        idx = (ssize_t)r->n++;
+        r->registrations++;
+    }
+    gw_replica *rep = &r->items[idx];
+    memset(rep, 0, sizeof(*rep));
+    rep->desc = copy;
+    rep->packed = packed;
+    rep->packed_len = len;
+    rep->last_seen_ms = now_ms();
+    if (changed) {
+        char name[512];
+        tdm_compat_service_name(copy, name, sizeof(name));
+        tdm_log_info(COMPONENT, "%s %s registered (model %s, protocol %u.%u)",
+                     tdm_svc_role_name(copy->role), name,
+                     copy->model_name[0] ? copy->model_name : "none",
+                     copy->protocol ? copy->protocol->major : 0,
+                     copy->protocol ? copy->protocol->minor : 0);
+        log_pairs_locked(r, (size_t)idx);
+    }
+    /* Every pair this replica cannot form, for its own log. */
+    tdm_compat_refusal ref[MAX_REFUSALS];
+    size_t cap = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        if (i == (size_t)idx)
+            continue;
+        size_t k = check(copy, r->items[i].desc, ref, MAX_REFUSALS);
+        if (k > MAX_REFUSALS)
+            k = MAX_REFUSALS;
+        for (size_t j = 0; j < k; j++) {
+            if (out->n_refusals == cap) {
+                cap = cap ? cap * 2 : 8;
+                out->refusals = realloc(out->refusals, cap * sizeof(*out->refusals));
+                TDM_ASSERT(out->refusals != NULL);
+            }
+            Tandem__V1__Refusal *p = malloc(sizeof(*p));
+            TDM_ASSERT(p != NULL);
+            tandem__v1__refusal__init(p);
+            tdm_compat_refusal_to_proto(&ref[j], p);
+            out->refusals[out->n_refusals++] = p;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    tdm_rpc_call_defer(call, free_register_response, out);
+    *resp = &out->base;
+    return TDM_OK;
+}
+
+static tdm_status handle_heartbeat(tdm_rpc_call *call, const ProtobufCMessage *req,
+                                   ProtobufCMessage **resp, tdm_error *err, void *user)
+{
+    (void)err;
+    gw_registry *r = user;
+    const Tandem__V1__HeartbeatRequest *rq = (const Tandem__V1__HeartbeatRequest *)req;
+    Tandem__V1__HeartbeatResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
+    tandem__v1__heartbeat_response__init(out);
+    pthread_mutex_lock(&r->mu);
+    ssize_t idx = find(r, rq->replica_id);
+    if (idx >= 0) {
+        gw_replica *rep = &r->items[idx];
+        rep->last_seen_ms = now_ms();
+        if (rq->load) {
+            rep->active_sequences = rq->load->active_sequences;
+            rep->free_slots = rq->load->free_slots;
+            rep->tokens_per_second = rq->load->tokens_per_second;
+        }
+        r->heartbeats++;
+        out->known = 1;
+    } else {
+        r->unknown_heartbeats++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    *resp = &out->base;
+    return TDM_OK;
+}
+
+static tdm_status handle_deregister(tdm_rpc_call *call, const ProtobufCMessage *req,
+                                    ProtobufCMessage **resp, tdm_error *err, void *user)
+{
+    (void)err;
+    gw_registry *r = user;
+    const Tandem__V1__DeregisterRequest *rq = (const Tandem__V1__DeregisterRequest *)req;
+    pthread_mutex_lock(&r->mu);
+    ssize_t idx = find(r, rq->replica_id);
+    if (idx >= 0) {
+        char name[512];
+        tdm_compat_service_name(r->items[idx].desc, name, sizeof(name));
+        tdm_log_info(COMPONENT, "%s %s deregistered: %s",
+                     tdm_svc_role_name(r->items[idx].desc->role), name,
+                     rq->reason[0] ? rq->reason : "no reason given");
+        remove_at(r, (size_t)idx);
+        r->deregistrations++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    Tandem__V1__DeregisterResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
+    tandem__v1__deregister_response__init(out);
+    *resp = &out->base;
+    return TDM_OK;
+}
+
+tdm_status gw_registry_add_methods(gw_registry *r, tdm_rpc_server *server, tdm_error *err)
+{
+    tdm_status st;
+    if ((st = tdm_rpc_server_add_unary(server, "/tandem.v1.Registry/RegisterReplica",
+                                       &tandem__v1__register_request__descriptor,
+                                       handle_register, r, err)) != TDM_OK ||
+        (st = tdm_rpc_server_add_unary(server, "/tandem.v1.Registry/Heartbeat",
+                                       &tandem__v1__heartbeat_request__descriptor,
+                                       handle_heartbeat, r, err)) != TDM_OK ||
+        (st = tdm_rpc_server_add_unary(server, "/tandem.v1.Registry/DeregisterReplica",
+                                       &tandem__v1__deregister_request__descriptor,
+                                       handle_deregister, r, err)) != TDM_OK)
+        return st;
+    return TDM_OK;
+}
+
+/* ---- status --------------------------------------------------------------- */
+
+static Tandem__V1__Refusal **refusals_proto(const tdm_compat_refusal *ref, size_t k)
+{
+    Tandem__V1__Refusal **arr = calloc(k ? k : 1, sizeof(*arr));
+    TDM_ASSERT(arr != NULL);
+    for (size_t j = 0; j < k; j++) {
+        arr[j] = malloc(sizeof(**arr));
+        TDM_ASSERT(arr[j] != NULL);
+        tandem__v1__refusal__init(arr[j]);
+        tdm_compat_refusal_to_proto(&ref[j], arr[j]);
+    }
+    return arr;
+}
+
+void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
+{
+    pthread_mutex_lock(&r->mu);
+    int64_t now = now_ms();
+    out->n_replicas = 0;
+    out->replicas = calloc(r->n ? r->n : 1, sizeof(*out->replicas));
+    TDM_ASSERT(out->replicas != NULL);
+    size_t n_pairs = 0, n_same = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        for (size_t j = 0; j < r->n; j++) {
+            if (r->items[i].desc->role == TANDEM__V1__ROLE__ROLE_VERIFIER &&
+                r->items[j].desc->role == TANDEM__V1__ROLE__ROLE_DRAFTER)
+                n_pairs++;
+        }
+    }
+    out->pairs = calloc(n_pairs ? n_pairs : 1, sizeof(*out->pairs));
+    TDM_ASSERT(out->pairs != NULL);
+    out->n_pairs = 0;
+    out->n_replica_refusals = 0;
+    out->replica_refusals = NULL;
+    for (size_t i = 0; i < r->n; i++) {
+        const gw_replica *rep = &r->items[i];
+        Tandem__V1__ReplicaStatus *rs = malloc(sizeof(*rs));
+        Tandem__V1__ReplicaLoad *load = malloc(sizeof(*load));
+        TDM_ASSERT(rs && load);
+        tandem__v1__replica_status__init(rs);
+        tandem__v1__replica_load__init(load);
+        rs->descriptor = tandem__v1__descriptor__unpack(NULL, rep->packed_len, rep->packed);
+        TDM_ASSERT(rs->descriptor != NULL);
+        rs->heartbeat_age_ms = (double)(now - rep->last_seen_ms);
+        load->active_sequences = rep->active_sequences;
+        load->free_slots = rep->free_slots;
+        load->tokens_per_second = rep->tokens_per_second;
+        rs->load = load;
+        out->replicas[out->n_replicas++] = rs;
+    }
+    tdm_compat_refusal ref[MAX_REFUSALS];
+    for (size_t i = 0; i < r->n; i++) {
+        const Tandem__V1__Descriptor *a = r->items[i].desc;
+        for (size_t j = 0; j < r->n; j++) {
+            const Tandem__V1__Descriptor *b = r->items[j].desc;
+            if (a->role == TANDEM__V1__ROLE__ROLE_VERIFIER &&
+                b->role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
+                size_t k = tdm_compat_check_pair(a, b, ref, MAX_REFUSALS);
+                if (k > MAX_REFUSALS)
+                    k = MAX_REFUSALS;
+                Tandem__V1__PairStatus *p = malloc(sizeof(*p));
+                TDM_ASSERT(p != NULL);
+                tandem__v1__pair_status__init(p);
+                p->verifier = strdup(a->replica_id);
+                p->drafter = strdup(b->replica_id);
+                TDM_ASSERT(p->verifier && p->drafter);
+                p->compatible = k == 0;
+                p->n_refusals = k;
+                p->refusals = refusals_proto(ref, k);
+                out->pairs[out->n_pairs++] = p;
+            } else if (j > i && a->role == b->role) {
+                size_t k = tdm_compat_check_replicas(a, b, ref, MAX_REFUSALS);
+                if (k > MAX_REFUSALS)
+                    k = MAX_REFUSALS;
+                if (k == 0)
+                    continue;
+                Tandem__V1__Refusal **arr = refusals_proto(ref, k);
+                out->replica_refusals =
+                    realloc(out->replica_refusals, (n_same + k) * sizeof(*out->replica_refusals));
+                TDM_ASSERT(out->replica_refusals != NULL);
+                memcpy(out->replica_refusals + n_same, arr, k * sizeof(*arr));
+                free(arr);
+                n_same += k;
+                out->n_replica_refusals = n_same;
+            }
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void free_refusals(Tandem__V1__Refusal **arr, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        tdm_compat_refusal_proto_clear(arr[i]);
+        free(arr[i]);
+    }
+    free(arr);
+}
+
+void gw_registry_status_clear(Tandem__V1__StatusResponse *out)
+{
+    for (size_t i = 0; i < out->n_replicas; i++) {
+        tandem__v1__descriptor__free_unpacked(out->replicas[i]->descriptor, NULL);
+        free(out->replicas[i]->load);
+        free(out->replicas[i]);
+    }
+    free(out->replicas);
+    for (size_t i = 0; i < out->n_pairs; i++) {
+        free(out->pairs[i]->verifier);
+        free(out->pairs[i]->drafter);
+        free_refusals(out->pairs[i]->refusals, out->pairs[i]->n_refusals);
+        free(out->pairs[i]);
+    }
+    free(out->pairs);
+    free_refusals(out->replica_refusals, out->n_replica_refusals);
+    out->replicas = NULL;
+    out->pairs = NULL;
+    out->replica_refusals = NULL;
+    out->n_replicas = out->n_pairs = out->n_replica_refusals = 0;
+}
+
+size_t gw_registry_counters(gw_registry *r, tdm_service_counter *out, size_t max)
+{
+    if (max < 9)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    size_t verifiers = 0, drafters = 0;
+    for (size_t i = 0; i < r->n; i++)
+        r->items[i].desc->role == TANDEM__V1__ROLE__ROLE_VERIFIER ? verifiers++ : drafters++;
+    out[0] = (tdm_service_counter){"verifiers", (double)verifiers};
+    out[1] = (tdm_service_counter){"drafters", (double)drafters};
+    out[2] = (tdm_service_counter){"registrations", (double)r->registrations};
+    out[3] = (tdm_service_counter){"reregistrations", (double)r->reregistrations};
+    out[4] = (tdm_service_counter){"heartbeats", (double)r->heartbeats};
+    out[5] = (tdm_service_counter){"unknown_heartbeats", (double)r->unknown_heartbeats};
+    out[6] = (tdm_service_counter){"deregistrations", (double)r->deregistrations};
+    out[7] = (tdm_service_counter){"replicas_dropped", (double)r->dropped};
+    out[8] = (tdm_service_counter){"registrations_rejected", (double)r->rejected};
+    pthread_mutex_unlock(&r->mu);
+    return 9;
+}
