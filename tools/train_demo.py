@@ -28,8 +28,8 @@ pure-torch Gated DeltaNet fallbacks) and tokenizers. One run:
 Every phase writes what it measured to the metrics JSON as soon as it has it,
 so a run cut short still leaves its numbers (and, after phase 5, its models).
 
-Reproduce the bundled models exactly as recorded in models/README.md:
-  python3 tools/train_demo.py --out models --steps <N from the card>
+Reproduce the bundled models (recipe and expected spread in models/README.md):
+  python3 tools/train_demo.py --out models --minutes 5.5 --steps 1240
 Without --steps the step count comes from a throughput probe and the
 --minutes budget, so it depends on the machine.
 
