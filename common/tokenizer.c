@@ -1408,7 +1408,8 @@ static bool buf_append(tok_buf *b, const char *s, size_t n)
 {
     if (!buf_reserve(b, n))
         return false;
-    memcpy(b->p + b->len, s, n);
+    if (n > 0) /* s may be NULL when n is 0 */
+        memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = '\0';
     return true;

@@ -316,8 +316,12 @@ static void test_fingerprint(const char *dir)
     /* Anything that changes ids does. */
     r = cJSON_Duplicate(j, 1);
     merges = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "model"), "merges");
-    cJSON *m0 = cJSON_DetachItemFromArray(merges, 0);
-    cJSON_InsertItemInArray(merges, 1, m0);
+    char *m0 = strdup(cJSON_GetArrayItem(merges, 0)->valuestring);
+    char *m1 = strdup(cJSON_GetArrayItem(merges, 1)->valuestring);
+    cJSON_ReplaceItemInArray(merges, 0, cJSON_CreateString(m1));
+    cJSON_ReplaceItemInArray(merges, 1, cJSON_CreateString(m0));
+    free(m0);
+    free(m1);
     CHECK(fp_of(r, false, fp2) == TDM_OK && strcmp(fp, fp2) != 0, "swapped merges keep it");
     cJSON_Delete(r);
     r = cJSON_Duplicate(j, 1);
