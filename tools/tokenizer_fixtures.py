@@ -138,6 +138,8 @@ SPECIAL_SNIPPETS = [
     "<think>\nreasoning here\n</think>\n\nanswer", "x <think> y </think> z", " <|endoftext|> ",
     "hello <mask> world", "hello<mask>world", "a   <mask>   b", "<tool_call>{\"name\": \"f\"}</tool_call>",
     "<tool_call><tool_call>", "\t<mask>\n",
+    # NFC runs per piece between special tokens: a mark after one stays alone.
+    "<|im_end|>\u0301a", "e<|endoftext|>\u0301", "\u1100<|im_start|>\u1161", "<think>\u0308x",
 ]
 
 
@@ -345,6 +347,7 @@ def train_tokenizers(train):
 def model_tokenizers(root):
     from tokenizers import Tokenizer
     out = {}
+    seen = set()
     for path in sorted(glob.glob(os.path.join(root, "models", "*", "tokenizer.json"))):
         name = "model_" + os.path.basename(os.path.dirname(path)).replace("-", "_").replace(".", "_")
         if os.path.getsize(path) > 4_000_000:
@@ -353,6 +356,10 @@ def model_tokenizers(root):
         try:
             with open(path, encoding="utf-8") as fh:
                 s = fh.read()
+            if s in seen:  # models sharing one tokenizer need one fixture
+                print(f"{path}: same tokenizer.json as an earlier model", file=sys.stderr)
+                continue
+            seen.add(s)
             out[name] = (Tokenizer.from_str(s), s)
         except Exception as e:  # report, keep going with the others
             print(f"skipping {path}: {e}", file=sys.stderr)

@@ -20,7 +20,7 @@ def main():
     tandem, fx = sys.argv[1], sys.argv[2]
     corpus = [json.loads(l)["text"] for l in open(f"{fx}/corpus.jsonl", encoding="utf-8")]
     failures = 0
-    for name in ("qwen35_bpe8000",):
+    for name in ("qwen2_bpe1000",):
         tok = f"{fx}/{name}.tokenizer.json"
         expected = [json.loads(l) for l in open(f"{fx}/{name}.expected.jsonl", encoding="utf-8")]
         for i in range(0, len(corpus), 397):
