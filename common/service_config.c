@@ -96,6 +96,9 @@ static const tdm_cfg_key verifier_keys[] = {
     {"max_draft_tokens", TDM_CFG_INT, "8", NULL, 1, 64, 0, NULL, GRP_SPEC,
      "Most draft tokens verified in one round; a drafter's draft_block_size must not exceed "
      "it."},
+    {"draft_timeout", TDM_CFG_DURATION, "2s", NULL, 1, 600000, 0, NULL, GRP_SPEC,
+     "Longest wait for a drafter's block; a drafter slower than this is dropped for the "
+     "sequence, which goes on without speculation."},
 };
 
 static const tdm_cfg_key drafter_keys[] = {

@@ -103,9 +103,21 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
 /* Verifies blocks for nseq sequences in one pass: sequence i gets
  * ntokens[i] = 1 + k_i tokens (its last sampled token then k_i drafts,
  * k_i <= max_draft). logits host [sum ntokens, vocab], sequences in order.
- * Each sequence then needs tdm_seq_commit before anything else. */
+ * A sequence with a pending verify may be verified again: the new rows are
+ * appended to the pending ones (at most max_draft + 1 in all), which is how a
+ * drafter runs its draft steps one token at a time and still rolls back.
+ * Each sequence then needs tdm_seq_commit before a prefill or decode. If the
+ * pass fails, each sequence is left at its committed position with nothing
+ * pending. */
 tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
                           const int *ntokens, float *logits, tdm_error *err);
+
+/* The verifier's round: sequence i runs ntokens[i] tokens. One token is a
+ * plain decode step, committed at once (no per-position states, no
+ * checkpoint); more is a verify block (as tdm_seq_verify) that needs
+ * tdm_seq_commit. logits host [sum ntokens, vocab]. */
+tdm_status tdm_seq_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                        const int *ntokens, float *logits, tdm_error *err);
 
 /* Keeps the first n_accepted + 1 positions of the pending verify (0 <=
  * n_accepted < ntokens) and leaves the sequence exactly as if only those had

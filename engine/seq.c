@@ -34,6 +34,7 @@ struct tdm_seq {
                                 no_buffer: [1, ...] checkpoint */
     int pending;          /* rows of an uncommitted verify, 0 if none */
     int base;             /* n_past before that verify */
+    int verifying;        /* set for the duration of a forward: rows join the pending ones */
     int32_t *pend_tokens; /* [max_draft+1] its tokens (no_buffer recompute) */
 };
 
@@ -212,9 +213,21 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq,
             be->matmul(bx, w->a, w->xn, lw->in_a, R, H, Hv, 0);    /* [R, Hv] */
             for (int i = 0; i < nseq; i++) {
                 tdm_seq *s = seqs[i];
-                int extra = verify && s->p.strategy == TDM_STATE_EXTRA_BUFFER;
-                cs[i] = (tdm_conv_seg){row0[i], counts[i], s->conv[L], extra ? s->conv_x[L] : NULL};
-                gs[i] = (tdm_gdn_seg){row0[i], counts[i], s->rec[L], extra ? s->rec_x[L] : NULL};
+                int extra = verify && s->verifying && s->p.strategy == TDM_STATE_EXTRA_BUFFER;
+                float *cst = s->conv[L], *rst = s->rec[L], *cout = NULL, *rout = NULL;
+                if (extra) {
+                    /* Rows appended to a pending verify continue from the
+                     * state after its last row; committed states stay put. */
+                    size_t off = (size_t)s->pending;
+                    if (off > 0) {
+                        cst = s->conv_x[L] + (off - 1) * conv_floats(m);
+                        rst = s->rec_x[L] + (off - 1) * rec_floats(m);
+                    }
+                    cout = s->conv_x[L] + off * conv_floats(m);
+                    rout = s->rec_x[L] + off * rec_floats(m);
+                }
+                cs[i] = (tdm_conv_seg){row0[i], counts[i], cst, cout};
+                gs[i] = (tdm_gdn_seg){row0[i], counts[i], rst, rout};
             }
             be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, cs, nseq, C, K); /* [R, C] */
             be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
@@ -414,7 +427,7 @@ tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logi
     return TDM_OK;
 }
 
-static tdm_status check_batch(tdm_seq *const *seqs, int nseq, tdm_error *err)
+static tdm_status check_batch(tdm_seq *const *seqs, int nseq, int allow_pending, tdm_error *err)
 {
     if (nseq < 1)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "no sequences given");
@@ -426,9 +439,11 @@ static tdm_status check_batch(tdm_seq *const *seqs, int nseq, tdm_error *err)
             if (seqs[j] == seqs[i])
                 return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                      "sequence %d appears twice in one batch", i);
-        tdm_status rc = check_idle(seqs[i], err);
-        if (rc != TDM_OK)
-            return rc;
+        if (!allow_pending) {
+            tdm_status rc = check_idle(seqs[i], err);
+            if (rc != TDM_OK)
+                return rc;
+        }
     }
     return TDM_OK;
 }
@@ -437,7 +452,8 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
                           tdm_error *err)
 {
     tdm_status rc;
-    if ((rc = check_batch(seqs, nseq, err)) || (rc = check_tokens(seqs[0]->m, tokens, nseq, err)))
+    if ((rc = check_batch(seqs, nseq, 0, err)) ||
+        (rc = check_tokens(seqs[0]->m, tokens, nseq, err)))
         return rc;
     const int32_t **t = malloc((size_t)nseq * sizeof(*t));
     int *cnt = malloc((size_t)nseq * sizeof(int));
@@ -456,52 +472,115 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
     return rc;
 }
 
-tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
-                          const int *ntokens, float *logits, tdm_error *err)
+/* Checkpoint (no_buffer) and bookkeeping for a sequence whose rows start
+ * or extend a pending verify. */
+static void pending_begin(tdm_seq *s, const int32_t *tokens, int n)
 {
-    tdm_status rc = check_batch(seqs, nseq, err);
-    if (rc != TDM_OK)
-        return rc;
-    tdm_model *m = seqs[0]->m;
-    for (int i = 0; i < nseq; i++) {
-        if (ntokens[i] < 1 || ntokens[i] > seqs[i]->p.max_draft + 1)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "sequence %d: a verify block carries 1 + k tokens with k <= %d "
-                                 "(max_draft); got %d tokens",
-                                 i, seqs[i]->p.max_draft, ntokens[i]);
-        if ((rc = check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
-            return rc;
-    }
+    tdm_model *m = s->m;
     void *bx = m->be->ctx;
-    for (int i = 0; i < nseq; i++) {
-        tdm_seq *s = seqs[i];
-        if (s->p.strategy == TDM_STATE_NO_BUFFER) /* checkpoint */
+    if (s->pending == 0) {
+        if (s->p.strategy == TDM_STATE_NO_BUFFER)
             for (int L = 0; L < m->cfg.num_layers; L++)
                 if (s->conv[L]) {
                     m->be->copy(bx, s->conv_x[L], s->conv[L], conv_floats(m) * sizeof(float));
                     m->be->copy(bx, s->rec_x[L], s->rec[L], rec_floats(m) * sizeof(float));
                 }
         s->base = s->n_past;
-        memcpy(s->pend_tokens, tokens[i], (size_t)ntokens[i] * sizeof(int32_t));
     }
-    rc = fwd_run(m, seqs, nseq, tokens, ntokens, 1, LOGITS_ALL, logits, err);
-    if (rc != TDM_OK) {
-        /* Nothing was committed: put each sequence back where it was. */
-        for (int i = 0; i < nseq; i++) {
-            tdm_seq *s = seqs[i];
-            s->n_past = s->base;
-            if (s->p.strategy == TDM_STATE_NO_BUFFER)
-                for (int L = 0; L < m->cfg.num_layers; L++)
-                    if (s->conv[L]) {
-                        m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
-                        m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
-                    }
-        }
-        return rc;
+    memcpy(s->pend_tokens + s->pending, tokens, (size_t)n * sizeof(int32_t));
+    s->verifying = 1;
+}
+
+/* After a failed forward: back to the committed position, pending dropped. */
+static void pending_abort(tdm_seq *s)
+{
+    tdm_model *m = s->m;
+    void *bx = m->be->ctx;
+    if (s->p.strategy == TDM_STATE_NO_BUFFER && (s->pending > 0 || s->verifying))
+        for (int L = 0; L < m->cfg.num_layers; L++)
+            if (s->conv[L]) {
+                m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
+                m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
+            }
+    if (s->pending > 0 || s->verifying)
+        s->n_past = s->base;
+    s->pending = 0;
+    s->verifying = 0;
+}
+
+/* The shared body of verify and step: sequences with verify_rows[i] set get
+ * pending rows, the others are decoded and committed at once. */
+static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                           const int *ntokens, const int *verify_rows, float *logits,
+                           tdm_error *err)
+{
+    tdm_model *m = seqs[0]->m;
+    tdm_status rc;
+    for (int i = 0; i < nseq; i++) {
+        tdm_seq *s = seqs[i];
+        if (ntokens[i] < 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "sequence %d: no tokens to run", i);
+        if (verify_rows[i] && s->pending + ntokens[i] > s->p.max_draft + 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "sequence %d: a verify block carries 1 + k tokens with k <= %d "
+                                 "(max_draft); got %d tokens",
+                                 i, s->p.max_draft, s->pending + ntokens[i]);
+        if (!verify_rows[i] && (ntokens[i] != 1 || s->pending))
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "sequence %d: a decode row is one token on a committed "
+                                 "sequence", i);
+        if ((rc = check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
+            return rc;
     }
     for (int i = 0; i < nseq; i++)
-        seqs[i]->pending = ntokens[i];
-    return TDM_OK;
+        if (verify_rows[i])
+            pending_begin(seqs[i], tokens[i], ntokens[i]);
+    rc = fwd_run(m, seqs, nseq, tokens, ntokens, 1, LOGITS_ALL, logits, err);
+    for (int i = 0; i < nseq; i++) {
+        tdm_seq *s = seqs[i];
+        if (!verify_rows[i])
+            continue;
+        if (rc != TDM_OK) {
+            pending_abort(s); /* nothing was committed */
+            continue;
+        }
+        s->pending += ntokens[i];
+        s->verifying = 0;
+    }
+    return rc;
+}
+
+tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                          const int *ntokens, float *logits, tdm_error *err)
+{
+    tdm_status rc = check_batch(seqs, nseq, 1, err);
+    if (rc != TDM_OK)
+        return rc;
+    int *vr = malloc((size_t)nseq * sizeof(int));
+    if (!vr)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < nseq; i++)
+        vr[i] = 1;
+    rc = run_rows(seqs, nseq, tokens, ntokens, vr, logits, err);
+    free(vr);
+    return rc;
+}
+
+tdm_status tdm_seq_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                        const int *ntokens, float *logits, tdm_error *err)
+{
+    tdm_status rc = check_batch(seqs, nseq, 0, err);
+    if (rc != TDM_OK)
+        return rc;
+    int *vr = malloc((size_t)nseq * sizeof(int));
+    if (!vr)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < nseq; i++)
+        vr[i] = ntokens[i] > 1;
+    rc = run_rows(seqs, nseq, tokens, ntokens, vr, logits, err);
+    free(vr);
+    return rc;
 }
 
 tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)

@@ -2,11 +2,11 @@
  * main.c - tandem-verifier: owns the target model and verifies draft blocks.
  *
  * Configuration (tables in common/service_config.c) -> --help / --check-config
- * -> serve Describe and Health, register with the gateway and heartbeat, until
- * SIGTERM/SIGINT.
+ * -> load the model, serve Run, Describe and Health, register with the
+ * gateway and heartbeat, until SIGTERM/SIGINT.
  */
-#include "service.h"
 #include "service_config.h"
+#include "verifier.h"
 
 int main(int argc, char **argv)
 {
@@ -14,6 +14,10 @@ int main(int argc, char **argv)
     int rc = tdm_svc_config_main(&tdm_svc_verifier_schema, argc, argv, &cfg);
     if (rc >= 0)
         return rc;
-    return tdm_service_replica_main(cfg, "tandem.v1.Verifier", "/tandem.v1.Verifier/Describe",
-                                    NULL, NULL);
+    verifier v = {0};
+    rc = tdm_service_replica_main(cfg, "tandem.v1.Verifier", "/tandem.v1.Verifier/Describe",
+                                  verifier_setup, &v);
+    vsched_destroy(v.sched);
+    tdm_runtime_close(v.rt);
+    return rc;
 }

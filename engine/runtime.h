@@ -1,0 +1,27 @@
+/*
+ * runtime.h - a model ready to run: a backend chosen by name and the model
+ * loaded onto it. What the verifier, the drafter and the CLI open.
+ *
+ * Owns the backend and the model; tdm_runtime_close frees both.
+ */
+#ifndef TANDEM_ENGINE_RUNTIME_H
+#define TANDEM_ENGINE_RUNTIME_H
+
+#include "engine.h"
+#include "status.h"
+
+typedef struct tdm_runtime {
+    tdm_backend *backend;
+    tdm_model *model;
+    char backend_name[16]; /* the backend actually used: "cpu" or "cuda" */
+    char why[160];         /* why that backend (for `auto`) */
+} tdm_runtime;
+
+/* backend: "auto", "cpu" or "cuda". threads: CPU worker threads, 0 = one per
+ * core. A backend this build or machine cannot provide is an error naming
+ * it, never a silent switch. */
+tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int threads,
+                            tdm_runtime **out, tdm_error *err);
+void tdm_runtime_close(tdm_runtime *rt);
+
+#endif

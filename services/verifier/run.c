@@ -1,0 +1,135 @@
+/*
+ * run.c - the verifier's methods: Run (one request, tokens streamed back as
+ * the scheduler produces them) and the counters it reports.
+ */
+#include "verifier.h"
+
+#include "log.h"
+#include "tandem/v1/verifier.pb-c.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct run_cancel {
+    vsched *sched;
+    vreq *req;
+} run_cancel;
+
+static void on_cancel(void *arg)
+{
+    run_cancel *c = arg;
+    vsched_cancel(c->sched, c->req);
+}
+
+static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_error *err,
+                              void *user)
+{
+    verifier *v = user;
+    const Tandem__V1__RunRequest *req = (const Tandem__V1__RunRequest *)msg;
+    vreq *r = NULL;
+    tdm_status rc = vsched_submit(v->sched, req, &r, err);
+    if (rc != TDM_OK)
+        return rc;
+    run_cancel *c = tdm_rpc_call_alloc(call, sizeof(*c));
+    c->sched = v->sched;
+    c->req = r;
+    tdm_rpc_call_set_cancel_notify(call, on_cancel, c);
+
+    rc = TDM_OK;
+    for (;;) {
+        vsched_output o;
+        vsched_next(v->sched, r, &o);
+        if (o.n_ids > 0) {
+            Tandem__V1__TokenChunk chunk = TANDEM__V1__TOKEN_CHUNK__INIT;
+            chunk.n_ids = (size_t)o.n_ids;
+            chunk.ids = (uint32_t *)o.ids;
+            chunk.index = (uint32_t)o.index;
+            Tandem__V1__RunResponse resp = TANDEM__V1__RUN_RESPONSE__INIT;
+            resp.chunk_case = TANDEM__V1__RUN_RESPONSE__CHUNK_TOKENS;
+            resp.tokens = &chunk;
+            tdm_error werr = {0};
+            if (tdm_rpc_call_write(call, &resp.base, &werr) != TDM_OK)
+                vsched_cancel(v->sched, r); /* the client is gone; drain to the end */
+            free(o.ids);
+            continue;
+        }
+        if (!o.done)
+            continue;
+        if (o.status != TDM_OK) {
+            rc = tdm_error_set(err, o.status, "%s", o.msg);
+            break;
+        }
+        Tandem__V1__RunComplete done = TANDEM__V1__RUN_COMPLETE__INIT;
+        done.finish_reason = o.finish_reason;
+        o.stats.verifier = (char *)v->replica_id;
+        done.stats = &o.stats;
+        Tandem__V1__RunResponse resp = TANDEM__V1__RUN_RESPONSE__INIT;
+        resp.chunk_case = TANDEM__V1__RUN_RESPONSE__CHUNK_COMPLETE;
+        resp.complete = &done;
+        rc = tdm_rpc_call_write(call, &resp.base, err);
+        break;
+    }
+    tdm_rpc_call_set_cancel_notify(call, NULL, NULL);
+    vsched_release(v->sched, r);
+    return rc;
+}
+
+static size_t counters(void *arg, tdm_service_counter *out, size_t max)
+{
+    verifier *v = arg;
+    vsched_counters c;
+    vsched_get_counters(v->sched, &c);
+    tdm_service_counter all[] = {
+        {"requests", (double)c.requests},
+        {"active_sequences", (double)c.active},
+        {"waiting_sequences", (double)c.waiting},
+        {"rounds", (double)c.rounds},
+        {"speculative_rounds", (double)c.spec_rounds},
+        {"drafted_tokens", (double)c.drafted},
+        {"accepted_tokens", (double)c.accepted},
+        {"generated_tokens", (double)c.tokens},
+        {"mean_accepted_per_round", c.spec_rounds ? (double)c.accepted / (double)c.spec_rounds : 0},
+        {"drafter_failures", (double)c.drafter_failures},
+        {"cancelled", (double)c.cancelled},
+    };
+    size_t n = TDM_ARRAY_LEN(all) < max ? TDM_ARRAY_LEN(all) : max;
+    memcpy(out, all, n * sizeof(*out));
+    return n;
+}
+
+tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
+{
+    verifier *v = arg;
+    const tdm_cfg *cfg = tdm_service_config(svc);
+    const Tandem__V1__Descriptor *d = tdm_service_descriptor(svc);
+    snprintf(v->replica_id, sizeof(v->replica_id), "%s", d->replica_id);
+    const char *model = tdm_cfg_str(cfg, "model");
+    if (!model[0])
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "model is not set: the verifier needs a model directory (--model)");
+    tdm_status rc = tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &v->rt, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, "model %s", model);
+    const char *strategy = tdm_cfg_str(cfg, "state_strategy");
+    int st = tdm_state_strategy_parse(strategy);
+    if (st < 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "state_strategy %s is not supported by the engine", strategy);
+    vsched_params p = {
+        .model = v->rt->model,
+        .strategy = (tdm_state_strategy)st,
+        .max_draft = (int)tdm_cfg_int(cfg, "max_draft_tokens"),
+        .max_sequences = (int)tdm_cfg_int(cfg, "max_sequences"),
+        .draft_timeout_ms = (int)tdm_cfg_int(cfg, "draft_timeout"),
+        .tls = tdm_service_tls(svc),
+        .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
+    };
+    if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
+        return rc;
+    tdm_log_info("verifier", "model %s on %s (%s), state strategy %s, max %d draft tokens",
+                 model, v->rt->backend_name, v->rt->why, strategy, p.max_draft);
+    tdm_service_set_counters(svc, counters, v);
+    return tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",
+                                            &tandem__v1__run_request__descriptor, run_handler, v,
+                                            err);
+}

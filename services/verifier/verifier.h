@@ -1,0 +1,22 @@
+/*
+ * verifier.h - the pieces of tandem-verifier: the target model, the
+ * scheduler, and the Run method that feeds one request through them.
+ */
+#ifndef TANDEM_VERIFIER_H
+#define TANDEM_VERIFIER_H
+
+#include "runtime.h"
+#include "service.h"
+#include "vsched.h"
+
+typedef struct verifier {
+    tdm_runtime *rt;
+    vsched *sched;
+    char replica_id[128];
+} verifier;
+
+/* Loads the model, starts the scheduler and registers Run (the `setup` step
+ * of tdm_service_replica_main). */
+tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err);
+
+#endif

@@ -1,0 +1,87 @@
+/*
+ * vsched.h - the verifier's scheduler: continuous batching of sequences over
+ * the target model, speculative verification against drafters' blocks, and
+ * the Draft streams to those drafters.
+ *
+ * Owns: the target model's sequences (one engine sequence per request), one
+ * scheduler thread that runs rounds, and one Draft stream per drafter address
+ * (opened on first use, reopened after a failure) with a reader thread each.
+ *
+ * A round: admit waiting requests (prefill, first token); ask the drafter of
+ * every speculating sequence for a block and wait for the blocks (bounded by
+ * draft_timeout_ms); run one batched forward pass over all active sequences
+ * (1 row for plain ones, 1 + k rows for those with a block); verify, commit
+ * the accepted prefix, stream the new tokens, and send each drafter its
+ * verdict. Sequences join and leave between rounds.
+ *
+ * Fallback: a drafter that fails (stream broken, malformed or late block)
+ * only turns speculation off for the sequences it served; they continue with
+ * plain decoding from their committed state, so no token is lost or repeated.
+ *
+ * Threading: vsched_submit / vsched_next / vsched_cancel are called from RPC
+ * handler threads; everything else runs on the scheduler thread.
+ */
+#ifndef TANDEM_VERIFIER_VSCHED_H
+#define TANDEM_VERIFIER_VSCHED_H
+
+#include "engine.h"
+#include "rpc.h"
+#include "status.h"
+#include "tandem/v1/verifier.pb-c.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct vsched vsched;
+typedef struct vreq vreq;
+
+typedef struct vsched_params {
+    tdm_model *model;            /* borrowed; outlives the scheduler */
+    tdm_state_strategy strategy; /* how sequences commit */
+    int max_draft;               /* most draft tokens per round (max_draft_tokens) */
+    int max_sequences;           /* active at once; more wait in line */
+    int draft_timeout_ms;        /* longest wait for a drafter's block */
+    const tdm_rpc_tls *tls;      /* for Draft streams; NULL = plaintext */
+    int64_t max_message_bytes;
+} vsched_params;
+
+tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);
+/* Stops the scheduler thread after failing every request still running. */
+void vsched_destroy(vsched *s);
+
+/* Validates a RunRequest and queues it. On success *out is the request handle
+ * owned by the caller, who must drain it with vsched_next until it reports
+ * the end and then call vsched_release. */
+tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out,
+                         tdm_error *err);
+
+/* What vsched_next hands the Run handler. */
+typedef struct vsched_output {
+    int32_t *ids; /* new tokens (caller frees with free()); may be NULL */
+    int n_ids;
+    int index;    /* position of ids[0] among the generated tokens */
+    bool done;    /* the request ended: finish_reason and stats are set */
+    Tandem__V1__FinishReason finish_reason;
+    Tandem__V1__RequestStats stats; /* string fields point into the request */
+    tdm_status status;              /* != TDM_OK: the request failed (message in msg) */
+    char msg[256];
+} vsched_output;
+
+/* Blocks until there are new tokens or the request ended. */
+void vsched_next(vsched *s, vreq *r, vsched_output *out);
+/* The client went away: the sequence is freed (on the verifier and on its
+ * drafter) at the start of the next round. Safe from any thread, any time
+ * before vsched_release. */
+void vsched_cancel(vsched *s, vreq *r);
+/* Waits until the scheduler has let go of the request, then frees it. */
+void vsched_release(vsched *s, vreq *r);
+
+typedef struct vsched_counters {
+    uint64_t requests, active, waiting, rounds, spec_rounds, drafted, accepted, tokens;
+    uint64_t drafter_failures, cancelled;
+} vsched_counters;
+
+void vsched_get_counters(vsched *s, vsched_counters *c);
+
+#endif
