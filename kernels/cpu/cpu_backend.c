@@ -243,15 +243,14 @@ typedef struct gdn_args {
     int nseg, Hk, Hv, Dk, Dv;
 } gdn_args;
 
-static void gdn_task(void *vp, int ith, int nth)
+static void gdn_task(void *vp, int u)
 {
     const gdn_args *a = vp;
     const int Dk = a->Dk, Dv = a->Dv, Hv = a->Hv, r = a->Hv / a->Hk;
     const size_t hs = (size_t)Dk * (size_t)Dv; /* one head's state */
     float qn[512], kn[512], kv[512];
     const float scale = 1.0f / sqrtf((float)Dk);
-    int units = a->nseg * Hv;
-    for (int u = ith; u < units; u += nth) {
+    {
         const tdm_gdn_seg *sg = &a->segs[u / Hv];
         int hv = u % Hv, hk = hv / r;
         const float *prev = sg->state + (size_t)hv * hs;
@@ -311,7 +310,7 @@ static void cpu_gdn_recurrent(void *ctx, float *out, const float *qkv, int strid
     cpu_ctx *c = ctx;
     TDM_ASSERT(Dk <= 512 && Dv <= 512);
     gdn_args a = {out, qkv, stride, g, beta, segs, nseg, Hk, Hv, Dk, Dv};
-    tdm_pool_run(c->pool, gdn_task, &a);
+    tdm_pool_run(c->pool, gdn_task, &a, nseg * Hv);
 }
 
 /* --- attention ------------------------------------------------------------ */
@@ -323,18 +322,18 @@ typedef struct attn_args {
     int nseg, nH, nKV, D, max_ctx, total_rows;
 } attn_args;
 
-static void attn_task(void *vp, int ith, int nth)
+static void attn_task(void *vp, int u)
 {
     const attn_args *a = vp;
     const int nH = a->nH, D = a->D, grp = a->nH / a->nKV;
     const size_t kvw = (size_t)a->nKV * (size_t)D;
     const float scale = 1.0f / sqrtf((float)D);
-    float *p = malloc((size_t)a->max_ctx * sizeof(float));
+    float stack[2048];
+    float *p = a->max_ctx <= 2048 ? stack : malloc((size_t)a->max_ctx * sizeof(float));
     if (!p)
         abort();
-    int units = a->total_rows * nH;
     /* Map a unit to (segment, row, head) by walking segments: rows are few. */
-    for (int u = ith; u < units; u += nth) {
+    {
         int row_unit = u / nH, h = u % nH, si = 0, acc = 0;
         while (acc + a->segs[si].nrows <= row_unit)
             acc += a->segs[si++].nrows;
@@ -369,7 +368,8 @@ static void attn_task(void *vp, int ith, int nth)
                 o[d] += pj * v[d];
         }
     }
-    free(p);
+    if (p != stack)
+        free(p);
 }
 
 static void cpu_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
@@ -383,7 +383,7 @@ static void cpu_attention(void *ctx, float *out, const float *q, const tdm_attn_
         rows += segs[i].nrows;
     }
     attn_args a = {out, q, segs, nseg, nH, nKV, D, max_ctx, rows};
-    tdm_pool_run(c->pool, attn_task, &a);
+    tdm_pool_run(c->pool, attn_task, &a, rows * nH);
 }
 
 /* --- sampling helpers ----------------------------------------------------- */

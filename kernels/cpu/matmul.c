@@ -23,6 +23,7 @@ typedef struct mm_args {
     const void *w;
     tdm_dtype dt;
     int R, in, out, acc, avx2;
+    int cols; /* columns per chunk, a multiple of 8 */
 } mm_args;
 
 static inline float mm_w(const void *w, tdm_dtype dt, size_t i)
@@ -82,34 +83,41 @@ __attribute__((target("avx2,fma"))) static void mm_avx2(const mm_args *a, int o0
         size_t wo = (size_t)o * (size_t)in;
         int r = 0;
         for (; r + MM_TILE <= a->R; r += MM_TILE) {
-            __m256 a0[MM_TILE], a1[MM_TILE];
-            for (int t = 0; t < MM_TILE; t++)
-                a0[t] = a1[t] = _mm256_setzero_ps();
+            /* Explicit registers: arrays of __m256 end up on the stack. */
+            const float *x0 = a->x + (size_t)r * (size_t)in, *x1 = x0 + in, *x2 = x1 + in,
+                        *x3 = x2 + in;
+            __m256 p0 = _mm256_setzero_ps(), q0 = p0, p1 = p0, q1 = p0, p2 = p0, q2 = p0,
+                   p3 = p0, q3 = p0;
             int k = 0;
             for (; k + 16 <= in; k += 16) {
                 __m256 w0 = mm_load8(a->w, a->dt, wo + (size_t)k);
                 __m256 w1 = mm_load8(a->w, a->dt, wo + (size_t)k + 8);
-                for (int t = 0; t < MM_TILE; t++) {
-                    const float *xr = a->x + (size_t)(r + t) * (size_t)in + k;
-                    a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), a0[t]);
-                    a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), a1[t]);
-                }
+                p0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), p0);
+                q0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + k + 8), q0);
+                p1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), p1);
+                q1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + k + 8), q1);
+                p2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), p2);
+                q2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + k + 8), q2);
+                p3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + k), p3);
+                q3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + k + 8), q3);
             }
             int k8 = k;
             if (k + 8 <= in) {
                 __m256 w0 = mm_load8(a->w, a->dt, wo + (size_t)k);
-                for (int t = 0; t < MM_TILE; t++)
-                    a0[t] = _mm256_fmadd_ps(
-                        w0, _mm256_loadu_ps(a->x + (size_t)(r + t) * (size_t)in + k), a0[t]);
+                p0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), p0);
+                p1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), p1);
+                p2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), p2);
+                p3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + k), p3);
                 k8 = k + 8;
             }
+            float s[MM_TILE] = {mm_hsum(p0, q0), mm_hsum(p1, q1), mm_hsum(p2, q2),
+                                mm_hsum(p3, q3)};
             for (int t = 0; t < MM_TILE; t++) {
                 const float *xr = a->x + (size_t)(r + t) * (size_t)in;
-                float s = mm_hsum(a0[t], a1[t]);
                 for (int kk = k8; kk < in; kk++)
-                    s += mm_w(a->w, a->dt, wo + (size_t)kk) * xr[kk];
+                    s[t] += mm_w(a->w, a->dt, wo + (size_t)kk) * xr[kk];
                 float *yp = a->y + (size_t)(r + t) * (size_t)a->out + o;
-                *yp = a->acc ? *yp + s : s;
+                *yp = a->acc ? *yp + s[t] : s[t];
             }
         }
         for (; r < a->R; r++) {
@@ -137,14 +145,12 @@ __attribute__((target("avx2,fma"))) static void mm_avx2(const mm_args *a, int o0
 }
 #endif
 
-static void mm_task(void *vp, int ith, int nth)
+static void mm_task(void *vp, int chunk)
 {
     const mm_args *a = vp;
     /* Contiguous column ranges, aligned to 8 so threads do not share cache
      * lines of y more than necessary. */
-    int per = (a->out + nth - 1) / nth;
-    per = (per + 7) & ~7;
-    int o0 = ith * per, o1 = o0 + per;
+    int o0 = chunk * a->cols, o1 = o0 + a->cols;
     if (o1 > a->out)
         o1 = a->out;
     if (o0 >= o1)
@@ -167,9 +173,13 @@ static void mm_task(void *vp, int ith, int nth)
 void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int in, int out,
                 int accumulate)
 {
-    mm_args a = {y, x, w.data, w.dtype, R, in, out, accumulate, c->use_avx2};
+    /* About 8 chunks per thread: small enough to rebalance when a thread
+     * stalls, large enough to keep the claim cost negligible. */
+    int nth = tdm_pool_size(c->pool);
+    int cols = (out + 8 * nth - 1) / (8 * nth);
+    cols = (cols + 7) & ~7;
     if ((size_t)R * (size_t)in * (size_t)out < 32768)
-        mm_task(&a, 0, 1);
-    else
-        tdm_pool_run(c->pool, mm_task, &a);
+        cols = (out + 7) & ~7;
+    mm_args a = {y, x, w.data, w.dtype, R, in, out, accumulate, c->use_avx2, cols};
+    tdm_pool_run(c->pool, mm_task, &a, (out + cols - 1) / cols);
 }
