@@ -85,6 +85,8 @@ typedef struct tdm_rpc_server_options {
     const char *listen;        /* "host:port"; port 0 picks a free one */
     const tdm_rpc_tls *tls;    /* NULL = plaintext */
     int workers;               /* completion-queue threads; 0 = 2 */
+    int max_streams;           /* streaming calls at once (one thread each);
+                                  more get RESOURCE_EXHAUSTED; 0 = 1024 */
     int64_t max_message_bytes; /* send and receive limit; 0 = default */
     const char *name;          /* used in log lines; NULL = "rpc" */
 } tdm_rpc_server_options;

@@ -23,6 +23,7 @@
 
 #define REQUESTS_PER_WORKER 8
 #define DEFAULT_WORKERS 2
+#define DEFAULT_MAX_STREAMS 1024
 
 #define CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
@@ -69,6 +70,7 @@ struct tdm_rpc_server {
     int port;
     rpc_worker *workers; /* (n_workers) */
     int n_workers;
+    int max_streams;
     rpc_method *methods; /* (n_methods) */
     size_t n_methods;
     rpc_hook *hooks; /* (n_hooks) */
@@ -341,10 +343,20 @@ static void spawn_handler(tdm_rpc_call *c)
 {
     tdm_rpc_server *s = c->server;
     join_finished(s);
-    call_ref(c); /* the thread's reference */
     pthread_mutex_lock(&s->mu);
-    s->live_threads++;
+    bool full = s->live_threads >= s->max_streams;
+    if (!full)
+        s->live_threads++;
     pthread_mutex_unlock(&s->mu);
+    if (full) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s: too many concurrent streams (max_streams %d)", c->path,
+                 s->max_streams);
+        tdm_log_warn(comp(s), "%s", msg);
+        call_send_status(c, TDM_ERR_RESOURCE_EXHAUSTED, msg, NULL);
+        return;
+    }
+    call_ref(c); /* the thread's reference */
     pthread_t t;
     int rc = pthread_create(&t, NULL, handler_thread, c);
     if (rc != 0) {
@@ -410,6 +422,9 @@ static void on_request_message(rpc_op *op, bool ok)
 }
 
 static void post_request(rpc_worker *w);
+static void on_sync_send(rpc_op *op, bool ok);
+static void on_sync_recv(rpc_op *op, bool ok);
+static void on_shutdown_done(rpc_op *op, bool ok);
 
 static const rpc_method *find_method(const tdm_rpc_server *s, const char *path)
 {
@@ -454,9 +469,11 @@ static void on_new_call(rpc_op *op, bool ok)
     pthread_mutex_init(&c->write_mu, NULL);
     pthread_mutex_init(&c->arena_mu, NULL);
     atomic_init(&c->cancelled, false);
+    /* Tags' callbacks are set once, before any batch: the worker reads them
+     * when completions arrive. */
     c->close_op.done = on_close;
-    c->recv_op.done = on_request_message;
     c->status_op.done = on_status_sent;
+    c->send_op.done = on_sync_send;
     pthread_mutex_lock(&s->mu);
     s->live_calls++;
     pthread_mutex_unlock(&s->mu);
@@ -471,6 +488,7 @@ static void on_new_call(rpc_op *op, bool ok)
     call_start(c, ops, 2, &c->close_op);
 
     c->method = find_method(s, c->path);
+    c->recv_op.done = c->method && c->method->kind == KIND_BIDI ? on_sync_recv : on_request_message;
     if (!c->method) {
         char msg[512];
         snprintf(msg, sizeof(msg), "unknown method %s", c->path);
@@ -580,11 +598,13 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     s->name = strdup(opt->name ? opt->name : "rpc");
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    s->shutdown_op.done = on_shutdown_done;
     grpc_arg args[3];
     grpc_channel_args cargs;
     tdm_rpc__size_args(args, &cargs, opt->max_message_bytes, NULL);
     s->srv = grpc_server_create(&cargs, NULL);
     s->n_workers = opt->workers > 0 ? opt->workers : DEFAULT_WORKERS;
+    s->max_streams = opt->max_streams > 0 ? opt->max_streams : DEFAULT_MAX_STREAMS;
     s->workers = calloc((size_t)s->n_workers, sizeof(*s->workers));
     TDM_ASSERT(s->workers);
     for (int i = 0; i < s->n_workers; i++) {
@@ -721,7 +741,6 @@ void tdm_rpc_server_shutdown(tdm_rpc_server *s, int grace_ms)
     for (size_t i = 0; i < s->n_hooks; i++)
         s->hooks[i].fn(s->hooks[i].arg);
 
-    s->shutdown_op.done = on_shutdown_done;
     grpc_server_shutdown_and_notify(s->srv, s->workers[0].cq, &s->shutdown_op);
     if (!s->started) {
         /* No workers: drive the queue here until the shutdown tag arrives. */
@@ -907,7 +926,6 @@ tdm_status tdm_rpc_call_write(tdm_rpc_call *c, const ProtobufCMessage *msg, tdm_
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_SEND_MESSAGE;
     op.data.send_message.send_message = bb;
-    c->send_op.done = on_sync_send;
     pthread_mutex_lock(&c->mu);
     c->send_done = false;
     grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->send_op, NULL);
@@ -933,7 +951,6 @@ tdm_status tdm_rpc_call_read(tdm_rpc_call *c, ProtobufCMessage **msg, tdm_error 
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &c->recv_buf;
-    c->recv_op.done = on_sync_recv;
     pthread_mutex_lock(&c->mu);
     c->recv_done = false;
     c->recv_buf = NULL;

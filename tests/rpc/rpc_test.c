@@ -1054,6 +1054,201 @@ static void test_tls(void)
     run_cmd(cmd);
 }
 
+/* ---- propagation of deadline and cancellation (gateway -> verifier) ------------------------ */
+
+/* On server A, relays to server B (user = channel to B) as a child call. */
+static tdm_status relay_say(tdm_rpc_call *call, const ProtobufCMessage *req,
+                            ProtobufCMessage **resp, tdm_error *err, void *user)
+{
+    tdm_rpc_call_options opt = {.parent = call}; /* no own deadline: the parent's applies */
+    ProtobufCMessage *m = NULL;
+    tdm_status st = tdm_rpc_unary(user, ECHO_SAY, req, &tandem__test__echo_response__descriptor,
+                                  &m, &opt, err);
+    if (st != TDM_OK)
+        return st;
+    tdm_rpc_call_defer(call, free_msg, m);
+    *resp = m;
+    return TDM_OK;
+}
+
+/* Counts B's messages without forwarding any: only propagation can tell B
+ * that the client went away. */
+static tdm_status relay_count(tdm_rpc_call *call, const ProtobufCMessage *req, tdm_error *err,
+                              void *user)
+{
+    tdm_rpc_call_options opt = {.parent = call};
+    tdm_rpc_stream *s = NULL;
+    tdm_status st = tdm_rpc_stream_open(user, ECHO_REPEAT, req,
+                                        &tandem__test__echo_response__descriptor, &opt, &s, err);
+    if (st != TDM_OK)
+        return st;
+    int n = 0;
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        st = tdm_rpc_stream_read(s, &m, err);
+        if (!m)
+            break;
+        n++;
+        free_msg(m);
+    }
+    tdm_rpc_stream_destroy(s);
+    if (st != TDM_OK)
+        return st;
+    Tandem__Test__EchoResponse out = TANDEM__TEST__ECHO_RESPONSE__INIT;
+    out.text = "counted";
+    out.index = n;
+    return tdm_rpc_call_write(call, &out.base, err);
+}
+
+static void test_propagation(void)
+{
+    fixture b;
+    fixture_start(&b, 0, 0, 2);
+    tdm_error err;
+    tdm_rpc_server *a = NULL;
+    tdm_rpc_server_options so = {.listen = "127.0.0.1:0", .name = "relay"};
+    CHECK_ST(tdm_rpc_server_create(&so, &a, &err), TDM_OK, &err);
+    const ProtobufCMessageDescriptor *d = &tandem__test__echo_request__descriptor;
+    CHECK_ST(tdm_rpc_server_add_unary(a, "/tandem.test.Relay/Say", d, relay_say, b.ch, &err),
+             TDM_OK, &err);
+    CHECK_ST(tdm_rpc_server_add_server_stream(a, "/tandem.test.Relay/Count", d, relay_count, b.ch,
+                                              &err),
+             TDM_OK, &err);
+    CHECK_ST(tdm_rpc_server_start(a, &err), TDM_OK, &err);
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", tdm_rpc_server_port(a));
+    tdm_rpc_channel *ch = NULL;
+    tdm_rpc_channel_options co = {.target = target};
+    CHECK_ST(tdm_rpc_channel_create(&co, &ch, &err), TDM_OK, &err);
+
+    /* The client's 2 s deadline reaches B through A. */
+    Tandem__Test__EchoRequest req = TANDEM__TEST__ECHO_REQUEST__INIT;
+    req.text = "via A";
+    tdm_rpc_call_options opt = {.timeout_ms = 2000};
+    ProtobufCMessage *m = NULL;
+    CHECK_ST(tdm_rpc_unary(ch, "/tandem.test.Relay/Say", &req.base,
+                           &tandem__test__echo_response__descriptor, &m, &opt, &err),
+             TDM_OK, &err);
+    Tandem__Test__EchoResponse *r = (void *)m;
+    CHECK(r && strcmp(r->text, "via A") == 0);
+    CHECK(r && r->deadline_ms > 500 && r->deadline_ms <= 2000);
+    free_msg(m);
+    m = NULL;
+    /* B's error comes back through A unchanged. */
+    req.fail_code = TDM_ERR_OUT_OF_RANGE;
+    req.fail_message = "position 9 past the end";
+    CHECK_ST(tdm_rpc_unary(ch, "/tandem.test.Relay/Say", &req.base,
+                           &tandem__test__echo_response__descriptor, &m, &opt, &err),
+             TDM_ERR_OUT_OF_RANGE, &err);
+    CHECK(strcmp(err.msg, "position 9 past the end") == 0);
+    req.fail_code = 0;
+
+    /* A deadline expiring while B works: both the client and B see it. */
+    int seen = atomic_load(&echo_cancel_seen);
+    req.delay_ms = 3000;
+    opt.timeout_ms = 200;
+    CHECK_ST(tdm_rpc_unary(ch, "/tandem.test.Relay/Say", &req.base,
+                           &tandem__test__echo_response__descriptor, &m, &opt, &err),
+             TDM_ERR_DEADLINE_EXCEEDED, &err);
+    CHECK(wait_atomic(&echo_cancel_seen, seen + 1, 5000));
+
+    /* Client cancellation of A's stream cancels B's stream. */
+    seen = atomic_load(&echo_cancel_seen);
+    req.count = -1;
+    req.delay_ms = 10;
+    tdm_rpc_stream *s = NULL;
+    CHECK_ST(tdm_rpc_stream_open(ch, "/tandem.test.Relay/Count", &req.base,
+                                 &tandem__test__echo_response__descriptor, NULL, &s, &err),
+             TDM_OK, &err);
+    CHECK(wait_atomic(&echo_streams_running, 1, 5000));
+    sleep_ms(100);
+    tdm_rpc_stream_cancel(s);
+    CHECK_ST(tdm_rpc_stream_read(s, &m, &err), TDM_ERR_CANCELLED, &err);
+    CHECK(wait_atomic(&echo_cancel_seen, seen + 1, 5000));
+    tdm_rpc_stream_destroy(s);
+    /* A finite stream through A completes with B's count. */
+    req.count = 7;
+    req.delay_ms = 0;
+    CHECK_ST(tdm_rpc_stream_open(ch, "/tandem.test.Relay/Count", &req.base,
+                                 &tandem__test__echo_response__descriptor, NULL, &s, &err),
+             TDM_OK, &err);
+    CHECK_ST(tdm_rpc_stream_read(s, &m, &err), TDM_OK, &err);
+    CHECK(m && ((Tandem__Test__EchoResponse *)m)->index == 7);
+    free_msg(m);
+    m = NULL;
+    CHECK_ST(tdm_rpc_stream_read(s, &m, &err), TDM_OK, &err);
+    CHECK(m == NULL);
+    tdm_rpc_stream_destroy(s);
+
+    tdm_rpc_channel_destroy(ch);
+    tdm_rpc_server_shutdown(a, 1000);
+    tdm_rpc_server_destroy(a);
+    fixture_stop(&b);
+}
+
+static void test_max_streams(void)
+{
+    tdm_error err;
+    tdm_rpc_server *s = NULL;
+    tdm_rpc_server_options so = {.listen = "127.0.0.1:0", .max_streams = 2};
+    CHECK_ST(tdm_rpc_server_create(&so, &s, &err), TDM_OK, &err);
+    CHECK_ST(echo_register(s, &err), TDM_OK, &err);
+    CHECK_ST(tdm_rpc_server_start(s, &err), TDM_OK, &err);
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", tdm_rpc_server_port(s));
+    tdm_rpc_channel *ch = NULL;
+    tdm_rpc_channel_options co = {.target = target};
+    CHECK_ST(tdm_rpc_channel_create(&co, &ch, &err), TDM_OK, &err);
+    Tandem__Test__EchoRequest req = TANDEM__TEST__ECHO_REQUEST__INIT;
+    req.count = -1;
+    req.delay_ms = 10;
+    tdm_rpc_stream *st[3];
+    ProtobufCMessage *m = NULL;
+    for (int i = 0; i < 2; i++) {
+        CHECK_ST(tdm_rpc_stream_open(ch, ECHO_REPEAT, &req.base,
+                                     &tandem__test__echo_response__descriptor, NULL, &st[i], &err),
+                 TDM_OK, &err);
+        CHECK_ST(tdm_rpc_stream_read(st[i], &m, &err), TDM_OK, &err);
+        free_msg(m);
+        m = NULL;
+    }
+    CHECK_ST(tdm_rpc_stream_open(ch, ECHO_CHAT, NULL, &tandem__test__echo_response__descriptor,
+                                 NULL, &st[2], &err),
+             TDM_OK, &err);
+    CHECK_ST(tdm_rpc_stream_read(st[2], &m, &err), TDM_ERR_RESOURCE_EXHAUSTED, &err);
+    CHECK(strstr(err.msg, "max_streams 2") != NULL);
+    tdm_rpc_stream_destroy(st[2]);
+    /* Unary calls are not streams: still served. */
+    Tandem__Test__EchoRequest sreq = TANDEM__TEST__ECHO_REQUEST__INIT;
+    sreq.text = "u";
+    CHECK_ST(tdm_rpc_unary(ch, ECHO_SAY, &sreq.base, &tandem__test__echo_response__descriptor, &m,
+                           NULL, &err),
+             TDM_OK, &err);
+    free_msg(m);
+    m = NULL;
+    /* A slot frees when a stream ends. */
+    tdm_rpc_stream_destroy(st[0]);
+    bool ok = false;
+    for (int tries = 0; tries < 100 && !ok; tries++) {
+        CHECK_ST(tdm_rpc_stream_open(ch, ECHO_REPEAT, &req.base,
+                                     &tandem__test__echo_response__descriptor, NULL, &st[0], &err),
+                 TDM_OK, &err);
+        ok = tdm_rpc_stream_read(st[0], &m, &err) == TDM_OK;
+        free_msg(m);
+        m = NULL;
+        if (!ok) {
+            tdm_rpc_stream_destroy(st[0]);
+            sleep_ms(20);
+        }
+    }
+    CHECK(ok);
+    tdm_rpc_stream_destroy(st[0]);
+    tdm_rpc_stream_destroy(st[1]);
+    tdm_rpc_channel_destroy(ch);
+    tdm_rpc_server_shutdown(s, 1000);
+    tdm_rpc_server_destroy(s);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1065,7 +1260,8 @@ int main(int argc, char **argv)
         {"cancel_client", test_cancel_client}, {"deadline", test_deadline},
         {"size_limit", test_size_limit}, {"malformed", test_malformed},
         {"shutdown", test_shutdown},   {"health", test_health},
-        {"tls", test_tls},
+        {"tls", test_tls},             {"propagation", test_propagation},
+        {"max_streams", test_max_streams},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: rpc_test NAME\n");
