@@ -11,7 +11,9 @@
  * grpc_server_request_call()s, so a new call lands on one worker and every
  * completion of that call is processed on the same worker.
  *  - Unary handlers run on the worker thread that received the request: keep
- *    them short (they block other calls queued on that worker).
+ *    them short (they delay other calls' completions queued on that worker,
+ *    and while one runs it can see its deadline pass but not a client's
+ *    cancel, which that same worker would deliver).
  *  - Server-streaming and bidirectional handlers each run on a thread of their
  *    own, started for the call and joined by the server. They are written as
  *    plain blocking code (a Generate loop that lasts seconds, a Draft stream
@@ -196,6 +198,10 @@ typedef struct tdm_rpc_call_options {
     /* A server call this call is made on behalf of: its deadline and
      * cancellation propagate to this call (gateway -> verifier). */
     tdm_rpc_call *parent;
+    /* Wait (until the deadline) for the server to become reachable instead
+     * of failing at once with UNAVAILABLE (e.g. registering with a gateway
+     * that is still starting). */
+    bool wait_for_ready;
 } tdm_rpc_call_options;
 
 /* Channels connect lazily and are thread-safe: share one per target. */

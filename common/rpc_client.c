@@ -162,6 +162,13 @@ static grpc_call *call_create(tdm_rpc_channel *ch, const char *method, grpc_comp
     return call;
 }
 
+static uint32_t md_flags(const tdm_rpc_call_options *opt)
+{
+    return opt && opt->wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY |
+                                            GRPC_INITIAL_METADATA_WAIT_FOR_READY_EXPLICITLY_SET
+                                      : 0;
+}
+
 static void cq_drain_destroy(grpc_completion_queue *cq)
 {
     grpc_completion_queue_shutdown(cq);
@@ -213,6 +220,7 @@ static tdm_status unary_bytes(tdm_rpc_channel *ch, const char *method, grpc_byte
     grpc_op ops[6];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].flags = md_flags(opt);
     ops[0].data.send_initial_metadata.count = md.n;
     ops[0].data.send_initial_metadata.metadata = md.md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
@@ -371,6 +379,7 @@ tdm_status tdm_rpc_stream_open(tdm_rpc_channel *ch, const char *method,
     grpc_op ops[3];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].flags = md_flags(opt);
     ops[0].data.send_initial_metadata.count = s->md.n;
     ops[0].data.send_initial_metadata.metadata = s->md.md;
     ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;

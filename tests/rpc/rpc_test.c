@@ -1249,6 +1249,65 @@ static void test_max_streams(void)
     tdm_rpc_server_destroy(s);
 }
 
+/* ---- wait_for_ready ------------------------------------------------------------------------- */
+
+typedef struct later_server {
+    char listen[64];
+    tdm_rpc_server *s;
+} later_server;
+
+static void *start_later(void *arg)
+{
+    later_server *l = arg;
+    sleep_ms(300);
+    tdm_error err;
+    tdm_rpc_server_options so = {.listen = l->listen};
+    if (tdm_rpc_server_create(&so, &l->s, &err) != TDM_OK || echo_register(l->s, &err) != TDM_OK ||
+        tdm_rpc_server_start(l->s, &err) != TDM_OK)
+        fprintf(stderr, "start_later: %s\n", err.msg);
+    return NULL;
+}
+
+static void test_wait_for_ready(void)
+{
+    /* Find a free port, then leave it free. */
+    tdm_error err;
+    tdm_rpc_server *s = NULL;
+    tdm_rpc_server_options so = {.listen = "127.0.0.1:0"};
+    CHECK_ST(tdm_rpc_server_create(&so, &s, &err), TDM_OK, &err);
+    int port = tdm_rpc_server_port(s);
+    tdm_rpc_server_destroy(s);
+    later_server l = {.s = NULL};
+    snprintf(l.listen, sizeof(l.listen), "127.0.0.1:%d", port);
+    tdm_rpc_channel *ch = NULL;
+    tdm_rpc_channel_options co = {.target = l.listen};
+    CHECK_ST(tdm_rpc_channel_create(&co, &ch, &err), TDM_OK, &err);
+    Tandem__Test__EchoRequest req = TANDEM__TEST__ECHO_REQUEST__INIT;
+    req.text = "early";
+    ProtobufCMessage *m = NULL;
+    /* Nobody listens: UNAVAILABLE at once by default... */
+    tdm_rpc_call_options opt = {.timeout_ms = 5000};
+    double t0 = now_s();
+    CHECK_ST(tdm_rpc_unary(ch, ECHO_SAY, &req.base, &tandem__test__echo_response__descriptor, &m,
+                           &opt, &err),
+             TDM_ERR_UNAVAILABLE, &err);
+    CHECK(now_s() - t0 < 2.0);
+    /* ...while wait_for_ready waits for the server that starts later. */
+    pthread_t t;
+    pthread_create(&t, NULL, start_later, &l);
+    opt.wait_for_ready = true;
+    opt.timeout_ms = 10000;
+    CHECK_ST(tdm_rpc_unary(ch, ECHO_SAY, &req.base, &tandem__test__echo_response__descriptor, &m,
+                           &opt, &err),
+             TDM_OK, &err);
+    CHECK(m && strcmp(((Tandem__Test__EchoResponse *)m)->text, "early") == 0);
+    free_msg(m);
+    pthread_join(t, NULL);
+    tdm_rpc_channel_destroy(ch);
+    if (l.s)
+        tdm_rpc_server_destroy(l.s);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1261,7 +1320,7 @@ int main(int argc, char **argv)
         {"size_limit", test_size_limit}, {"malformed", test_malformed},
         {"shutdown", test_shutdown},   {"health", test_health},
         {"tls", test_tls},             {"propagation", test_propagation},
-        {"max_streams", test_max_streams},
+        {"max_streams", test_max_streams}, {"wait_for_ready", test_wait_for_ready},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: rpc_test NAME\n");
