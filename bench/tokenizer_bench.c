@@ -156,7 +156,8 @@ int main(int argc, char **argv)
            bytes, total_ids, (double)bytes / best / 1e6, (double)bytes / cold / 1e6);
     printf("big doc:     %zu bytes, %zu ids: %.2f MB/s\n", doc_len, doc_ids,
            (double)doc_len / best_doc / 1e6);
-    printf("decode:      %zu bytes out: %.2f MB/s\n", out_bytes, (double)out_bytes / best_dec / 1e6);
+    printf("decode:      %zu bytes out: %.2f MB/s\n", out_bytes,
+           (double)out_bytes / best_dec / 1e6);
 
     for (size_t i = 0; i < n; i++) {
         free(ids[i]);

@@ -47,11 +47,11 @@ typedef struct tok_mergemap {
 
 /* Everything known about one id. */
 typedef struct tok_idinfo {
-    const char *str;       /* token as in the file (added content wins), NULL = no token */
+    const char *str; /* token as in the file (added content wins), NULL = no token */
     uint32_t len;
     const char *vocab_str; /* the model.vocab entry for this id, NULL if none */
     uint32_t vocab_len;
-    uint32_t dec_off;      /* its decoded bytes: dec_bytes[dec_off .. +dec_len) */
+    uint32_t dec_off; /* its decoded bytes: dec_bytes[dec_off .. +dec_len) */
     uint32_t dec_len;
     bool in_vocab;
     bool special;
@@ -61,7 +61,7 @@ typedef struct tok_added {
     int32_t id;
     const char *content; /* as in the file */
     uint32_t len;
-    const char *match;   /* what is searched for: content, NFC'd when normalized */
+    const char *match; /* what is searched for: content, NFC'd when normalized */
     uint32_t mlen;
     bool special, normalized, lstrip, rstrip;
 } tok_added;
@@ -122,18 +122,22 @@ struct tdm_tokenizer {
     size_t n_steps;
     tok_added *added; /* (n_added), sorted by id */
     size_t n_added;
-    tok_matcher match_raw;  /* normalized == false: matched before NFC */
-    tok_matcher match_norm; /* normalized == true: matched after NFC */
-    char *dec_bytes;        /* decoded bytes of all ids, see tok_idinfo */
+    tok_matcher match_raw;   /* normalized == false: matched before NFC */
+    tok_matcher match_norm;  /* normalized == true: matched after NFC */
+    char *dec_bytes;         /* decoded bytes of all ids, see tok_idinfo */
     uint8_t bl_utf8[256][2]; /* byte-level char of each byte, UTF-8 */
     uint8_t bl_len[256];
     tdm_tok_specials specials;
     char fingerprint[65];
+    uint8_t *nfc_inert;    /* (TOK_NFC_INERT_LIMIT / 8) bit per code point, see nfc_inert_init */
     tok_cache_slot *cache; /* (TOK_CACHE_SLOTS) */
     pthread_mutex_t cache_lock;
     tok_arena_block *arena; /* all strings; freed as a whole */
     size_t arena_used, arena_cap;
 };
+
+/* Code points below this have an NFC-inertness bit (planes 0 and 1). */
+#define TOK_NFC_INERT_LIMIT 0x20000
 
 static uint64_t tok__hash_bytes(const char *s, size_t n);
 static int32_t tok__strmap_get(const tok_strmap *m, const char *s, size_t len);
@@ -340,7 +344,8 @@ static void byte_level_table(uint32_t cp_of_byte[256])
 {
     int n = 0;
     for (int b = 0; b < 256; b++) {
-        bool keep = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        bool keep =
+            (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         cp_of_byte[b] = keep ? (uint32_t)b : (uint32_t)(256 + n++);
     }
 }
@@ -416,11 +421,13 @@ typedef struct load_ctx {
 } load_ctx;
 
 #define LOAD_FAIL(ctx, code, ...)                                                                  \
-    (tdm_error_set((ctx)->err, code, __VA_ARGS__), tdm_error_prefix((ctx)->err, "%s", (ctx)->origin))
+    (tdm_error_set((ctx)->err, code, __VA_ARGS__),                                                 \
+     tdm_error_prefix((ctx)->err, "%s", (ctx)->origin))
 
 static tdm_status unsupported(load_ctx *ctx, const char *path, const char *what)
 {
-    return LOAD_FAIL(ctx, TDM_ERR_UNIMPLEMENTED, "%s: unsupported tokenizer feature: %s", path, what);
+    return LOAD_FAIL(ctx, TDM_ERR_UNIMPLEMENTED, "%s: unsupported tokenizer feature: %s", path,
+                     what);
 }
 
 static const char *json_type_name(const cJSON *j)
@@ -536,7 +543,9 @@ static const char GPT2_PATTERN[] =
  * White_Space property. PCRE2 (10.42) with UCP also matches U+180E
  * (Mongolian vowel separator, \h for Perl compatibility), so \s and \S are
  * spelled out as that property before compiling. The list is White_Space. */
-#define ONIG_SPACE_ITEMS "\\t\\n\\x0b\\f\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+#define ONIG_SPACE_ITEMS                                                                           \
+    "\\t\\n\\x0b\\f\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"  \
+    "\\x{205f}\\x{3000}"
 
 static char *onig_to_pcre2(const char *pat)
 {
@@ -615,8 +624,7 @@ static tdm_status add_split_step(tdm_tokenizer *tok, load_ctx *ctx, const char *
         return LOAD_FAIL(ctx, TDM_ERR_UNIMPLEMENTED,
                          "%s: regex cannot be compiled by PCRE2 (near offset %zu of the translated "
                          "pattern): %s",
-                         path, (size_t)eo,
-                         (const char *)msg);
+                         path, (size_t)eo, (const char *)msg);
     }
     /* JIT is an optimisation only: without it pcre2_match interprets. */
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
@@ -845,8 +853,8 @@ static tdm_status load_model(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *m)
         char path[128];
         snprintf(path, sizeof(path), "model.vocab[\"%.64s\"]", it->string);
         if (id >= 0 && (size_t)id < tok->n_ids && tok->ids[id].str != NULL)
-            return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: id %d is also used by \"%.64s\"", path, id, tok->ids[id].str);
+            return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT, "%s: id %d is also used by \"%.64s\"",
+                             path, id, tok->ids[id].str);
         if ((st = set_id(tok, ctx, id, s, len, path)) != TDM_OK)
             return st;
         tok->ids[id].in_vocab = true;
@@ -931,8 +939,12 @@ static tdm_status load_model(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *m)
         if (ia < 0 || ib < 0 || inew < 0) {
             tdm_status r = LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT,
                                      "model.merges[%d]: token \"%.*s\" is not in model.vocab", rank,
-                                     (int)(ia < 0 ? la : ib < 0 ? lb : la + lb),
-                                     ia < 0 ? a : ib < 0 ? b : joined);
+                                     (int)(ia < 0   ? la
+                                           : ib < 0 ? lb
+                                                    : la + lb),
+                                     ia < 0   ? a
+                                     : ib < 0 ? b
+                                              : joined);
             free(joined);
             return r;
         }
@@ -1018,8 +1030,8 @@ static tdm_status load_added(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *arr
         if (!cJSON_IsNumber(id) || id->valuedouble != (double)(int32_t)id->valuedouble)
             return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT, "%s.id: expected an integer", path);
         if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
-            return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT, "%s.content: expected a non-empty string",
-                             path);
+            return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT,
+                             "%s.content: expected a non-empty string", path);
         tok_added *a = &tok->added[tok->n_added];
         tdm_status st;
         bool single_word;
@@ -1174,7 +1186,8 @@ static tdm_status compute_fingerprint(tdm_tokenizer *tok, load_ctx *ctx)
     for (size_t r = 0; r < tok->n_merges; r++) {
         for (int k = 0; k < 2; k++) {
             const tok_idinfo *e = &tok->ids[tok->merge_list[2 * r + (size_t)k]];
-            fp_field(md, e->vocab_str ? e->vocab_str : e->str, e->vocab_str ? e->vocab_len : e->len);
+            fp_field(md, e->vocab_str ? e->vocab_str : e->str,
+                     e->vocab_str ? e->vocab_len : e->len);
         }
     }
     fp_str(md, "added");
@@ -1231,8 +1244,8 @@ tdm_status tdm_tok_load_json(const char *json, size_t len, const char *origin, t
     if ((st = check_top_level(&ctx, root)) != TDM_OK ||
         (st = load_normalizer(tok, &ctx, cJSON_GetObjectItemCaseSensitive(root, "normalizer"),
                               "normalizer")) != TDM_OK ||
-        (st = load_pre_tokenizer(tok, &ctx, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"))) !=
-            TDM_OK ||
+        (st = load_pre_tokenizer(
+             tok, &ctx, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"))) != TDM_OK ||
         (st = check_decoder(&ctx, cJSON_GetObjectItemCaseSensitive(root, "decoder"))) != TDM_OK ||
         (st = load_model(tok, &ctx, cJSON_GetObjectItemCaseSensitive(root, "model"))) != TDM_OK) {
         cJSON_Delete(root);
@@ -1586,7 +1599,8 @@ tdm_status tdm_tok_chatml(const tdm_tok_message *msgs, size_t n_msgs, bool add_g
         }
         if (content == NULL) {
             free(b.p);
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "messages[%zu].content: missing", i);
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "messages[%zu].content: missing",
+                                 i);
         }
         ok = buf_append(&b, "<|im_start|>", 12) && buf_append(&b, role, strlen(role)) &&
              buf_append(&b, "\n", 1) && buf_append(&b, content, strlen(content)) &&
@@ -1643,8 +1657,75 @@ static tdm_status tok__nfc(const char *s, size_t n, char **out, size_t *out_len)
     return TDM_OK;
 }
 
+/* A code point is NFC-inert when NFC can neither decompose it, reorder it
+ * nor compose it with what precedes it: combining class 0, no canonical
+ * decomposition, and not the second half of any composition (utf8proc marks
+ * those with comb_index >= 0x8000; Hangul V and T jamo compose
+ * algorithmically). A text of inert code points is its own NFC, so the
+ * common case skips utf8proc_map. */
+static tdm_status nfc_inert_init(tdm_tokenizer *tok)
+{
+    tok->nfc_inert = calloc(TOK_NFC_INERT_LIMIT / 8, 1);
+    if (tok->nfc_inert == NULL)
+        return TDM_ERR_RESOURCE_EXHAUSTED;
+    for (uint32_t cp = 0; cp < TOK_NFC_INERT_LIMIT; cp++) {
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        bool second = p->comb_index != UINT16_MAX && p->comb_index >= 0x8000;
+        bool jamo_vt = (cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2);
+        if (p->combining_class != 0 || second || jamo_vt)
+            continue;
+        bool inert = !(p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0);
+        if (cp >= 0xAC00 && cp <= 0xD7A3) {
+            inert = true; /* Hangul syllables recompose algorithmically */
+        } else if (!inert) {
+            /* A precomposed character stays as it is when NFC recomposes it
+             * and its decomposition starts with a starter that cannot
+             * compose with what precedes it. */
+            utf8proc_int32_t d[8];
+            int last = 0;
+            utf8proc_ssize_t nd =
+                utf8proc_decompose_char((utf8proc_int32_t)cp, d, 8, UTF8PROC_DECOMPOSE, &last);
+            char u[4];
+            int ul = utf8_put(cp, u);
+            char *norm = NULL;
+            size_t nl = 0;
+            if (nd > 0 && nd <= 8 && tok__nfc(u, (size_t)ul, &norm, &nl) == TDM_OK) {
+                const utf8proc_property_t *f = utf8proc_get_property(d[0]);
+                inert = nl == (size_t)ul && memcmp(norm, u, nl) == 0 && f->combining_class == 0 &&
+                        !(f->comb_index != UINT16_MAX && f->comb_index >= 0x8000);
+            }
+            free(norm);
+        }
+        if (inert)
+            tok->nfc_inert[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+    }
+    return TDM_OK;
+}
+
+static bool text_is_nfc_inert(const tdm_tokenizer *tok, const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        if (p[i] < 0xCC) { /* ASCII, continuation bytes and leads below U+0300 */
+            i++;
+            continue;
+        }
+        int k = tok__utf8_class(p + i, n - i);
+        if (k <= 0)
+            return false;
+        uint32_t cp = utf8_get(p + i, k);
+        if (cp >= TOK_NFC_INERT_LIMIT || !(tok->nfc_inert[cp >> 3] & (1u << (cp & 7))))
+            return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
 static tdm_status tok__cache_init(tdm_tokenizer *tok)
 {
+    if (tok->nfc && nfc_inert_init(tok) != TDM_OK)
+        return TDM_ERR_RESOURCE_EXHAUSTED;
     tok->cache = calloc(TOK_CACHE_SLOTS, sizeof(*tok->cache));
     return tok->cache ? TDM_OK : TDM_ERR_RESOURCE_EXHAUSTED;
 }
@@ -1653,6 +1734,8 @@ static void tok__cache_free(tdm_tokenizer *tok)
 {
     free(tok->cache);
     tok->cache = NULL;
+    free(tok->nfc_inert);
+    tok->nfc_inert = NULL;
 }
 
 /* A pending merge of the symbol at `pos` with its right neighbour. */
@@ -1873,7 +1956,8 @@ static bool encode_word(enc_ctx *c, const unsigned char *w, size_t n)
     if (!bpe_word(c, w, n))
         return false;
     size_t k = c->n - before;
-    if (cacheable && k <= TOK_CACHE_MAX_IDS && pthread_mutex_trylock(&c->tok_mut->cache_lock) == 0) {
+    if (cacheable && k <= TOK_CACHE_MAX_IDS &&
+        pthread_mutex_trylock(&c->tok_mut->cache_lock) == 0) {
         slot->hash = h;
         slot->klen = (uint8_t)n;
         slot->n_ids = (uint8_t)k;
@@ -2029,14 +2113,7 @@ static tdm_status after_normalized_tokens(enc_ctx *c, const char *s, size_t n)
 static tdm_status after_raw_tokens(enc_ctx *c, const char *s, size_t n)
 {
     const tdm_tokenizer *tok = c->tok;
-    bool need_nfc = false;
-    if (tok->nfc) {
-        /* Text below U+0300 (lead bytes < 0xCC) is NFC whatever follows it
-         * in the piece: composition needs a combining mark or jamo. */
-        for (size_t i = 0; i < n && !need_nfc; i++)
-            need_nfc = (unsigned char)s[i] >= 0xCC;
-    }
-    if (!need_nfc)
+    if (!tok->nfc || text_is_nfc_inert(tok, s, n))
         return split_added(c, &tok->match_norm, s, n, after_normalized_tokens);
     char *norm;
     size_t nlen;

@@ -67,8 +67,8 @@ tdm_status tdm_tok_load(const char *path, tdm_tokenizer **out, tdm_error *err);
 
 /* Same from a buffer holding the JSON text (len bytes, need not end in NUL).
  * `origin` names the source in error messages (a path, "<buffer>"). */
-tdm_status tdm_tok_load_json(const char *json, size_t len, const char *origin,
-                             tdm_tokenizer **out, tdm_error *err);
+tdm_status tdm_tok_load_json(const char *json, size_t len, const char *origin, tdm_tokenizer **out,
+                             tdm_error *err);
 
 void tdm_tok_destroy(tdm_tokenizer *tok);
 

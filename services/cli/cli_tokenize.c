@@ -53,13 +53,12 @@ static void tokenize_usage(FILE *out)
 
 static void detokenize_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: tandem detokenize --tokenizer FILE [--skip-special] [ID ...]\n"
-            "\n"
-            "Prints the text of the token ids given as arguments, or read from stdin\n"
-            "(separated by spaces, commas, brackets or newlines) when none are given.\n"
-            "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE)\n"
-            "  --skip-special     leave special tokens out\n");
+    fprintf(out, "usage: tandem detokenize --tokenizer FILE [--skip-special] [ID ...]\n"
+                 "\n"
+                 "Prints the text of the token ids given as arguments, or read from stdin\n"
+                 "(separated by spaces, commas, brackets or newlines) when none are given.\n"
+                 "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE)\n"
+                 "  --skip-special     leave special tokens out\n");
 }
 
 static tdm_tokenizer *open_tokenizer(const char *path)

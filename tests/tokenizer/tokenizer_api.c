@@ -11,41 +11,13 @@
  */
 #include "tokenizer.h"
 
+#include "tok_test.h"
+
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
-        exit(2);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n)
-        exit(2);
-    b[n] = '\0';
-    fclose(f);
-    return b;
-}
 
 static tdm_tokenizer *load(const char *dir, const char *name)
 {
@@ -119,7 +91,11 @@ static void test_stream(const tdm_tokenizer *tok)
     /* An invalid continuation ends the pending sequence: U+FFFD then 'a'. */
     tdm_tok_stream_push(s, byte_token(tok, 0xF0), &t, &n, &err);
     tdm_tok_stream_push(s, byte_token(tok, 'a'), &t, &n, &err);
-    CHECK(n == 4 && memcmp(t, "\xEF\xBF\xBD" "a", 4) == 0, "F0 then 'a'");
+    CHECK(n == 4 && memcmp(t,
+                           "\xEF\xBF\xBD"
+                           "a",
+                           4) == 0,
+          "F0 then 'a'");
     tdm_tok_stream_flush(s, &t, &n);
     CHECK(n == 0, "nothing pending");
     tdm_tok_stream_destroy(s);
@@ -134,8 +110,14 @@ static void test_stream(const tdm_tokenizer *tok)
         {{0xED, 0xA0, 0x80}, 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* surrogate: 3 */
         {{0xF0, 0x9F, 0x98}, 3, "\xEF\xBF\xBD"},                         /* truncated: 1 */
         {{0xC0, 0xAF}, 2, "\xEF\xBF\xBD\xEF\xBF\xBD"},                   /* overlong: 2 */
-        {{0xE1, 0x80, 0x41}, 3, "\xEF\xBF\xBD" "A"},                     /* E1 80 then A */
-        {{0xFF, 0x41}, 2, "\xEF\xBF\xBD" "A"},
+        {{0xE1, 0x80, 0x41},
+         3,
+         "\xEF\xBF\xBD"
+         "A"}, /* E1 80 then A */
+        {{0xFF, 0x41},
+         2,
+         "\xEF\xBF\xBD"
+         "A"},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) {
         int32_t ids[6];
@@ -152,8 +134,7 @@ static void test_stream(const tdm_tokenizer *tok)
 
 static void test_chat(const tdm_tokenizer *tok)
 {
-    tdm_tok_message msgs[] = {{"system", "You are a helpful assistant."},
-                              {"user", "Hello, 世界!"}};
+    tdm_tok_message msgs[] = {{"system", "You are a helpful assistant."}, {"user", "Hello, 世界!"}};
     char *text;
     size_t len;
     tdm_error err = {0};
@@ -176,12 +157,13 @@ static void test_chat(const tdm_tokenizer *tok)
     }
     CHECK(starts == 3 && ends == 2, "im_start x%d, im_end x%d", starts, ends);
     char *back;
-    CHECK(tdm_tok_decode(tok, ids, n, false, &back, NULL, &err) == TDM_OK && strcmp(back, want) == 0,
+    CHECK(tdm_tok_decode(tok, ids, n, false, &back, NULL, &err) == TDM_OK &&
+              strcmp(back, want) == 0,
           "chat round trip");
     free(back);
     CHECK(tdm_tok_decode(tok, ids, n, true, &back, NULL, &err) == TDM_OK &&
-              strcmp(back, "system\nYou are a helpful assistant.\nuser\nHello, 世界!\nassistant\n") ==
-                  0,
+              strcmp(back,
+                     "system\nYou are a helpful assistant.\nuser\nHello, 世界!\nassistant\n") == 0,
           "chat decode without specials: %s", back);
     free(back);
     free(ids);
@@ -198,7 +180,7 @@ static void test_lookups(const char *dir, const char *name)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/%s.tokenizer.json", dir, name);
-    char *s = slurp(path);
+    char *s = tok_test_slurp(path, NULL);
     cJSON *j = cJSON_Parse(s);
     free(s);
     tdm_tokenizer *tok = load(dir, name);
@@ -212,8 +194,8 @@ static void test_lookups(const char *dir, const char *name)
         const char *t = tdm_tok_id_to_token(tok, id, &len);
         CHECK(t && len == strlen(it->string) && memcmp(t, it->string, len) == 0,
               "%s: id_to_token(%d)", name, id);
-        CHECK(tdm_tok_token_to_id(tok, it->string, strlen(it->string)) == id,
-              "%s: token_to_id(%s)", name, it->string);
+        CHECK(tdm_tok_token_to_id(tok, it->string, strlen(it->string)) == id, "%s: token_to_id(%s)",
+              name, it->string);
     }
     int32_t endoftext = -1, im_start = -1, im_end = -1;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(j, "added_tokens"))
@@ -285,7 +267,7 @@ static void test_fingerprint(const char *dir)
     tdm_error err = {0};
     CHECK(tdm_tok_fingerprint_file(path, fp, &err) == TDM_OK, "fingerprint_file: %s", err.msg);
     CHECK(strlen(fp) == 64 && strspn(fp, "0123456789abcdef") == 64, "fingerprint hex: %s", fp);
-    char *s = slurp(path);
+    char *s = tok_test_slurp(path, NULL);
     cJSON *j = cJSON_Parse(s);
     free(s);
 
@@ -309,7 +291,8 @@ static void test_fingerprint(const char *dir)
     cJSON_Delete(r);
     /* Decoder options do not change ids or text, so they do not count. */
     r = cJSON_Duplicate(j, 1);
-    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(r, "decoder"), "trim_offsets", cJSON_CreateFalse());
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(r, "decoder"), "trim_offsets",
+                              cJSON_CreateFalse());
     CHECK(fp_of(r, false, fp2) == TDM_OK && strcmp(fp, fp2) == 0, "decoder flags change it");
     cJSON_Delete(r);
 
@@ -385,22 +368,14 @@ static void test_threads(const char *dir)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/corpus.jsonl", dir);
-    char *buf = slurp(path);
-    size_t n = 0, cap = 4096;
-    char **texts = malloc(cap * sizeof(*texts));
-    for (char *p = buf; *p;) {
-        char *e = strchr(p, '\n');
-        if (e)
-            *e = '\0';
-        cJSON *j = cJSON_Parse(p);
-        if (j && n < cap)
-            texts[n++] = strdup(cJSON_GetObjectItem(j, "text")->valuestring);
-        cJSON_Delete(j);
-        if (!e)
-            break;
-        p = e + 1;
+    size_t n;
+    cJSON **lines = tok_test_jsonl(path, &n);
+    char **texts = malloc(n * sizeof(*texts));
+    for (size_t i = 0; i < n; i++) {
+        texts[i] = strdup(cJSON_GetObjectItem(lines[i], "text")->valuestring);
+        cJSON_Delete(lines[i]);
     }
-    free(buf);
+    free(lines);
     tdm_tokenizer *tok = load(dir, "qwen35_bpe8000");
     int32_t **ids = malloc(n * sizeof(*ids));
     size_t *n_ids = malloc(n * sizeof(*n_ids));
@@ -447,9 +422,9 @@ int main(int argc, char **argv)
     test_lookups(argv[1], "gpt2_bpe2000");
     test_fingerprint(argv[1]);
     test_threads(argv[1]);
-    if (failures)
-        fprintf(stderr, "%d checks failed\n", failures);
+    if (tok_test_failures)
+        fprintf(stderr, "%d checks failed\n", tok_test_failures);
     else
         printf("all checks passed\n");
-    return failures ? 1 : 0;
+    return tok_test_failures ? 1 : 0;
 }

@@ -10,40 +10,12 @@
  */
 #include "tokenizer.h"
 
+#include "tok_test.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
-        exit(2);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n)
-        exit(2);
-    b[n] = '\0';
-    fclose(f);
-    return b;
-}
 
 /* Loads `j` and expects failure with `code` and every needle in the message. */
 static void expect_load_error(const char *what, cJSON *j, tdm_status code, const char *needle1,
@@ -98,9 +70,10 @@ static void feature_errors(void)
     cJSON_Delete(j);
 
     j = fresh();
-    cJSON_ReplaceItemInObject(at(j, "model"), "continuing_subword_prefix", cJSON_CreateString("##"));
-    expect_load_error("subword prefix", j, TDM_ERR_UNIMPLEMENTED,
-                      "model.continuing_subword_prefix", NULL);
+    cJSON_ReplaceItemInObject(at(j, "model"), "continuing_subword_prefix",
+                              cJSON_CreateString("##"));
+    expect_load_error("subword prefix", j, TDM_ERR_UNIMPLEMENTED, "model.continuing_subword_prefix",
+                      NULL);
     cJSON_Delete(j);
 
     j = fresh();
@@ -112,8 +85,8 @@ static void feature_errors(void)
     cJSON_ReplaceItemInObject(j, "normalizer",
                               cJSON_Parse("{\"type\": \"Sequence\", \"normalizers\": "
                                           "[{\"type\": \"NFC\"}, {\"type\": \"NFKC\"}]}"));
-    expect_load_error("normalizer sequence", j, TDM_ERR_UNIMPLEMENTED,
-                      "normalizer.normalizers[1]", "NFKC");
+    expect_load_error("normalizer sequence", j, TDM_ERR_UNIMPLEMENTED, "normalizer.normalizers[1]",
+                      "NFKC");
     cJSON_Delete(j);
 
     j = fresh();
@@ -133,8 +106,8 @@ static void feature_errors(void)
     j = fresh();
     split = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 0);
     cJSON_ReplaceItemInObject(split, "pattern", cJSON_Parse("{\"Regex\": \"(unclosed\"}"));
-    expect_load_error("bad regex", j, TDM_ERR_UNIMPLEMENTED, "pre_tokenizer.pretokenizers[0].pattern",
-                      "PCRE2");
+    expect_load_error("bad regex", j, TDM_ERR_UNIMPLEMENTED,
+                      "pre_tokenizer.pretokenizers[0].pattern", "PCRE2");
     cJSON_Delete(j);
 
     j = fresh();
@@ -224,7 +197,7 @@ static void file_errors(const char *good_path)
     st = tdm_tok_fingerprint_file("/nonexistent/tokenizer.json", fp, &err);
     CHECK(st == TDM_ERR_NOT_FOUND, "fingerprint of a missing file: %s", tdm_status_name(st));
 
-    char *good = slurp(good_path);
+    char *good = tok_test_slurp(good_path, NULL);
     size_t n = strlen(good);
     /* Cut in the middle: not valid JSON any more. */
     st = tdm_tok_load_json(good, n / 2, "half.json", &tok, &err);
@@ -252,11 +225,11 @@ static void encode_decode_errors(tdm_tokenizer *tok)
     } bad[] = {
         {"abc\xff", 4, "byte offset 3"},
         {"\x80 leading continuation", 23, "byte offset 0"},
-        {"ok \xe2\x82", 5, "byte offset 3"},         /* truncated at the end */
-        {"ok \xe2\x82 more", 10, "byte offset 3"},   /* truncated in the middle */
-        {"\xc0\x80", 2, "byte offset 0"},             /* overlong NUL */
-        {"xy\xed\xa0\x80", 5, "byte offset 2"},       /* UTF-16 surrogate */
-        {"\xf4\x90\x80\x80", 4, "byte offset 0"},     /* above U+10FFFF */
+        {"ok \xe2\x82", 5, "byte offset 3"},       /* truncated at the end */
+        {"ok \xe2\x82 more", 10, "byte offset 3"}, /* truncated in the middle */
+        {"\xc0\x80", 2, "byte offset 0"},          /* overlong NUL */
+        {"xy\xed\xa0\x80", 5, "byte offset 2"},    /* UTF-16 surrogate */
+        {"\xf4\x90\x80\x80", 4, "byte offset 0"},  /* above U+10FFFF */
         {"<|im_end|>\xfe", 11, "byte offset 10"},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(bad); i++) {
@@ -319,7 +292,7 @@ int main(int argc, char **argv)
     }
     char path[4096];
     snprintf(path, sizeof(path), "%s/qwen2_bpe1000.tokenizer.json", argv[1]);
-    char *text = slurp(path);
+    char *text = tok_test_slurp(path, NULL);
     base = cJSON_Parse(text);
     free(text);
     if (base == NULL) {
@@ -353,7 +326,7 @@ int main(int argc, char **argv)
     printf("%-34s -> %s: %s\n", "ChatML without <|im_start|>", tdm_status_name(st), err.msg);
     tdm_tok_destroy(tok);
     cJSON_Delete(base);
-    if (failures)
-        fprintf(stderr, "%d checks failed\n", failures);
-    return failures ? 1 : 0;
+    if (tok_test_failures)
+        fprintf(stderr, "%d checks failed\n", tok_test_failures);
+    return tok_test_failures ? 1 : 0;
 }

@@ -12,59 +12,11 @@
  */
 #include "tokenizer.h"
 
-#include <cjson/cJSON.h>
+#include "tok_test.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
-        exit(2);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b == NULL || fread(b, 1, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "cannot read %s\n", path);
-        exit(2);
-    }
-    b[n] = '\0';
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-/* Splits a JSONL buffer in place; returns the parsed lines (caller frees). */
-static cJSON **parse_lines(char *buf, size_t *n_out, const char *what)
-{
-    size_t cap = 1024, n = 0;
-    cJSON **v = malloc(cap * sizeof(*v));
-    char *p = buf;
-    while (*p) {
-        char *e = strchr(p, '\n');
-        if (e)
-            *e = '\0';
-        if (*p) {
-            cJSON *j = cJSON_Parse(p);
-            if (j == NULL) {
-                fprintf(stderr, "%s line %zu: bad JSON\n", what, n + 1);
-                exit(2);
-            }
-            if (n == cap)
-                v = realloc(v, (cap *= 2) * sizeof(*v));
-            v[n++] = j;
-        }
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    *n_out = n;
-    return v;
-}
 
 static void print_escaped(const char *label, const char *s, size_t n)
 {
@@ -105,10 +57,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "load failed: %s\n", err.msg);
         return 1;
     }
-    size_t clen, elen, nc, ne;
-    char *cbuf = slurp(argv[1], &clen), *ebuf = slurp(argv[3], &elen);
-    cJSON **corpus = parse_lines(cbuf, &nc, "corpus");
-    cJSON **exp = parse_lines(ebuf, &ne, "expected");
+    size_t nc, ne;
+    cJSON **corpus = tok_test_jsonl(argv[1], &nc);
+    cJSON **exp = tok_test_jsonl(argv[3], &ne);
     if (nc != ne || nc < 2000) {
         fprintf(stderr, "corpus has %zu lines, expected file %zu (need equal, >= 2000)\n", nc, ne);
         return 1;
@@ -191,8 +142,8 @@ int main(int argc, char **argv)
             const char *t;
             size_t tl;
             tdm_tok_stream_flush(stream, &t, &tl);
-            if (ok && (cl + tl != dlen || memcmp(cat, dec, cl) != 0 ||
-                       memcmp(t, dec + cl, tl) != 0)) {
+            if (ok &&
+                (cl + tl != dlen || memcmp(cat, dec, cl) != 0 || memcmp(t, dec + cl, tl) != 0)) {
                 fprintf(stderr, "line %zu: streamed text differs from one-shot decode\n", i + 1);
                 print_escaped("one-shot", dec, dlen);
                 ok = false;
@@ -232,8 +183,6 @@ int main(int argc, char **argv)
     }
     free(corpus);
     free(exp);
-    free(cbuf);
-    free(ebuf);
     tdm_tok_destroy(tok);
     return failures ? 1 : 0;
 }
