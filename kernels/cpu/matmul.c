@@ -1,21 +1,21 @@
 /*
  * matmul.c - y [R,out] (+)= x [R,in] · wᵀ for fp32 and bf16 weights.
  *
- * Threads split the output columns. Each (row, column) dot product follows
- * one fixed order of operations whether its row is computed alone or in a
- * tile of four: two 8-lane accumulators over 16-element steps, one optional
- * 8-element step into the first, a horizontal sum, then the scalar tail. So
- * results do not depend on R or on how rows are batched, which the engine's
+ * Threads claim chunks of output columns. Every (row, column) dot product
+ * follows one fixed order of operations: one 8-lane accumulator over the
+ * 8-element steps of k, a horizontal sum of its lanes in order, then the
+ * scalar tail. Tiles only decide how many of these independent dot products
+ * run side by side (4 rows x 2 columns when at least four rows remain, else
+ * 1 row x 4 columns, else 1 x 1), never how one is computed. So a row's
+ * result does not depend on R or on how rows are batched, which the engine's
  * bit-identical commit strategies rely on. An AVX2/FMA path is chosen at run
- * time; the portable path follows the same lane structure.
+ * time; the portable path has the same lane structure (without FMA).
  */
 #include "cpu_internal.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-
-#define MM_TILE 4
 
 typedef struct mm_args {
     float *y;
@@ -31,32 +31,32 @@ static inline float mm_w(const void *w, tdm_dtype dt, size_t i)
     return dt == TDM_DTYPE_BF16 ? cpu_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-/* Portable path: emulates the 2x8-lane structure with arrays. */
+static inline void mm_store(const mm_args *a, int r, int o, float s)
+{
+    float *yp = a->y + (size_t)r * (size_t)a->out + (size_t)o;
+    *yp = a->acc ? *yp + s : s;
+}
+
+/* Portable path: the same 8-lane structure with an array. */
 static float mm_dot_portable(const float *x, const void *w, tdm_dtype dt, size_t wo, int in)
 {
-    float a0[8] = {0}, a1[8] = {0};
+    float acc[8] = {0};
     int k = 0;
-    for (; k + 16 <= in; k += 16)
-        for (int l = 0; l < 8; l++) {
-            a0[l] += mm_w(w, dt, wo + (size_t)k + (size_t)l) * x[k + l];
-            a1[l] += mm_w(w, dt, wo + (size_t)k + 8 + (size_t)l) * x[k + 8 + l];
-        }
-    if (k + 8 <= in) {
+    for (; k + 8 <= in; k += 8)
         for (int l = 0; l < 8; l++)
-            a0[l] += mm_w(w, dt, wo + (size_t)k + (size_t)l) * x[k + l];
-        k += 8;
-    }
+            acc[l] += mm_w(w, dt, wo + (size_t)k + (size_t)l) * x[k + l];
     float s = 0;
     for (int l = 0; l < 8; l++)
-        s += a0[l] + a1[l];
+        s += acc[l];
     for (; k < in; k++)
         s += mm_w(w, dt, wo + (size_t)k) * x[k];
     return s;
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) static inline __m256 mm_load8(const void *w, tdm_dtype dt,
-                                                                   size_t i)
+#define MM_AVX __attribute__((target("avx2,fma")))
+
+MM_AVX static inline __m256 mm_load8(const void *w, tdm_dtype dt, size_t i)
 {
     if (dt == TDM_DTYPE_BF16) {
         __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
@@ -65,82 +65,107 @@ __attribute__((target("avx2,fma"))) static inline __m256 mm_load8(const void *w,
     return _mm256_loadu_ps((const float *)w + i);
 }
 
-__attribute__((target("avx2,fma"))) static inline float mm_hsum(__m256 a0, __m256 a1)
+/* Lanes summed in order 0..7, then the scalar tail from k8. */
+MM_AVX static inline float mm_finish(__m256 acc, const float *x, const void *w, tdm_dtype dt,
+                                     size_t wo, int k8, int in)
 {
     float t[8];
-    _mm256_storeu_ps(t, _mm256_add_ps(a0, a1));
+    _mm256_storeu_ps(t, acc);
     float s = 0;
     for (int l = 0; l < 8; l++)
         s += t[l];
+    for (int k = k8; k < in; k++)
+        s += mm_w(w, dt, wo + (size_t)k) * x[k];
     return s;
 }
 
-/* Columns [o0, o1) for all rows, rows in tiles of MM_TILE. */
-__attribute__((target("avx2,fma"))) static void mm_avx2(const mm_args *a, int o0, int o1)
+/* 4 rows x 2 columns. */
+MM_AVX static void mm_tile_4x2(const mm_args *a, int r, int o)
 {
-    const int in = a->in;
-    for (int o = o0; o < o1; o++) {
-        size_t wo = (size_t)o * (size_t)in;
-        int r = 0;
-        for (; r + MM_TILE <= a->R; r += MM_TILE) {
-            /* Explicit registers: arrays of __m256 end up on the stack. */
-            const float *x0 = a->x + (size_t)r * (size_t)in, *x1 = x0 + in, *x2 = x1 + in,
-                        *x3 = x2 + in;
-            __m256 p0 = _mm256_setzero_ps(), q0 = p0, p1 = p0, q1 = p0, p2 = p0, q2 = p0,
-                   p3 = p0, q3 = p0;
-            int k = 0;
-            for (; k + 16 <= in; k += 16) {
-                __m256 w0 = mm_load8(a->w, a->dt, wo + (size_t)k);
-                __m256 w1 = mm_load8(a->w, a->dt, wo + (size_t)k + 8);
-                p0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), p0);
-                q0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + k + 8), q0);
-                p1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), p1);
-                q1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + k + 8), q1);
-                p2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), p2);
-                q2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + k + 8), q2);
-                p3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + k), p3);
-                q3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + k + 8), q3);
-            }
-            int k8 = k;
-            if (k + 8 <= in) {
-                __m256 w0 = mm_load8(a->w, a->dt, wo + (size_t)k);
-                p0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), p0);
-                p1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), p1);
-                p2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), p2);
-                p3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + k), p3);
-                k8 = k + 8;
-            }
-            float s[MM_TILE] = {mm_hsum(p0, q0), mm_hsum(p1, q1), mm_hsum(p2, q2),
-                                mm_hsum(p3, q3)};
-            for (int t = 0; t < MM_TILE; t++) {
-                const float *xr = a->x + (size_t)(r + t) * (size_t)in;
-                for (int kk = k8; kk < in; kk++)
-                    s[t] += mm_w(a->w, a->dt, wo + (size_t)kk) * xr[kk];
-                float *yp = a->y + (size_t)(r + t) * (size_t)a->out + o;
-                *yp = a->acc ? *yp + s[t] : s[t];
-            }
-        }
-        for (; r < a->R; r++) {
-            const float *xr = a->x + (size_t)r * (size_t)in;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int k = 0;
-            for (; k + 16 <= in; k += 16) {
-                a0 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, wo + (size_t)k), _mm256_loadu_ps(xr + k),
-                                     a0);
-                a1 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, wo + (size_t)k + 8),
-                                     _mm256_loadu_ps(xr + k + 8), a1);
-            }
-            if (k + 8 <= in) {
-                a0 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, wo + (size_t)k), _mm256_loadu_ps(xr + k),
-                                     a0);
-                k += 8;
-            }
-            float s = mm_hsum(a0, a1);
-            for (; k < in; k++)
-                s += mm_w(a->w, a->dt, wo + (size_t)k) * xr[k];
-            float *yp = a->y + (size_t)r * (size_t)a->out + o;
-            *yp = a->acc ? *yp + s : s;
-        }
+    const int in = a->in, K8 = in & ~7;
+    const float *x0 = a->x + (size_t)r * (size_t)in, *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in;
+    const size_t w0o = (size_t)o * (size_t)in, w1o = w0o + (size_t)in;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00;
+    for (int k = 0; k < K8; k += 8) {
+        __m256 w0 = mm_load8(a->w, a->dt, w0o + (size_t)k);
+        __m256 w1 = mm_load8(a->w, a->dt, w1o + (size_t)k);
+        __m256 v = _mm256_loadu_ps(x0 + k);
+        c00 = _mm256_fmadd_ps(w0, v, c00);
+        c01 = _mm256_fmadd_ps(w1, v, c01);
+        v = _mm256_loadu_ps(x1 + k);
+        c10 = _mm256_fmadd_ps(w0, v, c10);
+        c11 = _mm256_fmadd_ps(w1, v, c11);
+        v = _mm256_loadu_ps(x2 + k);
+        c20 = _mm256_fmadd_ps(w0, v, c20);
+        c21 = _mm256_fmadd_ps(w1, v, c21);
+        v = _mm256_loadu_ps(x3 + k);
+        c30 = _mm256_fmadd_ps(w0, v, c30);
+        c31 = _mm256_fmadd_ps(w1, v, c31);
+    }
+    mm_store(a, r, o, mm_finish(c00, x0, a->w, a->dt, w0o, K8, in));
+    mm_store(a, r, o + 1, mm_finish(c01, x0, a->w, a->dt, w1o, K8, in));
+    mm_store(a, r + 1, o, mm_finish(c10, x1, a->w, a->dt, w0o, K8, in));
+    mm_store(a, r + 1, o + 1, mm_finish(c11, x1, a->w, a->dt, w1o, K8, in));
+    mm_store(a, r + 2, o, mm_finish(c20, x2, a->w, a->dt, w0o, K8, in));
+    mm_store(a, r + 2, o + 1, mm_finish(c21, x2, a->w, a->dt, w1o, K8, in));
+    mm_store(a, r + 3, o, mm_finish(c30, x3, a->w, a->dt, w0o, K8, in));
+    mm_store(a, r + 3, o + 1, mm_finish(c31, x3, a->w, a->dt, w1o, K8, in));
+}
+
+/* 1 row x 4 columns: four independent chains keep the FMA unit busy while
+ * the weights stream (the batch-1 decode case). */
+MM_AVX static void mm_tile_1x4(const mm_args *a, int r, int o)
+{
+    const int in = a->in, K8 = in & ~7;
+    const float *x0 = a->x + (size_t)r * (size_t)in;
+    const size_t w0o = (size_t)o * (size_t)in, w1o = w0o + (size_t)in, w2o = w1o + (size_t)in,
+                 w3o = w2o + (size_t)in;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    for (int k = 0; k < K8; k += 8) {
+        __m256 v = _mm256_loadu_ps(x0 + k);
+        c0 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w0o + (size_t)k), v, c0);
+        c1 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w1o + (size_t)k), v, c1);
+        c2 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w2o + (size_t)k), v, c2);
+        c3 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w3o + (size_t)k), v, c3);
+    }
+    mm_store(a, r, o, mm_finish(c0, x0, a->w, a->dt, w0o, K8, in));
+    mm_store(a, r, o + 1, mm_finish(c1, x0, a->w, a->dt, w1o, K8, in));
+    mm_store(a, r, o + 2, mm_finish(c2, x0, a->w, a->dt, w2o, K8, in));
+    mm_store(a, r, o + 3, mm_finish(c3, x0, a->w, a->dt, w3o, K8, in));
+}
+
+MM_AVX static void mm_tile_1x1(const mm_args *a, int r, int o)
+{
+    const int in = a->in, K8 = in & ~7;
+    const float *x0 = a->x + (size_t)r * (size_t)in;
+    const size_t wo = (size_t)o * (size_t)in;
+    __m256 c = _mm256_setzero_ps();
+    for (int k = 0; k < K8; k += 8)
+        c = _mm256_fmadd_ps(mm_load8(a->w, a->dt, wo + (size_t)k), _mm256_loadu_ps(x0 + k), c);
+    mm_store(a, r, o, mm_finish(c, x0, a->w, a->dt, wo, K8, in));
+}
+
+/* Columns [o0, o1) for all rows. Column pairs outer so a pair's weights stay
+ * in L1 while every row tile passes over them. */
+MM_AVX static void mm_avx2(const mm_args *a, int o0, int o1)
+{
+    const int R4 = a->R & ~3;
+    int o = o0;
+    if (R4 > 0) {
+        for (; o + 2 <= o1; o += 2)
+            for (int r = 0; r < R4; r += 4)
+                mm_tile_4x2(a, r, o);
+        for (; o < o1; o++)
+            for (int r = 0; r < R4; r++)
+                mm_tile_1x1(a, r, o);
+    }
+    for (int r = R4; r < a->R; r++) {
+        o = o0;
+        for (; o + 4 <= o1; o += 4)
+            mm_tile_1x4(a, r, o);
+        for (; o < o1; o++)
+            mm_tile_1x1(a, r, o);
     }
 }
 #endif
@@ -148,8 +173,6 @@ __attribute__((target("avx2,fma"))) static void mm_avx2(const mm_args *a, int o0
 static void mm_task(void *vp, int chunk)
 {
     const mm_args *a = vp;
-    /* Contiguous column ranges, aligned to 8 so threads do not share cache
-     * lines of y more than necessary. */
     int o0 = chunk * a->cols, o1 = o0 + a->cols;
     if (o1 > a->out)
         o1 = a->out;
@@ -162,19 +185,18 @@ static void mm_task(void *vp, int chunk)
     }
 #endif
     for (int o = o0; o < o1; o++)
-        for (int r = 0; r < a->R; r++) {
-            float s = mm_dot_portable(a->x + (size_t)r * (size_t)a->in, a->w, a->dt,
-                                      (size_t)o * (size_t)a->in, a->in);
-            float *yp = a->y + (size_t)r * (size_t)a->out + o;
-            *yp = a->acc ? *yp + s : s;
-        }
+        for (int r = 0; r < a->R; r++)
+            mm_store(a, r, o,
+                     mm_dot_portable(a->x + (size_t)r * (size_t)a->in, a->w, a->dt,
+                                     (size_t)o * (size_t)a->in, a->in));
 }
 
 void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int in, int out,
                 int accumulate)
 {
     /* About 8 chunks per thread: small enough to rebalance when a thread
-     * stalls, large enough to keep the claim cost negligible. */
+     * stalls, large enough to keep the claim cost negligible. Chunks hold a
+     * multiple of 8 columns so threads do not share cache lines of y. */
     int nth = tdm_pool_size(c->pool);
     int cols = (out + 8 * nth - 1) / (8 * nth);
     cols = (cols + 7) & ~7;
