@@ -601,7 +601,34 @@ def case_interop():
     check(len(status(gw)["replicas"]) == 2, "serving after garbage")
 
 
+def case_run_script():
+    """scripts/run.sh (the README's main command) without its build step."""
+    import socket
+    base = None
+    for _ in range(50):
+        cand = 20000 + (os.getpid() * 37 + _ * 101) % 40000
+        ok = True
+        for off in (0, 1, 10, 11, 20, 21):
+            sk = socket.socket()
+            try:
+                sk.bind(("127.0.0.1", cand + off))
+            except OSError:
+                ok = False
+            finally:
+                sk.close()
+        if ok:
+            base = cand
+            break
+    build = os.path.dirname(os.path.dirname(os.path.dirname(binary("tandem"))))
+    rc, out, err = run([os.path.join(ARGS.source, "scripts", "run.sh"), "--no-build",
+                        "--build-dir", build, "--port-base", str(base), "--once"])
+    check(rc == 0, "run.sh --once exits 0: rc %d\n%s%s" % (rc, out, err))
+    check("pairs formed (1):" in out, "the pair is formed:\n" + out)
+    check("127.0.0.1:%d" % base in out and "stopped" not in err, "gateway address shown")
+
+
 CASES = {
+    "run_script": case_run_script,
     "pair_formed": case_pair_formed,
     "refusals": case_refusals,
     "ttl": case_ttl,

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The main command: installs the Debian packages tandem needs, builds it into
+# build/, starts tandem-gateway, tandem-verifier and tandem-drafter as separate
+# processes on loopback (with the bundled demo models when models/ has them),
+# waits until both replicas are registered and paired, prints `tandem status`,
+# then runs until Ctrl-C / SIGTERM and stops all three cleanly.
+#
+#   scripts/run.sh [--no-build] [--build-dir DIR] [--port-base N] [--once]
+#
+# --port-base N   gateway on N (health N+1), verifier N+10 (N+11), drafter
+#                 N+20 (N+21); default 7700, the services' own defaults.
+# --once          stop right after printing the status (for tests and CI).
+# Logs go to BUILD_DIR/run/<service>.log.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build_dir="$root/build"
+do_build=1
+once=0
+base=7700
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) do_build=0 ;;
+    --build-dir) build_dir="$2"; shift ;;
+    --port-base) base="$2"; shift ;;
+    --once) once=1 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ "$do_build" = 1 ]; then
+  "$root/scripts/deps.sh" || exit 1
+  mkdir -p "$build_dir"
+  echo "== building into $build_dir"
+  "$root/scripts/build.sh" "$build_dir" || exit 1
+fi
+
+bin="$build_dir/services"
+for b in gateway/tandem-gateway verifier/tandem-verifier drafter/tandem-drafter cli/tandem; do
+  [ -x "$bin/$b" ] || { echo "run.sh: $bin/$b is missing; build first" >&2; exit 1; }
+done
+logs="$build_dir/run"
+mkdir -p "$logs"
+gw="127.0.0.1:$base"
+
+# Model directories: the bundled demo pair when present.
+verifier_model=()
+drafter_model=()
+if [ -f "$root/models/demo-target/config.json" ] && [ -f "$root/models/demo-drafter/config.json" ]; then
+  verifier_model=(--model "$root/models/demo-target")
+  drafter_model=(--model "$root/models/demo-drafter")
+fi
+
+pids=()
+names=()
+start() { # name, then the command
+  local name="$1"; shift
+  "$@" >"$logs/$name.log" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+  echo "started $name (pid $!, log $logs/$name.log)"
+}
+
+stop_all() {
+  local rc=0
+  # Replicas first (they deregister), then the gateway.
+  for i in 2 1 0; do
+    [ -n "${pids[$i]:-}" ] || continue
+    kill -TERM "${pids[$i]}" 2>/dev/null
+    wait "${pids[$i]}"
+    local r=$?
+    [ $r -eq 0 ] || { echo "${names[$i]} exited with status $r (see $logs/${names[$i]}.log)"; rc=1; }
+  done
+  return $rc
+}
+
+on_signal() {
+  echo
+  echo "stopping..."
+  stop_all
+  local rc=$?
+  [ $rc -eq 0 ] && echo "stopped."
+  exit $rc
+}
+trap on_signal INT TERM
+
+start gateway "$bin/gateway/tandem-gateway" --listen "$gw" --health-listen "127.0.0.1:$((base + 1))"
+# Replicas retry until the gateway answers, but start them once it does so
+# that they register at once.
+for _ in $(seq 1 50); do
+  "$bin/cli/tandem" status --gateway "$gw" --timeout 1s >/dev/null 2>&1 && break
+  kill -0 "${pids[0]}" 2>/dev/null || break
+  sleep 0.1
+done
+start verifier "$bin/verifier/tandem-verifier" --listen "127.0.0.1:$((base + 10))" \
+  --health-listen "127.0.0.1:$((base + 11))" --gateway "$gw" "${verifier_model[@]}"
+start drafter "$bin/drafter/tandem-drafter" --listen "127.0.0.1:$((base + 20))" \
+  --health-listen "127.0.0.1:$((base + 21))" --gateway "$gw" "${drafter_model[@]}"
+
+# Ready when the gateway answers and reports the pair formed.
+ready=0
+for _ in $(seq 1 150); do
+  for i in 0 1 2; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      echo "${names[$i]} exited during start-up:"; tail -20 "$logs/${names[$i]}.log"
+      pids[$i]=""
+      stop_all
+      exit 1
+    fi
+  done
+  if "$bin/cli/tandem" status --gateway "$gw" --json --timeout 1s 2>/dev/null \
+      | grep -q '"compatible":[[:space:]]*true'; then
+    ready=1
+    break
+  fi
+  sleep 0.2
+done
+echo
+"$bin/cli/tandem" status --gateway "$gw"
+if [ "$ready" != 1 ]; then
+  echo "run.sh: the verifier and drafter did not form a pair within 30 s (see $logs/)"
+  stop_all
+  exit 1
+fi
+echo
+echo "tandem is running: gateway $gw. 'build/services/cli/tandem status' shows it; Ctrl-C stops."
+
+if [ "$once" = 1 ]; then
+  stop_all
+  exit $?
+fi
+# Wait for a signal, watching for a service that dies on its own.
+while true; do
+  sleep 1 &
+  wait $!
+  for i in 0 1 2; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      wait "${pids[$i]}"
+      echo "${names[$i]} exited unexpectedly (status $?); see $logs/${names[$i]}.log"
+      pids[$i]=""
+      stop_all
+      exit 1
+    fi
+  done
+done
