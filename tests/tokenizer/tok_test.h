@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int tok_test_failures;
+static int tok_test_failures __attribute__((unused));
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
