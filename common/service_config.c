@@ -86,6 +86,12 @@ static const tdm_cfg_key gateway_keys[] = {
      "How often replicas are told to heartbeat."},
     {"replica_ttl", TDM_CFG_DURATION, "5s", NULL, 100, 600000, 0, NULL, GRP_REG,
      "Silence after which a replica is dropped from the registry."},
+    {"tokenizer", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,
+     GRP_MODEL,
+     "tokenizer.json the gateway encodes prompts and decodes outputs with; it must be the "
+     "verifiers' tokenizer (same fingerprint). Empty: only token-id prompts."},
+    {"default_max_tokens", TDM_CFG_INT, "256", NULL, 1, 1048576, 0, NULL, GRP_MODEL,
+     "max_tokens of a Generate request that does not set it."},
 };
 
 static const tdm_cfg_key verifier_keys[] = {

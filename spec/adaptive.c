@@ -1,6 +1,7 @@
 #include "adaptive.h"
 
 #include <math.h>
+#include <stdbool.h>
 
 #define EMA_WEIGHT 0.3
 #define PRIOR_ACCEPT 0.7
@@ -18,6 +19,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->k_next = a->p.k_initial;
     a->paused_left = 0;
     a->rounds = 0;
+    a->since_start = 0;
     a->pauses = 0;
     a->probes = 0;
 }
@@ -40,10 +42,12 @@ static void choose(tdm_adaptive *a)
             best = k;
         }
     }
-    if (best_s < 1.0 + a->p.min_gain) {
+    bool probing = a->k_next == 1 && a->probes > 0 && a->since_start <= 1;
+    if (best_s < 1.0 + a->p.min_gain && (a->since_start >= a->p.min_rounds || probing)) {
         a->k_next = 0;
         a->paused_left = a->p.pause_tokens;
         a->pauses++;
+        a->since_start = 0;
         return;
     }
     a->k_next = best;
@@ -52,6 +56,7 @@ static void choose(tdm_adaptive *a)
 void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft)
 {
     a->rounds++;
+    a->since_start++;
     if (drafted <= 0)
         return;
     double rate = (double)accepted / (double)drafted;
@@ -73,5 +78,6 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
         /* Probe: one cheap round tells whether acceptance has recovered. */
         a->k_next = 1;
         a->probes++;
+        a->since_start = 0;
     }
 }

@@ -10,9 +10,11 @@
  *  - with k drafts a round yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
  *    costs 1 + c*k steps, so the expected speed-up is S(k) = E(k) / (1 + c*k);
  *  - the next block length is the k in [1, k_max] with the largest S(k);
- *  - if the best S(k) is below 1 + min_gain, speculation is switched off for
- *    this sequence for `pause_tokens` tokens, then probed again with one
- *    round at k = 1 (acceptance can recover, e.g. entering boilerplate).
+ *  - if the best S(k) is below 1 + min_gain, and at least min_rounds rounds
+ *    have been seen since speculation last (re)started, speculation is
+ *    switched off for this sequence for `pause_tokens` tokens, then probed
+ *    again with k = 1 (acceptance can recover, e.g. entering boilerplate);
+ *    a probe that pays restarts speculation.
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
@@ -25,6 +27,7 @@ typedef struct tdm_adaptive_params {
     int k_initial;      /* first block length */
     double min_gain;    /* required expected speed-up over plain decoding, e.g. 0.05 */
     int pause_tokens;   /* plain tokens before probing again */
+    int min_rounds;     /* rounds observed before speculation may be switched off */
     bool fixed;         /* true: always k_initial, never switch off (benchmarks, tests) */
 } tdm_adaptive_params;
 
@@ -35,6 +38,7 @@ typedef struct tdm_adaptive {
     int k_next;         /* block length for the next round; 0 = speculation paused */
     int paused_left;    /* plain tokens left before the next probe */
     int rounds;
+    int since_start;    /* rounds since speculation last (re)started */
     int pauses;         /* times speculation was switched off */
     int probes;         /* rounds run to test whether it pays again */
 } tdm_adaptive;

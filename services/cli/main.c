@@ -12,6 +12,7 @@
 static const cli_command commands[] = {
     {"version", cli_version, "print the build's version, revision and compiled features"},
     {"check-config", cli_check_config, "check service config files and their compatibility offline"},
+    {"generate", cli_generate, "stream a continuation of a prompt from a running gateway"},
     {"status", cli_status, "show the gateway's replicas, pairs formed and pairs refused"},
     {"tokenize", cli_tokenize, "print the token ids of a text (or a ChatML conversation)"},
     {"detokenize", cli_detokenize, "print the text of token ids"},

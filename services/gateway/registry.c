@@ -28,6 +28,7 @@ typedef struct gw_replica {
     uint32_t active_sequences, free_slots;
     double tokens_per_second;
     int64_t last_seen_ms;
+    uint32_t inflight; /* requests this gateway has sent it and not seen end */
 } gw_replica;
 
 struct gw_registry {
@@ -522,4 +523,115 @@ size_t gw_registry_counters(gw_registry *r, tdm_service_counter *out, size_t max
     out[8] = (tdm_service_counter){"registrations_rejected", (double)r->rejected};
     pthread_mutex_unlock(&r->mu);
     return 9;
+}
+
+/* ---- picking replicas for a request ------------------------------------------ */
+
+static uint32_t load_of(const gw_replica *rep)
+{
+    return rep->active_sequences > rep->inflight ? rep->active_sequences : rep->inflight;
+}
+
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const char *tokenizer_fp,
+                            gw_pick *out, tdm_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&r->mu);
+    ssize_t best = -1;
+    size_t verifiers = 0;
+    char refused[512] = "";
+    for (size_t i = 0; i < r->n; i++) {
+        const Tandem__V1__Descriptor *d = r->items[i].desc;
+        if (d->role != TANDEM__V1__ROLE__ROLE_VERIFIER)
+            continue;
+        verifiers++;
+        if (tokenizer_fp && tokenizer_fp[0] && strcmp(d->tokenizer_fingerprint, tokenizer_fp) != 0) {
+            snprintf(refused, sizeof(refused),
+                     "rule gateway-tokenizer: verifier %s (%s) has tokenizer fingerprint %.12s, "
+                     "the gateway's tokenizer is %.12s",
+                     d->replica_id, d->address, d->tokenizer_fingerprint, tokenizer_fp);
+            continue;
+        }
+        if (best < 0 || load_of(&r->items[i]) < load_of(&r->items[best]))
+            best = (ssize_t)i;
+    }
+    if (best < 0) {
+        pthread_mutex_unlock(&r->mu);
+        if (verifiers == 0)
+            return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "no verifier is registered");
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "no usable verifier: %s", refused);
+    }
+    gw_replica *v = &r->items[best];
+    snprintf(out->verifier_id, sizeof(out->verifier_id), "%s", v->desc->replica_id);
+    snprintf(out->verifier_addr, sizeof(out->verifier_addr), "%s", v->desc->address);
+    out->max_draft = v->desc->max_draft_tokens;
+    v->inflight++;
+    if (want_drafter) {
+        ssize_t bd = -1;
+        size_t drafters = 0;
+        tdm_compat_refusal ref[MAX_REFUSALS];
+        for (size_t i = 0; i < r->n; i++) {
+            const Tandem__V1__Descriptor *d = r->items[i].desc;
+            if (d->role != TANDEM__V1__ROLE__ROLE_DRAFTER)
+                continue;
+            drafters++;
+            size_t k = tdm_compat_check_pair(v->desc, d, ref, MAX_REFUSALS);
+            if (k > 0) {
+                size_t used = strlen(out->no_drafter);
+                snprintf(out->no_drafter + used, sizeof(out->no_drafter) - used, "%s%s",
+                         used ? "; " : "", ref[0].message);
+                continue;
+            }
+            if (bd < 0 || load_of(&r->items[i]) < load_of(&r->items[bd]))
+                bd = (ssize_t)i;
+        }
+        if (bd >= 0) {
+            gw_replica *dr = &r->items[bd];
+            snprintf(out->drafter_id, sizeof(out->drafter_id), "%s", dr->desc->replica_id);
+            snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
+            out->block_size = dr->desc->draft_block_size;
+            out->no_drafter[0] = 0;
+            dr->inflight++;
+        } else if (drafters == 0) {
+            snprintf(out->no_drafter, sizeof(out->no_drafter), "no drafter is registered");
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return TDM_OK;
+}
+
+void gw_registry_unpick(gw_registry *r, const gw_pick *p)
+{
+    pthread_mutex_lock(&r->mu);
+    const char *ids[2] = {p->verifier_id, p->drafter_id};
+    for (int j = 0; j < 2; j++) {
+        if (!ids[j][0])
+            continue;
+        ssize_t i = find(r, ids[j]);
+        if (i >= 0 && r->items[i].inflight > 0)
+            r->items[i].inflight--;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void gw_model_info_fill(gw_registry *r, const char *verifier_id, tdm_rpc_call *call,
+                        Tandem__V1__ModelInfo *out)
+{
+    pthread_mutex_lock(&r->mu);
+    ssize_t vi = find(r, verifier_id);
+    if (vi >= 0) {
+        const Tandem__V1__Descriptor *v = r->items[vi].desc;
+        out->model_name = tdm_rpc_call_strdup(call, v->model_name);
+        out->model_fingerprint = tdm_rpc_call_strdup(call, v->model_fingerprint);
+        out->drafters = tdm_rpc_call_alloc(call, (r->n + 1) * sizeof(char *));
+        tdm_compat_refusal ref[MAX_REFUSALS];
+        for (size_t i = 0; i < r->n; i++) {
+            const Tandem__V1__Descriptor *d = r->items[i].desc;
+            if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER &&
+                tdm_compat_check_pair(v, d, ref, MAX_REFUSALS) == 0)
+                out->drafters[out->n_drafters++] =
+                    tdm_rpc_call_strdup(call, d->model_name[0] ? d->model_name : d->replica_id);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
 }

@@ -19,6 +19,7 @@
 #include "status.h"
 #include "tandem/v1/gateway.pb-c.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct gw_registry gw_registry;
@@ -35,6 +36,30 @@ tdm_status gw_registry_add_methods(gw_registry *r, tdm_rpc_server *server, tdm_e
  * fields untouched) with heap memory freed by gw_registry_status_clear. */
 void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out);
 void gw_registry_status_clear(Tandem__V1__StatusResponse *out);
+
+/* The replicas chosen for one request. */
+typedef struct gw_pick {
+    char verifier_id[128], verifier_addr[256];
+    uint32_t max_draft; /* the verifier's max_draft_tokens */
+    char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
+    uint32_t block_size;                     /* the drafter's draft_block_size */
+    char no_drafter[1024];                   /* why there is none, when one was wanted */
+} gw_pick;
+
+/* Picks the least loaded verifier whose tokenizer fingerprint equals
+ * tokenizer_fp (any, when NULL or empty) and, when want_drafter, the least
+ * loaded drafter the compatibility rules pair with it (none, with the
+ * reasons in no_drafter, when no drafter is compatible). UNAVAILABLE when no
+ * verifier is registered, FAILED_PRECONDITION naming the rule when none is
+ * usable. Each pick counts as load until gw_registry_unpick. */
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const char *tokenizer_fp,
+                            gw_pick *out, tdm_error *err);
+void gw_registry_unpick(gw_registry *r, const gw_pick *p);
+
+/* Fills model_name, model_fingerprint and the drafters that pair with it in a
+ * ModelInfo from a verifier's descriptor (memory from the call). */
+void gw_model_info_fill(gw_registry *r, const char *verifier_id, tdm_rpc_call *call,
+                        Tandem__V1__ModelInfo *out);
 
 /* Registry counters for Describe / GetStatus. */
 size_t gw_registry_counters(gw_registry *r, tdm_service_counter *out, size_t max);

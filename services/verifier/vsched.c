@@ -54,6 +54,7 @@ struct vreq {
     bool spec;      /* speculating with link */
     bool opened;    /* the drafter knows this sequence */
     bool awaiting;  /* a block was asked for and has not arrived */
+    bool after_open; /* the awaited block follows an open: its wait includes a prefill */
     uint32_t round; /* the round number the awaited block must carry */
     tdm_adaptive ad;
     Tandem__V1__DraftResponse *block; /* delivered by the reader, under mu */
@@ -417,6 +418,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
                                   .pause_tokens = 32,
+                                  .min_rounds = 4,
                                   .fixed = false};
         tdm_adaptive_init(&r->ad, &ap);
         /* The drafter's block size is an upper bound as well. */
@@ -852,6 +854,12 @@ static bool sched_round(vsched *s)
                                      "vocabulary");
                 pthread_mutex_unlock(&s->mu);
             }
+            if (tdm_log_get_level() <= TDM_LOG_DEBUG)
+                tdm_log_debug(LOG, "request %s round %u: %d drafts from position %u, accepted %d; "
+                              "wait %.2f ms, step %.2f ms, plain step %.2f ms/row, cost %.2f, "
+                              "acceptance estimate %.2f",
+                              r->request_id, blk[i]->round, k[i], blk[i]->position, v.accepted,
+                              t_wait, t_step, s->plain_step_ms, cost, r->ad.accept_rate);
             tdm_error cerr = {0};
             if (tdm_seq_commit(r->seq, v.accepted, &cerr) != TDM_OK) {
                 pthread_mutex_lock(&s->mu);
@@ -896,9 +904,10 @@ static bool sched_round(vsched *s)
         pthread_cond_broadcast(&r->cv);
         if (!done && r->spec && r->link) {
             if (got[i])
-                tdm_adaptive_on_round(&r->ad, k[i], v.accepted, cost);
+                tdm_adaptive_on_round(&r->ad, k[i], v.accepted, r->after_open ? -1.0 : cost);
             else if (r->opened)
                 tdm_adaptive_on_plain_token(&r->ad);
+            r->after_open = false;
             msgs[i].r = r;
             msgs[i].accepted = v.accepted;
             msgs[i].next = v.next_token;
@@ -908,6 +917,7 @@ static bool sched_round(vsched *s)
             } else if (r->ad.k_next > 0) {
                 msgs[i].kind = 1; /* (re)open: the drafter syncs to our tokens */
                 r->opened = true;
+                r->after_open = true;
             }
             if (msgs[i].kind) {
                 r->round++;

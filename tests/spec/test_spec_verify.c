@@ -251,7 +251,8 @@ static void test_ngram(void)
 
 static void test_adaptive(void)
 {
-    tdm_adaptive_params p = {.k_max = 8, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 10};
+    tdm_adaptive_params p = {
+        .k_max = 8, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 10, .min_rounds = 4};
     tdm_adaptive a;
     tdm_adaptive_init(&a, &p);
     for (int i = 0; i < 20; i++)

@@ -1,0 +1,28 @@
+/*
+ * drafter.h - the pieces of tandem-drafter: a draft model (or none, for the
+ * n-gram drafter) and the Draft streams verifiers open.
+ */
+#ifndef TANDEM_DRAFTER_H
+#define TANDEM_DRAFTER_H
+
+#include "runtime.h"
+#include "service.h"
+
+#include <stdint.h>
+
+typedef struct drafter {
+    tdm_runtime *rt;             /* NULL for the n-gram drafter */
+    tdm_state_strategy strategy; /* how draft steps are rolled back */
+    int vocab;
+    int max_sequences; /* open sequences per stream */
+    int ngram_min, ngram_max;
+    /* counters (atomics) */
+    int streams, open_sequences;
+    uint64_t blocks, drafted;
+} drafter;
+
+/* Loads the draft model (drafter_kind model) and registers Draft (the `setup`
+ * step of tdm_service_replica_main). */
+tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err);
+
+#endif
