@@ -410,6 +410,23 @@ static tdm_status check_idle(const tdm_seq *s, tdm_error *err)
     return TDM_OK;
 }
 
+/* no_buffer: the checkpoint lives in slot 0 of conv_x/rec_x. to_checkpoint
+ * saves the committed states there; otherwise they are restored from it. */
+static void states_checkpoint(tdm_seq *s, int to_checkpoint)
+{
+    tdm_model *m = s->m;
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        if (!s->conv[L])
+            continue;
+        float *cd = to_checkpoint ? s->conv_x[L] : s->conv[L];
+        float *cs = to_checkpoint ? s->conv[L] : s->conv_x[L];
+        float *rd = to_checkpoint ? s->rec_x[L] : s->rec[L];
+        float *rs = to_checkpoint ? s->rec[L] : s->rec_x[L];
+        m->be->copy(m->be->ctx, cd, cs, conv_floats(m) * sizeof(float));
+        m->be->copy(m->be->ctx, rd, rs, rec_floats(m) * sizeof(float));
+    }
+}
+
 tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logits, tdm_error *err)
 {
     tdm_status rc;
@@ -476,15 +493,9 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
  * or extend a pending verify. */
 static void pending_begin(tdm_seq *s, const int32_t *tokens, int n)
 {
-    tdm_model *m = s->m;
-    void *bx = m->be->ctx;
     if (s->pending == 0) {
         if (s->p.strategy == TDM_STATE_NO_BUFFER)
-            for (int L = 0; L < m->cfg.num_layers; L++)
-                if (s->conv[L]) {
-                    m->be->copy(bx, s->conv_x[L], s->conv[L], conv_floats(m) * sizeof(float));
-                    m->be->copy(bx, s->rec_x[L], s->rec[L], rec_floats(m) * sizeof(float));
-                }
+            states_checkpoint(s, 1);
         s->base = s->n_past;
     }
     memcpy(s->pend_tokens + s->pending, tokens, (size_t)n * sizeof(int32_t));
@@ -494,14 +505,8 @@ static void pending_begin(tdm_seq *s, const int32_t *tokens, int n)
 /* After a failed forward: back to the committed position, pending dropped. */
 static void pending_abort(tdm_seq *s)
 {
-    tdm_model *m = s->m;
-    void *bx = m->be->ctx;
     if (s->p.strategy == TDM_STATE_NO_BUFFER && (s->pending > 0 || s->verifying))
-        for (int L = 0; L < m->cfg.num_layers; L++)
-            if (s->conv[L]) {
-                m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
-                m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
-            }
+        states_checkpoint(s, 0);
     if (s->pending > 0 || s->verifying)
         s->n_past = s->base;
     s->pending = 0;
@@ -608,21 +613,13 @@ tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
     }
     if (keep == ran) /* everything accepted: the in-place states are final */
         return TDM_OK;
-    for (int L = 0; L < m->cfg.num_layers; L++)
-        if (s->conv[L]) {
-            m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
-            m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
-        }
+    states_checkpoint(s, 0);
     s->n_past = s->base;
     const int32_t *t = s->pend_tokens;
     tdm_status rc = fwd_run(m, &s, 1, &t, &keep, 0, LOGITS_NONE, NULL, err);
     if (rc != TDM_OK) {
         /* Leave a consistent sequence: the checkpoint. */
-        for (int L = 0; L < m->cfg.num_layers; L++)
-            if (s->conv[L]) {
-                m->be->copy(bx, s->conv[L], s->conv_x[L], conv_floats(m) * sizeof(float));
-                m->be->copy(bx, s->rec[L], s->rec_x[L], rec_floats(m) * sizeof(float));
-            }
+        states_checkpoint(s, 0);
         s->n_past = s->base;
         return tdm_error_prefix(err, "commit (state restored to before the verify)");
     }
