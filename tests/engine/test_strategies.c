@@ -3,8 +3,8 @@
  * plain one-token-at-a-time decoding, batched calls against unbatched ones,
  * and fork.
  *
- * These compare independently computed paths of the engine (a verify block
- * vs a chain of decode steps; a checkpoint+recompute vs per-position states;
+ * These compare independently computed paths of the engine (a verify block,
+ * whole or appended in two calls, vs a chain of decode steps; a checkpoint+recompute vs per-position states;
  * a batch vs single sequences); the results must be bit-identical, because
  * every op computes a row the same way whatever the batch (backend.h).
  */
@@ -59,9 +59,18 @@ static void strategies(tdm_model *m, const char *name)
             int32_t blk[MAXK + 1];
             for (int i = 0; i < ntok; i++)
                 blk[i] = rnd(V);
-            const int32_t *bp = blk;
-            CHECK(tdm_seq_verify(&eb, 1, &bp, &ntok, le, &err) == TDM_OK, "%s", err.msg);
-            CHECK(tdm_seq_verify(&nb, 1, &bp, &ntok, ln, &err) == TDM_OK, "%s", err.msg);
+            /* One of the two runs its block in two appended verify calls
+             * (how a drafter drafts token by token); rows must not change. */
+            int split = ntok > 1 ? 1 + rnd(ntok - 1) : ntok, rest = ntok - split;
+            tdm_seq *one = round % 2 ? eb : nb, *two = round % 2 ? nb : eb;
+            float *l_one = round % 2 ? le : ln, *l_two = round % 2 ? ln : le;
+            const int32_t *bp = blk, *bp2 = blk + split;
+            CHECK(tdm_seq_verify(&one, 1, &bp, &ntok, l_one, &err) == TDM_OK, "%s", err.msg);
+            CHECK(tdm_seq_verify(&two, 1, &bp, &split, l_two, &err) == TDM_OK, "%s", err.msg);
+            if (rest > 0)
+                CHECK(tdm_seq_verify(&two, 1, &bp2, &rest, l_two + (size_t)split * V, &err) ==
+                          TDM_OK,
+                      "%s", err.msg);
             CHECK(memcmp(le, ln, (size_t)ntok * V * 4) == 0, "%s: verify logits differ", name);
             CHECK(tdm_seq_commit(eb, acc, &err) == TDM_OK, "%s", err.msg);
             CHECK(tdm_seq_commit(nb, acc, &err) == TDM_OK, "%s", err.msg);
