@@ -325,6 +325,7 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
         da.replica_id = pick.drafter_id;
         da.address = pick.drafter_addr;
         da.block_size = block;
+        da.fixed_block_size = req->speculation && req->speculation->fixed_block_size;
         run.drafter = &da;
     }
     tdm_rpc_channel *ch = channel_for(g, pick.verifier_addr, err);

@@ -419,7 +419,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   .min_gain = 0.05,
                                   .pause_tokens = 32,
                                   .min_rounds = 4,
-                                  .fixed = false};
+                                  .fixed = da->fixed_block_size};
         tdm_adaptive_init(&r->ad, &ap);
         /* The drafter's block size is an upper bound as well. */
         r->ad.p.k_max = (int)da->block_size;

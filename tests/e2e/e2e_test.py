@@ -1,0 +1,394 @@
+#!/usr/bin/python3
+"""Speculative decoding end to end: tandem-gateway, tandem-verifier and
+tandem-drafter as real processes on loopback with the bundled demo models,
+driven by an independent gRPC client (Python grpcio).
+
+Cases:
+  greedy        speculative greedy output == plain greedy output, 50 prompts,
+                model and n-gram drafters, extra_buffer and no_buffer, block
+                sizes 1..8
+  sampling      sampled sequences follow the target distribution (chi-square
+                against probabilities computed from the target's logits)
+  drafter_kill  SIGKILL of the drafter mid-generation: the request completes
+                with the plain output
+  cancel        a cancelled stream frees the sequence on verifier and drafter
+                within 100 ms; 32 concurrent streams all complete correctly
+  incompatible  drafters refused by a rule: FAILED_PRECONDITION naming the
+                rule when speculation is required, plain service otherwise
+
+usage: e2e_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
+                   --source ROOT
+"""
+import argparse
+import concurrent.futures
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "services"))
+import services_test as st  # noqa: E402  (process and client helpers)
+
+check = st.check
+TARGET = TOKENIZER = DRAFTER = None
+
+
+def setup_paths():
+    global TARGET, TOKENIZER, DRAFTER
+    TARGET = os.path.join(st.ARGS.source, "models", "demo-target")
+    DRAFTER = os.path.join(st.ARGS.source, "models", "demo-drafter")
+    TOKENIZER = os.path.join(TARGET, "tokenizer.json")
+
+
+def stack(strategy="extra_buffer", drafter="model", block=8, extra_drafter_args=()):
+    gw = st.gateway("--tokenizer", TOKENIZER)
+    v = st.replica("verifier", gw, "--model", TARGET, "--state-strategy", strategy,
+                   "--max-draft-tokens", "8")
+    if drafter == "model":
+        dargs = ["--model", DRAFTER, "--state-strategy", strategy]
+    else:
+        dargs = ["--drafter-kind", "ngram", "--tokenizer", TOKENIZER]
+    d = st.replica("drafter", gw, *dargs, "--draft-block-size", str(block),
+                   *extra_drafter_args) if drafter else None
+    if d:
+        st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")
+    else:
+        st.wait_status(gw, lambda s: len(s.get("replicas", [])) >= 1, "verifier registered")
+    return gw, v, d
+
+
+def stop_all():
+    for p in reversed(st.PROCS):
+        if p.p.poll() is None:
+            p.stop()
+    st.PROCS.clear()
+
+
+def prompts(n=50):
+    """n deterministic Python-source prompts, cut from files of this repo."""
+    srcs = ["tools/train_demo.py", "tests/interop/client.py", "tests/services/services_test.py",
+            "tools/engine_fixtures.py", "tools/tokenizer_fixtures.py"]
+    text = ""
+    for s in srcs:
+        p = os.path.join(st.ARGS.source, s)
+        if os.path.exists(p):
+            with open(p, encoding="utf-8") as f:
+                text += f.read()
+    out = []
+    step = max(1, (len(text) - 400) // n)
+    for i in range(n):
+        a = i * step
+        cut = text[a:a + 120 + (i * 37) % 200]
+        out.append(cut)
+    return out
+
+
+def generate(gw, prompt, max_tokens=24, mode="SPECULATION_MODE_AUTO", block=0, fixed=False,
+             sampling=None, ignore_eos=False, timeout=120.0):
+    req = {"text": prompt, "max_tokens": max_tokens, "ignore_eos": ignore_eos,
+           "speculation": {"mode": mode, "block_size": block, "fixed_block_size": fixed}}
+    if sampling:
+        req["sampling"] = sampling
+    c = st.client()
+    ch = c.channel(gw.addr())
+    try:
+        code, details, msgs = c.call_stream(ch, "/tandem.v1.Gateway/Generate", req, timeout)
+    finally:
+        ch.close()
+    ids, text, done = [], "", None
+    for m in msgs:
+        if "tokens" in m:
+            ids += [int(x) for x in m["tokens"]["ids"]]
+            text += m["tokens"]["text"]
+        if "complete" in m:
+            done = m["complete"]
+    return code, details, ids, text, done
+
+
+def parallel(fn, items, workers=8):
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(fn, items))
+
+
+# ---- cases -----------------------------------------------------------------------
+
+def case_greedy():
+    ps = prompts(50)
+    baseline = None
+    for drafter in ("model", "ngram"):
+        for strategy in ("extra_buffer", "no_buffer"):
+            gw, v, d = stack(strategy, drafter)
+            plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
+            for i, r in enumerate(plain):
+                check(r[0] == "OK" and r[4], "plain prompt %d: %s %s" % (i, r[0], r[1]))
+            ids = [r[2] for r in plain]
+            if baseline is None:
+                baseline = ids
+            check(ids == baseline, "plain outputs differ between stacks (%s, %s)" %
+                  (drafter, strategy))
+            for block in range(1, 9):
+                res = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_ON", block=block,
+                                                  fixed=True), ps)
+                spec_rounds = accepted = 0
+                for i, r in enumerate(res):
+                    if not check(r[0] == "OK" and r[4], "%s/%s block %d prompt %d: %s %s" %
+                                 (drafter, strategy, block, i, r[0], r[1])):
+                        continue
+                    check(r[2] == baseline[i],
+                          "%s/%s block %d prompt %d: speculative ids %s != plain ids %s" %
+                          (drafter, strategy, block, i, r[2], baseline[i]))
+                    stats = r[4]["stats"]
+                    spec_rounds += int(stats["speculative_rounds"])
+                    accepted += int(stats["accepted_tokens"])
+                print("%s drafter, %s, block %d: %d speculative rounds, %.2f accepted per round" %
+                      (drafter, strategy, block, spec_rounds,
+                       accepted / spec_rounds if spec_rounds else 0.0), flush=True)
+                check(spec_rounds > 0, "%s/%s block %d: no speculative round ran" %
+                      (drafter, strategy, block))
+                if drafter == "model":
+                    check(accepted > 0, "%s/%s block %d: no draft token was ever accepted" %
+                          (drafter, strategy, block))
+            stop_all()
+
+
+def softmax_topk(logits, k, temperature=1.0):
+    idx = sorted(range(len(logits)), key=lambda i: (-logits[i], i))[:k]
+    m = max(logits[i] for i in idx)
+    e = [math.exp((logits[i] - m) / temperature) for i in idx]
+    s = sum(e)
+    return {i: x / s for i, x in zip(idx, e)}
+
+
+def target_logits(ids):
+    """Logits of the last position after ids, from `tandem logits` (the engine
+    is matched against transformers by the engine tests)."""
+    import numpy as np  # Debian's python3-numpy
+    out = os.path.join(st.TMP, "l.npy")
+    rc, so, se = st.run([st.ARGS.cli, "logits", "--model", TARGET, "--ids",
+                         ",".join(str(i) for i in ids), "--out", out])
+    if rc != 0:
+        raise SystemExit("FAIL: tandem logits: %s" % se)
+    return np.load(out)[-1].astype(float).tolist()
+
+
+def case_sampling():
+    gw, v, d = stack("extra_buffer", "model", block=2)
+    prompt = "def forward(self, x):\n    "
+    code, details, resp = st.unary(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": prompt})
+    check(code == "OK", "Tokenize: %s %s" % (code, details))
+    pids = [int(x) for x in resp["ids"]]
+    K = 3
+    p1 = softmax_topk(target_logits(pids), K)
+    expect = {}
+    for a, pa in p1.items():
+        p2 = softmax_topk(target_logits(pids + [a]), K)
+        for b, pb in p2.items():
+            p3 = softmax_topk(target_logits(pids + [a, b]), K)
+            for c, pc in p3.items():
+                expect[(a, b, c)] = pa * pb * pc
+    N = 2400
+    sampling = lambda i: {"temperature": 1.0, "top_k": K, "seed": str(1000 + i)}  # noqa: E731
+    res = parallel(lambda i: generate(gw, prompt, max_tokens=3, mode="SPECULATION_MODE_ON",
+                                      block=2, fixed=True, sampling=sampling(i), ignore_eos=True),
+                   range(N), workers=16)
+    counts = {}
+    spec_rounds = 0
+    for r in res:
+        if not check(r[0] == "OK" and len(r[2]) == 3, "sampled request: %s %s %s" %
+                     (r[0], r[1], r[2])):
+            continue
+        counts[tuple(r[2])] = counts.get(tuple(r[2]), 0) + 1
+        spec_rounds += int(r[4]["stats"]["speculative_rounds"])
+    check(spec_rounds >= N // 2, "too few speculative rounds (%d) for %d requests" %
+          (spec_rounds, N))
+    outside = sum(n for k, n in counts.items() if k not in expect)
+    check(outside == 0, "%d samples outside the target's top-%d support" % (outside, K))
+    chi, cells, pool_e, pool_o = 0.0, 0, 0.0, 0
+    for k, p in expect.items():
+        e = p * N
+        o = counts.get(k, 0)
+        if e < 5:
+            pool_e += e
+            pool_o += o
+            continue
+        chi += (o - e) ** 2 / e
+        cells += 1
+    if pool_e >= 5:
+        chi += (pool_o - pool_e) ** 2 / pool_e
+        cells += 1
+    df = cells - 1
+    h = 2.0 / (9.0 * df)
+    crit = df * (1 - h + 3.090 * math.sqrt(h)) ** 3  # chi-square upper 0.001
+    print("sampling: %d samples, %d cells, chi2 %.1f, df %d, critical(0.001) %.1f" %
+          (N, cells, chi, df, crit), flush=True)
+    check(chi < crit, "sampled sequences do not follow the target distribution: chi2 %.1f >= "
+          "%.1f" % (chi, crit))
+    stop_all()
+
+
+def stream_until(gw, req, on_first, timeout=120.0):
+    """Reads a Generate stream, calling on_first(call) after the first chunk."""
+    c = st.client()
+    from google.protobuf import json_format
+    req_cls, resp_cls, _ = c._method("/tandem.v1.Gateway/Generate")
+    ch = c.channel(gw.addr())
+    fn = ch.unary_stream("/tandem.v1.Gateway/Generate",
+                         request_serializer=req_cls.SerializeToString,
+                         response_deserializer=resp_cls.FromString)
+    call = fn(json_format.ParseDict(req, req_cls()), timeout=timeout)
+    ids, done, code = [], None, "OK"
+    first = True
+    try:
+        for m in call:
+            d = json_format.MessageToDict(m, preserving_proto_field_name=True)
+            if "tokens" in d:
+                ids += [int(x) for x in d["tokens"].get("ids", [])]
+                if first and ids:
+                    first = False
+                    if on_first(call) == "stop":
+                        break
+            if "complete" in d:
+                done = d["complete"]
+    except Exception as e:  # grpc.RpcError
+        code = e.code().name if hasattr(e, "code") else str(e)
+    ch.close()
+    return code, ids, done
+
+
+def case_drafter_kill():
+    gw, v, d = stack("extra_buffer", "model", block=4)
+    prompt = prompts(3)[1]
+    _, _, plain, _, _ = generate(gw, prompt, max_tokens=300, mode="SPECULATION_MODE_OFF",
+                                 ignore_eos=True)
+    req = {"text": prompt, "max_tokens": 300, "ignore_eos": True,
+           "speculation": {"mode": "SPECULATION_MODE_ON", "block_size": 4,
+                           "fixed_block_size": True}}
+    code, ids, done = stream_until(gw, req, lambda call: d.p.send_signal(signal.SIGKILL))
+    d.p.wait()
+    check(code == "OK" and done is not None, "request after drafter kill: %s" % code)
+    check(ids == plain, "output after drafter kill differs from plain output:\n%s\n%s" %
+          (ids, plain))
+    if done:
+        print("after kill: %s" % done["stats"]["speculation"], flush=True)
+        check("drafter" in done["stats"]["speculation"],
+              "stats do not say the drafter failed: %s" % done["stats"]["speculation"])
+    stop_all()
+
+
+def counter(target, path, name):
+    code, details, resp = st.unary(target, path)
+    if code != "OK":
+        return None
+    for c in resp.get("counters", []):
+        if c["name"] == name:
+            return float(c["value"])
+    return None
+
+
+def case_cancel():
+    gw, v, d = stack("extra_buffer", "model", block=4)
+    req = {"text": prompts(2)[0], "max_tokens": 4000, "ignore_eos": True,
+           "speculation": {"mode": "SPECULATION_MODE_ON"}}
+    t_cancel = []
+
+    def cancel(call):
+        call.cancel()
+        t_cancel.append(time.time())
+        return "stop"
+
+    stream_until(gw, req, cancel)
+    check(t_cancel, "the stream never produced a token")
+    freed = None
+    while t_cancel and time.time() - t_cancel[0] < 5.0:
+        a = counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences")
+        b = counter(d.addr(), "/tandem.v1.Drafter/Describe", "open_sequences")
+        if a == 0 and b == 0:
+            freed = time.time() - t_cancel[0]
+            break
+        time.sleep(0.002)
+    print("cancel: sequence freed on verifier and drafter after %s ms" %
+          ("%.1f" % (freed * 1e3) if freed is not None else "never"), flush=True)
+    check(freed is not None and freed <= 0.100,
+          "a cancelled request was not freed on verifier and drafter within 100 ms (%s)" % freed)
+    ps = prompts(32)
+    plain = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_OFF"), ps,
+                     workers=32)
+    spec = parallel(lambda p: generate(gw, p, max_tokens=32), ps, workers=32)
+    for i in range(32):
+        check(spec[i][0] == "OK" and spec[i][2] == plain[i][2],
+              "concurrent stream %d: %s %s, ids %s vs plain %s" %
+              (i, spec[i][0], spec[i][1], spec[i][2], plain[i][2]))
+    stop_all()
+
+
+def case_incompatible():
+    gw = st.gateway("--tokenizer", TOKENIZER)
+    st.replica("verifier", gw, "--model", TARGET, "--max-draft-tokens", "8")
+    # The demo drafter's weights with another tokenizer: an n-gram drafter
+    # would pair with any tokenizer (it only copies ids it saw), a model
+    # drafter must share the verifier's.
+    other = os.path.join(st.TMP, "drafter-other-tokenizer")
+    os.makedirs(other)
+    for f in os.listdir(DRAFTER):
+        if f != "tokenizer.json":
+            os.symlink(os.path.join(DRAFTER, f), os.path.join(other, f))
+    import shutil
+    shutil.copy(st.tokenizer("qwen2_bpe1000"), os.path.join(other, "tokenizer.json"))
+    d1 = st.replica("drafter", gw, "--model", other)
+    s = st.wait_status(gw, lambda s: len(s.get("replicas", [])) == 2 and
+                       any(not p.get("compatible", False) for p in s.get("pairs", [])),
+                       "refused pair")
+    prompt = prompts(2)[0]
+    code, details, ids, _, _ = generate(gw, prompt, mode="SPECULATION_MODE_ON")
+    check(code == "FAILED_PRECONDITION" and "tokenizer-fingerprint" in details,
+          "required speculation with an incompatible drafter: %s %s" % (code, details))
+    code, details, plain, _, _ = generate(gw, prompt, mode="SPECULATION_MODE_OFF")
+    code2, details2, auto, _, done = generate(gw, prompt)
+    check(code2 == "OK" and auto == plain, "auto mode with only an incompatible drafter: %s %s" %
+          (code2, details2))
+    if done:
+        check(done["stats"]["speculation"].startswith("off:") and
+              "tokenizer-fingerprint" in done["stats"]["speculation"],
+              "stats do not say why speculation was off: %s" % done["stats"]["speculation"])
+    d1.stop()
+    st.replica("drafter", gw, "--drafter-kind", "ngram", "--tokenizer", TOKENIZER,
+               "--draft-block-size", "16")
+    st.wait_status(gw, lambda s: any(r["descriptor"]["draft_block_size"] == 16
+                                     for r in s.get("replicas", [])), "block-16 drafter")
+    code, details, ids, _, _ = generate(gw, prompt, mode="SPECULATION_MODE_ON")
+    check(code == "FAILED_PRECONDITION" and "draft-block-size" in details,
+          "required speculation with a block-16 drafter: %s %s" % (code, details))
+    code, details, ids, _, _ = generate(gw, prompt)
+    check(code == "OK" and ids == plain, "auto mode with a block-16 drafter: %s %s" %
+          (code, details))
+    stop_all()
+
+
+CASES = {"greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
+         "cancel": case_cancel, "incompatible": case_incompatible}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    for a in ("cli", "gateway", "verifier", "drafter", "source"):
+        ap.add_argument("--" + a, required=True)
+    st.ARGS = ap.parse_args()
+    st.TMP = tempfile.mkdtemp(prefix="tandem-e2e-")
+    setup_paths()
+    t0 = time.time()
+    try:
+        CASES[st.ARGS.case]()
+    finally:
+        stop_all()
+    print("%s: %.1f s, %d failure(s)" % (st.ARGS.case, time.time() - t0, len(st.FAILURES)))
+    return 1 if st.FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
