@@ -5,8 +5,8 @@
  * follows one fixed order of operations: one 8-lane accumulator over the
  * 8-element steps of k, a horizontal sum of its lanes in order, then the
  * scalar tail. Tiles only decide how many of these independent dot products
- * run side by side (4 rows x 2 columns when at least four rows remain, else
- * 1 row x 4 columns, else 1 x 1), never how one is computed. So a row's
+ * run side by side (4 x 2, 1 x 2, 1 x 4 or 1 x 1 rows x columns), never how
+ * one is computed. So a row's
  * result does not depend on R or on how rows are batched, which the engine's
  * bit-identical commit strategies rely on. An AVX2/FMA path is chosen at run
  * time; the portable path has the same lane structure (without FMA).
@@ -135,6 +135,23 @@ MM_AVX static void mm_tile_1x4(const mm_args *a, int r, int o)
     mm_store(a, r, o + 3, mm_finish(c3, x0, a->w, a->dt, w3o, K8, in));
 }
 
+/* 1 row x 2 columns: the rows left over after 4-row tiles, run on the
+ * column pair those tiles just brought into L1. */
+MM_AVX static void mm_tile_1x2(const mm_args *a, int r, int o)
+{
+    const int in = a->in, K8 = in & ~7;
+    const float *x0 = a->x + (size_t)r * (size_t)in;
+    const size_t w0o = (size_t)o * (size_t)in, w1o = w0o + (size_t)in;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0;
+    for (int k = 0; k < K8; k += 8) {
+        __m256 v = _mm256_loadu_ps(x0 + k);
+        c0 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w0o + (size_t)k), v, c0);
+        c1 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w1o + (size_t)k), v, c1);
+    }
+    mm_store(a, r, o, mm_finish(c0, x0, a->w, a->dt, w0o, K8, in));
+    mm_store(a, r, o + 1, mm_finish(c1, x0, a->w, a->dt, w1o, K8, in));
+}
+
 MM_AVX static void mm_tile_1x1(const mm_args *a, int r, int o)
 {
     const int in = a->in, K8 = in & ~7;
@@ -146,21 +163,26 @@ MM_AVX static void mm_tile_1x1(const mm_args *a, int r, int o)
     mm_store(a, r, o, mm_finish(c, x0, a->w, a->dt, wo, K8, in));
 }
 
-/* Columns [o0, o1) for all rows. Column pairs outer so a pair's weights stay
- * in L1 while every row tile passes over them. */
+/* Columns [o0, o1) for all rows. With four rows or more, column pairs are
+ * outer so a pair's weights stay in L1 while every row passes over them
+ * (4-row tiles, then the 1-3 rows left); fewer rows take 4 columns at a time. */
 MM_AVX static void mm_avx2(const mm_args *a, int o0, int o1)
 {
-    const int R4 = a->R & ~3;
+    const int R = a->R, R4 = R & ~3;
     int o = o0;
     if (R4 > 0) {
-        for (; o + 2 <= o1; o += 2)
+        for (; o + 2 <= o1; o += 2) {
             for (int r = 0; r < R4; r += 4)
                 mm_tile_4x2(a, r, o);
+            for (int r = R4; r < R; r++)
+                mm_tile_1x2(a, r, o);
+        }
         for (; o < o1; o++)
-            for (int r = 0; r < R4; r++)
+            for (int r = 0; r < R; r++)
                 mm_tile_1x1(a, r, o);
+        return;
     }
-    for (int r = R4; r < a->R; r++) {
+    for (int r = 0; r < R; r++) {
         o = o0;
         for (; o + 4 <= o1; o += 4)
             mm_tile_1x4(a, r, o);
