@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LOG "drafter"
 #define MAX_BLOCK 64
@@ -72,7 +73,15 @@ typedef struct dstream {
     size_t logits_rows;
     float *probs;
     int *order;
+    uint32_t draft_us; /* time of the last drafting pass */
 } dstream;
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
 
 /* ---- sequences ------------------------------------------------------------- */
 
@@ -464,6 +473,7 @@ static tdm_status send_blocks(dstream *st, tdm_error *err)
         b.n_token_probs = (size_t)q->k;
         b.token_probs = q->probs;
         b.position = (uint32_t)q->n;
+        b.draft_micros = st->draft_us; /* one batched pass drafted every block */
         Tandem__V1__DraftDistribution dd[MAX_BLOCK];
         Tandem__V1__DraftDistribution *dp[MAX_BLOCK];
         if (q->k > 0 && q->dist_n[0] > 0) {
@@ -564,7 +574,9 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         }
         if (ended)
             break;
+        double t0 = now_us();
         draft_all(&st);
+        st.draft_us = (uint32_t)(now_us() - t0);
         tdm_error werr = {0};
         if (send_blocks(&st, &werr) != TDM_OK) {
             /* The call ended under us; the reader sees the end too. */

@@ -91,6 +91,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"mean_accepted_per_round", c.spec_rounds ? (double)c.accepted / (double)c.spec_rounds : 0},
         {"drafter_failures", (double)c.drafter_failures},
         {"cancelled", (double)c.cancelled},
+        {"draft_exchange_overhead_p50_us", c.overhead_p50_us},
+        {"draft_exchange_overhead_p99_us", c.overhead_p99_us},
     };
     size_t n = TDM_ARRAY_LEN(all) < max ? TDM_ARRAY_LEN(all) : max;
     memcpy(out, all, n * sizeof(*out));

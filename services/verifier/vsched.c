@@ -55,6 +55,7 @@ struct vreq {
     bool opened;    /* the drafter knows this sequence */
     bool awaiting;  /* a block was asked for and has not arrived */
     bool after_open; /* the awaited block follows an open: its wait includes a prefill */
+    double t_asked, t_got; /* when the awaited block was asked for and arrived */
     uint32_t round; /* the round number the awaited block must carry */
     tdm_adaptive ad;
     Tandem__V1__DraftResponse *block; /* delivered by the reader, under mu */
@@ -93,6 +94,9 @@ struct vsched {
     uint64_t next_id;
     vsched_counters counters;
     double plain_step_ms; /* EMA of a round's step with no drafts, per row */
+    /* Exchange overhead per block (wait minus the drafter's own time), us. */
+    float overhead_us[4096];
+    uint64_t n_overhead;
     /* scheduler-thread scratch */
     float *logits;
     size_t logits_rows;
@@ -198,6 +202,7 @@ static void *link_reader(void *arg)
                 if (r->block)
                     protobuf_c_message_free_unpacked(&r->block->base, NULL);
                 r->block = resp;
+                r->t_got = now_ms();
                 keep = true;
             } else if (resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR) {
                 req_drop_spec_locked(r, "off: drafter reported: %s", resp->error->message);
@@ -768,6 +773,12 @@ static bool sched_round(vsched *s)
                 k[i] = (int)b->n_tokens;
                 blk[i] = b;
                 got[i] = true;
+                /* After an open the wait includes the drafter's prefill. */
+                if (!r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
+                    double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
+                    s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
+                        (float)(us > 0 ? us : 0);
+                }
             }
         }
         r->awaiting = false;
@@ -950,6 +961,7 @@ static bool sched_round(vsched *s)
         msg_out *m = &msgs[i];
         if (m->kind == 0 || !m->r->link)
             continue;
+        m->r->t_asked = now_ms();
         /* The link cannot go away under us: r holds a reference until it is
          * retired, which only this thread does. */
         if (m->kind == 1)
@@ -1082,10 +1094,29 @@ void vsched_destroy(vsched *s)
     free(s);
 }
 
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 void vsched_get_counters(vsched *s, vsched_counters *c)
 {
     pthread_mutex_lock(&s->mu);
     *c = s->counters;
+    size_t n = s->n_overhead < TDM_ARRAY_LEN(s->overhead_us) ? (size_t)s->n_overhead
+                                                              : TDM_ARRAY_LEN(s->overhead_us);
+    c->overhead_p50_us = c->overhead_p99_us = 0;
+    if (n > 0) {
+        float *v = malloc(n * sizeof(float));
+        if (v) {
+            memcpy(v, s->overhead_us, n * sizeof(float));
+            qsort(v, n, sizeof(float), cmp_float);
+            c->overhead_p50_us = v[n / 2];
+            c->overhead_p99_us = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+            free(v);
+        }
+    }
     c->active = (uint64_t)s->n_active;
     c->waiting = 0;
     for (vreq *r = s->wait_head; r; r = r->next_waiting)

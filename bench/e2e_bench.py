@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""Speculative decoding end to end on this machine's CPU with the bundled demo
+pair: tokens/s with and without speculation (model and n-gram drafters),
+mean accepted draft tokens per round, and the drafter<->verifier exchange
+overhead per round on loopback (median and p99, from the verifier's
+counters), side by side.
+
+usage: bench/e2e_bench.py --build BUILD_DIR [--prompts N] [--tokens N] [--concurrency C]
+"""
+import argparse
+import concurrent.futures
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "services"))
+import services_test as st  # noqa: E402
+import e2e_test as e2e  # noqa: E402
+
+
+def counter(target, path, name):
+    code, _, resp = st.unary(target, path)
+    for c in (resp or {}).get("counters", []):
+        if c["name"] == name:
+            return float(c["value"])
+    return 0.0
+
+
+def run(label, gw, v, ps, tokens, conc, mode, block=0, fixed=False):
+    t0 = time.time()
+
+    def one(p):
+        return e2e.generate(gw, p, max_tokens=tokens, mode=mode, block=block, fixed=fixed,
+                            ignore_eos=True)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=conc) as ex:
+        res = list(ex.map(one, ps))
+    wall = time.time() - t0
+    gen = sum(len(r[2]) for r in res)
+    bad = [r for r in res if r[0] != "OK"]
+    rounds = sum(int(r[4]["stats"]["speculative_rounds"]) for r in res if r[4])
+    acc = sum(int(r[4]["stats"]["accepted_tokens"]) for r in res if r[4])
+    p50 = counter(v.addr(), "/tandem.v1.Verifier/Describe", "draft_exchange_overhead_p50_us")
+    p99 = counter(v.addr(), "/tandem.v1.Verifier/Describe", "draft_exchange_overhead_p99_us")
+    row = (label, conc, gen / wall, acc / rounds if rounds else 0.0, rounds, p50, p99, len(bad))
+    print("| %-34s | %2d | %8.1f | %5.2f | %6d | %7.0f | %7.0f | %d |" % row, flush=True)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    a = ap.parse_args()
+    b = os.path.abspath(a.build)
+
+    class Args:
+        cli = os.path.join(b, "services/cli/tandem")
+        gateway = os.path.join(b, "services/gateway/tandem-gateway")
+        verifier = os.path.join(b, "services/verifier/tandem-verifier")
+        drafter = os.path.join(b, "services/drafter/tandem-drafter")
+        source = ROOT
+
+    st.ARGS = Args
+    st.TMP = tempfile.mkdtemp(prefix="tandem-bench-")
+    e2e.setup_paths()
+    ps = e2e.prompts(a.prompts)
+    print("| configuration | conc | tokens/s | accepted/round | spec rounds | "
+          "exchange p50 us | exchange p99 us | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    try:
+        for conc in a.concurrency:
+            gw, v, d = e2e.stack("extra_buffer", "model", block=4)
+            run("plain (no speculation)", gw, v, ps, a.tokens, conc, "SPECULATION_MODE_OFF")
+            e2e.stop_all()
+            gw, v, d = e2e.stack("extra_buffer", "model", block=4)
+            run("model drafter, k=4 fixed", gw, v, ps, a.tokens, conc, "SPECULATION_MODE_ON", 4,
+                True)
+            e2e.stop_all()
+            gw, v, d = e2e.stack("extra_buffer", "model", block=4)
+            run("model drafter, adaptive (k<=4)", gw, v, ps, a.tokens, conc,
+                "SPECULATION_MODE_ON", 4)
+            e2e.stop_all()
+            gw, v, d = e2e.stack("extra_buffer", "ngram", block=4)
+            run("n-gram drafter, k=4 fixed", gw, v, ps, a.tokens, conc, "SPECULATION_MODE_ON", 4,
+                True)
+            e2e.stop_all()
+    finally:
+        e2e.stop_all()
+
+
+if __name__ == "__main__":
+    main()
