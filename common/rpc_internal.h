@@ -34,6 +34,9 @@ void tdm_rpc__size_args(grpc_arg *args, grpc_channel_args *out, int64_t max_byte
 /* Absolute deadline for a timeout (infinite when timeout_ms <= 0). */
 gpr_timespec tdm_rpc__deadline(int64_t timeout_ms);
 
+/* The i-th registered method path of a server, NULL past the end. */
+const char *tdm_rpc__server_method(const tdm_rpc_server *server, size_t i);
+
 /* The grpc_call of a server call (for deadline/cancel propagation). */
 grpc_call *tdm_rpc__server_call_handle(tdm_rpc_call *call);
 

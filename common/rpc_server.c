@@ -827,6 +827,11 @@ void tdm_rpc_server_destroy(tdm_rpc_server *s)
 
 /* ---- server-side call API ----------------------------------------------------------- */
 
+const char *tdm_rpc__server_method(const tdm_rpc_server *server, size_t i)
+{
+    return i < server->n_methods ? server->methods[i].path : NULL;
+}
+
 grpc_call *tdm_rpc__server_call_handle(tdm_rpc_call *call)
 {
     return call->call;

@@ -26,8 +26,12 @@ def check(cond, what):
         print("FAIL: " + what, file=sys.stderr)
 
 
+started = []
+
+
 def start(server, *args):
     p = subprocess.Popen([server] + list(args), stdout=subprocess.PIPE, text=True)
+    started.append(p)
     line = p.stdout.readline()
     if not line.startswith("ready "):
         p.kill()
@@ -127,6 +131,72 @@ def main():
     code, _, _ = client.call_unary(hch, "/tandem.test.Echo/Say", {"text": "x"})
     check(code == "UNIMPLEMENTED", "Echo on the health port -> %s" % code)
 
+    # --- server reflection, checked with Python's own descriptor machinery
+    from google.protobuf import descriptor_pb2, descriptor_pool as dpool
+    for ver in ("v1", "v1alpha"):
+        path = "/grpc.reflection.%s.ServerReflection/ServerReflectionInfo" % ver
+        rq, rs, _ = client._method(path)
+        call = ch.stream_stream(path, request_serializer=rq.SerializeToString,
+                                response_deserializer=rs.FromString)
+        reqs = [rq(list_services=""),
+                rq(file_containing_symbol="grpc.health.v1.Health"),
+                rq(file_containing_symbol="tandem.v1.Gateway.GetStatus"),
+                rq(file_containing_symbol="grpc.health.v1.HealthCheckResponse.ServingStatus"),
+                rq(file_by_filename="tandem/v1/common.proto"),
+                rq(file_containing_symbol="no.such.Symbol"),
+                rq(all_extension_numbers_of_type="tandem.v1.GetStatusRequest")]
+        got = list(call(iter(reqs), timeout=10))
+        check(len(got) == len(reqs), "reflection %s: %d responses to %d requests" % (ver, len(got), len(reqs)))
+        if len(got) != len(reqs):
+            continue
+        names = sorted(s.name for s in got[0].list_services_response.service)
+        check(names == sorted(["grpc.health.v1.Health", "tandem.test.Echo",
+                               "grpc.reflection.v1.ServerReflection",
+                               "grpc.reflection.v1alpha.ServerReflection"]),
+              "reflection %s list_services -> %r" % (ver, names))
+
+        def files(resp):
+            out = []
+            for b in resp.file_descriptor_response.file_descriptor_proto:
+                fd = descriptor_pb2.FileDescriptorProto()
+                fd.ParseFromString(b)
+                out.append(fd)
+            return out
+
+        h = files(got[1])
+        check(h and h[0].name == "grpc/health/v1/health.proto" and
+              [m.name for m in h[0].service[0].method] == ["Check", "Watch"],
+              "reflection %s Health -> %r" % (ver, [f.name for f in h]))
+        g = files(got[2])
+        have = {f.name for f in g}
+        check(g and g[0].name == "tandem/v1/gateway.proto", "reflection %s GetStatus file -> %r" % (ver, have))
+        check(all(d in have for f in g for d in f.dependency),
+              "reflection %s: dependencies missing from %r" % (ver, have))
+        # The returned files load into a fresh pool, and the method resolves.
+        pool = dpool.DescriptorPool()
+        pending = list(g)
+        for _ in range(len(g) + 1):
+            for f in list(pending):
+                if all(d not in have or any(d == x.name for x in g if x not in pending) for d in f.dependency):
+                    pool.Add(f)
+                    pending.remove(f)
+        try:
+            m = pool.FindMethodByName("tandem.v1.Gateway.GetStatus")
+            check(m.input_type.full_name == "tandem.v1.GetStatusRequest",
+                  "reflection %s: GetStatus input %s" % (ver, m.input_type.full_name))
+        except KeyError as e:
+            check(False, "reflection %s: GetStatus not resolvable from returned files: %s" % (ver, e))
+        e = files(got[3])
+        check(e and e[0].name == "grpc/health/v1/health.proto", "reflection %s nested enum -> %r" % (ver, [f.name for f in e]))
+        c = files(got[4])
+        check(c and c[0].name == "tandem/v1/common.proto", "reflection %s by filename -> %r" % (ver, [f.name for f in c]))
+        check(got[5].error_response.error_code == 5 and "no.such.Symbol" in got[5].error_response.error_message,
+              "reflection %s unknown symbol -> %r" % (ver, got[5]))
+        check(got[6].all_extension_numbers_response.base_type_name == "tandem.v1.GetStatusRequest",
+              "reflection %s extension numbers -> %r" % (ver, got[6]))
+        check(got[2].original_request.file_containing_symbol == "tandem.v1.Gateway.GetStatus",
+              "reflection %s original_request echoed" % ver)
+
     # --- the command-line form prints JSON
     r = subprocess.run([sys.executable, os.path.join(a.source, "tests", "interop", "client.py"),
                         "--target", health_t, "--source", a.source, check_path, '{"service": ""}'],
@@ -163,4 +233,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        rc = main()
+    finally:
+        for proc in started:  # never leave a server behind, whatever failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    sys.exit(rc)

@@ -11,6 +11,7 @@
 #include "echo_service.h"
 #include "health.h"
 #include "log.h"
+#include "reflection.h"
 #include "rpc.h"
 
 int main(int argc, char **argv)
@@ -37,6 +38,7 @@ int main(int argc, char **argv)
     if (tdm_rpc_server_create(&so, &s, &err) != TDM_OK ||
         tdm_health_add_service(h, "tandem.test.Echo", &err) != TDM_OK ||
         echo_register(s, &err) != TDM_OK || tdm_health_register(h, s, &err) != TDM_OK ||
+        tdm_reflection_register(s, &err) != TDM_OK ||
         tdm_rpc_server_start(s, &err) != TDM_OK ||
         tdm_health_server_start(h, health_listen, &hs, &err) != TDM_OK) {
         fprintf(stderr, "rpc_test_server: %s\n", err.msg);
