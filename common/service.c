@@ -25,8 +25,10 @@ struct tdm_service {
     tdm_rpc_server *server;
     tdm_rpc_server *health_server;
     Tandem__V1__Descriptor *desc;
-    tdm_service_counters_fn counters;
+    tdm_service_counters_fn counters; /* the role's own counters */
     void *counters_arg;
+    tdm_service_counters_fn reg_counters; /* registration with the gateway */
+    void *reg_counters_arg;
     struct timespec started;
 };
 
@@ -155,6 +157,8 @@ void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call, Tandem__V
     tdm_service_counter c[MAX_COUNTERS];
     size_t k = 0;
     c[k++] = (tdm_service_counter){"uptime_seconds", tdm_service_uptime_s(s)};
+    if (s->reg_counters)
+        k += s->reg_counters(s->reg_counters_arg, c + k, MAX_COUNTERS - k);
     if (s->counters)
         k += s->counters(s->counters_arg, c + k, MAX_COUNTERS - k);
     if (k > MAX_COUNTERS)
@@ -295,7 +299,8 @@ int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char 
         tdm_log_error(program, "cannot start: %s", err.msg);
         return 1;
     }
-    tdm_service_set_counters(s, replica_counters, &rc);
+    s->reg_counters = replica_counters;
+    s->reg_counters_arg = &rc;
     if (tdm_service_add_describe(s, describe_path, &err) != TDM_OK ||
         (setup && setup(s, arg, &err) != TDM_OK) || tdm_service_start(s, &err) != TDM_OK) {
         tdm_log_error(program, "cannot start: %s", err.msg);

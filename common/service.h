@@ -53,7 +53,8 @@ const tdm_rpc_tls *tdm_service_tls(const tdm_service *s);
 /* Seconds since tdm_service_create. */
 double tdm_service_uptime_s(const tdm_service *s);
 
-/* Extra counters for Describe (uptime is always reported). */
+/* The role's counters for Describe (uptime, and for replicas the
+ * registration counters, are always reported besides). */
 void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg);
 /* Fills a Counter array from the counters callback, with memory from the call. */
 void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call,

@@ -367,6 +367,16 @@ static tdm_status check_drafter_model(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "model", b, sizeof(b)));
 }
 
+static tdm_status check_verifier_model(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (tdm_cfg_str(cfg, "model")[0])
+        return TDM_OK;
+    char a[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s: a verifier serves a target model; set model to a model directory",
+                         tdm_cfg_describe(cfg, "model", a, sizeof(a)));
+}
+
 static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
 {
     if (tdm_cfg_int(cfg, "replica_ttl") > 2 * tdm_cfg_int(cfg, "heartbeat_interval"))
@@ -398,7 +408,8 @@ static const tdm_cfg_rule drafter_rules[] = {
 
 static const tdm_cfg_check gateway_checks[] = {CHECKS_COMMON,
                                                {"ttl-outlasts-heartbeats", check_ttl}};
-static const tdm_cfg_check verifier_checks[] = {CHECKS_COMMON, CHECKS_REPLICA};
+static const tdm_cfg_check verifier_checks[] = {CHECKS_COMMON, CHECKS_REPLICA,
+                                                {"verifier-needs-model", check_verifier_model}};
 static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON, CHECKS_REPLICA,
                                                {"model-drafter-needs-model", check_drafter_model}};
 

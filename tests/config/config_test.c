@@ -78,7 +78,10 @@ static void clear_env(void)
         }
 }
 
-/* Loads a schema from a NULL-terminated argument list (argv[0] added). */
+static char g_model[300];
+
+/* Loads a schema from a NULL-terminated argument list (argv[0] added). A
+ * verifier needs a model; one is added unless the arguments name one. */
 static tdm_cfg *load(const tdm_cfg_schema *schema, tdm_status *st, tdm_cfg_action *action,
                      tdm_error *err, ...)
 {
@@ -88,10 +91,20 @@ static tdm_cfg *load(const tdm_cfg_schema *schema, tdm_status *st, tdm_cfg_actio
     va_list ap;
     va_start(ap, err);
     const char *a;
-    while ((a = va_arg(ap, const char *)) != NULL && argc < 63)
+    bool has_model = false;
+    while ((a = va_arg(ap, const char *)) != NULL && argc < 61) {
+        has_model = has_model || strncmp(a, "--model", 7) == 0;
         argv[argc++] = (char *)a;
+    }
     va_end(ap);
     argv[argc] = NULL;
+    if (schema == &tdm_svc_verifier_schema && !has_model && !getenv("TANDEM_MODEL")) {
+        /* First, so that a flag missing its value at the end stays so. */
+        memmove(argv + 3, argv + 1, (size_t)argc * sizeof(char *));
+        argv[1] = "--model";
+        argv[2] = g_model;
+        argc += 2;
+    }
     tdm_cfg *cfg = tdm_cfg_create(schema);
     tdm_cfg_action act;
     *st = tdm_cfg_load(cfg, argc, argv, true, action ? action : &act, err);
@@ -332,6 +345,17 @@ static void test_conflicts(void)
     CHECK(has_error(cfg, "replica_ttl=1s (flag:--replica-ttl)",
                     "heartbeat_interval=1s (flag:--heartbeat-interval)"),
           "names both");
+    tdm_cfg_destroy(cfg);
+
+    /* A verifier serves a model: none set is an error, not a late failure. */
+    cfg = tdm_cfg_create(&tdm_svc_verifier_schema);
+    {
+        char *argv[] = {"tandem-verifier", NULL};
+        tdm_cfg_action act;
+        st = tdm_cfg_load(cfg, 1, argv, true, &act, &err);
+    }
+    CHECK(st != TDM_OK && has_error(cfg, "model='' (default)", "verifier-needs-model"),
+          "verifier without a model");
     tdm_cfg_destroy(cfg);
 
     /* Main and health port the same. */
@@ -623,6 +647,11 @@ int main(int argc, char **argv)
     };
     clear_env();
     make_tmpdir();
+    snprintf(g_model, sizeof(g_model), "%s/verifier-model", g_dir);
+    mkdir(g_model, 0755);
+    char cfg_path[400];
+    snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", g_model);
+    write_file(cfg_path, "{\"vocab_size\": 16}");
     int ran = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)

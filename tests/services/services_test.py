@@ -108,6 +108,8 @@ def gateway(*args):
 
 
 def replica(role, gw, *args, **kw):
+    if role == "verifier" and "--model" not in args:
+        args = ("--model", model("target", "f32_gqa", "qwen2_bpe1000")) + args
     return start(role, "--gateway", gw.addr(), *args, **kw)
 
 
@@ -401,7 +403,8 @@ def case_reregister():
     port = sk.getsockname()[1]
     sk.close()
     addr = "127.0.0.1:%d" % port
-    v = start("verifier", "--gateway", addr, "--replica-id", "v1")
+    v = start("verifier", "--gateway", addr, "--replica-id", "v1", "--model",
+              model("target", "f32_gqa", "qwen2_bpe1000"))
     time.sleep(1.0)
     check("cannot register with gateway %s" % addr in v.text(), "retrying is logged")
     check(v.text().count("cannot register with gateway") == 1, "warned once per outage")
@@ -445,14 +448,16 @@ def case_sigterm():
 
 def case_check_config():
     v = binary("tandem-verifier")
-    # The two examples.
+    m = model("target", "f32_gqa", "qwen2_bpe1000")
+    # The two examples (a verifier also needs its model).
     rc, out, err = run([v, "--check-config", "--prefix-cache", "on", "--state-strategy",
-                        "no_buffer"])
+                        "no_buffer", "--model", m])
     check(rc != 0, "conflict exits non-zero")
     check("prefix_cache=on (flag:--prefix-cache)" in out and
           "state_strategy=no_buffer (flag:--state-strategy)" in out,
           "conflict names both settings, values and sources:\n" + out)
-    rc, out, err = run([v, "--check-config", "--prefix-cache", "on", "--state-strategy", "auto"])
+    rc, out, err = run([v, "--check-config", "--prefix-cache", "on", "--state-strategy", "auto",
+                        "--model", m])
     check(rc == 0, "auto resolves: rc %d\n%s%s" % (rc, out, err))
     line = [ln for ln in out.splitlines() if ln.startswith("state_strategy:")]
     check(len(line) == 1 and "extra_buffer" in line[0] and
@@ -462,14 +467,15 @@ def case_check_config():
     # The same conflict from env and file, without --check-config: no start.
     f = write("v-conflict.yaml", "# verifier\nstate_strategy: no_buffer\n")
     rc, out, err = run([v, "--config", f, "--listen", "127.0.0.1:0", "--health-listen",
-                        "127.0.0.1:0"], env={"TANDEM_PREFIX_CACHE": "on"})
+                        "127.0.0.1:0", "--model", m], env={"TANDEM_PREFIX_CACHE": "on"})
     check(rc == 2, "refuses to start: rc %d" % rc)
     check("prefix_cache=on (env:TANDEM_PREFIX_CACHE)" in err and
           ("state_strategy=no_buffer (file:%s:2)" % f) in err, "names env and file:line:\n" + err)
     check("listening" not in err, "did not serve")
     # Every value's source is printed.
     rc, out, err = run([v, "--check-config", "--config", write("v.yaml", "max_draft_tokens: 5\n"),
-                        "--log-level", "warn"], env={"TANDEM_MAX_SEQUENCES": "32"})
+                        "--log-level", "warn"], env={"TANDEM_MAX_SEQUENCES": "32",
+                                                     "TANDEM_MODEL": m})
     check(rc == 0, "valid config: %s" % out)
     check(re.search(r"^max_draft_tokens: +5 +# file:.*v\.yaml:1$", out, re.M) is not None,
           "file source:\n" + out)
@@ -481,15 +487,18 @@ def case_check_config():
           "default source:\n" + out)
     # Unknown keys in files and bad values.
     bad = write("bad.yaml", "listen: 127.0.0.1:0\nmax_draft_tokenz: 4\n")
-    rc, out, err = run([v, "--check-config", "--config", bad])
+    rc, out, err = run([v, "--check-config", "--config", bad, "--model", m])
     check(rc != 0 and ("%s:2: unknown key 'max_draft_tokenz'" % bad) in out,
           "unknown key names file and line:\n" + out)
-    rc, out, err = run([v, "--check-config", "--max-draft-tokens", "100"])
+    rc, out, err = run([v, "--check-config", "--max-draft-tokens", "100", "--model", m])
     check(rc != 0 and "out of range (1 to 64)" in out, "range:\n" + out)
     rc, out, err = run([v, "--check-config", "--model", TMP])
     check(rc != 0 and "does not contain config.json" in out, "model dir check:\n" + out)
+    # A verifier without a model would not start: the check says so.
+    rc, out, err = run([v, "--check-config"])
+    check(rc != 0 and "model='' (default)" in out and "verifier-needs-model" in out,
+          "verifier without a model:\n" + out)
     # A model directory is read: fingerprints printed.
-    m = model("target", "f32_gqa", "qwen2_bpe1000")
     rc, out, err = run([v, "--check-config", "--model", m])
     check(rc == 0 and ("# tokenizer fingerprint: " + reference().tokenizer_fp(
         tokenizer("qwen2_bpe1000"))) in out, "fingerprint printed:\n" + out + err)
@@ -503,7 +512,8 @@ def case_check_config():
     check(rc != 0 and "model.safetensors" in out, "corrupt weights:\n" + out)
     # Each binary answers --check-config and --help.
     for b in ("tandem-gateway", "tandem-drafter", "tandem-verifier"):
-        rc, out, err = run([binary(b), "--check-config"])
+        rc, out, err = run([binary(b), "--check-config"] +
+                           (["--model", m] if b == "tandem-verifier" else []))
         check(rc == 0 and "would start" in out, "%s --check-config: %s" % (b, out + err))
         rc, out, err = run([binary(b), "--help"])
         check(rc == 0 and "--listen" in out and "TANDEM_HEALTH_LISTEN" in out,
