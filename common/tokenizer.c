@@ -1722,6 +1722,71 @@ static bool text_is_nfc_inert(const tdm_tokenizer *tok, const char *s, size_t n)
     return true;
 }
 
+/* Length of the character at p[0..n) (> 0; the text is valid UTF-8) and
+ * whether it is NFC-inert. */
+static int char_inert(const tdm_tokenizer *tok, const unsigned char *p, size_t n, bool *inert)
+{
+    if (p[0] < 0x80) {
+        *inert = true;
+        return 1;
+    }
+    int k = tok__utf8_class(p, n);
+    if (k <= 0) {
+        *inert = false;
+        return 1;
+    }
+    uint32_t cp = utf8_get(p, k);
+    *inert = cp < 0x300 ||
+             (cp < TOK_NFC_INERT_LIMIT && (tok->nfc_inert[cp >> 3] & (1u << (cp & 7))) != 0);
+    return k;
+}
+
+/* NFC of s[0..n), normalizing only the stretches that can change: each run
+ * of non-inert characters together with the inert character before it (a
+ * base that marks may compose with). Text that starts with an inert
+ * character normalizes independently of what precedes it, so the pieces
+ * concatenate to the NFC of the whole. *out is malloc'd. */
+static tdm_status nfc_by_segments(const tdm_tokenizer *tok, const char *s, size_t n, char **out,
+                                  size_t *out_len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    tok_buf b = {0};
+    size_t i = 0, copied = 0, last_inert = 0;
+    bool ok = buf_reserve(&b, n);
+    while (ok && i < n) {
+        bool inert;
+        int k = char_inert(tok, p + i, n - i, &inert);
+        if (inert) {
+            last_inert = i;
+            i += (size_t)k;
+            continue;
+        }
+        size_t start = last_inert > copied ? last_inert : copied, j = i + (size_t)k;
+        while (j < n) {
+            k = char_inert(tok, p + j, n - j, &inert);
+            if (inert)
+                break;
+            j += (size_t)k;
+        }
+        char *norm;
+        size_t nl;
+        ok = buf_append(&b, s + copied, start - copied) &&
+             tok__nfc(s + start, j - start, &norm, &nl) == TDM_OK;
+        if (ok) {
+            ok = buf_append(&b, norm, nl);
+            free(norm);
+        }
+        copied = i = j;
+    }
+    if (!ok || !buf_append(&b, s + copied, n - copied)) {
+        free(b.p);
+        return TDM_ERR_RESOURCE_EXHAUSTED;
+    }
+    *out = b.p;
+    *out_len = b.len;
+    return TDM_OK;
+}
+
 static tdm_status tok__cache_init(tdm_tokenizer *tok)
 {
     if (tok->nfc && nfc_inert_init(tok) != TDM_OK)
@@ -1911,25 +1976,14 @@ static bool bpe_word(enc_ctx *c, const unsigned char *w, size_t n)
     return true;
 }
 
-/* One pre-tokenized word -> ids, through the word cache when it fits. */
+/* One pre-tokenized word -> ids, through the word cache when it fits; with
+ * ignore_merges a word that is a vocabulary entry is that entry. */
 static bool encode_word(enc_ctx *c, const unsigned char *w, size_t n)
 {
     const tdm_tokenizer *tok = c->tok;
     if (n == 1) {
         int32_t id = tok->byte_id[w[0]];
         return id < 0 || emit(c, id);
-    }
-    if (tok->ignore_merges) {
-        if (!grow((void **)&c->word, &c->word_cap, 2 * n, 1))
-            return false;
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++) {
-            memcpy(c->word + k, tok->bl_utf8[w[i]], 2);
-            k += tok->bl_len[w[i]];
-        }
-        int32_t id = tok__strmap_get(&tok->vocab, c->word, k);
-        if (id >= 0)
-            return emit(c, id);
     }
     bool cacheable = n <= TOK_CACHE_MAX_WORD;
     uint64_t h = 0;
@@ -1953,7 +2007,23 @@ static bool encode_word(enc_ctx *c, const unsigned char *w, size_t n)
         }
     }
     size_t before = c->n;
-    if (!bpe_word(c, w, n))
+    bool whole = false;
+    if (tok->ignore_merges) {
+        if (!grow((void **)&c->word, &c->word_cap, 2 * n, 1))
+            return false;
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            memcpy(c->word + k, tok->bl_utf8[w[i]], 2);
+            k += tok->bl_len[w[i]];
+        }
+        int32_t id = tok__strmap_get(&tok->vocab, c->word, k);
+        if (id >= 0) {
+            if (!emit(c, id))
+                return false;
+            whole = true;
+        }
+    }
+    if (!whole && !bpe_word(c, w, n))
         return false;
     size_t k = c->n - before;
     if (cacheable && k <= TOK_CACHE_MAX_IDS &&
@@ -2117,7 +2187,7 @@ static tdm_status after_raw_tokens(enc_ctx *c, const char *s, size_t n)
         return split_added(c, &tok->match_norm, s, n, after_normalized_tokens);
     char *norm;
     size_t nlen;
-    if (tok__nfc(s, n, &norm, &nlen) != TDM_OK)
+    if (nfc_by_segments(tok, s, n, &norm, &nlen) != TDM_OK)
         return oom(c);
     tdm_status r = split_added(c, &tok->match_norm, norm, nlen, after_normalized_tokens);
     free(norm);
