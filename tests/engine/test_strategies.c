@@ -221,6 +221,39 @@ static void fork_test(tdm_model *m, const char *name)
     printf("%-14s fork: independent and exact\n", name);
 }
 
+/* A prompt longer than the engine's prefill chunk (128), in one call, in
+ * uneven pieces and one token at a time: the same logits at every position. */
+static void long_prompt(tdm_model *m, const char *name)
+{
+    const int V = tdm_model_get_config(m)->vocab_size, N = 300;
+    tdm_error err;
+    int32_t *p = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        p[i] = rnd(V);
+    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)N * V * 4);
+    tdm_seq *s1 = make(m, TDM_STATE_EXTRA_BUFFER), *s2 = make(m, TDM_STATE_NO_BUFFER);
+    CHECK(tdm_seq_prefill(s1, p, N, a, &err) == TDM_OK, "%s", err.msg);
+    int cuts[] = {0, 1, 130, 131, 257, N};
+    for (size_t i = 0; i + 1 < sizeof(cuts) / sizeof(cuts[0]); i++)
+        CHECK(tdm_seq_prefill(s2, p + cuts[i], cuts[i + 1] - cuts[i], b + (size_t)cuts[i] * V,
+                              &err) == TDM_OK,
+              "%s", err.msg);
+    CHECK(memcmp(a, b, (size_t)N * V * 4) == 0, "%s: chunked prefill differs", name);
+    tdm_seq *s3 = make(m, TDM_STATE_EXTRA_BUFFER);
+    for (int i = 0; i < N; i++) {
+        CHECK(tdm_seq_decode(&s3, 1, &p[i], b, &err) == TDM_OK, "%s", err.msg);
+        CHECK(memcmp(b, a + (size_t)i * V, (size_t)V * 4) == 0,
+              "%s: decode of position %d differs from the prefill", name, i);
+    }
+    tdm_seq_destroy(s1);
+    tdm_seq_destroy(s2);
+    tdm_seq_destroy(s3);
+    free(p);
+    free(a);
+    free(b);
+    printf("%-14s long prompt: one call == pieces == token by token (%d positions)\n", name, N);
+}
+
 static void memory_report(tdm_model *m, const char *name)
 {
     tdm_seq_memory me, mn;
@@ -250,6 +283,7 @@ int main(void)
         strategies(m, names[i]);
         batching(m, names[i]);
         fork_test(m, names[i]);
+        long_prompt(m, names[i]);
         memory_report(m, names[i]);
         tdm_model_destroy(m);
         fixture_free(&f);
