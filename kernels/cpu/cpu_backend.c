@@ -319,7 +319,7 @@ typedef struct attn_args {
     float *out;
     const float *q;
     const tdm_attn_seg *segs;
-    int nseg, nH, nKV, D, max_ctx, total_rows;
+    int nseg, nH, nKV, D;
 } attn_args;
 
 static void attn_task(void *vp, int u)
@@ -328,61 +328,52 @@ static void attn_task(void *vp, int u)
     const int nH = a->nH, D = a->D, grp = a->nH / a->nKV;
     const size_t kvw = (size_t)a->nKV * (size_t)D;
     const float scale = 1.0f / sqrtf((float)D);
-    float stack[2048];
-    float *p = a->max_ctx <= 2048 ? stack : malloc((size_t)a->max_ctx * sizeof(float));
-    if (!p)
-        abort();
-    /* Map a unit to (segment, row, head) by walking segments: rows are few. */
-    {
-        int row_unit = u / nH, h = u % nH, si = 0, acc = 0;
-        while (acc + a->segs[si].nrows <= row_unit)
-            acc += a->segs[si++].nrows;
-        const tdm_attn_seg *sg = &a->segs[si];
-        int i = row_unit - acc, n = sg->n_past + i + 1, kh = h / grp;
-        size_t row = (size_t)(sg->row0 + i);
-        const float *q = a->q + (row * (size_t)nH + (size_t)h) * (size_t)D;
-        float mx = -INFINITY;
-        for (int j = 0; j < n; j++) {
-            const float *k = sg->k_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
-            float s = 0;
-            for (int d = 0; d < D; d++)
-                s += q[d] * k[d];
-            s *= scale;
-            p[j] = s;
-            if (s > mx)
-                mx = s;
-        }
-        float sum = 0;
-        for (int j = 0; j < n; j++) {
-            p[j] = expf(p[j] - mx);
-            sum += p[j];
-        }
-        float inv = 1.0f / sum;
-        float *o = a->out + (row * (size_t)nH + (size_t)h) * (size_t)D;
+    /* Map the unit to (segment, row, head) by walking segments: rows are few. */
+    int row_unit = u / nH, h = u % nH, si = 0, acc = 0;
+    while (acc + a->segs[si].nrows <= row_unit)
+        acc += a->segs[si++].nrows;
+    const tdm_attn_seg *sg = &a->segs[si];
+    int i = row_unit - acc, n = sg->n_past + i + 1, kh = h / grp;
+    size_t row = (size_t)(sg->row0 + i);
+    const float *q = a->q + (row * (size_t)nH + (size_t)h) * (size_t)D;
+    float *o = a->out + (row * (size_t)nH + (size_t)h) * (size_t)D;
+    /* One pass with a running maximum (online softmax): no scratch of the
+     * context's length, whatever the context. */
+    float mx = -INFINITY, sum = 0;
+    for (int d = 0; d < D; d++)
+        o[d] = 0;
+    for (int j = 0; j < n; j++) {
+        const float *k = sg->k_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
+        float s = 0;
         for (int d = 0; d < D; d++)
-            o[d] = 0;
-        for (int j = 0; j < n; j++) {
-            const float *v = sg->v_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
-            float pj = p[j] * inv;
+            s += q[d] * k[d];
+        s *= scale;
+        if (s > mx) {
+            float c = expf(mx - s); /* 0 on the first key */
+            sum *= c;
             for (int d = 0; d < D; d++)
-                o[d] += pj * v[d];
+                o[d] *= c;
+            mx = s;
         }
+        float p = expf(s - mx);
+        sum += p;
+        const float *v = sg->v_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
+        for (int d = 0; d < D; d++)
+            o[d] += p * v[d];
     }
-    if (p != stack)
-        free(p);
+    float inv = 1.0f / sum;
+    for (int d = 0; d < D; d++)
+        o[d] *= inv;
 }
 
 static void cpu_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
                           int nH, int nKV, int D)
 {
     cpu_ctx *c = ctx;
-    int max_ctx = 1, rows = 0;
-    for (int i = 0; i < nseg; i++) {
-        if (segs[i].n_past + segs[i].nrows > max_ctx)
-            max_ctx = segs[i].n_past + segs[i].nrows;
+    int rows = 0;
+    for (int i = 0; i < nseg; i++)
         rows += segs[i].nrows;
-    }
-    attn_args a = {out, q, segs, nseg, nH, nKV, D, max_ctx, rows};
+    attn_args a = {out, q, segs, nseg, nH, nKV, D};
     tdm_pool_run(c->pool, attn_task, &a, rows * nH);
 }
 
