@@ -109,8 +109,9 @@ for _ in $(seq 1 150); do
       exit 1
     fi
   done
-  if "$bin/cli/tandem" status --gateway "$gw" --json --timeout 1s 2>/dev/null \
-      | grep -q '"compatible":[[:space:]]*true'; then
+  # Captured first: grep -q closing the pipe early would fail the pipeline.
+  st_json="$("$bin/cli/tandem" status --gateway "$gw" --json --timeout 1s 2>/dev/null)"
+  if grep -q '"compatible":[[:space:]]*true' <<<"$st_json"; then
     ready=1
     break
   fi

@@ -630,9 +630,20 @@ def case_run_script():
             base = cand
             break
     build = os.path.dirname(os.path.dirname(os.path.dirname(binary("tandem"))))
-    rc, out, err = run([os.path.join(ARGS.source, "scripts", "run.sh"), "--no-build",
-                        "--build-dir", build, "--port-base", str(base), "--once"])
-    check(rc == 0, "run.sh --once exits 0: rc %d\n%s%s" % (rc, out, err))
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    # Its own session, so that a hung run can be stopped with its children.
+    p = subprocess.Popen([os.path.join(ARGS.source, "scripts", "run.sh"), "--no-build",
+                          "--build-dir", build, "--port-base", str(base), "--once"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=90)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)
+        out, err = p.communicate()
+        rc = "timeout"
+    check(rc == 0, "run.sh --once exits 0: rc %s\n%s%s" % (rc, out, err))
     check("pairs formed (1):" in out, "the pair is formed:\n" + out)
     check("127.0.0.1:%d" % base in out and "stopped" not in err, "gateway address shown")
 
