@@ -130,31 +130,32 @@ static void gen_model(const char *dir)
     FILE *fc = fopen(p, "w");
     if (!fc)
         die("cannot write the random model", NULL);
-    fprintf(fc,
-            "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": %d, \"hidden_size\": %d,\n"
-            " \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
-            " \"num_key_value_heads\": %d, \"head_dim\": %d, \"linear_num_key_heads\": %d,\n"
-            " \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
-            " \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
-            " \"full_attention_interval\": 4, \"tie_word_embeddings\": true, \"rms_norm_eps\": 1e-6,\n"
-            " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000,\n"
-            "                      \"partial_rotary_factor\": 0.25}}\n",
-            V, H, I, L, nH, nKV, D, Hk, Hv, Dk, Dv, K);
+    fprintf(
+        fc,
+        "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": %d, \"hidden_size\": %d,\n"
+        " \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
+        " \"num_key_value_heads\": %d, \"head_dim\": %d, \"linear_num_key_heads\": %d,\n"
+        " \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
+        " \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
+        " \"full_attention_interval\": 4, \"tie_word_embeddings\": true, \"rms_norm_eps\": 1e-6,\n"
+        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000,\n"
+        "                      \"partial_rotary_factor\": 0.25}}\n",
+        V, H, I, L, nH, nKV, D, Hk, Hv, Dk, Dv, K);
     fclose(fc);
 
     gen_tensor *ts = calloc(16 * (size_t)L + 4, sizeof(gen_tensor));
     int n = 0;
-#define T2(nm, a, b, sc)                                                                          \
-    do {                                                                                          \
-        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                       \
-        ts[n].ndim = 2, ts[n].shape[0] = a, ts[n].shape[1] = b, ts[n].scale = sc;                 \
-        n++;                                                                                      \
+#define T2(nm, a, b, sc)                                                                           \
+    do {                                                                                           \
+        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                        \
+        ts[n].ndim = 2, ts[n].shape[0] = a, ts[n].shape[1] = b, ts[n].scale = sc;                  \
+        n++;                                                                                       \
     } while (0)
-#define T1(nm, a, sc, off)                                                                        \
-    do {                                                                                          \
-        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                       \
-        ts[n].ndim = 1, ts[n].shape[0] = a, ts[n].scale = sc, ts[n].offset = off;                 \
-        n++;                                                                                      \
+#define T1(nm, a, sc, off)                                                                         \
+    do {                                                                                           \
+        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                        \
+        ts[n].ndim = 1, ts[n].shape[0] = a, ts[n].scale = sc, ts[n].offset = off;                  \
+        n++;                                                                                       \
     } while (0)
     char nm[128];
     T2("model.embed_tokens.weight", V, H, 1.0f);
@@ -173,7 +174,8 @@ static void gen_model(const char *dir)
             T2(NM("linear_attn.in_proj_b.weight"), Hv, H, s);
             T2(NM("linear_attn.in_proj_a.weight"), Hv, H, s);
             T2(NM("linear_attn.out_proj.weight"), H, Hv * Dv, 1.7f / sqrtf((float)(Hv * Dv)));
-            snprintf(ts[n].name, sizeof(ts[n].name), "model.layers.%d.linear_attn.conv1d.weight", l);
+            snprintf(ts[n].name, sizeof(ts[n].name), "model.layers.%d.linear_attn.conv1d.weight",
+                     l);
             ts[n].ndim = 3, ts[n].shape[0] = C, ts[n].shape[1] = 1, ts[n].shape[2] = K;
             ts[n].scale = 0.5f;
             n++;
@@ -320,8 +322,9 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
            1e3 * wb / copy_bw);
     printf("| floor per step (weights / read bw %.1f GB/s) | %.3f ms |\n", read_bw / 1e9,
            1e3 * wb / read_bw);
-    printf("| decode batch 1 (median step) | %.3f ms/step = %.1f tok/s (%.2fx the memcpy floor) |\n", 1e3 * dt1,
-           1.0 / dt1, dt1 / (wb / copy_bw));
+    printf(
+        "| decode batch 1 (median step) | %.3f ms/step = %.1f tok/s (%.2fx the memcpy floor) |\n",
+        1e3 * dt1, 1.0 / dt1, dt1 / (wb / copy_bw));
     printf("| decode batch 8 (median step) | %.3f ms/step = %.1f tok/s |\n", 1e3 * dt8, 8.0 / dt8);
 
     for (int k = 4; k <= 8; k += 4) {
@@ -330,7 +333,8 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
             int32_t blk[9];
             int nt = k + 1;
             int reps = steps / 2 > 3 ? steps / 2 : 3;
-            double *tvs = malloc((size_t)reps * sizeof(double)), *tcs = malloc((size_t)reps * sizeof(double));
+            double *tvs = malloc((size_t)reps * sizeof(double)),
+                   *tcs = malloc((size_t)reps * sizeof(double));
             for (int r = 0; r < reps; r++) {
                 for (int j = 0; j < nt; j++)
                     blk[j] = (int32_t)((r * 101 + j * 7) % V);
@@ -350,10 +354,12 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
             free(tcs);
             tdm_seq_memory mem;
             tdm_seq_memory_usage(v, &mem);
-            printf("| verify k=%d %s | %.3f ms verify + %.3f ms commit (accept %d); state %.1f KiB + "
-                   "%.1f KiB strategy |\n",
-                   k, tdm_state_strategy_name((tdm_state_strategy)st), 1e3 * tv, 1e3 * tc, k / 2, (double)(mem.recurrent_bytes + mem.conv_bytes) / 1024,
-                   (double)mem.strategy_bytes / 1024);
+            printf(
+                "| verify k=%d %s | %.3f ms verify + %.3f ms commit (accept %d); state %.1f KiB + "
+                "%.1f KiB strategy |\n",
+                k, tdm_state_strategy_name((tdm_state_strategy)st), 1e3 * tv, 1e3 * tc, k / 2,
+                (double)(mem.recurrent_bytes + mem.conv_bytes) / 1024,
+                (double)mem.strategy_bytes / 1024);
             tdm_seq_destroy(v);
         }
     }

@@ -29,7 +29,15 @@ tdm_status tdm_npy_write_f32(const char *path, const float *data, int ndim, cons
     if (!fp)
         return tdm_error_set(err, TDM_ERR_PERMISSION_DENIED, "%s: cannot create: %s", path,
                              strerror(errno));
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
+    unsigned char pre[10] = {0x93,
+                             'N',
+                             'U',
+                             'M',
+                             'P',
+                             'Y',
+                             1,
+                             0,
+                             (unsigned char)(hlen & 0xff),
                              (unsigned char)(hlen >> 8)};
     int ok = fwrite(pre, 1, 10, fp) == 10 && fwrite(dict, 1, (size_t)n, fp) == (size_t)n;
     for (size_t i = 0; ok && i < pad; i++)
@@ -64,9 +72,9 @@ tdm_status tdm_npy_read_f32(const char *path, float **data, int *ndim, int64_t s
     }
     hdr[hlen] = 0;
     if (!strstr(hdr, "'descr': '<f4'") || !strstr(hdr, "'fortran_order': False")) {
-        rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                           "%s: only little-endian float32 in C order is supported (%s)", path,
-                           hdr);
+        rc =
+            tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                          "%s: only little-endian float32 in C order is supported (%s)", path, hdr);
         goto out;
     }
     char *s = strstr(hdr, "'shape': (");

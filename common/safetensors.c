@@ -40,11 +40,11 @@ static const struct {
     tdm_st_dtype dt;
     size_t size;
 } st_dtypes[] = {
-    {"F32", TDM_ST_DTYPE_F32, 4},       {"F16", TDM_ST_DTYPE_F16, 2},
-    {"BF16", TDM_ST_DTYPE_BF16, 2},     {"F64", TDM_ST_DTYPE_F64, 8},
-    {"I64", TDM_ST_DTYPE_I64, 8},       {"I32", TDM_ST_DTYPE_I32, 4},
-    {"I16", TDM_ST_DTYPE_I16, 2},       {"I8", TDM_ST_DTYPE_I8, 1},
-    {"U8", TDM_ST_DTYPE_U8, 1},         {"BOOL", TDM_ST_DTYPE_BOOL, 1},
+    {"F32", TDM_ST_DTYPE_F32, 4},         {"F16", TDM_ST_DTYPE_F16, 2},
+    {"BF16", TDM_ST_DTYPE_BF16, 2},       {"F64", TDM_ST_DTYPE_F64, 8},
+    {"I64", TDM_ST_DTYPE_I64, 8},         {"I32", TDM_ST_DTYPE_I32, 4},
+    {"I16", TDM_ST_DTYPE_I16, 2},         {"I8", TDM_ST_DTYPE_I8, 1},
+    {"U8", TDM_ST_DTYPE_U8, 1},           {"BOOL", TDM_ST_DTYPE_BOOL, 1},
     {"F8_E4M3", TDM_ST_DTYPE_F8_E4M3, 1}, {"F8_E5M2", TDM_ST_DTYPE_F8_E5M2, 1},
 };
 
@@ -146,8 +146,9 @@ static tdm_status st_parse_header(tdm_st_file *f, int fi, tdm_error *err)
                              "after it",
                              m->path, (unsigned long long)hlen, m->size - 8);
     if (hlen > ST_MAX_HEADER)
-        return tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: corrupt: header length %llu is implausible",
-                             m->path, (unsigned long long)hlen);
+        return tdm_error_set(err, TDM_ERR_DATA_LOSS,
+                             "%s: corrupt: header length %llu is implausible", m->path,
+                             (unsigned long long)hlen);
     size_t data_size = m->size - 8 - (size_t)hlen;
     const unsigned char *data = p + 8 + hlen;
     cJSON *root = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
@@ -207,17 +208,18 @@ static tdm_status st_parse_header(tdm_st_file *f, int fi, tdm_error *err)
         }
         uint64_t b = 0, en = 0;
         if (bad || json_to_u64(offs->child, &b) != 0 || json_to_u64(offs->child->next, &en) != 0) {
-            rc = tdm_error_set(err, TDM_ERR_DATA_LOSS,
-                               "%s: tensor '%s': shape or data_offsets are not non-negative integers",
-                               m->path, name);
+            rc = tdm_error_set(
+                err, TDM_ERR_DATA_LOSS,
+                "%s: tensor '%s': shape or data_offsets are not non-negative integers", m->path,
+                name);
             break;
         }
         if (en < b || en > data_size) {
-            rc = tdm_error_set(err, TDM_ERR_DATA_LOSS,
-                               "%s: tensor '%s': data_offsets [%llu, %llu] lie outside the %zu data "
-                               "bytes (file truncated or header corrupt)",
-                               m->path, name, (unsigned long long)b, (unsigned long long)en,
-                               data_size);
+            rc = tdm_error_set(
+                err, TDM_ERR_DATA_LOSS,
+                "%s: tensor '%s': data_offsets [%llu, %llu] lie outside the %zu data "
+                "bytes (file truncated or header corrupt)",
+                m->path, name, (unsigned long long)b, (unsigned long long)en, data_size);
             break;
         }
         if (numel > UINT64_MAX / esize || en - b != numel * esize) {

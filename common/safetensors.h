@@ -34,14 +34,14 @@ typedef enum tdm_st_dtype {
 } tdm_st_dtype;
 
 typedef struct tdm_st_tensor {
-    const char *name;              /* full name as stored, e.g. "model.norm.weight" */
+    const char *name; /* full name as stored, e.g. "model.norm.weight" */
     tdm_st_dtype dtype;
-    int ndim;                      /* 0 for a scalar */
+    int ndim; /* 0 for a scalar */
     int64_t shape[TDM_ST_MAX_DIMS];
     int64_t numel;
-    const void *data;              /* inside the file's read-only mapping */
+    const void *data; /* inside the file's read-only mapping */
     size_t nbytes;
-    int file_index;                /* which file of the checkpoint holds it */
+    int file_index; /* which file of the checkpoint holds it */
 } tdm_st_tensor;
 
 typedef struct tdm_st_file tdm_st_file;

@@ -23,8 +23,8 @@ static tdm_status cfg_int(const char *path, const cJSON *o, const char *key, int
     }
     if (!cJSON_IsNumber(j) || floor(j->valuedouble) != j->valuedouble || j->valuedouble < min ||
         j->valuedouble > 1e9)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: \"%s\" must be an integer >= %d", path, key, min);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: \"%s\" must be an integer >= %d",
+                             path, key, min);
     *out = (int)j->valuedouble;
     return TDM_OK;
 }
@@ -155,10 +155,11 @@ static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_confi
                              c->partial_rotary_factor);
     c->rot_dim = (int)((double)c->head_dim * c->partial_rotary_factor);
     if (c->rot_dim % 2 != 0 || c->rot_dim < 2)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: head_dim %d x partial_rotary_factor %g gives rotary dim %d, which "
-                             "must be even and >= 2",
-                             path, c->head_dim, c->partial_rotary_factor, c->rot_dim);
+        return tdm_error_set(
+            err, TDM_ERR_INVALID_ARGUMENT,
+            "%s: head_dim %d x partial_rotary_factor %g gives rotary dim %d, which "
+            "must be even and >= 2",
+            path, c->head_dim, c->partial_rotary_factor, c->rot_dim);
 
     if (c->num_layers > TDM_MODEL_MAX_LAYERS)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: %d layers (at most %d supported)",

@@ -92,8 +92,7 @@ int tdm_seq_length(const tdm_seq *s);
 
 /* Runs n tokens through the sequence (a prompt, or a continuation of it), in
  * chunks. logits: NULL, or host [n, vocab] for every position. */
-tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logits,
-                           tdm_error *err);
+tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logits, tdm_error *err);
 
 /* One token for each of nseq sequences in one batched pass; logits host
  * [nseq, vocab] (may be NULL). */

@@ -14,18 +14,18 @@ typedef struct tdm_layer_weights {
     tdm_layer_kind kind;
     const float *input_norm, *post_norm; /* [H] zero-centred */
     /* linear attention */
-    tdm_weight in_qkv;   /* [conv_dim, H] */
-    tdm_weight in_z;     /* [Hv*Dv, H] */
-    tdm_weight in_b;     /* [Hv, H] */
-    tdm_weight in_a;     /* [Hv, H] */
-    tdm_weight out_proj; /* [H, Hv*Dv] */
-    const float *conv_w; /* [conv_dim, K] */
+    tdm_weight in_qkv;            /* [conv_dim, H] */
+    tdm_weight in_z;              /* [Hv*Dv, H] */
+    tdm_weight in_b;              /* [Hv, H] */
+    tdm_weight in_a;              /* [Hv, H] */
+    tdm_weight out_proj;          /* [H, Hv*Dv] */
+    const float *conv_w;          /* [conv_dim, K] */
     const float *A_log, *dt_bias; /* [Hv] */
-    const float *gnorm;  /* [Dv] plain weight */
+    const float *gnorm;           /* [Dv] plain weight */
     /* full attention */
-    tdm_weight q_proj;   /* [nH*2D, H]: per head D query rows then D gate rows */
-    tdm_weight k_proj, v_proj; /* [nKV*D, H] */
-    tdm_weight o_proj;   /* [H, nH*D] */
+    tdm_weight q_proj;            /* [nH*2D, H]: per head D query rows then D gate rows */
+    tdm_weight k_proj, v_proj;    /* [nKV*D, H] */
+    tdm_weight o_proj;            /* [H, nH*D] */
     const float *q_norm, *k_norm; /* [D] zero-centred */
     /* MLP */
     tdm_weight gate, up; /* [I, H] */
@@ -35,28 +35,28 @@ typedef struct tdm_layer_weights {
 /* Per-call activations in backend memory, sized for `rows` rows. */
 typedef struct tdm_workspace {
     int rows;
-    void *block; /* one allocation holding everything below */
-    float *x, *xn;         /* [R, H] residual stream, normed copy */
-    float *qkv, *qkvc;     /* [R, conv_dim] pre-conv, post-conv */
-    float *z;              /* [R, Hv*Dv] */
+    void *block;             /* one allocation holding everything below */
+    float *x, *xn;           /* [R, H] residual stream, normed copy */
+    float *qkv, *qkvc;       /* [R, conv_dim] pre-conv, post-conv */
+    float *z;                /* [R, Hv*Dv] */
     float *a, *b, *g, *beta; /* [R, Hv] */
-    float *o, *o2;         /* [R, max(Hv*Dv, nH*D)] */
-    float *qg;             /* [R, nH*2D] */
-    float *q, *gate;       /* [R, nH*D] */
-    float *k, *v;          /* [R, nKV*D] */
-    float *h1, *h2;        /* [R, I] */
-    float *logits;         /* [R, vocab] */
+    float *o, *o2;           /* [R, max(Hv*Dv, nH*D)] */
+    float *qg;               /* [R, nH*2D] */
+    float *q, *gate;         /* [R, nH*D] */
+    float *k, *v;            /* [R, nKV*D] */
+    float *h1, *h2;          /* [R, I] */
+    float *logits;           /* [R, vocab] */
 } tdm_workspace;
 
 struct tdm_model {
     tdm_model_config cfg;
     tdm_backend *be;
     tdm_st_file *st;
-    tdm_weight embed;       /* [vocab, H] */
-    tdm_weight lm_head;     /* [vocab, H]; == embed when tied */
+    tdm_weight embed;        /* [vocab, H] */
+    tdm_weight lm_head;      /* [vocab, H]; == embed when tied */
     const float *final_norm; /* [H] */
     tdm_layer_weights *layers;
-    float *inv_freq;        /* host [rot_dim/2] */
+    float *inv_freq; /* host [rot_dim/2] */
     int conv_dim;
     size_t weight_bytes;
     /* backend memory to free at destroy */

@@ -225,12 +225,12 @@ static tdm_status load_layer(tdm_model *m, const char *dir, int L, tdm_error *er
         int64_t s_d[1] = {D};
         if ((rc = load_matrix(m, dir, NAME("self_attn.q_proj.weight"), 1, 2 * QD, H, &w->q_proj,
                               err)) ||
-            (rc = load_matrix(m, dir, NAME("self_attn.k_proj.weight"), 1, KD, H, &w->k_proj,
-                              err)) ||
-            (rc = load_matrix(m, dir, NAME("self_attn.v_proj.weight"), 1, KD, H, &w->v_proj,
-                              err)) ||
-            (rc = load_matrix(m, dir, NAME("self_attn.o_proj.weight"), 1, H, QD, &w->o_proj,
-                              err)) ||
+            (rc =
+                 load_matrix(m, dir, NAME("self_attn.k_proj.weight"), 1, KD, H, &w->k_proj, err)) ||
+            (rc =
+                 load_matrix(m, dir, NAME("self_attn.v_proj.weight"), 1, KD, H, &w->v_proj, err)) ||
+            (rc =
+                 load_matrix(m, dir, NAME("self_attn.o_proj.weight"), 1, H, QD, &w->o_proj, err)) ||
             (rc = load_vector(m, dir, NAME("self_attn.q_norm.weight"), 1, s_d, &w->q_norm, err)) ||
             (rc = load_vector(m, dir, NAME("self_attn.k_norm.weight"), 1, s_d, &w->k_norm, err)))
             return rc;

@@ -24,18 +24,18 @@
 struct tdm_seq {
     tdm_model *m;
     tdm_seq_params p;
-    int n_past;  /* positions in the caches, including a pending verify's */
-    int kv_cap;  /* positions the KV caches hold */
+    int n_past; /* positions in the caches, including a pending verify's */
+    int kv_cap; /* positions the KV caches hold */
     /* per layer; NULL where the layer kind has no such state */
-    float **k, **v;       /* [kv_cap, nKV*D] */
-    float **conv;         /* [K-1, conv_dim] last pre-conv inputs, oldest first */
-    float **rec;          /* [Hv, Dk, Dv] */
+    float **k, **v;          /* [kv_cap, nKV*D] */
+    float **conv;            /* [K-1, conv_dim] last pre-conv inputs, oldest first */
+    float **rec;             /* [Hv, Dk, Dv] */
     float **conv_x, **rec_x; /* extra_buffer: [max_draft+1, ...] per position;
                                 no_buffer: [1, ...] checkpoint */
-    int pending;          /* rows of an uncommitted verify, 0 if none */
-    int base;             /* n_past before that verify */
-    int verifying;        /* set for the duration of a forward: rows join the pending ones */
-    int32_t *pend_tokens; /* [max_draft+1] its tokens (no_buffer recompute) */
+    int pending;             /* rows of an uncommitted verify, 0 if none */
+    int base;                /* n_past before that verify */
+    int verifying;           /* set for the duration of a forward: rows join the pending ones */
+    int32_t *pend_tokens;    /* [max_draft+1] its tokens (no_buffer recompute) */
 };
 
 enum { LOGITS_NONE, LOGITS_ALL };
@@ -94,13 +94,13 @@ static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
     const size_t V = (size_t)c->vocab_size, OW = VD > QD ? VD : QD;
     /* Each piece rounded to 16 floats keeps every buffer 64-byte aligned. */
 #define RND(n) ((((n) * (size_t)rows) + 15) & ~(size_t)15)
-    size_t sizes[] = {RND(H),  RND(H),  RND(C),  RND(C),  RND(VD),     RND(Hv),     RND(Hv),
-                      RND(Hv), RND(Hv), RND(OW), RND(OW), RND(2 * QD), RND(QD),     RND(QD),
+    size_t sizes[] = {RND(H),  RND(H),  RND(C),  RND(C),  RND(VD),     RND(Hv), RND(Hv),
+                      RND(Hv), RND(Hv), RND(OW), RND(OW), RND(2 * QD), RND(QD), RND(QD),
                       RND(KD), RND(KD), RND(I),  RND(I),  RND(V)};
 #undef RND
-    float **dst[] = {&w->x, &w->xn, &w->qkv, &w->qkvc, &w->z,    &w->a,  &w->b,
-                     &w->g, &w->beta, &w->o, &w->o2, &w->qg, &w->q, &w->gate,
-                     &w->k, &w->v, &w->h1, &w->h2, &w->logits};
+    float **dst[] = {&w->x, &w->xn,   &w->qkv, &w->qkvc, &w->z,     &w->a, &w->b,
+                     &w->g, &w->beta, &w->o,   &w->o2,   &w->qg,    &w->q, &w->gate,
+                     &w->k, &w->v,    &w->h1,  &w->h2,   &w->logits};
     size_t total = 0;
     for (size_t i = 0; i < TDM_ARRAY_LEN(sizes); i++)
         total += sizes[i];
@@ -159,9 +159,9 @@ static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
  * extra_buffer sequences keep per-position states in conv_x/rec_x (their
  * committed states stay untouched). logits: LOGITS_ALL writes host
  * [R, vocab]. Advances every n_past. */
-static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq,
-                          const int32_t *const *toks, const int *counts, int verify,
-                          int logits_mode, float *logits, tdm_error *err)
+static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
+                          const int *counts, int verify, int logits_mode, float *logits,
+                          tdm_error *err)
 {
     const tdm_model_config *c = &m->cfg;
     tdm_backend *be = m->be;
@@ -237,9 +237,9 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq,
             be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
         } else {
             be->matmul(bx, w->qg, w->xn, lw->q_proj, R, H, 2 * QD, 0); /* [R, nH, 2D] */
-            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D);      /* [R, nH, D] each */
-            be->matmul(bx, w->k, w->xn, lw->k_proj, R, H, KD, 0);     /* [R, nKV, D] */
-            be->matmul(bx, w->v, w->xn, lw->v_proj, R, H, KD, 0);     /* [R, nKV, D] */
+            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D);       /* [R, nH, D] each */
+            be->matmul(bx, w->k, w->xn, lw->k_proj, R, H, KD, 0);      /* [R, nKV, D] */
+            be->matmul(bx, w->v, w->xn, lw->v_proj, R, H, KD, 0);      /* [R, nKV, D] */
             be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
             be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
             be->rope(bx, w->q, pos, m->inv_freq, R, nH, D, c->rot_dim);
@@ -524,8 +524,7 @@ static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const 
     for (int i = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         if (ntokens[i] < 1)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "sequence %d: no tokens to run", i);
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "sequence %d: no tokens to run", i);
         if (verify_rows[i] && s->pending + ntokens[i] > s->p.max_draft + 1)
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "sequence %d: a verify block carries 1 + k tokens with k <= %d "
@@ -534,7 +533,8 @@ static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const 
         if (!verify_rows[i] && (ntokens[i] != 1 || s->pending))
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "sequence %d: a decode row is one token on a committed "
-                                 "sequence", i);
+                                 "sequence",
+                                 i);
         if ((rc = check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
             return rc;
     }

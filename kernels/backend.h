@@ -125,8 +125,8 @@ struct tdm_backend {
     /* Depthwise causal conv of width K over pre-conv inputs x [R, C] with the
      * segment's state as left context, then SiLU: y [R, C]; w [C, K] f32,
      * w[c, K-1] multiplies the current row. */
-    void (*conv_silu)(void *ctx, float *y, const float *x, const float *w,
-                      const tdm_conv_seg *segs, int nseg, int C, int K);
+    void (*conv_silu)(void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *segs,
+                      int nseg, int C, int K);
     /* Gated-delta-rule gates: g = -exp(A_log) * softplus(a + dt_bias),
      * beta = sigmoid(b); a, b, g, beta [R, Hv]; A_log, dt_bias [Hv] f32. */
     void (*gdn_gates)(void *ctx, float *g, float *beta, const float *a, const float *b,
@@ -135,9 +135,9 @@ struct tdm_backend {
      * of qkv [R, qkv_stride] at offsets 0 and Hk*Dk ([Hk, Dk] each), v at
      * 2*Hk*Dk ([Hv, Dv]); q and k are l2-normalised (eps 1e-6) and q scaled
      * by Dk^-0.5 inside; v head j reads q/k head j / (Hv/Hk). out [R, Hv, Dv]. */
-    void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride,
-                          const float *g, const float *beta, const tdm_gdn_seg *segs, int nseg,
-                          int Hk, int Hv, int Dk, int Dv);
+    void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
+                          const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
+                          int Dk, int Dv);
     /* out[r] = argmax of x[r, 0..n) (first on ties); out host [R]. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
     /* In-place softmax per row of n (fp32). */

@@ -73,8 +73,8 @@ static void cpu_matmul_slot(void *ctx, float *y, const float *x, tdm_weight w, i
     cpu_matmul(ctx, y, x, w, R, in, out, accumulate);
 }
 
-static void cpu_rmsnorm(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
-                        int zero_centred)
+static void cpu_rmsnorm(void *ctx, float *y, const float *x, const float *w, int R, int n,
+                        float eps, int zero_centred)
 {
     (void)ctx;
     for (int r = 0; r < R; r++) {
@@ -225,8 +225,8 @@ static void cpu_conv_silu(void *ctx, float *y, const float *x, const float *w,
                     memmove(sg->state + (size_t)j * (size_t)C,
                             sg->state + (size_t)(S + m) * (size_t)C, (size_t)C * sizeof(float));
                 else
-                    memcpy(sg->state + (size_t)j * (size_t)C, x + (size_t)(sg->row0 + m) * (size_t)C,
-                           (size_t)C * sizeof(float));
+                    memcpy(sg->state + (size_t)j * (size_t)C,
+                           x + (size_t)(sg->row0 + m) * (size_t)C, (size_t)C * sizeof(float));
             }
         }
     }
@@ -256,9 +256,8 @@ static void gdn_task(void *vp, int u)
         const float *prev = sg->state + (size_t)hv * hs;
         for (int i = 0; i < sg->nrows; i++) {
             size_t row = (size_t)(sg->row0 + i);
-            float *S = sg->states_out
-                           ? sg->states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs
-                           : sg->state + (size_t)hv * hs;
+            float *S = sg->states_out ? sg->states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs
+                                      : sg->state + (size_t)hv * hs;
             if (S != prev)
                 memcpy(S, prev, hs * sizeof(float));
             const float *q = a->qkv + row * (size_t)a->stride + (size_t)hk * (size_t)Dk;

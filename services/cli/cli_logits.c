@@ -23,12 +23,13 @@
 
 static void logits_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]\n"
-            "                     [--strategy extra_buffer|no_buffer] [--threads N]\n\n"
-            "Runs the ids as a prefill, then each --then as a continuation through the cache,\n"
-            "and writes the float32 logits of every position as one .npy [positions, vocab]\n"
-            "(--out) or prints the top K tokens of each position (--top, default 5).\n");
+    fprintf(
+        out,
+        "usage: tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]\n"
+        "                     [--strategy extra_buffer|no_buffer] [--threads N]\n\n"
+        "Runs the ids as a prefill, then each --then as a continuation through the cache,\n"
+        "and writes the float32 logits of every position as one .npy [positions, vocab]\n"
+        "(--out) or prints the top K tokens of each position (--top, default 5).\n");
 }
 
 /* Parses "1,2,3" into a new array; returns its length or -1. */

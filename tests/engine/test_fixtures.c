@@ -90,8 +90,8 @@ static void check_fixture(tdm_backend *be, const char *name)
     int64_t rows, cols;
     snprintf(p, sizeof(p), "%s/cached.npy", f.dir);
     float *ref = npy_load2(p, &rows, &cols);
-    CHECK(rows == f.total && cols == V, "%s: reference shape [%lld, %lld]", name,
-          (long long)rows, (long long)cols);
+    CHECK(rows == f.total && cols == V, "%s: reference shape [%lld, %lld]", name, (long long)rows,
+          (long long)cols);
 
     float *f32ref = ref;
     float *up = NULL;
@@ -148,7 +148,7 @@ static void check_fixture(tdm_backend *be, const char *name)
 int main(void)
 {
     tdm_backend *be = test_backend();
-    const char *names[] = {"f32_gqa",  "f32_tied",    "f32_sharded",
+    const char *names[] = {"f32_gqa",   "f32_tied", "f32_sharded",
                            "f16_store", "bf16_alt", "bf16_wrapped"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         check_fixture(be, names[i]);

@@ -4,8 +4,8 @@
  * and fork.
  *
  * These compare independently computed paths of the engine (a verify block,
- * whole or appended in two calls, vs a chain of decode steps; a checkpoint+recompute vs per-position states;
- * a batch vs single sequences); the results must be bit-identical, because
+ * whole or appended in two calls, vs a chain of decode steps; a checkpoint+recompute vs
+ * per-position states; a batch vs single sequences); the results must be bit-identical, because
  * every op computes a row the same way whatever the batch (backend.h).
  */
 #include "util.h"

@@ -10,24 +10,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-            exit(1);                                                                              \
-        }                                                                                         \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 typedef struct fixture {
-    char dir[512];      /* the fixture folder */
-    char model[600];    /* its model/ folder */
-    char dtype[16];     /* storage dtype: float32, bfloat16, float16 */
+    char dir[512];   /* the fixture folder */
+    char model[600]; /* its model/ folder */
+    char dtype[16];  /* storage dtype: float32, bfloat16, float16 */
     int ncalls;
-    int32_t *calls[3];  /* prefill, continuation, decode */
+    int32_t *calls[3]; /* prefill, continuation, decode */
     int ncall[3];
-    int total;          /* positions */
+    int total; /* positions */
 } fixture;
 
 void fixture_load(fixture *f, const char *name);
