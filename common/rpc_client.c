@@ -92,6 +92,17 @@ typedef struct send_md {
     size_t n;
 } send_md;
 
+static void md_free(send_md *m)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        grpc_slice_unref(m->md[i].key);
+        grpc_slice_unref(m->md[i].value);
+    }
+    free(m->md);
+    m->md = NULL;
+    m->n = 0;
+}
+
 static tdm_status md_build(const tdm_rpc_call_options *opt, send_md *out, tdm_error *err)
 {
     out->md = NULL;
@@ -106,13 +117,7 @@ static tdm_status md_build(const tdm_rpc_call_options *opt, send_md *out, tdm_er
         if (!m->key || !grpc_header_key_is_legal(k) ||
             (strlen(m->key) > 4 && strcmp(m->key + strlen(m->key) - 4, "-bin") == 0)) {
             grpc_slice_unref(k);
-            for (size_t j = 0; j < out->n; j++) {
-                grpc_slice_unref(out->md[j].key);
-                grpc_slice_unref(out->md[j].value);
-            }
-            free(out->md);
-            out->md = NULL;
-            out->n = 0;
+            md_free(out);
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "rpc: metadata key '%s' is not a lowercase ASCII header name",
                                  m->key ? m->key : "(null)");
@@ -121,13 +126,7 @@ static tdm_status md_build(const tdm_rpc_call_options *opt, send_md *out, tdm_er
         if (!grpc_header_nonbin_value_is_legal(v)) {
             grpc_slice_unref(k);
             grpc_slice_unref(v);
-            for (size_t j = 0; j < out->n; j++) {
-                grpc_slice_unref(out->md[j].key);
-                grpc_slice_unref(out->md[j].value);
-            }
-            free(out->md);
-            out->md = NULL;
-            out->n = 0;
+            md_free(out);
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "rpc: metadata value for '%s' has non-printable characters",
                                  m->key);
@@ -137,17 +136,6 @@ static tdm_status md_build(const tdm_rpc_call_options *opt, send_md *out, tdm_er
         out->n++;
     }
     return TDM_OK;
-}
-
-static void md_free(send_md *m)
-{
-    for (size_t i = 0; i < m->n; i++) {
-        grpc_slice_unref(m->md[i].key);
-        grpc_slice_unref(m->md[i].value);
-    }
-    free(m->md);
-    m->md = NULL;
-    m->n = 0;
 }
 
 static grpc_call *call_create(tdm_rpc_channel *ch, const char *method, grpc_completion_queue *cq,

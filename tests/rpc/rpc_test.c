@@ -513,7 +513,7 @@ static void test_deadline(void)
     double t0 = now_s();
     CHECK_ST(say(&f, &req, &resp, &opt, &err), TDM_ERR_DEADLINE_EXCEEDED, &err);
     double dt = now_s() - t0;
-    CHECK(dt >= 0.15 && dt < 2.0);
+    CHECK(dt >= 0.15 && dt < 5.0);
     CHECK(wait_atomic(&echo_cancel_seen, seen + 1, 5000)); /* handler saw it */
 
     /* Streaming: messages flow until the deadline, then DEADLINE_EXCEEDED. */
@@ -539,7 +539,7 @@ static void test_deadline(void)
     dt = now_s() - t0;
     CHECK(n > 0);
     CHECK_ST(st, TDM_ERR_DEADLINE_EXCEEDED, &err);
-    CHECK(dt < 3.0);
+    CHECK(dt < 6.0);
     CHECK(wait_atomic(&echo_cancel_seen, seen + 1, 5000));
     tdm_rpc_stream_destroy(s);
 
@@ -735,7 +735,7 @@ static void test_shutdown(void)
     tdm_rpc_server_shutdown(f.server, 1500);
     double dt = now_s() - t0;
     fprintf(stderr, "shutdown with 4 streams in flight took %.2f s (grace 1.5 s)\n", dt);
-    CHECK(dt >= 1.0 && dt < 4.0);
+    CHECK(dt >= 1.0 && dt < 8.0);
     pthread_join(tf, NULL);
     for (int i = 0; i < 3; i++)
         pthread_join(te[i], NULL);
@@ -765,7 +765,7 @@ static void test_shutdown(void)
     pthread_join(tf, NULL);
     CHECK_ST(quick.st, TDM_OK, &quick.err);
     CHECK(quick.got == 3);
-    CHECK(dt < 3.0);
+    CHECK(dt < 6.0);
     fixture_stop(&f);
 
     /* A server created and destroyed without ever starting. */
@@ -1291,7 +1291,7 @@ static void test_wait_for_ready(void)
     CHECK_ST(tdm_rpc_unary(ch, ECHO_SAY, &req.base, &tandem__test__echo_response__descriptor, &m,
                            &opt, &err),
              TDM_ERR_UNAVAILABLE, &err);
-    CHECK(now_s() - t0 < 2.0);
+    CHECK(now_s() - t0 < 4.0);
     /* ...while wait_for_ready waits for the server that starts later. */
     pthread_t t;
     pthread_create(&t, NULL, start_later, &l);
