@@ -117,15 +117,26 @@ static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_confi
         return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED, "%s: attention_bias=true is not supported",
                              path);
 
-    /* Tied embeddings: the wrapper's top-level flag is what transformers reads
-     * for Qwen3_5ForConditionalGeneration; fall back to text_config's. */
-    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
-    if (!cJSON_IsBool(tie))
-        tie = cJSON_GetObjectItemCaseSensitive(t, "tie_word_embeddings");
-    if (tie && !cJSON_IsBool(tie) && !cJSON_IsNull(tie))
+    /* Tied embeddings. A qwen3_5 wrapper may say it at the top level and in
+     * text_config; transformers versions differ in which one they read, so
+     * the two must agree. */
+    const cJSON *tie_top =
+        t != root ? cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings") : NULL;
+    const cJSON *tie_text = cJSON_GetObjectItemCaseSensitive(t, "tie_word_embeddings");
+    const cJSON *ties[2] = {tie_top, tie_text};
+    for (int i = 0; i < 2; i++)
+        if (ties[i] && !cJSON_IsBool(ties[i]) && !cJSON_IsNull(ties[i]))
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "%s: %s\"tie_word_embeddings\" must be true or false", path,
+                                 i ? (t != root ? "text_config." : "") : "");
+    if (cJSON_IsBool(tie_top) && cJSON_IsBool(tie_text) &&
+        cJSON_IsTrue(tie_top) != cJSON_IsTrue(tie_text))
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: \"tie_word_embeddings\" must be true or false", path);
-    c->tie_word_embeddings = cJSON_IsTrue(tie);
+                             "%s: inconsistent config: tie_word_embeddings is %s at the top level "
+                             "but %s in text_config",
+                             path, cJSON_IsTrue(tie_top) ? "true" : "false",
+                             cJSON_IsTrue(tie_text) ? "true" : "false");
+    c->tie_word_embeddings = cJSON_IsBool(tie_top) ? cJSON_IsTrue(tie_top) : cJSON_IsTrue(tie_text);
 
     /* RoPE: rope_parameters first, then the legacy top-level fields. */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(t, "rope_parameters");
