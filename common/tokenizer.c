@@ -148,8 +148,9 @@ static tdm_status tok__nfc(const char *s, size_t n, char **out, size_t *out_len)
 static tdm_status tok__cache_init(tdm_tokenizer *tok);
 static void tok__cache_free(tdm_tokenizer *tok);
 
-/* ids beyond this are refused: they would only make the id tables huge. */
-#define TOK_MAX_ID (1 << 24)
+/* ids beyond this are refused: the id table is dense (about 40 bytes per id
+ * up to the largest), and real vocabularies stay far below (Qwen: 151,669). */
+#define TOK_MAX_ID (1 << 22)
 
 /* ------------------------------------------------------------------------ */
 /* Hash tables                                                              */
@@ -461,6 +462,16 @@ static tdm_status get_bool(load_ctx *ctx, const cJSON *obj, const char *key, con
                          key, json_type_name(j));
     *out = cJSON_IsTrue(j);
     return TDM_OK;
+}
+
+/* A JSON number that is an integer in int32 range (checked before any
+ * cast: converting an out-of-range double is undefined behaviour). */
+static bool json_is_int32(const cJSON *j)
+{
+    if (!cJSON_IsNumber(j))
+        return false;
+    double v = j->valuedouble;
+    return v >= -2147483648.0 && v <= 2147483647.0 && v == (double)(int32_t)v;
 }
 
 static bool is_null_or_absent(const cJSON *j)
@@ -842,7 +853,7 @@ static tdm_status load_model(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *m)
     const cJSON *it;
     cJSON_ArrayForEach(it, vocab)
     {
-        if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int32_t)it->valuedouble)
+        if (!json_is_int32(it))
             return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT,
                              "model.vocab[\"%.64s\"]: expected an integer id", it->string);
         int32_t id = (int32_t)it->valuedouble;
@@ -1027,7 +1038,7 @@ static tdm_status load_added(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *arr
         snprintf(path, sizeof(path), "added_tokens[%d]", i++);
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble != (double)(int32_t)id->valuedouble)
+        if (!json_is_int32(id))
             return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT, "%s.id: expected an integer", path);
         if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
             return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT,

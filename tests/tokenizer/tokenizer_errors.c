@@ -173,6 +173,23 @@ static void feature_errors(void)
     cJSON_Delete(j);
 
     j = fresh();
+    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "huge", cJSON_CreateNumber(2e9));
+    expect_load_error("huge vocab id", j, TDM_ERR_INVALID_ARGUMENT, "huge", "out of range");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "beyond-int", cJSON_CreateNumber(1e19));
+    expect_load_error("id beyond int32", j, TDM_ERR_INVALID_ARGUMENT, "beyond-int", "integer");
+    cJSON_Delete(j);
+
+    j = fresh();
+    cJSON_ReplaceItemInObject(cJSON_GetArrayItem(at(j, "added_tokens"), 1), "id",
+                              cJSON_CreateNumber(7.5));
+    expect_load_error("fractional added id", j, TDM_ERR_INVALID_ARGUMENT, "added_tokens[1].id",
+                      "integer");
+    cJSON_Delete(j);
+
+    j = fresh();
     cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "frac", cJSON_CreateString("7"));
     expect_load_error("string vocab id", j, TDM_ERR_INVALID_ARGUMENT, "frac", "integer");
     cJSON_Delete(j);
@@ -284,6 +301,79 @@ static void encode_decode_errors(tdm_tokenizer *tok)
           "NULL content: %s", err.msg);
 }
 
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33) % n;
+}
+
+/* Damaged files and random input: every call returns a status, nothing
+ * crashes (the sanitizer build turns any memory error into a failure). */
+static void fuzz(const char *path)
+{
+    char *good = tok_test_slurp(path, NULL);
+    size_t n = strlen(good);
+    char *buf = malloc(n + 1);
+    int loaded = 0;
+    static const char junk[] = "{}[]\":,0123456789-. \\tnufe\x80\xff";
+    for (int round = 0; round < 120; round++) {
+        memcpy(buf, good, n + 1);
+        size_t len = n;
+        int edits = 1 + (int)rnd(4);
+        for (int e = 0; e < edits; e++)
+            buf[rnd((uint32_t)len)] = junk[rnd(sizeof(junk) - 1)];
+        if (rnd(4) == 0)
+            len = rnd((uint32_t)len);
+        tdm_tokenizer *tok = NULL;
+        tdm_error err = {0};
+        tdm_status st = tdm_tok_load_json(buf, len, "fuzz", &tok, &err);
+        CHECK((st == TDM_OK) == (tok != NULL), "round %d: status and result disagree", round);
+        CHECK(st == TDM_OK || err.msg[0] != '\0', "round %d: error without a message", round);
+        if (tok) {
+            loaded++;
+            int32_t *ids;
+            size_t k;
+            const char *t = "Hello <|im_end|> w\xc3\xb6rld 123";
+            if (tdm_tok_encode(tok, t, strlen(t), &ids, &k, &err) == TDM_OK)
+                free(ids);
+            tdm_tok_destroy(tok);
+        }
+    }
+    printf("%-34s -> %d of 120 damaged files still loaded, none crashed\n", "damaged files",
+           loaded);
+
+    tdm_tokenizer *tok;
+    tdm_error err = {0};
+    if (tdm_tok_load(path, &tok, &err) != TDM_OK)
+        exit(1);
+    unsigned char text[64];
+    int32_t ids[16];
+    int valid = 0;
+    for (int round = 0; round < 2000; round++) {
+        size_t len = rnd(sizeof(text));
+        for (size_t i = 0; i < len; i++)
+            text[i] = (unsigned char)(rnd(3) ? rnd(128) : 128 + rnd(128));
+        int32_t *out;
+        size_t k;
+        if (tdm_tok_encode(tok, (const char *)text, len, &out, &k, &err) == TDM_OK) {
+            valid++;
+            free(out);
+        }
+        for (int i = 0; i < 16; i++)
+            ids[i] = (int32_t)rnd((uint32_t)tdm_tok_vocab_size(tok) + 8) - 4;
+        char *dec;
+        if (tdm_tok_decode(tok, ids, 1 + rnd(16), round & 1, &dec, NULL, &err) == TDM_OK)
+            free(dec);
+    }
+    printf("%-34s -> %d of 2000 random byte strings were UTF-8, none crashed\n", "random input",
+           valid);
+    tdm_tok_destroy(tok);
+    free(buf);
+    free(good);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -301,6 +391,7 @@ int main(int argc, char **argv)
     }
     feature_errors();
     file_errors(path);
+    fuzz(path);
 
     tdm_tokenizer *tok;
     tdm_error err = {0};
