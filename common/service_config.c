@@ -257,7 +257,7 @@ static tdm_status rule_backend(const tdm_cfg *cfg, char *value, size_t vlen, cha
         snprintf(reason, rlen, "this build has CUDA %s (archs %s)", b->cuda_runtime, b->gpu_archs);
     } else {
         snprintf(value, vlen, "cpu");
-        snprintf(reason, rlen, "this build has no CUDA backend (built without nvcc)");
+        snprintf(reason, rlen, "this build has no CUDA backend");
     }
     return TDM_OK;
 }
@@ -350,7 +350,7 @@ static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
         return TDM_OK;
     char a[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                         "%s, but this build has no CUDA backend (it was built without nvcc); "
+                         "%s, but this build has no CUDA backend; "
                          "use backend cpu or a CUDA build",
                          tdm_cfg_describe(cfg, "backend", a, sizeof(a)));
 }

@@ -259,6 +259,12 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     if (idx >= 0) {
         gw_replica *old = &r->items[idx];
         changed = old->packed_len != len || memcmp(old->packed, packed, len) != 0;
+        /* Two processes claiming one id would take turns in the registry. */
+        if (strcmp(old->desc->address, copy->address) != 0)
+            tdm_log_warn(COMPONENT,
+                         "replica id %s registered again from %s (it was %s): replica ids must "
+                         "be unique; the newer registration replaces the older",
+                         copy->replica_id, copy->address, old->desc->address);
         replica_free(old);
         r->reregistrations++;
     } else {
