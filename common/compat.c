@@ -4,6 +4,8 @@
  */
 #include "compat.h"
 
+#include "tokenizer.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <openssl/evp.h>
@@ -416,137 +418,13 @@ static tdm_status read_json(const char *path, size_t max, cJSON **out, tdm_error
     return TDM_OK;
 }
 
-/* ---- tokenizer fingerprint ------------------------------------------------ */
-
-typedef struct id_str {
-    uint64_t id;
-    const char *s;
-    int special;
-} id_str;
-
-static int cmp_id(const void *a, const void *b)
-{
-    const id_str *x = a, *y = b;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
+/* ---- tokenizer fingerprint ---------------------------------------------- */
 
 tdm_status tdm_compat_tokenizer_fingerprint_file(const char *path, char out[65], tdm_error *err)
 {
-    cJSON *root = NULL;
-    tdm_status st = read_json(path, (size_t)1 << 30, &root, err);
-    if (st != TDM_OK)
-        return st;
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    if (!cJSON_IsObject(model) || !cJSON_IsObject(vocab)) {
-        cJSON_Delete(root);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: no model.vocab object (not a tokenizer.json?)", path);
-    }
-    if (merges && !cJSON_IsArray(merges)) {
-        cJSON_Delete(root);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: model.merges is not an array",
-                             path);
-    }
-    EVP_MD_CTX *h = EVP_MD_CTX_new();
-    TDM_ASSERT(h != NULL);
-    EVP_DigestInit_ex(h, EVP_sha256(), NULL);
-    hash_str(h, "tandem-tokenizer-v1");
-    hash_str(h, cJSON_IsString(type) ? type->valuestring : "");
-
-    size_t n = (size_t)cJSON_GetArraySize(vocab);
-    id_str *entries = calloc(n ? n : 1, sizeof(*entries));
-    TDM_ASSERT(entries != NULL);
-    size_t k = 0;
-    for (const cJSON *c = vocab->child; c; c = c->next) {
-        if (!cJSON_IsNumber(c) || c->valuedouble < 0) {
-            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                               "%s: model.vocab entry '%s' has no valid id", path, c->string);
-            goto done;
-        }
-        entries[k].id = (uint64_t)c->valuedouble;
-        entries[k].s = c->string;
-        k++;
-    }
-    qsort(entries, k, sizeof(*entries), cmp_id);
-    hash_str(h, "vocab");
-    hash_u64(h, k);
-    for (size_t i = 0; i < k; i++) {
-        hash_u64(h, entries[i].id);
-        hash_str(h, entries[i].s);
-    }
-
-    hash_str(h, "merges");
-    hash_u64(h, merges ? (uint64_t)cJSON_GetArraySize(merges) : 0);
-    size_t rank = 0;
-    for (const cJSON *m = merges ? merges->child : NULL; m; m = m->next, rank++) {
-        if (cJSON_IsString(m)) {
-            hash_str(h, m->valuestring);
-        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 &&
-                   cJSON_IsString(m->child) && cJSON_IsString(m->child->next)) {
-            /* The pair form ["a","b"] is the same merge as the string "a b". */
-            size_t la = strlen(m->child->valuestring), lb = strlen(m->child->next->valuestring);
-            char *joined = malloc(la + lb + 2);
-            TDM_ASSERT(joined != NULL);
-            memcpy(joined, m->child->valuestring, la);
-            joined[la] = ' ';
-            memcpy(joined + la + 1, m->child->next->valuestring, lb + 1);
-            hash_str(h, joined);
-            free(joined);
-        } else {
-            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                               "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path,
-                               rank);
-            goto done;
-        }
-    }
-
-    free(entries);
-    n = added ? (size_t)cJSON_GetArraySize(added) : 0;
-    entries = calloc(n ? n : 1, sizeof(*entries));
-    TDM_ASSERT(entries != NULL);
-    k = 0;
-    for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || !cJSON_IsString(content)) {
-            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                               "%s: added_tokens[%zu] needs a numeric id and a string content",
-                               path, k);
-            goto done;
-        }
-        entries[k].id = (uint64_t)id->valuedouble;
-        entries[k].s = content->valuestring;
-        entries[k].special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "special"));
-        k++;
-    }
-    qsort(entries, k, sizeof(*entries), cmp_id);
-    hash_str(h, "added_tokens");
-    hash_u64(h, k);
-    for (size_t i = 0; i < k; i++) {
-        hash_u64(h, entries[i].id);
-        hash_str(h, entries[i].s);
-        hash_str(h, entries[i].special ? "special" : "normal");
-    }
-
-    hash_str(h, "normalizer");
-    if (hash_json(h, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), 0, NULL, 0) != 0 ||
-        (hash_str(h, "pre_tokenizer"),
-         hash_json(h, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), 0, NULL, 0) != 0)) {
-        st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                           "%s: normalizer or pre_tokenizer nested too deeply", path);
-        goto done;
-    }
-    hex_digest(h, out);
-    st = TDM_OK;
-done:
-    free(entries);
-    EVP_MD_CTX_free(h);
-    cJSON_Delete(root);
-    return st;
+    /* The tokenizer module's fingerprint, so that `tandem tokenize`, the
+     * gateway and every replica's Descriptor report the same value. */
+    return tdm_tok_fingerprint_file(path, out, err);
 }
 
 /* ---- model fingerprint ---------------------------------------------------- */

@@ -7,8 +7,7 @@
  * table runs in the gateway (on descriptors sent at registration) and offline
  * in `tandem check-config` (on descriptors built from config files). It also
  * owns the fingerprints that go into a Descriptor: the tokenizer fingerprint
- * (one function, to be replaced by the tokenizer module's) and the model
- * fingerprint.
+ * (the tokenizer module's, behind one function) and the model fingerprint.
  *
  * Every refusal names the rule id, both values and both services (replica id
  * and address) in a full sentence; tdm_compat_refusal_to_proto turns it into
@@ -70,14 +69,10 @@ void tdm_compat_refusal_proto_clear(Tandem__V1__Refusal *out);
 /* "replica-id (address)" for messages. */
 const char *tdm_compat_service_name(const Tandem__V1__Descriptor *d, char *buf, size_t len);
 
-/* SHA-256 (hex, 64 chars + NUL) of a tokenizer.json's canonical content, so
- * that formatting and key order do not matter. Hashed, in this order, each
- * item as a length-prefixed string: "tandem-tokenizer-v1"; model.type; every
- * vocab entry sorted by id as (id, token); every merge in rank order as
- * "left right" (string or pair form); every added token sorted by id as (id,
- * content, special); the normalizer and pre_tokenizer as canonical JSON
- * (object keys sorted, no whitespace). Errors name the file and what is
- * missing. */
+/* SHA-256 (hex, 64 chars + NUL) of a tokenizer.json's canonical content:
+ * tdm_tok_fingerprint_file (tokenizer.h documents the canonical form), so
+ * every place that compares tokenizers uses one definition. Errors name the
+ * file and what is wrong or unsupported. */
 tdm_status tdm_compat_tokenizer_fingerprint_file(const char *path, char out[65], tdm_error *err);
 
 /* SHA-256 (hex) of a model directory: config.json as canonical JSON without

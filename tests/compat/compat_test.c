@@ -227,14 +227,6 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
-static void tok_fp(const char *json, char out[65], tdm_status *st, tdm_error *err)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/tokenizer.json", g_dir);
-    write_file(path, json);
-    *st = tdm_compat_tokenizer_fingerprint_file(path, out, err);
-}
-
 /* Writes a safetensors file with the given header JSON and `data` zero bytes. */
 static void write_safetensors(const char *path, const char *header, size_t data)
 {
@@ -257,52 +249,21 @@ static void test_fingerprints(void)
         exit(2);
     }
     char a[65], b[65];
-    tdm_status st;
     tdm_error err;
-    const char *base =
-        "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":3,\"content\":\"<|endoftext|>\","
-        "\"special\":true}],\"normalizer\":{\"type\":\"NFC\"},\"pre_tokenizer\":{\"type\":"
-        "\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true},\"model\":{\"type\":"
-        "\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}";
-    tok_fp(base, a, &st, &err);
-    CHECK(st == TDM_OK, "%s", err.msg);
-    CHECK(strlen(a) == 64, "hex digest");
-    /* Other formatting, key order and the pair form of merges: same fingerprint. */
-    tok_fp("{\n  \"model\": {\"merges\": [[\"a\", \"b\"]], \"vocab\": {\"ab\": 2, \"b\": 1, "
-           "\"a\": 0}, \"type\": \"BPE\"},\n  \"pre_tokenizer\": {\"trim_offsets\": true, "
-           "\"add_prefix_space\": false, \"type\": \"ByteLevel\"},\n \"normalizer\": {\"type\": "
-           "\"NFC\"}, \"added_tokens\": [{\"special\": true, \"content\": \"<|endoftext|>\", "
-           "\"id\": 3}], \"version\": \"1.0\"}\n",
-           b, &st, &err);
-    CHECK(st == TDM_OK && strcmp(a, b) == 0, "formatting must not matter: %s vs %s", a, b);
-    /* Content changes change it. */
-    static const char *const variants[] = {
-        "\"ab\":2}", "\"ab\":4}",                              /* vocab id */
-        "[\"a b\"]", "[]",                                     /* merges */
-        "\"special\":true", "\"special\":false",               /* added token */
-        "\"trim_offsets\":true", "\"trim_offsets\":false",     /* pre-tokenizer */
-        "{\"type\":\"NFC\"}", "null",                          /* normalizer */
-    };
-    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i += 2) {
-        char json[2048];
-        const char *at = strstr(base, variants[i]);
-        TDM_ASSERT(at != NULL);
-        snprintf(json, sizeof(json), "%.*s%s%s", (int)(at - base), base, variants[i + 1],
-                 at + strlen(variants[i]));
-        tok_fp(json, b, &st, &err);
-        CHECK(st == TDM_OK && strcmp(a, b) != 0, "changing %s must change the fingerprint",
-              variants[i]);
-    }
-    /* Bad input gets an error naming the file, never a crash. */
-    tok_fp("{\"model\": {\"vocab\": []}}", b, &st, &err);
-    CHECK(st != TDM_OK, "vocab not an object");
-    CHECK_HAS(err.msg, "tokenizer.json");
-    tok_fp("{\"model\": {\"vocab\": {}, \"merges\": [1]}}", b, &st, &err);
-    CHECK(st != TDM_OK && strstr(err.msg, "merges[0]"), "bad merge: %s", err.msg);
-    tok_fp("{\"model\": ", b, &st, &err);
-    CHECK(st != TDM_OK && strstr(err.msg, "not valid JSON"), "truncated: %s", err.msg);
-    CHECK(tdm_compat_tokenizer_fingerprint_file("/nonexistent.json", b, &err) == TDM_ERR_NOT_FOUND,
-          "missing file");
+    /* Tokenizer fingerprints are the tokenizer module's; their exact value is
+     * checked against an independent implementation by
+     * compat_fingerprint_reference. Here: bad input gets an error naming the
+     * file, never a crash. */
+    char tp[512];
+    snprintf(tp, sizeof(tp), "%s/tokenizer.json", g_dir);
+    write_file(tp, "{\"model\": ");
+    CHECK(tdm_compat_tokenizer_fingerprint_file(tp, b, &err) != TDM_OK && strstr(err.msg, tp),
+          "truncated tokenizer.json: %s", err.msg);
+    write_file(tp, "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}");
+    CHECK(tdm_compat_tokenizer_fingerprint_file(tp, b, &err) != TDM_OK, "unsupported model");
+    CHECK(tdm_compat_tokenizer_fingerprint_file("/nonexistent.json", b, &err) != TDM_OK &&
+              strstr(err.msg, "/nonexistent.json"),
+          "missing file: %s", err.msg);
 
     /* Model fingerprint: config + tensor names/shapes/dtypes, not data. */
     char dir[512], p[700];

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Independent reference for the tokenizer and model fingerprints.
 
-Implements, from the description in common/compat.h alone, the canonical
-hashes of a tokenizer.json and of a model directory with Python's json,
+Implements, from the descriptions in common/tokenizer.h (tokenizer) and
+common/compat.h (model) alone, the canonical hashes of a tokenizer.json and
+of a model directory with Python's json,
 struct and hashlib, and compares them with what the C code computes
 (`compat_test tokenizer-fp FILE` / `compat_test model-fp DIR`) on the real
 tokenizers and models in tests/fixtures (trained by Hugging Face tokenizers and
@@ -61,35 +62,63 @@ def canon(h, v, skip=()):
         raise TypeError(type(v))
 
 
+def field(h, data):
+    """The tokenizer fingerprint's unit: u32 little-endian length, then bytes."""
+    if isinstance(data, int):
+        data = str(data)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    h.update(struct.pack("<I", len(data)))
+    h.update(data)
+
+
 def tokenizer_fp(path):
+    """The canonical stream documented in common/tokenizer.h."""
     with open(path, encoding="utf-8") as f:
         tj = json.load(f)
-    model = tj["model"]
     h = hashlib.sha256()
-    item(h, "tandem-tokenizer-v1")
-    item(h, model.get("type", ""))
+    field(h, "tandem.tokenizer.v1")
+    field(h, "normalizer")
+    norm = tj.get("normalizer")
+    field(h, "none" if norm is None else "NFC")
+    field(h, "pre_tokenizer")
+    pt = tj.get("pre_tokenizer")
+    steps = [] if pt is None else (pt["pretokenizers"] if pt["type"] == "Sequence" else [pt])
+    field(h, len(steps))
+    for st in steps:
+        if st["type"] == "Split":
+            kind = "Regex" if "Regex" in st["pattern"] else "String"
+            for x in ("Split", kind, st["pattern"][kind], "Isolated", "invert=0"):
+                field(h, x)
+        else:
+            for x in ("ByteLevel", "add_prefix_space=0",
+                      "use_regex=%d" % (1 if st.get("use_regex", True) else 0)):
+                field(h, x)
+    model = tj["model"]
+    for x in ("model", "BPE", "ignore_merges=%d" % (1 if model.get("ignore_merges") else 0)):
+        field(h, x)
     vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
-    item(h, "vocab")
-    item(h, str(len(vocab)))
+    field(h, "vocab")
+    field(h, len(vocab))
     for tok, i in vocab:
-        item(h, str(i))
-        item(h, tok)
-    merges = model.get("merges") or []
-    item(h, "merges")
-    item(h, str(len(merges)))
-    for m in merges:
-        item(h, m if isinstance(m, str) else m[0] + " " + m[1])
+        field(h, i)
+        field(h, tok)
+    merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges") or []]
+    field(h, "merges")
+    field(h, len(merges))
+    for left, right in merges:
+        field(h, left)
+        field(h, right)
     added = sorted(tj.get("added_tokens") or [], key=lambda a: a["id"])
-    item(h, "added_tokens")
-    item(h, str(len(added)))
-    for a in added:
-        item(h, str(a["id"]))
-        item(h, a["content"])
-        item(h, "special" if a.get("special") else "normal")
-    item(h, "normalizer")
-    canon(h, tj.get("normalizer"))
-    item(h, "pre_tokenizer")
-    canon(h, tj.get("pre_tokenizer"))
+    field(h, "added")
+    field(h, len(added))
+    for t in added:
+        field(h, t["id"])
+        field(h, t["content"])
+        field(h, "special=%d normalized=%d lstrip=%d rstrip=%d" % tuple(
+            1 if t.get(k) else 0 for k in ("special", "normalized", "lstrip", "rstrip")))
+    field(h, "decoder")
+    field(h, "ByteLevel")
     return h.hexdigest()
 
 
@@ -198,6 +227,43 @@ def main():
             if got2 != want:
                 failures += 1
                 print("FAIL reformatted copy of %s hashes %s, want %s" % (p, got2, want))
+        # Changing what the tokenizer does changes the fingerprint.
+        with open(toks[0], encoding="utf-8") as f:
+            base = json.load(f)
+        base_fp = tokenizer_fp(toks[0])
+
+        def swap_vocab(t):
+            items = sorted(t["model"]["vocab"].items(), key=lambda kv: kv[1])
+            (a, ia), (b, ib) = items[300], items[301]
+            t["model"]["vocab"][a], t["model"]["vocab"][b] = ib, ia
+
+        def drop_merge(t):
+            t["model"]["merges"] = t["model"]["merges"][:-1]
+
+        def flip_special(t):
+            t["added_tokens"][0]["special"] = not t["added_tokens"][0].get("special")
+
+        def other_pattern(t):
+            pt = t["pre_tokenizer"]
+            steps = pt["pretokenizers"] if pt["type"] == "Sequence" else [pt]
+            for st in steps:
+                if st["type"] == "ByteLevel":
+                    st["use_regex"] = not st.get("use_regex", True)
+
+        for name, change in (("vocab ids", swap_vocab), ("merges", drop_merge),
+                             ("added token", flip_special), ("pre-tokenizer", other_pattern)):
+            t = json.loads(json.dumps(base))
+            change(t)
+            variant = os.path.join(tmp, "variant.json")
+            with open(variant, "w", encoding="utf-8") as f:
+                json.dump(t, f)
+            got = c_fp(binary, "tokenizer-fp", variant)
+            want = tokenizer_fp(variant)
+            checked += 1
+            if got != want or got == base_fp:
+                failures += 1
+                print("FAIL changing the %s: C %s, reference %s, unchanged %s" % (
+                    name, got, want, base_fp))
         all_fps = [fp for v in fps.values() for fp in v]
         if len(set(all_fps)) != len(fps) or any(len(v) != 1 for v in fps.values()):
             failures += 1
