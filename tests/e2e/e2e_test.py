@@ -17,7 +17,7 @@ Cases:
                 rule when speculation is required, plain service otherwise
 
 usage: e2e_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
-                   --source ROOT
+                   --source ROOT [--quick]
 """
 import argparse
 import concurrent.futures
@@ -118,7 +118,10 @@ def parallel(fn, items, workers=8):
 # ---- cases -----------------------------------------------------------------------
 
 def case_greedy():
-    ps = prompts(50)
+    # --quick (sanitizer builds, several times slower) keeps every drafter and
+    # strategy but fewer prompts and block sizes; the plain build runs it all.
+    ps = prompts(12 if st.ARGS.quick else 50)
+    blocks = (1, 3, 8) if st.ARGS.quick else range(1, 9)
     baseline = None
     for drafter in ("model", "ngram"):
         for strategy in ("extra_buffer", "no_buffer"):
@@ -131,7 +134,7 @@ def case_greedy():
                 baseline = ids
             check(ids == baseline, "plain outputs differ between stacks (%s, %s)" %
                   (drafter, strategy))
-            for block in range(1, 9):
+            for block in blocks:
                 res = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_ON", block=block,
                                                   fixed=True), ps)
                 spec_rounds = accepted = 0
@@ -191,7 +194,7 @@ def case_sampling():
             p3 = softmax_topk(target_logits(pids + [a, b]), K)
             for c, pc in p3.items():
                 expect[(a, b, c)] = pa * pb * pc
-    N = 2400
+    N = 600 if st.ARGS.quick else 2400
     sampling = lambda i: {"temperature": 1.0, "top_k": K, "seed": str(1000 + i)}  # noqa: E731
     res = parallel(lambda i: generate(gw, prompt, max_tokens=3, mode="SPECULATION_MODE_ON",
                                       block=2, fixed=True, sampling=sampling(i), ignore_eos=True),
@@ -378,6 +381,7 @@ def main():
     ap.add_argument("case", choices=sorted(CASES))
     for a in ("cli", "gateway", "verifier", "drafter", "source"):
         ap.add_argument("--" + a, required=True)
+    ap.add_argument("--quick", action="store_true")
     st.ARGS = ap.parse_args()
     st.TMP = tempfile.mkdtemp(prefix="tandem-e2e-")
     setup_paths()
