@@ -6,10 +6,15 @@
 # then runs until Ctrl-C / SIGTERM and stops all three cleanly.
 #
 #   scripts/run.sh [--no-build] [--build-dir DIR] [--port-base N] [--once]
+#                  [--prompt TEXT] [--max-tokens N]
+#
+# Once the pair is formed it generates from a sample prompt twice, plain and
+# speculative, printing the text and the request's stats.
 #
 # --port-base N   gateway on N (health N+1), verifier N+10 (N+11), drafter
 #                 N+20 (N+21); default 7700, the services' own defaults.
-# --once          stop right after printing the status (for tests and CI).
+# --once          stop right after the sample generation (for tests and CI).
+# --prompt TEXT   the sample prompt (default: the start of a Python class).
 # Logs go to BUILD_DIR/run/<service>.log.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -17,12 +22,16 @@ build_dir="$root/build"
 do_build=1
 once=0
 base=7700
+prompt=$'import torch\nfrom torch import nn\n\n\nclass MLP(nn.Module):\n    def __init__(self'
+max_tokens=96
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) do_build=0 ;;
     --build-dir) build_dir="$2"; shift ;;
     --port-base) base="$2"; shift ;;
     --once) once=1 ;;
+    --prompt) prompt="$2"; shift ;;
+    --max-tokens) max_tokens="$2"; shift ;;
     -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -47,9 +56,11 @@ gw="127.0.0.1:$base"
 # Model directories: the bundled demo pair when present.
 verifier_model=()
 drafter_model=()
+gateway_tokenizer=()
 if [ -f "$root/models/demo-target/config.json" ] && [ -f "$root/models/demo-drafter/config.json" ]; then
   verifier_model=(--model "$root/models/demo-target")
   drafter_model=(--model "$root/models/demo-drafter")
+  gateway_tokenizer=(--tokenizer "$root/models/demo-target/tokenizer.json")
 fi
 
 pids=()
@@ -85,7 +96,8 @@ on_signal() {
 }
 trap on_signal INT TERM
 
-start gateway "$bin/gateway/tandem-gateway" --listen "$gw" --health-listen "127.0.0.1:$((base + 1))"
+start gateway "$bin/gateway/tandem-gateway" --listen "$gw" --health-listen "127.0.0.1:$((base + 1))" \
+  "${gateway_tokenizer[@]}"
 # Replicas retry until the gateway answers, but start them once it does so
 # that they register at once.
 for _ in $(seq 1 50); do
@@ -125,11 +137,21 @@ if [ "$ready" != 1 ]; then
   exit 1
 fi
 echo
-echo "tandem is running: gateway $gw. 'build/services/cli/tandem status' shows it; Ctrl-C stops."
+gen_rc=0
+if [ ${#gateway_tokenizer[@]} -gt 0 ]; then
+  for mode in --no-spec --spec; do
+    echo "== tandem generate $mode --max-tokens $max_tokens (prompt below, then the continuation)"
+    printf '%s' "$prompt"
+    "$bin/cli/tandem" generate --gateway "$gw" $mode --max-tokens "$max_tokens" "$prompt" || gen_rc=1
+    echo
+  done
+fi
+echo "tandem is running: gateway $gw. '$bin/cli/tandem generate \"...\"' and"
+echo "'$bin/cli/tandem status' talk to it; Ctrl-C stops."
 
 if [ "$once" = 1 ]; then
-  stop_all
-  exit $?
+  stop_all || gen_rc=1
+  exit $gen_rc
 fi
 # Wait for a signal, watching for a service that dies on its own.
 while true; do
