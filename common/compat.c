@@ -4,6 +4,7 @@
  */
 #include "compat.h"
 
+#include "safetensors.h"
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -429,107 +430,14 @@ tdm_status tdm_compat_tokenizer_fingerprint_file(const char *path, char out[65],
 
 /* ---- model fingerprint ---------------------------------------------------- */
 
-typedef struct tensor_entry {
-    char *name;
-    char *dtype;
-    char *shape; /* "2,3" */
-} tensor_entry;
-
-typedef struct tensor_list {
-    tensor_entry *items;
-    size_t n, cap;
-} tensor_list;
+typedef struct tensor_ref {
+    const char *name;
+    const tdm_st_tensor *t;
+} tensor_ref;
 
 static int cmp_tensor(const void *a, const void *b)
 {
-    return strcmp(((const tensor_entry *)a)->name, ((const tensor_entry *)b)->name);
-}
-
-/* Reads the JSON header of one safetensors file and appends its tensors. */
-static tdm_status read_safetensors_header(const char *path, tensor_list *list, tdm_error *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path,
-                             strerror(errno));
-    struct stat st;
-    unsigned char nb[8];
-    if (fstat(fileno(f), &st) != 0 || fread(nb, 1, 8, f) != 8) {
-        fclose(f);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: too short for a safetensors header", path);
-    }
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = (hlen << 8) | nb[i];
-    if (hlen == 0 || hlen > (uint64_t)100 << 20 || hlen > (uint64_t)st.st_size - 8) {
-        fclose(f);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: safetensors header length %llu does not fit the file (%lld "
-                             "bytes)",
-                             path, (unsigned long long)hlen, (long long)st.st_size);
-    }
-    char *text = malloc(hlen + 1);
-    TDM_ASSERT(text != NULL);
-    if (fread(text, 1, hlen, f) != hlen) {
-        free(text);
-        fclose(f);
-        return tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: short read of the header", path);
-    }
-    fclose(f);
-    text[hlen] = '\0';
-    cJSON *j = cJSON_ParseWithLength(text, hlen);
-    free(text);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s: safetensors header is not a JSON object", path);
-    }
-    tdm_status rc = TDM_OK;
-    for (const cJSON *t = j->child; t && rc == TDM_OK; t = t->next) {
-        if (strcmp(t->string, "__metadata__") == 0)
-            continue;
-        const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(t, "dtype");
-        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
-        if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape)) {
-            rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                               "%s: tensor '%s' lacks a dtype string or a shape array", path,
-                               t->string);
-            break;
-        }
-        char shape_text[512] = "";
-        size_t used = 0;
-        for (const cJSON *d = shape->child; d; d = d->next) {
-            if (!cJSON_IsNumber(d) || d->valuedouble < 0) {
-                rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                   "%s: tensor '%s' has a shape entry that is not a size", path,
-                                   t->string);
-                break;
-            }
-            int w = snprintf(shape_text + used, sizeof(shape_text) - used, "%s%llu",
-                             used ? "," : "", (unsigned long long)d->valuedouble);
-            if (w < 0 || (size_t)w >= sizeof(shape_text) - used) {
-                rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                   "%s: tensor '%s' has too many dimensions", path, t->string);
-                break;
-            }
-            used += (size_t)w;
-        }
-        if (rc != TDM_OK)
-            break;
-        if (list->n == list->cap) {
-            list->cap = list->cap ? list->cap * 2 : 64;
-            list->items = realloc(list->items, list->cap * sizeof(*list->items));
-            TDM_ASSERT(list->items != NULL);
-        }
-        tensor_entry *e = &list->items[list->n++];
-        e->name = strdup(t->string);
-        e->dtype = strdup(dtype->valuestring);
-        e->shape = strdup(shape_text);
-        TDM_ASSERT(e->name && e->dtype && e->shape);
-    }
-    cJSON_Delete(j);
-    return rc;
+    return strcmp(((const tensor_ref *)a)->name, ((const tensor_ref *)b)->name);
 }
 
 tdm_status tdm_compat_model_fingerprint_dir(const char *dir, char out[65], tdm_error *err)
@@ -540,81 +448,54 @@ tdm_status tdm_compat_model_fingerprint_dir(const char *dir, char out[65], tdm_e
     tdm_status st = read_json(path, (size_t)16 << 20, &config, err);
     if (st != TDM_OK)
         return st;
-    tensor_list list = {0};
-    struct stat sb;
-    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-    if (stat(path, &sb) == 0) {
-        st = read_safetensors_header(path, &list, err);
+    /* The checkpoint reader validates every header (offsets, sizes, dtypes)
+     * and handles sharded checkpoints; only names, dtypes and shapes are
+     * hashed, so the fingerprint does not depend on the data. */
+    tdm_st_file *sf = NULL;
+    st = tdm_st_open(dir, &sf, err);
+    if (st != TDM_OK) {
+        cJSON_Delete(config);
+        return st;
+    }
+    size_t n = tdm_st_count(sf);
+    tensor_ref *refs = calloc(n ? n : 1, sizeof(*refs));
+    TDM_ASSERT(refs != NULL);
+    for (size_t i = 0; i < n; i++) {
+        refs[i].t = tdm_st_at(sf, i);
+        refs[i].name = refs[i].t->name;
+    }
+    qsort(refs, n, sizeof(*refs), cmp_tensor);
+    static const char *const skip[] = {"transformers_version", "_name_or_path", "dtype",
+                                       "torch_dtype"};
+    EVP_MD_CTX *h = EVP_MD_CTX_new();
+    TDM_ASSERT(h != NULL);
+    EVP_DigestInit_ex(h, EVP_sha256(), NULL);
+    hash_str(h, "tandem-model-v1");
+    if (hash_json(h, config, 0, skip, TDM_ARRAY_LEN(skip)) != 0) {
+        st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: nested too deeply", path);
     } else {
-        cJSON *index = NULL;
-        snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-        if (stat(path, &sb) != 0) {
-            st = tdm_error_set(err, TDM_ERR_NOT_FOUND,
-                               "%s: neither model.safetensors nor model.safetensors.index.json "
-                               "exists",
-                               dir);
-        } else if ((st = read_json(path, (size_t)64 << 20, &index, err)) == TDM_OK) {
-            const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
-            if (!cJSON_IsObject(map)) {
-                st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: no weight_map object",
-                                   path);
-            } else {
-                /* Each shard once, in sorted order. */
-                size_t n = (size_t)cJSON_GetArraySize(map), k = 0;
-                const char **files = calloc(n ? n : 1, sizeof(char *));
-                TDM_ASSERT(files != NULL);
-                for (const cJSON *e = map->child; e && st == TDM_OK; e = e->next) {
-                    if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
-                        st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                           "%s: weight_map entry '%s' is not a file name in the "
-                                           "model directory",
-                                           path, e->string);
-                        break;
-                    }
-                    files[k++] = e->valuestring;
-                }
-                qsort(files, k, sizeof(char *), cmp_cstr);
-                for (size_t i = 0; i < k && st == TDM_OK; i++) {
-                    if (i > 0 && strcmp(files[i], files[i - 1]) == 0)
-                        continue;
-                    char shard[4096];
-                    snprintf(shard, sizeof(shard), "%s/%s", dir, files[i]);
-                    st = read_safetensors_header(shard, &list, err);
-                }
-                free(files);
+        hash_str(h, "tensors");
+        hash_u64(h, n);
+        for (size_t i = 0; i < n; i++) {
+            const tdm_st_tensor *t = refs[i].t;
+            char shape[512] = "";
+            size_t used = 0;
+            for (int d = 0; d < t->ndim && used < sizeof(shape); d++) {
+                int w = snprintf(shape + used, sizeof(shape) - used, "%s%lld", d ? "," : "",
+                                 (long long)t->shape[d]);
+                if (w < 0)
+                    break;
+                used += (size_t)w;
             }
-            cJSON_Delete(index);
+            hash_str(h, t->name);
+            hash_str(h, tdm_st_dtype_name(t->dtype));
+            hash_str(h, shape);
         }
+        hex_digest(h, out);
     }
-    if (st == TDM_OK) {
-        static const char *const skip[] = {"transformers_version", "_name_or_path", "dtype",
-                                           "torch_dtype"};
-        EVP_MD_CTX *h = EVP_MD_CTX_new();
-        TDM_ASSERT(h != NULL);
-        EVP_DigestInit_ex(h, EVP_sha256(), NULL);
-        hash_str(h, "tandem-model-v1");
-        if (hash_json(h, config, 0, skip, TDM_ARRAY_LEN(skip)) != 0) {
-            st = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s/config.json: nested too deeply",
-                               dir);
-        } else {
-            qsort(list.items, list.n, sizeof(*list.items), cmp_tensor);
-            hash_str(h, "tensors");
-            hash_u64(h, list.n);
-            for (size_t i = 0; i < list.n; i++) {
-                hash_str(h, list.items[i].name);
-                hash_str(h, list.items[i].dtype);
-                hash_str(h, list.items[i].shape);
-            }
-            hex_digest(h, out);
-        }
-        EVP_MD_CTX_free(h);
-    }
-    for (size_t i = 0; i < list.n; i++) {
-        free(list.items[i].name);
-        free(list.items[i].dtype);
-        free(list.items[i].shape);
-    }
-    free(list.items);
+    EVP_MD_CTX_free(h);
+    free(refs);
+    tdm_st_close(sf);
     cJSON_Delete(config);
     return st;
 }

@@ -79,8 +79,8 @@ tdm_status tdm_compat_tokenizer_fingerprint_file(const char *path, char out[65],
  * the keys that do not change what the model computes (transformers_version,
  * _name_or_path; dtype and torch_dtype, which the tensors' dtypes capture),
  * then every tensor of model.safetensors (or of the shards listed in
- * model.safetensors.index.json) sorted by name as (name, dtype, shape). Only
- * the safetensors headers are read. */
+ * model.safetensors.index.json) sorted by name as (name, dtype, shape), read
+ * and validated by the safetensors module. Tensor data is not hashed. */
 tdm_status tdm_compat_model_fingerprint_dir(const char *dir, char out[65], tdm_error *err);
 
 #endif
