@@ -372,7 +372,74 @@ def case_incompatible():
     stop_all()
 
 
-CASES = {"greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
+def case_features():
+    """Seeds, stop strings, EOS, max_tokens and deadlines, through the API."""
+    gw, v, d = stack("extra_buffer", "model", block=4)
+    prompt = prompts(5)[3]
+    samp = {"temperature": 0.9, "top_p": 0.95, "seed": "42"}
+    a = generate(gw, prompt, max_tokens=40, sampling=samp)
+    b = generate(gw, prompt, max_tokens=40, sampling=samp)
+    c = generate(gw, prompt, max_tokens=40, sampling=dict(samp, seed="43"))
+    check(a[0] == "OK" and a[2] == b[2], "same seed, different output: %s / %s" % (a[2], b[2]))
+    check(a[2] != c[2], "seeds 42 and 43 gave the same 40 tokens: %s" % a[2])
+    check(a[4] and a[4]["stats"]["seed"] == "42", "stats do not report the seed: %s" % a[4])
+    # Stop strings: cut before the stop string, which the client never sees.
+    full = generate(gw, prompt, max_tokens=64, mode="SPECULATION_MODE_OFF")
+    text = full[3]
+    stop = None
+    for cand in ("\n", " ", "("):
+        at = text.find(cand, 5)
+        if at > 0:
+            stop, where = cand, at
+            break
+    if check(stop is not None, "no usable stop string in %r" % text):
+        r = generate(gw, prompt, max_tokens=64, mode="SPECULATION_MODE_ON")
+        s2 = {"text": prompt, "max_tokens": 64, "stop": [stop],
+              "speculation": {"mode": "SPECULATION_MODE_ON"}}
+        cl = st.client()
+        ch = cl.channel(gw.addr())
+        code, details, msgs = cl.call_stream(ch, "/tandem.v1.Gateway/Generate", s2, 60)
+        ch.close()
+        got = "".join(m["tokens"]["text"] for m in msgs if "tokens" in m)
+        done = [m["complete"] for m in msgs if "complete" in m]
+        check(code == "OK" and got == text[:where],
+              "stop %r: got %r, expected %r (%s %s)" % (stop, got, text[:where], code, details))
+        check(done and done[0]["finish_reason"] == "FINISH_REASON_STOP",
+              "finish reason with a stop string: %s" % done)
+        check(r[3] == text, "speculative text differs from plain text")
+    # max_tokens and the finish reason.
+    r = generate(gw, prompt, max_tokens=7)
+    check(r[0] == "OK" and len(r[2]) == 7 and r[4]["finish_reason"] == "FINISH_REASON_LENGTH",
+          "max_tokens 7: %s %s %s" % (r[0], r[2], r[4]))
+    # A deadline that passes mid-generation ends the call with DEADLINE_EXCEEDED
+    # and frees the sequence on the verifier.
+    r = generate(gw, prompt, max_tokens=100000, ignore_eos=True, timeout=0.5)
+    check(r[0] == "DEADLINE_EXCEEDED", "deadline: %s %s" % (r[0], r[1]))
+    t0 = time.time()
+    while time.time() - t0 < 5 and counter(v.addr(), "/tandem.v1.Verifier/Describe",
+                                           "active_sequences") != 0:
+        time.sleep(0.01)
+    check(counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences") == 0,
+          "the verifier still runs the sequence after the deadline")
+    # Bad requests get INVALID_ARGUMENT naming the field; the gateway goes on.
+    bad = [({"max_tokens": 5}, "prompt"),
+           ({"token_ids": {"ids": [999999]}}, "token_ids"),
+           ({"text": "x", "sampling": {"temperature": -1}}, "temperature"),
+           ({"text": "x", "sampling": {"top_p": 2}}, "top_p"),
+           ({"text": "x", "stop": [""]}, "stop")]
+    cl = st.client()
+    for req, field in bad:
+        ch = cl.channel(gw.addr())
+        code, details, _ = cl.call_stream(ch, "/tandem.v1.Gateway/Generate", req, 10)
+        ch.close()
+        check(code == "INVALID_ARGUMENT" and field in details,
+              "bad request %s: %s %s" % (req, code, details))
+    r = generate(gw, prompt, max_tokens=5)
+    check(r[0] == "OK" and len(r[2]) == 5, "the gateway serves after bad requests: %s" % r[0])
+    stop_all()
+
+
+CASES = {"features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible}
 
 
