@@ -40,164 +40,99 @@ static void expect_load_error(const char *what, cJSON *j, tdm_status code, const
 
 static cJSON *base;
 
-static cJSON *fresh(void)
-{
-    return cJSON_Duplicate(base, 1);
-}
+/* One damaged copy of the fixture: the member `key` of the object at `path`
+ * (dot-separated keys, numbers index arrays; "" = the top level) is set to
+ * the JSON `value`, or appended when the object has no such member. */
+typedef struct broken_case {
+    const char *what;
+    const char *path;
+    const char *key;
+    const char *value;
+    tdm_status code;
+    const char *needle1, *needle2; /* must appear in the message (NULL = none) */
+} broken_case;
 
-static cJSON *at(cJSON *j, const char *key)
+static const broken_case broken_cases[] = {
+    {"model type", "model", "type", "\"WordPiece\"", TDM_ERR_UNIMPLEMENTED, "model.type",
+     "WordPiece"},
+    {"dropout", "model", "dropout", "0.1", TDM_ERR_UNIMPLEMENTED, "model.dropout", "dropout"},
+    {"byte_fallback", "model", "byte_fallback", "true", TDM_ERR_UNIMPLEMENTED,
+     "model.byte_fallback", NULL},
+    {"subword prefix", "model", "continuing_subword_prefix", "\"##\"", TDM_ERR_UNIMPLEMENTED,
+     "model.continuing_subword_prefix", NULL},
+    {"normalizer", "", "normalizer", "{\"type\": \"Lowercase\"}", TDM_ERR_UNIMPLEMENTED,
+     "normalizer", "Lowercase"},
+    {"normalizer sequence", "", "normalizer",
+     "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"NFKC\"}]}",
+     TDM_ERR_UNIMPLEMENTED, "normalizer.normalizers[1]", "NFKC"},
+    {"split behavior", "pre_tokenizer.pretokenizers.0", "behavior", "\"MergedWithPrevious\"",
+     TDM_ERR_UNIMPLEMENTED, "pre_tokenizer.pretokenizers[0].behavior", "MergedWithPrevious"},
+    {"split invert", "pre_tokenizer.pretokenizers.0", "invert", "true", TDM_ERR_UNIMPLEMENTED,
+     "pre_tokenizer.pretokenizers[0].invert", NULL},
+    {"bad regex", "pre_tokenizer.pretokenizers.0", "pattern", "{\"Regex\": \"(unclosed\"}",
+     TDM_ERR_UNIMPLEMENTED, "pre_tokenizer.pretokenizers[0].pattern", "PCRE2"},
+    {"add_prefix_space", "pre_tokenizer.pretokenizers.1", "add_prefix_space", "true",
+     TDM_ERR_UNIMPLEMENTED, "pre_tokenizer.pretokenizers[1]", "add_prefix_space"},
+    {"pre-tokenizer type", "", "pre_tokenizer", "{\"type\": \"Whitespace\"}", TDM_ERR_UNIMPLEMENTED,
+     "pre_tokenizer", "Whitespace"},
+    {"no pre-tokenizer", "", "pre_tokenizer", "null", TDM_ERR_UNIMPLEMENTED, "pre_tokenizer",
+     "ByteLevel"},
+    {"decoder", "", "decoder", "{\"type\": \"WordPiece\"}", TDM_ERR_UNIMPLEMENTED, "decoder",
+     "WordPiece"},
+    {"post-processor", "", "post_processor", "{\"type\": \"TemplateProcessing\"}",
+     TDM_ERR_UNIMPLEMENTED, "post_processor", "TemplateProcessing"},
+    {"truncation", "", "truncation", "{\"max_length\": 8}", TDM_ERR_UNIMPLEMENTED, "truncation",
+     NULL},
+    {"single_word", "added_tokens.0", "single_word", "true", TDM_ERR_UNIMPLEMENTED,
+     "added_tokens[0].single_word", NULL},
+    {"merge string", "model.merges", "0", "\"nospace\"", TDM_ERR_INVALID_ARGUMENT,
+     "model.merges[0]", "nospace"},
+    {"merge unknown token", "model.merges", "3", "\"zzz\xc3\xa9 q\"", TDM_ERR_INVALID_ARGUMENT,
+     "model.merges[3]", "not in model.vocab"},
+    {"duplicate vocab id", "model.vocab", "brand-new", "5", TDM_ERR_INVALID_ARGUMENT, "brand-new",
+     "id 5"},
+    {"negative vocab id", "model.vocab", "neg", "-3", TDM_ERR_INVALID_ARGUMENT, "neg",
+     "out of range"},
+    {"huge vocab id", "model.vocab", "huge", "2000000000", TDM_ERR_INVALID_ARGUMENT, "huge",
+     "out of range"},
+    {"id beyond int32", "model.vocab", "beyond-int", "1e19", TDM_ERR_INVALID_ARGUMENT, "beyond-int",
+     "integer"},
+    {"fractional added id", "added_tokens.1", "id", "7.5", TDM_ERR_INVALID_ARGUMENT,
+     "added_tokens[1].id", "integer"},
+    {"string vocab id", "model.vocab", "frac", "\"7\"", TDM_ERR_INVALID_ARGUMENT, "frac",
+     "integer"},
+    {"model not object", "", "model", "\"BPE\"", TDM_ERR_INVALID_ARGUMENT, "model", "object"},
+};
+
+static cJSON *walk(cJSON *j, const char *path)
 {
-    return cJSON_GetObjectItemCaseSensitive(j, key);
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *k = strtok(buf, "."); k && j; k = strtok(NULL, "."))
+        j = (*k >= '0' && *k <= '9') ? cJSON_GetArrayItem(j, atoi(k))
+                                     : cJSON_GetObjectItemCaseSensitive(j, k);
+    return j;
 }
 
 static void feature_errors(void)
 {
-    cJSON *j;
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(at(j, "model"), "type", cJSON_CreateString("WordPiece"));
-    expect_load_error("model type", j, TDM_ERR_UNIMPLEMENTED, "model.type", "WordPiece");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(at(j, "model"), "dropout", cJSON_CreateNumber(0.1));
-    expect_load_error("dropout", j, TDM_ERR_UNIMPLEMENTED, "model.dropout", "dropout");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(at(j, "model"), "byte_fallback", cJSON_CreateTrue());
-    expect_load_error("byte_fallback", j, TDM_ERR_UNIMPLEMENTED, "model.byte_fallback", NULL);
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(at(j, "model"), "continuing_subword_prefix",
-                              cJSON_CreateString("##"));
-    expect_load_error("subword prefix", j, TDM_ERR_UNIMPLEMENTED, "model.continuing_subword_prefix",
-                      NULL);
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "normalizer", cJSON_Parse("{\"type\": \"Lowercase\"}"));
-    expect_load_error("normalizer", j, TDM_ERR_UNIMPLEMENTED, "normalizer", "Lowercase");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "normalizer",
-                              cJSON_Parse("{\"type\": \"Sequence\", \"normalizers\": "
-                                          "[{\"type\": \"NFC\"}, {\"type\": \"NFKC\"}]}"));
-    expect_load_error("normalizer sequence", j, TDM_ERR_UNIMPLEMENTED, "normalizer.normalizers[1]",
-                      "NFKC");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON *split = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 0);
-    cJSON_ReplaceItemInObject(split, "behavior", cJSON_CreateString("MergedWithPrevious"));
-    expect_load_error("split behavior", j, TDM_ERR_UNIMPLEMENTED,
-                      "pre_tokenizer.pretokenizers[0].behavior", "MergedWithPrevious");
-    cJSON_Delete(j);
-
-    j = fresh();
-    split = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 0);
-    cJSON_ReplaceItemInObject(split, "invert", cJSON_CreateTrue());
-    expect_load_error("split invert", j, TDM_ERR_UNIMPLEMENTED,
-                      "pre_tokenizer.pretokenizers[0].invert", NULL);
-    cJSON_Delete(j);
-
-    j = fresh();
-    split = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 0);
-    cJSON_ReplaceItemInObject(split, "pattern", cJSON_Parse("{\"Regex\": \"(unclosed\"}"));
-    expect_load_error("bad regex", j, TDM_ERR_UNIMPLEMENTED,
-                      "pre_tokenizer.pretokenizers[0].pattern", "PCRE2");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON *bl = cJSON_GetArrayItem(at(at(j, "pre_tokenizer"), "pretokenizers"), 1);
-    cJSON_ReplaceItemInObject(bl, "add_prefix_space", cJSON_CreateTrue());
-    expect_load_error("add_prefix_space", j, TDM_ERR_UNIMPLEMENTED,
-                      "pre_tokenizer.pretokenizers[1]", "add_prefix_space");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "pre_tokenizer", cJSON_Parse("{\"type\": \"Whitespace\"}"));
-    expect_load_error("pre-tokenizer type", j, TDM_ERR_UNIMPLEMENTED, "pre_tokenizer",
-                      "Whitespace");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "pre_tokenizer", cJSON_CreateNull());
-    expect_load_error("no pre-tokenizer", j, TDM_ERR_UNIMPLEMENTED, "pre_tokenizer", "ByteLevel");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "decoder", cJSON_Parse("{\"type\": \"WordPiece\"}"));
-    expect_load_error("decoder", j, TDM_ERR_UNIMPLEMENTED, "decoder", "WordPiece");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "post_processor",
-                              cJSON_Parse("{\"type\": \"TemplateProcessing\"}"));
-    expect_load_error("post-processor", j, TDM_ERR_UNIMPLEMENTED, "post_processor",
-                      "TemplateProcessing");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "truncation", cJSON_Parse("{\"max_length\": 8}"));
-    expect_load_error("truncation", j, TDM_ERR_UNIMPLEMENTED, "truncation", NULL);
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(cJSON_GetArrayItem(at(j, "added_tokens"), 0), "single_word",
-                              cJSON_CreateTrue());
-    expect_load_error("single_word", j, TDM_ERR_UNIMPLEMENTED, "added_tokens[0].single_word", NULL);
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInArray(at(at(j, "model"), "merges"), 0, cJSON_CreateString("nospace"));
-    expect_load_error("merge string", j, TDM_ERR_INVALID_ARGUMENT, "model.merges[0]", "nospace");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInArray(at(at(j, "model"), "merges"), 3, cJSON_CreateString("zzz\xc3\xa9 q"));
-    expect_load_error("merge unknown token", j, TDM_ERR_INVALID_ARGUMENT, "model.merges[3]",
-                      "not in model.vocab");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "brand-new", cJSON_CreateNumber(5));
-    expect_load_error("duplicate vocab id", j, TDM_ERR_INVALID_ARGUMENT, "brand-new", "id 5");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "neg", cJSON_CreateNumber(-3));
-    expect_load_error("negative vocab id", j, TDM_ERR_INVALID_ARGUMENT, "neg", "out of range");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "huge", cJSON_CreateNumber(2e9));
-    expect_load_error("huge vocab id", j, TDM_ERR_INVALID_ARGUMENT, "huge", "out of range");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "beyond-int", cJSON_CreateNumber(1e19));
-    expect_load_error("id beyond int32", j, TDM_ERR_INVALID_ARGUMENT, "beyond-int", "integer");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(cJSON_GetArrayItem(at(j, "added_tokens"), 1), "id",
-                              cJSON_CreateNumber(7.5));
-    expect_load_error("fractional added id", j, TDM_ERR_INVALID_ARGUMENT, "added_tokens[1].id",
-                      "integer");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_AddItemToObject(at(at(j, "model"), "vocab"), "frac", cJSON_CreateString("7"));
-    expect_load_error("string vocab id", j, TDM_ERR_INVALID_ARGUMENT, "frac", "integer");
-    cJSON_Delete(j);
-
-    j = fresh();
-    cJSON_ReplaceItemInObject(j, "model", cJSON_CreateString("BPE"));
-    expect_load_error("model not object", j, TDM_ERR_INVALID_ARGUMENT, "model", "object");
-    cJSON_Delete(j);
+    for (size_t i = 0; i < TDM_ARRAY_LEN(broken_cases); i++) {
+        const broken_case *c = &broken_cases[i];
+        cJSON *j = cJSON_Duplicate(base, 1);
+        cJSON *obj = walk(j, c->path), *value = cJSON_Parse(c->value);
+        if (obj == NULL || value == NULL) {
+            fprintf(stderr, "%s: bad case (path %s)\n", c->what, c->path);
+            exit(2);
+        }
+        if (cJSON_IsArray(obj))
+            cJSON_ReplaceItemInArray(obj, atoi(c->key), value);
+        else if (cJSON_HasObjectItem(obj, c->key))
+            cJSON_ReplaceItemInObjectCaseSensitive(obj, c->key, value);
+        else
+            cJSON_AddItemToObject(obj, c->key, value);
+        expect_load_error(c->what, j, c->code, c->needle1, c->needle2);
+        cJSON_Delete(j);
+    }
 }
 
 static void file_errors(const char *good_path)
