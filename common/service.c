@@ -97,6 +97,14 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
         tdm_service_destroy(s);
         return st;
     }
+    /* The health port answers (NOT_SERVING) from here on, while the role's
+     * setup loads its model, so that probes see "starting", not "down". */
+    const char *hl = tdm_cfg_str(cfg, "health_listen");
+    if ((st = tdm_health_server_start(s->health, hl, &s->health_server, err)) != TDM_OK) {
+        tdm_error_prefix(err, "%s health port %s", s->program, hl);
+        tdm_service_destroy(s);
+        return st;
+    }
     *out = s;
     return TDM_OK;
 }
@@ -215,9 +223,6 @@ tdm_status tdm_service_start(tdm_service *s, tdm_error *err)
     tdm_status st = tdm_rpc_server_start(s->server, err);
     if (st != TDM_OK)
         return tdm_error_prefix(err, "%s", s->program);
-    const char *hl = tdm_cfg_str(s->cfg, "health_listen");
-    if ((st = tdm_health_server_start(s->health, hl, &s->health_server, err)) != TDM_OK)
-        return tdm_error_prefix(err, "%s health port %s", s->program, hl);
     tdm_health_set_all(s->health, true);
     tdm_log_info(component(s), "listening on %s (bound port %d, health port %d), serving %s as %s",
                  tdm_cfg_str(s->cfg, "listen"), tdm_rpc_server_port(s->server),

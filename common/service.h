@@ -37,8 +37,9 @@ typedef struct tdm_service_counter {
 /* Fills up to max counters and returns how many. Called on RPC threads. */
 typedef size_t (*tdm_service_counters_fn)(void *arg, tdm_service_counter *out, size_t max);
 
-/* Binds the main and health ports, builds the Descriptor, logs the effective
- * configuration. `service_name` is the gRPC service whose health is reported
+/* Binds the main port, builds the Descriptor, logs the effective
+ * configuration, and starts the health port (NOT_SERVING until
+ * tdm_service_start). `service_name` is the gRPC service whose health is reported
  * ("tandem.v1.Drafter"). Takes over cfg (also on failure). Nothing is served
  * before tdm_service_start. */
 tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_service **out,

@@ -443,7 +443,27 @@ def case_sigterm():
           "deregistration logged")
     check(d.stop(signal.SIGINT) == 0, "drafter exits 0 on SIGINT")
     wait_status(gw, lambda s: replica_ids(s) == [], "d1 deregistered", 5)
+    # A health watcher on the probe port sees SERVING, then NOT_SERVING when
+    # the gateway drains.
+    import threading
+    c = client()
+    result = {}
+
+    def watch():
+        ch = c.channel("127.0.0.1:%d" % gw.health_port)
+        result["r"] = c.call_stream(ch, "/grpc.health.v1.Health/Watch", {"service": ""},
+                                    timeout=15.0, max_messages=2)
+        ch.close()
+
+    t = threading.Thread(target=watch)
+    t.start()
+    time.sleep(0.5)
     check(gw.stop(signal.SIGTERM) == 0, "gateway exits 0 on SIGTERM")
+    t.join(20)
+    code, details, msgs = result.get("r", ("none", "", []))
+    statuses = [m["status"] for m in msgs]
+    check(statuses[:2] == ["SERVING", "NOT_SERVING"],
+          "Watch during drain: %s (%s %s)" % (statuses, code, details))
 
 
 def case_check_config():
