@@ -285,6 +285,23 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
     float *lg = malloc((size_t)16 * 9 * (size_t)V * sizeof(float));
     const int plen = 64;
 
+    /* prefill of a 256-token prompt (two 128-row chunks) */
+    double tp;
+    {
+        tdm_seq_params pp = {TDM_STATE_EXTRA_BUFFER, 0};
+        tdm_seq *ps;
+        if (tdm_seq_create(m, &pp, &ps, &err) != TDM_OK)
+            die("seq", &err);
+        int32_t prompt[256];
+        for (int i = 0; i < 256; i++)
+            prompt[i] = (int32_t)((i * 7919 + 13) % V);
+        double t0 = now();
+        if (tdm_seq_prefill(ps, prompt, 256, NULL, &err) != TDM_OK)
+            die("prefill", &err);
+        tp = now() - t0;
+        tdm_seq_destroy(ps);
+    }
+
     /* batch 1 */
     tdm_seq *s = seq_new(m, TDM_STATE_EXTRA_BUFFER, 8, plen);
     int32_t t = 1;
@@ -325,6 +342,7 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
     printf(
         "| decode batch 1 (median step) | %.3f ms/step = %.1f tok/s (%.2fx the memcpy floor) |\n",
         1e3 * dt1, 1.0 / dt1, dt1 / (wb / copy_bw));
+    printf("| prefill 256 tokens | %.1f ms = %.0f tok/s |\n", 1e3 * tp, 256.0 / tp);
     printf("| decode batch 8 (median step) | %.3f ms/step = %.1f tok/s |\n", 1e3 * dt8, 8.0 / dt8);
 
     for (int k = 4; k <= 8; k += 4) {

@@ -163,32 +163,47 @@ MM_AVX static void mm_tile_1x1(const mm_args *a, int r, int o)
     mm_store(a, r, o, mm_finish(c, x0, a->w, a->dt, wo, K8, in));
 }
 
-/* Columns [o0, o1) for all rows. With four rows or more, column pairs are
- * outer so a pair's weights stay in L1 while every row passes over them
+/* Rows [r0, r1) x columns [o0, o1). With four rows or more, column pairs
+ * are outer so a pair's weights stay in L1 while every row passes over them
  * (4-row tiles, then the 1-3 rows left); fewer rows take 4 columns at a time. */
-MM_AVX static void mm_avx2(const mm_args *a, int o0, int o1)
+MM_AVX static void mm_block(const mm_args *a, int r0, int r1, int o0, int o1)
 {
-    const int R = a->R, R4 = R & ~3;
+    const int R4 = r0 + ((r1 - r0) & ~3);
     int o = o0;
-    if (R4 > 0) {
+    if (R4 > r0) {
         for (; o + 2 <= o1; o += 2) {
-            for (int r = 0; r < R4; r += 4)
+            for (int r = r0; r < R4; r += 4)
                 mm_tile_4x2(a, r, o);
-            for (int r = R4; r < R; r++)
+            for (int r = R4; r < r1; r++)
                 mm_tile_1x2(a, r, o);
         }
         for (; o < o1; o++)
-            for (int r = 0; r < R; r++)
+            for (int r = r0; r < r1; r++)
                 mm_tile_1x1(a, r, o);
         return;
     }
-    for (int r = 0; r < R; r++) {
+    for (int r = r0; r < r1; r++) {
         o = o0;
         for (; o + 4 <= o1; o += 4)
             mm_tile_1x4(a, r, o);
         for (; o < o1; o++)
             mm_tile_1x1(a, r, o);
     }
+}
+
+/* Columns [o0, o1) for all rows, in blocks of rows whose x fits in L1 (the
+ * chunk's weights then come from L2 once per block). Up to 12 rows (decode,
+ * verify) stay one block so the weights stream from memory once. */
+MM_AVX static void mm_avx2(const mm_args *a, int o0, int o1)
+{
+    int rb = a->R;
+    if (rb > 12) {
+        rb = (24 * 1024 / (a->in * 4)) & ~3;
+        if (rb < 4)
+            rb = 4;
+    }
+    for (int r0 = 0; r0 < a->R; r0 += rb)
+        mm_block(a, r0, r0 + rb < a->R ? r0 + rb : a->R, o0, o1);
 }
 #endif
 
