@@ -29,7 +29,13 @@
  * null or ByteLevel; truncation and padding null; added tokens without
  * single_word.
  *
- * Thread safety: a loaded tokenizer is immutable; any number of threads may
+ * HF runs the pre-tokenizer regexes with Oniguruma; PCRE2 runs them here
+ * after one translation: \s and \S are spelled out as the Unicode
+ * White_Space set, which is Oniguruma's \s (PCRE2 10.42's also matches
+ * U+180E). Anything else in a pattern is passed to PCRE2 as written.
+ *
+ * Thread safety: a loaded tokenizer does not change (its word cache has its
+ * own lock, never waited on); any number of threads may
  * encode/decode with it at once. A stream belongs to one thread at a time.
  *
  * Fingerprint: SHA-256 over a canonical byte stream that does not depend on
