@@ -87,6 +87,8 @@ struct tdm_rpc_server {
     bool force_cancelled; /* grace ran out */
     bool shutdown_done;   /* grpc_server_shutdown_and_notify's tag arrived */
     bool stopped;         /* tdm_rpc_server_shutdown completed */
+    time_t warn_second;   /* rate limit of warnings about bad input */
+    int warn_dropped;
     rpc_op shutdown_op;
 };
 
@@ -141,6 +143,7 @@ struct tdm_rpc_call {
 };
 
 static struct timespec abs_time_ms(int64_t ms);
+static void warn_limited(tdm_rpc_server *s, const char *msg);
 
 static const char *comp(const tdm_rpc_server *s)
 {
@@ -409,7 +412,7 @@ static void on_request_message(rpc_op *op, bool ok)
     if (!c->req) {
         snprintf(msg, sizeof(msg), "%s: request does not decode as %s", c->path,
                  c->method->desc->name);
-        tdm_log_warn(comp(c->server), "%s", msg);
+        warn_limited(c->server, msg);
         call_send_status(c, TDM_ERR_INVALID_ARGUMENT, msg, NULL);
         call_unref(c);
         return;
@@ -422,6 +425,28 @@ static void on_request_message(rpc_op *op, bool ok)
 }
 
 static void post_request(rpc_worker *w);
+
+/* Bad input from clients is logged at most once a second per server, so a
+ * misbehaving client cannot flood the log; the client gets every error. */
+static void warn_limited(tdm_rpc_server *s, const char *msg)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pthread_mutex_lock(&s->mu);
+    bool log = now.tv_sec != s->warn_second;
+    int dropped = s->warn_dropped;
+    if (log) {
+        s->warn_second = now.tv_sec;
+        s->warn_dropped = 0;
+    } else {
+        s->warn_dropped++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (log && dropped)
+        tdm_log_warn(comp(s), "%s (and %d similar in the last second)", msg, dropped);
+    else if (log)
+        tdm_log_warn(comp(s), "%s", msg);
+}
 static void on_sync_send(rpc_op *op, bool ok);
 static void on_sync_recv(rpc_op *op, bool ok);
 static void on_shutdown_done(rpc_op *op, bool ok);
