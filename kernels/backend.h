@@ -21,6 +21,9 @@
  *
  * Pointers named in the op arguments that are arrays of segments or of
  * positions/token ids are host memory and only read during the call.
+ *
+ * Threading: a backend serves one caller at a time (its ops may use a worker
+ * pool of their own); callers that share one serialise their calls.
  */
 #ifndef TANDEM_KERNELS_BACKEND_H
 #define TANDEM_KERNELS_BACKEND_H
