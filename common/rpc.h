@@ -24,7 +24,15 @@
  *  - Writes may come from any thread (serialised inside), reads from any
  *    thread (serialised inside), and a read and a write may run concurrently.
  *    Every read/write on a call must have returned before its handler returns:
- *    the call is freed after the handler returns.
+ *    the call is freed after the handler returns. A stream beyond
+ *    max_streams is refused with RESOURCE_EXHAUSTED.
+ *  - A client's cancel can look like a half-close to tdm_rpc_call_read for
+ *    a moment; read waits up to 20 ms for the cancellation before reporting
+ *    a half-close, and writes after a cancel return CANCELLED regardless.
+ *
+ * Client threading. Channels are shared and thread-safe; each call has a
+ * private completion queue and blocks only its caller. A stream may be read
+ * on one thread while another writes, and cancelled from any thread.
  *
  * Ownership. Request messages handed to handlers belong to the layer (freed
  * after the handler returns). A unary handler's response is packed right after
@@ -41,6 +49,10 @@
  * Shutdown. tdm_rpc_server_shutdown() stops accepting calls, lets in-flight
  * calls finish for grace_ms, then cancels the rest (handlers observe
  * tdm_rpc_call_cancelled()), joins all threads and frees everything.
+ *
+ * Name resolution uses the system resolver (GRPC_DNS_RESOLVER=native unless
+ * the environment says otherwise). Health checking lives in health.h, server
+ * reflection in reflection.h.
  */
 #ifndef TANDEM_COMMON_RPC_H
 #define TANDEM_COMMON_RPC_H
