@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
-      libpcre2-dev libcjson-dev libyaml-dev libssl-dev libutf8proc-dev
+      libpcre2-dev libcjson-dev libyaml-dev libssl-dev libutf8proc-dev openssl
       python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
