@@ -40,14 +40,14 @@ def start(server, *args):
     return p, int(kv["port"]), int(kv["health_port"])
 
 
-def stop(p, what):
-    p.send_signal(signal.SIGTERM)
+def stop(p, what, sig=signal.SIGTERM):
+    p.send_signal(sig)
     try:
         rc = p.wait(timeout=30)
     except subprocess.TimeoutExpired:
         p.kill()
         rc = "timeout"
-    check(rc == 0, "%s: exit status after SIGTERM is %r, expected 0" % (what, rc))
+    check(rc == 0, "%s: exit status after %s is %r, expected 0" % (what, signal.Signals(sig).name, rc))
 
 
 def main():
@@ -68,7 +68,7 @@ def main():
     code, _, r = client.call_unary(ch, check_path, {"service": ""})
     check(code == "OK" and r[0]["status"] == "NOT_SERVING", "not ready: Check '' -> %s %r" % (code, r))
     ch.close()
-    stop(p, "not-ready server")
+    stop(p, "not-ready server", signal.SIGINT)
 
     p, port, hport = start(a.server)
     main_t, health_t = "127.0.0.1:%d" % port, "127.0.0.1:%d" % hport
