@@ -148,8 +148,8 @@ static void check_fixture(tdm_backend *be, const char *name)
 int main(void)
 {
     tdm_backend *be = test_backend();
-    const char *names[] = {"f32_gqa",   "f32_tied", "f32_sharded",
-                           "f16_store", "bf16_alt", "bf16_wrapped"};
+    const char *names[] = {"f32_gqa",  "f32_tied",     "f32_sharded", "f16_store",
+                           "bf16_alt", "bf16_wrapped", "f32_odd",     "bf16_realdims"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         check_fixture(be, names[i]);
     be->destroy(be);

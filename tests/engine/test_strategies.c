@@ -273,7 +273,7 @@ static void memory_report(tdm_model *m, const char *name)
 int main(void)
 {
     tdm_backend *be = test_backend();
-    const char *names[] = {"f32_gqa", "bf16_alt", "f32_tied"};
+    const char *names[] = {"f32_gqa", "bf16_alt", "f32_tied", "f32_odd"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         fixture f;
         fixture_load(&f, names[i]);
