@@ -1838,16 +1838,21 @@ typedef struct enc_ctx {
     tdm_error *err;
 } enc_ctx;
 
-static bool emit(enc_ctx *c, int32_t id)
+static bool emit_grow(enc_ctx *c)
 {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 256;
-        int32_t *n = realloc(c->ids, cap * sizeof(*n));
-        if (n == NULL)
-            return false;
-        c->ids = n;
-        c->cap = cap;
-    }
+    size_t cap = c->cap ? c->cap * 2 : 256;
+    int32_t *n = realloc(c->ids, cap * sizeof(*n));
+    if (n == NULL)
+        return false;
+    c->ids = n;
+    c->cap = cap;
+    return true;
+}
+
+static inline bool emit(enc_ctx *c, int32_t id)
+{
+    if (c->n == c->cap && !emit_grow(c))
+        return false;
     c->ids[c->n++] = id;
     return true;
 }
