@@ -316,8 +316,12 @@ def case_cancel():
         time.sleep(0.002)
     print("cancel: sequence freed on verifier and drafter after %s ms" %
           ("%.1f" % (freed * 1e3) if freed is not None else "never"), flush=True)
-    check(freed is not None and freed <= 0.100,
-          "a cancelled request was not freed on verifier and drafter within 100 ms (%s)" % freed)
+    # 100 ms is the product's promise, checked in the plain build; sanitizer
+    # builds (--quick) run every instruction several times slower.
+    limit = 0.5 if st.ARGS.quick else 0.100
+    check(freed is not None and freed <= limit,
+          "a cancelled request was not freed on verifier and drafter within %.0f ms (%s)" %
+          (limit * 1e3, freed))
     ps = prompts(32)
     plain = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_OFF"), ps,
                      workers=32)
