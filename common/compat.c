@@ -29,20 +29,28 @@ const char *tdm_compat_service_name(const Tandem__V1__Descriptor *d, char *buf, 
 static const char *role_name(Tandem__V1__Role r)
 {
     switch (r) {
-    case TANDEM__V1__ROLE__ROLE_GATEWAY: return "gateway";
-    case TANDEM__V1__ROLE__ROLE_VERIFIER: return "verifier";
-    case TANDEM__V1__ROLE__ROLE_DRAFTER: return "drafter";
-    default: return "replica";
+    case TANDEM__V1__ROLE__ROLE_GATEWAY:
+        return "gateway";
+    case TANDEM__V1__ROLE__ROLE_VERIFIER:
+        return "verifier";
+    case TANDEM__V1__ROLE__ROLE_DRAFTER:
+        return "drafter";
+    default:
+        return "replica";
     }
 }
 
 static const char *strategy_name(Tandem__V1__StateStrategy s)
 {
     switch (s) {
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER: return "extra_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER: return "no_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY: return "replay";
-    default: return "unspecified";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER:
+        return "extra_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER:
+        return "no_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY:
+        return "replay";
+    default:
+        return "unspecified";
     }
 }
 
@@ -187,8 +195,7 @@ static int rule_snapshot_layout(const Tandem__V1__Descriptor *a, const Tandem__V
 
 static const tdm_compat_rule g_rules[] = {
     {"tokenizer-fingerprint", TDM_COMPAT_PAIR,
-     "a model drafter and its verifier use the same tokenizer (same fingerprint)",
-     rule_tokenizer},
+     "a model drafter and its verifier use the same tokenizer (same fingerprint)", rule_tokenizer},
     {"draft-block-size", TDM_COMPAT_PAIR,
      "the drafter's draft_block_size is at most the verifier's max_draft_tokens", rule_block_size},
     {"prefix-cache-state", TDM_COMPAT_PAIR,
@@ -198,8 +205,7 @@ static const tdm_compat_rule g_rules[] = {
     {"protocol-major", TDM_COMPAT_PAIR, "both sides speak the same protocol major version",
      rule_protocol},
     {"snapshot-layout", TDM_COMPAT_REPLICAS,
-     "replicas of one role write state snapshots in the same layout version",
-     rule_snapshot_layout},
+     "replicas of one role write state snapshots in the same layout version", rule_snapshot_layout},
 };
 
 const tdm_compat_rule *tdm_compat_rules(size_t *n)
@@ -372,8 +378,7 @@ static tdm_status read_file(const char *path, size_t max, char **out, size_t *le
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path,
-                             strerror(errno));
+        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);

@@ -30,11 +30,11 @@ typedef enum tdm_compat_scope {
 } tdm_compat_scope;
 
 typedef struct tdm_compat_refusal {
-    char rule[48];        /* rule id, e.g. "tokenizer-fingerprint" */
-    char message[2048];   /* full sentence naming both values and services */
-    char a_replica[256];  /* "replica-id (address)"; the verifier in a pair */
+    char rule[48];       /* rule id, e.g. "tokenizer-fingerprint" */
+    char message[2048];  /* full sentence naming both values and services */
+    char a_replica[256]; /* "replica-id (address)"; the verifier in a pair */
     char a_value[256];
-    char b_replica[256];  /* the drafter in a pair */
+    char b_replica[256]; /* the drafter in a pair */
     char b_value[256];
 } tdm_compat_refusal;
 

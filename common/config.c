@@ -130,14 +130,22 @@ void tdm_cfg_env_name(const char *key, char *buf, size_t len)
 static const char *type_name(const tdm_cfg_key *k)
 {
     switch (k->type) {
-    case TDM_CFG_STRING: return "string";
-    case TDM_CFG_INT: return "integer";
-    case TDM_CFG_SIZE: return "size";
-    case TDM_CFG_BOOL: return "on|off";
-    case TDM_CFG_ENUM: return k->allowed;
-    case TDM_CFG_DURATION: return "duration";
-    case TDM_CFG_ADDRESS: return "host:port";
-    case TDM_CFG_PATH: return (k->flags & TDM_CFG_PATH_DIR) ? "dir" : "file";
+    case TDM_CFG_STRING:
+        return "string";
+    case TDM_CFG_INT:
+        return "integer";
+    case TDM_CFG_SIZE:
+        return "size";
+    case TDM_CFG_BOOL:
+        return "on|off";
+    case TDM_CFG_ENUM:
+        return k->allowed;
+    case TDM_CFG_DURATION:
+        return "duration";
+    case TDM_CFG_ADDRESS:
+        return "host:port";
+    case TDM_CFG_PATH:
+        return (k->flags & TDM_CFG_PATH_DIR) ? "dir" : "file";
     }
     return "?";
 }
@@ -217,7 +225,7 @@ tdm_status tdm_cfg_parse_size(const char *t, int64_t *out, tdm_error *err)
     static const struct {
         const char *unit;
         int64_t mul;
-    } units[] = {{"", 1},        {"B", 1},           {"KiB", 1 << 10}, {"K", 1 << 10},
+    } units[] = {{"", 1},          {"B", 1},       {"KiB", 1 << 10}, {"K", 1 << 10},
                  {"MiB", 1 << 20}, {"M", 1 << 20}, {"GiB", 1 << 30}, {"G", 1 << 30}};
     int64_t v = 0;
     const char *end = NULL;
@@ -437,10 +445,14 @@ tdm_status tdm_cfg_set(tdm_cfg *cfg, const char *key, const char *value, int ran
 static const char *yaml_event_name(yaml_event_type_t t)
 {
     switch (t) {
-    case YAML_SEQUENCE_START_EVENT: return "a list";
-    case YAML_MAPPING_START_EVENT: return "a nested mapping";
-    case YAML_ALIAS_EVENT: return "an alias";
-    default: return "an unexpected YAML construct";
+    case YAML_SEQUENCE_START_EVENT:
+        return "a list";
+    case YAML_MAPPING_START_EVENT:
+        return "a nested mapping";
+    case YAML_ALIAS_EVENT:
+        return "an alias";
+    default:
+        return "an unexpected YAML construct";
     }
 }
 
@@ -736,8 +748,7 @@ tdm_status tdm_cfg_finish(tdm_cfg *cfg, tdm_error *err)
             continue;
         }
         cfg_value tmp = *v;
-        if (parse_value(&s->keys[idx], value, &tmp, &e) != TDM_OK ||
-            strcmp(value, "auto") == 0) {
+        if (parse_value(&s->keys[idx], value, &tmp, &e) != TDM_OK || strcmp(value, "auto") == 0) {
             add_error(cfg, "%s: rule %s chose an invalid value '%s': %s", rule->key, rule->name,
                       value, e.msg);
             continue;
@@ -868,12 +879,11 @@ void tdm_cfg_print_help(const tdm_cfg_schema *s, FILE *out)
 {
     fprintf(out, "usage: %s [--config FILE] [--check-config] [--help] [--KEY VALUE ...]\n\n%s\n\n",
             s->program, s->summary);
-    fprintf(out,
-            "Each setting is read, lowest precedence first, from its default, the --config\n"
-            "file (flat YAML 'key: value' lines using the key names below), the environment\n"
-            "variable shown, and the command line. --check-config prints the effective\n"
-            "configuration with the source of every value and exits 0 if it would start.\n"
-            "Paths are taken relative to the current directory.\n");
+    fprintf(out, "Each setting is read, lowest precedence first, from its default, the --config\n"
+                 "file (flat YAML 'key: value' lines using the key names below), the environment\n"
+                 "variable shown, and the command line. --check-config prints the effective\n"
+                 "configuration with the source of every value and exits 0 if it would start.\n"
+                 "Paths are taken relative to the current directory.\n");
     const char *groups[64];
     size_t n_groups = 0;
     for (size_t i = 0; i < s->n_keys; i++) {

@@ -78,13 +78,25 @@ static cJSON *value_json(const ProtobufCFieldDescriptor *f, const void *p, int d
                 case PROTOBUF_C_TYPE_SINT64:
                 case PROTOBUF_C_TYPE_SFIXED64:
                 case PROTOBUF_C_TYPE_UINT64:
-                case PROTOBUF_C_TYPE_FIXED64: elem = 8; break;
-                case PROTOBUF_C_TYPE_DOUBLE: elem = sizeof(double); break;
-                case PROTOBUF_C_TYPE_BOOL: elem = sizeof(protobuf_c_boolean); break;
+                case PROTOBUF_C_TYPE_FIXED64:
+                    elem = 8;
+                    break;
+                case PROTOBUF_C_TYPE_DOUBLE:
+                    elem = sizeof(double);
+                    break;
+                case PROTOBUF_C_TYPE_BOOL:
+                    elem = sizeof(protobuf_c_boolean);
+                    break;
                 case PROTOBUF_C_TYPE_STRING:
-                case PROTOBUF_C_TYPE_MESSAGE: elem = sizeof(void *); break;
-                case PROTOBUF_C_TYPE_BYTES: elem = sizeof(ProtobufCBinaryData); break;
-                default: elem = 4; break;
+                case PROTOBUF_C_TYPE_MESSAGE:
+                    elem = sizeof(void *);
+                    break;
+                case PROTOBUF_C_TYPE_BYTES:
+                    elem = sizeof(ProtobufCBinaryData);
+                    break;
+                default:
+                    elem = 4;
+                    break;
                 }
                 cJSON *a = cJSON_AddArrayToObject(o, fi->name);
                 for (size_t k = 0; a && k < n; k++)

@@ -155,8 +155,9 @@ static void *reg_main(void *arg)
         }
         pthread_mutex_unlock(&r->mu);
         if (!known)
-            tdm_log_info(REG_COMPONENT, "gateway %s does not know %s (restarted or dropped it); "
-                                        "registering again",
+            tdm_log_info(REG_COMPONENT,
+                         "gateway %s does not know %s (restarted or dropped it); "
+                         "registering again",
                          r->opt.gateway, r->opt.descriptor->replica_id);
     }
     return NULL;
@@ -217,8 +218,9 @@ void tdm_reg_stop(tdm_reg *r, const char *reason)
                          r->opt.descriptor->replica_id, r->opt.gateway);
             protobuf_c_message_free_unpacked(resp, NULL);
         } else {
-            tdm_log_warn(REG_COMPONENT, "could not deregister from gateway %s: %s (it drops us "
-                                        "after its replica_ttl)",
+            tdm_log_warn(REG_COMPONENT,
+                         "could not deregister from gateway %s: %s (it drops us "
+                         "after its replica_ttl)",
                          r->opt.gateway, err.msg);
         }
     }

@@ -234,8 +234,8 @@ int tdm_service_wait_and_stop(tdm_service *s, void (*on_drain)(void *arg), void 
 {
     int sig = tdm_rpc_wait_for_signal();
     int grace = (int)tdm_cfg_int(s->cfg, "shutdown_grace");
-    tdm_log_info(component(s), "signal %d: draining (NOT_SERVING), then stopping within %d ms",
-                 sig, grace);
+    tdm_log_info(component(s), "signal %d: draining (NOT_SERVING), then stopping within %d ms", sig,
+                 grace);
     tdm_health_drain(s->health);
     if (on_drain)
         on_drain(arg);

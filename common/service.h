@@ -58,8 +58,8 @@ double tdm_service_uptime_s(const tdm_service *s);
  * registration counters, are always reported besides). */
 void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg);
 /* Fills a Counter array from the counters callback, with memory from the call. */
-void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call,
-                                   Tandem__V1__Counter ***out, size_t *n);
+void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call, Tandem__V1__Counter ***out,
+                                   size_t *n);
 /* Fills an EffectiveConfig with memory released when the call is freed. */
 Tandem__V1__EffectiveConfig *tdm_service_config_to_proto(tdm_service *s, tdm_rpc_call *call);
 /* Serves Describe (descriptor, effective configuration, counters) at path,

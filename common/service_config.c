@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 #include <libgen.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -27,56 +28,160 @@
 
 /* Rows every service has. */
 #define KEY_LISTEN(def)                                                                            \
-    {"listen", TDM_CFG_ADDRESS, def, NULL, 0, 0, 0, NULL, GRP_NET,                                 \
-     "Address of the main gRPC port (host:port; port 0 picks a free one)."}
+    {                                                                                              \
+        "listen", TDM_CFG_ADDRESS, def, NULL, 0, 0, 0, NULL, GRP_NET,                              \
+            "Address of the main gRPC port (host:port; port 0 picks a free one)."                  \
+    }
 #define KEY_HEALTH_LISTEN(def)                                                                     \
-    {"health_listen", TDM_CFG_ADDRESS, def, NULL, 0, 0, 0, NULL, GRP_NET,                          \
-     "Address of a plaintext port serving only grpc.health.v1.Health, for Kubernetes gRPC "        \
-     "probes, which cannot speak TLS."}
+    {                                                                                              \
+        "health_listen", TDM_CFG_ADDRESS, def, NULL, 0, 0, 0, NULL, GRP_NET,                       \
+            "Address of a plaintext port serving only grpc.health.v1.Health, for Kubernetes gRPC " \
+            "probes, which cannot speak TLS."                                                      \
+    }
 #define KEYS_COMMON                                                                                \
-    {"max_message_size", TDM_CFG_SIZE, "64MiB", NULL, 1024, 2147483647, 0, NULL, GRP_NET,          \
+    {"max_message_size",                                                                           \
+     TDM_CFG_SIZE,                                                                                 \
+     "64MiB",                                                                                      \
+     NULL,                                                                                         \
+     1024,                                                                                         \
+     2147483647,                                                                                   \
+     0,                                                                                            \
+     NULL,                                                                                         \
+     GRP_NET,                                                                                      \
      "Largest gRPC message this process sends or accepts."},                                       \
-        {"tls_cert", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,     \
-         GRP_TLS, "PEM certificate chain this process presents; needs tls_key."},                  \
-        {"tls_key", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,      \
-         GRP_TLS, "PEM private key of tls_cert."},                                                 \
-        {"tls_ca", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,       \
+        {"tls_cert",                                                                               \
+         TDM_CFG_PATH,                                                                             \
+         "",                                                                                       \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE,                                                     \
+         NULL,                                                                                     \
+         GRP_TLS,                                                                                  \
+         "PEM certificate chain this process presents; needs tls_key."},                           \
+        {"tls_key",                                                                                \
+         TDM_CFG_PATH,                                                                             \
+         "",                                                                                       \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE,                                                     \
+         NULL,                                                                                     \
+         GRP_TLS,                                                                                  \
+         "PEM private key of tls_cert."},                                                          \
+        {"tls_ca",                                                                                 \
+         TDM_CFG_PATH,                                                                             \
+         "",                                                                                       \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE,                                                     \
+         NULL,                                                                                     \
          GRP_TLS,                                                                                  \
          "PEM CA bundle that peers' certificates must chain to (clients verify servers with it; "  \
-         "a server given one also requires client certificates)."},                               \
-        {"log_level", TDM_CFG_ENUM, "info", "debug|info|warn|error", 0, 0, 0, NULL, GRP_OPS,       \
-         "Least severe log level written to stderr."},                                             \
-        {"shutdown_grace", TDM_CFG_DURATION, "5s", NULL, 0, 600000, 0, NULL, GRP_OPS,              \
-         "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled."}
+         "a server given one also requires client certificates)."},                                \
+        {"log_level", TDM_CFG_ENUM,                                                                \
+         "info",      "debug|info|warn|error",                                                     \
+         0,           0,                                                                           \
+         0,           NULL,                                                                        \
+         GRP_OPS,     "Least severe log level written to stderr."},                                \
+    {                                                                                              \
+        "shutdown_grace", TDM_CFG_DURATION, "5s", NULL, 0, 600000, 0, NULL, GRP_OPS,               \
+            "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled."    \
+    }
 
 /* Rows drafters and verifiers share. */
 #define KEYS_REPLICA                                                                               \
-    {"gateway", TDM_CFG_ADDRESS, "127.0.0.1:7700", NULL, 0, 0, 0, NULL, GRP_REG,                   \
+    {"gateway",                                                                                    \
+     TDM_CFG_ADDRESS,                                                                              \
+     "127.0.0.1:7700",                                                                             \
+     NULL,                                                                                         \
+     0,                                                                                            \
+     0,                                                                                            \
+     0,                                                                                            \
+     NULL,                                                                                         \
+     GRP_REG,                                                                                      \
      "Address of the gateway this replica registers with and heartbeats to."},                     \
-        {"replica_id", TDM_CFG_STRING, "auto", NULL, 0, 0, TDM_CFG_AUTO, NULL, GRP_REG,            \
+        {"replica_id",                                                                             \
+         TDM_CFG_STRING,                                                                           \
+         "auto",                                                                                   \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_AUTO,                                                                             \
+         NULL,                                                                                     \
+         GRP_REG,                                                                                  \
          "Name of this replica, unique among the gateway's replicas; auto: "                       \
          "<role>-<hostname>-<pid>."},                                                              \
-        {"advertise", TDM_CFG_ADDRESS, "auto", NULL, 0, 0, TDM_CFG_AUTO, NULL, GRP_REG,            \
+        {"advertise",                                                                              \
+         TDM_CFG_ADDRESS,                                                                          \
+         "auto",                                                                                   \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_AUTO,                                                                             \
+         NULL,                                                                                     \
+         GRP_REG,                                                                                  \
          "Address peers use to reach this replica's main port; auto: listen, with a wildcard "     \
          "host replaced by the host name and port 0 by the bound port."},                          \
-        {"model", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_DIR,               \
-         "config.json", GRP_MODEL,                                                                 \
+        {"model",                                                                                  \
+         TDM_CFG_PATH,                                                                             \
+         "",                                                                                       \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_EMPTY_OK | TDM_CFG_PATH_DIR,                                                      \
+         "config.json",                                                                            \
+         GRP_MODEL,                                                                                \
          "Hugging Face model directory (config.json, safetensors weights, tokenizer.json)."},      \
-        {"tokenizer", TDM_CFG_PATH, "auto", NULL, 0, 0,                                            \
-         TDM_CFG_AUTO | TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL, GRP_MODEL,                     \
+        {"tokenizer",                                                                              \
+         TDM_CFG_PATH,                                                                             \
+         "auto",                                                                                   \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_AUTO | TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE,                                      \
+         NULL,                                                                                     \
+         GRP_MODEL,                                                                                \
          "tokenizer.json whose fingerprint this replica advertises; auto: the model "              \
          "directory's tokenizer.json."},                                                           \
-        {"backend", TDM_CFG_ENUM, "auto", "auto|cpu|cuda", 0, 0, TDM_CFG_AUTO, NULL, GRP_MODEL,    \
-         "Compute backend; auto: cuda when this build has CUDA, else cpu."},                       \
-        {"max_sequences", TDM_CFG_INT, "64", NULL, 1, 65536, 0, NULL, GRP_MODEL,                   \
+        {"backend",                                                                                \
+         TDM_CFG_ENUM,                                                                             \
+         "auto",                                                                                   \
+         "auto|cpu|cuda",                                                                          \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_AUTO,                                                                             \
+         NULL,                                                                                     \
+         GRP_MODEL,                                                                                \
+         "Compute backend; auto: cuda when this build has CUDA and an NVIDIA device is present, "  \
+         "else cpu."},                                                                             \
+        {"max_sequences",                                                                          \
+         TDM_CFG_INT,                                                                              \
+         "64",                                                                                     \
+         NULL,                                                                                     \
+         1,                                                                                        \
+         65536,                                                                                    \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         GRP_MODEL,                                                                                \
          "Most sequences this replica holds state for at once."},                                  \
-        {"state_strategy", TDM_CFG_ENUM, "auto", "auto|extra_buffer|no_buffer", 0, 0,              \
-         TDM_CFG_AUTO, NULL, GRP_SPEC,                                                             \
+        {"state_strategy",                                                                         \
+         TDM_CFG_ENUM,                                                                             \
+         "auto",                                                                                   \
+         "auto|extra_buffer|no_buffer",                                                            \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_AUTO,                                                                             \
+         NULL,                                                                                     \
+         GRP_SPEC,                                                                                 \
          "How the recurrent state is committed after a verify step: extra_buffer keeps a state "   \
          "per position, no_buffer recomputes accepted positions from a checkpoint."},              \
-        {"prefix_cache", TDM_CFG_BOOL, "off", NULL, 0, 0, 0, NULL, GRP_SPEC,                       \
-         "Reuse the state of a common prompt prefix across requests (needs a state at any "        \
-         "committed position)."}
+    {                                                                                              \
+        "prefix_cache", TDM_CFG_BOOL, "off", NULL, 0, 0, 0, NULL, GRP_SPEC,                        \
+            "Reuse the state of a common prompt prefix across requests (needs a state at any "     \
+            "committed position)."                                                                 \
+    }
 
 static const tdm_cfg_key gateway_keys[] = {
     KEY_LISTEN("127.0.0.1:7700"),
@@ -135,10 +240,14 @@ Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema)
 const char *tdm_svc_role_name(Tandem__V1__Role role)
 {
     switch (role) {
-    case TANDEM__V1__ROLE__ROLE_GATEWAY: return "gateway";
-    case TANDEM__V1__ROLE__ROLE_VERIFIER: return "verifier";
-    case TANDEM__V1__ROLE__ROLE_DRAFTER: return "drafter";
-    default: return "unspecified";
+    case TANDEM__V1__ROLE__ROLE_GATEWAY:
+        return "gateway";
+    case TANDEM__V1__ROLE__ROLE_VERIFIER:
+        return "verifier";
+    case TANDEM__V1__ROLE__ROLE_DRAFTER:
+        return "drafter";
+    default:
+        return "unspecified";
     }
 }
 
@@ -156,21 +265,30 @@ Tandem__V1__StateStrategy tdm_svc_strategy_from_name(const char *name)
 const char *tdm_svc_strategy_name(Tandem__V1__StateStrategy s)
 {
     switch (s) {
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER: return "extra_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER: return "no_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY: return "replay";
-    default: return "unspecified";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER:
+        return "extra_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER:
+        return "no_buffer";
+    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY:
+        return "replay";
+    default:
+        return "unspecified";
     }
 }
 
 const char *tdm_svc_drafter_kind_name(Tandem__V1__DrafterKind k)
 {
     switch (k) {
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL: return "model";
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM: return "ngram";
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP: return "mtp";
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_DFLASH: return "dflash";
-    default: return "";
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL:
+        return "model";
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM:
+        return "ngram";
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP:
+        return "mtp";
+    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_DFLASH:
+        return "dflash";
+    default:
+        return "";
     }
 }
 
@@ -203,8 +321,7 @@ static tdm_status rule_advertise(const tdm_cfg *cfg, char *value, size_t vlen, c
 {
     char host[256], d[512];
     int port = 0;
-    if (tdm_cfg_parse_address(tdm_cfg_str(cfg, "listen"), host, sizeof(host), &port, err) !=
-        TDM_OK)
+    if (tdm_cfg_parse_address(tdm_cfg_str(cfg, "listen"), host, sizeof(host), &port, err) != TDM_OK)
         return TDM_ERR_INVALID_ARGUMENT;
     tdm_cfg_describe(cfg, "listen", d, sizeof(d));
     if (is_wildcard(host)) {
@@ -246,18 +363,33 @@ static tdm_status rule_tokenizer(const tdm_cfg *cfg, char *value, size_t vlen, c
     return TDM_OK;
 }
 
+/* Whether the NVIDIA driver exposes a device here. Checked without CUDA so
+ * that configuration stays free of GPU calls (--check-config never touches
+ * a GPU). */
+static bool nvidia_device_present(void)
+{
+    return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/nvidia0", F_OK) == 0;
+}
+
 static tdm_status rule_backend(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
                                size_t rlen, tdm_error *err)
 {
     (void)cfg;
     (void)err;
     const tdm_build_info *b = tdm_build_info_get();
-    if (b->cuda_runtime[0]) {
-        snprintf(value, vlen, "cuda");
-        snprintf(reason, rlen, "this build has CUDA %s (archs %s)", b->cuda_runtime, b->gpu_archs);
-    } else {
+    if (!b->cuda_runtime[0]) {
         snprintf(value, vlen, "cpu");
         snprintf(reason, rlen, "this build has no CUDA backend");
+    } else if (!nvidia_device_present()) {
+        snprintf(value, vlen, "cpu");
+        snprintf(reason, rlen,
+                 "this build has CUDA %s, but this machine shows no NVIDIA device "
+                 "(/dev/nvidiactl)",
+                 b->cuda_runtime);
+    } else {
+        snprintf(value, vlen, "cuda");
+        snprintf(reason, rlen, "this build has CUDA %s (archs %s) and an NVIDIA device is present",
+                 b->cuda_runtime, b->gpu_archs);
     }
     return TDM_OK;
 }
@@ -346,13 +478,20 @@ static tdm_status check_ports(const tdm_cfg *cfg, tdm_error *err)
 
 static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
 {
-    if (strcmp(tdm_cfg_str(cfg, "backend"), "cuda") != 0 || tdm_build_info_get()->cuda_runtime[0])
+    if (strcmp(tdm_cfg_str(cfg, "backend"), "cuda") != 0)
         return TDM_OK;
     char a[512];
-    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                         "%s, but this build has no CUDA backend; "
-                         "use backend cpu or a CUDA build",
-                         tdm_cfg_describe(cfg, "backend", a, sizeof(a)));
+    if (!tdm_build_info_get()->cuda_runtime[0])
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "%s, but this build has no CUDA backend; use backend cpu or a CUDA "
+                             "build",
+                             tdm_cfg_describe(cfg, "backend", a, sizeof(a)));
+    if (!nvidia_device_present())
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "%s, but this machine shows no NVIDIA device (/dev/nvidiactl is "
+                             "missing); use backend cpu or auto",
+                             tdm_cfg_describe(cfg, "backend", a, sizeof(a)));
+    return TDM_OK;
 }
 
 static tdm_status check_drafter_model(const tdm_cfg *cfg, tdm_error *err)
@@ -396,11 +535,20 @@ static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
         {"advertise-from-listen", "advertise", rule_advertise},                                    \
         {"tokenizer-from-model", "tokenizer", rule_tokenizer},                                     \
         {"backend-from-build", "backend", rule_backend},                                           \
-        {"state-strategy-for-prefix-cache", "state_strategy", rule_state_strategy}
+    {                                                                                              \
+        "state-strategy-for-prefix-cache", "state_strategy", rule_state_strategy                   \
+    }
 
-#define CHECKS_COMMON {"tls-cert-and-key", check_tls}, {"separate-health-port", check_ports}
+#define CHECKS_COMMON                                                                              \
+    {"tls-cert-and-key", check_tls},                                                               \
+    {                                                                                              \
+        "separate-health-port", check_ports                                                        \
+    }
 #define CHECKS_REPLICA                                                                             \
-    {"prefix-cache-needs-state", check_prefix_cache}, {"backend-is-built", check_backend}
+    {"prefix-cache-needs-state", check_prefix_cache},                                              \
+    {                                                                                              \
+        "backend-is-built", check_backend                                                          \
+    }
 
 static const tdm_cfg_rule verifier_rules[] = {RULES_REPLICA};
 static const tdm_cfg_rule drafter_rules[] = {
@@ -408,10 +556,10 @@ static const tdm_cfg_rule drafter_rules[] = {
 
 static const tdm_cfg_check gateway_checks[] = {CHECKS_COMMON,
                                                {"ttl-outlasts-heartbeats", check_ttl}};
-static const tdm_cfg_check verifier_checks[] = {CHECKS_COMMON, CHECKS_REPLICA,
-                                                {"verifier-needs-model", check_verifier_model}};
-static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON, CHECKS_REPLICA,
-                                               {"model-drafter-needs-model", check_drafter_model}};
+static const tdm_cfg_check verifier_checks[] = {
+    CHECKS_COMMON, CHECKS_REPLICA, {"verifier-needs-model", check_verifier_model}};
+static const tdm_cfg_check drafter_checks[] = {
+    CHECKS_COMMON, CHECKS_REPLICA, {"model-drafter-needs-model", check_drafter_model}};
 
 const tdm_cfg_schema tdm_svc_gateway_schema = {
     "tandem-gateway",
@@ -426,14 +574,10 @@ const tdm_cfg_schema tdm_svc_gateway_schema = {
 };
 
 const tdm_cfg_schema tdm_svc_verifier_schema = {
-    "tandem-verifier",
-    "The tandem verifier: owns the target model and verifies draft blocks.",
-    verifier_keys,
-    TDM_ARRAY_LEN(verifier_keys),
-    verifier_rules,
-    TDM_ARRAY_LEN(verifier_rules),
-    verifier_checks,
-    TDM_ARRAY_LEN(verifier_checks),
+    "tandem-verifier", "The tandem verifier: owns the target model and verifies draft blocks.",
+    verifier_keys,     TDM_ARRAY_LEN(verifier_keys),
+    verifier_rules,    TDM_ARRAY_LEN(verifier_rules),
+    verifier_checks,   TDM_ARRAY_LEN(verifier_checks),
 };
 
 const tdm_cfg_schema tdm_svc_drafter_schema = {
@@ -486,7 +630,8 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
             printf("error: %s\n", derr.msg);
         bool ok = st == TDM_OK && dst == TDM_OK;
         printf("%s: configuration %s\n", schema->program,
-               ok ? "is valid; the service would start" : "has errors; the service would not start");
+               ok ? "is valid; the service would start"
+                  : "has errors; the service would not start");
         tdm_cfg_destroy(cfg);
         return ok ? 0 : 1;
     }

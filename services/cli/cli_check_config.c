@@ -32,16 +32,15 @@ typedef struct side {
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: tandem check-config --verifier FILE [--verifier FILE ...]\n"
-            "                           --drafter FILE [--drafter FILE ...]\n"
-            "                           [--gateway FILE] [--verbose]\n\n"
-            "Loads each service's YAML configuration file the way the service would (its\n"
-            "defaults, then the file; not this shell's environment), validates it, builds\n"
-            "its self-description and applies the gateway's compatibility rules to every\n"
-            "verifier/drafter pair and to replicas of one role. Exits 0 when every file is\n"
-            "valid and every pair compatible; 1 otherwise, naming the rule.\n"
-            "--verbose prints each effective configuration with the source of every value.\n");
+    fprintf(out, "usage: tandem check-config --verifier FILE [--verifier FILE ...]\n"
+                 "                           --drafter FILE [--drafter FILE ...]\n"
+                 "                           [--gateway FILE] [--verbose]\n\n"
+                 "Loads each service's YAML configuration file the way the service would (its\n"
+                 "defaults, then the file; not this shell's environment), validates it, builds\n"
+                 "its self-description and applies the gateway's compatibility rules to every\n"
+                 "verifier/drafter pair and to replicas of one role. Exits 0 when every file is\n"
+                 "valid and every pair compatible; 1 otherwise, naming the rule.\n"
+                 "--verbose prints each effective configuration with the source of every value.\n");
 }
 
 /* Loads one file; prints its errors. Returns true when it would start. */
@@ -148,8 +147,7 @@ int cli_check_config(int argc, char **argv)
             }
             size_t k = tdm_compat_check_pair(sides[i].desc, sides[j].desc, r, 8);
             if (k == 0) {
-                printf("pair verifier %s + drafter %s: compatible\n", sides[i].path,
-                       sides[j].path);
+                printf("pair verifier %s + drafter %s: compatible\n", sides[i].path, sides[j].path);
                 formed++;
             } else {
                 printf("pair verifier %s + drafter %s: REFUSED\n", sides[i].path, sides[j].path);

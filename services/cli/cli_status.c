@@ -32,7 +32,6 @@ static const char *fp12(const char *fp, char *buf, size_t len)
     return buf;
 }
 
-
 static void print_replica(const Tandem__V1__ReplicaStatus *r)
 {
     const Tandem__V1__Descriptor *d = r->descriptor;
@@ -99,8 +98,7 @@ static void print_status(const Tandem__V1__StatusResponse *s)
             printf("    %s\n", p->refusals[k]->message);
     }
     if (s->n_replica_refusals) {
-        printf("\nreplicas of one role that cannot exchange state (%zu):\n",
-               s->n_replica_refusals);
+        printf("\nreplicas of one role that cannot exchange state (%zu):\n", s->n_replica_refusals);
         for (size_t k = 0; k < s->n_replica_refusals; k++)
             printf("  %s\n", s->replica_refusals[k]->message);
     }

@@ -36,13 +36,12 @@ static tdm_status handle_get_status(tdm_rpc_call *call, const ProtobufCMessage *
     return TDM_OK;
 }
 
-
 tdm_status gw_status_add_method(tdm_service *svc, gw_registry *reg, tdm_error *err)
 {
     static gw_status_ctx ctx; /* one gateway per process */
     ctx.svc = svc;
     ctx.reg = reg;
     return tdm_rpc_server_add_unary(tdm_service_server(svc), "/tandem.v1.Gateway/GetStatus",
-                                    &tandem__v1__get_status_request__descriptor,
-                                    handle_get_status, &ctx, err);
+                                    &tandem__v1__get_status_request__descriptor, handle_get_status,
+                                    &ctx, err);
 }

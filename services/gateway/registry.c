@@ -182,8 +182,8 @@ static void log_pairs_locked(gw_registry *r, size_t idx)
                          dr->replica_id);
         }
         for (size_t j = 0; j < k && j < MAX_REFUSALS; j++)
-            tdm_log_warn(COMPONENT, "%s refused: %s",
-                         d->role == o->role ? "replica pair" : "pair", ref[j].message);
+            tdm_log_warn(COMPONENT, "%s refused: %s", d->role == o->role ? "replica pair" : "pair",
+                         ref[j].message);
     }
 }
 
@@ -285,11 +285,10 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     if (changed) {
         char name[512];
         tdm_compat_service_name(copy, name, sizeof(name));
-        tdm_log_info(COMPONENT, "%s %s registered (model %s, protocol %u.%u)",
-                     tdm_svc_role_name(copy->role), name,
-                     copy->model_name[0] ? copy->model_name : "none",
-                     copy->protocol ? copy->protocol->major : 0,
-                     copy->protocol ? copy->protocol->minor : 0);
+        tdm_log_info(
+            COMPONENT, "%s %s registered (model %s, protocol %u.%u)", tdm_svc_role_name(copy->role),
+            name, copy->model_name[0] ? copy->model_name : "none",
+            copy->protocol ? copy->protocol->major : 0, copy->protocol ? copy->protocol->minor : 0);
         log_pairs_locked(r, (size_t)idx);
     }
     /* Every pair this replica cannot form, for its own log. */
@@ -376,11 +375,11 @@ tdm_status gw_registry_add_methods(gw_registry *r, tdm_rpc_server *server, tdm_e
 {
     tdm_status st;
     if ((st = tdm_rpc_server_add_unary(server, "/tandem.v1.Registry/RegisterReplica",
-                                       &tandem__v1__register_request__descriptor,
-                                       handle_register, r, err)) != TDM_OK ||
+                                       &tandem__v1__register_request__descriptor, handle_register,
+                                       r, err)) != TDM_OK ||
         (st = tdm_rpc_server_add_unary(server, "/tandem.v1.Registry/Heartbeat",
-                                       &tandem__v1__heartbeat_request__descriptor,
-                                       handle_heartbeat, r, err)) != TDM_OK ||
+                                       &tandem__v1__heartbeat_request__descriptor, handle_heartbeat,
+                                       r, err)) != TDM_OK ||
         (st = tdm_rpc_server_add_unary(server, "/tandem.v1.Registry/DeregisterReplica",
                                        &tandem__v1__deregister_request__descriptor,
                                        handle_deregister, r, err)) != TDM_OK)
@@ -551,7 +550,8 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const char *token
         if (d->role != TANDEM__V1__ROLE__ROLE_VERIFIER)
             continue;
         verifiers++;
-        if (tokenizer_fp && tokenizer_fp[0] && strcmp(d->tokenizer_fingerprint, tokenizer_fp) != 0) {
+        if (tokenizer_fp && tokenizer_fp[0] &&
+            strcmp(d->tokenizer_fingerprint, tokenizer_fp) != 0) {
             snprintf(refused, sizeof(refused),
                      "rule gateway-tokenizer: verifier %s (%s) has tokenizer fingerprint %.12s, "
                      "the gateway's tokenizer is %.12s",

@@ -40,7 +40,7 @@ void gw_registry_status_clear(Tandem__V1__StatusResponse *out);
 /* The replicas chosen for one request. */
 typedef struct gw_pick {
     char verifier_id[128], verifier_addr[256];
-    uint32_t max_draft; /* the verifier's max_draft_tokens */
+    uint32_t max_draft;                      /* the verifier's max_draft_tokens */
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     uint32_t block_size;                     /* the drafter's draft_block_size */
     char no_drafter[1024];                   /* why there is none, when one was wanted */

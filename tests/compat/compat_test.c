@@ -108,16 +108,14 @@ static void test_rules(void)
     {
         const char *want[] = {"verifier-a (10.0.0.1:7710)", "drafter-b (10.0.0.2:7720)",
                               "aaaaaaaaaaaa", "bbbbbbbbbbbb", NULL};
-        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "tokenizer-fingerprint",
-                       want);
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "tokenizer-fingerprint", want);
         CHECK(strcmp(r[0].a_value, FP_A) == 0 && strcmp(r[0].b_value, FP_B) == 0,
               "full fingerprints as values");
     }
     d.d.tokenizer_fingerprint = "";
     {
         const char *want[] = {"(none)", NULL};
-        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "tokenizer-fingerprint",
-                       want);
+        expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "tokenizer-fingerprint", want);
     }
     /* An n-gram drafter has no vocabulary of its own. */
     d.d.drafter_kind = TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
@@ -131,9 +129,11 @@ static void test_rules(void)
     CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "prefix cache with replay");
     v.d.state_strategy = TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER;
     {
-        const char *want[] = {"verifier-a (10.0.0.1:7710)", "drafter-b (10.0.0.2:7720)",
+        const char *want[] = {"verifier-a (10.0.0.1:7710)",
+                              "drafter-b (10.0.0.2:7720)",
                               "prefix_cache=on, state_strategy=no_buffer",
-                              "prefix_cache=off, state_strategy=extra_buffer", "the verifier",
+                              "prefix_cache=off, state_strategy=extra_buffer",
+                              "the verifier",
                               NULL};
         expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "prefix-cache-state", want);
     }
@@ -291,8 +291,9 @@ static void test_fingerprints(void)
     CHECK(tdm_compat_model_fingerprint_dir(dir, b, &err) == TDM_OK && strcmp(a, b) != 0,
           "dtype change");
     /* Sharded with the same tensors: the same fingerprint as one file. */
-    write_safetensors(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                         "\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[4,20]}}",
+    write_safetensors(p,
+                      "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                      "\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[4,20]}}",
                       20);
     CHECK(tdm_compat_model_fingerprint_dir(dir, a, &err) == TDM_OK, "%s", err.msg);
     unlink(p);

@@ -29,8 +29,7 @@ static int g_failures;
         }                                                                                          \
     } while (0)
 
-#define CHECK_STR(a, b)                                                                            \
-    CHECK(strcmp((a), (b)) == 0, "got '%s', want '%s'", (a), (b))
+#define CHECK_STR(a, b) CHECK(strcmp((a), (b)) == 0, "got '%s', want '%s'", (a), (b))
 #define CHECK_HAS(hay, needle)                                                                     \
     CHECK(strstr((hay), (needle)) != NULL, "'%s' does not contain '%s'", (hay), (needle))
 
@@ -347,6 +346,18 @@ static void test_conflicts(void)
           "names both");
     tdm_cfg_destroy(cfg);
 
+    /* backend=cuda where it cannot work fails the check, before any GPU call. */
+    if (access("/dev/nvidiactl", F_OK) != 0 && access("/dev/nvidia0", F_OK) != 0) {
+        cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--backend", "cuda", NULL);
+        CHECK(st != TDM_OK && has_error(cfg, "backend=cuda (flag:--backend)", "backend-is-built"),
+              "cuda without a device or CUDA build");
+        tdm_cfg_destroy(cfg);
+        cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, NULL);
+        CHECK(st == TDM_OK && strcmp(tdm_cfg_str(cfg, "backend"), "cpu") == 0,
+              "auto picks cpu without a device");
+        tdm_cfg_destroy(cfg);
+    }
+
     /* A verifier serves a model: none set is an error, not a late failure. */
     cfg = tdm_cfg_create(&tdm_svc_verifier_schema);
     {
@@ -437,8 +448,7 @@ static void test_file_errors(void)
     tdm_cfg_destroy(cfg);
 
     /* Missing file. */
-    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--config", "/nonexistent/x.yaml",
-               NULL);
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--config", "/nonexistent/x.yaml", NULL);
     CHECK(st != TDM_OK && has_error(cfg, "/nonexistent/x.yaml", "cannot open"), "missing file");
     tdm_cfg_destroy(cfg);
 
@@ -461,7 +471,8 @@ static void test_value_errors(void)
         {"--max-draft-tokens", "0", "'0' is out of range (1 to 64)"},
         {"--max-draft-tokens", "65", "out of range"},
         {"--max-draft-tokens", "99999999999999999999", "not an integer"},
-        {"--state-strategy", "replay_all", "'replay_all' is not one of auto|extra_buffer|no_buffer"},
+        {"--state-strategy", "replay_all",
+         "'replay_all' is not one of auto|extra_buffer|no_buffer"},
         {"--prefix-cache", "maybe", "'maybe' is not on or off"},
         {"--listen", "localhost", "is not an address"},
         {"--listen", "host:99999", "is not an address"},
@@ -480,8 +491,8 @@ static void test_value_errors(void)
         char src[128];
         snprintf(src, sizeof(src), "flag:%s", cases[i].flag);
         CHECK(st != TDM_OK, "%s %s must fail", cases[i].flag, cases[i].value);
-        CHECK(has_error(cfg, src, cases[i].want), "%s %s: want '%s'", cases[i].flag,
-              cases[i].value, cases[i].want);
+        CHECK(has_error(cfg, src, cases[i].want), "%s %s: want '%s'", cases[i].flag, cases[i].value,
+              cases[i].want);
         if (!has_error(cfg, src, cases[i].want))
             dump_errors(cfg);
         tdm_cfg_destroy(cfg);
@@ -507,8 +518,8 @@ static void test_value_errors(void)
     tdm_cfg_destroy(cfg);
     unsetenv("TANDEM_MAX_SEQUENCES");
     /* Several errors are all reported, not only the first. */
-    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--max-draft-tokens", "x",
-               "--log-level", "y", NULL);
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--max-draft-tokens", "x", "--log-level",
+               "y", NULL);
     CHECK(tdm_cfg_error_count(cfg) == 2, "two errors, got %zu", tdm_cfg_error_count(cfg));
     tdm_cfg_destroy(cfg);
     /* IPv6 addresses parse. */
@@ -640,10 +651,14 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(void);
     } cases[] = {
-        {"precedence", test_precedence}, {"auto_rules", test_auto_rules},
-        {"conflicts", test_conflicts},   {"file_errors", test_file_errors},
-        {"value_errors", test_value_errors}, {"paths", test_paths},
-        {"help", test_help},             {"proto", test_proto},
+        {"precedence", test_precedence},
+        {"auto_rules", test_auto_rules},
+        {"conflicts", test_conflicts},
+        {"file_errors", test_file_errors},
+        {"value_errors", test_value_errors},
+        {"paths", test_paths},
+        {"help", test_help},
+        {"proto", test_proto},
     };
     clear_env();
     make_tmpdir();
