@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+extern char **environ;
 #include <yaml.h>
 
 #define CFG_MAX_ERRORS 64
@@ -37,7 +39,9 @@ struct tdm_cfg {
     cfg_value *values; /* (n_keys) parallel to schema->keys */
     char *errors[CFG_MAX_ERRORS];
     size_t n_errors;
-    size_t n_dropped; /* errors beyond CFG_MAX_ERRORS, counted only */
+    size_t n_dropped;                 /* errors beyond CFG_MAX_ERRORS, counted only */
+    char *unused_env[CFG_MAX_ERRORS]; /* TANDEM_* variables that are not our keys */
+    size_t n_unused_env;
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -394,6 +398,8 @@ void tdm_cfg_destroy(tdm_cfg *cfg)
     }
     for (size_t i = 0; i < cfg->n_errors; i++)
         free(cfg->errors[i]);
+    for (size_t i = 0; i < cfg->n_unused_env; i++)
+        free(cfg->unused_env[i]);
     free(cfg->values);
     free(cfg);
 }
@@ -584,7 +590,36 @@ tdm_status tdm_cfg_load_env(tdm_cfg *cfg, tdm_error *err)
         snprintf(source, sizeof(source), "env:%s", name);
         set_value(cfg, i, val, RANK_ENV, source);
     }
+    /* Remember TANDEM_* variables that match no key: a misspelt one would
+     * otherwise be silently ignored. */
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "TANDEM_", 7) != 0)
+            continue;
+        const char *eq = strchr(*e, '=');
+        size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+        bool known = false;
+        for (size_t i = 0; i < cfg->schema->n_keys && !known; i++) {
+            char name[256];
+            tdm_cfg_env_name(cfg->schema->keys[i].key, name, sizeof(name));
+            known = strlen(name) == len && strncmp(name, *e, len) == 0;
+        }
+        if (!known && cfg->n_unused_env < CFG_MAX_ERRORS) {
+            char *copy = strndup(*e, len);
+            TDM_ASSERT(copy != NULL);
+            cfg->unused_env[cfg->n_unused_env++] = copy;
+        }
+    }
     return cfg->n_errors > errors_before ? report(cfg, err) : TDM_OK;
+}
+
+size_t tdm_cfg_unused_env_count(const tdm_cfg *cfg)
+{
+    return cfg->n_unused_env;
+}
+
+const char *tdm_cfg_unused_env_at(const tdm_cfg *cfg, size_t i)
+{
+    return i < cfg->n_unused_env ? cfg->unused_env[i] : "";
 }
 
 /* Matches "--name" or "--name=value" against one flag; *inline_value gets the

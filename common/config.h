@@ -138,6 +138,12 @@ tdm_status tdm_cfg_finish(tdm_cfg *cfg, tdm_error *err);
 tdm_status tdm_cfg_set_resolved(tdm_cfg *cfg, const char *key, const char *value,
                                 const char *reason, tdm_error *err);
 
+/* TANDEM_* environment variables seen by tdm_cfg_load_env that are not keys
+ * of this schema (names only), for warnings: a misspelt variable would
+ * otherwise be ignored without a word. */
+size_t tdm_cfg_unused_env_count(const tdm_cfg *cfg);
+const char *tdm_cfg_unused_env_at(const tdm_cfg *cfg, size_t i);
+
 size_t tdm_cfg_error_count(const tdm_cfg *cfg);
 const char *tdm_cfg_error_at(const tdm_cfg *cfg, size_t i);
 

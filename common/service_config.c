@@ -609,8 +609,30 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
         tdm_cfg_destroy(cfg);
         return 0;
     }
+    /* Variables of another tandem service are expected in a shared
+     * environment; anything else starting with TANDEM_ is likely a typo. */
+    const tdm_cfg_schema *all[] = {&tdm_svc_gateway_schema, &tdm_svc_verifier_schema,
+                                   &tdm_svc_drafter_schema};
+    char warnings[8][400];
+    size_t n_warn = 0;
+    for (size_t i = 0; i < tdm_cfg_unused_env_count(cfg) && n_warn < 8; i++) {
+        const char *name = tdm_cfg_unused_env_at(cfg, i);
+        bool elsewhere = false;
+        for (size_t s = 0; s < TDM_ARRAY_LEN(all) && !elsewhere; s++)
+            for (size_t k = 0; k < all[s]->n_keys && !elsewhere; k++) {
+                char env[256];
+                tdm_cfg_env_name(all[s]->keys[k].key, env, sizeof(env));
+                elsewhere = strcmp(env, name) == 0;
+            }
+        if (!elsewhere)
+            snprintf(warnings[n_warn++], sizeof(warnings[0]),
+                     "environment variable %s is not a setting of any tandem service; ignored",
+                     name);
+    }
     if (action == TDM_CFG_ACTION_CHECK) {
         tdm_cfg_print(cfg, stdout);
+        for (size_t i = 0; i < n_warn; i++)
+            printf("warning: %s\n", warnings[i]);
         /* Building the descriptor reads the model files, as start-up would. */
         Tandem__V1__Descriptor *d = NULL;
         tdm_error derr;
@@ -646,6 +668,8 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
         return 2;
     }
     tdm_log_set_level((tdm_log_level)tdm_log_parse_level(tdm_cfg_str(cfg, "log_level")));
+    for (size_t i = 0; i < n_warn; i++)
+        tdm_log_warn(schema->program, "%s", warnings[i]);
     *out = cfg;
     return -1;
 }

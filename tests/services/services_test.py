@@ -505,6 +505,11 @@ def case_check_config():
           "flag source:\n" + out)
     check(re.search(r"^gateway: +127\.0\.0\.1:7700 +# default$", out, re.M) is not None,
           "default source:\n" + out)
+    # A misspelt environment variable is reported; another service's is not.
+    rc, out, err = run([v, "--check-config", "--model", m],
+                       env={"TANDEM_MAX_DRAFT_TOKEN": "3", "TANDEM_DRAFT_BLOCK_SIZE": "4"})
+    check(rc == 0 and "warning: environment variable TANDEM_MAX_DRAFT_TOKEN is not a setting"
+          in out and "TANDEM_DRAFT_BLOCK_SIZE" not in out, "unknown env var warned:\n" + out)
     # Unknown keys in files and bad values.
     bad = write("bad.yaml", "listen: 127.0.0.1:0\nmax_draft_tokenz: 4\n")
     rc, out, err = run([v, "--check-config", "--config", bad, "--model", m])
