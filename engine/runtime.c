@@ -1,8 +1,69 @@
+/*
+ * runtime.c - backend selection and model loading (see runtime.h).
+ *
+ * `cuda` asks for the CUDA backend and fails, naming why, when the build or
+ * the machine cannot provide it. `auto` takes CUDA when the build has it and
+ * a device is present, else the CPU, and records which and why.
+ */
 #include "runtime.h"
+
+#ifdef TANDEM_HAVE_CUDA_BACKEND
+#include "cuda_backend.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Picks and creates the backend; fills backend_name and why. */
+static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int threads, tdm_error *err)
+{
+    const int want_cuda = strcmp(backend, "cuda") == 0, want_auto = strcmp(backend, "auto") == 0;
+    if (!want_cuda && !want_auto && strcmp(backend, "cpu") != 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "backend=%s: expected auto, cpu or cuda", backend);
+    const char *cpu_why = "set explicitly";
+#ifdef TANDEM_HAVE_CUDA_BACKEND
+    char why[128];
+    if (want_cuda || want_auto) {
+        int n = tdm_cuda_device_count(why, sizeof(why));
+        if (n == 0 && want_cuda)
+            return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                                 "backend=cuda: %s; use backend=cpu or auto", why);
+        if (n > 0) {
+            tdm_error cerr;
+            rt->backend = tdm_backend_cuda_create(0, &cerr);
+            if (rt->backend) {
+                snprintf(rt->backend_name, sizeof(rt->backend_name), "cuda");
+                snprintf(rt->why, sizeof(rt->why), "%s: CUDA device 0 of %d",
+                         want_cuda ? "set explicitly" : "auto", n);
+                return TDM_OK;
+            }
+            if (want_cuda)
+                return tdm_error_set(err, cerr.code, "backend=cuda: %s", cerr.msg);
+            snprintf(why, sizeof(why), "%.100s", cerr.msg);
+        }
+        cpu_why = why;
+    }
+    char auto_why[160];
+    if (want_auto) {
+        snprintf(auto_why, sizeof(auto_why), "auto: %s", cpu_why);
+        cpu_why = auto_why;
+    }
+#else
+    if (want_cuda)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "backend=cuda: this build has no CUDA backend; use backend=cpu");
+    if (want_auto)
+        cpu_why = "auto: no CUDA backend in this build";
+#endif
+    snprintf(rt->backend_name, sizeof(rt->backend_name), "cpu");
+    snprintf(rt->why, sizeof(rt->why), "%s", cpu_why);
+    rt->backend = tdm_backend_cpu_create(threads);
+    if (!rt->backend)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot create the CPU backend");
+    return TDM_OK;
+}
 
 tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int threads,
                             tdm_runtime **out, tdm_error *err)
@@ -13,26 +74,12 @@ tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int thre
     tdm_runtime *rt = calloc(1, sizeof(*rt));
     if (!rt)
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    if (strcmp(backend, "cuda") == 0) {
+    tdm_status rc = runtime_backend(rt, backend, threads, err);
+    if (rc != TDM_OK) {
         free(rt);
-        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "backend=cuda: this build has no CUDA backend; use backend=cpu");
+        return rc;
     }
-    if (strcmp(backend, "auto") != 0 && strcmp(backend, "cpu") != 0) {
-        free(rt);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "backend=%s: expected auto, cpu or cuda", backend);
-    }
-    snprintf(rt->backend_name, sizeof(rt->backend_name), "cpu");
-    snprintf(rt->why, sizeof(rt->why), "%s",
-             strcmp(backend, "cpu") == 0 ? "set explicitly"
-                                         : "auto: no CUDA backend in this build");
-    rt->backend = tdm_backend_cpu_create(threads);
-    if (!rt->backend) {
-        free(rt);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot create the CPU backend");
-    }
-    tdm_status rc = tdm_model_load(model_dir, rt->backend, &rt->model, err);
+    rc = tdm_model_load(model_dir, rt->backend, &rt->model, err);
     if (rc != TDM_OK) {
         rt->backend->destroy(rt->backend);
         free(rt);

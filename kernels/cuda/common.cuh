@@ -1,0 +1,138 @@
+/*
+ * common.cuh - what every CUDA op file shares: the error check, the backend
+ * context, weight loads by dtype, fixed-order reductions and the staging of
+ * host-side op arguments.
+ */
+#ifndef TANDEM_KERNELS_CUDA_COMMON_CUH
+#define TANDEM_KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "backend.h"
+#include "status.h"
+}
+
+/* A failed CUDA call inside an op is a broken invariant (ops cannot fail on
+ * input the engine has validated), so it prints device, statement, file and
+ * line and aborts, as ggml does. */
+#define CUDA_CHECK(stmt)                                                                           \
+    do {                                                                                           \
+        cudaError_t err_ = (stmt);                                                                 \
+        if (err_ != cudaSuccess) {                                                                 \
+            int dev_ = -1;                                                                         \
+            cudaGetDevice(&dev_);                                                                  \
+            fprintf(stderr, "tandem: CUDA error on device %d: %s\n  in %s\n  at %s:%d\n", dev_,    \
+                    cudaGetErrorString(err_), #stmt, __FILE__, __LINE__);                          \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* After a kernel launch: launch-configuration errors surface here. */
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+typedef struct cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    /* Staging ring for host-side op arguments: host bytes are written to the
+     * pinned ring and copied to the device ring on the stream, so the caller's
+     * arrays may change as soon as the op returns. Wrapping waits for the
+     * stream, which makes reuse of a region safe. */
+    unsigned char *stage_host; /* pinned [stage_cap] */
+    unsigned char *stage_dev;  /* device [stage_cap] */
+    size_t stage_cap, stage_off;
+    int32_t *argmax_dev; /* device [argmax_cap] */
+    int argmax_cap;
+} cuda_ctx;
+
+/* Copies n host bytes to device memory valid for the ops queued next on the
+ * stream; 16-byte aligned. */
+void *cuda_stage(cuda_ctx *c, const void *host, size_t n);
+
+static inline unsigned cuda_blocks(size_t n, unsigned threads)
+{
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+/* One weight element as fp32. */
+__device__ __forceinline__ float cuda_wload(const void *w, tdm_dtype dt, size_t i)
+{
+    if (dt == TDM_DTYPE_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
+    if (dt == TDM_DTYPE_F16)
+        return __half2float(((const __half *)w)[i]);
+    return ((const float *)w)[i];
+}
+
+__device__ __forceinline__ float cuda_warp_sum(float v)
+{
+    /* Butterfly: every lane ends with the same bits (each step adds the same
+     * two values, in either order, which is exact-commutative). */
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cuda_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed
+ * order: per warp, then warp results in order. Every thread gets the result.
+ * scratch: shared [33]. */
+__device__ __forceinline__ float cuda_block_sum(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cuda_warp_sum(v);
+    __syncthreads(); /* scratch may still be read from a previous call */
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0;
+        for (int i = 0; i < nw; i++)
+            s += scratch[i];
+        scratch[32] = s;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+__device__ __forceinline__ float cuda_block_max(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cuda_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = scratch[0];
+        for (int i = 1; i < nw; i++)
+            s = fmaxf(s, scratch[i]);
+        scratch[32] = s;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+__device__ __forceinline__ float cuda_silu(float v)
+{
+    return v / (1.0f + expf(-v));
+}
+
+__device__ __forceinline__ float cuda_sigmoid(float v)
+{
+    return 1.0f / (1.0f + expf(-v));
+}
+
+#endif

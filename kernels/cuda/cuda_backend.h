@@ -1,0 +1,42 @@
+/*
+ * cuda_backend.h - the CUDA implementation of the backend interface
+ * (kernels/backend.h) on one GPU.
+ *
+ * Owns: a CUDA stream on the chosen device, device memory handed out by
+ * alloc/weight_map, and a staging ring through which host-side op arguments
+ * (token ids, positions, segment lists) reach the device inside each call.
+ * Every op runs on that one stream; download, argmax and sync wait for it.
+ *
+ * Numbers: activations, caches and states are fp32; matrices may be bf16,
+ * fp16 or fp32 and every product accumulates in fp32 (no tensor-core
+ * rounding of activations). Each op computes a row with the same order of
+ * operations whatever the batch, so batched and single-row calls agree to the
+ * bit, as backend.h requires.
+ *
+ * Only this header is C; the implementation is CUDA C++ (the .cu files beside it)
+ * behind extern "C".
+ */
+#ifndef TANDEM_KERNELS_CUDA_BACKEND_H
+#define TANDEM_KERNELS_CUDA_BACKEND_H
+
+#include "backend.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of CUDA devices usable by this process; 0 when there is no GPU or no
+ * driver. *why (may be NULL) receives a short reason when 0. */
+int tdm_cuda_device_count(char *why, size_t why_len);
+
+/* A backend on CUDA device `device`. NULL on failure with err (may be NULL)
+ * naming why (no such device, out of memory, ...). The caller destroys it
+ * with be->destroy(be). */
+tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

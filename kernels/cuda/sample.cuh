@@ -1,0 +1,10 @@
+/* sample.cuh - per-row argmax (to host) and softmax over logits. */
+#ifndef TANDEM_KERNELS_CUDA_SAMPLE_CUH
+#define TANDEM_KERNELS_CUDA_SAMPLE_CUH
+
+#include "common.cuh"
+
+void cuda_argmax(void *ctx, int32_t *out, const float *x, int R, int n);
+void cuda_softmax(void *ctx, float *x, int R, int n);
+
+#endif

@@ -1,0 +1,744 @@
+/*
+ * test_ops.c - every op of the CUDA backend against the CPU backend.
+ *
+ * Each case makes fresh random inputs, runs the op through the backend
+ * interface on both backends (outputs poisoned with NaN first, so an element
+ * the GPU does not write fails the check), and compares by normalised error
+ * ‖gpu − cpu‖ / ‖cpu‖ against a threshold per op:
+ *  - exact (0): data movement — embedding rows, q/gate split, KV store,
+ *    conv window states, argmax indices.
+ *  - 1e-5: every arithmetic op. The GPU computes in fp32 like the CPU (fp32
+ *    products of the stored weights, no bf16/tf32 tensor-core rounding); only
+ *    the order of additions (lane/warp trees vs 8-lane SIMD), fused
+ *    multiply-adds and libm vs CUDA expf/sinf differ. Each of those is a few
+ *    ulp (1e-7) per value; summed over up to 1024 terms the normalised error
+ *    stays near 1e-6, so 1e-5 leaves a margin of ~10 while any indexing or
+ *    formula mistake gives O(1).
+ *  - 3e-5: the gated delta rule over whole segments, where rounding
+ *    differences of each position feed the state the next position reads.
+ * fp16 weights: the CPU backend has no fp16 matmul or embedding, so the
+ * reference gets the same values converted exactly to fp32.
+ * Batching: matmul, attention, conv and the delta rule must give the same
+ * bits for rows run in one call as for each segment (or row) run alone.
+ */
+#include "cuda_test.h"
+
+#include <math.h>
+#include <string.h>
+
+static tdm_backend *G, *CPU;
+static int failures;
+
+static void report(const char *op, const char *cas, double err, double thr)
+{
+    int ok = err <= thr;
+    printf("%-14s %-44s nerr=%.3g thr=%.0e %s\n", op, cas, err, thr, ok ? "ok" : "FAIL");
+    if (!ok)
+        failures++;
+}
+
+static void report_same(const char *op, const char *cas, const void *a, const void *b, size_t n)
+{
+    int ok = memcmp(a, b, n) == 0;
+    printf("%-14s %-44s %s\n", op, cas, ok ? "bit-identical ok" : "FAIL (bits differ)");
+    if (!ok)
+        failures++;
+}
+
+/* A weight matrix in the given dtype from fp32 values; *ref gets the values
+ * it actually holds, in fp32 (what the CPU reference multiplies by). */
+static void *make_weight(const float *v, size_t n, tdm_dtype dt, float *ref, size_t *bytes)
+{
+    *bytes = n * tdm_dtype_size(dt);
+    void *h = malloc(*bytes);
+    for (size_t i = 0; i < n; i++) {
+        if (dt == TDM_DTYPE_F32) {
+            ((float *)h)[i] = v[i];
+            ref[i] = v[i];
+        } else if (dt == TDM_DTYPE_BF16) {
+            uint16_t b = ct_f32_to_bf16(v[i]);
+            ((uint16_t *)h)[i] = b;
+            ref[i] = ct_bf16_to_f32(b);
+        } else {
+            uint16_t b = ct_f32_to_f16(v[i]);
+            ((uint16_t *)h)[i] = b;
+            ref[i] = ct_f16_to_f32(b);
+        }
+    }
+    return h;
+}
+
+/* The weight as the CPU reference takes it: bf16 as is, fp16 as fp32. */
+static tdm_weight put_weight(tdm_backend *be, const void *h, const float *ref, size_t n,
+                             tdm_dtype dt, size_t bytes)
+{
+    if (be == CPU && dt == TDM_DTYPE_F16)
+        return (tdm_weight){ct_put(be, ref, n * 4), TDM_DTYPE_F32};
+    return (tdm_weight){ct_put(be, h, bytes), dt};
+}
+
+/* ---- matmul ----------------------------------------------------------- */
+
+static float *run_matmul(tdm_backend *be, const float *x, const void *wh, const float *wref,
+                         tdm_dtype dt, size_t wbytes, const float *y0, int R, int in, int out,
+                         int acc, int rowwise)
+{
+    tdm_weight w = put_weight(be, wh, wref, (size_t)out * in, dt, wbytes);
+    float *dx = ct_put(be, x, (size_t)R * in * 4);
+    float *dy = ct_put(be, NULL, (size_t)R * out * 4);
+    if (acc)
+        be->upload(be->ctx, dy, y0, (size_t)R * out * 4);
+    else
+        ct_poison(be, dy, (size_t)R * out * 4);
+    if (rowwise)
+        for (int r = 0; r < R; r++)
+            be->matmul(be->ctx, dy + (size_t)r * out, dx + (size_t)r * in, w, 1, in, out, acc);
+    else
+        be->matmul(be->ctx, dy, dx, w, R, in, out, acc);
+    float *y = ct_get(be, dy, (size_t)R * out * 4);
+    be->free(be->ctx, (void *)w.data);
+    be->free(be->ctx, dx);
+    be->free(be->ctx, dy);
+    return y;
+}
+
+static void test_matmul(void)
+{
+    const int shapes[][3] = {{1, 64, 40},   {3, 256, 130}, {8, 1024, 520}, {13, 96, 33}, {1, 40, 7},
+                             {5, 1100, 17}, {130, 64, 24}, {9, 2560, 64},  {4, 9216, 16}};
+    const tdm_dtype dts[] = {TDM_DTYPE_F32, TDM_DTYPE_BF16, TDM_DTYPE_F16};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+        for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++)
+            for (int acc = 0; acc < 2; acc++) {
+                int R = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+                size_t nw = (size_t)out * in, wb;
+                float *wv = malloc(nw * 4), *wref = malloc(nw * 4);
+                float *x = malloc((size_t)R * in * 4), *y0 = malloc((size_t)R * out * 4);
+                ct_fill(wv, nw, 0.5f);
+                ct_fill(x, (size_t)R * in, 1.0f);
+                ct_fill(y0, (size_t)R * out, 1.0f);
+                void *wh = make_weight(wv, nw, dts[d], wref, &wb);
+                float *yc = run_matmul(CPU, x, wh, wref, dts[d], wb, y0, R, in, out, acc, 0);
+                float *yg = run_matmul(G, x, wh, wref, dts[d], wb, y0, R, in, out, acc, 0);
+                char cas[96];
+                snprintf(cas, sizeof(cas), "R=%d in=%d out=%d %s%s", R, in, out,
+                         tdm_dtype_name(dts[d]), acc ? " accumulate" : "");
+                report("matmul", cas, ct_nerr(yg, yc, (size_t)R * out), 1e-5);
+                if (R > 1 && !acc) {
+                    float *yr = run_matmul(G, x, wh, wref, dts[d], wb, y0, R, in, out, 0, 1);
+                    report_same("matmul", "  rows one by one == batched", yr, yg,
+                                (size_t)R * out * 4);
+                    free(yr);
+                }
+                free(yc);
+                free(yg);
+                free(wh);
+                free(wv);
+                free(wref);
+                free(x);
+                free(y0);
+            }
+}
+
+/* ---- embedding ---------------------------------------------------------- */
+
+static void test_embed(void)
+{
+    const tdm_dtype dts[] = {TDM_DTYPE_F32, TDM_DTYPE_BF16, TDM_DTYPE_F16};
+    const int V = 50, H = 72, R = 9;
+    for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++) {
+        float *ev = malloc((size_t)V * H * 4), *eref = malloc((size_t)V * H * 4);
+        ct_fill(ev, (size_t)V * H, 2.0f);
+        size_t eb;
+        void *eh = make_weight(ev, (size_t)V * H, dts[d], eref, &eb);
+        int32_t ids[9];
+        for (int r = 0; r < R; r++)
+            ids[r] = r == 0 ? V - 1 : ct_rand(V);
+        float *out[2];
+        tdm_backend *bes[2] = {CPU, G};
+        for (int b = 0; b < 2; b++) {
+            tdm_weight w = put_weight(bes[b], eh, eref, (size_t)V * H, dts[d], eb);
+            float *dy = ct_put(bes[b], NULL, (size_t)R * H * 4);
+            ct_poison(bes[b], dy, (size_t)R * H * 4);
+            bes[b]->embed(bes[b]->ctx, dy, w, ids, R, H);
+            out[b] = ct_get(bes[b], dy, (size_t)R * H * 4);
+            bes[b]->free(bes[b]->ctx, (void *)w.data);
+            bes[b]->free(bes[b]->ctx, dy);
+        }
+        char cas[64];
+        snprintf(cas, sizeof(cas), "V=%d H=%d R=%d %s", V, H, R, tdm_dtype_name(dts[d]));
+        report("embed", cas, ct_nerr(out[1], out[0], (size_t)R * H), 0);
+        free(out[0]);
+        free(out[1]);
+        free(eh);
+        free(ev);
+        free(eref);
+    }
+}
+
+/* ---- norms and elementwise -------------------------------------------------- */
+
+static void test_rmsnorm(void)
+{
+    const int shapes[][2] = {{5, 64}, {3, 1024}, {17, 16}, {2, 2560}, {24, 256}};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+        for (int mode = 0; mode < 4; mode++) { /* zero_centred x in place */
+            int R = shapes[s][0], n = shapes[s][1], zc = mode & 1, inplace = mode >> 1;
+            float *x = malloc((size_t)R * n * 4), *w = malloc((size_t)n * 4);
+            ct_fill(x, (size_t)R * n, 3.0f);
+            ct_fill(w, (size_t)n, 1.0f);
+            float *out[2];
+            tdm_backend *bes[2] = {CPU, G};
+            for (int b = 0; b < 2; b++) {
+                tdm_backend *be = bes[b];
+                float *dx = ct_put(be, x, (size_t)R * n * 4), *dw = ct_put(be, w, (size_t)n * 4);
+                float *dy = inplace ? dx : ct_put(be, NULL, (size_t)R * n * 4);
+                if (!inplace)
+                    ct_poison(be, dy, (size_t)R * n * 4);
+                be->rmsnorm(be->ctx, dy, dx, dw, R, n, 1e-6f, zc);
+                out[b] = ct_get(be, dy, (size_t)R * n * 4);
+                be->free(be->ctx, dx);
+                be->free(be->ctx, dw);
+                if (!inplace)
+                    be->free(be->ctx, dy);
+            }
+            char cas[64];
+            snprintf(cas, sizeof(cas), "R=%d n=%d%s%s", R, n, zc ? " zero-centred" : "",
+                     inplace ? " in place" : "");
+            report("rmsnorm", cas, ct_nerr(out[1], out[0], (size_t)R * n), 1e-5);
+            free(out[0]);
+            free(out[1]);
+            free(x);
+            free(w);
+        }
+}
+
+static void test_rmsnorm_gated(void)
+{
+    const int shapes[][2] = {{7, 64}, {32, 128}, {3, 16}};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+        int R = shapes[s][0], n = shapes[s][1];
+        size_t N = (size_t)R * n;
+        float *x = malloc(N * 4), *z = malloc(N * 4), *w = malloc((size_t)n * 4);
+        ct_fill(x, N, 2.0f);
+        ct_fill(z, N, 4.0f);
+        ct_fill(w, (size_t)n, 1.5f);
+        float *out[2];
+        tdm_backend *bes[2] = {CPU, G};
+        for (int b = 0; b < 2; b++) {
+            tdm_backend *be = bes[b];
+            float *dx = ct_put(be, x, N * 4), *dz = ct_put(be, z, N * 4);
+            float *dw = ct_put(be, w, (size_t)n * 4), *dy = ct_put(be, NULL, N * 4);
+            ct_poison(be, dy, N * 4);
+            be->rmsnorm_gated(be->ctx, dy, dx, dz, dw, R, n, 1e-6f);
+            out[b] = ct_get(be, dy, N * 4);
+            be->free(be->ctx, dx);
+            be->free(be->ctx, dz);
+            be->free(be->ctx, dw);
+            be->free(be->ctx, dy);
+        }
+        char cas[64];
+        snprintf(cas, sizeof(cas), "R=%d n=%d", R, n);
+        report("rmsnorm_gated", cas, ct_nerr(out[1], out[0], N), 1e-5);
+        free(out[0]);
+        free(out[1]);
+        free(x);
+        free(z);
+        free(w);
+    }
+}
+
+static void test_split_rope(void)
+{
+    /* nH, D, rot */
+    const int shapes[][3] = {{4, 64, 16}, {8, 256, 64}, {3, 32, 32}, {2, 16, 8}};
+    const int R = 6;
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+        int nH = shapes[s][0], D = shapes[s][1], rot = shapes[s][2];
+        size_t N = (size_t)R * nH * D;
+        float *qg = malloc(2 * N * 4), *inv = malloc((size_t)rot / 2 * 4);
+        int32_t pos[6];
+        ct_fill(qg, 2 * N, 2.0f);
+        for (int i = 0; i < rot / 2; i++)
+            inv[i] = 1.0f / powf(10000000.0f, (float)(2 * i) / (float)rot);
+        for (int r = 0; r < R; r++)
+            pos[r] = r == 0 ? 0 : ct_rand(6000);
+        float *q[2], *gate[2];
+        tdm_backend *bes[2] = {CPU, G};
+        for (int b = 0; b < 2; b++) {
+            tdm_backend *be = bes[b];
+            float *dqg = ct_put(be, qg, 2 * N * 4);
+            float *dq = ct_put(be, NULL, N * 4), *dg = ct_put(be, NULL, N * 4);
+            ct_poison(be, dq, N * 4);
+            ct_poison(be, dg, N * 4);
+            be->split_qgate(be->ctx, dq, dg, dqg, R, nH, D);
+            gate[b] = ct_get(be, dg, N * 4);
+            float *sq = ct_get(be, dq, N * 4);
+            be->rope(be->ctx, dq, pos, inv, R, nH, D, rot);
+            q[b] = ct_get(be, dq, N * 4);
+            if (b == 1) {
+                /* the split itself is a copy: exact */
+                float *sc = malloc(N * 4);
+                for (size_t i = 0; i < N; i++)
+                    sc[i] = qg[(i / (size_t)D) * 2 * (size_t)D + i % (size_t)D];
+                char cas[64];
+                snprintf(cas, sizeof(cas), "R=%d nH=%d D=%d", R, nH, D);
+                report("split_qgate", cas, ct_nerr(sq, sc, N) + ct_nerr(gate[1], gate[0], N), 0);
+                free(sc);
+            }
+            free(sq);
+            be->free(be->ctx, dqg);
+            be->free(be->ctx, dq);
+            be->free(be->ctx, dg);
+        }
+        char cas[64];
+        snprintf(cas, sizeof(cas), "R=%d nH=%d D=%d rot=%d", R, nH, D, rot);
+        report("rope", cas, ct_nerr(q[1], q[0], N), 1e-5);
+        for (int b = 0; b < 2; b++) {
+            free(q[b]);
+            free(gate[b]);
+        }
+        free(qg);
+        free(inv);
+    }
+}
+
+static void test_elementwise(void)
+{
+    const size_t N = 100003;
+    float *a = malloc(N * 4), *bb = malloc(N * 4), *g = malloc(N * 4);
+    ct_fill(a, N, 8.0f);
+    ct_fill(bb, N, 3.0f);
+    ct_fill(g, N, 12.0f);
+    float *ms[2], *sm[2], *smi[2];
+    tdm_backend *bes[2] = {CPU, G};
+    for (int b = 0; b < 2; b++) {
+        tdm_backend *be = bes[b];
+        float *da = ct_put(be, a, N * 4), *db = ct_put(be, bb, N * 4), *dg = ct_put(be, g, N * 4);
+        float *dy = ct_put(be, NULL, N * 4);
+        ct_poison(be, dy, N * 4);
+        be->silu_mul(be->ctx, dy, da, db, N);
+        sm[b] = ct_get(be, dy, N * 4);
+        be->mul_sigmoid(be->ctx, dy, dg, N);
+        ms[b] = ct_get(be, dy, N * 4);
+        be->silu_mul(be->ctx, da, da, db, N); /* y aliasing a */
+        smi[b] = ct_get(be, da, N * 4);
+        be->free(be->ctx, da);
+        be->free(be->ctx, db);
+        be->free(be->ctx, dg);
+        be->free(be->ctx, dy);
+    }
+    report("silu_mul", "n=100003", ct_nerr(sm[1], sm[0], N), 1e-5);
+    report("silu_mul", "n=100003 y aliasing a", ct_nerr(smi[1], smi[0], N), 1e-5);
+    report("mul_sigmoid", "n=100003", ct_nerr(ms[1], ms[0], N), 1e-5);
+    for (int b = 0; b < 2; b++) {
+        free(ms[b]);
+        free(sm[b]);
+        free(smi[b]);
+    }
+    free(a);
+    free(bb);
+    free(g);
+
+    /* gdn_gates: a spans the softplus threshold (u > 20 on both sides). */
+    const int R = 11, Hv = 48;
+    size_t M = (size_t)R * Hv;
+    float *ga = malloc(M * 4), *gb = malloc(M * 4), *al = malloc(Hv * 4), *dt = malloc(Hv * 4);
+    ct_fill(ga, M, 30.0f);
+    ct_fill(gb, M, 6.0f);
+    ct_fill(al, Hv, 2.0f);
+    ct_fill(dt, Hv, 1.0f);
+    float *go[2], *bo[2];
+    for (int b = 0; b < 2; b++) {
+        tdm_backend *be = bes[b];
+        float *da = ct_put(be, ga, M * 4), *db = ct_put(be, gb, M * 4);
+        float *dal = ct_put(be, al, Hv * 4), *ddt = ct_put(be, dt, Hv * 4);
+        float *dg = ct_put(be, NULL, M * 4), *dbe = ct_put(be, NULL, M * 4);
+        ct_poison(be, dg, M * 4);
+        ct_poison(be, dbe, M * 4);
+        be->gdn_gates(be->ctx, dg, dbe, da, db, dal, ddt, R, Hv);
+        go[b] = ct_get(be, dg, M * 4);
+        bo[b] = ct_get(be, dbe, M * 4);
+        be->free(be->ctx, da);
+        be->free(be->ctx, db);
+        be->free(be->ctx, dal);
+        be->free(be->ctx, ddt);
+        be->free(be->ctx, dg);
+        be->free(be->ctx, dbe);
+    }
+    report("gdn_gates", "g, R=11 Hv=48", ct_nerr(go[1], go[0], M), 1e-5);
+    report("gdn_gates", "beta, R=11 Hv=48", ct_nerr(bo[1], bo[0], M), 1e-5);
+    for (int b = 0; b < 2; b++) {
+        free(go[b]);
+        free(bo[b]);
+    }
+    free(ga);
+    free(gb);
+    free(al);
+    free(dt);
+}
+
+/* ---- KV store and attention ---------------------------------------------------- */
+
+static void test_attention(void)
+{
+    /* nH, nKV, D */
+    const int heads[][3] = {{8, 2, 256}, {4, 4, 64}, {6, 2, 16}, {16, 4, 128}};
+    /* segments: nrows, n_past */
+    const int segs[][2] = {{1, 0}, {4, 17}, {9, 40}, {1, 300}, {3, 0}};
+    const int nseg = (int)TDM_ARRAY_LEN(segs);
+    for (size_t hh = 0; hh < TDM_ARRAY_LEN(heads); hh++) {
+        int nH = heads[hh][0], nKV = heads[hh][1], D = heads[hh][2], W = nKV * D;
+        int R = 0, cap[8];
+        for (int i = 0; i < nseg; i++) {
+            R += segs[i][0];
+            cap[i] = segs[i][1] + segs[i][0];
+        }
+        float *q = malloc((size_t)R * nH * D * 4), *kn = malloc((size_t)R * W * 4),
+              *vn = malloc((size_t)R * W * 4);
+        float *kc[8], *vc[8];
+        ct_fill(q, (size_t)R * nH * D, 2.0f);
+        ct_fill(kn, (size_t)R * W, 2.0f);
+        ct_fill(vn, (size_t)R * W, 1.0f);
+        for (int i = 0; i < nseg; i++) {
+            kc[i] = malloc((size_t)cap[i] * W * 4);
+            vc[i] = malloc((size_t)cap[i] * W * 4);
+            ct_fill(kc[i], (size_t)cap[i] * W, 2.0f);
+            ct_fill(vc[i], (size_t)cap[i] * W, 1.0f);
+        }
+        float *out[3], *kcs[2][8], *vcs[2][8];
+        tdm_backend *bes[3] = {CPU, G, G};
+        for (int b = 0; b < 3; b++) {
+            tdm_backend *be = bes[b];
+            float *dq = ct_put(be, q, (size_t)R * nH * D * 4);
+            float *dk = ct_put(be, kn, (size_t)R * W * 4), *dv = ct_put(be, vn, (size_t)R * W * 4);
+            float *dout = ct_put(be, NULL, (size_t)R * nH * D * 4);
+            ct_poison(be, dout, (size_t)R * nH * D * 4);
+            tdm_attn_seg as[8];
+            float *dkc[8], *dvc[8];
+            for (int i = 0, r = 0; i < nseg; i++) {
+                dkc[i] = ct_put(be, kc[i], (size_t)cap[i] * W * 4);
+                dvc[i] = ct_put(be, vc[i], (size_t)cap[i] * W * 4);
+                be->kv_store(be->ctx, dkc[i], dvc[i], dk + (size_t)r * W, dv + (size_t)r * W,
+                             segs[i][1], segs[i][0], W);
+                as[i] = (tdm_attn_seg){r, segs[i][0], segs[i][1], dkc[i], dvc[i]};
+                r += segs[i][0];
+            }
+            if (b < 2) {
+                be->attention(be->ctx, dout, dq, as, nseg, nH, nKV, D);
+            } else { /* each segment alone */
+                for (int i = 0; i < nseg; i++)
+                    be->attention(be->ctx, dout, dq, &as[i], 1, nH, nKV, D);
+            }
+            out[b] = ct_get(be, dout, (size_t)R * nH * D * 4);
+            for (int i = 0; i < nseg; i++) {
+                if (b < 2) {
+                    kcs[b][i] = ct_get(be, dkc[i], (size_t)cap[i] * W * 4);
+                    vcs[b][i] = ct_get(be, dvc[i], (size_t)cap[i] * W * 4);
+                }
+                be->free(be->ctx, dkc[i]);
+                be->free(be->ctx, dvc[i]);
+            }
+            be->free(be->ctx, dq);
+            be->free(be->ctx, dk);
+            be->free(be->ctx, dv);
+            be->free(be->ctx, dout);
+        }
+        char cas[96];
+        snprintf(cas, sizeof(cas), "nH=%d nKV=%d D=%d, 5 segments R=%d", nH, nKV, D, R);
+        report("attention", cas, ct_nerr(out[1], out[0], (size_t)R * nH * D), 1e-5);
+        report_same("attention", "  segments one by one == batched", out[2], out[1],
+                    (size_t)R * nH * D * 4);
+        for (int b = 0; b < 3; b++)
+            free(out[b]);
+        for (int i = 0; i < nseg; i++) {
+            snprintf(cas, sizeof(cas), "seg %d: at=%d nrows=%d W=%d", i, segs[i][1], segs[i][0], W);
+            size_t n = (size_t)cap[i] * W;
+            report("kv_store", cas,
+                   ct_nerr(kcs[1][i], kcs[0][i], n) + ct_nerr(vcs[1][i], vcs[0][i], n), 0);
+            for (int b = 0; b < 2; b++) {
+                free(kcs[b][i]);
+                free(vcs[b][i]);
+            }
+            free(kc[i]);
+            free(vc[i]);
+        }
+        free(q);
+        free(kn);
+        free(vn);
+    }
+}
+
+/* ---- conv and the gated delta rule ------------------------------------------- */
+
+#define NSEG 4
+/* nrows per segment; segment 1 and 3 keep per-row states (states_out) */
+static const int seg_rows[NSEG] = {1, 6, 3, 2};
+static const int seg_extra[NSEG] = {0, 1, 0, 1};
+
+typedef struct conv_out {
+    float *y, *state[NSEG], *sout[NSEG];
+} conv_out;
+
+static void run_conv(tdm_backend *be, const float *x, const float *w, float *const *st, int C,
+                     int K, int split, conv_out *o)
+{
+    const int S = K - 1;
+    int R = 0;
+    for (int i = 0; i < NSEG; i++)
+        R += seg_rows[i];
+    float *dx = ct_put(be, x, (size_t)R * C * 4), *dw = ct_put(be, w, (size_t)C * K * 4);
+    float *dy = ct_put(be, NULL, (size_t)R * C * 4);
+    ct_poison(be, dy, (size_t)R * C * 4);
+    tdm_conv_seg cs[NSEG];
+    for (int i = 0, r = 0; i < NSEG; i++) {
+        float *ds = ct_put(be, st[i], (size_t)S * C * 4), *dso = NULL;
+        if (seg_extra[i]) {
+            dso = ct_put(be, NULL, (size_t)seg_rows[i] * S * C * 4);
+            ct_poison(be, dso, (size_t)seg_rows[i] * S * C * 4);
+        }
+        cs[i] = (tdm_conv_seg){r, seg_rows[i], ds, dso};
+        r += seg_rows[i];
+    }
+    if (split)
+        for (int i = 0; i < NSEG; i++)
+            be->conv_silu(be->ctx, dy, dx, dw, &cs[i], 1, C, K);
+    else
+        be->conv_silu(be->ctx, dy, dx, dw, cs, NSEG, C, K);
+    o->y = ct_get(be, dy, (size_t)R * C * 4);
+    for (int i = 0; i < NSEG; i++) {
+        o->state[i] = ct_get(be, cs[i].state, (size_t)S * C * 4);
+        o->sout[i] =
+            seg_extra[i] ? ct_get(be, cs[i].states_out, (size_t)seg_rows[i] * S * C * 4) : NULL;
+        be->free(be->ctx, cs[i].state);
+        be->free(be->ctx, cs[i].states_out);
+    }
+    be->free(be->ctx, dx);
+    be->free(be->ctx, dw);
+    be->free(be->ctx, dy);
+}
+
+static void conv_out_free(conv_out *o)
+{
+    free(o->y);
+    for (int i = 0; i < NSEG; i++) {
+        free(o->state[i]);
+        free(o->sout[i]);
+    }
+}
+
+static void test_conv(void)
+{
+    const int shapes[][2] = {{96, 4}, {6144, 4}, {40, 2}};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+        int C = shapes[s][0], K = shapes[s][1], S = K - 1, R = 0;
+        for (int i = 0; i < NSEG; i++)
+            R += seg_rows[i];
+        float *x = malloc((size_t)R * C * 4), *w = malloc((size_t)C * K * 4), *st[NSEG];
+        ct_fill(x, (size_t)R * C, 3.0f);
+        ct_fill(w, (size_t)C * K, 1.0f);
+        for (int i = 0; i < NSEG; i++) {
+            st[i] = malloc((size_t)S * C * 4);
+            ct_fill(st[i], (size_t)S * C, 3.0f);
+        }
+        conv_out oc, og, os;
+        run_conv(CPU, x, w, st, C, K, 0, &oc);
+        run_conv(G, x, w, st, C, K, 0, &og);
+        run_conv(G, x, w, st, C, K, 1, &os);
+        char cas[96];
+        snprintf(cas, sizeof(cas), "C=%d K=%d, 4 segments R=%d", C, K, R);
+        report("conv_silu", cas, ct_nerr(og.y, oc.y, (size_t)R * C), 1e-5);
+        double e = 0;
+        for (int i = 0; i < NSEG; i++) {
+            e += ct_nerr(og.state[i], oc.state[i], (size_t)S * C);
+            if (seg_extra[i])
+                e += ct_nerr(og.sout[i], oc.sout[i], (size_t)seg_rows[i] * S * C);
+        }
+        report("conv_silu", "  window states (in place and per row)", e, 0);
+        report_same("conv_silu", "  segments one by one == batched", os.y, og.y, (size_t)R * C * 4);
+        conv_out_free(&oc);
+        conv_out_free(&og);
+        conv_out_free(&os);
+        for (int i = 0; i < NSEG; i++)
+            free(st[i]);
+        free(x);
+        free(w);
+    }
+}
+
+typedef struct gdn_out {
+    float *o, *state[NSEG], *sout[NSEG];
+} gdn_out;
+
+static void run_gdn(tdm_backend *be, const float *qkv, const float *g, const float *beta,
+                    float *const *st, int Hk, int Hv, int Dk, int Dv, int split, gdn_out *o)
+{
+    const int stride = 2 * Hk * Dk + Hv * Dv;
+    const size_t hs = (size_t)Hv * Dk * Dv;
+    int R = 0;
+    for (int i = 0; i < NSEG; i++)
+        R += seg_rows[i];
+    float *dqkv = ct_put(be, qkv, (size_t)R * stride * 4);
+    float *dg = ct_put(be, g, (size_t)R * Hv * 4), *db = ct_put(be, beta, (size_t)R * Hv * 4);
+    float *dout = ct_put(be, NULL, (size_t)R * Hv * Dv * 4);
+    ct_poison(be, dout, (size_t)R * Hv * Dv * 4);
+    tdm_gdn_seg gs[NSEG];
+    for (int i = 0, r = 0; i < NSEG; i++) {
+        float *ds = ct_put(be, st[i], hs * 4), *dso = NULL;
+        if (seg_extra[i]) {
+            dso = ct_put(be, NULL, (size_t)seg_rows[i] * hs * 4);
+            ct_poison(be, dso, (size_t)seg_rows[i] * hs * 4);
+        }
+        gs[i] = (tdm_gdn_seg){r, seg_rows[i], ds, dso};
+        r += seg_rows[i];
+    }
+    if (split)
+        for (int i = 0; i < NSEG; i++)
+            be->gdn_recurrent(be->ctx, dout, dqkv, stride, dg, db, &gs[i], 1, Hk, Hv, Dk, Dv);
+    else
+        be->gdn_recurrent(be->ctx, dout, dqkv, stride, dg, db, gs, NSEG, Hk, Hv, Dk, Dv);
+    o->o = ct_get(be, dout, (size_t)R * Hv * Dv * 4);
+    for (int i = 0; i < NSEG; i++) {
+        o->state[i] = ct_get(be, gs[i].state, hs * 4);
+        o->sout[i] =
+            seg_extra[i] ? ct_get(be, gs[i].states_out, (size_t)seg_rows[i] * hs * 4) : NULL;
+        be->free(be->ctx, gs[i].state);
+        be->free(be->ctx, gs[i].states_out);
+    }
+    be->free(be->ctx, dqkv);
+    be->free(be->ctx, dg);
+    be->free(be->ctx, db);
+    be->free(be->ctx, dout);
+}
+
+static void test_gdn(void)
+{
+    /* Hk, Hv, Dk, Dv */
+    const int shapes[][4] = {{2, 4, 64, 64}, {2, 2, 128, 128}, {1, 3, 256, 40}, {4, 8, 16, 16}};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+        int Hk = shapes[s][0], Hv = shapes[s][1], Dk = shapes[s][2], Dv = shapes[s][3], R = 0;
+        for (int i = 0; i < NSEG; i++)
+            R += seg_rows[i];
+        const int stride = 2 * Hk * Dk + Hv * Dv;
+        const size_t hs = (size_t)Hv * Dk * Dv;
+        float *qkv = malloc((size_t)R * stride * 4), *g = malloc((size_t)R * Hv * 4);
+        float *beta = malloc((size_t)R * Hv * 4), *st[NSEG];
+        ct_fill(qkv, (size_t)R * stride, 1.0f);
+        ct_fill(g, (size_t)R * Hv, 1.0f);
+        ct_fill(beta, (size_t)R * Hv, 0.5f);
+        for (size_t i = 0; i < (size_t)R * Hv; i++) {
+            g[i] = -fabsf(g[i]) - 0.01f; /* decay exp(g) in (0, 1) as the gates give */
+            beta[i] += 0.5f;             /* beta in (0, 1) */
+        }
+        for (int i = 0; i < NSEG; i++) {
+            st[i] = malloc(hs * 4);
+            ct_fill(st[i], hs, 0.5f);
+        }
+        gdn_out oc, og, os;
+        run_gdn(CPU, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, &oc);
+        run_gdn(G, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, &og);
+        run_gdn(G, qkv, g, beta, st, Hk, Hv, Dk, Dv, 1, &os);
+        char cas[96];
+        snprintf(cas, sizeof(cas), "Hk=%d Hv=%d Dk=%d Dv=%d, 4 segments R=%d", Hk, Hv, Dk, Dv, R);
+        report("gdn_recurrent", cas, ct_nerr(og.o, oc.o, (size_t)R * Hv * Dv), 3e-5);
+        double es = 0, eo = 0;
+        for (int i = 0; i < NSEG; i++) {
+            double e = ct_nerr(og.state[i], oc.state[i], hs);
+            es = e > es ? e : es;
+            if (seg_extra[i]) {
+                e = ct_nerr(og.sout[i], oc.sout[i], (size_t)seg_rows[i] * hs);
+                eo = e > eo ? e : eo;
+            }
+        }
+        report("gdn_recurrent", "  final states in place (max over segments)", es, 3e-5);
+        report("gdn_recurrent", "  per-row states_out (max over segments)", eo, 3e-5);
+        report_same("gdn_recurrent", "  segments one by one == batched", os.o, og.o,
+                    (size_t)R * Hv * Dv * 4);
+        for (int i = 0; i < NSEG; i++) {
+            free(oc.state[i]);
+            free(og.state[i]);
+            free(os.state[i]);
+            free(oc.sout[i]);
+            free(og.sout[i]);
+            free(os.sout[i]);
+            free(st[i]);
+        }
+        free(oc.o);
+        free(og.o);
+        free(os.o);
+        free(qkv);
+        free(g);
+        free(beta);
+    }
+}
+
+/* ---- argmax and softmax ------------------------------------------------------------ */
+
+static void test_sample(void)
+{
+    const int shapes[][2] = {{5, 1000}, {3, 248320}, {1, 7}};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+        int R = shapes[s][0], n = shapes[s][1];
+        size_t N = (size_t)R * n;
+        float *x = malloc(N * 4);
+        ct_fill(x, N, 10.0f);
+        /* Plant ties: row r's maximum 20 at two places, the first one wins. */
+        for (int r = 0; r < R; r++) {
+            int a = ct_rand(n), b = ct_rand(n);
+            x[(size_t)r * n + a] = 20.0f;
+            x[(size_t)r * n + b] = 20.0f;
+        }
+        int32_t am[2][8];
+        float *sm[2];
+        tdm_backend *bes[2] = {CPU, G};
+        for (int b = 0; b < 2; b++) {
+            tdm_backend *be = bes[b];
+            float *dx = ct_put(be, x, N * 4);
+            be->argmax(be->ctx, am[b], dx, R, n);
+            be->softmax(be->ctx, dx, R, n);
+            sm[b] = ct_get(be, dx, N * 4);
+            be->free(be->ctx, dx);
+        }
+        /* independent reference for argmax: first maximum by a plain scan */
+        int bad = 0;
+        for (int r = 0; r < R; r++) {
+            int best = 0;
+            for (int i = 1; i < n; i++)
+                if (x[(size_t)r * n + i] > x[(size_t)r * n + best])
+                    best = i;
+            bad += am[1][r] != best || am[0][r] != best;
+        }
+        char cas[64];
+        snprintf(cas, sizeof(cas), "R=%d n=%d (ties: first wins)", R, n);
+        report("argmax", cas, bad, 0);
+        report("softmax", cas, ct_nerr(sm[1], sm[0], N), 1e-5);
+        free(sm[0]);
+        free(sm[1]);
+        free(x);
+    }
+}
+
+int main(void)
+{
+    ct_require_gpu();
+    G = ct_gpu();
+    CPU = ct_cpu();
+    test_matmul();
+    test_embed();
+    test_rmsnorm();
+    test_rmsnorm_gated();
+    test_split_rope();
+    test_elementwise();
+    test_attention();
+    test_conv();
+    test_gdn();
+    test_sample();
+    G->destroy(G);
+    CPU->destroy(CPU);
+    if (failures) {
+        printf("cuda ops: %d FAILED\n", failures);
+        return 1;
+    }
+    printf("cuda ops: all match the CPU backend\n");
+    return 0;
+}
