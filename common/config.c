@@ -910,11 +910,65 @@ bool tdm_cfg_has(const tdm_cfg *cfg, const char *key)
 
 /* ---- output --------------------------------------------------------------- */
 
+/* Writes a duration or size the way a user would type it. */
+static void format_amount(const tdm_cfg_key *k, int64_t v, char *buf, size_t len)
+{
+    if (k->type == TDM_CFG_DURATION) {
+        static const struct {
+            int64_t ms;
+            const char *unit;
+        } u[] = {{3600000, "h"}, {60000, "m"}, {1000, "s"}};
+        for (size_t i = 0; i < TDM_ARRAY_LEN(u); i++)
+            if (v != 0 && v % u[i].ms == 0) {
+                snprintf(buf, len, "%lld%s", (long long)(v / u[i].ms), u[i].unit);
+                return;
+            }
+        snprintf(buf, len, "%lldms", (long long)v);
+    } else if (k->type == TDM_CFG_SIZE) {
+        static const struct {
+            int64_t mul;
+            const char *unit;
+        } u[] = {{1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}};
+        for (size_t i = 0; i < TDM_ARRAY_LEN(u); i++)
+            if (v != 0 && v % u[i].mul == 0) {
+                snprintf(buf, len, "%lld%s", (long long)(v / u[i].mul), u[i].unit);
+                return;
+            }
+        snprintf(buf, len, "%lld", (long long)v);
+    } else {
+        snprintf(buf, len, "%lld", (long long)v);
+    }
+}
+
+/* Prints text wrapped at 78 columns, each line indented by `indent`. */
+static void print_wrapped(FILE *out, const char *text, int indent)
+{
+    const int width = 78;
+    const char *p = text;
+    while (*p) {
+        int room = width - indent;
+        int len = (int)strlen(p);
+        int cut = len;
+        if (len > room) {
+            cut = room;
+            while (cut > 0 && p[cut] != ' ')
+                cut--;
+            if (cut == 0)
+                cut = room;
+        }
+        fprintf(out, "%*s%.*s\n", indent, "", cut, p);
+        p += cut;
+        while (*p == ' ')
+            p++;
+    }
+}
+
 void tdm_cfg_print_help(const tdm_cfg_schema *s, FILE *out)
 {
-    fprintf(out, "usage: %s [--config FILE] [--check-config] [--help] [--KEY VALUE ...]\n\n%s\n\n",
-            s->program, s->summary);
-    fprintf(out, "Each setting is read, lowest precedence first, from its default, the --config\n"
+    fprintf(out, "usage: %s [--config FILE] [--check-config] [--help] [--KEY VALUE ...]\n\n",
+            s->program);
+    print_wrapped(out, s->summary, 0);
+    fprintf(out, "\nEach setting is read, lowest precedence first, from its default, the --config\n"
                  "file (flat YAML 'key: value' lines using the key names below), the environment\n"
                  "variable shown, and the command line. --check-config prints the effective\n"
                  "configuration with the source of every value and exits 0 if it would start.\n"
@@ -935,21 +989,23 @@ void tdm_cfg_print_help(const tdm_cfg_schema *s, FILE *out)
             const tdm_cfg_key *k = &s->keys[i];
             if (strcmp(k->group ? k->group : "Settings", groups[gi]) != 0)
                 continue;
-            char flag[256], env[256];
+            char flag[256], env[256], line[1024];
             tdm_cfg_flag_name(k->key, flag, sizeof(flag));
             tdm_cfg_env_name(k->key, env, sizeof(env));
-            const char *ty = type_name(k);
-            fprintf(out, "  %s %s%s\n", flag, ty,
+            fprintf(out, "  %s %s%s\n", flag, type_name(k),
                     (k->flags & TDM_CFG_AUTO) && k->type != TDM_CFG_ENUM ? "|auto" : "");
-            fprintf(out, "      %s\n", k->doc);
-            fprintf(out, "      default: %s", (k->def && k->def[0]) ? k->def : "(not set)");
+            print_wrapped(out, k->doc, 6);
+            size_t used = (size_t)snprintf(line, sizeof(line), "default: %s",
+                                           (k->def && k->def[0]) ? k->def : "(not set)");
             if (k->min != k->max) {
-                if (k->type == TDM_CFG_DURATION)
-                    fprintf(out, "; range %lldms..%lldms", (long long)k->min, (long long)k->max);
-                else
-                    fprintf(out, "; range %lld..%lld", (long long)k->min, (long long)k->max);
+                char lo[64], hi[64];
+                format_amount(k, k->min, lo, sizeof(lo));
+                format_amount(k, k->max, hi, sizeof(hi));
+                used +=
+                    (size_t)snprintf(line + used, sizeof(line) - used, "; range %s..%s", lo, hi);
             }
-            fprintf(out, "; env %s; file key %s\n", env, k->key);
+            snprintf(line + used, sizeof(line) - used, "; env %s; file key %s", env, k->key);
+            print_wrapped(out, line, 6);
         }
     }
 }
