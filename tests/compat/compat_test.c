@@ -8,6 +8,7 @@
  *        compat_test tokenizer-fp FILE   (prints the hex, for the Python reference test)
  *        compat_test model-fp DIR
  */
+#include "../config/check.h"
 #include "compat.h"
 
 #include <stdio.h>
@@ -15,20 +16,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int g_failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            g_failures++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-#define CHECK_HAS(hay, needle)                                                                     \
-    CHECK(strstr((hay), (needle)) != NULL, "'%s' does not contain '%s'", (hay), (needle))
 
 static const char FP_A[] = "aaaaaaaaaaaa1111111111111111111111111111111111111111111111111111";
 static const char FP_B[] = "bbbbbbbbbbbb2222222222222222222222222222222222222222222222222222";

@@ -6,6 +6,7 @@
  * file and line. Expected values come from the specification, not from the
  * code under test. Usage: config_test <case>.
  */
+#include "check.h"
 #include "config.h"
 #include "service_config.h"
 #include "tandem/v1/common.pb-c.h"
@@ -16,22 +17,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int g_failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            g_failures++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_STR(a, b) CHECK(strcmp((a), (b)) == 0, "got '%s', want '%s'", (a), (b))
-#define CHECK_HAS(hay, needle)                                                                     \
-    CHECK(strstr((hay), (needle)) != NULL, "'%s' does not contain '%s'", (hay), (needle))
 
 static char g_dir[256];
 
