@@ -56,6 +56,145 @@ void *cuda_stage(cuda_ctx *c, const void *host, size_t n)
     return d;
 }
 
+/* ---- per-op timing (TANDEM_CUDA_OPSTATS=1) ---------------------------------
+ * Every op slot is wrapped by a pair of events on the stream; at each sync
+ * the pairs are resolved into GPU milliseconds per slot, printed to stderr
+ * when the backend is destroyed. Gaps between ops (launch overhead, host
+ * work) are what a step's wall time has beyond the sum. */
+
+enum {
+    ST_EMBED,
+    ST_MATMUL,
+    ST_RMSNORM,
+    ST_RMSNORM_GATED,
+    ST_SPLIT,
+    ST_ROPE,
+    ST_KV_STORE,
+    ST_ATTENTION,
+    ST_MUL_SIGMOID,
+    ST_SILU_MUL,
+    ST_CONV,
+    ST_GATES,
+    ST_GDN,
+    ST_ARGMAX,
+    ST_SOFTMAX,
+    ST_DOWNLOAD,
+    ST_N
+};
+static const char *const st_names[ST_N] = {
+    "embed",         "matmul",    "rmsnorm",     "rmsnorm_gated", "split_qgate", "rope",
+    "kv_store",      "attention", "mul_sigmoid", "silu_mul",      "conv_silu",   "gdn_gates",
+    "gdn_recurrent", "argmax",    "softmax",     "download"};
+
+#define ST_MAXEV 4096
+
+typedef struct cuda_stats {
+    cudaEvent_t ev[2 * ST_MAXEV];
+    int slot[ST_MAXEV];
+    int nev;
+    double ms[ST_N];
+    long calls[ST_N];
+} cuda_stats;
+
+static void st_resolve(cuda_ctx *c)
+{
+    cuda_stats *st = c->stats;
+    if (!st->nev)
+        return;
+    CUDA_CHECK(cudaEventSynchronize(st->ev[2 * st->nev - 1]));
+    for (int i = 0; i < st->nev; i++) {
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, st->ev[2 * i], st->ev[2 * i + 1]));
+        st->ms[st->slot[i]] += ms;
+        st->calls[st->slot[i]]++;
+    }
+    st->nev = 0;
+}
+
+static void st_begin(cuda_ctx *c)
+{
+    if (c->stats->nev == ST_MAXEV)
+        st_resolve(c);
+    CUDA_CHECK(cudaEventRecord(c->stats->ev[2 * c->stats->nev], c->stream));
+}
+
+static void st_end(cuda_ctx *c, int slot)
+{
+    cuda_stats *st = c->stats;
+    CUDA_CHECK(cudaEventRecord(st->ev[2 * st->nev + 1], c->stream));
+    st->slot[st->nev++] = slot;
+}
+
+static void st_print(cuda_ctx *c)
+{
+    cuda_stats *st = c->stats;
+    st_resolve(c);
+    double total = 0;
+    for (int i = 0; i < ST_N; i++)
+        total += st->ms[i];
+    fprintf(stderr, "CUDA backend op times (GPU ms between events, all calls):\n");
+    for (int i = 0; i < ST_N; i++)
+        if (st->calls[i])
+            fprintf(stderr, "  %-14s %8ld calls %10.3f ms %8.2f us/call %5.1f%%\n", st_names[i],
+                    st->calls[i], st->ms[i], 1e3 * st->ms[i] / (double)st->calls[i],
+                    total > 0 ? 100.0 * st->ms[i] / total : 0.0);
+    fprintf(stderr, "  %-14s %8s       %10.3f ms\n", "sum", "", total);
+}
+
+#define ST_WRAP(name, slot, params, args)                                                          \
+    static void st_##name params                                                                   \
+    {                                                                                              \
+        cuda_ctx *c = (cuda_ctx *)ctx;                                                             \
+        st_begin(c);                                                                               \
+        cuda_##name args;                                                                          \
+        st_end(c, slot);                                                                           \
+    }
+
+ST_WRAP(embed, ST_EMBED, (void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H),
+        (ctx, y, e, ids, R, H))
+ST_WRAP(matmul, ST_MATMUL,
+        (void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out, int acc),
+        (ctx, y, x, w, R, in, out, acc))
+ST_WRAP(rmsnorm, ST_RMSNORM,
+        (void *ctx, float *y, const float *x, const float *w, int R, int n, float eps, int zc),
+        (ctx, y, x, w, R, n, eps, zc))
+ST_WRAP(rmsnorm_gated, ST_RMSNORM_GATED,
+        (void *ctx, float *y, const float *x, const float *z, const float *w, int R, int n,
+         float eps),
+        (ctx, y, x, z, w, R, n, eps))
+ST_WRAP(split_qgate, ST_SPLIT,
+        (void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D),
+        (ctx, q, gate, qg, R, nH, D))
+ST_WRAP(rope, ST_ROPE,
+        (void *ctx, float *x, const int32_t *pos, const float *f, int R, int nH, int D, int rot),
+        (ctx, x, pos, f, R, nH, D, rot))
+ST_WRAP(kv_store, ST_KV_STORE,
+        (void *ctx, float *kc, float *vc, const float *k, const float *v, int at, int n, int w),
+        (ctx, kc, vc, k, v, at, n, w))
+ST_WRAP(attention, ST_ATTENTION,
+        (void *ctx, float *out, const float *q, const tdm_attn_seg *s, int n, int nH, int nKV,
+         int D),
+        (ctx, out, q, s, n, nH, nKV, D))
+ST_WRAP(mul_sigmoid, ST_MUL_SIGMOID, (void *ctx, float *y, const float *g, size_t n),
+        (ctx, y, g, n))
+ST_WRAP(silu_mul, ST_SILU_MUL, (void *ctx, float *y, const float *a, const float *b, size_t n),
+        (ctx, y, a, b, n))
+ST_WRAP(conv_silu, ST_CONV,
+        (void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *s, int n, int C,
+         int K),
+        (ctx, y, x, w, s, n, C, K))
+ST_WRAP(gdn_gates, ST_GATES,
+        (void *ctx, float *g, float *beta, const float *a, const float *b, const float *A,
+         const float *dt, int R, int Hv),
+        (ctx, g, beta, a, b, A, dt, R, Hv))
+ST_WRAP(gdn_recurrent, ST_GDN,
+        (void *ctx, float *out, const float *qkv, int st, const float *g, const float *beta,
+         const tdm_gdn_seg *s, int n, int Hk, int Hv, int Dk, int Dv),
+        (ctx, out, qkv, st, g, beta, s, n, Hk, Hv, Dk, Dv))
+ST_WRAP(argmax, ST_ARGMAX, (void *ctx, int32_t *out, const float *x, int R, int n),
+        (ctx, out, x, R, n))
+ST_WRAP(softmax, ST_SOFTMAX, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
+
 /* ---- memory --------------------------------------------------------------- */
 
 static void *cu_alloc(void *ctx, size_t nbytes)
@@ -92,7 +231,11 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t n)
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (!n)
         return;
+    if (c->stats)
+        st_begin(c);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream));
+    if (c->stats)
+        st_end(c, ST_DOWNLOAD);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
@@ -118,7 +261,10 @@ static const void *cu_weight_map(void *ctx, const void *host, size_t nbytes, int
 
 static void cu_sync(void *ctx)
 {
-    CUDA_CHECK(cudaStreamSynchronize(((cuda_ctx *)ctx)->stream));
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (c->stats)
+        st_resolve(c);
 }
 
 /* ---- lifetime ------------------------------------------------------------- */
@@ -135,6 +281,12 @@ static void cu_destroy(tdm_backend *be)
         cudaFreeHost(c->stage_host);
         cudaFree(c->stage_dev);
         cudaFree(c->argmax_dev);
+        if (c->stats) {
+            st_print(c);
+            for (int i = 0; i < 2 * ST_MAXEV; i++)
+                cudaEventDestroy(c->stats->ev[i]);
+            free(c->stats);
+        }
         if (c->stream)
             cudaStreamDestroy(c->stream);
         free(c);
@@ -199,6 +351,12 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     }
     c->stage_cap = STAGE_INITIAL;
     c->argmax_cap = 64;
+    const char *st = getenv("TANDEM_CUDA_OPSTATS");
+    if (st && strcmp(st, "1") == 0) {
+        c->stats = (cuda_stats *)calloc(1, sizeof(cuda_stats));
+        for (int i = 0; c->stats && i < 2 * ST_MAXEV; i++)
+            CUDA_CHECK(cudaEventCreate(&c->stats->ev[i]));
+    }
     be->name = "cuda";
     be->alloc = cu_alloc;
     be->free = cu_free;
@@ -222,5 +380,54 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->gdn_recurrent = cuda_gdn_recurrent;
     be->argmax = cuda_argmax;
     be->softmax = cuda_softmax;
+    if (c->stats) {
+        be->embed = st_embed;
+        be->matmul = st_matmul;
+        be->rmsnorm = st_rmsnorm;
+        be->rmsnorm_gated = st_rmsnorm_gated;
+        be->split_qgate = st_split_qgate;
+        be->rope = st_rope;
+        be->kv_store = st_kv_store;
+        be->attention = st_attention;
+        be->mul_sigmoid = st_mul_sigmoid;
+        be->silu_mul = st_silu_mul;
+        be->conv_silu = st_conv_silu;
+        be->gdn_gates = st_gdn_gates;
+        be->gdn_recurrent = st_gdn_recurrent;
+        be->argmax = st_argmax;
+        be->softmax = st_softmax;
+    }
     return be;
+}
+
+extern "C" double tdm_cuda_copy_bandwidth(int device, size_t nbytes)
+{
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best = 0;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&a, nbytes) != cudaSuccess ||
+        cudaMalloc(&b, nbytes) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    CUDA_CHECK(cudaMemset(a, 1, nbytes));
+    CUDA_CHECK(cudaMemcpy(b, a, nbytes, cudaMemcpyDeviceToDevice)); /* warm-up */
+    for (int rep = 0; rep < 5; rep++) {
+        float ms = 0;
+        CUDA_CHECK(cudaEventRecord(e0));
+        CUDA_CHECK(cudaMemcpy(b, a, nbytes, cudaMemcpyDeviceToDevice));
+        CUDA_CHECK(cudaEventRecord(e1));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        double bw = 2.0 * (double)nbytes / ((double)ms * 1e-3);
+        best = bw > best ? bw : best;
+    }
+out:
+    (void)cudaGetLastError();
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return best;
 }

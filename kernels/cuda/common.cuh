@@ -49,6 +49,7 @@ typedef struct cuda_ctx {
     size_t stage_cap, stage_off;
     int32_t *argmax_dev; /* device [argmax_cap] */
     int argmax_cap;
+    struct cuda_stats *stats; /* NULL unless TANDEM_CUDA_OPSTATS=1 (backend.cu) */
 } cuda_ctx;
 
 /* Copies n host bytes to device memory valid for the ops queued next on the

@@ -35,6 +35,11 @@ int tdm_cuda_device_count(char *why, size_t why_len);
  * with be->destroy(be). */
 tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err);
 
+/* Device memory bandwidth as a device-to-device copy of nbytes sees it:
+ * bytes read + bytes written per second, best of 5; 0 on failure. For
+ * benchmarks' floor (weight bytes / bandwidth). */
+double tdm_cuda_copy_bandwidth(int device, size_t nbytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,369 @@
+/*
+ * cuda_bench.c - speed of the engine on the CUDA backend.
+ *
+ *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--steps N] [--dir TMP] [--stats]
+ *
+ * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
+ * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
+ * hybrid-model-notes.md) into TMP, loads it on the GPU and measures, per
+ * batch size: the decode step (one token per sequence, logits to the host)
+ * and the verify step of 1 + k tokens (k = 4, 8, 16) followed by a full
+ * commit, median of N steps after a short prefill. Beside them the floor:
+ * bytes of weights one step streams ÷ the device's copy bandwidth (read +
+ * write bytes per second of a 1 GiB device-to-device copy). --stats then
+ * reloads the model with TANDEM_CUDA_OPSTATS=1 and prints GPU time per op
+ * kind over batch-1 decode steps.
+ */
+#include "engine.h"
+
+#ifdef TANDEM_HAVE_CUDA_BACKEND
+#include "cuda_backend.h"
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef TANDEM_HAVE_CUDA_BACKEND
+int main(void)
+{
+    printf("cuda_bench: this build has no CUDA backend\n");
+    return 0;
+}
+#else
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "cuda_bench: %s%s%s\n", what, msg ? ": " : "", msg ? msg : "");
+    exit(1);
+}
+
+typedef struct shape {
+    const char *name;
+    int H, L, I, nH, nKV, D, Hk, Hv, Dk, Dv, V;
+} shape;
+
+static const shape shapes[] = {
+    {"0.8b", 1024, 24, 3584, 8, 2, 256, 16, 16, 128, 128, 248320},
+    {"4b", 2560, 32, 9216, 16, 4, 256, 16, 32, 128, 128, 248320},
+};
+
+/* ---- a random checkpoint -------------------------------------------------- */
+
+typedef struct tens {
+    char name[128];
+    int ndim;
+    int64_t shape[3];
+    float scale, offset;
+} tens;
+
+static uint64_t rs = 88172645463325252ull;
+
+static float urand(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+static void gen_model(const char *dir, const shape *s)
+{
+    const int K = 4, C = 2 * s->Hk * s->Dk + s->Hv * s->Dv;
+    mkdir(dir, 0755);
+    char p[600];
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    FILE *fc = fopen(p, "w");
+    if (!fc)
+        die("cannot write", p);
+    fprintf(fc,
+            "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": %d, \"hidden_size\": %d,\n"
+            " \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
+            " \"num_key_value_heads\": %d, \"head_dim\": %d, \"linear_num_key_heads\": %d,\n"
+            " \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
+            " \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
+            " \"full_attention_interval\": 4, \"tie_word_embeddings\": true,\n"
+            " \"rms_norm_eps\": 1e-6, \"rope_parameters\": {\"rope_type\": \"default\",\n"
+            " \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25}}\n",
+            s->V, s->H, s->I, s->L, s->nH, s->nKV, s->D, s->Hk, s->Hv, s->Dk, s->Dv, K);
+    fclose(fc);
+    tens *ts = calloc(16 * (size_t)s->L + 4, sizeof(tens));
+    int n = 0;
+#define T(nm, nd, a, b, c, sc, off)                                                                \
+    do {                                                                                           \
+        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                        \
+        ts[n].ndim = nd, ts[n].shape[0] = a, ts[n].shape[1] = b, ts[n].shape[2] = c;               \
+        ts[n].scale = sc, ts[n].offset = off;                                                      \
+        n++;                                                                                       \
+    } while (0)
+    char nm[128];
+    const float sh = 1.7f / sqrtf((float)s->H);
+    T("model.embed_tokens.weight", 2, s->V, s->H, 0, 1.0f, 0);
+    T("model.norm.weight", 1, s->H, 0, 0, 0.1f, 0);
+    for (int l = 0; l < s->L; l++) {
+#define NM(x) (snprintf(nm, sizeof(nm), "model.layers.%d.%s", l, x), nm)
+        T(NM("input_layernorm.weight"), 1, s->H, 0, 0, 0.1f, 0);
+        T(NM("post_attention_layernorm.weight"), 1, s->H, 0, 0, 0.1f, 0);
+        T(NM("mlp.gate_proj.weight"), 2, s->I, s->H, 0, sh, 0);
+        T(NM("mlp.up_proj.weight"), 2, s->I, s->H, 0, sh, 0);
+        T(NM("mlp.down_proj.weight"), 2, s->H, s->I, 0, 1.7f / sqrtf((float)s->I), 0);
+        if ((l + 1) % 4) {
+            const int VD = s->Hv * s->Dv;
+            T(NM("linear_attn.in_proj_qkv.weight"), 2, C, s->H, 0, sh, 0);
+            T(NM("linear_attn.in_proj_z.weight"), 2, VD, s->H, 0, sh, 0);
+            T(NM("linear_attn.in_proj_b.weight"), 2, s->Hv, s->H, 0, sh, 0);
+            T(NM("linear_attn.in_proj_a.weight"), 2, s->Hv, s->H, 0, sh, 0);
+            T(NM("linear_attn.out_proj.weight"), 2, s->H, VD, 0, 1.7f / sqrtf((float)VD), 0);
+            T(NM("linear_attn.conv1d.weight"), 3, C, 1, K, 0.5f, 0);
+            T(NM("linear_attn.A_log"), 1, s->Hv, 0, 0, 1.0f, -1.0f);
+            T(NM("linear_attn.dt_bias"), 1, s->Hv, 0, 0, 0.5f, 0);
+            T(NM("linear_attn.norm.weight"), 1, s->Dv, 0, 0, 0.2f, 1.0f);
+        } else {
+            const int QD = s->nH * s->D, KD = s->nKV * s->D;
+            T(NM("self_attn.q_proj.weight"), 2, 2 * QD, s->H, 0, sh, 0);
+            T(NM("self_attn.k_proj.weight"), 2, KD, s->H, 0, sh, 0);
+            T(NM("self_attn.v_proj.weight"), 2, KD, s->H, 0, sh, 0);
+            T(NM("self_attn.o_proj.weight"), 2, s->H, QD, 0, 1.7f / sqrtf((float)QD), 0);
+            T(NM("self_attn.q_norm.weight"), 1, s->D, 0, 0, 0.1f, 0);
+            T(NM("self_attn.k_norm.weight"), 1, s->D, 0, 0, 0.1f, 0);
+        }
+#undef NM
+    }
+#undef T
+    size_t cap = 1 << 20, len = 0, off = 0;
+    char *hdr = malloc(cap);
+    len += (size_t)snprintf(hdr + len, cap - len, "{");
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < ts[i].ndim; d++)
+            numel *= (size_t)ts[i].shape[d];
+        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[",
+                                i ? "," : "", ts[i].name);
+        for (int d = 0; d < ts[i].ndim; d++)
+            len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", d ? "," : "",
+                                    (long long)ts[i].shape[d]);
+        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off,
+                                off + 2 * numel);
+        off += 2 * numel;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8)
+        hdr[len++] = ' ';
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    FILE *fw = fopen(p, "wb");
+    if (!fw)
+        die("cannot write", p);
+    uint64_t hl = len;
+    fwrite(&hl, 8, 1, fw);
+    fwrite(hdr, 1, len, fw);
+    /* Uniform values from one random block of 2^22 per tensor scale: the
+     * timing does not depend on the values, and writing stays disk-bound. */
+    const size_t B = 1u << 22;
+    float *base = malloc(B * sizeof(float));
+    uint16_t *buf = malloc(B * 2);
+    for (size_t j = 0; j < B; j++)
+        base[j] = urand();
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < ts[i].ndim; d++)
+            numel *= (size_t)ts[i].shape[d];
+        size_t first = numel < B ? numel : B;
+        size_t rot = (size_t)i * 7919 % B;
+        for (size_t j = 0; j < first; j++)
+            buf[j] = to_bf16(ts[i].offset + ts[i].scale * base[(j + rot) % B]);
+        for (size_t at = 0; at < numel; at += B) {
+            size_t cnt = numel - at < B ? numel - at : B;
+            if (fwrite(buf, 2, cnt, fw) != cnt)
+                die("short write", p);
+        }
+    }
+    fclose(fw);
+    free(base);
+    free(buf);
+    free(hdr);
+    free(ts);
+}
+
+/* ---- timing ----------------------------------------------------------------- */
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_d);
+    return v[n / 2];
+}
+
+/* Median ms of a decode step (k = 0) or a verify step of 1 + k tokens plus
+ * commit, for `batch` sequences after a prefill of 32 tokens each. */
+static double time_step(tdm_model *m, int batch, int k, int steps)
+{
+    const int V = tdm_model_get_config(m)->vocab_size, P = 32;
+    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, k > 0 ? k : 1};
+    tdm_seq *seqs[64];
+    tdm_error err;
+    int32_t prompt[32];
+    for (int i = 0; i < P; i++)
+        prompt[i] = (i * 7919 + 13) % V;
+    for (int b = 0; b < batch; b++) {
+        if (tdm_seq_create(m, &p, &seqs[b], &err) != TDM_OK ||
+            tdm_seq_prefill(seqs[b], prompt, P, NULL, &err) != TDM_OK)
+            die("prefill", err.msg);
+    }
+    float *logits = malloc((size_t)batch * (size_t)(k + 1) * (size_t)V * sizeof(float));
+    int32_t toks[64][17];
+    const int32_t *tp[64];
+    int nt[64];
+    double *t = malloc((size_t)(steps + 2) * sizeof(double));
+    for (int s = 0; s < steps + 2; s++) { /* two warm-up steps */
+        for (int b = 0; b < batch; b++) {
+            for (int j = 0; j <= k; j++)
+                toks[b][j] = (s * 31 + b * 17 + j * 5 + 1) % V;
+            tp[b] = toks[b];
+            nt[b] = k + 1;
+        }
+        double t0 = now();
+        if (k == 0) {
+            int32_t one[64];
+            for (int b = 0; b < batch; b++)
+                one[b] = toks[b][0];
+            if (tdm_seq_decode(seqs, batch, one, logits, &err) != TDM_OK)
+                die("decode", err.msg);
+        } else {
+            if (tdm_seq_verify(seqs, batch, tp, nt, logits, &err) != TDM_OK)
+                die("verify", err.msg);
+            for (int b = 0; b < batch; b++)
+                if (tdm_seq_commit(seqs[b], k, &err) != TDM_OK)
+                    die("commit", err.msg);
+        }
+        if (s >= 2)
+            t[s - 2] = (now() - t0) * 1e3;
+    }
+    double med = median(t, steps);
+    free(t);
+    free(logits);
+    for (int b = 0; b < batch; b++)
+        tdm_seq_destroy(seqs[b]);
+    return med;
+}
+
+int main(int argc, char **argv)
+{
+    const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8";
+    int steps = 20, stats = 0;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--stats")) {
+            stats = 1;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc)
+            die("missing value for", argv[i]);
+        if (!strcmp(argv[i], "--shape"))
+            sh = argv[i + 1];
+        else if (!strcmp(argv[i], "--dir"))
+            dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--batch"))
+            batches = argv[i + 1];
+        else if (!strcmp(argv[i], "--steps"))
+            steps = atoi(argv[i + 1]);
+        else
+            die("unknown option", argv[i]);
+    }
+    const shape *s = NULL;
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+        if (!strcmp(shapes[i].name, sh))
+            s = &shapes[i];
+    if (!s)
+        die("unknown --shape (0.8b or 4b)", sh);
+    if (steps < 1)
+        steps = 1;
+    char why[160];
+    if (tdm_cuda_device_count(why, sizeof(why)) == 0) {
+        printf("cuda_bench: skipped: %s\n", why);
+        return 0;
+    }
+    double t0 = now();
+    gen_model(dir, s);
+    printf("random Qwen3.5-%s-shaped bf16 checkpoint written in %.1f s\n", s->name, now() - t0);
+    tdm_error err;
+    tdm_backend *be = tdm_backend_cuda_create(0, &err);
+    if (!be)
+        die("CUDA backend", err.msg);
+    t0 = now();
+    tdm_model *m;
+    if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
+        die("load", err.msg);
+    printf("loaded onto the GPU in %.1f s\n", now() - t0);
+    double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);
+    double wb = (double)tdm_model_weight_bytes(m);
+    double floor_ms = wb / bw * 1e3;
+    printf("weights streamed per step: %.3f GB; device copy bandwidth %.0f GB/s (read+write); "
+           "floor %.3f ms\n\n",
+           wb / 1e9, bw / 1e9, floor_ms);
+    printf("| shape | batch | step | median ms | x floor | tokens/s (rows) "
+           "|\n|---|---|---|---|---|---|\n");
+    for (const char *b = batches; *b;) {
+        int batch = atoi(b);
+        if (batch < 1 || batch > 64)
+            die("batch outside 1..64", b);
+        const int ks[] = {0, 4, 8, 16};
+        for (int i = 0; i < 4; i++) {
+            double ms = time_step(m, batch, ks[i], steps);
+            char step[32];
+            if (ks[i] == 0)
+                snprintf(step, sizeof(step), "decode");
+            else
+                snprintf(step, sizeof(step), "verify k=%d", ks[i]);
+            printf("| %s | %d | %s | %.3f | %.2f | %.0f |\n", s->name, batch, step, ms,
+                   ms / floor_ms, batch * (ks[i] + 1) / ms * 1e3);
+            fflush(stdout);
+        }
+        const char *c = strchr(b, ',');
+        b = c ? c + 1 : b + strlen(b);
+    }
+    tdm_model_destroy(m);
+    be->destroy(be);
+    if (stats) {
+        /* Where a batch-1 decode step's time goes: GPU time per op kind over
+         * a 32-token prefill and `steps` decode steps (printed on destroy). */
+        setenv("TANDEM_CUDA_OPSTATS", "1", 1);
+        if (!(be = tdm_backend_cuda_create(0, &err)) || tdm_model_load(dir, be, &m, &err) != TDM_OK)
+            die("stats run", err.msg);
+        double ms = time_step(m, 1, 0, steps);
+        printf("\nop-stats run: batch-1 decode %.3f ms wall per step (events add a little)\n", ms);
+        fflush(stdout);
+        tdm_model_destroy(m);
+        be->destroy(be);
+    }
+    char p[700];
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    unlink(p);
+    rmdir(dir);
+    return 0;
+}
+#endif
