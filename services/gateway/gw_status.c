@@ -8,11 +8,6 @@ typedef struct gw_status_ctx {
     gw_registry *reg;
 } gw_status_ctx;
 
-size_t gw_status_counters(void *reg, tdm_service_counter *out, size_t max)
-{
-    return gw_registry_counters(reg, out, max);
-}
-
 static void clear_status(void *arg)
 {
     gw_registry_status_clear(arg);

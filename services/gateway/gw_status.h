@@ -13,7 +13,4 @@
  * Both objects are borrowed and must outlive the server. */
 tdm_status gw_status_add_method(tdm_service *svc, gw_registry *reg, tdm_error *err);
 
-/* Counters of the gateway process (registry counters), for Describe-like use. */
-size_t gw_status_counters(void *reg, tdm_service_counter *out, size_t max);
-
 #endif
