@@ -44,6 +44,7 @@ struct vreq {
     tdm_sampling sampling;
     tdm_rng rng;
     uint64_t seed;
+    bool seeded; /* the client chose the seed */
     /* model state (scheduler thread only) */
     tdm_seq *seq;
     int32_t last; /* newest token, not yet run through the model */
@@ -410,6 +411,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     if (sp && sp->seed_choice_case == TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED) {
         r->seed = sp->seed;
+        r->seeded = true;
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -914,8 +916,13 @@ static bool sched_round(vsched *s)
         }
         pthread_cond_broadcast(&r->cv);
         if (!done && r->spec && r->link) {
+            /* A request with an explicit seed must give the same output every
+             * time: its block lengths follow acceptance only (the cost stays
+             * at its prior), so wall-clock timing never shifts its random
+             * stream. */
             if (got[i])
-                tdm_adaptive_on_round(&r->ad, k[i], v.accepted, r->after_open ? -1.0 : cost);
+                tdm_adaptive_on_round(&r->ad, k[i], v.accepted,
+                                      r->after_open || r->seeded ? -1.0 : cost);
             else if (r->opened)
                 tdm_adaptive_on_plain_token(&r->ad);
             r->after_open = false;
