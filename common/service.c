@@ -4,6 +4,7 @@
 #include "service.h"
 
 #include "log.h"
+#include "reflection.h"
 #include "registration.h"
 #include "service_config.h"
 
@@ -29,6 +30,11 @@ struct tdm_service {
     void *counters_arg;
     tdm_service_counters_fn reg_counters; /* registration with the gateway */
     void *reg_counters_arg;
+    tdm_service_load_fn load; /* the role's occupancy */
+    void *load_arg;
+    /* Heartbeat payload, filled on the registration thread only. */
+    Tandem__V1__Counter hb_counters[MAX_COUNTERS];
+    Tandem__V1__Counter *hb_ptrs[MAX_COUNTERS];
     struct timespec started;
 };
 
@@ -73,7 +79,8 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
     tdm_status st = TDM_OK;
     if ((st = tdm_health_add_service(s->health, service_name, err)) != TDM_OK ||
         (st = tdm_rpc_server_create(&so, &s->server, err)) != TDM_OK ||
-        (st = tdm_health_register(s->health, s->server, err)) != TDM_OK) {
+        (st = tdm_health_register(s->health, s->server, err)) != TDM_OK ||
+        (st = tdm_reflection_register(s->server, err)) != TDM_OK) {
         tdm_error_prefix(err, "%s on %s", s->program, so.listen);
         tdm_service_destroy(s);
         return st;
@@ -151,6 +158,12 @@ double tdm_service_uptime_s(const tdm_service *s)
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (double)(now.tv_sec - s->started.tv_sec) +
            (double)(now.tv_nsec - s->started.tv_nsec) / 1e9;
+}
+
+void tdm_service_set_load(tdm_service *s, tdm_service_load_fn fn, void *arg)
+{
+    s->load = fn;
+    s->load_arg = arg;
 }
 
 void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg)
@@ -273,12 +286,31 @@ static size_t replica_counters(void *arg, tdm_service_counter *out, size_t max)
     return 5;
 }
 
-/* Until the engine reports real occupancy, every slot is free. */
+/* Occupancy from the role, counters from Describe's sources. */
 static void replica_load(void *arg, Tandem__V1__ReplicaLoad *out)
 {
-    const tdm_cfg *cfg = arg;
+    tdm_service *s = arg;
     out->active_sequences = 0;
-    out->free_slots = (uint32_t)tdm_cfg_int(cfg, "max_sequences");
+    out->free_slots = (uint32_t)tdm_cfg_int(s->cfg, "max_sequences");
+    if (s->load)
+        s->load(s->load_arg, &out->active_sequences, &out->free_slots);
+    tdm_service_counter c[MAX_COUNTERS];
+    size_t k = 0;
+    c[k++] = (tdm_service_counter){"uptime_seconds", tdm_service_uptime_s(s)};
+    if (s->reg_counters)
+        k += s->reg_counters(s->reg_counters_arg, c + k, MAX_COUNTERS - k);
+    if (s->counters)
+        k += s->counters(s->counters_arg, c + k, MAX_COUNTERS - k);
+    if (k > MAX_COUNTERS)
+        k = MAX_COUNTERS;
+    for (size_t i = 0; i < k; i++) {
+        tandem__v1__counter__init(&s->hb_counters[i]);
+        s->hb_counters[i].name = (char *)c[i].name;
+        s->hb_counters[i].value = c[i].value;
+        s->hb_ptrs[i] = &s->hb_counters[i];
+    }
+    out->n_counters = k;
+    out->counters = s->hb_ptrs;
 }
 
 static void replica_drain(void *arg)
@@ -319,7 +351,7 @@ int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char 
         .max_message_bytes = tdm_cfg_int(c, "max_message_size"),
         .descriptor = tdm_service_descriptor(s),
         .load = replica_load,
-        .load_arg = (void *)c,
+        .load_arg = s,
     };
     tdm_reg *reg = NULL;
     if (tdm_reg_start(&ro, &reg, &err) != TDM_OK) {

@@ -25,6 +25,7 @@
 #include "tandem/v1/common.pb-c.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct tdm_service tdm_service;
 
@@ -54,8 +55,14 @@ const tdm_rpc_tls *tdm_service_tls(const tdm_service *s);
 /* Seconds since tdm_service_create. */
 double tdm_service_uptime_s(const tdm_service *s);
 
+/* The role's occupancy, reported with every heartbeat (load balancing in
+ * the gateway). Called on the registration thread. */
+typedef void (*tdm_service_load_fn)(void *arg, uint32_t *active_sequences, uint32_t *free_slots);
+void tdm_service_set_load(tdm_service *s, tdm_service_load_fn fn, void *arg);
+
 /* The role's counters for Describe (uptime, and for replicas the
- * registration counters, are always reported besides). */
+ * registration counters, are always reported besides). They also travel with
+ * heartbeats, so the gateway's GetStatus shows every replica's counters. */
 void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg);
 /* Fills a Counter array from the counters callback, with memory from the call. */
 void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call, Tandem__V1__Counter ***out,

@@ -60,6 +60,24 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
         printf(", %u active sequences, %u free slots", r->load->active_sequences,
                r->load->free_slots);
     printf("\n");
+    /* The replica's own counters, as of its last heartbeat. */
+    if (r->load && r->load->n_counters > 0) {
+        int col = 11;
+        printf("           ");
+        for (size_t i = 0; i < r->load->n_counters; i++) {
+            char item[160];
+            int n = snprintf(item, sizeof(item), "%s %.6g%s", r->load->counters[i]->name,
+                             r->load->counters[i]->value,
+                             i + 1 < r->load->n_counters ? ", " : "");
+            if (col + n > 100) {
+                printf("\n           ");
+                col = 11;
+            }
+            fputs(item, stdout);
+            col += n;
+        }
+        printf("\n");
+    }
 }
 
 static void print_status(const Tandem__V1__StatusResponse *s)

@@ -616,6 +616,14 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
     return n;
 }
 
+static void load(void *arg, uint32_t *active, uint32_t *free_slots)
+{
+    drafter *d = arg;
+    int open = __atomic_load_n(&d->open_sequences, __ATOMIC_RELAXED);
+    *active = (uint32_t)(open > 0 ? open : 0);
+    *free_slots = open < d->max_sequences ? (uint32_t)(d->max_sequences - open) : 0;
+}
+
 tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
 {
     drafter *d = arg;
@@ -646,6 +654,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
                      d->ngram_max);
     }
     tdm_service_set_counters(svc, counters, d);
+    tdm_service_set_load(svc, load, d);
     return tdm_rpc_server_add_bidi(tdm_service_server(svc), "/tandem.v1.Drafter/Draft",
                                    &tandem__v1__draft_request__descriptor, draft_stream, d, err);
 }

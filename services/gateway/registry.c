@@ -27,6 +27,8 @@ typedef struct gw_replica {
     size_t packed_len;
     uint32_t active_sequences, free_slots;
     double tokens_per_second;
+    uint8_t *packed_load; /* the last heartbeat's ReplicaLoad (counters included) */
+    size_t packed_load_len;
     int64_t last_seen_ms;
     uint32_t inflight; /* requests this gateway has sent it and not seen end */
 } gw_replica;
@@ -52,6 +54,7 @@ static int64_t now_ms(void)
 
 static void replica_free(gw_replica *r)
 {
+    free(r->packed_load);
     if (r->desc)
         tandem__v1__descriptor__free_unpacked(r->desc, NULL);
     free(r->packed);
@@ -336,6 +339,14 @@ static tdm_status handle_heartbeat(tdm_rpc_call *call, const ProtobufCMessage *r
             rep->active_sequences = rq->load->active_sequences;
             rep->free_slots = rq->load->free_slots;
             rep->tokens_per_second = rq->load->tokens_per_second;
+            size_t len = tandem__v1__replica_load__get_packed_size(rq->load);
+            uint8_t *buf = malloc(len ? len : 1);
+            if (buf) {
+                tandem__v1__replica_load__pack(rq->load, buf);
+                free(rep->packed_load);
+                rep->packed_load = buf;
+                rep->packed_load_len = len;
+            }
         }
         r->heartbeats++;
         out->known = 1;
@@ -425,16 +436,16 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
     for (size_t i = 0; i < r->n; i++) {
         const gw_replica *rep = &r->items[i];
         Tandem__V1__ReplicaStatus *rs = malloc(sizeof(*rs));
-        Tandem__V1__ReplicaLoad *load = malloc(sizeof(*load));
-        TDM_ASSERT(rs && load);
+        /* The last heartbeat's load as sent; none before the first. */
+        Tandem__V1__ReplicaLoad *load =
+            rep->packed_load
+                ? tandem__v1__replica_load__unpack(NULL, rep->packed_load_len, rep->packed_load)
+                : NULL;
+        TDM_ASSERT(rs && (load || !rep->packed_load));
         tandem__v1__replica_status__init(rs);
-        tandem__v1__replica_load__init(load);
         rs->descriptor = tandem__v1__descriptor__unpack(NULL, rep->packed_len, rep->packed);
         TDM_ASSERT(rs->descriptor != NULL);
         rs->heartbeat_age_ms = (double)(now - rep->last_seen_ms);
-        load->active_sequences = rep->active_sequences;
-        load->free_slots = rep->free_slots;
-        load->tokens_per_second = rep->tokens_per_second;
         rs->load = load;
         out->replicas[out->n_replicas++] = rs;
     }
@@ -491,7 +502,8 @@ void gw_registry_status_clear(Tandem__V1__StatusResponse *out)
 {
     for (size_t i = 0; i < out->n_replicas; i++) {
         tandem__v1__descriptor__free_unpacked(out->replicas[i]->descriptor, NULL);
-        free(out->replicas[i]->load);
+        if (out->replicas[i]->load)
+            tandem__v1__replica_load__free_unpacked(out->replicas[i]->load, NULL);
         free(out->replicas[i]);
     }
     free(out->replicas);

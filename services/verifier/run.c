@@ -99,6 +99,16 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
     return n;
 }
 
+static void load(void *arg, uint32_t *active, uint32_t *free_slots)
+{
+    verifier *v = arg;
+    vsched_counters c;
+    vsched_get_counters(v->sched, &c);
+    uint64_t busy = c.active + c.waiting;
+    *active = (uint32_t)busy;
+    *free_slots = busy < (uint64_t)v->max_sequences ? (uint32_t)(v->max_sequences - busy) : 0;
+}
+
 tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
 {
     verifier *v = arg;
@@ -130,7 +140,9 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         return rc;
     tdm_log_info("verifier", "model %s on %s (%s), state strategy %s, max %d draft tokens",
                  model, v->rt->backend_name, v->rt->why, strategy, p.max_draft);
+    v->max_sequences = p.max_sequences;
     tdm_service_set_counters(svc, counters, v);
+    tdm_service_set_load(svc, load, v);
     return tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",
                                             &tandem__v1__run_request__descriptor, run_handler, v,
                                             err);

@@ -13,6 +13,7 @@ typedef struct verifier {
     tdm_runtime *rt;
     vsched *sched;
     char replica_id[128];
+    int max_sequences;
 } verifier;
 
 /* Loads the model, starts the scheduler and registers Run (the `setup` step

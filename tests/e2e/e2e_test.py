@@ -425,6 +425,17 @@ def case_features():
         time.sleep(0.01)
     check(counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences") == 0,
           "the verifier still runs the sequence after the deadline")
+    # GetStatus carries every replica's counters (sent with its heartbeats).
+    def verifier_counters(s):
+        for rep in s.get("replicas", []):
+            if rep["descriptor"]["role"] == "ROLE_VERIFIER" and rep.get("load"):
+                return {c["name"]: c["value"] for c in rep["load"].get("counters", [])}
+        return {}
+    s = st.wait_status(gw, lambda s: verifier_counters(s).get("generated_tokens", 0) >= 7,
+                       "verifier counters in GetStatus")
+    vc = verifier_counters(s)
+    check(vc.get("requests", 0) >= 4 and "speculative_rounds" in vc,
+          "verifier counters in GetStatus: %s" % vc)
     # Bad requests get INVALID_ARGUMENT naming the field; the gateway goes on.
     bad = [({"max_tokens": 5}, "prompt"),
            ({"token_ids": {"ids": [999999]}}, "token_ids"),
