@@ -300,7 +300,18 @@ extern "C" int tdm_cuda_device_count(char *why, size_t why_len)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        if (why && why_len)
+        int rt = 0;
+        cudaRuntimeGetVersion(&rt);
+        if (!why || !why_len)
+            return 0;
+        if (e == cudaErrorNoDevice)
+            snprintf(why, why_len, "no CUDA device present");
+        else if (e == cudaErrorInsufficientDriver)
+            /* also what the runtime says when there is no driver at all */
+            snprintf(why, why_len,
+                     "no NVIDIA driver, or one older than this build's CUDA runtime %d.%d",
+                     rt / 1000, rt % 1000 / 10);
+        else
             snprintf(why, why_len, "no usable CUDA device (%s)", cudaGetErrorString(e));
         return 0;
     }
