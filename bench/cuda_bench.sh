@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# cuda_bench.sh - GPU tests, memcheck and benchmarks of the CUDA backend in
+# one go on the GPU machine, from binaries built here.
+#
+#   bench/cuda_bench.sh pack BUILD_DIR   # here: copy binaries + their shared
+#                                        # libraries into .carry/ (ignored)
+#   bench/cuda_bench.sh run              # there (run tool, carry [".carry"]):
+#                                        # everything, logs under $OUT
+#
+# The GPU machine lacks the gRPC/protobuf-c/cJSON dev packages, so the CMake
+# project does not configure there; the binaries need only libcjson and the
+# CUDA runtime beside glibc. Environment for `run`: SHAPES (default
+# "0.8b 4b"), HF=0 to skip the transformers counterpart, MEMCHECK=0 to skip
+# compute-sanitizer.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+case "${1:-}" in
+pack)
+    b="${2:?usage: cuda_bench.sh pack BUILD_DIR}"
+    rm -rf .carry/bin .carry/lib
+    mkdir -p .carry/bin .carry/lib
+    cp "$b/tests/cuda/cuda_test_ops" "$b/tests/cuda/cuda_test_model" \
+        "$b/tests/cuda/cuda_test_runtime" "$b/bench/bench_cuda_bench" .carry/bin/ || exit 1
+    # the shared-library closure minus glibc, the loader and the C++ runtime
+    # (Debian 12's libstdc++ needs glibc 2.36; the GPU machine's own works)
+    ldd .carry/bin/* | awk '$3 ~ /^\// {print $3}' | sort -u |
+        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+        while read -r lib; do cp -L "$lib" .carry/lib/; done
+    du -sh .carry
+    ;;
+run)
+    : "${OUT:?run on the GPU machine, where OUT is set}"
+    export LD_LIBRARY_PATH="$root/.carry/lib:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
+    B="$root/.carry/bin"
+    # the tests find the fixtures at the checkout path they were built in
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$root" /work/main; }
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.log"
+    for t in ops model runtime; do
+        echo "== cuda_test_$t"
+        timeout 120 "$B/cuda_test_$t" 2>&1 | tee "$OUT/$t.log" | grep -vE " ok$" | tail -20
+    done
+    if [ "${MEMCHECK:-1}" = 1 ]; then
+        for t in ops model; do
+            echo "== memcheck $t"
+            timeout 200 compute-sanitizer --tool memcheck --leak-check full "$B/cuda_test_$t" \
+                >"$OUT/memcheck_$t.log" 2>&1
+            echo "rc=$?"
+            tail -3 "$OUT/memcheck_$t.log"
+        done
+    fi
+    for s in ${SHAPES:-0.8b 4b}; do
+        echo "== bench $s"
+        timeout 200 "$B/bench_cuda_bench" --shape "$s" --batch 1,8 --steps 20 --stats 2>&1 |
+            tee "$OUT/bench_$s.log"
+    done
+    if [ "${HF:-1}" = 1 ]; then
+        echo "== transformers"
+        timeout 300 python3 bench/cuda_bench_hf.py --shapes "$(echo ${SHAPES:-0.8b 4b} | tr ' ' ,)" \
+            --batch 1,8 --steps 10 2>&1 | tee "$OUT/bench_hf.log" | grep -v "falling back"
+    fi
+    ;;
+*)
+    echo "usage: bench/cuda_bench.sh pack BUILD_DIR | run" >&2
+    exit 2
+    ;;
+esac
