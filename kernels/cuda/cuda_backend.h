@@ -13,6 +13,11 @@
  * operations whatever the batch, so batched and single-row calls agree to the
  * bit, as backend.h requires.
  *
+ * Threading: one caller at a time (backend.h). CUDA's current device is per
+ * thread and ops do not switch it: callers of a backend on a device other
+ * than 0 (the default of every thread, and what engine/runtime.c uses) must
+ * run on threads where that device is current.
+ *
  * Only this header is C; the implementation is CUDA C++ (the .cu files beside it)
  * behind extern "C".
  */
