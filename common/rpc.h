@@ -174,7 +174,9 @@ int64_t tdm_rpc_call_deadline_ms(const tdm_rpc_call *call);
 bool tdm_rpc_call_cancelled(const tdm_rpc_call *call);
 /* Calls fn(arg) once when the call becomes cancelled (immediately if it is
  * already), from a gRPC worker thread: it must only signal (e.g. broadcast a
- * condition variable). Replaces an earlier notification; fn NULL clears it. */
+ * condition variable) and must not call this function. Replaces an earlier
+ * notification; fn NULL clears it. When this returns, an earlier
+ * notification is not running and will not run, so its arg may be freed. */
 void tdm_rpc_call_set_cancel_notify(tdm_rpc_call *call, void (*fn)(void *arg), void *arg);
 
 /* Sends one message (streaming handlers only); blocks until it is handed to

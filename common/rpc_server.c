@@ -120,6 +120,7 @@ struct tdm_rpc_call {
     int close_cancelled;    /* written by the core */
     void (*notify_fn)(void *arg);
     void *notify_arg;
+    int notifying; /* cancel notifications running now (under mu) */
 
     rpc_op close_op;
     rpc_op recv_op;
@@ -274,10 +275,19 @@ static void on_close(rpc_op *op, bool ok)
         atomic_store(&c->cancelled, true);
     void (*fn)(void *) = c->close_cancelled ? c->notify_fn : NULL;
     void *arg = c->notify_arg;
+    if (fn)
+        c->notifying++;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    if (fn)
+    if (fn) {
         fn(arg);
+        /* tdm_rpc_call_set_cancel_notify waits for this: once it returns,
+         * the handler may free what arg points to. */
+        pthread_mutex_lock(&c->mu);
+        c->notifying--;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
     call_unref(c);
 }
 
@@ -902,6 +912,9 @@ bool tdm_rpc_call_cancelled(const tdm_rpc_call *call)
 void tdm_rpc_call_set_cancel_notify(tdm_rpc_call *c, void (*fn)(void *arg), void *arg)
 {
     pthread_mutex_lock(&c->mu);
+    /* A notification already running keeps its arg alive until it returns. */
+    while (c->notifying > 0)
+        pthread_cond_wait(&c->cv, &c->mu);
     c->notify_fn = fn;
     c->notify_arg = arg;
     bool now = fn && atomic_load(&c->cancelled);
