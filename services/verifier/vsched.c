@@ -79,6 +79,53 @@ struct vreq {
     struct vreq *next_waiting;
 };
 
+/* The time of one forward step as a function of its rows, t = a + b * rows,
+ * fitted by least squares with exponential forgetting. A GPU streaming
+ * weights has a large a (rows are nearly free); a compute-bound CPU has a
+ * small a. Speculation's cost is judged against the plain step this predicts,
+ * measured on the very rounds it runs, so no plain round is needed. */
+typedef struct steptime {
+    double s0, s1, s2, t0, t1; /* sums of w, w*R, w*R^2, w*t, w*R*t */
+} steptime;
+
+static void steptime_add(steptime *m, int rows, double ms)
+{
+    const double keep = 0.97;
+    double R = rows;
+    m->s0 = keep * m->s0 + 1;
+    m->s1 = keep * m->s1 + R;
+    m->s2 = keep * m->s2 + R * R;
+    m->t0 = keep * m->t0 + ms;
+    m->t1 = keep * m->t1 + R * ms;
+}
+
+/* Predicted time of a plain round of n rows; false until there is data. */
+static bool steptime_plain(const steptime *m, int n, double *out)
+{
+    if (m->s0 < 1.0)
+        return false;
+    double det = m->s0 * m->s2 - m->s1 * m->s1;
+    double meanR = m->s1 / m->s0, mean_t = m->t0 / m->s0;
+    double b, a;
+    if (det > 1e-6 * m->s0 * m->s0) {
+        b = (m->s0 * m->t1 - m->s1 * m->t0) / det;
+        a = (m->t0 - b * m->s1) / m->s0;
+    } else {
+        /* One row count seen so far: assume time proportional to rows. */
+        b = mean_t / meanR;
+        a = 0;
+    }
+    if (b < 0)
+        b = 0;
+    if (a < 0)
+        a = 0;
+    double t = a + b * n;
+    if (!(t > 0))
+        return false;
+    *out = t;
+    return true;
+}
+
 struct vsched {
     vsched_params p;
     int vocab;
@@ -94,7 +141,7 @@ struct vsched {
     pthread_t thread;
     uint64_t next_id;
     vsched_counters counters;
-    double plain_step_ms; /* EMA of a round's step with no drafts, per row */
+    steptime st;          /* how a step's time grows with its rows */
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
@@ -811,15 +858,17 @@ static bool sched_round(vsched *s)
     int drafted_total = 0;
     for (int i = 0; i < live; i++)
         drafted_total += k[i];
-    if (rc == TDM_OK && live > 0 && drafted_total == 0) {
-        double per_row = t_step / live;
-        s->plain_step_ms = s->plain_step_ms > 0 ? 0.8 * s->plain_step_ms + 0.2 * per_row : per_row;
+    /* Cost of one drafted token relative to a plain step (adaptive.h), from
+     * the step-time model t = a + b * rows fitted over recent rounds. */
+    if (rc == TDM_OK && live > 0) {
+        steptime_add(&s->st, rows, t_step);
+        tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", live, rows, t_step);
     }
-    /* Cost of one drafted token relative to a plain step (adaptive.h). */
     double cost = -1.0;
-    if (drafted_total > 0 && s->plain_step_ms > 0) {
-        double plain_round = s->plain_step_ms * live;
-        cost = (t_wait + t_step - plain_round) / (drafted_total * s->plain_step_ms);
+    double plain_round = 0, plain_seq = 0;
+    if (drafted_total > 0 && steptime_plain(&s->st, live, &plain_round)) {
+        plain_seq = plain_round / live;
+        cost = (t_wait + t_step - plain_round) / (drafted_total * plain_seq);
         if (cost < 0)
             cost = 0;
     }
@@ -869,10 +918,10 @@ static bool sched_round(vsched *s)
             }
             if (tdm_log_get_level() <= TDM_LOG_DEBUG)
                 tdm_log_debug(LOG, "request %s round %u: %d drafts from position %u, accepted %d; "
-                              "wait %.2f ms, step %.2f ms, plain step %.2f ms/row, cost %.2f, "
+                              "wait %.2f ms, step %.2f ms, plain step %.2f ms/sequence, cost %.2f, "
                               "acceptance estimate %.2f",
                               r->request_id, blk[i]->round, k[i], blk[i]->position, v.accepted,
-                              t_wait, t_step, s->plain_step_ms, cost, r->ad.accept_rate);
+                              t_wait, t_step, plain_seq, cost, r->ad.accept_rate);
             tdm_error cerr = {0};
             if (tdm_seq_commit(r->seq, v.accepted, &cerr) != TDM_OK) {
                 pthread_mutex_lock(&s->mu);
