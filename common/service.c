@@ -172,18 +172,23 @@ void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *
     s->counters_arg = arg;
 }
 
-void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call, Tandem__V1__Counter ***out,
-                                   size_t *n)
+/* Every counter the process reports: uptime, registration, the role's. */
+static size_t collect_counters(tdm_service *s, tdm_service_counter c[MAX_COUNTERS])
 {
-    tdm_service_counter c[MAX_COUNTERS];
     size_t k = 0;
     c[k++] = (tdm_service_counter){"uptime_seconds", tdm_service_uptime_s(s)};
     if (s->reg_counters)
         k += s->reg_counters(s->reg_counters_arg, c + k, MAX_COUNTERS - k);
     if (s->counters)
         k += s->counters(s->counters_arg, c + k, MAX_COUNTERS - k);
-    if (k > MAX_COUNTERS)
-        k = MAX_COUNTERS;
+    return k > MAX_COUNTERS ? MAX_COUNTERS : k;
+}
+
+void tdm_service_counters_to_proto(tdm_service *s, tdm_rpc_call *call, Tandem__V1__Counter ***out,
+                                   size_t *n)
+{
+    tdm_service_counter c[MAX_COUNTERS];
+    size_t k = collect_counters(s, c);
     Tandem__V1__Counter **arr = tdm_rpc_call_alloc(call, k * sizeof(*arr));
     for (size_t i = 0; i < k; i++) {
         arr[i] = tdm_rpc_call_alloc(call, sizeof(**arr));
@@ -295,14 +300,7 @@ static void replica_load(void *arg, Tandem__V1__ReplicaLoad *out)
     if (s->load)
         s->load(s->load_arg, &out->active_sequences, &out->free_slots);
     tdm_service_counter c[MAX_COUNTERS];
-    size_t k = 0;
-    c[k++] = (tdm_service_counter){"uptime_seconds", tdm_service_uptime_s(s)};
-    if (s->reg_counters)
-        k += s->reg_counters(s->reg_counters_arg, c + k, MAX_COUNTERS - k);
-    if (s->counters)
-        k += s->counters(s->counters_arg, c + k, MAX_COUNTERS - k);
-    if (k > MAX_COUNTERS)
-        k = MAX_COUNTERS;
+    size_t k = collect_counters(s, c);
     for (size_t i = 0; i < k; i++) {
         tandem__v1__counter__init(&s->hb_counters[i]);
         s->hb_counters[i].name = (char *)c[i].name;

@@ -7,6 +7,7 @@
 
 #include "compat.h"
 #include "log.h"
+#include "request_check.h"
 #include "tandem/v1/verifier.pb-c.h"
 
 #include <pthread.h>
@@ -223,13 +224,11 @@ static tdm_status send_chunk(tdm_rpc_call *call, const uint32_t *ids, size_t n, 
 
 static tdm_status validate(const Tandem__V1__GenerateRequest *req, tdm_error *err)
 {
-    const Tandem__V1__SamplingParams *sp = req->sampling;
-    if (sp && (!(sp->temperature >= 0.0f) || sp->temperature > 100.0f))
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "sampling.temperature %g is outside 0..100", sp->temperature);
-    if (sp && (!(sp->top_p >= 0.0f) || sp->top_p > 1.0f))
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "sampling.top_p %g is outside 0..1",
-                             sp->top_p);
+    tdm_status rc = tdm_req_check_sampling(req->sampling, err);
+    if (rc == TDM_OK)
+        rc = tdm_req_check_max_tokens(req->max_tokens, err);
+    if (rc != TDM_OK)
+        return rc;
     for (size_t i = 0; i < req->n_stop; i++)
         if (!req->stop[i][0] || strlen(req->stop[i]) > 256)
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
@@ -237,9 +236,6 @@ static tdm_status validate(const Tandem__V1__GenerateRequest *req, tdm_error *er
     if (req->n_stop > 16)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "at most 16 stop strings, got %zu",
                              req->n_stop);
-    if (req->max_tokens > 1u << 20)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens %u is above 1048576",
-                             req->max_tokens);
     return TDM_OK;
 }
 

@@ -5,6 +5,7 @@
 
 #include "adaptive.h"
 #include "log.h"
+#include "request_check.h"
 #include "sampling.h"
 #include "tandem/v1/drafter.pb-c.h"
 #include "verify.h"
@@ -408,16 +409,12 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                  req->prompt_ids[i], s->vocab - 1);
     if (req->max_tokens == 0)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
-    if (req->max_tokens > 1u << 20)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens %u is above 1048576",
-                             req->max_tokens);
     const Tandem__V1__SamplingParams *sp = req->sampling;
-    if (sp && (!(sp->temperature >= 0.0f) || sp->temperature > 100.0f))
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "sampling.temperature %g is outside 0..100", sp->temperature);
-    if (sp && (!(sp->top_p >= 0.0f) || sp->top_p > 1.0f))
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "sampling.top_p %g is outside 0..1",
-                             sp->top_p);
+    tdm_status crc = tdm_req_check_max_tokens(req->max_tokens, err);
+    if (crc == TDM_OK)
+        crc = tdm_req_check_sampling(sp, err);
+    if (crc != TDM_OK)
+        return crc;
     const Tandem__V1__DrafterAssignment *da = req->drafter;
     if (da && da->address[0] && (da->block_size < 1 || (int)da->block_size > s->p.max_draft))
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
