@@ -15,13 +15,27 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     if (a->p.k_initial < 1 || a->p.k_initial > a->p.k_max)
         a->p.k_initial = a->p.k_max;
     a->accept_rate = PRIOR_ACCEPT;
-    a->cost = PRIOR_COST;
+    a->cost = a->p.cost_prior > 0 ? a->p.cost_prior : PRIOR_COST;
     a->k_next = a->p.k_initial;
     a->paused_left = 0;
     a->rounds = 0;
     a->since_start = 0;
+    a->pause_len = a->p.pause_tokens;
     a->pauses = 0;
     a->probes = 0;
+    if (!a->p.fixed) {
+        double best = 0;
+        for (int k = 1; k <= a->p.k_max; k++)
+            if (tdm_adaptive_speedup(a, k) > best)
+                best = tdm_adaptive_speedup(a, k);
+        if (best < 1.0 + a->p.min_gain) {
+            /* Not worth it here even if this sequence drafts well: start
+             * paused and let the probes find out. */
+            a->k_next = 0;
+            a->paused_left = a->pause_len;
+            a->pauses++;
+        }
+    }
 }
 
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
@@ -44,8 +58,13 @@ static void choose(tdm_adaptive *a)
     }
     bool probing = a->k_next == 1 && a->probes > 0 && a->since_start <= 1;
     if (best_s < 1.0 + a->p.min_gain && (a->since_start >= a->p.min_rounds || probing)) {
+        /* A probe that fails doubles the next pause (up to 32 times the
+         * first), so that probing costs little where speculation never pays. */
+        a->pause_len = probing ? (a->pause_len * 2 < a->p.pause_tokens * 32 ? a->pause_len * 2
+                                                                             : a->p.pause_tokens * 32)
+                               : a->p.pause_tokens;
         a->k_next = 0;
-        a->paused_left = a->p.pause_tokens;
+        a->paused_left = a->pause_len;
         a->pauses++;
         a->since_start = 0;
         return;

@@ -14,7 +14,10 @@
  *    have been seen since speculation last (re)started, speculation is
  *    switched off for this sequence for `pause_tokens` tokens, then probed
  *    again with k = 1 (acceptance can recover, e.g. entering boilerplate);
- *    a probe that pays restarts speculation.
+ *    a probe that pays restarts speculation, one that does not doubles the
+ *    next pause (at most 32 x pause_tokens).
+ * A sequence starts from cost_prior; if speculation would not pay even at
+ * the prior acceptance, it starts paused (and probes like any pause).
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
@@ -28,6 +31,7 @@ typedef struct tdm_adaptive_params {
     double min_gain;    /* required expected speed-up over plain decoding, e.g. 0.05 */
     int pause_tokens;   /* plain tokens before probing again */
     int min_rounds;     /* rounds observed before speculation may be switched off */
+    double cost_prior;  /* starting estimate of c (e.g. measured on earlier requests); <= 0: 0.1 */
     bool fixed;         /* true: always k_initial, never switch off (benchmarks, tests) */
 } tdm_adaptive_params;
 
@@ -37,6 +41,7 @@ typedef struct tdm_adaptive {
     double cost;        /* EMA of per-draft-token cost relative to a plain step */
     int k_next;         /* block length for the next round; 0 = speculation paused */
     int paused_left;    /* plain tokens left before the next probe */
+    int pause_len;      /* length of the current pause */
     int rounds;
     int since_start;    /* rounds since speculation last (re)started */
     int pauses;         /* times speculation was switched off */

@@ -11,6 +11,7 @@
 #include "verify.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,7 @@ struct vsched {
     uint64_t next_id;
     vsched_counters counters;
     steptime st;          /* how a step's time grows with its rows */
+    _Atomic double cost_ema; /* measured cost per drafted token, over recent rounds; 0 = none */
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
@@ -465,15 +467,16 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     tdm_rng_seed(&r->rng, r->seed);
     if (da && da->address[0]) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
-        tdm_adaptive_params ap = {.k_max = s->p.max_draft,
+        tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
                                   .pause_tokens = 32,
                                   .min_rounds = 4,
+                                  /* What speculation costs here is known from earlier
+                                   * requests; seeded ones keep the fixed prior. */
+                                  .cost_prior = r->seeded ? -1.0 : atomic_load(&s->cost_ema),
                                   .fixed = da->fixed_block_size};
         tdm_adaptive_init(&r->ad, &ap);
-        /* The drafter's block size is an upper bound as well. */
-        r->ad.p.k_max = (int)da->block_size;
     }
     r->t_submit = now_ms();
 
@@ -526,6 +529,11 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->tokens_per_second = decode_ms > 0 && r->n_out > 1 ? (r->n_out - 1) * 1e3 / decode_ms : 0.0;
     st->total_ms = r->t_end - r->t_submit;
     st->drafter = r->drafter_id;
+    if (r->spec && r->ad.pauses > 0)
+        snprintf(r->spec_note, sizeof(r->spec_note),
+                 "on, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
+                 "rounds)",
+                 r->ad.pauses, r->ad.probes, r->ad.rounds);
     st->speculation = r->spec_note;
     st->seed = r->seed;
 }
@@ -868,6 +876,8 @@ static bool sched_round(vsched *s)
         cost = (t_wait + t_step - plain_round) / (drafted_total * plain_seq);
         if (cost < 0)
             cost = 0;
+        double prev = atomic_load(&s->cost_ema);
+        atomic_store(&s->cost_ema, prev > 0 ? 0.9 * prev + 0.1 * cost : cost);
     }
 
     /* 5. Verify, commit, stream, and answer the drafters. */
@@ -969,8 +979,8 @@ static bool sched_round(vsched *s)
             if (got[i])
                 tdm_adaptive_on_round(&r->ad, k[i], v.accepted,
                                       r->after_open || r->seeded ? -1.0 : cost);
-            else if (r->opened)
-                tdm_adaptive_on_plain_token(&r->ad);
+            else
+                tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
             r->after_open = false;
             msgs[i].r = r;
             msgs[i].accepted = v.accepted;

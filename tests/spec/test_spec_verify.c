@@ -264,6 +264,15 @@ static void test_adaptive(void)
     for (int i = 0; i < 10; i++)
         tdm_adaptive_on_plain_token(&a);
     CHECK(a.k_next == 1 && a.probes == 1, "a probe should follow the pause, k=%d", a.k_next);
+    /* A failed probe pauses again, twice as long. */
+    tdm_adaptive_on_round(&a, 1, 0, 0.05);
+    CHECK(a.k_next == 0 && a.paused_left == 20, "a failed probe should pause for 20, got %d",
+          a.paused_left);
+    for (int i = 0; i < 19; i++)
+        tdm_adaptive_on_plain_token(&a);
+    CHECK(a.k_next == 0, "the doubled pause ended early");
+    tdm_adaptive_on_plain_token(&a);
+    CHECK(a.k_next == 1 && a.probes == 2, "a second probe should follow the doubled pause");
     /* Expensive drafts pay less: the chosen k shrinks with cost. */
     tdm_adaptive b;
     tdm_adaptive_init(&b, &p);
