@@ -5,7 +5,8 @@ mean accepted draft tokens per round, and the drafter<->verifier exchange
 overhead per round on loopback (median and p99, from the verifier's
 counters), side by side.
 
-usage: bench/e2e_bench.py --build BUILD_DIR [--prompts N] [--tokens N] [--concurrency C]
+usage: bench/e2e_bench.py --build BUILD_DIR [--prompts N] [--tokens N] [--concurrency C ...]
+                          [--repeat R]
 """
 import argparse
 import concurrent.futures
@@ -29,7 +30,7 @@ def counter(target, path, name):
     return 0.0
 
 
-def run(label, gw, v, ps, tokens, conc, mode, block=0, fixed=False):
+def run(label, gw, v, ps, tokens, conc, mode, block=0, fixed=False, quiet=False):
     t0 = time.time()
 
     def one(p):
@@ -46,7 +47,8 @@ def run(label, gw, v, ps, tokens, conc, mode, block=0, fixed=False):
     p50 = counter(v.addr(), "/tandem.v1.Verifier/Describe", "draft_exchange_overhead_p50_us")
     p99 = counter(v.addr(), "/tandem.v1.Verifier/Describe", "draft_exchange_overhead_p99_us")
     row = (label, conc, gen / wall, acc / rounds if rounds else 0.0, rounds, p50, p99, len(bad))
-    print("| %-34s | %2d | %8.1f | %5.2f | %6d | %7.0f | %7.0f | %d |" % row, flush=True)
+    if not quiet:
+        print("| %-34s | %2d | %8.1f | %5.2f | %6d | %7.0f | %7.0f | %d |" % row, flush=True)
     return row
 
 
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     b = os.path.abspath(a.build)
 
@@ -70,26 +73,30 @@ def main():
     st.TMP = tempfile.mkdtemp(prefix="tandem-bench-")
     e2e.setup_paths()
     ps = e2e.prompts(a.prompts)
-    print("| configuration | conc | tokens/s | accepted/round | spec rounds | "
+    print("| configuration | conc | tokens/s median (min-max) | accepted/round | spec rounds | "
           "exchange p50 us | exchange p99 us | errors |")
     print("|---|---|---|---|---|---|---|---|")
+    configs = [("plain (no speculation)", "model", "SPECULATION_MODE_OFF", 0, False),
+               ("model drafter, k=4 fixed", "model", "SPECULATION_MODE_ON", 4, True),
+               ("model drafter, adaptive (k<=4)", "model", "SPECULATION_MODE_ON", 4, False),
+               ("n-gram drafter, k=4 fixed", "ngram", "SPECULATION_MODE_ON", 4, True)]
     try:
         for conc in a.concurrency:
-            gw, v, d = e2e.stack("extra_buffer", "model", block=4)
-            run("plain (no speculation)", gw, v, ps, a.tokens, conc, "SPECULATION_MODE_OFF")
-            e2e.stop_all()
-            gw, v, d = e2e.stack("extra_buffer", "model", block=4)
-            run("model drafter, k=4 fixed", gw, v, ps, a.tokens, conc, "SPECULATION_MODE_ON", 4,
-                True)
-            e2e.stop_all()
-            gw, v, d = e2e.stack("extra_buffer", "model", block=4)
-            run("model drafter, adaptive (k<=4)", gw, v, ps, a.tokens, conc,
-                "SPECULATION_MODE_ON", 4)
-            e2e.stop_all()
-            gw, v, d = e2e.stack("extra_buffer", "ngram", block=4)
-            run("n-gram drafter, k=4 fixed", gw, v, ps, a.tokens, conc, "SPECULATION_MODE_ON", 4,
-                True)
-            e2e.stop_all()
+            # This machine's speed drifts from minute to minute: the
+            # configurations take turns, --repeat times, and the median counts.
+            results = {c[0]: [] for c in configs}
+            for rep in range(a.repeat):
+                for label, drafter, mode, block, fixed in configs:
+                    gw, v, d = e2e.stack("extra_buffer", drafter, block=4)
+                    results[label].append(run(label, gw, v, ps, a.tokens, conc, mode, block,
+                                              fixed, quiet=True))
+                    e2e.stop_all()
+            for label, *_ in configs:
+                rows = sorted(results[label], key=lambda r: r[2])
+                m = rows[len(rows) // 2]
+                print("| %-34s | %2d | %8.1f (%.0f-%.0f) | %5.2f | %6d | %7.0f | %7.0f | %d |" %
+                      (m[0], m[1], m[2], rows[0][2], rows[-1][2], m[3], m[4], m[5], m[6], m[7]),
+                      flush=True)
     finally:
         e2e.stop_all()
 
