@@ -195,9 +195,9 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
             send_error(st, o->sequence_id, m);
             return;
         }
-    if (o->block_size > MAX_BLOCK) {
+    if (o->block_size < 1 || o->block_size > MAX_BLOCK) {
         char m[120];
-        snprintf(m, sizeof(m), "SequenceOpen.block_size %u is above %d", o->block_size,
+        snprintf(m, sizeof(m), "SequenceOpen.block_size %u is outside 1..%d", o->block_size,
                  MAX_BLOCK);
         send_error(st, o->sequence_id, m);
         return;
@@ -269,7 +269,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
     }
     q->round = o->round;
     q->block_size = (int)o->block_size;
-    q->want = o->block_size > 0; /* 0: follow the tokens, draft later */
+    q->want = true;
 }
 
 static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v)

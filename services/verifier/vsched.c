@@ -986,18 +986,17 @@ static bool sched_round(vsched *s)
             msgs[i].accepted = v.accepted;
             msgs[i].next = v.next_token;
             msgs[i].block = r->ad.k_next;
-            /* The drafter follows every committed token, also while
-             * speculation is paused (block 0): a probe then needs no
-             * catch-up on the drafter, which would stall the whole batch. */
-            if (!r->opened) {
-                msgs[i].kind = 1; /* open: the drafter runs the prompt */
+            if (got[i]) {
+                msgs[i].kind = 2; /* verdict on its block; block 0 pauses it */
+            } else if (r->ad.k_next > 0) {
+                msgs[i].kind = 1; /* (re)open: the drafter syncs to our tokens */
                 r->opened = true;
-                r->after_open = r->ad.k_next > 0;
-            } else {
-                msgs[i].kind = 2; /* verdict on its block, or a paused step */
+                r->after_open = true;
             }
-            r->round++;
-            r->awaiting = r->ad.k_next > 0;
+            if (msgs[i].kind) {
+                r->round++;
+                r->awaiting = r->ad.k_next > 0;
+            }
         }
         pthread_mutex_unlock(&s->mu);
     }
