@@ -770,6 +770,31 @@ static bool sched_round(vsched *s)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
+    /* A block that follows an open costs the drafter a prefill of the
+     * sequence so far: its sequence sits this round out rather than holding
+     * the whole batch (up to draft_timeout, like any block). */
+    int held_out = 0;
+    for (int i = 0; i < live;) {
+        vreq *r = batch[i];
+        if (r->spec && r->awaiting && r->after_open && !r->block && !r->cancelled &&
+            !r->finished && t_wait0 - r->t_asked < s->p.draft_timeout_ms) {
+            batch[i] = batch[--live];
+            held_out++;
+            continue;
+        }
+        i++;
+    }
+    if (live == 0 && held_out > 0) {
+        /* Nothing else to run: wait for one of those blocks (or anything). */
+        struct timespec soon;
+        clock_gettime(CLOCK_REALTIME, &soon);
+        soon.tv_nsec += 2000000L;
+        if (soon.tv_nsec >= 1000000000L) {
+            soon.tv_sec++;
+            soon.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &soon);
+    }
     for (;;) {
         bool missing = false;
         for (int i = 0; i < live; i++) {
@@ -1017,7 +1042,8 @@ static bool sched_round(vsched *s)
         }
         i++;
     }
-    s->counters.rounds++;
+    if (live > 0)
+        s->counters.rounds++;
     pthread_mutex_unlock(&s->mu);
 
     for (int i = 0; i < live; i++) {
