@@ -4,6 +4,8 @@
  */
 #include "compat.h"
 
+#include "file.h"
+
 #include "safetensors.h"
 #include "tokenizer.h"
 
@@ -373,42 +375,12 @@ static void hex_digest(EVP_MD_CTX *h, char out[65])
     out[64] = '\0';
 }
 
-/* Reads a whole file (at most max bytes) into a NUL-terminated buffer. */
-static tdm_status read_file(const char *path, size_t max, char **out, size_t *len, tdm_error *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > max) {
-        fclose(f);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: %lld bytes is larger than %zu",
-                             path, (long long)st.st_size, max);
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    TDM_ASSERT(buf != NULL);
-    size_t got = fread(buf, 1, (size_t)st.st_size, f);
-    fclose(f);
-    if (got != (size_t)st.st_size) {
-        free(buf);
-        return tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: short read", path);
-    }
-    buf[got] = '\0';
-    *out = buf;
-    if (len)
-        *len = got;
-    return TDM_OK;
-}
 
 static tdm_status read_json(const char *path, size_t max, cJSON **out, tdm_error *err)
 {
     char *text = NULL;
     size_t len = 0;
-    tdm_status st = read_file(path, max, &text, &len, err);
+    tdm_status st = tdm_file_read(path, max, &text, &len, err);
     if (st != TDM_OK)
         return st;
     cJSON *j = cJSON_ParseWithLength(text, len);

@@ -15,47 +15,17 @@
 
 #include "rpc_internal.h"
 
+#include "file.h"
+
 tdm_status tdm_rpc__read_file(const char *what, const char *path, char **out, tdm_error *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    char *buf = NULL;
+    size_t len = 0;
+    tdm_error ferr = {0};
+    if (tdm_file_read(path, (size_t)64 << 20, &buf, &len, &ferr) != TDM_OK)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "cannot read %s file '%s': %s", what,
-                             path, strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            fclose(f);
-            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory reading %s",
-                                 path);
-        }
-        size_t n = fread(buf + len, 1, cap - len - 1, f);
-        len += n;
-        if (n == 0)
-            break;
-        if (len + 1 == cap) {
-            if (cap > (64u << 20)) {
-                free(buf);
-                fclose(f);
-                return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s file '%s' is too large",
-                                     what, path);
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb)
-                free(buf);
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    int rerr = ferror(f);
-    fclose(f);
-    if (rerr) {
-        free(buf);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "error reading %s file '%s'", what,
-                             path);
-    }
-    buf[len] = '\0';
+                             path, ferr.msg);
     if (len == 0) {
         free(buf);
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s file '%s' is empty", what, path);

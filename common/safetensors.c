@@ -5,6 +5,8 @@
  */
 #include "safetensors.h"
 
+#include "file.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -288,29 +290,9 @@ static tdm_status st_open_files(tdm_st_file *f, char **paths, int n, tdm_error *
 
 static char *st_read_text(const char *path, tdm_error *err)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    if (n < 0 || n > (64L << 20)) {
-        fclose(fp);
-        tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: unreadable or too large", path);
-        return NULL;
-    }
-    char *buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, fp) != (size_t)n) {
-        free(buf);
-        fclose(fp);
-        tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: read failed", path);
-        return NULL;
-    }
-    buf[n] = 0;
-    fclose(fp);
-    return buf;
+    char *text = NULL;
+    tdm_file_read(path, (size_t)64 << 20, &text, NULL, err);
+    return text;
 }
 
 /* Opens the shards named by an index.json and checks the index against them. */

@@ -5,6 +5,8 @@
  */
 #include "tokenizer.h"
 
+#include "file.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <openssl/evp.h>
@@ -1295,35 +1297,12 @@ tdm_status tdm_tok_load_json(const char *json, size_t len, const char *origin, t
 tdm_status tdm_tok_load(const char *path, tdm_tokenizer **out, tdm_error *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return tdm_error_set(err, errno == ENOENT ? TDM_ERR_NOT_FOUND : TDM_ERR_PERMISSION_DENIED,
-                             "%s: cannot open tokenizer file: %s", path, strerror(errno));
     char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 65536 > cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *n = realloc(buf, cap);
-            if (n == NULL) {
-                free(buf);
-                fclose(f);
-                return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", path);
-            }
-            buf = n;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0)
-            break;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: read error", path);
-    }
-    tdm_status st = tdm_tok_load_json(buf, len, path, out, err);
+    size_t len = 0;
+    tdm_status st = tdm_file_read(path, (size_t)1 << 30, &buf, &len, err);
+    if (st != TDM_OK)
+        return tdm_error_prefix(err, "tokenizer file");
+    st = tdm_tok_load_json(buf, len, path, out, err);
     free(buf);
     return st;
 }

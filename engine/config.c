@@ -4,6 +4,7 @@
  * type or out of range are errors naming the field.
  */
 #include "engine.h"
+#include "file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -50,24 +51,9 @@ static tdm_status cfg_num(const char *path, const cJSON *o, const char *key, dou
 
 static char *cfg_read(const char *path, tdm_error *err)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *buf = n >= 0 && n < (16L << 20) ? malloc((size_t)n + 1) : NULL;
-    if (!buf || fread(buf, 1, (size_t)n, fp) != (size_t)n) {
-        free(buf);
-        fclose(fp);
-        tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: unreadable", path);
-        return NULL;
-    }
-    buf[n] = 0;
-    fclose(fp);
-    return buf;
+    char *text = NULL;
+    tdm_file_read(path, (size_t)16 << 20, &text, NULL, err);
+    return text;
 }
 
 static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_config *c,
