@@ -7,6 +7,7 @@
 #include "file.h"
 
 #include "safetensors.h"
+#include "service_config.h"
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -26,34 +27,6 @@ const char *tdm_compat_service_name(const Tandem__V1__Descriptor *d, char *buf, 
     const char *addr = (d->address && d->address[0]) ? d->address : "no address";
     snprintf(buf, len, "%s (%s)", id, addr);
     return buf;
-}
-
-static const char *role_name(Tandem__V1__Role r)
-{
-    switch (r) {
-    case TANDEM__V1__ROLE__ROLE_GATEWAY:
-        return "gateway";
-    case TANDEM__V1__ROLE__ROLE_VERIFIER:
-        return "verifier";
-    case TANDEM__V1__ROLE__ROLE_DRAFTER:
-        return "drafter";
-    default:
-        return "replica";
-    }
-}
-
-static const char *strategy_name(Tandem__V1__StateStrategy s)
-{
-    switch (s) {
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER:
-        return "extra_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER:
-        return "no_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY:
-        return "replay";
-    default:
-        return "unspecified";
-    }
 }
 
 /* Strategies that can produce the recurrent state at any committed position. */
@@ -138,9 +111,9 @@ static int rule_prefix_cache(const Tandem__V1__Descriptor *v, const Tandem__V1__
         return 0;
     fill_services(out, "prefix-cache-state", v, d);
     snprintf(out->a_value, sizeof(out->a_value), "prefix_cache=%s, state_strategy=%s",
-             v->prefix_cache ? "on" : "off", strategy_name(v->state_strategy));
+             v->prefix_cache ? "on" : "off", tdm_svc_strategy_name(v->state_strategy));
     snprintf(out->b_value, sizeof(out->b_value), "prefix_cache=%s, state_strategy=%s",
-             d->prefix_cache ? "on" : "off", strategy_name(d->state_strategy));
+             d->prefix_cache ? "on" : "off", tdm_svc_strategy_name(d->state_strategy));
     snprintf(out->message, sizeof(out->message),
              "rule prefix-cache-state: verifier %s has %s and drafter %s has %s; prefix caching "
              "needs the recurrent state at any committed position, which only extra_buffer or "
@@ -171,8 +144,8 @@ static int rule_protocol(const Tandem__V1__Descriptor *a, const Tandem__V1__Desc
     snprintf(out->message, sizeof(out->message),
              "rule protocol-major: %s %s speaks protocol %s but %s %s speaks protocol %s; the "
              "protocol major versions must be equal.",
-             role_name(a->role), out->a_replica, out->a_value, role_name(b->role), out->b_replica,
-             out->b_value);
+             tdm_svc_role_name(a->role), out->a_replica, out->a_value, tdm_svc_role_name(b->role),
+             out->b_replica, out->b_value);
     return 1;
 }
 
@@ -190,8 +163,8 @@ static int rule_snapshot_layout(const Tandem__V1__Descriptor *a, const Tandem__V
              "rule snapshot-layout: %s %s writes state snapshots in layout version %u but %s %s "
              "in layout version %u; replicas of one role must share the snapshot layout to move "
              "sequences between them.",
-             role_name(a->role), out->a_replica, a->snapshot_layout_version, role_name(b->role),
-             out->b_replica, b->snapshot_layout_version);
+             tdm_svc_role_name(a->role), out->a_replica, a->snapshot_layout_version,
+             tdm_svc_role_name(b->role), out->b_replica, b->snapshot_layout_version);
     return 1;
 }
 
@@ -374,7 +347,6 @@ static void hex_digest(EVP_MD_CTX *h, char out[65])
         snprintf(out + 2 * i, 3, "%02x", md[i]);
     out[64] = '\0';
 }
-
 
 static tdm_status read_json(const char *path, size_t max, cJSON **out, tdm_error *err)
 {
