@@ -25,6 +25,7 @@ typedef struct att_row {
 __global__ void attention_kernel(float *out, const float *q, const att_row *rows, int nH, int nKV,
                                  int D)
 {
+    cuda_kernel_begin();
     __shared__ float qs[ATT_MAXD];
     __shared__ float part_o[ATT_WARPS][ATT_MAXD];
     __shared__ float part_m[ATT_WARPS], part_s[ATT_WARPS];
@@ -115,6 +116,5 @@ void cuda_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *s
     const att_row *drows = (const att_row *)cuda_stage(c, rows, (size_t)R * sizeof(att_row));
     free(rows);
     dim3 grid((unsigned)R, (unsigned)nH);
-    attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(out, q, drows, nH, nKV, D);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, attention_kernel, grid, ATT_WARPS * 32, 0, out, q, drows, nH, nKV, D);
 }

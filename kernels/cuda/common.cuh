@@ -34,9 +34,6 @@ extern "C" {
         }                                                                                          \
     } while (0)
 
-/* After a kernel launch: launch-configuration errors surface here. */
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
-
 typedef struct cuda_ctx {
     int device;
     cudaStream_t stream;
@@ -50,11 +47,46 @@ typedef struct cuda_ctx {
     int32_t *argmax_dev; /* device [argmax_cap] */
     int argmax_cap;
     struct cuda_stats *stats; /* NULL unless TANDEM_CUDA_OPSTATS=1 (backend.cu) */
+    /* Set while a captured graph is being replayed: ops stage their host
+     * arguments at the captured addresses but launch nothing (the graph does). */
+    int replaying;
 } cuda_ctx;
 
 /* Copies n host bytes to device memory valid for the ops queued next on the
  * stream; 16-byte aligned. */
 void *cuda_stage(cuda_ctx *c, const void *host, size_t n);
+
+/* Every kernel launches through here: with programmatic dependent launch, so
+ * the next kernel's blocks are scheduled while this one drains (the launch
+ * gap disappears), and nothing at all while a graph replays. */
+template <typename... Params, typename... Args>
+static inline void cuda_launch(cuda_ctx *c, void (*kernel)(Params...), dim3 grid, dim3 block,
+                               size_t smem, Args... args)
+{
+    if (c->replaying)
+        return;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+/* The first statement of every kernel: wait until the kernel before it on
+ * the stream has finished and its writes are visible (a no-op when it was
+ * launched without a programmatic predecessor), then let the next kernel's
+ * blocks be scheduled; they wait here in turn. */
+__device__ __forceinline__ void cuda_kernel_begin(void)
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 static inline unsigned cuda_blocks(size_t n, unsigned threads)
 {

@@ -9,6 +9,7 @@
 __global__ void embed_kernel(float *y, const void *e, tdm_dtype dt, const int32_t *ids, int R,
                              int H)
 {
+    cuda_kernel_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)R * (size_t)H)
         return;
@@ -23,13 +24,13 @@ void cuda_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, in
         return;
     const int32_t *dids = (const int32_t *)cuda_stage(c, ids, (size_t)R * sizeof(int32_t));
     const size_t n = (size_t)R * (size_t)H;
-    embed_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(y, e.data, e.dtype, dids,
-                                                                           R, H);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, embed_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, e.data, e.dtype,
+                dids, R, H);
 }
 
 __global__ void split_qgate_kernel(float *q, float *gate, const float *qg, size_t n, int D)
 {
+    cuda_kernel_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* over [R, nH, D] */
     if (i >= n)
         return;
@@ -45,14 +46,15 @@ void cuda_split_qgate(void *ctx, float *q, float *gate, const float *qg, int R, 
     const size_t n = (size_t)R * (size_t)nH * (size_t)D;
     if (n == 0)
         return;
-    split_qgate_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(q, gate, qg, n, D);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, split_qgate_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, q, gate, qg, n,
+                D);
 }
 
 /* One thread per (row, head, i < rot/2): rotates the pair (i, i + rot/2). */
 __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int R, int nH,
                             int D, int half)
 {
+    cuda_kernel_begin();
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (size_t)R * (size_t)nH * (size_t)half)
         return;
@@ -77,9 +79,8 @@ void cuda_rope(void *ctx, float *x, const int32_t *positions, const float *inv_f
         return;
     const int32_t *dpos = (const int32_t *)cuda_stage(c, positions, (size_t)R * sizeof(int32_t));
     const float *dfreq = (const float *)cuda_stage(c, inv_freq, (size_t)half * sizeof(float));
-    rope_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(x, dpos, dfreq, R, nH, D,
-                                                                          half);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, rope_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, x, dpos, dfreq, R, nH, D,
+                half);
 }
 
 void cuda_kv_store(void *ctx, float *k_cache, float *v_cache, const float *k, const float *v,
@@ -96,6 +97,7 @@ void cuda_kv_store(void *ctx, float *k_cache, float *v_cache, const float *k, co
 
 __global__ void mul_sigmoid_kernel(float *y, const float *gate, size_t n)
 {
+    cuda_kernel_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = y[i] * cuda_sigmoid(gate[i]);
@@ -106,12 +108,12 @@ void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (n == 0)
         return;
-    mul_sigmoid_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(y, gate, n);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, mul_sigmoid_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, gate, n);
 }
 
 __global__ void silu_mul_kernel(float *y, const float *a, const float *b, size_t n)
 {
+    cuda_kernel_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = cuda_silu(a[i]) * b[i];
@@ -122,13 +124,13 @@ void cuda_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (n == 0)
         return;
-    silu_mul_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(y, a, b, n);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, silu_mul_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, a, b, n);
 }
 
 __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const float *b,
                                  const float *A_log, const float *dt_bias, int R, int Hv)
 {
+    cuda_kernel_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)R * (size_t)Hv)
         return;
@@ -147,7 +149,6 @@ void cuda_gdn_gates(void *ctx, float *g, float *beta, const float *a, const floa
     const size_t n = (size_t)R * (size_t)Hv;
     if (n == 0)
         return;
-    gdn_gates_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(g, beta, a, b, A_log,
-                                                                               dt_bias, R, Hv);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, gdn_gates_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, g, beta, a, b,
+                A_log, dt_bias, R, Hv);
 }

@@ -32,6 +32,7 @@ typedef struct conv_segd {
 __global__ void conv_kernel(float *y, const float *x, const float *w, const conv_row *rows, int R,
                             int C, int K)
 {
+    cuda_kernel_begin();
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (size_t)R * (size_t)C)
         return;
@@ -61,6 +62,7 @@ __global__ void conv_kernel(float *y, const float *x, const float *w, const conv
  * per (segment, channel); j rises and reads index n+j > j, not yet written. */
 __global__ void conv_state_kernel(const float *x, const conv_segd *segs, int nseg, int C, int K)
 {
+    cuda_kernel_begin();
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (size_t)nseg * (size_t)C)
         return;
@@ -97,14 +99,12 @@ void cuda_conv_silu(void *ctx, float *y, const float *x, const float *w, const t
     }
     const conv_row *drows = (const conv_row *)cuda_stage(c, rows, (size_t)R * sizeof(conv_row));
     const size_t n = (size_t)R * (size_t)C;
-    conv_kernel<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(y, x, w, drows, R, C, K);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, conv_kernel, cuda_blocks(n, 256), 256, 0, y, x, w, drows, R, C, K);
     if (nin > 0 && K > 1) {
         const conv_segd *dsd =
             (const conv_segd *)cuda_stage(c, sd, (size_t)nin * sizeof(conv_segd));
         const size_t m = (size_t)nin * (size_t)C;
-        conv_state_kernel<<<cuda_blocks(m, 256), 256, 0, c->stream>>>(x, dsd, nin, C, K);
-        CUDA_CHECK_LAUNCH();
+        cuda_launch(c, conv_state_kernel, cuda_blocks(m, 256), 256, 0, x, dsd, nin, C, K);
     }
     free(rows);
     free(sd);
@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(GDN_SLICES *GDN_COLS)
     gdn_kernel(float *out, const float *qkv, int stride, const float *g, const float *beta,
                const gdn_segd *segs, int Hk, int Hv, int Dk, int Dv)
 {
+    cuda_kernel_begin();
     extern __shared__ float sm[];
     float *qn = sm;                           /* [Dk] */
     float *kn = qn + Dk;                      /* [Dk] */
@@ -249,7 +250,8 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     const int kpt = (Dk + GDN_SLICES - 1) / GDN_SLICES;
     const unsigned th = GDN_SLICES * GDN_COLS;
 #define GDN_LAUNCH(N)                                                                              \
-    gdn_kernel<N><<<grid, th, smem, c->stream>>>(out, qkv, qkv_stride, g, beta, dsd, Hk, Hv, Dk, Dv)
+    cuda_launch(c, gdn_kernel<N>, grid, th, smem, out, qkv, qkv_stride, g, beta, dsd, Hk, Hv, Dk,  \
+                Dv)
     if (kpt <= 2)
         GDN_LAUNCH(2);
     else if (kpt <= 4)
@@ -263,5 +265,4 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     else
         GDN_LAUNCH(64);
 #undef GDN_LAUNCH
-    CUDA_CHECK_LAUNCH();
 }

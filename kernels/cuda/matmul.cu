@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
     mm_kernel(float *__restrict__ y, const float *__restrict__ x, const void *w, tdm_dtype dt,
               int R, int in, int out, int accumulate, int vec, int nchunks)
 {
+    cuda_kernel_begin();
     __shared__ float red[MM_KWARPS][MM_COLS][MM_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = blockDim.x >> 5;
     const int o0 = (int)(blockIdx.x / (unsigned)nchunks) * MM_COLS;
@@ -190,8 +191,8 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     const size_t blocks = (size_t)((out + MM_COLS - 1) / MM_COLS) * (size_t)nchunks;
     TDM_ASSERT(blocks < (1u << 31));
 #define MM_LAUNCH(N)                                                                               \
-    mm_kernel<N><<<(unsigned)blocks, (unsigned)kw * 32, 0, c->stream>>>(                           \
-        y, x, w.data, w.dtype, R, in, out, accumulate, vec, nchunks)
+    cuda_launch(c, mm_kernel<N>, (unsigned)blocks, (unsigned)kw * 32, 0, y, x, w.data, w.dtype, R, \
+                in, out, accumulate, vec, nchunks)
     if (rows == 2)
         MM_LAUNCH(2);
     else if (rows == 8)
@@ -199,5 +200,4 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     else
         MM_LAUNCH(16);
 #undef MM_LAUNCH
-    CUDA_CHECK_LAUNCH();
 }

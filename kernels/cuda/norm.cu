@@ -14,6 +14,7 @@ static unsigned norm_threads(int n)
 __global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, int n,
                                float eps, int zero_centred)
 {
+    cuda_kernel_begin();
     __shared__ float scratch[33];
     const float *xr = x + (size_t)blockIdx.x * (size_t)n;
     float *yr = y + (size_t)blockIdx.x * (size_t)n;
@@ -29,6 +30,7 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict
 __global__ void rmsnorm_gated_kernel(float *y, const float *x, const float *__restrict__ z,
                                      const float *__restrict__ w, int n, float eps)
 {
+    cuda_kernel_begin();
     __shared__ float scratch[33];
     const size_t off = (size_t)blockIdx.x * (size_t)n;
     float ss = 0;
@@ -46,8 +48,7 @@ void cuda_rmsnorm(void *ctx, float *y, const float *x, const float *w, int R, in
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || n <= 0)
         return;
-    rmsnorm_kernel<<<(unsigned)R, norm_threads(n), 0, c->stream>>>(y, x, w, n, eps, zero_centred);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, rmsnorm_kernel, (unsigned)R, norm_threads(n), 0, y, x, w, n, eps, zero_centred);
 }
 
 void cuda_rmsnorm_gated(void *ctx, float *y, const float *x, const float *z, const float *w, int R,
@@ -56,6 +57,5 @@ void cuda_rmsnorm_gated(void *ctx, float *y, const float *x, const float *z, con
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || n <= 0)
         return;
-    rmsnorm_gated_kernel<<<(unsigned)R, norm_threads(n), 0, c->stream>>>(y, x, z, w, n, eps);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, rmsnorm_gated_kernel, (unsigned)R, norm_threads(n), 0, y, x, z, w, n, eps);
 }

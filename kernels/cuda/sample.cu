@@ -18,6 +18,7 @@ __device__ __forceinline__ bool am_better(float v, int i, float bv, int bi)
 
 __global__ void argmax_kernel(int32_t *out, const float *x, int n)
 {
+    cuda_kernel_begin();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float *xr = x + (size_t)blockIdx.x * (size_t)n;
@@ -58,8 +59,7 @@ void cuda_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
         CUDA_CHECK(cudaMalloc((void **)&c->argmax_dev, (size_t)R * sizeof(int32_t)));
         c->argmax_cap = R;
     }
-    argmax_kernel<<<(unsigned)R, SAMPLE_THREADS, 0, c->stream>>>(c->argmax_dev, x, n);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, argmax_kernel, (unsigned)R, SAMPLE_THREADS, 0, c->argmax_dev, x, n);
     CUDA_CHECK(cudaMemcpyAsync(out, c->argmax_dev, (size_t)R * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -67,6 +67,7 @@ void cuda_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
 
 __global__ void softmax_kernel(float *x, int n)
 {
+    cuda_kernel_begin();
     __shared__ float scratch[33];
     float *xr = x + (size_t)blockIdx.x * (size_t)n;
     float mx = -INFINITY;
@@ -89,6 +90,5 @@ void cuda_softmax(void *ctx, float *x, int R, int n)
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || n <= 0)
         return;
-    softmax_kernel<<<(unsigned)R, SAMPLE_THREADS, 0, c->stream>>>(x, n);
-    CUDA_CHECK_LAUNCH();
+    cuda_launch(c, softmax_kernel, (unsigned)R, SAMPLE_THREADS, 0, x, n);
 }
