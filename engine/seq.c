@@ -157,11 +157,12 @@ static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
 
 /* Runs counts[i] tokens of seqs[i] for all i as one batch of rows. verify:
  * extra_buffer sequences keep per-position states in conv_x/rec_x (their
- * committed states stay untouched). logits: LOGITS_ALL writes host
+ * committed states stay untouched). prefill: a prompt, whose delta rule the
+ * backend may run in the chunked form. logits: LOGITS_ALL writes host
  * [R, vocab]. Advances every n_past. */
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
-                          const int *counts, int verify, int logits_mode, float *logits,
-                          tdm_error *err)
+                          const int *counts, int verify, int prefill, int logits_mode,
+                          float *logits, tdm_error *err)
 {
     const tdm_model_config *c = &m->cfg;
     tdm_backend *be = m->be;
@@ -227,7 +228,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
                     rout = s->rec_x[L] + off * rec_floats(m);
                 }
                 cs[i] = (tdm_conv_seg){row0[i], counts[i], cst, cout};
-                gs[i] = (tdm_gdn_seg){row0[i], counts[i], rst, rout};
+                gs[i] = (tdm_gdn_seg){row0[i], counts[i], rst, rout, prefill && !rout};
             }
             be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, cs, nseq, C, K); /* [R, C] */
             be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
@@ -436,7 +437,7 @@ tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logi
     for (int at = 0; at < n; at += PREFILL_CHUNK) {
         int cnt = n - at < PREFILL_CHUNK ? n - at : PREFILL_CHUNK;
         const int32_t *t = tokens + at;
-        rc = fwd_run(s->m, &s, 1, &t, &cnt, 0, logits ? LOGITS_ALL : LOGITS_NONE,
+        rc = fwd_run(s->m, &s, 1, &t, &cnt, 0, 1, logits ? LOGITS_ALL : LOGITS_NONE,
                      logits ? logits + (size_t)at * V : NULL, err);
         if (rc != TDM_OK)
             return rc;
@@ -483,7 +484,7 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
         t[i] = &tokens[i];
         cnt[i] = 1;
     }
-    rc = fwd_run(seqs[0]->m, seqs, nseq, t, cnt, 0, LOGITS_ALL, logits, err);
+    rc = fwd_run(seqs[0]->m, seqs, nseq, t, cnt, 0, 0, LOGITS_ALL, logits, err);
     free(t);
     free(cnt);
     return rc;
@@ -541,7 +542,7 @@ static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const 
     for (int i = 0; i < nseq; i++)
         if (verify_rows[i])
             pending_begin(seqs[i], tokens[i], ntokens[i]);
-    rc = fwd_run(m, seqs, nseq, tokens, ntokens, 1, LOGITS_ALL, logits, err);
+    rc = fwd_run(m, seqs, nseq, tokens, ntokens, 1, 0, LOGITS_ALL, logits, err);
     for (int i = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         if (!verify_rows[i])
@@ -616,7 +617,7 @@ tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
     states_checkpoint(s, 0);
     s->n_past = s->base;
     const int32_t *t = s->pend_tokens;
-    tdm_status rc = fwd_run(m, &s, 1, &t, &keep, 0, LOGITS_NONE, NULL, err);
+    tdm_status rc = fwd_run(m, &s, 1, &t, &keep, 0, 0, LOGITS_NONE, NULL, err);
     if (rc != TDM_OK) {
         /* Leave a consistent sequence: the checkpoint. */
         states_checkpoint(s, 0);

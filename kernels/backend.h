@@ -59,6 +59,11 @@ typedef struct tdm_gdn_seg {
     int row0, nrows;
     float *state;      /* [Hv, Dk, Dv]; updated in place when states_out is NULL */
     float *states_out; /* NULL, or [nrows, Hv, Dk, Dv]: state after each row; state is left as is */
+    /* Set for prompt prefill (states_out NULL): the backend may run long
+     * segments in the chunked form, which equals the recurrent form up to
+     * rounding but not bit for bit. The exactness contract below then holds
+     * for the rows that follow the prefill, not for the prefill's own rows. */
+    int chunked;
 } tdm_gdn_seg;
 
 /* One sequence's rows in an attention call: row i of the segment is the
