@@ -596,7 +596,7 @@ static void run_gdn(tdm_backend *be, const float *qkv, const float *g, const flo
             dso = ct_put(be, NULL, (size_t)seg_rows[i] * hs * 4);
             ct_poison(be, dso, (size_t)seg_rows[i] * hs * 4);
         }
-        gs[i] = (tdm_gdn_seg){r, seg_rows[i], ds, dso};
+        gs[i] = (tdm_gdn_seg){r, seg_rows[i], ds, dso, 0};
         r += seg_rows[i];
     }
     if (split)
