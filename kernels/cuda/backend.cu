@@ -56,6 +56,20 @@ void *cuda_stage(cuda_ctx *c, const void *host, size_t n)
     return d;
 }
 
+void cuda_retire(cuda_ctx *c, void *p)
+{
+    if (!p)
+        return;
+    if (c->nretired == c->retired_cap) {
+        const int cap = c->retired_cap ? 2 * c->retired_cap : 16;
+        void **r = (void **)realloc(c->retired, (size_t)cap * sizeof(void *));
+        TDM_ASSERT(r != NULL);
+        c->retired = r;
+        c->retired_cap = cap;
+    }
+    c->retired[c->nretired++] = p;
+}
+
 /* ---- per-op timing (TANDEM_CUDA_OPSTATS=1) ---------------------------------
  * Every op slot is wrapped by a pair of events on the stream; at each sync
  * the pairs are resolved into GPU milliseconds per slot, printed to stderr
@@ -281,6 +295,11 @@ static void cu_destroy(tdm_backend *be)
         cudaFreeHost(c->stage_host);
         cudaFree(c->stage_dev);
         cudaFree(c->argmax_dev);
+        cudaFree(c->mm_part);
+        cudaFree(c->mm_count);
+        for (int i = 0; i < c->nretired; i++)
+            cudaFree(c->retired[i]);
+        free(c->retired);
         if (c->stats) {
             st_print(c);
             for (int i = 0; i < 2 * ST_MAXEV; i++)

@@ -50,7 +50,19 @@ typedef struct cuda_ctx {
     /* Set while a captured graph is being replayed: ops stage their host
      * arguments at the captured addresses but launch nothing (the graph does). */
     int replaying;
+    /* matmul split-k scratch (matmul.cu) */
+    float *mm_part;
+    size_t mm_part_cap;
+    unsigned *mm_count;
+    size_t mm_count_cap;
+    /* Device buffers replaced while graphs may still name them: freed with
+     * the backend. */
+    void **retired;
+    int nretired, retired_cap;
 } cuda_ctx;
+
+/* Keeps p (device memory, or NULL) until the backend is destroyed. */
+void cuda_retire(cuda_ctx *c, void *p);
 
 /* Copies n host bytes to device memory valid for the ops queued next on the
  * stream; 16-byte aligned. */

@@ -2,20 +2,35 @@
  * matmul.cu - y [R,out] (+)= x [R,in] · wᵀ, w [out,in] in bf16, fp16 or fp32,
  * fp32 accumulation.
  *
- * One block per (MM_COLS output columns, up to MM_ROWS rows; 2, 8 or 16 by R), with KW warps
- * splitting k (KW from `in` alone). Lane l of warp w owns the 8-element
- * groups j = 32w + l, then + 32·KW, ... of k and accumulates them in
- * increasing k with fmaf; the warp sums its lanes in a fixed butterfly and
- * the block its warps in warp order. That order depends on nothing but `in`,
- * so a row's result is the
- * same bits whatever R is and however the rows are batched (backend.h), and
- * the weights of a column stream from memory once per MM_ROWS rows (decode
- * and verify blocks read them once). Blocks that share columns are adjacent
- * in launch order so longer prefills find the weights in L2.
+ * bf16 weights (the models we serve) go through tensor cores, everything
+ * else through a CUDA-core kernel; which one depends only on the weight
+ * (dtype, `in`, alignment), never on R.
  *
- * Precision: fp32 products of the exact weight values; no rounding of the
- * activations to bf16 (cuBLAS' bf16 tensor-core path would round them, an
- * error of ~4e-3 relative per product).
+ * Tensor-core path (mmt_kernel). mma.m16n8k16 with A = 16 weight rows
+ * (output features) and B = 8 activation rows, so a decode row costs one
+ * n-tile and a verify block of 9..32 rows 2..4. The activations are fp32:
+ * each x is split exactly into three bf16 parts hi + mid + lo (8 + 8 + 8
+ * significant bits), and each product w·part is exact in the tensor core's
+ * fp32 accumulator, so the result is the fp32 dot product up to the order
+ * of additions — no rounding of activations to bf16 (which would cost ~4e-3
+ * relative per product, as cuBLAS' bf16 path does). A warp owns 32 output
+ * features (two m-tiles) and walks k in steps of 64: per step each lane loads
+ * 2 x 16 bytes of 4 weight rows and 64 bytes of each of its x rows, and the
+ * k order inside a step is permuted the same way for w and x (lane t holds
+ * elements 16t..16t+15; mma j takes 16t+4j..16t+4j+3 of every lane), which
+ * keeps every load a 16-byte vector. A block's 4 warps take the steps of its
+ * k-range in turn; KB blocks split k when `out` is small so the GPU fills.
+ * Partial sums are added warp by warp, then block by block (the last block
+ * of an output tile to finish adds the KB partials in order), so the order
+ * of additions for an output depends only on (in, out): a row computes the
+ * same bits whatever R is and however rows are grouped (backend.h). The mma
+ * itself computes each output from its own row and column only.
+ *
+ * CUDA-core path (mm_kernel): one block per (MM_COLS output columns, up to
+ * MM_ROWS rows; 2, 8 or 16 by R), with KW warps splitting k (KW from `in`
+ * alone). Lane l of warp w owns the 8-element groups j = 32w + l, then
+ * + 32·KW, ... of k and accumulates them in increasing k with fmaf; the warp
+ * sums its lanes in a fixed butterfly and the block its warps in warp order.
  */
 #include "matmul.cuh"
 
@@ -174,14 +189,278 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
     }
 }
 
+/* ---- tensor-core path (bf16 weights) ------------------------------------ */
+
+#define MMT_WARPS 4
+#define MMT_M 32       /* output features per block: two m-tiles */
+#define MMT_K 64       /* k per step */
+#define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
+
+/* bf16 bits of v rounded to nearest even (v finite). */
+__device__ __forceinline__ uint32_t mmt_bf16(float v)
+{
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+/* Splits a, b exactly into bf16 pairs: hi + mid + lo == the fp32 values. */
+__device__ __forceinline__ void mmt_split(float a, float b, uint32_t *hi, uint32_t *mid,
+                                          uint32_t *lo)
+{
+    const uint32_t ah = mmt_bf16(a), bh = mmt_bf16(b);
+    const float ar = a - __uint_as_float(ah << 16), br = b - __uint_as_float(bh << 16);
+    const uint32_t am = mmt_bf16(ar), bm = mmt_bf16(br);
+    const float ar2 = ar - __uint_as_float(am << 16), br2 = br - __uint_as_float(bm << 16);
+    *hi = ah | (bh << 16);
+    *mid = am | (bm << 16);
+    *lo = mmt_bf16(ar2) | (mmt_bf16(br2) << 16);
+}
+
+__device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* 16 bytes of weights at element k of row o, zero outside the matrix
+ * (in % 8 == 0, so a 16-byte chunk is wholly inside or outside). */
+__device__ __forceinline__ uint4 mmt_wload(const uint16_t *w, int o, int out, int k, int in)
+{
+    if (o < out && k < in)
+        return __ldg((const uint4 *)(w + (size_t)o * (size_t)in + (size_t)k));
+    return make_uint4(0, 0, 0, 0);
+}
+
+/* One step's weights of a lane: rows g, g+8, g+16, g+24 of the block's 32,
+ * elements 16t..16t+15 of the step (two 16-byte chunks each). */
+struct mmt_wfrag {
+    uint4 v[4][2];
+};
+
+__device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const uint16_t *w, int m0, int out, int k,
+                                          int in)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            f->v[i][h] = mmt_wload(w, m0 + 8 * i, out, k + 8 * h, in);
+}
+
+__device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
+{
+    const uint4 q = c[i >> 2];
+    const int j = i & 3;
+    return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
+}
+
+/* acc[mt][nt] += the step's products. For mma j the lane's A words are
+ * 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1), its B words
+ * the same elements of x row g of the n-tile, in parts hi, mid, lo. */
+template <int NT>
+__device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag *f, const float *x,
+                                            int r0, int R, int k, int in, int g)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int r = r0 + 8 * nt + g;
+        float xv[16];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < R && k + 4 * h < in)
+                q = __ldg((const float4 *)(x + (size_t)r * (size_t)in + (size_t)k + 4 * h));
+            xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t b[2][3];
+            mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][0], &b[0][1], &b[0][2]);
+            mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[1][0], &b[1][1], &b[1][2]);
+#pragma unroll
+            for (int p = 0; p < 3; p++)
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    mmt_mma(acc[mt][nt], mmt_word(f->v[2 * mt], 2 * j),
+                            mmt_word(f->v[2 * mt + 1], 2 * j), mmt_word(f->v[2 * mt], 2 * j + 1),
+                            mmt_word(f->v[2 * mt + 1], 2 * j + 1), b[0][p], b[1][p]);
+        }
+    }
+}
+
+/* Block (linear index) = ((m-block · KB) + kb) · rgroups + rgroup: the blocks
+ * that read the same weights are adjacent (L2 reuse across row groups). */
+template <int NT>
+__global__ void __launch_bounds__(MMT_WARPS * 32)
+    mmt_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *w, int R, int in,
+               int out, int accumulate, int KB, int rgroups, float *part, unsigned *count)
+{
+    cuda_kernel_begin();
+    __shared__ float red[MMT_WARPS][MMT_M][NT * 8];
+    __shared__ int last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int rg = (int)(blockIdx.x % (unsigned)rgroups);
+    const int kb = (int)(blockIdx.x / (unsigned)rgroups % (unsigned)KB);
+    const int mb = (int)(blockIdx.x / (unsigned)rgroups / (unsigned)KB);
+    const int m0 = mb * MMT_M, r0 = rg * NT * 8;
+    const int steps = (in + MMT_K - 1) / MMT_K;
+    const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mt][nt][e] = 0.0f;
+    /* Steps s0 + warp, + 4, ...: the next step's weights are in flight while
+     * this one computes. */
+    int s = s0 + warp;
+    mmt_wfrag cur, nxt;
+    if (s < s1)
+        mmt_wstep(&cur, w, m0 + g, out, s * MMT_K + 16 * t, in);
+    for (; s < s1; s += MMT_WARPS) {
+        const int sn = s + MMT_WARPS;
+        if (sn < s1)
+            mmt_wstep(&nxt, w, m0 + g, out, sn * MMT_K + 16 * t, in);
+        mmt_compute<NT>(acc, &cur, x, r0, R, s * MMT_K + 16 * t, in, g);
+        cur = nxt;
+    }
+    /* acc[mt][nt] = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} of the tile. */
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                red[warp][16 * mt + g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[mt][nt][e];
+    __syncthreads();
+    const int ncell = MMT_M * NT * 8;
+    if (KB == 1) {
+        for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
+            const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
+            if (o < out && r < R) {
+                const float v = ((red[0][m][n] + red[1][m][n]) + red[2][m][n]) + red[3][m][n];
+                float *yp = y + (size_t)r * (size_t)out + (size_t)o;
+                *yp = accumulate ? *yp + v : v;
+            }
+        }
+        return;
+    }
+    /* Split k: partial [KB][R][out]; the last block of the tile adds them
+     * in kb order. */
+    for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
+        const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
+        if (o < out && r < R)
+            part[((size_t)kb * (size_t)R + (size_t)r) * (size_t)out + (size_t)o] =
+                ((red[0][m][n] + red[1][m][n]) + red[2][m][n]) + red[3][m][n];
+    }
+    __threadfence();
+    __syncthreads();
+    unsigned *cnt = count + (size_t)mb * (size_t)rgroups + (size_t)rg;
+    if (threadIdx.x == 0)
+        last = atomicAdd(cnt, 1u) == (unsigned)KB - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
+        const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
+        if (o < out && r < R) {
+            float v = 0.0f;
+            for (int b = 0; b < KB; b++)
+                v += __ldcg(part + ((size_t)b * (size_t)R + (size_t)r) * (size_t)out + (size_t)o);
+            float *yp = y + (size_t)r * (size_t)out + (size_t)o;
+            *yp = accumulate ? *yp + v : v;
+        }
+    }
+    if (threadIdx.x == 0)
+        *cnt = 0; /* ready for the next call */
+}
+
+/* k-blocks: enough blocks to fill the GPU when `out` is small, each warp
+ * keeping at least two steps; a function of (in, out) alone. */
+static int mmt_kblocks(int in, int out)
+{
+    const int mblocks = (out + MMT_M - 1) / MMT_M, steps = (in + MMT_K - 1) / MMT_K;
+    int kb = (MMT_BLOCKS + mblocks - 1) / mblocks;
+    const int maxkb = steps / (2 * MMT_WARPS);
+    if (kb > maxkb)
+        kb = maxkb;
+    return kb < 1 ? 1 : kb;
+}
+
+/* Scratch for split-k partials and the per-tile counters. Grown, never
+ * shrunk, and old buffers stay allocated until the backend goes (a captured
+ * graph may still name them). */
+static int mmt_scratch(cuda_ctx *c, size_t part_floats, size_t counters)
+{
+    if (part_floats > c->mm_part_cap) {
+        size_t cap = c->mm_part_cap ? c->mm_part_cap : 1u << 16;
+        while (cap < part_floats)
+            cap *= 2;
+        float *p = NULL;
+        CUDA_CHECK(cudaMalloc((void **)&p, cap * sizeof(float)));
+        cuda_retire(c, c->mm_part);
+        c->mm_part = p;
+        c->mm_part_cap = cap;
+    }
+    if (counters > c->mm_count_cap) {
+        size_t cap = c->mm_count_cap ? c->mm_count_cap : 1024;
+        while (cap < counters)
+            cap *= 2;
+        unsigned *p = NULL;
+        CUDA_CHECK(cudaMalloc((void **)&p, cap * sizeof(unsigned)));
+        CUDA_CHECK(cudaMemsetAsync(p, 0, cap * sizeof(unsigned), c->stream));
+        cuda_retire(c, c->mm_count);
+        c->mm_count = p;
+        c->mm_count_cap = cap;
+    }
+    return 1;
+}
+
+static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w, int R, int in,
+                       int out, int accumulate)
+{
+    const int KB = mmt_kblocks(in, out), mblocks = (out + MMT_M - 1) / MMT_M;
+    /* Row groups of 8, 16, 24 or 32 rows: the fewest n-tiles that hold R
+     * (decode: one, verify blocks up to 32 rows: one group). */
+    const int nt = R <= 8 ? 1 : R <= 16 ? 2 : R <= 24 ? 3 : 4;
+    const int rgroups = (R + 8 * nt - 1) / (8 * nt);
+    const size_t blocks = (size_t)mblocks * (size_t)KB * (size_t)rgroups;
+    TDM_ASSERT(blocks < (1u << 31));
+    if (KB > 1)
+        mmt_scratch(c, (size_t)KB * (size_t)R * (size_t)out, (size_t)mblocks * (size_t)rgroups);
+#define MMT_LAUNCH(N)                                                                              \
+    cuda_launch(c, mmt_kernel<N>, (unsigned)blocks, MMT_WARPS * 32, 0, y, x, w, R, in, out,        \
+                accumulate, KB, rgroups, c->mm_part, c->mm_count)
+    if (nt == 1)
+        MMT_LAUNCH(1);
+    else if (nt == 2)
+        MMT_LAUNCH(2);
+    else if (nt == 3)
+        MMT_LAUNCH(3);
+    else
+        MMT_LAUNCH(4);
+#undef MMT_LAUNCH
+}
+
+/* ---- dispatch --------------------------------------------------------------- */
+
 void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out,
                  int accumulate)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || out <= 0)
         return;
-    /* The vector path needs every row of w and x 16-byte aligned. */
+    /* The vector paths need every row of w and x 16-byte aligned. */
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
+    if (vec && w.dtype == TDM_DTYPE_BF16) {
+        mmt_matmul(c, y, x, (const uint16_t *)w.data, R, in, out, accumulate);
+        return;
+    }
     /* Rows per block: the fewest that hold the whole call (up to 16), so a
      * verify block of k <= 15 streams the weights once and a decode step
      * keeps few registers. Each row's arithmetic is the same in every

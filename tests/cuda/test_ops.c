@@ -106,13 +106,16 @@ static float *run_matmul(tdm_backend *be, const float *x, const void *wh, const 
 
 static void test_matmul(void)
 {
-    /* R covers the 2/8/16-row block variants and several chunks; in covers
-     * 1..8 k-warps and the scalar path (in % 8 != 0); out is not always a
-     * multiple of the 4 columns per block. */
-    const int shapes[][3] = {{1, 64, 40},   {3, 256, 130}, {8, 1024, 520}, {13, 96, 33},
-                             {1, 40, 7},    {5, 1100, 17}, {130, 64, 24},  {9, 2560, 64},
-                             {4, 9216, 16}, {2, 3584, 70}, {16, 512, 36},  {17, 4096, 9},
-                             {40, 1024, 66}};
+    /* R covers the 2/8/16-row block variants and several chunks of the
+     * CUDA-core path and the 1..4 n-tiles and row groups of the tensor-core
+     * path (bf16); in covers 1..8 k-warps, the scalar path (in % 8 != 0),
+     * k tails of the 64-wide steps and split k (out small, in large); out is
+     * not always a multiple of the 4 or 32 columns per block. */
+    const int shapes[][3] = {{1, 64, 40},    {3, 256, 130},   {8, 1024, 520},   {13, 96, 33},
+                             {1, 40, 7},     {5, 1100, 17},   {130, 64, 24},    {9, 2560, 64},
+                             {4, 9216, 16},  {2, 3584, 70},   {16, 512, 36},    {17, 4096, 9},
+                             {40, 1024, 66}, {1, 2560, 2560}, {17, 2560, 1024}, {9, 4096, 96},
+                             {33, 520, 70},  {1, 9216, 64},   {24, 136, 300}};
     const tdm_dtype dts[] = {TDM_DTYPE_F32, TDM_DTYPE_BF16, TDM_DTYPE_F16};
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
         for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++)
