@@ -13,6 +13,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
 
 extern "C" {
 #include "backend.h"
@@ -50,11 +53,22 @@ typedef struct cuda_ctx {
     /* Set while a captured graph is being replayed: ops stage their host
      * arguments at the captured addresses but launch nothing (the graph does). */
     int replaying;
+    /* Forward steps as graphs (graph.cu); NULL while TANDEM_CUDA_OPSTATS is
+     * on (events inside a capture would become graph nodes). */
+    struct cuda_graphs *graphs;
+    /* Set between graph_begin and graph_end: only op slots may run. */
+    int in_step;
+    /* Set while a step is captured or replayed: every kernel launch (kernel,
+     * configuration, argument values) and every staged size is folded into
+     * `shape`. A replay is only valid when it folds to the capture's value:
+     * the staged bytes are the only thing a replay can change. */
+    int shaping;
+    uint64_t shape;
     /* matmul split-k scratch (matmul.cu) */
-    float *mm_part;
-    size_t mm_part_cap;
-    unsigned *mm_count;
-    size_t mm_count_cap;
+    float *mm_part;                              /* split-k partial sums */
+    unsigned *mm_count;                          /* split-k arrivals per output tile */
+    uint32_t *mm_xs;                             /* activations split into bf16 parts */
+    size_t mm_part_cap, mm_count_cap, mm_xs_cap; /* bytes */
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;
@@ -65,8 +79,49 @@ typedef struct cuda_ctx {
 void cuda_retire(cuda_ctx *c, void *p);
 
 /* Copies n host bytes to device memory valid for the ops queued next on the
- * stream; 16-byte aligned. */
+ * stream; 16-byte aligned. Inside a recorded step the bytes go to that
+ * graph's own area at the same offset on every replay (graph.cu), so an op
+ * must stage in the same order and sizes whenever its by-value arguments
+ * are the same. */
 void *cuda_stage(cuda_ctx *c, const void *host, size_t n);
+
+static inline void cuda_shape_word(cuda_ctx *c, uint64_t v)
+{
+    uint64_t h = (c->shape ^ v) * 0x9e3779b97f4a7c15ull;
+    c->shape = h ^ (h >> 29);
+}
+
+/* A kernel argument by its bytes: scalars and pointers (device addresses a
+ * recorded graph holds). A struct passed by value must have no padding, or
+ * its indeterminate padding bytes make replays mismatch (and fall back). */
+template <typename T> static inline void cuda_shape_arg(cuda_ctx *c, const T &v)
+{
+    static_assert(std::is_trivially_copyable<T>::value, "kernel arguments are plain data");
+    const unsigned char *p = (const unsigned char *)&v;
+    for (size_t i = 0; i < sizeof(T); i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, p + i, sizeof(T) - i < 8 ? sizeof(T) - i : 8);
+        cuda_shape_word(c, w);
+    }
+}
+
+template <typename... Params, typename... Args>
+static inline void cuda_shape_launch(cuda_ctx *c, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                     size_t smem, Args... args)
+{
+    const uint64_t words[] = {(uint64_t)(uintptr_t)(const void *)kernel,
+                              grid.x,
+                              grid.y,
+                              grid.z,
+                              block.x,
+                              block.y,
+                              block.z,
+                              smem};
+    for (uint64_t w : words)
+        cuda_shape_word(c, w);
+    /* As the kernel receives them: converted to its parameter types. */
+    [c](Params... p) { (cuda_shape_arg(c, p), ...); }(args...);
+}
 
 /* Every kernel launches through here: with programmatic dependent launch, so
  * the next kernel's blocks are scheduled while this one drains (the launch
@@ -75,6 +130,8 @@ template <typename... Params, typename... Args>
 static inline void cuda_launch(cuda_ctx *c, void (*kernel)(Params...), dim3 grid, dim3 block,
                                size_t smem, Args... args)
 {
+    if (c->shaping)
+        cuda_shape_launch(c, kernel, grid, block, smem, args...);
     if (c->replaying)
         return;
     cudaLaunchAttribute attr[1];

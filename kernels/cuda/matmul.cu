@@ -256,37 +256,87 @@ __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
     return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
 }
 
+/* The B fragments of one step for x row r (zero outside x): for mma j the
+ * lane's elements 16t+4j, +1 (word 0) and 16t+4j+2, +3 (word 1), in parts
+ * hi, mid, lo: b[j][part][word]. */
+__device__ __forceinline__ void mmt_xsplit(uint32_t (*b)[3][2], const float *x, int r, int R, int k,
+                                           int in)
+{
+    float xv[16];
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < R && k + 4 * h < in)
+            q = __ldg((const float4 *)(x + (size_t)r * (size_t)in + (size_t)k + 4 * h));
+        xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        mmt_split(xv[4 * j], xv[4 * j + 1], &b[j][0][0], &b[j][1][0], &b[j][2][0]);
+        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[j][0][1], &b[j][1][1], &b[j][2][1]);
+    }
+}
+
+/* Pre-split activations (R > 8, where splitting inside every block would
+ * cost more than streaming the weights): per (row, step, t) the 24 words
+ * mmt_xsplit makes, contiguous, so a lane loads them as six 16-byte
+ * vectors. The same words as inline splitting: the same bits either way. */
+__global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in, int steps)
+{
+    cuda_kernel_begin();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* (r, s, t) */
+    if (i >= (size_t)R * (size_t)steps * 4)
+        return;
+    const int t = (int)(i % 4), s = (int)(i / 4 % (size_t)steps), r = (int)(i / 4 / (size_t)steps);
+    uint32_t b[4][3][2];
+    mmt_xsplit(b, x, r, R, s * MMT_K + 16 * t, in);
+    uint4 *o = (uint4 *)(xs + i * 24);
+    const uint32_t *f = &b[0][0][0];
+#pragma unroll
+    for (int v = 0; v < 6; v++)
+        o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
+}
+
 /* acc[mt][nt] += the step's products. For mma j the lane's A words are
- * 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1), its B words
- * the same elements of x row g of the n-tile, in parts hi, mid, lo. */
+ * 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words
+ * come from x (split here) or xs (pre-split). */
 template <int NT>
 __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag *f, const float *x,
-                                            int r0, int R, int k, int in, int g)
+                                            const uint32_t *xs, int r0, int R, int s, int steps,
+                                            int t, int in, int g)
 {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         const int r = r0 + 8 * nt + g;
-        float xv[16];
+        uint32_t b[4][3][2];
+        if (xs) {
+            uint4 v[6] = {};
+            if (r < R) {
+                const uint4 *p =
+                    (const uint4 *)(xs +
+                                    (((size_t)r * (size_t)steps + (size_t)s) * 4 + (size_t)t) * 24);
 #pragma unroll
-        for (int h = 0; h < 4; h++) {
-            float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < R && k + 4 * h < in)
-                q = __ldg((const float4 *)(x + (size_t)r * (size_t)in + (size_t)k + 4 * h));
-            xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
+                for (int u = 0; u < 6; u++)
+                    v[u] = __ldg(p + u);
+            }
+            uint32_t *fb = &b[0][0][0];
+#pragma unroll
+            for (int u = 0; u < 6; u++) {
+                fb[4 * u] = v[u].x, fb[4 * u + 1] = v[u].y;
+                fb[4 * u + 2] = v[u].z, fb[4 * u + 3] = v[u].w;
+            }
+        } else {
+            mmt_xsplit(b, x, r, R, s * MMT_K + 16 * t, in);
         }
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t b[2][3];
-            mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][0], &b[0][1], &b[0][2]);
-            mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[1][0], &b[1][1], &b[1][2]);
+        for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int p = 0; p < 3; p++)
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
                     mmt_mma(acc[mt][nt], mmt_word(f->v[2 * mt], 2 * j),
                             mmt_word(f->v[2 * mt + 1], 2 * j), mmt_word(f->v[2 * mt], 2 * j + 1),
-                            mmt_word(f->v[2 * mt + 1], 2 * j + 1), b[0][p], b[1][p]);
-        }
+                            mmt_word(f->v[2 * mt + 1], 2 * j + 1), b[j][p][0], b[j][p][1]);
     }
 }
 
@@ -294,8 +344,9 @@ __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag
  * that read the same weights are adjacent (L2 reuse across row groups). */
 template <int NT>
 __global__ void __launch_bounds__(MMT_WARPS * 32)
-    mmt_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *w, int R, int in,
-               int out, int accumulate, int KB, int rgroups, float *part, unsigned *count)
+    mmt_kernel(float *__restrict__ y, const float *__restrict__ x, const uint32_t *xs,
+               const uint16_t *w, int R, int in, int out, int accumulate, int KB, int rgroups,
+               float *part, unsigned *count)
 {
     cuda_kernel_begin();
     __shared__ float red[MMT_WARPS][MMT_M][NT * 8];
@@ -325,7 +376,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
         const int sn = s + MMT_WARPS;
         if (sn < s1)
             mmt_wstep(&nxt, w, m0 + g, out, sn * MMT_K + 16 * t, in);
-        mmt_compute<NT>(acc, &cur, x, r0, R, s * MMT_K + 16 * t, in, g);
+        mmt_compute<NT>(acc, &cur, x, xs, r0, R, s, steps, t, in, g);
         cur = nxt;
     }
     /* acc[mt][nt] = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} of the tile. */
@@ -392,33 +443,23 @@ static int mmt_kblocks(int in, int out)
     return kb < 1 ? 1 : kb;
 }
 
-/* Scratch for split-k partials and the per-tile counters. Grown, never
- * shrunk, and old buffers stay allocated until the backend goes (a captured
- * graph may still name them). */
-static int mmt_scratch(cuda_ctx *c, size_t part_floats, size_t counters)
+/* Device scratch of at least `bytes`: grown, never shrunk, and a replaced
+ * buffer stays allocated until the backend goes (a captured graph may still
+ * name it). New bytes are zero. */
+static void *mmt_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
 {
-    if (part_floats > c->mm_part_cap) {
-        size_t cap = c->mm_part_cap ? c->mm_part_cap : 1u << 16;
-        while (cap < part_floats)
-            cap *= 2;
-        float *p = NULL;
-        CUDA_CHECK(cudaMalloc((void **)&p, cap * sizeof(float)));
-        cuda_retire(c, c->mm_part);
-        c->mm_part = p;
-        c->mm_part_cap = cap;
+    if (bytes > *cap) {
+        size_t n = *cap ? *cap : 1u << 16;
+        while (n < bytes)
+            n *= 2;
+        void *p = NULL;
+        CUDA_CHECK(cudaMalloc(&p, n));
+        CUDA_CHECK(cudaMemsetAsync(p, 0, n, c->stream));
+        cuda_retire(c, *buf);
+        *buf = p;
+        *cap = n;
     }
-    if (counters > c->mm_count_cap) {
-        size_t cap = c->mm_count_cap ? c->mm_count_cap : 1024;
-        while (cap < counters)
-            cap *= 2;
-        unsigned *p = NULL;
-        CUDA_CHECK(cudaMalloc((void **)&p, cap * sizeof(unsigned)));
-        CUDA_CHECK(cudaMemsetAsync(p, 0, cap * sizeof(unsigned), c->stream));
-        cuda_retire(c, c->mm_count);
-        c->mm_count = p;
-        c->mm_count_cap = cap;
-    }
-    return 1;
+    return *buf;
 }
 
 static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w, int R, int in,
@@ -431,11 +472,25 @@ static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w,
     const int rgroups = (R + 8 * nt - 1) / (8 * nt);
     const size_t blocks = (size_t)mblocks * (size_t)KB * (size_t)rgroups;
     TDM_ASSERT(blocks < (1u << 31));
-    if (KB > 1)
-        mmt_scratch(c, (size_t)KB * (size_t)R * (size_t)out, (size_t)mblocks * (size_t)rgroups);
+    float *part = NULL;
+    unsigned *count = NULL;
+    if (KB > 1) {
+        /* counters return to zero after every call (the last block resets its own) */
+        part = (float *)mmt_grow(c, (void **)&c->mm_part, &c->mm_part_cap,
+                                 (size_t)KB * (size_t)R * (size_t)out * sizeof(float));
+        count = (unsigned *)mmt_grow(c, (void **)&c->mm_count, &c->mm_count_cap,
+                                     (size_t)mblocks * (size_t)rgroups * sizeof(unsigned));
+    }
+    uint32_t *xs = NULL;
+    if (nt > 1) {
+        const int steps = (in + MMT_K - 1) / MMT_K;
+        const size_t n = (size_t)R * (size_t)steps * 4;
+        xs = (uint32_t *)mmt_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, n * 24 * sizeof(uint32_t));
+        cuda_launch(c, mmt_presplit_kernel, cuda_blocks(n, 128), 128, 0, xs, x, R, in, steps);
+    }
 #define MMT_LAUNCH(N)                                                                              \
-    cuda_launch(c, mmt_kernel<N>, (unsigned)blocks, MMT_WARPS * 32, 0, y, x, w, R, in, out,        \
-                accumulate, KB, rgroups, c->mm_part, c->mm_count)
+    cuda_launch(c, mmt_kernel<N>, (unsigned)blocks, MMT_WARPS * 32, 0, y, x, (const uint32_t *)xs, \
+                w, R, in, out, accumulate, KB, rgroups, part, count)
     if (nt == 1)
         MMT_LAUNCH(1);
     else if (nt == 2)

@@ -1,0 +1,201 @@
+/*
+ * cuda_matmul_bench.c - the CUDA backend's matmul against the memory floor
+ * and against cuBLAS, at the matrix shapes of a Qwen3.5-4B step.
+ *
+ *   bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N]
+ *
+ * Per shape and row count: time per call of the backend's matmul (bf16
+ * weights, fp32 activations, the path the engine uses; best of three
+ * averages over back-to-back calls, as in a step), its weight-stream
+ * bandwidth, and cuBLAS' bf16 GEMM (cublasGemmEx, bf16 activations, fp32
+ * accumulation and output) on the same shape. Weights rotate over enough
+ * copies (>= 256 MB) that no call finds its matrix in L2. The last line per
+ * row count adds the shapes up as one 4B decode/verify step (24 linear
+ * layers, 8 full, the LM head).
+ */
+#include "engine.h"
+
+#ifdef TANDEM_HAVE_CUDA_BACKEND
+#include "cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef TANDEM_HAVE_CUDA_BACKEND
+int main(void)
+{
+    printf("cuda_matmul_bench: this build has no CUDA backend\n");
+    return 0;
+}
+#else
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "cuda_matmul_bench: %s: %s\n", #x, cudaGetErrorString(e_));            \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct mshape {
+    const char *name;
+    int in, out, per_step; /* times per 4B step */
+} mshape;
+
+static const mshape shapes[] = {
+    {"in_qkv", 2560, 8192, 24},   {"in_z", 2560, 4096, 24},    {"in_a/in_b", 2560, 32, 48},
+    {"out_proj", 4096, 2560, 24}, {"q_proj", 2560, 8192, 8},   {"k/v_proj", 2560, 1024, 16},
+    {"o_proj", 4096, 2560, 8},    {"gate/up", 2560, 9216, 64}, {"down", 9216, 2560, 32},
+    {"lm_head", 2560, 248320, 1},
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint16_t bf16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static uint64_t rs = 0x9E3779B97F4A7C15ull;
+static float urand(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+
+int main(int argc, char **argv)
+{
+    int rows[8] = {1, 9, 17, 72}, nrows = 4, reps = 30;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+            nrows = 0;
+            for (char *t = strtok(argv[++i], ","); t && nrows < 8; t = strtok(NULL, ","))
+                rows[nrows++] = atoi(t);
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N]\n");
+            return 2;
+        }
+    }
+    tdm_error err = {0};
+    tdm_backend *be = tdm_backend_cuda_create(0, &err);
+    if (!be) {
+        printf("cuda_matmul_bench: %s\n", err.msg);
+        return 0;
+    }
+    const double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cuda_matmul_bench: cublasCreate failed\n");
+        return 1;
+    }
+    printf("device copy bandwidth %.2f TB/s; per call: best of 3 averages over %d back-to-back "
+           "calls\n",
+           bw / 1e12, reps);
+    printf("%-10s %6s %6s %4s | %9s %8s %6s | %9s %8s | %s\n", "matrix", "in", "out", "R",
+           "tandem us", "GB/s", "xfloor", "cuBLAS us", "GB/s", "tandem/cuBLAS");
+    for (int ri = 0; ri < nrows; ri++) {
+        const int R = rows[ri];
+        double step_t = 0, step_c = 0, step_floor = 0;
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            const mshape *s = &shapes[si];
+            const size_t nw = (size_t)s->in * (size_t)s->out, wbytes = nw * 2;
+            int copies = (int)((256u << 20) / wbytes) + 1;
+            if (copies > 64)
+                copies = 64;
+            uint16_t *wh = malloc(wbytes);
+            float *xh = malloc((size_t)R * (size_t)s->in * 4);
+            uint16_t *xb = malloc((size_t)R * (size_t)s->in * 2);
+            for (size_t i = 0; i < nw; i++)
+                wh[i] = bf16_of(0.05f * urand());
+            for (size_t i = 0; i < (size_t)R * (size_t)s->in; i++) {
+                xh[i] = urand();
+                xb[i] = bf16_of(xh[i]);
+            }
+            void **wd = calloc((size_t)copies, sizeof(void *));
+            for (int c = 0; c < copies; c++) {
+                wd[c] = be->alloc(be->ctx, wbytes);
+                if (!wd[c]) {
+                    fprintf(stderr, "cuda_matmul_bench: out of device memory\n");
+                    return 1;
+                }
+                be->upload(be->ctx, wd[c], wh, wbytes);
+            }
+            float *xd = be->alloc(be->ctx, (size_t)R * (size_t)s->in * 4);
+            float *yd = be->alloc(be->ctx, (size_t)R * (size_t)s->out * 4);
+            void *xbd = be->alloc(be->ctx, (size_t)R * (size_t)s->in * 2);
+            be->upload(be->ctx, xd, xh, (size_t)R * (size_t)s->in * 4);
+            be->upload(be->ctx, xbd, xb, (size_t)R * (size_t)s->in * 2);
+            const float one = 1.0f, zero = 0.0f;
+            double mt = 1e9, mc = 1e9;
+            for (int round = 0; round < 4; round++) {
+                /* round 0 warms up; then the best of three averages */
+                double t0 = now();
+                for (int it = 0; it < reps; it++) {
+                    tdm_weight w = {wd[it % copies], TDM_DTYPE_BF16};
+                    be->matmul(be->ctx, yd, xd, w, R, s->in, s->out, 0);
+                }
+                be->sync(be->ctx);
+                double t = (now() - t0) / reps;
+                if (round > 0 && t < mt)
+                    mt = t;
+                t0 = now();
+                for (int it = 0; it < reps; it++) {
+                    /* y [out, R] (col-major) = (W stored [out, in] = col-major [in, out])ᵀ · x */
+                    cublasStatus_t st = cublasGemmEx(
+                        h, CUBLAS_OP_T, CUBLAS_OP_N, s->out, R, s->in, &one, wd[it % copies],
+                        CUDA_R_16BF, s->in, xbd, CUDA_R_16BF, s->in, &zero, yd, CUDA_R_32F, s->out,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                    if (st != CUBLAS_STATUS_SUCCESS) {
+                        fprintf(stderr, "cuda_matmul_bench: cublasGemmEx failed (%d)\n", (int)st);
+                        return 1;
+                    }
+                }
+                CK(cudaDeviceSynchronize());
+                t = (now() - t0) / reps;
+                if (round > 0 && t < mc)
+                    mc = t;
+            }
+            const double floor_s = (double)wbytes / bw;
+            printf("%-10s %6d %6d %4d | %9.1f %8.0f %6.2f | %9.1f %8.0f | %.2f\n", s->name, s->in,
+                   s->out, R, 1e6 * mt, (double)wbytes / mt / 1e9, mt / floor_s, 1e6 * mc,
+                   (double)wbytes / mc / 1e9, mt / mc);
+            step_t += s->per_step * mt;
+            step_c += s->per_step * mc;
+            step_floor += s->per_step * floor_s;
+            for (int c = 0; c < copies; c++)
+                be->free(be->ctx, wd[c]);
+            be->free(be->ctx, xd);
+            be->free(be->ctx, yd);
+            be->free(be->ctx, xbd);
+            free(wd);
+            free(wh);
+            free(xh);
+            free(xb);
+        }
+        printf("%-10s %6s %6s %4d | %9.1f %8s %6.2f | %9.1f %8s | %.2f\n", "4B step", "", "", R,
+               1e6 * step_t, "", step_t / step_floor, 1e6 * step_c, "", step_t / step_c);
+    }
+    cublasDestroy(h);
+    be->destroy(be);
+    return 0;
+}
+#endif
