@@ -11,7 +11,12 @@
 # project does not configure there; the binaries need only libcjson and the
 # CUDA runtime beside glibc. Environment for `run`: SHAPES (default
 # "0.8b 4b"), HF=0 to skip the transformers counterpart, MEMCHECK=0 to skip
-# compute-sanitizer.
+# compute-sanitizer. The GPU machine has no flash-linear-attention; a copy
+# of its gated delta rule kernels placed in .carry/pylib (package `fla`)
+# makes transformers run its Triton kernels instead of the torch loops, and
+# the transformers part then runs on it; FALLBACK=1 also runs it once
+# without (the torch reference path). HF_TIMEOUT (default 300 s) bounds each
+# transformers run: the first fla run autotunes its Triton kernels.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -55,9 +60,17 @@ run)
             tee "$OUT/bench_$s.log"
     done
     if [ "${HF:-1}" = 1 ]; then
-        echo "== transformers"
-        timeout 300 python3 bench/cuda_bench_hf.py --shapes "$(echo ${SHAPES:-0.8b 4b} | tr ' ' ,)" \
-            --batch 1,8 --steps 10 2>&1 | tee "$OUT/bench_hf.log" | grep -v "falling back"
+        hf=(timeout "${HF_TIMEOUT:-300}" python3 bench/cuda_bench_hf.py
+            --shapes "$(echo ${SHAPES:-0.8b 4b} | tr ' ' ,)" --batch "1,8" --steps 10)
+        if [ -d "$root/.carry/pylib" ]; then
+            echo "== transformers (fla from .carry/pylib)"
+            PYTHONPATH="$root/.carry/pylib${PYTHONPATH:+:$PYTHONPATH}" "${hf[@]}" --require-fla 2>&1 |
+                tee "$OUT/bench_hf.log" | grep -v "falling back"
+        fi
+        if [ ! -d "$root/.carry/pylib" ] || [ "${FALLBACK:-0}" = 1 ]; then
+            echo "== transformers (torch fallback)"
+            "${hf[@]}" 2>&1 | tee "$OUT/bench_hf_fallback.log" | grep -v "falling back"
+        fi
     fi
     ;;
 *)
