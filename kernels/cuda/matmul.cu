@@ -18,8 +18,11 @@
  * 2 x 16 bytes of 4 weight rows and 64 bytes of each of its x rows, and the
  * k order inside a step is permuted the same way for w and x (lane t holds
  * elements 16t..16t+15; mma j takes 16t+4j..16t+4j+3 of every lane), which
- * keeps every load a 16-byte vector. A block's 4 warps take the steps of its
- * k-range in turn; KB blocks split k when `out` is small so the GPU fills.
+ * keeps every load a 16-byte vector. A block's 4 warps take contiguous
+ * quarters of its k-range; KB blocks split k when `out` is small so the GPU
+ * fills. Weights stream through a bulk L2 prefetch a few steps ahead of the
+ * register loads, and the first of them are requested before the kernel
+ * waits for its predecessor (programmatic dependent launch).
  * Partial sums are added warp by warp, then block by block (the last block
  * of an output tile to finish adds the KB partials in order), so the order
  * of additions for an output depends only on (in, out): a row computes the
@@ -194,7 +197,8 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 #define MMT_WARPS 4
 #define MMT_M 32       /* output features per block: two m-tiles */
 #define MMT_K 64       /* k per step */
-#define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
+#define MMT_BLOCKS 512 /* blocks a call should have at least, when k allows */
+#define MMT_PF 6       /* steps per warp prefetched into L2 ahead of the registers */
 
 /* bf16 bits of v rounded to nearest even (v finite). */
 __device__ __forceinline__ uint32_t mmt_bf16(float v)
@@ -249,6 +253,17 @@ __device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const uint16_t *w, int m
             f->v[i][h] = mmt_wload(w, m0 + 8 * i, out, k + 8 * h, in);
 }
 
+/* Steps [a, b) of one weight row into L2 (bulk prefetch: no registers, no
+ * completion to wait for); the row's tail stops at `in`. */
+__device__ __forceinline__ void mmt_prefetch(const uint16_t *row, int in, int a, int b)
+{
+    const int k0 = a * MMT_K, k1 = min(b * MMT_K, in);
+    if (k1 > k0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + k0),
+                     "r"((unsigned)(k1 - k0) * 2u)
+                     : "memory");
+}
+
 __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
 {
     const uint4 q = c[i >> 2];
@@ -297,9 +312,9 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
         o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
 }
 
-/* acc[mt][nt] += the step's products. For mma j the lane's A words are
- * 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words
- * come from x (split here) or xs (pre-split). */
+/* acc[mt][nt] += the step's products, parts hi, mid, lo in turn. For mma j
+ * the lane's A words are 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24
+ * (m-tile 1); its B words come from x (split here) or xs (pre-split). */
 template <int NT>
 __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag *f, const float *x,
                                             const uint32_t *xs, int r0, int R, int s, int steps,
@@ -343,12 +358,11 @@ __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag
 /* Block (linear index) = ((m-block · KB) + kb) · rgroups + rgroup: the blocks
  * that read the same weights are adjacent (L2 reuse across row groups). */
 template <int NT>
-__global__ void __launch_bounds__(MMT_WARPS * 32)
+__global__ void __launch_bounds__(MMT_WARPS * 32, 4)
     mmt_kernel(float *__restrict__ y, const float *__restrict__ x, const uint32_t *xs,
                const uint16_t *w, int R, int in, int out, int accumulate, int KB, int rgroups,
                float *part, unsigned *count)
 {
-    cuda_kernel_begin();
     __shared__ float red[MMT_WARPS][MMT_M][NT * 8];
     __shared__ int last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -357,7 +371,21 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
     const int mb = (int)(blockIdx.x / (unsigned)rgroups / (unsigned)KB);
     const int m0 = mb * MMT_M, r0 = rg * NT * 8;
     const int steps = (in + MMT_K - 1) / MMT_K;
-    const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
+    const int b0 = (int)((long long)kb * steps / KB),
+              n = (int)((long long)(kb + 1) * steps / KB) - b0;
+    /* This warp's steps: a contiguous quarter of the block's. */
+    const int s0 = b0 + warp * n / MMT_WARPS, s1 = b0 + (warp + 1) * n / MMT_WARPS;
+    /* Weights never change, so they are fetched before waiting for the
+     * kernel before this one: the first step into registers and the next
+     * MMT_PF steps into L2 (lane l: row l of the block), so the weight stream
+     * is already running when x becomes readable. */
+    const uint16_t *wrow = m0 + lane < out ? w + (size_t)(m0 + lane) * (size_t)in : NULL;
+    if (wrow && s0 + 1 < s1)
+        mmt_prefetch(wrow, in, s0 + 1, min(s1, s0 + 1 + MMT_PF));
+    mmt_wfrag cur, nxt;
+    if (s0 < s1)
+        mmt_wstep(&cur, w, m0 + g, out, s0 * MMT_K + 16 * t, in);
+    cuda_kernel_begin();
     float acc[2][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -366,19 +394,18 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[mt][nt][e] = 0.0f;
-    /* Steps s0 + warp, + 4, ...: the next step's weights are in flight while
-     * this one computes. */
-    int s = s0 + warp;
-    mmt_wfrag cur, nxt;
-    if (s < s1)
-        mmt_wstep(&cur, w, m0 + g, out, s * MMT_K + 16 * t, in);
-    for (; s < s1; s += MMT_WARPS) {
-        const int sn = s + MMT_WARPS;
-        if (sn < s1)
-            mmt_wstep(&nxt, w, m0 + g, out, sn * MMT_K + 16 * t, in);
+    /* The next step's weights are in registers while this one computes, the
+     * MMT_PF after it on their way to L2. */
+    for (int s = s0; s < s1; s++) {
+        if (wrow && s + 1 + MMT_PF < s1)
+            mmt_prefetch(wrow, in, s + 1 + MMT_PF, s + 2 + MMT_PF);
+        if (s + 1 < s1)
+            mmt_wstep(&nxt, w, m0 + g, out, (s + 1) * MMT_K + 16 * t, in);
         mmt_compute<NT>(acc, &cur, x, xs, r0, R, s, steps, t, in, g);
         cur = nxt;
     }
+    /* Warps in order, then k-blocks in order. */
+    /* Parts in order hi, mid, lo, then warps in order, then k-blocks. */
     /* acc[mt][nt] = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} of the tile. */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -466,9 +493,9 @@ static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w,
                        int out, int accumulate)
 {
     const int KB = mmt_kblocks(in, out), mblocks = (out + MMT_M - 1) / MMT_M;
-    /* Row groups of 8, 16, 24 or 32 rows: the fewest n-tiles that hold R
-     * (decode: one, verify blocks up to 32 rows: one group). */
-    const int nt = R <= 8 ? 1 : R <= 16 ? 2 : R <= 24 ? 3 : 4;
+    /* Row groups of 8, 16 or 24 rows: the fewest n-tiles that hold R
+     * (decode: one; verify blocks up to 24 rows: one group). */
+    const int nt = R <= 8 ? 1 : R <= 16 ? 2 : 3;
     const int rgroups = (R + 8 * nt - 1) / (8 * nt);
     const size_t blocks = (size_t)mblocks * (size_t)KB * (size_t)rgroups;
     TDM_ASSERT(blocks < (1u << 31));
@@ -495,10 +522,8 @@ static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w,
         MMT_LAUNCH(1);
     else if (nt == 2)
         MMT_LAUNCH(2);
-    else if (nt == 3)
-        MMT_LAUNCH(3);
     else
-        MMT_LAUNCH(4);
+        MMT_LAUNCH(3);
 #undef MMT_LAUNCH
 }
 
