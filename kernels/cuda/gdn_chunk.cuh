@@ -1,0 +1,45 @@
+/* gdn_chunk.cuh - the gated delta rule in its chunked form, for the long
+ * segments of a prompt prefill (tdm_gdn_seg.chunked): equal to the recurrent
+ * form of gdn.cu up to rounding, with 64 positions per sequential step
+ * instead of one.
+ *
+ * The C part below is for tests and benchmarks, which reach the kernel and
+ * the stream of a backend made by tdm_backend_cuda_create through be->ctx. */
+#ifndef TANDEM_KERNELS_CUDA_GDN_CHUNK_CUH
+#define TANDEM_KERNELS_CUDA_GDN_CHUNK_CUH
+
+#ifdef __cplusplus
+#include "common.cuh"
+
+/* Whether the chunked kernel's shared memory for key head dim Dk fits this
+ * device (Dk <= 256 does on sm_90). */
+int cuda_gdn_chunked_fits(cuda_ctx *c, int Dk);
+
+/* One segment (states_out NULL, any nrows >= 1) in the chunked form: reads
+ * seg->state, writes out rows seg->row0 .. +nrows ([R, Hv, Dv]) and the state
+ * after the last row in place. Arguments as backend.h's gdn_recurrent.
+ * Deterministic; the bits depend on where the segment starts (chunks are
+ * 64 rows from row0), not on other segments or calls. */
+void cuda_gdn_chunked(cuda_ctx *c, float *out, const float *qkv, int qkv_stride, const float *g,
+                      const float *beta, const tdm_gdn_seg *seg, int Hk, int Hv, int Dk, int Dv);
+
+extern "C" {
+#else
+#include "backend.h"
+#endif
+
+/* cuda_gdn_chunked on the CUDA backend context ctx (be->ctx). */
+void tdm_cuda_gdn_chunked(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
+                          const float *beta, const tdm_gdn_seg *seg, int Hk, int Hv, int Dk,
+                          int Dv);
+
+/* GPU milliseconds of the work fn(arg) queues on the stream of the CUDA
+ * backend context ctx, between events recorded before and after it; waits
+ * for the second event. */
+float tdm_cuda_time_ms(void *ctx, void (*fn)(void *arg), void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
