@@ -18,11 +18,13 @@
  * 2 x 16 bytes of 4 weight rows and 64 bytes of each of its x rows, and the
  * k order inside a step is permuted the same way for w and x (lane t holds
  * elements 16t..16t+15; mma j takes 16t+4j..16t+4j+3 of every lane), which
- * keeps every load a 16-byte vector. A block's 4 warps take contiguous
- * quarters of its k-range; KB blocks split k when `out` is small so the GPU
- * fills. Weights stream through a bulk L2 prefetch a few steps ahead of the
- * register loads, and the first of them are requested before the kernel
- * waits for its predecessor (programmatic dependent launch).
+ * keeps every load a 16-byte vector. A block's 4 warps take the steps of its
+ * k-range in turn (adjacent 128-byte pieces of each row at a time); KB
+ * blocks split k when `out` is small so the GPU fills. The first weights
+ * are requested before the kernel waits for its predecessor (programmatic
+ * dependent launch). Measured on the H200 (bench/cuda_matmul_bench): an L2
+ * prefetch ahead of the loads, one accumulator per x part and contiguous
+ * k-ranges per warp were each slower.
  * Partial sums are added warp by warp, then block by block (the last block
  * of an output tile to finish adds the KB partials in order), so the order
  * of additions for an output depends only on (in, out): a row computes the
@@ -197,8 +199,7 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 #define MMT_WARPS 4
 #define MMT_M 32       /* output features per block: two m-tiles */
 #define MMT_K 64       /* k per step */
-#define MMT_BLOCKS 512 /* blocks a call should have at least, when k allows */
-#define MMT_PF 6       /* steps per warp prefetched into L2 ahead of the registers */
+#define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
 
 /* bf16 bits of v rounded to nearest even (v finite). */
 __device__ __forceinline__ uint32_t mmt_bf16(float v)
@@ -253,17 +254,6 @@ __device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const uint16_t *w, int m
             f->v[i][h] = mmt_wload(w, m0 + 8 * i, out, k + 8 * h, in);
 }
 
-/* Steps [a, b) of one weight row into L2 (bulk prefetch: no registers, no
- * completion to wait for); the row's tail stops at `in`. */
-__device__ __forceinline__ void mmt_prefetch(const uint16_t *row, int in, int a, int b)
-{
-    const int k0 = a * MMT_K, k1 = min(b * MMT_K, in);
-    if (k1 > k0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + k0),
-                     "r"((unsigned)(k1 - k0) * 2u)
-                     : "memory");
-}
-
 __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
 {
     const uint4 q = c[i >> 2];
@@ -312,9 +302,9 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
         o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
 }
 
-/* acc[mt][nt] += the step's products, parts hi, mid, lo in turn. For mma j
- * the lane's A words are 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24
- * (m-tile 1); its B words come from x (split here) or xs (pre-split). */
+/* acc[mt][nt] += the step's products, x parts hi, mid, lo in turn. For mma j the lane's A words are
+ * 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words
+ * come from x (split here) or xs (pre-split). */
 template <int NT>
 __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag *f, const float *x,
                                             const uint32_t *xs, int r0, int R, int s, int steps,
@@ -358,7 +348,7 @@ __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag
 /* Block (linear index) = ((m-block · KB) + kb) · rgroups + rgroup: the blocks
  * that read the same weights are adjacent (L2 reuse across row groups). */
 template <int NT>
-__global__ void __launch_bounds__(MMT_WARPS * 32, 4)
+__global__ void __launch_bounds__(MMT_WARPS * 32)
     mmt_kernel(float *__restrict__ y, const float *__restrict__ x, const uint32_t *xs,
                const uint16_t *w, int R, int in, int out, int accumulate, int KB, int rgroups,
                float *part, unsigned *count)
@@ -371,20 +361,14 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, 4)
     const int mb = (int)(blockIdx.x / (unsigned)rgroups / (unsigned)KB);
     const int m0 = mb * MMT_M, r0 = rg * NT * 8;
     const int steps = (in + MMT_K - 1) / MMT_K;
-    const int b0 = (int)((long long)kb * steps / KB),
-              n = (int)((long long)(kb + 1) * steps / KB) - b0;
-    /* This warp's steps: a contiguous quarter of the block's. */
-    const int s0 = b0 + warp * n / MMT_WARPS, s1 = b0 + (warp + 1) * n / MMT_WARPS;
-    /* Weights never change, so they are fetched before waiting for the
-     * kernel before this one: the first step into registers and the next
-     * MMT_PF steps into L2 (lane l: row l of the block), so the weight stream
-     * is already running when x becomes readable. */
-    const uint16_t *wrow = m0 + lane < out ? w + (size_t)(m0 + lane) * (size_t)in : NULL;
-    if (wrow && s0 + 1 < s1)
-        mmt_prefetch(wrow, in, s0 + 1, min(s1, s0 + 1 + MMT_PF));
+    const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
+    /* Weights never change, so the warp's first step is loaded before
+     * waiting for the kernel before this one (programmatic dependent
+     * launch): the weight stream is already running when x is readable. */
+    int s = s0 + warp;
     mmt_wfrag cur, nxt;
-    if (s0 < s1)
-        mmt_wstep(&cur, w, m0 + g, out, s0 * MMT_K + 16 * t, in);
+    if (s < s1)
+        mmt_wstep(&cur, w, m0 + g, out, s * MMT_K + 16 * t, in);
     cuda_kernel_begin();
     float acc[2][NT][4];
 #pragma unroll
@@ -394,19 +378,16 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, 4)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[mt][nt][e] = 0.0f;
-    /* The next step's weights are in registers while this one computes, the
-     * MMT_PF after it on their way to L2. */
-    for (int s = s0; s < s1; s++) {
-        if (wrow && s + 1 + MMT_PF < s1)
-            mmt_prefetch(wrow, in, s + 1 + MMT_PF, s + 2 + MMT_PF);
-        if (s + 1 < s1)
-            mmt_wstep(&nxt, w, m0 + g, out, (s + 1) * MMT_K + 16 * t, in);
+    /* Steps s0 + warp, + 4, ...: the next step's weights are in flight
+     * while this one computes. */
+    for (; s < s1; s += MMT_WARPS) {
+        const int sn = s + MMT_WARPS;
+        if (sn < s1)
+            mmt_wstep(&nxt, w, m0 + g, out, sn * MMT_K + 16 * t, in);
         mmt_compute<NT>(acc, &cur, x, xs, r0, R, s, steps, t, in, g);
         cur = nxt;
     }
     /* Warps in order, then k-blocks in order. */
-    /* Parts in order hi, mid, lo, then warps in order, then k-blocks. */
-    /* acc[mt][nt] = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} of the tile. */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -525,6 +506,7 @@ static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w,
     else
         MMT_LAUNCH(3);
 #undef MMT_LAUNCH
+#undef MMT_LAUNCH_V
 }
 
 /* ---- dispatch --------------------------------------------------------------- */
