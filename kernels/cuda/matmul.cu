@@ -39,6 +39,8 @@
  */
 #include "matmul.cuh"
 
+#include <string.h>
+
 #define MM_COLS 4   /* columns per block: each x load serves 4 columns */
 #define MM_KWARPS 8 /* at most this many warps split k */
 
@@ -345,20 +347,41 @@ __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag
     }
 }
 
-/* Block (linear index) = ((m-block · KB) + kb) · rgroups + rgroup: the blocks
- * that read the same weights are adjacent (L2 reuse across row groups). */
+/* One weight of a call: several weights that share x (the projections of a
+ * layer) run as one launch, each with the tiling it would have alone. */
+#define MMT_MAXJOBS 4
+
+typedef struct mmt_job {
+    float *y;
+    const uint16_t *w;
+    float *part;     /* split k: [KB][R][out] */
+    unsigned *count; /* split k: [mblocks][rgroups] */
+    int out, KB, block0, accumulate;
+} mmt_job;
+
+typedef struct mmt_jobs {
+    mmt_job j[MMT_MAXJOBS];
+    int n;
+} mmt_jobs;
+
+/* Block (linear index within its job) = ((m-block · KB) + kb) · rgroups +
+ * rgroup: the blocks that read the same weights are adjacent (L2 reuse
+ * across row groups). */
 template <int NT>
 __global__ void __launch_bounds__(MMT_WARPS * 32)
-    mmt_kernel(float *__restrict__ y, const float *__restrict__ x, const uint32_t *xs,
-               const uint16_t *w, int R, int in, int out, int accumulate, int KB, int rgroups,
-               float *part, unsigned *count)
+    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
+               int rgroups)
 {
     __shared__ float red[MMT_WARPS][MMT_M][NT * 8];
     __shared__ int last;
+    int ji = 0;
+    while (ji + 1 < jobs.n && (int)blockIdx.x >= jobs.j[ji + 1].block0)
+        ji++;
+    const mmt_job &jb = jobs.j[ji];
+    const uint16_t *w = jb.w;
+    const int out = jb.out, KB = jb.KB, bi = (int)blockIdx.x - jb.block0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int rg = (int)(blockIdx.x % (unsigned)rgroups);
-    const int kb = (int)(blockIdx.x / (unsigned)rgroups % (unsigned)KB);
-    const int mb = (int)(blockIdx.x / (unsigned)rgroups / (unsigned)KB);
+    const int rg = bi % rgroups, kb = bi / rgroups % KB, mb = bi / rgroups / KB;
     const int m0 = mb * MMT_M, r0 = rg * NT * 8;
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
@@ -397,19 +420,20 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
                 red[warp][16 * mt + g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[mt][nt][e];
     __syncthreads();
     const int ncell = MMT_M * NT * 8;
+    float *y = jb.y;
     if (KB == 1) {
         for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
             const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
             if (o < out && r < R) {
                 const float v = ((red[0][m][n] + red[1][m][n]) + red[2][m][n]) + red[3][m][n];
                 float *yp = y + (size_t)r * (size_t)out + (size_t)o;
-                *yp = accumulate ? *yp + v : v;
+                *yp = jb.accumulate ? *yp + v : v;
             }
         }
         return;
     }
-    /* Split k: partial [KB][R][out]; the last block of the tile adds them
-     * in kb order. */
+    /* Split k: the last block of the tile adds the KB partials in order. */
+    float *part = jb.part;
     for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
         const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
         if (o < out && r < R)
@@ -418,7 +442,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
     }
     __threadfence();
     __syncthreads();
-    unsigned *cnt = count + (size_t)mb * (size_t)rgroups + (size_t)rg;
+    unsigned *cnt = jb.count + (size_t)mb * (size_t)rgroups + (size_t)rg;
     if (threadIdx.x == 0)
         last = atomicAdd(cnt, 1u) == (unsigned)KB - 1;
     __syncthreads();
@@ -432,7 +456,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
             for (int b = 0; b < KB; b++)
                 v += __ldcg(part + ((size_t)b * (size_t)R + (size_t)r) * (size_t)out + (size_t)o);
             float *yp = y + (size_t)r * (size_t)out + (size_t)o;
-            *yp = accumulate ? *yp + v : v;
+            *yp = jb.accumulate ? *yp + v : v;
         }
     }
     if (threadIdx.x == 0)
@@ -470,35 +494,53 @@ static void *mmt_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
     return *buf;
 }
 
-static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w, int R, int in,
-                       int out, int accumulate)
+/* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch. */
+static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
+                       const uint16_t *const *ws, const int *outs, int accumulate)
 {
-    const int KB = mmt_kblocks(in, out), mblocks = (out + MMT_M - 1) / MMT_M;
     /* Row groups of 8, 16 or 24 rows: the fewest n-tiles that hold R
      * (decode: one; verify blocks up to 24 rows: one group). */
     const int nt = R <= 8 ? 1 : R <= 16 ? 2 : 3;
     const int rgroups = (R + 8 * nt - 1) / (8 * nt);
-    const size_t blocks = (size_t)mblocks * (size_t)KB * (size_t)rgroups;
+    mmt_jobs jobs;
+    memset(&jobs, 0, sizeof(jobs));
+    jobs.n = n;
+    size_t blocks = 0, part_floats = 0, counters = 0;
+    for (int i = 0; i < n; i++) {
+        const int KB = mmt_kblocks(in, outs[i]), mblocks = (outs[i] + MMT_M - 1) / MMT_M;
+        jobs.j[i] = (mmt_job){ys[i], ws[i], NULL, NULL, outs[i], KB, (int)blocks, accumulate};
+        blocks += (size_t)mblocks * (size_t)KB * (size_t)rgroups;
+        if (KB > 1) {
+            part_floats += (size_t)KB * (size_t)R * (size_t)outs[i];
+            counters += (size_t)mblocks * (size_t)rgroups;
+        }
+    }
     TDM_ASSERT(blocks < (1u << 31));
-    float *part = NULL;
-    unsigned *count = NULL;
-    if (KB > 1) {
+    if (part_floats) {
         /* counters return to zero after every call (the last block resets its own) */
-        part = (float *)mmt_grow(c, (void **)&c->mm_part, &c->mm_part_cap,
-                                 (size_t)KB * (size_t)R * (size_t)out * sizeof(float));
-        count = (unsigned *)mmt_grow(c, (void **)&c->mm_count, &c->mm_count_cap,
-                                     (size_t)mblocks * (size_t)rgroups * sizeof(unsigned));
+        float *part = (float *)mmt_grow(c, (void **)&c->mm_part, &c->mm_part_cap,
+                                        part_floats * sizeof(float));
+        unsigned *count = (unsigned *)mmt_grow(c, (void **)&c->mm_count, &c->mm_count_cap,
+                                               counters * sizeof(unsigned));
+        for (int i = 0; i < n; i++)
+            if (jobs.j[i].KB > 1) {
+                const int mblocks = (outs[i] + MMT_M - 1) / MMT_M;
+                jobs.j[i].part = part;
+                jobs.j[i].count = count;
+                part += (size_t)jobs.j[i].KB * (size_t)R * (size_t)outs[i];
+                count += (size_t)mblocks * (size_t)rgroups;
+            }
     }
     uint32_t *xs = NULL;
     if (nt > 1) {
         const int steps = (in + MMT_K - 1) / MMT_K;
-        const size_t n = (size_t)R * (size_t)steps * 4;
-        xs = (uint32_t *)mmt_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, n * 24 * sizeof(uint32_t));
-        cuda_launch(c, mmt_presplit_kernel, cuda_blocks(n, 128), 128, 0, xs, x, R, in, steps);
+        const size_t nx = (size_t)R * (size_t)steps * 4;
+        xs = (uint32_t *)mmt_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, nx * 24 * sizeof(uint32_t));
+        cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
     }
 #define MMT_LAUNCH(N)                                                                              \
-    cuda_launch(c, mmt_kernel<N>, (unsigned)blocks, MMT_WARPS * 32, 0, y, x, (const uint32_t *)xs, \
-                w, R, in, out, accumulate, KB, rgroups, part, count)
+    cuda_launch(c, mmt_kernel<N>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x,                    \
+                (const uint32_t *)xs, R, in, rgroups)
     if (nt == 1)
         MMT_LAUNCH(1);
     else if (nt == 2)
@@ -506,7 +548,6 @@ static void mmt_matmul(cuda_ctx *c, float *y, const float *x, const uint16_t *w,
     else
         MMT_LAUNCH(3);
 #undef MMT_LAUNCH
-#undef MMT_LAUNCH_V
 }
 
 /* ---- dispatch --------------------------------------------------------------- */
@@ -520,7 +561,8 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     /* The vector paths need every row of w and x 16-byte aligned. */
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
     if (vec && w.dtype == TDM_DTYPE_BF16) {
-        mmt_matmul(c, y, x, (const uint16_t *)w.data, R, in, out, accumulate);
+        const uint16_t *wd = (const uint16_t *)w.data;
+        mmt_matmul(c, x, R, in, 1, &y, &wd, &out, accumulate);
         return;
     }
     /* Rows per block: the fewest that hold the whole call (up to 16), so a
@@ -541,4 +583,33 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     else
         MM_LAUNCH(16);
 #undef MM_LAUNCH
+}
+
+void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const *ys,
+                   const tdm_weight *ws, const int *outs)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    /* Tensor-core weights in groups of up to MMT_MAXJOBS per launch; any
+     * other weight alone. Each output gets exactly what cuda_matmul gives. */
+    float *gy[MMT_MAXJOBS];
+    const uint16_t *gw[MMT_MAXJOBS];
+    int go[MMT_MAXJOBS], ng = 0;
+    const int xvec = in % 8 == 0 && ((uintptr_t)x % 16) == 0;
+    for (int i = 0; i < n; i++) {
+        if (R <= 0 || outs[i] <= 0)
+            continue;
+        if (xvec && ws[i].dtype == TDM_DTYPE_BF16 && (uintptr_t)ws[i].data % 16 == 0) {
+            gy[ng] = ys[i];
+            gw[ng] = (const uint16_t *)ws[i].data;
+            go[ng++] = outs[i];
+            if (ng == MMT_MAXJOBS) {
+                mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
+                ng = 0;
+            }
+        } else {
+            cuda_matmul(ctx, ys[i], x, ws[i], R, in, outs[i], 0);
+        }
+    }
+    if (ng)
+        mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
 }

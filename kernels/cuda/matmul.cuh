@@ -7,4 +7,9 @@
 void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out,
                  int accumulate);
 
+/* ys[i] [R, outs[i]] = x [R, in] · ws[i]ᵀ for i < n: the same results as n
+ * cuda_matmul calls, bf16 weights sharing one launch. */
+void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const *ys,
+                   const tdm_weight *ws, const int *outs);
+
 #endif
