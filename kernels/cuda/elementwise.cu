@@ -1,10 +1,22 @@
 /*
- * elementwise.cu - one thread per output element; the same formulas as the
- * CPU backend (accurate expf/log1pf/sinf/cosf, no fast-math intrinsics).
+ * elementwise.cu - one thread per output element, or per 4 consecutive ones
+ * (float4) where the op streams long rows and the pointers allow; the same
+ * formulas as the CPU backend (accurate expf/log1pf/sinf/cosf, no fast-math
+ * intrinsics). Every element is computed on its own, so how elements are
+ * grouped never changes a bit.
  */
 #include "elementwise.cuh"
 
+#include <stdint.h>
+
 #define EW_THREADS 256
+
+/* Whether float4 accesses at element offsets that are multiples of 4 are
+ * aligned for all of these pointers. */
+static int ew_aligned(const void *a, const void *b, const void *c)
+{
+    return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+}
 
 __global__ void embed_kernel(float *y, const void *e, tdm_dtype dt, const int32_t *ids, int R,
                              int H)
@@ -28,16 +40,24 @@ void cuda_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, in
                 dids, R, H);
 }
 
+/* One thread per W consecutive elements of [R, nH, D] (W = 4 when D % 4 == 0
+ * and the pointers are aligned, so the W never straddle two heads). */
+template <int W>
 __global__ void split_qgate_kernel(float *q, float *gate, const float *qg, size_t n, int D)
 {
     cuda_kernel_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* over [R, nH, D] */
+    const size_t i = W * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
     if (i >= n)
         return;
     const size_t head = i / (size_t)D, d = i % (size_t)D;
     const float *src = qg + head * 2 * (size_t)D;
-    q[i] = src[d];
-    gate[i] = src[D + d];
+    if (W == 4) {
+        *(float4 *)(q + i) = *(const float4 *)(src + d);
+        *(float4 *)(gate + i) = *(const float4 *)(src + D + d);
+    } else {
+        q[i] = src[d];
+        gate[i] = src[D + d];
+    }
 }
 
 void cuda_split_qgate(void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D)
@@ -46,8 +66,12 @@ void cuda_split_qgate(void *ctx, float *q, float *gate, const float *qg, int R, 
     const size_t n = (size_t)R * (size_t)nH * (size_t)D;
     if (n == 0)
         return;
-    cuda_launch(c, split_qgate_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, q, gate, qg, n,
-                D);
+    if (D % 4 == 0 && ew_aligned(q, gate, qg))
+        cuda_launch(c, split_qgate_kernel<4>, cuda_blocks(n / 4, EW_THREADS), EW_THREADS, 0, q,
+                    gate, qg, n, D);
+    else
+        cuda_launch(c, split_qgate_kernel<1>, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, q, gate,
+                    qg, n, D);
 }
 
 /* One thread per (row, head, i < rot/2): rotates the pair (i, i + rot/2). */
@@ -95,12 +119,38 @@ void cuda_kv_store(void *ctx, float *k_cache, float *v_cache, const float *k, co
     CUDA_CHECK(cudaMemcpyAsync(v_cache + off, v, n, cudaMemcpyDeviceToDevice, c->stream));
 }
 
-__global__ void mul_sigmoid_kernel(float *y, const float *gate, size_t n)
+/* mul_sigmoid and silu_mul: one thread per 4 consecutive elements, float4
+ * when the pointers are aligned, scalar for the tail and otherwise. */
+__device__ __forceinline__ float ew_mul_sigmoid(float y, float g)
+{
+    return y * cuda_sigmoid(g);
+}
+
+__device__ __forceinline__ float ew_silu_mul(float a, float b)
+{
+    return cuda_silu(a) * b;
+}
+
+/* y[i] = f(a[i], b[i]) for 4 elements from i. */
+template <float (*F)(float, float)>
+__device__ __forceinline__ void ew_four(float *y, const float *a, const float *b, size_t i,
+                                        size_t n, int vec)
+{
+    if (vec && i + 4 <= n) {
+        const float4 u = *(const float4 *)(a + i), v = *(const float4 *)(b + i);
+        *(float4 *)(y + i) = make_float4(F(u.x, v.x), F(u.y, v.y), F(u.z, v.z), F(u.w, v.w));
+        return;
+    }
+    for (size_t j = i; j < n && j < i + 4; j++)
+        y[j] = F(a[j], b[j]);
+}
+
+__global__ void mul_sigmoid_kernel(float *y, const float *gate, size_t n, int vec)
 {
     cuda_kernel_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
     if (i < n)
-        y[i] = y[i] * cuda_sigmoid(gate[i]);
+        ew_four<ew_mul_sigmoid>(y, y, gate, i, n, vec);
 }
 
 void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
@@ -108,15 +158,16 @@ void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (n == 0)
         return;
-    cuda_launch(c, mul_sigmoid_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, gate, n);
+    cuda_launch(c, mul_sigmoid_kernel, cuda_blocks((n + 3) / 4, EW_THREADS), EW_THREADS, 0, y, gate,
+                n, ew_aligned(y, gate, NULL));
 }
 
-__global__ void silu_mul_kernel(float *y, const float *a, const float *b, size_t n)
+__global__ void silu_mul_kernel(float *y, const float *a, const float *b, size_t n, int vec)
 {
     cuda_kernel_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
     if (i < n)
-        y[i] = cuda_silu(a[i]) * b[i];
+        ew_four<ew_silu_mul>(y, a, b, i, n, vec);
 }
 
 void cuda_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n)
@@ -124,7 +175,8 @@ void cuda_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (n == 0)
         return;
-    cuda_launch(c, silu_mul_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, a, b, n);
+    cuda_launch(c, silu_mul_kernel, cuda_blocks((n + 3) / 4, EW_THREADS), EW_THREADS, 0, y, a, b, n,
+                ew_aligned(y, a, b));
 }
 
 __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const float *b,

@@ -1,78 +1,112 @@
 /*
  * gdn.cu - causal conv + SiLU with per-sequence window state, and the
- * recurrent gated delta rule, per segment of rows.
+ * recurrent gated delta rule, per segment of rows. Both stage the caller's
+ * segment array as it is (seglist.cuh).
  *
- * Delta rule: one block per (segment, v-head, tile of 32 value columns).
- * Thread (slice s, lane e) keeps state column e0+e for the keys d = s,
- * s+GDN_SLICES, ... in registers for the whole segment; positions run one
- * after another (the recurrent form, exact math). Per position:
- *   S *= exp(g);  kv = Sᵀk;  delta = (v - kv)·beta;  S += k deltaᵀ;  o = Sᵀq
- * with q, k l2-normalised (eps 1e-6) and q scaled by Dk^-0.5. The reductions
- * over d go per thread, then over slices in slice order: fixed, so a position
- * computes the same bits in a prefill, a verify block or a decode step.
+ * Conv: one kernel. A thread owns one channel of a chunk of up to
+ * CONV_CHUNK rows of a segment: it loads the K weights, the K-1 inputs
+ * before the chunk (from the state or from x) and the chunk's inputs, then
+ * walks the rows with the window in registers, writing y and, when asked,
+ * the window after every row. Chunks only spread long segments over more
+ * threads: every output is the same K-term sum whatever the chunking. The
+ * in-place window update is done by the thread of chunk 0, the only one
+ * that reads the old window (chunks start CONV_CHUNK >= K-1 rows apart), so
+ * no other thread can see it half written.
+ *
+ * Delta rule: one block of GDN_WARPS warps per (value-column tile, v-head,
+ * segment). SL lanes share a value column e: lane (slice s, column) keeps
+ * the state rows d = s*P .. s*P+P-1 of column e in registers for the whole
+ * segment, and reads the same slice of q and k. Per position, with q and k
+ * taken as they are and their norms folded into scalars:
+ *   S *= exp(g);  kv = (Sᵀk)·|k|⁻¹;  delta = (v - kv)·beta;
+ *   S += k (delta·|k|⁻¹);  o = (Sᵀq)·|q|⁻¹·Dk^-0.5
+ * (|x|⁻¹ = 1/sqrt(Σx² + 1e-6)); algebraically the reference with q and k
+ * l2-normalised first. Every sum over d is per thread over its slice in
+ * order, then a butterfly over the SL lanes of the column: no shared memory
+ * and no barrier. P and SL follow from Dk alone, so a position computes the
+ * same bits in a prefill, a verify block or a decode step, in any batch.
+ * The next position's q, k, v, g and beta are loaded while the current one
+ * is computed.
  */
 #include "gdn.cuh"
+#include "seglist.cuh"
 
 #include <math.h>
+#include <stdint.h>
 
 /* ---- causal conv ------------------------------------------------------ */
 
-typedef struct conv_row {
-    int row, i; /* row of the call, index within its segment */
-    const float *state;
-    float *states_out;
-} conv_row;
+#define CONV_CHUNK 16
+#define CONV_THREADS 128
+#define CONV_MAX_K 8
 
-typedef struct conv_segd {
-    int row0, nrows;
-    float *state;
-} conv_segd;
+struct conv_units {
+    __device__ int operator()(const tdm_conv_seg &s) const
+    {
+        return (s.nrows + CONV_CHUNK - 1) / CONV_CHUNK;
+    }
+};
 
-/* One thread per (row, channel). */
-__global__ void conv_kernel(float *y, const float *x, const float *w, const conv_row *rows, int R,
-                            int C, int K)
+template <int K>
+__global__ void __launch_bounds__(CONV_THREADS)
+    conv_kernel(float *y, const float *x, const float *w, const tdm_conv_seg *segs, int nseg, int C)
 {
     cuda_kernel_begin();
-    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (size_t)R * (size_t)C)
+    constexpr int S = K - 1;
+    int first;
+    const int si = cuda_seg_find(segs, nseg, (int)blockIdx.y, conv_units(), &first);
+    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (si < 0 || c >= C)
         return;
-    const conv_row cr = rows[t / (size_t)C];
-    const int c = (int)(t % (size_t)C), S = K - 1, row0 = cr.row - cr.i;
-    float acc = 0.0f;
-    for (int j = 0; j < K; j++) {
-        const int m = cr.i - S + j; /* input index relative to the segment */
-        const float v = m < 0 ? cr.state[(size_t)(S + m) * (size_t)C + (size_t)c]
-                              : x[(size_t)(row0 + m) * (size_t)C + (size_t)c];
-        acc = fmaf(w[(size_t)c * (size_t)K + (size_t)j], v, acc);
+    const tdm_conv_seg sg = segs[si];
+    const int ci = (int)blockIdx.y - first, i0 = ci * CONV_CHUNK;
+    const int nr = min(CONV_CHUNK, sg.nrows - i0);
+    const size_t cs = (size_t)C;
+    const float *xc = x + (size_t)sg.row0 * cs + (size_t)c;
+    float wv[K], win[K], xs[CONV_CHUNK];
+#pragma unroll
+    for (int j = 0; j < K; j++)
+        wv[j] = w[(size_t)c * K + j];
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+        const int m = i0 - S + j; /* input index relative to the segment */
+        win[j] = m < 0 ? sg.state[(size_t)(S + m) * cs + (size_t)c] : xc[(size_t)m * cs];
     }
-    y[(size_t)cr.row * (size_t)C + (size_t)c] = cuda_silu(acc);
-    if (cr.states_out) {
-        /* the window after this row: inputs i-S+1 .. i */
-        float *so = cr.states_out + (size_t)cr.i * (size_t)S * (size_t)C;
-        for (int j = 0; j < S; j++) {
-            const int m = cr.i - S + 1 + j;
-            so[(size_t)j * (size_t)C + (size_t)c] =
-                m < 0 ? cr.state[(size_t)(S + m) * (size_t)C + (size_t)c]
-                      : x[(size_t)(row0 + m) * (size_t)C + (size_t)c];
+#pragma unroll
+    for (int k = 0; k < CONV_CHUNK; k++)
+        xs[k] = k < nr ? xc[(size_t)(i0 + k) * cs] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < CONV_CHUNK; k++) {
+        if (k >= nr)
+            break;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < S; j++)
+            acc = fmaf(wv[j], win[j], acc);
+        acc = fmaf(wv[S], xs[k], acc);
+        y[(size_t)(sg.row0 + i0 + k) * cs + (size_t)c] = cuda_silu(acc);
+        if constexpr (S > 0) {
+#pragma unroll
+            for (int j = 0; j + 1 < S; j++)
+                win[j] = win[j + 1];
+            win[S - 1] = xs[k];
+        }
+        if (sg.states_out) {
+            /* the window after this row: inputs i-S+1 .. i */
+            float *so = sg.states_out + (size_t)(i0 + k) * (size_t)S * cs + (size_t)c;
+#pragma unroll
+            for (int j = 0; j < S; j++)
+                so[(size_t)j * cs] = win[j];
         }
     }
-}
-
-/* In-place window update after the conv has read the old window: one thread
- * per (segment, channel); j rises and reads index n+j > j, not yet written. */
-__global__ void conv_state_kernel(const float *x, const conv_segd *segs, int nseg, int C, int K)
-{
-    cuda_kernel_begin();
-    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (size_t)nseg * (size_t)C)
-        return;
-    const conv_segd sg = segs[t / (size_t)C];
-    const int c = (int)(t % (size_t)C), S = K - 1, n = sg.nrows;
-    for (int j = 0; j < S; j++) {
-        const int m = n - S + j;
-        sg.state[(size_t)j * (size_t)C + (size_t)c] =
-            m < 0 ? sg.state[(size_t)(S + m) * (size_t)C + (size_t)c]
-                  : x[(size_t)(sg.row0 + m) * (size_t)C + (size_t)c];
+    if (!sg.states_out && ci == 0) {
+        /* The window after the segment: in registers when chunk 0 is the
+         * whole segment, else its last S inputs, all rows of x. */
+        const int n = sg.nrows;
+#pragma unroll
+        for (int j = 0; j < S; j++)
+            sg.state[(size_t)j * cs + (size_t)c] =
+                n <= CONV_CHUNK ? win[j] : xc[(size_t)(n - S + j) * cs];
     }
 }
 
@@ -80,154 +114,156 @@ void cuda_conv_silu(void *ctx, float *y, const float *x, const float *w, const t
                     int nseg, int C, int K)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
-    TDM_ASSERT(K >= 1);
-    int R = 0, nin = 0;
-    for (int i = 0; i < nseg; i++) {
-        R += segs[i].nrows;
-        nin += !segs[i].states_out && segs[i].nrows > 0;
-    }
-    if (R == 0 || C <= 0)
+    TDM_ASSERT(K >= 1 && K <= CONV_MAX_K && K - 1 <= CONV_CHUNK);
+    int units = 0;
+    for (int i = 0; i < nseg; i++)
+        units += (segs[i].nrows + CONV_CHUNK - 1) / CONV_CHUNK;
+    if (units == 0 || C <= 0)
         return;
-    conv_row *rows = (conv_row *)malloc((size_t)R * sizeof(conv_row));
-    conv_segd *sd = (conv_segd *)malloc((size_t)(nin ? nin : 1) * sizeof(conv_segd));
-    TDM_ASSERT(rows && sd);
-    for (int i = 0, r = 0, s = 0; i < nseg; i++) {
-        for (int j = 0; j < segs[i].nrows; j++, r++)
-            rows[r] = (conv_row){segs[i].row0 + j, j, segs[i].state, segs[i].states_out};
-        if (!segs[i].states_out && segs[i].nrows > 0)
-            sd[s++] = (conv_segd){segs[i].row0, segs[i].nrows, segs[i].state};
+    const tdm_conv_seg *d =
+        (const tdm_conv_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_conv_seg));
+    const dim3 grid(cuda_blocks((size_t)C, CONV_THREADS), (unsigned)units);
+#define CONV_LAUNCH(N)                                                                             \
+    case N:                                                                                        \
+        cuda_launch(c, conv_kernel<N>, grid, CONV_THREADS, 0, y, x, w, d, nseg, C);                \
+        break
+    switch (K) {
+        CONV_LAUNCH(1);
+        CONV_LAUNCH(2);
+        CONV_LAUNCH(3);
+        CONV_LAUNCH(4);
+        CONV_LAUNCH(5);
+        CONV_LAUNCH(6);
+        CONV_LAUNCH(7);
+        CONV_LAUNCH(8);
     }
-    const conv_row *drows = (const conv_row *)cuda_stage(c, rows, (size_t)R * sizeof(conv_row));
-    const size_t n = (size_t)R * (size_t)C;
-    cuda_launch(c, conv_kernel, cuda_blocks(n, 256), 256, 0, y, x, w, drows, R, C, K);
-    if (nin > 0 && K > 1) {
-        const conv_segd *dsd =
-            (const conv_segd *)cuda_stage(c, sd, (size_t)nin * sizeof(conv_segd));
-        const size_t m = (size_t)nin * (size_t)C;
-        cuda_launch(c, conv_state_kernel, cuda_blocks(m, 256), 256, 0, x, dsd, nin, C, K);
-    }
-    free(rows);
-    free(sd);
+#undef CONV_LAUNCH
 }
 
 /* ---- gated delta rule --------------------------------------------------- */
 
-#define GDN_SLICES 8
-#define GDN_COLS 32
+#define GDN_WARPS 4
 
-typedef struct gdn_segd {
-    int row0, nrows;
-    float *state;      /* [Hv, Dk, Dv] */
-    float *states_out; /* NULL or [nrows, Hv, Dk, Dv] */
-} gdn_segd;
+/* Sum over the SL lanes of a value column (lanes col + k * 32/SL). */
+template <int SL> __device__ __forceinline__ float gdn_col_sum(float v)
+{
+#pragma unroll
+    for (int o = 32 / SL; o < 32; o <<= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
-/* KPT: state values per thread = ceil(Dk / GDN_SLICES). */
-template <int KPT>
-__global__ void __launch_bounds__(GDN_SLICES *GDN_COLS)
+/* One position's inputs for a thread: its slices of q and k (0 past Dk),
+ * v at its column (0 past Dv), g and beta of its v-head. */
+template <int P> struct gdn_in {
+    float q[P], k[P], v, g, b;
+};
+
+template <int P>
+__device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t row, int stride,
+                                         const float *g, const float *beta, int hk, int hv, int Hk,
+                                         int Hv, int Dk, int Dv, int d0, int e, bool live, int vec)
+{
+    const float *base = qkv + row * (size_t)stride;
+    const float *q = base + (size_t)hk * (size_t)Dk + d0, *k = q + (size_t)Hk * (size_t)Dk;
+    if (vec) { /* Dk % 4 == 0 and aligned rows: a float4 is all in or all out */
+#pragma unroll
+        for (int t = 0; t < P; t += 4) {
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+            if (d0 + t < Dk) {
+                a = *(const float4 *)(q + t);
+                b = *(const float4 *)(k + t);
+            }
+            in.q[t] = a.x, in.q[t + 1] = a.y, in.q[t + 2] = a.z, in.q[t + 3] = a.w;
+            in.k[t] = b.x, in.k[t + 1] = b.y, in.k[t + 2] = b.z, in.k[t + 3] = b.w;
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < P; t++) {
+            const bool in_d = d0 + t < Dk;
+            in.q[t] = in_d ? q[t] : 0.0f;
+            in.k[t] = in_d ? k[t] : 0.0f;
+        }
+    }
+    in.v = live ? base[2 * (size_t)Hk * (size_t)Dk + (size_t)hv * (size_t)Dv + (size_t)e] : 0.0f;
+    const size_t gi = row * (size_t)Hv + (size_t)hv;
+    in.g = g[gi];
+    in.b = beta[gi];
+}
+
+/* P: state rows per thread; SL: lanes per value column (P * SL >= Dk). */
+template <int P, int SL>
+__global__ void __launch_bounds__(GDN_WARPS * 32)
     gdn_kernel(float *out, const float *qkv, int stride, const float *g, const float *beta,
-               const gdn_segd *segs, int Hk, int Hv, int Dk, int Dv)
+               const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec)
 {
     cuda_kernel_begin();
-    extern __shared__ float sm[];
-    float *qn = sm;                           /* [Dk] */
-    float *kn = qn + Dk;                      /* [Dk] */
-    float *red = kn + Dk;                     /* [GDN_SLICES][GDN_COLS] */
-    float *vec = red + GDN_SLICES * GDN_COLS; /* [GDN_COLS]: kv, then delta */
-    __shared__ float norms[2];
-    const gdn_segd sg = segs[blockIdx.x];
-    const int hv = blockIdx.y, hk = hv / (Hv / Hk);
-    const int lane = threadIdx.x % GDN_COLS, sl = threadIdx.x / GDN_COLS;
-    const int e = blockIdx.z * GDN_COLS + lane;
+    constexpr int CPW = 32 / SL; /* value columns per warp */
+    const tdm_gdn_seg sg = segs[blockIdx.z];
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int col = lane % CPW, d0 = (lane / CPW) * P;
+    const int hv = (int)blockIdx.y, hk = hv / (Hv / Hk);
+    const int e = ((int)blockIdx.x * GDN_WARPS + warp) * CPW + col;
     const bool live = e < Dv;
-    const size_t hs = (size_t)Dk * (size_t)Dv;
+    const size_t hs = (size_t)Dk * (size_t)Dv, dv = (size_t)Dv;
     const float scale = 1.0f / sqrtf((float)Dk);
-    float S[KPT];
-    const float *init = sg.state + (size_t)hv * hs;
+    float S[P];
+    {
+        const float *st = sg.state + (size_t)hv * hs + (size_t)e;
 #pragma unroll
-    for (int t = 0; t < KPT; t++) {
-        const int d = sl + GDN_SLICES * t;
-        S[t] = live && d < Dk ? init[(size_t)d * (size_t)Dv + (size_t)e] : 0.0f;
+        for (int t = 0; t < P; t++)
+            S[t] = live && d0 + t < Dk ? st[(size_t)(d0 + t) * dv] : 0.0f;
     }
+    gdn_in<P> cur, nxt;
+    if (sg.nrows > 0)
+        gdn_load(cur, qkv, (size_t)sg.row0, stride, g, beta, hk, hv, Hk, Hv, Dk, Dv, d0, e, live,
+                 vec);
     for (int i = 0; i < sg.nrows; i++) {
         const size_t row = (size_t)(sg.row0 + i);
-        const float *q = qkv + row * (size_t)stride + (size_t)hk * (size_t)Dk;
-        const float *k = q + (size_t)Hk * (size_t)Dk;
-        const float *v =
-            qkv + row * (size_t)stride + 2 * (size_t)Hk * (size_t)Dk + (size_t)hv * (size_t)Dv;
-        /* Norms: warp 0 sums q², warp 1 sums k², each in a fixed order. */
-        if (threadIdx.x < 64) {
-            const float *p = threadIdx.x < 32 ? q : k;
-            float ss = 0.0f;
-            for (int d = lane; d < Dk; d += 32)
-                ss = fmaf(p[d], p[d], ss);
-            ss = cuda_warp_sum(ss);
-            if (lane == 0)
-                norms[threadIdx.x / 32] = ss;
-        }
-        __syncthreads();
-        const float iq = 1.0f / sqrtf(norms[0] + 1e-6f), ik = 1.0f / sqrtf(norms[1] + 1e-6f);
-        for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
-            qn[d] = (q[d] * iq) * scale;
-            kn[d] = k[d] * ik;
-        }
-        const size_t gi = row * (size_t)Hv + (size_t)hv;
-        const float decay = expf(g[gi]), b = beta[gi];
-        __syncthreads();
-        /* kv[e] = sum_d S[d,e] kn[d] after the decay */
-        float part = 0.0f;
+        if (i + 1 < sg.nrows)
+            gdn_load(nxt, qkv, row + 1, stride, g, beta, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
+        float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-        for (int t = 0; t < KPT; t++) {
-            const int d = sl + GDN_SLICES * t;
+        for (int t = 0; t < P; t++) {
+            sq = fmaf(cur.q[t], cur.q[t], sq);
+            sk = fmaf(cur.k[t], cur.k[t], sk);
+        }
+        const float iq = 1.0f / sqrtf(gdn_col_sum<SL>(sq) + 1e-6f);
+        const float ik = 1.0f / sqrtf(gdn_col_sum<SL>(sk) + 1e-6f);
+        const float decay = expf(cur.g);
+        float kv = 0.0f;
+#pragma unroll
+        for (int t = 0; t < P; t++) {
             S[t] *= decay;
-            if (d < Dk)
-                part = fmaf(S[t], kn[d], part);
+            kv = fmaf(S[t], cur.k[t], kv);
         }
-        red[sl * GDN_COLS + lane] = part;
-        __syncthreads();
-        if (sl == 0) {
-            float kv = 0.0f;
-            for (int s = 0; s < GDN_SLICES; s++)
-                kv += red[s * GDN_COLS + lane];
-            vec[lane] = live ? (v[e] - kv) * b : 0.0f; /* delta */
-        }
-        __syncthreads();
-        const float delta = vec[lane];
-        part = 0.0f;
+        kv = gdn_col_sum<SL>(kv) * ik;
+        const float kd = ((cur.v - kv) * cur.b) * ik; /* delta, times |k|⁻¹ */
+        float o = 0.0f;
 #pragma unroll
-        for (int t = 0; t < KPT; t++) {
-            const int d = sl + GDN_SLICES * t;
-            if (d < Dk) {
-                S[t] = fmaf(kn[d], delta, S[t]);
-                part = fmaf(S[t], qn[d], part);
-            }
+        for (int t = 0; t < P; t++) {
+            S[t] = fmaf(cur.k[t], kd, S[t]);
+            o = fmaf(S[t], cur.q[t], o);
         }
-        red[sl * GDN_COLS + lane] = part;
-        __syncthreads();
-        if (sl == 0 && live) {
-            float o = 0.0f;
-            for (int s = 0; s < GDN_SLICES; s++)
-                o += red[s * GDN_COLS + lane];
-            out[gi * (size_t)Dv + (size_t)e] = o;
-        }
+        o = gdn_col_sum<SL>(o) * (iq * scale);
+        if (live && d0 == 0)
+            out[(row * (size_t)Hv + (size_t)hv) * dv + (size_t)e] = o;
         if (sg.states_out && live) {
-            float *so = sg.states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs;
+            float *so = sg.states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs + (size_t)e;
 #pragma unroll
-            for (int t = 0; t < KPT; t++) {
-                const int d = sl + GDN_SLICES * t;
-                if (d < Dk)
-                    so[(size_t)d * (size_t)Dv + (size_t)e] = S[t];
-            }
+            for (int t = 0; t < P; t++)
+                if (d0 + t < Dk)
+                    so[(size_t)(d0 + t) * dv] = S[t];
         }
-        __syncthreads(); /* qn, kn, red and vec are rewritten by the next position */
+        if (i + 1 < sg.nrows)
+            cur = nxt;
     }
     if (!sg.states_out && live && sg.nrows > 0) {
-        float *st = sg.state + (size_t)hv * hs;
+        float *st = sg.state + (size_t)hv * hs + (size_t)e;
 #pragma unroll
-        for (int t = 0; t < KPT; t++) {
-            const int d = sl + GDN_SLICES * t;
-            if (d < Dk)
-                st[(size_t)d * (size_t)Dv + (size_t)e] = S[t];
-        }
+        for (int t = 0; t < P; t++)
+            if (d0 + t < Dk)
+                st[(size_t)(d0 + t) * dv] = S[t];
     }
 }
 
@@ -236,33 +272,37 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
                         int Dk, int Dv)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
-    TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 512 && Dv > 0);
+    TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 1024 && Dv > 0);
     if (nseg <= 0 || Hv <= 0)
         return;
-    gdn_segd *sd = (gdn_segd *)malloc((size_t)nseg * sizeof(gdn_segd));
-    TDM_ASSERT(sd != NULL);
-    for (int i = 0; i < nseg; i++)
-        sd[i] = (gdn_segd){segs[i].row0, segs[i].nrows, segs[i].state, segs[i].states_out};
-    const gdn_segd *dsd = (const gdn_segd *)cuda_stage(c, sd, (size_t)nseg * sizeof(gdn_segd));
-    free(sd);
-    dim3 grid((unsigned)nseg, (unsigned)Hv, (unsigned)((Dv + GDN_COLS - 1) / GDN_COLS));
-    const size_t smem = (2 * (size_t)Dk + GDN_SLICES * GDN_COLS + GDN_COLS) * sizeof(float);
-    const int kpt = (Dk + GDN_SLICES - 1) / GDN_SLICES;
-    const unsigned th = GDN_SLICES * GDN_COLS;
-#define GDN_LAUNCH(N)                                                                              \
-    cuda_launch(c, gdn_kernel<N>, grid, th, smem, out, qkv, qkv_stride, g, beta, dsd, Hk, Hv, Dk,  \
-                Dv)
-    if (kpt <= 2)
-        GDN_LAUNCH(2);
-    else if (kpt <= 4)
-        GDN_LAUNCH(4);
-    else if (kpt <= 8)
-        GDN_LAUNCH(8);
-    else if (kpt <= 16)
-        GDN_LAUNCH(16);
-    else if (kpt <= 32)
-        GDN_LAUNCH(32);
+    const tdm_gdn_seg *d =
+        (const tdm_gdn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_gdn_seg));
+    const int vec = Dk % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;
+    /* P and SL from Dk alone: 32 state rows per thread and SL the power of
+     * two that covers Dk; small heads take 8 or 16 rows per thread. */
+    int p = Dk <= 8 ? 8 : Dk <= 32 ? 16 : 32, sl = 1;
+    while (p * sl < Dk)
+        sl *= 2;
+    const int cols = GDN_WARPS * 32 / sl;
+    const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
+#define GDN_LAUNCH(P, SL)                                                                          \
+    cuda_launch(c, gdn_kernel<P, SL>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, g, beta, d,   \
+                Hk, Hv, Dk, Dv, vec)
+    if (p == 8)
+        GDN_LAUNCH(8, 1);
+    else if (p == 16 && sl == 1)
+        GDN_LAUNCH(16, 1);
+    else if (p == 16)
+        GDN_LAUNCH(16, 2);
+    else if (sl == 2)
+        GDN_LAUNCH(32, 2);
+    else if (sl == 4)
+        GDN_LAUNCH(32, 4);
+    else if (sl == 8)
+        GDN_LAUNCH(32, 8);
+    else if (sl == 16)
+        GDN_LAUNCH(32, 16);
     else
-        GDN_LAUNCH(64);
+        GDN_LAUNCH(32, 32);
 #undef GDN_LAUNCH
 }

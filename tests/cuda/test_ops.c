@@ -20,8 +20,12 @@
  *    differences of each position feed the state the next position reads.
  * fp16 weights: the CPU backend has no fp16 matmul or embedding, so the
  * reference gets the same values converted exactly to fp32.
- * Batching: matmul, attention, conv and the delta rule must give the same
- * bits for rows run in one call as for each segment (or row) run alone.
+ * Batching: matmul, the norms, attention, conv and the delta rule must give
+ * the same bits for rows run in one call as for each segment (or row) run
+ * alone. That also pits the two attention kernels against each other (a
+ * batch of many rows runs one block per row, a small call splits each
+ * row's keys over a cluster), at up to 3000 keys. Kernels that load float4s
+ * when the pointers allow must give the same bits from unaligned pointers.
  */
 #include "cuda_test.h"
 
@@ -190,13 +194,21 @@ static void test_embed(void)
 
 static void test_rmsnorm(void)
 {
-    const int shapes[][2] = {{5, 64}, {3, 1024}, {17, 16}, {2, 2560}, {24, 256}};
+    /* 1 x 2560 and 72 x 2560: the 4B hidden size at decode and 8 x 9 rows;
+     * 16 x 256: its q_norm; 1001 takes scalar loads, 40000 the long-row loop */
+    const int shapes[][2] = {{5, 64},    {3, 1024}, {17, 16},  {2, 2560}, {24, 256}, {1, 2560},
+                             {72, 2560}, {16, 256}, {4, 5120}, {3, 1001}, {2, 40000}};
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
         for (int mode = 0; mode < 4; mode++) { /* zero_centred x in place */
             int R = shapes[s][0], n = shapes[s][1], zc = mode & 1, inplace = mode >> 1;
             float *x = malloc((size_t)R * n * 4), *w = malloc((size_t)n * 4);
             ct_fill(x, (size_t)R * n, 3.0f);
             ct_fill(w, (size_t)n, 1.0f);
+            /* Over 40000 terms the CPU's sequential fp32 sum of squares is
+             * itself off by ~5e-6; integer inputs make every sum exact. */
+            if (n > 32768)
+                for (size_t i = 0; i < (size_t)R * n; i++)
+                    x[i] = roundf(x[i]);
             float *out[2];
             tdm_backend *bes[2] = {CPU, G};
             for (int b = 0; b < 2; b++) {
@@ -225,7 +237,8 @@ static void test_rmsnorm(void)
 
 static void test_rmsnorm_gated(void)
 {
-    const int shapes[][2] = {{7, 64}, {32, 128}, {3, 16}};
+    /* 2304 x 128: the 4B shape's 8 x 9 rows of 32 value heads */
+    const int shapes[][2] = {{7, 64}, {32, 128}, {3, 16}, {2304, 128}, {2, 1001}, {1, 2560}};
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
         int R = shapes[s][0], n = shapes[s][1];
         size_t N = (size_t)R * n;
@@ -258,10 +271,63 @@ static void test_rmsnorm_gated(void)
     }
 }
 
+/* A row's bits depend on n alone: not on the batch (rows one by one against
+ * the batched call) nor on the alignment of the pointers (the batch one
+ * float off alignment, which takes scalar instead of float4 loads). */
+static void test_norm_invariance(void)
+{
+    const int ns[] = {16, 128, 256, 1000, 1001, 1024, 2560, 5120, 40000};
+    const int R = 9;
+    for (size_t s = 0; s < TDM_ARRAY_LEN(ns); s++)
+        for (int gated = 0; gated < 2; gated++) {
+            const int n = ns[s];
+            const size_t N = (size_t)R * n;
+            float *x = malloc(N * 4), *z = malloc(N * 4), *w = malloc((size_t)n * 4);
+            ct_fill(x, N, 3.0f);
+            ct_fill(z, N, 4.0f);
+            ct_fill(w, (size_t)n, 1.0f);
+            float *dw = ct_put(G, w, (size_t)n * 4), *out[3];
+            for (int v = 0; v < 3; v++) { /* batched, rows one by one, unaligned */
+                const int off = v == 2;
+                float *bx = ct_put(G, NULL, (N + 4) * 4), *bz = ct_put(G, NULL, (N + 4) * 4);
+                float *by = ct_put(G, NULL, (N + 4) * 4);
+                float *dx = bx + off, *dz = bz + off, *dy = by + off;
+                G->upload(G->ctx, dx, x, N * 4);
+                G->upload(G->ctx, dz, z, N * 4);
+                ct_poison(G, dy, N * 4);
+                for (int r = 0; r < (v == 1 ? R : 1); r++) {
+                    const size_t o = v == 1 ? (size_t)r * n : 0;
+                    const int rows = v == 1 ? 1 : R;
+                    if (gated)
+                        G->rmsnorm_gated(G->ctx, dy + o, dx + o, dz + o, dw, rows, n, 1e-6f);
+                    else
+                        G->rmsnorm(G->ctx, dy + o, dx + o, dw, rows, n, 1e-6f, 1);
+                }
+                out[v] = ct_get(G, dy, N * 4);
+                G->free(G->ctx, bx);
+                G->free(G->ctx, bz);
+                G->free(G->ctx, by);
+            }
+            char cas[64];
+            snprintf(cas, sizeof(cas), "R=%d n=%d: rows one by one == batched", R, n);
+            const char *op = gated ? "rmsnorm_gated" : "rmsnorm";
+            report_same(op, cas, out[1], out[0], N * 4);
+            snprintf(cas, sizeof(cas), "R=%d n=%d: unaligned == aligned", R, n);
+            report_same(op, cas, out[2], out[0], N * 4);
+            for (int v = 0; v < 3; v++)
+                free(out[v]);
+            G->free(G->ctx, dw);
+            free(x);
+            free(z);
+            free(w);
+        }
+}
+
 static void test_split_rope(void)
 {
     /* nH, D, rot */
-    const int shapes[][3] = {{4, 64, 16}, {8, 256, 64}, {3, 32, 32}, {2, 16, 8}};
+    /* D = 6: the split's scalar path */
+    const int shapes[][3] = {{4, 64, 16}, {8, 256, 64}, {3, 32, 32}, {2, 16, 8}, {3, 6, 6}};
     const int R = 6;
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
         int nH = shapes[s][0], D = shapes[s][1], rot = shapes[s][2];
@@ -320,7 +386,7 @@ static void test_elementwise(void)
     ct_fill(a, N, 8.0f);
     ct_fill(bb, N, 3.0f);
     ct_fill(g, N, 12.0f);
-    float *ms[2], *sm[2], *smi[2];
+    float *ms[2], *sm[2], *smi[2], *smu[2];
     tdm_backend *bes[2] = {CPU, G};
     for (int b = 0; b < 2; b++) {
         tdm_backend *be = bes[b];
@@ -331,6 +397,11 @@ static void test_elementwise(void)
         sm[b] = ct_get(be, dy, N * 4);
         be->mul_sigmoid(be->ctx, dy, dg, N);
         ms[b] = ct_get(be, dy, N * 4);
+        /* one float off alignment: the scalar path */
+        ct_poison(be, dy, N * 4);
+        be->silu_mul(be->ctx, dy + 1, da + 1, db, N - 1);
+        be->mul_sigmoid(be->ctx, dy + 1, dg + 2, N - 2);
+        smu[b] = ct_get(be, dy + 1, (N - 2) * 4);
         be->silu_mul(be->ctx, da, da, db, N); /* y aliasing a */
         smi[b] = ct_get(be, da, N * 4);
         be->free(be->ctx, da);
@@ -341,7 +412,10 @@ static void test_elementwise(void)
     report("silu_mul", "n=100003", ct_nerr(sm[1], sm[0], N), 1e-5);
     report("silu_mul", "n=100003 y aliasing a", ct_nerr(smi[1], smi[0], N), 1e-5);
     report("mul_sigmoid", "n=100003", ct_nerr(ms[1], ms[0], N), 1e-5);
+    report("silu_mul", "  then mul_sigmoid, unaligned pointers", ct_nerr(smu[1], smu[0], N - 2),
+           1e-5);
     for (int b = 0; b < 2; b++) {
+        free(smu[b]);
         free(ms[b]);
         free(sm[b]);
         free(smi[b]);
@@ -479,47 +553,134 @@ static void test_attention(void)
     }
 }
 
+/* Long contexts (up to 3000 keys, so a row's keys are split over 8 blocks)
+ * in a batch big enough (R·nKV >= 256) that the rows run one block each,
+ * while each segment alone runs split over a cluster: the two kernels must
+ * agree to the bit, which "segments one by one" checks. */
+static void test_attention_long(void)
+{
+    /* nH, nKV, D: the 4B shape, 8 query heads per kv head, head dim 512 */
+    const int heads[][3] = {{16, 4, 256}, {8, 1, 128}, {6, 2, 512}};
+    /* segments: nrows, n_past */
+    const int segs[][2] = {{1, 2999}, {9, 2000}, {17, 700}, {1, 0}, {60, 5}, {200, 40}};
+    const int nseg = (int)TDM_ARRAY_LEN(segs);
+    for (size_t hh = 0; hh < TDM_ARRAY_LEN(heads); hh++) {
+        int nH = heads[hh][0], nKV = heads[hh][1], D = heads[hh][2], W = nKV * D;
+        int R = 0, cap[8];
+        for (int i = 0; i < nseg; i++) {
+            R += segs[i][0];
+            cap[i] = segs[i][1] + segs[i][0];
+        }
+        float *q = malloc((size_t)R * nH * D * 4), *kc[8], *vc[8];
+        ct_fill(q, (size_t)R * nH * D, 2.0f);
+        for (int i = 0; i < nseg; i++) {
+            kc[i] = malloc((size_t)cap[i] * W * 4);
+            vc[i] = malloc((size_t)cap[i] * W * 4);
+            ct_fill(kc[i], (size_t)cap[i] * W, 2.0f);
+            ct_fill(vc[i], (size_t)cap[i] * W, 1.0f);
+        }
+        float *out[3];
+        tdm_backend *bes[3] = {CPU, G, G};
+        for (int b = 0; b < 3; b++) {
+            tdm_backend *be = bes[b];
+            float *dq = ct_put(be, q, (size_t)R * nH * D * 4);
+            float *dout = ct_put(be, NULL, (size_t)R * nH * D * 4);
+            ct_poison(be, dout, (size_t)R * nH * D * 4);
+            tdm_attn_seg as[8];
+            for (int i = 0, r = 0; i < nseg; i++) {
+                as[i] = (tdm_attn_seg){r, segs[i][0], segs[i][1],
+                                       ct_put(be, kc[i], (size_t)cap[i] * W * 4),
+                                       ct_put(be, vc[i], (size_t)cap[i] * W * 4)};
+                r += segs[i][0];
+            }
+            if (b < 2)
+                be->attention(be->ctx, dout, dq, as, nseg, nH, nKV, D);
+            else
+                for (int i = 0; i < nseg; i++)
+                    be->attention(be->ctx, dout, dq, &as[i], 1, nH, nKV, D);
+            out[b] = ct_get(be, dout, (size_t)R * nH * D * 4);
+            for (int i = 0; i < nseg; i++) {
+                be->free(be->ctx, (void *)as[i].k_cache);
+                be->free(be->ctx, (void *)as[i].v_cache);
+            }
+            be->free(be->ctx, dq);
+            be->free(be->ctx, dout);
+        }
+        char cas[96];
+        snprintf(cas, sizeof(cas), "nH=%d nKV=%d D=%d, up to 3000 keys R=%d", nH, nKV, D, R);
+        report("attention", cas, ct_nerr(out[1], out[0], (size_t)R * nH * D), 1e-5);
+        report_same("attention", "  segments one by one == batched", out[2], out[1],
+                    (size_t)R * nH * D * 4);
+        for (int b = 0; b < 3; b++)
+            free(out[b]);
+        for (int i = 0; i < nseg; i++) {
+            free(kc[i]);
+            free(vc[i]);
+        }
+        free(q);
+    }
+}
+
 /* ---- conv and the gated delta rule ------------------------------------------- */
 
-#define NSEG 4
-/* nrows per segment; segment 1 and 3 keep per-row states (states_out) */
-static const int seg_rows[NSEG] = {1, 6, 3, 2};
-static const int seg_extra[NSEG] = {0, 1, 0, 1};
+#define MAXSEG 8
+
+/* Segments of one call: rows per segment, and whether the segment keeps
+ * per-row states (states_out) instead of updating its state in place. */
+typedef struct seg_set {
+    const char *name;
+    int n;
+    int rows[MAXSEG], extra[MAXSEG];
+} seg_set;
+
+/* Mixed lengths and state modes, small. */
+static const seg_set set_mixed = {"4 segments", 4, {1, 6, 3, 2}, {0, 1, 0, 1}};
+/* Verify blocks (9, 17 rows, per-row states), a prompt chunk longer than the
+ * conv's 16-row chunks (in place), decode rows, a segment shorter than the
+ * conv window (its new window keeps old state). */
+static const seg_set set_verify = {"verify-shaped", 5, {9, 17, 20, 1, 2}, {1, 1, 0, 0, 0}};
+/* A batch of 8 decode rows. */
+static const seg_set set_decode8 = {"8 x 1", 8, {1, 1, 1, 1, 1, 1, 1, 1}, {0}};
+
+static int set_rows(const seg_set *ss)
+{
+    int R = 0;
+    for (int i = 0; i < ss->n; i++)
+        R += ss->rows[i];
+    return R;
+}
 
 typedef struct conv_out {
-    float *y, *state[NSEG], *sout[NSEG];
+    float *y, *state[MAXSEG], *sout[MAXSEG];
 } conv_out;
 
-static void run_conv(tdm_backend *be, const float *x, const float *w, float *const *st, int C,
-                     int K, int split, conv_out *o)
+static void run_conv(tdm_backend *be, const seg_set *ss, const float *x, const float *w,
+                     float *const *st, int C, int K, int split, conv_out *o)
 {
-    const int S = K - 1;
-    int R = 0;
-    for (int i = 0; i < NSEG; i++)
-        R += seg_rows[i];
+    const int S = K - 1, R = set_rows(ss);
     float *dx = ct_put(be, x, (size_t)R * C * 4), *dw = ct_put(be, w, (size_t)C * K * 4);
     float *dy = ct_put(be, NULL, (size_t)R * C * 4);
     ct_poison(be, dy, (size_t)R * C * 4);
-    tdm_conv_seg cs[NSEG];
-    for (int i = 0, r = 0; i < NSEG; i++) {
+    tdm_conv_seg cs[MAXSEG];
+    for (int i = 0, r = 0; i < ss->n; i++) {
         float *ds = ct_put(be, st[i], (size_t)S * C * 4), *dso = NULL;
-        if (seg_extra[i]) {
-            dso = ct_put(be, NULL, (size_t)seg_rows[i] * S * C * 4);
-            ct_poison(be, dso, (size_t)seg_rows[i] * S * C * 4);
+        if (ss->extra[i]) {
+            dso = ct_put(be, NULL, (size_t)ss->rows[i] * S * C * 4);
+            ct_poison(be, dso, (size_t)ss->rows[i] * S * C * 4);
         }
-        cs[i] = (tdm_conv_seg){r, seg_rows[i], ds, dso};
-        r += seg_rows[i];
+        cs[i] = (tdm_conv_seg){r, ss->rows[i], ds, dso};
+        r += ss->rows[i];
     }
     if (split)
-        for (int i = 0; i < NSEG; i++)
+        for (int i = 0; i < ss->n; i++)
             be->conv_silu(be->ctx, dy, dx, dw, &cs[i], 1, C, K);
     else
-        be->conv_silu(be->ctx, dy, dx, dw, cs, NSEG, C, K);
+        be->conv_silu(be->ctx, dy, dx, dw, cs, ss->n, C, K);
     o->y = ct_get(be, dy, (size_t)R * C * 4);
-    for (int i = 0; i < NSEG; i++) {
+    for (int i = 0; i < ss->n; i++) {
         o->state[i] = ct_get(be, cs[i].state, (size_t)S * C * 4);
         o->sout[i] =
-            seg_extra[i] ? ct_get(be, cs[i].states_out, (size_t)seg_rows[i] * S * C * 4) : NULL;
+            ss->extra[i] ? ct_get(be, cs[i].states_out, (size_t)ss->rows[i] * S * C * 4) : NULL;
         be->free(be->ctx, cs[i].state);
         be->free(be->ctx, cs[i].states_out);
     }
@@ -528,10 +689,10 @@ static void run_conv(tdm_backend *be, const float *x, const float *w, float *con
     be->free(be->ctx, dy);
 }
 
-static void conv_out_free(conv_out *o)
+static void conv_out_free(const seg_set *ss, conv_out *o)
 {
     free(o->y);
-    for (int i = 0; i < NSEG; i++) {
+    for (int i = 0; i < ss->n; i++) {
         free(o->state[i]);
         free(o->sout[i]);
     }
@@ -539,147 +700,165 @@ static void conv_out_free(conv_out *o)
 
 static void test_conv(void)
 {
-    const int shapes[][2] = {{96, 4}, {6144, 4}, {40, 2}};
-    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
-        int C = shapes[s][0], K = shapes[s][1], S = K - 1, R = 0;
-        for (int i = 0; i < NSEG; i++)
-            R += seg_rows[i];
-        float *x = malloc((size_t)R * C * 4), *w = malloc((size_t)C * K * 4), *st[NSEG];
-        ct_fill(x, (size_t)R * C, 3.0f);
-        ct_fill(w, (size_t)C * K, 1.0f);
-        for (int i = 0; i < NSEG; i++) {
-            st[i] = malloc((size_t)S * C * 4);
-            ct_fill(st[i], (size_t)S * C, 3.0f);
+    /* C, K; 8192 x 4 is the 4B shape */
+    const int shapes[][2] = {{96, 4}, {6144, 4}, {40, 2}, {8192, 4}, {64, 3}};
+    const seg_set *sets[] = {&set_mixed, &set_verify};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+        for (size_t k = 0; k < TDM_ARRAY_LEN(sets); k++) {
+            const seg_set *ss = sets[k];
+            int C = shapes[s][0], K = shapes[s][1], S = K - 1, R = set_rows(ss);
+            float *x = malloc((size_t)R * C * 4), *w = malloc((size_t)C * K * 4), *st[MAXSEG];
+            ct_fill(x, (size_t)R * C, 3.0f);
+            ct_fill(w, (size_t)C * K, 1.0f);
+            for (int i = 0; i < ss->n; i++) {
+                st[i] = malloc((size_t)S * C * 4);
+                ct_fill(st[i], (size_t)S * C, 3.0f);
+            }
+            conv_out oc, og, os;
+            run_conv(CPU, ss, x, w, st, C, K, 0, &oc);
+            run_conv(G, ss, x, w, st, C, K, 0, &og);
+            run_conv(G, ss, x, w, st, C, K, 1, &os);
+            char cas[96];
+            snprintf(cas, sizeof(cas), "C=%d K=%d, %s R=%d", C, K, ss->name, R);
+            report("conv_silu", cas, ct_nerr(og.y, oc.y, (size_t)R * C), 1e-5);
+            double e = 0;
+            for (int i = 0; i < ss->n; i++) {
+                e += ct_nerr(og.state[i], oc.state[i], (size_t)S * C);
+                if (ss->extra[i])
+                    e += ct_nerr(og.sout[i], oc.sout[i], (size_t)ss->rows[i] * S * C);
+            }
+            report("conv_silu", "  window states (in place and per row)", e, 0);
+            report_same("conv_silu", "  segments one by one == batched", os.y, og.y,
+                        (size_t)R * C * 4);
+            conv_out_free(ss, &oc);
+            conv_out_free(ss, &og);
+            conv_out_free(ss, &os);
+            for (int i = 0; i < ss->n; i++)
+                free(st[i]);
+            free(x);
+            free(w);
         }
-        conv_out oc, og, os;
-        run_conv(CPU, x, w, st, C, K, 0, &oc);
-        run_conv(G, x, w, st, C, K, 0, &og);
-        run_conv(G, x, w, st, C, K, 1, &os);
-        char cas[96];
-        snprintf(cas, sizeof(cas), "C=%d K=%d, 4 segments R=%d", C, K, R);
-        report("conv_silu", cas, ct_nerr(og.y, oc.y, (size_t)R * C), 1e-5);
-        double e = 0;
-        for (int i = 0; i < NSEG; i++) {
-            e += ct_nerr(og.state[i], oc.state[i], (size_t)S * C);
-            if (seg_extra[i])
-                e += ct_nerr(og.sout[i], oc.sout[i], (size_t)seg_rows[i] * S * C);
-        }
-        report("conv_silu", "  window states (in place and per row)", e, 0);
-        report_same("conv_silu", "  segments one by one == batched", os.y, og.y, (size_t)R * C * 4);
-        conv_out_free(&oc);
-        conv_out_free(&og);
-        conv_out_free(&os);
-        for (int i = 0; i < NSEG; i++)
-            free(st[i]);
-        free(x);
-        free(w);
-    }
 }
 
 typedef struct gdn_out {
-    float *o, *state[NSEG], *sout[NSEG];
+    float *o, *state[MAXSEG], *sout[MAXSEG];
 } gdn_out;
 
-static void run_gdn(tdm_backend *be, const float *qkv, const float *g, const float *beta,
-                    float *const *st, int Hk, int Hv, int Dk, int Dv, int split, gdn_out *o)
+/* misalign: qkv one float past an aligned address, which takes the
+ * kernel's scalar loads; the arithmetic must not change. */
+static void run_gdn(tdm_backend *be, const seg_set *ss, const float *qkv, const float *g,
+                    const float *beta, float *const *st, int Hk, int Hv, int Dk, int Dv, int split,
+                    int misalign, gdn_out *o)
 {
-    const int stride = 2 * Hk * Dk + Hv * Dv;
+    const int stride = 2 * Hk * Dk + Hv * Dv, R = set_rows(ss);
     const size_t hs = (size_t)Hv * Dk * Dv;
-    int R = 0;
-    for (int i = 0; i < NSEG; i++)
-        R += seg_rows[i];
-    float *dqkv = ct_put(be, qkv, (size_t)R * stride * 4);
+    float *dqkv0 = ct_put(be, NULL, ((size_t)R * stride + 4) * 4), *dqkv = dqkv0 + misalign;
+    be->upload(be->ctx, dqkv, qkv, (size_t)R * stride * 4);
     float *dg = ct_put(be, g, (size_t)R * Hv * 4), *db = ct_put(be, beta, (size_t)R * Hv * 4);
     float *dout = ct_put(be, NULL, (size_t)R * Hv * Dv * 4);
     ct_poison(be, dout, (size_t)R * Hv * Dv * 4);
-    tdm_gdn_seg gs[NSEG];
-    for (int i = 0, r = 0; i < NSEG; i++) {
+    tdm_gdn_seg gs[MAXSEG];
+    for (int i = 0, r = 0; i < ss->n; i++) {
         float *ds = ct_put(be, st[i], hs * 4), *dso = NULL;
-        if (seg_extra[i]) {
-            dso = ct_put(be, NULL, (size_t)seg_rows[i] * hs * 4);
-            ct_poison(be, dso, (size_t)seg_rows[i] * hs * 4);
+        if (ss->extra[i]) {
+            dso = ct_put(be, NULL, (size_t)ss->rows[i] * hs * 4);
+            ct_poison(be, dso, (size_t)ss->rows[i] * hs * 4);
         }
-        gs[i] = (tdm_gdn_seg){r, seg_rows[i], ds, dso, 0};
-        r += seg_rows[i];
+        gs[i] = (tdm_gdn_seg){r, ss->rows[i], ds, dso, 0};
+        r += ss->rows[i];
     }
     if (split)
-        for (int i = 0; i < NSEG; i++)
+        for (int i = 0; i < ss->n; i++)
             be->gdn_recurrent(be->ctx, dout, dqkv, stride, dg, db, &gs[i], 1, Hk, Hv, Dk, Dv);
     else
-        be->gdn_recurrent(be->ctx, dout, dqkv, stride, dg, db, gs, NSEG, Hk, Hv, Dk, Dv);
+        be->gdn_recurrent(be->ctx, dout, dqkv, stride, dg, db, gs, ss->n, Hk, Hv, Dk, Dv);
     o->o = ct_get(be, dout, (size_t)R * Hv * Dv * 4);
-    for (int i = 0; i < NSEG; i++) {
+    for (int i = 0; i < ss->n; i++) {
         o->state[i] = ct_get(be, gs[i].state, hs * 4);
         o->sout[i] =
-            seg_extra[i] ? ct_get(be, gs[i].states_out, (size_t)seg_rows[i] * hs * 4) : NULL;
+            ss->extra[i] ? ct_get(be, gs[i].states_out, (size_t)ss->rows[i] * hs * 4) : NULL;
         be->free(be->ctx, gs[i].state);
         be->free(be->ctx, gs[i].states_out);
     }
-    be->free(be->ctx, dqkv);
+    be->free(be->ctx, dqkv0);
     be->free(be->ctx, dg);
     be->free(be->ctx, db);
     be->free(be->ctx, dout);
 }
 
+static void gdn_out_free(const seg_set *ss, gdn_out *o)
+{
+    free(o->o);
+    for (int i = 0; i < ss->n; i++) {
+        free(o->state[i]);
+        free(o->sout[i]);
+    }
+}
+
 static void test_gdn(void)
 {
-    /* Hk, Hv, Dk, Dv */
-    const int shapes[][4] = {{2, 4, 64, 64}, {2, 2, 128, 128}, {1, 3, 256, 40}, {4, 8, 16, 16}};
-    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
-        int Hk = shapes[s][0], Hv = shapes[s][1], Dk = shapes[s][2], Dv = shapes[s][3], R = 0;
-        for (int i = 0; i < NSEG; i++)
-            R += seg_rows[i];
-        const int stride = 2 * Hk * Dk + Hv * Dv;
-        const size_t hs = (size_t)Hv * Dk * Dv;
-        float *qkv = malloc((size_t)R * stride * 4), *g = malloc((size_t)R * Hv * 4);
-        float *beta = malloc((size_t)R * Hv * 4), *st[NSEG];
-        ct_fill(qkv, (size_t)R * stride, 1.0f);
-        ct_fill(g, (size_t)R * Hv, 1.0f);
-        ct_fill(beta, (size_t)R * Hv, 0.5f);
-        for (size_t i = 0; i < (size_t)R * Hv; i++) {
-            g[i] = -fabsf(g[i]) - 0.01f; /* decay exp(g) in (0, 1) as the gates give */
-            beta[i] += 0.5f;             /* beta in (0, 1) */
-        }
-        for (int i = 0; i < NSEG; i++) {
-            st[i] = malloc(hs * 4);
-            ct_fill(st[i], hs, 0.5f);
-        }
-        gdn_out oc, og, os;
-        run_gdn(CPU, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, &oc);
-        run_gdn(G, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, &og);
-        run_gdn(G, qkv, g, beta, st, Hk, Hv, Dk, Dv, 1, &os);
-        char cas[96];
-        snprintf(cas, sizeof(cas), "Hk=%d Hv=%d Dk=%d Dv=%d, 4 segments R=%d", Hk, Hv, Dk, Dv, R);
-        report("gdn_recurrent", cas, ct_nerr(og.o, oc.o, (size_t)R * Hv * Dv), 3e-5);
-        double es = 0, eo = 0;
-        for (int i = 0; i < NSEG; i++) {
-            double e = ct_nerr(og.state[i], oc.state[i], hs);
-            es = e > es ? e : es;
-            if (seg_extra[i]) {
-                e = ct_nerr(og.sout[i], oc.sout[i], (size_t)seg_rows[i] * hs);
-                eo = e > eo ? e : eo;
+    /* Hk, Hv, Dk, Dv, which segment sets; 16/32/128/128 is the 4B shape,
+     * Dk 24 and 40 leave parts of the lanes' key slices empty */
+    const int shapes[][5] = {{2, 4, 64, 64, 1},     {2, 2, 128, 128, 3}, {1, 3, 256, 40, 1},
+                             {4, 8, 16, 16, 1},     {2, 2, 24, 20, 1},   {1, 2, 40, 36, 1},
+                             {16, 32, 128, 128, 7}, {1, 1, 512, 64, 1}};
+    const seg_set *sets[] = {&set_mixed, &set_verify, &set_decode8};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+        for (size_t k = 0; k < TDM_ARRAY_LEN(sets); k++) {
+            if (!(shapes[s][4] >> k & 1))
+                continue;
+            const seg_set *ss = sets[k];
+            int Hk = shapes[s][0], Hv = shapes[s][1], Dk = shapes[s][2], Dv = shapes[s][3];
+            int R = set_rows(ss);
+            const int stride = 2 * Hk * Dk + Hv * Dv;
+            const size_t hs = (size_t)Hv * Dk * Dv;
+            float *qkv = malloc((size_t)R * stride * 4), *g = malloc((size_t)R * Hv * 4);
+            float *beta = malloc((size_t)R * Hv * 4), *st[MAXSEG];
+            ct_fill(qkv, (size_t)R * stride, 1.0f);
+            ct_fill(g, (size_t)R * Hv, 1.0f);
+            ct_fill(beta, (size_t)R * Hv, 0.5f);
+            for (size_t i = 0; i < (size_t)R * Hv; i++) {
+                g[i] = -fabsf(g[i]) - 0.01f; /* decay exp(g) in (0, 1) as the gates give */
+                beta[i] += 0.5f;             /* beta in (0, 1) */
             }
+            for (int i = 0; i < ss->n; i++) {
+                st[i] = malloc(hs * 4);
+                ct_fill(st[i], hs, 0.5f);
+            }
+            gdn_out oc, og, os, om;
+            run_gdn(CPU, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, 0, &oc);
+            run_gdn(G, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, 0, &og);
+            run_gdn(G, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 1, 0, &os);
+            run_gdn(G, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, 1, &om);
+            char cas[96];
+            snprintf(cas, sizeof(cas), "Hk=%d Hv=%d Dk=%d Dv=%d, %s R=%d", Hk, Hv, Dk, Dv, ss->name,
+                     R);
+            report("gdn_recurrent", cas, ct_nerr(og.o, oc.o, (size_t)R * Hv * Dv), 3e-5);
+            double es = 0, eo = 0;
+            for (int i = 0; i < ss->n; i++) {
+                double e = ct_nerr(og.state[i], oc.state[i], hs);
+                es = e > es ? e : es;
+                if (ss->extra[i]) {
+                    e = ct_nerr(og.sout[i], oc.sout[i], (size_t)ss->rows[i] * hs);
+                    eo = e > eo ? e : eo;
+                }
+            }
+            report("gdn_recurrent", "  final states in place (max over segments)", es, 3e-5);
+            report("gdn_recurrent", "  per-row states_out (max over segments)", eo, 3e-5);
+            report_same("gdn_recurrent", "  segments one by one == batched", os.o, og.o,
+                        (size_t)R * Hv * Dv * 4);
+            report_same("gdn_recurrent", "  unaligned qkv (scalar loads) == aligned", om.o, og.o,
+                        (size_t)R * Hv * Dv * 4);
+            gdn_out_free(ss, &oc);
+            gdn_out_free(ss, &og);
+            gdn_out_free(ss, &os);
+            gdn_out_free(ss, &om);
+            for (int i = 0; i < ss->n; i++)
+                free(st[i]);
+            free(qkv);
+            free(g);
+            free(beta);
         }
-        report("gdn_recurrent", "  final states in place (max over segments)", es, 3e-5);
-        report("gdn_recurrent", "  per-row states_out (max over segments)", eo, 3e-5);
-        report_same("gdn_recurrent", "  segments one by one == batched", os.o, og.o,
-                    (size_t)R * Hv * Dv * 4);
-        for (int i = 0; i < NSEG; i++) {
-            free(oc.state[i]);
-            free(og.state[i]);
-            free(os.state[i]);
-            free(oc.sout[i]);
-            free(og.sout[i]);
-            free(os.sout[i]);
-            free(st[i]);
-        }
-        free(oc.o);
-        free(og.o);
-        free(os.o);
-        free(qkv);
-        free(g);
-        free(beta);
-    }
 }
 
 /* ---- argmax and softmax ------------------------------------------------------------ */
@@ -754,9 +933,11 @@ int main(void)
     test_embed();
     test_rmsnorm();
     test_rmsnorm_gated();
+    test_norm_invariance();
     test_split_rope();
     test_elementwise();
     test_attention();
+    test_attention_long();
     test_conv();
     test_gdn();
     test_sample();

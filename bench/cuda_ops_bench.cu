@@ -1,0 +1,406 @@
+/*
+ * cuda_ops_bench.cu - GPU time per call of the CUDA backend's ops other
+ * than matmul, at the shapes of a Qwen3.5-0.8B / -4B step.
+ *
+ *   bench_cuda_ops_bench [--shape 0.8b|4b|all] [--reps N] [--ctx N,N,...]
+ *
+ * Rows: 1, 9 and 17 rows of one sequence (decode, verify of 8 and 16
+ * drafts) and 8 sequences of 1 and 9 rows. Sequences with one row update
+ * their conv and delta-rule states in place; longer ones write a state per
+ * row (extra_buffer verify). Attention runs at each --ctx key count
+ * (default 32 and 4096 keys before the block).
+ *
+ * Timing: the N calls are queued while a spin kernel keeps the GPU busy,
+ * between two events on the backend's stream, so (t1 - t0) / N is GPU time
+ * per call with back-to-back launches, not the host's launch cost (which a
+ * replayed graph does not pay either). Ops that stage host arguments
+ * (embed, rope, attention, conv, delta rule) also queue one small host to
+ * device copy per call, which a replayed graph does not; the "staging copy"
+ * line times that copy alone, to subtract. A cell marked '*' was queued
+ * slower than the spin lasted: there it is host-bound. argmax reads its
+ * result back and waits, so it is wall time per call.
+ *
+ * CUDA C++ rather than C: it needs the backend's stream (common.cuh).
+ */
+#include "common.cuh"
+
+extern "C" {
+#include "cuda_backend.h"
+}
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "cuda_ops_bench: %s: %s\n", #x, cudaGetErrorString(e_));               \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define MAXSEQ 8
+#define MAXROWS 72  /* 8 x 9 */
+#define MAXBLOCK 17 /* rows per sequence */
+#define EMBED_ROWS 65536
+#define SPIN_NS 20000000ull /* 20 ms: longer than queuing any op's calls */
+
+typedef struct shape {
+    const char *name;
+    int H, I, nH, nKV, D, rot, Hk, Hv, Dk, Dv, K, V;
+} shape;
+
+static const shape shapes[] = {
+    {"0.8b", 1024, 3584, 8, 2, 256, 64, 16, 16, 128, 128, 4, 248320},
+    {"4b", 2560, 9216, 16, 4, 256, 64, 16, 32, 128, 128, 4, 248320},
+};
+
+typedef struct layout {
+    const char *name;
+    int nseq, rows; /* rows per sequence */
+} layout;
+
+static const layout layouts[] = {
+    {"1", 1, 1}, {"9", 1, 9}, {"17", 1, 17}, {"8x1", 8, 1}, {"8x9", 8, 9}};
+
+enum {
+    OP_EMBED,
+    OP_RMSNORM,
+    OP_QNORM,
+    OP_GATED,
+    OP_SPLIT,
+    OP_ROPE,
+    OP_MUL_SIGMOID,
+    OP_SILU_MUL,
+    OP_GATES,
+    OP_CONV,
+    OP_GDN,
+    OP_ATTENTION,
+    OP_SOFTMAX,
+    OP_ARGMAX,
+    OP_STAGE,
+};
+
+/* Everything one shape's ops touch, sized for the largest layout. */
+typedef struct bench {
+    tdm_backend *be;
+    cuda_ctx *c;
+    const shape *s;
+    int C, ctx_max;
+    float *x, *q, *qg, *gate, *qkv, *qkvc, *z, *o, *o2, *g, *beta, *a, *b, *h1, *h2;
+    float *logits, *norm_w, *qnorm_w, *gnorm_w, *conv_w, *A_log, *dt_bias, *inv_freq_h;
+    void *embed;
+    float *conv_st[MAXSEQ], *conv_out, *rec_st[MAXSEQ], *rec_out, *kc[MAXSEQ], *vc[MAXSEQ];
+    int32_t ids[MAXROWS], pos[MAXROWS];
+} bench;
+
+static uint64_t rs = 88172645463325252ull;
+
+static float urand(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* n floats of backend memory, uniform in [lo, hi). */
+static float *dev_rand(bench *B, size_t n, float lo, float hi)
+{
+    float *d = (float *)B->be->alloc(B->be->ctx, n * sizeof(float));
+    if (!d) {
+        fprintf(stderr, "cuda_ops_bench: out of device memory\n");
+        exit(1);
+    }
+    const size_t chunk = 1 << 20;
+    float *h = (float *)malloc(chunk * sizeof(float));
+    for (size_t off = 0; off < n; off += chunk) {
+        const size_t m = n - off < chunk ? n - off : chunk;
+        for (size_t i = 0; i < m; i++)
+            h[i] = lo + (hi - lo) * 0.5f * (urand() + 1.0f);
+        B->be->upload(B->be->ctx, d + off, h, m * sizeof(float));
+    }
+    free(h);
+    return d;
+}
+
+static void bench_init(bench *B, const shape *s, int ctx_max)
+{
+    memset(B, 0, sizeof(*B));
+    tdm_error err;
+    B->be = tdm_backend_cuda_create(0, &err);
+    if (!B->be) {
+        fprintf(stderr, "cuda_ops_bench: %s\n", err.msg);
+        exit(1);
+    }
+    B->c = (cuda_ctx *)B->be->ctx;
+    B->s = s;
+    B->ctx_max = ctx_max;
+    B->C = 2 * s->Hk * s->Dk + s->Hv * s->Dv;
+    const size_t R = MAXROWS, VD = (size_t)s->Hv * s->Dv, QD = (size_t)s->nH * s->D;
+    const size_t hs = (size_t)s->Hv * s->Dk * s->Dv, kvw = (size_t)s->nKV * s->D;
+    const size_t S = (size_t)(s->K - 1) * B->C;
+    B->x = dev_rand(B, R * s->H, -1, 1);
+    B->q = dev_rand(B, R * QD, -1, 1);
+    B->qg = dev_rand(B, R * 2 * QD, -1, 1);
+    B->gate = dev_rand(B, R * QD, -1, 1);
+    B->qkv = dev_rand(B, R * B->C, -1, 1);
+    B->qkvc = dev_rand(B, R * B->C, -1, 1);
+    B->z = dev_rand(B, R * VD, -1, 1);
+    B->o = dev_rand(B, R * VD, -1, 1);
+    B->o2 = dev_rand(B, R * VD, -1, 1);
+    B->g = dev_rand(B, R * s->Hv, -1, -0.01f);
+    B->beta = dev_rand(B, R * s->Hv, 0, 1);
+    B->a = dev_rand(B, R * s->Hv, -1, 1);
+    B->b = dev_rand(B, R * s->Hv, -1, 1);
+    B->h1 = dev_rand(B, R * s->I, -1, 1);
+    B->h2 = dev_rand(B, R * s->I, -1, 1);
+    B->logits = dev_rand(B, R * s->V, -10, 10);
+    B->norm_w = dev_rand(B, s->H, -0.1f, 0.1f);
+    B->qnorm_w = dev_rand(B, s->D, -0.1f, 0.1f);
+    B->gnorm_w = dev_rand(B, s->Dv, 0.9f, 1.1f);
+    B->conv_w = dev_rand(B, (size_t)B->C * s->K, -0.5f, 0.5f);
+    B->A_log = dev_rand(B, s->Hv, -1, 1);
+    B->dt_bias = dev_rand(B, s->Hv, -1, 1);
+    B->embed = dev_rand(B, (size_t)EMBED_ROWS * s->H / 2, -1, 1); /* bf16 bits, any values */
+    B->conv_out = dev_rand(B, R * S, -1, 1);
+    B->rec_out = dev_rand(B, R * hs, -0.1f, 0.1f);
+    for (int i = 0; i < MAXSEQ; i++) {
+        B->conv_st[i] = dev_rand(B, S, -1, 1);
+        B->rec_st[i] = dev_rand(B, hs, -0.1f, 0.1f);
+        B->kc[i] = dev_rand(B, (size_t)(ctx_max + MAXBLOCK) * kvw, -1, 1);
+        B->vc[i] = dev_rand(B, (size_t)(ctx_max + MAXBLOCK) * kvw, -1, 1);
+    }
+    B->inv_freq_h = (float *)malloc((size_t)s->rot / 2 * sizeof(float));
+    for (int i = 0; i < s->rot / 2; i++)
+        B->inv_freq_h[i] = 1.0f / powf(10000000.0f, (float)(2 * i) / (float)s->rot);
+    for (int r = 0; r < MAXROWS; r++) {
+        B->ids[r] = (int32_t)((urand() + 1.0f) * 0.5f * (EMBED_ROWS - 1));
+        B->pos[r] = ctx_max + r % MAXBLOCK;
+    }
+}
+
+static void bench_free(bench *B)
+{
+    void *bufs[] = {B->x,       B->q,      B->qg,       B->gate,    B->qkv,     B->qkvc,   B->z,
+                    B->o,       B->o2,     B->g,        B->beta,    B->a,       B->b,      B->h1,
+                    B->h2,      B->logits, B->norm_w,   B->qnorm_w, B->gnorm_w, B->conv_w, B->A_log,
+                    B->dt_bias, B->embed,  B->conv_out, B->rec_out};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        B->be->free(B->be->ctx, bufs[i]);
+    for (int i = 0; i < MAXSEQ; i++) {
+        B->be->free(B->be->ctx, B->conv_st[i]);
+        B->be->free(B->be->ctx, B->rec_st[i]);
+        B->be->free(B->be->ctx, B->kc[i]);
+        B->be->free(B->be->ctx, B->vc[i]);
+    }
+    free(B->inv_freq_h);
+    B->be->destroy(B->be);
+}
+
+/* One call of op on layout L (attention at ctx keys before the block). */
+static void run_op(bench *B, int op, const layout *L, int ctx)
+{
+    const shape *s = B->s;
+    tdm_backend *be = B->be;
+    void *bx = be->ctx;
+    const int R = L->nseq * L->rows, C = B->C;
+    const size_t hs = (size_t)s->Hv * s->Dk * s->Dv, S = (size_t)(s->K - 1) * C;
+    tdm_conv_seg cs[MAXSEQ];
+    tdm_gdn_seg gs[MAXSEQ];
+    tdm_attn_seg as[MAXSEQ];
+    for (int i = 0; i < L->nseq; i++) {
+        const int r0 = i * L->rows, extra = L->rows > 1;
+        cs[i] = tdm_conv_seg{r0, L->rows, B->conv_st[i], extra ? B->conv_out + r0 * S : NULL};
+        gs[i] = tdm_gdn_seg{r0, L->rows, B->rec_st[i], extra ? B->rec_out + r0 * hs : NULL, 0};
+        as[i] = tdm_attn_seg{r0, L->rows, ctx, B->kc[i], B->vc[i]};
+    }
+    switch (op) {
+    case OP_EMBED:
+        be->embed(bx, B->x, tdm_weight{B->embed, TDM_DTYPE_BF16}, B->ids, R, s->H);
+        break;
+    case OP_RMSNORM:
+        be->rmsnorm(bx, B->x, B->x, B->norm_w, R, s->H, 1e-6f, 1);
+        break;
+    case OP_QNORM:
+        be->rmsnorm(bx, B->q, B->q, B->qnorm_w, R * s->nH, s->D, 1e-6f, 1);
+        break;
+    case OP_GATED:
+        be->rmsnorm_gated(bx, B->o2, B->o, B->z, B->gnorm_w, R * s->Hv, s->Dv, 1e-6f);
+        break;
+    case OP_SPLIT:
+        be->split_qgate(bx, B->q, B->gate, B->qg, R, s->nH, s->D);
+        break;
+    case OP_ROPE:
+        be->rope(bx, B->q, B->pos, B->inv_freq_h, R, s->nH, s->D, s->rot);
+        break;
+    case OP_MUL_SIGMOID:
+        be->mul_sigmoid(bx, B->q, B->gate, (size_t)R * s->nH * s->D);
+        break;
+    case OP_SILU_MUL:
+        be->silu_mul(bx, B->h1, B->h1, B->h2, (size_t)R * s->I);
+        break;
+    case OP_GATES:
+        be->gdn_gates(bx, B->g, B->beta, B->a, B->b, B->A_log, B->dt_bias, R, s->Hv);
+        break;
+    case OP_CONV:
+        be->conv_silu(bx, B->qkvc, B->qkv, B->conv_w, cs, L->nseq, C, s->K);
+        break;
+    case OP_GDN:
+        be->gdn_recurrent(bx, B->o, B->qkvc, C, B->g, B->beta, gs, L->nseq, s->Hk, s->Hv, s->Dk,
+                          s->Dv);
+        break;
+    case OP_ATTENTION:
+        be->attention(bx, B->q, B->q, as, L->nseq, s->nH, s->nKV, s->D);
+        break;
+    case OP_SOFTMAX:
+        be->softmax(bx, B->logits, R, s->V);
+        break;
+    case OP_ARGMAX: {
+        int32_t out[MAXROWS];
+        be->argmax(bx, out, B->logits, R, s->V);
+        break;
+    }
+    case OP_STAGE:
+        cuda_stage(B->c, B->ids, 64);
+        break;
+    }
+}
+
+__global__ void spin_kernel(unsigned long long ns)
+{
+    cuda_kernel_begin();
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < ns);
+}
+
+/* GPU microseconds per call of op (see the header), *host_bound set when
+ * queuing the calls took longer than the spin. */
+static double time_op(bench *B, int op, const layout *L, int ctx, int reps, int *host_bound)
+{
+    cuda_ctx *c = B->c;
+    run_op(B, op, L, ctx); /* warm-up: first launches, shared memory limits */
+    B->be->sync(B->be->ctx);
+    *host_bound = 0;
+    if (op == OP_ARGMAX) {
+        const double t0 = now();
+        for (int i = 0; i < reps; i++)
+            run_op(B, op, L, ctx);
+        return 1e6 * (now() - t0) / reps;
+    }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    cuda_launch(c, spin_kernel, 1, 32, 0, SPIN_NS);
+    const double h0 = now();
+    CK(cudaEventRecord(e0, c->stream));
+    for (int i = 0; i < reps; i++)
+        run_op(B, op, L, ctx);
+    CK(cudaEventRecord(e1, c->stream));
+    *host_bound = now() - h0 > 1e-9 * (double)SPIN_NS;
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return 1e3 * (double)ms / reps;
+}
+
+static void bench_shape(const shape *s, const int *ctxs, int nctx, int reps)
+{
+    int ctx_max = 0;
+    for (int i = 0; i < nctx; i++)
+        ctx_max = ctxs[i] > ctx_max ? ctxs[i] : ctx_max;
+    bench B;
+    bench_init(&B, s, ctx_max);
+    printf("\n%s shape (H %d, %d q / %d kv heads of %d, delta rule %d/%d heads of %d, conv %d x "
+           "%d): us per call\n",
+           s->name, s->H, s->nH, s->nKV, s->D, s->Hk, s->Hv, s->Dk, B.C, s->K);
+    printf("%-30s", "op \\ rows");
+    for (size_t l = 0; l < sizeof(layouts) / sizeof(layouts[0]); l++)
+        printf(" %9s", layouts[l].name);
+    printf("\n");
+    struct {
+        int op;
+        const char *name;
+    } rows[] = {
+        {OP_EMBED, "embed (bf16)"},        {OP_RMSNORM, "rmsnorm (hidden)"},
+        {OP_QNORM, "rmsnorm (q heads)"},   {OP_GATED, "rmsnorm_gated (v heads)"},
+        {OP_SPLIT, "split_qgate"},         {OP_ROPE, "rope (q)"},
+        {OP_MUL_SIGMOID, "mul_sigmoid"},   {OP_SILU_MUL, "silu_mul"},
+        {OP_GATES, "gdn_gates"},           {OP_CONV, "conv_silu"},
+        {OP_GDN, "gdn_recurrent"},         {OP_ATTENTION, "attention"},
+        {OP_SOFTMAX, "softmax (vocab)"},   {OP_ARGMAX, "argmax (vocab, wall)"},
+        {OP_STAGE, "staging copy (64 B)"},
+    };
+    for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+        const int nc = rows[r].op == OP_ATTENTION ? nctx : 1;
+        for (int ci = 0; ci < nc; ci++) {
+            char name[64];
+            if (rows[r].op == OP_ATTENTION)
+                snprintf(name, sizeof(name), "%s, %d keys before", rows[r].name, ctxs[ci]);
+            else
+                snprintf(name, sizeof(name), "%s", rows[r].name);
+            printf("%-30s", name);
+            for (size_t l = 0; l < sizeof(layouts) / sizeof(layouts[0]); l++) {
+                int hb;
+                const double us = time_op(&B, rows[r].op, &layouts[l], ctxs[ci], reps, &hb);
+                printf(" %8.2f%c", us, hb ? '*' : ' ');
+                fflush(stdout);
+            }
+            printf("\n");
+        }
+    }
+    bench_free(&B);
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = "all";
+    int reps = 200, ctxs[8] = {32, 4096}, nctx = 2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            which = argv[++i];
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
+            nctx = 0;
+            for (char *t = strtok(argv[++i], ","); t && nctx < 8; t = strtok(NULL, ","))
+                ctxs[nctx++] = atoi(t);
+        } else {
+            fprintf(stderr, "usage: %s [--shape 0.8b|4b|all] [--reps N] [--ctx N,N,...]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1 || nctx < 1) {
+        fprintf(stderr, "cuda_ops_bench: --reps and --ctx need positive numbers\n");
+        return 2;
+    }
+    char why[160];
+    if (tdm_cuda_device_count(why, sizeof(why)) == 0) {
+        printf("cuda_ops_bench: %s\n", why);
+        return 0;
+    }
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    printf("cuda_ops_bench: %s, %d calls per cell; '*' host-bound\n", p.name, reps);
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+        if (!strcmp(which, "all") || !strcmp(which, shapes[i].name))
+            bench_shape(&shapes[i], ctxs, nctx, reps);
+    return 0;
+}
