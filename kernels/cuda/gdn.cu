@@ -29,6 +29,7 @@
  * is computed.
  */
 #include "gdn.cuh"
+#include "gdn_chunk.cuh"
 #include "seglist.cuh"
 
 #include <math.h>
@@ -275,6 +276,26 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 1024 && Dv > 0);
     if (nseg <= 0 || Hv <= 0)
         return;
+    /* Prompt-prefill segments of at least one chunk go to the chunked form
+     * (gdn_chunk.cu); the rest run here. */
+    int nchunked = 0;
+    for (int i = 0; i < nseg; i++)
+        nchunked += segs[i].chunked && !segs[i].states_out && segs[i].nrows >= GDN_CHUNK_MIN;
+    if (nchunked && cuda_gdn_chunked_fits(c, Dk)) {
+        tdm_gdn_seg *rest = (tdm_gdn_seg *)malloc((size_t)nseg * sizeof(tdm_gdn_seg));
+        TDM_ASSERT(rest != NULL);
+        int nrest = 0;
+        for (int i = 0; i < nseg; i++) {
+            if (segs[i].chunked && !segs[i].states_out && segs[i].nrows >= GDN_CHUNK_MIN)
+                cuda_gdn_chunked(c, out, qkv, qkv_stride, g, beta, &segs[i], Hk, Hv, Dk, Dv);
+            else
+                rest[nrest++] = segs[i];
+        }
+        if (nrest)
+            cuda_gdn_recurrent(ctx, out, qkv, qkv_stride, g, beta, rest, nrest, Hk, Hv, Dk, Dv);
+        free(rest);
+        return;
+    }
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_gdn_seg));
     const int vec = Dk % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;

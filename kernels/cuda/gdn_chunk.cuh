@@ -11,6 +11,9 @@
 #ifdef __cplusplus
 #include "common.cuh"
 
+/* Prefill segments at least this long take the chunked form (one chunk). */
+#define GDN_CHUNK_MIN 64
+
 /* Whether the chunked kernel's shared memory for key head dim Dk fits this
  * device (Dk <= 256 does on sm_90). */
 int cuda_gdn_chunked_fits(cuda_ctx *c, int Dk);
