@@ -11,7 +11,8 @@
 # project does not configure there; the binaries need only libcjson and the
 # CUDA runtime beside glibc. Environment for `run`: SHAPES (default
 # "0.8b 4b"), HF=0 to skip the transformers counterpart, MEMCHECK=0 to skip
-# compute-sanitizer. The GPU machine has no flash-linear-attention; a copy
+# compute-sanitizer, OPS=0 to skip the matmul and op benchmarks. The GPU
+# machine has no flash-linear-attention; a copy
 # of its gated delta rule kernels placed in .carry/pylib (package `fla`)
 # makes transformers run its Triton kernels instead of the torch loops, and
 # the transformers part then runs on it; FALLBACK=1 also runs it once
@@ -25,34 +26,42 @@ pack)
     b="${2:?usage: cuda_bench.sh pack BUILD_DIR}"
     rm -rf .carry/bin .carry/lib
     mkdir -p .carry/bin .carry/lib
-    cp "$b/tests/cuda/cuda_test_ops" "$b/tests/cuda/cuda_test_model" \
-        "$b/tests/cuda/cuda_test_runtime" "$b/bench/bench_cuda_bench" .carry/bin/ || exit 1
-    # the shared-library closure minus glibc, the loader and the C++ runtime
+    cp "$b"/tests/cuda/cuda_test_* "$b"/bench/bench_cuda_* .carry/bin/ || exit 1
+    # the shared-library closure minus glibc, the loader, the C++ runtime
     # (Debian 12's libstdc++ needs glibc 2.36; the GPU machine's own works)
+    # and cuBLAS (hundreds of MB; the GPU machine's CUDA has it)
     ldd .carry/bin/* | awk '$3 ~ /^\// {print $3}' | sort -u |
-        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" .carry/lib/; done
     du -sh .carry
     ;;
 run)
     : "${OUT:?run on the GPU machine, where OUT is set}"
-    export LD_LIBRARY_PATH="$root/.carry/lib:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
+    export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    export PYTHONUNBUFFERED=1
     B="$root/.carry/bin"
     # the tests find the fixtures at the checkout path they were built in
     mkdir -p /work && { [ -e /work/main ] || ln -s "$root" /work/main; }
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.log"
-    for t in ops model runtime; do
-        echo "== cuda_test_$t"
-        timeout 120 "$B/cuda_test_$t" 2>&1 | tee "$OUT/$t.log" | grep -vE " ok$" | tail -20
+    for t in "$B"/cuda_test_*; do
+        echo "== $(basename "$t")"
+        timeout 300 "$t" 2>&1 | tee "$OUT/$(basename "$t").log" | grep -vE " ok$" | tail -20
     done
     if [ "${MEMCHECK:-1}" = 1 ]; then
-        for t in ops model; do
+        for t in ops model graph gdn_chunk; do
+            [ -x "$B/cuda_test_$t" ] || continue
             echo "== memcheck $t"
-            timeout 200 compute-sanitizer --tool memcheck --leak-check full "$B/cuda_test_$t" \
+            timeout 300 compute-sanitizer --tool memcheck --leak-check full "$B/cuda_test_$t" \
                 >"$OUT/memcheck_$t.log" 2>&1
             echo "rc=$?"
             tail -3 "$OUT/memcheck_$t.log"
         done
+    fi
+    if [ "${OPS:-1}" = 1 ]; then
+        echo "== matmul against cuBLAS"
+        timeout 200 "$B/bench_cuda_matmul_bench" --rows 1,9,17,72 2>&1 | tee "$OUT/bench_matmul.log"
+        echo "== ops"
+        timeout 200 "$B/bench_cuda_ops_bench" --shape 4b 2>&1 | tee "$OUT/bench_ops.log"
     fi
     for s in ${SHAPES:-0.8b 4b}; do
         echo "== bench $s"
