@@ -2,6 +2,7 @@
  * cuda_bench.c - speed of the engine on the CUDA backend.
  *
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--steps N] [--dir TMP] [--stats]
+ *                    [--graphs on|off]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -12,7 +13,11 @@
  * bytes of weights one step streams ÷ the device's copy bandwidth (read +
  * write bytes per second of a 1 GiB device-to-device copy). --stats then
  * reloads the model with TANDEM_CUDA_OPSTATS=1 and prints GPU time per op
- * kind over batch-1 decode steps.
+ * kind over batch-1 decode steps. --graphs (default on) runs each step as
+ * a CUDA graph, or launches every kernel one by one; the two warm-up steps
+ * of each row are a key's first (eager) and second (captured) sight, so the
+ * measured steps replay. Logits land in page-locked memory
+ * (tdm_model_host_alloc), as in the services.
  */
 #include "engine.h"
 
@@ -232,7 +237,10 @@ static double time_step(tdm_model *m, int batch, int k, int steps)
             tdm_seq_prefill(seqs[b], prompt, P, NULL, &err) != TDM_OK)
             die("prefill", err.msg);
     }
-    float *logits = malloc((size_t)batch * (size_t)(k + 1) * (size_t)V * sizeof(float));
+    float *logits =
+        tdm_model_host_alloc(m, (size_t)batch * (size_t)(k + 1) * (size_t)V * sizeof(float));
+    if (!logits)
+        die("out of host memory for logits", NULL);
     int32_t toks[64][17];
     const int32_t *tp[64];
     int nt[64];
@@ -263,7 +271,7 @@ static double time_step(tdm_model *m, int batch, int k, int steps)
     }
     double med = median(t, steps);
     free(t);
-    free(logits);
+    tdm_model_host_free(m, logits);
     for (int b = 0; b < batch; b++)
         tdm_seq_destroy(seqs[b]);
     return med;
@@ -272,7 +280,7 @@ static double time_step(tdm_model *m, int batch, int k, int steps)
 int main(int argc, char **argv)
 {
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8";
-    int steps = 20, stats = 0;
+    int steps = 20, stats = 0, graphs = 1;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
             stats = 1;
@@ -289,7 +297,11 @@ int main(int argc, char **argv)
             batches = argv[i + 1];
         else if (!strcmp(argv[i], "--steps"))
             steps = atoi(argv[i + 1]);
-        else
+        else if (!strcmp(argv[i], "--graphs")) {
+            if (strcmp(argv[i + 1], "on") != 0 && strcmp(argv[i + 1], "off") != 0)
+                die("--graphs takes on or off, not", argv[i + 1]);
+            graphs = !strcmp(argv[i + 1], "on");
+        } else
             die("unknown option", argv[i]);
     }
     const shape *s = NULL;
@@ -316,7 +328,8 @@ int main(int argc, char **argv)
     tdm_model *m;
     if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
         die("load", err.msg);
-    printf("loaded onto the GPU in %.1f s\n", now() - t0);
+    printf("loaded onto the GPU in %.1f s; CUDA graphs %s\n", now() - t0, graphs ? "on" : "off");
+    tdm_model_set_graphs(m, graphs);
     double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);
     double wb = (double)tdm_model_weight_bytes(m);
     double floor_ms = wb / bw * 1e3;
@@ -344,6 +357,13 @@ int main(int argc, char **argv)
         const char *c = strchr(b, ',');
         b = c ? c + 1 : b + strlen(b);
     }
+    tdm_cuda_graph_stats gs;
+    tdm_cuda_graph_stats_get(be, &gs);
+    printf("\ngraphs: %llu captured, %llu replayed, %llu refused (ran eagerly), %llu eager "
+           "steps, %llu evicted\n",
+           (unsigned long long)gs.captured, (unsigned long long)gs.replayed,
+           (unsigned long long)gs.refused, (unsigned long long)gs.eager,
+           (unsigned long long)gs.evicted);
     tdm_model_destroy(m);
     be->destroy(be);
     if (stats) {

@@ -156,6 +156,18 @@
          GRP_MODEL,                                                                                \
          "Compute backend; auto: cuda when this build has CUDA and an NVIDIA device is present, "  \
          "else cpu."},                                                                             \
+        {"cuda_graphs",                                                                            \
+         TDM_CFG_BOOL,                                                                             \
+         "on",                                                                                     \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         GRP_MODEL,                                                                                \
+         "On the cuda backend, run each decode or verify step as a CUDA graph: captured the "      \
+         "second time a step of its shape comes, then replayed as one launch instead of hundreds " \
+         "(same results to the bit). The cpu backend has no graphs; there it changes nothing."},   \
         {"max_sequences",                                                                          \
          TDM_CFG_INT,                                                                              \
          "64",                                                                                     \

@@ -60,6 +60,16 @@ tdm_backend *tdm_model_backend(const tdm_model *m);
 /* Bytes of weights one decode step streams, as stored (every layer, the final
  * norm and the LM head; an untied embedding table is only indexed). */
 size_t tdm_model_weight_bytes(const tdm_model *m);
+/* Whether forward passes go through the backend's graphs (CUDA: a step is
+ * captured the second time its shape is seen, then replayed as one launch).
+ * On by default; no effect on a backend without graphs. Results are the
+ * same bits either way. */
+void tdm_model_set_graphs(tdm_model *m, int on);
+/* Host memory the engine downloads into fastest (CUDA: page-locked), for
+ * logits buffers; NULL when exhausted. Free it with tdm_model_host_free, on
+ * the same model, before the model is destroyed. */
+void *tdm_model_host_alloc(tdm_model *m, size_t nbytes);
+void tdm_model_host_free(tdm_model *m, void *p); /* NULL is fine */
 
 /* ---- sequences ------------------------------------------------------- */
 

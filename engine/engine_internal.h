@@ -1,6 +1,7 @@
 /*
  * engine_internal.h - structures shared by the engine's files (model.c,
- * seq.c); not part of the engine's API.
+ * seq.c); not part of the engine's API (tests that compare states read
+ * them).
  */
 #ifndef TANDEM_ENGINE_INTERNAL_H
 #define TANDEM_ENGINE_INTERNAL_H
@@ -66,6 +67,25 @@ struct tdm_model {
     void **host;
     size_t nhost, caphost;
     tdm_workspace ws;
+    int graphs; /* steps go through the backend's graph slots (tdm_model_set_graphs) */
+};
+
+/* A sequence's state in backend memory (seq.c). */
+struct tdm_seq {
+    tdm_model *m;
+    tdm_seq_params p;
+    int n_past; /* positions in the caches, including a pending verify's */
+    int kv_cap; /* positions the KV caches hold */
+    /* per layer; NULL where the layer kind has no such state */
+    float **k, **v;          /* [kv_cap, nKV*D] */
+    float **conv;            /* [K-1, conv_dim] last pre-conv inputs, oldest first */
+    float **rec;             /* [Hv, Dk, Dv] */
+    float **conv_x, **rec_x; /* extra_buffer: [max_draft+1, ...] per position;
+                                no_buffer: [1, ...] checkpoint */
+    int pending;             /* rows of an uncommitted verify, 0 if none */
+    int base;                /* n_past before that verify */
+    int verifying;           /* set for the duration of a forward: rows join the pending ones */
+    int32_t *pend_tokens;    /* [max_draft+1] its tokens (no_buffer recompute) */
 };
 
 #endif

@@ -246,6 +246,7 @@ tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm
     if (!m)
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
     m->be = be;
+    m->graphs = 1;
     tdm_status rc = tdm_model_config_load(dir, &m->cfg, err);
     if (rc == TDM_OK)
         rc = tdm_st_open(dir, &m->st, err);
@@ -323,4 +324,19 @@ tdm_backend *tdm_model_backend(const tdm_model *m)
 size_t tdm_model_weight_bytes(const tdm_model *m)
 {
     return m->weight_bytes;
+}
+
+void tdm_model_set_graphs(tdm_model *m, int on)
+{
+    m->graphs = on != 0;
+}
+
+void *tdm_model_host_alloc(tdm_model *m, size_t nbytes)
+{
+    return m->be->host_alloc(m->be->ctx, nbytes);
+}
+
+void tdm_model_host_free(tdm_model *m, void *p)
+{
+    m->be->host_free(m->be->ctx, p);
 }

@@ -21,23 +21,6 @@
 #define PREFILL_CHUNK 128
 #define KV_INITIAL_CAP 64
 
-struct tdm_seq {
-    tdm_model *m;
-    tdm_seq_params p;
-    int n_past; /* positions in the caches, including a pending verify's */
-    int kv_cap; /* positions the KV caches hold */
-    /* per layer; NULL where the layer kind has no such state */
-    float **k, **v;          /* [kv_cap, nKV*D] */
-    float **conv;            /* [K-1, conv_dim] last pre-conv inputs, oldest first */
-    float **rec;             /* [Hv, Dk, Dv] */
-    float **conv_x, **rec_x; /* extra_buffer: [max_draft+1, ...] per position;
-                                no_buffer: [1, ...] checkpoint */
-    int pending;             /* rows of an uncommitted verify, 0 if none */
-    int base;                /* n_past before that verify */
-    int verifying;           /* set for the duration of a forward: rows join the pending ones */
-    int32_t *pend_tokens;    /* [max_draft+1] its tokens (no_buffer recompute) */
-};
-
 enum { LOGITS_NONE, LOGITS_ALL };
 
 const char *tdm_state_strategy_name(tdm_state_strategy s)
@@ -155,16 +138,138 @@ static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
 
 /* ---- the forward pass ------------------------------------------------------ */
 
+/* One forward call's rows, as fwd_ops issues them. */
+typedef struct fwd_step {
+    tdm_seq *const *seqs;
+    const int *counts; /* [nseq] rows of each sequence */
+    int nseq, R;
+    int prefill;        /* a prompt chunk: the delta rule may run chunked */
+    int logits;         /* final norm and LM head run, into ws.logits */
+    int *row0;          /* [nseq] first row of each sequence */
+    int *extra;         /* [nseq] rows keep per-position states (extra_buffer verify) */
+    int32_t *ids, *pos; /* [R] host */
+    tdm_conv_seg *cs;   /* [nseq] host scratch */
+    tdm_gdn_seg *gs;    /* [nseq] host scratch */
+    tdm_attn_seg *as;   /* [nseq] host scratch */
+} fwd_step;
+
+static uint64_t key_mix(uint64_t h, uint64_t v)
+{
+    h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
+}
+
+/* The graph key of a step (backend.h: it must determine everything the ops
+ * receive by value). The model fixes weights and sizes; the workspace block
+ * and its row capacity fix every activation pointer; the rows per sequence,
+ * the per-position-state flag of each and whether logits and a prompt's
+ * chunked delta rule run fix the op sequence and every size. What changes
+ * from step to step (token ids, positions, KV lengths, cache and state
+ * pointers) reaches the ops through host arrays they stage, and stays out of
+ * the key, so decode steps of one batch shape share one graph however long
+ * the sequences are and whichever sequences fill the rows. */
+static uint64_t fwd_key(const tdm_model *m, const fwd_step *st)
+{
+    uint64_t h = key_mix(0x243f6a8885a308d3ull, (uint64_t)(uintptr_t)m);
+    h = key_mix(h, (uint64_t)(uintptr_t)m->ws.block);
+    h = key_mix(h, (uint64_t)m->ws.rows);
+    h = key_mix(h, ((uint64_t)st->nseq << 2) | ((uint64_t)st->prefill << 1) | (uint64_t)st->logits);
+    for (int i = 0; i < st->nseq; i++)
+        h = key_mix(h, ((uint64_t)st->counts[i] << 1) | (uint64_t)st->extra[i]);
+    return h;
+}
+
+/* The ops of one step, in order; logits (when asked) end in ws.logits. Op
+ * slots only: nothing here allocates, crosses to the host or waits, so a
+ * backend may record the step as a graph (backend.h). */
+static void fwd_ops(tdm_model *m, const fwd_step *st)
+{
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    const int R = st->R, nseq = st->nseq;
+    const int H = c->hidden_size, C = m->conv_dim, K = c->conv_kernel, I = c->intermediate_size;
+    const int Hk = c->lin_k_heads, Hv = c->lin_v_heads, Dk = c->lin_k_dim, Dv = c->lin_v_dim;
+    const int VD = Hv * Dv, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
+    const int QD = nH * D, KD = nKV * D;
+    const float eps = (float)c->rms_norm_eps;
+    tdm_workspace *w = &m->ws;
+
+    be->embed(bx, w->x, m->embed, st->ids, R, H); /* x [R, H] */
+    for (int L = 0; L < c->num_layers; L++) {
+        const tdm_layer_weights *lw = &m->layers[L];
+        be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
+        if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
+            be->matmul(bx, w->qkv, w->xn, lw->in_qkv, R, H, C, 0); /* [R, C] */
+            be->matmul(bx, w->z, w->xn, lw->in_z, R, H, VD, 0);    /* [R, Hv*Dv] */
+            be->matmul(bx, w->b, w->xn, lw->in_b, R, H, Hv, 0);    /* [R, Hv] */
+            be->matmul(bx, w->a, w->xn, lw->in_a, R, H, Hv, 0);    /* [R, Hv] */
+            for (int i = 0; i < nseq; i++) {
+                tdm_seq *s = st->seqs[i];
+                float *cst = s->conv[L], *rst = s->rec[L], *cout = NULL, *rout = NULL;
+                if (st->extra[i]) {
+                    /* Rows appended to a pending verify continue from the
+                     * state after its last row; committed states stay put. */
+                    size_t off = (size_t)s->pending;
+                    if (off > 0) {
+                        cst = s->conv_x[L] + (off - 1) * conv_floats(m);
+                        rst = s->rec_x[L] + (off - 1) * rec_floats(m);
+                    }
+                    cout = s->conv_x[L] + off * conv_floats(m);
+                    rout = s->rec_x[L] + off * rec_floats(m);
+                }
+                st->cs[i] = (tdm_conv_seg){st->row0[i], st->counts[i], cst, cout};
+                st->gs[i] =
+                    (tdm_gdn_seg){st->row0[i], st->counts[i], rst, rout, st->prefill && !rout};
+            }
+            be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
+            be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
+            be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, st->gs, nseq, Hk, Hv, Dk,
+                              Dv); /* o [R, Hv, Dv] */
+            be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
+            be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
+        } else {
+            be->matmul(bx, w->qg, w->xn, lw->q_proj, R, H, 2 * QD, 0); /* [R, nH, 2D] */
+            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D);       /* [R, nH, D] each */
+            be->matmul(bx, w->k, w->xn, lw->k_proj, R, H, KD, 0);      /* [R, nKV, D] */
+            be->matmul(bx, w->v, w->xn, lw->v_proj, R, H, KD, 0);      /* [R, nKV, D] */
+            be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
+            be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
+            be->rope(bx, w->q, st->pos, m->inv_freq, R, nH, D, c->rot_dim);
+            be->rope(bx, w->k, st->pos, m->inv_freq, R, nKV, D, c->rot_dim);
+            for (int i = 0; i < nseq; i++) {
+                tdm_seq *s = st->seqs[i];
+                const size_t r0 = (size_t)st->row0[i] * (size_t)KD;
+                be->kv_store(bx, s->k[L], s->v[L], w->k + r0, w->v + r0, s->n_past, st->counts[i],
+                             KD);
+                st->as[i] = (tdm_attn_seg){st->row0[i], st->counts[i], s->n_past, s->k[L], s->v[L]};
+            }
+            be->attention(bx, w->o, w->q, st->as, nseq, nH, nKV, D); /* [R, nH, D] */
+            be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
+            be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+        }
+        be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
+        be->matmul(bx, w->h1, w->xn, lw->gate, R, H, I, 0); /* [R, I] */
+        be->matmul(bx, w->h2, w->xn, lw->up, R, H, I, 0);   /* [R, I] */
+        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
+        be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+    }
+    if (st->logits) {
+        be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
+        be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
+    }
+}
+
 /* Runs counts[i] tokens of seqs[i] for all i as one batch of rows. verify:
  * extra_buffer sequences keep per-position states in conv_x/rec_x (their
  * committed states stay untouched). prefill: a prompt, whose delta rule the
  * backend may run in the chunked form. logits: LOGITS_ALL writes host
- * [R, vocab]. Advances every n_past. */
+ * [R, vocab]. Advances every n_past. On a backend with graphs the ops are
+ * one bracketed step (fwd_key), the logits downloaded after it. */
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
                           const int *counts, int verify, int prefill, int logits_mode,
                           float *logits, tdm_error *err)
 {
-    const tdm_model_config *c = &m->cfg;
     tdm_backend *be = m->be;
     void *bx = be->ctx;
     int R = 0;
@@ -178,104 +283,58 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     if (rc != TDM_OK)
         return rc;
 
-    const int H = c->hidden_size, C = m->conv_dim, K = c->conv_kernel, I = c->intermediate_size;
-    const int Hk = c->lin_k_heads, Hv = c->lin_v_heads, Dk = c->lin_k_dim, Dv = c->lin_v_dim;
-    const int VD = Hv * Dv, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
-    const int QD = nH * D, KD = nKV * D;
-    const float eps = (float)c->rms_norm_eps;
-    tdm_workspace *w = &m->ws;
-
-    int32_t *ids = malloc((size_t)R * sizeof(int32_t));
-    int32_t *pos = malloc((size_t)R * sizeof(int32_t));
-    int *row0 = malloc((size_t)nseq * sizeof(int));
-    tdm_conv_seg *cs = calloc((size_t)nseq, sizeof(*cs));
-    tdm_gdn_seg *gs = calloc((size_t)nseq, sizeof(*gs));
-    tdm_attn_seg *as = calloc((size_t)nseq, sizeof(*as));
-    if (!ids || !pos || !row0 || !cs || !gs || !as) {
+    fwd_step st = {
+        .seqs = seqs,
+        .counts = counts,
+        .nseq = nseq,
+        .R = R,
+        .prefill = prefill,
+        .logits = logits_mode == LOGITS_ALL && logits,
+        .row0 = malloc((size_t)nseq * sizeof(int)),
+        .extra = malloc((size_t)nseq * sizeof(int)),
+        .ids = malloc((size_t)R * sizeof(int32_t)),
+        .pos = malloc((size_t)R * sizeof(int32_t)),
+        .cs = calloc((size_t)nseq, sizeof(tdm_conv_seg)),
+        .gs = calloc((size_t)nseq, sizeof(tdm_gdn_seg)),
+        .as = calloc((size_t)nseq, sizeof(tdm_attn_seg)),
+    };
+    if (!st.row0 || !st.extra || !st.ids || !st.pos || !st.cs || !st.gs || !st.as) {
         rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
     for (int i = 0, r = 0; i < nseq; i++) {
-        row0[i] = r;
+        tdm_seq *s = seqs[i];
+        st.row0[i] = r;
+        st.extra[i] = verify && s->verifying && s->p.strategy == TDM_STATE_EXTRA_BUFFER;
         for (int j = 0; j < counts[i]; j++, r++) {
-            ids[r] = toks[i][j];
-            pos[r] = seqs[i]->n_past + j;
+            st.ids[r] = toks[i][j];
+            st.pos[r] = s->n_past + j;
         }
     }
 
-    be->embed(bx, w->x, m->embed, ids, R, H); /* x [R, H] */
-    for (int L = 0; L < c->num_layers; L++) {
-        const tdm_layer_weights *lw = &m->layers[L];
-        be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
-        if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
-            be->matmul(bx, w->qkv, w->xn, lw->in_qkv, R, H, C, 0); /* [R, C] */
-            be->matmul(bx, w->z, w->xn, lw->in_z, R, H, VD, 0);    /* [R, Hv*Dv] */
-            be->matmul(bx, w->b, w->xn, lw->in_b, R, H, Hv, 0);    /* [R, Hv] */
-            be->matmul(bx, w->a, w->xn, lw->in_a, R, H, Hv, 0);    /* [R, Hv] */
-            for (int i = 0; i < nseq; i++) {
-                tdm_seq *s = seqs[i];
-                int extra = verify && s->verifying && s->p.strategy == TDM_STATE_EXTRA_BUFFER;
-                float *cst = s->conv[L], *rst = s->rec[L], *cout = NULL, *rout = NULL;
-                if (extra) {
-                    /* Rows appended to a pending verify continue from the
-                     * state after its last row; committed states stay put. */
-                    size_t off = (size_t)s->pending;
-                    if (off > 0) {
-                        cst = s->conv_x[L] + (off - 1) * conv_floats(m);
-                        rst = s->rec_x[L] + (off - 1) * rec_floats(m);
-                    }
-                    cout = s->conv_x[L] + off * conv_floats(m);
-                    rout = s->rec_x[L] + off * rec_floats(m);
-                }
-                cs[i] = (tdm_conv_seg){row0[i], counts[i], cst, cout};
-                gs[i] = (tdm_gdn_seg){row0[i], counts[i], rst, rout, prefill && !rout};
-            }
-            be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, cs, nseq, C, K); /* [R, C] */
-            be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
-            be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, gs, nseq, Hk, Hv, Dk,
-                              Dv); /* o [R, Hv, Dv] */
-            be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
-            be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
-        } else {
-            be->matmul(bx, w->qg, w->xn, lw->q_proj, R, H, 2 * QD, 0); /* [R, nH, 2D] */
-            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D);       /* [R, nH, D] each */
-            be->matmul(bx, w->k, w->xn, lw->k_proj, R, H, KD, 0);      /* [R, nKV, D] */
-            be->matmul(bx, w->v, w->xn, lw->v_proj, R, H, KD, 0);      /* [R, nKV, D] */
-            be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
-            be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
-            be->rope(bx, w->q, pos, m->inv_freq, R, nH, D, c->rot_dim);
-            be->rope(bx, w->k, pos, m->inv_freq, R, nKV, D, c->rot_dim);
-            for (int i = 0; i < nseq; i++) {
-                tdm_seq *s = seqs[i];
-                be->kv_store(bx, s->k[L], s->v[L], w->k + (size_t)row0[i] * (size_t)KD,
-                             w->v + (size_t)row0[i] * (size_t)KD, s->n_past, counts[i], KD);
-                as[i] = (tdm_attn_seg){row0[i], counts[i], s->n_past, s->k[L], s->v[L]};
-            }
-            be->attention(bx, w->o, w->q, as, nseq, nH, nKV, D); /* [R, nH, D] */
-            be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
-            be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
-        }
-        be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
-        be->matmul(bx, w->h1, w->xn, lw->gate, R, H, I, 0); /* [R, I] */
-        be->matmul(bx, w->h2, w->xn, lw->up, R, H, I, 0);   /* [R, I] */
-        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
-        be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+    if (m->graphs && be->graph_begin) {
+        /* Recorded, replayed or eager: graph_end queues or has done the work. */
+        be->graph_begin(bx, fwd_key(m, &st));
+        fwd_ops(m, &st);
+        if (be->graph_end(bx) != 0)
+            fwd_ops(m, &st); /* the replay did not match its graph: nothing ran */
+    } else {
+        fwd_ops(m, &st);
     }
-    if (logits_mode == LOGITS_ALL && logits) {
-        be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
-        be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
-        be->download(bx, logits, w->logits, (size_t)R * (size_t)c->vocab_size * sizeof(float));
-    }
+    if (st.logits)
+        be->download(bx, logits, m->ws.logits,
+                     (size_t)R * (size_t)m->cfg.vocab_size * sizeof(float));
     be->sync(bx);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
 out:
-    free(ids);
-    free(pos);
-    free(row0);
-    free(cs);
-    free(gs);
-    free(as);
+    free(st.row0);
+    free(st.extra);
+    free(st.ids);
+    free(st.pos);
+    free(st.cs);
+    free(st.gs);
+    free(st.as);
     return rc;
 }
 

@@ -22,6 +22,12 @@
  * Pointers named in the op arguments that are arrays of segments or of
  * positions/token ids are host memory and only read during the call.
  *
+ * Graphs: a backend may record the ops of one forward step and replay them
+ * on later steps as one launch (graph_begin / graph_end below). A replay
+ * re-reads those host arrays, but nothing an op receives by value (sizes,
+ * flags, device pointers passed directly): those are what the recorded
+ * step was built from.
+ *
  * Threading: a backend serves one caller at a time (its ops may use a worker
  * pool of their own); callers that share one serialise their calls.
  */
@@ -100,6 +106,40 @@ struct tdm_backend {
     const void *(*weight_map)(void *ctx, const void *host, size_t nbytes, int *owned);
     /* Waits until all queued ops are done. */
     void (*sync)(void *ctx);
+    /* nbytes of host memory that download writes into fastest (CUDA:
+     * page-locked); NULL when exhausted. */
+    void *(*host_alloc)(void *ctx, size_t nbytes);
+    /* Frees memory from host_alloc (NULL is fine). */
+    void (*host_free)(void *ctx, void *p);
+
+    /* --- graphs (optional: both NULL where the backend has none) --------
+     * The engine brackets the ops of one forward step with graph_begin and
+     * graph_end. The backend may record the step under `key` and, when a
+     * later step has the same key, replay the recording instead of running
+     * the calls one by one. Contract:
+     *  - graph_end follows every graph_begin, on the same thread, and
+     *    brackets do not nest;
+     *  - between the two calls only op slots are called (no alloc, free,
+     *    upload, download, copy, sync, weight_map, host_alloc, host_free
+     *    or argmax);
+     *  - every host argument of an op (ids, positions, inv_freq, segment
+     *    lists with the state and cache pointers in them) is staged by
+     *    the op anew on every call, recorded or not; everything an op
+     *    receives by value is not, so the key must determine all of it:
+     *    the op sequence, every size and flag, and every device pointer
+     *    passed directly (workspace, weights). A backend checks what it
+     *    can (a replay whose calls differ from the recording is refused:
+     *    graph_end returns 1), but a key that determines less than that
+     *    gives wrong results wherever the check cannot see. */
+    /* Opens a step. 1: the ops that follow are recorded or replayed and
+     * their work is queued by graph_end; 0: they run as they are called. */
+    int (*graph_begin)(void *ctx, uint64_t key);
+    /* Closes the step. 0: its work is queued (or done, after a 0 from
+     * graph_begin). 1: the calls since graph_begin did not match the
+     * recording of that key; none of their work was done and the backend
+     * dropped the recording; the caller makes the same calls again outside
+     * a bracket. */
+    int (*graph_end)(void *ctx);
 
     /* --- ops ------------------------------------------------------------ */
     /* y[r,:] = embed[ids[r], :] for r < R; embed [vocab, H]. ids: host. */

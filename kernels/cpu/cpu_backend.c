@@ -49,6 +49,18 @@ static void cpu_sync(void *ctx)
     (void)ctx;
 }
 
+static void *cpu_host_alloc(void *ctx, size_t nbytes)
+{
+    (void)ctx;
+    return malloc(nbytes ? nbytes : 1);
+}
+
+static void cpu_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
 /* --- elementwise and row ops -------------------------------------------- */
 
 static void cpu_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)
@@ -449,6 +461,9 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->copy = cpu_copy;
     be->weight_map = cpu_weight_map;
     be->sync = cpu_sync;
+    be->host_alloc = cpu_host_alloc;
+    be->host_free = cpu_host_free;
+    /* graph_begin / graph_end stay NULL: every op runs as it is called. */
     be->embed = cpu_embed;
     be->matmul = cpu_matmul_slot;
     be->rmsnorm = cpu_rmsnorm;

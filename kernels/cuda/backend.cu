@@ -5,6 +5,7 @@
 #include "attention.cuh"
 #include "elementwise.cuh"
 #include "gdn.cuh"
+#include "graph.cuh"
 #include "matmul.cuh"
 #include "norm.cuh"
 #include "sample.cuh"
@@ -39,6 +40,11 @@ static void stage_grow(cuda_ctx *c, size_t need)
 void *cuda_stage(cuda_ctx *c, const void *host, size_t n)
 {
     const size_t need = (n + 15) & ~(size_t)15;
+    if (c->graphs) {
+        void *d = cuda_graph_stage(c, host, n, need);
+        if (d)
+            return d;
+    }
     if (need > c->stage_cap)
         stage_grow(c, need);
     if (c->stage_off + need > c->stage_cap) {
@@ -209,11 +215,14 @@ ST_WRAP(argmax, ST_ARGMAX, (void *ctx, int32_t *out, const float *x, int R, int 
         (ctx, out, x, R, n))
 ST_WRAP(softmax, ST_SOFTMAX, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
 
-/* ---- memory --------------------------------------------------------------- */
+/* ---- memory --------------------------------------------------------------- *
+ * None of these may run inside a step (backend.h): they allocate, free or
+ * wait, which a capture must not see and a replay would run out of order. */
 
 static void *cu_alloc(void *ctx, size_t nbytes)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(!c->in_step);
     void *p = NULL;
     if (cudaMalloc(&p, nbytes ? nbytes : 16) != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is an answer, not a sticky error */
@@ -225,7 +234,7 @@ static void *cu_alloc(void *ctx, size_t nbytes)
 
 static void cu_free(void *ctx, void *p)
 {
-    (void)ctx;
+    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
     if (p)
         CUDA_CHECK(cudaFree(p)); /* waits for work that may still use p */
 }
@@ -233,6 +242,7 @@ static void cu_free(void *ctx, void *p)
 static void cu_upload(void *ctx, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(!c->in_step);
     if (!n)
         return;
     /* Synchronous: the caller may reuse src as soon as this returns. */
@@ -243,6 +253,7 @@ static void cu_upload(void *ctx, void *dst, const void *src, size_t n)
 static void cu_download(void *ctx, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(!c->in_step);
     if (!n)
         return;
     if (c->stats)
@@ -256,12 +267,14 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t n)
 static void cu_copy(void *ctx, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(!c->in_step);
     if (n)
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream));
 }
 
 static const void *cu_weight_map(void *ctx, const void *host, size_t nbytes, int *owned)
 {
+    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
     void *p = NULL;
     *owned = 0;
     if (cudaMalloc(&p, nbytes ? nbytes : 16) != cudaSuccess) {
@@ -276,9 +289,37 @@ static const void *cu_weight_map(void *ctx, const void *host, size_t nbytes, int
 static void cu_sync(void *ctx)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(!c->in_step);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     if (c->stats)
         st_resolve(c);
+}
+
+/* Page-locked, so a download is one DMA rather than a copy through the
+ * driver's bounce buffer (~100 us per MB of logits into pageable memory). */
+static void *cu_host_alloc(void *ctx, size_t nbytes)
+{
+    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
+    void *p = NULL;
+    if (cudaMallocHost(&p, nbytes ? nbytes : 16) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *ctx, void *p)
+{
+    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
+    if (p)
+        CUDA_CHECK(cudaFreeHost(p));
+}
+
+/* argmax reads its result back and waits: never inside a step. */
+static void cu_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
+{
+    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
+    cuda_argmax(ctx, out, x, R, n);
 }
 
 /* ---- lifetime ------------------------------------------------------------- */
@@ -292,6 +333,7 @@ static void cu_destroy(tdm_backend *be)
         cudaSetDevice(c->device);
         if (c->stream)
             cudaStreamSynchronize(c->stream);
+        cuda_graphs_destroy(c);
         cudaFreeHost(c->stage_host);
         cudaFree(c->stage_dev);
         cudaFree(c->argmax_dev);
@@ -387,6 +429,10 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         c->stats = (cuda_stats *)calloc(1, sizeof(cuda_stats));
         for (int i = 0; c->stats && i < 2 * ST_MAXEV; i++)
             CUDA_CHECK(cudaEventCreate(&c->stats->ev[i]));
+    } else if (!(c->graphs = cuda_graphs_create())) {
+        tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        cu_destroy(be);
+        return NULL;
     }
     be->name = "cuda";
     be->alloc = cu_alloc;
@@ -396,6 +442,12 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->copy = cu_copy;
     be->weight_map = cu_weight_map;
     be->sync = cu_sync;
+    be->host_alloc = cu_host_alloc;
+    be->host_free = cu_host_free;
+    if (c->graphs) {
+        be->graph_begin = cuda_graph_begin;
+        be->graph_end = cuda_graph_end;
+    }
     be->embed = cuda_embed;
     be->matmul = cuda_matmul;
     be->rmsnorm = cuda_rmsnorm;
@@ -409,7 +461,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->conv_silu = cuda_conv_silu;
     be->gdn_gates = cuda_gdn_gates;
     be->gdn_recurrent = cuda_gdn_recurrent;
-    be->argmax = cuda_argmax;
+    be->argmax = cu_argmax;
     be->softmax = cuda_softmax;
     if (c->stats) {
         be->embed = st_embed;

@@ -3,9 +3,11 @@
  * (kernels/backend.h) on one GPU.
  *
  * Owns: a CUDA stream on the chosen device, device memory handed out by
- * alloc/weight_map, and a staging ring through which host-side op arguments
- * (token ids, positions, segment lists) reach the device inside each call.
- * Every op runs on that one stream; download, argmax and sync wait for it.
+ * alloc/weight_map, a staging ring through which host-side op arguments
+ * (token ids, positions, segment lists) reach the device inside each call,
+ * and a cache of forward steps captured as CUDA graphs (graph_begin /
+ * graph_end; each graph with a staging area of its own). Every op runs on
+ * that one stream; download, argmax and sync wait for it.
  *
  * Numbers: activations, caches and states are fp32; matrices may be bf16,
  * fp16 or fp32 and every product accumulates in fp32 (no tensor-core
@@ -39,6 +41,19 @@ int tdm_cuda_device_count(char *why, size_t why_len);
  * naming why (no such device, out of memory, ...). The caller destroys it
  * with be->destroy(be). */
 tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err);
+
+/* What the graph slots did since the backend was created. */
+typedef struct tdm_cuda_graph_stats {
+    uint64_t captured; /* steps captured into a graph (and launched) */
+    uint64_t replayed; /* steps run by replaying a graph */
+    uint64_t refused;  /* graph_end returned 1: the calls differed from the capture
+                          (or, capturing, from the run measured before); run again eagerly */
+    uint64_t eager;    /* steps run eagerly inside a bracket (key new, or given up) */
+    uint64_t evicted;  /* graphs dropped to make room for another */
+} tdm_cuda_graph_stats;
+
+/* be: a CUDA backend. All zeros when graphs are off (TANDEM_CUDA_OPSTATS=1). */
+void tdm_cuda_graph_stats_get(const tdm_backend *be, tdm_cuda_graph_stats *out);
 
 /* Device memory bandwidth as a device-to-device copy of nbytes sees it:
  * bytes read + bytes written per second, best of 5; 0 on failure. For

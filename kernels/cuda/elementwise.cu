@@ -107,16 +107,35 @@ void cuda_rope(void *ctx, float *x, const int32_t *positions, const float *inv_f
                 half);
 }
 
+/* Where kv_store writes: per sequence and step (the caches move when they
+ * grow), so it is staged rather than passed by value, and a replayed graph
+ * writes where this call says. */
+typedef struct kv_dest {
+    float *k_cache, *v_cache;
+    long long at; /* first element: row `at` times kv_width */
+} kv_dest;
+
+__global__ void kv_store_kernel(const kv_dest *dst, const float *k, const float *v, size_t n)
+{
+    cuda_kernel_begin();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const size_t o = (size_t)dst->at + i;
+    dst->k_cache[o] = k[i];
+    dst->v_cache[o] = v[i];
+}
+
 void cuda_kv_store(void *ctx, float *k_cache, float *v_cache, const float *k, const float *v,
                    int at, int nrows, int kv_width)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
-    const size_t n = (size_t)nrows * (size_t)kv_width * sizeof(float);
+    const size_t n = (size_t)nrows * (size_t)kv_width;
     if (n == 0)
         return;
-    const size_t off = (size_t)at * (size_t)kv_width;
-    CUDA_CHECK(cudaMemcpyAsync(k_cache + off, k, n, cudaMemcpyDeviceToDevice, c->stream));
-    CUDA_CHECK(cudaMemcpyAsync(v_cache + off, v, n, cudaMemcpyDeviceToDevice, c->stream));
+    const kv_dest h = {k_cache, v_cache, (long long)at * (long long)kv_width};
+    const kv_dest *d = (const kv_dest *)cuda_stage(c, &h, sizeof(h));
+    cuda_launch(c, kv_store_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, d, k, v, n);
 }
 
 /* mul_sigmoid and silu_mul: one thread per 4 consecutive elements, float4

@@ -347,13 +347,18 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m)
 
 /* ---- drafting ------------------------------------------------------------- */
 
+/* The logits of a draft pass, in the model's host memory (pinned on CUDA:
+ * the download is one DMA). Grown without a copy: a pass reads only the
+ * logits it wrote. */
 static bool ensure_logits(dstream *st, size_t rows)
 {
     if (rows <= st->logits_rows)
         return true;
-    float *p = realloc(st->logits, rows * (size_t)st->d->vocab * sizeof(float));
+    tdm_model *m = st->d->rt->model;
+    float *p = tdm_model_host_alloc(m, rows * (size_t)st->d->vocab * sizeof(float));
     if (!p)
         return false;
+    tdm_model_host_free(m, st->logits);
     st->logits = p;
     st->logits_rows = rows;
     return true;
@@ -593,7 +598,8 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         free(it);
         it = next;
     }
-    free(st.logits);
+    if (st.logits) /* only a model drafter has them */
+        tdm_model_host_free(d->rt->model, st.logits);
     free(st.probs);
     free(st.order);
     pthread_mutex_destroy(&st.mu);
@@ -637,6 +643,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         tdm_status rc = tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &d->rt, err);
         if (rc != TDM_OK)
             return tdm_error_prefix(err, "model %s", model);
+        tdm_model_set_graphs(d->rt->model, tdm_cfg_bool(cfg, "cuda_graphs"));
         d->vocab = tdm_model_get_config(d->rt->model)->vocab_size;
         int st = tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy"));
         if (st < 0)

@@ -122,6 +122,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     tdm_status rc = tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &v->rt, err);
     if (rc != TDM_OK)
         return tdm_error_prefix(err, "model %s", model);
+    tdm_model_set_graphs(v->rt->model, tdm_cfg_bool(cfg, "cuda_graphs"));
     const char *strategy = tdm_cfg_str(cfg, "state_strategy");
     int st = tdm_state_strategy_parse(strategy);
     if (st < 0)

@@ -641,13 +641,17 @@ typedef struct pending_close {
     const char *reason;
 } pending_close;
 
+/* The logits of a round, in the model's host memory (pinned on CUDA: the
+ * download is one DMA). Grown without a copy: a round reads only the logits
+ * it wrote. */
 static bool ensure_logits(vsched *s, size_t rows)
 {
     if (rows <= s->logits_rows)
         return true;
-    float *p = realloc(s->logits, rows * (size_t)s->vocab * sizeof(float));
+    float *p = tdm_model_host_alloc(s->p.model, rows * (size_t)s->vocab * sizeof(float));
     if (!p)
         return false;
+    tdm_model_host_free(s->p.model, s->logits);
     s->logits = p;
     s->logits_rows = rows;
     return true;
@@ -1179,7 +1183,7 @@ void vsched_destroy(vsched *s)
     pthread_cond_destroy(&s->idle_cv);
     free(s->active);
     free(s->vscratch);
-    free(s->logits);
+    tdm_model_host_free(s->p.model, s->logits);
     free(s);
 }
 

@@ -587,6 +587,50 @@ static void test_help(void)
     free(buf);
 }
 
+/* cuda_graphs: on unless set, from any source, on verifier and drafter. */
+static void test_cuda_graphs(void)
+{
+    const tdm_cfg_schema *schemas[] = {&tdm_svc_verifier_schema, &tdm_svc_drafter_schema};
+    tdm_status st;
+    tdm_error err;
+    char d[256];
+    for (size_t i = 0; i < 2; i++) {
+        tdm_cfg *cfg = load(schemas[i], &st, NULL, &err, NULL);
+        CHECK(st == TDM_OK, "%s", err.msg);
+        CHECK(tdm_cfg_bool(cfg, "cuda_graphs"), "%s: default", schemas[i]->program);
+        CHECK_STR(tdm_cfg_describe(cfg, "cuda_graphs", d, sizeof(d)), "cuda_graphs=on (default)");
+        tdm_cfg_destroy(cfg);
+        cfg = load(schemas[i], &st, NULL, &err, "--cuda-graphs", "off", NULL);
+        CHECK(st == TDM_OK && !tdm_cfg_bool(cfg, "cuda_graphs"), "%s: flag", schemas[i]->program);
+        CHECK_STR(tdm_cfg_describe(cfg, "cuda_graphs", d, sizeof(d)),
+                  "cuda_graphs=off (flag:--cuda-graphs)");
+        tdm_cfg_destroy(cfg);
+        setenv("TANDEM_CUDA_GRAPHS", "false", 1);
+        cfg = load(schemas[i], &st, NULL, &err, NULL);
+        CHECK(st == TDM_OK && !tdm_cfg_bool(cfg, "cuda_graphs"), "%s: env", schemas[i]->program);
+        CHECK_STR(tdm_cfg_describe(cfg, "cuda_graphs", d, sizeof(d)),
+                  "cuda_graphs=off (env:TANDEM_CUDA_GRAPHS)");
+        tdm_cfg_destroy(cfg);
+        unsetenv("TANDEM_CUDA_GRAPHS");
+        cfg = load(schemas[i], &st, NULL, &err, "--cuda-graphs", "sometimes", NULL);
+        CHECK(st != TDM_OK && has_error(cfg, "cuda_graphs", NULL), "%s: a bad value is an error",
+              schemas[i]->program);
+        tdm_cfg_destroy(cfg);
+    }
+    /* The gateway runs no model. */
+    tdm_cfg *cfg = tdm_cfg_create(&tdm_svc_gateway_schema);
+    CHECK(!tdm_cfg_has(cfg, "cuda_graphs"), "the gateway has cuda_graphs");
+    tdm_cfg_destroy(cfg);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    tdm_cfg_print_help(&tdm_svc_verifier_schema, f);
+    fclose(f);
+    CHECK_HAS(buf, "--cuda-graphs on|off");
+    CHECK_HAS(buf, "TANDEM_CUDA_GRAPHS");
+    free(buf);
+}
+
 static void test_proto(void)
 {
     tdm_status st;
@@ -652,6 +696,7 @@ int main(int argc, char **argv)
         {"value_errors", test_value_errors},
         {"paths", test_paths},
         {"help", test_help},
+        {"cuda_graphs", test_cuda_graphs},
         {"proto", test_proto},
     };
     clear_env();

@@ -1,0 +1,328 @@
+/*
+ * test_graphs.c - the engine's side of the backend graph contract
+ * (backend.h: graph_begin / graph_end), on the CPU backend dressed as a
+ * backend with graphs. Its graph_begin claims every step (returns 1); the
+ * ops of a step run as they are called, except in the steps it refuses,
+ * where they do nothing and graph_end returns 1, as a replay that did not
+ * match its graph does. Checked:
+ *  - between graph_begin and graph_end the engine calls op slots only (the
+ *    logits download comes after graph_end);
+ *  - a refused step is run again, so the step script (steps.c) gives every
+ *    logit and final state of the plain CPU backend to the bit;
+ *  - keys: equal for steps of one shape (decode steps across the KV growth,
+ *    whichever sequences fill the rows, no_buffer verify rows, which run as
+ *    decode rows do); different where the ops differ (rows, their split,
+ *    extra_buffer verify rows, logits or not, a prompt chunk);
+ *  - with tdm_model_set_graphs(m, 0) no graph slot is called.
+ */
+#include "steps.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct {
+    tdm_backend *cpu; /* the backend doing the work */
+    int in_step;      /* between graph_begin and graph_end */
+    int refusing;     /* this step's ops do nothing; graph_end says 1 */
+    int refuse_every; /* refuse every n-th step; 0: none */
+    long steps, refused;
+    long outside; /* non-op slots called inside a step */
+    uint64_t last_key;
+} fk;
+
+static int fk_graph_begin(void *ctx, uint64_t key)
+{
+    (void)ctx;
+    CHECK(!fk.in_step, "graph_begin inside a step");
+    fk.in_step = 1;
+    fk.steps++;
+    fk.last_key = key;
+    fk.refusing = fk.refuse_every && fk.steps % fk.refuse_every == 0;
+    return 1;
+}
+
+static int fk_graph_end(void *ctx)
+{
+    (void)ctx;
+    CHECK(fk.in_step, "graph_end without graph_begin");
+    fk.in_step = 0;
+    if (!fk.refusing)
+        return 0;
+    fk.refusing = 0;
+    fk.refused++;
+    return 1;
+}
+
+/* Op slots: the CPU's, unless the step is refused. */
+#define FK_OP(name, params, args)                                                                  \
+    static void fk_##name params                                                                   \
+    {                                                                                              \
+        if (!fk.refusing)                                                                          \
+            fk.cpu->name args;                                                                     \
+    }
+FK_OP(embed, (void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H),
+      (ctx, y, e, ids, R, H))
+FK_OP(matmul, (void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out, int acc),
+      (ctx, y, x, w, R, in, out, acc))
+FK_OP(rmsnorm,
+      (void *ctx, float *y, const float *x, const float *w, int R, int n, float eps, int zc),
+      (ctx, y, x, w, R, n, eps, zc))
+FK_OP(rmsnorm_gated,
+      (void *ctx, float *y, const float *x, const float *z, const float *w, int R, int n,
+       float eps),
+      (ctx, y, x, z, w, R, n, eps))
+FK_OP(split_qgate, (void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D),
+      (ctx, q, gate, qg, R, nH, D))
+FK_OP(rope,
+      (void *ctx, float *x, const int32_t *pos, const float *f, int R, int nH, int D, int rot),
+      (ctx, x, pos, f, R, nH, D, rot))
+FK_OP(kv_store,
+      (void *ctx, float *kc, float *vc, const float *k, const float *v, int at, int n, int w),
+      (ctx, kc, vc, k, v, at, n, w))
+FK_OP(attention,
+      (void *ctx, float *out, const float *q, const tdm_attn_seg *s, int n, int nH, int nKV, int D),
+      (ctx, out, q, s, n, nH, nKV, D))
+FK_OP(mul_sigmoid, (void *ctx, float *y, const float *g, size_t n), (ctx, y, g, n))
+FK_OP(silu_mul, (void *ctx, float *y, const float *a, const float *b, size_t n), (ctx, y, a, b, n))
+FK_OP(conv_silu,
+      (void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *s, int n, int C,
+       int K),
+      (ctx, y, x, w, s, n, C, K))
+FK_OP(gdn_gates,
+      (void *ctx, float *g, float *beta, const float *a, const float *b, const float *A,
+       const float *dt, int R, int Hv),
+      (ctx, g, beta, a, b, A, dt, R, Hv))
+FK_OP(gdn_recurrent,
+      (void *ctx, float *out, const float *qkv, int st, const float *g, const float *beta,
+       const tdm_gdn_seg *s, int n, int Hk, int Hv, int Dk, int Dv),
+      (ctx, out, qkv, st, g, beta, s, n, Hk, Hv, Dk, Dv))
+FK_OP(softmax, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
+#undef FK_OP
+
+/* Every other slot: counted when called inside a step. */
+#define FK_OUTSIDE (fk.outside += fk.in_step)
+static void *fk_alloc(void *ctx, size_t n)
+{
+    FK_OUTSIDE;
+    return fk.cpu->alloc(ctx, n);
+}
+static void fk_free(void *ctx, void *p)
+{
+    FK_OUTSIDE;
+    fk.cpu->free(ctx, p);
+}
+static void fk_upload(void *ctx, void *d, const void *s, size_t n)
+{
+    FK_OUTSIDE;
+    fk.cpu->upload(ctx, d, s, n);
+}
+static void fk_download(void *ctx, void *d, const void *s, size_t n)
+{
+    FK_OUTSIDE;
+    fk.cpu->download(ctx, d, s, n);
+}
+static void fk_copy(void *ctx, void *d, const void *s, size_t n)
+{
+    FK_OUTSIDE;
+    fk.cpu->copy(ctx, d, s, n);
+}
+static const void *fk_weight_map(void *ctx, const void *h, size_t n, int *owned)
+{
+    FK_OUTSIDE;
+    return fk.cpu->weight_map(ctx, h, n, owned);
+}
+static void fk_sync(void *ctx)
+{
+    FK_OUTSIDE;
+    fk.cpu->sync(ctx);
+}
+static void *fk_host_alloc(void *ctx, size_t n)
+{
+    FK_OUTSIDE;
+    return fk.cpu->host_alloc(ctx, n);
+}
+static void fk_host_free(void *ctx, void *p)
+{
+    FK_OUTSIDE;
+    fk.cpu->host_free(ctx, p);
+}
+static void fk_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
+{
+    FK_OUTSIDE;
+    fk.cpu->argmax(ctx, out, x, R, n);
+}
+
+/* The CPU backend's context with the slots above; destroyed with it. */
+static tdm_backend fake_backend(tdm_backend *cpu)
+{
+    fk.cpu = cpu;
+    tdm_backend b = *cpu;
+    b.destroy = NULL; /* the CPU backend is destroyed through fk.cpu */
+    b.alloc = fk_alloc;
+    b.free = fk_free;
+    b.upload = fk_upload;
+    b.download = fk_download;
+    b.copy = fk_copy;
+    b.weight_map = fk_weight_map;
+    b.sync = fk_sync;
+    b.host_alloc = fk_host_alloc;
+    b.host_free = fk_host_free;
+    b.graph_begin = fk_graph_begin;
+    b.graph_end = fk_graph_end;
+    b.embed = fk_embed;
+    b.matmul = fk_matmul;
+    b.rmsnorm = fk_rmsnorm;
+    b.rmsnorm_gated = fk_rmsnorm_gated;
+    b.split_qgate = fk_split_qgate;
+    b.rope = fk_rope;
+    b.kv_store = fk_kv_store;
+    b.attention = fk_attention;
+    b.mul_sigmoid = fk_mul_sigmoid;
+    b.silu_mul = fk_silu_mul;
+    b.conv_silu = fk_conv_silu;
+    b.gdn_gates = fk_gdn_gates;
+    b.gdn_recurrent = fk_gdn_recurrent;
+    b.argmax = fk_argmax;
+    b.softmax = fk_softmax;
+    return b;
+}
+
+static tdm_model *load(const char *name, tdm_backend *be)
+{
+    char dir[600];
+    snprintf(dir, sizeof(dir), "%s/%s/model", TANDEM_ENGINE_FIXTURES, name);
+    tdm_model *m;
+    tdm_error err;
+    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
+    return m;
+}
+
+/* The script on the dressed backend, refusing every n-th step, against the
+ * plain one. */
+static void check_script(const char *name, tdm_backend *cpu, tdm_backend *fake, int refuse_every)
+{
+    tdm_model *ref = load(name, cpu), *m = load(name, fake);
+    steps_run a, b;
+    steps_run_script(ref, &a);
+    fk.refuse_every = refuse_every;
+    const long steps0 = fk.steps, refused0 = fk.refused;
+    steps_run_script(m, &b);
+    fk.refuse_every = 0;
+    CHECK(fk.steps - steps0 >= b.calls, "%s: %ld bracketed steps for %d calls", name,
+          fk.steps - steps0, b.calls);
+    CHECK(!refuse_every || fk.refused > refused0, "%s: no step was refused", name);
+    CHECK(fk.outside == 0, "%s: %ld non-op slot calls inside a step", name, fk.outside);
+    CHECK(a.n == b.n && memcmp(a.logits, b.logits, a.n * sizeof(float)) == 0,
+          "%s: logits differ from the plain backend's", name);
+    for (int i = 0; i < STEPS_NSEQ; i++)
+        CHECK(steps_same_state(a.seqs[i], b.seqs[i]), "%s: sequence %d: states differ", name, i);
+    printf("%s: %d calls, %ld steps bracketed, %ld refused and run again: logits and states "
+           "bit-identical, no non-op slot inside a step\n",
+           name, b.calls, fk.steps - steps0, fk.refused - refused0);
+    steps_run_free(&a);
+    steps_run_free(&b);
+    tdm_model_destroy(ref);
+    tdm_model_destroy(m);
+}
+
+static tdm_seq *seq(tdm_model *m, tdm_state_strategy s, int plen)
+{
+    tdm_seq_params p = {s, 4};
+    tdm_seq *q;
+    tdm_error err;
+    CHECK(tdm_seq_create(m, &p, &q, &err) == TDM_OK, "%s", err.msg);
+    int32_t prompt[16];
+    for (int i = 0; i < plen; i++)
+        prompt[i] = (int32_t)(i * 7 + 3);
+    CHECK(tdm_seq_prefill(q, prompt, plen, NULL, &err) == TDM_OK, "%s", err.msg);
+    return q;
+}
+
+static float key_logits[16 * 512];
+
+/* The key of the step a decode call of n sequences runs. */
+static uint64_t decode_key(tdm_seq **s, int n)
+{
+    int32_t t[4] = {1, 2, 3, 4};
+    tdm_error err;
+    CHECK(tdm_seq_decode(s, n, t, key_logits, &err) == TDM_OK, "%s", err.msg);
+    return fk.last_key;
+}
+
+/* The key of a verify call of n sequences, nt[i] tokens each. */
+static uint64_t verify_key(tdm_seq **s, int n, const int *nt)
+{
+    static const int32_t t[5] = {5, 6, 7, 8, 9};
+    const int32_t *tp[4] = {t, t, t, t};
+    tdm_error err;
+    CHECK(tdm_seq_verify(s, n, tp, nt, key_logits, &err) == TDM_OK, "%s", err.msg);
+    return fk.last_key;
+}
+
+static void check_keys(tdm_backend *fake)
+{
+    tdm_model *m = load("f32_gqa", fake);
+    tdm_error err;
+    tdm_seq *a = seq(m, TDM_STATE_EXTRA_BUFFER, 10), *b = seq(m, TDM_STATE_EXTRA_BUFFER, 3);
+    tdm_seq *c = seq(m, TDM_STATE_NO_BUFFER, 5);
+    /* Decode through the KV growth at 64 positions: one key. */
+    const uint64_t k1 = decode_key(&a, 1);
+    for (int i = 0; i < 70; i++)
+        CHECK(decode_key(&a, 1) == k1, "decode step %d at length %d has another key", i,
+              tdm_seq_length(a));
+    tdm_seq *ab[2] = {a, b}, *ba[2] = {b, a}, *ac[2] = {a, c};
+    const uint64_t k2 = decode_key(ab, 2);
+    CHECK(k2 != k1, "one row and two rows share a key");
+    CHECK(decode_key(ba, 2) == k2 && decode_key(ac, 2) == k2,
+          "two decode rows of other sequences have another key");
+    /* A no_buffer verify row runs as a decode row does; extra_buffer ones
+     * write per-position states. */
+    const int one[2] = {1, 1}, two[2] = {2, 1}, three[2] = {1, 2};
+    CHECK(verify_key(&c, 1, one) == k1, "a no_buffer verify row differs from a decode row");
+    CHECK(tdm_seq_commit(c, 0, &err) == TDM_OK, "%s", err.msg);
+    const uint64_t kx = verify_key(&a, 1, one);
+    CHECK(kx != k1, "an extra_buffer verify row shares the key of a decode row");
+    /* Appended to the pending row: same shape, same key. */
+    CHECK(verify_key(&a, 1, one) == kx, "an appended verify row has another key");
+    CHECK(tdm_seq_commit(a, 1, &err) == TDM_OK, "%s", err.msg);
+    const uint64_t k21 = verify_key(ab, 2, two), k12 = verify_key(ab, 2, three);
+    CHECK(k21 != k12, "rows split 2+1 and 1+2 share a key");
+    CHECK(tdm_seq_commit(a, 0, &err) == TDM_OK && tdm_seq_commit(b, 1, &err) == TDM_OK, "%s",
+          err.msg);
+    /* A no_buffer commit that recomputes runs without logits. */
+    const int five[1] = {5};
+    const uint64_t kv5 = verify_key(&c, 1, five);
+    CHECK(tdm_seq_commit(c, 2, &err) == TDM_OK, "%s", err.msg);
+    CHECK(fk.last_key != kv5, "the recompute (3 rows, no logits) shares the verify's key");
+    const uint64_t krec = fk.last_key;
+    const int32_t p3[3] = {1, 2, 3};
+    CHECK(tdm_seq_prefill(c, p3, 3, NULL, &err) == TDM_OK, "%s", err.msg);
+    CHECK(fk.last_key != krec, "a 3-token prompt chunk shares the key of 3 rows without logits");
+    /* Graphs off: no slot. */
+    const long steps = fk.steps;
+    tdm_model_set_graphs(m, 0);
+    decode_key(&a, 1);
+    CHECK(fk.steps == steps, "graphs off, yet graph_begin was called");
+    printf("keys: one per step shape (decode across KV growth and batch members, appended "
+           "verify rows), distinct for rows, split, extra_buffer, logits, prompt chunks; "
+           "graphs off calls no slot\n");
+    tdm_seq_destroy(a);
+    tdm_seq_destroy(b);
+    tdm_seq_destroy(c);
+    tdm_model_destroy(m);
+}
+
+int main(void)
+{
+    tdm_backend *cpu = test_backend();
+    tdm_backend fake = fake_backend(cpu);
+    check_script("f32_gqa", cpu, &fake, 3);
+    check_script("bf16_alt", cpu, &fake, 2);
+    check_script("f32_odd", cpu, &fake, 0);
+    check_keys(&fake);
+    cpu->destroy(cpu);
+    printf("engine graphs: all checks passed\n");
+    return 0;
+}
