@@ -179,6 +179,19 @@ static uint64_t fwd_key(const tdm_model *m, const fwd_step *st)
     return h;
 }
 
+/* ys[i] = x · ws[i]ᵀ: projections that share their input, in one backend
+ * call where the backend has one. */
+static void project(tdm_backend *be, const float *x, int R, int in, int n, float *const *ys,
+                    const tdm_weight *ws, const int *outs)
+{
+    if (be->matmul_n) {
+        be->matmul_n(be->ctx, x, R, in, n, ys, ws, outs);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
+}
+
 /* The ops of one step, in order; logits (when asked) end in ws.logits. Op
  * slots only: nothing here allocates, crosses to the host or waits, so a
  * backend may record the step as a graph (backend.h). */
@@ -200,10 +213,11 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
         const tdm_layer_weights *lw = &m->layers[L];
         be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
         if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
-            be->matmul(bx, w->qkv, w->xn, lw->in_qkv, R, H, C, 0); /* [R, C] */
-            be->matmul(bx, w->z, w->xn, lw->in_z, R, H, VD, 0);    /* [R, Hv*Dv] */
-            be->matmul(bx, w->b, w->xn, lw->in_b, R, H, Hv, 0);    /* [R, Hv] */
-            be->matmul(bx, w->a, w->xn, lw->in_a, R, H, Hv, 0);    /* [R, Hv] */
+            /* qkv [R, C], z [R, Hv*Dv], b and a [R, Hv] */
+            float *const ys[] = {w->qkv, w->z, w->b, w->a};
+            const tdm_weight ws[] = {lw->in_qkv, lw->in_z, lw->in_b, lw->in_a};
+            const int outs[] = {C, VD, Hv, Hv};
+            project(be, w->xn, R, H, 4, ys, ws, outs);
             for (int i = 0; i < nseq; i++) {
                 tdm_seq *s = st->seqs[i];
                 float *cst = s->conv[L], *rst = s->rec[L], *cout = NULL, *rout = NULL;
@@ -229,10 +243,12 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
             be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
         } else {
-            be->matmul(bx, w->qg, w->xn, lw->q_proj, R, H, 2 * QD, 0); /* [R, nH, 2D] */
-            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D);       /* [R, nH, D] each */
-            be->matmul(bx, w->k, w->xn, lw->k_proj, R, H, KD, 0);      /* [R, nKV, D] */
-            be->matmul(bx, w->v, w->xn, lw->v_proj, R, H, KD, 0);      /* [R, nKV, D] */
+            /* qg [R, nH, 2D], k and v [R, nKV, D] */
+            float *const ys[] = {w->qg, w->k, w->v};
+            const tdm_weight ws[] = {lw->q_proj, lw->k_proj, lw->v_proj};
+            const int outs[] = {2 * QD, KD, KD};
+            project(be, w->xn, R, H, 3, ys, ws, outs);
+            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D); /* [R, nH, D] each */
             be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
             be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
             be->rope(bx, w->q, st->pos, m->inv_freq, R, nH, D, c->rot_dim);
@@ -249,8 +265,10 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
         }
         be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
-        be->matmul(bx, w->h1, w->xn, lw->gate, R, H, I, 0); /* [R, I] */
-        be->matmul(bx, w->h2, w->xn, lw->up, R, H, I, 0);   /* [R, I] */
+        float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
+        const tdm_weight ws[] = {lw->gate, lw->up};
+        const int outs[] = {I, I};
+        project(be, w->xn, R, H, 2, ys, ws, outs);
         be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
         be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
     }

@@ -147,6 +147,12 @@ struct tdm_backend {
     /* y [R,out] (+)= x [R,in] · wᵀ, w [out,in]; accumulate adds into y. */
     void (*matmul)(void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out,
                    int accumulate);
+    /* Optional (NULL: the caller makes n matmul calls). ys[i] [R, outs[i]] =
+     * x [R, in] · ws[i]ᵀ for i < n: bit for bit what n matmul calls without
+     * accumulate give, for weights that share their input (a layer's
+     * projections) in fewer launches. The arrays are host memory. */
+    void (*matmul_n)(void *ctx, const float *x, int R, int in, int n, float *const *ys,
+                     const tdm_weight *ws, const int *outs);
     /* y = x / rms(x) * (zero_centred ? 1 + w : w), per row of n; w [n] f32. y may be x. */
     void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
                     int zero_centred);

@@ -450,6 +450,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     }
     be->embed = cuda_embed;
     be->matmul = cuda_matmul;
+    be->matmul_n = cuda_matmul_n;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
     be->split_qgate = cuda_split_qgate;
@@ -466,6 +467,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     if (c->stats) {
         be->embed = st_embed;
         be->matmul = st_matmul;
+        be->matmul_n = NULL; /* each projection timed on its own */
         be->rmsnorm = st_rmsnorm;
         be->rmsnorm_gated = st_rmsnorm_gated;
         be->split_qgate = st_split_qgate;
