@@ -37,15 +37,15 @@ typedef struct dseq {
     uint64_t id;
     int32_t *tokens; /* every committed token; the last one is not yet in the model */
     int n, cap;
-    tdm_seq *seq;    /* model drafter: holds tokens[0..n-1) when nothing is pending */
+    tdm_seq *seq; /* model drafter: holds tokens[0..n-1) when nothing is pending */
     tdm_sampling sampling;
     tdm_rng rng;
     /* the outstanding block */
-    bool want;       /* a block should be drafted in this pass */
+    bool want; /* a block should be drafted in this pass */
     int block_size;
     uint32_t round;
-    int k;           /* drafts in the outstanding block */
-    int rows;        /* model rows pending in the engine for it */
+    int k;    /* drafts in the outstanding block */
+    int rows; /* model rows pending in the engine for it */
     int32_t drafts[MAX_BLOCK];
     float probs[MAX_BLOCK];
     uint32_t *dist_ids[MAX_BLOCK];
@@ -190,8 +190,9 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
     for (size_t i = 0; i < o->n_tokens; i++)
         if (o->tokens[i] >= (uint32_t)d->vocab) {
             char m[160];
-            snprintf(m, sizeof(m), "SequenceOpen.tokens[%zu] = %u is outside the vocabulary (0..%d)",
-                     i, o->tokens[i], d->vocab - 1);
+            snprintf(m, sizeof(m),
+                     "SequenceOpen.tokens[%zu] = %u is outside the vocabulary (0..%d)", i,
+                     o->tokens[i], d->vocab - 1);
             send_error(st, o->sequence_id, m);
             return;
         }
@@ -227,7 +228,8 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
     } else {
         if (st->n_seqs >= d->max_sequences) {
             char m[120];
-            snprintf(m, sizeof(m), "this drafter serves at most %d sequences per stream (max_sequences)",
+            snprintf(m, sizeof(m),
+                     "this drafter serves at most %d sequences per stream (max_sequences)",
                      d->max_sequences);
             send_error(st, o->sequence_id, m);
             return;
@@ -570,6 +572,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         st.head = st.tail = NULL;
         bool ended = st.ended;
         pthread_mutex_unlock(&st.mu);
+        pthread_mutex_lock(&d->model_mu);
         while (items) {
             dqueue_item *next = items->next;
             apply(&st, items->msg);
@@ -577,11 +580,14 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
             free(items);
             items = next;
         }
-        if (ended)
+        if (ended) {
+            pthread_mutex_unlock(&d->model_mu);
             break;
+        }
         double t0 = now_us();
         draft_all(&st);
         st.draft_us = (uint32_t)(now_us() - t0);
+        pthread_mutex_unlock(&d->model_mu);
         tdm_error werr = {0};
         if (send_blocks(&st, &werr) != TDM_OK) {
             /* The call ended under us; the reader sees the end too. */
@@ -590,6 +596,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         }
     }
     pthread_join(reader, NULL);
+    pthread_mutex_lock(&d->model_mu);
     while (st.seqs)
         dseq_remove(&st, st.seqs);
     for (dqueue_item *it = st.head; it;) {
@@ -600,6 +607,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     }
     if (st.logits) /* only a model drafter has them */
         tdm_model_host_free(d->rt->model, st.logits);
+    pthread_mutex_unlock(&d->model_mu);
     free(st.probs);
     free(st.order);
     pthread_mutex_destroy(&st.mu);
@@ -657,8 +665,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         /* Token ids are only compared: any id a verifier sends is valid. */
         const Tandem__V1__Descriptor *desc = tdm_service_descriptor(svc);
         d->vocab = desc->vocab_size ? (int)desc->vocab_size : 1 << 30;
-        tdm_log_info(LOG, "n-gram drafter (prompt lookup, n = %d..%d)", d->ngram_min,
-                     d->ngram_max);
+        tdm_log_info(LOG, "n-gram drafter (prompt lookup, n = %d..%d)", d->ngram_min, d->ngram_max);
     }
     tdm_service_set_counters(svc, counters, d);
     tdm_service_set_load(svc, load, d);

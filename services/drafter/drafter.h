@@ -8,10 +8,14 @@
 #include "runtime.h"
 #include "service.h"
 
+#include <pthread.h>
 #include <stdint.h>
 
 typedef struct drafter {
-    tdm_runtime *rt;             /* NULL for the n-gram drafter */
+    tdm_runtime *rt; /* NULL for the n-gram drafter */
+    /* The engine serves one caller at a time: each Draft stream (one per
+     * verifier) holds this while it runs the model. */
+    pthread_mutex_t model_mu;
     tdm_state_strategy strategy; /* how draft steps are rolled back */
     int vocab;
     int max_sequences; /* open sequences per stream */

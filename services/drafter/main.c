@@ -16,8 +16,10 @@ int main(int argc, char **argv)
     if (rc >= 0)
         return rc;
     drafter d = {0};
+    pthread_mutex_init(&d.model_mu, NULL);
     rc = tdm_service_replica_main(cfg, "tandem.v1.Drafter", "/tandem.v1.Drafter/Describe",
                                   drafter_setup, &d);
     tdm_runtime_close(d.rt);
+    pthread_mutex_destroy(&d.model_mu);
     return rc;
 }

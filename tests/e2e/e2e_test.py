@@ -455,7 +455,31 @@ def case_features():
     stop_all()
 
 
-CASES = {"features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
+def case_shared_drafter():
+    # Two verifiers draft from one drafter at once: its Draft streams share one
+    # model, and every speculative answer must still equal the plain one.
+    ps = prompts(8 if st.ARGS.quick else 24)
+    gw = st.gateway("--tokenizer", TOKENIZER)
+    vs = [st.replica("verifier", gw, "--model", TARGET, "--max-draft-tokens", "8")
+          for _ in range(2)]
+    st.replica("drafter", gw, "--model", DRAFTER, "--draft-block-size", "4")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 2, "two verifier/drafter pairs")
+    plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
+    spec = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_ON", fixed=True), ps, 16)
+    rounds = 0
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if check(a[0] == "OK" and b[0] == "OK", "prompt %d: %s %s / %s %s" %
+                 (i, a[0], a[1], b[0], b[1])):
+            check(b[2] == a[2], "prompt %d: speculative ids %s != plain ids %s" % (i, b[2], a[2]))
+            rounds += int(b[4]["stats"]["speculative_rounds"])
+    served = [counter(v.addr(), "/tandem.v1.Verifier/Describe", "requests") for v in vs]
+    print("shared drafter: %d speculative rounds, requests per verifier %s" % (rounds, served),
+          flush=True)
+    check(rounds > 0, "no speculative round ran")
+    check(all(n and n > 0 for n in served), "both verifiers should serve requests: %s" % served)
+
+
+CASES = {"shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible}
 
 
