@@ -81,6 +81,17 @@ typedef struct tdm_attn_seg {
     const float *v_cache; /* [>= n_past + nrows, nKV, D] */
 } tdm_attn_seg;
 
+/* One row's sampling settings in a sample call (tdm_sampling of
+ * spec/sampling.h plus the row's uniform draw). No padding: backends may
+ * hash staged arguments byte for byte. */
+typedef struct tdm_sample_row {
+    float temperature; /* <= 0: greedy */
+    float top_p;       /* <= 0 or >= 1: off */
+    uint32_t top_k;    /* 0: off */
+    uint32_t pad;      /* 0 */
+    double u;          /* uniform in [0, 1) */
+} tdm_sample_row;
+
 typedef struct tdm_backend tdm_backend;
 
 struct tdm_backend {
@@ -196,6 +207,13 @@ struct tdm_backend {
     void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
     /* In-place softmax per row of n (fp32). */
     void (*softmax)(void *ctx, float *x, int R, int n);
+    /* Optional (NULL: the caller samples on the host). out[r] = the token
+     * tdm_sampling_probs + tdm_sampling_draw would give (spec/sampling.h)
+     * for the logits x[r, 0..n) under rows[r], up to rounding at the edges
+     * of the draw. rows and out are host memory; out is written before the
+     * call returns, so, like argmax, never between graph_begin and graph_end. */
+    void (*sample)(void *ctx, int32_t *out, const float *x, int R, int n,
+                   const tdm_sample_row *rows);
 };
 
 /* The CPU backend: fp32 compute, nthreads workers in a persistent pool

@@ -479,5 +479,6 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->gdn_recurrent = cpu_gdn_recurrent;
     be->argmax = cpu_argmax;
     be->softmax = cpu_softmax;
+    be->sample = cpu_sample;
     return be;
 }

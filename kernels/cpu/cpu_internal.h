@@ -29,4 +29,7 @@ static inline float cpu_bf16_to_f32(uint16_t h)
 void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int in, int out,
                 int accumulate);
 
+/* The sample slot (sample.c): spec/sampling.c's draw, bit for bit. */
+void cpu_sample(void *ctx, int32_t *out, const float *x, int R, int n, const tdm_sample_row *rows);
+
 #endif

@@ -98,13 +98,14 @@ enum {
     ST_GDN,
     ST_ARGMAX,
     ST_SOFTMAX,
+    ST_SAMPLE,
     ST_DOWNLOAD,
     ST_N
 };
 static const char *const st_names[ST_N] = {
     "embed",         "matmul",    "rmsnorm",     "rmsnorm_gated", "split_qgate", "rope",
     "kv_store",      "attention", "mul_sigmoid", "silu_mul",      "conv_silu",   "gdn_gates",
-    "gdn_recurrent", "argmax",    "softmax",     "download"};
+    "gdn_recurrent", "argmax",    "softmax",     "sample",        "download"};
 
 #define ST_MAXEV 4096
 
@@ -214,6 +215,9 @@ ST_WRAP(gdn_recurrent, ST_GDN,
 ST_WRAP(argmax, ST_ARGMAX, (void *ctx, int32_t *out, const float *x, int R, int n),
         (ctx, out, x, R, n))
 ST_WRAP(softmax, ST_SOFTMAX, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
+ST_WRAP(sample, ST_SAMPLE,
+        (void *ctx, int32_t *out, const float *x, int R, int n, const tdm_sample_row *rows),
+        (ctx, out, x, R, n, rows))
 
 /* ---- memory --------------------------------------------------------------- *
  * None of these may run inside a step (backend.h): they allocate, free or
@@ -322,6 +326,14 @@ static void cu_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
     cuda_argmax(ctx, out, x, R, n);
 }
 
+/* So does sample. */
+static void cu_sample(void *ctx, int32_t *out, const float *x, int R, int n,
+                      const tdm_sample_row *rows)
+{
+    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
+    cuda_sample(ctx, out, x, R, n, rows);
+}
+
 /* ---- lifetime ------------------------------------------------------------- */
 
 static void cu_destroy(tdm_backend *be)
@@ -337,6 +349,7 @@ static void cu_destroy(tdm_backend *be)
         cudaFreeHost(c->stage_host);
         cudaFree(c->stage_dev);
         cudaFree(c->argmax_dev);
+        cudaFree(c->sample_spill);
         cudaFree(c->mm_part);
         cudaFree(c->mm_count);
         cudaFree(c->mm_xs);
@@ -464,6 +477,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->gdn_recurrent = cuda_gdn_recurrent;
     be->argmax = cu_argmax;
     be->softmax = cuda_softmax;
+    be->sample = cu_sample;
     if (c->stats) {
         be->embed = st_embed;
         be->matmul = st_matmul;
@@ -481,6 +495,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         be->gdn_recurrent = st_gdn_recurrent;
         be->argmax = st_argmax;
         be->softmax = st_softmax;
+        be->sample = st_sample;
     }
     return be;
 }

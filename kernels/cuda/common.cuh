@@ -49,6 +49,9 @@ typedef struct cuda_ctx {
     size_t stage_cap, stage_off;
     int32_t *argmax_dev; /* device [argmax_cap] */
     int argmax_cap;
+    /* sample.cu: probabilities of rows too long for shared memory [cap floats] */
+    float *sample_spill;
+    size_t sample_spill_cap;
     struct cuda_stats *stats; /* NULL unless TANDEM_CUDA_OPSTATS=1 (backend.cu) */
     /* Set while a captured graph is being replayed: ops stage their host
      * arguments at the captured addresses but launch nothing (the graph does). */

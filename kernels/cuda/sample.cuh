@@ -1,4 +1,4 @@
-/* sample.cuh - per-row argmax (to host) and softmax over logits. */
+/* sample.cuh - per-row argmax (to host), softmax and sampling (to host) over logits. */
 #ifndef TANDEM_KERNELS_CUDA_SAMPLE_CUH
 #define TANDEM_KERNELS_CUDA_SAMPLE_CUH
 
@@ -6,5 +6,6 @@
 
 void cuda_argmax(void *ctx, int32_t *out, const float *x, int R, int n);
 void cuda_softmax(void *ctx, float *x, int R, int n);
+void cuda_sample(void *ctx, int32_t *out, const float *x, int R, int n, const tdm_sample_row *rows);
 
 #endif

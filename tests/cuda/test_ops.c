@@ -16,6 +16,9 @@
  *    formula mistake gives O(1).
  *  - softmax is checked against a double-precision reference instead (the
  *    CPU's sequential fp32 sum over a 248320-entry row is off by ~1e-4).
+ *  - sample: the CPU backend's token, exactly, except where u lies within
+ *    1e-6 of a cumulative boundary (counted); plus a chi-square test of the
+ *    GPU's draws against the distribution.
  *  - 3e-5: the gated delta rule over whole segments, where rounding
  *    differences of each position feed the state the next position reads.
  * fp16 weights: the CPU backend has no fp16 matmul or embedding, so the
@@ -31,6 +34,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 static tdm_backend *G, *CPU;
 static int failures;
@@ -924,6 +928,200 @@ static void test_sample(void)
     }
 }
 
+/* ---- sample ------------------------------------------------------------------------ */
+
+/* splitmix64: the test's uniform draws, independent of the fill generator. */
+static double draw_uniform(uint64_t *st)
+{
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+/* The GPU and the CPU backend accumulate the draw's running sums in different
+ * orders (and the GPU's double exp may differ from libm's in the last bit),
+ * so their tokens may differ when u lies this close to a cumulative
+ * boundary: the CPU backend draws both tokens within u ± SAMPLE_EPS. */
+#define SAMPLE_EPS 1e-6
+
+/* The CPU backend's token for rows[r] with u moved by du. */
+static int32_t cpu_token(const float *xr, int n, tdm_sample_row row, double du)
+{
+    row.u += du;
+    float *dx = ct_put(CPU, xr, (size_t)n * 4);
+    int32_t t = -1;
+    CPU->sample(CPU->ctx, &t, dx, 1, n, &row);
+    CPU->free(CPU->ctx, dx);
+    return t;
+}
+
+static void test_sampling(void)
+{
+    const float temps[] = {0.0f, 0.5f, 1.0f, 2.0f};
+    const float top_ps[] = {0.0f, 0.5f, 0.9f, 0.999f};
+    /* {n, R, calls}: odd vocabularies, the model's 248320, and one whose
+     * slices do not fit in shared memory (scratch in global memory). */
+    const int shapes[][3] = {{248320, 1, 12}, {248320, 9, 6}, {248320, 17, 6}, {1000, 9, 30},
+                             {7, 17, 10},     {50021, 17, 4}, {600000, 3, 2}};
+    uint64_t ust = 42;
+    int rowno = 0;
+    for (size_t sh = 0; sh < TDM_ARRAY_LEN(shapes); sh++) {
+        const int n = shapes[sh][0], R = shapes[sh][1], calls = shapes[sh][2];
+        const uint32_t top_ks[] = {0, 1, 5, 50, (uint32_t)n};
+        int exact = 0, near = 0, bad = 0, near_u = 0, batch_bad = 0;
+        for (int call = 0; call < calls; call++) {
+            const size_t N = (size_t)R * n;
+            float *x = malloc(N * 4);
+            ct_fill(x, N, 8.0f);
+            /* Every other call: logits on a grid of 0.5, so most tokens tie
+             * with others and equal probabilities straddle every cut. */
+            if (call & 1)
+                for (size_t i = 0; i < N; i++)
+                    x[i] = roundf(x[i] * 2.0f) / 2.0f;
+            tdm_sample_row *rows = malloc(sizeof(*rows) * (size_t)R);
+            for (int r = 0; r < R; r++, rowno++) {
+                const int set = rowno % 80, um = (rowno / 80 + r) % 3;
+                rows[r] = (tdm_sample_row){temps[set % 4], top_ps[(set / 4) % 4],
+                                           top_ks[(set / 16) % 5], 0, draw_uniform(&ust)};
+                if (um == 1)
+                    rows[r].u = 0.0;
+                else if (um == 2)
+                    rows[r].u = nextafter(1.0, 0.0);
+            }
+            int32_t *want = malloc(sizeof(int32_t) * (size_t)R);
+            int32_t *got = malloc(sizeof(int32_t) * (size_t)R);
+            int32_t *alone = malloc(sizeof(int32_t) * (size_t)R);
+            for (int r = 0; r < R; r++)
+                want[r] = got[r] = alone[r] = -7;
+            float *dc = ct_put(CPU, x, N * 4);
+            CPU->sample(CPU->ctx, want, dc, R, n, rows);
+            CPU->free(CPU->ctx, dc);
+            float *dg = ct_put(G, x, N * 4);
+            G->sample(G->ctx, got, dg, R, n, rows);
+            for (int r = 0; r < R; r++)
+                G->sample(G->ctx, &alone[r], dg + (size_t)r * n, 1, n, &rows[r]);
+            G->free(G->ctx, dg);
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + (size_t)r * n;
+                batch_bad += alone[r] != got[r];
+                const int32_t lo = cpu_token(xr, n, rows[r], -SAMPLE_EPS);
+                const int32_t hi = cpu_token(xr, n, rows[r], SAMPLE_EPS);
+                near_u += lo != hi;
+                if (got[r] == want[r]) {
+                    exact++;
+                    continue;
+                }
+                const int ok = lo != hi && got[r] >= lo && got[r] <= hi;
+                near += ok;
+                bad += !ok;
+                printf("  sample n=%d T=%g top_k=%u top_p=%g u=%.17g: gpu %d, cpu %d (%s)\n", n,
+                       (double)rows[r].temperature, rows[r].top_k, (double)rows[r].top_p, rows[r].u,
+                       got[r], want[r], ok ? "u within 1e-6 of a boundary" : "NOT near a boundary");
+            }
+            free(alone);
+            free(got);
+            free(want);
+            free(rows);
+            free(x);
+        }
+        char cas[96];
+        snprintf(cas, sizeof(cas), "n=%d R=%d: %d equal, %d at a boundary (%d u near one)", n, R,
+                 exact, near, near_u);
+        report("sample", cas, bad, 0);
+        snprintf(cas, sizeof(cas), "n=%d R=%d: rows alone == batched", n, R);
+        report("sample", cas, batch_bad, 0);
+    }
+}
+
+/* The GPU's draws for one row follow the distribution: T = 1, top-k 50 over
+ * 248320 logits, 4000 draws with u at random, chi-square against the
+ * softmax of the 50 largest logits computed here in double. */
+static void test_sampling_chi2(void)
+{
+    enum { N = 248320, K = 50, RB = 8, DRAWS = 4000 };
+    float *x = malloc((size_t)N * RB * 4);
+    ct_fill(x, N, 4.0f);
+    for (int r = 1; r < RB; r++)
+        memcpy(x + (size_t)r * N, x, (size_t)N * 4);
+    /* The K largest logits, by selection (random floats: no ties). */
+    int top[K];
+    double p[K], sum = 0;
+    unsigned char *taken = calloc(N, 1);
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int i = 0; i < N; i++)
+            if (!taken[i] && (best < 0 || x[i] > x[best]))
+                best = i;
+        top[k] = best;
+        taken[best] = 1;
+    }
+    free(taken);
+    for (int k = 0; k < K; k++)
+        sum += p[k] = exp((double)x[top[k]] - (double)x[top[0]]);
+    for (int k = 0; k < K; k++)
+        p[k] /= sum;
+    float *dx = ct_put(G, x, (size_t)N * RB * 4);
+    long count[K] = {0}, outside = 0;
+    uint64_t ust = 7;
+    for (int d = 0; d < DRAWS; d += RB) {
+        tdm_sample_row rows[RB];
+        int32_t got[RB];
+        for (int r = 0; r < RB; r++)
+            rows[r] = (tdm_sample_row){1.0f, 0.0f, K, 0, draw_uniform(&ust)};
+        G->sample(G->ctx, got, dx, RB, N, rows);
+        for (int r = 0; r < RB; r++) {
+            int k = 0;
+            while (k < K && top[k] != got[r])
+                k++;
+            if (k == K)
+                outside++;
+            else
+                count[k]++;
+        }
+    }
+    G->free(G->ctx, dx);
+    /* Cells with an expected count under 5 are pooled into one. */
+    double chi2 = 0, pool_e = 0, pool_o = 0;
+    int cells = 0;
+    for (int k = 0; k < K; k++) {
+        double e = DRAWS * p[k];
+        if (e < 5) {
+            pool_e += e;
+            pool_o += (double)count[k];
+            continue;
+        }
+        chi2 += ((double)count[k] - e) * ((double)count[k] - e) / e;
+        cells++;
+    }
+    if (pool_e > 0) {
+        chi2 += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+        cells++;
+    }
+    /* Critical value at p = 1e-4 (Wilson-Hilferty, z = 3.719). */
+    const double df = cells - 1, h = 2.0 / (9.0 * df);
+    const double crit = df * pow(1.0 - h + 3.719 * sqrt(h), 3.0);
+    char cas[96];
+    snprintf(cas, sizeof(cas), "chi2 top-k 50, %d draws: %.1f (df %.0f, crit %.1f)", DRAWS, chi2,
+             df, crit);
+    report("sample", cas, chi2 > crit || outside ? 1 : 0, 0);
+    /* Time per call (R = 1, top-p 0.9), ids back on the host. */
+    tdm_sample_row row = {1.0f, 0.9f, 0, 0, 0.5};
+    int32_t t;
+    dx = ct_put(G, x, (size_t)N * 4);
+    G->sample(G->ctx, &t, dx, 1, N, &row);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < 100; i++)
+        G->sample(G->ctx, &t, dx, 1, N, &row);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    G->free(G->ctx, dx);
+    printf("%-14s n=%d R=1 top-p 0.9: %.1f us per call (info)\n", "sample", N,
+           ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / 100 / 1e3);
+    free(x);
+}
+
 int main(void)
 {
     ct_require_gpu();
@@ -941,6 +1139,8 @@ int main(void)
     test_conv();
     test_gdn();
     test_sample();
+    test_sampling();
+    test_sampling_chi2();
     G->destroy(G);
     CPU->destroy(CPU);
     if (failures) {
