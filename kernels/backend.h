@@ -131,8 +131,8 @@ struct tdm_backend {
      *  - graph_end follows every graph_begin, on the same thread, and
      *    brackets do not nest;
      *  - between the two calls only op slots are called (no alloc, free,
-     *    upload, download, copy, sync, weight_map, host_alloc, host_free
-     *    or argmax);
+     *    upload, download, copy, sync, weight_map, host_alloc, host_free,
+     *    argmax or sample);
      *  - every host argument of an op (ids, positions, inv_freq, segment
      *    lists with the state and cache pointers in them) is staged by
      *    the op anew on every call, recorded or not; everything an op
