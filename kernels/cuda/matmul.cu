@@ -28,9 +28,8 @@
  * (1056 or 2112 per call instead of 256); blocks of 128 features whose warps
  * share x through L1 (decode 4.26 ms instead of 3.57 at 4B); two steps
  * loaded before the wait (more registers: decode 5.17 ms, or 4.24 with
- * spills at 128 registers). Two x parts
- * instead of three would be 5 % faster (decode) at 4x the error (2e-6
- * normalised).
+ * spills at 128 registers). Two x parts instead of three would be 5 %
+ * faster (decode) at 4x the error (2e-6 normalised).
  * Partial sums are added warp by warp, then block by block (the last block
  * of an output tile to finish adds the KB partials in order), so the order
  * of additions for an output depends only on (in, out): a row computes the
