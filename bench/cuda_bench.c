@@ -2,7 +2,7 @@
  * cuda_bench.c - speed of the engine on the CUDA backend.
  *
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--steps N] [--dir TMP] [--stats]
- *                    [--graphs on|off]
+ *                    [--graphs on|off] [--out logits|argmax]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -17,7 +17,9 @@
  * a CUDA graph, or launches every kernel one by one; the two warm-up steps
  * of each row are a key's first (eager) and second (captured) sight, so the
  * measured steps replay. Logits land in page-locked memory
- * (tdm_model_host_alloc), as in the services.
+ * (tdm_model_host_alloc), as in the services. --out argmax brings back only
+ * each row's argmax (tdm_seq_step_out), what the verifier asks for greedy
+ * requests, instead of every row's logits.
  */
 #include "engine.h"
 
@@ -223,7 +225,7 @@ static double median(double *v, int n)
 
 /* Median ms of a decode step (k = 0) or a verify step of 1 + k tokens plus
  * commit, for `batch` sequences after a prefill of 32 tokens each. */
-static double time_step(tdm_model *m, int batch, int k, int steps)
+static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_only)
 {
     const int V = tdm_model_get_config(m)->vocab_size, P = 32;
     tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, k > 0 ? k : 1};
@@ -253,7 +255,16 @@ static double time_step(tdm_model *m, int batch, int k, int steps)
             nt[b] = k + 1;
         }
         double t0 = now();
-        if (k == 0) {
+        if (argmax_only) {
+            /* decode rows (k = 0) commit at once; verify blocks commit below */
+            int32_t ids[64 * 17];
+            const tdm_step_out o = {.argmax = ids};
+            if (tdm_seq_step_out(seqs, batch, tp, nt, &o, &err) != TDM_OK)
+                die("step", err.msg);
+            for (int b = 0; k > 0 && b < batch; b++)
+                if (tdm_seq_commit(seqs[b], k, &err) != TDM_OK)
+                    die("commit", err.msg);
+        } else if (k == 0) {
             int32_t one[64];
             for (int b = 0; b < batch; b++)
                 one[b] = toks[b][0];
@@ -280,7 +291,7 @@ static double time_step(tdm_model *m, int batch, int k, int steps)
 int main(int argc, char **argv)
 {
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8";
-    int steps = 20, stats = 0, graphs = 1;
+    int steps = 20, stats = 0, graphs = 1, argmax_only = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
             stats = 1;
@@ -301,6 +312,10 @@ int main(int argc, char **argv)
             if (strcmp(argv[i + 1], "on") != 0 && strcmp(argv[i + 1], "off") != 0)
                 die("--graphs takes on or off, not", argv[i + 1]);
             graphs = !strcmp(argv[i + 1], "on");
+        } else if (!strcmp(argv[i], "--out")) {
+            if (strcmp(argv[i + 1], "logits") != 0 && strcmp(argv[i + 1], "argmax") != 0)
+                die("--out takes logits or argmax, not", argv[i + 1]);
+            argmax_only = !strcmp(argv[i + 1], "argmax");
         } else
             die("unknown option", argv[i]);
     }
@@ -328,7 +343,8 @@ int main(int argc, char **argv)
     tdm_model *m;
     if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
         die("load", err.msg);
-    printf("loaded onto the GPU in %.1f s; CUDA graphs %s\n", now() - t0, graphs ? "on" : "off");
+    printf("loaded onto the GPU in %.1f s; CUDA graphs %s; %s to the host\n", now() - t0,
+           graphs ? "on" : "off", argmax_only ? "argmax of each row" : "logits of every row");
     tdm_model_set_graphs(m, graphs);
     double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);
     double wb = (double)tdm_model_weight_bytes(m);
@@ -344,7 +360,7 @@ int main(int argc, char **argv)
             die("batch outside 1..64", b);
         const int ks[] = {0, 4, 8, 16};
         for (int i = 0; i < 4; i++) {
-            double ms = time_step(m, batch, ks[i], steps);
+            double ms = time_step(m, batch, ks[i], steps, argmax_only);
             char step[32];
             if (ks[i] == 0)
                 snprintf(step, sizeof(step), "decode");
@@ -372,7 +388,7 @@ int main(int argc, char **argv)
         setenv("TANDEM_CUDA_OPSTATS", "1", 1);
         if (!(be = tdm_backend_cuda_create(0, &err)) || tdm_model_load(dir, be, &m, &err) != TDM_OK)
             die("stats run", err.msg);
-        double ms = time_step(m, 1, 0, steps);
+        double ms = time_step(m, 1, 0, steps, argmax_only);
         printf("\nop-stats run: batch-1 decode %.3f ms wall per step (events add a little)\n", ms);
         fflush(stdout);
         tdm_model_destroy(m);

@@ -128,6 +128,22 @@ tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *
 tdm_status tdm_seq_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
                         const int *ntokens, float *logits, tdm_error *err);
 
+/* What a step brings back to the host. logits: NULL, or host [rows, vocab]
+ * with rows in sequence order; sequence i's rows are written when
+ * want_logits is NULL or want_logits[i] is set (the others are left as they
+ * are). argmax: NULL, or host [rows]: every row's argmax (lowest id on ties),
+ * taken where the logits are, so a greedy caller need not copy 4·vocab bytes
+ * per row across (1 MB for Qwen3.5's vocabulary). */
+typedef struct tdm_step_out {
+    float *logits;
+    const uint8_t *want_logits;
+    int32_t *argmax;
+} tdm_step_out;
+
+/* tdm_seq_step with a choice of what comes back. */
+tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                            const int *ntokens, const tdm_step_out *out, tdm_error *err);
+
 /* Keeps the first n_accepted + 1 positions of the pending verify (0 <=
  * n_accepted < ntokens) and leaves the sequence exactly as if only those had
  * been run. */

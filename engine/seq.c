@@ -21,8 +21,6 @@
 #define PREFILL_CHUNK 128
 #define KV_INITIAL_CAP 64
 
-enum { LOGITS_NONE, LOGITS_ALL };
-
 const char *tdm_state_strategy_name(tdm_state_strategy s)
 {
     return s == TDM_STATE_NO_BUFFER ? "no_buffer" : "extra_buffer";
@@ -281,12 +279,13 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
 /* Runs counts[i] tokens of seqs[i] for all i as one batch of rows. verify:
  * extra_buffer sequences keep per-position states in conv_x/rec_x (their
  * committed states stay untouched). prefill: a prompt, whose delta rule the
- * backend may run in the chunked form. logits: LOGITS_ALL writes host
- * [R, vocab]. Advances every n_past. On a backend with graphs the ops are
- * one bracketed step (fwd_key), the logits downloaded after it. */
+ * backend may run in the chunked form. out (NULL: nothing back) says which
+ * logits rows and argmaxes the host gets (tdm_step_out). Advances every
+ * n_past. On a backend with graphs the ops are one bracketed step (fwd_key);
+ * argmax and logits come back after it. */
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
-                          const int *counts, int verify, int prefill, int logits_mode,
-                          float *logits, tdm_error *err)
+                          const int *counts, int verify, int prefill, const tdm_step_out *out,
+                          tdm_error *err)
 {
     tdm_backend *be = m->be;
     void *bx = be->ctx;
@@ -307,7 +306,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         .nseq = nseq,
         .R = R,
         .prefill = prefill,
-        .logits = logits_mode == LOGITS_ALL && logits,
+        .logits = out && (out->logits || out->argmax),
         .row0 = malloc((size_t)nseq * sizeof(int)),
         .extra = malloc((size_t)nseq * sizeof(int)),
         .ids = malloc((size_t)R * sizeof(int32_t)),
@@ -339,9 +338,24 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     } else {
         fwd_ops(m, &st);
     }
-    if (st.logits)
-        be->download(bx, logits, m->ws.logits,
-                     (size_t)R * (size_t)m->cfg.vocab_size * sizeof(float));
+    const size_t V = (size_t)m->cfg.vocab_size;
+    if (out && out->argmax)
+        be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
+    if (out && out->logits)
+        /* Runs of consecutive sequences that want their rows: one copy each. */
+        for (int i = 0; i < nseq;) {
+            if (out->want_logits && !out->want_logits[i]) {
+                i++;
+                continue;
+            }
+            int j = i;
+            while (j < nseq && (!out->want_logits || out->want_logits[j]))
+                j++;
+            const size_t r0 = (size_t)st.row0[i],
+                         nr = (size_t)(st.row0[j - 1] + counts[j - 1]) - r0;
+            be->download(bx, out->logits + r0 * V, m->ws.logits + r0 * V, nr * V * sizeof(float));
+            i = j;
+        }
     be->sync(bx);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
@@ -514,8 +528,8 @@ tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logi
     for (int at = 0; at < n; at += PREFILL_CHUNK) {
         int cnt = n - at < PREFILL_CHUNK ? n - at : PREFILL_CHUNK;
         const int32_t *t = tokens + at;
-        rc = fwd_run(s->m, &s, 1, &t, &cnt, 0, 1, logits ? LOGITS_ALL : LOGITS_NONE,
-                     logits ? logits + (size_t)at * V : NULL, err);
+        const tdm_step_out o = {.logits = logits ? logits + (size_t)at * V : NULL};
+        rc = fwd_run(s->m, &s, 1, &t, &cnt, 0, 1, &o, err);
         if (rc != TDM_OK)
             return rc;
     }
@@ -561,7 +575,8 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
         t[i] = &tokens[i];
         cnt[i] = 1;
     }
-    rc = fwd_run(seqs[0]->m, seqs, nseq, t, cnt, 0, 0, LOGITS_ALL, logits, err);
+    const tdm_step_out o = {.logits = logits};
+    rc = fwd_run(seqs[0]->m, seqs, nseq, t, cnt, 0, 0, &o, err);
     free(t);
     free(cnt);
     return rc;
@@ -594,7 +609,7 @@ static void pending_abort(tdm_seq *s)
 /* The shared body of verify and step: sequences with verify_rows[i] set get
  * pending rows, the others are decoded and committed at once. */
 static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
-                           const int *ntokens, const int *verify_rows, float *logits,
+                           const int *ntokens, const int *verify_rows, const tdm_step_out *out,
                            tdm_error *err)
 {
     tdm_model *m = seqs[0]->m;
@@ -619,7 +634,7 @@ static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const 
     for (int i = 0; i < nseq; i++)
         if (verify_rows[i])
             pending_begin(seqs[i], tokens[i], ntokens[i]);
-    rc = fwd_run(m, seqs, nseq, tokens, ntokens, 1, 0, LOGITS_ALL, logits, err);
+    rc = fwd_run(m, seqs, nseq, tokens, ntokens, 1, 0, out, err);
     for (int i = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         if (!verify_rows[i])
@@ -645,13 +660,21 @@ tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
     for (int i = 0; i < nseq; i++)
         vr[i] = 1;
-    rc = run_rows(seqs, nseq, tokens, ntokens, vr, logits, err);
+    const tdm_step_out o = {.logits = logits};
+    rc = run_rows(seqs, nseq, tokens, ntokens, vr, &o, err);
     free(vr);
     return rc;
 }
 
 tdm_status tdm_seq_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
                         const int *ntokens, float *logits, tdm_error *err)
+{
+    const tdm_step_out o = {.logits = logits};
+    return tdm_seq_step_out(seqs, nseq, tokens, ntokens, &o, err);
+}
+
+tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                            const int *ntokens, const tdm_step_out *out, tdm_error *err)
 {
     tdm_status rc = check_batch(seqs, nseq, 0, err);
     if (rc != TDM_OK)
@@ -661,7 +684,7 @@ tdm_status tdm_seq_step(tdm_seq *const *seqs, int nseq, const int32_t *const *to
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
     for (int i = 0; i < nseq; i++)
         vr[i] = ntokens[i] > 1;
-    rc = run_rows(seqs, nseq, tokens, ntokens, vr, logits, err);
+    rc = run_rows(seqs, nseq, tokens, ntokens, vr, out, err);
     free(vr);
     return rc;
 }
@@ -694,7 +717,7 @@ tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
     states_checkpoint(s, 0);
     s->n_past = s->base;
     const int32_t *t = s->pend_tokens;
-    tdm_status rc = fwd_run(m, &s, 1, &t, &keep, 0, 0, LOGITS_NONE, NULL, err);
+    tdm_status rc = fwd_run(m, &s, 1, &t, &keep, 0, 0, NULL, err);
     if (rc != TDM_OK) {
         /* Leave a consistent sequence: the checkpoint. */
         states_checkpoint(s, 0);

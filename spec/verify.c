@@ -19,6 +19,33 @@ int tdm_verify_sample_one(const tdm_sampling *s, tdm_rng *rng, const float *logi
     return tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
 }
 
+/* -1 when a draft token or a distribution id is outside the vocabulary. */
+static int check_block(int vocab, const uint32_t *drafts, int k, const tdm_draft_dist *dists)
+{
+    for (int i = 0; i < k; i++) {
+        if (drafts[i] >= (uint32_t)vocab)
+            return -1;
+        if (dists && dists[i].n > 0)
+            for (int j = 0; j < dists[i].n; j++)
+                if (dists[i].ids[j] >= (uint32_t)vocab)
+                    return -1;
+    }
+    return 0;
+}
+
+int tdm_verify_block_argmax(const int32_t *target_argmax, int vocab, const uint32_t *drafts, int k,
+                            const tdm_draft_dist *dists, tdm_verdict *out)
+{
+    if (check_block(vocab, drafts, k, dists) < 0)
+        return -1;
+    int i = 0;
+    while (i < k && (uint32_t)target_argmax[i] == drafts[i])
+        i++;
+    out->accepted = i;
+    out->next_token = target_argmax[i];
+    return 0;
+}
+
 /* q(x) for the draft distribution at one position. */
 static float draft_prob(const tdm_draft_dist *d, uint32_t drafted, uint32_t x)
 {
@@ -34,14 +61,8 @@ int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_lo
                      const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
                      tdm_verdict *out)
 {
-    for (int i = 0; i < k; i++) {
-        if (drafts[i] >= (uint32_t)vocab)
-            return -1;
-        if (dists && dists[i].n > 0)
-            for (int j = 0; j < dists[i].n; j++)
-                if (dists[i].ids[j] >= (uint32_t)vocab)
-                    return -1;
-    }
+    if (check_block(vocab, drafts, k, dists) < 0)
+        return -1;
 
     if (tdm_sampling_is_greedy(s)) {
         int i = 0;

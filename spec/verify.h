@@ -48,6 +48,12 @@ int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_lo
                      const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
                      tdm_verdict *out);
 
+/* Greedy settings from the target's argmax per row (k + 1 ids) instead of
+ * its logits: the verdict tdm_verify_block gives for greedy settings, and
+ * the same -1 for a block with a token outside the vocabulary. */
+int tdm_verify_block_argmax(const int32_t *target_argmax, int vocab, const uint32_t *drafts, int k,
+                            const tdm_draft_dist *dists, tdm_verdict *out);
+
 /* Plain decoding: the next token from one row of logits. */
 int tdm_verify_sample_one(const tdm_sampling *s, tdm_rng *rng, const float *logits, int vocab,
                           void *scratch);

@@ -26,9 +26,9 @@ typedef struct vlink {
     char address[256];
     tdm_rpc_channel *ch;
     tdm_rpc_stream *stream;
-    bool broken;    /* no new sequences; sequences on it fall back to plain */
-    char why[256];  /* why it broke */
-    int refs;       /* the link table, each sequence on it, the reader thread */
+    bool broken;   /* no new sequences; sequences on it fall back to plain */
+    char why[256]; /* why it broke */
+    int refs;      /* the link table, each sequence on it, the reader thread */
     struct vlink *next;
     struct vsched *sched;
 } vlink;
@@ -54,12 +54,12 @@ struct vreq {
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link;
     char drafter_id[128];
-    bool spec;      /* speculating with link */
-    bool opened;    /* the drafter knows this sequence */
-    bool awaiting;  /* a block was asked for and has not arrived */
-    bool after_open; /* the awaited block follows an open: its wait includes a prefill */
+    bool spec;             /* speculating with link */
+    bool opened;           /* the drafter knows this sequence */
+    bool awaiting;         /* a block was asked for and has not arrived */
+    bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
     double t_asked, t_got; /* when the awaited block was asked for and arrived */
-    uint32_t round; /* the round number the awaited block must carry */
+    uint32_t round;        /* the round number the awaited block must carry */
     tdm_adaptive ad;
     Tandem__V1__DraftResponse *block; /* delivered by the reader, under mu */
     char spec_note[200];
@@ -143,13 +143,15 @@ struct vsched {
     pthread_t thread;
     uint64_t next_id;
     vsched_counters counters;
-    steptime st;          /* how a step's time grows with its rows */
+    steptime st;             /* how a step's time grows with its rows */
     _Atomic double cost_ema; /* measured cost per drafted token, over recent rounds; 0 = none */
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
     /* scheduler-thread scratch */
-    float *logits;
+    float *logits;   /* [logits_rows, vocab]: rows of sampling requests */
+    int32_t *argmax; /* [logits_rows]: every row's argmax (greedy requests) */
+    uint8_t *want;   /* [logits_rows]: per sequence of a step, logits wanted */
     size_t logits_rows;
     void *vscratch;
 };
@@ -171,8 +173,8 @@ static void link_break_locked(vsched *s, vlink *l, const char *why)
     if (!l->broken) {
         l->broken = true;
         snprintf(l->why, sizeof(l->why), "%s", why);
-        tdm_log_warn(LOG, "drafter %s: %s; its sequences continue without speculation",
-                     l->address, why);
+        tdm_log_warn(LOG, "drafter %s: %s; its sequences continue without speculation", l->address,
+                     why);
         s->counters.drafter_failures++;
         /* Leave the table: new requests get a fresh stream. */
         for (vlink **pp = &s->links; *pp; pp = &(*pp)->next)
@@ -240,11 +242,10 @@ static void *link_reader(void *arg)
             break;
         }
         Tandem__V1__DraftResponse *resp = (Tandem__V1__DraftResponse *)m;
-        uint64_t id = resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK
-                          ? resp->block->sequence_id
-                          : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR
-                                ? resp->error->sequence_id
-                                : 0;
+        uint64_t id =
+            resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK   ? resp->block->sequence_id
+            : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR ? resp->error->sequence_id
+                                                                        : 0;
         vreq *r = find_active_locked(s, l, id);
         bool keep = false;
         if (r && r->spec && r->awaiting) {
@@ -288,9 +289,8 @@ static vlink *link_get_locked(vsched *s, const char *address, tdm_error *err)
     }
     snprintf(l->address, sizeof(l->address), "%s", address);
     l->sched = s;
-    tdm_rpc_channel_options co = {.target = address,
-                                  .tls = s->p.tls,
-                                  .max_message_bytes = s->p.max_message_bytes};
+    tdm_rpc_channel_options co = {
+        .target = address, .tls = s->p.tls, .max_message_bytes = s->p.max_message_bytes};
     if (tdm_rpc_channel_create(&co, &l->ch, err) != TDM_OK ||
         tdm_rpc_stream_open(l->ch, "/tandem.v1.Drafter/Draft", NULL,
                             &tandem__v1__draft_response__descriptor, NULL, &l->stream,
@@ -398,8 +398,7 @@ static void req_free(vreq *r)
     free(r);
 }
 
-tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out,
-                         tdm_error *err)
+tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out, tdm_error *err)
 {
     *out = NULL;
     if (req->n_prompt_ids == 0)
@@ -649,10 +648,20 @@ static bool ensure_logits(vsched *s, size_t rows)
     if (rows <= s->logits_rows)
         return true;
     float *p = tdm_model_host_alloc(s->p.model, rows * (size_t)s->vocab * sizeof(float));
-    if (!p)
+    int32_t *a = malloc(rows * sizeof(int32_t));
+    uint8_t *w = malloc(rows);
+    if (!p || !a || !w) {
+        tdm_model_host_free(s->p.model, p);
+        free(a);
+        free(w);
         return false;
+    }
     tdm_model_host_free(s->p.model, s->logits);
+    free(s->argmax);
+    free(s->want);
     s->logits = p;
+    s->argmax = a;
+    s->want = w;
     s->logits_rows = rows;
     return true;
 }
@@ -780,8 +789,8 @@ static bool sched_round(vsched *s)
     int held_out = 0;
     for (int i = 0; i < live;) {
         vreq *r = batch[i];
-        if (r->spec && r->awaiting && r->after_open && !r->block && !r->cancelled &&
-            !r->finished && t_wait0 - r->t_asked < s->p.draft_timeout_ms) {
+        if (r->spec && r->awaiting && r->after_open && !r->block && !r->cancelled && !r->finished &&
+            t_wait0 - r->t_asked < s->p.draft_timeout_ms) {
             batch[i] = batch[--live];
             held_out++;
             continue;
@@ -845,8 +854,8 @@ static bool sched_round(vsched *s)
                 ok = b->dists[j]->n_ids == b->dists[j]->n_probs;
             if (!ok) {
                 char d[160];
-                snprintf(d, sizeof(d), "malformed block for position %u (expected %d)",
-                         b->position, r->n_tokens + 1);
+                snprintf(d, sizeof(d), "malformed block for position %u (expected %d)", b->position,
+                         r->n_tokens + 1);
                 req_drop_spec_locked(r, "off: drafter sent a %s", d);
                 if (r->link && r->opened) {
                     closes[n_closes++] = (pending_close){r->link, r->id, "malformed block"};
@@ -879,6 +888,8 @@ static bool sched_round(vsched *s)
     if (live > 0 && (!ensure_logits(s, (size_t)rows) || !toks || !ntok || !seqs))
         rc = tdm_error_set(&err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory for %d rows", rows);
     for (int i = 0; rc == TDM_OK && i < live; i++) {
+        /* Greedy requests need only each row's argmax, not its logits. */
+        s->want[i] = !tdm_sampling_is_greedy(&batch[i]->sampling);
         toks[i] = malloc((size_t)(1 + k[i]) * sizeof(int32_t));
         toks[i][0] = batch[i]->last;
         for (int j = 0; j < k[i]; j++)
@@ -887,7 +898,8 @@ static bool sched_round(vsched *s)
         seqs[i] = batch[i]->seq;
     }
     if (rc == TDM_OK && live > 0)
-        rc = tdm_seq_step(seqs, live, (const int32_t *const *)toks, ntok, s->logits, &err);
+        rc = tdm_seq_step_out(seqs, live, (const int32_t *const *)toks, ntok,
+                              &(tdm_step_out){s->logits, s->want, s->argmax}, &err);
     double t_step = now_ms() - t_step0;
     int drafted_total = 0;
     for (int i = 0; i < live; i++)
@@ -920,6 +932,8 @@ static bool sched_round(vsched *s)
     for (int i = 0; i < live; i++) {
         vreq *r = batch[i];
         const float *lg = s->logits + (size_t)row * (size_t)s->vocab;
+        const int32_t *am = s->argmax + row;
+        const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[i] */
         row += ntok[i];
         if (rc != TDM_OK) {
             pthread_mutex_lock(&s->mu);
@@ -941,19 +955,23 @@ static bool sched_round(vsched *s)
                     dd[j].probs = blk[i]->dists[j]->probs;
                 }
             }
-            if (tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, blk[i]->tokens, k[i], dd,
-                                 s->vscratch, &v) != 0) {
+            const int bad =
+                greedy ? tdm_verify_block_argmax(am, s->vocab, blk[i]->tokens, k[i], dd, &v)
+                       : tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, blk[i]->tokens, k[i],
+                                          dd, s->vscratch, &v);
+            if (bad != 0) {
                 /* A token outside the vocabulary: no draft is used. */
                 v.accepted = 0;
-                v.next_token = tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab,
-                                                     s->vscratch);
+                v.next_token = greedy ? am[0]
+                                      : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab,
+                                                              s->vscratch);
                 pthread_mutex_lock(&s->mu);
-                req_drop_spec_locked(r, "off: drafter sent a token outside the %s",
-                                     "vocabulary");
+                req_drop_spec_locked(r, "off: drafter sent a token outside the %s", "vocabulary");
                 pthread_mutex_unlock(&s->mu);
             }
             if (tdm_log_get_level() <= TDM_LOG_DEBUG)
-                tdm_log_debug(LOG, "request %s round %u: %d drafts from position %u, accepted %d; "
+                tdm_log_debug(LOG,
+                              "request %s round %u: %d drafts from position %u, accepted %d; "
                               "wait %.2f ms, step %.2f ms, plain step %.2f ms/sequence, cost %.2f, "
                               "acceptance estimate %.2f",
                               r->request_id, blk[i]->round, k[i], blk[i]->position, v.accepted,
@@ -971,7 +989,9 @@ static bool sched_round(vsched *s)
                 newt[nn++] = (int32_t)blk[i]->tokens[j];
         } else {
             v.accepted = 0;
-            v.next_token = tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
+            v.next_token =
+                greedy ? am[0]
+                       : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
         }
         newt[nn++] = v.next_token;
 
@@ -1184,6 +1204,8 @@ void vsched_destroy(vsched *s)
     free(s->active);
     free(s->vscratch);
     tdm_model_host_free(s->p.model, s->logits);
+    free(s->argmax);
+    free(s->want);
     free(s);
 }
 
@@ -1198,7 +1220,7 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     pthread_mutex_lock(&s->mu);
     *c = s->counters;
     size_t n = s->n_overhead < TDM_ARRAY_LEN(s->overhead_us) ? (size_t)s->n_overhead
-                                                              : TDM_ARRAY_LEN(s->overhead_us);
+                                                             : TDM_ARRAY_LEN(s->overhead_us);
     c->overhead_p50_us = c->overhead_p99_us = 0;
     if (n > 0) {
         float *v = malloc(n * sizeof(float));

@@ -1,7 +1,7 @@
 /*
  * test_strategies.c - verify/commit under extra_buffer and no_buffer against
  * plain one-token-at-a-time decoding, batched calls against unbatched ones,
- * and fork.
+ * what a step brings back (tdm_seq_step_out) and fork.
  *
  * These compare independently computed paths of the engine (a verify block,
  * whole or appended in two calls, vs a chain of decode steps; a checkpoint+recompute vs
@@ -180,6 +180,80 @@ static void batching(tdm_model *m, const char *name)
     printf("%-14s batching: batched decode/verify == unbatched\n", name);
 }
 
+/* tdm_seq_step_out: the argmax of every row, and the logits only of the
+ * sequences that want them (the other rows untouched), equal to what
+ * tdm_seq_step brings back on an identical batch. */
+static int host_argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static void step_out(tdm_model *m, const char *name)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    enum { N = 4 };
+    tdm_error err;
+    tdm_seq *a[N], *b[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = make(m, TDM_STATE_EXTRA_BUFFER);
+        b[i] = make(m, TDM_STATE_EXTRA_BUFFER);
+        int32_t prompt[16];
+        for (int j = 0; j < 5 + i; j++)
+            prompt[j] = rnd(V);
+        CHECK(tdm_seq_prefill(a[i], prompt, 5 + i, NULL, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_prefill(b[i], prompt, 5 + i, NULL, &err) == TDM_OK, "%s", err.msg);
+    }
+    const size_t rows_max = (size_t)N * (MAXK + 1);
+    float *la = malloc(rows_max * V * 4), *lb = malloc(rows_max * V * 4);
+    int32_t *am = malloc(rows_max * 4);
+    const uint8_t masks[][N] = {{1, 0, 1, 0}, {0, 0, 0, 0}, {1, 1, 0, 1}};
+    for (int round = 0; round < 3; round++) {
+        int32_t blk[N][MAXK + 1];
+        const int32_t *bp[N];
+        int nt[N], rows = 0;
+        for (int i = 0; i < N; i++) {
+            nt[i] = 1 + (i + round) % 2 * rnd(MAXK + 1); /* decode rows and verify blocks */
+            for (int j = 0; j < nt[i]; j++)
+                blk[i][j] = rnd(V);
+            bp[i] = blk[i];
+            rows += nt[i];
+        }
+        memset(lb, 0xff, (size_t)rows * V * 4); /* NaN: rows not asked for stay so */
+        CHECK(tdm_seq_step(a, N, bp, nt, la, &err) == TDM_OK, "%s", err.msg);
+        const tdm_step_out out = {lb, masks[round], am};
+        CHECK(tdm_seq_step_out(b, N, bp, nt, &out, &err) == TDM_OK, "%s", err.msg);
+        for (int i = 0, r = 0; i < N; i++)
+            for (int j = 0; j < nt[i]; j++, r++) {
+                const float *ra = la + (size_t)r * V, *rb = lb + (size_t)r * V;
+                CHECK(am[r] == host_argmax(ra, V), "%s: row %d argmax %d, logits say %d", name, r,
+                      (int)am[r], host_argmax(ra, V));
+                if (masks[round][i])
+                    CHECK(memcmp(ra, rb, (size_t)V * 4) == 0, "%s: row %d logits differ", name, r);
+                else
+                    for (int v = 0; v < V; v++)
+                        CHECK(rb[v] != rb[v], "%s: row %d of an unwanted sequence written", name,
+                              r);
+            }
+        for (int i = 0; i < N; i++)
+            if (nt[i] > 1) {
+                CHECK(tdm_seq_commit(a[i], nt[i] - 1, &err) == TDM_OK, "%s", err.msg);
+                CHECK(tdm_seq_commit(b[i], nt[i] - 1, &err) == TDM_OK, "%s", err.msg);
+            }
+    }
+    for (int i = 0; i < N; i++) {
+        tdm_seq_destroy(a[i]);
+        tdm_seq_destroy(b[i]);
+    }
+    free(la);
+    free(lb);
+    free(am);
+    printf("%-14s step_out: argmax of every row, logits of the wanted sequences only\n", name);
+}
+
 /* A fork continues exactly like its parent and is independent of it. */
 static void fork_test(tdm_model *m, const char *name)
 {
@@ -282,6 +356,7 @@ int main(void)
         CHECK(tdm_model_load(f.model, be, &m, &err) == TDM_OK, "%s", err.msg);
         strategies(m, names[i]);
         batching(m, names[i]);
+        step_out(m, names[i]);
         fork_test(m, names[i]);
         long_prompt(m, names[i]);
         memory_report(m, names[i]);

@@ -21,14 +21,14 @@
 #define CELLS (V * V * V)
 
 static int failures;
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            failures++;                                                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                           \
-            printf(__VA_ARGS__);                                                                  \
-            printf("\n");                                                                         \
-        }                                                                                         \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        }                                                                                          \
     } while (0)
 
 /* Markov tables of logits: next-token logits given the previous token. */
@@ -187,9 +187,9 @@ static void test_lossless(void)
         {{1.0f, 0.0f, 0}, {1.0f, 0.0f, 0}, 1},
         {{1.0f, 0.0f, 0}, {1.0f, 0.0f, 0}, 4},
         {{0.7f, 0.0f, 0}, {1.3f, 0.0f, 0}, 3},
-        {{1.0f, 0.8f, 0}, {1.0f, 0.0f, 0}, 2},  /* target top-p */
-        {{1.0f, 0.0f, 3}, {0.5f, 0.9f, 0}, 4},  /* target top-k, sparse draft */
-        {{1.0f, 0.0f, 0}, {0.0f, 0.0f, 0}, 3},  /* greedy (one-hot) drafter */
+        {{1.0f, 0.8f, 0}, {1.0f, 0.0f, 0}, 2}, /* target top-p */
+        {{1.0f, 0.0f, 3}, {0.5f, 0.9f, 0}, 4}, /* target top-k, sparse draft */
+        {{1.0f, 0.0f, 0}, {0.0f, 0.0f, 0}, 3}, /* greedy (one-hot) drafter */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int df = 0;
@@ -197,8 +197,10 @@ static void test_lossless(void)
         double crit = chi_critical(df);
         printf("case %zu: k=%d chi2=%.1f df=%d critical(0.001)=%.1f\n", i, cases[i].k, stat, df,
                crit);
-        CHECK(stat < crit, "case %zu: speculative output distribution differs from target "
-                           "(chi2 %.1f >= %.1f)", i, stat, crit);
+        CHECK(stat < crit,
+              "case %zu: speculative output distribution differs from target "
+              "(chi2 %.1f >= %.1f)",
+              i, stat, crit);
     }
     /* The same test catches broken verifiers. */
     int df = 0;
@@ -235,6 +237,26 @@ static void test_greedy(void)
     d[0] = VG + 3;
     CHECK(tdm_verify_block(&greedy, NULL, &logits[0][0], VG, d, 3, NULL, scratch, &v) == -1,
           "out-of-vocabulary draft accepted");
+    CHECK(tdm_verify_block_argmax(am, VG, d, 3, NULL, &v) == -1,
+          "out-of-vocabulary draft accepted from argmax ids");
+    /* From argmax ids: the verdict the logits give, for every block of up to
+     * three drafts over this vocabulary's first tokens and the argmaxes. */
+    int32_t ids[4];
+    for (int i = 0; i < 4; i++)
+        ids[i] = am[i];
+    for (int k = 0; k <= 3; k++)
+        for (int code = 0; code < 27; code++) {
+            uint32_t dr[3];
+            for (int i = 0, c = code; i < 3; i++, c /= 3)
+                dr[i] = c % 3 == 2 ? (uint32_t)am[i] : (uint32_t)(c % 3);
+            tdm_verdict a, b;
+            CHECK(tdm_verify_block(&greedy, NULL, &logits[0][0], VG, dr, k, NULL, scratch, &a) == 0,
+                  "rc");
+            CHECK(tdm_verify_block_argmax(ids, VG, dr, k, NULL, &b) == 0, "rc from argmax ids");
+            CHECK(a.accepted == b.accepted && a.next_token == b.next_token,
+                  "k=%d block %d: logits give %d/%d, argmax ids %d/%d", k, code, a.accepted,
+                  a.next_token, b.accepted, b.next_token);
+        }
     free(scratch);
 }
 
