@@ -140,9 +140,11 @@ typedef struct tdm_step_out {
     int32_t *argmax;
 } tdm_step_out;
 
-/* tdm_seq_step with a choice of what comes back. */
+/* tdm_seq_step and tdm_seq_verify with a choice of what comes back. */
 tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
                             const int *ntokens, const tdm_step_out *out, tdm_error *err);
+tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                              const int *ntokens, const tdm_step_out *out, tdm_error *err);
 
 /* Keeps the first n_accepted + 1 positions of the pending verify (0 <=
  * n_accepted < ntokens) and leaves the sequence exactly as if only those had

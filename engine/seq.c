@@ -652,6 +652,13 @@ static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const 
 tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
                           const int *ntokens, float *logits, tdm_error *err)
 {
+    const tdm_step_out o = {.logits = logits};
+    return tdm_seq_verify_out(seqs, nseq, tokens, ntokens, &o, err);
+}
+
+tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                              const int *ntokens, const tdm_step_out *out, tdm_error *err)
+{
     tdm_status rc = check_batch(seqs, nseq, 1, err);
     if (rc != TDM_OK)
         return rc;
@@ -660,8 +667,7 @@ tdm_status tdm_seq_verify(tdm_seq *const *seqs, int nseq, const int32_t *const *
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
     for (int i = 0; i < nseq; i++)
         vr[i] = 1;
-    const tdm_step_out o = {.logits = logits};
-    rc = run_rows(seqs, nseq, tokens, ntokens, vr, &o, err);
+    rc = run_rows(seqs, nseq, tokens, ntokens, vr, out, err);
     free(vr);
     return rc;
 }

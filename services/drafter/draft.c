@@ -70,6 +70,8 @@ typedef struct dstream {
     dseq *seqs;
     int n_seqs;
     float *logits;
+    int32_t *argmax; /* [logits_rows]: each row's argmax (greedy sequences) */
+    uint8_t *want;   /* [logits_rows]: per sequence of a pass, logits wanted */
     size_t logits_rows;
     float *probs;
     int *order;
@@ -358,20 +360,31 @@ static bool ensure_logits(dstream *st, size_t rows)
         return true;
     tdm_model *m = st->d->rt->model;
     float *p = tdm_model_host_alloc(m, rows * (size_t)st->d->vocab * sizeof(float));
-    if (!p)
+    int32_t *a = malloc(rows * sizeof(int32_t));
+    uint8_t *w = malloc(rows);
+    if (!p || !a || !w) {
+        tdm_model_host_free(m, p);
+        free(a);
+        free(w);
         return false;
+    }
     tdm_model_host_free(m, st->logits);
+    free(st->argmax);
+    free(st->want);
     st->logits = p;
+    st->argmax = a;
+    st->want = w;
     st->logits_rows = rows;
     return true;
 }
 
-/* Picks the next draft token from logits, recording q. */
-static void draw(dstream *st, dseq *q, const float *logits, int j)
+/* Picks the next draft token, recording q: the row's argmax for greedy
+ * settings, else a draw from its logits. */
+static void draw(dstream *st, dseq *q, const float *logits, int32_t argmax, int j)
 {
     int V = st->d->vocab;
     if (tdm_sampling_is_greedy(&q->sampling)) {
-        q->drafts[j] = tdm_sampling_argmax(logits, V);
+        q->drafts[j] = argmax;
         q->probs[j] = 1.0f;
         return;
     }
@@ -437,12 +450,14 @@ static void draft_all(dstream *st)
             tok[n] = j == 0 ? q->tokens[q->n - 1] : q->drafts[j - 1];
             tp[n] = &tok[n];
             one[n] = 1;
+            st->want[n] = !tdm_sampling_is_greedy(&q->sampling); /* greedy: argmax only */
             n++;
         }
         if (n == 0)
             break;
         tdm_error err = {0};
-        if (tdm_seq_verify(seqs, n, tp, one, st->logits, &err) != TDM_OK) {
+        const tdm_step_out o = {st->logits, st->want, st->argmax};
+        if (tdm_seq_verify_out(seqs, n, tp, one, &o, &err) != TDM_OK) {
             /* The failed pass left those sequences at their committed
              * position: answer them with no drafts this round. */
             tdm_log_error(LOG, "draft pass failed: %s", err.msg);
@@ -454,7 +469,7 @@ static void draft_all(dstream *st)
         }
         for (int i = 0; i < n; i++) {
             bs[i]->rows++;
-            draw(st, bs[i], st->logits + (size_t)i * (size_t)d->vocab, j);
+            draw(st, bs[i], st->logits + (size_t)i * (size_t)d->vocab, st->argmax[i], j);
             bs[i]->k = j + 1;
         }
     }
@@ -607,6 +622,8 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     }
     if (st.logits) /* only a model drafter has them */
         tdm_model_host_free(d->rt->model, st.logits);
+    free(st.argmax);
+    free(st.want);
     pthread_mutex_unlock(&d->model_mu);
     free(st.probs);
     free(st.order);
