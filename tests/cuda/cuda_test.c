@@ -38,14 +38,14 @@ tdm_backend *ct_gpu(void)
 {
     tdm_error err;
     tdm_backend *be = tdm_backend_cuda_create(0, &err);
-    CT_CHECK(be, "cannot create the CUDA backend: %s", err.msg);
+    CHECK(be, "cannot create the CUDA backend: %s", err.msg);
     return be;
 }
 
 tdm_backend *ct_cpu(void)
 {
     tdm_backend *be = tdm_backend_cpu_create(2);
-    CT_CHECK(be, "cannot create the CPU backend");
+    CHECK(be, "cannot create the CPU backend");
     return be;
 }
 
@@ -98,7 +98,7 @@ float ct_f16_to_f32(uint16_t h)
 void *ct_put(tdm_backend *be, const void *host, size_t nbytes)
 {
     void *d = be->alloc(be->ctx, nbytes);
-    CT_CHECK(d, "%s backend: alloc of %zu bytes failed", be->name, nbytes);
+    CHECK(d, "%s backend: alloc of %zu bytes failed", be->name, nbytes);
     if (host)
         be->upload(be->ctx, d, host, nbytes);
     return d;
@@ -107,7 +107,7 @@ void *ct_put(tdm_backend *be, const void *host, size_t nbytes)
 void *ct_get(tdm_backend *be, const void *dev, size_t nbytes)
 {
     void *h = malloc(nbytes ? nbytes : 1);
-    CT_CHECK(h, "out of memory");
+    CHECK(h, "out of memory");
     be->download(be->ctx, h, dev, nbytes);
     return h;
 }
@@ -115,7 +115,7 @@ void *ct_get(tdm_backend *be, const void *dev, size_t nbytes)
 void ct_poison(tdm_backend *be, void *dev, size_t nbytes)
 {
     void *h = malloc(nbytes ? nbytes : 1);
-    CT_CHECK(h, "out of memory");
+    CHECK(h, "out of memory");
     memset(h, 0xff, nbytes);
     be->upload(be->ctx, dev, h, nbytes);
     free(h);

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "cuda_backend.h"
+#include "util.h" /* CHECK, fixtures (tests/engine) */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -14,16 +15,6 @@
 #include <stdlib.h>
 
 #define CT_SKIP 77 /* ctest's skip code (SKIP_RETURN_CODE) */
-
-#define CT_CHECK(cond, ...)                                                                        \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* Exits with CT_SKIP, saying so, when this machine has no CUDA device. */
 void ct_require_gpu(void);

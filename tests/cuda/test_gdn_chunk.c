@@ -104,7 +104,7 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
     const size_t hs = (size_t)Hv * Dk * Dv, nseg = (size_t)n * Hv * Dv, row = (size_t)Hv * Dv;
     float *qkv = malloc((size_t)R * stride * 4), *g = malloc((size_t)R * Hv * 4);
     float *beta = malloc((size_t)R * Hv * 4), *st0 = malloc(hs * 4);
-    CT_CHECK(qkv && g && beta && st0, "out of memory");
+    CHECK(qkv && g && beta && st0, "out of memory");
     ct_fill(qkv, (size_t)R * stride, 1.0f);
     ct_fill(g, (size_t)R * Hv, 1.0f);
     ct_fill(beta, (size_t)R * Hv, 0.5f);
@@ -123,7 +123,7 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
 
     double *oref = malloc(nseg * sizeof(double)), *sref = malloc(hs * sizeof(double));
     float *of = malloc(nseg * 4), *sf = malloc(hs * 4);
-    CT_CHECK(oref && sref && of && sf, "out of memory");
+    CHECK(oref && sref && of && sf, "out of memory");
     for (size_t i = 0; i < hs; i++)
         sref[i] = st0[i];
     gdn_ref_recurrent(oref, sref, qkv + (size_t)ROW0 * stride, stride, g + (size_t)ROW0 * Hv,

@@ -40,18 +40,18 @@ static tdm_model *load(const char *name, tdm_backend *be)
     snprintf(dir, sizeof(dir), "%s/%s/model", TANDEM_ENGINE_FIXTURES, name);
     tdm_model *m;
     tdm_error err;
-    CT_CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
+    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
     return m;
 }
 
 static void same_run(const char *name, const char *what, const steps_run *a, const steps_run *b)
 {
-    CT_CHECK(a->n == b->n && a->calls == b->calls, "%s: %s: the runs differ in length", name, what);
-    CT_CHECK(memcmp(a->logits, b->logits, a->n * sizeof(float)) == 0,
-             "%s: %s: logits differ from the eager run's", name, what);
+    CHECK(a->n == b->n && a->calls == b->calls, "%s: %s: the runs differ in length", name, what);
+    CHECK(memcmp(a->logits, b->logits, a->n * sizeof(float)) == 0,
+          "%s: %s: logits differ from the eager run's", name, what);
     for (int i = 0; i < STEPS_NSEQ; i++)
-        CT_CHECK(steps_same_state(a->seqs[i], b->seqs[i]), "%s: %s: sequence %d: states differ",
-                 name, what, i);
+        CHECK(steps_same_state(a->seqs[i], b->seqs[i]), "%s: %s: sequence %d: states differ", name,
+              what, i);
 }
 
 /* 1. eager: the script with graphs off, kept for 2. */
@@ -61,8 +61,8 @@ static void check_script(tdm_backend *gpu, tdm_model *m, const char *name, steps
     const tdm_cuda_graph_stats s0 = stats_of(gpu);
     steps_run_script(m, eager);
     const tdm_cuda_graph_stats s1 = stats_of(gpu);
-    CT_CHECK(s1.captured == s0.captured && s1.replayed == s0.replayed && s1.eager == s0.eager,
-             "%s: graphs off, yet the graph slots ran", name);
+    CHECK(s1.captured == s0.captured && s1.replayed == s0.replayed && s1.eager == s0.eager,
+          "%s: graphs off, yet the graph slots ran", name);
     tdm_model_set_graphs(m, 1);
     for (int pass = 0; pass < 2; pass++) {
         steps_run on;
@@ -70,9 +70,9 @@ static void check_script(tdm_backend *gpu, tdm_model *m, const char *name, steps
         steps_run_script(m, &on);
         const tdm_cuda_graph_stats b = stats_of(gpu);
         same_run(name, pass ? "graphs on, second pass" : "graphs on", eager, &on);
-        CT_CHECK(b.refused == a.refused, "%s: %llu steps refused", name,
-                 (unsigned long long)(b.refused - a.refused));
-        CT_CHECK(b.replayed > a.replayed, "%s: nothing was replayed", name);
+        CHECK(b.refused == a.refused, "%s: %llu steps refused", name,
+              (unsigned long long)(b.refused - a.refused));
+        CHECK(b.replayed > a.replayed, "%s: nothing was replayed", name);
         printf("PASS %s: graphs on (pass %d): %d calls, %llu captured, %llu replayed, %llu "
                "eager: logits and states bit-identical to graphs off\n",
                name, pass + 1, on.calls, (unsigned long long)(b.captured - a.captured),
@@ -106,7 +106,7 @@ static void check_one_key(tdm_backend *gpu, const char *name, uint64_t key, cons
     steps_run_script(m, &on);
     const tdm_cuda_graph_stats b = stats_of(gpu);
     same_run(name, "one key for every step", eager, &on);
-    CT_CHECK(b.refused > a.refused, "%s: one key for every shape, yet nothing refused", name);
+    CHECK(b.refused > a.refused, "%s: one key for every shape, yet nothing refused", name);
     printf("PASS %s: one key for every step: %llu refused steps ran eagerly, %llu captured, "
            "%llu replayed: logits and states bit-identical\n",
            name, (unsigned long long)(b.refused - a.refused),
@@ -148,50 +148,50 @@ static void check_slots(tdm_backend *g)
     const tdm_cuda_graph_stats s0 = stats_of(g);
 
     const int32_t ids1[2] = {1, 2}, ids2[2] = {3, 4}, ids3[2] = {5, 6}, ids4[1] = {7};
-    CT_CHECK(g->graph_begin(x, K) == 0, "first sight of a key is not eager");
+    CHECK(g->graph_begin(x, K) == 0, "first sight of a key is not eager");
     g->embed(x, y, e, ids1, 2, T_H);
-    CT_CHECK(g->graph_end(x) == 0, "an eager step was refused");
-    CT_CHECK(rows_are(g, y, table, ids1, 2), "eager step: wrong rows");
-    CT_CHECK(g->graph_begin(x, K) == 1, "second sight is not captured");
+    CHECK(g->graph_end(x) == 0, "an eager step was refused");
+    CHECK(rows_are(g, y, table, ids1, 2), "eager step: wrong rows");
+    CHECK(g->graph_begin(x, K) == 1, "second sight is not captured");
     g->embed(x, y, e, ids2, 2, T_H);
-    CT_CHECK(g->graph_end(x) == 0, "a capture was refused");
-    CT_CHECK(rows_are(g, y, table, ids2, 2), "captured step: wrong rows");
-    CT_CHECK(g->graph_begin(x, K) == 1, "third sight does not replay");
+    CHECK(g->graph_end(x) == 0, "a capture was refused");
+    CHECK(rows_are(g, y, table, ids2, 2), "captured step: wrong rows");
+    CHECK(g->graph_begin(x, K) == 1, "third sight does not replay");
     g->embed(x, y, e, ids3, 2, T_H);
-    CT_CHECK(g->graph_end(x) == 0, "a matching replay was refused");
-    CT_CHECK(rows_are(g, y, table, ids3, 2), "replayed step: not the new ids' rows");
+    CHECK(g->graph_end(x) == 0, "a matching replay was refused");
+    CHECK(rows_are(g, y, table, ids3, 2), "replayed step: not the new ids' rows");
     printf("PASS slots: eager, captured, replayed with new staged ids: right rows each time\n");
 
     /* Another shape under the same key: refused, nothing run. */
     ct_poison(g, y, 2 * T_H * sizeof(float));
-    CT_CHECK(g->graph_begin(x, K) == 1, "fourth sight does not replay");
+    CHECK(g->graph_begin(x, K) == 1, "fourth sight does not replay");
     g->embed(x, y, e, ids4, 1, T_H);
-    CT_CHECK(g->graph_end(x) == 1, "a replay of another shape was not refused");
+    CHECK(g->graph_end(x) == 1, "a replay of another shape was not refused");
     float *h = fetch_rows(g, y, 2);
     for (int i = 0; i < 2 * T_H; i++)
-        CT_CHECK(h[i] != h[i], "a refused replay wrote its output (element %d)", i);
+        CHECK(h[i] != h[i], "a refused replay wrote its output (element %d)", i);
     free(h);
     g->embed(x, y, e, ids4, 1, T_H);
-    CT_CHECK(rows_are(g, y, table, ids4, 1), "eager run after a refused replay: wrong rows");
+    CHECK(rows_are(g, y, table, ids4, 1), "eager run after a refused replay: wrong rows");
     printf("PASS slots: replay of another shape refused (graph_end 1), output untouched, eager "
            "rerun right\n");
 
     /* The dropped key is measured and captured again; mismatching once
      * more, it stays eager. */
-    CT_CHECK(g->graph_begin(x, K) == 0, "a dropped key is not measured again");
+    CHECK(g->graph_begin(x, K) == 0, "a dropped key is not measured again");
     g->embed(x, y, e, ids1, 2, T_H);
-    CT_CHECK(g->graph_end(x) == 0, "eager step refused");
-    CT_CHECK(g->graph_begin(x, K) == 1, "a dropped key is not captured again");
+    CHECK(g->graph_end(x) == 0, "eager step refused");
+    CHECK(g->graph_begin(x, K) == 1, "a dropped key is not captured again");
     g->embed(x, y, e, ids2, 2, T_H);
-    CT_CHECK(g->graph_end(x) == 0, "capture refused");
-    CT_CHECK(g->graph_begin(x, K) == 1, "no replay");
+    CHECK(g->graph_end(x) == 0, "capture refused");
+    CHECK(g->graph_begin(x, K) == 1, "no replay");
     g->embed(x, y, e, ids4, 1, T_H);
-    CT_CHECK(g->graph_end(x) == 1, "second mismatch not refused");
+    CHECK(g->graph_end(x) == 1, "second mismatch not refused");
     for (int i = 0; i < 3; i++) {
-        CT_CHECK(g->graph_begin(x, K) == 0, "a key that keeps mismatching is captured again");
+        CHECK(g->graph_begin(x, K) == 0, "a key that keeps mismatching is captured again");
         g->embed(x, y, e, ids3, 2, T_H);
-        CT_CHECK(g->graph_end(x) == 0, "eager step refused");
-        CT_CHECK(rows_are(g, y, table, ids3, 2), "eager step: wrong rows");
+        CHECK(g->graph_end(x) == 0, "eager step refused");
+        CHECK(rows_are(g, y, table, ids3, 2), "eager step: wrong rows");
     }
     printf("PASS slots: a key mismatching twice in a row stays eager\n");
 
@@ -208,30 +208,30 @@ static void check_slots(tdm_backend *g)
     for (int i = 0; i < 3; i++) {
         kc[i] = ct_put(g, NULL, cbytes);
         vc[i] = ct_put(g, NULL, cbytes);
-        CT_CHECK(g->graph_begin(x, K2) == (i > 0), "kv_store step %d: wrong mode", i);
+        CHECK(g->graph_begin(x, K2) == (i > 0), "kv_store step %d: wrong mode", i);
         g->kv_store(x, kc[i], vc[i], k, v, at[i], NR, W);
-        CT_CHECK(g->graph_end(x) == 0, "kv_store step %d refused", i);
+        CHECK(g->graph_end(x) == 0, "kv_store step %d refused", i);
         g->sync(x);
         float *hk = ct_get(g, kc[i], cbytes), *hv = ct_get(g, vc[i], cbytes);
-        CT_CHECK(memcmp(hk + (size_t)at[i] * W, kh, sizeof(kh)) == 0 &&
-                     memcmp(hv + (size_t)at[i] * W, vh, sizeof(vh)) == 0,
-                 "kv_store step %d (%s): rows not at %d of its own caches", i,
-                 i == 0   ? "eager"
-                 : i == 1 ? "captured"
-                          : "replayed",
-                 at[i]);
+        CHECK(memcmp(hk + (size_t)at[i] * W, kh, sizeof(kh)) == 0 &&
+                  memcmp(hv + (size_t)at[i] * W, vh, sizeof(vh)) == 0,
+              "kv_store step %d (%s): rows not at %d of its own caches", i,
+              i == 0   ? "eager"
+              : i == 1 ? "captured"
+                       : "replayed",
+              at[i]);
         free(hk);
         free(hv);
     }
     printf("PASS slots: kv_store eager, captured, replayed into other caches at another row\n");
 
     const tdm_cuda_graph_stats s1 = stats_of(g);
-    CT_CHECK(s1.captured - s0.captured == 3 && s1.replayed - s0.replayed == 2 &&
-                 s1.refused - s0.refused == 2,
-             "counters: %llu captured, %llu replayed, %llu refused",
-             (unsigned long long)(s1.captured - s0.captured),
-             (unsigned long long)(s1.replayed - s0.replayed),
-             (unsigned long long)(s1.refused - s0.refused));
+    CHECK(s1.captured - s0.captured == 3 && s1.replayed - s0.replayed == 2 &&
+              s1.refused - s0.refused == 2,
+          "counters: %llu captured, %llu replayed, %llu refused",
+          (unsigned long long)(s1.captured - s0.captured),
+          (unsigned long long)(s1.replayed - s0.replayed),
+          (unsigned long long)(s1.refused - s0.refused));
     printf("PASS slots: counters 3 captured, 2 replayed, 2 refused\n");
     for (int i = 0; i < 3; i++) {
         g->free(x, kc[i]);
@@ -249,7 +249,7 @@ static void check_opstats(void)
     setenv("TANDEM_CUDA_OPSTATS", "1", 1);
     tdm_backend *g = ct_gpu();
     unsetenv("TANDEM_CUDA_OPSTATS");
-    CT_CHECK(!g->graph_begin && !g->graph_end, "TANDEM_CUDA_OPSTATS=1 leaves graphs on");
+    CHECK(!g->graph_begin && !g->graph_end, "TANDEM_CUDA_OPSTATS=1 leaves graphs on");
     g->destroy(g);
     printf("PASS TANDEM_CUDA_OPSTATS=1: no graph slots\n");
 }
@@ -258,7 +258,7 @@ int main(void)
 {
     ct_require_gpu();
     tdm_backend *gpu = ct_gpu();
-    CT_CHECK(gpu->graph_begin && gpu->graph_end, "the CUDA backend has no graph slots");
+    CHECK(gpu->graph_begin && gpu->graph_end, "the CUDA backend has no graph slots");
     const char *names[] = {"f32_gqa", "bf16_alt", "bf16_realdims"};
     for (size_t i = 0; i < TDM_ARRAY_LEN(names); i++) {
         tdm_model *m = load(names[i], gpu);
