@@ -21,18 +21,16 @@
  * each row's argmax (tdm_seq_step_out), what the verifier asks for greedy
  * requests, instead of every row's logits.
  */
+#include "bench_util.h"
 #include "engine.h"
 
 #ifdef TANDEM_HAVE_CUDA_BACKEND
 #include "cuda_backend.h"
 #endif
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifndef TANDEM_HAVE_CUDA_BACKEND
@@ -43,171 +41,16 @@ int main(void)
 }
 #else
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void die(const char *what, const char *msg)
 {
     fprintf(stderr, "cuda_bench: %s%s%s\n", what, msg ? ": " : "", msg ? msg : "");
     exit(1);
 }
 
-typedef struct shape {
-    const char *name;
-    int H, L, I, nH, nKV, D, Hk, Hv, Dk, Dv, V;
-} shape;
-
-static const shape shapes[] = {
+static const bench_shape shapes[] = {
     {"0.8b", 1024, 24, 3584, 8, 2, 256, 16, 16, 128, 128, 248320},
     {"4b", 2560, 32, 9216, 16, 4, 256, 16, 32, 128, 128, 248320},
 };
-
-/* ---- a random checkpoint -------------------------------------------------- */
-
-typedef struct tens {
-    char name[128];
-    int ndim;
-    int64_t shape[3];
-    float scale, offset;
-} tens;
-
-static uint64_t rs = 88172645463325252ull;
-
-static float urand(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
-
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-static void gen_model(const char *dir, const shape *s)
-{
-    const int K = 4, C = 2 * s->Hk * s->Dk + s->Hv * s->Dv;
-    mkdir(dir, 0755);
-    char p[600];
-    snprintf(p, sizeof(p), "%s/config.json", dir);
-    FILE *fc = fopen(p, "w");
-    if (!fc)
-        die("cannot write", p);
-    fprintf(fc,
-            "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": %d, \"hidden_size\": %d,\n"
-            " \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
-            " \"num_key_value_heads\": %d, \"head_dim\": %d, \"linear_num_key_heads\": %d,\n"
-            " \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
-            " \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
-            " \"full_attention_interval\": 4, \"tie_word_embeddings\": true,\n"
-            " \"rms_norm_eps\": 1e-6, \"rope_parameters\": {\"rope_type\": \"default\",\n"
-            " \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25}}\n",
-            s->V, s->H, s->I, s->L, s->nH, s->nKV, s->D, s->Hk, s->Hv, s->Dk, s->Dv, K);
-    fclose(fc);
-    tens *ts = calloc(16 * (size_t)s->L + 4, sizeof(tens));
-    int n = 0;
-#define T(nm, nd, a, b, c, sc, off)                                                                \
-    do {                                                                                           \
-        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                        \
-        ts[n].ndim = nd, ts[n].shape[0] = a, ts[n].shape[1] = b, ts[n].shape[2] = c;               \
-        ts[n].scale = sc, ts[n].offset = off;                                                      \
-        n++;                                                                                       \
-    } while (0)
-    char nm[128];
-    const float sh = 1.7f / sqrtf((float)s->H);
-    T("model.embed_tokens.weight", 2, s->V, s->H, 0, 1.0f, 0);
-    T("model.norm.weight", 1, s->H, 0, 0, 0.1f, 0);
-    for (int l = 0; l < s->L; l++) {
-#define NM(x) (snprintf(nm, sizeof(nm), "model.layers.%d.%s", l, x), nm)
-        T(NM("input_layernorm.weight"), 1, s->H, 0, 0, 0.1f, 0);
-        T(NM("post_attention_layernorm.weight"), 1, s->H, 0, 0, 0.1f, 0);
-        T(NM("mlp.gate_proj.weight"), 2, s->I, s->H, 0, sh, 0);
-        T(NM("mlp.up_proj.weight"), 2, s->I, s->H, 0, sh, 0);
-        T(NM("mlp.down_proj.weight"), 2, s->H, s->I, 0, 1.7f / sqrtf((float)s->I), 0);
-        if ((l + 1) % 4) {
-            const int VD = s->Hv * s->Dv;
-            T(NM("linear_attn.in_proj_qkv.weight"), 2, C, s->H, 0, sh, 0);
-            T(NM("linear_attn.in_proj_z.weight"), 2, VD, s->H, 0, sh, 0);
-            T(NM("linear_attn.in_proj_b.weight"), 2, s->Hv, s->H, 0, sh, 0);
-            T(NM("linear_attn.in_proj_a.weight"), 2, s->Hv, s->H, 0, sh, 0);
-            T(NM("linear_attn.out_proj.weight"), 2, s->H, VD, 0, 1.7f / sqrtf((float)VD), 0);
-            T(NM("linear_attn.conv1d.weight"), 3, C, 1, K, 0.5f, 0);
-            T(NM("linear_attn.A_log"), 1, s->Hv, 0, 0, 1.0f, -1.0f);
-            T(NM("linear_attn.dt_bias"), 1, s->Hv, 0, 0, 0.5f, 0);
-            T(NM("linear_attn.norm.weight"), 1, s->Dv, 0, 0, 0.2f, 1.0f);
-        } else {
-            const int QD = s->nH * s->D, KD = s->nKV * s->D;
-            T(NM("self_attn.q_proj.weight"), 2, 2 * QD, s->H, 0, sh, 0);
-            T(NM("self_attn.k_proj.weight"), 2, KD, s->H, 0, sh, 0);
-            T(NM("self_attn.v_proj.weight"), 2, KD, s->H, 0, sh, 0);
-            T(NM("self_attn.o_proj.weight"), 2, s->H, QD, 0, 1.7f / sqrtf((float)QD), 0);
-            T(NM("self_attn.q_norm.weight"), 1, s->D, 0, 0, 0.1f, 0);
-            T(NM("self_attn.k_norm.weight"), 1, s->D, 0, 0, 0.1f, 0);
-        }
-#undef NM
-    }
-#undef T
-    size_t cap = 1 << 20, len = 0, off = 0;
-    char *hdr = malloc(cap);
-    len += (size_t)snprintf(hdr + len, cap - len, "{");
-    for (int i = 0; i < n; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < ts[i].ndim; d++)
-            numel *= (size_t)ts[i].shape[d];
-        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[",
-                                i ? "," : "", ts[i].name);
-        for (int d = 0; d < ts[i].ndim; d++)
-            len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", d ? "," : "",
-                                    (long long)ts[i].shape[d]);
-        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off,
-                                off + 2 * numel);
-        off += 2 * numel;
-    }
-    len += (size_t)snprintf(hdr + len, cap - len, "}");
-    while (len % 8)
-        hdr[len++] = ' ';
-    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
-    FILE *fw = fopen(p, "wb");
-    if (!fw)
-        die("cannot write", p);
-    uint64_t hl = len;
-    fwrite(&hl, 8, 1, fw);
-    fwrite(hdr, 1, len, fw);
-    /* Uniform values from one random block of 2^22 per tensor scale: the
-     * timing does not depend on the values, and writing stays disk-bound. */
-    const size_t B = 1u << 22;
-    float *base = malloc(B * sizeof(float));
-    uint16_t *buf = malloc(B * 2);
-    for (size_t j = 0; j < B; j++)
-        base[j] = urand();
-    for (int i = 0; i < n; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < ts[i].ndim; d++)
-            numel *= (size_t)ts[i].shape[d];
-        size_t first = numel < B ? numel : B;
-        size_t rot = (size_t)i * 7919 % B;
-        for (size_t j = 0; j < first; j++)
-            buf[j] = to_bf16(ts[i].offset + ts[i].scale * base[(j + rot) % B]);
-        for (size_t at = 0; at < numel; at += B) {
-            size_t cnt = numel - at < B ? numel - at : B;
-            if (fwrite(buf, 2, cnt, fw) != cnt)
-                die("short write", p);
-        }
-    }
-    fclose(fw);
-    free(base);
-    free(buf);
-    free(hdr);
-    free(ts);
-}
 
 /* ---- timing ----------------------------------------------------------------- */
 
@@ -254,7 +97,7 @@ static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_on
             tp[b] = toks[b];
             nt[b] = k + 1;
         }
-        double t0 = now();
+        double t0 = bench_now();
         if (argmax_only) {
             /* decode rows (k = 0) commit at once; verify blocks commit below */
             int32_t ids[64 * 17];
@@ -278,7 +121,7 @@ static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_on
                     die("commit", err.msg);
         }
         if (s >= 2)
-            t[s - 2] = (now() - t0) * 1e3;
+            t[s - 2] = (bench_now() - t0) * 1e3;
     }
     double med = median(t, steps);
     free(t);
@@ -319,7 +162,7 @@ int main(int argc, char **argv)
         } else
             die("unknown option", argv[i]);
     }
-    const shape *s = NULL;
+    const bench_shape *s = NULL;
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         if (!strcmp(shapes[i].name, sh))
             s = &shapes[i];
@@ -332,18 +175,21 @@ int main(int argc, char **argv)
         printf("cuda_bench: skipped: %s\n", why);
         return 0;
     }
-    double t0 = now();
-    gen_model(dir, s);
-    printf("random Qwen3.5-%s-shaped bf16 checkpoint written in %.1f s\n", s->name, now() - t0);
+    double t0 = bench_now();
+    char werr[700];
+    if (bench_write_model(dir, s, werr, sizeof(werr)) != 0)
+        die("random checkpoint", werr);
+    printf("random Qwen3.5-%s-shaped bf16 checkpoint written in %.1f s\n", s->name,
+           bench_now() - t0);
     tdm_error err;
     tdm_backend *be = tdm_backend_cuda_create(0, &err);
     if (!be)
         die("CUDA backend", err.msg);
-    t0 = now();
+    t0 = bench_now();
     tdm_model *m;
     if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
         die("load", err.msg);
-    printf("loaded onto the GPU in %.1f s; CUDA graphs %s; %s to the host\n", now() - t0,
+    printf("loaded onto the GPU in %.1f s; CUDA graphs %s; %s to the host\n", bench_now() - t0,
            graphs ? "on" : "off", argmax_only ? "argmax of each row" : "logits of every row");
     tdm_model_set_graphs(m, graphs);
     double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);

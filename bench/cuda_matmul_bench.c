@@ -13,6 +13,7 @@
  * row count adds the shapes up as one 4B decode/verify step (24 linear
  * layers, 8 full, the LM head).
  */
+#include "bench_util.h"
 #include "engine.h"
 
 #ifdef TANDEM_HAVE_CUDA_BACKEND
@@ -26,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #ifndef TANDEM_HAVE_CUDA_BACKEND
 int main(void)
@@ -56,29 +56,6 @@ static const mshape shapes[] = {
     {"o_proj", 4096, 2560, 8},    {"gate/up", 2560, 9216, 64}, {"down", 9216, 2560, 32},
     {"lm_head", 2560, 248320, 1},
 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static float urand(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
 
 int main(int argc, char **argv)
 {
@@ -125,10 +102,10 @@ int main(int argc, char **argv)
             float *xh = malloc((size_t)R * (size_t)s->in * 4);
             uint16_t *xb = malloc((size_t)R * (size_t)s->in * 2);
             for (size_t i = 0; i < nw; i++)
-                wh[i] = bf16_of(0.05f * urand());
+                wh[i] = bench_bf16(0.05f * bench_urand());
             for (size_t i = 0; i < (size_t)R * (size_t)s->in; i++) {
-                xh[i] = urand();
-                xb[i] = bf16_of(xh[i]);
+                xh[i] = bench_urand();
+                xb[i] = bench_bf16(xh[i]);
             }
             void **wd = calloc((size_t)copies, sizeof(void *));
             for (int c = 0; c < copies; c++) {
@@ -148,16 +125,16 @@ int main(int argc, char **argv)
             double mt = 1e9, mc = 1e9;
             for (int round = 0; round < 4; round++) {
                 /* round 0 warms up; then the best of three averages */
-                double t0 = now();
+                double t0 = bench_now();
                 for (int it = 0; it < reps; it++) {
                     tdm_weight w = {wd[it % copies], TDM_DTYPE_BF16};
                     be->matmul(be->ctx, yd, xd, w, R, s->in, s->out, 0);
                 }
                 be->sync(be->ctx);
-                double t = (now() - t0) / reps;
+                double t = (bench_now() - t0) / reps;
                 if (round > 0 && t < mt)
                     mt = t;
-                t0 = now();
+                t0 = bench_now();
                 for (int it = 0; it < reps; it++) {
                     /* y [out, R] (col-major) = (W stored [out, in] = col-major [in, out])ᵀ · x */
                     cublasStatus_t st = cublasGemmEx(
@@ -170,7 +147,7 @@ int main(int argc, char **argv)
                     }
                 }
                 CK(cudaDeviceSynchronize());
-                t = (now() - t0) / reps;
+                t = (bench_now() - t0) / reps;
                 if (round > 0 && t < mc)
                     mc = t;
             }

@@ -22,6 +22,7 @@
  *
  * CUDA C++ rather than C: it needs the backend's stream (common.cuh).
  */
+#include "bench_util.h"
 #include "common.cuh"
 
 extern "C" {
@@ -32,7 +33,6 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define CK(x)                                                                                      \
     do {                                                                                           \
@@ -98,23 +98,6 @@ typedef struct bench {
     int32_t ids[MAXROWS], pos[MAXROWS];
 } bench;
 
-static uint64_t rs = 88172645463325252ull;
-
-static float urand(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* n floats of backend memory, uniform in [lo, hi). */
 static float *dev_rand(bench *B, size_t n, float lo, float hi)
 {
@@ -128,7 +111,7 @@ static float *dev_rand(bench *B, size_t n, float lo, float hi)
     for (size_t off = 0; off < n; off += chunk) {
         const size_t m = n - off < chunk ? n - off : chunk;
         for (size_t i = 0; i < m; i++)
-            h[i] = lo + (hi - lo) * 0.5f * (urand() + 1.0f);
+            h[i] = lo + (hi - lo) * 0.5f * (bench_urand() + 1.0f);
         B->be->upload(B->be->ctx, d + off, h, m * sizeof(float));
     }
     free(h);
@@ -186,7 +169,7 @@ static void bench_init(bench *B, const shape *s, int ctx_max)
     for (int i = 0; i < s->rot / 2; i++)
         B->inv_freq_h[i] = 1.0f / powf(10000000.0f, (float)(2 * i) / (float)s->rot);
     for (int r = 0; r < MAXROWS; r++) {
-        B->ids[r] = (int32_t)((urand() + 1.0f) * 0.5f * (EMBED_ROWS - 1));
+        B->ids[r] = (int32_t)((bench_urand() + 1.0f) * 0.5f * (EMBED_ROWS - 1));
         B->pos[r] = ctx_max + r % MAXBLOCK;
     }
 }
@@ -297,21 +280,21 @@ static double time_op(bench *B, int op, const layout *L, int ctx, int reps, int 
     B->be->sync(B->be->ctx);
     *host_bound = 0;
     if (op == OP_ARGMAX) {
-        const double t0 = now();
+        const double t0 = bench_now();
         for (int i = 0; i < reps; i++)
             run_op(B, op, L, ctx);
-        return 1e6 * (now() - t0) / reps;
+        return 1e6 * (bench_now() - t0) / reps;
     }
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     cuda_launch(c, spin_kernel, 1, 32, 0, SPIN_NS);
-    const double h0 = now();
+    const double h0 = bench_now();
     CK(cudaEventRecord(e0, c->stream));
     for (int i = 0; i < reps; i++)
         run_op(B, op, L, ctx);
     CK(cudaEventRecord(e1, c->stream));
-    *host_bound = now() - h0 > 1e-9 * (double)SPIN_NS;
+    *host_bound = bench_now() - h0 > 1e-9 * (double)SPIN_NS;
     CK(cudaEventSynchronize(e1));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
@@ -320,7 +303,7 @@ static double time_op(bench *B, int op, const layout *L, int ctx, int reps, int 
     return 1e3 * (double)ms / reps;
 }
 
-static void bench_shape(const shape *s, const int *ctxs, int nctx, int reps)
+static void run_shape(const shape *s, const int *ctxs, int nctx, int reps)
 {
     int ctx_max = 0;
     for (int i = 0; i < nctx; i++)
@@ -401,6 +384,6 @@ int main(int argc, char **argv)
     printf("cuda_ops_bench: %s, %d calls per cell; '*' host-bound\n", p.name, reps);
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         if (!strcmp(which, "all") || !strcmp(which, shapes[i].name))
-            bench_shape(&shapes[i], ctxs, nctx, reps);
+            run_shape(&shapes[i], ctxs, nctx, reps);
     return 0;
 }

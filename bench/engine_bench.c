@@ -11,23 +11,14 @@
  * sweep). Without --model it generates a random ~100M-parameter Qwen3.5-shaped
  * bf16 checkpoint (hidden 768, 12 layers 3:1, vocab 32000) in a temp folder.
  */
+#include "bench_util.h"
 #include "engine.h"
 
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(const char *what, const tdm_error *err)
 {
@@ -76,14 +67,14 @@ static double bandwidth(int nthreads, int read_only)
         pthread_t th[64];
         bw_arg args[64];
         size_t per = N / (size_t)nthreads;
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < nthreads; i++) {
             args[i] = (bw_arg){dst + (size_t)i * per, src + (size_t)i * per, per, read_only, 0};
             pthread_create(&th[i], NULL, bw_worker, &args[i]);
         }
         for (int i = 0; i < nthreads; i++)
             pthread_join(th[i], NULL);
-        double bw = (double)N / (now() - t0);
+        double bw = (double)N / (bench_now() - t0);
         if (bw > best)
             best = bw;
     }
@@ -92,150 +83,16 @@ static double bandwidth(int nthreads, int read_only)
     return best;
 }
 
-/* ---- a random Qwen3.5-shaped checkpoint ------------------------------------ */
-
-static uint64_t rs = 88172645463325252ull;
-
-static float urand(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((double)(rs >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
-
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-typedef struct gen_tensor {
-    char name[128];
-    int ndim;
-    int64_t shape[3];
-    float scale; /* uniform in [-scale, scale] */
-    float offset;
-} gen_tensor;
+/* The random ~100M-parameter model: hidden 768, 12 layers 3:1, vocab 32000. */
+static const bench_shape random_shape = {"100m", 768, 12, 2048, 6, 2, 128, 6, 12, 64, 64, 32000};
 
 static void gen_model(const char *dir)
 {
-    const int H = 768, L = 12, V = 32000, I = 2048, nH = 6, nKV = 2, D = 128;
-    const int Hk = 6, Hv = 12, Dk = 64, Dv = 64, K = 4;
-    const int C = 2 * Hk * Dk + Hv * Dv;
-    mkdir(dir, 0755);
-    char p[512];
-    snprintf(p, sizeof(p), "%s/config.json", dir);
-    FILE *fc = fopen(p, "w");
-    if (!fc)
-        die("cannot write the random model", NULL);
-    fprintf(
-        fc,
-        "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": %d, \"hidden_size\": %d,\n"
-        " \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
-        " \"num_key_value_heads\": %d, \"head_dim\": %d, \"linear_num_key_heads\": %d,\n"
-        " \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
-        " \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
-        " \"full_attention_interval\": 4, \"tie_word_embeddings\": true, \"rms_norm_eps\": 1e-6,\n"
-        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000,\n"
-        "                      \"partial_rotary_factor\": 0.25}}\n",
-        V, H, I, L, nH, nKV, D, Hk, Hv, Dk, Dv, K);
-    fclose(fc);
-
-    gen_tensor *ts = calloc(16 * (size_t)L + 4, sizeof(gen_tensor));
-    int n = 0;
-#define T2(nm, a, b, sc)                                                                           \
-    do {                                                                                           \
-        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                        \
-        ts[n].ndim = 2, ts[n].shape[0] = a, ts[n].shape[1] = b, ts[n].scale = sc;                  \
-        n++;                                                                                       \
-    } while (0)
-#define T1(nm, a, sc, off)                                                                         \
-    do {                                                                                           \
-        snprintf(ts[n].name, sizeof(ts[n].name), "%s", nm);                                        \
-        ts[n].ndim = 1, ts[n].shape[0] = a, ts[n].scale = sc, ts[n].offset = off;                  \
-        n++;                                                                                       \
-    } while (0)
-    char nm[128];
-    T2("model.embed_tokens.weight", V, H, 1.0f);
-    T1("model.norm.weight", H, 0.1f, 0);
-    for (int l = 0; l < L; l++) {
-        float s = 1.7f / sqrtf((float)H);
-#define NM(x) (snprintf(nm, sizeof(nm), "model.layers.%d.%s", l, x), nm)
-        T1(NM("input_layernorm.weight"), H, 0.1f, 0);
-        T1(NM("post_attention_layernorm.weight"), H, 0.1f, 0);
-        T2(NM("mlp.gate_proj.weight"), I, H, s);
-        T2(NM("mlp.up_proj.weight"), I, H, s);
-        T2(NM("mlp.down_proj.weight"), H, I, 1.7f / sqrtf((float)I));
-        if ((l + 1) % 4) {
-            T2(NM("linear_attn.in_proj_qkv.weight"), C, H, s);
-            T2(NM("linear_attn.in_proj_z.weight"), Hv * Dv, H, s);
-            T2(NM("linear_attn.in_proj_b.weight"), Hv, H, s);
-            T2(NM("linear_attn.in_proj_a.weight"), Hv, H, s);
-            T2(NM("linear_attn.out_proj.weight"), H, Hv * Dv, 1.7f / sqrtf((float)(Hv * Dv)));
-            snprintf(ts[n].name, sizeof(ts[n].name), "model.layers.%d.linear_attn.conv1d.weight",
-                     l);
-            ts[n].ndim = 3, ts[n].shape[0] = C, ts[n].shape[1] = 1, ts[n].shape[2] = K;
-            ts[n].scale = 0.5f;
-            n++;
-            T1(NM("linear_attn.A_log"), Hv, 1.0f, -1.0f);
-            T1(NM("linear_attn.dt_bias"), Hv, 0.5f, 0);
-            T1(NM("linear_attn.norm.weight"), Dv, 0.2f, 1.0f);
-        } else {
-            T2(NM("self_attn.q_proj.weight"), 2 * nH * D, H, s);
-            T2(NM("self_attn.k_proj.weight"), nKV * D, H, s);
-            T2(NM("self_attn.v_proj.weight"), nKV * D, H, s);
-            T2(NM("self_attn.o_proj.weight"), H, nH * D, 1.7f / sqrtf((float)(nH * D)));
-            T1(NM("self_attn.q_norm.weight"), D, 0.1f, 0);
-            T1(NM("self_attn.k_norm.weight"), D, 0.1f, 0);
-        }
-#undef NM
+    char err[700];
+    if (bench_write_model(dir, &random_shape, err, sizeof(err)) != 0) {
+        fprintf(stderr, "engine_bench: random model: %s\n", err);
+        exit(1);
     }
-    /* Header: offsets of bf16 data in order. */
-    size_t cap = 1 << 20, len = 0, off = 0;
-    char *hdr = malloc(cap);
-    len += (size_t)snprintf(hdr + len, cap - len, "{");
-    for (int i = 0; i < n; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < ts[i].ndim; d++)
-            numel *= (size_t)ts[i].shape[d];
-        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[",
-                                i ? "," : "", ts[i].name);
-        for (int d = 0; d < ts[i].ndim; d++)
-            len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", d ? "," : "",
-                                    (long long)ts[i].shape[d]);
-        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off,
-                                off + 2 * numel);
-        off += 2 * numel;
-    }
-    len += (size_t)snprintf(hdr + len, cap - len, "}");
-    while (len % 8)
-        hdr[len++] = ' ';
-    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
-    FILE *fw = fopen(p, "wb");
-    if (!fw)
-        die("cannot write the random model", NULL);
-    uint64_t hl = len;
-    fwrite(&hl, 8, 1, fw);
-    fwrite(hdr, 1, len, fw);
-    uint16_t *buf = malloc(1 << 22);
-    for (int i = 0; i < n; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < ts[i].ndim; d++)
-            numel *= (size_t)ts[i].shape[d];
-        for (size_t at = 0; at < numel;) {
-            size_t cnt = numel - at < (1u << 21) ? numel - at : (1u << 21);
-            for (size_t j = 0; j < cnt; j++)
-                buf[j] = to_bf16(ts[i].offset + ts[i].scale * urand());
-            fwrite(buf, 2, cnt, fw);
-            at += cnt;
-        }
-    }
-    fclose(fw);
-    free(buf);
-    free(hdr);
-    free(ts);
 }
 
 /* ---- measurements ---------------------------------------------------------- */
@@ -295,10 +152,10 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
         int32_t prompt[256];
         for (int i = 0; i < 256; i++)
             prompt[i] = (int32_t)((i * 7919 + 13) % V);
-        double t0 = now();
+        double t0 = bench_now();
         if (tdm_seq_prefill(ps, prompt, 256, NULL, &err) != TDM_OK)
             die("prefill", &err);
-        tp = now() - t0;
+        tp = bench_now() - t0;
         tdm_seq_destroy(ps);
     }
 
@@ -309,10 +166,10 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
     double *tim = malloc((size_t)steps * sizeof(double));
     for (int i = 0; i < steps; i++) {
         t = (int32_t)((i * 31 + 7) % V);
-        double t0 = now();
+        double t0 = bench_now();
         if (tdm_seq_decode(&s, 1, &t, lg, &err) != TDM_OK)
             die("decode", &err);
-        tim[i] = now() - t0;
+        tim[i] = bench_now() - t0;
     }
     double dt1 = median(tim, steps);
 
@@ -324,10 +181,10 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
     for (int i = 0; i < steps; i++) {
         for (int j = 0; j < 8; j++)
             tk[j] = (int32_t)((i * 17 + j * 3) % V);
-        double t0 = now();
+        double t0 = bench_now();
         if (tdm_seq_decode(b, 8, tk, lg, &err) != TDM_OK)
             die("decode8", &err);
-        tim[i] = now() - t0;
+        tim[i] = bench_now() - t0;
     }
     double dt8 = median(tim, steps);
 
@@ -357,14 +214,14 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
                 for (int j = 0; j < nt; j++)
                     blk[j] = (int32_t)((r * 101 + j * 7) % V);
                 const int32_t *bp = blk;
-                double a = now();
+                double a = bench_now();
                 if (tdm_seq_verify(&v, 1, &bp, &nt, lg, &err) != TDM_OK)
                     die("verify", &err);
-                double bb = now();
+                double bb = bench_now();
                 /* half the drafts accepted: no_buffer then recomputes */
                 if (tdm_seq_commit(v, k / 2, &err) != TDM_OK)
                     die("commit", &err);
-                tcs[r] = now() - bb;
+                tcs[r] = bench_now() - bb;
                 tvs[r] = bb - a;
             }
             double tv = median(tvs, reps), tc = median(tcs, reps);
@@ -421,9 +278,10 @@ int main(int argc, char **argv)
     char tmp[256] = "";
     if (!model) {
         snprintf(tmp, sizeof(tmp), "/tmp/tandem-bench-model-%d", (int)getpid());
-        double g = now();
+        double g = bench_now();
         gen_model(tmp);
-        printf("generated a random ~100M-parameter bf16 model in %s (%.1f s)\n", tmp, now() - g);
+        printf("generated a random ~100M-parameter bf16 model in %s (%.1f s)\n", tmp,
+               bench_now() - g);
         model = tmp;
     }
     bench_model(tmp[0] ? "random Qwen3.5-shaped ~100M bf16 (hidden 768, 12 layers)" : model, model,

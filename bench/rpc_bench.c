@@ -65,8 +65,7 @@ static tdm_status pingpong(tdm_rpc_call *call, tdm_error *err, void *user)
     }
 }
 
-static tdm_status flood(tdm_rpc_call *call, const ProtobufCMessage *req, tdm_error *err,
-                        void *user)
+static tdm_status flood(tdm_rpc_call *call, const ProtobufCMessage *req, tdm_error *err, void *user)
 {
     const Grpc__Health__V1__HealthCheckRequest *q = (const void *)req;
     (void)user;

@@ -1,0 +1,43 @@
+/*
+ * bench_util.h - what the benchmarks share: a clock, uniform random
+ * numbers, bf16 rounding, and random checkpoints with the shape of a
+ * Qwen3.5 model (engine_bench on the CPU, cuda_bench on the GPU).
+ */
+#ifndef TANDEM_BENCH_UTIL_H
+#define TANDEM_BENCH_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Seconds on the monotonic clock. */
+double bench_now(void);
+
+/* Uniform in [-1, 1) from a fixed-seed xorshift stream. */
+float bench_urand(void);
+
+/* f rounded to bf16 (nearest, ties to even). */
+uint16_t bench_bf16(float f);
+
+/* A Qwen3.5 text model's sizes (hybrid-model-notes.md): layers 3:1 linear:full
+ * attention, tied embeddings, conv kernel 4. */
+typedef struct bench_shape {
+    const char *name;
+    int H, L, I, nH, nKV, D, Hk, Hv, Dk, Dv, V;
+} bench_shape;
+
+/* Writes config.json and model.safetensors (bf16, uniform weights scaled per
+ * tensor kind) into dir, created if missing. The values come from one random
+ * block of 2^22 per tensor, rotated: timings do not depend on them, and
+ * writing a 4B-shaped checkpoint stays disk-bound. 0, or -1 with a message
+ * in err. */
+int bench_write_model(const char *dir, const bench_shape *s, char *err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
