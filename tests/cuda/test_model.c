@@ -21,23 +21,6 @@
 #include <math.h>
 #include <string.h>
 
-static float *run_calls(tdm_model *m, const fixture *f)
-{
-    const int V = tdm_model_get_config(m)->vocab_size;
-    float *out = malloc((size_t)f->total * (size_t)V * sizeof(float));
-    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 8};
-    tdm_seq *s;
-    tdm_error err;
-    CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
-    CHECK(tdm_seq_prefill(s, f->calls[0], f->ncall[0], out, &err) == TDM_OK, "%s", err.msg);
-    float *o1 = out + (size_t)f->ncall[0] * (size_t)V;
-    CHECK(tdm_seq_prefill(s, f->calls[1], f->ncall[1], o1, &err) == TDM_OK, "%s", err.msg);
-    float *o2 = o1 + (size_t)f->ncall[1] * (size_t)V;
-    CHECK(tdm_seq_decode(&s, 1, f->calls[2], o2, &err) == TDM_OK, "%s", err.msg);
-    tdm_seq_destroy(s);
-    return out;
-}
-
 static void check_references(const fixture *f, const float *ours, int V)
 {
     size_t n = (size_t)f->total * (size_t)V;
@@ -81,35 +64,6 @@ static void check_references(const fixture *f, const float *ours, int V)
     }
     free(ref);
     free(up);
-}
-
-/* A full verify of calls 1+2 after the prefill, committed whole: the same
- * bits as the prefill/decode path, under both strategies. */
-static void check_verify_path(tdm_model *m, const fixture *f, const float *ours)
-{
-    const int V = tdm_model_get_config(m)->vocab_size;
-    int k = f->ncall[1] + f->ncall[2];
-    int32_t *blk = malloc((size_t)k * sizeof(int32_t));
-    memcpy(blk, f->calls[1], (size_t)f->ncall[1] * sizeof(int32_t));
-    memcpy(blk + f->ncall[1], f->calls[2], (size_t)f->ncall[2] * sizeof(int32_t));
-    for (int strat = 0; strat < 2; strat++) {
-        tdm_seq_params p = {(tdm_state_strategy)strat, k};
-        tdm_seq *s;
-        tdm_error err;
-        CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
-        CHECK(tdm_seq_prefill(s, f->calls[0], f->ncall[0], NULL, &err) == TDM_OK, "%s", err.msg);
-        float *lg = malloc((size_t)k * (size_t)V * sizeof(float));
-        const int32_t *tp = blk;
-        CHECK(tdm_seq_verify(&s, 1, &tp, &k, lg, &err) == TDM_OK, "%s", err.msg);
-        CHECK(tdm_seq_commit(s, k - 1, &err) == TDM_OK, "%s", err.msg);
-        CHECK(memcmp(lg, ours + (size_t)f->ncall[0] * (size_t)V, (size_t)k * (size_t)V * 4) == 0,
-              "%s: GPU verify logits differ from the prefill/decode path (%s)", f->dir,
-              tdm_state_strategy_name((tdm_state_strategy)strat));
-        free(lg);
-        tdm_seq_destroy(s);
-    }
-    printf("  verify block == prefill/decode path (both strategies): bit-identical\n");
-    free(blk);
 }
 
 /* Rounds of speculation with made-up drafts and a varying number accepted:
@@ -217,14 +171,16 @@ int main(void)
         CHECK(tdm_model_load(f.model, gpu, &mg, &err) == TDM_OK, "%s: %s", names[i], err.msg);
         CHECK(tdm_model_load(f.model, cpu, &mc, &err) == TDM_OK, "%s: %s", names[i], err.msg);
         const int V = tdm_model_get_config(mg)->vocab_size;
-        float *lg = run_calls(mg, &f), *lc = run_calls(mc, &f);
+        float *lg = fixture_run(mg, &f, TDM_STATE_EXTRA_BUFFER),
+              *lc = fixture_run(mc, &f, TDM_STATE_EXTRA_BUFFER);
         size_t n = (size_t)f.total * (size_t)V;
         double e = ct_nerr(lg, lc, n);
         printf("%s (%s, %d positions): GPU vs CPU logits nerr=%.3g (thr 1e-5)\n", names[i], f.dtype,
                f.total, e);
         CHECK(e <= 1e-5, "%s: GPU logits differ from the CPU backend's", names[i]);
         check_references(&f, lg, V);
-        check_verify_path(mg, &f, lg);
+        fixture_check_verify_path(mg, &f, lg);
+        printf("  verify block == prefill/decode path (both strategies): bit-identical\n");
         check_strategies(mg, &f);
         check_batch(mg, &f);
         free(lg);

@@ -29,52 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float *run_engine(tdm_model *m, const fixture *f, tdm_state_strategy strat)
-{
-    const int V = tdm_model_get_config(m)->vocab_size;
-    float *out = malloc((size_t)f->total * (size_t)V * sizeof(float));
-    tdm_seq_params p = {strat, 8};
-    tdm_seq *s;
-    tdm_error err;
-    CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
-    CHECK(tdm_seq_prefill(s, f->calls[0], f->ncall[0], out, &err) == TDM_OK, "%s", err.msg);
-    float *o1 = out + (size_t)f->ncall[0] * (size_t)V;
-    CHECK(tdm_seq_prefill(s, f->calls[1], f->ncall[1], o1, &err) == TDM_OK, "%s", err.msg);
-    float *o2 = o1 + (size_t)f->ncall[1] * (size_t)V;
-    CHECK(tdm_seq_decode(&s, 1, f->calls[2], o2, &err) == TDM_OK, "%s", err.msg);
-    CHECK(tdm_seq_length(s) == f->total, "length %d != %d", tdm_seq_length(s), f->total);
-    tdm_seq_destroy(s);
-    return out;
-}
-
-/* The same positions as a verify block (prefill, then calls 1+2 verified and
- * fully accepted): must give the same bits as the cached path. */
-static void check_verify_path(tdm_model *m, const fixture *f, const float *ours)
-{
-    const int V = tdm_model_get_config(m)->vocab_size;
-    int k = f->ncall[1] + f->ncall[2];
-    int32_t *blk = malloc((size_t)k * sizeof(int32_t));
-    memcpy(blk, f->calls[1], (size_t)f->ncall[1] * sizeof(int32_t));
-    memcpy(blk + f->ncall[1], f->calls[2], (size_t)f->ncall[2] * sizeof(int32_t));
-    for (int strat = 0; strat < 2; strat++) {
-        tdm_seq_params p = {(tdm_state_strategy)strat, k};
-        tdm_seq *s;
-        tdm_error err;
-        CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
-        CHECK(tdm_seq_prefill(s, f->calls[0], f->ncall[0], NULL, &err) == TDM_OK, "%s", err.msg);
-        float *lg = malloc((size_t)k * (size_t)V * sizeof(float));
-        const int32_t *tp = blk;
-        CHECK(tdm_seq_verify(&s, 1, &tp, &k, lg, &err) == TDM_OK, "%s", err.msg);
-        CHECK(tdm_seq_commit(s, k - 1, &err) == TDM_OK, "%s", err.msg);
-        CHECK(memcmp(lg, ours + (size_t)f->ncall[0] * (size_t)V, (size_t)k * (size_t)V * 4) == 0,
-              "%s: verify logits differ from the prefill/decode path (%s)", f->dir,
-              tdm_state_strategy_name((tdm_state_strategy)strat));
-        free(lg);
-        tdm_seq_destroy(s);
-    }
-    free(blk);
-}
-
 static void check_fixture(tdm_backend *be, const char *name)
 {
     fixture f;
@@ -83,7 +37,7 @@ static void check_fixture(tdm_backend *be, const char *name)
     tdm_error err;
     CHECK(tdm_model_load(f.model, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
     const int V = tdm_model_get_config(m)->vocab_size;
-    float *ours = run_engine(m, &f, TDM_STATE_EXTRA_BUFFER);
+    float *ours = fixture_run(m, &f, TDM_STATE_EXTRA_BUFFER);
     size_t n = (size_t)f.total * (size_t)V;
 
     char p[700];
@@ -133,9 +87,9 @@ static void check_fixture(tdm_backend *be, const char *name)
         CHECK(dbf <= tolbf, "%s: max|ours - bf16 ref| = %g > %g", name, (double)dbf, (double)tolbf);
         CHECK(bad == 0, "%s: argmax differs from bf16 reference at %d clear positions", name, bad);
     }
-    check_verify_path(m, &f, ours);
+    fixture_check_verify_path(m, &f, ours);
     /* no_buffer must not change plain prefill/decode either. */
-    float *nb = run_engine(m, &f, TDM_STATE_NO_BUFFER);
+    float *nb = fixture_run(m, &f, TDM_STATE_NO_BUFFER);
     CHECK(memcmp(nb, ours, n * sizeof(float)) == 0, "%s: no_buffer changes plain decoding", name);
     free(nb);
     free(ours);

@@ -154,3 +154,47 @@ tdm_backend *test_backend(void)
     CHECK(be, "cannot create the CPU backend");
     return be;
 }
+
+float *fixture_run(tdm_model *m, const fixture *f, tdm_state_strategy strat)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    float *out = malloc((size_t)f->total * (size_t)V * sizeof(float));
+    tdm_seq_params p = {strat, 8};
+    tdm_seq *s;
+    tdm_error err;
+    CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(s, f->calls[0], f->ncall[0], out, &err) == TDM_OK, "%s", err.msg);
+    float *o1 = out + (size_t)f->ncall[0] * (size_t)V;
+    CHECK(tdm_seq_prefill(s, f->calls[1], f->ncall[1], o1, &err) == TDM_OK, "%s", err.msg);
+    float *o2 = o1 + (size_t)f->ncall[1] * (size_t)V;
+    CHECK(tdm_seq_decode(&s, 1, f->calls[2], o2, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_length(s) == f->total, "length %d != %d", tdm_seq_length(s), f->total);
+    tdm_seq_destroy(s);
+    return out;
+}
+
+void fixture_check_verify_path(tdm_model *m, const fixture *f, const float *cached)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    int k = f->ncall[1] + f->ncall[2];
+    int32_t *blk = malloc((size_t)k * sizeof(int32_t));
+    memcpy(blk, f->calls[1], (size_t)f->ncall[1] * sizeof(int32_t));
+    memcpy(blk + f->ncall[1], f->calls[2], (size_t)f->ncall[2] * sizeof(int32_t));
+    for (int strat = 0; strat < 2; strat++) {
+        tdm_seq_params p = {(tdm_state_strategy)strat, k};
+        tdm_seq *s;
+        tdm_error err;
+        CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_prefill(s, f->calls[0], f->ncall[0], NULL, &err) == TDM_OK, "%s", err.msg);
+        float *lg = malloc((size_t)k * (size_t)V * sizeof(float));
+        const int32_t *tp = blk;
+        CHECK(tdm_seq_verify(&s, 1, &tp, &k, lg, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_commit(s, k - 1, &err) == TDM_OK, "%s", err.msg);
+        CHECK(memcmp(lg, cached + (size_t)f->ncall[0] * (size_t)V, (size_t)k * (size_t)V * 4) == 0,
+              "%s: verify logits differ from the prefill/decode path (%s)", f->dir,
+              tdm_state_strategy_name((tdm_state_strategy)strat));
+        free(lg);
+        tdm_seq_destroy(s);
+    }
+    free(blk);
+}

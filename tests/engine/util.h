@@ -32,6 +32,13 @@ typedef struct fixture {
 
 void fixture_load(fixture *f, const char *name);
 void fixture_free(fixture *f);
+/* The fixture's calls on m the cached way (prefill, prefill, decode) under
+ * strat: host logits [total, vocab] (caller frees). */
+float *fixture_run(tdm_model *m, const fixture *f, tdm_state_strategy strat);
+/* The same positions as a verify block (prefill, then calls 1+2 verified and
+ * fully accepted) under both strategies: must give the bits of `cached`
+ * (fixture_run's logits). */
+void fixture_check_verify_path(tdm_model *m, const fixture *f, const float *cached);
 /* Reads an .npy of [rows, cols] float32; exits on error. */
 float *npy_load2(const char *path, int64_t *rows, int64_t *cols);
 float max_abs(const float *x, size_t n);
