@@ -39,6 +39,7 @@ extern "C" {
 
 typedef struct cuda_ctx {
     int device;
+    int smem_optin; /* shared memory a block may opt in to, bytes (a device constant) */
     cudaStream_t stream;
     /* Staging ring for host-side op arguments: host bytes are written to the
      * pinned ring and copied to the device ring on the stream, so the caller's

@@ -368,9 +368,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 
 int cuda_gdn_chunked_fits(cuda_ctx *c, int Dk)
 {
-    int optin = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
-    return Dk > 0 && gc_smem(Dk) <= (size_t)optin;
+    return Dk > 0 && gc_smem(Dk) <= (size_t)c->smem_optin;
 }
 
 void cuda_gdn_chunked(cuda_ctx *c, float *out, const float *qkv, int qkv_stride, const float *g,

@@ -593,11 +593,9 @@ void cuda_sample(void *ctx, int32_t *out, const float *x, int R, int n, const td
     const size_t slice = ((size_t)n + SAMPLE_SPLITS - 1) / SAMPLE_SPLITS * sizeof(float);
     cudaFuncAttributes fa;
     CUDA_CHECK(cudaFuncGetAttributes(&fa, sample_kernel));
-    int optin = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
     size_t smem = 0;
     float *spill = NULL;
-    if (fa.sharedSizeBytes + slice <= (size_t)optin) {
+    if (fa.sharedSizeBytes + slice <= (size_t)c->smem_optin) {
         smem = slice;
         CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
