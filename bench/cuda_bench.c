@@ -1,8 +1,9 @@
 /*
  * cuda_bench.c - speed of the engine on the CUDA backend.
  *
- *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--steps N] [--dir TMP] [--stats]
- *                    [--graphs on|off] [--out logits|argmax]
+ *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--k 0,4,8,16] [--steps N]
+ *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
+ *                    [--variants "K=V K=V;K=V"]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -19,7 +20,10 @@
  * measured steps replay. Logits land in page-locked memory
  * (tdm_model_host_alloc), as in the services. --out argmax brings back only
  * each row's argmax (tdm_seq_step_out), what the verifier asks for greedy
- * requests, instead of every row's logits.
+ * requests, instead of every row's logits. --k picks the steps (0 is decode).
+ * --variants runs the table once per ';'-separated environment (KEY=VALUE
+ * pairs set before the backend is created, e.g. TANDEM_CUDA_OPSTATS), each
+ * on a freshly loaded model.
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -131,10 +135,25 @@ static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_on
     return med;
 }
 
+/* Sets the environment of one variant: space-separated KEY=VALUE pairs. */
+static void set_variant(const char *v)
+{
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", v);
+    for (char *save = NULL, *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq || eq == kv)
+            die("a variant is KEY=VALUE pairs, not", kv);
+        *eq = 0;
+        setenv(kv, eq + 1, 1);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8";
-    int steps = 20, stats = 0, graphs = 1, argmax_only = 0;
+    const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8", *ks_arg = "0,4,8,16";
+    const char *outs = "logits", *variants = "";
+    int steps = 20, stats = 0, graphs = 1;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
             stats = 1;
@@ -149,18 +168,32 @@ int main(int argc, char **argv)
             dir = argv[i + 1];
         else if (!strcmp(argv[i], "--batch"))
             batches = argv[i + 1];
+        else if (!strcmp(argv[i], "--k"))
+            ks_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--steps"))
             steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--variants"))
+            variants = argv[i + 1];
         else if (!strcmp(argv[i], "--graphs")) {
             if (strcmp(argv[i + 1], "on") != 0 && strcmp(argv[i + 1], "off") != 0)
                 die("--graphs takes on or off, not", argv[i + 1]);
             graphs = !strcmp(argv[i + 1], "on");
         } else if (!strcmp(argv[i], "--out")) {
-            if (strcmp(argv[i + 1], "logits") != 0 && strcmp(argv[i + 1], "argmax") != 0)
-                die("--out takes logits or argmax, not", argv[i + 1]);
-            argmax_only = !strcmp(argv[i + 1], "argmax");
+            if (strcmp(argv[i + 1], "logits") != 0 && strcmp(argv[i + 1], "argmax") != 0 &&
+                strcmp(argv[i + 1], "logits,argmax") != 0)
+                die("--out takes logits, argmax or logits,argmax, not", argv[i + 1]);
+            outs = argv[i + 1];
         } else
             die("unknown option", argv[i]);
+    }
+    int ks[8], nks = 0;
+    for (const char *k = ks_arg; *k && nks < 8;) {
+        ks[nks] = atoi(k);
+        if (ks[nks] < 0 || ks[nks] > 16)
+            die("--k values are 0 (decode) to 16", k);
+        nks++;
+        const char *c = strchr(k, ',');
+        k = c ? c + 1 : k + strlen(k);
     }
     const bench_shape *s = NULL;
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
@@ -182,43 +215,66 @@ int main(int argc, char **argv)
     printf("random Qwen3.5-%s-shaped bf16 checkpoint written in %.1f s\n", s->name,
            bench_now() - t0);
     tdm_error err;
-    tdm_backend *be = tdm_backend_cuda_create(0, &err);
-    if (!be)
-        die("CUDA backend", err.msg);
-    t0 = bench_now();
-    tdm_model *m;
-    if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
-        die("load", err.msg);
-    printf("loaded onto the GPU in %.1f s; CUDA graphs %s; %s to the host\n", bench_now() - t0,
-           graphs ? "on" : "off", argmax_only ? "argmax of each row" : "logits of every row");
-    tdm_model_set_graphs(m, graphs);
-    double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);
-    double wb = (double)tdm_model_weight_bytes(m);
-    double floor_ms = wb / bw * 1e3;
-    printf("weights streamed per step: %.3f GB; device copy bandwidth %.0f GB/s (read+write); "
-           "floor %.3f ms\n\n",
-           wb / 1e9, bw / 1e9, floor_ms);
-    printf("| shape | batch | step | median ms | x floor | tokens/s (rows) "
-           "|\n|---|---|---|---|---|---|\n");
-    for (const char *b = batches; *b;) {
-        int batch = atoi(b);
-        if (batch < 1 || batch > 64)
-            die("batch outside 1..64", b);
-        const int ks[] = {0, 4, 8, 16};
-        for (int i = 0; i < 4; i++) {
-            double ms = time_step(m, batch, ks[i], steps, argmax_only);
-            char step[32];
-            if (ks[i] == 0)
-                snprintf(step, sizeof(step), "decode");
-            else
-                snprintf(step, sizeof(step), "verify k=%d", ks[i]);
-            printf("| %s | %d | %s | %.3f | %.2f | %.0f |\n", s->name, batch, step, ms,
-                   ms / floor_ms, batch * (ks[i] + 1) / ms * 1e3);
-            fflush(stdout);
+    tdm_backend *be = NULL;
+    tdm_model *m = NULL;
+    double floor_ms = 0;
+    /* Variants: ';'-separated environments, each loaded afresh (the
+     * backend reads its environment when created); "" is the default. */
+    char vbuf[2048];
+    snprintf(vbuf, sizeof(vbuf), "%s", variants);
+    char *vsave = NULL, *variant = strtok_r(vbuf, ";", &vsave);
+    const char *vname = variant ? variant : "default";
+    do {
+        if (variant)
+            set_variant(variant);
+        if (!(be = tdm_backend_cuda_create(0, &err)))
+            die("CUDA backend", err.msg);
+        t0 = bench_now();
+        if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
+            die("load", err.msg);
+        tdm_model_set_graphs(m, graphs);
+        if (floor_ms == 0) {
+            printf("loaded onto the GPU in %.1f s; CUDA graphs %s\n", bench_now() - t0,
+                   graphs ? "on" : "off");
+            double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);
+            double wb = (double)tdm_model_weight_bytes(m);
+            floor_ms = wb / bw * 1e3;
+            printf("weights streamed per step: %.3f GB; device copy bandwidth %.0f GB/s "
+                   "(read+write); floor %.3f ms\n\n",
+                   wb / 1e9, bw / 1e9, floor_ms);
+            printf("| variant | to host | shape | batch | step | median ms | x floor | tokens/s "
+                   "(rows) |\n|---|---|---|---|---|---|---|---|\n");
         }
-        const char *c = strchr(b, ',');
-        b = c ? c + 1 : b + strlen(b);
-    }
+        for (int argmax_only = 0; argmax_only < 2; argmax_only++) {
+            if (!strstr(outs, argmax_only ? "argmax" : "logits"))
+                continue;
+            for (const char *b = batches; *b;) {
+                int batch = atoi(b);
+                if (batch < 1 || batch > 64)
+                    die("batch outside 1..64", b);
+                for (int i = 0; i < nks; i++) {
+                    double ms = time_step(m, batch, ks[i], steps, argmax_only);
+                    char step[32];
+                    if (ks[i] == 0)
+                        snprintf(step, sizeof(step), "decode");
+                    else
+                        snprintf(step, sizeof(step), "verify k=%d", ks[i]);
+                    printf("| %s | %s | %s | %d | %s | %.3f | %.2f | %.0f |\n", vname,
+                           argmax_only ? "argmax" : "logits", s->name, batch, step, ms,
+                           ms / floor_ms, batch * (ks[i] + 1) / ms * 1e3);
+                    fflush(stdout);
+                }
+                const char *c = strchr(b, ',');
+                b = c ? c + 1 : b + strlen(b);
+            }
+        }
+        variant = strtok_r(NULL, ";", &vsave);
+        if (variant) {
+            vname = variant;
+            tdm_model_destroy(m);
+            be->destroy(be);
+        }
+    } while (variant);
     tdm_cuda_graph_stats gs;
     tdm_cuda_graph_stats_get(be, &gs);
     printf("\ngraphs: %llu captured, %llu replayed, %llu refused (ran eagerly), %llu eager "
@@ -234,7 +290,7 @@ int main(int argc, char **argv)
         setenv("TANDEM_CUDA_OPSTATS", "1", 1);
         if (!(be = tdm_backend_cuda_create(0, &err)) || tdm_model_load(dir, be, &m, &err) != TDM_OK)
             die("stats run", err.msg);
-        double ms = time_step(m, 1, 0, steps, argmax_only);
+        double ms = time_step(m, 1, 0, steps, 0);
         printf("\nop-stats run: batch-1 decode %.3f ms wall per step (events add a little)\n", ms);
         fflush(stdout);
         tdm_model_destroy(m);

@@ -27,6 +27,7 @@ pack)
     rm -rf .carry/bin .carry/lib
     mkdir -p .carry/bin .carry/lib
     cp "$b"/tests/cuda/cuda_test_* "$b"/bench/bench_cuda_* .carry/bin/ || exit 1
+    strip --strip-debug .carry/bin/* # the device's working tree is size-limited
     # the shared-library closure minus glibc, the loader, the C++ runtime
     # (Debian 12's libstdc++ needs glibc 2.36; the GPU machine's own works)
     # and cuBLAS (hundreds of MB; the GPU machine's CUDA has it)

@@ -2,7 +2,7 @@
  * cuda_ops_bench.cu - GPU time per call of the CUDA backend's ops other
  * than matmul, at the shapes of a Qwen3.5-0.8B / -4B step.
  *
- *   bench_cuda_ops_bench [--shape 0.8b|4b|all] [--reps N] [--ctx N,N,...]
+ *   bench_cuda_ops_bench [--shape 0.8b|4b|all] [--reps N] [--ctx N,N,...] [--launch]
  *
  * Rows: 1, 9 and 17 rows of one sequence (decode, verify of 8 and 16
  * drafts) and 8 sequences of 1 and 9 rows. Sequences with one row update
@@ -19,6 +19,10 @@
  * line times that copy alone, to subtract. A cell marked '*' was queued
  * slower than the spin lasted: there it is host-bound. argmax reads its
  * result back and waits, so it is wall time per call.
+ *
+ * --launch instead measures kernel boundaries: a graph of empty kernels with
+ * and without programmatic dependent launch, and when a dependent kernel's
+ * blocks start and pass their wait relative to the end of the kernel ahead.
  *
  * CUDA C++ rather than C: it needs the backend's stream (common.cuh).
  */
@@ -271,6 +275,133 @@ __global__ void spin_kernel(unsigned long long ns)
     while (t - t0 < ns);
 }
 
+/* ---- launches: what a kernel boundary costs inside a step ---------------- */
+
+__device__ __forceinline__ unsigned long long gtimer(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void empty_kernel(int *sink)
+{
+    cuda_kernel_begin();
+    if (sink && threadIdx.x == 0 && blockIdx.x == 0)
+        *sink = 1;
+}
+
+/* A: every block spins ns and records when it ends; B: every block records
+ * when it starts (before its wait) and when its wait returns. */
+__global__ void probe_a_kernel(unsigned long long *end, unsigned long long ns)
+{
+    cuda_kernel_begin();
+    const unsigned long long t0 = gtimer();
+    while (gtimer() - t0 < ns) {
+    }
+    if (threadIdx.x == 0)
+        end[blockIdx.x] = gtimer();
+}
+
+__global__ void probe_b_kernel(unsigned long long *start, unsigned long long *go)
+{
+    const unsigned long long t = gtimer();
+    cuda_kernel_begin();
+    if (threadIdx.x == 0) {
+        start[blockIdx.x] = t;
+        go[blockIdx.x] = gtimer();
+    }
+}
+
+static void launch_chain(cuda_ctx *c, int n, int pdl)
+{
+    for (int i = 0; i < n; i++) {
+        if (pdl)
+            cuda_launch(c, empty_kernel, 1, 32, 0, (int *)NULL);
+        else
+            empty_kernel<<<1, 32, 0, c->stream>>>(NULL);
+    }
+}
+
+/* µs per kernel of a chain of n empty kernels replayed as a graph. */
+static double chain_us(cuda_ctx *c, int n, int pdl)
+{
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    launch_chain(c, n, pdl);
+    CK(cudaStreamEndCapture(c->stream, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, c->stream));
+    CK(cudaStreamSynchronize(c->stream));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0, c->stream));
+    for (int r = 0; r < 10; r++)
+        CK(cudaGraphLaunch(ge, c->stream));
+    CK(cudaEventRecord(e1, c->stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return 1e3 * ms / (10.0 * n);
+}
+
+static void run_launch(void)
+{
+    tdm_error err;
+    tdm_backend *be = tdm_backend_cuda_create(0, &err);
+    if (!be) {
+        fprintf(stderr, "cuda_ops_bench: %s\n", err.msg);
+        exit(1);
+    }
+    cuda_ctx *c = (cuda_ctx *)be->ctx;
+    printf("\nkernel boundaries (graph of 400 empty kernels): %.2f us each with programmatic "
+           "dependent launch, %.2f us without\n",
+           chain_us(c, 400, 1), chain_us(c, 400, 0));
+    const int nb = 132 * 2;
+    unsigned long long *d, h[3][264];
+    CK(cudaMalloc(&d, 3 * nb * sizeof(unsigned long long)));
+    for (int graph = 0; graph < 2; graph++) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        if (graph)
+            CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+        for (int rep = 0; rep < (graph ? 1 : 3); rep++) {
+            cuda_launch(c, probe_a_kernel, nb, 128, 0, d, 20000ull);
+            cuda_launch(c, probe_b_kernel, nb, 128, 0, d + nb, d + 2 * nb);
+        }
+        if (graph) {
+            CK(cudaStreamEndCapture(c->stream, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            for (int rep = 0; rep < 3; rep++)
+                CK(cudaGraphLaunch(ge, c->stream));
+        }
+        CK(cudaStreamSynchronize(c->stream));
+        CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+        unsigned long long aend = 0, bstart = ~0ull, bgo = ~0ull;
+        for (int i = 0; i < nb; i++) {
+            aend = h[0][i] > aend ? h[0][i] : aend;
+            bstart = h[1][i] < bstart ? h[1][i] : bstart;
+            bgo = h[2][i] < bgo ? h[2][i] : bgo;
+        }
+        printf("%s: the next kernel's first block started %+.2f us after the last block of the "
+               "one ahead ended; its wait returned %+.2f us after\n",
+               graph ? "graph" : "stream", ((double)bstart - (double)aend) / 1e3,
+               ((double)bgo - (double)aend) / 1e3);
+        if (graph) {
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+        }
+    }
+    CK(cudaFree(d));
+    be->destroy(be);
+}
+
 /* GPU microseconds per call of op (see the header), *host_bound set when
  * queuing the calls took longer than the spin. */
 static double time_op(bench *B, int op, const layout *L, int ctx, int reps, int *host_bound)
@@ -354,18 +485,21 @@ static void run_shape(const shape *s, const int *ctxs, int nctx, int reps)
 int main(int argc, char **argv)
 {
     const char *which = "all";
-    int reps = 200, ctxs[8] = {32, 4096}, nctx = 2;
+    int reps = 200, ctxs[8] = {32, 4096}, nctx = 2, launch = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
             which = argv[++i];
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--launch")) {
+            launch = 1;
         } else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
             nctx = 0;
             for (char *t = strtok(argv[++i], ","); t && nctx < 8; t = strtok(NULL, ","))
                 ctxs[nctx++] = atoi(t);
         } else {
-            fprintf(stderr, "usage: %s [--shape 0.8b|4b|all] [--reps N] [--ctx N,N,...]\n",
+            fprintf(stderr,
+                    "usage: %s [--shape 0.8b|4b|all] [--reps N] [--ctx N,N,...] [--launch]\n",
                     argv[0]);
             return 2;
         }
@@ -381,6 +515,10 @@ int main(int argc, char **argv)
     }
     cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
+    if (launch) {
+        run_launch();
+        return 0;
+    }
     printf("cuda_ops_bench: %s, %d calls per cell; '*' host-bound\n", p.name, reps);
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         if (!strcmp(which, "all") || !strcmp(which, shapes[i].name))

@@ -430,6 +430,8 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         e = cudaMalloc((void **)&c->argmax_dev, 64 * sizeof(int32_t));
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         tdm_error_set(err, TDM_ERR_UNAVAILABLE, "CUDA backend on device %d: %s", device,

@@ -207,6 +207,20 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 #define MMT_M 32       /* output features per block: two m-tiles */
 #define MMT_K 64       /* k per step */
 #define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
+#define MMT_SPLIT_NT 4 /* n-tiles from which x is split by its own kernel first */
+
+/* Rows of a row group for NT n-tiles: their three parts fill the 8·NT
+ * columns (2, 5, 8 or 10 rows). */
+template <int NT> struct mmt_rows {
+    static constexpr int G = 8 * NT / 3;
+};
+
+/* n-tiles for R rows: the fewest that hold them, up to 4 (1: decode rows
+ * and pairs; 4: a verify block of 9 or 10 rows; more rows, more groups). */
+static int mmt_ntiles(int R)
+{
+    return R <= 2 ? 1 : R <= 5 ? 2 : R <= 8 ? 3 : 4;
+}
 
 /* bf16 bits of v rounded to nearest even (v finite). */
 __device__ __forceinline__ uint32_t mmt_bf16(float v)
@@ -225,6 +239,14 @@ __device__ __forceinline__ void mmt_split(float a, float b, uint32_t *hi, uint32
     *hi = ah | (bh << 16);
     *mid = am | (bm << 16);
     *lo = mmt_bf16(ar2) | (mmt_bf16(br2) << 16);
+}
+
+/* Part p (0 hi, 1 mid, 2 lo) of the pair a, b. */
+__device__ __forceinline__ uint32_t mmt_part(float a, float b, int p)
+{
+    uint32_t hi, mid, lo;
+    mmt_split(a, b, &hi, &mid, &lo);
+    return p == 0 ? hi : p == 1 ? mid : lo;
 }
 
 __device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
@@ -268,31 +290,23 @@ __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
     return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
 }
 
-/* The B fragments of one step for x row r (zero outside x): for mma j the
- * lane's elements 16t+4j, +1 (word 0) and 16t+4j+2, +3 (word 1), in parts
- * hi, mid, lo: b[j][part][word]. */
-__device__ __forceinline__ void mmt_xsplit(uint32_t (*b)[3][2], const float *x, int r, int R, int k,
-                                           int in)
+/* The 16 x values of row r a lane's B fragments take at element k (zero
+ * outside x). */
+__device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, bool ok, int k, int in)
 {
-    float xv[16];
 #pragma unroll
     for (int h = 0; h < 4; h++) {
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < R && k + 4 * h < in)
+        if (ok && k + 4 * h < in)
             q = __ldg((const float4 *)(x + (size_t)r * (size_t)in + (size_t)k + 4 * h));
         xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
     }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        mmt_split(xv[4 * j], xv[4 * j + 1], &b[j][0][0], &b[j][1][0], &b[j][2][0]);
-        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[j][0][1], &b[j][1][1], &b[j][2][1]);
-    }
 }
 
-/* Pre-split activations (R > 8, where splitting inside every block would
- * cost more than streaming the weights): per (row, step, t) the 24 words
- * mmt_xsplit makes, contiguous, so a lane loads them as six 16-byte
- * vectors. The same words as inline splitting: the same bits either way. */
+/* x split ahead (verify blocks, where every lane of a block would split
+ * rows itself): per (row, step, t, part) the 8 words of the lane's B
+ * fragments, [j][word], so a lane loads its part as two 16-byte vectors.
+ * The same words as splitting inline: the same bits either way. */
 __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in, int steps)
 {
     cuda_kernel_begin();
@@ -300,8 +314,14 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
     if (i >= (size_t)R * (size_t)steps * 4)
         return;
     const int t = (int)(i % 4), s = (int)(i / 4 % (size_t)steps), r = (int)(i / 4 / (size_t)steps);
-    uint32_t b[4][3][2];
-    mmt_xsplit(b, x, r, R, s * MMT_K + 16 * t, in);
+    float xv[16];
+    mmt_xload(xv, x, r, true, s * MMT_K + 16 * t, in);
+    uint32_t b[3][4][2];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][j][0], &b[1][j][0], &b[2][j][0]);
+        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[0][j][1], &b[1][j][1], &b[2][j][1]);
+    }
     uint4 *o = (uint4 *)(xs + i * 24);
     const uint32_t *f = &b[0][0][0];
 #pragma unroll
@@ -309,46 +329,64 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
         o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
 }
 
-/* acc[mt][nt] += the step's products, x parts hi, mid, lo in turn. For mma j the lane's A words are
- * 2j, 2j+1 of rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words
- * come from x (split here) or xs (pre-split). */
+/* acc[mt][nt] += the step's products. Column c = 8·nt + g of n-tile nt is
+ * part c % 3 of the group's row c / 3, so a row's three parts are three
+ * columns of the same mma and each column sums one part's products; they
+ * are added after the k loop. For mma j the lane's A words are 2j, 2j+1 of
+ * rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words are its
+ * column's part of x elements 16t+4j..16t+4j+3, split here or loaded from
+ * xs (all n-tiles' loads first: one round trip per step, not NT). */
+/* The mmas of n-tile nt with the lane's B words b[j][word]. */
+template <int NT>
+__device__ __forceinline__ void mmt_mmas(float (*acc)[NT][4], const mmt_wfrag *f, int nt,
+                                         const uint32_t (*b)[2])
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            mmt_mma(acc[mt][nt], mmt_word(f->v[2 * mt], 2 * j), mmt_word(f->v[2 * mt + 1], 2 * j),
+                    mmt_word(f->v[2 * mt], 2 * j + 1), mmt_word(f->v[2 * mt + 1], 2 * j + 1),
+                    b[j][0], b[j][1]);
+}
+
 template <int NT>
 __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag *f, const float *x,
                                             const uint32_t *xs, int r0, int R, int s, int steps,
                                             int t, int in, int g)
 {
+    if constexpr (NT >= MMT_SPLIT_NT) { /* xs holds x split */
+        uint32_t b[NT][4][2];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int r = r0 + 8 * nt + g;
-        uint32_t b[4][3][2];
-        if (xs) {
-            uint4 v[6] = {};
-            if (r < R) {
-                const uint4 *p =
-                    (const uint4 *)(xs +
-                                    (((size_t)r * (size_t)steps + (size_t)s) * 4 + (size_t)t) * 24);
-#pragma unroll
-                for (int u = 0; u < 6; u++)
-                    v[u] = __ldg(p + u);
+        for (int nt = 0; nt < NT; nt++) {
+            const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
+            uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+            if (rr < mmt_rows<NT>::G && r < R) {
+                const uint4 *q = (const uint4 *)(xs + ((((size_t)r * (size_t)steps + (size_t)s) * 4 +
+                                                         (size_t)t) * 3 + (size_t)p) * 8);
+                v0 = __ldg(q);
+                v1 = __ldg(q + 1);
             }
-            uint32_t *fb = &b[0][0][0];
-#pragma unroll
-            for (int u = 0; u < 6; u++) {
-                fb[4 * u] = v[u].x, fb[4 * u + 1] = v[u].y;
-                fb[4 * u + 2] = v[u].z, fb[4 * u + 3] = v[u].w;
-            }
-        } else {
-            mmt_xsplit(b, x, r, R, s * MMT_K + 16 * t, in);
+            b[nt][0][0] = v0.x, b[nt][0][1] = v0.y, b[nt][1][0] = v0.z, b[nt][1][1] = v0.w;
+            b[nt][2][0] = v1.x, b[nt][2][1] = v1.y, b[nt][3][0] = v1.z, b[nt][3][1] = v1.w;
         }
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int nt = 0; nt < NT; nt++)
+            mmt_mmas<NT>(acc, f, nt, b[nt]);
+    } else {
 #pragma unroll
-            for (int p = 0; p < 3; p++)
+        for (int nt = 0; nt < NT; nt++) {
+            const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
+            float xv[16];
+            uint32_t b[4][2];
+            mmt_xload(xv, x, r, rr < mmt_rows<NT>::G && r < R, s * MMT_K + 16 * t, in);
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-                    mmt_mma(acc[mt][nt], mmt_word(f->v[2 * mt], 2 * j),
-                            mmt_word(f->v[2 * mt + 1], 2 * j), mmt_word(f->v[2 * mt], 2 * j + 1),
-                            mmt_word(f->v[2 * mt + 1], 2 * j + 1), b[j][p][0], b[j][p][1]);
+            for (int j = 0; j < 4; j++) {
+                b[j][0] = mmt_part(xv[4 * j], xv[4 * j + 1], p);
+                b[j][1] = mmt_part(xv[4 * j + 2], xv[4 * j + 3], p);
+            }
+            mmt_mmas<NT>(acc, f, nt, b);
+        }
     }
 }
 
@@ -369,14 +407,34 @@ typedef struct mmt_jobs {
     int n;
 } mmt_jobs;
 
+/* Output m, group row rr: each part's column summed over warps in order,
+ * then the parts hi + mid + lo. */
+template <int NT>
+__device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, int rr)
+{
+    float v[3];
+#pragma unroll
+    for (int p = 0; p < 3; p++) {
+        const int c = 3 * rr + p;
+        v[p] = ((red[0][m][c] + red[1][m][c]) + red[2][m][c]) + red[3][m][c];
+    }
+    return (v[0] + v[1]) + v[2];
+}
+
 /* Block (linear index within its job) = ((m-block · KB) + kb) · rgroups +
  * rgroup: the blocks that read the same weights are adjacent (L2 reuse
- * across row groups). */
-template <int NT>
-__global__ void __launch_bounds__(MMT_WARPS * 32)
+ * across row groups). MINB (blocks a multiprocessor must hold) only sets
+ * the registers per thread, never the arithmetic (measured on the H200):
+ * a call whose blocks all fit at once at 3 a multiprocessor runs best with
+ * up to 168 registers (more loads in flight per block), a longer one (the
+ * LM head, gate + up) with at most 128, so that 4 fit; three and four
+ * n-tiles always take up to 168. */
+template <int NT, int MINB>
+__global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
                int rgroups)
 {
+    constexpr int G = mmt_rows<NT>::G;
     __shared__ float red[MMT_WARPS][MMT_M][NT * 8];
     __shared__ int last;
     int ji = 0;
@@ -387,7 +445,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
     const int out = jb.out, KB = jb.KB, bi = (int)blockIdx.x - jb.block0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int rg = bi % rgroups, kb = bi / rgroups % KB, mb = bi / rgroups / KB;
-    const int m0 = mb * MMT_M, r0 = rg * NT * 8;
+    const int m0 = mb * MMT_M, r0 = rg * G;
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     /* Weights never change, so the warp's first step is loaded before
@@ -415,7 +473,6 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
         mmt_compute<NT>(acc, &cur, x, xs, r0, R, s, steps, t, in, g);
         cur = nxt;
     }
-    /* Warps in order, then k-blocks in order. */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -424,13 +481,14 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
             for (int e = 0; e < 4; e++)
                 red[warp][16 * mt + g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[mt][nt][e];
     __syncthreads();
-    const int ncell = MMT_M * NT * 8;
+    /* Then (split k) the k-blocks in order. */
+    const int ncell = MMT_M * G;
     float *y = jb.y;
     if (KB == 1) {
         for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
-            const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
+            const int m = i / G, rr = i % G, o = m0 + m, r = r0 + rr;
             if (o < out && r < R) {
-                const float v = ((red[0][m][n] + red[1][m][n]) + red[2][m][n]) + red[3][m][n];
+                const float v = mmt_cell<NT>(red, m, rr);
                 float *yp = y + (size_t)r * (size_t)out + (size_t)o;
                 *yp = jb.accumulate ? *yp + v : v;
             }
@@ -440,10 +498,10 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
     /* Split k: the last block of the tile adds the KB partials in order. */
     float *part = jb.part;
     for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
-        const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
+        const int m = i / G, rr = i % G, o = m0 + m, r = r0 + rr;
         if (o < out && r < R)
             part[((size_t)kb * (size_t)R + (size_t)r) * (size_t)out + (size_t)o] =
-                ((red[0][m][n] + red[1][m][n]) + red[2][m][n]) + red[3][m][n];
+                mmt_cell<NT>(red, m, rr);
     }
     __threadfence();
     __syncthreads();
@@ -455,7 +513,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32)
         return;
     __threadfence();
     for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
-        const int m = i / (NT * 8), n = i % (NT * 8), o = m0 + m, r = r0 + n;
+        const int m = i / G, rr = i % G, o = m0 + m, r = r0 + rr;
         if (o < out && r < R) {
             float v = 0.0f;
             for (int b = 0; b < KB; b++)
@@ -503,10 +561,8 @@ static void *mmt_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
 static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
                        const uint16_t *const *ws, const int *outs, int accumulate)
 {
-    /* Row groups of 8, 16 or 24 rows: the fewest n-tiles that hold R
-     * (decode: one; verify blocks up to 24 rows: one group). */
-    const int nt = R <= 8 ? 1 : R <= 16 ? 2 : 3;
-    const int rgroups = (R + 8 * nt - 1) / (8 * nt);
+    const int nt = mmt_ntiles(R), G = 8 * nt / 3;
+    const int rgroups = (R + G - 1) / G;
     mmt_jobs jobs;
     memset(&jobs, 0, sizeof(jobs));
     jobs.n = n;
@@ -537,21 +593,24 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
             }
     }
     uint32_t *xs = NULL;
-    if (nt > 1) {
+    if (nt >= MMT_SPLIT_NT) {
         const int steps = (in + MMT_K - 1) / MMT_K;
         const size_t nx = (size_t)R * (size_t)steps * 4;
         xs = (uint32_t *)mmt_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, nx * 24 * sizeof(uint32_t));
         cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
     }
-#define MMT_LAUNCH(N)                                                                              \
-    cuda_launch(c, mmt_kernel<N>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x,                    \
+    const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
+#define MMT_LAUNCH(N, MINB)                                                                        \
+    cuda_launch(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x,              \
                 (const uint32_t *)xs, R, in, rgroups)
     if (nt == 1)
-        MMT_LAUNCH(1);
+        one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
     else if (nt == 2)
-        MMT_LAUNCH(2);
+        one_wave ? MMT_LAUNCH(2, 3) : MMT_LAUNCH(2, 4);
+    else if (nt == 3)
+        MMT_LAUNCH(3, 3);
     else
-        MMT_LAUNCH(3);
+        MMT_LAUNCH(4, 3);
 #undef MMT_LAUNCH
 }
 
