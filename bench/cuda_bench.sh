@@ -63,10 +63,13 @@ run)
         timeout 200 "$B/bench_cuda_matmul_bench" --rows 1,9,17,72 2>&1 | tee "$OUT/bench_matmul.log"
         echo "== ops"
         timeout 200 "$B/bench_cuda_ops_bench" --shape 4b 2>&1 | tee "$OUT/bench_ops.log"
+        echo "== kernel boundaries"
+        timeout 60 "$B/bench_cuda_ops_bench" --launch 2>&1 | tee "$OUT/bench_launch.log"
     fi
     for s in ${SHAPES:-0.8b 4b}; do
         echo "== bench $s"
-        timeout 200 "$B/bench_cuda_bench" --shape "$s" --batch 1,8 --steps 20 --stats 2>&1 |
+        timeout 300 "$B/bench_cuda_bench" --shape "$s" --batch 1,8 --steps 20 --out logits,argmax \
+            --stats 2>&1 |
             tee "$OUT/bench_$s.log"
     done
     if [ "${HF:-1}" = 1 ]; then

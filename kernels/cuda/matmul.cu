@@ -7,29 +7,43 @@
  * (dtype, `in`, alignment), never on R.
  *
  * Tensor-core path (mmt_kernel). mma.m16n8k16 with A = 16 weight rows
- * (output features) and B = 8 activation rows, so a decode row costs one
- * n-tile and a verify block of 9..32 rows 2..4. The activations are fp32:
- * each x is split exactly into three bf16 parts hi + mid + lo (8 + 8 + 8
- * significant bits), and each product w·part is exact in the tensor core's
- * fp32 accumulator, so the result is the fp32 dot product up to the order
- * of additions — no rounding of activations to bf16 (which would cost ~4e-3
- * relative per product, as cuBLAS' bf16 path does). A warp owns 32 output
- * features (two m-tiles) and walks k in steps of 64: per step each lane loads
- * 2 x 16 bytes of 4 weight rows and 64 bytes of each of its x rows, and the
- * k order inside a step is permuted the same way for w and x (lane t holds
- * elements 16t..16t+15; mma j takes 16t+4j..16t+4j+3 of every lane), which
- * keeps every load a 16-byte vector. A block's 4 warps take the steps of its
- * k-range in turn (adjacent 128-byte pieces of each row at a time); KB
- * blocks split k when `out` is small so the GPU fills. The first weights
+ * (output features) and B = 8 columns. The activations are fp32: each x is
+ * split exactly into three bf16 parts hi + mid + lo (8 + 8 + 8 significant
+ * bits), and each product w·part is exact in the tensor core's fp32
+ * accumulator, so the result is the fp32 dot product up to the order of
+ * additions — no rounding of activations to bf16 (which would cost ~4e-3
+ * relative per product, as cuBLAS' bf16 path does). The three parts of a
+ * row are three columns of the same mma (column c of a block's group is
+ * part c % 3 of row c / 3), each column summing one part's products, added
+ * hi + mid + lo at the end: a decode row or a pair costs one n-tile, a
+ * verify block of 9 or 10 rows four; more rows make more row groups.
+ * A warp owns 32 output features (two m-tiles) and walks k in steps of 64:
+ * per step each lane loads 2 x 16 bytes of 4 weight rows, and the k order
+ * inside a step is permuted the same way for w and x (lane t holds elements
+ * 16t..16t+15; mma j takes 16t+4j..16t+4j+3 of every lane), which keeps
+ * every load a 16-byte vector. One or two rows split x in the lanes; from
+ * three rows on (verify blocks, batches) one small kernel splits x ahead
+ * into the exact fragment words each lane loads (else every lane of a
+ * 2..4-tile group would split whole rows for one part each: batch-8 decode
+ * 5.28 ms instead of 4.26), all n-tiles' words in one round trip per step. A block's 4 warps take the steps of its k-range in turn;
+ * KB blocks split k when `out` is small so the GPU fills. The first weights
  * are requested before the kernel waits for its predecessor (programmatic
- * dependent launch). Measured on the H200 (bench/cuda_matmul_bench and
- * bench/cuda_bench) and slower: an L2 prefetch ahead of the loads; one
- * accumulator per x part; contiguous k-ranges per warp; more, smaller blocks
- * (1056 or 2112 per call instead of 256); blocks of 128 features whose warps
- * share x through L1 (decode 4.26 ms instead of 3.57 at 4B); two steps
- * loaded before the wait (more registers: decode 5.17 ms, or 4.24 with
- * spills at 128 registers). Two x parts instead of three would be 5 %
- * faster (decode) at 4x the error (2e-6 normalised).
+ * dependent launch).
+ *
+ * Measured on the H200 (bench/cuda_matmul_bench, bench/cuda_bench; 4B
+ * decode / verify k=8 in ms at the time) and slower: a ring of steps in
+ * shared memory filled by cp.async (3.51 / 8.06; per-lane 16-byte copies
+ * also fetch half-used sectors twice) or by bulk copies (TMA) with a
+ * barrier per stage (3.84 / 8.74), both against 3.40 / 6.4 for registers;
+ * L2 bulk prefetch of a block's rows before the wait (3.41-3.81 against
+ * 3.36); a uniform shared-memory carve-out for every kernel; 512 or 1024
+ * blocks a call instead of 256 (split-k's extra round trips: 3.67, 3.71);
+ * 8 warps a block (one launch better, the layer worse: 3.58); the op ahead
+ * (rmsnorm, silu·mul, sigmoid gate) fused into the activation loads (3.90:
+ * x's preparation then sits on every step's critical path; a norm in every
+ * block, 4.88); earlier, one accumulator per x part, contiguous k-ranges
+ * per warp, 128-feature blocks sharing x through L1, and two x parts
+ * instead of three (5 % faster at 4x the error, 2e-6 normalised).
  * Partial sums are added warp by warp, then block by block (the last block
  * of an output tile to finish adds the KB partials in order), so the order
  * of additions for an output depends only on (in, out): a row computes the
@@ -207,7 +221,7 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 #define MMT_M 32       /* output features per block: two m-tiles */
 #define MMT_K 64       /* k per step */
 #define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
-#define MMT_SPLIT_NT 4 /* n-tiles from which x is split by its own kernel first */
+#define MMT_SPLIT_NT 2 /* n-tiles from which x is split by its own kernel first */
 
 /* Rows of a row group for NT n-tiles: their three parts fill the 8·NT
  * columns (2, 5, 8 or 10 rows). */
@@ -425,10 +439,10 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
  * rgroup: the blocks that read the same weights are adjacent (L2 reuse
  * across row groups). MINB (blocks a multiprocessor must hold) only sets
  * the registers per thread, never the arithmetic (measured on the H200):
- * a call whose blocks all fit at once at 3 a multiprocessor runs best with
- * up to 168 registers (more loads in flight per block), a longer one (the
- * LM head, gate + up) with at most 128, so that 4 fit; three and four
- * n-tiles always take up to 168. */
+ * a one-tile call whose blocks all fit at once at 3 a multiprocessor runs
+ * best with the registers the kernel likes (136: more loads in flight per
+ * block), a longer one (the LM head, gate + up) with at most 128, so that 4
+ * fit; two to four n-tiles take up to 168 (3 a multiprocessor). */
 template <int NT, int MINB>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
@@ -606,7 +620,7 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     if (nt == 1)
         one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
     else if (nt == 2)
-        one_wave ? MMT_LAUNCH(2, 3) : MMT_LAUNCH(2, 4);
+        MMT_LAUNCH(2, 3);
     else if (nt == 3)
         MMT_LAUNCH(3, 3);
     else
