@@ -151,7 +151,8 @@ static void set_variant(const char *v)
 
 int main(int argc, char **argv)
 {
-    const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8", *ks_arg = "0,4,8,16";
+    const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8",
+               *ks_arg = "0,4,8,16";
     const char *outs = "logits", *variants = "";
     int steps = 20, stats = 0, graphs = 1;
     for (int i = 1; i < argc; i += 2) {

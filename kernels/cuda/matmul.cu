@@ -25,10 +25,10 @@
  * three rows on (verify blocks, batches) one small kernel splits x ahead
  * into the exact fragment words each lane loads (else every lane of a
  * 2..4-tile group would split whole rows for one part each: batch-8 decode
- * 5.28 ms instead of 4.26), all n-tiles' words in one round trip per step. A block's 4 warps take the steps of its k-range in turn;
- * KB blocks split k when `out` is small so the GPU fills. The first weights
- * are requested before the kernel waits for its predecessor (programmatic
- * dependent launch).
+ * 5.28 ms instead of 4.26), all n-tiles' words in one round trip per step. A block's 4 warps take
+ * the steps of its k-range in turn; KB blocks split k when `out` is small so the GPU fills. The
+ * first weights are requested before the kernel waits for its predecessor (programmatic dependent
+ * launch).
  *
  * Measured on the H200 (bench/cuda_matmul_bench, bench/cuda_bench; 4B
  * decode / verify k=8 in ms at the time) and slower: a ring of steps in
@@ -376,8 +376,11 @@ __device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag
             const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
             uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
             if (rr < mmt_rows<NT>::G && r < R) {
-                const uint4 *q = (const uint4 *)(xs + ((((size_t)r * (size_t)steps + (size_t)s) * 4 +
-                                                         (size_t)t) * 3 + (size_t)p) * 8);
+                const uint4 *q =
+                    (const uint4 *)(xs +
+                                    ((((size_t)r * (size_t)steps + (size_t)s) * 4 + (size_t)t) * 3 +
+                                     (size_t)p) *
+                                        8);
                 v0 = __ldg(q);
                 v1 = __ldg(q + 1);
             }
