@@ -317,10 +317,11 @@ __device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, bool
     }
 }
 
-/* x split ahead (verify blocks, where every lane of a block would split
- * rows itself): per (row, step, t, part) the 8 words of the lane's B
- * fragments, [j][word], so a lane loads its part as two 16-byte vectors.
- * The same words as splitting inline: the same bits either way. */
+/* x split ahead (three rows or more, where every lane of a block would
+ * split a whole row for one part): per (row, step, t, part) the 8 words of
+ * the lane's B fragments, [j][word], so a lane loads its part as two
+ * 16-byte vectors. The same words as splitting inline: the same bits
+ * either way. */
 __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in, int steps)
 {
     cuda_kernel_begin();
