@@ -265,24 +265,22 @@ static void run_op(bench *B, int op, const layout *L, int ctx)
     }
 }
 
-__global__ void spin_kernel(unsigned long long ns)
-{
-    cuda_kernel_begin();
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    while (t - t0 < ns);
-}
-
-/* ---- launches: what a kernel boundary costs inside a step ---------------- */
-
 __device__ __forceinline__ unsigned long long gtimer(void)
 {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+
+__global__ void spin_kernel(unsigned long long ns)
+{
+    cuda_kernel_begin();
+    const unsigned long long t0 = gtimer();
+    while (gtimer() - t0 < ns) {
+    }
+}
+
+/* ---- launches: what a kernel boundary costs inside a step ---------------- */
 
 __global__ void empty_kernel(int *sink)
 {
@@ -323,32 +321,34 @@ static void launch_chain(cuda_ctx *c, int n, int pdl)
     }
 }
 
+typedef struct graph_reps {
+    cudaGraphExec_t ge;
+    cudaStream_t stream;
+    int reps;
+} graph_reps;
+
+static void launch_graph(void *arg)
+{
+    const graph_reps *g = (const graph_reps *)arg;
+    for (int r = 0; r < g->reps; r++)
+        CK(cudaGraphLaunch(g->ge, g->stream));
+}
+
 /* µs per kernel of a chain of n empty kernels replayed as a graph. */
 static double chain_us(cuda_ctx *c, int n, int pdl)
 {
     cudaGraph_t g;
-    cudaGraphExec_t ge;
+    graph_reps gr = {NULL, c->stream, 10};
     CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     launch_chain(c, n, pdl);
     CK(cudaStreamEndCapture(c->stream, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, c->stream));
+    CK(cudaGraphInstantiate(&gr.ge, g, 0));
+    CK(cudaGraphLaunch(gr.ge, c->stream));
     CK(cudaStreamSynchronize(c->stream));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, c->stream));
-    for (int r = 0; r < 10; r++)
-        CK(cudaGraphLaunch(ge, c->stream));
-    CK(cudaEventRecord(e1, c->stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(ge));
+    const float ms = tdm_cuda_time_ms(c, launch_graph, &gr);
+    CK(cudaGraphExecDestroy(gr.ge));
     CK(cudaGraphDestroy(g));
-    return 1e3 * ms / (10.0 * n);
+    return 1e3 * ms / (gr.reps * (double)n);
 }
 
 static void run_launch(void)
@@ -402,6 +402,23 @@ static void run_launch(void)
     be->destroy(be);
 }
 
+typedef struct op_reps {
+    bench *B;
+    int op;
+    const layout *L;
+    int ctx, reps;
+    double queued_s; /* host seconds the calls took to queue */
+} op_reps;
+
+static void queue_ops(void *arg)
+{
+    op_reps *q = (op_reps *)arg;
+    const double h0 = bench_now();
+    for (int i = 0; i < q->reps; i++)
+        run_op(q->B, q->op, q->L, q->ctx);
+    q->queued_s = bench_now() - h0;
+}
+
 /* GPU microseconds per call of op (see the header), *host_bound set when
  * queuing the calls took longer than the spin. */
 static double time_op(bench *B, int op, const layout *L, int ctx, int reps, int *host_bound)
@@ -416,21 +433,10 @@ static double time_op(bench *B, int op, const layout *L, int ctx, int reps, int 
             run_op(B, op, L, ctx);
         return 1e6 * (bench_now() - t0) / reps;
     }
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     cuda_launch(c, spin_kernel, 1, 32, 0, SPIN_NS);
-    const double h0 = bench_now();
-    CK(cudaEventRecord(e0, c->stream));
-    for (int i = 0; i < reps; i++)
-        run_op(B, op, L, ctx);
-    CK(cudaEventRecord(e1, c->stream));
-    *host_bound = bench_now() - h0 > 1e-9 * (double)SPIN_NS;
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    op_reps q = {B, op, L, ctx, reps, 0.0};
+    const float ms = tdm_cuda_time_ms(c, queue_ops, &q);
+    *host_bound = q.queued_s > 1e-9 * (double)SPIN_NS;
     return 1e3 * (double)ms / reps;
 }
 

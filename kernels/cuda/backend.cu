@@ -504,6 +504,23 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     return be;
 }
 
+extern "C" float tdm_cuda_time_ms(void *ctx, void (*fn)(void *arg), void *arg)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, c->stream));
+    fn(arg);
+    CUDA_CHECK(cudaEventRecord(e1, c->stream));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    return ms;
+}
+
 extern "C" double tdm_cuda_copy_bandwidth(int device, size_t nbytes)
 {
     void *a = NULL, *b = NULL;

@@ -60,6 +60,11 @@ void tdm_cuda_graph_stats_get(const tdm_backend *be, tdm_cuda_graph_stats *out);
  * benchmarks' floor (weight bytes / bandwidth). */
 double tdm_cuda_copy_bandwidth(int device, size_t nbytes);
 
+/* GPU milliseconds of the work fn(arg) queues on the stream of the CUDA
+ * backend context ctx (be->ctx), between events recorded before and after
+ * it; waits for the second event. For benchmarks and timed tests. */
+float tdm_cuda_time_ms(void *ctx, void (*fn)(void *arg), void *arg);
+
 #ifdef __cplusplus
 }
 #endif

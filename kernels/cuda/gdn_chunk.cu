@@ -396,20 +396,3 @@ extern "C" void tdm_cuda_gdn_chunked(void *ctx, float *out, const float *qkv, in
 {
     cuda_gdn_chunked((cuda_ctx *)ctx, out, qkv, qkv_stride, g, beta, seg, Hk, Hv, Dk, Dv);
 }
-
-extern "C" float tdm_cuda_time_ms(void *ctx, void (*fn)(void *arg), void *arg)
-{
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    CUDA_CHECK(cudaEventRecord(e0, c->stream));
-    fn(arg);
-    CUDA_CHECK(cudaEventRecord(e1, c->stream));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
-    return ms;
-}

@@ -36,11 +36,6 @@ void tdm_cuda_gdn_chunked(void *ctx, float *out, const float *qkv, int qkv_strid
                           const float *beta, const tdm_gdn_seg *seg, int Hk, int Hv, int Dk,
                           int Dv);
 
-/* GPU milliseconds of the work fn(arg) queues on the stream of the CUDA
- * backend context ctx, between events recorded before and after it; waits
- * for the second event. */
-float tdm_cuda_time_ms(void *ctx, void (*fn)(void *arg), void *arg);
-
 #ifdef __cplusplus
 }
 #endif

@@ -34,16 +34,6 @@ static tdm_cuda_graph_stats stats_of(tdm_backend *be)
     return s;
 }
 
-static tdm_model *load(const char *name, tdm_backend *be)
-{
-    char dir[600];
-    snprintf(dir, sizeof(dir), "%s/%s/model", TANDEM_ENGINE_FIXTURES, name);
-    tdm_model *m;
-    tdm_error err;
-    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
-    return m;
-}
-
 static void same_run(const char *name, const char *what, const steps_run *a, const steps_run *b)
 {
     CHECK(a->n == b->n && a->calls == b->calls, "%s: %s: the runs differ in length", name, what);
@@ -100,7 +90,7 @@ static void check_one_key(tdm_backend *gpu, const char *name, uint64_t key, cons
     real_begin = gpu->graph_begin;
     the_key = key;
     colliding.graph_begin = one_key_begin;
-    tdm_model *m = load(name, &colliding);
+    tdm_model *m = fixture_model(name, &colliding);
     const tdm_cuda_graph_stats a = stats_of(gpu);
     steps_run on;
     steps_run_script(m, &on);
@@ -261,7 +251,7 @@ int main(void)
     CHECK(gpu->graph_begin && gpu->graph_end, "the CUDA backend has no graph slots");
     const char *names[] = {"f32_gqa", "bf16_alt", "bf16_realdims"};
     for (size_t i = 0; i < TDM_ARRAY_LEN(names); i++) {
-        tdm_model *m = load(names[i], gpu);
+        tdm_model *m = fixture_model(names[i], gpu);
         steps_run eager;
         check_script(gpu, m, names[i], &eager);
         check_one_key(gpu, names[i], 0x5eed0000ull + i, &eager);

@@ -466,6 +466,15 @@ static void test_elementwise(void)
     free(dt);
 }
 
+/* out: CPU, GPU batched, GPU one segment at a time, n values each; freed. */
+static void report_attention(const char *cas, float **out, size_t n)
+{
+    report("attention", cas, ct_nerr(out[1], out[0], n), 1e-5);
+    report_same("attention", "  segments one by one == batched", out[2], out[1], n * 4);
+    for (int b = 0; b < 3; b++)
+        free(out[b]);
+}
+
 /* ---- KV store and attention ---------------------------------------------------- */
 
 static void test_attention(void)
@@ -534,11 +543,7 @@ static void test_attention(void)
         }
         char cas[96];
         snprintf(cas, sizeof(cas), "nH=%d nKV=%d D=%d, 5 segments R=%d", nH, nKV, D, R);
-        report("attention", cas, ct_nerr(out[1], out[0], (size_t)R * nH * D), 1e-5);
-        report_same("attention", "  segments one by one == batched", out[2], out[1],
-                    (size_t)R * nH * D * 4);
-        for (int b = 0; b < 3; b++)
-            free(out[b]);
+        report_attention(cas, out, (size_t)R * nH * D);
         for (int i = 0; i < nseg; i++) {
             snprintf(cas, sizeof(cas), "seg %d: at=%d nrows=%d W=%d", i, segs[i][1], segs[i][0], W);
             size_t n = (size_t)cap[i] * W;
@@ -612,11 +617,7 @@ static void test_attention_long(void)
         }
         char cas[96];
         snprintf(cas, sizeof(cas), "nH=%d nKV=%d D=%d, up to 3000 keys R=%d", nH, nKV, D, R);
-        report("attention", cas, ct_nerr(out[1], out[0], (size_t)R * nH * D), 1e-5);
-        report_same("attention", "  segments one by one == batched", out[2], out[1],
-                    (size_t)R * nH * D * 4);
-        for (int b = 0; b < 3; b++)
-            free(out[b]);
+        report_attention(cas, out, (size_t)R * nH * D);
         for (int i = 0; i < nseg; i++) {
             free(kc[i]);
             free(vc[i]);

@@ -189,21 +189,11 @@ static tdm_backend fake_backend(tdm_backend *cpu)
     return b;
 }
 
-static tdm_model *load(const char *name, tdm_backend *be)
-{
-    char dir[600];
-    snprintf(dir, sizeof(dir), "%s/%s/model", TANDEM_ENGINE_FIXTURES, name);
-    tdm_model *m;
-    tdm_error err;
-    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
-    return m;
-}
-
 /* The script on the dressed backend, refusing every n-th step, against the
  * plain one. */
 static void check_script(const char *name, tdm_backend *cpu, tdm_backend *fake, int refuse_every)
 {
-    tdm_model *ref = load(name, cpu), *m = load(name, fake);
+    tdm_model *ref = fixture_model(name, cpu), *m = fixture_model(name, fake);
     steps_run a, b;
     steps_run_script(ref, &a);
     fk.refuse_every = refuse_every;
@@ -263,7 +253,7 @@ static uint64_t verify_key(tdm_seq **s, int n, const int *nt)
 
 static void check_keys(tdm_backend *fake)
 {
-    tdm_model *m = load("f32_gqa", fake);
+    tdm_model *m = fixture_model("f32_gqa", fake);
     tdm_error err;
     tdm_seq *a = seq(m, TDM_STATE_EXTRA_BUFFER, 10), *b = seq(m, TDM_STATE_EXTRA_BUFFER, 3);
     tdm_seq *c = seq(m, TDM_STATE_NO_BUFFER, 5);

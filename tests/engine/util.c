@@ -101,6 +101,16 @@ void fixture_load(fixture *f, const char *name)
     cJSON_Delete(root);
 }
 
+tdm_model *fixture_model(const char *name, tdm_backend *be)
+{
+    char dir[600];
+    snprintf(dir, sizeof(dir), "%s/%s/model", TANDEM_ENGINE_FIXTURES, name);
+    tdm_model *m;
+    tdm_error err;
+    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
+    return m;
+}
+
 void fixture_free(fixture *f)
 {
     for (int i = 0; i < 3; i++)

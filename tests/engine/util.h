@@ -32,6 +32,8 @@ typedef struct fixture {
 
 void fixture_load(fixture *f, const char *name);
 void fixture_free(fixture *f);
+/* The model of fixture `name` loaded onto be; exits on error. */
+tdm_model *fixture_model(const char *name, tdm_backend *be);
 /* The fixture's calls on m the cached way (prefill, prefill, decode) under
  * strat: host logits [total, vocab] (caller frees). */
 float *fixture_run(tdm_model *m, const fixture *f, tdm_state_strategy strat);
