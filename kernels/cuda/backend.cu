@@ -352,7 +352,6 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->sample_spill);
         cudaFree(c->mm_part);
         cudaFree(c->mm_count);
-        cudaFree(c->mm_xs);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);

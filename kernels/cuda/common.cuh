@@ -70,10 +70,9 @@ typedef struct cuda_ctx {
     int shaping;
     uint64_t shape;
     /* matmul split-k scratch (matmul.cu) */
-    float *mm_part;                              /* split-k partial sums */
-    unsigned *mm_count;                          /* split-k arrivals per output tile */
-    uint32_t *mm_xs;                             /* activations split into bf16 parts */
-    size_t mm_part_cap, mm_count_cap, mm_xs_cap; /* bytes */
+    float *mm_part;                   /* split-k partial sums */
+    unsigned *mm_count;               /* split-k arrivals per output tile */
+    size_t mm_part_cap, mm_count_cap; /* bytes */
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;

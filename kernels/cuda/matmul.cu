@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 #define MMT_M 32       /* output features per block: two m-tiles */
 #define MMT_K 64       /* k per step */
 #define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
-#define MMT_SPLIT_NT 2 /* n-tiles from which x is split by its own kernel first */
+#define MMT_D 2        /* steps in a warp's ring */
 
 /* Rows of a row group for NT n-tiles: their three parts fill the 8·NT
  * columns (2, 5, 8 or 10 rows). */
@@ -253,14 +253,6 @@ __device__ __forceinline__ void mmt_split(float a, float b, uint32_t *hi, uint32
     *hi = ah | (bh << 16);
     *mid = am | (bm << 16);
     *lo = mmt_bf16(ar2) | (mmt_bf16(br2) << 16);
-}
-
-/* Part p (0 hi, 1 mid, 2 lo) of the pair a, b. */
-__device__ __forceinline__ uint32_t mmt_part(float a, float b, int p)
-{
-    uint32_t hi, mid, lo;
-    mmt_split(a, b, &hi, &mid, &lo);
-    return p == 0 ? hi : p == 1 ? mid : lo;
 }
 
 __device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
@@ -304,54 +296,12 @@ __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
     return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
 }
 
-/* The 16 x values of row r a lane's B fragments take at element k (zero
- * outside x). */
-__device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, bool ok, int k, int in)
-{
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (ok && k + 4 * h < in)
-            q = __ldg((const float4 *)(x + (size_t)r * (size_t)in + (size_t)k + 4 * h));
-        xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
-    }
-}
-
-/* x split ahead (three rows or more, where every lane of a block would
- * split a whole row for one part): per (row, step, t, part) the 8 words of
- * the lane's B fragments, [j][word], so a lane loads its part as two
- * 16-byte vectors. The same words as splitting inline: the same bits
- * either way. */
-__global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in, int steps)
-{
-    cuda_kernel_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* (r, s, t) */
-    if (i >= (size_t)R * (size_t)steps * 4)
-        return;
-    const int t = (int)(i % 4), s = (int)(i / 4 % (size_t)steps), r = (int)(i / 4 / (size_t)steps);
-    float xv[16];
-    mmt_xload(xv, x, r, true, s * MMT_K + 16 * t, in);
-    uint32_t b[3][4][2];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][j][0], &b[1][j][0], &b[2][j][0]);
-        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[0][j][1], &b[1][j][1], &b[2][j][1]);
-    }
-    uint4 *o = (uint4 *)(xs + i * 24);
-    const uint32_t *f = &b[0][0][0];
-#pragma unroll
-    for (int v = 0; v < 6; v++)
-        o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
-}
-
-/* acc[mt][nt] += the step's products. Column c = 8·nt + g of n-tile nt is
- * part c % 3 of the group's row c / 3, so a row's three parts are three
+/* acc[mt][nt] += the mmas of n-tile nt. Column c = 8·nt + g of n-tile nt
+ * is part c % 3 of the group's row c / 3, so a row's three parts are three
  * columns of the same mma and each column sums one part's products; they
  * are added after the k loop. For mma j the lane's A words are 2j, 2j+1 of
- * rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words are its
- * column's part of x elements 16t+4j..16t+4j+3, split here or loaded from
- * xs (all n-tiles' loads first: one round trip per step, not NT). */
-/* The mmas of n-tile nt with the lane's B words b[j][word]. */
+ * rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words b[j] are its
+ * column's part of x elements 16t+4j..16t+4j+3. */
 template <int NT>
 __device__ __forceinline__ void mmt_mmas(float (*acc)[NT][4], const mmt_wfrag *f, int nt,
                                          const uint32_t (*b)[2])
@@ -365,46 +315,86 @@ __device__ __forceinline__ void mmt_mmas(float (*acc)[NT][4], const mmt_wfrag *f
                     b[j][0], b[j][1]);
 }
 
-template <int NT>
-__device__ __forceinline__ void mmt_compute(float (*acc)[NT][4], const mmt_wfrag *f, const float *x,
-                                            const uint32_t *xs, int r0, int R, int s, int steps,
-                                            int t, int in, int g)
+/* ---- x through shared memory --------------------------------------------
+ *
+ * A step's x is used by one warp only (the warps of a block take different
+ * steps), by every lane: so each warp keeps its own ring of steps' x in
+ * shared memory. A step's G rows x 64 fp32 values are copied there by
+ * cp.async as the step's weights are requested (no registers held while in
+ * flight), split by the warp into hi, mid and lo once per value when the
+ * step computes (each lane one pair per row), and each lane then reads its
+ * column's part as two 16-byte words per n-tile. */
+
+/* Part words of a step: [rr][t][p][j][word] (the lane of column c = 3·rr + p
+ * and quad t reads 8 consecutive words). */
+__device__ __forceinline__ int mmt_sword(int rr, int t, int p)
 {
-    if constexpr (NT >= MMT_SPLIT_NT) { /* xs holds x split */
-        uint32_t b[NT][4][2];
+    return ((rr * 4 + t) * 3 + p) * 8;
+}
+
+/* Step s's x rows r0 .. r0 + G - 1 into raw[G][64], zero outside x. */
+template <int G>
+__device__ __forceinline__ void mmt_xcopy(float *raw, const float *x, int r0, int R, int s, int in,
+                                          int lane)
+{
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
-            uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-            if (rr < mmt_rows<NT>::G && r < R) {
-                const uint4 *q =
-                    (const uint4 *)(xs +
-                                    ((((size_t)r * (size_t)steps + (size_t)s) * 4 + (size_t)t) * 3 +
-                                     (size_t)p) *
-                                        8);
-                v0 = __ldg(q);
-                v1 = __ldg(q + 1);
-            }
-            b[nt][0][0] = v0.x, b[nt][0][1] = v0.y, b[nt][1][0] = v0.z, b[nt][1][1] = v0.w;
-            b[nt][2][0] = v1.x, b[nt][2][1] = v1.y, b[nt][3][0] = v1.z, b[nt][3][1] = v1.w;
+    for (int i = 0; i < (G * 16 + 31) / 32; i++) {
+        const int c = lane + 32 * i; /* 16-byte chunk: row c / 16, values 4 (c % 16) .. */
+        if (c < G * 16) {
+            const int rr = c >> 4, k = s * MMT_K + 4 * (c & 15), r = r0 + rr;
+            const bool ok = r < R && k < in;
+            const float *src = ok ? x + (size_t)r * (size_t)in + (size_t)k : x;
+            const unsigned dst = (unsigned)__cvta_generic_to_shared(raw + 4 * c);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                         "r"(ok ? 16 : 0)
+                         : "memory");
         }
+    }
+}
+
+__device__ __forceinline__ void mmt_commit(void)
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void mmt_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* raw[G][64] split into part words (mmt_sword): lane l splits the pair
+ * 2l, 2l + 1 of every row. */
+template <int G>
+__device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, int lane)
+{
+    const int t = lane >> 3, j = (lane & 7) >> 1, wd = lane & 1;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            mmt_mmas<NT>(acc, f, nt, b[nt]);
-    } else {
+    for (int rr = 0; rr < G; rr++) {
+        const float2 v = *(const float2 *)(raw + rr * MMT_K + 2 * lane);
+        uint32_t w3[3];
+        mmt_split(v.x, v.y, &w3[0], &w3[1], &w3[2]);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
-            float xv[16];
-            uint32_t b[4][2];
-            mmt_xload(xv, x, r, rr < mmt_rows<NT>::G && r < R, s * MMT_K + 16 * t, in);
+        for (int p = 0; p < 3; p++)
+            spl[mmt_sword(rr, t, p) + 2 * j + wd] = w3[p];
+    }
+}
+
+/* acc += the step's products: weights f, x parts spl. */
+template <int NT>
+__device__ __forceinline__ void mmt_step(float (*acc)[NT][4], const mmt_wfrag *f,
+                                         const uint32_t *spl, int g, int t)
+{
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                b[j][0] = mmt_part(xv[4 * j], xv[4 * j + 1], p);
-                b[j][1] = mmt_part(xv[4 * j + 2], xv[4 * j + 3], p);
-            }
-            mmt_mmas<NT>(acc, f, nt, b);
+    for (int nt = 0; nt < NT; nt++) {
+        const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr;
+        uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+        if (rr < mmt_rows<NT>::G) {
+            const uint4 *q = (const uint4 *)(spl + mmt_sword(rr, t, p));
+            v0 = q[0];
+            v1 = q[1];
         }
+        const uint32_t b[4][2] = {{v0.x, v0.y}, {v0.z, v0.w}, {v1.x, v1.y}, {v1.z, v1.w}};
+        mmt_mmas<NT>(acc, f, nt, b);
     }
 }
 
@@ -449,12 +439,15 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
  * fit; two to four n-tiles take up to 168 (3 a multiprocessor). */
 template <int NT, int MINB>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
-    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
-               int rgroups)
+    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, int R, int in, int rgroups)
 {
-    constexpr int G = mmt_rows<NT>::G;
-    __shared__ float red[MMT_WARPS][MMT_M][NT * 8];
+    constexpr int G = mmt_rows<NT>::G, D = MMT_D;
+    constexpr int RAW = MMT_WARPS * D * G * MMT_K;  /* floats: x ring */
+    constexpr int RED = MMT_WARPS * MMT_M * NT * 8; /* floats: red, after the loop */
+    constexpr int SPL = MMT_WARPS * G * 4 * 3 * 8;  /* words: a step's parts per warp */
+    __shared__ __align__(16) float sm[(RAW > RED ? RAW : RED) + SPL];
     __shared__ int last;
+    float(*red)[MMT_M][NT * 8] = (float(*)[MMT_M][NT * 8]) sm;
     int ji = 0;
     while (ji + 1 < jobs.n && (int)blockIdx.x >= jobs.j[ji + 1].block0)
         ji++;
@@ -466,14 +459,25 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     const int m0 = mb * MMT_M, r0 = rg * G;
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
-    /* Weights never change, so the warp's first step is loaded before
-     * waiting for the kernel before this one (programmatic dependent
-     * launch): the weight stream is already running when x is readable. */
+    float *raw = sm + warp * D * G * MMT_K;
+    uint32_t *spl = (uint32_t *)(sm + (RAW > RED ? RAW : RED)) + warp * G * 96;
+    /* A ring of D steps per warp (steps s0 + warp, + 4, ...): D - 1 in
+     * flight while one computes. Weights never change, so the first D - 1
+     * are requested before waiting for the kernel before this one
+     * (programmatic dependent launch); x is copied once it is readable. */
+    mmt_wfrag f[D];
     int s = s0 + warp;
-    mmt_wfrag cur, nxt;
-    if (s < s1)
-        mmt_wstep(&cur, w, m0 + g, out, s * MMT_K + 16 * t, in);
+#pragma unroll
+    for (int u = 0; u < D - 1; u++)
+        if (s + MMT_WARPS * u < s1)
+            mmt_wstep(&f[u], w, m0 + g, out, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
     cuda_kernel_begin();
+#pragma unroll
+    for (int u = 0; u < D - 1; u++) {
+        if (s + MMT_WARPS * u < s1)
+            mmt_xcopy<G>(raw + u * G * MMT_K, x, r0, R, s + MMT_WARPS * u, in, lane);
+        mmt_commit();
+    }
     float acc[2][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -482,15 +486,28 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[mt][nt][e] = 0.0f;
-    /* Steps s0 + warp, + 4, ...: the next step's weights are in flight
-     * while this one computes. */
-    for (; s < s1; s += MMT_WARPS) {
-        const int sn = s + MMT_WARPS;
-        if (sn < s1)
-            mmt_wstep(&nxt, w, m0 + g, out, sn * MMT_K + 16 * t, in);
-        mmt_compute<NT>(acc, &cur, x, xs, r0, R, s, steps, t, in, g);
-        cur = nxt;
+    for (; s < s1; s += MMT_WARPS * D) {
+#pragma unroll
+        for (int u = 0; u < D; u++) {
+            const int sc = s + MMT_WARPS * u, sl = sc + MMT_WARPS * (D - 1);
+            if (sc < s1) {
+                const int il = (u + D - 1) % D;
+                if (sl < s1) {
+                    mmt_wstep(&f[il], w, m0 + g, out, sl * MMT_K + 16 * t, in);
+                    mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
+                }
+                mmt_commit(); /* one group per step, empty or not */
+                mmt_wait<D - 1>();
+                __syncwarp();
+                mmt_xsplit<G>(spl, raw + u * G * MMT_K, lane);
+                __syncwarp();
+                mmt_step<NT>(acc, &f[u], spl, g, t);
+                __syncwarp(); /* spl is rewritten by the next step */
+            }
+        }
     }
+    mmt_wait<0>();
+    __syncthreads(); /* red reuses the x ring */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -610,17 +627,10 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
                 count += (size_t)mblocks * (size_t)rgroups;
             }
     }
-    uint32_t *xs = NULL;
-    if (nt >= MMT_SPLIT_NT) {
-        const int steps = (in + MMT_K - 1) / MMT_K;
-        const size_t nx = (size_t)R * (size_t)steps * 4;
-        xs = (uint32_t *)mmt_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, nx * 24 * sizeof(uint32_t));
-        cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
-    }
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
 #define MMT_LAUNCH(N, MINB)                                                                        \
-    cuda_launch(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x,              \
-                (const uint32_t *)xs, R, in, rgroups)
+    cuda_launch(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x, R, in,       \
+                rgroups)
     if (nt == 1)
         one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
     else if (nt == 2)
