@@ -190,6 +190,23 @@ static void project(tdm_backend *be, const float *x, int R, int in, int n, float
         be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
 }
 
+/* y += act(a, b) · wᵀ: in the matmul where the backend can, else the
+ * elementwise op in place into a, then the matmul. */
+static void act_matmul(tdm_backend *be, float *y, float *a, const float *b, tdm_act act,
+                       tdm_weight w, int R, int in, int out)
+{
+    if (be->matmul_act) {
+        be->matmul_act(be->ctx, y, a, b, act, w, R, in, out, 1);
+        return;
+    }
+    const size_t n = (size_t)R * (size_t)in;
+    if (act == TDM_ACT_SILU_MUL)
+        be->silu_mul(be->ctx, a, a, b, n);
+    else
+        be->mul_sigmoid(be->ctx, a, b, n);
+    be->matmul(be->ctx, y, a, w, R, in, out, 1);
+}
+
 /* The ops of one step, in order; logits (when asked) end in ws.logits. Op
  * slots only: nothing here allocates, crosses to the host or waits, so a
  * backend may record the step as a graph (backend.h). */
@@ -259,16 +276,15 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
                 st->as[i] = (tdm_attn_seg){st->row0[i], st->counts[i], s->n_past, s->k[L], s->v[L]};
             }
             be->attention(bx, w->o, w->q, st->as, nseq, nH, nKV, D); /* [R, nH, D] */
-            be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
-            be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+            /* x += (o * sigmoid(gate)) · o_projᵀ */
+            act_matmul(be, w->x, w->o, w->gate, TDM_ACT_MUL_SIGMOID, lw->o_proj, R, QD, H);
         }
         be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
         float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
         const tdm_weight ws[] = {lw->gate, lw->up};
         const int outs[] = {I, I};
         project(be, w->xn, R, H, 2, ys, ws, outs);
-        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
-        be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+        act_matmul(be, w->x, w->h1, w->h2, TDM_ACT_SILU_MUL, lw->down, R, I, H); /* x += */
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
@@ -695,6 +711,19 @@ tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const
     return rc;
 }
 
+/* dst[i] = src[i] for i < n, in one backend call where it has one. */
+static void copy_n(tdm_backend *be, int n, void *const *dst, const void *const *src,
+                   const size_t *nbytes)
+{
+    if (be->copy_n) {
+        if (n > 0)
+            be->copy_n(be->ctx, n, dst, src, nbytes);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        be->copy(be->ctx, dst[i], src[i], nbytes[i]);
+}
+
 tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
 {
     if (!s->pending)
@@ -704,17 +733,30 @@ tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
                              "n_accepted %d is outside 0..%d (the verify carried %d drafts)",
                              n_accepted, s->pending - 1, s->pending - 1);
     tdm_model *m = s->m;
-    void *bx = m->be->ctx;
     int keep = n_accepted + 1, ran = s->pending;
     s->pending = 0;
     if (s->p.strategy == TDM_STATE_EXTRA_BUFFER) {
-        for (int L = 0; L < m->cfg.num_layers; L++)
-            if (s->conv[L]) {
-                m->be->copy(bx, s->conv[L], s->conv_x[L] + (size_t)n_accepted * conv_floats(m),
-                            conv_floats(m) * sizeof(float));
-                m->be->copy(bx, s->rec[L], s->rec_x[L] + (size_t)n_accepted * rec_floats(m),
-                            rec_floats(m) * sizeof(float));
+        /* every linear layer's states after the last accepted row */
+        enum { BATCH = 64 };
+        void *dst[BATCH];
+        const void *src[BATCH];
+        size_t nb[BATCH];
+        int n = 0;
+        for (int L = 0; L < m->cfg.num_layers; L++) {
+            if (!s->conv[L])
+                continue;
+            dst[n] = s->conv[L];
+            src[n] = s->conv_x[L] + (size_t)n_accepted * conv_floats(m);
+            nb[n++] = conv_floats(m) * sizeof(float);
+            dst[n] = s->rec[L];
+            src[n] = s->rec_x[L] + (size_t)n_accepted * rec_floats(m);
+            nb[n++] = rec_floats(m) * sizeof(float);
+            if (n + 2 > BATCH) {
+                copy_n(m->be, n, dst, src, nb);
+                n = 0;
             }
+        }
+        copy_n(m->be, n, dst, src, nb);
         s->n_past = s->base + keep; /* KV entries past it are simply overwritten later */
         return TDM_OK;
     }

@@ -44,6 +44,13 @@ typedef enum tdm_dtype {
 } tdm_dtype;
 
 size_t tdm_dtype_size(tdm_dtype dt);
+
+/* Elementwise ops that can feed a matmul (matmul_act). */
+typedef enum tdm_act {
+    TDM_ACT_NONE = 0,        /* a */
+    TDM_ACT_SILU_MUL = 1,    /* silu(a) * b, as silu_mul */
+    TDM_ACT_MUL_SIGMOID = 2, /* a * sigmoid(b), as mul_sigmoid */
+} tdm_act;
 const char *tdm_dtype_name(tdm_dtype dt);
 
 /* A weight matrix or vector in backend memory. */
@@ -111,6 +118,10 @@ struct tdm_backend {
     void (*download)(void *ctx, void *dst, const void *src, size_t nbytes);
     /* Backend -> backend. */
     void (*copy)(void *ctx, void *dst, const void *src, size_t nbytes);
+    /* Optional (NULL: n copy calls). dst[i] = src[i], nbytes[i] each, for
+     * i < n, as n copy calls would; the arrays are host memory. */
+    void (*copy_n)(void *ctx, int n, void *const *dst, const void *const *src,
+                   const size_t *nbytes);
     /* Makes host weight bytes usable by ops; may alias `host` (CPU: no copy,
      * *owned = 0) or copy to the device (*owned = 1: free() it later). The
      * host bytes must outlive the returned pointer when it aliases. */
@@ -164,6 +175,12 @@ struct tdm_backend {
      * projections) in fewer launches. The arrays are host memory. */
     void (*matmul_n)(void *ctx, const float *x, int R, int in, int n, float *const *ys,
                      const tdm_weight *ws, const int *outs);
+    /* Optional (NULL: the caller runs silu_mul or mul_sigmoid, then matmul).
+     * y [R,out] (+)= act(a, b) · wᵀ, a and b [R,in]: bit for bit what the
+     * elementwise op followed by matmul gives, without act(a, b) being
+     * written anywhere; a and b are left as they are. */
+    void (*matmul_act)(void *ctx, float *y, const float *a, const float *b, tdm_act act,
+                       tdm_weight w, int R, int in, int out, int accumulate);
     /* y = x / rms(x) * (zero_centred ? 1 + w : w), per row of n; w [n] f32. y may be x. */
     void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
                     int zero_centred);

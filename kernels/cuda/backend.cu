@@ -276,6 +276,56 @@ static void cu_copy(void *ctx, void *dst, const void *src, size_t n)
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream));
 }
 
+/* One copy of copy_n: [dst, dst + bytes) = [src, ...). No padding (staged). */
+typedef struct cu_copy_job {
+    char *dst;
+    const char *src;
+    unsigned long long bytes;
+} cu_copy_job;
+
+/* Copy blockIdx.y, its 16-byte chunks spread over the x blocks (bytes one by
+ * one where a pointer or the size is not a multiple of 16). */
+__global__ void copy_n_kernel(const cu_copy_job *jobs)
+{
+    cuda_kernel_begin();
+    const cu_copy_job j = jobs[blockIdx.y];
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if ((((uintptr_t)j.dst | (uintptr_t)j.src | (uintptr_t)j.bytes) & 15) == 0) {
+        uint4 *d = (uint4 *)j.dst;
+        const uint4 *s = (const uint4 *)j.src;
+        for (; i < j.bytes / 16; i += step)
+            d[i] = s[i];
+    } else {
+        for (; i < j.bytes; i += step)
+            j.dst[i] = j.src[i];
+    }
+}
+
+#define COPY_THREADS 256
+
+static void cu_copy_n(void *ctx, int n, void *const *dst, const void *const *src,
+                      const size_t *nbytes)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(!c->in_step);
+    if (n <= 0)
+        return;
+    cu_copy_job *jobs = (cu_copy_job *)malloc((size_t)n * sizeof(*jobs));
+    TDM_ASSERT(jobs);
+    size_t most = 0;
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (cu_copy_job){(char *)dst[i], (const char *)src[i], nbytes[i]};
+        most = nbytes[i] > most ? nbytes[i] : most;
+    }
+    const cu_copy_job *d = (const cu_copy_job *)cuda_stage(c, jobs, (size_t)n * sizeof(*jobs));
+    free(jobs);
+    /* about 8 chunks a thread for the largest copy, at most 256 blocks */
+    size_t bx = (most / 16 + 8 * COPY_THREADS - 1) / (8 * COPY_THREADS);
+    bx = bx < 1 ? 1 : bx > 256 ? 256 : bx;
+    cuda_launch(c, copy_n_kernel, dim3((unsigned)bx, (unsigned)n), COPY_THREADS, 0, d);
+}
+
 static const void *cu_weight_map(void *ctx, const void *host, size_t nbytes, int *owned)
 {
     TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
@@ -352,6 +402,7 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->sample_spill);
         cudaFree(c->mm_part);
         cudaFree(c->mm_count);
+        cudaFree(c->mm_act);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);
@@ -456,6 +507,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->upload = cu_upload;
     be->download = cu_download;
     be->copy = cu_copy;
+    be->copy_n = cu_copy_n;
     be->weight_map = cu_weight_map;
     be->sync = cu_sync;
     be->host_alloc = cu_host_alloc;
@@ -467,6 +519,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->embed = cuda_embed;
     be->matmul = cuda_matmul;
     be->matmul_n = cuda_matmul_n;
+    be->matmul_act = cuda_matmul_act;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
     be->split_qgate = cuda_split_qgate;
@@ -484,7 +537,8 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     if (c->stats) {
         be->embed = st_embed;
         be->matmul = st_matmul;
-        be->matmul_n = NULL; /* each projection timed on its own */
+        be->matmul_n = NULL;   /* each projection timed on its own */
+        be->matmul_act = NULL; /* the op and the matmul timed apart */
         be->rmsnorm = st_rmsnorm;
         be->rmsnorm_gated = st_rmsnorm_gated;
         be->split_qgate = st_split_qgate;

@@ -70,9 +70,10 @@ typedef struct cuda_ctx {
     int shaping;
     uint64_t shape;
     /* matmul split-k scratch (matmul.cu) */
-    float *mm_part;                   /* split-k partial sums */
-    unsigned *mm_count;               /* split-k arrivals per output tile */
-    size_t mm_part_cap, mm_count_cap; /* bytes */
+    float *mm_part;                               /* split-k partial sums */
+    unsigned *mm_count;                           /* split-k arrivals per output tile */
+    float *mm_act;                                /* matmul_act's input, other weights */
+    size_t mm_part_cap, mm_count_cap, mm_act_cap; /* bytes */
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;

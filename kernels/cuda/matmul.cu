@@ -58,6 +58,8 @@
  */
 #include "matmul.cuh"
 
+#include "elementwise.cuh"
+
 #include <string.h>
 
 #define MM_COLS 4   /* columns per block: each x load serves 4 columns */
@@ -362,15 +364,32 @@ template <int N> __device__ __forceinline__ void mmt_wait(void)
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* raw[G][64] split into part words (mmt_sword): lane l splits the pair
- * 2l, 2l + 1 of every row. */
-template <int G>
-__device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, int lane)
+/* The matmul's input from a (and b): a, silu(a) · b or a · sigmoid(b),
+ * computed as silu_mul and mul_sigmoid do (elementwise.cu). */
+template <int ACT> __device__ __forceinline__ float mmt_act(float a, float b)
+{
+    if constexpr (ACT == TDM_ACT_SILU_MUL)
+        return cuda_silu(a) * b;
+    else if constexpr (ACT == TDM_ACT_MUL_SIGMOID)
+        return a * cuda_sigmoid(b);
+    else
+        return a;
+}
+
+/* raw[G][64] (and rawb) split into part words (mmt_sword): lane l splits
+ * the pair 2l, 2l + 1 of every row. */
+template <int G, int ACT>
+__device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, const float *rawb,
+                                           int lane)
 {
     const int t = lane >> 3, j = (lane & 7) >> 1, wd = lane & 1;
 #pragma unroll
     for (int rr = 0; rr < G; rr++) {
-        const float2 v = *(const float2 *)(raw + rr * MMT_K + 2 * lane);
+        float2 v = *(const float2 *)(raw + rr * MMT_K + 2 * lane);
+        if constexpr (ACT != TDM_ACT_NONE) {
+            const float2 u = *(const float2 *)(rawb + rr * MMT_K + 2 * lane);
+            v = make_float2(mmt_act<ACT>(v.x, u.x), mmt_act<ACT>(v.y, u.y));
+        }
         uint32_t w3[3];
         mmt_split(v.x, v.y, &w3[0], &w3[1], &w3[2]);
 #pragma unroll
@@ -437,15 +456,26 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
  * best with the registers the kernel likes (136: more loads in flight per
  * block), a longer one (the LM head, gate + up) with at most 128, so that 4
  * fit; two to four n-tiles take up to 168 (3 a multiprocessor). */
-template <int NT, int MINB>
+/* Shared memory of a block (dynamic): the warps' x rings (a and b for an
+ * activation), then a step's part words per warp; the reduction reuses the
+ * rings after the loop. In floats. */
+template <int NT, int ACT> struct mmt_smem {
+    static constexpr int G = mmt_rows<NT>::G;
+    static constexpr int RING = MMT_WARPS * MMT_D * G * MMT_K; /* one input's rings */
+    static constexpr int RAW = RING * (ACT == TDM_ACT_NONE ? 1 : 2);
+    static constexpr int RED = MMT_WARPS * MMT_M * NT * 8;
+    static constexpr int SPL = MMT_WARPS * G * 4 * 3 * 8;
+    static constexpr int FLOATS = (RAW > RED ? RAW : RED) + SPL;
+};
+
+template <int NT, int MINB, int ACT>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
-    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, int R, int in, int rgroups)
+    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const float *__restrict__ xb,
+               int R, int in, int rgroups)
 {
-    constexpr int G = mmt_rows<NT>::G, D = MMT_D;
-    constexpr int RAW = MMT_WARPS * D * G * MMT_K;  /* floats: x ring */
-    constexpr int RED = MMT_WARPS * MMT_M * NT * 8; /* floats: red, after the loop */
-    constexpr int SPL = MMT_WARPS * G * 4 * 3 * 8;  /* words: a step's parts per warp */
-    __shared__ __align__(16) float sm[(RAW > RED ? RAW : RED) + SPL];
+    using SM = mmt_smem<NT, ACT>;
+    constexpr int G = SM::G, D = MMT_D;
+    extern __shared__ __align__(16) float sm[];
     __shared__ int last;
     float(*red)[MMT_M][NT * 8] = (float(*)[MMT_M][NT * 8]) sm;
     int ji = 0;
@@ -459,8 +489,8 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     const int m0 = mb * MMT_M, r0 = rg * G;
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
-    float *raw = sm + warp * D * G * MMT_K;
-    uint32_t *spl = (uint32_t *)(sm + (RAW > RED ? RAW : RED)) + warp * G * 96;
+    float *raw = sm + warp * D * G * MMT_K, *rawb = raw + SM::RING;
+    uint32_t *spl = (uint32_t *)(sm + (SM::FLOATS - SM::SPL)) + warp * G * 96;
     /* A ring of D steps per warp (steps s0 + warp, + 4, ...): D - 1 in
      * flight while one computes. Weights never change, so the first D - 1
      * are requested before waiting for the kernel before this one
@@ -474,8 +504,11 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     cuda_kernel_begin();
 #pragma unroll
     for (int u = 0; u < D - 1; u++) {
-        if (s + MMT_WARPS * u < s1)
+        if (s + MMT_WARPS * u < s1) {
             mmt_xcopy<G>(raw + u * G * MMT_K, x, r0, R, s + MMT_WARPS * u, in, lane);
+            if constexpr (ACT != TDM_ACT_NONE)
+                mmt_xcopy<G>(rawb + u * G * MMT_K, xb, r0, R, s + MMT_WARPS * u, in, lane);
+        }
         mmt_commit();
     }
     float acc[2][NT][4];
@@ -495,11 +528,13 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                 if (sl < s1) {
                     mmt_wstep(&f[il], w, m0 + g, out, sl * MMT_K + 16 * t, in);
                     mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
+                    if constexpr (ACT != TDM_ACT_NONE)
+                        mmt_xcopy<G>(rawb + il * G * MMT_K, xb, r0, R, sl, in, lane);
                 }
                 mmt_commit(); /* one group per step, empty or not */
                 mmt_wait<D - 1>();
                 __syncwarp();
-                mmt_xsplit<G>(spl, raw + u * G * MMT_K, lane);
+                mmt_xsplit<G, ACT>(spl, raw + u * G * MMT_K, rawb + u * G * MMT_K, lane);
                 __syncwarp();
                 mmt_step<NT>(acc, &f[u], spl, g, t);
                 __syncwarp(); /* spl is rewritten by the next step */
@@ -592,9 +627,44 @@ static void *mmt_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
     return *buf;
 }
 
-/* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch. */
-static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
-                       const uint16_t *const *ws, const int *outs, int accumulate)
+/* Launches mmt_kernel<NT, MINB, ACT>, its dynamic shared memory allowed
+ * past the default 48 KB once. */
+template <int NT, int MINB, int ACT>
+static void mmt_launch(cuda_ctx *c, unsigned blocks, const mmt_jobs &jobs, const float *x,
+                       const float *xb, int R, int in, int rgroups)
+{
+    static int allowed; /* idempotent: a race sets the same value twice */
+    const size_t bytes = mmt_smem<NT, ACT>::FLOATS * sizeof(float);
+    if (!allowed) {
+        CUDA_CHECK(cudaFuncSetAttribute(mmt_kernel<NT, MINB, ACT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        allowed = 1;
+    }
+    cuda_launch(c, mmt_kernel<NT, MINB, ACT>, blocks, MMT_WARPS * 32, bytes, jobs, x, xb, R, in,
+                rgroups);
+}
+
+template <int ACT>
+static void mmt_launch_act(cuda_ctx *c, int nt, bool one_wave, unsigned blocks,
+                           const mmt_jobs &jobs, const float *x, const float *xb, int R, int in,
+                           int rgroups)
+{
+    if (nt == 1)
+        one_wave ? mmt_launch<1, 1, ACT>(c, blocks, jobs, x, xb, R, in, rgroups)
+                 : mmt_launch<1, 4, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
+    else if (nt == 2)
+        mmt_launch<2, 3, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
+    else if (nt == 3)
+        mmt_launch<3, 3, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
+    else
+        mmt_launch<4, 3, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
+}
+
+/* ys[i] [R, outs[i]] (+)= act(x, xb) · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS),
+ * one launch. */
+static void mmt_matmul(cuda_ctx *c, const float *x, const float *xb, tdm_act act, int R, int in,
+                       int n, float *const *ys, const uint16_t *const *ws, const int *outs,
+                       int accumulate)
 {
     const int nt = mmt_ntiles(R), G = 8 * nt / 3;
     const int rgroups = (R + G - 1) / G;
@@ -628,18 +698,15 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
             }
     }
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
-#define MMT_LAUNCH(N, MINB)                                                                        \
-    cuda_launch(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x, R, in,       \
-                rgroups)
-    if (nt == 1)
-        one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
-    else if (nt == 2)
-        MMT_LAUNCH(2, 3);
-    else if (nt == 3)
-        MMT_LAUNCH(3, 3);
+    if (act == TDM_ACT_SILU_MUL)
+        mmt_launch_act<TDM_ACT_SILU_MUL>(c, nt, one_wave, (unsigned)blocks, jobs, x, xb, R, in,
+                                         rgroups);
+    else if (act == TDM_ACT_MUL_SIGMOID)
+        mmt_launch_act<TDM_ACT_MUL_SIGMOID>(c, nt, one_wave, (unsigned)blocks, jobs, x, xb, R, in,
+                                            rgroups);
     else
-        MMT_LAUNCH(4, 3);
-#undef MMT_LAUNCH
+        mmt_launch_act<TDM_ACT_NONE>(c, nt, one_wave, (unsigned)blocks, jobs, x, NULL, R, in,
+                                     rgroups);
 }
 
 /* ---- dispatch --------------------------------------------------------------- */
@@ -654,7 +721,7 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
     if (vec && w.dtype == TDM_DTYPE_BF16) {
         const uint16_t *wd = (const uint16_t *)w.data;
-        mmt_matmul(c, x, R, in, 1, &y, &wd, &out, accumulate);
+        mmt_matmul(c, x, NULL, TDM_ACT_NONE, R, in, 1, &y, &wd, &out, accumulate);
         return;
     }
     /* Rows per block: the fewest that hold the whole call (up to 16), so a
@@ -695,7 +762,7 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
             gw[ng] = (const uint16_t *)ws[i].data;
             go[ng++] = outs[i];
             if (ng == MMT_MAXJOBS) {
-                mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
+                mmt_matmul(c, x, NULL, TDM_ACT_NONE, R, in, ng, gy, gw, go, 0);
                 ng = 0;
             }
         } else {
@@ -703,5 +770,25 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
         }
     }
     if (ng)
-        mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
+        mmt_matmul(c, x, NULL, TDM_ACT_NONE, R, in, ng, gy, gw, go, 0);
+}
+
+void cuda_matmul_act(void *ctx, float *y, const float *a, const float *b, tdm_act act, tdm_weight w,
+                     int R, int in, int out, int accumulate)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (R <= 0 || out <= 0)
+        return;
+    const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)a % 16) == 0 &&
+                    ((uintptr_t)b % 16) == 0;
+    if (vec && w.dtype == TDM_DTYPE_BF16) {
+        const uint16_t *wd = (const uint16_t *)w.data;
+        mmt_matmul(c, a, b, act, R, in, 1, &y, &wd, &out, accumulate);
+        return;
+    }
+    /* Other weights: the activation into scratch, then the plain matmul. */
+    const size_t n = (size_t)R * (size_t)in;
+    float *x = (float *)mmt_grow(c, (void **)&c->mm_act, &c->mm_act_cap, n * sizeof(float));
+    cuda_act(c, x, a, b, act, n);
+    cuda_matmul(ctx, y, x, w, R, in, out, accumulate);
 }

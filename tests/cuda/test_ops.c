@@ -383,6 +383,138 @@ static void test_split_rope(void)
     }
 }
 
+/* y += act(a, b) · wᵀ on backend be: matmul_act where it has one (fused),
+ * else the elementwise op into a copy of a, then matmul. boff shifts b off
+ * 16-byte alignment (the unfused fallback inside matmul_act). */
+static float *run_matmul_act(tdm_backend *be, int fused, tdm_act act, const float *a,
+                             const float *b, const void *wh, const float *wref, tdm_dtype dt,
+                             size_t wbytes, const float *y0, int R, int in, int out, int boff,
+                             int *inputs_kept)
+{
+    const size_t n = (size_t)R * in;
+    tdm_weight w = put_weight(be, wh, wref, (size_t)out * in, dt, wbytes);
+    float *da = ct_put(be, a, n * 4), *db = ct_put(be, NULL, (n + 1) * 4);
+    be->upload(be->ctx, db + boff, b, n * 4);
+    float *dy = ct_put(be, y0, (size_t)R * out * 4);
+    if (fused) {
+        be->matmul_act(be->ctx, dy, da, db + boff, act, w, R, in, out, 1);
+        float *ka = ct_get(be, da, n * 4), *kb = ct_get(be, db + boff, n * 4);
+        *inputs_kept = !memcmp(ka, a, n * 4) && !memcmp(kb, b, n * 4);
+        free(ka);
+        free(kb);
+    } else {
+        float *dx = ct_put(be, NULL, n * 4);
+        if (act == TDM_ACT_SILU_MUL) {
+            be->silu_mul(be->ctx, dx, da, db + boff, n);
+        } else {
+            be->copy(be->ctx, dx, da, n * 4);
+            be->mul_sigmoid(be->ctx, dx, db + boff, n);
+        }
+        be->matmul(be->ctx, dy, dx, w, R, in, out, 1);
+        be->free(be->ctx, dx);
+    }
+    float *y = ct_get(be, dy, (size_t)R * out * 4);
+    be->free(be->ctx, (void *)w.data);
+    be->free(be->ctx, da);
+    be->free(be->ctx, db);
+    be->free(be->ctx, dy);
+    return y;
+}
+
+/* matmul_act (silu_mul / mul_sigmoid inside the matmul) against the op
+ * followed by matmul: the same bits on the GPU, and the CPU's result to
+ * 1e-5; a and b untouched. Shapes cover 1..4 n-tiles, several row groups,
+ * split k, the scalar path (in % 8 != 0) and an unaligned b. */
+static void test_matmul_act(void)
+{
+    const int shapes[][4] = {{1, 2560, 2560, 0}, {2, 9216, 64, 0},   {3, 256, 130, 0},
+                             {9, 4096, 96, 0},   {10, 1024, 520, 0}, {17, 2560, 1024, 0},
+                             {1, 40, 7, 0},      {9, 512, 40, 1}};
+    const tdm_dtype dts[] = {TDM_DTYPE_BF16, TDM_DTYPE_F32};
+    const tdm_act acts[] = {TDM_ACT_SILU_MUL, TDM_ACT_MUL_SIGMOID};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+        for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++)
+            for (size_t k = 0; k < TDM_ARRAY_LEN(acts); k++) {
+                const int R = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+                const int boff = shapes[s][3];
+                size_t nw = (size_t)out * in, wb;
+                float *wv = malloc(nw * 4), *wref = malloc(nw * 4);
+                float *a = malloc((size_t)R * in * 4), *b = malloc((size_t)R * in * 4);
+                float *y0 = malloc((size_t)R * out * 4);
+                ct_fill(wv, nw, 0.5f);
+                ct_fill(a, (size_t)R * in, 4.0f);
+                ct_fill(b, (size_t)R * in, 2.0f);
+                ct_fill(y0, (size_t)R * out, 1.0f);
+                void *wh = make_weight(wv, nw, dts[d], wref, &wb);
+                int kept = 0;
+                float *yc = run_matmul_act(CPU, 0, acts[k], a, b, wh, wref, dts[d], wb, y0, R, in,
+                                           out, boff, &kept);
+                float *yu = run_matmul_act(G, 0, acts[k], a, b, wh, wref, dts[d], wb, y0, R, in,
+                                           out, boff, &kept);
+                float *yf = run_matmul_act(G, 1, acts[k], a, b, wh, wref, dts[d], wb, y0, R, in,
+                                           out, boff, &kept);
+                char cas[96];
+                snprintf(cas, sizeof(cas), "%s R=%d in=%d out=%d %s%s",
+                         acts[k] == TDM_ACT_SILU_MUL ? "silu_mul" : "mul_sigmoid", R, in, out,
+                         tdm_dtype_name(dts[d]), boff ? " b unaligned" : "");
+                report("matmul_act", cas, ct_nerr(yf, yc, (size_t)R * out), 1e-5);
+                report_same("matmul_act", "  == the op, then matmul", yf, yu, (size_t)R * out * 4);
+                if (!kept) {
+                    printf("%-14s   a or b changed: FAIL\n", "matmul_act");
+                    failures++;
+                }
+                free(yc);
+                free(yu);
+                free(yf);
+                free(wh);
+                free(wv);
+                free(wref);
+                free(a);
+                free(b);
+                free(y0);
+            }
+}
+
+/* copy_n against one copy per pair: sizes and offsets off 16 bytes. */
+static void test_copy_n(void)
+{
+    enum { N = 5 };
+    const size_t sizes[N] = {2u << 20, 3, 4096, 1000004, 17};
+    const size_t offs[N] = {0, 1, 16, 4, 7};
+    size_t total = 0;
+    for (int i = 0; i < N; i++)
+        total += sizes[i] + offs[i] + 16;
+    unsigned char *h = malloc(total);
+    for (size_t i = 0; i < total; i++)
+        h[i] = (unsigned char)(i * 2654435761u >> 13);
+    unsigned char *src = ct_put(G, h, total), *dst = ct_put(G, NULL, total);
+    G->upload(G->ctx, dst, h + 1, total - 1);
+    void *d[N];
+    const void *sp[N];
+    size_t at = 0;
+    for (int i = 0; i < N; i++) {
+        sp[i] = src + at + offs[i];
+        d[i] = dst + at + (offs[i] + 3) % 16;
+        at += sizes[i] + offs[i] + 16;
+    }
+    G->copy_n(G->ctx, N, d, sp, sizes);
+    unsigned char *got = ct_get(G, dst, total);
+    unsigned char *want = malloc(total);
+    memcpy(want, h + 1, total - 1);
+    want[total - 1] = got[total - 1]; /* never uploaded */
+    at = 0;
+    for (int i = 0; i < N; i++) {
+        memcpy(want + at + (offs[i] + 3) % 16, h + at + offs[i], sizes[i]);
+        at += sizes[i] + offs[i] + 16;
+    }
+    report_same("copy_n", "5 copies, 3 B .. 2 MB, unaligned", got, want, total);
+    free(got);
+    free(want);
+    free(h);
+    G->free(G->ctx, src);
+    G->free(G->ctx, dst);
+}
+
 static void test_elementwise(void)
 {
     const size_t N = 100003;
@@ -1129,6 +1261,8 @@ int main(void)
     G = ct_gpu();
     CPU = ct_cpu();
     test_matmul();
+    test_matmul_act();
+    test_copy_n();
     test_embed();
     test_rmsnorm();
     test_rmsnorm_gated();
