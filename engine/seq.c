@@ -252,9 +252,14 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
                     (tdm_gdn_seg){st->row0[i], st->counts[i], rst, rout, st->prefill && !rout};
             }
             be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
-            be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
-            be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, st->gs, nseq, Hk, Hv, Dk,
-                              Dv); /* o [R, Hv, Dv] */
+            if (be->gdn_gated) {                                                /* o [R, Hv, Dv] */
+                be->gdn_gated(bx, w->o, w->qkvc, C, w->g, w->beta, w->a, w->b, lw->A_log,
+                              lw->dt_bias, st->gs, nseq, Hk, Hv, Dk, Dv);
+            } else {
+                be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
+                be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, st->gs, nseq, Hk, Hv, Dk,
+                                  Dv);
+            }
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
             be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
         } else {

@@ -220,6 +220,14 @@ struct tdm_backend {
     void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
                           const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
                           int Dk, int Dv);
+    /* Optional (NULL: gdn_gates, then gdn_recurrent). Both in one call: g
+     * and beta [R, Hv] are written for the segments' rows as gdn_gates
+     * writes them, and out and the states are what gdn_recurrent then
+     * gives. */
+    void (*gdn_gated)(void *ctx, float *out, const float *qkv, int qkv_stride, float *g,
+                      float *beta, const float *a, const float *b, const float *A_log,
+                      const float *dt_bias, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
+                      int Dk, int Dv);
     /* out[r] = argmax of x[r, 0..n) (first on ties); out host [R]. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
     /* In-place softmax per row of n (fp32). */

@@ -531,6 +531,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->conv_silu = cuda_conv_silu;
     be->gdn_gates = cuda_gdn_gates;
     be->gdn_recurrent = cuda_gdn_recurrent;
+    be->gdn_gated = cuda_gdn_gated;
     be->argmax = cu_argmax;
     be->softmax = cuda_softmax;
     be->sample = cu_sample;
@@ -539,6 +540,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         be->matmul = st_matmul;
         be->matmul_n = NULL;   /* each projection timed on its own */
         be->matmul_act = NULL; /* the op and the matmul timed apart */
+        be->gdn_gated = NULL;
         be->rmsnorm = st_rmsnorm;
         be->rmsnorm_gated = st_rmsnorm_gated;
         be->split_qgate = st_split_qgate;

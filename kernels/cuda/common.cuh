@@ -247,4 +247,13 @@ __device__ __forceinline__ float cuda_sigmoid(float v)
     return 1.0f / (1.0f + expf(-v));
 }
 
+/* The delta rule's decay gate g = -exp(A_log) * softplus(a + dt_bias)
+ * (torch softplus: beta 1, threshold 20); beta = cuda_sigmoid(b). */
+__device__ __forceinline__ float cuda_gdn_gate(float a, float A_log, float dt_bias)
+{
+    const float u = a + dt_bias;
+    const float sp = u > 20.0f ? u : log1pf(expf(u));
+    return -expf(A_log) * sp;
+}
+
 #endif

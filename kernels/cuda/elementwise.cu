@@ -228,10 +228,7 @@ __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const fl
     if (i >= (size_t)R * (size_t)Hv)
         return;
     const int h = (int)(i % (size_t)Hv);
-    const float u = a[i] + dt_bias[h];
-    /* torch softplus(beta=1, threshold=20) */
-    const float sp = u > 20.0f ? u : log1pf(expf(u));
-    g[i] = -expf(A_log[h]) * sp;
+    g[i] = cuda_gdn_gate(a[i], A_log[h], dt_bias[h]);
     beta[i] = cuda_sigmoid(b[i]);
 }
 
