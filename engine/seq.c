@@ -190,23 +190,6 @@ static void project(tdm_backend *be, const float *x, int R, int in, int n, float
         be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
 }
 
-/* y += act(a, b) · wᵀ: in the matmul where the backend can, else the
- * elementwise op in place into a, then the matmul. */
-static void act_matmul(tdm_backend *be, float *y, float *a, const float *b, tdm_act act,
-                       tdm_weight w, int R, int in, int out)
-{
-    if (be->matmul_act) {
-        be->matmul_act(be->ctx, y, a, b, act, w, R, in, out, 1);
-        return;
-    }
-    const size_t n = (size_t)R * (size_t)in;
-    if (act == TDM_ACT_SILU_MUL)
-        be->silu_mul(be->ctx, a, a, b, n);
-    else
-        be->mul_sigmoid(be->ctx, a, b, n);
-    be->matmul(be->ctx, y, a, w, R, in, out, 1);
-}
-
 /* The ops of one step, in order; logits (when asked) end in ws.logits. Op
  * slots only: nothing here allocates, crosses to the host or waits, so a
  * backend may record the step as a graph (backend.h). */
@@ -252,14 +235,9 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
                     (tdm_gdn_seg){st->row0[i], st->counts[i], rst, rout, st->prefill && !rout};
             }
             be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
-            if (be->gdn_gated) {                                                /* o [R, Hv, Dv] */
-                be->gdn_gated(bx, w->o, w->qkvc, C, w->g, w->beta, w->a, w->b, lw->A_log,
-                              lw->dt_bias, st->gs, nseq, Hk, Hv, Dk, Dv);
-            } else {
-                be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
-                be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, st->gs, nseq, Hk, Hv, Dk,
-                                  Dv);
-            }
+            be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
+            be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, st->gs, nseq, Hk, Hv, Dk,
+                              Dv); /* o [R, Hv, Dv] */
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
             be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
         } else {
@@ -281,15 +259,16 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
                 st->as[i] = (tdm_attn_seg){st->row0[i], st->counts[i], s->n_past, s->k[L], s->v[L]};
             }
             be->attention(bx, w->o, w->q, st->as, nseq, nH, nKV, D); /* [R, nH, D] */
-            /* x += (o * sigmoid(gate)) · o_projᵀ */
-            act_matmul(be, w->x, w->o, w->gate, TDM_ACT_MUL_SIGMOID, lw->o_proj, R, QD, H);
+            be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
+            be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
         }
         be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
         float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
         const tdm_weight ws[] = {lw->gate, lw->up};
         const int outs[] = {I, I};
         project(be, w->xn, R, H, 2, ys, ws, outs);
-        act_matmul(be, w->x, w->h1, w->h2, TDM_ACT_SILU_MUL, lw->down, R, I, H); /* x += */
+        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
+        be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);

@@ -44,13 +44,6 @@ typedef enum tdm_dtype {
 } tdm_dtype;
 
 size_t tdm_dtype_size(tdm_dtype dt);
-
-/* Elementwise ops that can feed a matmul (matmul_act). */
-typedef enum tdm_act {
-    TDM_ACT_NONE = 0,        /* a */
-    TDM_ACT_SILU_MUL = 1,    /* silu(a) * b, as silu_mul */
-    TDM_ACT_MUL_SIGMOID = 2, /* a * sigmoid(b), as mul_sigmoid */
-} tdm_act;
 const char *tdm_dtype_name(tdm_dtype dt);
 
 /* A weight matrix or vector in backend memory. */
@@ -175,12 +168,6 @@ struct tdm_backend {
      * projections) in fewer launches. The arrays are host memory. */
     void (*matmul_n)(void *ctx, const float *x, int R, int in, int n, float *const *ys,
                      const tdm_weight *ws, const int *outs);
-    /* Optional (NULL: the caller runs silu_mul or mul_sigmoid, then matmul).
-     * y [R,out] (+)= act(a, b) · wᵀ, a and b [R,in]: bit for bit what the
-     * elementwise op followed by matmul gives, without act(a, b) being
-     * written anywhere; a and b are left as they are. */
-    void (*matmul_act)(void *ctx, float *y, const float *a, const float *b, tdm_act act,
-                       tdm_weight w, int R, int in, int out, int accumulate);
     /* y = x / rms(x) * (zero_centred ? 1 + w : w), per row of n; w [n] f32. y may be x. */
     void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
                     int zero_centred);
@@ -220,14 +207,6 @@ struct tdm_backend {
     void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
                           const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
                           int Dk, int Dv);
-    /* Optional (NULL: gdn_gates, then gdn_recurrent). Both in one call: g
-     * and beta [R, Hv] are written for the segments' rows as gdn_gates
-     * writes them, and out and the states are what gdn_recurrent then
-     * gives. */
-    void (*gdn_gated)(void *ctx, float *out, const float *qkv, int qkv_stride, float *g,
-                      float *beta, const float *a, const float *b, const float *A_log,
-                      const float *dt_bias, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
-                      int Dk, int Dv);
     /* out[r] = argmax of x[r, 0..n) (first on ties); out host [R]. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
     /* In-place softmax per row of n (fp32). */

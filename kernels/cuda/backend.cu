@@ -402,7 +402,7 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->sample_spill);
         cudaFree(c->mm_part);
         cudaFree(c->mm_count);
-        cudaFree(c->mm_act);
+        cudaFree(c->mm_xs);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);
@@ -519,7 +519,6 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->embed = cuda_embed;
     be->matmul = cuda_matmul;
     be->matmul_n = cuda_matmul_n;
-    be->matmul_act = cuda_matmul_act;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
     be->split_qgate = cuda_split_qgate;
@@ -531,16 +530,13 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->conv_silu = cuda_conv_silu;
     be->gdn_gates = cuda_gdn_gates;
     be->gdn_recurrent = cuda_gdn_recurrent;
-    be->gdn_gated = cuda_gdn_gated;
     be->argmax = cu_argmax;
     be->softmax = cuda_softmax;
     be->sample = cu_sample;
     if (c->stats) {
         be->embed = st_embed;
         be->matmul = st_matmul;
-        be->matmul_n = NULL;   /* each projection timed on its own */
-        be->matmul_act = NULL; /* the op and the matmul timed apart */
-        be->gdn_gated = NULL;
+        be->matmul_n = NULL; /* each projection timed on its own */
         be->rmsnorm = st_rmsnorm;
         be->rmsnorm_gated = st_rmsnorm_gated;
         be->split_qgate = st_split_qgate;

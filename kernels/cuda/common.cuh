@@ -70,10 +70,10 @@ typedef struct cuda_ctx {
     int shaping;
     uint64_t shape;
     /* matmul split-k scratch (matmul.cu) */
-    float *mm_part;                               /* split-k partial sums */
-    unsigned *mm_count;                           /* split-k arrivals per output tile */
-    float *mm_act;                                /* matmul_act's input, other weights */
-    size_t mm_part_cap, mm_count_cap, mm_act_cap; /* bytes */
+    float *mm_part;                              /* split-k partial sums */
+    unsigned *mm_count;                          /* split-k arrivals per output tile */
+    uint32_t *mm_xs;                             /* activations split into bf16 parts */
+    size_t mm_part_cap, mm_count_cap, mm_xs_cap; /* bytes */
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;
@@ -245,15 +245,6 @@ __device__ __forceinline__ float cuda_silu(float v)
 __device__ __forceinline__ float cuda_sigmoid(float v)
 {
     return 1.0f / (1.0f + expf(-v));
-}
-
-/* The delta rule's decay gate g = -exp(A_log) * softplus(a + dt_bias)
- * (torch softplus: beta 1, threshold 20); beta = cuda_sigmoid(b). */
-__device__ __forceinline__ float cuda_gdn_gate(float a, float A_log, float dt_bias)
-{
-    const float u = a + dt_bias;
-    const float sp = u > 20.0f ? u : log1pf(expf(u));
-    return -expf(A_log) * sp;
 }
 
 #endif

@@ -181,28 +181,6 @@ void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
                 n, ew_aligned(y, gate, NULL));
 }
 
-template <float (*F)(float, float)>
-__global__ void act_kernel(float *y, const float *a, const float *b, size_t n, int vec)
-{
-    cuda_kernel_begin();
-    const size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
-    if (i < n)
-        ew_four<F>(y, a, b, i, n, vec);
-}
-
-void cuda_act(cuda_ctx *c, float *y, const float *a, const float *b, tdm_act act, size_t n)
-{
-    if (n == 0)
-        return;
-    const unsigned blocks = cuda_blocks((n + 3) / 4, EW_THREADS);
-    const int vec = ew_aligned(y, a, b);
-    TDM_ASSERT(act == TDM_ACT_SILU_MUL || act == TDM_ACT_MUL_SIGMOID);
-    if (act == TDM_ACT_SILU_MUL)
-        cuda_launch(c, act_kernel<ew_silu_mul>, blocks, EW_THREADS, 0, y, a, b, n, vec);
-    else
-        cuda_launch(c, act_kernel<ew_mul_sigmoid>, blocks, EW_THREADS, 0, y, a, b, n, vec);
-}
-
 __global__ void silu_mul_kernel(float *y, const float *a, const float *b, size_t n, int vec)
 {
     cuda_kernel_begin();
@@ -228,7 +206,10 @@ __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const fl
     if (i >= (size_t)R * (size_t)Hv)
         return;
     const int h = (int)(i % (size_t)Hv);
-    g[i] = cuda_gdn_gate(a[i], A_log[h], dt_bias[h]);
+    const float u = a[i] + dt_bias[h];
+    /* torch softplus(beta=1, threshold=20) */
+    const float sp = u > 20.0f ? u : log1pf(expf(u));
+    g[i] = -expf(A_log[h]) * sp;
     beta[i] = cuda_sigmoid(b[i]);
 }
 

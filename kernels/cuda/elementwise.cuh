@@ -13,8 +13,6 @@ void cuda_kv_store(void *ctx, float *k_cache, float *v_cache, const float *k, co
                    int at, int nrows, int kv_width);
 void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n);
 void cuda_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n);
-/* y = act(a, b), n values (not in place for mul_sigmoid's a). */
-void cuda_act(cuda_ctx *c, float *y, const float *a, const float *b, tdm_act act, size_t n);
 void cuda_gdn_gates(void *ctx, float *g, float *beta, const float *a, const float *b,
                     const float *A_log, const float *dt_bias, int R, int Hv);
 

@@ -26,8 +26,7 @@
  * and no barrier. P and SL follow from Dk alone, so a position computes the
  * same bits in a prefill, a verify block or a decode step, in any batch.
  * The next position's q, k, v, g and beta are loaded while the current one
- * is computed. gdn_gated computes g and beta there from the projections a
- * and b (as gdn_gates does, elementwise.cu) and writes them out too.
+ * is computed.
  */
 #include "gdn.cuh"
 #include "gdn_chunk.cuh"
@@ -161,18 +160,10 @@ template <int P> struct gdn_in {
     float q[P], k[P], v, g, b;
 };
 
-/* Where a position's gates come from: g and beta as given, or (gated)
- * computed from a and b, then written to g and beta by the thread that owns
- * value column 0. */
-struct gdn_gates_src {
-    float *g, *beta;
-    const float *a, *b, *A_log, *dt_bias; /* NULL a: g and beta are inputs */
-};
-
 template <int P>
 __device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t row, int stride,
-                                         const gdn_gates_src &gs, int hk, int hv, int Hk, int Hv,
-                                         int Dk, int Dv, int d0, int e, bool live, int vec)
+                                         const float *g, const float *beta, int hk, int hv, int Hk,
+                                         int Hv, int Dk, int Dv, int d0, int e, bool live, int vec)
 {
     const float *base = qkv + row * (size_t)stride;
     const float *q = base + (size_t)hk * (size_t)Dk + d0, *k = q + (size_t)Hk * (size_t)Dk;
@@ -197,23 +188,14 @@ __device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t
     }
     in.v = live ? base[2 * (size_t)Hk * (size_t)Dk + (size_t)hv * (size_t)Dv + (size_t)e] : 0.0f;
     const size_t gi = row * (size_t)Hv + (size_t)hv;
-    if (gs.a) {
-        in.g = cuda_gdn_gate(gs.a[gi], gs.A_log[hv], gs.dt_bias[hv]);
-        in.b = cuda_sigmoid(gs.b[gi]);
-        if (e == 0 && d0 == 0) {
-            gs.g[gi] = in.g;
-            gs.beta[gi] = in.b;
-        }
-    } else {
-        in.g = gs.g[gi];
-        in.b = gs.beta[gi];
-    }
+    in.g = g[gi];
+    in.b = beta[gi];
 }
 
 /* P: state rows per thread; SL: lanes per value column (P * SL >= Dk). */
 template <int P, int SL>
 __global__ void __launch_bounds__(GDN_WARPS * 32)
-    gdn_kernel(float *out, const float *qkv, int stride, const gdn_gates_src gs,
+    gdn_kernel(float *out, const float *qkv, int stride, const float *g, const float *beta,
                const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec)
 {
     cuda_kernel_begin();
@@ -235,11 +217,12 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
     }
     gdn_in<P> cur, nxt;
     if (sg.nrows > 0)
-        gdn_load(cur, qkv, (size_t)sg.row0, stride, gs, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
+        gdn_load(cur, qkv, (size_t)sg.row0, stride, g, beta, hk, hv, Hk, Hv, Dk, Dv, d0, e, live,
+                 vec);
     for (int i = 0; i < sg.nrows; i++) {
         const size_t row = (size_t)(sg.row0 + i);
         if (i + 1 < sg.nrows)
-            gdn_load(nxt, qkv, row + 1, stride, gs, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
+            gdn_load(nxt, qkv, row + 1, stride, g, beta, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
         float sq = 0.0f, sk = 0.0f;
 #pragma unroll
         for (int t = 0; t < P; t++) {
@@ -285,16 +268,16 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
     }
 }
 
-/* The delta rule over segs with gates from gs (gdn_gates_src). */
-static void gdn_run(cuda_ctx *c, float *out, const float *qkv, int qkv_stride,
-                    const gdn_gates_src &gs, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
-                    int Dk, int Dv)
+void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
+                        const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
+                        int Dk, int Dv)
 {
+    cuda_ctx *c = (cuda_ctx *)ctx;
     TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 1024 && Dv > 0);
     if (nseg <= 0 || Hv <= 0)
         return;
     /* Prompt-prefill segments of at least one chunk go to the chunked form
-     * (gdn_chunk.cu), their gates computed first; the rest run here. */
+     * (gdn_chunk.cu); the rest run here. */
     int nchunked = 0;
     for (int i = 0; i < nseg; i++)
         nchunked += segs[i].chunked && !segs[i].states_out && segs[i].nrows >= GDN_CHUNK_MIN;
@@ -303,20 +286,13 @@ static void gdn_run(cuda_ctx *c, float *out, const float *qkv, int qkv_stride,
         TDM_ASSERT(rest != NULL);
         int nrest = 0;
         for (int i = 0; i < nseg; i++) {
-            const tdm_gdn_seg *sg = &segs[i];
-            if (sg->chunked && !sg->states_out && sg->nrows >= GDN_CHUNK_MIN) {
-                if (gs.a) {
-                    const size_t o = (size_t)sg->row0 * (size_t)Hv;
-                    cuda_gdn_gates(c, gs.g + o, gs.beta + o, gs.a + o, gs.b + o, gs.A_log,
-                                   gs.dt_bias, sg->nrows, Hv);
-                }
-                cuda_gdn_chunked(c, out, qkv, qkv_stride, gs.g, gs.beta, sg, Hk, Hv, Dk, Dv);
-            } else {
-                rest[nrest++] = *sg;
-            }
+            if (segs[i].chunked && !segs[i].states_out && segs[i].nrows >= GDN_CHUNK_MIN)
+                cuda_gdn_chunked(c, out, qkv, qkv_stride, g, beta, &segs[i], Hk, Hv, Dk, Dv);
+            else
+                rest[nrest++] = segs[i];
         }
         if (nrest)
-            gdn_run(c, out, qkv, qkv_stride, gs, rest, nrest, Hk, Hv, Dk, Dv);
+            cuda_gdn_recurrent(ctx, out, qkv, qkv_stride, g, beta, rest, nrest, Hk, Hv, Dk, Dv);
         free(rest);
         return;
     }
@@ -331,8 +307,8 @@ static void gdn_run(cuda_ctx *c, float *out, const float *qkv, int qkv_stride,
     const int cols = GDN_WARPS * 32 / sl;
     const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
 #define GDN_LAUNCH(P, SL)                                                                          \
-    cuda_launch(c, gdn_kernel<P, SL>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, gs, d, Hk,    \
-                Hv, Dk, Dv, vec)
+    cuda_launch(c, gdn_kernel<P, SL>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, g, beta, d,   \
+                Hk, Hv, Dk, Dv, vec)
     if (p == 8)
         GDN_LAUNCH(8, 1);
     else if (p == 16 && sl == 1)
@@ -350,20 +326,4 @@ static void gdn_run(cuda_ctx *c, float *out, const float *qkv, int qkv_stride,
     else
         GDN_LAUNCH(32, 32);
 #undef GDN_LAUNCH
-}
-
-void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
-                        const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
-                        int Dk, int Dv)
-{
-    const gdn_gates_src gs = {(float *)g, (float *)beta, NULL, NULL, NULL, NULL};
-    gdn_run((cuda_ctx *)ctx, out, qkv, qkv_stride, gs, segs, nseg, Hk, Hv, Dk, Dv);
-}
-
-void cuda_gdn_gated(void *ctx, float *out, const float *qkv, int qkv_stride, float *g, float *beta,
-                    const float *a, const float *b, const float *A_log, const float *dt_bias,
-                    const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
-{
-    const gdn_gates_src gs = {g, beta, a, b, A_log, dt_bias};
-    gdn_run((cuda_ctx *)ctx, out, qkv, qkv_stride, gs, segs, nseg, Hk, Hv, Dk, Dv);
 }

@@ -4,18 +4,11 @@
 #define TANDEM_KERNELS_CUDA_GDN_CUH
 
 #include "common.cuh"
-#include "elementwise.cuh"
 
 void cuda_conv_silu(void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *segs,
                     int nseg, int C, int K);
 void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
                         const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
                         int Dk, int Dv);
-
-/* gdn_gates then gdn_recurrent (backend.h gdn_gated), the gates computed
- * inside the delta rule's kernel. */
-void cuda_gdn_gated(void *ctx, float *out, const float *qkv, int qkv_stride, float *g, float *beta,
-                    const float *a, const float *b, const float *A_log, const float *dt_bias,
-                    const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv);
 
 #endif

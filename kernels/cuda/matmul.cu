@@ -58,8 +58,6 @@
  */
 #include "matmul.cuh"
 
-#include "elementwise.cuh"
-
 #include <string.h>
 
 #define MM_COLS 4   /* columns per block: each x load serves 4 columns */
@@ -224,6 +222,7 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 #define MMT_K 64       /* k per step */
 #define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
 #define MMT_D 2        /* steps in a warp's ring */
+#define MMT_SPLIT_NT 2 /* n-tiles from which x is split by its own kernel first */
 
 /* Rows of a row group for NT n-tiles: their three parts fill the 8·NT
  * columns (2, 5, 8 or 10 rows). */
@@ -364,37 +363,84 @@ template <int N> __device__ __forceinline__ void mmt_wait(void)
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* The matmul's input from a (and b): a, silu(a) · b or a · sigmoid(b),
- * computed as silu_mul and mul_sigmoid do (elementwise.cu). */
-template <int ACT> __device__ __forceinline__ float mmt_act(float a, float b)
-{
-    if constexpr (ACT == TDM_ACT_SILU_MUL)
-        return cuda_silu(a) * b;
-    else if constexpr (ACT == TDM_ACT_MUL_SIGMOID)
-        return a * cuda_sigmoid(b);
-    else
-        return a;
-}
-
-/* raw[G][64] (and rawb) split into part words (mmt_sword): lane l splits
- * the pair 2l, 2l + 1 of every row. */
-template <int G, int ACT>
-__device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, const float *rawb,
-                                           int lane)
+/* raw[G][64] split into part words (mmt_sword): lane l splits the pair
+ * 2l, 2l + 1 of every row. */
+template <int G>
+__device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, int lane)
 {
     const int t = lane >> 3, j = (lane & 7) >> 1, wd = lane & 1;
 #pragma unroll
     for (int rr = 0; rr < G; rr++) {
-        float2 v = *(const float2 *)(raw + rr * MMT_K + 2 * lane);
-        if constexpr (ACT != TDM_ACT_NONE) {
-            const float2 u = *(const float2 *)(rawb + rr * MMT_K + 2 * lane);
-            v = make_float2(mmt_act<ACT>(v.x, u.x), mmt_act<ACT>(v.y, u.y));
-        }
+        const float2 v = *(const float2 *)(raw + rr * MMT_K + 2 * lane);
         uint32_t w3[3];
         mmt_split(v.x, v.y, &w3[0], &w3[1], &w3[2]);
 #pragma unroll
         for (int p = 0; p < 3; p++)
             spl[mmt_sword(rr, t, p) + 2 * j + wd] = w3[p];
+    }
+}
+
+/* The 16 x values of row r a lane's B fragments take at element k (zero
+ * outside x). */
+__device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, bool ok, int k, int in)
+{
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (ok && k + 4 * h < in)
+            q = __ldg((const float4 *)(x + (size_t)r * (size_t)in + (size_t)k + 4 * h));
+        xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
+    }
+}
+
+/* x split ahead (three rows or more, where every lane of a block would
+ * split a whole row for one part): per (row, step, t, part) the 8 words of
+ * the lane's B fragments, [j][word], so a lane loads its part as two
+ * 16-byte vectors. The same words as splitting inline: the same bits
+ * either way. */
+__global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in, int steps)
+{
+    cuda_kernel_begin();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* (r, s, t) */
+    if (i >= (size_t)R * (size_t)steps * 4)
+        return;
+    const int t = (int)(i % 4), s = (int)(i / 4 % (size_t)steps), r = (int)(i / 4 / (size_t)steps);
+    float xv[16];
+    mmt_xload(xv, x, r, true, s * MMT_K + 16 * t, in);
+    uint32_t b[3][4][2];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][j][0], &b[1][j][0], &b[2][j][0]);
+        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[0][j][1], &b[1][j][1], &b[2][j][1]);
+    }
+    uint4 *o = (uint4 *)(xs + i * 24);
+    const uint32_t *f = &b[0][0][0];
+#pragma unroll
+    for (int v = 0; v < 6; v++)
+        o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
+}
+
+/* The lane's pre-split B words of every n-tile at step s, all n-tiles'
+ * loads first (one round trip per step, not NT). */
+template <int NT>
+__device__ __forceinline__ void mmt_xsload(uint32_t (*b)[4][2], const uint32_t *xs, int r0, int R,
+                                           int s, int steps, int t, int g)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
+        uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+        if (rr < mmt_rows<NT>::G && r < R) {
+            const uint4 *q =
+                (const uint4 *)(xs +
+                                ((((size_t)r * (size_t)steps + (size_t)s) * 4 + (size_t)t) * 3 +
+                                 (size_t)p) *
+                                    8);
+            v0 = __ldg(q);
+            v1 = __ldg(q + 1);
+        }
+        b[nt][0][0] = v0.x, b[nt][0][1] = v0.y, b[nt][1][0] = v0.z, b[nt][1][1] = v0.w;
+        b[nt][2][0] = v1.x, b[nt][2][1] = v1.y, b[nt][3][0] = v1.z, b[nt][3][1] = v1.w;
     }
 }
 
@@ -456,26 +502,17 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
  * best with the registers the kernel likes (136: more loads in flight per
  * block), a longer one (the LM head, gate + up) with at most 128, so that 4
  * fit; two to four n-tiles take up to 168 (3 a multiprocessor). */
-/* Shared memory of a block (dynamic): the warps' x rings (a and b for an
- * activation), then a step's part words per warp; the reduction reuses the
- * rings after the loop. In floats. */
-template <int NT, int ACT> struct mmt_smem {
-    static constexpr int G = mmt_rows<NT>::G;
-    static constexpr int RING = MMT_WARPS * MMT_D * G * MMT_K; /* one input's rings */
-    static constexpr int RAW = RING * (ACT == TDM_ACT_NONE ? 1 : 2);
-    static constexpr int RED = MMT_WARPS * MMT_M * NT * 8;
-    static constexpr int SPL = MMT_WARPS * G * 4 * 3 * 8;
-    static constexpr int FLOATS = (RAW > RED ? RAW : RED) + SPL;
-};
-
-template <int NT, int MINB, int ACT>
+template <int NT, int MINB>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
-    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const float *__restrict__ xb,
-               int R, int in, int rgroups)
+    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
+               int rgroups)
 {
-    using SM = mmt_smem<NT, ACT>;
-    constexpr int G = SM::G, D = MMT_D;
-    extern __shared__ __align__(16) float sm[];
+    constexpr int G = mmt_rows<NT>::G, D = MMT_D;
+    constexpr bool RING = NT < MMT_SPLIT_NT;                  /* else x comes split ahead in xs */
+    constexpr int RAW = RING ? MMT_WARPS * D * G * MMT_K : 0; /* floats: x ring */
+    constexpr int RED = MMT_WARPS * MMT_M * NT * 8;           /* floats: red, after the loop */
+    constexpr int SPL = RING ? MMT_WARPS * G * 4 * 3 * 8 : 0; /* words: a step's parts per warp */
+    __shared__ __align__(16) float sm[(RAW > RED ? RAW : RED) + SPL];
     __shared__ int last;
     float(*red)[MMT_M][NT * 8] = (float(*)[MMT_M][NT * 8]) sm;
     int ji = 0;
@@ -489,8 +526,8 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     const int m0 = mb * MMT_M, r0 = rg * G;
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
-    float *raw = sm + warp * D * G * MMT_K, *rawb = raw + SM::RING;
-    uint32_t *spl = (uint32_t *)(sm + (SM::FLOATS - SM::SPL)) + warp * G * 96;
+    float *raw = sm + warp * D * G * MMT_K;
+    uint32_t *spl = (uint32_t *)(sm + (RAW > RED ? RAW : RED)) + warp * G * 96;
     /* A ring of D steps per warp (steps s0 + warp, + 4, ...): D - 1 in
      * flight while one computes. Weights never change, so the first D - 1
      * are requested before waiting for the kernel before this one
@@ -502,14 +539,13 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         if (s + MMT_WARPS * u < s1)
             mmt_wstep(&f[u], w, m0 + g, out, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
     cuda_kernel_begin();
+    if constexpr (RING) {
 #pragma unroll
-    for (int u = 0; u < D - 1; u++) {
-        if (s + MMT_WARPS * u < s1) {
-            mmt_xcopy<G>(raw + u * G * MMT_K, x, r0, R, s + MMT_WARPS * u, in, lane);
-            if constexpr (ACT != TDM_ACT_NONE)
-                mmt_xcopy<G>(rawb + u * G * MMT_K, xb, r0, R, s + MMT_WARPS * u, in, lane);
+        for (int u = 0; u < D - 1; u++) {
+            if (s + MMT_WARPS * u < s1)
+                mmt_xcopy<G>(raw + u * G * MMT_K, x, r0, R, s + MMT_WARPS * u, in, lane);
+            mmt_commit();
         }
-        mmt_commit();
     }
     float acc[2][NT][4];
 #pragma unroll
@@ -527,22 +563,31 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                 const int il = (u + D - 1) % D;
                 if (sl < s1) {
                     mmt_wstep(&f[il], w, m0 + g, out, sl * MMT_K + 16 * t, in);
-                    mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
-                    if constexpr (ACT != TDM_ACT_NONE)
-                        mmt_xcopy<G>(rawb + il * G * MMT_K, xb, r0, R, sl, in, lane);
+                    if constexpr (RING)
+                        mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
                 }
-                mmt_commit(); /* one group per step, empty or not */
-                mmt_wait<D - 1>();
-                __syncwarp();
-                mmt_xsplit<G, ACT>(spl, raw + u * G * MMT_K, rawb + u * G * MMT_K, lane);
-                __syncwarp();
-                mmt_step<NT>(acc, &f[u], spl, g, t);
-                __syncwarp(); /* spl is rewritten by the next step */
+                if constexpr (RING) {
+                    mmt_commit(); /* one group per step, empty or not */
+                    mmt_wait<D - 1>();
+                    __syncwarp();
+                    mmt_xsplit<G>(spl, raw + u * G * MMT_K, lane);
+                    __syncwarp();
+                    mmt_step<NT>(acc, &f[u], spl, g, t);
+                    __syncwarp(); /* spl is rewritten by the next step */
+                } else {
+                    uint32_t b[NT][4][2];
+                    mmt_xsload<NT>(b, xs, r0, R, sc, steps, t, g);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+                        mmt_mmas<NT>(acc, &f[u], nt, b[nt]);
+                }
             }
         }
     }
-    mmt_wait<0>();
-    __syncthreads(); /* red reuses the x ring */
+    if constexpr (RING) {
+        mmt_wait<0>();
+        __syncthreads(); /* red reuses the x ring */
+    }
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -627,44 +672,9 @@ static void *mmt_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
     return *buf;
 }
 
-/* Launches mmt_kernel<NT, MINB, ACT>, its dynamic shared memory allowed
- * past the default 48 KB once. */
-template <int NT, int MINB, int ACT>
-static void mmt_launch(cuda_ctx *c, unsigned blocks, const mmt_jobs &jobs, const float *x,
-                       const float *xb, int R, int in, int rgroups)
-{
-    static int allowed; /* idempotent: a race sets the same value twice */
-    const size_t bytes = mmt_smem<NT, ACT>::FLOATS * sizeof(float);
-    if (!allowed) {
-        CUDA_CHECK(cudaFuncSetAttribute(mmt_kernel<NT, MINB, ACT>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        allowed = 1;
-    }
-    cuda_launch(c, mmt_kernel<NT, MINB, ACT>, blocks, MMT_WARPS * 32, bytes, jobs, x, xb, R, in,
-                rgroups);
-}
-
-template <int ACT>
-static void mmt_launch_act(cuda_ctx *c, int nt, bool one_wave, unsigned blocks,
-                           const mmt_jobs &jobs, const float *x, const float *xb, int R, int in,
-                           int rgroups)
-{
-    if (nt == 1)
-        one_wave ? mmt_launch<1, 1, ACT>(c, blocks, jobs, x, xb, R, in, rgroups)
-                 : mmt_launch<1, 4, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
-    else if (nt == 2)
-        mmt_launch<2, 3, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
-    else if (nt == 3)
-        mmt_launch<3, 3, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
-    else
-        mmt_launch<4, 3, ACT>(c, blocks, jobs, x, xb, R, in, rgroups);
-}
-
-/* ys[i] [R, outs[i]] (+)= act(x, xb) · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS),
- * one launch. */
-static void mmt_matmul(cuda_ctx *c, const float *x, const float *xb, tdm_act act, int R, int in,
-                       int n, float *const *ys, const uint16_t *const *ws, const int *outs,
-                       int accumulate)
+/* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch. */
+static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
+                       const uint16_t *const *ws, const int *outs, int accumulate)
 {
     const int nt = mmt_ntiles(R), G = 8 * nt / 3;
     const int rgroups = (R + G - 1) / G;
@@ -697,16 +707,26 @@ static void mmt_matmul(cuda_ctx *c, const float *x, const float *xb, tdm_act act
                 count += (size_t)mblocks * (size_t)rgroups;
             }
     }
+    uint32_t *xs = NULL;
+    if (nt >= MMT_SPLIT_NT) {
+        const int steps = (in + MMT_K - 1) / MMT_K;
+        const size_t nx = (size_t)R * (size_t)steps * 4;
+        xs = (uint32_t *)mmt_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, nx * 24 * sizeof(uint32_t));
+        cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
+    }
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
-    if (act == TDM_ACT_SILU_MUL)
-        mmt_launch_act<TDM_ACT_SILU_MUL>(c, nt, one_wave, (unsigned)blocks, jobs, x, xb, R, in,
-                                         rgroups);
-    else if (act == TDM_ACT_MUL_SIGMOID)
-        mmt_launch_act<TDM_ACT_MUL_SIGMOID>(c, nt, one_wave, (unsigned)blocks, jobs, x, xb, R, in,
-                                            rgroups);
+#define MMT_LAUNCH(N, MINB)                                                                        \
+    cuda_launch(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x,              \
+                (const uint32_t *)xs, R, in, rgroups)
+    if (nt == 1)
+        one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
+    else if (nt == 2)
+        MMT_LAUNCH(2, 3);
+    else if (nt == 3)
+        MMT_LAUNCH(3, 3);
     else
-        mmt_launch_act<TDM_ACT_NONE>(c, nt, one_wave, (unsigned)blocks, jobs, x, NULL, R, in,
-                                     rgroups);
+        MMT_LAUNCH(4, 3);
+#undef MMT_LAUNCH
 }
 
 /* ---- dispatch --------------------------------------------------------------- */
@@ -721,7 +741,7 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
     if (vec && w.dtype == TDM_DTYPE_BF16) {
         const uint16_t *wd = (const uint16_t *)w.data;
-        mmt_matmul(c, x, NULL, TDM_ACT_NONE, R, in, 1, &y, &wd, &out, accumulate);
+        mmt_matmul(c, x, R, in, 1, &y, &wd, &out, accumulate);
         return;
     }
     /* Rows per block: the fewest that hold the whole call (up to 16), so a
@@ -762,7 +782,7 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
             gw[ng] = (const uint16_t *)ws[i].data;
             go[ng++] = outs[i];
             if (ng == MMT_MAXJOBS) {
-                mmt_matmul(c, x, NULL, TDM_ACT_NONE, R, in, ng, gy, gw, go, 0);
+                mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
                 ng = 0;
             }
         } else {
@@ -770,25 +790,5 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
         }
     }
     if (ng)
-        mmt_matmul(c, x, NULL, TDM_ACT_NONE, R, in, ng, gy, gw, go, 0);
-}
-
-void cuda_matmul_act(void *ctx, float *y, const float *a, const float *b, tdm_act act, tdm_weight w,
-                     int R, int in, int out, int accumulate)
-{
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    if (R <= 0 || out <= 0)
-        return;
-    const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)a % 16) == 0 &&
-                    ((uintptr_t)b % 16) == 0;
-    if (vec && w.dtype == TDM_DTYPE_BF16) {
-        const uint16_t *wd = (const uint16_t *)w.data;
-        mmt_matmul(c, a, b, act, R, in, 1, &y, &wd, &out, accumulate);
-        return;
-    }
-    /* Other weights: the activation into scratch, then the plain matmul. */
-    const size_t n = (size_t)R * (size_t)in;
-    float *x = (float *)mmt_grow(c, (void **)&c->mm_act, &c->mm_act_cap, n * sizeof(float));
-    cuda_act(c, x, a, b, act, n);
-    cuda_matmul(ctx, y, x, w, R, in, out, accumulate);
+        mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
 }

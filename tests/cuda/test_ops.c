@@ -383,98 +383,6 @@ static void test_split_rope(void)
     }
 }
 
-/* y += act(a, b) · wᵀ on backend be: matmul_act where it has one (fused),
- * else the elementwise op into a copy of a, then matmul. boff shifts b off
- * 16-byte alignment (the unfused fallback inside matmul_act). */
-static float *run_matmul_act(tdm_backend *be, int fused, tdm_act act, const float *a,
-                             const float *b, const void *wh, const float *wref, tdm_dtype dt,
-                             size_t wbytes, const float *y0, int R, int in, int out, int boff,
-                             int *inputs_kept)
-{
-    const size_t n = (size_t)R * in;
-    tdm_weight w = put_weight(be, wh, wref, (size_t)out * in, dt, wbytes);
-    float *da = ct_put(be, a, n * 4), *db = ct_put(be, NULL, (n + 1) * 4);
-    be->upload(be->ctx, db + boff, b, n * 4);
-    float *dy = ct_put(be, y0, (size_t)R * out * 4);
-    if (fused) {
-        be->matmul_act(be->ctx, dy, da, db + boff, act, w, R, in, out, 1);
-        float *ka = ct_get(be, da, n * 4), *kb = ct_get(be, db + boff, n * 4);
-        *inputs_kept = !memcmp(ka, a, n * 4) && !memcmp(kb, b, n * 4);
-        free(ka);
-        free(kb);
-    } else {
-        float *dx = ct_put(be, NULL, n * 4);
-        if (act == TDM_ACT_SILU_MUL) {
-            be->silu_mul(be->ctx, dx, da, db + boff, n);
-        } else {
-            be->copy(be->ctx, dx, da, n * 4);
-            be->mul_sigmoid(be->ctx, dx, db + boff, n);
-        }
-        be->matmul(be->ctx, dy, dx, w, R, in, out, 1);
-        be->free(be->ctx, dx);
-    }
-    float *y = ct_get(be, dy, (size_t)R * out * 4);
-    be->free(be->ctx, (void *)w.data);
-    be->free(be->ctx, da);
-    be->free(be->ctx, db);
-    be->free(be->ctx, dy);
-    return y;
-}
-
-/* matmul_act (silu_mul / mul_sigmoid inside the matmul) against the op
- * followed by matmul: the same bits on the GPU, and the CPU's result to
- * 1e-5; a and b untouched. Shapes cover 1..4 n-tiles, several row groups,
- * split k, the scalar path (in % 8 != 0) and an unaligned b. */
-static void test_matmul_act(void)
-{
-    const int shapes[][4] = {{1, 2560, 2560, 0}, {2, 9216, 64, 0},   {3, 256, 130, 0},
-                             {9, 4096, 96, 0},   {10, 1024, 520, 0}, {17, 2560, 1024, 0},
-                             {1, 40, 7, 0},      {9, 512, 40, 1}};
-    const tdm_dtype dts[] = {TDM_DTYPE_BF16, TDM_DTYPE_F32};
-    const tdm_act acts[] = {TDM_ACT_SILU_MUL, TDM_ACT_MUL_SIGMOID};
-    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
-        for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++)
-            for (size_t k = 0; k < TDM_ARRAY_LEN(acts); k++) {
-                const int R = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
-                const int boff = shapes[s][3];
-                size_t nw = (size_t)out * in, wb;
-                float *wv = malloc(nw * 4), *wref = malloc(nw * 4);
-                float *a = malloc((size_t)R * in * 4), *b = malloc((size_t)R * in * 4);
-                float *y0 = malloc((size_t)R * out * 4);
-                ct_fill(wv, nw, 0.5f);
-                ct_fill(a, (size_t)R * in, 4.0f);
-                ct_fill(b, (size_t)R * in, 2.0f);
-                ct_fill(y0, (size_t)R * out, 1.0f);
-                void *wh = make_weight(wv, nw, dts[d], wref, &wb);
-                int kept = 0;
-                float *yc = run_matmul_act(CPU, 0, acts[k], a, b, wh, wref, dts[d], wb, y0, R, in,
-                                           out, boff, &kept);
-                float *yu = run_matmul_act(G, 0, acts[k], a, b, wh, wref, dts[d], wb, y0, R, in,
-                                           out, boff, &kept);
-                float *yf = run_matmul_act(G, 1, acts[k], a, b, wh, wref, dts[d], wb, y0, R, in,
-                                           out, boff, &kept);
-                char cas[96];
-                snprintf(cas, sizeof(cas), "%s R=%d in=%d out=%d %s%s",
-                         acts[k] == TDM_ACT_SILU_MUL ? "silu_mul" : "mul_sigmoid", R, in, out,
-                         tdm_dtype_name(dts[d]), boff ? " b unaligned" : "");
-                report("matmul_act", cas, ct_nerr(yf, yc, (size_t)R * out), 1e-5);
-                report_same("matmul_act", "  == the op, then matmul", yf, yu, (size_t)R * out * 4);
-                if (!kept) {
-                    printf("%-14s   a or b changed: FAIL\n", "matmul_act");
-                    failures++;
-                }
-                free(yc);
-                free(yu);
-                free(yf);
-                free(wh);
-                free(wv);
-                free(wref);
-                free(a);
-                free(b);
-                free(y0);
-            }
-}
-
 /* copy_n against one copy per pair: sizes and offsets off 16 bytes. */
 static void test_copy_n(void)
 {
@@ -998,108 +906,6 @@ static void test_gdn(void)
         }
 }
 
-/* A prompt chunk long enough for the chunked form, beside a decode row and a
- * verify block. */
-static const seg_set set_prefill = {"prefill + decode + verify", 3, {70, 1, 9}, {0, 0, 1}};
-
-/* gdn_gated (fused: gates inside the delta rule) or gdn_gates then
- * gdn_recurrent, from the projections a and b; o also gets g and beta.
- * Segments without per-row states of 64+ rows may run chunked. */
-static void run_gated(int fused, const seg_set *ss, const float *qkv, const float *a,
-                      const float *b, const float *A_log, const float *dt_bias, float *const *st,
-                      int Hk, int Hv, int Dk, int Dv, gdn_out *o, float **g, float **beta)
-{
-    const int stride = 2 * Hk * Dk + Hv * Dv, R = set_rows(ss);
-    const size_t hs = (size_t)Hv * Dk * Dv, nrh = (size_t)R * Hv;
-    float *dqkv = ct_put(G, qkv, (size_t)R * stride * 4);
-    float *da = ct_put(G, a, nrh * 4), *db = ct_put(G, b, nrh * 4);
-    float *dal = ct_put(G, A_log, (size_t)Hv * 4), *ddt = ct_put(G, dt_bias, (size_t)Hv * 4);
-    float *dg = ct_put(G, NULL, nrh * 4), *dbeta = ct_put(G, NULL, nrh * 4);
-    float *dout = ct_put(G, NULL, (size_t)R * Hv * Dv * 4);
-    ct_poison(G, dg, nrh * 4);
-    ct_poison(G, dbeta, nrh * 4);
-    ct_poison(G, dout, (size_t)R * Hv * Dv * 4);
-    tdm_gdn_seg gs[MAXSEG];
-    for (int i = 0, r = 0; i < ss->n; i++) {
-        float *ds = ct_put(G, st[i], hs * 4), *dso = NULL;
-        if (ss->extra[i])
-            dso = ct_put(G, NULL, (size_t)ss->rows[i] * hs * 4);
-        gs[i] = (tdm_gdn_seg){r, ss->rows[i], ds, dso, !ss->extra[i] && ss->rows[i] >= 64};
-        r += ss->rows[i];
-    }
-    if (fused) {
-        G->gdn_gated(G->ctx, dout, dqkv, stride, dg, dbeta, da, db, dal, ddt, gs, ss->n, Hk, Hv, Dk,
-                     Dv);
-    } else {
-        G->gdn_gates(G->ctx, dg, dbeta, da, db, dal, ddt, R, Hv);
-        G->gdn_recurrent(G->ctx, dout, dqkv, stride, dg, dbeta, gs, ss->n, Hk, Hv, Dk, Dv);
-    }
-    o->o = ct_get(G, dout, (size_t)R * Hv * Dv * 4);
-    *g = ct_get(G, dg, nrh * 4);
-    *beta = ct_get(G, dbeta, nrh * 4);
-    for (int i = 0; i < ss->n; i++) {
-        o->state[i] = ct_get(G, gs[i].state, hs * 4);
-        o->sout[i] =
-            ss->extra[i] ? ct_get(G, gs[i].states_out, (size_t)ss->rows[i] * hs * 4) : NULL;
-        G->free(G->ctx, gs[i].state);
-        G->free(G->ctx, gs[i].states_out);
-    }
-    float *bufs[] = {dqkv, da, db, dal, ddt, dg, dbeta, dout};
-    for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++)
-        G->free(G->ctx, bufs[i]);
-}
-
-/* gdn_gated against gdn_gates + gdn_recurrent on the GPU: the same bits in
- * out, the states, g and beta (the latter two are checked against the CPU
- * by the gates and delta-rule cases). */
-static void test_gdn_gated(void)
-{
-    const int shapes[][4] = {{16, 32, 128, 128}, {2, 4, 64, 64}, {1, 2, 40, 36}};
-    const seg_set *sets[] = {&set_mixed, &set_verify, &set_decode8, &set_prefill};
-    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
-        for (size_t k = 0; k < TDM_ARRAY_LEN(sets); k++) {
-            const seg_set *ss = sets[k];
-            const int Hk = shapes[s][0], Hv = shapes[s][1], Dk = shapes[s][2], Dv = shapes[s][3];
-            const int R = set_rows(ss), stride = 2 * Hk * Dk + Hv * Dv;
-            const size_t hs = (size_t)Hv * Dk * Dv, nrh = (size_t)R * Hv;
-            float *qkv = malloc((size_t)R * stride * 4), *a = malloc(nrh * 4), *b = malloc(nrh * 4),
-                  *A_log = malloc((size_t)Hv * 4), *dt = malloc((size_t)Hv * 4), *st[MAXSEG];
-            ct_fill(qkv, (size_t)R * stride, 1.0f);
-            ct_fill(a, nrh, 3.0f);
-            ct_fill(b, nrh, 3.0f);
-            ct_fill(A_log, (size_t)Hv, 1.0f);
-            ct_fill(dt, (size_t)Hv, 1.0f);
-            a[0] = 25.0f; /* softplus' linear branch */
-            for (int i = 0; i < ss->n; i++) {
-                st[i] = malloc(hs * 4);
-                ct_fill(st[i], hs, 0.5f);
-            }
-            gdn_out ou, of;
-            float *gu, *bu, *gf, *bf;
-            run_gated(0, ss, qkv, a, b, A_log, dt, st, Hk, Hv, Dk, Dv, &ou, &gu, &bu);
-            run_gated(1, ss, qkv, a, b, A_log, dt, st, Hk, Hv, Dk, Dv, &of, &gf, &bf);
-            int same = !memcmp(of.o, ou.o, (size_t)R * Hv * Dv * 4) && !memcmp(gf, gu, nrh * 4) &&
-                       !memcmp(bf, bu, nrh * 4);
-            for (int i = 0; i < ss->n; i++) {
-                same = same && !memcmp(of.state[i], ou.state[i], hs * 4);
-                if (ss->extra[i])
-                    same = same && !memcmp(of.sout[i], ou.sout[i], (size_t)ss->rows[i] * hs * 4);
-            }
-            char cas[96];
-            snprintf(cas, sizeof(cas), "Hk=%d Hv=%d Dk=%d Dv=%d, %s", Hk, Hv, Dk, Dv, ss->name);
-            printf("%-14s %-44s %s\n", "gdn_gated", cas,
-                   same ? "== gates + recurrent, bit-identical ok" : "FAIL (bits differ)");
-            failures += !same;
-            gdn_out_free(ss, &ou);
-            gdn_out_free(ss, &of);
-            float *fr[] = {gu, bu, gf, bf, qkv, a, b, A_log, dt};
-            for (size_t i = 0; i < TDM_ARRAY_LEN(fr); i++)
-                free(fr[i]);
-            for (int i = 0; i < ss->n; i++)
-                free(st[i]);
-        }
-}
-
 /* ---- argmax and softmax ------------------------------------------------------------ */
 
 static void test_sample(void)
@@ -1363,7 +1169,6 @@ int main(void)
     G = ct_gpu();
     CPU = ct_cpu();
     test_matmul();
-    test_matmul_act();
     test_copy_n();
     test_embed();
     test_rmsnorm();
@@ -1375,7 +1180,6 @@ int main(void)
     test_attention_long();
     test_conv();
     test_gdn();
-    test_gdn_gated();
     test_sample();
     test_sampling();
     test_sampling_chi2();
