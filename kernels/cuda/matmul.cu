@@ -21,27 +21,44 @@
  * per step each lane loads 2 x 16 bytes of 4 weight rows, and the k order
  * inside a step is permuted the same way for w and x (lane t holds elements
  * 16t..16t+15; mma j takes 16t+4j..16t+4j+3 of every lane), which keeps
- * every load a 16-byte vector. One or two rows split x in the lanes; from
- * three rows on (verify blocks, batches) one small kernel splits x ahead
- * into the exact fragment words each lane loads (else every lane of a
- * 2..4-tile group would split whole rows for one part each: batch-8 decode
- * 5.28 ms instead of 4.26), all n-tiles' words in one round trip per step. A block's 4 warps take
- * the steps of its k-range in turn; KB blocks split k when `out` is small so the GPU fills. The
- * first weights are requested before the kernel waits for its predecessor (programmatic dependent
- * launch).
+ * every load a 16-byte vector. A block's 4 warps take the steps of its
+ * k-range in turn, each warp through a ring of MMT_D steps (the next step's
+ * weights in flight while one computes); KB blocks split k when `out` is
+ * small so the GPU fills. The first weights are requested before the
+ * kernel waits for its predecessor (programmatic dependent launch).
  *
- * Measured on the H200 (bench/cuda_matmul_bench, bench/cuda_bench; 4B
- * decode / verify k=8 in ms at the time) and slower: a ring of steps in
- * shared memory filled by cp.async (3.51 / 8.06; per-lane 16-byte copies
- * also fetch half-used sectors twice) or by bulk copies (TMA) with a
- * barrier per stage (3.84 / 8.74), both against 3.40 / 6.4 for registers;
- * L2 bulk prefetch of a block's rows before the wait (3.41-3.81 against
- * 3.36); a uniform shared-memory carve-out for every kernel; 512 or 1024
- * blocks a call instead of 256 (split-k's extra round trips: 3.67, 3.71);
- * 8 warps a block (one launch better, the layer worse: 3.58); the op ahead
- * (rmsnorm, silu·mul, sigmoid gate) fused into the activation loads (3.90:
- * x's preparation then sits on every step's critical path; a norm in every
- * block, 4.88); earlier, one accumulator per x part, contiguous k-ranges
+ * Where x comes from. One or two rows (decode): a step's x is used by one
+ * warp only, so each warp keeps its own ring of steps' x in shared memory,
+ * copied by cp.async with the step's weights (in flight without registers)
+ * and split once per value by the warp when the step computes; lanes then
+ * read their column's part words. Three rows or more (verify blocks,
+ * batches): one small kernel splits x ahead into the exact fragment words
+ * each lane loads, all n-tiles' words in one round trip per step. Both give
+ * the same words, so the same bits.
+ *
+ * Measured on the H200 (4B step, ms, decode / verify k=8, same process or
+ * same machine against the design before): x through the warps' shared
+ * rings at one row: decode 3.45 -> 3.05-3.08; the rings at three rows and
+ * more too: verify k=8 5.3-5.9, batch-8 decode 4.54-4.92 and batch-8 x k=8
+ * 25.4-29.6 against 5.0-5.1, 4.56 and 21.8 split ahead, hence split ahead
+ * there. Slower or no better: L2 prefetch of the step PF warps ahead in the
+ * loop (prefetch.global.L2; LM head 295 -> 328 us, decode 3.44 -> 3.85);
+ * the next step's x fetched with its weights into registers (decode
+ * 3.36 against 3.43, verify k=8 5.59 against 5.39); L1 prefetch of the next step's x (decode
+ * 3.46 -> 3.99); L2 bulk prefetch of a block's first bytes per row before
+ * the wait (1 KB: 3.43 against 3.46, 4 KB: 3.74, all: 3.90); rings of 3 or
+ * 4 steps (171 / 208 registers before x moved to shared memory: 3.97 /
+ * 4.70; 3 steps after, 142 registers: decode 3.30-3.34 against 3.28);
+ * silu·mul and the sigmoid gate applied in the warps' x split, and the
+ * delta rule computing its own gates (56 fewer launches a step: decode
+ * 3.20-3.27 against 3.19-3.20, no gain). Earlier: a ring of steps in
+ * shared memory filled by cp.async (3.51 / 8.06 against 3.40 / 6.4; per-lane
+ * 16-byte copies also fetch half-used sectors twice) or by bulk copies
+ * (TMA) with a barrier per stage (3.84 / 8.74); a uniform shared-memory
+ * carve-out; 512 or 1024 blocks a call instead of 256 (split-k's extra
+ * round trips: 3.67, 3.71); 8 warps a block (3.58); rmsnorm, silu·mul or
+ * the sigmoid gate fused into every k-step's activation loads (3.90; a norm
+ * in every block, 4.88); one accumulator per x part, contiguous k-ranges
  * per warp, 128-feature blocks sharing x through L1, and two x parts
  * instead of three (5 % faster at 4x the error, 2e-6 normalised).
  * Partial sums are added warp by warp, then block by block (the last block
@@ -497,11 +514,13 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
 /* Block (linear index within its job) = ((m-block · KB) + kb) · rgroups +
  * rgroup: the blocks that read the same weights are adjacent (L2 reuse
  * across row groups). MINB (blocks a multiprocessor must hold) only sets
- * the registers per thread, never the arithmetic (measured on the H200):
- * a one-tile call whose blocks all fit at once at 3 a multiprocessor runs
- * best with the registers the kernel likes (136: more loads in flight per
- * block), a longer one (the LM head, gate + up) with at most 128, so that 4
- * fit; two to four n-tiles take up to 168 (3 a multiprocessor). */
+ * the registers per thread, never the arithmetic. Measured on the H200: a
+ * call whose blocks all fit at once at 3 a multiprocessor runs best with
+ * the registers the kernel likes (one n-tile 114, four 158: more loads in
+ * flight per block); a longer one (the LM head, gate + up, verify blocks
+ * of several row groups) with at most 128, so that 4 fit (4B verify k=8
+ * 5.09 -> 4.95 ms, batch 8 x k=8 21.8 -> 20.6; 128 for every call: 5.26;
+ * 5 a multiprocessor for one n-tile: 96 registers, decode 3.08 -> 3.11). */
 template <int NT, int MINB>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
@@ -721,11 +740,11 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     if (nt == 1)
         one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
     else if (nt == 2)
-        MMT_LAUNCH(2, 3);
+        one_wave ? MMT_LAUNCH(2, 3) : MMT_LAUNCH(2, 4);
     else if (nt == 3)
-        MMT_LAUNCH(3, 3);
+        one_wave ? MMT_LAUNCH(3, 3) : MMT_LAUNCH(3, 4);
     else
-        MMT_LAUNCH(4, 3);
+        one_wave ? MMT_LAUNCH(4, 3) : MMT_LAUNCH(4, 4);
 #undef MMT_LAUNCH
 }
 
