@@ -6,8 +6,11 @@
  * These compare independently computed paths of the engine (a verify block,
  * whole or appended in two calls, vs a chain of decode steps; a checkpoint+recompute vs
  * per-position states; a batch vs single sequences); the results must be bit-identical, because
- * every op computes a row the same way whatever the batch (backend.h).
+ * every op computes a row the same way whatever the batch (backend.h). Also: an extra_buffer
+ * commit through a backend's copy_n, on a model deep enough to need more than one batch of
+ * copies, against the same commits made copy by copy.
  */
+#include "bench_util.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -344,6 +347,87 @@ static void memory_report(tdm_model *m, const char *name)
     tdm_seq_destroy(n);
 }
 
+/* The CPU backend dressed with a copy_n that counts its calls and copies
+ * through the CPU's copy. */
+static tdm_backend *cn_cpu;
+static int cn_calls, cn_entries, cn_most;
+
+static void counting_copy_n(void *ctx, int n, void *const *dst, const void *const *src,
+                            const size_t *nbytes)
+{
+    cn_calls++;
+    cn_entries += n;
+    cn_most = n > cn_most ? n : cn_most;
+    for (int i = 0; i < n; i++)
+        cn_cpu->copy(ctx, dst[i], src[i], nbytes[i]);
+}
+
+/* 48 layers, 36 of them linear: a commit copies 72 states, more than one
+ * copy_n batch. Verify rounds with random acceptance on the dressed backend
+ * and on the plain one (copy by copy) must give the same logits to the bit,
+ * and every verify row the logits of decoding its tokens one at a time
+ * (which commits nothing), so a state left behind by a commit shows in the
+ * next round. */
+static void commit_batches(tdm_backend *be)
+{
+    const bench_shape sh = {"deep", 32, 48, 64, 2, 1, 16, 1, 2, 16, 16, 96};
+    char dir[] = "/tmp/tandem_deep_XXXXXX", err_msg[256];
+    CHECK(mkdtemp(dir), "mkdtemp failed");
+    CHECK(bench_write_model(dir, &sh, err_msg, sizeof(err_msg)) == 0, "%s", err_msg);
+    tdm_backend dressed = *be;
+    dressed.destroy = NULL;
+    dressed.copy_n = counting_copy_n;
+    cn_cpu = be;
+    tdm_model *m0, *m1;
+    tdm_error err;
+    CHECK(tdm_model_load(dir, be, &m0, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_model_load(dir, &dressed, &m1, &err) == TDM_OK, "%s", err.msg);
+    const int V = sh.V, rounds = 4;
+    tdm_seq *a = make(m0, TDM_STATE_EXTRA_BUFFER), *b = make(m1, TDM_STATE_EXTRA_BUFFER);
+    tdm_seq *sq = make(m0, TDM_STATE_EXTRA_BUFFER);
+    int32_t prompt[5] = {3, 1, 4, 1, 5};
+    CHECK(tdm_seq_prefill(a, prompt, 5, NULL, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(b, prompt, 5, NULL, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(sq, prompt, 5, NULL, &err) == TDM_OK, "%s", err.msg);
+    float *la = malloc((size_t)(MAXK + 1) * V * 4), *lb = malloc((size_t)(MAXK + 1) * V * 4);
+    float *ls = malloc((size_t)V * 4);
+    for (int round = 0; round < rounds; round++) {
+        int32_t blk[MAXK + 1];
+        const int ntok = MAXK + 1, acc = rnd(ntok);
+        for (int i = 0; i < ntok; i++)
+            blk[i] = rnd(V);
+        const int32_t *bp = blk;
+        CHECK(tdm_seq_verify(&a, 1, &bp, &ntok, la, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_verify(&b, 1, &bp, &ntok, lb, &err) == TDM_OK, "%s", err.msg);
+        CHECK(memcmp(la, lb, (size_t)ntok * V * 4) == 0, "deep: round %d: verify logits differ",
+              round);
+        CHECK(tdm_seq_commit(a, acc, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_commit(b, acc, &err) == TDM_OK, "%s", err.msg);
+        for (int i = 0; i <= acc; i++) {
+            CHECK(tdm_seq_decode(&sq, 1, &blk[i], ls, &err) == TDM_OK, "%s", err.msg);
+            CHECK(memcmp(ls, lb + (size_t)i * V, (size_t)V * 4) == 0,
+                  "deep: round %d: verify row %d != sequential decode", round, i);
+        }
+    }
+    CHECK(tdm_seq_decode(&a, 1, prompt, la, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_decode(&b, 1, prompt, lb, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(la, lb, (size_t)V * 4) == 0, "deep: logits after the commits differ");
+    CHECK(cn_entries == rounds * 72, "copy_n moved %d states, not %d", cn_entries, rounds * 72);
+    CHECK(cn_calls == rounds * 2 && cn_most <= 64, "copy_n: %d calls, up to %d copies each",
+          cn_calls, cn_most);
+    printf("deep (48 layers): %d commits through copy_n in %d calls == copy by copy\n", rounds,
+           cn_calls);
+    free(la);
+    free(lb);
+    free(ls);
+    tdm_seq_destroy(a);
+    tdm_seq_destroy(b);
+    tdm_seq_destroy(sq);
+    tdm_model_destroy(m0);
+    tdm_model_destroy(m1);
+    dir_remove(dir);
+}
+
 int main(void)
 {
     tdm_backend *be = test_backend();
@@ -363,6 +447,7 @@ int main(void)
         tdm_model_destroy(m);
         fixture_free(&f);
     }
+    commit_batches(be);
     be->destroy(be);
     return 0;
 }
