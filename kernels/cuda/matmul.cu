@@ -344,10 +344,11 @@ __device__ __forceinline__ void mmt_mmas(float (*acc)[NT][4], const mmt_wfrag *f
  * column's part as two 16-byte words per n-tile. */
 
 /* Part words of a step: [rr][t][p][j][word] (the lane of column c = 3·rr + p
- * and quad t reads 8 consecutive words). */
-__device__ __forceinline__ int mmt_sword(int rr, int t, int p)
+ * and quad t reads 8 consecutive words). The split-ahead buffer xs has the
+ * same layout with rr = row · steps + step. */
+__device__ __forceinline__ size_t mmt_sword(size_t rr, int t, int p)
 {
-    return ((rr * 4 + t) * 3 + p) * 8;
+    return ((rr * 4 + (size_t)t) * 3 + (size_t)p) * 8;
 }
 
 /* Step s's x rows r0 .. r0 + G - 1 into raw[G][64], zero outside x. */
@@ -448,11 +449,7 @@ __device__ __forceinline__ void mmt_xsload(uint32_t (*b)[4][2], const uint32_t *
         const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
         uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
         if (rr < mmt_rows<NT>::G && r < R) {
-            const uint4 *q =
-                (const uint4 *)(xs +
-                                ((((size_t)r * (size_t)steps + (size_t)s) * 4 + (size_t)t) * 3 +
-                                 (size_t)p) *
-                                    8);
+            const uint4 *q = (const uint4 *)(xs + mmt_sword((size_t)r * (size_t)steps + s, t, p));
             v0 = __ldg(q);
             v1 = __ldg(q + 1);
         }

@@ -186,15 +186,6 @@ static void batching(tdm_model *m, const char *name)
 /* tdm_seq_step_out: the argmax of every row, and the logits only of the
  * sequences that want them (the other rows untouched), equal to what
  * tdm_seq_step brings back on an identical batch. */
-static int host_argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 static void step_out(tdm_model *m, const char *name)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
@@ -232,8 +223,8 @@ static void step_out(tdm_model *m, const char *name)
         for (int i = 0, r = 0; i < N; i++)
             for (int j = 0; j < nt[i]; j++, r++) {
                 const float *ra = la + (size_t)r * V, *rb = lb + (size_t)r * V;
-                CHECK(am[r] == host_argmax(ra, V), "%s: row %d argmax %d, logits say %d", name, r,
-                      (int)am[r], host_argmax(ra, V));
+                CHECK(am[r] == argmax_row(ra, V), "%s: row %d argmax %d, logits say %d", name, r,
+                      (int)am[r], argmax_row(ra, V));
                 if (masks[round][i])
                     CHECK(memcmp(ra, rb, (size_t)V * 4) == 0, "%s: row %d logits differ", name, r);
                 else
