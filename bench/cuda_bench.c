@@ -187,15 +187,10 @@ int main(int argc, char **argv)
         } else
             die("unknown option", argv[i]);
     }
-    int ks[8], nks = 0;
-    for (const char *k = ks_arg; *k && nks < 8;) {
-        ks[nks] = atoi(k);
-        if (ks[nks] < 0 || ks[nks] > 16)
-            die("--k values are 0 (decode) to 16", k);
-        nks++;
-        const char *c = strchr(k, ',');
-        k = c ? c + 1 : k + strlen(k);
-    }
+    int ks[8], bs[8];
+    const int nks = bench_ints(ks_arg, ks, 8, 0, 16), nbs = bench_ints(batches, bs, 8, 1, 64);
+    if (nks < 0 || nbs < 0)
+        die("--k takes 0 (decode) to 16, --batch 1 to 64", NULL);
     const bench_shape *s = NULL;
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         if (!strcmp(shapes[i].name, sh))
@@ -249,10 +244,8 @@ int main(int argc, char **argv)
         for (int argmax_only = 0; argmax_only < 2; argmax_only++) {
             if (!strstr(outs, argmax_only ? "argmax" : "logits"))
                 continue;
-            for (const char *b = batches; *b;) {
-                int batch = atoi(b);
-                if (batch < 1 || batch > 64)
-                    die("batch outside 1..64", b);
+            for (int bi = 0; bi < nbs; bi++) {
+                const int batch = bs[bi];
                 for (int i = 0; i < nks; i++) {
                     double ms = time_step(m, batch, ks[i], steps, argmax_only);
                     char step[32];
@@ -265,8 +258,6 @@ int main(int argc, char **argv)
                            ms / floor_ms, batch * (ks[i] + 1) / ms * 1e3);
                     fflush(stdout);
                 }
-                const char *c = strchr(b, ',');
-                b = c ? c + 1 : b + strlen(b);
             }
         }
         variant = strtok_r(NULL, ";", &vsave);

@@ -62,9 +62,8 @@ int main(int argc, char **argv)
     int rows[8] = {1, 9, 17, 72}, nrows = 4, reps = 30;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
-            nrows = 0;
-            for (char *t = strtok(argv[++i], ","); t && nrows < 8; t = strtok(NULL, ","))
-                rows[nrows++] = atoi(t);
+            if ((nrows = bench_ints(argv[++i], rows, 8, 1, 4096)) < 0)
+                return 2;
         } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
         } else {

@@ -500,9 +500,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--launch")) {
             launch = 1;
         } else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
-            nctx = 0;
-            for (char *t = strtok(argv[++i], ","); t && nctx < 8; t = strtok(NULL, ","))
-                ctxs[nctx++] = atoi(t);
+            if ((nctx = bench_ints(argv[++i], ctxs, 8, 1, 1 << 20)) < 0)
+                return 2;
         } else {
             fprintf(stderr,
                     "usage: %s [--shape 0.8b|4b|all] [--reps N] [--ctx N,N,...] [--launch]\n",

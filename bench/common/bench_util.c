@@ -32,6 +32,26 @@ uint16_t bench_bf16(float f)
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
+int bench_ints(const char *list, int *out, int max, int lo, int hi)
+{
+    int n = 0;
+    for (const char *p = list;; p++) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || (*end != ',' && *end != 0) || v < lo || v > hi || n == max) {
+            fprintf(stderr,
+                    "bench: \"%s\": expected at most %d integers in %d..%d, "
+                    "comma-separated\n",
+                    list, max, lo, hi);
+            return -1;
+        }
+        out[n++] = (int)v;
+        if (*end == 0)
+            return n;
+        p = end;
+    }
+}
+
 typedef struct tens {
     char name[128];
     int ndim;

@@ -22,6 +22,11 @@ float bench_urand(void);
 /* f rounded to bf16 (nearest, ties to even). */
 uint16_t bench_bf16(float f);
 
+/* The comma-separated integers of list ("1,9,17") into out, at most max of
+ * them, each in [lo, hi]: their count, or -1 (naming the bad entry on
+ * stderr) for an entry that is not such an integer or one too many. */
+int bench_ints(const char *list, int *out, int max, int lo, int hi);
+
 /* A Qwen3.5 text model's sizes (hybrid-model-notes.md): layers 3:1 linear:full
  * attention, tied embeddings, conv kernel 4. */
 typedef struct bench_shape {
