@@ -424,11 +424,7 @@ int main(void)
     tdm_backend *be = test_backend();
     const char *names[] = {"f32_gqa", "bf16_alt", "f32_tied", "f32_odd"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        fixture f;
-        fixture_load(&f, names[i]);
-        tdm_model *m;
-        tdm_error err;
-        CHECK(tdm_model_load(f.model, be, &m, &err) == TDM_OK, "%s", err.msg);
+        tdm_model *m = fixture_model(names[i], be);
         strategies(m, names[i]);
         batching(m, names[i]);
         step_out(m, names[i]);
@@ -436,7 +432,6 @@ int main(void)
         long_prompt(m, names[i]);
         memory_report(m, names[i]);
         tdm_model_destroy(m);
-        fixture_free(&f);
     }
     commit_batches(be);
     be->destroy(be);
