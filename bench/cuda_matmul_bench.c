@@ -2,7 +2,7 @@
  * cuda_matmul_bench.c - the CUDA backend's matmul against the memory floor
  * and against cuBLAS, at the matrix shapes of a Qwen3.5-4B step.
  *
- *   bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N]
+ *   bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N] [--only NAME,NAME]
  *
  * Per shape and row count: time per call of the backend's matmul (bf16
  * weights, fp32 activations, the path the engine uses; best of three
@@ -11,7 +11,8 @@
  * accumulation and output) on the same shape. Weights rotate over enough
  * copies (>= 256 MB) that no call finds its matrix in L2. The last line per
  * row count adds the shapes up as one 4B decode/verify step (24 linear
- * layers, 8 full, the LM head).
+ * layers, 8 full, the LM head). --only measures just the named matrices
+ * (for a profiler), and the step line then adds only those.
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -60,16 +61,36 @@ static const mshape shapes[] = {
 int main(int argc, char **argv)
 {
     int rows[8] = {1, 9, 17, 72}, nrows = 4, reps = 30;
+    const char *only = NULL;
+    int hot = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
             if ((nrows = bench_ints(argv[++i], rows, 8, 1, 4096)) < 0)
                 return 2;
         } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--hot") == 0) {
+            hot = 1;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            only = argv[++i];
         } else {
-            fprintf(stderr, "usage: bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N]\n");
+            fprintf(stderr, "usage: bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N] "
+                            "[--only NAME,NAME]\n");
             return 2;
         }
+    }
+    for (const char *p = only; p && *p;) {
+        int known = 0;
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+            known |= strlen(shapes[si].name) == len && strncmp(shapes[si].name, p, len) == 0;
+        if (!known) {
+            fprintf(stderr, "bench_cuda_matmul_bench: --only: no matrix named \"%.*s\"\n", (int)len,
+                    p);
+            return 2;
+        }
+        p = e ? e + 1 : p + len;
     }
     tdm_error err = {0};
     tdm_backend *be = tdm_backend_cuda_create(0, &err);
@@ -93,10 +114,14 @@ int main(int argc, char **argv)
         double step_t = 0, step_c = 0, step_floor = 0;
         for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
             const mshape *s = &shapes[si];
+            if (only && !bench_listed(only, s->name))
+                continue;
             const size_t nw = (size_t)s->in * (size_t)s->out, wbytes = nw * 2;
             int copies = (int)((256u << 20) / wbytes) + 1;
             if (copies > 64)
                 copies = 64;
+            if (hot)
+                copies = 1;
             uint16_t *wh = malloc(wbytes);
             float *xh = malloc((size_t)R * (size_t)s->in * 4);
             uint16_t *xb = malloc((size_t)R * (size_t)s->in * 2);

@@ -263,11 +263,15 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
         }
         be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
-        float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
-        const tdm_weight ws[] = {lw->gate, lw->up};
-        const int outs[] = {I, I};
-        project(be, w->xn, R, H, 2, ys, ws, outs);
-        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
+        if (be->matmul_silu) {
+            be->matmul_silu(bx, w->h1, w->xn, lw->gate, lw->up, R, H, I); /* [R, I] */
+        } else {
+            float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
+            const tdm_weight ws[] = {lw->gate, lw->up};
+            const int outs[] = {I, I};
+            project(be, w->xn, R, H, 2, ys, ws, outs);
+            be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
+        }
         be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
     }
     if (st->logits) {

@@ -168,6 +168,12 @@ struct tdm_backend {
      * projections) in fewer launches. The arrays are host memory. */
     void (*matmul_n)(void *ctx, const float *x, int R, int in, int n, float *const *ys,
                      const tdm_weight *ws, const int *outs);
+    /* Optional (NULL: the caller makes the two matmuls and silu_mul).
+     * y [R, out] = silu(x · gateᵀ) ⊙ (x · upᵀ), gate and up [out, in]: bit
+     * for bit what the two matmuls and silu_mul give (an MLP's first half,
+     * in one launch where the backend can). */
+    void (*matmul_silu)(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
+                        int in, int out);
     /* y = x / rms(x) * (zero_centred ? 1 + w : w), per row of n; w [n] f32. y may be x. */
     void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
                     int zero_centred);

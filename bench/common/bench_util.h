@@ -26,6 +26,8 @@ uint16_t bench_bf16(float f);
  * them, each in [lo, hi]: their count, or -1 (naming the bad entry on
  * stderr) for an entry that is not such an integer or one too many. */
 int bench_ints(const char *list, int *out, int max, int lo, int hi);
+/* 1 when `name` is one of the comma-separated entries of `list`. */
+int bench_listed(const char *list, const char *name);
 
 /* A Qwen3.5 text model's sizes (hybrid-model-notes.md): layers 3:1 linear:full
  * attention, tied embeddings, conv kernel 4. */

@@ -176,6 +176,9 @@ ST_WRAP(embed, ST_EMBED, (void *ctx, float *y, tdm_weight e, const int32_t *ids,
 ST_WRAP(matmul, ST_MATMUL,
         (void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out, int acc),
         (ctx, y, x, w, R, in, out, acc))
+ST_WRAP(matmul_silu, ST_MATMUL,
+        (void *ctx, float *y, const float *x, tdm_weight g, tdm_weight u, int R, int in, int out),
+        (ctx, y, x, g, u, R, in, out))
 ST_WRAP(rmsnorm, ST_RMSNORM,
         (void *ctx, float *y, const float *x, const float *w, int R, int n, float eps, int zc),
         (ctx, y, x, w, R, n, eps, zc))
@@ -403,6 +406,7 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->mm_part);
         cudaFree(c->mm_count);
         cudaFree(c->mm_xs);
+        cudaFree(c->mm_up);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);
@@ -519,6 +523,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->embed = cuda_embed;
     be->matmul = cuda_matmul;
     be->matmul_n = cuda_matmul_n;
+    be->matmul_silu = cuda_matmul_silu;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
     be->split_qgate = cuda_split_qgate;
@@ -536,6 +541,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     if (c->stats) {
         be->embed = st_embed;
         be->matmul = st_matmul;
+        be->matmul_silu = st_matmul_silu;
         be->matmul_n = NULL; /* each projection timed on its own */
         be->rmsnorm = st_rmsnorm;
         be->rmsnorm_gated = st_rmsnorm_gated;

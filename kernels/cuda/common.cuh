@@ -70,10 +70,11 @@ typedef struct cuda_ctx {
     int shaping;
     uint64_t shape;
     /* matmul split-k scratch (matmul.cu) */
-    float *mm_part;                              /* split-k partial sums */
-    unsigned *mm_count;                          /* split-k arrivals per output tile */
-    uint32_t *mm_xs;                             /* activations split into bf16 parts */
-    size_t mm_part_cap, mm_count_cap, mm_xs_cap; /* bytes */
+    float *mm_part;     /* split-k partial sums */
+    unsigned *mm_count; /* split-k arrivals per output tile */
+    uint32_t *mm_xs;    /* activations split into bf16 parts */
+    float *mm_up;       /* matmul_silu's up products (weights off the tensor-core path) */
+    size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_up_cap; /* bytes */
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;
@@ -130,26 +131,40 @@ static inline void cuda_shape_launch(cuda_ctx *c, void (*kernel)(Params...), dim
 
 /* Every kernel launches through here: with programmatic dependent launch, so
  * the next kernel's blocks are scheduled while this one drains (the launch
- * gap disappears), and nothing at all while a graph replays. */
+ * gap disappears), and nothing at all while a graph replays. cluster > 1:
+ * blocks in clusters of that many along x (grid.x a multiple of it). */
 template <typename... Params, typename... Args>
-static inline void cuda_launch(cuda_ctx *c, void (*kernel)(Params...), dim3 grid, dim3 block,
-                               size_t smem, Args... args)
+static inline void cuda_launch_cluster(cuda_ctx *c, void (*kernel)(Params...), dim3 grid,
+                                       dim3 block, size_t smem, unsigned cluster, Args... args)
 {
-    if (c->shaping)
+    if (c->shaping) {
+        cuda_shape_word(c, cluster);
         cuda_shape_launch(c, kernel, grid, block, smem, args...);
+    }
     if (c->replaying)
         return;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = cluster;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = cluster > 1 ? 2 : 1;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+template <typename... Params, typename... Args>
+static inline void cuda_launch(cuda_ctx *c, void (*kernel)(Params...), dim3 grid, dim3 block,
+                               size_t smem, Args... args)
+{
+    cuda_launch_cluster(c, kernel, grid, block, smem, 1, args...);
 }
 
 /* The first statement of every kernel (nothing a kernel does before it may

@@ -24,8 +24,16 @@
  * every load a 16-byte vector. A block's 4 warps take the steps of its
  * k-range in turn, each warp through a ring of MMT_D steps (the next step's
  * weights in flight while one computes); KB blocks split k when `out` is
- * small so the GPU fills. The first weights are requested before the
- * kernel waits for its predecessor (programmatic dependent launch).
+ * small so the GPU fills. Their partial sums meet in the first k-block's
+ * shared memory through a thread-block cluster when a launch has one row
+ * group and one KB (decode and verify blocks: 4B decode 3.14-3.17 -> 3.01
+ * ms), else through global memory, where the last block of a tile to
+ * finish adds them; the same additions in the same order either way. The
+ * first weights are requested before the kernel waits for its predecessor
+ * (programmatic dependent launch). A gate/up pair (matmul_silu) gives a
+ * block 16 gate rows as m-tile 0 and the same 16 up rows as m-tile 1, and
+ * takes silu(gate) · up where the sums are made (one launch, and no
+ * round trip of gate and up through memory).
  *
  * Where x comes from. One or two rows (decode): a step's x is used by one
  * warp only, so each warp keeps its own ring of steps' x in shared memory,
@@ -74,6 +82,9 @@
  * sums its lanes in a fixed butterfly and the block its warps in warp order.
  */
 #include "matmul.cuh"
+#include "elementwise.cuh"
+
+#include <cooperative_groups.h>
 
 #include <string.h>
 
@@ -235,11 +246,12 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 /* ---- tensor-core path (bf16 weights) ------------------------------------ */
 
 #define MMT_WARPS 4
-#define MMT_M 32       /* output features per block: two m-tiles */
-#define MMT_K 64       /* k per step */
-#define MMT_BLOCKS 256 /* blocks a call should have at least, when k allows */
-#define MMT_D 2        /* steps in a warp's ring */
-#define MMT_SPLIT_NT 2 /* n-tiles from which x is split by its own kernel first */
+#define MMT_M 32          /* output features per block: two m-tiles */
+#define MMT_K 64          /* k per step */
+#define MMT_BLOCKS 256    /* blocks a call should have at least, when k allows */
+#define MMT_D 2           /* steps in a warp's ring */
+#define MMT_SPLIT_NT 2    /* n-tiles from which x is split by its own kernel first */
+#define MMT_CLUSTER_MAX 8 /* k-blocks a tile may add through a cluster */
 
 /* Rows of a row group for NT n-tiles: their three parts fill the 8·NT
  * columns (2, 5, 8 or 10 rows). */
@@ -291,20 +303,29 @@ __device__ __forceinline__ uint4 mmt_wload(const uint16_t *w, int o, int out, in
     return make_uint4(0, 0, 0, 0);
 }
 
-/* One step's weights of a lane: rows g, g+8, g+16, g+24 of the block's 32,
+/* One step's weights of a lane: rows g, g+8 of m-tile 0 and of m-tile 1,
  * elements 16t..16t+15 of the step (two 16-byte chunks each). */
 struct mmt_wfrag {
     uint4 v[4][2];
 };
 
-__device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const uint16_t *w, int m0, int out, int k,
-                                          int in)
+/* Where a lane's four weight rows are: rows o0, o0 + 8 of matrix w0 (m-tile
+ * 0) and o1, o1 + 8 of w1 (m-tile 1), each row valid below its matrix's
+ * `out`. One weight: w1 = w0, o1 = o0 + 16; a gate/up pair: w0 = gate,
+ * w1 = up, o1 = o0. */
+struct mmt_wrows {
+    const uint16_t *w0, *w1;
+    int o0, o1, out;
+};
+
+__device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int k, int in)
 {
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            f->v[i][h] = mmt_wload(w, m0 + 8 * i, out, k + 8 * h, in);
+            f->v[i][h] = mmt_wload(i < 2 ? wr.w0 : wr.w1, (i < 2 ? wr.o0 : wr.o1) + 8 * (i & 1),
+                                   wr.out, k + 8 * h, in);
 }
 
 __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
@@ -411,6 +432,23 @@ __device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, bool
     }
 }
 
+/* The 24 words of one (row, step, t) of the split-ahead buffer from its 16
+ * x values: per part, the lane's B fragments [j][word]. */
+__device__ __forceinline__ void mmt_presplit_store(uint32_t *o24, const float *xv)
+{
+    uint32_t b[3][4][2];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][j][0], &b[1][j][0], &b[2][j][0]);
+        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[0][j][1], &b[1][j][1], &b[2][j][1]);
+    }
+    uint4 *o = (uint4 *)o24;
+    const uint32_t *f = &b[0][0][0];
+#pragma unroll
+    for (int v = 0; v < 6; v++)
+        o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
+}
+
 /* x split ahead (three rows or more, where every lane of a block would
  * split a whole row for one part): per (row, step, t, part) the 8 words of
  * the lane's B fragments, [j][word], so a lane loads its part as two
@@ -425,17 +463,7 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
     const int t = (int)(i % 4), s = (int)(i / 4 % (size_t)steps), r = (int)(i / 4 / (size_t)steps);
     float xv[16];
     mmt_xload(xv, x, r, true, s * MMT_K + 16 * t, in);
-    uint32_t b[3][4][2];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][j][0], &b[1][j][0], &b[2][j][0]);
-        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[0][j][1], &b[1][j][1], &b[2][j][1]);
-    }
-    uint4 *o = (uint4 *)(xs + i * 24);
-    const uint32_t *f = &b[0][0][0];
-#pragma unroll
-    for (int v = 0; v < 6; v++)
-        o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
+    mmt_presplit_store(xs + i * 24, xv);
 }
 
 /* The lane's pre-split B words of every n-tile at step s, all n-tiles'
@@ -484,15 +512,20 @@ __device__ __forceinline__ void mmt_step(float (*acc)[NT][4], const mmt_wfrag *f
 typedef struct mmt_job {
     float *y;
     const uint16_t *w;
-    float *part;     /* split k: [KB][R][out] */
-    unsigned *count; /* split k: [mblocks][rgroups] */
+    const uint16_t *w_up; /* non-NULL: y = silu(x·wᵀ) ⊙ (x·w_upᵀ), 16 outputs a block */
+    float *part;          /* split k: [KB][R][out] ([KB][R][2·out] for a pair) */
+    unsigned *count;      /* split k: [mblocks][rgroups] */
     int out, KB, block0, accumulate;
 } mmt_job;
 
 typedef struct mmt_jobs {
     mmt_job j[MMT_MAXJOBS];
     int n;
+    int cluster; /* > 1: every job's KB; a tile's k-blocks are one cluster */
 } mmt_jobs;
+/* Passed by value: no padding bytes (graph replays compare argument bytes). */
+static_assert(sizeof(mmt_jobs) == MMT_MAXJOBS * sizeof(mmt_job) + 2 * sizeof(int),
+              "mmt_jobs is packed");
 
 /* Output m, group row rr: each part's column summed over warps in order,
  * then the parts hi + mid + lo. */
@@ -535,11 +568,15 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     while (ji + 1 < jobs.n && (int)blockIdx.x >= jobs.j[ji + 1].block0)
         ji++;
     const mmt_job &jb = jobs.j[ji];
-    const uint16_t *w = jb.w;
+    const bool pair = jb.w_up != NULL;
     const int out = jb.out, KB = jb.KB, bi = (int)blockIdx.x - jb.block0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int rg = bi % rgroups, kb = bi / rgroups % KB, mb = bi / rgroups / KB;
-    const int m0 = mb * MMT_M, r0 = rg * G;
+    /* Clusters come with one row group: a tile's k-blocks are side by side,
+     * cluster rank kb. */
+    const bool clus = jobs.cluster > 1;
+    const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
+    const mmt_wrows wr = {jb.w, pair ? jb.w_up : jb.w, m0 + g, m0 + g + (pair ? 0 : 16), out};
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     float *raw = sm + warp * D * G * MMT_K;
@@ -553,7 +590,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
 #pragma unroll
     for (int u = 0; u < D - 1; u++)
         if (s + MMT_WARPS * u < s1)
-            mmt_wstep(&f[u], w, m0 + g, out, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
+            mmt_wstep(&f[u], wr, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
     cuda_kernel_begin();
     if constexpr (RING) {
 #pragma unroll
@@ -578,7 +615,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             if (sc < s1) {
                 const int il = (u + D - 1) % D;
                 if (sl < s1) {
-                    mmt_wstep(&f[il], w, m0 + g, out, sl * MMT_K + 16 * t, in);
+                    mmt_wstep(&f[il], wr, sl * MMT_K + 16 * t, in);
                     if constexpr (RING)
                         mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
                 }
@@ -612,26 +649,59 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             for (int e = 0; e < 4; e++)
                 red[warp][16 * mt + g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[mt][nt][e];
     __syncthreads();
-    /* Then (split k) the k-blocks in order. */
-    const int ncell = MMT_M * G;
+    /* Then (split k) the k-blocks in order. A pair's block holds 16 gate
+     * (cells m < 16) and 16 up outputs (m + 16) of outputs m0 + m; its
+     * partials are [KB][R][gate out | up out]. */
     float *y = jb.y;
+    const int pw = pair ? 2 * out : out; /* a partial row */
     if (KB == 1) {
-        for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
+        for (int i = threadIdx.x; i < (pair ? 16 : MMT_M) * G; i += blockDim.x) {
             const int m = i / G, rr = i % G, o = m0 + m, r = r0 + rr;
             if (o < out && r < R) {
-                const float v = mmt_cell<NT>(red, m, rr);
                 float *yp = y + (size_t)r * (size_t)out + (size_t)o;
-                *yp = jb.accumulate ? *yp + v : v;
+                if (pair)
+                    *yp = cuda_silu(mmt_cell<NT>(red, m, rr)) * mmt_cell<NT>(red, m + 16, rr);
+                else
+                    *yp = jb.accumulate ? *yp + mmt_cell<NT>(red, m, rr) : mmt_cell<NT>(red, m, rr);
+            }
+        }
+        return;
+    }
+    if (clus) {
+        /* Split k in a cluster: each k-block's cells into block 0's shared
+         * memory, then block 0 adds them in k-block order (the same sums as
+         * through global memory below). */
+        __shared__ float csum[MMT_CLUSTER_MAX * MMT_M * G];
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        float *dst = cl.map_shared_rank(csum, 0) + kb * MMT_M * G;
+        for (int i = threadIdx.x; i < MMT_M * G; i += blockDim.x)
+            dst[i] = mmt_cell<NT>(red, i / G, i % G);
+        cl.sync();
+        if (kb != 0)
+            return;
+        for (int i = threadIdx.x; i < (pair ? 16 : MMT_M) * G; i += blockDim.x) {
+            const int m = i / G, rr = i % G, o = m0 + m, r = r0 + rr;
+            if (o < out && r < R) {
+                float v = 0.0f, u = 0.0f;
+                for (int b = 0; b < KB; b++) {
+                    v += csum[b * MMT_M * G + i];
+                    if (pair)
+                        u += csum[b * MMT_M * G + i + 16 * G];
+                }
+                float *yp = y + (size_t)r * (size_t)out + (size_t)o;
+                *yp = pair ? cuda_silu(v) * u : jb.accumulate ? *yp + v : v;
             }
         }
         return;
     }
     /* Split k: the last block of the tile adds the KB partials in order. */
     float *part = jb.part;
-    for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
-        const int m = i / G, rr = i % G, o = m0 + m, r = r0 + rr;
+    for (int i = threadIdx.x; i < MMT_M * G; i += blockDim.x) {
+        const int m = i / G, rr = i % G, r = r0 + rr;
+        const int o = pair ? m0 + (m & 15) : m0 + m, po = pair && m >= 16 ? out + o : o;
         if (o < out && r < R)
-            part[((size_t)kb * (size_t)R + (size_t)r) * (size_t)out + (size_t)o] =
+            part[((size_t)kb * (size_t)R + (size_t)r) * (size_t)pw + (size_t)po] =
                 mmt_cell<NT>(red, m, rr);
     }
     __threadfence();
@@ -643,14 +713,18 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     if (!last)
         return;
     __threadfence();
-    for (int i = threadIdx.x; i < ncell; i += blockDim.x) {
+    for (int i = threadIdx.x; i < (pair ? 16 : MMT_M) * G; i += blockDim.x) {
         const int m = i / G, rr = i % G, o = m0 + m, r = r0 + rr;
         if (o < out && r < R) {
-            float v = 0.0f;
-            for (int b = 0; b < KB; b++)
-                v += __ldcg(part + ((size_t)b * (size_t)R + (size_t)r) * (size_t)out + (size_t)o);
+            float v = 0.0f, u = 0.0f;
+            for (int b = 0; b < KB; b++) {
+                const float *pp = part + ((size_t)b * (size_t)R + (size_t)r) * (size_t)pw + o;
+                v += __ldcg(pp);
+                if (pair)
+                    u += __ldcg(pp + out);
+            }
             float *yp = y + (size_t)r * (size_t)out + (size_t)o;
-            *yp = jb.accumulate ? *yp + v : v;
+            *yp = pair ? cuda_silu(v) * u : jb.accumulate ? *yp + v : v;
         }
     }
     if (threadIdx.x == 0)
@@ -688,9 +762,11 @@ static void *mmt_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
     return *buf;
 }
 
-/* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch. */
+/* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch;
+ * where ups (NULL: none) has ups[i], ys[i] = silu(x · ws[i]ᵀ) ⊙ (x · ups[i]ᵀ). */
 static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
-                       const uint16_t *const *ws, const int *outs, int accumulate)
+                       const uint16_t *const *ws, const uint16_t *const *ups, const int *outs,
+                       int accumulate)
 {
     const int nt = mmt_ntiles(R), G = 8 * nt / 3;
     const int rgroups = (R + G - 1) / G;
@@ -698,13 +774,29 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     memset(&jobs, 0, sizeof(jobs));
     jobs.n = n;
     size_t blocks = 0, part_floats = 0, counters = 0;
+    int mblocks[MMT_MAXJOBS];
+    /* A launch of one row group whose jobs all split k the same way
+     * (2 .. MMT_CLUSTER_MAX k-blocks) adds the k-blocks through clusters.
+     * Measured on the H200 against the partials through global memory:
+     * 4B decode 3.14-3.17 -> 3.01 ms, verify k=8 5.37-5.43 -> 5.35; with
+     * several row groups (batch 8 x k=8) 21.3 -> 21.6, hence one group. */
+    jobs.cluster = rgroups == 1 ? mmt_kblocks(in, outs[0]) : 1;
+    for (int i = 1; i < n; i++)
+        if (mmt_kblocks(in, outs[i]) != jobs.cluster)
+            jobs.cluster = 1;
+    if (jobs.cluster > MMT_CLUSTER_MAX)
+        jobs.cluster = 1;
     for (int i = 0; i < n; i++) {
-        const int KB = mmt_kblocks(in, outs[i]), mblocks = (outs[i] + MMT_M - 1) / MMT_M;
-        jobs.j[i] = (mmt_job){ys[i], ws[i], NULL, NULL, outs[i], KB, (int)blocks, accumulate};
-        blocks += (size_t)mblocks * (size_t)KB * (size_t)rgroups;
-        if (KB > 1) {
-            part_floats += (size_t)KB * (size_t)R * (size_t)outs[i];
-            counters += (size_t)mblocks * (size_t)rgroups;
+        /* a pair splits k as its gate alone would: the same bits */
+        const uint16_t *up = ups ? ups[i] : NULL;
+        const int KB = mmt_kblocks(in, outs[i]), bm = up ? MMT_M / 2 : MMT_M;
+        TDM_ASSERT(!up || !accumulate);
+        mblocks[i] = (outs[i] + bm - 1) / bm;
+        jobs.j[i] = (mmt_job){ys[i], ws[i], up, NULL, NULL, outs[i], KB, (int)blocks, accumulate};
+        blocks += (size_t)mblocks[i] * (size_t)KB * (size_t)rgroups;
+        if (KB > 1 && jobs.cluster == 1) {
+            part_floats += (size_t)KB * (size_t)R * (size_t)outs[i] * (up ? 2 : 1);
+            counters += (size_t)mblocks[i] * (size_t)rgroups;
         }
     }
     TDM_ASSERT(blocks < (1u << 31));
@@ -715,12 +807,12 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         unsigned *count = (unsigned *)mmt_grow(c, (void **)&c->mm_count, &c->mm_count_cap,
                                                counters * sizeof(unsigned));
         for (int i = 0; i < n; i++)
-            if (jobs.j[i].KB > 1) {
-                const int mblocks = (outs[i] + MMT_M - 1) / MMT_M;
+            if (jobs.j[i].KB > 1 && jobs.cluster == 1) {
                 jobs.j[i].part = part;
                 jobs.j[i].count = count;
-                part += (size_t)jobs.j[i].KB * (size_t)R * (size_t)outs[i];
-                count += (size_t)mblocks * (size_t)rgroups;
+                part +=
+                    (size_t)jobs.j[i].KB * (size_t)R * (size_t)outs[i] * (ups && ups[i] ? 2 : 1);
+                count += (size_t)mblocks[i] * (size_t)rgroups;
             }
     }
     uint32_t *xs = NULL;
@@ -732,8 +824,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     }
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
 #define MMT_LAUNCH(N, MINB)                                                                        \
-    cuda_launch(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0, jobs, x,              \
-                (const uint32_t *)xs, R, in, rgroups)
+    cuda_launch_cluster(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0,               \
+                        (unsigned)jobs.cluster, jobs, x, (const uint32_t *)xs, R, in, rgroups)
     if (nt == 1)
         one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
     else if (nt == 2)
@@ -757,7 +849,7 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
     if (vec && w.dtype == TDM_DTYPE_BF16) {
         const uint16_t *wd = (const uint16_t *)w.data;
-        mmt_matmul(c, x, R, in, 1, &y, &wd, &out, accumulate);
+        mmt_matmul(c, x, R, in, 1, &y, &wd, NULL, &out, accumulate);
         return;
     }
     /* Rows per block: the fewest that hold the whole call (up to 16), so a
@@ -798,7 +890,7 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
             gw[ng] = (const uint16_t *)ws[i].data;
             go[ng++] = outs[i];
             if (ng == MMT_MAXJOBS) {
-                mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
+                mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0);
                 ng = 0;
             }
         } else {
@@ -806,5 +898,26 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
         }
     }
     if (ng)
-        mmt_matmul(c, x, R, in, ng, gy, gw, go, 0);
+        mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0);
+}
+
+void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
+                      int in, int out)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (R <= 0 || out <= 0)
+        return;
+    const int xvec = in % 8 == 0 && ((uintptr_t)x % 16) == 0;
+    if (xvec && gate.dtype == TDM_DTYPE_BF16 && up.dtype == TDM_DTYPE_BF16 &&
+        (uintptr_t)gate.data % 16 == 0 && (uintptr_t)up.data % 16 == 0) {
+        const uint16_t *wg = (const uint16_t *)gate.data, *wu = (const uint16_t *)up.data;
+        mmt_matmul(c, x, R, in, 1, &y, &wg, &wu, &out, 0);
+        return;
+    }
+    /* Other weights: the two products, then silu_mul (up in scratch). */
+    float *u = (float *)mmt_grow(c, (void **)&c->mm_up, &c->mm_up_cap,
+                                 (size_t)R * (size_t)out * sizeof(float));
+    cuda_matmul(ctx, y, x, gate, R, in, out, 0);
+    cuda_matmul(ctx, u, x, up, R, in, out, 0);
+    cuda_silu_mul(ctx, y, y, u, (size_t)R * (size_t)out);
 }

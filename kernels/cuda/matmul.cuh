@@ -12,4 +12,10 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
 void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const *ys,
                    const tdm_weight *ws, const int *outs);
 
+/* y [R, out] = silu(x · gateᵀ) ⊙ (x · upᵀ): bit for bit cuda_matmul_n of
+ * the two, then cuda_silu_mul; bf16 weights in one launch, the SiLU product
+ * taken where the sums are made. */
+void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
+                      int in, int out);
+
 #endif

@@ -158,6 +158,135 @@ static void test_matmul(void)
             }
 }
 
+/* The fused products (matmul_n, matmul_silu) against the same backend's
+ * separate ops, bit for bit (the slots' contract), and against the CPU
+ * backend's separate ops; row by row == batched. A call: R rows of x
+ * [R, in], n weights of outs[j] rows (dtype per weight). mode 0: fused, one
+ * call; 1: fused, row by row; 2: the separate matmuls (and silu_mul). */
+typedef struct fuse_case {
+    int R, in, n, outs[4];
+    tdm_dtype dt[4];
+    int silu;
+} fuse_case;
+
+typedef struct fuse_in {
+    const float *x;
+    void *wh[4];
+    float *wref[4];
+    size_t wb[4];
+} fuse_in;
+
+static float **run_fused(tdm_backend *be, const fuse_case *fc, const fuse_in *fi, int mode)
+{
+    const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
+    tdm_weight w[4];
+    for (int j = 0; j < fc->n; j++)
+        w[j] =
+            put_weight(be, fi->wh[j], fi->wref[j], (size_t)fc->outs[j] * in, fc->dt[j], fi->wb[j]);
+    float *dx = ct_put(be, fi->x, (size_t)R * in * 4);
+    float *dy[4], *du = NULL;
+    for (int j = 0; j < nout; j++) {
+        dy[j] = ct_put(be, NULL, (size_t)R * fc->outs[j] * 4);
+        ct_poison(be, dy[j], (size_t)R * fc->outs[j] * 4);
+    }
+    if (mode < 2) {
+        for (int r0 = 0; r0 < R; r0 += mode ? 1 : R) {
+            const int nr = mode ? 1 : R;
+            const float *xr = dx + (size_t)r0 * in;
+            float *yr[4];
+            for (int j = 0; j < nout; j++)
+                yr[j] = dy[j] + (size_t)r0 * fc->outs[j];
+            if (fc->silu)
+                be->matmul_silu(be->ctx, yr[0], xr, w[0], w[1], nr, in, fc->outs[0]);
+            else
+                be->matmul_n(be->ctx, xr, nr, in, fc->n, yr, w, fc->outs);
+        }
+    } else {
+        float *ys[4] = {dy[0], NULL, NULL, NULL};
+        for (int j = 1; j < fc->n; j++)
+            ys[j] = fc->silu ? (du = ct_put(be, NULL, (size_t)R * fc->outs[j] * 4)) : dy[j];
+        for (int j = 0; j < fc->n; j++)
+            be->matmul(be->ctx, ys[j], dx, w[j], R, in, fc->outs[j], 0);
+        if (fc->silu)
+            be->silu_mul(be->ctx, dy[0], dy[0], du, (size_t)R * fc->outs[0]);
+    }
+    float **y = malloc(4 * sizeof(float *));
+    for (int j = 0; j < nout; j++) {
+        y[j] = ct_get(be, dy[j], (size_t)R * fc->outs[j] * 4);
+        be->free(be->ctx, dy[j]);
+    }
+    for (int j = 0; j < fc->n; j++)
+        be->free(be->ctx, (void *)w[j].data);
+    be->free(be->ctx, dx);
+    be->free(be->ctx, du);
+    return y;
+}
+
+static void test_fused_matmuls(void)
+{
+    const tdm_dtype B = TDM_DTYPE_BF16, F = TDM_DTYPE_F32;
+    /* The 4B in_proj and gate+up shapes at decode (1, 2 rows: x through the
+     * warps' rings), verify and batch rows (3+: split ahead); split k; out
+     * not a multiple of the 16 (pair) or 32 outputs a block holds; fp32
+     * weights alone and beside bf16 ones. */
+    const fuse_case cases[] = {
+        {1, 2560, 4, {8192, 4096, 32, 32}, {B, B, B, B}, 0},
+        {9, 2560, 4, {8192, 4096, 32, 32}, {B, B, B, B}, 0},
+        {4, 520, 3, {33, 20, 9}, {B, F, B}, 0},
+        {1, 2560, 2, {9216, 9216}, {B, B}, 1},
+        {2, 2560, 2, {9216, 9216}, {B, B}, 1},
+        {9, 2560, 2, {9216, 9216}, {B, B}, 1},
+        {72, 2560, 2, {1040, 1040}, {B, B}, 1},
+        {3, 9216, 2, {16, 16}, {B, B}, 1},
+        {17, 4096, 2, {40, 40}, {B, B}, 1},
+        {2, 1024, 2, {33, 33}, {B, B}, 1},
+        {5, 100, 2, {24, 24}, {B, B}, 1},
+        {11, 520, 2, {70, 70}, {F, F}, 1},
+    };
+    for (size_t ci = 0; ci < TDM_ARRAY_LEN(cases); ci++) {
+        const fuse_case *fc = &cases[ci];
+        const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
+        fuse_in fi;
+        float *x = malloc((size_t)R * in * 4);
+        ct_fill(x, (size_t)R * in, 2.0f);
+        fi.x = x;
+        for (int j = 0; j < fc->n; j++) {
+            const size_t nw = (size_t)fc->outs[j] * in;
+            float *wv = malloc(nw * 4);
+            fi.wref[j] = malloc(nw * 4);
+            ct_fill(wv, nw, 0.5f);
+            fi.wh[j] = make_weight(wv, nw, fc->dt[j], fi.wref[j], &fi.wb[j]);
+            free(wv);
+        }
+        float **yf = run_fused(G, fc, &fi, 0), **yr = run_fused(G, fc, &fi, 1);
+        float **ys = run_fused(G, fc, &fi, 2), **yc = run_fused(CPU, fc, &fi, 2);
+        const char *op = fc->silu ? "matmul_silu" : "matmul_n";
+        for (int j = 0; j < nout; j++) {
+            const size_t ny = (size_t)R * fc->outs[j];
+            char cas[96];
+            snprintf(cas, sizeof(cas), "R=%d in=%d out=%d %s", R, in, fc->outs[j],
+                     tdm_dtype_name(fc->dt[j]));
+            report(op, cas, ct_nerr(yf[j], yc[j], ny), 1e-5);
+            report_same(op, "  == separate ops", yf[j], ys[j], ny * 4);
+            if (R > 1)
+                report_same(op, "  rows one by one == batched", yr[j], yf[j], ny * 4);
+            free(yf[j]);
+            free(yr[j]);
+            free(ys[j]);
+            free(yc[j]);
+        }
+        free(yf);
+        free(yr);
+        free(ys);
+        free(yc);
+        for (int j = 0; j < fc->n; j++) {
+            free(fi.wh[j]);
+            free(fi.wref[j]);
+        }
+        free(x);
+    }
+}
+
 /* ---- embedding ---------------------------------------------------------- */
 
 static void test_embed(void)
@@ -1169,6 +1298,7 @@ int main(void)
     G = ct_gpu();
     CPU = ct_cpu();
     test_matmul();
+    test_fused_matmuls();
     test_copy_n();
     test_embed();
     test_rmsnorm();
