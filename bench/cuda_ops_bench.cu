@@ -80,7 +80,6 @@ enum {
     OP_ROPE,
     OP_MUL_SIGMOID,
     OP_SILU_MUL,
-    OP_GATES,
     OP_CONV,
     OP_GDN,
     OP_ATTENTION,
@@ -95,7 +94,7 @@ typedef struct bench {
     cuda_ctx *c;
     const shape *s;
     int C, ctx_max;
-    float *x, *q, *qg, *gate, *qkv, *qkvc, *z, *o, *o2, *g, *beta, *a, *b, *h1, *h2;
+    float *x, *q, *qg, *gate, *qkv, *qkvc, *z, *o, *o2, *a, *b, *h1, *h2;
     float *logits, *norm_w, *qnorm_w, *gnorm_w, *conv_w, *A_log, *dt_bias, *inv_freq_h;
     void *embed;
     float *conv_st[MAXSEQ], *conv_out, *rec_st[MAXSEQ], *rec_out, *kc[MAXSEQ], *vc[MAXSEQ];
@@ -147,8 +146,6 @@ static void bench_init(bench *B, const shape *s, int ctx_max)
     B->z = dev_rand(B, R * VD, -1, 1);
     B->o = dev_rand(B, R * VD, -1, 1);
     B->o2 = dev_rand(B, R * VD, -1, 1);
-    B->g = dev_rand(B, R * s->Hv, -1, -0.01f);
-    B->beta = dev_rand(B, R * s->Hv, 0, 1);
     B->a = dev_rand(B, R * s->Hv, -1, 1);
     B->b = dev_rand(B, R * s->Hv, -1, 1);
     B->h1 = dev_rand(B, R * s->I, -1, 1);
@@ -180,10 +177,10 @@ static void bench_init(bench *B, const shape *s, int ctx_max)
 
 static void bench_free(bench *B)
 {
-    void *bufs[] = {B->x,       B->q,      B->qg,       B->gate,    B->qkv,     B->qkvc,   B->z,
-                    B->o,       B->o2,     B->g,        B->beta,    B->a,       B->b,      B->h1,
-                    B->h2,      B->logits, B->norm_w,   B->qnorm_w, B->gnorm_w, B->conv_w, B->A_log,
-                    B->dt_bias, B->embed,  B->conv_out, B->rec_out};
+    void *bufs[] = {B->x,     B->q,       B->qg,     B->gate,     B->qkv,     B->qkvc,
+                    B->z,     B->o,       B->o2,     B->a,        B->b,       B->h1,
+                    B->h2,    B->logits,  B->norm_w, B->qnorm_w,  B->gnorm_w, B->conv_w,
+                    B->A_log, B->dt_bias, B->embed,  B->conv_out, B->rec_out};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         B->be->free(B->be->ctx, bufs[i]);
     for (int i = 0; i < MAXSEQ; i++) {
@@ -238,15 +235,12 @@ static void run_op(bench *B, int op, const layout *L, int ctx)
     case OP_SILU_MUL:
         be->silu_mul(bx, B->h1, B->h1, B->h2, (size_t)R * s->I);
         break;
-    case OP_GATES:
-        be->gdn_gates(bx, B->g, B->beta, B->a, B->b, B->A_log, B->dt_bias, R, s->Hv);
-        break;
     case OP_CONV:
         be->conv_silu(bx, B->qkvc, B->qkv, B->conv_w, cs, L->nseq, C, s->K);
         break;
     case OP_GDN:
-        be->gdn_recurrent(bx, B->o, B->qkvc, C, B->g, B->beta, gs, L->nseq, s->Hk, s->Hv, s->Dk,
-                          s->Dv);
+        be->gdn_recurrent(bx, B->o, B->qkvc, C, (tdm_gdn_gates){B->a, B->b, B->A_log, B->dt_bias},
+                          gs, L->nseq, s->Hk, s->Hv, s->Dk, s->Dv);
         break;
     case OP_ATTENTION:
         be->attention(bx, B->q, B->q, as, L->nseq, s->nH, s->nKV, s->D);
@@ -458,13 +452,19 @@ static void run_shape(const shape *s, const int *ctxs, int nctx, int reps)
         int op;
         const char *name;
     } rows[] = {
-        {OP_EMBED, "embed (bf16)"},        {OP_RMSNORM, "rmsnorm (hidden)"},
-        {OP_QNORM, "rmsnorm (q heads)"},   {OP_GATED, "rmsnorm_gated (v heads)"},
-        {OP_SPLIT, "split_qgate"},         {OP_ROPE, "rope (q)"},
-        {OP_MUL_SIGMOID, "mul_sigmoid"},   {OP_SILU_MUL, "silu_mul"},
-        {OP_GATES, "gdn_gates"},           {OP_CONV, "conv_silu"},
-        {OP_GDN, "gdn_recurrent"},         {OP_ATTENTION, "attention"},
-        {OP_SOFTMAX, "softmax (vocab)"},   {OP_ARGMAX, "argmax (vocab, wall)"},
+        {OP_EMBED, "embed (bf16)"},
+        {OP_RMSNORM, "rmsnorm (hidden)"},
+        {OP_QNORM, "rmsnorm (q heads)"},
+        {OP_GATED, "rmsnorm_gated (v heads)"},
+        {OP_SPLIT, "split_qgate"},
+        {OP_ROPE, "rope (q)"},
+        {OP_MUL_SIGMOID, "mul_sigmoid"},
+        {OP_SILU_MUL, "silu_mul"},
+        {OP_CONV, "conv_silu"},
+        {OP_GDN, "gdn_recurrent"},
+        {OP_ATTENTION, "attention"},
+        {OP_SOFTMAX, "softmax (vocab)"},
+        {OP_ARGMAX, "argmax (vocab, wall)"},
         {OP_STAGE, "staging copy (64 B)"},
     };
     for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {

@@ -36,17 +36,17 @@ typedef struct tdm_layer_weights {
 /* Per-call activations in backend memory, sized for `rows` rows. */
 typedef struct tdm_workspace {
     int rows;
-    void *block;             /* one allocation holding everything below */
-    float *x, *xn;           /* [R, H] residual stream, normed copy */
-    float *qkv, *qkvc;       /* [R, conv_dim] pre-conv, post-conv */
-    float *z;                /* [R, Hv*Dv] */
-    float *a, *b, *g, *beta; /* [R, Hv] */
-    float *o, *o2;           /* [R, max(Hv*Dv, nH*D)] */
-    float *qg;               /* [R, nH*2D] */
-    float *q, *gate;         /* [R, nH*D] */
-    float *k, *v;            /* [R, nKV*D] */
-    float *h1, *h2;          /* [R, I] */
-    float *logits;           /* [R, vocab] */
+    void *block;       /* one allocation holding everything below */
+    float *x, *xn;     /* [R, H] residual stream, normed copy */
+    float *qkv, *qkvc; /* [R, conv_dim] pre-conv, post-conv */
+    float *z;          /* [R, Hv*Dv] */
+    float *a, *b;      /* [R, Hv] */
+    float *o, *o2;     /* [R, max(Hv*Dv, nH*D)] */
+    float *qg;         /* [R, nH*2D] */
+    float *q, *gate;   /* [R, nH*D] */
+    float *k, *v;      /* [R, nKV*D] */
+    float *h1, *h2;    /* [R, I] */
+    float *logits;     /* [R, vocab] */
 } tdm_workspace;
 
 struct tdm_model {

@@ -75,13 +75,12 @@ static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
     const size_t V = (size_t)c->vocab_size, OW = VD > QD ? VD : QD;
     /* Each piece rounded to 16 floats keeps every buffer 64-byte aligned. */
 #define RND(n) ((((n) * (size_t)rows) + 15) & ~(size_t)15)
-    size_t sizes[] = {RND(H),  RND(H),  RND(C),  RND(C),  RND(VD),     RND(Hv), RND(Hv),
-                      RND(Hv), RND(Hv), RND(OW), RND(OW), RND(2 * QD), RND(QD), RND(QD),
-                      RND(KD), RND(KD), RND(I),  RND(I),  RND(V)};
+    size_t sizes[] = {RND(H),  RND(H),  RND(C),  RND(C),      RND(VD), RND(Hv),
+                      RND(Hv), RND(OW), RND(OW), RND(2 * QD), RND(QD), RND(QD),
+                      RND(KD), RND(KD), RND(I),  RND(I),      RND(V)};
 #undef RND
-    float **dst[] = {&w->x, &w->xn,   &w->qkv, &w->qkvc, &w->z,     &w->a, &w->b,
-                     &w->g, &w->beta, &w->o,   &w->o2,   &w->qg,    &w->q, &w->gate,
-                     &w->k, &w->v,    &w->h1,  &w->h2,   &w->logits};
+    float **dst[] = {&w->x,  &w->xn, &w->qkv,  &w->qkvc, &w->z, &w->a,  &w->b,  &w->o,     &w->o2,
+                     &w->qg, &w->q,  &w->gate, &w->k,    &w->v, &w->h1, &w->h2, &w->logits};
     size_t total = 0;
     for (size_t i = 0; i < TDM_ARRAY_LEN(sizes); i++)
         total += sizes[i];
@@ -235,8 +234,8 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
                     (tdm_gdn_seg){st->row0[i], st->counts[i], rst, rout, st->prefill && !rout};
             }
             be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
-            be->gdn_gates(bx, w->g, w->beta, w->a, w->b, lw->A_log, lw->dt_bias, R, Hv);
-            be->gdn_recurrent(bx, w->o, w->qkvc, C, w->g, w->beta, st->gs, nseq, Hk, Hv, Dk,
+            const tdm_gdn_gates gt = {w->a, w->b, lw->A_log, lw->dt_bias};
+            be->gdn_recurrent(bx, w->o, w->qkvc, C, gt, st->gs, nseq, Hk, Hv, Dk,
                               Dv); /* o [R, Hv, Dv] */
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
             be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */

@@ -61,6 +61,12 @@ typedef struct tdm_conv_seg {
 } tdm_conv_seg;
 
 /* One sequence's rows in a gated-delta-rule call. */
+/* The inputs of a delta rule's gates (backend.h gdn_recurrent). */
+typedef struct tdm_gdn_gates {
+    const float *a, *b;           /* [R, Hv]: the layer's in_a and in_b projections */
+    const float *A_log, *dt_bias; /* [Hv] f32 */
+} tdm_gdn_gates;
+
 typedef struct tdm_gdn_seg {
     int row0, nrows;
     float *state;      /* [Hv, Dk, Dv]; updated in place when states_out is NULL */
@@ -202,17 +208,15 @@ struct tdm_backend {
      * w[c, K-1] multiplies the current row. */
     void (*conv_silu)(void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *segs,
                       int nseg, int C, int K);
-    /* Gated-delta-rule gates: g = -exp(A_log) * softplus(a + dt_bias),
-     * beta = sigmoid(b); a, b, g, beta [R, Hv]; A_log, dt_bias [Hv] f32. */
-    void (*gdn_gates)(void *ctx, float *g, float *beta, const float *a, const float *b,
-                      const float *A_log, const float *dt_bias, int R, int Hv);
     /* Recurrent gated delta rule per segment, from its state. q, k are rows
      * of qkv [R, qkv_stride] at offsets 0 and Hk*Dk ([Hk, Dk] each), v at
      * 2*Hk*Dk ([Hv, Dv]); q and k are l2-normalised (eps 1e-6) and q scaled
-     * by Dk^-0.5 inside; v head j reads q/k head j / (Hv/Hk). out [R, Hv, Dv]. */
-    void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
-                          const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
-                          int Dk, int Dv);
+     * by Dk^-0.5 inside; v head j reads q/k head j / (Hv/Hk). The gates of
+     * row r and v-head h come from the projections gt.a, gt.b [R, Hv]:
+     * decay exp(g), g = -exp(A_log[h]) * softplus(a + dt_bias[h]) (torch's
+     * softplus, threshold 20), and beta = sigmoid(b). out [R, Hv, Dv]. */
+    void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
+                          const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv);
     /* out[r] = argmax of x[r, 0..n) (first on ties); out host [R]. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
     /* In-place softmax per row of n (fp32). */

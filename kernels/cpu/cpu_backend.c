@@ -183,19 +183,14 @@ static void cpu_silu_mul(void *ctx, float *y, const float *a, const float *b, si
         y[i] = silu(a[i]) * b[i];
 }
 
-static void cpu_gdn_gates(void *ctx, float *g, float *beta, const float *a, const float *b,
-                          const float *A_log, const float *dt_bias, int R, int Hv)
+/* The delta rule's gates of row r, v-head h (backend.h gdn_recurrent). */
+static void gdn_gate(const tdm_gdn_gates *gt, size_t i, int h, float *g, float *beta)
 {
-    (void)ctx;
-    for (int r = 0; r < R; r++)
-        for (int h = 0; h < Hv; h++) {
-            size_t i = (size_t)r * (size_t)Hv + (size_t)h;
-            float u = a[i] + dt_bias[h];
-            /* torch softplus(beta=1, threshold=20) */
-            float sp = u > 20.0f ? u : log1pf(expf(u));
-            g[i] = -expf(A_log[h]) * sp;
-            beta[i] = sigmoid(b[i]);
-        }
+    float u = gt->a[i] + gt->dt_bias[h];
+    /* torch softplus(beta=1, threshold=20) */
+    float sp = u > 20.0f ? u : log1pf(expf(u));
+    *g = -expf(gt->A_log[h]) * sp;
+    *beta = sigmoid(gt->b[i]);
 }
 
 static void cpu_conv_silu(void *ctx, float *y, const float *x, const float *w,
@@ -250,7 +245,7 @@ typedef struct gdn_args {
     float *out;
     const float *qkv;
     int stride;
-    const float *g, *beta;
+    tdm_gdn_gates gt;
     const tdm_gdn_seg *segs;
     int nseg, Hk, Hv, Dk, Dv;
 } gdn_args;
@@ -287,7 +282,9 @@ static void gdn_task(void *vp, int u)
                 kn[d] = k[d] * ik;
             }
             size_t gi = row * (size_t)Hv + (size_t)hv;
-            float decay = expf(a->g[gi]), b = a->beta[gi];
+            float g, b;
+            gdn_gate(&a->gt, gi, hv, &g, &b);
+            float decay = expf(g);
             for (size_t j = 0; j < hs; j++)
                 S[j] *= decay;
             for (int e = 0; e < Dv; e++)
@@ -314,13 +311,12 @@ static void gdn_task(void *vp, int u)
     }
 }
 
-static void cpu_gdn_recurrent(void *ctx, float *out, const float *qkv, int stride, const float *g,
-                              const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
-                              int Dk, int Dv)
+static void cpu_gdn_recurrent(void *ctx, float *out, const float *qkv, int stride, tdm_gdn_gates gt,
+                              const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
 {
     cpu_ctx *c = ctx;
     TDM_ASSERT(Dk <= 512 && Dv <= 512);
-    gdn_args a = {out, qkv, stride, g, beta, segs, nseg, Hk, Hv, Dk, Dv};
+    gdn_args a = {out, qkv, stride, gt, segs, nseg, Hk, Hv, Dk, Dv};
     tdm_pool_run(c->pool, gdn_task, &a, nseg * Hv);
 }
 
@@ -475,7 +471,6 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->mul_sigmoid = cpu_mul_sigmoid;
     be->silu_mul = cpu_silu_mul;
     be->conv_silu = cpu_conv_silu;
-    be->gdn_gates = cpu_gdn_gates;
     be->gdn_recurrent = cpu_gdn_recurrent;
     be->argmax = cpu_argmax;
     be->softmax = cpu_softmax;

@@ -76,6 +76,22 @@ void cuda_retire(cuda_ctx *c, void *p)
     c->retired[c->nretired++] = p;
 }
 
+void *cuda_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
+{
+    if (bytes > *cap) {
+        size_t n = *cap ? *cap : 1u << 16;
+        while (n < bytes)
+            n *= 2;
+        void *p = NULL;
+        CUDA_CHECK(cudaMalloc(&p, n));
+        CUDA_CHECK(cudaMemsetAsync(p, 0, n, c->stream));
+        cuda_retire(c, *buf);
+        *buf = p;
+        *cap = n;
+    }
+    return *buf;
+}
+
 /* ---- per-op timing (TANDEM_CUDA_OPSTATS=1) ---------------------------------
  * Every op slot is wrapped by a pair of events on the stream; at each sync
  * the pairs are resolved into GPU milliseconds per slot, printed to stderr
@@ -94,7 +110,6 @@ enum {
     ST_MUL_SIGMOID,
     ST_SILU_MUL,
     ST_CONV,
-    ST_GATES,
     ST_GDN,
     ST_ARGMAX,
     ST_SOFTMAX,
@@ -102,10 +117,10 @@ enum {
     ST_DOWNLOAD,
     ST_N
 };
-static const char *const st_names[ST_N] = {
-    "embed",         "matmul",    "rmsnorm",     "rmsnorm_gated", "split_qgate", "rope",
-    "kv_store",      "attention", "mul_sigmoid", "silu_mul",      "conv_silu",   "gdn_gates",
-    "gdn_recurrent", "argmax",    "softmax",     "sample",        "download"};
+static const char *const st_names[ST_N] = {"embed",       "matmul",   "rmsnorm",   "rmsnorm_gated",
+                                           "split_qgate", "rope",     "kv_store",  "attention",
+                                           "mul_sigmoid", "silu_mul", "conv_silu", "gdn_recurrent",
+                                           "argmax",      "softmax",  "sample",    "download"};
 
 #define ST_MAXEV 4096
 
@@ -207,14 +222,10 @@ ST_WRAP(conv_silu, ST_CONV,
         (void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *s, int n, int C,
          int K),
         (ctx, y, x, w, s, n, C, K))
-ST_WRAP(gdn_gates, ST_GATES,
-        (void *ctx, float *g, float *beta, const float *a, const float *b, const float *A,
-         const float *dt, int R, int Hv),
-        (ctx, g, beta, a, b, A, dt, R, Hv))
 ST_WRAP(gdn_recurrent, ST_GDN,
-        (void *ctx, float *out, const float *qkv, int st, const float *g, const float *beta,
-         const tdm_gdn_seg *s, int n, int Hk, int Hv, int Dk, int Dv),
-        (ctx, out, qkv, st, g, beta, s, n, Hk, Hv, Dk, Dv))
+        (void *ctx, float *out, const float *qkv, int stride, tdm_gdn_gates gt,
+         const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv),
+        (ctx, out, qkv, stride, gt, segs, nseg, Hk, Hv, Dk, Dv))
 ST_WRAP(argmax, ST_ARGMAX, (void *ctx, int32_t *out, const float *x, int R, int n),
         (ctx, out, x, R, n))
 ST_WRAP(softmax, ST_SOFTMAX, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
@@ -407,6 +418,7 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->mm_count);
         cudaFree(c->mm_xs);
         cudaFree(c->mm_up);
+        cudaFree(c->gdn_gb);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);
@@ -533,7 +545,6 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->mul_sigmoid = cuda_mul_sigmoid;
     be->silu_mul = cuda_silu_mul;
     be->conv_silu = cuda_conv_silu;
-    be->gdn_gates = cuda_gdn_gates;
     be->gdn_recurrent = cuda_gdn_recurrent;
     be->argmax = cu_argmax;
     be->softmax = cuda_softmax;
@@ -552,7 +563,6 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         be->mul_sigmoid = st_mul_sigmoid;
         be->silu_mul = st_silu_mul;
         be->conv_silu = st_conv_silu;
-        be->gdn_gates = st_gdn_gates;
         be->gdn_recurrent = st_gdn_recurrent;
         be->argmax = st_argmax;
         be->softmax = st_softmax;

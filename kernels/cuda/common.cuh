@@ -74,6 +74,8 @@ typedef struct cuda_ctx {
     unsigned *mm_count; /* split-k arrivals per output tile */
     uint32_t *mm_xs;    /* activations split into bf16 parts */
     float *mm_up;       /* matmul_silu's up products (weights off the tensor-core path) */
+    float *gdn_gb;      /* gdn.cu: g and beta [2][R][Hv] for chunked segments */
+    size_t gdn_gb_cap;  /* bytes */
     size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_up_cap; /* bytes */
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
@@ -83,6 +85,13 @@ typedef struct cuda_ctx {
 
 /* Keeps p (device memory, or NULL) until the backend is destroyed. */
 void cuda_retire(cuda_ctx *c, void *p);
+
+/* Device scratch *buf of at least `bytes` (capacity *cap): grown, never
+ * shrunk, and a replaced buffer stays allocated until the backend goes (a
+ * captured graph may still name it). New bytes are zero. Ops that grow
+ * scratch do so on a step's first, eager run (a capture follows one of the
+ * same shape), never inside a capture. */
+void *cuda_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes);
 
 /* Copies n host bytes to device memory valid for the ops queued next on the
  * stream; 16-byte aligned. Inside a recorded step the bytes go to that

@@ -197,29 +197,3 @@ void cuda_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n
     cuda_launch(c, silu_mul_kernel, cuda_blocks((n + 3) / 4, EW_THREADS), EW_THREADS, 0, y, a, b, n,
                 ew_aligned(y, a, b));
 }
-
-__global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const float *b,
-                                 const float *A_log, const float *dt_bias, int R, int Hv)
-{
-    cuda_kernel_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)R * (size_t)Hv)
-        return;
-    const int h = (int)(i % (size_t)Hv);
-    const float u = a[i] + dt_bias[h];
-    /* torch softplus(beta=1, threshold=20) */
-    const float sp = u > 20.0f ? u : log1pf(expf(u));
-    g[i] = -expf(A_log[h]) * sp;
-    beta[i] = cuda_sigmoid(b[i]);
-}
-
-void cuda_gdn_gates(void *ctx, float *g, float *beta, const float *a, const float *b,
-                    const float *A_log, const float *dt_bias, int R, int Hv)
-{
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    const size_t n = (size_t)R * (size_t)Hv;
-    if (n == 0)
-        return;
-    cuda_launch(c, gdn_gates_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, g, beta, a, b,
-                A_log, dt_bias, R, Hv);
-}

@@ -1,5 +1,5 @@
 /* elementwise.cuh - ops without reductions: embedding rows, q/gate split,
- * partial RoPE, KV store, sigmoid gate, SiLU·mul, delta-rule gates. */
+ * partial RoPE, KV store, sigmoid gate, SiLU·mul. */
 #ifndef TANDEM_KERNELS_CUDA_ELEMENTWISE_CUH
 #define TANDEM_KERNELS_CUDA_ELEMENTWISE_CUH
 
@@ -13,7 +13,5 @@ void cuda_kv_store(void *ctx, float *k_cache, float *v_cache, const float *k, co
                    int at, int nrows, int kv_width);
 void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n);
 void cuda_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n);
-void cuda_gdn_gates(void *ctx, float *g, float *beta, const float *a, const float *b,
-                    const float *A_log, const float *dt_bias, int R, int Hv);
 
 #endif

@@ -25,7 +25,10 @@
  * order, then a butterfly over the SL lanes of the column: no shared memory
  * and no barrier. P and SL follow from Dk alone, so a position computes the
  * same bits in a prefill, a verify block or a decode step, in any batch.
- * The next position's q, k, v, g and beta are loaded while the current one
+ * The gates come from the projections a and b inside the kernel (no
+ * separate gates kernel on the critical path; prompt chunks taking the
+ * chunked form get them as arrays from gdn_gates_kernel, the same bits).
+ * The next position's q, k, v, a and b are loaded while the current one
  * is computed.
  */
 #include "gdn.cuh"
@@ -154,16 +157,39 @@ template <int SL> __device__ __forceinline__ float gdn_col_sum(float v)
     return v;
 }
 
+/* A position's gates from its projections a, b and its v-head's A_log and
+ * dt_bias (backend.h gdn_recurrent; the CPU backend's formulas). */
+__device__ __forceinline__ void gdn_gate(float a, float b, float A_log, float dt_bias, float *g,
+                                         float *beta)
+{
+    const float u = a + dt_bias;
+    /* torch softplus(beta=1, threshold=20) */
+    const float sp = u > 20.0f ? u : log1pf(expf(u));
+    *g = -expf(A_log) * sp;
+    *beta = cuda_sigmoid(b);
+}
+
+/* g, beta [R, Hv] for the chunked form (gdn_chunk.cu takes them as arrays). */
+__global__ void gdn_gates_kernel(float *g, float *beta, const tdm_gdn_gates gt, int R, int Hv)
+{
+    cuda_kernel_begin();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * (size_t)Hv)
+        return;
+    const int h = (int)(i % (size_t)Hv);
+    gdn_gate(gt.a[i], gt.b[i], gt.A_log[h], gt.dt_bias[h], &g[i], &beta[i]);
+}
+
 /* One position's inputs for a thread: its slices of q and k (0 past Dk),
- * v at its column (0 past Dv), g and beta of its v-head. */
+ * v at its column (0 past Dv), the gate projections a and b of its v-head. */
 template <int P> struct gdn_in {
-    float q[P], k[P], v, g, b;
+    float q[P], k[P], v, ga, gb; /* ga, gb: the gates' projections a, b */
 };
 
 template <int P>
 __device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t row, int stride,
-                                         const float *g, const float *beta, int hk, int hv, int Hk,
-                                         int Hv, int Dk, int Dv, int d0, int e, bool live, int vec)
+                                         const tdm_gdn_gates &gt, int hk, int hv, int Hk, int Hv,
+                                         int Dk, int Dv, int d0, int e, bool live, int vec)
 {
     const float *base = qkv + row * (size_t)stride;
     const float *q = base + (size_t)hk * (size_t)Dk + d0, *k = q + (size_t)Hk * (size_t)Dk;
@@ -187,15 +213,14 @@ __device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t
         }
     }
     in.v = live ? base[2 * (size_t)Hk * (size_t)Dk + (size_t)hv * (size_t)Dv + (size_t)e] : 0.0f;
-    const size_t gi = row * (size_t)Hv + (size_t)hv;
-    in.g = g[gi];
-    in.b = beta[gi];
+    in.ga = gt.a[row * (size_t)Hv + (size_t)hv];
+    in.gb = gt.b[row * (size_t)Hv + (size_t)hv];
 }
 
 /* P: state rows per thread; SL: lanes per value column (P * SL >= Dk). */
 template <int P, int SL>
 __global__ void __launch_bounds__(GDN_WARPS * 32)
-    gdn_kernel(float *out, const float *qkv, int stride, const float *g, const float *beta,
+    gdn_kernel(float *out, const float *qkv, int stride, const tdm_gdn_gates gt,
                const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec)
 {
     cuda_kernel_begin();
@@ -208,6 +233,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
     const bool live = e < Dv;
     const size_t hs = (size_t)Dk * (size_t)Dv, dv = (size_t)Dv;
     const float scale = 1.0f / sqrtf((float)Dk);
+    const float A_log = gt.A_log[hv], dt_bias = gt.dt_bias[hv];
     float S[P];
     {
         const float *st = sg.state + (size_t)hv * hs + (size_t)e;
@@ -217,12 +243,11 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
     }
     gdn_in<P> cur, nxt;
     if (sg.nrows > 0)
-        gdn_load(cur, qkv, (size_t)sg.row0, stride, g, beta, hk, hv, Hk, Hv, Dk, Dv, d0, e, live,
-                 vec);
+        gdn_load(cur, qkv, (size_t)sg.row0, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
     for (int i = 0; i < sg.nrows; i++) {
         const size_t row = (size_t)(sg.row0 + i);
         if (i + 1 < sg.nrows)
-            gdn_load(nxt, qkv, row + 1, stride, g, beta, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
+            gdn_load(nxt, qkv, row + 1, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
         float sq = 0.0f, sk = 0.0f;
 #pragma unroll
         for (int t = 0; t < P; t++) {
@@ -231,7 +256,9 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
         }
         const float iq = 1.0f / sqrtf(gdn_col_sum<SL>(sq) + 1e-6f);
         const float ik = 1.0f / sqrtf(gdn_col_sum<SL>(sk) + 1e-6f);
-        const float decay = expf(cur.g);
+        float g, beta;
+        gdn_gate(cur.ga, cur.gb, A_log, dt_bias, &g, &beta);
+        const float decay = expf(g);
         float kv = 0.0f;
 #pragma unroll
         for (int t = 0; t < P; t++) {
@@ -239,7 +266,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
             kv = fmaf(S[t], cur.k[t], kv);
         }
         kv = gdn_col_sum<SL>(kv) * ik;
-        const float kd = ((cur.v - kv) * cur.b) * ik; /* delta, times |k|⁻¹ */
+        const float kd = ((cur.v - kv) * beta) * ik; /* delta, times |k|⁻¹ */
         float o = 0.0f;
 #pragma unroll
         for (int t = 0; t < P; t++) {
@@ -268,9 +295,8 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
     }
 }
 
-void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
-                        const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
-                        int Dk, int Dv)
+void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
+                        const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 1024 && Dv > 0);
@@ -282,6 +308,15 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     for (int i = 0; i < nseg; i++)
         nchunked += segs[i].chunked && !segs[i].states_out && segs[i].nrows >= GDN_CHUNK_MIN;
     if (nchunked && cuda_gdn_chunked_fits(c, Dk)) {
+        /* The chunked form takes the gates as arrays: every row's, once. */
+        int R = 0;
+        for (int i = 0; i < nseg; i++)
+            R = segs[i].row0 + segs[i].nrows > R ? segs[i].row0 + segs[i].nrows : R;
+        const size_t n = (size_t)R * (size_t)Hv;
+        float *g =
+            (float *)cuda_grow(c, (void **)&c->gdn_gb, &c->gdn_gb_cap, 2 * n * sizeof(float));
+        float *beta = g + n;
+        cuda_launch(c, gdn_gates_kernel, cuda_blocks(n, 256), 256, 0, g, beta, gt, R, Hv);
         tdm_gdn_seg *rest = (tdm_gdn_seg *)malloc((size_t)nseg * sizeof(tdm_gdn_seg));
         TDM_ASSERT(rest != NULL);
         int nrest = 0;
@@ -292,7 +327,7 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
                 rest[nrest++] = segs[i];
         }
         if (nrest)
-            cuda_gdn_recurrent(ctx, out, qkv, qkv_stride, g, beta, rest, nrest, Hk, Hv, Dk, Dv);
+            cuda_gdn_recurrent(ctx, out, qkv, qkv_stride, gt, rest, nrest, Hk, Hv, Dk, Dv);
         free(rest);
         return;
     }
@@ -307,8 +342,8 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     const int cols = GDN_WARPS * 32 / sl;
     const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
 #define GDN_LAUNCH(P, SL)                                                                          \
-    cuda_launch(c, gdn_kernel<P, SL>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, g, beta, d,   \
-                Hk, Hv, Dk, Dv, vec)
+    cuda_launch(c, gdn_kernel<P, SL>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, gt, d, Hk,    \
+                Hv, Dk, Dv, vec)
     if (p == 8)
         GDN_LAUNCH(8, 1);
     else if (p == 16 && sl == 1)

@@ -7,8 +7,7 @@
 
 void cuda_conv_silu(void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *segs,
                     int nseg, int C, int K);
-void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, const float *g,
-                        const float *beta, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv,
-                        int Dk, int Dv);
+void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
+                        const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv);
 
 #endif

@@ -20,7 +20,9 @@ int cuda_gdn_chunked_fits(cuda_ctx *c, int Dk);
 
 /* One segment (states_out NULL, any nrows >= 1) in the chunked form: reads
  * seg->state, writes out rows seg->row0 .. +nrows ([R, Hv, Dv]) and the state
- * after the last row in place. Arguments as backend.h's gdn_recurrent.
+ * after the last row in place. Arguments as backend.h's gdn_recurrent, but
+ * the gates as arrays g, beta [R, Hv] (gdn.cu makes them from the
+ * projections).
  * Deterministic; the bits depend on where the segment starts (chunks are
  * 64 rows from row0), not on other segments or calls. */
 void cuda_gdn_chunked(cuda_ctx *c, float *out, const float *qkv, int qkv_stride, const float *g,

@@ -309,23 +309,26 @@ struct mmt_wfrag {
     uint4 v[4][2];
 };
 
-/* Where a lane's four weight rows are: rows o0, o0 + 8 of matrix w0 (m-tile
- * 0) and o1, o1 + 8 of w1 (m-tile 1), each row valid below its matrix's
- * `out`. One weight: w1 = w0, o1 = o0 + 16; a gate/up pair: w0 = gate,
- * w1 = up, o1 = o0. */
+/* Where a lane's four weight rows are: one weight w0, rows o0, o0 + 8,
+ * o0 + 16, o0 + 24; a gate/up pair (PAIR), rows o0, o0 + 8 of the gate w0
+ * (m-tile 0) and of the up w1 (m-tile 1). Rows valid below `out`. A
+ * separate instance for pairs keeps the one-weight kernel's addressing (and
+ * registers) as they were: folding both into one cost verify blocks 5 %. */
 struct mmt_wrows {
     const uint16_t *w0, *w1;
-    int o0, o1, out;
+    int o0, out;
 };
 
+template <bool PAIR>
 __device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int k, int in)
 {
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            f->v[i][h] = mmt_wload(i < 2 ? wr.w0 : wr.w1, (i < 2 ? wr.o0 : wr.o1) + 8 * (i & 1),
-                                   wr.out, k + 8 * h, in);
+            f->v[i][h] =
+                PAIR ? mmt_wload(i < 2 ? wr.w0 : wr.w1, wr.o0 + 8 * (i & 1), wr.out, k + 8 * h, in)
+                     : mmt_wload(wr.w0, wr.o0 + 8 * i, wr.out, k + 8 * h, in);
 }
 
 __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
@@ -551,7 +554,7 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
  * of several row groups) with at most 128, so that 4 fit (4B verify k=8
  * 5.09 -> 4.95 ms, batch 8 x k=8 21.8 -> 20.6; 128 for every call: 5.26;
  * 5 a multiprocessor for one n-tile: 96 registers, decode 3.08 -> 3.11). */
-template <int NT, int MINB>
+template <int NT, int MINB, bool PAIR>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
                int rgroups)
@@ -568,7 +571,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     while (ji + 1 < jobs.n && (int)blockIdx.x >= jobs.j[ji + 1].block0)
         ji++;
     const mmt_job &jb = jobs.j[ji];
-    const bool pair = jb.w_up != NULL;
+    constexpr bool pair = PAIR; /* every job of the launch a gate/up pair */
     const int out = jb.out, KB = jb.KB, bi = (int)blockIdx.x - jb.block0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int rg = bi % rgroups, kb = bi / rgroups % KB, mb = bi / rgroups / KB;
@@ -576,7 +579,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
      * cluster rank kb. */
     const bool clus = jobs.cluster > 1;
     const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
-    const mmt_wrows wr = {jb.w, pair ? jb.w_up : jb.w, m0 + g, m0 + g + (pair ? 0 : 16), out};
+    const mmt_wrows wr = {jb.w, pair ? jb.w_up : jb.w, m0 + g, out};
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     float *raw = sm + warp * D * G * MMT_K;
@@ -590,7 +593,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
 #pragma unroll
     for (int u = 0; u < D - 1; u++)
         if (s + MMT_WARPS * u < s1)
-            mmt_wstep(&f[u], wr, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
+            mmt_wstep<PAIR>(&f[u], wr, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
     cuda_kernel_begin();
     if constexpr (RING) {
 #pragma unroll
@@ -615,7 +618,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             if (sc < s1) {
                 const int il = (u + D - 1) % D;
                 if (sl < s1) {
-                    mmt_wstep(&f[il], wr, sl * MMT_K + 16 * t, in);
+                    mmt_wstep<PAIR>(&f[il], wr, sl * MMT_K + 16 * t, in);
                     if constexpr (RING)
                         mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
                 }
@@ -743,25 +746,6 @@ static int mmt_kblocks(int in, int out)
     return kb < 1 ? 1 : kb;
 }
 
-/* Device scratch of at least `bytes`: grown, never shrunk, and a replaced
- * buffer stays allocated until the backend goes (a captured graph may still
- * name it). New bytes are zero. */
-static void *mmt_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
-{
-    if (bytes > *cap) {
-        size_t n = *cap ? *cap : 1u << 16;
-        while (n < bytes)
-            n *= 2;
-        void *p = NULL;
-        CUDA_CHECK(cudaMalloc(&p, n));
-        CUDA_CHECK(cudaMemsetAsync(p, 0, n, c->stream));
-        cuda_retire(c, *buf);
-        *buf = p;
-        *cap = n;
-    }
-    return *buf;
-}
-
 /* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch;
  * where ups (NULL: none) has ups[i], ys[i] = silu(x · ws[i]ᵀ) ⊙ (x · ups[i]ᵀ). */
 static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
@@ -802,10 +786,10 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     TDM_ASSERT(blocks < (1u << 31));
     if (part_floats) {
         /* counters return to zero after every call (the last block resets its own) */
-        float *part = (float *)mmt_grow(c, (void **)&c->mm_part, &c->mm_part_cap,
-                                        part_floats * sizeof(float));
-        unsigned *count = (unsigned *)mmt_grow(c, (void **)&c->mm_count, &c->mm_count_cap,
-                                               counters * sizeof(unsigned));
+        float *part = (float *)cuda_grow(c, (void **)&c->mm_part, &c->mm_part_cap,
+                                         part_floats * sizeof(float));
+        unsigned *count = (unsigned *)cuda_grow(c, (void **)&c->mm_count, &c->mm_count_cap,
+                                                counters * sizeof(unsigned));
         for (int i = 0; i < n; i++)
             if (jobs.j[i].KB > 1 && jobs.cluster == 1) {
                 jobs.j[i].part = part;
@@ -819,13 +803,18 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     if (nt >= MMT_SPLIT_NT) {
         const int steps = (in + MMT_K - 1) / MMT_K;
         const size_t nx = (size_t)R * (size_t)steps * 4;
-        xs = (uint32_t *)mmt_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, nx * 24 * sizeof(uint32_t));
+        xs =
+            (uint32_t *)cuda_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, nx * 24 * sizeof(uint32_t));
         cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
     }
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
+    const bool pair = ups && ups[0];
+    for (int i = 0; i < n; i++)
+        TDM_ASSERT(!ups || !ups[i] == !pair); /* pairs launch apart from single weights */
 #define MMT_LAUNCH(N, MINB)                                                                        \
-    cuda_launch_cluster(c, mmt_kernel<N, MINB>, (unsigned)blocks, MMT_WARPS * 32, 0,               \
-                        (unsigned)jobs.cluster, jobs, x, (const uint32_t *)xs, R, in, rgroups)
+    cuda_launch_cluster(c, pair ? mmt_kernel<N, MINB, true> : mmt_kernel<N, MINB, false>,          \
+                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, x,      \
+                        (const uint32_t *)xs, R, in, rgroups)
     if (nt == 1)
         one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
     else if (nt == 2)
@@ -915,8 +904,8 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
         return;
     }
     /* Other weights: the two products, then silu_mul (up in scratch). */
-    float *u = (float *)mmt_grow(c, (void **)&c->mm_up, &c->mm_up_cap,
-                                 (size_t)R * (size_t)out * sizeof(float));
+    float *u = (float *)cuda_grow(c, (void **)&c->mm_up, &c->mm_up_cap,
+                                  (size_t)R * (size_t)out * sizeof(float));
     cuda_matmul(ctx, y, x, gate, R, in, out, 0);
     cuda_matmul(ctx, u, x, up, R, in, out, 0);
     cuda_silu_mul(ctx, y, y, u, (size_t)R * (size_t)out);

@@ -7,8 +7,12 @@
  * Hv=6, Dk=40, Dv=48: key groups not a multiple of 32, a half-filled column
  * tile) and the largest key head (Hk=1, Hv=2, Dk=256, Dv=80). Segment
  * lengths 64, 100, 1000 and 4096, starting at row 2 of the call. Decays by
- * head: weak (g in (-0.05, 0]), moderate (-1.01, -0.01), strong (-8, -2];
- * β in (0, 1); a random initial state.
+ * head: weak (g in (-0.05, 0)), moderate (-0.7, -0.02), strong (-8.5, -3.9),
+ * from the gates' inputs a, b, A_log and dt_bias (the recurrent form makes
+ * its gates from them; the chunked form and the reference take g and β
+ * computed here the same way in fp32); β in (0, 1); a random initial state.
+ * The chunked form is also reached through be->gdn_recurrent with a
+ * chunked segment (gates made on the GPU).
  *
  * Checks, by normalised error ‖a − b‖ / ‖b‖: outputs and final state of
  * chunked vs recurrent, and of each vs the double reference, against 1e-5.
@@ -47,9 +51,15 @@ static void report_ok(const char *cas, const char *what, int ok)
         failures++;
 }
 
+/* How a run reaches a form: the recurrent kernel through the backend, the
+ * chunked one directly with host-made gates, or through the backend with a
+ * chunked segment (gates made on the GPU). */
+enum { GC_RECURRENT, GC_CHUNKED, GC_BACKEND_CHUNKED };
+
 typedef struct gc_run {
-    int chunked;
+    int form;
     float *out, *qkv, *g, *beta;
+    tdm_gdn_gates gt;
     tdm_gdn_seg seg;
     int stride, Hk, Hv, Dk, Dv;
 } gc_run;
@@ -57,12 +67,27 @@ typedef struct gc_run {
 static void gc_op(void *arg)
 {
     gc_run *r = arg;
-    if (r->chunked)
+    if (r->form == GC_CHUNKED)
         tdm_cuda_gdn_chunked(G->ctx, r->out, r->qkv, r->stride, r->g, r->beta, &r->seg, r->Hk,
                              r->Hv, r->Dk, r->Dv);
     else
-        G->gdn_recurrent(G->ctx, r->out, r->qkv, r->stride, r->g, r->beta, &r->seg, 1, r->Hk, r->Hv,
-                         r->Dk, r->Dv);
+        G->gdn_recurrent(G->ctx, r->out, r->qkv, r->stride, r->gt, &r->seg, 1, r->Hk, r->Hv, r->Dk,
+                         r->Dv);
+}
+
+/* g and β as backend.h's gdn_recurrent makes them (fp32, the CPU backend's
+ * formulas). */
+static void gc_gates(float *g, float *beta, const float *a, const float *b, const float *A_log,
+                     const float *dt_bias, int R, int Hv)
+{
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < Hv; h++) {
+            const size_t i = (size_t)r * Hv + h;
+            const float u = a[i] + dt_bias[h];
+            const float sp = u > 20.0f ? u : log1pf(expf(u));
+            g[i] = -expf(A_log[h]) * sp;
+            beta[i] = 1.0f / (1.0f + expf(-b[i]));
+        }
 }
 
 typedef struct gc_result {
@@ -71,17 +96,18 @@ typedef struct gc_result {
 } gc_result;
 
 /* One run of a form over the segment from state st0; device inputs given. */
-static gc_result gc_do(int chunked, float *dqkv, float *dg, float *db, const float *st0, int n,
-                       int Hk, int Hv, int Dk, int Dv)
+static gc_result gc_do(int form, float *dqkv, float *dg, float *db, tdm_gdn_gates gt,
+                       const float *st0, int n, int Hk, int Hv, int Dk, int Dv)
 {
     const int R = n + ROW0 + 1;
     const size_t hs = (size_t)Hv * Dk * Dv, no = (size_t)R * Hv * Dv;
-    gc_run r = {chunked,
+    gc_run r = {form,
                 ct_put(G, NULL, no * 4),
                 dqkv,
                 dg,
                 db,
-                {ROW0, n, NULL, NULL, chunked},
+                gt,
+                {ROW0, n, NULL, NULL, form != GC_RECURRENT},
                 2 * Hk * Dk + Hv * Dv,
                 Hk,
                 Hv,
@@ -102,24 +128,35 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
 {
     const int R = n + ROW0 + 1, stride = 2 * Hk * Dk + Hv * Dv;
     const size_t hs = (size_t)Hv * Dk * Dv, nseg = (size_t)n * Hv * Dv, row = (size_t)Hv * Dv;
-    float *qkv = malloc((size_t)R * stride * 4), *g = malloc((size_t)R * Hv * 4);
-    float *beta = malloc((size_t)R * Hv * 4), *st0 = malloc(hs * 4);
-    CHECK(qkv && g && beta && st0, "out of memory");
+    const size_t M = (size_t)R * Hv;
+    float *qkv = malloc((size_t)R * stride * 4), *g = malloc(M * 4), *beta = malloc(M * 4);
+    float *ga = malloc(M * 4), *gb = malloc(M * 4), *al = malloc(Hv * 4), *dt = malloc(Hv * 4);
+    float *st0 = malloc(hs * 4);
+    CHECK(qkv && g && beta && ga && gb && al && dt && st0, "out of memory");
     ct_fill(qkv, (size_t)R * stride, 1.0f);
-    ct_fill(g, (size_t)R * Hv, 1.0f);
-    ct_fill(beta, (size_t)R * Hv, 0.5f);
+    ct_fill(ga, M, 1.0f);
+    ct_fill(gb, M, 4.0f);
     ct_fill(st0, hs, 0.5f);
+    /* By head: exp(A_log) 0.05, 1 or 4; u = a + dt_bias in (-5, 0.5),
+     * (-4, 0) or (0.5, 2), so softplus(u) in (0.007, 0.97), (0.018, 0.69)
+     * or (0.97, 2.13). */
+    for (int h = 0; h < Hv; h++) {
+        al[h] = h % 3 == 0 ? logf(0.05f) : h % 3 == 1 ? 0.0f : logf(4.0f);
+        dt[h] = h % 3 == 0 ? -2.25f : h % 3 == 1 ? -2.0f : 1.25f;
+    }
     for (int r = 0; r < R; r++)
-        for (int h = 0; h < Hv; h++) {
-            float *x = &g[(size_t)r * Hv + h], u = fabsf(*x); /* u in [0, 1) */
-            *x = h % 3 == 0 ? -0.05f * u : h % 3 == 1 ? -u - 0.01f : -2.0f - 6.0f * u;
-            beta[(size_t)r * Hv + h] += 0.5f;
-        }
+        for (int h = 0; h < Hv; h++)
+            ga[(size_t)r * Hv + h] *= h % 3 == 0 ? 2.75f : h % 3 == 1 ? 2.0f : 0.75f;
+    gc_gates(g, beta, ga, gb, al, dt, R, Hv);
     float *dqkv = ct_put(G, qkv, (size_t)R * stride * 4);
-    float *dg = ct_put(G, g, (size_t)R * Hv * 4), *db = ct_put(G, beta, (size_t)R * Hv * 4);
-    gc_result rec = gc_do(0, dqkv, dg, db, st0, n, Hk, Hv, Dk, Dv);
-    gc_result chk = gc_do(1, dqkv, dg, db, st0, n, Hk, Hv, Dk, Dv);
-    gc_result again = gc_do(1, dqkv, dg, db, st0, n, Hk, Hv, Dk, Dv);
+    float *dg = ct_put(G, g, M * 4), *db = ct_put(G, beta, M * 4);
+    float *dga = ct_put(G, ga, M * 4), *dgb = ct_put(G, gb, M * 4);
+    float *dal = ct_put(G, al, Hv * 4), *ddt = ct_put(G, dt, Hv * 4);
+    const tdm_gdn_gates gt = {dga, dgb, dal, ddt};
+    gc_result rec = gc_do(GC_RECURRENT, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
+    gc_result chk = gc_do(GC_CHUNKED, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
+    gc_result again = gc_do(GC_CHUNKED, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
+    gc_result viab = gc_do(GC_BACKEND_CHUNKED, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
 
     double *oref = malloc(nseg * sizeof(double)), *sref = malloc(hs * sizeof(double));
     float *of = malloc(nseg * 4), *sf = malloc(hs * 4);
@@ -142,6 +179,8 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
     report(cas, "state: chunked vs double", ct_nerr(chk.state, sf, hs), 1e-5);
     report(cas, "out: recurrent vs double", ct_nerr(orr, of, nseg), 1e-5);
     report(cas, "state: recurrent vs double", ct_nerr(rec.state, sf, hs), 1e-5);
+    report(cas, "out: backend chunked vs chunked", ct_nerr(viab.out + ROW0 * row, oc, nseg), 1e-5);
+    report(cas, "state: backend chunked vs chunked", ct_nerr(viab.state, chk.state, hs), 1e-5);
     /* Poison is all-ones bytes: rows before and after the segment keep it. */
     int untouched = 1;
     for (size_t i = 0; i < row * ROW0; i++)
@@ -156,8 +195,8 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
         printf("%-34s time: recurrent %.3f ms, chunked %.3f ms (%.1fx)\n", cas, rec.ms, chk.ms,
                rec.ms / chk.ms);
 
-    gc_result *all[3] = {&rec, &chk, &again};
-    for (int i = 0; i < 3; i++) {
+    gc_result *all[4] = {&rec, &chk, &again, &viab};
+    for (int i = 0; i < 4; i++) {
         free(all[i]->out);
         free(all[i]->state);
     }
@@ -168,9 +207,17 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
     G->free(G->ctx, dqkv);
     G->free(G->ctx, dg);
     G->free(G->ctx, db);
+    G->free(G->ctx, dga);
+    G->free(G->ctx, dgb);
+    G->free(G->ctx, dal);
+    G->free(G->ctx, ddt);
     free(qkv);
     free(g);
     free(beta);
+    free(ga);
+    free(gb);
+    free(al);
+    free(dt);
     free(st0);
 }
 

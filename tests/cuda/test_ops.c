@@ -596,43 +596,6 @@ static void test_elementwise(void)
     free(a);
     free(bb);
     free(g);
-
-    /* gdn_gates: a spans the softplus threshold (u > 20 on both sides). */
-    const int R = 11, Hv = 48;
-    size_t M = (size_t)R * Hv;
-    float *ga = malloc(M * 4), *gb = malloc(M * 4), *al = malloc(Hv * 4), *dt = malloc(Hv * 4);
-    ct_fill(ga, M, 30.0f);
-    ct_fill(gb, M, 6.0f);
-    ct_fill(al, Hv, 2.0f);
-    ct_fill(dt, Hv, 1.0f);
-    float *go[2], *bo[2];
-    for (int b = 0; b < 2; b++) {
-        tdm_backend *be = bes[b];
-        float *da = ct_put(be, ga, M * 4), *db = ct_put(be, gb, M * 4);
-        float *dal = ct_put(be, al, Hv * 4), *ddt = ct_put(be, dt, Hv * 4);
-        float *dg = ct_put(be, NULL, M * 4), *dbe = ct_put(be, NULL, M * 4);
-        ct_poison(be, dg, M * 4);
-        ct_poison(be, dbe, M * 4);
-        be->gdn_gates(be->ctx, dg, dbe, da, db, dal, ddt, R, Hv);
-        go[b] = ct_get(be, dg, M * 4);
-        bo[b] = ct_get(be, dbe, M * 4);
-        be->free(be->ctx, da);
-        be->free(be->ctx, db);
-        be->free(be->ctx, dal);
-        be->free(be->ctx, ddt);
-        be->free(be->ctx, dg);
-        be->free(be->ctx, dbe);
-    }
-    report("gdn_gates", "g, R=11 Hv=48", ct_nerr(go[1], go[0], M), 1e-5);
-    report("gdn_gates", "beta, R=11 Hv=48", ct_nerr(bo[1], bo[0], M), 1e-5);
-    for (int b = 0; b < 2; b++) {
-        free(go[b]);
-        free(bo[b]);
-    }
-    free(ga);
-    free(gb);
-    free(al);
-    free(dt);
 }
 
 /* out: CPU, GPU batched, GPU one segment at a time, n values each; freed. */
@@ -920,15 +883,23 @@ typedef struct gdn_out {
 
 /* misalign: qkv one float past an aligned address, which takes the
  * kernel's scalar loads; the arithmetic must not change. */
-static void run_gdn(tdm_backend *be, const seg_set *ss, const float *qkv, const float *g,
-                    const float *beta, float *const *st, int Hk, int Hv, int Dk, int Dv, int split,
-                    int misalign, gdn_out *o)
+/* The gates' inputs on the host: a, b [R, Hv], A_log, dt_bias [Hv]. */
+typedef struct gdn_gate_in {
+    const float *a, *b, *A_log, *dt_bias;
+} gdn_gate_in;
+
+static void run_gdn(tdm_backend *be, const seg_set *ss, const float *qkv, const gdn_gate_in *gi,
+                    float *const *st, int Hk, int Hv, int Dk, int Dv, int split, int misalign,
+                    gdn_out *o)
 {
     const int stride = 2 * Hk * Dk + Hv * Dv, R = set_rows(ss);
     const size_t hs = (size_t)Hv * Dk * Dv;
     float *dqkv0 = ct_put(be, NULL, ((size_t)R * stride + 4) * 4), *dqkv = dqkv0 + misalign;
     be->upload(be->ctx, dqkv, qkv, (size_t)R * stride * 4);
-    float *dg = ct_put(be, g, (size_t)R * Hv * 4), *db = ct_put(be, beta, (size_t)R * Hv * 4);
+    float *da = ct_put(be, gi->a, (size_t)R * Hv * 4), *db = ct_put(be, gi->b, (size_t)R * Hv * 4);
+    float *dal = ct_put(be, gi->A_log, (size_t)Hv * 4),
+          *ddt = ct_put(be, gi->dt_bias, (size_t)Hv * 4);
+    const tdm_gdn_gates gt = {da, db, dal, ddt};
     float *dout = ct_put(be, NULL, (size_t)R * Hv * Dv * 4);
     ct_poison(be, dout, (size_t)R * Hv * Dv * 4);
     tdm_gdn_seg gs[MAXSEG];
@@ -943,9 +914,9 @@ static void run_gdn(tdm_backend *be, const seg_set *ss, const float *qkv, const 
     }
     if (split)
         for (int i = 0; i < ss->n; i++)
-            be->gdn_recurrent(be->ctx, dout, dqkv, stride, dg, db, &gs[i], 1, Hk, Hv, Dk, Dv);
+            be->gdn_recurrent(be->ctx, dout, dqkv, stride, gt, &gs[i], 1, Hk, Hv, Dk, Dv);
     else
-        be->gdn_recurrent(be->ctx, dout, dqkv, stride, dg, db, gs, ss->n, Hk, Hv, Dk, Dv);
+        be->gdn_recurrent(be->ctx, dout, dqkv, stride, gt, gs, ss->n, Hk, Hv, Dk, Dv);
     o->o = ct_get(be, dout, (size_t)R * Hv * Dv * 4);
     for (int i = 0; i < ss->n; i++) {
         o->state[i] = ct_get(be, gs[i].state, hs * 4);
@@ -955,8 +926,10 @@ static void run_gdn(tdm_backend *be, const seg_set *ss, const float *qkv, const 
         be->free(be->ctx, gs[i].states_out);
     }
     be->free(be->ctx, dqkv0);
-    be->free(be->ctx, dg);
+    be->free(be->ctx, da);
     be->free(be->ctx, db);
+    be->free(be->ctx, dal);
+    be->free(be->ctx, ddt);
     be->free(be->ctx, dout);
 }
 
@@ -986,24 +959,31 @@ static void test_gdn(void)
             int R = set_rows(ss);
             const int stride = 2 * Hk * Dk + Hv * Dv;
             const size_t hs = (size_t)Hv * Dk * Dv;
-            float *qkv = malloc((size_t)R * stride * 4), *g = malloc((size_t)R * Hv * 4);
-            float *beta = malloc((size_t)R * Hv * 4), *st[MAXSEG];
+            float *qkv = malloc((size_t)R * stride * 4), *ga = malloc((size_t)R * Hv * 4);
+            float *gb = malloc((size_t)R * Hv * 4), *al = malloc((size_t)Hv * 4);
+            float *dt = malloc((size_t)Hv * 4), *st[MAXSEG];
             ct_fill(qkv, (size_t)R * stride, 1.0f);
-            ct_fill(g, (size_t)R * Hv, 1.0f);
-            ct_fill(beta, (size_t)R * Hv, 0.5f);
-            for (size_t i = 0; i < (size_t)R * Hv; i++) {
-                g[i] = -fabsf(g[i]) - 0.01f; /* decay exp(g) in (0, 1) as the gates give */
-                beta[i] += 0.5f;             /* beta in (0, 1) */
-            }
+            /* The gates: softplus(a + dt_bias) mostly in (0, 7), some rows
+             * on either side of torch's threshold (u > 20 is taken as is);
+             * exp(A_log) in (0.37, 1.6); beta = sigmoid(b) in (0, 1). */
+            ct_fill(ga, (size_t)R * Hv, 6.0f);
+            ct_fill(gb, (size_t)R * Hv, 6.0f);
+            ct_fill(al, (size_t)Hv, 0.75f);
+            ct_fill(dt, (size_t)Hv, 1.0f);
+            for (size_t i = 0; i < (size_t)R * Hv; i++)
+                ga[i] = i % 7 == 3 ? 20.0f + ga[i] / 12.0f : ga[i];
+            for (int h = 0; h < Hv; h++)
+                al[h] -= 0.25f;
+            const gdn_gate_in gi = {ga, gb, al, dt};
             for (int i = 0; i < ss->n; i++) {
                 st[i] = malloc(hs * 4);
                 ct_fill(st[i], hs, 0.5f);
             }
             gdn_out oc, og, os, om;
-            run_gdn(CPU, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, 0, &oc);
-            run_gdn(G, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, 0, &og);
-            run_gdn(G, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 1, 0, &os);
-            run_gdn(G, ss, qkv, g, beta, st, Hk, Hv, Dk, Dv, 0, 1, &om);
+            run_gdn(CPU, ss, qkv, &gi, st, Hk, Hv, Dk, Dv, 0, 0, &oc);
+            run_gdn(G, ss, qkv, &gi, st, Hk, Hv, Dk, Dv, 0, 0, &og);
+            run_gdn(G, ss, qkv, &gi, st, Hk, Hv, Dk, Dv, 1, 0, &os);
+            run_gdn(G, ss, qkv, &gi, st, Hk, Hv, Dk, Dv, 0, 1, &om);
             char cas[96];
             snprintf(cas, sizeof(cas), "Hk=%d Hv=%d Dk=%d Dv=%d, %s R=%d", Hk, Hv, Dk, Dv, ss->name,
                      R);
@@ -1030,8 +1010,10 @@ static void test_gdn(void)
             for (int i = 0; i < ss->n; i++)
                 free(st[i]);
             free(qkv);
-            free(g);
-            free(beta);
+            free(ga);
+            free(gb);
+            free(al);
+            free(dt);
         }
 }
 

@@ -90,14 +90,10 @@ FK_OP(conv_silu,
       (void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *s, int n, int C,
        int K),
       (ctx, y, x, w, s, n, C, K))
-FK_OP(gdn_gates,
-      (void *ctx, float *g, float *beta, const float *a, const float *b, const float *A,
-       const float *dt, int R, int Hv),
-      (ctx, g, beta, a, b, A, dt, R, Hv))
 FK_OP(gdn_recurrent,
-      (void *ctx, float *out, const float *qkv, int st, const float *g, const float *beta,
-       const tdm_gdn_seg *s, int n, int Hk, int Hv, int Dk, int Dv),
-      (ctx, out, qkv, st, g, beta, s, n, Hk, Hv, Dk, Dv))
+      (void *ctx, float *out, const float *qkv, int st, tdm_gdn_gates gt, const tdm_gdn_seg *s,
+       int n, int Hk, int Hv, int Dk, int Dv),
+      (ctx, out, qkv, st, gt, s, n, Hk, Hv, Dk, Dv))
 FK_OP(softmax, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
 #undef FK_OP
 
@@ -182,7 +178,6 @@ static tdm_backend fake_backend(tdm_backend *cpu)
     b.mul_sigmoid = fk_mul_sigmoid;
     b.silu_mul = fk_silu_mul;
     b.conv_silu = fk_conv_silu;
-    b.gdn_gates = fk_gdn_gates;
     b.gdn_recurrent = fk_gdn_recurrent;
     b.argmax = fk_argmax;
     b.softmax = fk_softmax;
