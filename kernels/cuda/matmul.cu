@@ -68,7 +68,12 @@
  * the sigmoid gate fused into every k-step's activation loads (3.90; a norm
  * in every block, 4.88); one accumulator per x part, contiguous k-ranges
  * per warp, 128-feature blocks sharing x through L1, and two x parts
- * instead of three (5 % faster at 4x the error, 2e-6 normalised).
+ * instead of three (5 % faster at 4x the error, 2e-6 normalised). Later
+ * (decode / verify k=8 against 3.11 / 5.42 or 2.96-2.99 / 5.09-5.11): the
+ * rmsnorm ahead done inside the matmul, each block finding its rows' 1/rms
+ * (verify: in the split-ahead kernel), 3.18 / 5.43; the pre-split x words
+ * through a per-warp shared-memory ring by cp.async, 2.94 / 7.35; split k
+ * aimed at 384 or 512 blocks a call, 3.02-3.04 / 5.26 and 3.20 / 5.60.
  * Partial sums are added warp by warp, then block by block (the last block
  * of an output tile to finish adds the KB partials in order), so the order
  * of additions for an output depends only on (in, out): a row computes the
