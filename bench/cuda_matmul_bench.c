@@ -79,18 +79,20 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    for (const char *p = only; p && *p;) {
-        int known = 0;
-        const char *e = strchr(p, ',');
-        const size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (only) { /* every entry must name a matrix */
+        int entries = 1, named = 0;
+        for (const char *p = only; *p; p++)
+            entries += *p == ',';
         for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
-            known |= strlen(shapes[si].name) == len && strncmp(shapes[si].name, p, len) == 0;
-        if (!known) {
-            fprintf(stderr, "bench_cuda_matmul_bench: --only: no matrix named \"%.*s\"\n", (int)len,
-                    p);
+            named += bench_listed(only, shapes[si].name);
+        if (named != entries) {
+            fprintf(stderr, "bench_cuda_matmul_bench: --only \"%s\": an entry names no matrix (",
+                    only);
+            for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+                fprintf(stderr, "%s%s", si ? ", " : "", shapes[si].name);
+            fprintf(stderr, ")\n");
             return 2;
         }
-        p = e ? e + 1 : p + len;
     }
     tdm_error err = {0};
     tdm_backend *be = tdm_backend_cuda_create(0, &err);

@@ -60,13 +60,13 @@ typedef struct tdm_conv_seg {
     float *states_out; /* NULL, or [nrows, K-1, C]: the state after each row; state is left as is */
 } tdm_conv_seg;
 
-/* One sequence's rows in a gated-delta-rule call. */
-/* The inputs of a delta rule's gates (backend.h gdn_recurrent). */
+/* The inputs of a delta rule's gates (gdn_recurrent). */
 typedef struct tdm_gdn_gates {
     const float *a, *b;           /* [R, Hv]: the layer's in_a and in_b projections */
     const float *A_log, *dt_bias; /* [Hv] f32 */
 } tdm_gdn_gates;
 
+/* One sequence's rows in a gated-delta-rule call. */
 typedef struct tdm_gdn_seg {
     int row0, nrows;
     float *state;      /* [Hv, Dk, Dv]; updated in place when states_out is NULL */

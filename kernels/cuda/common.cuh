@@ -69,14 +69,13 @@ typedef struct cuda_ctx {
      * the staged bytes are the only thing a replay can change. */
     int shaping;
     uint64_t shape;
-    /* matmul split-k scratch (matmul.cu) */
-    float *mm_part;     /* split-k partial sums */
-    unsigned *mm_count; /* split-k arrivals per output tile */
-    uint32_t *mm_xs;    /* activations split into bf16 parts */
-    float *mm_up;       /* matmul_silu's up products (weights off the tensor-core path) */
+    /* Scratch grown by cuda_grow, each with its capacity in bytes. */
+    float *mm_part;     /* matmul.cu: split-k partial sums */
+    unsigned *mm_count; /* matmul.cu: split-k arrivals per output tile */
+    uint32_t *mm_xs;    /* matmul.cu: activations split into bf16 parts */
+    float *mm_up;       /* matmul.cu: matmul_silu's up products off the tensor-core path */
     float *gdn_gb;      /* gdn.cu: g and beta [2][R][Hv] for chunked segments */
-    size_t gdn_gb_cap;  /* bytes */
-    size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_up_cap; /* bytes */
+    size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_up_cap, gdn_gb_cap;
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;

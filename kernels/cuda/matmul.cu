@@ -763,22 +763,24 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     memset(&jobs, 0, sizeof(jobs));
     jobs.n = n;
     size_t blocks = 0, part_floats = 0, counters = 0;
-    int mblocks[MMT_MAXJOBS];
+    int mblocks[MMT_MAXJOBS], kbs[MMT_MAXJOBS] = {0};
+    TDM_ASSERT(n >= 1 && n <= MMT_MAXJOBS);
+    for (int i = 0; i < n; i++)
+        kbs[i] = mmt_kblocks(in, outs[i]); /* a pair splits k as its gate alone would */
     /* A launch of one row group whose jobs all split k the same way
      * (2 .. MMT_CLUSTER_MAX k-blocks) adds the k-blocks through clusters.
      * Measured on the H200 against the partials through global memory:
      * 4B decode 3.14-3.17 -> 3.01 ms, verify k=8 5.37-5.43 -> 5.35; with
      * several row groups (batch 8 x k=8) 21.3 -> 21.6, hence one group. */
-    jobs.cluster = rgroups == 1 ? mmt_kblocks(in, outs[0]) : 1;
+    jobs.cluster = rgroups == 1 ? kbs[0] : 1;
     for (int i = 1; i < n; i++)
-        if (mmt_kblocks(in, outs[i]) != jobs.cluster)
+        if (kbs[i] != jobs.cluster)
             jobs.cluster = 1;
     if (jobs.cluster > MMT_CLUSTER_MAX)
         jobs.cluster = 1;
     for (int i = 0; i < n; i++) {
-        /* a pair splits k as its gate alone would: the same bits */
         const uint16_t *up = ups ? ups[i] : NULL;
-        const int KB = mmt_kblocks(in, outs[i]), bm = up ? MMT_M / 2 : MMT_M;
+        const int KB = kbs[i], bm = up ? MMT_M / 2 : MMT_M;
         TDM_ASSERT(!up || !accumulate);
         mblocks[i] = (outs[i] + bm - 1) / bm;
         jobs.j[i] = (mmt_job){ys[i], ws[i], up, NULL, NULL, outs[i], KB, (int)blocks, accumulate};

@@ -176,7 +176,8 @@ typedef struct fuse_in {
     size_t wb[4];
 } fuse_in;
 
-static float **run_fused(tdm_backend *be, const fuse_case *fc, const fuse_in *fi, int mode)
+/* y[j]: host copies of the outputs (caller frees). */
+static void run_fused(tdm_backend *be, const fuse_case *fc, const fuse_in *fi, int mode, float **y)
 {
     const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
     tdm_weight w[4];
@@ -210,7 +211,6 @@ static float **run_fused(tdm_backend *be, const fuse_case *fc, const fuse_in *fi
         if (fc->silu)
             be->silu_mul(be->ctx, dy[0], dy[0], du, (size_t)R * fc->outs[0]);
     }
-    float **y = malloc(4 * sizeof(float *));
     for (int j = 0; j < nout; j++) {
         y[j] = ct_get(be, dy[j], (size_t)R * fc->outs[j] * 4);
         be->free(be->ctx, dy[j]);
@@ -219,7 +219,6 @@ static float **run_fused(tdm_backend *be, const fuse_case *fc, const fuse_in *fi
         be->free(be->ctx, (void *)w[j].data);
     be->free(be->ctx, dx);
     be->free(be->ctx, du);
-    return y;
 }
 
 static void test_fused_matmuls(void)
@@ -258,8 +257,12 @@ static void test_fused_matmuls(void)
             fi.wh[j] = make_weight(wv, nw, fc->dt[j], fi.wref[j], &fi.wb[j]);
             free(wv);
         }
-        float **yf = run_fused(G, fc, &fi, 0), **yr = run_fused(G, fc, &fi, 1);
-        float **ys = run_fused(G, fc, &fi, 2), **yc = run_fused(CPU, fc, &fi, 2);
+        /* fused, row by row (GPU); separate ops (GPU, CPU) */
+        float *yf[4], *yr[4], *ys[4], *yc[4];
+        run_fused(G, fc, &fi, 0, yf);
+        run_fused(G, fc, &fi, 1, yr);
+        run_fused(G, fc, &fi, 2, ys);
+        run_fused(CPU, fc, &fi, 2, yc);
         const char *op = fc->silu ? "matmul_silu" : "matmul_n";
         for (int j = 0; j < nout; j++) {
             const size_t ny = (size_t)R * fc->outs[j];
@@ -275,10 +278,6 @@ static void test_fused_matmuls(void)
             free(ys[j]);
             free(yc[j]);
         }
-        free(yf);
-        free(yr);
-        free(ys);
-        free(yc);
         for (int j = 0; j < fc->n; j++) {
             free(fi.wh[j]);
             free(fi.wref[j]);
