@@ -254,12 +254,18 @@ int tdm_service_wait_and_stop(tdm_service *s, void (*on_drain)(void *arg), void 
     int grace = (int)tdm_cfg_int(s->cfg, "shutdown_grace");
     tdm_log_info(component(s), "signal %d: draining (NOT_SERVING), then stopping within %d ms", sig,
                  grace);
+    const double t0 = tdm_service_uptime_s(s);
     tdm_health_drain(s->health);
     if (on_drain)
         on_drain(arg);
     tdm_rpc_server_shutdown(s->server, grace);
-    if (s->health_server)
-        tdm_rpc_server_shutdown(s->health_server, 0);
+    if (s->health_server) {
+        /* Health watchers end by themselves once they have sent NOT_SERVING:
+         * give them what is left of the grace rather than cancelling that
+         * last message in flight. */
+        const int left = grace - (int)((tdm_service_uptime_s(s) - t0) * 1e3);
+        tdm_rpc_server_shutdown(s->health_server, left > 0 ? left : 0);
+    }
     return sig;
 }
 
