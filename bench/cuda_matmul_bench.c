@@ -11,8 +11,10 @@
  * accumulation and output) on the same shape. Weights rotate over enough
  * copies (>= 256 MB) that no call finds its matrix in L2. The last line per
  * row count adds the shapes up as one 4B decode/verify step (24 linear
- * layers, 8 full, the LM head). --only measures just the named matrices
- * (for a profiler), and the step line then adds only those.
+ * layers, 8 full, the LM head). A second table times the launches of
+ * several weights the engine makes (matmul_n, matmul_silu). --only measures
+ * just the named matrices or launches (for a profiler), and the step line
+ * then adds only those.
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -58,6 +60,80 @@ static const mshape shapes[] = {
     {"lm_head", 2560, 248320, 1},
 };
 
+/* The launches the engine makes of several weights at once: x shared by a
+ * layer's input projections (matmul_n), and gate/up with SiLU
+ * (matmul_silu). */
+typedef struct mlaunch {
+    const char *name;
+    int in, n, outs[4], silu;
+} mlaunch;
+
+static const mlaunch launches[] = {
+    {"in_proj", 2560, 4, {8192, 4096, 32, 32}, 0},
+    {"q/k/v", 2560, 3, {8192, 1024, 1024}, 0},
+    {"gate+up", 2560, 2, {9216, 9216}, 1},
+};
+
+/* Seconds per launch (best of three averages of `reps` back-to-back calls),
+ * weights rotating over enough copies to miss L2. */
+static double time_launch(tdm_backend *be, const mlaunch *l, int R, int reps, size_t *bytes)
+{
+    size_t wb = 0;
+    for (int j = 0; j < l->n; j++)
+        wb += (size_t)l->outs[j] * (size_t)l->in * 2;
+    int copies = (int)((256u << 20) / wb) + 1;
+    if (copies > 16)
+        copies = 16;
+    tdm_weight(*w)[4] = calloc((size_t)copies, sizeof(*w));
+    float *y[4];
+    float *xh = malloc((size_t)R * (size_t)l->in * 4);
+    for (size_t i = 0; i < (size_t)R * (size_t)l->in; i++)
+        xh[i] = bench_urand();
+    for (int j = 0; j < l->n; j++) {
+        const size_t nw = (size_t)l->outs[j] * (size_t)l->in;
+        uint16_t *wh = malloc(nw * 2);
+        for (size_t i = 0; i < nw; i++)
+            wh[i] = bench_bf16(0.05f * bench_urand());
+        for (int c = 0; c < copies; c++) {
+            w[c][j] = (tdm_weight){be->alloc(be->ctx, nw * 2), TDM_DTYPE_BF16};
+            if (!w[c][j].data) {
+                fprintf(stderr, "cuda_matmul_bench: out of device memory\n");
+                exit(1);
+            }
+            be->upload(be->ctx, (void *)w[c][j].data, wh, nw * 2);
+        }
+        y[j] = be->alloc(be->ctx, (size_t)R * (size_t)l->outs[j] * 4);
+        free(wh);
+    }
+    float *xd = be->alloc(be->ctx, (size_t)R * (size_t)l->in * 4);
+    be->upload(be->ctx, xd, xh, (size_t)R * (size_t)l->in * 4);
+    double best = 1e9;
+    for (int round = 0; round < 4; round++) {
+        const double t0 = bench_now();
+        for (int it = 0; it < reps; it++) {
+            const tdm_weight *wc = w[it % copies];
+            if (l->silu)
+                be->matmul_silu(be->ctx, y[0], xd, wc[0], wc[1], R, l->in, l->outs[0]);
+            else
+                be->matmul_n(be->ctx, xd, R, l->in, l->n, y, wc, l->outs);
+        }
+        be->sync(be->ctx);
+        const double t = (bench_now() - t0) / reps;
+        if (round > 0 && t < best)
+            best = t;
+    }
+    for (int j = 0; j < l->n; j++) {
+        for (int c = 0; c < copies; c++)
+            be->free(be->ctx, (void *)w[c][j].data);
+        be->free(be->ctx, y[j]);
+    }
+    be->free(be->ctx, xd);
+    free(w);
+    free(xh);
+    *bytes = wb;
+    return best;
+}
+
 int main(int argc, char **argv)
 {
     int rows[8] = {1, 9, 17, 72}, nrows = 4, reps = 30;
@@ -85,11 +161,15 @@ int main(int argc, char **argv)
             entries += *p == ',';
         for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
             named += bench_listed(only, shapes[si].name);
+        for (size_t li = 0; li < sizeof(launches) / sizeof(launches[0]); li++)
+            named += bench_listed(only, launches[li].name);
         if (named != entries) {
             fprintf(stderr, "bench_cuda_matmul_bench: --only \"%s\": an entry names no matrix (",
                     only);
             for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
                 fprintf(stderr, "%s%s", si ? ", " : "", shapes[si].name);
+            for (size_t li = 0; li < sizeof(launches) / sizeof(launches[0]); li++)
+                fprintf(stderr, ", %s", launches[li].name);
             fprintf(stderr, ")\n");
             return 2;
         }
@@ -197,6 +277,19 @@ int main(int argc, char **argv)
         printf("%-10s %6s %6s %4d | %9.1f %8s %6.2f | %9.1f %8s | %.2f\n", "4B step", "", "", R,
                1e6 * step_t, "", step_t / step_floor, 1e6 * step_c, "", step_t / step_c);
     }
+    printf("\nlaunches of several weights, as the engine makes them\n");
+    printf("%-10s %6s %6s %4s | %9s %8s %6s\n", "launch", "in", "n", "R", "tandem us", "GB/s",
+           "xfloor");
+    for (int ri = 0; ri < nrows; ri++)
+        for (size_t li = 0; li < sizeof(launches) / sizeof(launches[0]); li++) {
+            const mlaunch *l = &launches[li];
+            if (only && !bench_listed(only, l->name))
+                continue;
+            size_t wb;
+            const double t = time_launch(be, l, rows[ri], reps, &wb);
+            printf("%-10s %6d %6d %4d | %9.1f %8.0f %6.2f\n", l->name, l->in, l->n, rows[ri],
+                   1e6 * t, (double)wb / t / 1e9, t / ((double)wb / bw));
+        }
     cublasDestroy(h);
     be->destroy(be);
     return 0;

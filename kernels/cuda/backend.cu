@@ -241,6 +241,7 @@ static void *cu_alloc(void *ctx, size_t nbytes)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     TDM_ASSERT(!c->in_step);
+    c->xs_src = NULL; /* a split of x left by a kernel may be stale now */
     void *p = NULL;
     if (cudaMalloc(&p, nbytes ? nbytes : 16) != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is an answer, not a sticky error */
@@ -261,6 +262,7 @@ static void cu_upload(void *ctx, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     TDM_ASSERT(!c->in_step);
+    c->xs_src = NULL; /* a split of x left by a kernel may be stale now */
     if (!n)
         return;
     /* Synchronous: the caller may reuse src as soon as this returns. */
@@ -286,6 +288,7 @@ static void cu_copy(void *ctx, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     TDM_ASSERT(!c->in_step);
+    c->xs_src = NULL; /* a split of x left by a kernel may be stale now */
     if (n)
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream));
 }

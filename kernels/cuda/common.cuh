@@ -72,10 +72,16 @@ typedef struct cuda_ctx {
     /* Scratch grown by cuda_grow, each with its capacity in bytes. */
     float *mm_part;     /* matmul.cu: split-k partial sums */
     unsigned *mm_count; /* matmul.cu: split-k arrivals per output tile */
-    uint32_t *mm_xs;    /* matmul.cu: activations split into bf16 parts */
+    uint32_t *mm_xs;    /* matmul.cu: activations split into bf16 parts (cuda_xs_*) */
     float *mm_up;       /* matmul.cu: matmul_silu's up products off the tensor-core path */
     float *gdn_gb;      /* gdn.cu: g and beta [2][R][Hv] for chunked segments */
     size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_up_cap, gdn_gb_cap;
+    /* Kernels launched (counted in replays too), and which output the
+     * kernel launched last left split in mm_xs: xs_n values from xs_src,
+     * valid while xs_launch == nlaunch (matmul.cu). */
+    unsigned long long nlaunch, xs_launch;
+    const float *xs_src;
+    size_t xs_n;
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;
@@ -145,6 +151,7 @@ template <typename... Params, typename... Args>
 static inline void cuda_launch_cluster(cuda_ctx *c, void (*kernel)(Params...), dim3 grid,
                                        dim3 block, size_t smem, unsigned cluster, Args... args)
 {
+    c->nlaunch++;
     if (c->shaping) {
         cuda_shape_word(c, cluster);
         cuda_shape_launch(c, kernel, grid, block, smem, args...);

@@ -6,6 +6,7 @@
  * grouped never changes a bit.
  */
 #include "elementwise.cuh"
+#include "matmul.cuh"
 
 #include <stdint.h>
 
@@ -164,12 +165,17 @@ __device__ __forceinline__ void ew_four(float *y, const float *a, const float *b
         y[j] = F(a[j], b[j]);
 }
 
-__global__ void mul_sigmoid_kernel(float *y, const float *gate, size_t n, int vec)
+/* xs non-NULL (float4 path, n % 64 == 0): y's bf16 parts too, for the
+ * matmul that reads y next (the attention output into o_proj). */
+__global__ void mul_sigmoid_kernel(float *y, const float *gate, size_t n, int vec, uint32_t *xs)
 {
     cuda_kernel_begin();
     const size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
-    if (i < n)
-        ew_four<ew_mul_sigmoid>(y, y, gate, i, n, vec);
+    if (i >= n)
+        return;
+    ew_four<ew_mul_sigmoid>(y, y, gate, i, n, vec);
+    if (xs)
+        cuda_xs_put4(xs, i, *(const float4 *)(y + i));
 }
 
 void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
@@ -177,8 +183,13 @@ void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (n == 0)
         return;
+    const int vec = ew_aligned(y, gate, NULL);
+    /* rows unknown here: any n of three 64-value groups or more may be them */
+    uint32_t *xs = vec ? cuda_xs_target(c, n, (int)(n / 64 < 3 ? n / 64 : 3)) : NULL;
     cuda_launch(c, mul_sigmoid_kernel, cuda_blocks((n + 3) / 4, EW_THREADS), EW_THREADS, 0, y, gate,
-                n, ew_aligned(y, gate, NULL));
+                n, vec, xs);
+    if (xs)
+        cuda_xs_written(c, y, n);
 }
 
 __global__ void silu_mul_kernel(float *y, const float *a, const float *b, size_t n, int vec)

@@ -40,9 +40,14 @@
  * copied by cp.async with the step's weights (in flight without registers)
  * and split once per value by the warp when the step computes; lanes then
  * read their column's part words. Three rows or more (verify blocks,
- * batches): one small kernel splits x ahead into the exact fragment words
- * each lane loads, all n-tiles' words in one round trip per step. Both give
- * the same words, so the same bits.
+ * batches): x split ahead into the exact fragment words each lane loads,
+ * all n-tiles' words in one round trip per step, either by the kernel that
+ * wrote x (norms, the attention gate: cuda_xs_put4 in matmul.cuh, as they
+ * write x) or else by a small kernel of the matmul's own. All give the
+ * same words, so the same bits. Parts from the producer, measured on the
+ * H200 against the split kernel (same call): 4B verify k=8 5.01-5.07 ->
+ * 4.84-4.90 ms, k=4 3.83-3.88 -> 3.71-3.76, batch-8 decode 4.44-4.47 ->
+ * 4.26-4.30; decode unchanged.
  *
  * Measured on the H200 (4B step, ms, decode / verify k=8, same process or
  * same machine against the design before): x through the warps' shared
@@ -74,6 +79,17 @@
  * (verify: in the split-ahead kernel), 3.18 / 5.43; the pre-split x words
  * through a per-warp shared-memory ring by cp.async, 2.94 / 7.35; split k
  * aimed at 384 or 512 blocks a call, 3.02-3.04 / 5.26 and 3.20 / 5.60.
+ * Later still (against 2.92-2.97 / 5.01-5.10): blocks of 128 weight rows
+ * streamed through a 4-stage shared-memory ring by cp.async (3 stages
+ * requested before the wait), x split once per block and stage, fragments
+ * by ldmatrix, all k of a block in one accumulator: no split kernel, so
+ * verify k=8 4.68-4.80 at best, but decode 3.27-3.58 over block targets
+ * 200-800, cluster or not, 3 / 4 / 6 stages; alone (back-to-back calls,
+ * the launches of several weights too) it matched or beat this kernel at
+ * one row (in_proj 18.2 / 19.2 us, gate+up 27.4 / 27.6) and lost at nine
+ * (in_qkv 23.6 / 20.9): in a step its matmuls took 19.6 us a call against
+ * 17.9 (op stats). Rows would have had other bits than with this kernel,
+ * so the two cannot share a step.
  * Partial sums are added warp by warp, then block by block (the last block
  * of an output tile to finish adds the KB partials in order), so the order
  * of additions for an output depends only on (in, out): a row computes the
@@ -269,25 +285,6 @@ template <int NT> struct mmt_rows {
 static int mmt_ntiles(int R)
 {
     return R <= 2 ? 1 : R <= 5 ? 2 : R <= 8 ? 3 : 4;
-}
-
-/* bf16 bits of v rounded to nearest even (v finite). */
-__device__ __forceinline__ uint32_t mmt_bf16(float v)
-{
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
-/* Splits a, b exactly into bf16 pairs: hi + mid + lo == the fp32 values. */
-__device__ __forceinline__ void mmt_split(float a, float b, uint32_t *hi, uint32_t *mid,
-                                          uint32_t *lo)
-{
-    const uint32_t ah = mmt_bf16(a), bh = mmt_bf16(b);
-    const float ar = a - __uint_as_float(ah << 16), br = b - __uint_as_float(bh << 16);
-    const uint32_t am = mmt_bf16(ar), bm = mmt_bf16(br);
-    const float ar2 = ar - __uint_as_float(am << 16), br2 = br - __uint_as_float(bm << 16);
-    *hi = ah | (bh << 16);
-    *mid = am | (bm << 16);
-    *lo = mmt_bf16(ar2) | (mmt_bf16(br2) << 16);
 }
 
 __device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
@@ -810,10 +807,16 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     if (nt >= MMT_SPLIT_NT) {
         const int steps = (in + MMT_K - 1) / MMT_K;
         const size_t nx = (size_t)R * (size_t)steps * 4;
-        xs =
-            (uint32_t *)cuda_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, nx * 24 * sizeof(uint32_t));
-        cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
+        if (c->xs_src == x && c->xs_launch == c->nlaunch && in % MMT_K == 0 &&
+            (size_t)R * (size_t)in <= c->xs_n) {
+            xs = c->mm_xs; /* its producer wrote the parts */
+        } else {
+            xs = (uint32_t *)cuda_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap,
+                                       nx * 24 * sizeof(uint32_t));
+            cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
+        }
     }
+    c->xs_src = NULL;
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
     const bool pair = ups && ups[0];
     for (int i = 0; i < n; i++)
@@ -831,6 +834,20 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     else
         one_wave ? MMT_LAUNCH(4, 3) : MMT_LAUNCH(4, 4);
 #undef MMT_LAUNCH
+}
+
+uint32_t *cuda_xs_target(cuda_ctx *c, size_t n, int rows)
+{
+    if (rows < 3 || n % MMT_K)
+        return NULL;
+    return (uint32_t *)cuda_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, n / 16 * 24 * 4);
+}
+
+void cuda_xs_written(cuda_ctx *c, const float *y, size_t n)
+{
+    c->xs_src = y;
+    c->xs_n = n;
+    c->xs_launch = c->nlaunch;
 }
 
 /* ---- dispatch --------------------------------------------------------------- */

@@ -18,4 +18,53 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
 void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
                       int in, int out);
 
+/* ---- activations split for the tensor-core path --------------------------
+ *
+ * Three rows or more of fp32 x reach the tensor cores as bf16 parts hi +
+ * mid + lo, in the order the matmul's lanes load them (matmul.cu). When the
+ * rows are 64-value aligned (in % 64 == 0) that layout depends only on the
+ * flat index of a value, so the kernel producing x (a norm, the attention
+ * gate) can write the parts as it writes x, and the matmul reading x next
+ * skips its own split kernel. */
+
+/* bf16 bits of v rounded to nearest even (v finite). */
+__device__ __forceinline__ uint32_t mmt_bf16(float v)
+{
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+/* Splits a, b exactly into bf16 pairs: hi + mid + lo == the fp32 values. */
+__device__ __forceinline__ void mmt_split(float a, float b, uint32_t *hi, uint32_t *mid,
+                                          uint32_t *lo)
+{
+    const uint32_t ah = mmt_bf16(a), bh = mmt_bf16(b);
+    const float ar = a - __uint_as_float(ah << 16), br = b - __uint_as_float(bh << 16);
+    const uint32_t am = mmt_bf16(ar), bm = mmt_bf16(br);
+    const float ar2 = ar - __uint_as_float(am << 16), br2 = br - __uint_as_float(bm << 16);
+    *hi = ah | (bh << 16);
+    *mid = am | (bm << 16);
+    *lo = mmt_bf16(ar2) | (mmt_bf16(br2) << 16);
+}
+
+/* The parts of values f .. f + 3 (f % 4 == 0) of a 64-aligned x into xs:
+ * 24 words per 16 values (part-major, then pairs), 4 such per 64. */
+__device__ __forceinline__ void cuda_xs_put4(uint32_t *xs, size_t f, float4 v)
+{
+    uint32_t a[3], b[3];
+    mmt_split(v.x, v.y, &a[0], &a[1], &a[2]);
+    mmt_split(v.z, v.w, &b[0], &b[1], &b[2]);
+    uint32_t *o = xs + (f / 16) * 24 + 2 * ((f % 16) / 4);
+#pragma unroll
+    for (int p = 0; p < 3; p++)
+        *(uint2 *)(o + 8 * p) = make_uint2(a[p], b[p]);
+}
+
+/* Where a kernel about to write n values of x from y (in `rows` rows)
+ * should also write their parts: mm_xs, grown to hold them, or NULL when a
+ * matmul would not take them (fewer than three rows, n not 64-aligned). */
+uint32_t *cuda_xs_target(cuda_ctx *c, size_t n, int rows);
+
+/* After launching the kernel that was given cuda_xs_target's buffer. */
+void cuda_xs_written(cuda_ctx *c, const float *y, size_t n);
+
 #endif

@@ -18,8 +18,13 @@
  *
  * y may be x: every thread reads all the values it writes before writing
  * any, and no thread writes a value another reads.
+ *
+ * Rows the tensor-core matmul will take in bf16 parts (three or more, 64-
+ * aligned, matmul.cuh) get their parts written here too, so the matmul
+ * that reads y next needs no split kernel of its own.
  */
 #include "norm.cuh"
+#include "matmul.cuh"
 
 #include <stdint.h>
 
@@ -30,12 +35,13 @@
 typedef struct norm_args {
     float *y;
     const float *x, *z, *w; /* z: NULL for the plain norm */
+    uint32_t *xs;           /* non-NULL: y's bf16 parts for the matmul after (matmul.cuh) */
     int R, n, T;
     float eps;
     int zero_centred, vec;
 } norm_args;
 /* Passed by value: no padding bytes (graph replays compare argument bytes). */
-static_assert(sizeof(norm_args) == 4 * sizeof(void *) + 6 * sizeof(int), "norm_args is packed");
+static_assert(sizeof(norm_args) == 5 * sizeof(void *) + 6 * sizeof(int), "norm_args is packed");
 
 /* Loads group gi of a row (4 values, fewer at the end of the row; 0 past it). */
 __device__ __forceinline__ float4 norm_load(const float *p, int gi, int n, int vec)
@@ -143,9 +149,12 @@ template <int G, bool GATED> __global__ void norm_kernel(norm_args a)
 #pragma unroll
     for (int k = 0; k < G; k++) {
         const int gi = t + k * T;
-        if (gi < ng)
-            norm_store(a.y + off, gi, n, a.vec,
-                       norm_four(xv[k], inv, wv[k], zv[k], GATED, a.zero_centred));
+        if (gi < ng) {
+            const float4 y = norm_four(xv[k], inv, wv[k], zv[k], GATED, a.zero_centred);
+            norm_store(a.y + off, gi, n, a.vec, y);
+            if (a.xs)
+                cuda_xs_put4(a.xs, off + 4 * (size_t)gi, y);
+        }
     }
 }
 
@@ -165,11 +174,14 @@ template <bool GATED> __global__ void norm_long_kernel(norm_args a)
     for (int gi = t; gi < ng; gi += 1024) {
         const float4 x = norm_load(a.x + off, gi, n, a.vec), w = norm_load(a.w, gi, n, a.vec);
         const float4 z = GATED ? norm_load(a.z + off, gi, n, a.vec) : x;
-        norm_store(a.y + off, gi, n, a.vec, norm_four(x, inv, w, z, GATED, a.zero_centred));
+        const float4 y = norm_four(x, inv, w, z, GATED, a.zero_centred);
+        norm_store(a.y + off, gi, n, a.vec, y);
+        if (a.xs)
+            cuda_xs_put4(a.xs, off + 4 * (size_t)gi, y);
     }
 }
 
-template <bool GATED> static void norm_launch(cuda_ctx *c, norm_args a)
+template <bool GATED> static void norm_go(cuda_ctx *c, norm_args a)
 {
     const int ng = (a.n + 3) / 4;
     if (a.n > NORM_REG_MAX) {
@@ -201,6 +213,17 @@ template <bool GATED> static void norm_launch(cuda_ctx *c, norm_args a)
         cuda_launch(c, norm_kernel<NORM_MAX_G, GATED>, blocks, threads, 0, a);
 }
 
+/* Also writes y's parts for the matmul that reads y next, where it takes
+ * them (float4 rows only). */
+template <bool GATED> static void norm_launch(cuda_ctx *c, norm_args a)
+{
+    const size_t total = (size_t)a.R * (size_t)a.n;
+    a.xs = a.vec ? cuda_xs_target(c, total, a.R) : NULL;
+    norm_go<GATED>(c, a);
+    if (a.xs)
+        cuda_xs_written(c, a.y, total);
+}
+
 static int norm_vec(int n, const void *a, const void *b, const void *c, const void *d)
 {
     const uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d;
@@ -212,7 +235,8 @@ void cuda_rmsnorm(void *ctx, float *y, const float *x, const float *w, int R, in
 {
     if (R <= 0 || n <= 0)
         return;
-    const norm_args a = {y, x, NULL, w, R, n, 0, eps, zero_centred, norm_vec(n, y, x, w, NULL)};
+    const norm_args a = {
+        y, x, NULL, w, NULL, R, n, 0, eps, zero_centred, norm_vec(n, y, x, w, NULL)};
     norm_launch<false>((cuda_ctx *)ctx, a);
 }
 
@@ -221,6 +245,6 @@ void cuda_rmsnorm_gated(void *ctx, float *y, const float *x, const float *z, con
 {
     if (R <= 0 || n <= 0)
         return;
-    const norm_args a = {y, x, z, w, R, n, 0, eps, 0, norm_vec(n, y, x, w, z)};
+    const norm_args a = {y, x, z, w, NULL, R, n, 0, eps, 0, norm_vec(n, y, x, w, z)};
     norm_launch<true>((cuda_ctx *)ctx, a);
 }

@@ -286,6 +286,68 @@ static void test_fused_matmuls(void)
     }
 }
 
+/* A norm or the attention gate writing its output's bf16 parts as it
+ * writes the output, for the matmul that reads it next (three rows or
+ * more): the same bits as the matmul splitting a copy of that output
+ * itself. Rows as at a 4B verify block of k = 8. */
+static void test_producer_split(void)
+{
+    const int R = 9, H = 2560, Hv = 32, Dv = 128, out = 1040;
+    for (int kind = 0; kind < 3; kind++) {
+        const int in = kind == 0 ? H : Hv * Dv;
+        const size_t N = (size_t)R * in;
+        float *x = malloc(N * 4), *z = malloc(N * 4), *nw = malloc((size_t)in * 4);
+        float *wv = malloc((size_t)out * in * 4), *wref = malloc((size_t)out * in * 4);
+        ct_fill(x, N, 3.0f);
+        ct_fill(z, N, 2.0f);
+        ct_fill(nw, (size_t)in, 1.0f);
+        ct_fill(wv, (size_t)out * in, 0.5f);
+        size_t wb;
+        void *wh = make_weight(wv, (size_t)out * in, TDM_DTYPE_BF16, wref, &wb);
+        tdm_weight w = put_weight(G, wh, wref, (size_t)out * in, TDM_DTYPE_BF16, wb);
+        float *dx = ct_put(G, x, N * 4), *dz = ct_put(G, z, N * 4),
+              *dn = ct_put(G, nw, (size_t)in * 4);
+        float *dy = ct_put(G, NULL, N * 4), *dy2 = ct_put(G, NULL, N * 4), *res[2];
+        for (int v = 0; v < 2; v++) {
+            float *dout = ct_put(G, NULL, (size_t)R * out * 4);
+            G->copy(G->ctx, dy, dx, N * 4);
+            if (kind == 0)
+                G->rmsnorm(G->ctx, dy, dx, dn, R, H, 1e-6f, 1);
+            else if (kind == 1)
+                G->rmsnorm_gated(G->ctx, dy, dx, dz, dn, R * Hv, Dv, 1e-6f);
+            else
+                G->mul_sigmoid(G->ctx, dy, dz, N);
+            const float *xin = dy;
+            if (v == 1) { /* a copy: the matmul splits it itself */
+                G->copy(G->ctx, dy2, dy, N * 4);
+                xin = dy2;
+            }
+            G->matmul(G->ctx, dout, xin, w, R, in, out, 0);
+            res[v] = ct_get(G, dout, (size_t)R * out * 4);
+            G->free(G->ctx, dout);
+        }
+        static const char *names[] = {"rmsnorm", "rmsnorm_gated", "mul_sigmoid"};
+        char cas[80];
+        snprintf(cas, sizeof(cas), "R=%d in=%d: parts from %s == split by the matmul", R, in,
+                 names[kind]);
+        report_same("matmul", cas, res[0], res[1], (size_t)R * out * 4);
+        free(res[0]);
+        free(res[1]);
+        G->free(G->ctx, dx);
+        G->free(G->ctx, dz);
+        G->free(G->ctx, dn);
+        G->free(G->ctx, dy);
+        G->free(G->ctx, dy2);
+        G->free(G->ctx, (void *)w.data);
+        free(wh);
+        free(x);
+        free(z);
+        free(nw);
+        free(wv);
+        free(wref);
+    }
+}
+
 /* ---- embedding ---------------------------------------------------------- */
 
 static void test_embed(void)
@@ -1280,6 +1342,7 @@ int main(void)
     CPU = ct_cpu();
     test_matmul();
     test_fused_matmuls();
+    test_producer_split();
     test_copy_n();
     test_embed();
     test_rmsnorm();
