@@ -420,6 +420,7 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->mm_part);
         cudaFree(c->mm_count);
         cudaFree(c->mm_xs);
+        cudaFree(c->mm_ys);
         cudaFree(c->mm_up);
         cudaFree(c->gdn_gb);
         for (int i = 0; i < c->nretired; i++)

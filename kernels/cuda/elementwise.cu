@@ -189,7 +189,7 @@ void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
     cuda_launch(c, mul_sigmoid_kernel, cuda_blocks((n + 3) / 4, EW_THREADS), EW_THREADS, 0, y, gate,
                 n, vec, xs);
     if (xs)
-        cuda_xs_written(c, y, n);
+        cuda_xs_written(c, y, n, xs);
 }
 
 __global__ void silu_mul_kernel(float *y, const float *a, const float *b, size_t n, int vec)

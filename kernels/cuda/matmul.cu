@@ -520,6 +520,7 @@ typedef struct mmt_job {
     const uint16_t *w_up; /* non-NULL: y = silu(x·wᵀ) ⊙ (x·w_upᵀ), 16 outputs a block */
     float *part;          /* split k: [KB][R][out] ([KB][R][2·out] for a pair) */
     unsigned *count;      /* split k: [mblocks][rgroups] */
+    uint32_t *ys;         /* non-NULL (a pair): y's bf16 parts for the matmul after */
     int out, KB, block0, accumulate;
 } mmt_job;
 
@@ -544,6 +545,22 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
         v[p] = ((red[0][m][c] + red[1][m][c]) + red[2][m][c]) + red[3][m][c];
     }
     return (v[0] + v[1]) + v[2];
+}
+
+/* A pair's outputs of this block (16 a row, from m0) as bf16 parts for the
+ * matmul that reads y next (down), once the block has written them. */
+template <int NT>
+__device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0, int R)
+{
+    constexpr int G = mmt_rows<NT>::G;
+    __syncthreads();
+    for (int i = threadIdx.x; i < 4 * G; i += blockDim.x) {
+        const int o = m0 + 4 * (i / G), r = r0 + i % G;
+        if (o < jb.out && r < R) {
+            const size_t f = (size_t)r * (size_t)jb.out + (size_t)o;
+            cuda_xs_put4(jb.ys, f, *(const float4 *)(jb.y + f));
+        }
+    }
 }
 
 /* Block (linear index within its job) = ((m-block · KB) + kb) · rgroups +
@@ -670,6 +687,8 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                     *yp = jb.accumulate ? *yp + mmt_cell<NT>(red, m, rr) : mmt_cell<NT>(red, m, rr);
             }
         }
+        if (pair && jb.ys)
+            mmt_pair_parts<NT>(jb, m0, r0, R);
         return;
     }
     if (clus) {
@@ -698,6 +717,8 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                 *yp = pair ? cuda_silu(v) * u : jb.accumulate ? *yp + v : v;
             }
         }
+        if (pair && jb.ys)
+            mmt_pair_parts<NT>(jb, m0, r0, R);
         return;
     }
     /* Split k: the last block of the tile adds the KB partials in order. */
@@ -732,6 +753,8 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             *yp = pair ? cuda_silu(v) * u : jb.accumulate ? *yp + v : v;
         }
     }
+    if (pair && jb.ys)
+        mmt_pair_parts<NT>(jb, m0, r0, R);
     if (threadIdx.x == 0)
         *cnt = 0; /* ready for the next call */
 }
@@ -780,7 +803,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         const int KB = kbs[i], bm = up ? MMT_M / 2 : MMT_M;
         TDM_ASSERT(!up || !accumulate);
         mblocks[i] = (outs[i] + bm - 1) / bm;
-        jobs.j[i] = (mmt_job){ys[i], ws[i], up, NULL, NULL, outs[i], KB, (int)blocks, accumulate};
+        jobs.j[i] =
+            (mmt_job){ys[i], ws[i], up, NULL, NULL, NULL, outs[i], KB, (int)blocks, accumulate};
         blocks += (size_t)mblocks[i] * (size_t)KB * (size_t)rgroups;
         if (KB > 1 && jobs.cluster == 1) {
             part_floats += (size_t)KB * (size_t)R * (size_t)outs[i] * (up ? 2 : 1);
@@ -809,7 +833,7 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         const size_t nx = (size_t)R * (size_t)steps * 4;
         if (c->xs_src == x && c->xs_launch == c->nlaunch && in % MMT_K == 0 &&
             (size_t)R * (size_t)in <= c->xs_n) {
-            xs = c->mm_xs; /* its producer wrote the parts */
+            xs = c->xs_parts; /* the kernel that wrote x wrote its parts */
         } else {
             xs = (uint32_t *)cuda_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap,
                                        nx * 24 * sizeof(uint32_t));
@@ -817,6 +841,13 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         }
     }
     c->xs_src = NULL;
+    /* A gate/up pair leaves y's parts for the down projection (its own
+     * buffer: this launch reads mm_xs). */
+    const bool yparts =
+        ups && ups[0] && n == 1 && outs[0] % MMT_K == 0 && R >= 3 && (uintptr_t)ys[0] % 16 == 0;
+    if (yparts)
+        jobs.j[0].ys = (uint32_t *)cuda_grow(c, (void **)&c->mm_ys, &c->mm_ys_cap,
+                                             (size_t)R * (size_t)outs[0] / 16 * 24 * 4);
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
     const bool pair = ups && ups[0];
     for (int i = 0; i < n; i++)
@@ -834,6 +865,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     else
         one_wave ? MMT_LAUNCH(4, 3) : MMT_LAUNCH(4, 4);
 #undef MMT_LAUNCH
+    if (yparts)
+        cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
 }
 
 uint32_t *cuda_xs_target(cuda_ctx *c, size_t n, int rows)
@@ -843,9 +876,10 @@ uint32_t *cuda_xs_target(cuda_ctx *c, size_t n, int rows)
     return (uint32_t *)cuda_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, n / 16 * 24 * 4);
 }
 
-void cuda_xs_written(cuda_ctx *c, const float *y, size_t n)
+void cuda_xs_written(cuda_ctx *c, const float *y, size_t n, uint32_t *parts)
 {
     c->xs_src = y;
+    c->xs_parts = parts;
     c->xs_n = n;
     c->xs_launch = c->nlaunch;
 }

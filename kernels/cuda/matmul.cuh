@@ -24,8 +24,8 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
  * mid + lo, in the order the matmul's lanes load them (matmul.cu). When the
  * rows are 64-value aligned (in % 64 == 0) that layout depends only on the
  * flat index of a value, so the kernel producing x (a norm, the attention
- * gate) can write the parts as it writes x, and the matmul reading x next
- * skips its own split kernel. */
+ * gate, the gate/up pair's SiLU product) can write the parts as it writes
+ * x, and the matmul reading x next skips its own split kernel. */
 
 /* bf16 bits of v rounded to nearest even (v finite). */
 __device__ __forceinline__ uint32_t mmt_bf16(float v)
@@ -64,7 +64,8 @@ __device__ __forceinline__ void cuda_xs_put4(uint32_t *xs, size_t f, float4 v)
  * matmul would not take them (fewer than three rows, n not 64-aligned). */
 uint32_t *cuda_xs_target(cuda_ctx *c, size_t n, int rows);
 
-/* After launching the kernel that was given cuda_xs_target's buffer. */
-void cuda_xs_written(cuda_ctx *c, const float *y, size_t n);
+/* After launching the kernel that wrote the parts of y's n values into
+ * `parts` (cuda_xs_target's buffer, or the gate/up pair's own). */
+void cuda_xs_written(cuda_ctx *c, const float *y, size_t n, uint32_t *parts);
 
 #endif

@@ -221,7 +221,7 @@ template <bool GATED> static void norm_launch(cuda_ctx *c, norm_args a)
     a.xs = a.vec ? cuda_xs_target(c, total, a.R) : NULL;
     norm_go<GATED>(c, a);
     if (a.xs)
-        cuda_xs_written(c, a.y, total);
+        cuda_xs_written(c, a.y, total, a.xs);
 }
 
 static int norm_vec(int n, const void *a, const void *b, const void *c, const void *d)

@@ -286,32 +286,43 @@ static void test_fused_matmuls(void)
     }
 }
 
-/* A norm or the attention gate writing its output's bf16 parts as it
- * writes the output, for the matmul that reads it next (three rows or
- * more): the same bits as the matmul splitting a copy of that output
- * itself. Rows as at a 4B verify block of k = 8. */
+/* A norm, the attention gate or a gate/up pair writing its output's bf16
+ * parts as it writes the output, for the matmul that reads it next (three
+ * rows or more): the same bits as the matmul splitting a copy of that
+ * output itself. Rows as at a 4B verify block of k = 8. */
 static void test_producer_split(void)
 {
-    const int R = 9, H = 2560, Hv = 32, Dv = 128, out = 1040;
-    for (int kind = 0; kind < 3; kind++) {
-        const int in = kind == 0 ? H : Hv * Dv;
-        const size_t N = (size_t)R * in;
-        float *x = malloc(N * 4), *z = malloc(N * 4), *nw = malloc((size_t)in * 4);
+    const int R = 9, H = 2560, Hv = 32, Dv = 128, I = 1024, out = 1040;
+    for (int kind = 0; kind < 4; kind++) {
+        const int in = kind == 0 ? H : kind == 3 ? I : Hv * Dv;
+        const size_t N = (size_t)R * in, XN = N > (size_t)R * H ? N : (size_t)R * H;
+        float *x = malloc(XN * 4), *z = malloc(N * 4), *nw = malloc((size_t)in * 4);
+        float *gv = malloc((size_t)I * H * 4), *gref = malloc((size_t)I * H * 4);
+        float *uv = malloc((size_t)I * H * 4), *uref = malloc((size_t)I * H * 4);
         float *wv = malloc((size_t)out * in * 4), *wref = malloc((size_t)out * in * 4);
-        ct_fill(x, N, 3.0f);
+        ct_fill(x, XN, 3.0f);
+        ct_fill(gv, (size_t)I * H, 0.5f);
+        ct_fill(uv, (size_t)I * H, 0.5f);
+        size_t gb, ub;
+        void *gh = make_weight(gv, (size_t)I * H, TDM_DTYPE_BF16, gref, &gb);
+        void *uh = make_weight(uv, (size_t)I * H, TDM_DTYPE_BF16, uref, &ub);
+        tdm_weight wg = put_weight(G, gh, gref, (size_t)I * H, TDM_DTYPE_BF16, gb);
+        tdm_weight wu = put_weight(G, uh, uref, (size_t)I * H, TDM_DTYPE_BF16, ub);
         ct_fill(z, N, 2.0f);
         ct_fill(nw, (size_t)in, 1.0f);
         ct_fill(wv, (size_t)out * in, 0.5f);
         size_t wb;
         void *wh = make_weight(wv, (size_t)out * in, TDM_DTYPE_BF16, wref, &wb);
         tdm_weight w = put_weight(G, wh, wref, (size_t)out * in, TDM_DTYPE_BF16, wb);
-        float *dx = ct_put(G, x, N * 4), *dz = ct_put(G, z, N * 4),
-              *dn = ct_put(G, nw, (size_t)in * 4);
+        float *dx = ct_put(G, x, XN * 4), *dz = ct_put(G, z, N * 4);
+        float *dn = ct_put(G, nw, (size_t)in * 4);
         float *dy = ct_put(G, NULL, N * 4), *dy2 = ct_put(G, NULL, N * 4), *res[2];
         for (int v = 0; v < 2; v++) {
             float *dout = ct_put(G, NULL, (size_t)R * out * 4);
             G->copy(G->ctx, dy, dx, N * 4);
-            if (kind == 0)
+            if (kind == 3)
+                G->matmul_silu(G->ctx, dy, dx, wg, wu, R, H, I);
+            else if (kind == 0)
                 G->rmsnorm(G->ctx, dy, dx, dn, R, H, 1e-6f, 1);
             else if (kind == 1)
                 G->rmsnorm_gated(G->ctx, dy, dx, dz, dn, R * Hv, Dv, 1e-6f);
@@ -326,7 +337,7 @@ static void test_producer_split(void)
             res[v] = ct_get(G, dout, (size_t)R * out * 4);
             G->free(G->ctx, dout);
         }
-        static const char *names[] = {"rmsnorm", "rmsnorm_gated", "mul_sigmoid"};
+        static const char *names[] = {"rmsnorm", "rmsnorm_gated", "mul_sigmoid", "matmul_silu"};
         char cas[80];
         snprintf(cas, sizeof(cas), "R=%d in=%d: parts from %s == split by the matmul", R, in,
                  names[kind]);
@@ -339,7 +350,15 @@ static void test_producer_split(void)
         G->free(G->ctx, dy);
         G->free(G->ctx, dy2);
         G->free(G->ctx, (void *)w.data);
+        G->free(G->ctx, (void *)wg.data);
+        G->free(G->ctx, (void *)wu.data);
         free(wh);
+        free(gh);
+        free(uh);
+        free(gv);
+        free(gref);
+        free(uv);
+        free(uref);
         free(x);
         free(z);
         free(nw);
