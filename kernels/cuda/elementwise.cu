@@ -184,8 +184,7 @@ void cuda_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
     if (n == 0)
         return;
     const int vec = ew_aligned(y, gate, NULL);
-    /* rows unknown here: any n of three 64-value groups or more may be them */
-    uint32_t *xs = vec ? cuda_xs_target(c, n, (int)(n / 64 < 3 ? n / 64 : 3)) : NULL;
+    uint32_t *xs = vec ? cuda_xs_target(c, n) : NULL; /* its rows are unknown here */
     cuda_launch(c, mul_sigmoid_kernel, cuda_blocks((n + 3) / 4, EW_THREADS), EW_THREADS, 0, y, gate,
                 n, vec, xs);
     if (xs)

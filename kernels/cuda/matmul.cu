@@ -869,9 +869,9 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
 }
 
-uint32_t *cuda_xs_target(cuda_ctx *c, size_t n, int rows)
+uint32_t *cuda_xs_target(cuda_ctx *c, size_t n)
 {
-    if (rows < 3 || n % MMT_K)
+    if (n % MMT_K)
         return NULL;
     return (uint32_t *)cuda_grow(c, (void **)&c->mm_xs, &c->mm_xs_cap, n / 16 * 24 * 4);
 }

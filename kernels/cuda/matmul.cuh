@@ -59,10 +59,11 @@ __device__ __forceinline__ void cuda_xs_put4(uint32_t *xs, size_t f, float4 v)
         *(uint2 *)(o + 8 * p) = make_uint2(a[p], b[p]);
 }
 
-/* Where a kernel about to write n values of x from y (in `rows` rows)
- * should also write their parts: mm_xs, grown to hold them, or NULL when a
- * matmul would not take them (fewer than three rows, n not 64-aligned). */
-uint32_t *cuda_xs_target(cuda_ctx *c, size_t n, int rows);
+/* Where a kernel about to write n values of x should also write their
+ * parts: mm_xs, grown to hold them, or NULL when n is not 64-aligned.
+ * Callers that know x has fewer than three rows (which the matmul splits
+ * in its warps) do not ask. */
+uint32_t *cuda_xs_target(cuda_ctx *c, size_t n);
 
 /* After launching the kernel that wrote the parts of y's n values into
  * `parts` (cuda_xs_target's buffer, or the gate/up pair's own). */
