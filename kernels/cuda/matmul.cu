@@ -437,23 +437,6 @@ __device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, bool
     }
 }
 
-/* The 24 words of one (row, step, t) of the split-ahead buffer from its 16
- * x values: per part, the lane's B fragments [j][word]. */
-__device__ __forceinline__ void mmt_presplit_store(uint32_t *o24, const float *xv)
-{
-    uint32_t b[3][4][2];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        mmt_split(xv[4 * j], xv[4 * j + 1], &b[0][j][0], &b[1][j][0], &b[2][j][0]);
-        mmt_split(xv[4 * j + 2], xv[4 * j + 3], &b[0][j][1], &b[1][j][1], &b[2][j][1]);
-    }
-    uint4 *o = (uint4 *)o24;
-    const uint32_t *f = &b[0][0][0];
-#pragma unroll
-    for (int v = 0; v < 6; v++)
-        o[v] = make_uint4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
-}
-
 /* x split ahead (three rows or more, where every lane of a block would
  * split a whole row for one part): per (row, step, t, part) the 8 words of
  * the lane's B fragments, [j][word], so a lane loads its part as two
@@ -468,7 +451,11 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
     const int t = (int)(i % 4), s = (int)(i / 4 % (size_t)steps), r = (int)(i / 4 / (size_t)steps);
     float xv[16];
     mmt_xload(xv, x, r, true, s * MMT_K + 16 * t, in);
-    mmt_presplit_store(xs + i * 24, xv);
+    /* (r, s, t) holds what a 64-aligned x keeps from flat index 16 i */
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        cuda_xs_put4(xs, 16 * i + 4 * (size_t)j,
+                     make_float4(xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]));
 }
 
 /* The lane's pre-split B words of every n-tile at step s, all n-tiles'
@@ -840,7 +827,6 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
             cuda_launch(c, mmt_presplit_kernel, cuda_blocks(nx, 128), 128, 0, xs, x, R, in, steps);
         }
     }
-    c->xs_src = NULL;
     /* A gate/up pair leaves y's parts for the down projection (its own
      * buffer: this launch reads mm_xs). */
     const bool yparts =

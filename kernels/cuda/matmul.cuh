@@ -47,7 +47,8 @@ __device__ __forceinline__ void mmt_split(float a, float b, uint32_t *hi, uint32
 }
 
 /* The parts of values f .. f + 3 (f % 4 == 0) of a 64-aligned x into xs:
- * 24 words per 16 values (part-major, then pairs), 4 such per 64. */
+ * 24 words per 16 values (part-major, then pairs), 4 such per 64. The one
+ * writer of the layout: the matmul's own split kernel uses it too. */
 __device__ __forceinline__ void cuda_xs_put4(uint32_t *xs, size_t f, float4 v)
 {
     uint32_t a[3], b[3];
