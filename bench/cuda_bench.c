@@ -14,11 +14,10 @@
  * bytes of weights one step streams ÷ the device's copy bandwidth (read +
  * write bytes per second of a 1 GiB device-to-device copy). --stats then
  * reloads the model with TANDEM_CUDA_OPSTATS=1 and prints GPU time per op
- * kind over batch-1 decode steps. --graphs (default on) runs each step as
- * a CUDA graph, or launches every kernel one by one; the two warm-up steps
- * of each row are a key's first (eager) and second (captured) sight, so the
- * measured steps replay. Logits land in page-locked memory
- * (tdm_model_host_alloc), as in the services. --out argmax brings back only
+ * kind over batch-1 decode steps, then over batch-1 verify k=8 steps. --graphs (default on) runs
+ * each step as a CUDA graph, or launches every kernel one by one; the two warm-up steps of each row
+ * are a key's first (eager) and second (captured) sight, so the measured steps replay. Logits land
+ * in page-locked memory (tdm_model_host_alloc), as in the services. --out argmax brings back only
  * each row's argmax (tdm_seq_step_out), what the verifier asks for greedy
  * requests, instead of every row's logits. --k picks the steps (0 is decode).
  * --variants runs the table once per ';'-separated environment (KEY=VALUE
@@ -277,16 +276,23 @@ int main(int argc, char **argv)
     tdm_model_destroy(m);
     be->destroy(be);
     if (stats) {
-        /* Where a batch-1 decode step's time goes: GPU time per op kind over
-         * a 32-token prefill and `steps` decode steps (printed on destroy). */
+        /* Where a batch-1 step's time goes: GPU time per op kind over a
+         * 32-token prefill and `steps` decode steps, then the same with
+         * verify k=8 steps (printed on each destroy; the prefill is the
+         * same in both, so the difference is the steps'). */
         setenv("TANDEM_CUDA_OPSTATS", "1", 1);
-        if (!(be = tdm_backend_cuda_create(0, &err)) || tdm_model_load(dir, be, &m, &err) != TDM_OK)
-            die("stats run", err.msg);
-        double ms = time_step(m, 1, 0, steps, 0);
-        printf("\nop-stats run: batch-1 decode %.3f ms wall per step (events add a little)\n", ms);
-        fflush(stdout);
-        tdm_model_destroy(m);
-        be->destroy(be);
+        for (int k = 0; k <= 8; k += 8) {
+            if (!(be = tdm_backend_cuda_create(0, &err)) ||
+                tdm_model_load(dir, be, &m, &err) != TDM_OK)
+                die("stats run", err.msg);
+            double ms = time_step(m, 1, k, steps, 0);
+            printf("\nop-stats run: batch-1 %s %.3f ms wall per step (events add a little)\n",
+                   k ? "verify k=8" : "decode", ms);
+            fflush(stdout);
+            tdm_model_destroy(m);
+            be->destroy(be);
+            fflush(stderr);
+        }
     }
     char p[700];
     snprintf(p, sizeof(p), "%s/model.safetensors", dir);
