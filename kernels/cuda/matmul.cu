@@ -458,23 +458,28 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
                      make_float4(xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]));
 }
 
-/* The lane's pre-split B words of every n-tile at step s, all n-tiles'
- * loads first (one round trip per step, not NT). */
-template <int NT>
-__device__ __forceinline__ void mmt_xsload(uint32_t (*b)[4][2], const uint32_t *xs, int r0, int R,
-                                           int s, int steps, int t, int g)
+/* Step s's pre-split words of rows r0 .. r0 + G - 1 (G·96 words, the
+ * layout mmt_step reads) into a warp's ring stage by cp.async, zero for
+ * rows past R. Lane l copies the 16-byte chunks l, l + 32, ...: a row's 384
+ * bytes are contiguous in xs, so every copy instruction takes whole sectors
+ * (a lane copying its own two 16-byte words would fetch each sector twice). */
+template <int G>
+__device__ __forceinline__ void mmt_xscopy(uint32_t *stage, const uint32_t *xs, int r0, int R,
+                                           int s, int steps, int lane)
 {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr, r = r0 + rr;
-        uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-        if (rr < mmt_rows<NT>::G && r < R) {
-            const uint4 *q = (const uint4 *)(xs + mmt_sword((size_t)r * (size_t)steps + s, t, p));
-            v0 = __ldg(q);
-            v1 = __ldg(q + 1);
+    for (int i = 0; i < (G * 24 + 31) / 32; i++) {
+        const int c = lane + 32 * i; /* chunk: row c / 24, words 4 (c % 24) .. */
+        if (c < G * 24) {
+            const int rr = c / 24, q = c - 24 * rr, r = r0 + rr;
+            const bool ok = r < R;
+            const uint32_t *src =
+                ok ? xs + ((size_t)r * (size_t)steps + (size_t)s) * 96 + 4 * (size_t)q : xs;
+            const unsigned dst = (unsigned)__cvta_generic_to_shared(stage + 4 * c);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                         "r"(ok ? 16 : 0)
+                         : "memory");
         }
-        b[nt][0][0] = v0.x, b[nt][0][1] = v0.y, b[nt][1][0] = v0.z, b[nt][1][1] = v0.w;
-        b[nt][2][0] = v1.x, b[nt][2][1] = v1.y, b[nt][3][0] = v1.z, b[nt][3][1] = v1.w;
     }
 }
 
@@ -566,8 +571,9 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                int rgroups)
 {
     constexpr int G = mmt_rows<NT>::G, D = MMT_D;
-    constexpr bool RING = NT < MMT_SPLIT_NT;                  /* else x comes split ahead in xs */
-    constexpr int RAW = RING ? MMT_WARPS * D * G * MMT_K : 0; /* floats: x ring */
+    constexpr bool RING = NT < MMT_SPLIT_NT; /* else x comes split ahead in xs */
+    /* floats: x ring (fp32 rows, or their pre-split words: 96 a row) */
+    constexpr int RAW = MMT_WARPS * D * G * (RING ? MMT_K : 96);
     constexpr int RED = MMT_WARPS * MMT_M * NT * 8;           /* floats: red, after the loop */
     constexpr int SPL = RING ? MMT_WARPS * G * 4 * 3 * 8 : 0; /* words: a step's parts per warp */
     __shared__ __align__(16) float sm[(RAW > RED ? RAW : RED) + SPL];
@@ -588,7 +594,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     const mmt_wrows wr = {jb.w, pair ? jb.w_up : jb.w, m0 + g, out};
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
-    float *raw = sm + warp * D * G * MMT_K;
+    float *raw = sm + warp * D * G * (RING ? MMT_K : 96);
     uint32_t *spl = (uint32_t *)(sm + (RAW > RED ? RAW : RED)) + warp * G * 96;
     /* A ring of D steps per warp (steps s0 + warp, + 4, ...): D - 1 in
      * flight while one computes. Weights never change, so the first D - 1
@@ -601,13 +607,16 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         if (s + MMT_WARPS * u < s1)
             mmt_wstep<PAIR>(&f[u], wr, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
     cuda_kernel_begin();
-    if constexpr (RING) {
 #pragma unroll
-        for (int u = 0; u < D - 1; u++) {
-            if (s + MMT_WARPS * u < s1)
+    for (int u = 0; u < D - 1; u++) {
+        if (s + MMT_WARPS * u < s1) {
+            if constexpr (RING)
                 mmt_xcopy<G>(raw + u * G * MMT_K, x, r0, R, s + MMT_WARPS * u, in, lane);
-            mmt_commit();
+            else
+                mmt_xscopy<G>((uint32_t *)raw + u * G * 96, xs, r0, R, s + MMT_WARPS * u, steps,
+                              lane);
         }
+        mmt_commit();
     }
     float acc[2][NT][4];
 #pragma unroll
@@ -627,29 +636,25 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                     mmt_wstep<PAIR>(&f[il], wr, sl * MMT_K + 16 * t, in);
                     if constexpr (RING)
                         mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
+                    else
+                        mmt_xscopy<G>((uint32_t *)raw + il * G * 96, xs, r0, R, sl, steps, lane);
                 }
+                mmt_commit(); /* one group per step, empty or not */
+                mmt_wait<D - 1>();
+                __syncwarp();
                 if constexpr (RING) {
-                    mmt_commit(); /* one group per step, empty or not */
-                    mmt_wait<D - 1>();
-                    __syncwarp();
                     mmt_xsplit<G>(spl, raw + u * G * MMT_K, lane);
                     __syncwarp();
                     mmt_step<NT>(acc, &f[u], spl, g, t);
-                    __syncwarp(); /* spl is rewritten by the next step */
                 } else {
-                    uint32_t b[NT][4][2];
-                    mmt_xsload<NT>(b, xs, r0, R, sc, steps, t, g);
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-                        mmt_mmas<NT>(acc, &f[u], nt, b[nt]);
+                    mmt_step<NT>(acc, &f[u], (const uint32_t *)raw + u * G * 96, g, t);
                 }
+                __syncwarp(); /* the stage (and spl) is rewritten by a later step */
             }
         }
     }
-    if constexpr (RING) {
-        mmt_wait<0>();
-        __syncthreads(); /* red reuses the x ring */
-    }
+    mmt_wait<0>();
+    __syncthreads(); /* red reuses the x ring */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
