@@ -460,26 +460,27 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
 
 /* Step s's pre-split words of rows r0 .. r0 + G - 1 (G·96 words, the
  * layout mmt_step reads) into a warp's ring stage by cp.async, zero for
- * rows past R. Lane l copies the 16-byte chunks l, l + 32, ...: a row's 384
- * bytes are contiguous in xs, so every copy instruction takes whole sectors
- * (a lane copying its own two 16-byte words would fetch each sector twice). */
+ * rows past R. A row's 384 bytes are contiguous in xs: lanes 0..23 copy
+ * one 16-byte chunk of every row, so each copy instruction takes whole
+ * sectors (a lane copying its own two 16-byte words would fetch each
+ * sector twice) and its addresses are a lane's base plus a row stride. */
 template <int G>
 __device__ __forceinline__ void mmt_xscopy(uint32_t *stage, const uint32_t *xs, int r0, int R,
                                            int s, int steps, int lane)
 {
+    if (lane >= 24)
+        return;
+    const size_t rs = (size_t)steps * 96; /* words from a row's step to the next row's */
+    /* row r0 < R; rows past R read nothing (size 0) at the last row's address */
+    const uint32_t *src = xs + ((size_t)r0 * (size_t)steps + (size_t)s) * 96 + 4 * lane;
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(stage + 4 * lane);
 #pragma unroll
-    for (int i = 0; i < (G * 24 + 31) / 32; i++) {
-        const int c = lane + 32 * i; /* chunk: row c / 24, words 4 (c % 24) .. */
-        if (c < G * 24) {
-            const int rr = c / 24, q = c - 24 * rr, r = r0 + rr;
-            const bool ok = r < R;
-            const uint32_t *src =
-                ok ? xs + ((size_t)r * (size_t)steps + (size_t)s) * 96 + 4 * (size_t)q : xs;
-            const unsigned dst = (unsigned)__cvta_generic_to_shared(stage + 4 * c);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                         "r"(ok ? 16 : 0)
-                         : "memory");
-        }
+    for (int rr = 0; rr < G; rr++) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 384u * rr),
+                     "l"(src), "r"(r0 + rr < R ? 16 : 0)
+                     : "memory");
+        if (r0 + rr + 1 < R)
+            src += rs;
     }
 }
 
