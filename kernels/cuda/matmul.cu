@@ -296,41 +296,46 @@ __device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* 16 bytes of weights at element k of row o, zero outside the matrix
- * (in % 8 == 0, so a 16-byte chunk is wholly inside or outside). */
-__device__ __forceinline__ uint4 mmt_wload(const uint16_t *w, int o, int out, int k, int in)
-{
-    if (o < out && k < in)
-        return __ldg((const uint4 *)(w + (size_t)o * (size_t)in + (size_t)k));
-    return make_uint4(0, 0, 0, 0);
-}
-
 /* One step's weights of a lane: rows g, g+8 of m-tile 0 and of m-tile 1,
  * elements 16t..16t+15 of the step (two 16-byte chunks each). */
 struct mmt_wfrag {
     uint4 v[4][2];
 };
 
-/* Where a lane's four weight rows are: one weight w0, rows o0, o0 + 8,
- * o0 + 16, o0 + 24; a gate/up pair (PAIR), rows o0, o0 + 8 of the gate w0
- * (m-tile 0) and of the up w1 (m-tile 1). Rows valid below `out`. A
- * separate instance for pairs keeps the one-weight kernel's addressing (and
- * registers) as they were: folding both into one cost verify blocks 5 %. */
+/* A lane's four weight rows: one weight w0, rows o0, o0 + 8, o0 + 16,
+ * o0 + 24; a gate/up pair (PAIR), rows o0, o0 + 8 of the gate w0 (m-tile 0)
+ * and of the up w1 (m-tile 1). Loads need no bounds checks: a row past
+ * `out` reads row out - 1 instead (its sums are never written), and a
+ * chunk past `in` (only when in % 64 != 0) reads the row's last chunk,
+ * whose products meet x parts that are zero there (a finite weight times
+ * zero adds nothing; the sums are the same bits). A separate kernel
+ * instance for pairs keeps the one-weight kernel's registers as they were:
+ * folding both into one cost verify blocks 5 %. */
 struct mmt_wrows {
-    const uint16_t *w0, *w1;
-    int o0, out;
+    const uint16_t *row[4];
 };
 
 template <bool PAIR>
+__device__ __forceinline__ mmt_wrows mmt_rows_of(const uint16_t *w0, const uint16_t *w1, int o0,
+                                                 int out, int in)
+{
+    mmt_wrows wr;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int o = PAIR ? o0 + 8 * (i & 1) : o0 + 8 * i;
+        wr.row[i] = (PAIR && i >= 2 ? w1 : w0) + (size_t)(o < out ? o : out - 1) * (size_t)in;
+    }
+    return wr;
+}
+
 __device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int k, int in)
 {
+    const int k0 = k < in ? k : in - 8, k1 = k + 8 < in ? k + 8 : in - 8;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            f->v[i][h] =
-                PAIR ? mmt_wload(i < 2 ? wr.w0 : wr.w1, wr.o0 + 8 * (i & 1), wr.out, k + 8 * h, in)
-                     : mmt_wload(wr.w0, wr.o0 + 8 * i, wr.out, k + 8 * h, in);
+    for (int i = 0; i < 4; i++) {
+        f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + k0));
+        f->v[i][1] = __ldg((const uint4 *)(wr.row[i] + k1));
+    }
 }
 
 __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
@@ -592,7 +597,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
      * cluster rank kb. */
     const bool clus = jobs.cluster > 1;
     const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
-    const mmt_wrows wr = {jb.w, pair ? jb.w_up : jb.w, m0 + g, out};
+    const mmt_wrows wr = mmt_rows_of<PAIR>(jb.w, jb.w_up, m0 + g, out, in);
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     float *raw = sm + warp * D * G * (RING ? MMT_K : 96);
@@ -606,7 +611,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
 #pragma unroll
     for (int u = 0; u < D - 1; u++)
         if (s + MMT_WARPS * u < s1)
-            mmt_wstep<PAIR>(&f[u], wr, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
+            mmt_wstep(&f[u], wr, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
     cuda_kernel_begin();
 #pragma unroll
     for (int u = 0; u < D - 1; u++) {
@@ -634,7 +639,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             if (sc < s1) {
                 const int il = (u + D - 1) % D;
                 if (sl < s1) {
-                    mmt_wstep<PAIR>(&f[il], wr, sl * MMT_K + 16 * t, in);
+                    mmt_wstep(&f[il], wr, sl * MMT_K + 16 * t, in);
                     if constexpr (RING)
                         mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
                     else
