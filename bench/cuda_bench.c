@@ -14,15 +14,16 @@
  * bytes of weights one step streams ÷ the device's copy bandwidth (read +
  * write bytes per second of a 1 GiB device-to-device copy). --stats then
  * reloads the model with TANDEM_CUDA_OPSTATS=1 and prints GPU time per op
- * kind over batch-1 decode steps, then over batch-1 verify k=8 steps. --graphs (default on) runs
- * each step as a CUDA graph, or launches every kernel one by one; the two warm-up steps of each row
- * are a key's first (eager) and second (captured) sight, so the measured steps replay. Logits land
- * in page-locked memory (tdm_model_host_alloc), as in the services. --out argmax brings back only
- * each row's argmax (tdm_seq_step_out), what the verifier asks for greedy
- * requests, instead of every row's logits. --k picks the steps (0 is decode).
- * --variants runs the table once per ';'-separated environment (KEY=VALUE
- * pairs set before the backend is created, e.g. TANDEM_CUDA_OPSTATS), each
- * on a freshly loaded model.
+ * kind over batch-1 decode steps, then over batch-1 verify k=8 steps.
+ * --graphs (default on) runs each step as a CUDA graph, or launches every
+ * kernel one by one; the two warm-up steps of each row are a key's first
+ * (eager) and second (captured) sight, so the measured steps replay. Logits
+ * land in page-locked memory (tdm_model_host_alloc), as in the services.
+ * --out argmax brings back only each row's argmax (tdm_seq_step_out), what
+ * the verifier asks for greedy requests, instead of every row's logits. --k
+ * picks the steps (0 is decode). --variants runs the table once per
+ * ';'-separated environment (KEY=VALUE pairs set before the backend is
+ * created, e.g. TANDEM_CUDA_OPSTATS), each on a freshly loaded model.
  */
 #include "bench_util.h"
 #include "engine.h"

@@ -35,19 +35,37 @@
  * takes silu(gate) · up where the sums are made (one launch, and no
  * round trip of gate and up through memory).
  *
- * Where x comes from. One or two rows (decode): a step's x is used by one
- * warp only, so each warp keeps its own ring of steps' x in shared memory,
- * copied by cp.async with the step's weights (in flight without registers)
- * and split once per value by the warp when the step computes; lanes then
- * read their column's part words. Three rows or more (verify blocks,
- * batches): x split ahead into the exact fragment words each lane loads,
- * all n-tiles' words in one round trip per step, either by the kernel that
- * wrote x (norms, the attention gate: cuda_xs_put4 in matmul.cuh, as they
- * write x) or else by a small kernel of the matmul's own. All give the
- * same words, so the same bits. Parts from the producer, measured on the
- * H200 against the split kernel (same call): 4B verify k=8 5.01-5.07 ->
- * 4.84-4.90 ms, k=4 3.83-3.88 -> 3.71-3.76, batch-8 decode 4.44-4.47 ->
- * 4.26-4.30; decode unchanged.
+ * Where x comes from. Each warp keeps its own ring of steps' x in shared
+ * memory (a step's x is used by one warp only), copied by cp.async with the
+ * step's weights, so it is in flight without registers. One or two rows
+ * (decode): the fp32 values, split once per value by the warp when the
+ * step computes; lanes then read their column's part words. Three rows or
+ * more (verify blocks, batches): x split ahead into the exact fragment
+ * words each lane reads, either by the kernel that wrote x (norms, the
+ * attention gate, the gate/up pair: cuda_xs_put4 in matmul.cuh, as they
+ * write x) or else by a small kernel of the matmul's own; lanes 0..23 copy
+ * a row's 384 bytes of a step (whole sectors, one address per lane plus a
+ * row stride). All give the same words, so the same bits. Measured on the
+ * H200, same calls (4B, ms): parts from the producer instead of the split
+ * kernel, verify k=8 5.01-5.07 -> 4.84-4.90, k=4 3.83-3.88 -> 3.71-3.76,
+ * batch-8 decode 4.44-4.47 -> 4.26-4.30; the parts through the ring
+ * instead of loaded into registers when the step computes, verify k=8 4.86
+ * -> 4.52, batch-8 decode 4.32 -> 3.82; the copy by rows and lanes (4
+ * instructions a copy, ~20 before), 4.50 -> 4.34 and batch 8 x k=8 20.3 ->
+ * 18.6; weight loads without bounds checks (mmt_wrows), 4.34 -> 4.29.
+ * Slower: the copy through L1 (cp.async.ca: 4.60 against 4.50, batch 8 x
+ * k=8 21.0 against 20.4); 128 registers for every call of three rows or
+ * more (4.66); halves of a lane's words swapped in shared memory to spare
+ * 2-way bank conflicts (5.06-5.08 against 4.52-4.59: more registers and
+ * address arithmetic, and short-scoreboard stalls were 0.19 cycles of ~5.5
+ * an instruction); parts ahead at decode too, from producers at every R
+ * (decode 2.94 against 2.94-2.97, no gain). Nsight Compute on in_qkv at
+ * nine rows: 2.1x the warp instructions of one row (5.2 M against 2.5 M),
+ * ~5.5 cycles between a warp's instructions, ~1.9 warps a scheduler. With
+ * x loaded when the step computed (the design before the ring), a step's
+ * matrices at nine rows took 4.58-4.64 ms alone, 3.93 with no x loads and
+ * 4.44 with no mma (wrong numbers, same loads): the loads, not the tensor
+ * cores, are what nine rows add.
  *
  * Measured on the H200 (4B step, ms, decode / verify k=8, same process or
  * same machine against the design before): x through the warps' shared
@@ -77,19 +95,21 @@
  * (decode / verify k=8 against 3.11 / 5.42 or 2.96-2.99 / 5.09-5.11): the
  * rmsnorm ahead done inside the matmul, each block finding its rows' 1/rms
  * (verify: in the split-ahead kernel), 3.18 / 5.43; the pre-split x words
- * through a per-warp shared-memory ring by cp.async, 2.94 / 7.35; split k
- * aimed at 384 or 512 blocks a call, 3.02-3.04 / 5.26 and 3.20 / 5.60.
- * Later still (against 2.92-2.97 / 5.01-5.10): blocks of 128 weight rows
- * streamed through a 4-stage shared-memory ring by cp.async (3 stages
- * requested before the wait), x split once per block and stage, fragments
- * by ldmatrix, all k of a block in one accumulator: no split kernel, so
- * verify k=8 4.68-4.80 at best, but decode 3.27-3.58 over block targets
- * 200-800, cluster or not, 3 / 4 / 6 stages; alone (back-to-back calls,
- * the launches of several weights too) it matched or beat this kernel at
- * one row (in_proj 18.2 / 19.2 us, gate+up 27.4 / 27.6) and lost at nine
- * (in_qkv 23.6 / 20.9): in a step its matmuls took 19.6 us a call against
- * 17.9 (op stats). Rows would have had other bits than with this kernel,
- * so the two cannot share a step.
+ * through a per-warp shared-memory ring by cp.async, 2.94 / 7.35 (a first
+ * ring of the parts, whose copy was not the one kept above; why it lost so
+ * much was not established); split k aimed at 384 or 512 blocks a call,
+ * 3.02-3.04 / 5.26 and 3.20 / 5.60. Later still (against 2.92-2.97 /
+ * 5.01-5.10): blocks of 128 weight rows streamed through a 4-stage
+ * shared-memory ring by cp.async (3 stages requested before the wait), x
+ * split once per block and stage, fragments by ldmatrix, all k of a block in
+ * one accumulator: no split kernel, so verify k=8 4.68-4.80 at best, but
+ * decode 3.27-3.58 over block targets 200-800, cluster or not, 3 / 4 / 6
+ * stages; alone (back-to-back calls, the launches of several weights too) it
+ * matched or beat this kernel at one row (in_proj 18.2 / 19.2 us, gate+up
+ * 27.4 / 27.6) and lost at nine (in_qkv 23.6 / 20.9): in a step its matmuls
+ * took 19.6 us a call against 17.9 (op stats). Rows would have had other
+ * bits than with this kernel, so the two cannot share a step.
+ *
  * Partial sums are added warp by warp, then block by block (the last block
  * of an output tile to finish adds the KB partials in order), so the order
  * of additions for an output depends only on (in, out): a row computes the
@@ -368,11 +388,12 @@ __device__ __forceinline__ void mmt_mmas(float (*acc)[NT][4], const mmt_wfrag *f
  *
  * A step's x is used by one warp only (the warps of a block take different
  * steps), by every lane: so each warp keeps its own ring of steps' x in
- * shared memory. A step's G rows x 64 fp32 values are copied there by
- * cp.async as the step's weights are requested (no registers held while in
- * flight), split by the warp into hi, mid and lo once per value when the
- * step computes (each lane one pair per row), and each lane then reads its
- * column's part as two 16-byte words per n-tile. */
+ * shared memory, copied there by cp.async as the step's weights are
+ * requested (no registers held while in flight). One or two rows: G rows x
+ * 64 fp32 values, split by the warp into hi, mid and lo once per value when
+ * the step computes (each lane one pair per row). Three rows or more: the
+ * pre-split words. Either way each lane then reads its column's part as
+ * two 16-byte words per n-tile. */
 
 /* Part words of a step: [rr][t][p][j][word] (the lane of column c = 3·rr + p
  * and quad t reads 8 consecutive words). The split-ahead buffer xs has the
