@@ -336,8 +336,8 @@ struct mmt_wrows {
 };
 
 template <bool PAIR>
-__device__ __forceinline__ mmt_wrows mmt_rows_of(const uint16_t *w0, const uint16_t *w1, int o0,
-                                                 int out, int in)
+__device__ __forceinline__ mmt_wrows mmt_wrows_of(const uint16_t *w0, const uint16_t *w1, int o0,
+                                                  int out, int in)
 {
     mmt_wrows wr;
 #pragma unroll
@@ -618,7 +618,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
      * cluster rank kb. */
     const bool clus = jobs.cluster > 1;
     const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
-    const mmt_wrows wr = mmt_rows_of<PAIR>(jb.w, jb.w_up, m0 + g, out, in);
+    const mmt_wrows wr = mmt_wrows_of<PAIR>(jb.w, jb.w_up, m0 + g, out, in);
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     float *raw = sm + warp * D * G * (RING ? MMT_K : 96);
