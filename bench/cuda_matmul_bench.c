@@ -2,7 +2,7 @@
  * cuda_matmul_bench.c - the CUDA backend's matmul against the memory floor
  * and against cuBLAS, at the matrix shapes of a Qwen3.5-4B step.
  *
- *   bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N] [--only NAME,NAME]
+ *   bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N] [--only NAME,NAME] [--hot]
  *
  * Per shape and row count: time per call of the backend's matmul (bf16
  * weights, fp32 activations, the path the engine uses; best of three
@@ -14,7 +14,8 @@
  * layers, 8 full, the LM head). A second table times the launches of
  * several weights the engine makes (matmul_n, matmul_silu). --only measures
  * just the named matrices or launches (for a profiler), and the step line
- * then adds only those.
+ * then adds only those. --hot keeps one copy of the weights, which then
+ * stay in L2 between calls.
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -75,8 +76,9 @@ static const mlaunch launches[] = {
 };
 
 /* Seconds per launch (best of three averages of `reps` back-to-back calls),
- * weights rotating over enough copies to miss L2. */
-static double time_launch(tdm_backend *be, const mlaunch *l, int R, int reps, size_t *bytes)
+ * weights rotating over enough copies to miss L2 (one copy when hot). */
+static double time_launch(tdm_backend *be, const mlaunch *l, int R, int reps, int hot,
+                          size_t *bytes)
 {
     size_t wb = 0;
     for (int j = 0; j < l->n; j++)
@@ -84,6 +86,8 @@ static double time_launch(tdm_backend *be, const mlaunch *l, int R, int reps, si
     int copies = (int)((256u << 20) / wb) + 1;
     if (copies > 16)
         copies = 16;
+    if (hot)
+        copies = 1;
     tdm_weight(*w)[4] = calloc((size_t)copies, sizeof(*w));
     float *y[4];
     float *xh = malloc((size_t)R * (size_t)l->in * 4);
@@ -151,7 +155,7 @@ int main(int argc, char **argv)
             only = argv[++i];
         } else {
             fprintf(stderr, "usage: bench_cuda_matmul_bench [--rows 1,9,17,72] [--reps N] "
-                            "[--only NAME,NAME]\n");
+                            "[--only NAME,NAME] [--hot]\n");
             return 2;
         }
     }
@@ -286,7 +290,7 @@ int main(int argc, char **argv)
             if (only && !bench_listed(only, l->name))
                 continue;
             size_t wb;
-            const double t = time_launch(be, l, rows[ri], reps, &wb);
+            const double t = time_launch(be, l, rows[ri], reps, hot, &wb);
             printf("%-10s %6d %6d %4d | %9.1f %8.0f %6.2f\n", l->name, l->in, l->n, rows[ri],
                    1e6 * t, (double)wb / t / 1e9, t / ((double)wb / bw));
         }

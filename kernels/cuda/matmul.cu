@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 #define MMT_K 64          /* k per step */
 #define MMT_BLOCKS 256    /* blocks a call should have at least, when k allows */
 #define MMT_D 2           /* steps in a warp's ring */
-#define MMT_SPLIT_NT 2    /* n-tiles from which x is split by its own kernel first */
+#define MMT_SPLIT_NT 2    /* n-tiles from which x comes as pre-split parts */
 #define MMT_CLUSTER_MAX 8 /* k-blocks a tile may add through a cluster */
 
 /* Rows of a row group for NT n-tiles: their three parts fill the 8·NT
@@ -861,8 +861,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     }
     /* A gate/up pair leaves y's parts for the down projection (its own
      * buffer: this launch reads mm_xs). */
-    const bool yparts =
-        ups && ups[0] && n == 1 && outs[0] % MMT_K == 0 && R >= 3 && (uintptr_t)ys[0] % 16 == 0;
+    const bool yparts = ups && ups[0] && n == 1 && outs[0] % MMT_K == 0 && cuda_xs_rows(R) &&
+                        (uintptr_t)ys[0] % 16 == 0;
     if (yparts)
         jobs.j[0].ys = (uint32_t *)cuda_grow(c, (void **)&c->mm_ys, &c->mm_ys_cap,
                                              (size_t)R * (size_t)outs[0] / 16 * 24 * 4);
@@ -885,6 +885,11 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
 #undef MMT_LAUNCH
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
+}
+
+int cuda_xs_rows(int R)
+{
+    return mmt_ntiles(R) >= MMT_SPLIT_NT;
 }
 
 uint32_t *cuda_xs_target(cuda_ctx *c, size_t n)

@@ -60,10 +60,13 @@ __device__ __forceinline__ void cuda_xs_put4(uint32_t *xs, size_t f, float4 v)
         *(uint2 *)(o + 8 * p) = make_uint2(a[p], b[p]);
 }
 
+/* Whether a tensor-core matmul of R rows takes x as parts (fewer rows it
+ * splits in its warps): producers that know the rows ask before writing
+ * parts nobody reads. */
+int cuda_xs_rows(int R);
+
 /* Where a kernel about to write n values of x should also write their
- * parts: mm_xs, grown to hold them, or NULL when n is not 64-aligned.
- * Callers that know x has fewer than three rows (which the matmul splits
- * in its warps) do not ask. */
+ * parts: mm_xs, grown to hold them, or NULL when n is not 64-aligned. */
 uint32_t *cuda_xs_target(cuda_ctx *c, size_t n);
 
 /* After launching the kernel that wrote the parts of y's n values into

@@ -214,12 +214,12 @@ template <bool GATED> static void norm_go(cuda_ctx *c, norm_args a)
 }
 
 /* Also writes y's parts for the matmul that reads y next, where it takes
- * them (float4 rows; three or more: a plain norm's rows are the matmul's,
- * a gated norm's are heads). */
+ * them (float4 rows, and rows the matmul takes as parts: a plain norm's
+ * rows are the matmul's, a gated norm's are heads, so it always writes). */
 template <bool GATED> static void norm_launch(cuda_ctx *c, norm_args a)
 {
     const size_t total = (size_t)a.R * (size_t)a.n;
-    a.xs = a.vec && a.R >= 3 ? cuda_xs_target(c, total) : NULL;
+    a.xs = a.vec && (GATED || cuda_xs_rows(a.R)) ? cuda_xs_target(c, total) : NULL;
     norm_go<GATED>(c, a);
     if (a.xs)
         cuda_xs_written(c, a.y, total, a.xs);

@@ -293,21 +293,22 @@ static void test_fused_matmuls(void)
 static void test_producer_split(void)
 {
     const int R = 9, H = 2560, Hv = 32, Dv = 128, I = 1024, out = 1040;
+    /* the gate/up pair's weights (kind 3) */
+    float *gv = malloc((size_t)I * H * 4), *gref = malloc((size_t)I * H * 4);
+    float *uv = malloc((size_t)I * H * 4), *uref = malloc((size_t)I * H * 4);
+    ct_fill(gv, (size_t)I * H, 0.5f);
+    ct_fill(uv, (size_t)I * H, 0.5f);
+    size_t gb, ub;
+    void *gh = make_weight(gv, (size_t)I * H, TDM_DTYPE_BF16, gref, &gb);
+    void *uh = make_weight(uv, (size_t)I * H, TDM_DTYPE_BF16, uref, &ub);
+    tdm_weight wg = put_weight(G, gh, gref, (size_t)I * H, TDM_DTYPE_BF16, gb);
+    tdm_weight wu = put_weight(G, uh, uref, (size_t)I * H, TDM_DTYPE_BF16, ub);
     for (int kind = 0; kind < 4; kind++) {
         const int in = kind == 0 ? H : kind == 3 ? I : Hv * Dv;
         const size_t N = (size_t)R * in, XN = N > (size_t)R * H ? N : (size_t)R * H;
         float *x = malloc(XN * 4), *z = malloc(N * 4), *nw = malloc((size_t)in * 4);
-        float *gv = malloc((size_t)I * H * 4), *gref = malloc((size_t)I * H * 4);
-        float *uv = malloc((size_t)I * H * 4), *uref = malloc((size_t)I * H * 4);
         float *wv = malloc((size_t)out * in * 4), *wref = malloc((size_t)out * in * 4);
         ct_fill(x, XN, 3.0f);
-        ct_fill(gv, (size_t)I * H, 0.5f);
-        ct_fill(uv, (size_t)I * H, 0.5f);
-        size_t gb, ub;
-        void *gh = make_weight(gv, (size_t)I * H, TDM_DTYPE_BF16, gref, &gb);
-        void *uh = make_weight(uv, (size_t)I * H, TDM_DTYPE_BF16, uref, &ub);
-        tdm_weight wg = put_weight(G, gh, gref, (size_t)I * H, TDM_DTYPE_BF16, gb);
-        tdm_weight wu = put_weight(G, uh, uref, (size_t)I * H, TDM_DTYPE_BF16, ub);
         ct_fill(z, N, 2.0f);
         ct_fill(nw, (size_t)in, 1.0f);
         ct_fill(wv, (size_t)out * in, 0.5f);
@@ -350,21 +351,21 @@ static void test_producer_split(void)
         G->free(G->ctx, dy);
         G->free(G->ctx, dy2);
         G->free(G->ctx, (void *)w.data);
-        G->free(G->ctx, (void *)wg.data);
-        G->free(G->ctx, (void *)wu.data);
         free(wh);
-        free(gh);
-        free(uh);
-        free(gv);
-        free(gref);
-        free(uv);
-        free(uref);
         free(x);
         free(z);
         free(nw);
         free(wv);
         free(wref);
     }
+    G->free(G->ctx, (void *)wg.data);
+    G->free(G->ctx, (void *)wu.data);
+    free(gh);
+    free(uh);
+    free(gv);
+    free(gref);
+    free(uv);
+    free(uref);
 }
 
 /* ---- embedding ---------------------------------------------------------- */
