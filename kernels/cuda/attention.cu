@@ -409,18 +409,19 @@ __global__ void __cluster_dims__(ATT_SPLITS, 1, 1) __launch_bounds__(ATT_THREADS
     if (!att_find(segs, nseg, (int)blockIdx.x / ATT_SPLITS, kh, D, &ar))
         return; /* the whole cluster: same row */
     const int ns = att_nsplit(ar.nkeys);
-    if (ns == 1 && rank > 0)
+    /* Blocks past the row's splits leave at once: a cluster barrier waits
+     * for the threads that have not exited, and their multiprocessors take
+     * other clusters' blocks meanwhile. */
+    if (rank >= ns)
         return;
     float *qs = (float *)att_smem, *work = qs + GP * D;
     float *part = work + att_work(GP, NC, D), *fac = part + att_psz(GP, D);
     const size_t kvw = (size_t)nKV * (size_t)D;
     float *orow = out + ((size_t)ar.row * (size_t)nH + (size_t)h0) * (size_t)D;
-    if (rank < ns) {
-        att_load_q(qs, q, ar.row, h0, nh, nH, D, GP);
-        att_block_partial<GP, NC>(qs, ar, kvw, D, att_split_begin(ar.nkeys, ns, rank),
-                                  att_split_begin(ar.nkeys, ns, rank + 1), 1.0f / sqrtf((float)D),
-                                  work, fac, ns == 1 ? (float *)NULL : part, orow, nh);
-    }
+    att_load_q(qs, q, ar.row, h0, nh, nH, D, GP);
+    att_block_partial<GP, NC>(qs, ar, kvw, D, att_split_begin(ar.nkeys, ns, rank),
+                              att_split_begin(ar.nkeys, ns, rank + 1), 1.0f / sqrtf((float)D), work,
+                              fac, ns == 1 ? (float *)NULL : part, orow, nh);
     if (ns == 1)
         return;
     cluster.sync(); /* every split's partial is in its block's shared memory */

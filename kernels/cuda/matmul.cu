@@ -287,24 +287,38 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 /* ---- tensor-core path (bf16 weights) ------------------------------------ */
 
 #define MMT_WARPS 4
-#define MMT_M 32          /* output features per block: two m-tiles */
+#define MMT_M 32          /* output features per block */
 #define MMT_K 64          /* k per step */
 #define MMT_BLOCKS 256    /* blocks a call should have at least, when k allows */
 #define MMT_D 2           /* steps in a warp's ring */
-#define MMT_SPLIT_NT 2    /* n-tiles from which x comes as pre-split parts */
 #define MMT_CLUSTER_MAX 8 /* k-blocks a tile may add through a cluster */
+#define MMT_PRB 128       /* bytes of a part-row's step in shared memory */
 
-/* Rows of a row group for NT n-tiles: their three parts fill the 8·NT
- * columns (2, 5, 8 or 10 rows). */
-template <int NT> struct mmt_rows {
-    static constexpr int G = 8 * NT / 3;
+/* Shared-memory byte offset of chunk c of part-row pr: chunk c sits at
+ * position c ^ (pr % 8), so the 8 part-rows an ldmatrix reads fall in 8
+ * bank groups. (Padding each part-row to 144 bytes instead spreads them
+ * too, but the 47 KB of shared memory a block it takes at 10 rows cost 30 %
+ * of verify's matmul time: in_qkv at 9 rows 17.5 -> 26.0 us.) */
+__device__ __forceinline__ unsigned mmt_pos(int pr, int c)
+{
+    return (unsigned)(pr * MMT_PRB + ((c ^ (pr & 7)) << 4));
+}
+
+/* A row group: G rows, whose 3 parts make the sums of 3G columns (part c % 3
+ * of row c / 3). G = 2 (decode rows and pairs): x in fp32, split in the
+ * warp; the weights are the mma's A operand and the parts its 8 columns.
+ * G = 5, 10 (verify blocks, batches): x as parts split ahead; the parts are
+ * the A operand's part-rows (MT m-tiles of 16) and the weights its columns. */
+template <int G> struct mmt_group {
+    static constexpr bool SPLIT = G <= 2;
+    static constexpr int MT = G > 5 ? 2 : 1;
+    static constexpr int PR = SPLIT ? 8 : 16 * MT; /* columns of the sums */
 };
 
-/* n-tiles for R rows: the fewest that hold them, up to 4 (1: decode rows
- * and pairs; 4: a verify block of 9 or 10 rows; more rows, more groups). */
-static int mmt_ntiles(int R)
+/* Rows of a row group for a call of R rows. */
+static int mmt_group_rows(int R)
 {
-    return R <= 2 ? 1 : R <= 5 ? 2 : R <= 8 ? 3 : 4;
+    return R <= 2 ? 2 : R <= 5 ? 5 : 10;
 }
 
 __device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
@@ -316,41 +330,57 @@ __device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* One step's weights of a lane: rows g, g+8 of m-tile 0 and of m-tile 1,
- * elements 16t..16t+15 of the step (two 16-byte chunks each). */
+/* Four 8x8 bf16 matrices from shared memory; lane i gives the address of
+ * row i % 8 of matrix i / 8. */
+__device__ __forceinline__ void mmt_ldsm(uint32_t (&a)[4], unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(addr));
+}
+
+/* The k order. Inside a step of 64, mma j's k-slots 2t, 2t + 1 are
+ * elements 16t + 4j, + 1 and its k-slots 2t + 8, 2t + 9 are 16t + 4j + 2,
+ * + 3, for w and x alike: lane (g, t) loads elements 16t .. 16t + 15 of its
+ * four weight rows (two 16-byte chunks each), and word 2j, 2j + 1 of them
+ * are its fragment words of mma j in either role. */
 struct mmt_wfrag {
     uint4 v[4][2];
 };
 
-/* A lane's four weight rows: one weight w0, rows o0, o0 + 8, o0 + 16,
- * o0 + 24; a gate/up pair (PAIR), rows o0, o0 + 8 of the gate w0 (m-tile 0)
- * and of the up w1 (m-tile 1). Loads need no bounds checks: a row past
- * `out` reads row out - 1 instead (its sums are never written), and a
- * chunk past `in` (only when in % 64 != 0) reads the row's last chunk,
- * whose products meet x parts that are zero there (a finite weight times
- * zero adds nothing; the sums are the same bits). A separate kernel
- * instance for pairs keeps the one-weight kernel's registers as they were:
- * folding both into one cost verify blocks 5 %. */
+/* A lane's four weight rows, from element 16t: one weight w0, rows o0,
+ * o0 + 8, o0 + 16, o0 + 24; a gate/up pair (PAIR), rows o0, o0 + 8 of the
+ * gate w0 and of the up w1. Loads need no bounds checks: a row past `out`
+ * reads row out - 1 instead (its sums are never written), and a chunk past
+ * `in` (only when in % 64 != 0) reads the row's last chunk, whose products
+ * meet x parts that are zero there (a finite weight times zero adds
+ * nothing; the sums are the same bits). A separate kernel instance for
+ * pairs keeps the one-weight kernel's registers as they were: folding both
+ * into one cost verify blocks 5 %. */
 struct mmt_wrows {
     const uint16_t *row[4];
+    int lim; /* the last chunk of a row, from element 16t */
 };
 
 template <bool PAIR>
 __device__ __forceinline__ mmt_wrows mmt_wrows_of(const uint16_t *w0, const uint16_t *w1, int o0,
-                                                  int out, int in)
+                                                  int out, int in, int t)
 {
     mmt_wrows wr;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int o = PAIR ? o0 + 8 * (i & 1) : o0 + 8 * i;
-        wr.row[i] = (PAIR && i >= 2 ? w1 : w0) + (size_t)(o < out ? o : out - 1) * (size_t)in;
+        wr.row[i] =
+            (PAIR && i >= 2 ? w1 : w0) + (size_t)(o < out ? o : out - 1) * (size_t)in + 16 * t;
     }
+    wr.lim = in - 8 - 16 * t;
     return wr;
 }
 
-__device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int k, int in)
+/* Step s's weights (in % 8 == 0, so a chunk from k < in lies within the row). */
+__device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int s)
 {
-    const int k0 = k < in ? k : in - 8, k1 = k + 8 < in ? k + 8 : in - 8;
+    const int k0 = min(s * MMT_K, wr.lim), k1 = min(s * MMT_K + 8, wr.lim);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + k0));
@@ -365,39 +395,26 @@ __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
     return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
 }
 
-/* acc[mt][nt] += the mmas of n-tile nt. Column c = 8·nt + g of n-tile nt
- * is part c % 3 of the group's row c / 3, so a row's three parts are three
- * columns of the same mma and each column sums one part's products; they
- * are added after the k loop. For mma j the lane's A words are 2j, 2j+1 of
- * rows g, g+8 (m-tile 0) or g+16, g+24 (m-tile 1); its B words b[j] are its
- * column's part of x elements 16t+4j..16t+4j+3. */
-template <int NT>
-__device__ __forceinline__ void mmt_mmas(float (*acc)[NT][4], const mmt_wfrag *f, int nt,
-                                         const uint32_t (*b)[2])
-{
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-            mmt_mma(acc[mt][nt], mmt_word(f->v[2 * mt], 2 * j), mmt_word(f->v[2 * mt + 1], 2 * j),
-                    mmt_word(f->v[2 * mt], 2 * j + 1), mmt_word(f->v[2 * mt + 1], 2 * j + 1),
-                    b[j][0], b[j][1]);
-}
-
 /* ---- x through shared memory --------------------------------------------
  *
  * A step's x is used by one warp only (the warps of a block take different
- * steps), by every lane: so each warp keeps its own ring of steps' x in
- * shared memory, copied there by cp.async as the step's weights are
- * requested (no registers held while in flight). One or two rows: G rows x
- * 64 fp32 values, split by the warp into hi, mid and lo once per value when
- * the step computes (each lane one pair per row). Three rows or more: the
- * pre-split words. Either way each lane then reads its column's part as
- * two 16-byte words per n-tile. */
+ * steps), by every lane: each warp keeps its own ring of steps' x in shared
+ * memory, copied there by cp.async as the step's weights are requested (no
+ * registers held while in flight).
+ *
+ * G = 2: the fp32 values of the rows, split by the warp when the step
+ * computes (each lane one pair per row) into part words [rr][t][p][j][word]
+ * (mmt_sword: the lane of column c = 3·rr + p and quad t reads 8
+ * consecutive words, its B fragments of the four mmas), the weights' words
+ * moved into A fragments in registers.
+ *
+ * G >= 5: the pre-split words as part-rows (3·rr + p) of 128 bytes, chunks
+ * swizzled (mmt_pos); a part-row's chunk c (words 4c .. 4c + 3) holds the values of mma c / 2's
+ * k-half c % 2 (word t: elements 16t + 2c, + 1 of its step's 64, c = 2j +
+ * half), one matrix row, so the A fragments come by ldmatrix and the
+ * weights' words are B fragments as loaded: no register moves at all, where
+ * the other way round four rows of nine cost ~128 moves a step. */
 
-/* Part words of a step: [rr][t][p][j][word] (the lane of column c = 3·rr + p
- * and quad t reads 8 consecutive words). The split-ahead buffer xs has the
- * same layout with rr = row · steps + step. */
 __device__ __forceinline__ size_t mmt_sword(size_t rr, int t, int p)
 {
     return ((rr * 4 + (size_t)t) * 3 + (size_t)p) * 8;
@@ -450,24 +467,45 @@ __device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, int 
     }
 }
 
-/* The 16 x values of row r a lane's B fragments take at element k (zero
- * outside x). */
-__device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, bool ok, int k, int in)
+/* G = 2: acc[mt] += the step's products, weights f (A: rows g, g + 8 of
+ * m-tile mt), the columns' parts spl (B). */
+__device__ __forceinline__ void mmt_step_cols(float (*acc)[4], const mmt_wfrag *f,
+                                              const uint32_t *spl, int g, int t)
+{
+    const int rr = g / 3, p = g - 3 * rr;
+    uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+    if (rr < 2) {
+        const uint4 *q = (const uint4 *)(spl + mmt_sword(rr, t, p));
+        v0 = q[0];
+        v1 = q[1];
+    }
+    const uint32_t b[4][2] = {{v0.x, v0.y}, {v0.z, v0.w}, {v1.x, v1.y}, {v1.z, v1.w}};
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            mmt_mma(acc[mt], mmt_word(f->v[2 * mt], 2 * j), mmt_word(f->v[2 * mt + 1], 2 * j),
+                    mmt_word(f->v[2 * mt], 2 * j + 1), mmt_word(f->v[2 * mt + 1], 2 * j + 1),
+                    b[j][0], b[j][1]);
+}
+
+/* The 16 x values of row r a lane's split takes at element k (zero outside
+ * x). */
+__device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, int k, int in)
 {
 #pragma unroll
     for (int h = 0; h < 4; h++) {
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (ok && k + 4 * h < in)
+        if (k + 4 * h < in)
             q = __ldg((const float4 *)(x + (size_t)r * (size_t)in + (size_t)k + 4 * h));
         xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
     }
 }
 
 /* x split ahead (three rows or more, where every lane of a block would
- * split a whole row for one part): per (row, step, t, part) the 8 words of
- * the lane's B fragments, [j][word], so a lane loads its part as two
- * 16-byte vectors. The same words as splitting inline: the same bits
- * either way. */
+ * split a whole row for one part), in cuda_xs_put4's layout with `in`
+ * rounded up to whole steps (zeros past it): thread (r, s, t) takes the
+ * values 16t .. 16t + 15 of row r's step s. */
 __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in, int steps)
 {
     cuda_kernel_begin();
@@ -476,7 +514,7 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
         return;
     const int t = (int)(i % 4), s = (int)(i / 4 % (size_t)steps), r = (int)(i / 4 / (size_t)steps);
     float xv[16];
-    mmt_xload(xv, x, r, true, s * MMT_K + 16 * t, in);
+    mmt_xload(xv, x, r, s * MMT_K + 16 * t, in);
     /* (r, s, t) holds what a 64-aligned x keeps from flat index 16 i */
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -484,25 +522,25 @@ __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in,
                      make_float4(xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]));
 }
 
-/* Step s's pre-split words of rows r0 .. r0 + G - 1 (G·96 words, the
- * layout mmt_step reads) into a warp's ring stage by cp.async, zero for
- * rows past R. A row's 384 bytes are contiguous in xs: lanes 0..23 copy
- * one 16-byte chunk of every row, so each copy instruction takes whole
- * sectors (a lane copying its own two 16-byte words would fetch each
- * sector twice) and its addresses are a lane's base plus a row stride. */
+/* Step s's pre-split words of rows r0 .. r0 + G - 1 into a warp's ring
+ * stage by cp.async, zero for rows past R. A row's step is 384 contiguous
+ * bytes of xs (part p's chunk c at 16 (8p + c)): lanes 0..23 copy chunk
+ * `lane` of every row, so each copy instruction takes whole sectors, its
+ * source is a lane's base plus a row stride and its destination a lane's
+ * base plus 3 part-rows. */
 template <int G>
-__device__ __forceinline__ void mmt_xscopy(uint32_t *stage, const uint32_t *xs, int r0, int R,
-                                           int s, int steps, int lane)
+__device__ __forceinline__ void mmt_xscopy(unsigned stage, const uint32_t *xs, int r0, int R, int s,
+                                           int steps, int lane)
 {
     if (lane >= 24)
         return;
     const size_t rs = (size_t)steps * 96; /* words from a row's step to the next row's */
     /* row r0 < R; rows past R read nothing (size 0) at the last row's address */
     const uint32_t *src = xs + ((size_t)r0 * (size_t)steps + (size_t)s) * 96 + 4 * lane;
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(stage + 4 * lane);
 #pragma unroll
     for (int rr = 0; rr < G; rr++) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 384u * rr),
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                         stage + mmt_pos(3 * rr + (lane >> 3), lane & 7)),
                      "l"(src), "r"(r0 + rr < R ? 16 : 0)
                      : "memory");
         if (r0 + rr + 1 < R)
@@ -510,23 +548,32 @@ __device__ __forceinline__ void mmt_xscopy(uint32_t *stage, const uint32_t *xs, 
     }
 }
 
-/* acc += the step's products: weights f, x parts spl. */
-template <int NT>
-__device__ __forceinline__ void mmt_step(float (*acc)[NT][4], const mmt_wfrag *f,
-                                         const uint32_t *spl, int g, int t)
+/* G >= 5: acc[mt][nb] += the step's products, the part-rows at the shared
+ * address `stage` (A), weights f (B: n-block nb is weight row nb of the
+ * lane). Lane i reads row i % 8 of matrix i / 8 (part-rows 0-7 and 8-15 of
+ * the m-tile, k-halves 0 and 1): `rowoff` is its part-row of m-tile 0 and
+ * k-half in bytes. */
+template <int MT>
+__device__ __forceinline__ void mmt_step_rows(float (*acc)[4][4], const mmt_wfrag *f,
+                                              unsigned stage, unsigned rowoff, int half, int sw)
 {
+    uint32_t a[4][MT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int c = 8 * nt + g, rr = c / 3, p = c - 3 * rr;
-        uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-        if (rr < mmt_rows<NT>::G) {
-            const uint4 *q = (const uint4 *)(spl + mmt_sword(rr, t, p));
-            v0 = q[0];
-            v1 = q[1];
-        }
-        const uint32_t b[4][2] = {{v0.x, v0.y}, {v0.z, v0.w}, {v1.x, v1.y}, {v1.z, v1.w}};
-        mmt_mmas<NT>(acc, f, nt, b);
-    }
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            mmt_ldsm(a[j][mt], stage + rowoff + (unsigned)(mt * 16 * MMT_PRB) +
+                                   (unsigned)(((2 * j + half) ^ sw) << 4));
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++) {
+                const uint4 &w = f->v[nb][j >> 1];
+                mmt_mma(acc[mt][nb], a[j][mt][0], a[j][mt][1], a[j][mt][2], a[j][mt][3],
+                        (j & 1) ? w.z : w.x, (j & 1) ? w.w : w.y);
+            }
 }
 
 /* One weight of a call: several weights that share x (the projections of a
@@ -554,8 +601,8 @@ static_assert(sizeof(mmt_jobs) == MMT_MAXJOBS * sizeof(mmt_job) + 2 * sizeof(int
 
 /* Output m, group row rr: each part's column summed over warps in order,
  * then the parts hi + mid + lo. */
-template <int NT>
-__device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, int rr)
+template <int G>
+__device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][mmt_group<G>::PR], int m, int rr)
 {
     float v[3];
 #pragma unroll
@@ -568,10 +615,9 @@ __device__ __forceinline__ float mmt_cell(float (*red)[MMT_M][NT * 8], int m, in
 
 /* A pair's outputs of this block (16 a row, from m0) as bf16 parts for the
  * matmul that reads y next (down), once the block has written them. */
-template <int NT>
+template <int G>
 __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0, int R)
 {
-    constexpr int G = mmt_rows<NT>::G;
     __syncthreads();
     for (int i = threadIdx.x; i < 4 * G; i += blockDim.x) {
         const int o = m0 + 4 * (i / G), r = r0 + i % G;
@@ -592,20 +638,20 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
  * of several row groups) with at most 128, so that 4 fit (4B verify k=8
  * 5.09 -> 4.95 ms, batch 8 x k=8 21.8 -> 20.6; 128 for every call: 5.26;
  * 5 a multiprocessor for one n-tile: 96 registers, decode 3.08 -> 3.11). */
-template <int NT, int MINB, bool PAIR>
+template <int G, int MINB, bool PAIR>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
                int rgroups)
 {
-    constexpr int G = mmt_rows<NT>::G, D = MMT_D;
-    constexpr bool RING = NT < MMT_SPLIT_NT; /* else x comes split ahead in xs */
-    /* floats: x ring (fp32 rows, or their pre-split words: 96 a row) */
-    constexpr int RAW = MMT_WARPS * D * G * (RING ? MMT_K : 96);
-    constexpr int RED = MMT_WARPS * MMT_M * NT * 8;           /* floats: red, after the loop */
-    constexpr int SPL = RING ? MMT_WARPS * G * 4 * 3 * 8 : 0; /* words: a step's parts per warp */
-    __shared__ __align__(16) float sm[(RAW > RED ? RAW : RED) + SPL];
+    constexpr int D = MMT_D, MT = mmt_group<G>::MT, PR = mmt_group<G>::PR;
+    constexpr bool SPLIT = mmt_group<G>::SPLIT; /* else x comes split ahead in xs */
+    /* bytes: a warp's ring stage (fp32 rows, or part-rows), its split words */
+    constexpr int STAGE = SPLIT ? G * MMT_K * 4 : PR * MMT_PRB, SPL = SPLIT ? G * 96 * 4 : 0;
+    constexpr int RING = MMT_WARPS * D * STAGE / 4; /* floats */
+    constexpr int RED = MMT_WARPS * MMT_M * PR;     /* floats: red, after the loop */
+    __shared__ __align__(16) float sm[(RING > RED ? RING : RED) + MMT_WARPS * SPL / 4];
     __shared__ int last;
-    float(*red)[MMT_M][NT * 8] = (float(*)[MMT_M][NT * 8]) sm;
+    float(*red)[MMT_M][PR] = (float(*)[MMT_M][PR])sm;
     int ji = 0;
     while (ji + 1 < jobs.n && (int)blockIdx.x >= jobs.j[ji + 1].block0)
         ji++;
@@ -618,11 +664,24 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
      * cluster rank kb. */
     const bool clus = jobs.cluster > 1;
     const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
-    const mmt_wrows wr = mmt_wrows_of<PAIR>(jb.w, jb.w_up, m0 + g, out, in);
+    const mmt_wrows wr = mmt_wrows_of<PAIR>(jb.w, jb.w_up, m0 + g, out, in, t);
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
-    float *raw = sm + warp * D * G * (RING ? MMT_K : 96);
-    uint32_t *spl = (uint32_t *)(sm + (RAW > RED ? RAW : RED)) + warp * G * 96;
+    unsigned char *ring = (unsigned char *)sm + warp * D * STAGE;
+    uint32_t *spl = (uint32_t *)(sm + (RING > RED ? RING : RED)) + warp * SPL / 4;
+    const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);
+    if constexpr (!SPLIT) {
+        /* The part-rows no copy writes (3G and on) are zero for good. */
+        for (int i = lane; i < D * (PR - 3 * G) * 8; i += 32) {
+            const int st = i / ((PR - 3 * G) * 8), ch = i % ((PR - 3 * G) * 8);
+            *(uint4 *)(ring + st * STAGE + mmt_pos(3 * G + ch / 8, ch % 8)) =
+                make_uint4(0, 0, 0, 0);
+        }
+    }
+    /* Lane i reads row i % 8 of ldmatrix matrix i / 8: part-row
+     * 8 (i / 8 % 2) + i % 8 of an m-tile, k-half i / 16. */
+    const unsigned rowoff = (unsigned)((8 * ((lane >> 3) & 1) + (lane & 7)) * MMT_PRB);
+    const int khalf = lane >> 4, sw = lane & 7;
     /* A ring of D steps per warp (steps s0 + warp, + 4, ...): D - 1 in
      * flight while one computes. Weights never change, so the first D - 1
      * are requested before waiting for the kernel before this one
@@ -632,27 +691,30 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
 #pragma unroll
     for (int u = 0; u < D - 1; u++)
         if (s + MMT_WARPS * u < s1)
-            mmt_wstep(&f[u], wr, (s + MMT_WARPS * u) * MMT_K + 16 * t, in);
+            mmt_wstep(&f[u], wr, s + MMT_WARPS * u);
     cuda_kernel_begin();
 #pragma unroll
     for (int u = 0; u < D - 1; u++) {
         if (s + MMT_WARPS * u < s1) {
-            if constexpr (RING)
-                mmt_xcopy<G>(raw + u * G * MMT_K, x, r0, R, s + MMT_WARPS * u, in, lane);
+            if constexpr (SPLIT)
+                mmt_xcopy<G>((float *)(ring + u * STAGE), x, r0, R, s + MMT_WARPS * u, in, lane);
             else
-                mmt_xscopy<G>((uint32_t *)raw + u * G * 96, xs, r0, R, s + MMT_WARPS * u, steps,
-                              lane);
+                mmt_xscopy<G>(ring_s + u * STAGE, xs, r0, R, s + MMT_WARPS * u, steps, lane);
         }
         mmt_commit();
     }
-    float acc[2][NT][4];
+    /* SPLIT: acc[mt][0][e], rows 16 mt + g + 8 (e / 2) (features), column
+     * 2t + e % 2; else acc[mt][nb][e], part-row 16 mt + g + 8 (e / 2),
+     * feature 8 nb + 2t + e % 2. */
+    constexpr int A0 = SPLIT ? 2 : MT, A1 = SPLIT ? 1 : 4;
+    float acc[A0][A1][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int i = 0; i < A0; i++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int n = 0; n < A1; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                acc[mt][nt][e] = 0.0f;
+                acc[i][n][e] = 0.0f;
     for (; s < s1; s += MMT_WARPS * D) {
 #pragma unroll
         for (int u = 0; u < D; u++) {
@@ -660,21 +722,21 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             if (sc < s1) {
                 const int il = (u + D - 1) % D;
                 if (sl < s1) {
-                    mmt_wstep(&f[il], wr, sl * MMT_K + 16 * t, in);
-                    if constexpr (RING)
-                        mmt_xcopy<G>(raw + il * G * MMT_K, x, r0, R, sl, in, lane);
+                    mmt_wstep(&f[il], wr, sl);
+                    if constexpr (SPLIT)
+                        mmt_xcopy<G>((float *)(ring + il * STAGE), x, r0, R, sl, in, lane);
                     else
-                        mmt_xscopy<G>((uint32_t *)raw + il * G * 96, xs, r0, R, sl, steps, lane);
+                        mmt_xscopy<G>(ring_s + il * STAGE, xs, r0, R, sl, steps, lane);
                 }
                 mmt_commit(); /* one group per step, empty or not */
                 mmt_wait<D - 1>();
                 __syncwarp();
-                if constexpr (RING) {
-                    mmt_xsplit<G>(spl, raw + u * G * MMT_K, lane);
+                if constexpr (SPLIT) {
+                    mmt_xsplit<G>(spl, (const float *)(ring + u * STAGE), lane);
                     __syncwarp();
-                    mmt_step<NT>(acc, &f[u], spl, g, t);
+                    mmt_step_cols((float(*)[4])acc, &f[u], spl, g, t);
                 } else {
-                    mmt_step<NT>(acc, &f[u], (const uint32_t *)raw + u * G * 96, g, t);
+                    mmt_step_rows<MT>(acc, &f[u], ring_s + u * STAGE, rowoff, khalf, sw);
                 }
                 __syncwarp(); /* the stage (and spl) is rewritten by a later step */
             }
@@ -683,12 +745,17 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_wait<0>();
     __syncthreads(); /* red reuses the x ring */
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int i = 0; i < A0; i++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int n = 0; n < A1; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                red[warp][16 * mt + g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[mt][nt][e];
+            for (int e = 0; e < 4; e++) {
+                const int a = 16 * i + g + 8 * (e >> 1), b = 8 * n + 2 * t + (e & 1);
+                if constexpr (SPLIT)
+                    red[warp][a][b] = acc[i][n][e];
+                else
+                    red[warp][b][a] = acc[i][n][e];
+            }
     __syncthreads();
     /* Then (split k) the k-blocks in order. A pair's block holds 16 gate
      * (cells m < 16) and 16 up outputs (m + 16) of outputs m0 + m; its
@@ -701,13 +768,13 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             if (o < out && r < R) {
                 float *yp = y + (size_t)r * (size_t)out + (size_t)o;
                 if (pair)
-                    *yp = cuda_silu(mmt_cell<NT>(red, m, rr)) * mmt_cell<NT>(red, m + 16, rr);
+                    *yp = cuda_silu(mmt_cell<G>(red, m, rr)) * mmt_cell<G>(red, m + 16, rr);
                 else
-                    *yp = jb.accumulate ? *yp + mmt_cell<NT>(red, m, rr) : mmt_cell<NT>(red, m, rr);
+                    *yp = jb.accumulate ? *yp + mmt_cell<G>(red, m, rr) : mmt_cell<G>(red, m, rr);
             }
         }
         if (pair && jb.ys)
-            mmt_pair_parts<NT>(jb, m0, r0, R);
+            mmt_pair_parts<G>(jb, m0, r0, R);
         return;
     }
     if (clus) {
@@ -719,7 +786,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         cg::cluster_group cl = cg::this_cluster();
         float *dst = cl.map_shared_rank(csum, 0) + kb * MMT_M * G;
         for (int i = threadIdx.x; i < MMT_M * G; i += blockDim.x)
-            dst[i] = mmt_cell<NT>(red, i / G, i % G);
+            dst[i] = mmt_cell<G>(red, i / G, i % G);
         cl.sync();
         if (kb != 0)
             return;
@@ -737,7 +804,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
             }
         }
         if (pair && jb.ys)
-            mmt_pair_parts<NT>(jb, m0, r0, R);
+            mmt_pair_parts<G>(jb, m0, r0, R);
         return;
     }
     /* Split k: the last block of the tile adds the KB partials in order. */
@@ -747,7 +814,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         const int o = pair ? m0 + (m & 15) : m0 + m, po = pair && m >= 16 ? out + o : o;
         if (o < out && r < R)
             part[((size_t)kb * (size_t)R + (size_t)r) * (size_t)pw + (size_t)po] =
-                mmt_cell<NT>(red, m, rr);
+                mmt_cell<G>(red, m, rr);
     }
     __threadfence();
     __syncthreads();
@@ -773,7 +840,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         }
     }
     if (pair && jb.ys)
-        mmt_pair_parts<NT>(jb, m0, r0, R);
+        mmt_pair_parts<G>(jb, m0, r0, R);
     if (threadIdx.x == 0)
         *cnt = 0; /* ready for the next call */
 }
@@ -796,8 +863,7 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
                        const uint16_t *const *ws, const uint16_t *const *ups, const int *outs,
                        int accumulate)
 {
-    const int nt = mmt_ntiles(R), G = 8 * nt / 3;
-    const int rgroups = (R + G - 1) / G;
+    const int G = mmt_group_rows(R), rgroups = (R + G - 1) / G;
     mmt_jobs jobs;
     memset(&jobs, 0, sizeof(jobs));
     jobs.n = n;
@@ -847,7 +913,7 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
             }
     }
     uint32_t *xs = NULL;
-    if (nt >= MMT_SPLIT_NT) {
+    if (cuda_xs_rows(R)) {
         const int steps = (in + MMT_K - 1) / MMT_K;
         const size_t nx = (size_t)R * (size_t)steps * 4;
         if (c->xs_src == x && c->xs_launch == c->nlaunch && in % MMT_K == 0 &&
@@ -870,18 +936,16 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     const bool pair = ups && ups[0];
     for (int i = 0; i < n; i++)
         TDM_ASSERT(!ups || !ups[i] == !pair); /* pairs launch apart from single weights */
-#define MMT_LAUNCH(N, MINB)                                                                        \
-    cuda_launch_cluster(c, pair ? mmt_kernel<N, MINB, true> : mmt_kernel<N, MINB, false>,          \
+#define MMT_LAUNCH(G, MINB)                                                                        \
+    cuda_launch_cluster(c, pair ? mmt_kernel<G, MINB, true> : mmt_kernel<G, MINB, false>,          \
                         (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, x,      \
                         (const uint32_t *)xs, R, in, rgroups)
-    if (nt == 1)
-        one_wave ? MMT_LAUNCH(1, 1) : MMT_LAUNCH(1, 4);
-    else if (nt == 2)
-        one_wave ? MMT_LAUNCH(2, 3) : MMT_LAUNCH(2, 4);
-    else if (nt == 3)
-        one_wave ? MMT_LAUNCH(3, 3) : MMT_LAUNCH(3, 4);
+    if (G == 2)
+        one_wave ? MMT_LAUNCH(2, 1) : MMT_LAUNCH(2, 4);
+    else if (G == 5)
+        one_wave ? MMT_LAUNCH(5, 3) : MMT_LAUNCH(5, 4);
     else
-        one_wave ? MMT_LAUNCH(4, 3) : MMT_LAUNCH(4, 4);
+        one_wave ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
 #undef MMT_LAUNCH
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
@@ -889,7 +953,7 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
 
 int cuda_xs_rows(int R)
 {
-    return mmt_ntiles(R) >= MMT_SPLIT_NT;
+    return mmt_group_rows(R) > 2; /* groups of 2 split x in the warp */
 }
 
 uint32_t *cuda_xs_target(cuda_ctx *c, size_t n)

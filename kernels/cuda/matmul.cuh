@@ -47,17 +47,23 @@ __device__ __forceinline__ void mmt_split(float a, float b, uint32_t *hi, uint32
 }
 
 /* The parts of values f .. f + 3 (f % 4 == 0) of a 64-aligned x into xs:
- * 24 words per 16 values (part-major, then pairs), 4 such per 64. The one
- * writer of the layout: the matmul's own split kernel uses it too. */
+ * 96 words per 64 values (a row's step), part-major; inside a part, the
+ * pair of elements e, e + 1 of the step is word 4c + t with t = e / 16 and
+ * chunk c = 2 (e % 16 / 4) + e % 4 / 2 (the k order of matmul.cu: a chunk
+ * is one mma's k-half). The one writer of the layout: the matmul's own
+ * split kernel uses it too. */
 __device__ __forceinline__ void cuda_xs_put4(uint32_t *xs, size_t f, float4 v)
 {
     uint32_t a[3], b[3];
     mmt_split(v.x, v.y, &a[0], &a[1], &a[2]);
     mmt_split(v.z, v.w, &b[0], &b[1], &b[2]);
-    uint32_t *o = xs + (f / 16) * 24 + 2 * ((f % 16) / 4);
+    const int e = (int)(f % 64), t = e >> 4, c = 2 * ((e >> 2) & 3);
+    uint32_t *o = xs + (f / 64) * 96 + 4 * c + t;
 #pragma unroll
-    for (int p = 0; p < 3; p++)
-        *(uint2 *)(o + 8 * p) = make_uint2(a[p], b[p]);
+    for (int p = 0; p < 3; p++) {
+        o[32 * p] = a[p];
+        o[32 * p + 4] = b[p];
+    }
 }
 
 /* Whether a tensor-core matmul of R rows takes x as parts (fewer rows it
