@@ -6,22 +6,32 @@
  * else through a CUDA-core kernel; which one depends only on the weight
  * (dtype, `in`, alignment), never on R.
  *
- * Tensor-core path (mmt_kernel). mma.m16n8k16 with A = 16 weight rows
- * (output features) and B = 8 columns. The activations are fp32: each x is
- * split exactly into three bf16 parts hi + mid + lo (8 + 8 + 8 significant
- * bits), and each product w·part is exact in the tensor core's fp32
- * accumulator, so the result is the fp32 dot product up to the order of
- * additions — no rounding of activations to bf16 (which would cost ~4e-3
- * relative per product, as cuBLAS' bf16 path does). The three parts of a
- * row are three columns of the same mma (column c of a block's group is
- * part c % 3 of row c / 3), each column summing one part's products, added
- * hi + mid + lo at the end: a decode row or a pair costs one n-tile, a
- * verify block of 9 or 10 rows four; more rows make more row groups.
- * A warp owns 32 output features (two m-tiles) and walks k in steps of 64:
- * per step each lane loads 2 x 16 bytes of 4 weight rows, and the k order
- * inside a step is permuted the same way for w and x (lane t holds elements
- * 16t..16t+15; mma j takes 16t+4j..16t+4j+3 of every lane), which keeps
- * every load a 16-byte vector. A block's 4 warps take the steps of its
+ * Tensor-core path (mmt_kernel). mma.m16n8k16 on bf16 weights and fp32
+ * activations: each x is split exactly into three bf16 parts hi + mid + lo
+ * (8 + 8 + 8 significant bits), and each product w·part is exact in the
+ * tensor core's fp32 accumulator, so the result is the fp32 dot product up
+ * to the order of additions — no rounding of activations to bf16 (which
+ * would cost ~4e-3 relative per product, as cuBLAS' bf16 path does). The
+ * three parts of a row make three sums (part c % 3 of row c / 3), added
+ * hi + mid + lo at the end. One or two rows (a decode row or a pair): A =
+ * 16 weight rows, B = 8 columns of parts, the weights' loaded words moved
+ * into A fragments. Three rows or more: A = the parts as 16 or 32
+ * part-rows (5 or 10 rows a group; more rows make more groups), read by
+ * ldmatrix, B = the weights' words exactly as loaded, no moves (at nine
+ * rows the other way round cost ~128 register moves a step, 40 % of the
+ * instructions: verify k=8 4.27-4.28 -> 4.02-4.07 ms, batch 8 x k=8 18.5
+ * -> 16.9-17.0, verify k=16 6.45 -> 5.85; batch-8 decode, 8 rows in the
+ * 32 part-rows of a 10-row group, 3.71 -> 3.93-3.96, where 2 groups of 5
+ * took 4.53). The mma computes each output from its own row, column and
+ * k-slots whichever operand holds the weights, so both ways give the same
+ * bits (the GPU tests compare them: rows alone against batched).
+ * A warp owns 32 output features and walks k in steps of 64: per step each
+ * lane loads 2 x 16 bytes of 4 weight rows, and the k order inside a step
+ * is permuted the same way for w and x (lane t holds elements 16t..16t+15;
+ * mma j takes 16t+4j..16t+4j+3 of every lane), which keeps every load a
+ * 16-byte vector. (Loads of whole 32-byte sectors per instruction, lane t
+ * holding 8t..8t+7 and 32+8t..32+8t+7, were slower: verify k=8 4.16-4.22
+ * against 4.03-4.07, decode 3.00-3.03 against 2.96-2.98.) A block's 4 warps take the steps of its
  * k-range in turn, each warp through a ring of MMT_D steps (the next step's
  * weights in flight while one computes); KB blocks split k when `out` is
  * small so the GPU fills. Their partial sums meet in the first k-block's
@@ -31,7 +41,7 @@
  * finish adds them; the same additions in the same order either way. The
  * first weights are requested before the kernel waits for its predecessor
  * (programmatic dependent launch). A gate/up pair (matmul_silu) gives a
- * block 16 gate rows as m-tile 0 and the same 16 up rows as m-tile 1, and
+ * block 16 gate rows and the same 16 up rows, and
  * takes silu(gate) · up where the sums are made (one launch, and no
  * round trip of gate and up through memory).
  *
@@ -40,8 +50,9 @@
  * step's weights, so it is in flight without registers. One or two rows
  * (decode): the fp32 values, split once per value by the warp when the
  * step computes; lanes then read their column's part words. Three rows or
- * more (verify blocks, batches): x split ahead into the exact fragment
- * words each lane reads, either by the kernel that wrote x (norms, the
+ * more (verify blocks, batches): x split ahead into part-rows whose 16-byte
+ * chunks are ldmatrix rows (cuda_xs_put4's layout), either by the kernel
+ * that wrote x (norms, the
  * attention gate, the gate/up pair: cuda_xs_put4 in matmul.cuh, as they
  * write x) or else by a small kernel of the matmul's own; lanes 0..23 copy
  * a row's 384 bytes of a step (whole sectors, one address per lane plus a
