@@ -644,11 +644,11 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
  * across row groups). MINB (blocks a multiprocessor must hold) only sets
  * the registers per thread, never the arithmetic. Measured on the H200: a
  * call whose blocks all fit at once at 3 a multiprocessor runs best with
- * the registers the kernel likes (one n-tile 114, four 158: more loads in
- * flight per block); a longer one (the LM head, gate + up, verify blocks
+ * the registers the kernel likes (groups of 2 rows 114, of 10 rows 146:
+ * more loads in flight per block); a longer one (the LM head, gate + up, verify blocks
  * of several row groups) with at most 128, so that 4 fit (4B verify k=8
  * 5.09 -> 4.95 ms, batch 8 x k=8 21.8 -> 20.6; 128 for every call: 5.26;
- * 5 a multiprocessor for one n-tile: 96 registers, decode 3.08 -> 3.11). */
+ * 5 a multiprocessor for decode rows: 96 registers, decode 3.08 -> 3.11). */
 template <int G, int MINB, bool PAIR>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,

@@ -115,8 +115,8 @@ static float *run_matmul(tdm_backend *be, const float *x, const void *wh, const 
 static void test_matmul(void)
 {
     /* R covers the 2/8/16-row block variants and several chunks of the
-     * CUDA-core path and the 1..4 n-tiles and row groups of the tensor-core
-     * path (bf16); in covers 1..8 k-warps, the scalar path (in % 8 != 0),
+     * CUDA-core path and the row groups of 2, 5 and 10 (one or several)
+     * of the tensor-core path (bf16); in covers 1..8 k-warps, the scalar path (in % 8 != 0),
      * k tails of the 64-wide steps and split k (out small, in large); out is
      * not always a multiple of the 4 or 32 columns per block. */
     const int shapes[][3] = {{1, 64, 40},    {3, 256, 130},   {8, 1024, 520},   {13, 96, 33},
