@@ -3,7 +3,7 @@
  *
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--k 0,4,8,16] [--steps N]
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
- *                    [--variants "K=V K=V;K=V"]
+ *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -24,6 +24,8 @@
  * picks the steps (0 is decode). --variants runs the table once per
  * ';'-separated environment (KEY=VALUE pairs set before the backend is
  * created, e.g. TANDEM_CUDA_OPSTATS), each on a freshly loaded model.
+ * --strategy (default extra_buffer) is the sequences' state strategy; every
+ * verify commits all its drafts, so no_buffer never recomputes here.
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -72,10 +74,12 @@ static double median(double *v, int n)
 
 /* Median ms of a decode step (k = 0) or a verify step of 1 + k tokens plus
  * commit, for `batch` sequences after a prefill of 32 tokens each. */
+static tdm_state_strategy strategy = TDM_STATE_EXTRA_BUFFER;
+
 static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_only)
 {
     const int V = tdm_model_get_config(m)->vocab_size, P = 32;
-    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, k > 0 ? k : 1};
+    tdm_seq_params p = {strategy, k > 0 ? k : 1};
     tdm_seq *seqs[64];
     tdm_error err;
     int32_t prompt[32];
@@ -175,7 +179,12 @@ int main(int argc, char **argv)
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--variants"))
             variants = argv[i + 1];
-        else if (!strcmp(argv[i], "--graphs")) {
+        else if (!strcmp(argv[i], "--strategy")) {
+            const int st = tdm_state_strategy_parse(argv[i + 1]);
+            if (st < 0)
+                die("--strategy takes extra_buffer, no_buffer or replay, not", argv[i + 1]);
+            strategy = (tdm_state_strategy)st;
+        } else if (!strcmp(argv[i], "--graphs")) {
             if (strcmp(argv[i + 1], "on") != 0 && strcmp(argv[i + 1], "off") != 0)
                 die("--graphs takes on or off, not", argv[i + 1]);
             graphs = !strcmp(argv[i + 1], "on");
@@ -236,8 +245,8 @@ int main(int argc, char **argv)
             double wb = (double)tdm_model_weight_bytes(m);
             floor_ms = wb / bw * 1e3;
             printf("weights streamed per step: %.3f GB; device copy bandwidth %.0f GB/s "
-                   "(read+write); floor %.3f ms\n\n",
-                   wb / 1e9, bw / 1e9, floor_ms);
+                   "(read+write); floor %.3f ms; state strategy %s\n\n",
+                   wb / 1e9, bw / 1e9, floor_ms, tdm_state_strategy_name(strategy));
             printf("| variant | to host | shape | batch | step | median ms | x floor | tokens/s "
                    "(rows) |\n|---|---|---|---|---|---|---|---|\n");
         }

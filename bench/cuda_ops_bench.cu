@@ -207,7 +207,11 @@ static void run_op(bench *B, int op, const layout *L, int ctx)
     for (int i = 0; i < L->nseq; i++) {
         const int r0 = i * L->rows, extra = L->rows > 1;
         cs[i] = tdm_conv_seg{r0, L->rows, B->conv_st[i], extra ? B->conv_out + r0 * S : NULL};
-        gs[i] = tdm_gdn_seg{r0, L->rows, B->rec_st[i], extra ? B->rec_out + r0 * hs : NULL, 0};
+        gs[i] = tdm_gdn_seg{};
+        gs[i].row0 = r0;
+        gs[i].nrows = L->rows;
+        gs[i].state = B->rec_st[i];
+        gs[i].states_out = extra ? B->rec_out + r0 * hs : NULL;
         as[i] = tdm_attn_seg{r0, L->rows, ctx, B->kc[i], B->vc[i]};
     }
     switch (op) {

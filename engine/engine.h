@@ -80,10 +80,16 @@ typedef enum tdm_state_strategy {
     /* verify checkpoints the states first; a partial accept restores them and
      * recomputes the accepted positions. Least memory. */
     TDM_STATE_NO_BUFFER = 1,
+    /* verify leaves the recurrent state as it is and records each position's
+     * recurrence inputs (k, v, decay, beta); commit replays the accepted
+     * positions' recurrence on the state (no matrix products). Conv windows
+     * as in extra_buffer (they are small). Little memory, and a verify
+     * writes no per-position states. */
+    TDM_STATE_REPLAY = 2,
 } tdm_state_strategy;
 
 const char *tdm_state_strategy_name(tdm_state_strategy s);
-/* "extra_buffer" / "no_buffer"; -1 for anything else. */
+/* "extra_buffer" / "no_buffer" / "replay"; -1 for anything else. */
 int tdm_state_strategy_parse(const char *s);
 
 typedef struct tdm_seq_params {
@@ -155,7 +161,8 @@ typedef struct tdm_seq_memory {
     size_t kv_bytes;        /* attention KV caches, as allocated now */
     size_t recurrent_bytes; /* recurrent states of the linear layers */
     size_t conv_bytes;      /* conv windows */
-    size_t strategy_bytes;  /* per-position states (extra_buffer) or checkpoint (no_buffer) */
+    size_t strategy_bytes;  /* per-position states (extra_buffer), checkpoint (no_buffer) or
+                               conv windows and recurrence inputs per position (replay) */
 } tdm_seq_memory;
 
 void tdm_seq_memory_usage(const tdm_seq *s, tdm_seq_memory *mem);

@@ -81,7 +81,9 @@ struct tdm_seq {
     float **conv;            /* [K-1, conv_dim] last pre-conv inputs, oldest first */
     float **rec;             /* [Hv, Dk, Dv] */
     float **conv_x, **rec_x; /* extra_buffer: [max_draft+1, ...] per position;
-                                no_buffer: [1, ...] checkpoint */
+                                no_buffer: [1, ...] checkpoint; replay: conv_x
+                                per position, rec_x the record of the positions'
+                                recurrence inputs [max_draft+1, gdn input floats] */
     int pending;             /* rows of an uncommitted verify, 0 if none */
     int base;                /* n_past before that verify */
     int verifying;           /* set for the duration of a forward: rows join the pending ones */

@@ -23,7 +23,9 @@
 
 const char *tdm_state_strategy_name(tdm_state_strategy s)
 {
-    return s == TDM_STATE_NO_BUFFER ? "no_buffer" : "extra_buffer";
+    return s == TDM_STATE_NO_BUFFER ? "no_buffer"
+           : s == TDM_STATE_REPLAY  ? "replay"
+                                    : "extra_buffer";
 }
 
 int tdm_state_strategy_parse(const char *s)
@@ -32,6 +34,8 @@ int tdm_state_strategy_parse(const char *s)
         return TDM_STATE_EXTRA_BUFFER;
     if (strcmp(s, "no_buffer") == 0)
         return TDM_STATE_NO_BUFFER;
+    if (strcmp(s, "replay") == 0)
+        return TDM_STATE_REPLAY;
     return -1;
 }
 
@@ -53,9 +57,24 @@ static size_t kv_width(const tdm_model *m)
     return (size_t)m->cfg.num_kv_heads * (size_t)m->cfg.head_dim;
 }
 
-static int strategy_slots(const tdm_seq *s)
+/* Floats of a layer's rec_x: states per position (extra_buffer), one
+ * checkpoint (no_buffer) or a record of the positions' recurrence inputs
+ * (replay). */
+static size_t rec_x_floats(const tdm_seq *s)
 {
-    return s->p.strategy == TDM_STATE_EXTRA_BUFFER ? s->p.max_draft + 1 : 1;
+    const tdm_model_config *c = &s->m->cfg;
+    const size_t slots = (size_t)s->p.max_draft + 1;
+    if (s->p.strategy == TDM_STATE_REPLAY)
+        return slots *
+               tdm_gdn_input_floats(c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim);
+    return (s->p.strategy == TDM_STATE_EXTRA_BUFFER ? slots : 1) * rec_floats(s->m);
+}
+
+/* Conv windows of a layer's conv_x: per position but under no_buffer. */
+static size_t conv_x_floats(const tdm_seq *s)
+{
+    return (s->p.strategy == TDM_STATE_NO_BUFFER ? 1 : (size_t)s->p.max_draft + 1) *
+           conv_floats(s->m);
 }
 
 /* ---- workspace ----------------------------------------------------------- */
@@ -143,7 +162,8 @@ typedef struct fwd_step {
     int prefill;        /* a prompt chunk: the delta rule may run chunked */
     int logits;         /* final norm and LM head run, into ws.logits */
     int *row0;          /* [nseq] first row of each sequence */
-    int *extra;         /* [nseq] rows keep per-position states (extra_buffer verify) */
+    int *extra;         /* [nseq] a verify's rows keep per-position conv windows and
+                           recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
     int32_t *ids, *pos; /* [R] host */
     tdm_conv_seg *cs;   /* [nseq] host scratch */
     tdm_gdn_seg *gs;    /* [nseq] host scratch */
@@ -159,7 +179,7 @@ static uint64_t key_mix(uint64_t h, uint64_t v)
 /* The graph key of a step (backend.h: it must determine everything the ops
  * receive by value). The model fixes weights and sizes; the workspace block
  * and its row capacity fix every activation pointer; the rows per sequence,
- * the per-position-state flag of each and whether logits and a prompt's
+ * the per-position-state kind of each and whether logits and a prompt's
  * chunked delta rule run fix the op sequence and every size. What changes
  * from step to step (token ids, positions, KV lengths, cache and state
  * pointers) reaches the ops through host arrays they stage, and stays out of
@@ -172,7 +192,7 @@ static uint64_t fwd_key(const tdm_model *m, const fwd_step *st)
     h = key_mix(h, (uint64_t)m->ws.rows);
     h = key_mix(h, ((uint64_t)st->nseq << 2) | ((uint64_t)st->prefill << 1) | (uint64_t)st->logits);
     for (int i = 0; i < st->nseq; i++)
-        h = key_mix(h, ((uint64_t)st->counts[i] << 1) | (uint64_t)st->extra[i]);
+        h = key_mix(h, ((uint64_t)st->counts[i] << 2) | (uint64_t)st->extra[i]);
     return h;
 }
 
@@ -218,20 +238,30 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             for (int i = 0; i < nseq; i++) {
                 tdm_seq *s = st->seqs[i];
                 float *cst = s->conv[L], *rst = s->rec[L], *cout = NULL, *rout = NULL;
+                float *rin = NULL;
+                const size_t off = (size_t)s->pending;
                 if (st->extra[i]) {
                     /* Rows appended to a pending verify continue from the
                      * state after its last row; committed states stay put. */
-                    size_t off = (size_t)s->pending;
-                    if (off > 0) {
+                    if (off > 0)
                         cst = s->conv_x[L] + (off - 1) * conv_floats(m);
-                        rst = s->rec_x[L] + (off - 1) * rec_floats(m);
-                    }
                     cout = s->conv_x[L] + off * conv_floats(m);
+                }
+                if (st->extra[i] == 1) {
+                    if (off > 0)
+                        rst = s->rec_x[L] + (off - 1) * rec_floats(m);
                     rout = s->rec_x[L] + off * rec_floats(m);
+                } else if (st->extra[i] == 2) {
+                    rin = s->rec_x[L]; /* from the committed state, after the pending rows */
                 }
                 st->cs[i] = (tdm_conv_seg){st->row0[i], st->counts[i], cst, cout};
-                st->gs[i] =
-                    (tdm_gdn_seg){st->row0[i], st->counts[i], rst, rout, st->prefill && !rout};
+                st->gs[i] = (tdm_gdn_seg){.row0 = st->row0[i],
+                                          .nrows = st->counts[i],
+                                          .state = rst,
+                                          .states_out = rout,
+                                          .inputs = rin,
+                                          .replayed = rin ? (int)off : 0,
+                                          .chunked = st->prefill && !cout};
             }
             be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
             const tdm_gdn_gates gt = {w->a, w->b, lw->A_log, lw->dt_bias};
@@ -325,7 +355,10 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     for (int i = 0, r = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         st.row0[i] = r;
-        st.extra[i] = verify && s->verifying && s->p.strategy == TDM_STATE_EXTRA_BUFFER;
+        st.extra[i] = !verify || !s->verifying                  ? 0
+                      : s->p.strategy == TDM_STATE_EXTRA_BUFFER ? 1
+                      : s->p.strategy == TDM_STATE_REPLAY       ? 2
+                                                                : 0;
         for (int j = 0; j < counts[i]; j++, r++) {
             st.ids[r] = toks[i][j];
             st.pos[r] = s->n_past + j;
@@ -386,9 +419,14 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
     if (p->max_draft < 0 || p->max_draft > 1024)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_draft %d is outside 0..1024",
                              p->max_draft);
-    if (p->strategy != TDM_STATE_EXTRA_BUFFER && p->strategy != TDM_STATE_NO_BUFFER)
+    if (p->strategy != TDM_STATE_EXTRA_BUFFER && p->strategy != TDM_STATE_NO_BUFFER &&
+        p->strategy != TDM_STATE_REPLAY)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "unknown state strategy %d",
                              (int)p->strategy);
+    if (p->strategy == TDM_STATE_REPLAY && !m->be->gdn_replay)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "state strategy replay: the %s backend cannot replay a delta rule",
+                             m->be->name);
     const int NL = m->cfg.num_layers;
     tdm_seq *s = calloc(1, sizeof(*s));
     if (!s)
@@ -404,14 +442,13 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
     s->pend_tokens = malloc((size_t)(p->max_draft + 1) * sizeof(int32_t));
     int ok = s->k && s->v && s->conv && s->rec && s->conv_x && s->rec_x && s->pend_tokens;
     void *bx = m->be->ctx;
-    size_t slots = (size_t)strategy_slots(s);
     for (int L = 0; ok && L < NL; L++) {
         if (m->cfg.layer_types[L] != TDM_LAYER_LINEAR_ATTENTION)
             continue; /* KV caches come with the first forward (kv_ensure) */
         s->conv[L] = m->be->alloc(bx, conv_floats(m) * sizeof(float));
         s->rec[L] = m->be->alloc(bx, rec_floats(m) * sizeof(float));
-        s->conv_x[L] = m->be->alloc(bx, slots * conv_floats(m) * sizeof(float));
-        s->rec_x[L] = m->be->alloc(bx, slots * rec_floats(m) * sizeof(float));
+        s->conv_x[L] = m->be->alloc(bx, conv_x_floats(s) * sizeof(float));
+        s->rec_x[L] = m->be->alloc(bx, rec_x_floats(s) * sizeof(float));
         ok = s->conv[L] && s->rec[L] && s->conv_x[L] && s->rec_x[L];
     }
     /* A dummy non-NULL marker tells kv_ensure which layers own KV caches. */
@@ -722,28 +759,45 @@ tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
     tdm_model *m = s->m;
     int keep = n_accepted + 1, ran = s->pending;
     s->pending = 0;
-    if (s->p.strategy == TDM_STATE_EXTRA_BUFFER) {
-        /* every linear layer's states after the last accepted row */
+    if (s->p.strategy != TDM_STATE_NO_BUFFER) {
+        /* Every linear layer's conv window after the last accepted row, and
+         * its recurrent state: picked (extra_buffer) or replayed from the
+         * record, all layers in one call (replay). */
+        const int replay = s->p.strategy == TDM_STATE_REPLAY;
+        const tdm_model_config *c = &m->cfg;
         enum { BATCH = 64 };
         void *dst[BATCH];
         const void *src[BATCH];
         size_t nb[BATCH];
-        int n = 0;
-        for (int L = 0; L < m->cfg.num_layers; L++) {
+        tdm_gdn_seg gs[BATCH];
+        int n = 0, ng = 0;
+        for (int L = 0; L < c->num_layers; L++) {
             if (!s->conv[L])
                 continue;
             dst[n] = s->conv[L];
             src[n] = s->conv_x[L] + (size_t)n_accepted * conv_floats(m);
             nb[n++] = conv_floats(m) * sizeof(float);
-            dst[n] = s->rec[L];
-            src[n] = s->rec_x[L] + (size_t)n_accepted * rec_floats(m);
-            nb[n++] = rec_floats(m) * sizeof(float);
+            if (replay) {
+                gs[ng++] = (tdm_gdn_seg){.nrows = keep, .state = s->rec[L], .inputs = s->rec_x[L]};
+            } else {
+                dst[n] = s->rec[L];
+                src[n] = s->rec_x[L] + (size_t)n_accepted * rec_floats(m);
+                nb[n++] = rec_floats(m) * sizeof(float);
+            }
             if (n + 2 > BATCH) {
                 copy_n(m->be, n, dst, src, nb);
                 n = 0;
             }
+            if (ng == BATCH) {
+                m->be->gdn_replay(m->be->ctx, gs, ng, c->lin_k_heads, c->lin_v_heads, c->lin_k_dim,
+                                  c->lin_v_dim);
+                ng = 0;
+            }
         }
         copy_n(m->be, n, dst, src, nb);
+        if (ng > 0)
+            m->be->gdn_replay(m->be->ctx, gs, ng, c->lin_k_heads, c->lin_v_heads, c->lin_k_dim,
+                              c->lin_v_dim);
         s->n_past = s->base + keep; /* KV entries past it are simply overwritten later */
         return TDM_OK;
     }
@@ -772,8 +826,7 @@ void tdm_seq_memory_usage(const tdm_seq *s, tdm_seq_memory *mem)
         if (s->conv[L]) {
             mem->conv_bytes += conv_floats(m) * sizeof(float);
             mem->recurrent_bytes += rec_floats(m) * sizeof(float);
-            mem->strategy_bytes +=
-                (size_t)strategy_slots(s) * (conv_floats(m) + rec_floats(m)) * sizeof(float);
+            mem->strategy_bytes += (conv_x_floats(s) + rec_x_floats(s)) * sizeof(float);
         }
     }
 }

@@ -69,14 +69,34 @@ typedef struct tdm_gdn_gates {
 /* One sequence's rows in a gated-delta-rule call. */
 typedef struct tdm_gdn_seg {
     int row0, nrows;
-    float *state;      /* [Hv, Dk, Dv]; updated in place when states_out is NULL */
-    float *states_out; /* NULL, or [nrows, Hv, Dk, Dv]: state after each row; state is left as is */
-    /* Set for prompt prefill (states_out NULL): the backend may run long
-     * segments in the chunked form, which equals the recurrent form up to
-     * rounding but not bit for bit. The exactness contract below then holds
-     * for the rows that follow the prefill, not for the prefill's own rows. */
+    /* [Hv, Dk, Dv]; updated in place when states_out and inputs are NULL */
+    float *state;
+    /* NULL, or [nrows, Hv, Dk, Dv]: state after each row; state is left as is */
+    float *states_out;
+    /* NULL, or a record of rows [>= replayed + nrows, tdm_gdn_input_floats]
+     * (the replay strategy): the segment starts from `state` advanced by
+     * record rows 0 .. replayed-1, writes each of its own rows' recurrence
+     * inputs at record row replayed + i, and leaves `state` as is;
+     * gdn_replay later advances it by the rows that were accepted. */
+    float *inputs;
+    int replayed;
+    /* Set for prompt prefill (states_out, inputs NULL): the backend may run
+     * long segments in the chunked form, which equals the recurrent form up
+     * to rounding but not bit for bit. The exactness contract below then
+     * holds for the rows that follow the prefill, not for its own rows. */
     int chunked;
 } tdm_gdn_seg;
+
+/* Floats of one row of a delta rule's record (tdm_gdn_seg.inputs): k as
+ * read [Hk, Dk] (before its l2 norm), v [Hv, Dv], per v-head the decay
+ * exp(g) [Hv] and beta [Hv], per k-head 1/|k| [Hk] as the rows computed it;
+ * rounded up to whole 16-byte groups. */
+static inline size_t tdm_gdn_input_floats(int Hk, int Hv, int Dk, int Dv)
+{
+    const size_t n =
+        (size_t)Hk * (size_t)Dk + (size_t)Hv * (size_t)Dv + 2 * (size_t)Hv + (size_t)Hk;
+    return (n + 3) & ~(size_t)3;
+}
 
 /* One sequence's rows in an attention call: row i of the segment is the
  * query at position n_past + i and attends to cache entries 0..n_past+i. */
@@ -217,6 +237,14 @@ struct tdm_backend {
      * softplus, threshold 20), and beta = sigmoid(b). out [R, Hv, Dv]. */
     void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
                           const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv);
+    /* The replay strategy's commit: each segment's state advanced in place by
+     * rows 0 .. nrows-1 of its record (inputs), with the arithmetic
+     * gdn_recurrent used when it wrote them, so the state is bit for bit the
+     * one gdn_recurrent would have left after those rows (row0, states_out,
+     * replayed and chunked are unused). Segments may belong to different
+     * layers of one model. */
+    void (*gdn_replay)(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk,
+                       int Dv);
     /* out[r] = argmax of x[r, 0..n) (first on ties); out host [R]. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
     /* In-place softmax per row of n (fp32). */

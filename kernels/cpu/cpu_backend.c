@@ -250,65 +250,119 @@ typedef struct gdn_args {
     int nseg, Hk, Hv, Dk, Dv;
 } gdn_args;
 
+/* 1/|k| of a row's k (eps 1e-6). */
+static float gdn_inorm(const float *k, int Dk)
+{
+    float sk = 0;
+    for (int d = 0; d < Dk; d++)
+        sk += k[d] * k[d];
+    return 1.0f / sqrtf(sk + 1e-6f);
+}
+
+/* One position of one v-head: S [Dk, Dv] *= decay, then the delta rule's
+ * update with k as read, ik = gdn_inorm(k), and v; kn gets the normalised
+ * k, kv is scratch. The recurrent rows and a replay both go through here, so
+ * a replayed state is bit for bit the one the rows left. */
+static void gdn_advance(float *S, const float *k, float ik, const float *v, float decay, float beta,
+                        int Dk, int Dv, float *kn, float *kv)
+{
+    for (int d = 0; d < Dk; d++)
+        kn[d] = k[d] * ik;
+    const size_t hs = (size_t)Dk * (size_t)Dv;
+    for (size_t j = 0; j < hs; j++)
+        S[j] *= decay;
+    for (int e = 0; e < Dv; e++)
+        kv[e] = 0;
+    for (int d = 0; d < Dk; d++) {
+        const float *Sr = S + (size_t)d * (size_t)Dv;
+        for (int e = 0; e < Dv; e++)
+            kv[e] += Sr[e] * kn[d];
+    }
+    for (int e = 0; e < Dv; e++)
+        kv[e] = (v[e] - kv[e]) * beta; /* delta */
+    for (int d = 0; d < Dk; d++) {
+        float *Sr = S + (size_t)d * (size_t)Dv;
+        for (int e = 0; e < Dv; e++)
+            Sr[e] += kn[d] * kv[e];
+    }
+}
+
+/* S advanced by record rows 0 .. n-1 of v-head hv. */
+static void gdn_replay_rows(float *S, const float *rec, int n, int hv, int Hk, int Hv, int Dk,
+                            int Dv, float *kn, float *kv)
+{
+    const int hk = hv / (Hv / Hk);
+    const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
+    for (int i = 0; i < n; i++) {
+        const float *r = rec + (size_t)i * tdm_gdn_input_floats(Hk, Hv, Dk, Dv);
+        gdn_advance(S, r + (size_t)hk * (size_t)Dk, r[kd + vd + 2 * (size_t)Hv + (size_t)hk],
+                    r + kd + (size_t)hv * (size_t)Dv, r[kd + vd + hv], r[kd + vd + (size_t)Hv + hv],
+                    Dk, Dv, kn, kv);
+    }
+}
+
 static void gdn_task(void *vp, int u)
 {
     const gdn_args *a = vp;
-    const int Dk = a->Dk, Dv = a->Dv, Hv = a->Hv, r = a->Hv / a->Hk;
+    const int Dk = a->Dk, Dv = a->Dv, Hk = a->Hk, Hv = a->Hv, r = a->Hv / a->Hk;
     const size_t hs = (size_t)Dk * (size_t)Dv; /* one head's state */
     float qn[512], kn[512], kv[512];
     const float scale = 1.0f / sqrtf((float)Dk);
-    {
-        const tdm_gdn_seg *sg = &a->segs[u / Hv];
-        int hv = u % Hv, hk = hv / r;
-        const float *prev = sg->state + (size_t)hv * hs;
-        for (int i = 0; i < sg->nrows; i++) {
-            size_t row = (size_t)(sg->row0 + i);
-            float *S = sg->states_out ? sg->states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs
-                                      : sg->state + (size_t)hv * hs;
-            if (S != prev)
-                memcpy(S, prev, hs * sizeof(float));
-            const float *q = a->qkv + row * (size_t)a->stride + (size_t)hk * (size_t)Dk;
-            const float *k = q + (size_t)a->Hk * (size_t)Dk;
-            const float *v = a->qkv + row * (size_t)a->stride + 2 * (size_t)a->Hk * (size_t)Dk +
-                             (size_t)hv * (size_t)Dv;
-            float sq = 0, sk = 0;
-            for (int d = 0; d < Dk; d++) {
-                sq += q[d] * q[d];
-                sk += k[d] * k[d];
-            }
-            float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
-            for (int d = 0; d < Dk; d++) {
-                qn[d] = (q[d] * iq) * scale;
-                kn[d] = k[d] * ik;
-            }
-            size_t gi = row * (size_t)Hv + (size_t)hv;
-            float g, b;
-            gdn_gate(&a->gt, gi, hv, &g, &b);
-            float decay = expf(g);
-            for (size_t j = 0; j < hs; j++)
-                S[j] *= decay;
-            for (int e = 0; e < Dv; e++)
-                kv[e] = 0;
-            for (int d = 0; d < Dk; d++) {
-                const float *Sr = S + (size_t)d * (size_t)Dv;
-                for (int e = 0; e < Dv; e++)
-                    kv[e] += Sr[e] * kn[d];
-            }
-            for (int e = 0; e < Dv; e++)
-                kv[e] = (v[e] - kv[e]) * b; /* delta */
-            float *o = a->out + (row * (size_t)Hv + (size_t)hv) * (size_t)Dv;
-            for (int e = 0; e < Dv; e++)
-                o[e] = 0;
-            for (int d = 0; d < Dk; d++) {
-                float *Sr = S + (size_t)d * (size_t)Dv;
-                for (int e = 0; e < Dv; e++) {
-                    Sr[e] += kn[d] * kv[e];
-                    o[e] += Sr[e] * qn[d];
-                }
-            }
-            prev = S;
-        }
+    const tdm_gdn_seg *sg = &a->segs[u / Hv];
+    const int hv = u % Hv, hk = hv / r;
+    const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
+    const float *prev = sg->state + (size_t)hv * hs;
+    float *scratch = NULL; /* a record's rows run on a copy: the state stays */
+    if (sg->inputs && !sg->states_out && sg->nrows > 0) {
+        scratch = malloc(hs * sizeof(float));
+        TDM_ASSERT(scratch != NULL);
+        memcpy(scratch, prev, hs * sizeof(float));
+        gdn_replay_rows(scratch, sg->inputs, sg->replayed, hv, Hk, Hv, Dk, Dv, kn, kv);
+        prev = scratch;
     }
+    for (int i = 0; i < sg->nrows; i++) {
+        size_t row = (size_t)(sg->row0 + i);
+        float *S = sg->states_out ? sg->states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs
+                   : scratch      ? scratch
+                                  : sg->state + (size_t)hv * hs;
+        if (S != prev)
+            memcpy(S, prev, hs * sizeof(float));
+        const float *q = a->qkv + row * (size_t)a->stride + (size_t)hk * (size_t)Dk;
+        const float *k = q + kd;
+        const float *v = a->qkv + row * (size_t)a->stride + 2 * kd + (size_t)hv * (size_t)Dv;
+        float sq = 0;
+        for (int d = 0; d < Dk; d++)
+            sq += q[d] * q[d];
+        const float iq = 1.0f / sqrtf(sq + 1e-6f);
+        for (int d = 0; d < Dk; d++)
+            qn[d] = (q[d] * iq) * scale;
+        float g, b;
+        gdn_gate(&a->gt, row * (size_t)Hv + (size_t)hv, hv, &g, &b);
+        const float decay = expf(g), ik = gdn_inorm(k, Dk);
+        gdn_advance(S, k, ik, v, decay, b, Dk, Dv, kn, kv);
+        float *o = a->out + (row * (size_t)Hv + (size_t)hv) * (size_t)Dv;
+        for (int e = 0; e < Dv; e++)
+            o[e] = 0;
+        for (int d = 0; d < Dk; d++) {
+            const float *Sr = S + (size_t)d * (size_t)Dv;
+            for (int e = 0; e < Dv; e++)
+                o[e] += Sr[e] * qn[d];
+        }
+        if (sg->inputs) {
+            /* the record's row: k by the first v-head of its k-head */
+            float *rr =
+                sg->inputs + (size_t)(sg->replayed + i) * tdm_gdn_input_floats(Hk, Hv, Dk, Dv);
+            if (hv % r == 0) {
+                memcpy(rr + (size_t)hk * (size_t)Dk, k, (size_t)Dk * sizeof(float));
+                rr[kd + vd + 2 * (size_t)Hv + (size_t)hk] = ik;
+            }
+            memcpy(rr + kd + (size_t)hv * (size_t)Dv, v, (size_t)Dv * sizeof(float));
+            rr[kd + vd + (size_t)hv] = decay;
+            rr[kd + vd + (size_t)Hv + (size_t)hv] = b;
+        }
+        prev = S;
+    }
+    free(scratch);
 }
 
 static void cpu_gdn_recurrent(void *ctx, float *out, const float *qkv, int stride, tdm_gdn_gates gt,
@@ -318,6 +372,25 @@ static void cpu_gdn_recurrent(void *ctx, float *out, const float *qkv, int strid
     TDM_ASSERT(Dk <= 512 && Dv <= 512);
     gdn_args a = {out, qkv, stride, gt, segs, nseg, Hk, Hv, Dk, Dv};
     tdm_pool_run(c->pool, gdn_task, &a, nseg * Hv);
+}
+
+static void gdn_replay_task(void *vp, int u)
+{
+    const gdn_args *a = vp;
+    float kn[512], kv[512];
+    const tdm_gdn_seg *sg = &a->segs[u / a->Hv];
+    const int hv = u % a->Hv;
+    gdn_replay_rows(sg->state + (size_t)hv * (size_t)a->Dk * (size_t)a->Dv, sg->inputs, sg->nrows,
+                    hv, a->Hk, a->Hv, a->Dk, a->Dv, kn, kv);
+}
+
+static void cpu_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk,
+                           int Dv)
+{
+    cpu_ctx *c = ctx;
+    TDM_ASSERT(Dk <= 512 && Dv <= 512);
+    gdn_args a = {.segs = segs, .nseg = nseg, .Hk = Hk, .Hv = Hv, .Dk = Dk, .Dv = Dv};
+    tdm_pool_run(c->pool, gdn_replay_task, &a, nseg * Hv);
 }
 
 /* --- attention ------------------------------------------------------------ */
@@ -472,6 +545,7 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->silu_mul = cpu_silu_mul;
     be->conv_silu = cpu_conv_silu;
     be->gdn_recurrent = cpu_gdn_recurrent;
+    be->gdn_replay = cpu_gdn_replay;
     be->argmax = cpu_argmax;
     be->softmax = cpu_softmax;
     be->sample = cpu_sample;

@@ -111,16 +111,17 @@ enum {
     ST_SILU_MUL,
     ST_CONV,
     ST_GDN,
+    ST_GDN_REPLAY,
     ST_ARGMAX,
     ST_SOFTMAX,
     ST_SAMPLE,
     ST_DOWNLOAD,
     ST_N
 };
-static const char *const st_names[ST_N] = {"embed",       "matmul",   "rmsnorm",   "rmsnorm_gated",
-                                           "split_qgate", "rope",     "kv_store",  "attention",
-                                           "mul_sigmoid", "silu_mul", "conv_silu", "gdn_recurrent",
-                                           "argmax",      "softmax",  "sample",    "download"};
+static const char *const st_names[ST_N] = {
+    "embed",      "matmul",    "rmsnorm",     "rmsnorm_gated", "split_qgate", "rope",
+    "kv_store",   "attention", "mul_sigmoid", "silu_mul",      "conv_silu",   "gdn_recurrent",
+    "gdn_replay", "argmax",    "softmax",     "sample",        "download"};
 
 #define ST_MAXEV 4096
 
@@ -226,6 +227,9 @@ ST_WRAP(gdn_recurrent, ST_GDN,
         (void *ctx, float *out, const float *qkv, int stride, tdm_gdn_gates gt,
          const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv),
         (ctx, out, qkv, stride, gt, segs, nseg, Hk, Hv, Dk, Dv))
+ST_WRAP(gdn_replay, ST_GDN_REPLAY,
+        (void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv),
+        (ctx, segs, nseg, Hk, Hv, Dk, Dv))
 ST_WRAP(argmax, ST_ARGMAX, (void *ctx, int32_t *out, const float *x, int R, int n),
         (ctx, out, x, R, n))
 ST_WRAP(softmax, ST_SOFTMAX, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
@@ -550,6 +554,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->silu_mul = cuda_silu_mul;
     be->conv_silu = cuda_conv_silu;
     be->gdn_recurrent = cuda_gdn_recurrent;
+    be->gdn_replay = cuda_gdn_replay;
     be->argmax = cu_argmax;
     be->softmax = cuda_softmax;
     be->sample = cu_sample;
@@ -568,6 +573,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         be->silu_mul = st_silu_mul;
         be->conv_silu = st_conv_silu;
         be->gdn_recurrent = st_gdn_recurrent;
+        be->gdn_replay = st_gdn_replay;
         be->argmax = st_argmax;
         be->softmax = st_softmax;
         be->sample = st_sample;

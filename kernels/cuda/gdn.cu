@@ -30,6 +30,14 @@
  * chunked form get them as arrays from gdn_gates_kernel, the same bits).
  * The next position's q, k, v, a and b are loaded while the current one
  * is computed.
+ *
+ * Replay (the replay strategy): a verify leaves the state as it is and
+ * writes each position's k, v, decay and beta into the sequence's record
+ * (a few KB a position, against a state of 2 MB per layer at the 4B shape);
+ * rows appended to a pending verify first replay the record's rows. The
+ * commit (cuda_gdn_replay) is the same kernel with no rows of its own: all
+ * linear layers of a sequence in one launch, each state read once,
+ * advanced by the accepted positions and written once.
  */
 #include "gdn.cuh"
 #include "gdn_chunk.cuh"
@@ -181,10 +189,30 @@ __global__ void gdn_gates_kernel(float *g, float *beta, const tdm_gdn_gates gt, 
 }
 
 /* One position's inputs for a thread: its slices of q and k (0 past Dk),
- * v at its column (0 past Dv), the gate projections a and b of its v-head. */
+ * v at its column (0 past Dv), the gate projections a and b of its
+ * v-head. */
 template <int P> struct gdn_in {
-    float q[P], k[P], v, ga, gb; /* ga, gb: the gates' projections a, b */
+    float q[P], k[P], v, ga, gb;
 };
+
+/* P floats from p (zero from element `valid` on); 16-byte loads when vec. */
+template <int P>
+__device__ __forceinline__ void gdn_slice(float *dst, const float *p, int valid, int vec)
+{
+    if (vec) { /* valid % 4 == 0 and p aligned: a float4 is all in or all out */
+#pragma unroll
+        for (int t = 0; t < P; t += 4) {
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (t < valid)
+                a = *(const float4 *)(p + t);
+            dst[t] = a.x, dst[t + 1] = a.y, dst[t + 2] = a.z, dst[t + 3] = a.w;
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < P; t++)
+            dst[t] = t < valid ? p[t] : 0.0f;
+    }
+}
 
 template <int P>
 __device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t row, int stride,
@@ -193,35 +221,79 @@ __device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t
 {
     const float *base = qkv + row * (size_t)stride;
     const float *q = base + (size_t)hk * (size_t)Dk + d0, *k = q + (size_t)Hk * (size_t)Dk;
-    if (vec) { /* Dk % 4 == 0 and aligned rows: a float4 is all in or all out */
-#pragma unroll
-        for (int t = 0; t < P; t += 4) {
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-            if (d0 + t < Dk) {
-                a = *(const float4 *)(q + t);
-                b = *(const float4 *)(k + t);
-            }
-            in.q[t] = a.x, in.q[t + 1] = a.y, in.q[t + 2] = a.z, in.q[t + 3] = a.w;
-            in.k[t] = b.x, in.k[t + 1] = b.y, in.k[t + 2] = b.z, in.k[t + 3] = b.w;
-        }
-    } else {
-#pragma unroll
-        for (int t = 0; t < P; t++) {
-            const bool in_d = d0 + t < Dk;
-            in.q[t] = in_d ? q[t] : 0.0f;
-            in.k[t] = in_d ? k[t] : 0.0f;
-        }
-    }
+    gdn_slice<P>(in.q, q, Dk - d0, vec);
+    gdn_slice<P>(in.k, k, Dk - d0, vec);
     in.v = live ? base[2 * (size_t)Hk * (size_t)Dk + (size_t)hv * (size_t)Dv + (size_t)e] : 0.0f;
     in.ga = gt.a[row * (size_t)Hv + (size_t)hv];
     in.gb = gt.b[row * (size_t)Hv + (size_t)hv];
 }
 
-/* P: state rows per thread; SL: lanes per value column (P * SL >= Dk). */
+/* A thread's part of row i of a record (tdm_gdn_input_floats floats a row:
+ * k, v, decay, beta, 1/|k|). */
+template <int P> struct gdn_rec {
+    float k[P], v, decay, beta, ik;
+};
+
+template <int P>
+__device__ __forceinline__ void gdn_load_rec(gdn_rec<P> &in, const float *rec, int i, int width,
+                                             int hk, int hv, int Hk, int Hv, int Dk, int Dv, int d0,
+                                             int e, bool live)
+{
+    const float *r = rec + (size_t)i * (size_t)width;
+    const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
+    gdn_slice<P>(in.k, r + (size_t)hk * (size_t)Dk + d0, Dk - d0, Dk % 4 == 0);
+    in.v = live ? r[kd + (size_t)hv * (size_t)Dv + (size_t)e] : 0.0f;
+    in.decay = r[kd + vd + (size_t)hv];
+    in.beta = r[kd + vd + (size_t)Hv + (size_t)hv];
+    in.ik = r[kd + vd + 2 * (size_t)Hv + (size_t)hk];
+}
+
+/* 1/|k| of a row over the SL lanes of a column (eps 1e-6). */
+template <int P, int SL> __device__ __forceinline__ float gdn_inorm(const float (&k)[P])
+{
+    float sk = 0.0f;
+#pragma unroll
+    for (int t = 0; t < P; t++)
+        sk = fmaf(k[t], k[t], sk);
+    return 1.0f / sqrtf(gdn_col_sum<SL>(sk) + 1e-6f);
+}
+
+/* One position of the delta rule on a thread's state rows S, k as read,
+ * ik = |k|⁻¹ (gdn_inorm; a record keeps it, so a replay skips that sum):
+ * S *= decay; kv = (Sᵀk)·ik; S += k ((v - kv)·beta·ik). Rows of a
+ * step and rows replayed from a record both come here, in either kernel
+ * instance; every product and difference is an explicit rounding (fmaf,
+ * __fmul_rn, __fsub_rn), never left to the compiler's contraction, so all
+ * call sites compute the same bits. */
 template <int P, int SL>
-__global__ void __launch_bounds__(GDN_WARPS * 32)
+__device__ __forceinline__ void gdn_advance(float (&S)[P], const float (&k)[P], float ik, float v,
+                                            float decay, float beta)
+{
+    float kv = 0.0f;
+#pragma unroll
+    for (int t = 0; t < P; t++) {
+        S[t] = __fmul_rn(S[t], decay);
+        kv = fmaf(S[t], k[t], kv);
+    }
+    kv = __fmul_rn(gdn_col_sum<SL>(kv), ik);
+    const float kd = __fmul_rn(__fmul_rn(__fsub_rn(v, kv), beta), ik); /* delta, times |k|⁻¹ */
+#pragma unroll
+    for (int t = 0; t < P; t++)
+        S[t] = fmaf(k[t], kd, S[t]);
+}
+
+/* P: state rows per thread; SL: lanes per value column (P * SL >= Dk).
+ * A segment with a record first advances the state by its record rows
+ * 0 .. replayed-1 (no output), then runs its rows from qkv, writing each
+ * one's inputs into the record. The state goes back in place when the
+ * segment has neither states_out nor a record. COMMIT (gdn_replay): only
+ * the record's rows, then the state back in place; an instance of its own
+ * with few registers, so that 4 blocks share a multiprocessor (its launch
+ * has a block per column tile, head, layer and sequence). */
+template <int P, int SL, bool COMMIT>
+__global__ void __launch_bounds__(GDN_WARPS * 32, COMMIT ? 4 : 1)
     gdn_kernel(float *out, const float *qkv, int stride, const tdm_gdn_gates gt,
-               const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec)
+               const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec, int width)
 {
     cuda_kernel_begin();
     constexpr int CPW = 32 / SL; /* value columns per warp */
@@ -232,8 +304,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
     const int e = ((int)blockIdx.x * GDN_WARPS + warp) * CPW + col;
     const bool live = e < Dv;
     const size_t hs = (size_t)Dk * (size_t)Dv, dv = (size_t)Dv;
-    const float scale = 1.0f / sqrtf((float)Dk);
-    const float A_log = gt.A_log[hv], dt_bias = gt.dt_bias[hv];
+    const int nrep = sg.inputs ? sg.replayed : 0; /* record rows first */
     float S[P];
     {
         const float *st = sg.state + (size_t)hv * hs + (size_t)e;
@@ -241,58 +312,116 @@ __global__ void __launch_bounds__(GDN_WARPS * 32)
         for (int t = 0; t < P; t++)
             S[t] = live && d0 + t < Dk ? st[(size_t)(d0 + t) * dv] : 0.0f;
     }
-    gdn_in<P> cur, nxt;
-    if (sg.nrows > 0)
-        gdn_load(cur, qkv, (size_t)sg.row0, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
-    for (int i = 0; i < sg.nrows; i++) {
-        const size_t row = (size_t)(sg.row0 + i);
-        if (i + 1 < sg.nrows)
-            gdn_load(nxt, qkv, row + 1, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
-        float sq = 0.0f, sk = 0.0f;
-#pragma unroll
-        for (int t = 0; t < P; t++) {
-            sq = fmaf(cur.q[t], cur.q[t], sq);
-            sk = fmaf(cur.k[t], cur.k[t], sk);
+    if (nrep > 0) {
+        gdn_rec<P> rc, rn;
+        gdn_load_rec(rc, sg.inputs, 0, width, hk, hv, Hk, Hv, Dk, Dv, d0, e, live);
+        for (int i = 0; i < nrep; i++) {
+            if (i + 1 < nrep)
+                gdn_load_rec(rn, sg.inputs, i + 1, width, hk, hv, Hk, Hv, Dk, Dv, d0, e, live);
+            gdn_advance<P, SL>(S, rc.k, rc.ik, rc.v, rc.decay, rc.beta);
+            if (i + 1 < nrep)
+                rc = rn;
         }
-        const float iq = 1.0f / sqrtf(gdn_col_sum<SL>(sq) + 1e-6f);
-        const float ik = 1.0f / sqrtf(gdn_col_sum<SL>(sk) + 1e-6f);
-        float g, beta;
-        gdn_gate(cur.ga, cur.gb, A_log, dt_bias, &g, &beta);
-        const float decay = expf(g);
-        float kv = 0.0f;
-#pragma unroll
-        for (int t = 0; t < P; t++) {
-            S[t] *= decay;
-            kv = fmaf(S[t], cur.k[t], kv);
-        }
-        kv = gdn_col_sum<SL>(kv) * ik;
-        const float kd = ((cur.v - kv) * beta) * ik; /* delta, times |k|⁻¹ */
-        float o = 0.0f;
-#pragma unroll
-        for (int t = 0; t < P; t++) {
-            S[t] = fmaf(cur.k[t], kd, S[t]);
-            o = fmaf(S[t], cur.q[t], o);
-        }
-        o = gdn_col_sum<SL>(o) * (iq * scale);
-        if (live && d0 == 0)
-            out[(row * (size_t)Hv + (size_t)hv) * dv + (size_t)e] = o;
-        if (sg.states_out && live) {
-            float *so = sg.states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs + (size_t)e;
+    }
+    if constexpr (!COMMIT) {
+        const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
+        const float scale = 1.0f / sqrtf((float)Dk);
+        const float A_log = sg.nrows > 0 ? gt.A_log[hv] : 0.0f;
+        const float dt_bias = sg.nrows > 0 ? gt.dt_bias[hv] : 0.0f;
+        gdn_in<P> cur, nxt;
+        if (sg.nrows > 0)
+            gdn_load(cur, qkv, (size_t)sg.row0, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live,
+                     vec);
+        for (int i = 0; i < sg.nrows; i++) {
+            const size_t row = (size_t)(sg.row0 + i);
+            if (i + 1 < sg.nrows)
+                gdn_load(nxt, qkv, row + 1, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
+            float g, beta;
+            gdn_gate(cur.ga, cur.gb, A_log, dt_bias, &g, &beta);
+            const float decay = expf(g);
+            /* the norms first: they depend on q and k alone */
+            const float iq = gdn_inorm<P, SL>(cur.q), ik = gdn_inorm<P, SL>(cur.k);
+            gdn_advance<P, SL>(S, cur.k, ik, cur.v, decay, beta);
+            float o = 0.0f;
 #pragma unroll
             for (int t = 0; t < P; t++)
-                if (d0 + t < Dk)
-                    so[(size_t)(d0 + t) * dv] = S[t];
+                o = fmaf(S[t], cur.q[t], o);
+            o = gdn_col_sum<SL>(o) * (iq * scale);
+            if (live && d0 == 0)
+                out[(row * (size_t)Hv + (size_t)hv) * dv + (size_t)e] = o;
+            if (sg.states_out && live) {
+                float *so = sg.states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs + (size_t)e;
+#pragma unroll
+                for (int t = 0; t < P; t++)
+                    if (d0 + t < Dk)
+                        so[(size_t)(d0 + t) * dv] = S[t];
+            }
+            if (sg.inputs) {
+                /* this row into the record: k and 1/|k| by one column of
+                 * the first v-head of its k-head, v by the first slice, the
+                 * gates by one thread */
+                float *r = sg.inputs + (size_t)(sg.replayed + i) * (size_t)width;
+                if (blockIdx.x == 0 && warp == 0 && col == 0 && hv % (Hv / Hk) == 0) {
+#pragma unroll
+                    for (int t = 0; t < P; t++)
+                        if (d0 + t < Dk)
+                            r[(size_t)hk * (size_t)Dk + (size_t)(d0 + t)] = cur.k[t];
+                    if (d0 == 0)
+                        r[kd + vd + 2 * (size_t)Hv + (size_t)hk] = ik;
+                }
+                if (live && d0 == 0)
+                    r[kd + (size_t)hv * dv + (size_t)e] = cur.v;
+                if (blockIdx.x == 0 && threadIdx.x == 0) {
+                    r[kd + vd + (size_t)hv] = decay;
+                    r[kd + vd + (size_t)Hv + (size_t)hv] = beta;
+                }
+            }
+            if (i + 1 < sg.nrows)
+                cur = nxt;
         }
-        if (i + 1 < sg.nrows)
-            cur = nxt;
     }
-    if (!sg.states_out && live && sg.nrows > 0) {
+    const bool back = COMMIT || (!sg.states_out && !sg.inputs);
+    if (back && live && sg.nrows + nrep > 0) {
         float *st = sg.state + (size_t)hv * hs + (size_t)e;
 #pragma unroll
         for (int t = 0; t < P; t++)
             if (d0 + t < Dk)
                 st[(size_t)(d0 + t) * dv] = S[t];
     }
+}
+
+/* The launch for Dk: P and SL from Dk alone (32 state rows a thread and SL
+ * the power of two that covers Dk; small heads take 8 or 16 rows a thread),
+ * so a position computes the same bits in every call. */
+template <bool COMMIT>
+static void gdn_launch(cuda_ctx *c, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
+                       const tdm_gdn_seg *d, int nseg, int Hk, int Hv, int Dk, int Dv, int vec)
+{
+    int p = Dk <= 8 ? 8 : Dk <= 32 ? 16 : 32, sl = 1;
+    while (p * sl < Dk)
+        sl *= 2;
+    const int cols = GDN_WARPS * 32 / sl;
+    const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
+#define GDN_LAUNCH(P, SL)                                                                          \
+    cuda_launch(c, gdn_kernel<P, SL, COMMIT>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, gt,   \
+                d, Hk, Hv, Dk, Dv, vec, (int)tdm_gdn_input_floats(Hk, Hv, Dk, Dv))
+    if (p == 8)
+        GDN_LAUNCH(8, 1);
+    else if (p == 16 && sl == 1)
+        GDN_LAUNCH(16, 1);
+    else if (p == 16)
+        GDN_LAUNCH(16, 2);
+    else if (sl == 2)
+        GDN_LAUNCH(32, 2);
+    else if (sl == 4)
+        GDN_LAUNCH(32, 4);
+    else if (sl == 8)
+        GDN_LAUNCH(32, 8);
+    else if (sl == 16)
+        GDN_LAUNCH(32, 16);
+    else
+        GDN_LAUNCH(32, 32);
+#undef GDN_LAUNCH
 }
 
 void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
@@ -333,32 +462,23 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     }
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_gdn_seg));
-    const int vec = Dk % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;
-    /* P and SL from Dk alone: 32 state rows per thread and SL the power of
-     * two that covers Dk; small heads take 8 or 16 rows per thread. */
-    int p = Dk <= 8 ? 8 : Dk <= 32 ? 16 : 32, sl = 1;
-    while (p * sl < Dk)
-        sl *= 2;
-    const int cols = GDN_WARPS * 32 / sl;
-    const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
-#define GDN_LAUNCH(P, SL)                                                                          \
-    cuda_launch(c, gdn_kernel<P, SL>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, gt, d, Hk,    \
-                Hv, Dk, Dv, vec)
-    if (p == 8)
-        GDN_LAUNCH(8, 1);
-    else if (p == 16 && sl == 1)
-        GDN_LAUNCH(16, 1);
-    else if (p == 16)
-        GDN_LAUNCH(16, 2);
-    else if (sl == 2)
-        GDN_LAUNCH(32, 2);
-    else if (sl == 4)
-        GDN_LAUNCH(32, 4);
-    else if (sl == 8)
-        GDN_LAUNCH(32, 8);
-    else if (sl == 16)
-        GDN_LAUNCH(32, 16);
-    else
-        GDN_LAUNCH(32, 32);
-#undef GDN_LAUNCH
+    const int vec = Dk % 4 == 0 && Dv % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;
+    gdn_launch<false>(c, out, qkv, qkv_stride, gt, d, nseg, Hk, Hv, Dk, Dv, vec);
+}
+
+void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 1024 && Dv > 0);
+    if (nseg <= 0 || Hv <= 0)
+        return;
+    /* each segment: its record's nrows rows replayed, nothing from a step */
+    tdm_gdn_seg *r = (tdm_gdn_seg *)malloc((size_t)nseg * sizeof(tdm_gdn_seg));
+    TDM_ASSERT(r != NULL);
+    for (int i = 0; i < nseg; i++)
+        r[i] = tdm_gdn_seg{0, 0, segs[i].state, NULL, segs[i].inputs, segs[i].nrows, 0};
+    const tdm_gdn_seg *d =
+        (const tdm_gdn_seg *)cuda_stage(c, r, (size_t)nseg * sizeof(tdm_gdn_seg));
+    free(r);
+    gdn_launch<true>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, Hk, Hv, Dk, Dv, 0);
 }

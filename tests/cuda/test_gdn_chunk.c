@@ -107,7 +107,7 @@ static gc_result gc_do(int form, float *dqkv, float *dg, float *db, tdm_gdn_gate
                 dg,
                 db,
                 gt,
-                {ROW0, n, NULL, NULL, form != GC_RECURRENT},
+                {.row0 = ROW0, .nrows = n, .chunked = form != GC_RECURRENT},
                 2 * Hk * Dk + Hv * Dv,
                 Hk,
                 Hv,

@@ -3,7 +3,7 @@
  * graph_end, kernels/cuda/graph.cu) against eager execution, to the bit.
  *
  *  1. The step script of tests/engine/steps.c (prompt chunks, decode across
- *     the KV growth at 64, verify + commit under extra_buffer and no_buffer,
+ *     the KV growth at 64, verify + commit under extra_buffer, no_buffer and replay,
  *     verify blocks beside decode rows, appended one-token verifies, batches
  *     whose members and order change) with graphs off, then twice with
  *     graphs on: every logit and the final states identical; graphs were

@@ -67,24 +67,27 @@ static void check_references(const fixture *f, const float *ours, int V)
 }
 
 /* Rounds of speculation with made-up drafts and a varying number accepted:
- * extra_buffer (one verify call) and no_buffer (the block in two appended
- * calls, as a drafter runs it) must give identical logits and so identical
- * greedy tokens, and a plain decoder fed the accepted tokens one by one must
- * see the same logits, round after round (which also checks the states each
- * commit leaves). */
+ * extra_buffer (one verify call), no_buffer (the block in two appended
+ * calls, as a drafter runs it) and replay (one call and two in turn) must
+ * give identical logits and so identical greedy tokens, and a plain decoder
+ * fed the accepted tokens one by one must see the same logits, round after
+ * round (which also checks the states each commit leaves). */
 static void check_strategies(tdm_model *m, const fixture *f)
 {
     const int V = tdm_model_get_config(m)->vocab_size, K = 4, ROUNDS = 8;
     tdm_seq_params pe = {TDM_STATE_EXTRA_BUFFER, K}, pn = {TDM_STATE_NO_BUFFER, K};
-    tdm_seq *eb, *nb, *sq;
+    tdm_seq_params pr = {TDM_STATE_REPLAY, K};
+    tdm_seq *eb, *nb, *rp, *sq;
     tdm_error err;
     CHECK(tdm_seq_create(m, &pe, &eb, &err) == TDM_OK, "%s", err.msg);
     CHECK(tdm_seq_create(m, &pn, &nb, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_create(m, &pr, &rp, &err) == TDM_OK, "%s", err.msg);
     CHECK(tdm_seq_create(m, &pe, &sq, &err) == TDM_OK, "%s", err.msg);
     float *le = malloc((size_t)(K + 1) * V * 4), *ln = malloc((size_t)(K + 1) * V * 4);
+    float *lr = malloc((size_t)(K + 1) * V * 4);
     float *ls = malloc((size_t)V * 4), *lp = malloc((size_t)f->ncall[0] * V * 4);
-    tdm_seq *all[3] = {eb, nb, sq};
-    for (int i = 0; i < 3; i++)
+    tdm_seq *all[4] = {eb, nb, rp, sq};
+    for (int i = 0; i < 4; i++)
         CHECK(tdm_seq_prefill(all[i], f->calls[0], f->ncall[0], lp, &err) == TDM_OK, "%s", err.msg);
     int32_t last = argmax_row(lp + (size_t)(f->ncall[0] - 1) * V, V);
     int tokens = 0;
@@ -101,8 +104,18 @@ static void check_strategies(tdm_model *m, const fixture *f)
               err.msg);
         CHECK(memcmp(le, ln, (size_t)n * V * 4) == 0,
               "%s: round %d: extra_buffer and no_buffer verify logits differ", f->dir, round);
+        if (round % 2 == 0) {
+            CHECK(tdm_seq_verify(&rp, 1, &bp, &n, lr, &err) == TDM_OK, "%s", err.msg);
+        } else {
+            CHECK(tdm_seq_verify(&rp, 1, &bp, &split, lr, &err) == TDM_OK, "%s", err.msg);
+            CHECK(tdm_seq_verify(&rp, 1, &bp2, &rest, lr + (size_t)split * V, &err) == TDM_OK, "%s",
+                  err.msg);
+        }
+        CHECK(memcmp(le, lr, (size_t)n * V * 4) == 0,
+              "%s: round %d: extra_buffer and replay verify logits differ", f->dir, round);
         CHECK(tdm_seq_commit(eb, acc, &err) == TDM_OK, "%s", err.msg);
         CHECK(tdm_seq_commit(nb, acc, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_commit(rp, acc, &err) == TDM_OK, "%s", err.msg);
         for (int i = 0; i <= acc; i++) {
             CHECK(tdm_seq_decode(&sq, 1, &blk[i], ls, &err) == TDM_OK, "%s", err.msg);
             CHECK(memcmp(ls, le + (size_t)i * V, (size_t)V * 4) == 0,
@@ -112,15 +125,26 @@ static void check_strategies(tdm_model *m, const fixture *f)
         CHECK(last == argmax_row(ln + (size_t)acc * V, V), "%s: tokens differ", f->dir);
         tokens += acc + 1;
     }
-    CHECK(tdm_seq_length(eb) == tdm_seq_length(sq) && tdm_seq_length(nb) == tdm_seq_length(sq),
+    CHECK(tdm_seq_length(eb) == tdm_seq_length(sq) && tdm_seq_length(nb) == tdm_seq_length(sq) &&
+              tdm_seq_length(rp) == tdm_seq_length(sq),
           "%s: lengths differ", f->dir);
-    printf("  extra_buffer / no_buffer / sequential decode: %d rounds, %d tokens, identical\n",
+    /* the committed states themselves: one more decode on each */
+    float *lx = malloc((size_t)4 * V * 4);
+    for (int i = 0; i < 4; i++)
+        CHECK(tdm_seq_decode(&all[i], 1, &last, lx + (size_t)i * V, &err) == TDM_OK, "%s", err.msg);
+    for (int i = 1; i < 4; i++)
+        CHECK(memcmp(lx, lx + (size_t)i * V, (size_t)V * 4) == 0,
+              "%s: the states after the last commit differ (sequence %d)", f->dir, i);
+    free(lx);
+    printf("  extra_buffer / no_buffer / replay / sequential decode: %d rounds, %d tokens, "
+           "identical\n",
            ROUNDS, tokens);
+    free(lr);
     free(le);
     free(ln);
     free(ls);
     free(lp);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         tdm_seq_destroy(all[i]);
 }
 

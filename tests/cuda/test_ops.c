@@ -990,7 +990,7 @@ static void run_gdn(tdm_backend *be, const seg_set *ss, const float *qkv, const 
             dso = ct_put(be, NULL, (size_t)ss->rows[i] * hs * 4);
             ct_poison(be, dso, (size_t)ss->rows[i] * hs * 4);
         }
-        gs[i] = (tdm_gdn_seg){r, ss->rows[i], ds, dso, 0};
+        gs[i] = (tdm_gdn_seg){.row0 = r, .nrows = ss->rows[i], .state = ds, .states_out = dso};
         r += ss->rows[i];
     }
     if (split)

@@ -48,9 +48,12 @@ void steps_run_script(tdm_model *m, steps_run *r)
     const int V = tdm_model_get_config(m)->vocab_size;
     memset(r, 0, sizeof(*r));
     steps_rng = 0x2545f4914f6cdd1dull;
-    /* A, B, D: extra_buffer; C: no_buffer. */
+    /* A, B: extra_buffer; C: no_buffer; D: replay. */
     for (int i = 0; i < STEPS_NSEQ; i++) {
-        tdm_seq_params p = {i == 2 ? TDM_STATE_NO_BUFFER : TDM_STATE_EXTRA_BUFFER, 4};
+        tdm_seq_params p = {i == 2   ? TDM_STATE_NO_BUFFER
+                            : i == 3 ? TDM_STATE_REPLAY
+                                     : TDM_STATE_EXTRA_BUFFER,
+                            4};
         OK(tdm_seq_create(m, &p, &r->seqs[i], &err));
     }
     tdm_seq *A = r->seqs[0], *B = r->seqs[1], *C = r->seqs[2], *D = r->seqs[3];
@@ -105,8 +108,8 @@ void steps_run_script(tdm_model *m, steps_run *r)
         OK(tdm_seq_commit(C, (round + 1) % (k + 1), &err));
     }
 
-    /* Drafter rounds: D and B draft one token at a time (appended verify
-     * rows), then roll back to an accepted prefix. */
+    /* Drafter rounds: D (replay) and B draft one token at a time (appended
+     * verify rows), then roll back to an accepted prefix. */
     for (int round = 0; round < 3; round++) {
         for (int j = 0; j < 3; j++) {
             tdm_seq *b[] = {D, B};

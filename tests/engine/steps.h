@@ -1,9 +1,9 @@
 /*
  * steps.h - a fixed script of engine calls that goes through every shape of
  * forward step the services use: prompt chunks, decode across the KV
- * growth at 64 positions, verify + commit under extra_buffer and no_buffer,
- * verify blocks beside decode rows, appended one-token verifies (how a
- * drafter drafts), batches whose membership and order change. Tests run it
+ * growth at 64 positions, verify + commit under extra_buffer, no_buffer and
+ * replay, verify blocks beside decode rows, appended one-token verifies (how
+ * a drafter drafts), batches whose membership and order change. Tests run it
  * twice under different conditions (graphs on and off, say) and compare
  * every logit and the final states to the bit.
  */

@@ -144,6 +144,11 @@ static void fk_host_free(void *ctx, void *p)
     FK_OUTSIDE;
     fk.cpu->host_free(ctx, p);
 }
+static void fk_gdn_replay(void *ctx, const tdm_gdn_seg *s, int n, int Hk, int Hv, int Dk, int Dv)
+{
+    FK_OUTSIDE;
+    fk.cpu->gdn_replay(ctx, s, n, Hk, Hv, Dk, Dv);
+}
 static void fk_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
 {
     FK_OUTSIDE;
@@ -179,6 +184,7 @@ static tdm_backend fake_backend(tdm_backend *cpu)
     b.silu_mul = fk_silu_mul;
     b.conv_silu = fk_conv_silu;
     b.gdn_recurrent = fk_gdn_recurrent;
+    b.gdn_replay = fk_gdn_replay;
     b.argmax = fk_argmax;
     b.softmax = fk_softmax;
     return b;
@@ -272,6 +278,14 @@ static void check_keys(tdm_backend *fake)
     /* Appended to the pending row: same shape, same key. */
     CHECK(verify_key(&a, 1, one) == kx, "an appended verify row has another key");
     CHECK(tdm_seq_commit(a, 1, &err) == TDM_OK, "%s", err.msg);
+    /* Replay verify rows keep conv windows and record their inputs: a key of
+     * their own, the same when appended. */
+    tdm_seq *d = seq(m, TDM_STATE_REPLAY, 4);
+    const uint64_t kr = verify_key(&d, 1, one);
+    CHECK(kr != k1 && kr != kx, "a replay verify row shares the key of another kind of row");
+    CHECK(verify_key(&d, 1, one) == kr, "an appended replay verify row has another key");
+    CHECK(tdm_seq_commit(d, 1, &err) == TDM_OK, "%s", err.msg);
+    tdm_seq_destroy(d);
     const uint64_t k21 = verify_key(ab, 2, two), k12 = verify_key(ab, 2, three);
     CHECK(k21 != k12, "rows split 2+1 and 1+2 share a key");
     CHECK(tdm_seq_commit(a, 0, &err) == TDM_OK && tdm_seq_commit(b, 1, &err) == TDM_OK, "%s",
@@ -291,7 +305,7 @@ static void check_keys(tdm_backend *fake)
     decode_key(&a, 1);
     CHECK(fk.steps == steps, "graphs off, yet graph_begin was called");
     printf("keys: one per step shape (decode across KV growth and batch members, appended "
-           "verify rows), distinct for rows, split, extra_buffer, logits, prompt chunks; "
+           "verify rows), distinct for rows, split, extra_buffer, replay, logits, prompt chunks; "
            "graphs off calls no slot\n");
     tdm_seq_destroy(a);
     tdm_seq_destroy(b);

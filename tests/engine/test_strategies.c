@@ -1,11 +1,12 @@
 /*
- * test_strategies.c - verify/commit under extra_buffer and no_buffer against
+ * test_strategies.c - verify/commit under extra_buffer, no_buffer and replay against
  * plain one-token-at-a-time decoding, batched calls against unbatched ones,
  * what a step brings back (tdm_seq_step_out) and fork.
  *
  * These compare independently computed paths of the engine (a verify block,
  * whole or appended in two calls, vs a chain of decode steps; a checkpoint+recompute vs
- * per-position states; a batch vs single sequences); the results must be bit-identical, because
+ * per-position states vs replaying recorded recurrence inputs; a batch vs single sequences); the
+ * results must be bit-identical, because
  * every op computes a row the same way whatever the batch (backend.h). Also: an extra_buffer
  * commit through a backend's copy_n, on a model deep enough to need more than one batch of
  * copies, against the same commits made copy by copy.
@@ -39,70 +40,85 @@ static tdm_seq *make(tdm_model *m, tdm_state_strategy s)
 }
 
 /* Random prompts, random draft blocks, random acceptance: after each commit,
- * extra_buffer, no_buffer and sequential decode must agree to the bit. */
+ * extra_buffer, no_buffer, replay and sequential decode must agree to the
+ * bit. */
 static void strategies(tdm_model *m, const char *name)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
+    enum { NS = 3 }; /* the strategies */
+    const tdm_state_strategy kinds[NS] = {TDM_STATE_EXTRA_BUFFER, TDM_STATE_NO_BUFFER,
+                                          TDM_STATE_REPLAY};
     tdm_error err;
     for (int trial = 0; trial < 3; trial++) {
-        tdm_seq *eb = make(m, TDM_STATE_EXTRA_BUFFER);
-        tdm_seq *nb = make(m, TDM_STATE_NO_BUFFER);
-        tdm_seq *sq = make(m, TDM_STATE_EXTRA_BUFFER);
+        tdm_seq *all[NS + 1];
+        for (int j = 0; j < NS; j++)
+            all[j] = make(m, kinds[j]);
+        tdm_seq *sq = all[NS] = make(m, TDM_STATE_EXTRA_BUFFER);
         int plen = 1 + rnd(20);
         int32_t prompt[32];
         for (int i = 0; i < plen; i++)
             prompt[i] = rnd(V);
-        tdm_seq *all[3] = {eb, nb, sq};
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i <= NS; i++)
             CHECK(tdm_seq_prefill(all[i], prompt, plen, NULL, &err) == TDM_OK, "%s", err.msg);
-        float *le = malloc((size_t)(MAXK + 1) * V * 4), *ln = malloc((size_t)(MAXK + 1) * V * 4);
+        float *l[NS];
+        for (int j = 0; j < NS; j++)
+            l[j] = malloc((size_t)(MAXK + 1) * V * 4);
         float *ls = malloc((size_t)V * 4);
         for (int round = 0; round < 8; round++) {
             int k = rnd(MAXK + 1), ntok = k + 1, acc = rnd(k + 1);
             int32_t blk[MAXK + 1];
             for (int i = 0; i < ntok; i++)
                 blk[i] = rnd(V);
-            /* One of the two runs its block in two appended verify calls
-             * (how a drafter drafts token by token); rows must not change. */
+            /* Some run their block in two appended verify calls (how a
+             * drafter drafts token by token); rows must not change. */
             int split = ntok > 1 ? 1 + rnd(ntok - 1) : ntok, rest = ntok - split;
-            tdm_seq *one = round % 2 ? eb : nb, *two = round % 2 ? nb : eb;
-            float *l_one = round % 2 ? le : ln, *l_two = round % 2 ? ln : le;
             const int32_t *bp = blk, *bp2 = blk + split;
-            CHECK(tdm_seq_verify(&one, 1, &bp, &ntok, l_one, &err) == TDM_OK, "%s", err.msg);
-            CHECK(tdm_seq_verify(&two, 1, &bp, &split, l_two, &err) == TDM_OK, "%s", err.msg);
-            if (rest > 0)
-                CHECK(tdm_seq_verify(&two, 1, &bp2, &rest, l_two + (size_t)split * V, &err) ==
+            for (int j = 0; j < NS; j++) {
+                if ((round + j) % 2 == 0 || rest == 0) {
+                    CHECK(tdm_seq_verify(&all[j], 1, &bp, &ntok, l[j], &err) == TDM_OK, "%s",
+                          err.msg);
+                    continue;
+                }
+                CHECK(tdm_seq_verify(&all[j], 1, &bp, &split, l[j], &err) == TDM_OK, "%s", err.msg);
+                CHECK(tdm_seq_verify(&all[j], 1, &bp2, &rest, l[j] + (size_t)split * V, &err) ==
                           TDM_OK,
                       "%s", err.msg);
-            CHECK(memcmp(le, ln, (size_t)ntok * V * 4) == 0, "%s: verify logits differ", name);
-            CHECK(tdm_seq_commit(eb, acc, &err) == TDM_OK, "%s", err.msg);
-            CHECK(tdm_seq_commit(nb, acc, &err) == TDM_OK, "%s", err.msg);
+            }
+            for (int j = 1; j < NS; j++)
+                CHECK(memcmp(l[0], l[j], (size_t)ntok * V * 4) == 0,
+                      "%s: round %d: %s verify logits differ from extra_buffer's", name, round,
+                      tdm_state_strategy_name(kinds[j]));
+            for (int j = 0; j < NS; j++)
+                CHECK(tdm_seq_commit(all[j], acc, &err) == TDM_OK, "%s", err.msg);
             for (int i = 0; i <= acc; i++) {
                 CHECK(tdm_seq_decode(&sq, 1, &blk[i], ls, &err) == TDM_OK, "%s", err.msg);
-                CHECK(memcmp(ls, le + (size_t)i * V, (size_t)V * 4) == 0,
+                CHECK(memcmp(ls, l[0] + (size_t)i * V, (size_t)V * 4) == 0,
                       "%s: trial %d round %d: verify row %d != sequential decode", name, trial,
                       round, i);
             }
-            CHECK(tdm_seq_length(eb) == tdm_seq_length(sq) &&
-                      tdm_seq_length(nb) == tdm_seq_length(sq),
-                  "%s: lengths differ after commit", name);
+            for (int j = 0; j < NS; j++)
+                CHECK(tdm_seq_length(all[j]) == tdm_seq_length(sq),
+                      "%s: %s: length differs after commit", name,
+                      tdm_state_strategy_name(kinds[j]));
         }
         /* The committed states themselves: one more decode on each. */
         int32_t t = rnd(V);
-        float *lx = malloc((size_t)3 * V * 4);
-        for (int i = 0; i < 3; i++)
+        float *lx = malloc((size_t)(NS + 1) * V * 4);
+        for (int i = 0; i <= NS; i++)
             CHECK(tdm_seq_decode(&all[i], 1, &t, lx + (size_t)i * V, &err) == TDM_OK, "%s",
                   err.msg);
-        CHECK(memcmp(lx, lx + V, (size_t)V * 4) == 0 && memcmp(lx, lx + 2 * V, (size_t)V * 4) == 0,
-              "%s: states after commit differ", name);
+        for (int i = 1; i <= NS; i++)
+            CHECK(memcmp(lx, lx + (size_t)i * V, (size_t)V * 4) == 0,
+                  "%s: states after commit differ (%s against extra_buffer)", name,
+                  i < NS ? tdm_state_strategy_name(kinds[i]) : "sequential decode");
         free(lx);
-        free(le);
-        free(ln);
+        for (int j = 0; j < NS; j++)
+            free(l[j]);
         free(ls);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i <= NS; i++)
             tdm_seq_destroy(all[i]);
     }
-    printf("%-14s strategies: extra_buffer == no_buffer == sequential decode\n", name);
+    printf("%-14s strategies: extra_buffer == no_buffer == replay == sequential decode\n", name);
 }
 
 /* Sequences of different lengths in one decode and one verify call must give
@@ -114,8 +130,10 @@ static void batching(tdm_model *m, const char *name)
     tdm_error err;
     tdm_seq *b[N], *u[N];
     for (int i = 0; i < N; i++) {
-        b[i] = make(m, i % 2 ? TDM_STATE_NO_BUFFER : TDM_STATE_EXTRA_BUFFER);
-        u[i] = make(m, i % 2 ? TDM_STATE_NO_BUFFER : TDM_STATE_EXTRA_BUFFER);
+        /* every strategy in the batch: extra_buffer, no_buffer, replay, extra_buffer */
+        const tdm_state_strategy st = (tdm_state_strategy)(i % 3);
+        b[i] = make(m, st);
+        u[i] = make(m, st);
         int32_t prompt[40];
         int plen = 3 + 9 * i;
         for (int j = 0; j < plen; j++)
@@ -324,18 +342,27 @@ static void long_prompt(tdm_model *m, const char *name)
 
 static void memory_report(tdm_model *m, const char *name)
 {
-    tdm_seq_memory me, mn;
+    tdm_seq_memory me, mn, mr;
     tdm_seq *e = make(m, TDM_STATE_EXTRA_BUFFER), *n = make(m, TDM_STATE_NO_BUFFER);
+    tdm_seq *r = make(m, TDM_STATE_REPLAY);
     tdm_seq_memory_usage(e, &me);
     tdm_seq_memory_usage(n, &mn);
+    tdm_seq_memory_usage(r, &mr);
     printf("%-14s state memory per sequence (k=%d): recurrent %zu B, conv %zu B; strategy extra: "
-           "extra_buffer %zu B, no_buffer %zu B\n",
-           name, MAXK, me.recurrent_bytes, me.conv_bytes, me.strategy_bytes, mn.strategy_bytes);
+           "extra_buffer %zu B, no_buffer %zu B, replay %zu B\n",
+           name, MAXK, me.recurrent_bytes, me.conv_bytes, me.strategy_bytes, mn.strategy_bytes,
+           mr.strategy_bytes);
     CHECK(me.strategy_bytes == (size_t)(MAXK + 1) * (me.recurrent_bytes + me.conv_bytes),
           "extra_buffer keeps k+1 states");
     CHECK(mn.strategy_bytes == mn.recurrent_bytes + mn.conv_bytes, "no_buffer keeps 1 checkpoint");
+    /* replay: k+1 conv windows and k+1 rows of recurrence inputs, far less
+     * than extra_buffer's states (a row is k, v and two gates per layer) */
+    CHECK(mr.strategy_bytes > (size_t)(MAXK + 1) * mr.conv_bytes &&
+              mr.strategy_bytes < me.strategy_bytes,
+          "replay keeps %zu B", mr.strategy_bytes);
     tdm_seq_destroy(e);
     tdm_seq_destroy(n);
+    tdm_seq_destroy(r);
 }
 
 /* The CPU backend dressed with a copy_n that counts its calls and copies
@@ -375,13 +402,14 @@ static void commit_batches(tdm_backend *be)
     CHECK(tdm_model_load(dir, &dressed, &m1, &err) == TDM_OK, "%s", err.msg);
     const int V = sh.V, rounds = 4;
     tdm_seq *a = make(m0, TDM_STATE_EXTRA_BUFFER), *b = make(m1, TDM_STATE_EXTRA_BUFFER);
-    tdm_seq *sq = make(m0, TDM_STATE_EXTRA_BUFFER);
+    tdm_seq *sq = make(m0, TDM_STATE_EXTRA_BUFFER), *rp = make(m0, TDM_STATE_REPLAY);
     int32_t prompt[5] = {3, 1, 4, 1, 5};
     CHECK(tdm_seq_prefill(a, prompt, 5, NULL, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(rp, prompt, 5, NULL, &err) == TDM_OK, "%s", err.msg);
     CHECK(tdm_seq_prefill(b, prompt, 5, NULL, &err) == TDM_OK, "%s", err.msg);
     CHECK(tdm_seq_prefill(sq, prompt, 5, NULL, &err) == TDM_OK, "%s", err.msg);
     float *la = malloc((size_t)(MAXK + 1) * V * 4), *lb = malloc((size_t)(MAXK + 1) * V * 4);
-    float *ls = malloc((size_t)V * 4);
+    float *ls = malloc((size_t)V * 4), *lr = malloc((size_t)(MAXK + 1) * V * 4);
     for (int round = 0; round < rounds; round++) {
         int32_t blk[MAXK + 1];
         const int ntok = MAXK + 1, acc = rnd(ntok);
@@ -392,6 +420,10 @@ static void commit_batches(tdm_backend *be)
         CHECK(tdm_seq_verify(&b, 1, &bp, &ntok, lb, &err) == TDM_OK, "%s", err.msg);
         CHECK(memcmp(la, lb, (size_t)ntok * V * 4) == 0, "deep: round %d: verify logits differ",
               round);
+        CHECK(tdm_seq_verify(&rp, 1, &bp, &ntok, lr, &err) == TDM_OK, "%s", err.msg);
+        CHECK(memcmp(la, lr, (size_t)ntok * V * 4) == 0,
+              "deep: round %d: replay's verify logits differ", round);
+        CHECK(tdm_seq_commit(rp, acc, &err) == TDM_OK, "%s", err.msg);
         CHECK(tdm_seq_commit(a, acc, &err) == TDM_OK, "%s", err.msg);
         CHECK(tdm_seq_commit(b, acc, &err) == TDM_OK, "%s", err.msg);
         for (int i = 0; i <= acc; i++) {
@@ -403,11 +435,15 @@ static void commit_batches(tdm_backend *be)
     CHECK(tdm_seq_decode(&a, 1, prompt, la, &err) == TDM_OK, "%s", err.msg);
     CHECK(tdm_seq_decode(&b, 1, prompt, lb, &err) == TDM_OK, "%s", err.msg);
     CHECK(memcmp(la, lb, (size_t)V * 4) == 0, "deep: logits after the commits differ");
+    CHECK(tdm_seq_decode(&rp, 1, prompt, lr, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(la, lr, (size_t)V * 4) == 0, "deep: logits after replay's commits differ");
     CHECK(cn_entries == rounds * 72, "copy_n moved %d states, not %d", cn_entries, rounds * 72);
     CHECK(cn_calls == rounds * 2 && cn_most <= 64, "copy_n: %d calls, up to %d copies each",
           cn_calls, cn_most);
-    printf("deep (48 layers): %d commits through copy_n in %d calls == copy by copy\n", rounds,
-           cn_calls);
+    printf("deep (48 layers): %d commits through copy_n in %d calls == copy by copy == replay\n",
+           rounds, cn_calls);
+    free(lr);
+    tdm_seq_destroy(rp);
     free(la);
     free(lb);
     free(ls);
