@@ -248,23 +248,13 @@ __device__ __forceinline__ void gdn_load_rec(gdn_rec<P> &in, const float *rec, i
     in.ik = r[kd + vd + 2 * (size_t)Hv + (size_t)hk];
 }
 
-/* 1/|k| of a row over the SL lanes of a column (eps 1e-6). */
-template <int P, int SL> __device__ __forceinline__ float gdn_inorm(const float (&k)[P])
-{
-    float sk = 0.0f;
-#pragma unroll
-    for (int t = 0; t < P; t++)
-        sk = fmaf(k[t], k[t], sk);
-    return 1.0f / sqrtf(gdn_col_sum<SL>(sk) + 1e-6f);
-}
-
 /* One position of the delta rule on a thread's state rows S, k as read,
- * ik = |k|⁻¹ (gdn_inorm; a record keeps it, so a replay skips that sum):
- * S *= decay; kv = (Sᵀk)·ik; S += k ((v - kv)·beta·ik). Rows of a
- * step and rows replayed from a record both come here, in either kernel
- * instance; every product and difference is an explicit rounding (fmaf,
- * __fmul_rn, __fsub_rn), never left to the compiler's contraction, so all
- * call sites compute the same bits. */
+ * ik = |k|⁻¹ as the row computed it (a record keeps it): S *= decay;
+ * kv = (Sᵀk)·ik; S += k ((v - kv)·beta·ik). A record's rows come here; a
+ * step's rows compute the same values inline (gdn_kernel). Every product
+ * and difference in both is an explicit rounding (fmaf, __fmul_rn,
+ * __fsub_rn), never left to the compiler's contraction, so the two give
+ * the same bits (the GPU tests compare replay with extra_buffer). */
 template <int P, int SL>
 __device__ __forceinline__ void gdn_advance(float (&S)[P], const float (&k)[P], float ik, float v,
                                             float decay, float beta)
@@ -286,12 +276,17 @@ __device__ __forceinline__ void gdn_advance(float (&S)[P], const float (&k)[P], 
  * A segment with a record first advances the state by its record rows
  * 0 .. replayed-1 (no output), then runs its rows from qkv, writing each
  * one's inputs into the record. The state goes back in place when the
- * segment has neither states_out nor a record. COMMIT (gdn_replay): only
+ * segment has neither states_out nor a record. MODE: GDN_PLAIN (no
+ * segment of the launch has a record: an instance without the record's
+ * code, whose row loop keeps the registers and schedule it had before
+ * records existed), GDN_RECORD, or GDN_COMMIT (gdn_replay): only
  * the record's rows, then the state back in place; an instance of its own
  * with few registers, so that 4 blocks share a multiprocessor (its launch
  * has a block per column tile, head, layer and sequence). */
-template <int P, int SL, bool COMMIT>
-__global__ void __launch_bounds__(GDN_WARPS * 32, COMMIT ? 4 : 1)
+enum { GDN_PLAIN, GDN_RECORD, GDN_COMMIT };
+
+template <int P, int SL, int MODE>
+__global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 4 : 1)
     gdn_kernel(float *out, const float *qkv, int stride, const tdm_gdn_gates gt,
                const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec, int width)
 {
@@ -304,7 +299,8 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, COMMIT ? 4 : 1)
     const int e = ((int)blockIdx.x * GDN_WARPS + warp) * CPW + col;
     const bool live = e < Dv;
     const size_t hs = (size_t)Dk * (size_t)Dv, dv = (size_t)Dv;
-    const int nrep = sg.inputs ? sg.replayed : 0; /* record rows first */
+    constexpr bool COMMIT = MODE == GDN_COMMIT, REC = MODE != GDN_PLAIN;
+    const int nrep = REC && sg.inputs ? sg.replayed : 0; /* record rows first */
     float S[P];
     {
         const float *st = sg.state + (size_t)hv * hs + (size_t)e;
@@ -312,7 +308,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, COMMIT ? 4 : 1)
         for (int t = 0; t < P; t++)
             S[t] = live && d0 + t < Dk ? st[(size_t)(d0 + t) * dv] : 0.0f;
     }
-    if (nrep > 0) {
+    if (REC && nrep > 0) {
         gdn_rec<P> rc, rn;
         gdn_load_rec(rc, sg.inputs, 0, width, hk, hv, Hk, Hv, Dk, Dv, d0, e, live);
         for (int i = 0; i < nrep; i++) {
@@ -336,16 +332,34 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, COMMIT ? 4 : 1)
             const size_t row = (size_t)(sg.row0 + i);
             if (i + 1 < sg.nrows)
                 gdn_load(nxt, qkv, row + 1, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
+            /* gdn_advance's arithmetic, written out so that the output's
+             * sum runs with the state's update (the same values, in a
+             * schedule that keeps the row's chain short) */
+            float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+            for (int t = 0; t < P; t++) {
+                sq = fmaf(cur.q[t], cur.q[t], sq);
+                sk = fmaf(cur.k[t], cur.k[t], sk);
+            }
+            const float iq = 1.0f / sqrtf(gdn_col_sum<SL>(sq) + 1e-6f);
+            const float ik = 1.0f / sqrtf(gdn_col_sum<SL>(sk) + 1e-6f);
             float g, beta;
             gdn_gate(cur.ga, cur.gb, A_log, dt_bias, &g, &beta);
             const float decay = expf(g);
-            /* the norms first: they depend on q and k alone */
-            const float iq = gdn_inorm<P, SL>(cur.q), ik = gdn_inorm<P, SL>(cur.k);
-            gdn_advance<P, SL>(S, cur.k, ik, cur.v, decay, beta);
+            float kv = 0.0f;
+#pragma unroll
+            for (int t = 0; t < P; t++) {
+                S[t] = __fmul_rn(S[t], decay);
+                kv = fmaf(S[t], cur.k[t], kv);
+            }
+            kv = __fmul_rn(gdn_col_sum<SL>(kv), ik);
+            const float dl = __fmul_rn(__fmul_rn(__fsub_rn(cur.v, kv), beta), ik);
             float o = 0.0f;
 #pragma unroll
-            for (int t = 0; t < P; t++)
+            for (int t = 0; t < P; t++) {
+                S[t] = fmaf(cur.k[t], dl, S[t]);
                 o = fmaf(S[t], cur.q[t], o);
+            }
             o = gdn_col_sum<SL>(o) * (iq * scale);
             if (live && d0 == 0)
                 out[(row * (size_t)Hv + (size_t)hv) * dv + (size_t)e] = o;
@@ -356,7 +370,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, COMMIT ? 4 : 1)
                     if (d0 + t < Dk)
                         so[(size_t)(d0 + t) * dv] = S[t];
             }
-            if (sg.inputs) {
+            if (REC && sg.inputs) {
                 /* this row into the record: k and 1/|k| by one column of
                  * the first v-head of its k-head, v by the first slice, the
                  * gates by one thread */
@@ -393,7 +407,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, COMMIT ? 4 : 1)
 /* The launch for Dk: P and SL from Dk alone (32 state rows a thread and SL
  * the power of two that covers Dk; small heads take 8 or 16 rows a thread),
  * so a position computes the same bits in every call. */
-template <bool COMMIT>
+template <int MODE>
 static void gdn_launch(cuda_ctx *c, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
                        const tdm_gdn_seg *d, int nseg, int Hk, int Hv, int Dk, int Dv, int vec)
 {
@@ -403,8 +417,8 @@ static void gdn_launch(cuda_ctx *c, float *out, const float *qkv, int qkv_stride
     const int cols = GDN_WARPS * 32 / sl;
     const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
 #define GDN_LAUNCH(P, SL)                                                                          \
-    cuda_launch(c, gdn_kernel<P, SL, COMMIT>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, gt,   \
-                d, Hk, Hv, Dk, Dv, vec, (int)tdm_gdn_input_floats(Hk, Hv, Dk, Dv))
+    cuda_launch(c, gdn_kernel<P, SL, MODE>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, gt, d,  \
+                Hk, Hv, Dk, Dv, vec, (int)tdm_gdn_input_floats(Hk, Hv, Dk, Dv))
     if (p == 8)
         GDN_LAUNCH(8, 1);
     else if (p == 16 && sl == 1)
@@ -463,7 +477,13 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_gdn_seg));
     const int vec = Dk % 4 == 0 && Dv % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;
-    gdn_launch<false>(c, out, qkv, qkv_stride, gt, d, nseg, Hk, Hv, Dk, Dv, vec);
+    int rec = 0;
+    for (int i = 0; i < nseg; i++)
+        rec |= segs[i].inputs != NULL;
+    if (rec)
+        gdn_launch<GDN_RECORD>(c, out, qkv, qkv_stride, gt, d, nseg, Hk, Hv, Dk, Dv, vec);
+    else
+        gdn_launch<GDN_PLAIN>(c, out, qkv, qkv_stride, gt, d, nseg, Hk, Hv, Dk, Dv, vec);
 }
 
 void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
@@ -480,5 +500,5 @@ void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int H
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, r, (size_t)nseg * sizeof(tdm_gdn_seg));
     free(r);
-    gdn_launch<true>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, Hk, Hv, Dk, Dv, 0);
+    gdn_launch<GDN_COMMIT>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, Hk, Hv, Dk, Dv, 0);
 }
