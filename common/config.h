@@ -59,7 +59,7 @@ typedef struct tdm_cfg_key {
     const char *key; /* "state_strategy"; flag and env var derive from it */
     tdm_cfg_type type;
     const char *def;          /* default, as it would be written in a file */
-    const char *allowed;      /* ENUM: "auto|extra_buffer|no_buffer"; else NULL */
+    const char *allowed;      /* ENUM: "auto|extra_buffer|no_buffer|replay"; else NULL */
     int64_t min, max;         /* INT/SIZE/DURATION(ms) inclusive range; min == max: none */
     unsigned flags;           /* TDM_CFG_* above */
     const char *must_contain; /* PATH_DIR: a file that must exist inside, or NULL */

@@ -181,14 +181,15 @@
         {"state_strategy",                                                                         \
          TDM_CFG_ENUM,                                                                             \
          "auto",                                                                                   \
-         "auto|extra_buffer|no_buffer",                                                            \
+         "auto|extra_buffer|no_buffer|replay",                                                     \
          0,                                                                                        \
          0,                                                                                        \
          TDM_CFG_AUTO,                                                                             \
          NULL,                                                                                     \
          GRP_SPEC,                                                                                 \
          "How the recurrent state is committed after a verify step: extra_buffer keeps a state "   \
-         "per position, no_buffer recomputes accepted positions from a checkpoint."},              \
+         "per position, no_buffer recomputes accepted positions from a checkpoint, replay "        \
+         "records each position's recurrence inputs and replays the accepted ones."},              \
     {                                                                                              \
         "prefix_cache", TDM_CFG_BOOL, "off", NULL, 0, 0, 0, NULL, GRP_SPEC,                        \
             "Reuse the state of a common prompt prefix across requests (needs a state at any "     \

@@ -3,7 +3,7 @@
  * and write the logits of every position (.npy) or print the top-k.
  *
  *   tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]
- *                 [--strategy extra_buffer|no_buffer] [--threads N]
+ *                 [--strategy extra_buffer|no_buffer|replay] [--threads N]
  *
  * The --ids are a prefill; each --then is a continuation through the cache
  * (one multi-token forward). With --strategy, each continuation runs as a
@@ -26,7 +26,7 @@ static void logits_usage(FILE *out)
     fprintf(
         out,
         "usage: tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]\n"
-        "                     [--strategy extra_buffer|no_buffer] [--threads N]\n\n"
+        "                     [--strategy extra_buffer|no_buffer|replay] [--threads N]\n\n"
         "Runs the ids as a prefill, then each --then as a continuation through the cache,\n"
         "and writes the float32 logits of every position as one .npy [positions, vocab]\n"
         "(--out) or prints the top K tokens of each position (--top, default 5).\n");
@@ -139,7 +139,7 @@ int cli_logits(int argc, char **argv)
     }
     int strat = TDM_STATE_EXTRA_BUFFER;
     if (strategy && (strat = tdm_state_strategy_parse(strategy)) < 0) {
-        fprintf(stderr, "tandem logits: --strategy '%s' is not extra_buffer or no_buffer\n",
+        fprintf(stderr, "tandem logits: --strategy '%s' is not extra_buffer, no_buffer or replay\n",
                 strategy);
         return 2;
     }

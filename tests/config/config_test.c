@@ -457,7 +457,7 @@ static void test_value_errors(void)
         {"--max-draft-tokens", "65", "out of range"},
         {"--max-draft-tokens", "99999999999999999999", "not an integer"},
         {"--state-strategy", "replay_all",
-         "'replay_all' is not one of auto|extra_buffer|no_buffer"},
+         "'replay_all' is not one of auto|extra_buffer|no_buffer|replay"},
         {"--prefix-cache", "maybe", "'maybe' is not on or off"},
         {"--listen", "localhost", "is not an address"},
         {"--listen", "host:99999", "is not an address"},
@@ -579,7 +579,7 @@ static void test_help(void)
     FILE *f = open_memstream(&buf, &len);
     tdm_cfg_print_help(&tdm_svc_verifier_schema, f);
     fclose(f);
-    CHECK_HAS(buf, "--state-strategy auto|extra_buffer|no_buffer");
+    CHECK_HAS(buf, "--state-strategy auto|extra_buffer|no_buffer|replay");
     CHECK_HAS(buf, "default: auto");
     CHECK_HAS(buf, "--prefix-cache on|off");
     CHECK_HAS(buf, "--max-draft-tokens integer");

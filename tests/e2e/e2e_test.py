@@ -5,8 +5,8 @@ driven by an independent gRPC client (Python grpcio).
 
 Cases:
   greedy        speculative greedy output == plain greedy output, 50 prompts,
-                model and n-gram drafters, extra_buffer and no_buffer, block
-                sizes 1..8
+                model and n-gram drafters, extra_buffer and no_buffer (and
+                replay with the model drafter), block sizes 1..8
   sampling      sampled sequences follow the target distribution (chi-square
                 against probabilities computed from the target's logits)
   drafter_kill  SIGKILL of the drafter mid-generation: the request completes
@@ -124,7 +124,8 @@ def case_greedy():
     blocks = (1, 3, 8) if st.ARGS.quick else range(1, 9)
     baseline = None
     for drafter in ("model", "ngram"):
-        for strategy in ("extra_buffer", "no_buffer"):
+        strategies = ("extra_buffer", "no_buffer") + (("replay",) if drafter == "model" else ())
+        for strategy in strategies:
             gw, v, d = stack(strategy, drafter)
             plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
             for i, r in enumerate(plain):

@@ -29,7 +29,8 @@ with tempfile.TemporaryDirectory() as tmp:
             args += ["--then", ",".join(map(str, c))]
         ref = np.load(os.path.join(d, "cached.npy"))
         outs = []
-        for extra in ([], ["--strategy", "extra_buffer"], ["--strategy", "no_buffer"]):
+        for extra in ([], ["--strategy", "extra_buffer"], ["--strategy", "no_buffer"],
+                      ["--strategy", "replay"]):
             out = os.path.join(tmp, f"{name}{len(outs)}.npy")
             run(args + ["--out", out] + extra)
             got = np.load(out)

@@ -571,7 +571,7 @@ def case_check_config_offline():
     rc, out, err = run([t, "check-config", "--verifier", v, "--drafter", d_tok])
     check(rc != 0 and "rule tokenizer-fingerprint" in out, "tokenizer refused:\n" + out)
     rc, out, err = run([t, "check-config", "--verifier", v, "--drafter", d_bad])
-    check(rc != 0 and "not one of auto|extra_buffer|no_buffer" in out and d_bad in out,
+    check(rc != 0 and "not one of auto|extra_buffer|no_buffer|replay" in out and d_bad in out,
           "invalid file reported:\n" + out)
     # The environment of the shell running the check does not leak in.
     rc, out, err = run([t, "check-config", "--verifier", v, "--drafter", d_ok],
