@@ -417,12 +417,13 @@ static tdm_status rule_state_strategy(const tdm_cfg *cfg, char *value, size_t vl
     if (tdm_cfg_bool(cfg, "prefix_cache"))
         snprintf(reason, rlen,
                  "%s needs the recurrent state at any committed position, which extra_buffer "
-                 "produces and no_buffer cannot",
+                 "(and replay) produce and no_buffer cannot",
                  d);
     else
         snprintf(reason, rlen,
                  "%s; default: extra_buffer commits by picking a per-position state, without "
-                 "recomputation (set no_buffer to trade that speed for state memory)",
+                 "recomputation (replay keeps recurrence inputs instead of states, far less "
+                 "memory; no_buffer the least, recomputing rejected positions)",
                  d);
     return TDM_OK;
 }
@@ -454,7 +455,7 @@ static tdm_status check_prefix_cache(const tdm_cfg *cfg, tdm_error *err)
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                          "%s conflicts with %s: prefix caching needs the recurrent state at any "
                          "committed position, which no_buffer cannot produce; set state_strategy "
-                         "to extra_buffer (or auto), or prefix_cache to off",
+                         "to extra_buffer or replay (or auto), or prefix_cache to off",
                          tdm_cfg_describe(cfg, "prefix_cache", a, sizeof(a)),
                          tdm_cfg_describe(cfg, "state_strategy", b, sizeof(b)));
 }
