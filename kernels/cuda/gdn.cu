@@ -22,8 +22,9 @@
  *   S += k (delta·|k|⁻¹);  o = (Sᵀq)·|q|⁻¹·Dk^-0.5
  * (|x|⁻¹ = 1/sqrt(Σx² + 1e-6)); algebraically the reference with q and k
  * l2-normalised first. Every sum over d is per thread over its slice in
- * order, then a butterfly over the SL lanes of the column: no shared memory
- * and no barrier. P and SL follow from Dk alone, so a position computes the
+ * four interleaved chains (rows t % 4; a 9-row verify call 16.0 -> 15.1 us
+ * against one chain in order), then a butterfly over the SL lanes of the
+ * column: no shared memory and no barrier. P and SL follow from Dk alone, so a position computes the
  * same bits in a prefill, a verify block or a decode step, in any batch.
  * The gates come from the projections a and b inside the kernel (no
  * separate gates kernel on the critical path; prompt chunks taking the
@@ -248,6 +249,20 @@ __device__ __forceinline__ void gdn_load_rec(gdn_rec<P> &in, const float *rec, i
     in.ik = r[kd + vd + 2 * (size_t)Hv + (size_t)hk];
 }
 
+/* Sums over a thread's P rows (P % 4 == 0) in four interleaved chains,
+ * (c0 + c1) + (c2 + c3): a quarter of one chain's latency. */
+struct gdn_sum4 {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __device__ __forceinline__ void add(int t, float a, float b)
+    {
+        c[t & 3] = fmaf(a, b, c[t & 3]);
+    }
+    __device__ __forceinline__ float total() const
+    {
+        return __fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3]));
+    }
+};
+
 /* One position of the delta rule on a thread's state rows S, k as read,
  * ik = |k|⁻¹ as the row computed it (a record keeps it): S *= decay;
  * kv = (Sᵀk)·ik; S += k ((v - kv)·beta·ik). A record's rows come here; a
@@ -259,13 +274,13 @@ template <int P, int SL>
 __device__ __forceinline__ void gdn_advance(float (&S)[P], const float (&k)[P], float ik, float v,
                                             float decay, float beta)
 {
-    float kv = 0.0f;
+    gdn_sum4 kv4;
 #pragma unroll
     for (int t = 0; t < P; t++) {
         S[t] = __fmul_rn(S[t], decay);
-        kv = fmaf(S[t], k[t], kv);
+        kv4.add(t, S[t], k[t]);
     }
-    kv = __fmul_rn(gdn_col_sum<SL>(kv), ik);
+    const float kv = __fmul_rn(gdn_col_sum<SL>(kv4.total()), ik);
     const float kd = __fmul_rn(__fmul_rn(__fsub_rn(v, kv), beta), ik); /* delta, times |k|⁻¹ */
 #pragma unroll
     for (int t = 0; t < P; t++)
@@ -335,32 +350,32 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 4 : 1)
             /* gdn_advance's arithmetic, written out so that the output's
              * sum runs with the state's update (the same values, in a
              * schedule that keeps the row's chain short) */
-            float sq = 0.0f, sk = 0.0f;
+            gdn_sum4 sq, sk;
 #pragma unroll
             for (int t = 0; t < P; t++) {
-                sq = fmaf(cur.q[t], cur.q[t], sq);
-                sk = fmaf(cur.k[t], cur.k[t], sk);
+                sq.add(t, cur.q[t], cur.q[t]);
+                sk.add(t, cur.k[t], cur.k[t]);
             }
-            const float iq = 1.0f / sqrtf(gdn_col_sum<SL>(sq) + 1e-6f);
-            const float ik = 1.0f / sqrtf(gdn_col_sum<SL>(sk) + 1e-6f);
+            const float iq = 1.0f / sqrtf(gdn_col_sum<SL>(sq.total()) + 1e-6f);
+            const float ik = 1.0f / sqrtf(gdn_col_sum<SL>(sk.total()) + 1e-6f);
             float g, beta;
             gdn_gate(cur.ga, cur.gb, A_log, dt_bias, &g, &beta);
             const float decay = expf(g);
-            float kv = 0.0f;
+            gdn_sum4 kv4;
 #pragma unroll
             for (int t = 0; t < P; t++) {
                 S[t] = __fmul_rn(S[t], decay);
-                kv = fmaf(S[t], cur.k[t], kv);
+                kv4.add(t, S[t], cur.k[t]);
             }
-            kv = __fmul_rn(gdn_col_sum<SL>(kv), ik);
+            const float kv = __fmul_rn(gdn_col_sum<SL>(kv4.total()), ik);
             const float dl = __fmul_rn(__fmul_rn(__fsub_rn(cur.v, kv), beta), ik);
-            float o = 0.0f;
+            gdn_sum4 o4;
 #pragma unroll
             for (int t = 0; t < P; t++) {
                 S[t] = fmaf(cur.k[t], dl, S[t]);
-                o = fmaf(S[t], cur.q[t], o);
+                o4.add(t, S[t], cur.q[t]);
             }
-            o = gdn_col_sum<SL>(o) * (iq * scale);
+            const float o = gdn_col_sum<SL>(o4.total()) * (iq * scale);
             if (live && d0 == 0)
                 out[(row * (size_t)Hv + (size_t)hv) * dv + (size_t)e] = o;
             if (sg.states_out && live) {
