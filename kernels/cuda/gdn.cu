@@ -33,8 +33,9 @@
  * is computed.
  *
  * Replay (the replay strategy): a verify leaves the state as it is and
- * writes each position's k, v, decay and beta into the sequence's record
- * (a few KB a position, against a state of 2 MB per layer at the 4B shape);
+ * writes each position's k, v, decay, beta and 1/|k| into the sequence's
+ * record (25 KB a position and layer at the 4B shape, against its 2 MB
+ * state);
  * rows appended to a pending verify first replay the record's rows. The
  * commit (cuda_gdn_replay) is the same kernel with no rows of its own: all
  * linear layers of a sequence in one launch, each state read once,
