@@ -24,13 +24,13 @@
  * l2-normalised first. Every sum over d is per thread over its slice in
  * four interleaved chains (rows t % 4; a 9-row verify call 16.0 -> 15.1 us
  * against one chain in order), then a butterfly over the SL lanes of the
- * column: no shared memory and no barrier. P and SL follow from Dk alone, so a position computes the
- * same bits in a prefill, a verify block or a decode step, in any batch.
- * The gates come from the projections a and b inside the kernel (no
- * separate gates kernel on the critical path; prompt chunks taking the
- * chunked form get them as arrays from gdn_gates_kernel, the same bits).
- * The next position's q, k, v, a and b are loaded while the current one
- * is computed.
+ * column: no shared memory and no barrier. P and SL follow from Dk alone,
+ * so a position computes the same bits in a prefill, a verify block or a
+ * decode step, in any batch. The gates come from the projections a and b
+ * inside the kernel (no separate gates kernel on the critical path; prompt
+ * chunks taking the chunked form get them as arrays from gdn_gates_kernel,
+ * the same bits). The next position's q, k, v, a and b are loaded while
+ * the current one is computed.
  *
  * Replay (the replay strategy): a verify leaves the state as it is and
  * writes each position's k, v, decay, beta and 1/|k| into the sequence's
