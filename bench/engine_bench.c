@@ -203,7 +203,7 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
     printf("| decode batch 8 (median step) | %.3f ms/step = %.1f tok/s |\n", 1e3 * dt8, 8.0 / dt8);
 
     for (int k = 4; k <= 8; k += 4) {
-        for (int st = 0; st < 2; st++) {
+        for (int st = 0; st < 3; st++) { /* extra_buffer, no_buffer, replay */
             tdm_seq *v = seq_new(m, (tdm_state_strategy)st, 8, plen);
             int32_t blk[9];
             int nt = k + 1;
@@ -218,7 +218,8 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
                 if (tdm_seq_verify(&v, 1, &bp, &nt, lg, &err) != TDM_OK)
                     die("verify", &err);
                 double bb = bench_now();
-                /* half the drafts accepted: no_buffer then recomputes */
+                /* half the drafts accepted: no_buffer then recomputes,
+                 * replay replays k/2 + 1 positions */
                 if (tdm_seq_commit(v, k / 2, &err) != TDM_OK)
                     die("commit", &err);
                 tcs[r] = bench_now() - bb;
