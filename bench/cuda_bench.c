@@ -72,10 +72,10 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
+static tdm_state_strategy strategy = TDM_STATE_EXTRA_BUFFER; /* --strategy */
+
 /* Median ms of a decode step (k = 0) or a verify step of 1 + k tokens plus
  * commit, for `batch` sequences after a prefill of 32 tokens each. */
-static tdm_state_strategy strategy = TDM_STATE_EXTRA_BUFFER;
-
 static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_only)
 {
     const int V = tdm_model_get_config(m)->vocab_size, P = 32;

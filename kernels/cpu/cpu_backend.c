@@ -259,6 +259,18 @@ static float gdn_inorm(const float *k, int Dk)
     return 1.0f / sqrtf(sk + 1e-6f);
 }
 
+/* out[e] = Σ_d S[d, e]·x[d] over S [Dk, Dv], d in increasing order. */
+static void gdn_st_dot(const float *S, const float *x, int Dk, int Dv, float *out)
+{
+    for (int e = 0; e < Dv; e++)
+        out[e] = 0;
+    for (int d = 0; d < Dk; d++) {
+        const float *Sr = S + (size_t)d * (size_t)Dv;
+        for (int e = 0; e < Dv; e++)
+            out[e] += Sr[e] * x[d];
+    }
+}
+
 /* One position of one v-head: S [Dk, Dv] *= decay, then the delta rule's
  * update with k as read, ik = gdn_inorm(k), and v; kn gets the normalised
  * k, kv is scratch. The recurrent rows and a replay both go through here, so
@@ -271,13 +283,7 @@ static void gdn_advance(float *S, const float *k, float ik, const float *v, floa
     const size_t hs = (size_t)Dk * (size_t)Dv;
     for (size_t j = 0; j < hs; j++)
         S[j] *= decay;
-    for (int e = 0; e < Dv; e++)
-        kv[e] = 0;
-    for (int d = 0; d < Dk; d++) {
-        const float *Sr = S + (size_t)d * (size_t)Dv;
-        for (int e = 0; e < Dv; e++)
-            kv[e] += Sr[e] * kn[d];
-    }
+    gdn_st_dot(S, kn, Dk, Dv, kv);
     for (int e = 0; e < Dv; e++)
         kv[e] = (v[e] - kv[e]) * beta; /* delta */
     for (int d = 0; d < Dk; d++) {
@@ -340,14 +346,7 @@ static void gdn_task(void *vp, int u)
         gdn_gate(&a->gt, row * (size_t)Hv + (size_t)hv, hv, &g, &b);
         const float decay = expf(g), ik = gdn_inorm(k, Dk);
         gdn_advance(S, k, ik, v, decay, b, Dk, Dv, kn, kv);
-        float *o = a->out + (row * (size_t)Hv + (size_t)hv) * (size_t)Dv;
-        for (int e = 0; e < Dv; e++)
-            o[e] = 0;
-        for (int d = 0; d < Dk; d++) {
-            const float *Sr = S + (size_t)d * (size_t)Dv;
-            for (int e = 0; e < Dv; e++)
-                o[e] += Sr[e] * qn[d];
-        }
+        gdn_st_dot(S, qn, Dk, Dv, a->out + (row * (size_t)Hv + (size_t)hv) * (size_t)Dv);
         if (sg->inputs) {
             /* the record's row: k by the first v-head of its k-head */
             float *rr =

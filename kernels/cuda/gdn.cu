@@ -35,11 +35,10 @@
  * Replay (the replay strategy): a verify leaves the state as it is and
  * writes each position's k, v, decay, beta and 1/|k| into the sequence's
  * record (25 KB a position and layer at the 4B shape, against its 2 MB
- * state);
- * rows appended to a pending verify first replay the record's rows. The
- * commit (cuda_gdn_replay) is the same kernel with no rows of its own: all
- * linear layers of a sequence in one launch, each state read once,
- * advanced by the accepted positions and written once.
+ * state); rows appended to a pending verify first replay the record's rows.
+ * The commit (cuda_gdn_replay) is the kernel's GDN_COMMIT instance, with no
+ * rows of its own: all linear layers of a sequence in one launch, each
+ * state read once, advanced by the accepted positions and written once.
  */
 #include "gdn.cuh"
 #include "gdn_chunk.cuh"
@@ -348,9 +347,12 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 4 : 1)
             const size_t row = (size_t)(sg.row0 + i);
             if (i + 1 < sg.nrows)
                 gdn_load(nxt, qkv, row + 1, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
-            /* gdn_advance's arithmetic, written out so that the output's
-             * sum runs with the state's update (the same values, in a
-             * schedule that keeps the row's chain short) */
+            /* gdn_advance's arithmetic written out, the output's sum in the
+             * state's update loop: the same roundings, so the same values
+             * (the GPU tests hold replay to extra_buffer bit for bit). This
+             * is the measured form; gdn_advance plus a separate output loop
+             * measured the same in the kernel before the instances were
+             * split (20.8 against 21.0 us a 9-row call), not since. */
             gdn_sum4 sq, sk;
 #pragma unroll
             for (int t = 0; t < P; t++) {
