@@ -189,66 +189,6 @@ __global__ void gdn_gates_kernel(float *g, float *beta, const tdm_gdn_gates gt, 
     gdn_gate(gt.a[i], gt.b[i], gt.A_log[h], gt.dt_bias[h], &g[i], &beta[i]);
 }
 
-/* One position's inputs for a thread: its slices of q and k (0 past Dk),
- * v at its column (0 past Dv), the gate projections a and b of its
- * v-head. */
-template <int P> struct gdn_in {
-    float q[P], k[P], v, ga, gb;
-};
-
-/* P floats from p (zero from element `valid` on); 16-byte loads when vec. */
-template <int P>
-__device__ __forceinline__ void gdn_slice(float *dst, const float *p, int valid, int vec)
-{
-    if (vec) { /* valid % 4 == 0 and p aligned: a float4 is all in or all out */
-#pragma unroll
-        for (int t = 0; t < P; t += 4) {
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (t < valid)
-                a = *(const float4 *)(p + t);
-            dst[t] = a.x, dst[t + 1] = a.y, dst[t + 2] = a.z, dst[t + 3] = a.w;
-        }
-    } else {
-#pragma unroll
-        for (int t = 0; t < P; t++)
-            dst[t] = t < valid ? p[t] : 0.0f;
-    }
-}
-
-template <int P>
-__device__ __forceinline__ void gdn_load(gdn_in<P> &in, const float *qkv, size_t row, int stride,
-                                         const tdm_gdn_gates &gt, int hk, int hv, int Hk, int Hv,
-                                         int Dk, int Dv, int d0, int e, bool live, int vec)
-{
-    const float *base = qkv + row * (size_t)stride;
-    const float *q = base + (size_t)hk * (size_t)Dk + d0, *k = q + (size_t)Hk * (size_t)Dk;
-    gdn_slice<P>(in.q, q, Dk - d0, vec);
-    gdn_slice<P>(in.k, k, Dk - d0, vec);
-    in.v = live ? base[2 * (size_t)Hk * (size_t)Dk + (size_t)hv * (size_t)Dv + (size_t)e] : 0.0f;
-    in.ga = gt.a[row * (size_t)Hv + (size_t)hv];
-    in.gb = gt.b[row * (size_t)Hv + (size_t)hv];
-}
-
-/* A thread's part of row i of a record (tdm_gdn_input_floats floats a row:
- * k, v, decay, beta, 1/|k|). */
-template <int P> struct gdn_rec {
-    float k[P], v, decay, beta, ik;
-};
-
-template <int P>
-__device__ __forceinline__ void gdn_load_rec(gdn_rec<P> &in, const float *rec, int i, int width,
-                                             int hk, int hv, int Hk, int Hv, int Dk, int Dv, int d0,
-                                             int e, bool live)
-{
-    const float *r = rec + (size_t)i * (size_t)width;
-    const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
-    gdn_slice<P>(in.k, r + (size_t)hk * (size_t)Dk + d0, Dk - d0, Dk % 4 == 0);
-    in.v = live ? r[kd + (size_t)hv * (size_t)Dv + (size_t)e] : 0.0f;
-    in.decay = r[kd + vd + (size_t)hv];
-    in.beta = r[kd + vd + (size_t)Hv + (size_t)hv];
-    in.ik = r[kd + vd + 2 * (size_t)Hv + (size_t)hk];
-}
-
 /* Sums over a thread's P rows (P % 4 == 0) in four interleaved chains,
  * (c0 + c1) + (c2 + c3): a quarter of one chain's latency. */
 struct gdn_sum4 {
@@ -265,11 +205,11 @@ struct gdn_sum4 {
 
 /* One position of the delta rule on a thread's state rows S, k as read,
  * ik = |k|⁻¹ as the row computed it (a record keeps it): S *= decay;
- * kv = (Sᵀk)·ik; S += k ((v - kv)·beta·ik). A record's rows come here; a
- * step's rows compute the same values inline (gdn_kernel). Every product
- * and difference in both is an explicit rounding (fmaf, __fmul_rn,
- * __fsub_rn), never left to the compiler's contraction, so the two give
- * the same bits (the GPU tests compare replay with extra_buffer). */
+ * kv = (Sᵀk)·ik; S += k ((v - kv)·beta·ik). A step's rows and a record's
+ * rows both come here; every product and difference is an explicit
+ * rounding (fmaf, __fmul_rn, __fsub_rn), never left to the compiler's
+ * contraction, so a replay gives the bits of the rows it replays (the GPU
+ * tests compare replay with extra_buffer). */
 template <int P, int SL>
 __device__ __forceinline__ void gdn_advance(float (&S)[P], const float (&k)[P], float ik, float v,
                                             float decay, float beta)
@@ -287,156 +227,285 @@ __device__ __forceinline__ void gdn_advance(float (&S)[P], const float (&k)[P], 
         S[t] = fmaf(k[t], kd, S[t]);
 }
 
+/* A staged row in shared memory (gdn_kernel): k [PS], v at the block's
+ * columns [cols], four scalars, then for a step's rows q [PS]; PS = P·SL
+ * >= Dk, zero past Dk. The scalars: a step's row is staged with its gate
+ * projections a, b in slots 2, 3 and gets 1/|q|, 1/|k|, decay, beta from
+ * the rows' prologue; a record's row is staged with 1/|k|, decay, beta in
+ * slots 1, 2, 3. */
+static __host__ __device__ inline int gdn_row_floats(int PS, int cols, bool step)
+{
+    return PS + cols + 4 + (step ? PS : 0);
+}
+
+__device__ __forceinline__ void gdn_cp4(float *dst, const float *src)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void gdn_cp16(float *dst, const float *src)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+/* n floats from src to dst by the block (16-byte copies when vec: src
+ * aligned, n % 4 == 0), zeros from element `valid` to `n`. */
+__device__ __forceinline__ void gdn_stage(float *dst, const float *src, int valid, int n, int vec)
+{
+    const int tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    if (vec) {
+        for (int j = tid * 4; j < n; j += nt * 4) {
+            if (j < valid)
+                gdn_cp16(dst + j, src + j);
+            else
+                *(float4 *)(dst + j) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    } else {
+        for (int j = tid; j < n; j += nt) {
+            if (j < valid)
+                gdn_cp4(dst + j, src + j);
+            else
+                dst[j] = 0.0f;
+        }
+    }
+}
+
+__device__ __forceinline__ void gdn_stage_wait(void)
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+}
+
 /* P: state rows per thread; SL: lanes per value column (P * SL >= Dk).
  * A segment with a record first advances the state by its record rows
  * 0 .. replayed-1 (no output), then runs its rows from qkv, writing each
  * one's inputs into the record. The state goes back in place when the
  * segment has neither states_out nor a record. MODE: GDN_PLAIN (no
- * segment of the launch has a record: an instance without the record's
- * code, whose row loop keeps the registers and schedule it had before
- * records existed), GDN_RECORD, or GDN_COMMIT (gdn_replay): only
- * the record's rows, then the state back in place; an instance of its own
- * with few registers, so that 4 blocks share a multiprocessor (its launch
- * has a block per column tile, head, layer and sequence). */
+ * segment of the launch has a record), GDN_RECORD, or GDN_COMMIT
+ * (gdn_replay): only the record's rows, then the state back in place; an
+ * instance of its own with few registers, so that 4 blocks share a
+ * multiprocessor (its launch has a block per column tile, head, layer and
+ * sequence). Rows go through shared memory in chunks of rc (gdn_row_floats
+ * floats each): the block copies a chunk in (cp.async), the warps make a
+ * step's rows' norms and gates in parallel, and the chain of positions
+ * then reads only shared memory and registers. */
 enum { GDN_PLAIN, GDN_RECORD, GDN_COMMIT };
+
+#ifndef GDN_UNROLL
+#define GDN_UNROLL 2
+#endif
+static constexpr int gdn_unroll = GDN_UNROLL;
 
 template <int P, int SL, int MODE>
 __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 4 : 1)
     gdn_kernel(float *out, const float *qkv, int stride, const tdm_gdn_gates gt,
-               const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec, int width)
+               const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec, int width, int rc)
 {
-    cuda_kernel_begin();
-    constexpr int CPW = 32 / SL; /* value columns per warp */
-    const tdm_gdn_seg sg = segs[blockIdx.z];
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    const int col = lane % CPW, d0 = (lane / CPW) * P;
-    const int hv = (int)blockIdx.y, hk = hv / (Hv / Hk);
-    const int e = ((int)blockIdx.x * GDN_WARPS + warp) * CPW + col;
-    const bool live = e < Dv;
-    const size_t hs = (size_t)Dk * (size_t)Dv, dv = (size_t)Dv;
+    extern __shared__ float4 gdn_smem4[];
+    float *sm = (float *)gdn_smem4;
+    constexpr int CPW = 32 / SL, PS = P * SL, COLS = GDN_WARPS * CPW;
     constexpr bool COMMIT = MODE == GDN_COMMIT, REC = MODE != GDN_PLAIN;
+    const tdm_gdn_seg sg = segs[blockIdx.z]; /* staged before the launch */
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int col = lane % CPW, d0 = (lane / CPW) * P, bc = warp * CPW + col;
+    const int hv = (int)blockIdx.y, hk = hv / (Hv / Hk);
+    const int e0 = (int)blockIdx.x * COLS, e = e0 + bc;
+    const size_t hs = (size_t)Dk * (size_t)Dv, dv = (size_t)Dv;
+    cuda_kernel_begin();
+    const bool live = e < Dv, whole = live && d0 + P <= Dk;
+    const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
     const int nrep = REC && sg.inputs ? sg.replayed : 0; /* record rows first */
+    const int nstep = COMMIT ? 0 : sg.nrows;
+    if (nrep + nstep == 0)
+        return; /* the whole block: no barrier below is reached */
     float S[P];
-    {
-        const float *st = sg.state + (size_t)hv * hs + (size_t)e;
+    float *const stp = sg.state + (size_t)hv * hs + (size_t)d0 * dv + (size_t)e;
+    if (whole) {
 #pragma unroll
         for (int t = 0; t < P; t++)
-            S[t] = live && d0 + t < Dk ? st[(size_t)(d0 + t) * dv] : 0.0f;
+            S[t] = stp[(size_t)t * dv];
+    } else {
+#pragma unroll
+        for (int t = 0; t < P; t++)
+            S[t] = live && d0 + t < Dk ? stp[(size_t)t * dv] : 0.0f;
     }
-    if (REC && nrep > 0) {
-        gdn_rec<P> rc, rn;
-        gdn_load_rec(rc, sg.inputs, 0, width, hk, hv, Hk, Hv, Dk, Dv, d0, e, live);
-        for (int i = 0; i < nrep; i++) {
-            if (i + 1 < nrep)
-                gdn_load_rec(rn, sg.inputs, i + 1, width, hk, hv, Hk, Hv, Dk, Dv, d0, e, live);
-            gdn_advance<P, SL>(S, rc.k, rc.ik, rc.v, rc.decay, rc.beta);
-            if (i + 1 < nrep)
-                rc = rn;
+
+    /* the record's rows: k, v, then 1/|k|, decay, beta in slots 1..3 */
+    const int rrow = gdn_row_floats(PS, COLS, false);
+    const int vr = Dk % 4 == 0 && Dv % 4 == 0 && ((uintptr_t)sg.inputs & 15) == 0;
+    for (int c0 = 0; c0 < nrep; c0 += rc) {
+        const int nr = min(rc, nrep - c0);
+        if (c0 > 0)
+            __syncthreads(); /* the chunk before is read */
+        for (int j = 0; j < nr; j++) {
+            const float *r = sg.inputs + (size_t)(c0 + j) * (size_t)width;
+            float *w = sm + (size_t)j * rrow;
+            gdn_stage(w, r + (size_t)hk * (size_t)Dk, Dk, PS, vr);
+            gdn_stage(w + PS, r + kd + (size_t)hv * dv + (size_t)e0, Dv - e0, COLS, vr);
+            if (tid == 0) {
+                gdn_cp4(w + PS + COLS + 1, r + kd + vd + 2 * (size_t)Hv + (size_t)hk);
+                gdn_cp4(w + PS + COLS + 2, r + kd + vd + (size_t)hv);
+                gdn_cp4(w + PS + COLS + 3, r + kd + vd + (size_t)Hv + (size_t)hv);
+            }
+        }
+        gdn_stage_wait();
+#pragma unroll gdn_unroll
+        for (int j = 0; j < nr; j++) {
+            const float *w = sm + (size_t)j * rrow;
+            float k[P];
+#pragma unroll
+            for (int t = 0; t < P; t += 4)
+                *(float4 *)(k + t) = *(const float4 *)(w + d0 + t);
+            const float4 sc = *(const float4 *)(w + PS + COLS);
+            gdn_advance<P, SL>(S, k, sc.y, w[PS + bc], sc.z, sc.w);
         }
     }
+
     if constexpr (!COMMIT) {
-        const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
         const float scale = 1.0f / sqrtf((float)Dk);
-        const float A_log = sg.nrows > 0 ? gt.A_log[hv] : 0.0f;
-        const float dt_bias = sg.nrows > 0 ? gt.dt_bias[hv] : 0.0f;
-        gdn_in<P> cur, nxt;
-        if (sg.nrows > 0)
-            gdn_load(cur, qkv, (size_t)sg.row0, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live,
-                     vec);
-        for (int i = 0; i < sg.nrows; i++) {
-            const size_t row = (size_t)(sg.row0 + i);
-            if (i + 1 < sg.nrows)
-                gdn_load(nxt, qkv, row + 1, stride, gt, hk, hv, Hk, Hv, Dk, Dv, d0, e, live, vec);
-            /* gdn_advance's arithmetic written out, the output's sum in the
-             * state's update loop: the same roundings, so the same values
-             * (the GPU tests hold replay to extra_buffer bit for bit). This
-             * is the measured form; gdn_advance plus a separate output loop
-             * measured the same in the kernel before the instances were
-             * split (20.8 against 21.0 us a 9-row call), not since. */
-            gdn_sum4 sq, sk;
-#pragma unroll
-            for (int t = 0; t < P; t++) {
-                sq.add(t, cur.q[t], cur.q[t]);
-                sk.add(t, cur.k[t], cur.k[t]);
+        const float A_log = gt.A_log[hv], dt_bias = gt.dt_bias[hv];
+        const int srow = gdn_row_floats(PS, COLS, true), so = PS + COLS; /* scalars */
+        for (int c0 = 0; c0 < nstep; c0 += rc) {
+            const int nr = min(rc, nstep - c0);
+            if (c0 > 0 || nrep > 0)
+                __syncthreads(); /* the chunk before is read */
+            for (int j = 0; j < nr; j++) {
+                const size_t row = (size_t)(sg.row0 + c0 + j);
+                const float *x = qkv + row * (size_t)stride;
+                float *w = sm + (size_t)j * srow;
+                gdn_stage(w, x + kd + (size_t)hk * (size_t)Dk, Dk, PS, vec);
+                gdn_stage(w + PS, x + 2 * kd + (size_t)hv * dv + (size_t)e0, Dv - e0, COLS, vec);
+                gdn_stage(w + so + 4, x + (size_t)hk * (size_t)Dk, Dk, PS, vec);
+                if (tid == 0) {
+                    gdn_cp4(w + so + 2, gt.a + row * (size_t)Hv + (size_t)hv);
+                    gdn_cp4(w + so + 3, gt.b + row * (size_t)Hv + (size_t)hv);
+                }
             }
-            const float iq = 1.0f / sqrtf(gdn_col_sum<SL>(sq.total()) + 1e-6f);
-            const float ik = 1.0f / sqrtf(gdn_col_sum<SL>(sk.total()) + 1e-6f);
-            float g, beta;
-            gdn_gate(cur.ga, cur.gb, A_log, dt_bias, &g, &beta);
-            const float decay = expf(g);
-            gdn_sum4 kv4;
+            gdn_stage_wait();
+            /* the rows' norms and gates, a warp per row: lane l sums the
+             * squares of elements 4l .. 4l+3 of every 128, then a butterfly
+             * over the warp */
+            for (int j = warp; j < nr; j += GDN_WARPS) {
+                float *w = sm + (size_t)j * srow;
+                float sq = 0.0f, sk = 0.0f;
+                for (int m = lane * 4; m < PS; m += 128) {
+                    const float4 q4 = *(const float4 *)(w + so + 4 + m);
+                    const float4 k4 = *(const float4 *)(w + m);
+                    sq = fmaf(q4.x, q4.x, sq), sq = fmaf(q4.y, q4.y, sq);
+                    sq = fmaf(q4.z, q4.z, sq), sq = fmaf(q4.w, q4.w, sq);
+                    sk = fmaf(k4.x, k4.x, sk), sk = fmaf(k4.y, k4.y, sk);
+                    sk = fmaf(k4.z, k4.z, sk), sk = fmaf(k4.w, k4.w, sk);
+                }
 #pragma unroll
-            for (int t = 0; t < P; t++) {
-                S[t] = __fmul_rn(S[t], decay);
-                kv4.add(t, S[t], cur.k[t]);
+                for (int o = 16; o > 0; o >>= 1) {
+                    sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                    sk += __shfl_xor_sync(0xffffffffu, sk, o);
+                }
+                float g, beta;
+                gdn_gate(w[so + 2], w[so + 3], A_log, dt_bias, &g, &beta);
+                __syncwarp();
+                if (lane == 0)
+                    *(float4 *)(w + so) = make_float4(1.0f / sqrtf(sq + 1e-6f),
+                                                      1.0f / sqrtf(sk + 1e-6f), expf(g), beta);
             }
-            const float kv = __fmul_rn(gdn_col_sum<SL>(kv4.total()), ik);
-            const float dl = __fmul_rn(__fmul_rn(__fsub_rn(cur.v, kv), beta), ik);
-            gdn_sum4 o4;
+            __syncthreads();
+            if (REC && sg.inputs) {
+                /* the chunk into the record: k and 1/|k| by the first
+                 * column tile of the first v-head of its k-head, v by every
+                 * block for its columns, decay and beta by the first tile */
+                const bool kb = blockIdx.x == 0 && hv % (Hv / Hk) == 0;
+                for (int j = 0; j < nr; j++) {
+                    const float *w = sm + (size_t)j * srow;
+                    float *r = sg.inputs + (size_t)(sg.replayed + c0 + j) * (size_t)width;
+                    if (kb)
+                        for (int m = tid; m < Dk; m += GDN_WARPS * 32)
+                            r[(size_t)hk * (size_t)Dk + (size_t)m] = w[m];
+                    if (tid < COLS && e0 + tid < Dv)
+                        r[kd + (size_t)hv * dv + (size_t)(e0 + tid)] = w[PS + tid];
+                    if (tid == 0 && kb)
+                        r[kd + vd + 2 * (size_t)Hv + (size_t)hk] = w[so + 1];
+                    if (tid == 0 && blockIdx.x == 0) {
+                        r[kd + vd + (size_t)hv] = w[so + 2];
+                        r[kd + vd + (size_t)Hv + (size_t)hv] = w[so + 3];
+                    }
+                }
+            }
+#pragma unroll gdn_unroll
+            for (int j = 0; j < nr; j++) {
+                const float *w = sm + (size_t)j * srow;
+                const int i = c0 + j;
+                float k[P], q[P];
 #pragma unroll
-            for (int t = 0; t < P; t++) {
-                S[t] = fmaf(cur.k[t], dl, S[t]);
-                o4.add(t, S[t], cur.q[t]);
-            }
-            const float o = gdn_col_sum<SL>(o4.total()) * (iq * scale);
-            if (live && d0 == 0)
-                out[(row * (size_t)Hv + (size_t)hv) * dv + (size_t)e] = o;
-            if (sg.states_out && live) {
-                float *so = sg.states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs + (size_t)e;
+                for (int t = 0; t < P; t += 4) {
+                    *(float4 *)(k + t) = *(const float4 *)(w + d0 + t);
+                    *(float4 *)(q + t) = *(const float4 *)(w + so + 4 + d0 + t);
+                }
+                const float4 sc = *(const float4 *)(w + so);
+                gdn_advance<P, SL>(S, k, sc.y, w[PS + bc], sc.z, sc.w);
+                gdn_sum4 o4;
 #pragma unroll
                 for (int t = 0; t < P; t++)
-                    if (d0 + t < Dk)
-                        so[(size_t)(d0 + t) * dv] = S[t];
-            }
-            if (REC && sg.inputs) {
-                /* this row into the record: k and 1/|k| by one column of
-                 * the first v-head of its k-head, v by the first slice, the
-                 * gates by one thread */
-                float *r = sg.inputs + (size_t)(sg.replayed + i) * (size_t)width;
-                if (blockIdx.x == 0 && warp == 0 && col == 0 && hv % (Hv / Hk) == 0) {
-#pragma unroll
-                    for (int t = 0; t < P; t++)
-                        if (d0 + t < Dk)
-                            r[(size_t)hk * (size_t)Dk + (size_t)(d0 + t)] = cur.k[t];
-                    if (d0 == 0)
-                        r[kd + vd + 2 * (size_t)Hv + (size_t)hk] = ik;
-                }
+                    o4.add(t, S[t], q[t]);
+                const float o = gdn_col_sum<SL>(o4.total()) * (sc.x * scale);
                 if (live && d0 == 0)
-                    r[kd + (size_t)hv * dv + (size_t)e] = cur.v;
-                if (blockIdx.x == 0 && threadIdx.x == 0) {
-                    r[kd + vd + (size_t)hv] = decay;
-                    r[kd + vd + (size_t)Hv + (size_t)hv] = beta;
+                    out[((size_t)(sg.row0 + i) * (size_t)Hv + (size_t)hv) * dv + (size_t)e] = o;
+                if (sg.states_out && live) {
+                    float *sp = sg.states_out + ((size_t)i * (size_t)Hv + (size_t)hv) * hs +
+                                (size_t)d0 * dv + (size_t)e;
+                    if (whole) {
+#pragma unroll
+                        for (int t = 0; t < P; t++)
+                            sp[(size_t)t * dv] = S[t];
+                    } else {
+#pragma unroll
+                        for (int t = 0; t < P; t++)
+                            if (d0 + t < Dk)
+                                sp[(size_t)t * dv] = S[t];
+                    }
                 }
             }
-            if (i + 1 < sg.nrows)
-                cur = nxt;
         }
     }
     const bool back = COMMIT || (!sg.states_out && !sg.inputs);
-    if (back && live && sg.nrows + nrep > 0) {
-        float *st = sg.state + (size_t)hv * hs + (size_t)e;
+    if (back) {
+        if (whole) {
 #pragma unroll
-        for (int t = 0; t < P; t++)
-            if (d0 + t < Dk)
-                st[(size_t)(d0 + t) * dv] = S[t];
+            for (int t = 0; t < P; t++)
+                stp[(size_t)t * dv] = S[t];
+        } else if (live) {
+#pragma unroll
+            for (int t = 0; t < P; t++)
+                if (d0 + t < Dk)
+                    stp[(size_t)t * dv] = S[t];
+        }
     }
 }
 
 /* The launch for Dk: P and SL from Dk alone (32 state rows a thread and SL
  * the power of two that covers Dk; small heads take 8 or 16 rows a thread),
- * so a position computes the same bits in every call. */
+ * so a position computes the same bits in every call. Rows are staged in
+ * chunks of up to 32 that fit in 48 KB. */
 template <int MODE>
 static void gdn_launch(cuda_ctx *c, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
-                       const tdm_gdn_seg *d, int nseg, int Hk, int Hv, int Dk, int Dv, int vec)
+                       const tdm_gdn_seg *d, int nseg, int maxrows, int Hk, int Hv, int Dk, int Dv,
+                       int vec)
 {
     int p = Dk <= 8 ? 8 : Dk <= 32 ? 16 : 32, sl = 1;
     while (p * sl < Dk)
         sl *= 2;
     const int cols = GDN_WARPS * 32 / sl;
+    const int rowf = gdn_row_floats(p * sl, cols, MODE != GDN_COMMIT);
+    int rc = 48 * 1024 / (rowf * (int)sizeof(float));
+    rc = rc > 32 ? 32 : rc < 1 ? 1 : rc;
+    rc = rc > maxrows ? maxrows : rc;
+    const size_t smem = (size_t)rc * (size_t)rowf * sizeof(float);
     const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
 #define GDN_LAUNCH(P, SL)                                                                          \
-    cuda_launch(c, gdn_kernel<P, SL, MODE>, grid, GDN_WARPS * 32, 0, out, qkv, qkv_stride, gt, d,  \
-                Hk, Hv, Dk, Dv, vec, (int)tdm_gdn_input_floats(Hk, Hv, Dk, Dv))
+    cuda_launch(c, gdn_kernel<P, SL, MODE>, grid, GDN_WARPS * 32, smem, out, qkv, qkv_stride, gt,  \
+                d, Hk, Hv, Dk, Dv, vec, (int)tdm_gdn_input_floats(Hk, Hv, Dk, Dv), rc)
     if (p == 8)
         GDN_LAUNCH(8, 1);
     else if (p == 16 && sl == 1)
@@ -495,13 +564,17 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_gdn_seg));
     const int vec = Dk % 4 == 0 && Dv % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;
-    int rec = 0;
-    for (int i = 0; i < nseg; i++)
+    /* the chunk from the rows alone: a record's row count is staged
+     * (it changes between replays of a graph), a launch's shape is not */
+    int rec = 0, maxrows = 1;
+    for (int i = 0; i < nseg; i++) {
         rec |= segs[i].inputs != NULL;
+        maxrows = segs[i].nrows > maxrows ? segs[i].nrows : maxrows;
+    }
     if (rec)
-        gdn_launch<GDN_RECORD>(c, out, qkv, qkv_stride, gt, d, nseg, Hk, Hv, Dk, Dv, vec);
+        gdn_launch<GDN_RECORD>(c, out, qkv, qkv_stride, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv, vec);
     else
-        gdn_launch<GDN_PLAIN>(c, out, qkv, qkv_stride, gt, d, nseg, Hk, Hv, Dk, Dv, vec);
+        gdn_launch<GDN_PLAIN>(c, out, qkv, qkv_stride, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv, vec);
 }
 
 void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
@@ -513,10 +586,15 @@ void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int H
     /* each segment: its record's nrows rows replayed, nothing from a step */
     tdm_gdn_seg *r = (tdm_gdn_seg *)malloc((size_t)nseg * sizeof(tdm_gdn_seg));
     TDM_ASSERT(r != NULL);
-    for (int i = 0; i < nseg; i++)
+    int maxrows = 1;
+    for (int i = 0; i < nseg; i++) {
         r[i] = tdm_gdn_seg{0, 0, segs[i].state, NULL, segs[i].inputs, segs[i].nrows, 0};
+        maxrows = segs[i].nrows > maxrows ? segs[i].nrows : maxrows;
+    }
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, r, (size_t)nseg * sizeof(tdm_gdn_seg));
     free(r);
-    gdn_launch<GDN_COMMIT>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, Hk, Hv, Dk, Dv, 0);
+    const int vec = Dk % 4 == 0 && Dv % 4 == 0;
+    gdn_launch<GDN_COMMIT>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, maxrows, Hk, Hv, Dk, Dv,
+                           vec);
 }
