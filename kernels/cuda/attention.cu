@@ -60,6 +60,17 @@ namespace cg = cooperative_groups;
  * cluster each; at and above it the rows alone fill the GPU. */
 #define ATT_CLUSTER_UNITS 256
 
+/* Keys per tile at most, and blocks of the cluster kernel a multiprocessor
+ * must hold (att_split_minb): with 4 keys a tile (fewer registers) two
+ * blocks fit where a lane holds at most 8 float4s of q (GP·NC <= 8: no
+ * more than 64 bytes spilled), so a verify block's clusters (a cluster per
+ * row and kv head) run in fewer waves. Measured on the H200 (4B, per call): 9 rows at 32 keys 12.1
+ * -> 12.4 us and at 4096 keys 94.8 -> 78.2, 17 rows 158.6 -> 120.5, one row 9.7 -> 10.1 and 31.7
+ * -> 34.0, 8 rows 113.1 -> 103.8, 72 rows at 4096 keys 577 -> 613; replay verify k=8 3.86
+ * -> 3.80-3.82 ms, decode the same, against 8 keys a tile and one block. Two blocks with 8 keys a
+ * tile (registers spilled) gained nothing. */
+#define ATT_TKMAX 4
+
 static_assert(ATT_SPLITS == ATT_WARPS, "merge factors share one [8][GP] area");
 
 __host__ __device__ constexpr int att_min(int a, int b)
@@ -67,11 +78,17 @@ __host__ __device__ constexpr int att_min(int a, int b)
     return a < b ? a : b;
 }
 
+__host__ __device__ constexpr int att_split_minb(int gp, int nc)
+{
+    return gp * nc <= 8 ? 2 : 1;
+}
+
 /* Keys per tile from the head slots per block and the float4 chunks per
- * lane: GP·TK <= 32 score slots, TK·NC <= 16 key float4s in registers. */
+ * lane: GP·TK <= 32 score slots, TK·NC <= 16 key float4s in registers,
+ * TK <= ATT_TKMAX. */
 __host__ __device__ constexpr int att_tk(int gp, int nc)
 {
-    return att_min(8, att_min(32 / gp, 16 / nc));
+    return att_min(ATT_TKMAX, att_min(32 / gp, 16 / nc));
 }
 
 __host__ __device__ constexpr int att_log2(int v)
@@ -395,9 +412,10 @@ __device__ __forceinline__ int att_heads(int nH, int nKV, int gp, int *kh, int *
 }
 
 template <int GP, int NC>
-__global__ void __cluster_dims__(ATT_SPLITS, 1, 1) __launch_bounds__(ATT_THREADS, 1)
-    att_split_kernel(float *out, const float *q, const tdm_attn_seg *segs, int nseg, int nH,
-                     int nKV, int D)
+__global__ void __cluster_dims__(ATT_SPLITS, 1, 1)
+    __launch_bounds__(ATT_THREADS, att_split_minb(GP, NC))
+        att_split_kernel(float *out, const float *q, const tdm_attn_seg *segs, int nseg, int nH,
+                         int nKV, int D)
 {
     cuda_kernel_begin();
     extern __shared__ float4 att_smem[];
