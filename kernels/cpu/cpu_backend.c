@@ -250,13 +250,13 @@ typedef struct gdn_args {
     int nseg, Hk, Hv, Dk, Dv;
 } gdn_args;
 
-/* 1/|k| of a row's k (eps 1e-6). */
-static float gdn_inorm(const float *k, int Dk)
+/* 1/|x| of a row's q or k (eps 1e-6). */
+static float gdn_inorm(const float *x, int Dk)
 {
-    float sk = 0;
+    float s = 0;
     for (int d = 0; d < Dk; d++)
-        sk += k[d] * k[d];
-    return 1.0f / sqrtf(sk + 1e-6f);
+        s += x[d] * x[d];
+    return 1.0f / sqrtf(s + 1e-6f);
 }
 
 /* out[e] = Σ_d S[d, e]·x[d] over S [Dk, Dv], d in increasing order. */
@@ -336,10 +336,7 @@ static void gdn_task(void *vp, int u)
         const float *q = a->qkv + row * (size_t)a->stride + (size_t)hk * (size_t)Dk;
         const float *k = q + kd;
         const float *v = a->qkv + row * (size_t)a->stride + 2 * kd + (size_t)hv * (size_t)Dv;
-        float sq = 0;
-        for (int d = 0; d < Dk; d++)
-            sq += q[d] * q[d];
-        const float iq = 1.0f / sqrtf(sq + 1e-6f);
+        const float iq = gdn_inorm(q, Dk);
         for (int d = 0; d < Dk; d++)
             qn[d] = (q[d] * iq) * scale;
         float g, b;

@@ -607,7 +607,6 @@ void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int H
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, r, (size_t)nseg * sizeof(tdm_gdn_seg));
     free(r);
-    const int vec = Dk % 4 == 0 && Dv % 4 == 0;
-    gdn_launch<GDN_COMMIT>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, maxrows, Hk, Hv, Dk, Dv,
-                           vec);
+    /* no step rows: vec (their alignment) is unused; the kernel checks the record's */
+    gdn_launch<GDN_COMMIT>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, maxrows, Hk, Hv, Dk, Dv, 0);
 }
