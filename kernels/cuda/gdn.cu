@@ -29,14 +29,25 @@
  *
  * The rows go through shared memory in chunks (up to 32 rows, 48 KB): the
  * block copies a chunk's k and q of its k-head, v of its columns and the
- * gate projections a, b in by cp.async, in flight with the state's loads;
- * the warps then make the rows' norms (a warp per row: lane l sums the
- * squares of elements 4l .. 4l+3 of every 128, a butterfly over the warp)
- * and gates (from a, b inside the kernel: no gates kernel on the critical
+ * gate projections a, b in by cp.async, in flight with the state's loads,
+ * each thread one 16-byte part (or scalar) of every row of the chunk; the
+ * warps then make the rows' norms (a warp per row, two rows at a time:
+ * lane l sums the squares of elements 4l .. 4l+3 of every 128, a butterfly
+ * over the warp) and, a lane per row, the scalars: 1/|q|, 1/|k| and the
+ * gates (from a, b inside the kernel: no gates kernel on the critical
  * path; prompt chunks taking the chunked form get the same bits as arrays
- * from gdn_gates_kernel) in parallel, before the chain of positions, which
- * then reads only shared memory and registers, unrolled by two so one
- * position's output sum overlaps the next one's state update. Measured on
+ * from gdn_gates_kernel), before the chain of positions, which then reads
+ * only shared memory and registers, unrolled by two so one position's
+ * output sum overlaps the next one's state update. A record is written
+ * from shared memory the same way, a thread a 16-byte part of every row.
+ *
+ * Nsight Compute on a 9-row verify call showed the chain at 28 % of the
+ * samples; staging the rows a row at a time (every thread looping over the
+ * row's parts, 64-bit addresses made per row) took 18 %, the wait for them
+ * 16 %, the norms and gates one row after another 15 %, the record's
+ * writes 10 %; the commit spent 23 % staging. A thread a part of every row
+ * and the scalars a lane per row: a 9-row call 17.5 -> 13.4 us, verify
+ * k=8 + commit 3.80 -> 3.71 ms (4B, replay, RESULTS). Measured on
  * the H200 (4B, batch 1, replay, in a step): a 9-row call 20.2 -> 17.3 us
  * and a 1-row call 11.8 -> 10.5 against loading each position's q, k, v,
  * a, b into registers one position ahead with the norms and gates made per
@@ -259,32 +270,61 @@ __device__ __forceinline__ void gdn_cp4(float *dst, const float *src)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
 }
 
-__device__ __forceinline__ void gdn_cp16(float *dst, const float *src)
+/* n floats from src to dst by the block, 4 bytes at a time, zeros from
+ * element `valid` to `n` (rows whose alignment rules out gdn_unit's 16-byte
+ * copies). */
+__device__ __forceinline__ void gdn_stage(float *dst, const float *src, int valid, int n)
 {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    for (int j = (int)threadIdx.x; j < n; j += (int)blockDim.x) {
+        if (j < valid)
+            gdn_cp4(dst + j, src + j);
+        else
+            dst[j] = 0.0f;
+    }
 }
 
-/* n floats from src to dst by the block (16-byte copies when vec: src
- * aligned, n % 4 == 0), zeros from element `valid` to `n`. */
-__device__ __forceinline__ void gdn_stage(float *dst, const float *src, int valid, int n, int vec)
+/* The rows of a chunk staged at once (16-byte aligned rows): each thread takes a fixed part
+ * of a row (a unit: a 16-byte chunk, or a 4-byte scalar) and copies it for
+ * every row of the chunk, its source and destination moving by a row's
+ * strides, so the addresses are made once a chunk rather than once a row.
+ * A 16-byte unit past the valid data fills zeros (cp.async's source size 0,
+ * from the row's first valid address). */
+struct gdn_unit {
+    const float *src; /* row 0's */
+    size_t ss;        /* floats from a row's source to the next one's */
+    int dst;          /* floats into a row's shared-memory image */
+    int bytes;        /* 16, 0 (16 zeros) or 4 */
+};
+
+__device__ __forceinline__ void gdn_unit_copy(const gdn_unit &u, float *sm, int drow, int nr)
 {
-    const int tid = (int)threadIdx.x, nt = (int)blockDim.x;
-    if (vec) {
-        for (int j = tid * 4; j < n; j += nt * 4) {
-            if (j < valid)
-                gdn_cp16(dst + j, src + j);
-            else
-                *(float4 *)(dst + j) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+    unsigned d = (unsigned)__cvta_generic_to_shared(sm + u.dst);
+    const float *s = u.src;
+    if (u.bytes == 4) {
+        for (int j = 0; j < nr; j++, d += 4u * (unsigned)drow, s += u.ss)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(s) : "memory");
     } else {
-        for (int j = tid; j < n; j += nt) {
-            if (j < valid)
-                gdn_cp4(dst + j, src + j);
-            else
-                dst[j] = 0.0f;
-        }
+        for (int j = 0; j < nr; j++, d += 4u * (unsigned)drow, s += u.ss)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(s),
+                         "r"(u.bytes)
+                         : "memory");
     }
+}
+
+/* Unit u of a row's part at src (16-byte chunks, `valid` floats of it
+ * real), into its image at dst. */
+__device__ __forceinline__ gdn_unit gdn_chunk_unit(int u, const float *src, size_t ss, int dst,
+                                                   int valid)
+{
+    const int m = 4 * u;
+    return gdn_unit{m < valid ? src + m : src, ss, dst + m, m < valid ? 16 : 0};
+}
+
+/* *s += the squares of v's four values, in order. */
+__device__ __forceinline__ void gdn_sq4(float *s, float4 v)
+{
+    *s = fmaf(v.x, v.x, *s), *s = fmaf(v.y, v.y, *s);
+    *s = fmaf(v.z, v.z, *s), *s = fmaf(v.w, v.w, *s);
 }
 
 __device__ __forceinline__ void gdn_stage_wait(void)
@@ -301,25 +341,29 @@ __device__ __forceinline__ void gdn_stage_wait(void)
  * segment has neither states_out nor a record. MODE: GDN_PLAIN (no
  * segment of the launch has a record), GDN_RECORD, or GDN_COMMIT
  * (gdn_replay): only the record's rows, then the state back in place; an
- * instance of its own with few registers, so that 4 blocks share a
+ * instance of its own with few registers, so that 5 blocks share a
  * multiprocessor (its launch has a block per column tile, head, layer and
- * sequence). Rows go through shared memory in chunks of rc (gdn_row_floats
- * floats each): the block copies a chunk in (cp.async), the warps make a
- * step's rows' norms and gates in parallel, and the chain of positions
- * then reads only shared memory and registers. */
+ * sequence: 3072 blocks for a 4B sequence; 4 a multiprocessor took 128
+ * registers and ~6 waves, 5 take 92 and ~4.7, verify k=8 + commit ~0.03
+ * ms faster). Rows go through shared memory in chunks of rc
+ * (gdn_row_floats floats each): the block copies a chunk in (cp.async, a
+ * thread a unit of every row: gdn_unit), the warps make a step's rows'
+ * norms and gates in parallel, and the chain of positions then reads only
+ * shared memory and registers. */
 enum { GDN_PLAIN, GDN_RECORD, GDN_COMMIT };
 
 /* positions per iteration of the chain (see the top of the file) */
 static constexpr int gdn_unroll = 2;
 
 template <int P, int SL, int MODE>
-__global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 4 : 1)
+__global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
     gdn_kernel(float *out, const float *qkv, int stride, const tdm_gdn_gates gt,
                const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec, int width, int rc)
 {
     extern __shared__ float4 gdn_smem4[];
     float *sm = (float *)gdn_smem4;
     constexpr int CPW = 32 / SL, PS = P * SL, COLS = GDN_WARPS * CPW;
+    constexpr int KC = PS / 4, VC = COLS / 4; /* 16-byte chunks of k (or q), of v */
     constexpr bool COMMIT = MODE == GDN_COMMIT, REC = MODE != GDN_PLAIN;
     const tdm_gdn_seg sg = segs[blockIdx.z]; /* staged before the launch */
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -353,15 +397,34 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 4 : 1)
         const int nr = min(rc, nrep - c0);
         if (c0 > 0)
             __syncthreads(); /* the chunk before is read */
-        for (int j = 0; j < nr; j++) {
-            const float *r = sg.inputs + (size_t)(c0 + j) * (size_t)width;
-            float *w = sm + (size_t)j * rrow;
-            gdn_stage(w, r + (size_t)hk * (size_t)Dk, Dk, PS, vr);
-            gdn_stage(w + PS, r + kd + (size_t)hv * dv + (size_t)e0, Dv - e0, COLS, vr);
-            if (tid == 0) {
-                gdn_cp4(w + PS + COLS + 1, r + kd + vd + 2 * (size_t)Hv + (size_t)hk);
-                gdn_cp4(w + PS + COLS + 2, r + kd + vd + (size_t)hv);
-                gdn_cp4(w + PS + COLS + 3, r + kd + vd + (size_t)Hv + (size_t)hv);
+        if (vr) {
+            /* units: k's chunks, v's, then 1/|k|, decay, beta */
+            const float *r = sg.inputs + (size_t)c0 * (size_t)width;
+            const size_t sw = (size_t)width, sc = kd + vd; /* the scalars */
+            for (int u = tid; u < KC + VC + 3; u += GDN_WARPS * 32) {
+                const int x = u - KC - VC;
+                const gdn_unit un =
+                    u < KC  ? gdn_chunk_unit(u, r + (size_t)hk * (size_t)Dk, sw, 0, Dk)
+                    : x < 0 ? gdn_chunk_unit(u - KC, r + kd + (size_t)hv * dv + (size_t)e0, sw, PS,
+                                             Dv - e0)
+                            : gdn_unit{r + sc +
+                                           (x == 0   ? 2 * (size_t)Hv + (size_t)hk
+                                            : x == 1 ? (size_t)hv
+                                                     : (size_t)Hv + (size_t)hv),
+                                       sw, PS + COLS + 1 + x, 4};
+                gdn_unit_copy(un, sm, rrow, nr);
+            }
+        } else {
+            for (int j = 0; j < nr; j++) {
+                const float *r = sg.inputs + (size_t)(c0 + j) * (size_t)width;
+                float *w = sm + (size_t)j * rrow;
+                gdn_stage(w, r + (size_t)hk * (size_t)Dk, Dk, PS);
+                gdn_stage(w + PS, r + kd + (size_t)hv * dv + (size_t)e0, Dv - e0, COLS);
+                if (tid == 0) {
+                    gdn_cp4(w + PS + COLS + 1, r + kd + vd + 2 * (size_t)Hv + (size_t)hk);
+                    gdn_cp4(w + PS + COLS + 2, r + kd + vd + (size_t)hv);
+                    gdn_cp4(w + PS + COLS + 3, r + kd + vd + (size_t)Hv + (size_t)hv);
+                }
             }
         }
         gdn_stage_wait();
@@ -385,50 +448,101 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 4 : 1)
             const int nr = min(rc, nstep - c0);
             if (c0 > 0 || nrep > 0)
                 __syncthreads(); /* the chunk before is read */
-            for (int j = 0; j < nr; j++) {
-                const size_t row = (size_t)(sg.row0 + c0 + j);
-                const float *x = qkv + row * (size_t)stride;
-                float *w = sm + (size_t)j * srow;
-                gdn_stage(w, x + kd + (size_t)hk * (size_t)Dk, Dk, PS, vec);
-                gdn_stage(w + PS, x + 2 * kd + (size_t)hv * dv + (size_t)e0, Dv - e0, COLS, vec);
-                gdn_stage(w + so + 4, x + (size_t)hk * (size_t)Dk, Dk, PS, vec);
-                if (tid == 0) {
-                    gdn_cp4(w + so + 2, gt.a + row * (size_t)Hv + (size_t)hv);
-                    gdn_cp4(w + so + 3, gt.b + row * (size_t)Hv + (size_t)hv);
+            if (vec) {
+                /* units: k's chunks, v's, q's, then a and b */
+                const size_t row = (size_t)(sg.row0 + c0), ss = (size_t)stride;
+                const float *x = qkv + row * ss, *xk = x + (size_t)hk * (size_t)Dk;
+                for (int u = tid; u < 2 * KC + VC + 2; u += GDN_WARPS * 32) {
+                    const int y = u - 2 * KC - VC;
+                    const gdn_unit un =
+                        u < KC ? gdn_chunk_unit(u, xk + kd, ss, 0, Dk)
+                        : u < KC + VC
+                            ? gdn_chunk_unit(u - KC, x + 2 * kd + (size_t)hv * dv + (size_t)e0, ss,
+                                             PS, Dv - e0)
+                        : y < 0 ? gdn_chunk_unit(u - KC - VC, xk, ss, so + 4, Dk)
+                                : gdn_unit{(y == 0 ? gt.a : gt.b) + row * (size_t)Hv + (size_t)hv,
+                                           (size_t)Hv, so + 2 + y, 4};
+                    gdn_unit_copy(un, sm, srow, nr);
+                }
+            } else {
+                for (int j = 0; j < nr; j++) {
+                    const size_t row = (size_t)(sg.row0 + c0 + j);
+                    const float *x = qkv + row * (size_t)stride;
+                    float *w = sm + (size_t)j * srow;
+                    gdn_stage(w, x + kd + (size_t)hk * (size_t)Dk, Dk, PS);
+                    gdn_stage(w + PS, x + 2 * kd + (size_t)hv * dv + (size_t)e0, Dv - e0, COLS);
+                    gdn_stage(w + so + 4, x + (size_t)hk * (size_t)Dk, Dk, PS);
+                    if (tid == 0) {
+                        gdn_cp4(w + so + 2, gt.a + row * (size_t)Hv + (size_t)hv);
+                        gdn_cp4(w + so + 3, gt.b + row * (size_t)Hv + (size_t)hv);
+                    }
                 }
             }
             gdn_stage_wait();
-            /* the rows' norms and gates, a warp per row: lane l sums the
-             * squares of elements 4l .. 4l+3 of every 128, then a butterfly
-             * over the warp */
-            for (int j = warp; j < nr; j += GDN_WARPS) {
-                float *w = sm + (size_t)j * srow;
-                float sq = 0.0f, sk = 0.0f;
+            /* The rows' norms and gates. Warp w takes rows w, w + 4, ...,
+             * two at a time: lane l sums the squares of elements 4l .. 4l+3
+             * of every 128, then a butterfly over the warp; lane i keeps the
+             * sums of the warp's row i. Then the warp's lanes make their
+             * rows' scalars (1/|q|, 1/|k|, decay, beta) side by side. */
+            float mq = 0.0f, mk = 0.0f;
+            for (int j = warp, i = 0; j < nr; j += 2 * GDN_WARPS, i += 2) {
+                const int j2 = min(j + GDN_WARPS, nr - 1); /* a second row, or j again */
+                const float *w = sm + (size_t)j * srow, *w2 = sm + (size_t)j2 * srow;
+                float sq = 0.0f, sk = 0.0f, sq2 = 0.0f, sk2 = 0.0f;
                 for (int m = lane * 4; m < PS; m += 128) {
-                    const float4 q4 = *(const float4 *)(w + so + 4 + m);
-                    const float4 k4 = *(const float4 *)(w + m);
-                    sq = fmaf(q4.x, q4.x, sq), sq = fmaf(q4.y, q4.y, sq);
-                    sq = fmaf(q4.z, q4.z, sq), sq = fmaf(q4.w, q4.w, sq);
-                    sk = fmaf(k4.x, k4.x, sk), sk = fmaf(k4.y, k4.y, sk);
-                    sk = fmaf(k4.z, k4.z, sk), sk = fmaf(k4.w, k4.w, sk);
+                    gdn_sq4(&sq, *(const float4 *)(w + so + 4 + m));
+                    gdn_sq4(&sk, *(const float4 *)(w + m));
+                    gdn_sq4(&sq2, *(const float4 *)(w2 + so + 4 + m));
+                    gdn_sq4(&sk2, *(const float4 *)(w2 + m));
                 }
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) {
                     sq += __shfl_xor_sync(0xffffffffu, sq, o);
                     sk += __shfl_xor_sync(0xffffffffu, sk, o);
+                    sq2 += __shfl_xor_sync(0xffffffffu, sq2, o);
+                    sk2 += __shfl_xor_sync(0xffffffffu, sk2, o);
                 }
+                if (lane == i)
+                    mq = sq, mk = sk;
+                if (lane == i + 1)
+                    mq = sq2, mk = sk2;
+            }
+            if (warp + lane * GDN_WARPS < nr) {
+                float *w = sm + (size_t)(warp + lane * GDN_WARPS) * srow;
                 float g, beta;
                 gdn_gate(w[so + 2], w[so + 3], A_log, dt_bias, &g, &beta);
-                __syncwarp();
-                if (lane == 0)
-                    *(float4 *)(w + so) = make_float4(1.0f / sqrtf(sq + 1e-6f),
-                                                      1.0f / sqrtf(sk + 1e-6f), expf(g), beta);
+                *(float4 *)(w + so) =
+                    make_float4(1.0f / sqrtf(mq + 1e-6f), 1.0f / sqrtf(mk + 1e-6f), expf(g), beta);
             }
             __syncthreads();
-            if (REC && sg.inputs) {
+            if (REC && sg.inputs && vr) {
                 /* the chunk into the record: k and 1/|k| by the first
                  * column tile of the first v-head of its k-head, v by every
-                 * block for its columns, decay and beta by the first tile */
+                 * block for its columns, decay and beta by the first tile;
+                 * a thread a unit, as staged */
+                const bool kb = blockIdx.x == 0 && hv % (Hv / Hk) == 0;
+                float *r = sg.inputs + (size_t)(sg.replayed + c0) * (size_t)width;
+                const size_t sw = (size_t)width;
+                for (int u = tid; u < KC + VC + 3; u += GDN_WARPS * 32) {
+                    const int m = u < KC ? 4 * u : 4 * (u - KC), x = u - KC - VC;
+                    if (x < 0) {
+                        const bool on = u < KC ? kb && m < Dk : e0 + m < Dv;
+                        float *d = r + (u < KC ? (size_t)hk * (size_t)Dk + (size_t)m
+                                               : kd + (size_t)hv * dv + (size_t)(e0 + m));
+                        const float *s = sm + (u < KC ? m : PS + m);
+                        for (int j = 0; on && j < nr; j++, d += sw, s += srow)
+                            *(float4 *)d = *(const float4 *)s;
+                    } else if (x == 0 ? kb : blockIdx.x == 0) {
+                        float *d = r + kd + vd +
+                                   (x == 0   ? 2 * (size_t)Hv + (size_t)hk
+                                    : x == 1 ? (size_t)hv
+                                             : (size_t)Hv + (size_t)hv);
+                        const float *s = sm + so + 1 + x;
+                        for (int j = 0; j < nr; j++, d += sw, s += srow)
+                            *d = *s;
+                    }
+                }
+            } else if (REC && sg.inputs) {
                 const bool kb = blockIdx.x == 0 && hv % (Hv / Hk) == 0;
                 for (int j = 0; j < nr; j++) {
                     const float *w = sm + (size_t)j * srow;
