@@ -4,6 +4,7 @@
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--k 0,4,8,16] [--steps N]
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
+ *                    [--context N]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -26,6 +27,15 @@
  * created, e.g. TANDEM_CUDA_OPSTATS), each on a freshly loaded model.
  * --strategy (default extra_buffer) is the sequences' state strategy; every
  * verify commits all its drafts, so no_buffer never recomputes here.
+ * Without --context, each row's steps continue its sequences from a 32-token
+ * prompt, so a verify k=8 row, which commits 9 positions a step, runs at a
+ * longer context than the decode row. --context N instead starts every
+ * timed step from the same N positions: a fork of sequences prefilled once
+ * (tdm_seq_fork), the device idle when the clock starts and the clock
+ * stopped when the device has finished the step and its commit; decode and
+ * verify then compare at one context. N needs room for 1 + k positions
+ * below the KV cache's next power of two (the bench stops otherwise, since
+ * a step that grows the cache would time the copy).
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -74,22 +84,34 @@ static double median(double *v, int n)
 
 static tdm_state_strategy strategy = TDM_STATE_EXTRA_BUFFER; /* --strategy */
 
+/* --context: 0, every step continues the sequences (a verify commits 1 + k
+ * positions, so its steps reach further into the cache than decode's); N,
+ * every timed step starts from the same N positions. */
+static int context = 0;
+
 /* Median ms of a decode step (k = 0) or a verify step of 1 + k tokens plus
- * commit, for `batch` sequences after a prefill of 32 tokens each. */
-static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_only)
+ * commit, for `batch` sequences after a prefill of 32 tokens each, or
+ * (--context N) each timed step on forks of sequences prefilled with N
+ * tokens, timed from an idle device until the device is done with the
+ * commit. */
+static double time_step(tdm_backend *be, tdm_model *m, int batch, int k, int steps, int argmax_only)
 {
-    const int V = tdm_model_get_config(m)->vocab_size, P = 32;
+    const int V = tdm_model_get_config(m)->vocab_size, P = context ? context : 32;
     tdm_seq_params p = {strategy, k > 0 ? k : 1};
-    tdm_seq *seqs[64];
+    tdm_seq *seqs[64], *run[64];
     tdm_error err;
-    int32_t prompt[32];
+    int32_t *prompt = malloc((size_t)P * sizeof(int32_t));
+    if (!prompt)
+        die("out of host memory for the prompt", NULL);
     for (int i = 0; i < P; i++)
         prompt[i] = (i * 7919 + 13) % V;
     for (int b = 0; b < batch; b++) {
         if (tdm_seq_create(m, &p, &seqs[b], &err) != TDM_OK ||
             tdm_seq_prefill(seqs[b], prompt, P, NULL, &err) != TDM_OK)
             die("prefill", err.msg);
+        run[b] = seqs[b];
     }
+    free(prompt);
     float *logits =
         tdm_model_host_alloc(m, (size_t)batch * (size_t)(k + 1) * (size_t)V * sizeof(float));
     if (!logits)
@@ -105,31 +127,50 @@ static double time_step(tdm_model *m, int batch, int k, int steps, int argmax_on
             tp[b] = toks[b];
             nt[b] = k + 1;
         }
+        tdm_seq_memory mem0, mem1;
+        if (context) {
+            for (int b = 0; b < batch; b++)
+                if (tdm_seq_fork(seqs[b], &run[b], &err) != TDM_OK)
+                    die("fork", err.msg);
+            tdm_seq_memory_usage(run[0], &mem0);
+            be->sync(be->ctx);
+        }
         double t0 = bench_now();
         if (argmax_only) {
             /* decode rows (k = 0) commit at once; verify blocks commit below */
             int32_t ids[64 * 17];
             const tdm_step_out o = {.argmax = ids};
-            if (tdm_seq_step_out(seqs, batch, tp, nt, &o, &err) != TDM_OK)
+            if (tdm_seq_step_out(run, batch, tp, nt, &o, &err) != TDM_OK)
                 die("step", err.msg);
             for (int b = 0; k > 0 && b < batch; b++)
-                if (tdm_seq_commit(seqs[b], k, &err) != TDM_OK)
+                if (tdm_seq_commit(run[b], k, &err) != TDM_OK)
                     die("commit", err.msg);
         } else if (k == 0) {
             int32_t one[64];
             for (int b = 0; b < batch; b++)
                 one[b] = toks[b][0];
-            if (tdm_seq_decode(seqs, batch, one, logits, &err) != TDM_OK)
+            if (tdm_seq_decode(run, batch, one, logits, &err) != TDM_OK)
                 die("decode", err.msg);
         } else {
-            if (tdm_seq_verify(seqs, batch, tp, nt, logits, &err) != TDM_OK)
+            if (tdm_seq_verify(run, batch, tp, nt, logits, &err) != TDM_OK)
                 die("verify", err.msg);
             for (int b = 0; b < batch; b++)
-                if (tdm_seq_commit(seqs[b], k, &err) != TDM_OK)
+                if (tdm_seq_commit(run[b], k, &err) != TDM_OK)
                     die("commit", err.msg);
         }
+        if (context)
+            be->sync(be->ctx);
         if (s >= 2)
             t[s - 2] = (bench_now() - t0) * 1e3;
+        if (context) {
+            tdm_seq_memory_usage(run[0], &mem1);
+            if (mem1.kv_bytes != mem0.kv_bytes)
+                die("the step grew the KV cache (its time would include the copy); pick a "
+                    "--context with room for 1 + k more positions below the next power of two",
+                    NULL);
+            for (int b = 0; b < batch; b++)
+                tdm_seq_destroy(run[b]);
+        }
     }
     double med = median(t, steps);
     free(t);
@@ -177,7 +218,11 @@ int main(int argc, char **argv)
             ks_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--steps"))
             steps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--variants"))
+        else if (!strcmp(argv[i], "--context")) {
+            context = atoi(argv[i + 1]);
+            if (context < 1 || context > 1 << 20)
+                die("--context takes positions from 1 to 1048576, not", argv[i + 1]);
+        } else if (!strcmp(argv[i], "--variants"))
             variants = argv[i + 1];
         else if (!strcmp(argv[i], "--strategy")) {
             const int st = tdm_state_strategy_parse(argv[i + 1]);
@@ -245,8 +290,13 @@ int main(int argc, char **argv)
             double wb = (double)tdm_model_weight_bytes(m);
             floor_ms = wb / bw * 1e3;
             printf("weights streamed per step: %.3f GB; device copy bandwidth %.0f GB/s "
-                   "(read+write); floor %.3f ms; state strategy %s\n\n",
+                   "(read+write); floor %.3f ms; state strategy %s\n",
                    wb / 1e9, bw / 1e9, floor_ms, tdm_state_strategy_name(strategy));
+            if (context)
+                printf("every timed step starts from %d positions (forks of prefilled "
+                       "sequences), timed from an idle device to the end of its commit\n",
+                       context);
+            printf("\n");
             printf("| variant | to host | shape | batch | step | median ms | x floor | tokens/s "
                    "(rows) |\n|---|---|---|---|---|---|---|---|\n");
         }
@@ -256,7 +306,7 @@ int main(int argc, char **argv)
             for (int bi = 0; bi < nbs; bi++) {
                 const int batch = bs[bi];
                 for (int i = 0; i < nks; i++) {
-                    double ms = time_step(m, batch, ks[i], steps, argmax_only);
+                    double ms = time_step(be, m, batch, ks[i], steps, argmax_only);
                     char step[32];
                     if (ks[i] == 0)
                         snprintf(step, sizeof(step), "decode");
@@ -295,7 +345,7 @@ int main(int argc, char **argv)
             if (!(be = tdm_backend_cuda_create(0, &err)) ||
                 tdm_model_load(dir, be, &m, &err) != TDM_OK)
                 die("stats run", err.msg);
-            double ms = time_step(m, 1, k, steps, 0);
+            double ms = time_step(be, m, 1, k, steps, 0);
             printf("\nop-stats run: batch-1 %s %.3f ms wall per step (events add a little)\n",
                    k ? "verify k=8" : "decode", ms);
             fflush(stdout);

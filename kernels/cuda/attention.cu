@@ -53,7 +53,16 @@ namespace cg = cooperative_groups;
 
 #define ATT_WARPS 8
 #define ATT_THREADS (ATT_WARPS * 32)
-#define ATT_SPLITS 8      /* splits per row at most: the cluster size */
+/* Splits per row at most: the cluster size. Six, not eight: a verify
+ * block's rows past 384 keys then fit one wave (4B, 9 rows: 36 clusters;
+ * clusters are placed within a GPC, whose 32 block slots hold four
+ * clusters of 7 or 8 but five of 6). Measured on the H200 (4B, per call, 4096
+ * keys): 9 rows 78.1 -> 59.0 us, 8 rows of one key each 105 -> 81, one
+ * row 34.1 -> 41.3 (its 6 blocks stream longer splits); replay, every
+ * step from the same context: verify k=8 / decode 1.32 -> 1.27 at 1000
+ * positions and 1.36 -> 1.29 at 4000, decode +1 % and +2.5 % there, the
+ * same at 100. Seven lost everywhere (still two waves). */
+#define ATT_SPLITS 6
 #define ATT_SPLIT_KEYS 64 /* keys per split at least */
 #define ATT_MAXD 512
 /* Below this many (row, head group) units the rows run split over a
@@ -71,7 +80,9 @@ namespace cg = cooperative_groups;
  * tile (registers spilled) gained nothing. */
 #define ATT_TKMAX 4
 
-static_assert(ATT_SPLITS == ATT_WARPS, "merge factors share one [8][GP] area");
+/* Partials one merge adds at most (a row's splits, a block's warps): the
+ * merge factors are [ATT_MERGE][GP], then L [GP]. */
+#define ATT_MERGE (ATT_SPLITS > ATT_WARPS ? ATT_SPLITS : ATT_WARPS)
 
 __host__ __device__ constexpr int att_min(int a, int b)
 {
@@ -111,11 +122,11 @@ __host__ __device__ constexpr int att_work(int gp, int nc, int d)
 
 /* Shared memory of a block, in floats: q [GP][D], the work area, the
  * partials (1 in a cluster, one per split in a row kernel), merge factors
- * [ATT_SPLITS][GP] and L [GP]. */
+ * [ATT_MERGE][GP] and L [GP]. */
 __host__ __device__ constexpr int att_smem_floats(int gp, int nc, int d, bool cluster)
 {
     return gp * d + att_work(gp, nc, d) + (cluster ? 1 : ATT_SPLITS) * att_psz(gp, d) +
-           (((ATT_SPLITS + 1) * gp + 3) & ~3);
+           (((ATT_MERGE + 1) * gp + 3) & ~3);
 }
 
 struct att_units {
@@ -334,7 +345,7 @@ __device__ __forceinline__ void att_merge(Part part, int n, int D, float *fac, f
             fac[i * GP + t] = c;
             L = fmaf(pi[od + GP + t], c, L);
         }
-        fac[ATT_SPLITS * GP + t] = L;
+        fac[ATT_MERGE * GP + t] = L;
         if (dst) {
             dst[od + t] = M;
             dst[od + GP + t] = L;
@@ -349,7 +360,7 @@ __device__ __forceinline__ void att_merge(Part part, int n, int D, float *fac, f
         if (dst)
             dst[idx] = O;
         else if (h < nh)
-            orow[idx] = __fmul_rn(O, 1.0f / fac[ATT_SPLITS * GP + h]);
+            orow[idx] = __fmul_rn(O, 1.0f / fac[ATT_MERGE * GP + h]);
     }
     __syncthreads();
 }
