@@ -33,10 +33,10 @@
  * each thread one 16-byte part (or scalar) of every row of the chunk; the
  * warps then make the rows' norms (a warp per row, two rows at a time:
  * lane l sums the squares of elements 4l .. 4l+3 of every 128, a butterfly
- * over the warp) and, a lane per row, the scalars: 1/|q|, 1/|k| and the
- * gates (from a, b inside the kernel: no gates kernel on the critical
- * path; prompt chunks taking the chunked form get the same bits as arrays
- * from gdn_gates_kernel), before the chain of positions, which then reads
+ * over the warp, while the lanes make both rows' gates from a, b inside
+ * the kernel: no gates kernel on the critical path; prompt chunks taking
+ * the chunked form get the same bits as arrays from gdn_gates_kernel), and
+ * then, a lane per row, 1/|q| and 1/|k|, before the chain of positions, which then reads
  * only shared memory and registers, unrolled by two so one position's
  * output sum overlaps the next one's state update. A record is written
  * from shared memory the same way, a thread a 16-byte part of every row.
@@ -46,8 +46,10 @@
  * row's parts, 64-bit addresses made per row) took 18 %, the wait for them
  * 16 %, the norms and gates one row after another 15 %, the record's
  * writes 10 %; the commit spent 23 % staging. A thread a part of every row
- * and the scalars a lane per row: a 9-row call 17.5 -> 13.4 us, verify
- * k=8 + commit 3.80 -> 3.71 ms (4B, replay, RESULTS). Measured on
+ * and the norms two rows a warp: a 9-row call 17.5 -> 13.4 us, verify k=8
+ * + commit 3.80 -> 3.71 ms (4B, replay, RESULTS). Making the gates after
+ * the butterflies, a lane per row, instead of beside them cost decode ~0.02
+ * ms (one row: the two in sequence). Measured on
  * the H200 (4B, batch 1, replay, in a step): a 9-row call 20.2 -> 17.3 us
  * and a 1-row call 11.8 -> 10.5 against loading each position's q, k, v,
  * a, b into registers one position ahead with the norms and gates made per
@@ -481,10 +483,11 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
             gdn_stage_wait();
             /* The rows' norms and gates. Warp w takes rows w, w + 4, ...,
              * two at a time: lane l sums the squares of elements 4l .. 4l+3
-             * of every 128, then a butterfly over the warp; lane i keeps the
-             * sums of the warp's row i. Then the warp's lanes make their
-             * rows' scalars (1/|q|, 1/|k|, decay, beta) side by side. */
-            float mq = 0.0f, mk = 0.0f;
+             * of every 128, then a butterfly over the warp, while the lanes
+             * make both rows' gates; lane i keeps the sums and gates of the
+             * warp's row i. Then the lanes make their rows' 1/|q|, 1/|k|
+             * side by side. */
+            float mq = 0.0f, mk = 0.0f, md = 0.0f, mb = 0.0f;
             for (int j = warp, i = 0; j < nr; j += 2 * GDN_WARPS, i += 2) {
                 const int j2 = min(j + GDN_WARPS, nr - 1); /* a second row, or j again */
                 const float *w = sm + (size_t)j * srow, *w2 = sm + (size_t)j2 * srow;
@@ -495,6 +498,9 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
                     gdn_sq4(&sq2, *(const float4 *)(w2 + so + 4 + m));
                     gdn_sq4(&sk2, *(const float4 *)(w2 + m));
                 }
+                float g, beta, g2, beta2;
+                gdn_gate(w[so + 2], w[so + 3], A_log, dt_bias, &g, &beta);
+                gdn_gate(w2[so + 2], w2[so + 3], A_log, dt_bias, &g2, &beta2);
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) {
                     sq += __shfl_xor_sync(0xffffffffu, sq, o);
@@ -502,18 +508,16 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
                     sq2 += __shfl_xor_sync(0xffffffffu, sq2, o);
                     sk2 += __shfl_xor_sync(0xffffffffu, sk2, o);
                 }
+                const float d = expf(g), d2 = expf(g2);
                 if (lane == i)
-                    mq = sq, mk = sk;
+                    mq = sq, mk = sk, md = d, mb = beta;
                 if (lane == i + 1)
-                    mq = sq2, mk = sk2;
+                    mq = sq2, mk = sk2, md = d2, mb = beta2;
             }
-            if (warp + lane * GDN_WARPS < nr) {
-                float *w = sm + (size_t)(warp + lane * GDN_WARPS) * srow;
-                float g, beta;
-                gdn_gate(w[so + 2], w[so + 3], A_log, dt_bias, &g, &beta);
-                *(float4 *)(w + so) =
-                    make_float4(1.0f / sqrtf(mq + 1e-6f), 1.0f / sqrtf(mk + 1e-6f), expf(g), beta);
-            }
+            __syncwarp(); /* the rows' a, b are read: their slots take the scalars */
+            if (warp + lane * GDN_WARPS < nr)
+                *(float4 *)(sm + (size_t)(warp + lane * GDN_WARPS) * srow + so) =
+                    make_float4(1.0f / sqrtf(mq + 1e-6f), 1.0f / sqrtf(mk + 1e-6f), md, mb);
             __syncthreads();
             if (REC && sg.inputs && vr) {
                 /* the chunk into the record: k and 1/|k| by the first
