@@ -10,10 +10,12 @@
 # The GPU machine lacks the gRPC/protobuf-c/cJSON dev packages, so the CMake
 # project does not configure there; the binaries need only libcjson and the
 # CUDA runtime beside glibc. Environment for `run`: SHAPES (default
-# "0.8b 4b"), HF=0 to skip the transformers counterpart, MEMCHECK=0 to skip
-# compute-sanitizer, OPS=0 to skip the matmul and op benchmarks. The GPU
-# machine has no flash-linear-attention; a copy
-# of its gated delta rule kernels placed in .carry/pylib (package `fla`)
+# "0.8b 4b"), CONTEXTS (default "100 1000 4000": batch-1 replay steps each
+# timed from that many positions; "" for none), HF=0 to skip the
+# transformers counterpart, MEMCHECK=0 to skip compute-sanitizer, OPS=0 to
+# skip the matmul and op benchmarks. The GPU machine has no
+# flash-linear-attention; a copy of its gated delta rule kernels placed in
+# .carry/pylib (package `fla`)
 # makes transformers run its Triton kernels instead of the torch loops, and
 # the transformers part then runs on it; FALLBACK=1 also runs it once
 # without (the torch reference path). HF_TIMEOUT (default 300 s) bounds each
@@ -71,6 +73,12 @@ run)
         timeout 300 "$B/bench_cuda_bench" --shape "$s" --batch 1,8 --steps 20 --out logits,argmax \
             --stats 2>&1 |
             tee "$OUT/bench_$s.log"
+        # decode against verify from one context (each timed step from the same positions)
+        for c in ${CONTEXTS-100 1000 4000}; do
+            echo "== bench $s from $c positions"
+            timeout 200 "$B/bench_cuda_bench" --shape "$s" --batch 1 --steps 20 --out argmax \
+                --strategy replay --context "$c" 2>&1 | tee "$OUT/bench_${s}_ctx$c.log"
+        done
     done
     if [ "${HF:-1}" = 1 ]; then
         hf=(timeout "${HF_TIMEOUT:-300}" python3 bench/cuda_bench_hf.py
