@@ -36,10 +36,11 @@
  * over the warp, while the lanes make both rows' gates from a, b inside
  * the kernel: no gates kernel on the critical path; prompt chunks taking
  * the chunked form get the same bits as arrays from gdn_gates_kernel), and
- * then, a lane per row, 1/|q| and 1/|k|, before the chain of positions, which then reads
- * only shared memory and registers, unrolled by two so one position's
- * output sum overlaps the next one's state update. A record is written
- * from shared memory the same way, a thread a 16-byte part of every row.
+ * then, a lane per row, 1/|q| and 1/|k|, before the chain of positions,
+ * which then reads only shared memory and registers, unrolled by two so
+ * one position's output sum overlaps the next one's state update. A record
+ * is written from shared memory the same way, a thread a 16-byte part of
+ * every row.
  *
  * Nsight Compute on a 9-row verify call showed the chain at 28 % of the
  * samples; staging the rows a row at a time (every thread looping over the
@@ -49,8 +50,8 @@
  * and the norms two rows a warp: a 9-row call 17.5 -> 13.4 us, verify k=8
  * + commit 3.80 -> 3.71 ms (4B, replay, RESULTS). Making the gates after
  * the butterflies, a lane per row, instead of beside them cost decode ~0.02
- * ms (one row: the two in sequence). Measured on
- * the H200 (4B, batch 1, replay, in a step): a 9-row call 20.2 -> 17.3 us
+ * ms (one row: the two in sequence). Measured on the H200 before that
+ * (4B, batch 1, replay, in a step): a 9-row call 20.2 -> 17.3 us
  * and a 1-row call 11.8 -> 10.5 against loading each position's q, k, v,
  * a, b into registers one position ahead with the norms and gates made per
  * position in the chain (per thread over its slice: 8 lanes of a warp made
@@ -285,12 +286,12 @@ __device__ __forceinline__ void gdn_stage(float *dst, const float *src, int vali
     }
 }
 
-/* The rows of a chunk staged at once (16-byte aligned rows): each thread takes a fixed part
- * of a row (a unit: a 16-byte chunk, or a 4-byte scalar) and copies it for
- * every row of the chunk, its source and destination moving by a row's
- * strides, so the addresses are made once a chunk rather than once a row.
- * A 16-byte unit past the valid data fills zeros (cp.async's source size 0,
- * from the row's first valid address). */
+/* The rows of a chunk staged at once (16-byte aligned rows): each thread
+ * takes a fixed part of a row (a unit: a 16-byte chunk, or a 4-byte
+ * scalar) and copies it for every row of the chunk, its source and
+ * destination moving by a row's strides, so the addresses are made once a
+ * chunk rather than once a row. A 16-byte unit past the valid data fills
+ * zeros (cp.async's source size 0, from the row's first valid address). */
 struct gdn_unit {
     const float *src; /* row 0's */
     size_t ss;        /* floats from a row's source to the next one's */
