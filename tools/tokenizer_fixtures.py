@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference fixtures for tandem's tokenizer (common/tokenizer.h).
+"""Reference fixtures for tandem's tokenizer (tokenizer/tokenizer.h).
 
 Runs where Hugging Face `tokenizers` is installed (the GPU machine). It
 

@@ -1,6 +1,6 @@
 /*
  * cli_tokenize.c - `tandem tokenize` and `tandem detokenize`: the tokenizer
- * (common/tokenizer.h) from the command line.
+ * (tokenizer/tokenizer.h) from the command line.
  */
 #include "cli.h"
 

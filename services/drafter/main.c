@@ -1,7 +1,7 @@
 /*
  * main.c - tandem-drafter: proposes draft blocks for verifiers.
  *
- * Configuration (tables in common/service_config.c) -> --help / --check-config
+ * Configuration (tables in service/service_config.c) -> --help / --check-config
  * -> load the draft model (or none, for the n-gram drafter), serve Draft,
  * Describe and Health, register with the gateway and heartbeat, until
  * SIGTERM/SIGINT.

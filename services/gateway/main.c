@@ -2,7 +2,7 @@
  * main.c - tandem-gateway: the public API, the registry of drafters and
  * verifiers, and the compatibility rules between them.
  *
- * Configuration (tables in common/service_config.c) -> --help / --check-config
+ * Configuration (tables in service/service_config.c) -> --help / --check-config
  * -> serve Generate, Tokenize, Detokenize, GetModelInfo, GetStatus, Registry
  * and Health until SIGTERM/SIGINT.
  */

@@ -3,7 +3,7 @@
  *
  * Owns the set of registered replicas (their Descriptors, last heartbeat and
  * load), drops a replica that stops heartbeating for longer than the TTL (a
- * reaper thread), and applies the compatibility rules (common/compat.h) to
+ * reaper thread), and applies the compatibility rules (service/compat.h) to
  * every verifier/drafter pair and to replicas of one role: compatible pairs
  * are formed, refused pairs are kept with their reasons and logged once per
  * registration at WARN. Serves tandem.v1.Registry (RegisterReplica,

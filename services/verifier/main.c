@@ -1,7 +1,7 @@
 /*
  * main.c - tandem-verifier: owns the target model and verifies draft blocks.
  *
- * Configuration (tables in common/service_config.c) -> --help / --check-config
+ * Configuration (tables in service/service_config.c) -> --help / --check-config
  * -> load the model, serve Run, Describe and Health, register with the
  * gateway and heartbeat, until SIGTERM/SIGINT.
  */

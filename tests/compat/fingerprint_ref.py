@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Independent reference for the tokenizer and model fingerprints.
 
-Implements, from the descriptions in common/tokenizer.h (tokenizer) and
-common/compat.h (model) alone, the canonical hashes of a tokenizer.json and
+Implements, from the descriptions in tokenizer/tokenizer.h (tokenizer) and
+service/compat.h (model) alone, the canonical hashes of a tokenizer.json and
 of a model directory with Python's json,
 struct and hashlib, and compares them with what the C code computes
 (`compat_test tokenizer-fp FILE` / `compat_test model-fp DIR`) on the real
@@ -73,7 +73,7 @@ def field(h, data):
 
 
 def tokenizer_fp(path):
-    """The canonical stream documented in common/tokenizer.h."""
+    """The canonical stream documented in tokenizer/tokenizer.h."""
     with open(path, encoding="utf-8") as f:
         tj = json.load(f)
     h = hashlib.sha256()

@@ -19,7 +19,7 @@
 #include "rpc_internal.h"
 
 #ifndef TANDEM_PROTO_DESC_FILE
-#error "TANDEM_PROTO_DESC_FILE must name the descriptor set (common/CMakeLists.txt)"
+#error "TANDEM_PROTO_DESC_FILE must name the descriptor set (rpc/CMakeLists.txt)"
 #endif
 
 /* The descriptor set, linked in verbatim. */
