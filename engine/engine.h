@@ -17,35 +17,12 @@
 #define TANDEM_ENGINE_ENGINE_H
 
 #include "backend.h"
+#include "defs.h"
+#include "model_config.h"
 #include "status.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* ---- configuration (config.json) --------------------------------------- */
-
-typedef enum tdm_layer_kind {
-    TDM_LAYER_LINEAR_ATTENTION = 0, /* Gated DeltaNet */
-    TDM_LAYER_FULL_ATTENTION = 1,   /* gated softmax attention */
-} tdm_layer_kind;
-
-#define TDM_MODEL_MAX_LAYERS 512
-
-typedef struct tdm_model_config {
-    int vocab_size, hidden_size, intermediate_size, num_layers;
-    /* full attention */
-    int num_heads, num_kv_heads, head_dim, rot_dim;
-    double rope_theta, partial_rotary_factor;
-    /* linear attention (Gated DeltaNet) */
-    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel;
-    double rms_norm_eps;
-    int tie_word_embeddings;
-    tdm_layer_kind layer_types[TDM_MODEL_MAX_LAYERS];
-} tdm_model_config;
-
-/* Reads `dir`/config.json (model_type qwen3_5_text, or qwen3_5 with a
- * text_config) and checks it for consistency. */
-tdm_status tdm_model_config_load(const char *dir, tdm_model_config *cfg, tdm_error *err);
 
 /* ---- model ----------------------------------------------------------- */
 
@@ -73,24 +50,16 @@ void tdm_model_host_free(tdm_model *m, void *p); /* NULL is fine */
 
 /* ---- sequences ------------------------------------------------------- */
 
-typedef enum tdm_state_strategy {
-    /* verify keeps the conv window and recurrent state after every position;
-     * commit picks one. Most memory, no recomputation. */
-    TDM_STATE_EXTRA_BUFFER = 0,
-    /* verify checkpoints the states first; a partial accept restores them and
-     * recomputes the accepted positions. Least memory. */
-    TDM_STATE_NO_BUFFER = 1,
-    /* verify leaves the recurrent state as it is and records each position's
-     * recurrence inputs (k, v, decay, beta); commit replays the accepted
-     * positions' recurrence on the state (no matrix products). Conv windows
-     * as in extra_buffer (they are small). Little memory, and a verify
-     * writes no per-position states. */
-    TDM_STATE_REPLAY = 2,
-} tdm_state_strategy;
-
-const char *tdm_state_strategy_name(tdm_state_strategy s);
-/* "extra_buffer" / "no_buffer" / "replay"; -1 for anything else. */
-int tdm_state_strategy_parse(const char *s);
+/* tdm_state_strategy (common/defs.h), the strategy a sequence commits with:
+ * - extra_buffer: verify keeps the conv window and recurrent state after
+ *   every position; commit picks one. Most memory, no recomputation.
+ * - no_buffer: verify checkpoints the states first; a partial accept
+ *   restores them and recomputes the accepted positions. Least memory.
+ * - replay: verify leaves the recurrent state as it is and records each
+ *   position's recurrence inputs (k, v, decay, beta); commit replays the
+ *   accepted positions' recurrence on the state (no matrix products). Conv
+ *   windows as in extra_buffer (they are small). Little memory, and a verify
+ *   writes no per-position states. */
 
 typedef struct tdm_seq_params {
     tdm_state_strategy strategy;

@@ -7,6 +7,8 @@
  */
 #include "runtime.h"
 
+#include "log.h"
+
 #ifdef TANDEM_HAVE_CUDA_BACKEND
 #include "cuda_backend.h"
 #endif
@@ -18,8 +20,9 @@
 /* Picks and creates the backend; fills backend_name and why. */
 static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int threads, tdm_error *err)
 {
-    const int want_cuda = strcmp(backend, "cuda") == 0, want_auto = strcmp(backend, "auto") == 0;
-    if (!want_cuda && !want_auto && strcmp(backend, "cpu") != 0)
+    const int kind = tdm_backend_kind_parse(backend);
+    const int want_cuda = kind == TDM_BACKEND_CUDA, want_auto = strcmp(backend, "auto") == 0;
+    if (kind < 0 && !want_auto)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "backend=%s: expected auto, cpu or cuda", backend);
     const char *cpu_why = "set explicitly";
@@ -34,7 +37,8 @@ static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int thre
             tdm_error cerr;
             rt->backend = tdm_backend_cuda_create(0, &cerr);
             if (rt->backend) {
-                snprintf(rt->backend_name, sizeof(rt->backend_name), "cuda");
+                snprintf(rt->backend_name, sizeof(rt->backend_name), "%s",
+                         tdm_backend_kind_name(TDM_BACKEND_CUDA));
                 snprintf(rt->why, sizeof(rt->why), "%s: CUDA device 0 of %d",
                          want_cuda ? "set explicitly" : "auto", n);
                 return TDM_OK;
@@ -57,7 +61,8 @@ static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int thre
     if (want_auto)
         cpu_why = "auto: no CUDA backend in this build";
 #endif
-    snprintf(rt->backend_name, sizeof(rt->backend_name), "cpu");
+    snprintf(rt->backend_name, sizeof(rt->backend_name), "%s",
+             tdm_backend_kind_name(TDM_BACKEND_CPU));
     snprintf(rt->why, sizeof(rt->why), "%s", cpu_why);
     rt->backend = tdm_backend_cpu_create(threads);
     if (!rt->backend)
@@ -97,4 +102,26 @@ void tdm_runtime_close(tdm_runtime *rt)
     if (rt->backend)
         rt->backend->destroy(rt->backend);
     free(rt);
+}
+
+tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
+                                tdm_error *err)
+{
+    *out = NULL;
+    const char *model = tdm_cfg_str(cfg, "model");
+    const char *strategy = tdm_cfg_str(cfg, "state_strategy");
+    int st = tdm_state_strategy_parse(strategy);
+    if (st < 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "state_strategy %s is not supported by the engine", strategy);
+    tdm_runtime *rt = NULL;
+    tdm_status rc = tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &rt, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, "model %s", model);
+    tdm_model_set_graphs(rt->model, tdm_cfg_bool(cfg, "cuda_graphs"));
+    rt->strategy = (tdm_state_strategy)st;
+    tdm_log_info(component, "model %s on %s (%s), state strategy %s", model, rt->backend_name,
+                 rt->why, strategy);
+    *out = rt;
+    return TDM_OK;
 }

@@ -7,6 +7,7 @@
 #ifndef TANDEM_ENGINE_RUNTIME_H
 #define TANDEM_ENGINE_RUNTIME_H
 
+#include "config.h"
 #include "engine.h"
 #include "status.h"
 
@@ -15,6 +16,7 @@ typedef struct tdm_runtime {
     tdm_model *model;
     char backend_name[16]; /* the backend actually used: "cpu" or "cuda" */
     char why[160];         /* why that backend (for `auto`) */
+    tdm_state_strategy strategy; /* tdm_runtime_open_cfg: how sequences commit */
 } tdm_runtime;
 
 /* backend: "auto", "cpu" or "cuda". threads: CPU worker threads, 0 = one per
@@ -23,5 +25,12 @@ typedef struct tdm_runtime {
 tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int threads,
                             tdm_runtime **out, tdm_error *err);
 void tdm_runtime_close(tdm_runtime *rt);
+
+/* A service's model from its effective configuration (the keys every
+ * replica has: model, backend, cuda_graphs, state_strategy, resolved): opens
+ * the runtime, sets graphs and strategy, and logs what was loaded on which
+ * backend under `component`. Errors name the model directory. */
+tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
+                                tdm_error *err);
 
 #endif

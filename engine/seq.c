@@ -21,24 +21,6 @@
 #define PREFILL_CHUNK 128
 #define KV_INITIAL_CAP 64
 
-const char *tdm_state_strategy_name(tdm_state_strategy s)
-{
-    return s == TDM_STATE_NO_BUFFER ? "no_buffer"
-           : s == TDM_STATE_REPLAY  ? "replay"
-                                    : "extra_buffer";
-}
-
-int tdm_state_strategy_parse(const char *s)
-{
-    if (strcmp(s, "extra_buffer") == 0)
-        return TDM_STATE_EXTRA_BUFFER;
-    if (strcmp(s, "no_buffer") == 0)
-        return TDM_STATE_NO_BUFFER;
-    if (strcmp(s, "replay") == 0)
-        return TDM_STATE_REPLAY;
-    return -1;
-}
-
 /* ---- sizes ------------------------------------------------------------- */
 
 static size_t conv_floats(const tdm_model *m)

@@ -2,12 +2,12 @@
  * compat.c - the compatibility rule table and the fingerprints a Descriptor
  * carries (see compat.h).
  */
+#include "defs.h"
 #include "compat.h"
 
 #include "file.h"
 
 #include "safetensors.h"
-#include "service_config.h"
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -86,6 +86,19 @@ static int rule_tokenizer(const Tandem__V1__Descriptor *v, const Tandem__V1__Des
     return 1;
 }
 
+/* The sentence of the draft-block-size rule, for a drafter's descriptor and
+ * for a request's block alike: `who` proposes blocks of `block` tokens
+ * (`field`). */
+static void block_size_message(char *out, size_t len, const char *who, uint32_t block,
+                               const char *field, const char *verifier, uint32_t max_draft)
+{
+    snprintf(out, len,
+             "rule draft-block-size: %s proposes blocks of %u tokens (%s) but verifier %s "
+             "verifies at most %u draft tokens per round (max_draft_tokens); a block must hold "
+             "1 to max_draft_tokens drafts.",
+             who, block, field, verifier, max_draft);
+}
+
 static int rule_block_size(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
                            tdm_compat_refusal *out)
 {
@@ -94,12 +107,21 @@ static int rule_block_size(const Tandem__V1__Descriptor *v, const Tandem__V1__De
     fill_services(out, "draft-block-size", v, d);
     snprintf(out->a_value, sizeof(out->a_value), "max_draft_tokens=%u", v->max_draft_tokens);
     snprintf(out->b_value, sizeof(out->b_value), "draft_block_size=%u", d->draft_block_size);
-    snprintf(out->message, sizeof(out->message),
-             "rule draft-block-size: drafter %s proposes blocks of %u tokens (draft_block_size) "
-             "but verifier %s verifies at most %u draft tokens per round (max_draft_tokens); the "
-             "drafter's block size must not exceed the verifier's max_draft_tokens.",
-             out->b_replica, d->draft_block_size, out->a_replica, v->max_draft_tokens);
+    char who[300];
+    snprintf(who, sizeof(who), "drafter %s", out->b_replica);
+    block_size_message(out->message, sizeof(out->message), who, d->draft_block_size,
+                       "draft_block_size", out->a_replica, v->max_draft_tokens);
     return 1;
+}
+
+tdm_status tdm_compat_check_request_block(uint32_t block, const char *field, const char *verifier,
+                                          uint32_t max_draft, tdm_error *err)
+{
+    if (block >= 1 && block <= max_draft)
+        return TDM_OK;
+    char msg[TDM_ERROR_MSG_MAX];
+    block_size_message(msg, sizeof(msg), "the request", block, field, verifier, max_draft);
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "%s", msg);
 }
 
 static int rule_prefix_cache(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
@@ -111,9 +133,9 @@ static int rule_prefix_cache(const Tandem__V1__Descriptor *v, const Tandem__V1__
         return 0;
     fill_services(out, "prefix-cache-state", v, d);
     snprintf(out->a_value, sizeof(out->a_value), "prefix_cache=%s, state_strategy=%s",
-             v->prefix_cache ? "on" : "off", tdm_svc_strategy_name(v->state_strategy));
+             v->prefix_cache ? "on" : "off", tdm_state_strategy_name(tdm_state_strategy_from_proto(v->state_strategy)));
     snprintf(out->b_value, sizeof(out->b_value), "prefix_cache=%s, state_strategy=%s",
-             d->prefix_cache ? "on" : "off", tdm_svc_strategy_name(d->state_strategy));
+             d->prefix_cache ? "on" : "off", tdm_state_strategy_name(tdm_state_strategy_from_proto(d->state_strategy)));
     snprintf(out->message, sizeof(out->message),
              "rule prefix-cache-state: verifier %s has %s and drafter %s has %s; prefix caching "
              "needs the recurrent state at any committed position, which only extra_buffer or "
@@ -144,8 +166,31 @@ static int rule_protocol(const Tandem__V1__Descriptor *a, const Tandem__V1__Desc
     snprintf(out->message, sizeof(out->message),
              "rule protocol-major: %s %s speaks protocol %s but %s %s speaks protocol %s; the "
              "protocol major versions must be equal.",
-             tdm_svc_role_name(a->role), out->a_replica, out->a_value, tdm_svc_role_name(b->role),
+             tdm_role_name(a->role), out->a_replica, out->a_value, tdm_role_name(b->role),
              out->b_replica, out->b_value);
+    return 1;
+}
+
+/* ---- gateway rules (a = gateway, b = verifier) --------------------------- */
+
+static int rule_gateway_tokenizer(const Tandem__V1__Descriptor *g, const Tandem__V1__Descriptor *v,
+                                  tdm_compat_refusal *out)
+{
+    /* A gateway without a tokenizer serves token ids only: any verifier. */
+    const char *a = g->tokenizer_fingerprint ? g->tokenizer_fingerprint : "";
+    const char *b = v->tokenizer_fingerprint ? v->tokenizer_fingerprint : "";
+    if (!a[0] || strcmp(a, b) == 0)
+        return 0;
+    fill_services(out, "gateway-tokenizer", g, v);
+    snprintf(out->a_value, sizeof(out->a_value), "%s", fp_or_none(a));
+    snprintf(out->b_value, sizeof(out->b_value), "%s", fp_or_none(b));
+    char sa[16], sb[16];
+    snprintf(out->message, sizeof(out->message),
+             "rule gateway-tokenizer: gateway %s encodes prompts with tokenizer %s but verifier "
+             "%s uses tokenizer %s; the gateway's tokenizer must be the verifier's so that the "
+             "token ids it sends mean the text it was given.",
+             out->a_replica, fp_short(a, sa, sizeof(sa)), out->b_replica,
+             fp_short(b, sb, sizeof(sb)));
     return 1;
 }
 
@@ -163,8 +208,8 @@ static int rule_snapshot_layout(const Tandem__V1__Descriptor *a, const Tandem__V
              "rule snapshot-layout: %s %s writes state snapshots in layout version %u but %s %s "
              "in layout version %u; replicas of one role must share the snapshot layout to move "
              "sequences between them.",
-             tdm_svc_role_name(a->role), out->a_replica, a->snapshot_layout_version,
-             tdm_svc_role_name(b->role), out->b_replica, b->snapshot_layout_version);
+             tdm_role_name(a->role), out->a_replica, a->snapshot_layout_version,
+             tdm_role_name(b->role), out->b_replica, b->snapshot_layout_version);
     return 1;
 }
 
@@ -179,6 +224,9 @@ static const tdm_compat_rule g_rules[] = {
      rule_prefix_cache},
     {"protocol-major", TDM_COMPAT_PAIR, "both sides speak the same protocol major version",
      rule_protocol},
+    {"gateway-tokenizer", TDM_COMPAT_GATEWAY,
+     "the gateway's tokenizer (when it has one) is the verifier's (same fingerprint)",
+     rule_gateway_tokenizer},
     {"snapshot-layout", TDM_COMPAT_REPLICAS,
      "replicas of one role write state snapshots in the same layout version", rule_snapshot_layout},
 };
@@ -211,6 +259,13 @@ size_t tdm_compat_check_pair(const Tandem__V1__Descriptor *verifier,
                              size_t max)
 {
     return apply(TDM_COMPAT_PAIR, verifier, drafter, out, max);
+}
+
+size_t tdm_compat_check_gateway(const Tandem__V1__Descriptor *gateway,
+                                const Tandem__V1__Descriptor *verifier, tdm_compat_refusal *out,
+                                size_t max)
+{
+    return apply(TDM_COMPAT_GATEWAY, gateway, verifier, out, max);
 }
 
 size_t tdm_compat_check_replicas(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,

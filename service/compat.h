@@ -25,8 +25,9 @@
 #include <stddef.h>
 
 typedef enum tdm_compat_scope {
-    TDM_COMPAT_PAIR = 0,    /* a verifier with a drafter */
-    TDM_COMPAT_REPLICAS = 1 /* two replicas of the same role */
+    TDM_COMPAT_PAIR = 0,     /* a verifier with a drafter */
+    TDM_COMPAT_REPLICAS = 1, /* two replicas of the same role */
+    TDM_COMPAT_GATEWAY = 2   /* the gateway with a verifier it would send requests to */
 } tdm_compat_scope;
 
 typedef struct tdm_compat_refusal {
@@ -60,6 +61,19 @@ size_t tdm_compat_check_pair(const Tandem__V1__Descriptor *verifier,
 /* Applies every same-role rule to two replicas of one role. */
 size_t tdm_compat_check_replicas(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
                                  tdm_compat_refusal *out, size_t max);
+
+/* Applies every gateway rule to the gateway and a verifier (a = gateway). */
+size_t tdm_compat_check_gateway(const Tandem__V1__Descriptor *gateway,
+                                const Tandem__V1__Descriptor *verifier, tdm_compat_refusal *out,
+                                size_t max);
+
+/* The draft-block-size rule for a block size a request carries (`field`
+ * names where it came from, e.g. "speculation.block_size") against the
+ * verifier `verifier` (a name for the message) with max_draft_tokens
+ * `max_draft`: FAILED_PRECONDITION worded as the rule table words it, or
+ * TDM_OK for 1..max_draft. */
+tdm_status tdm_compat_check_request_block(uint32_t block, const char *field, const char *verifier,
+                                          uint32_t max_draft, tdm_error *err);
 
 /* Fills a Refusal message (initialised by the caller) with copies of the
  * refusal's strings; free them with tdm_compat_refusal_proto_clear. */

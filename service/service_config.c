@@ -6,10 +6,11 @@
 #include "service_config.h"
 
 #include "buildinfo.h"
+#include "defs.h"
+#include "model_config.h"
 #include "compat.h"
 #include "log.h"
 
-#include <cjson/cJSON.h>
 #include <libgen.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -148,7 +149,7 @@
         {"backend",                                                                                \
          TDM_CFG_ENUM,                                                                             \
          "auto",                                                                                   \
-         "auto|cpu|cuda",                                                                          \
+         TDM_DEFS_ALLOWED(TDM_BACKENDS),                                                                          \
          0,                                                                                        \
          0,                                                                                        \
          TDM_CFG_AUTO,                                                                             \
@@ -181,7 +182,7 @@
         {"state_strategy",                                                                         \
          TDM_CFG_ENUM,                                                                             \
          "auto",                                                                                   \
-         "auto|extra_buffer|no_buffer|replay",                                                     \
+         TDM_DEFS_ALLOWED(TDM_STATE_STRATEGIES),                                                     \
          0,                                                                                        \
          0,                                                                                        \
          TDM_CFG_AUTO,                                                                             \
@@ -217,7 +218,7 @@ static const tdm_cfg_key verifier_keys[] = {
     KEY_HEALTH_LISTEN("127.0.0.1:7711"),
     KEYS_COMMON,
     KEYS_REPLICA,
-    {"max_draft_tokens", TDM_CFG_INT, "8", NULL, 1, 64, 0, NULL, GRP_SPEC,
+    {"max_draft_tokens", TDM_CFG_INT, "8", NULL, 1, TDM_MAX_DRAFT_BLOCK, 0, NULL, GRP_SPEC,
      "Most draft tokens verified in one round; a drafter's draft_block_size must not exceed "
      "it."},
     {"draft_timeout", TDM_CFG_DURATION, "2s", NULL, 1, 600000, 0, NULL, GRP_SPEC,
@@ -230,10 +231,10 @@ static const tdm_cfg_key drafter_keys[] = {
     KEY_HEALTH_LISTEN("127.0.0.1:7721"),
     KEYS_COMMON,
     KEYS_REPLICA,
-    {"drafter_kind", TDM_CFG_ENUM, "auto", "auto|model|ngram", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
+    {"drafter_kind", TDM_CFG_ENUM, "auto", TDM_DEFS_ALLOWED(TDM_DRAFTER_KINDS), 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
      "model: a small model of the verifier's family; ngram: model-free prompt lookup; auto: "
      "model when model is set, else ngram."},
-    {"draft_block_size", TDM_CFG_INT, "4", NULL, 1, 64, 0, NULL, GRP_SPEC,
+    {"draft_block_size", TDM_CFG_INT, "4", NULL, 1, TDM_MAX_DRAFT_BLOCK, 0, NULL, GRP_SPEC,
      "Tokens proposed per round; at most the verifier's max_draft_tokens."},
 };
 
@@ -250,60 +251,6 @@ Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema)
     return TANDEM__V1__ROLE__ROLE_UNSPECIFIED;
 }
 
-const char *tdm_svc_role_name(Tandem__V1__Role role)
-{
-    switch (role) {
-    case TANDEM__V1__ROLE__ROLE_GATEWAY:
-        return "gateway";
-    case TANDEM__V1__ROLE__ROLE_VERIFIER:
-        return "verifier";
-    case TANDEM__V1__ROLE__ROLE_DRAFTER:
-        return "drafter";
-    default:
-        return "unspecified";
-    }
-}
-
-Tandem__V1__StateStrategy tdm_svc_strategy_from_name(const char *name)
-{
-    if (strcmp(name, "extra_buffer") == 0)
-        return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER;
-    if (strcmp(name, "no_buffer") == 0)
-        return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER;
-    if (strcmp(name, "replay") == 0)
-        return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY;
-    return TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_UNSPECIFIED;
-}
-
-const char *tdm_svc_strategy_name(Tandem__V1__StateStrategy s)
-{
-    switch (s) {
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER:
-        return "extra_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_NO_BUFFER:
-        return "no_buffer";
-    case TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY:
-        return "replay";
-    default:
-        return "unspecified";
-    }
-}
-
-const char *tdm_svc_drafter_kind_name(Tandem__V1__DrafterKind k)
-{
-    switch (k) {
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL:
-        return "model";
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM:
-        return "ngram";
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP:
-        return "mtp";
-    case TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_DFLASH:
-        return "dflash";
-    default:
-        return "";
-    }
-}
 
 static void host_name(char *buf, size_t len)
 {
@@ -318,7 +265,7 @@ static tdm_status rule_replica_id(const tdm_cfg *cfg, char *value, size_t vlen, 
     (void)err;
     char host[256];
     host_name(host, sizeof(host));
-    snprintf(value, vlen, "%s-%s-%ld", tdm_svc_role_name(tdm_svc_role_of(tdm_cfg_schema_of(cfg))),
+    snprintf(value, vlen, "%s-%s-%ld", tdm_role_name(tdm_svc_role_of(tdm_cfg_schema_of(cfg))),
              host, (long)getpid());
     snprintf(reason, rlen, "no replica_id given; named after the role, host name and process id");
     return TDM_OK;
@@ -391,16 +338,16 @@ static tdm_status rule_backend(const tdm_cfg *cfg, char *value, size_t vlen, cha
     (void)err;
     const tdm_build_info *b = tdm_build_info_get();
     if (!b->cuda_runtime[0]) {
-        snprintf(value, vlen, "cpu");
+        snprintf(value, vlen, "%s", tdm_backend_kind_name(TDM_BACKEND_CPU));
         snprintf(reason, rlen, "this build has no CUDA backend");
     } else if (!nvidia_device_present()) {
-        snprintf(value, vlen, "cpu");
+        snprintf(value, vlen, "%s", tdm_backend_kind_name(TDM_BACKEND_CPU));
         snprintf(reason, rlen,
                  "this build has CUDA %s, but this machine shows no NVIDIA device "
                  "(/dev/nvidiactl)",
                  b->cuda_runtime);
     } else {
-        snprintf(value, vlen, "cuda");
+        snprintf(value, vlen, "%s", tdm_backend_kind_name(TDM_BACKEND_CUDA));
         snprintf(reason, rlen, "this build has CUDA %s (archs %s) and an NVIDIA device is present",
                  b->cuda_runtime, b->gpu_archs);
     }
@@ -413,7 +360,7 @@ static tdm_status rule_state_strategy(const tdm_cfg *cfg, char *value, size_t vl
     (void)err;
     char d[512];
     tdm_cfg_describe(cfg, "prefix_cache", d, sizeof(d));
-    snprintf(value, vlen, "extra_buffer");
+    snprintf(value, vlen, "%s", tdm_state_strategy_name(TDM_STATE_EXTRA_BUFFER));
     if (tdm_cfg_bool(cfg, "prefix_cache"))
         snprintf(reason, rlen,
                  "%s needs the recurrent state at any committed position, which extra_buffer "
@@ -435,10 +382,10 @@ static tdm_status rule_drafter_kind(const tdm_cfg *cfg, char *value, size_t vlen
     char d[512];
     tdm_cfg_describe(cfg, "model", d, sizeof(d));
     if (tdm_cfg_str(cfg, "model")[0]) {
-        snprintf(value, vlen, "model");
+        snprintf(value, vlen, "%s", tdm_drafter_kind_name(TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL));
         snprintf(reason, rlen, "%s is set: draft with that model", d);
     } else {
-        snprintf(value, vlen, "ngram");
+        snprintf(value, vlen, "%s", tdm_drafter_kind_name(TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM));
         snprintf(reason, rlen, "%s is not set: draft model-free by prompt lookup", d);
     }
     return TDM_OK;
@@ -449,7 +396,7 @@ static tdm_status rule_drafter_kind(const tdm_cfg *cfg, char *value, size_t vlen
 static tdm_status check_prefix_cache(const tdm_cfg *cfg, tdm_error *err)
 {
     if (!tdm_cfg_bool(cfg, "prefix_cache") ||
-        strcmp(tdm_cfg_str(cfg, "state_strategy"), "no_buffer") != 0)
+        tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy")) != TDM_STATE_NO_BUFFER)
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
@@ -492,7 +439,7 @@ static tdm_status check_ports(const tdm_cfg *cfg, tdm_error *err)
 
 static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
 {
-    if (strcmp(tdm_cfg_str(cfg, "backend"), "cuda") != 0)
+    if (tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) != TDM_BACKEND_CUDA)
         return TDM_OK;
     char a[512];
     if (!tdm_build_info_get()->cuda_runtime[0])
@@ -510,7 +457,7 @@ static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
 
 static tdm_status check_drafter_model(const tdm_cfg *cfg, tdm_error *err)
 {
-    if (strcmp(tdm_cfg_str(cfg, "drafter_kind"), "model") != 0 || tdm_cfg_str(cfg, "model")[0])
+    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) != TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL || tdm_cfg_str(cfg, "model")[0])
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
@@ -720,29 +667,6 @@ static void split_archs(const char *archs, Tandem__V1__BuildInfo *b)
     }
 }
 
-static uint32_t read_vocab_size(const char *model_dir)
-{
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/config.json", model_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
-    char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    cJSON *j = cJSON_ParseWithLength(buf, n);
-    uint32_t v = 0;
-    const cJSON *vs = cJSON_GetObjectItemCaseSensitive(j, "vocab_size");
-    if (!vs) /* wrapper configs (model_type qwen3_5) keep it in text_config */
-        vs = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "text_config"),
-                                              "vocab_size");
-    if (cJSON_IsNumber(vs) && vs->valuedouble > 0 && vs->valuedouble < 4294967296.0)
-        v = (uint32_t)vs->valuedouble;
-    cJSON_Delete(j);
-    return v;
-}
-
 tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
                                     tdm_error *err)
 {
@@ -780,23 +704,21 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
         snprintf(id, sizeof(id), "gateway-%s", host);
         d->replica_id = dup_str(id);
         d->address = dup_str(tdm_cfg_str(cfg, "listen"));
-        *out = d;
-        return TDM_OK;
+    } else {
+        d->replica_id = dup_str(tdm_cfg_str(cfg, "replica_id"));
+        d->address = dup_str(tdm_cfg_str(cfg, "advertise"));
+        d->state_strategy = tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy")) + 1;
+        d->prefix_cache = tdm_cfg_bool(cfg, "prefix_cache");
+        d->max_sequences = (uint32_t)tdm_cfg_int(cfg, "max_sequences");
     }
-    d->replica_id = dup_str(tdm_cfg_str(cfg, "replica_id"));
-    d->address = dup_str(tdm_cfg_str(cfg, "advertise"));
-    d->state_strategy = tdm_svc_strategy_from_name(tdm_cfg_str(cfg, "state_strategy"));
-    d->prefix_cache = tdm_cfg_bool(cfg, "prefix_cache");
-    d->max_sequences = (uint32_t)tdm_cfg_int(cfg, "max_sequences");
     if (role == TANDEM__V1__ROLE__ROLE_VERIFIER)
         d->max_draft_tokens = (uint32_t)tdm_cfg_int(cfg, "max_draft_tokens");
     if (role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
         d->draft_block_size = (uint32_t)tdm_cfg_int(cfg, "draft_block_size");
-        d->drafter_kind = strcmp(tdm_cfg_str(cfg, "drafter_kind"), "model") == 0
-                              ? TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL
-                              : TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+        d->drafter_kind =
+            (Tandem__V1__DrafterKind)tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind"));
     }
-    const char *model = tdm_cfg_str(cfg, "model");
+    const char *model = tdm_cfg_has(cfg, "model") ? tdm_cfg_str(cfg, "model") : "";
     char fp[65];
     if (model[0]) {
         char copy[4096];
@@ -813,7 +735,12 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
         }
         free(d->model_fingerprint);
         d->model_fingerprint = dup_str(fp);
-        d->vocab_size = read_vocab_size(model);
+        tdm_model_config mc;
+        if (tdm_model_config_load(model, &mc, err) != TDM_OK) {
+            tdm_svc_descriptor_free(d);
+            return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+        }
+        d->vocab_size = (uint32_t)mc.vocab_size;
     }
     const char *tok = tdm_cfg_str(cfg, "tokenizer");
     if (tok[0]) {

@@ -45,12 +45,7 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
                                     tdm_error *err);
 void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d);
 
-/* Role, state strategy and drafter kind names used in configuration and
- * output, and their proto enum values. */
+/* The role a schema configures. */
 Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema);
-const char *tdm_svc_role_name(Tandem__V1__Role role);
-Tandem__V1__StateStrategy tdm_svc_strategy_from_name(const char *name);
-const char *tdm_svc_strategy_name(Tandem__V1__StateStrategy s);
-const char *tdm_svc_drafter_kind_name(Tandem__V1__DrafterKind k);
 
 #endif

@@ -9,6 +9,7 @@
  * files), and the gateway's rule table is applied to every verifier/drafter
  * pair and to replicas of one role.
  */
+#include "defs.h"
 #include "cli.h"
 
 #include "compat.h"
@@ -59,7 +60,7 @@ static bool load_side(side *s, bool verbose)
     tdm_cfg_load_file(s->cfg, s->path, NULL);
     tdm_error err;
     tdm_status st = tdm_cfg_finish(s->cfg, &err);
-    const char *role = tdm_svc_role_name(tdm_svc_role_of(s->schema));
+    const char *role = tdm_role_name(tdm_svc_role_of(s->schema));
     if (verbose) {
         printf("\n");
         tdm_cfg_print(s->cfg, stdout);

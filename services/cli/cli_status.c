@@ -3,6 +3,7 @@
  * are registered, which verifier/drafter pairs are formed and which are
  * refused and why, and prints it readably or as JSON.
  */
+#include "defs.h"
 #include "cli.h"
 
 #include "config.h"
@@ -38,17 +39,17 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
     if (!d)
         return;
     char m[16], t[16];
-    printf("  %-8s %s  %s\n", tdm_svc_role_name(d->role), d->replica_id, d->address);
+    printf("  %-8s %s  %s\n", tdm_role_name(d->role), d->replica_id, d->address);
     printf("           model %s (%s), tokenizer %s\n", d->model_name[0] ? d->model_name : "-",
            fp12(d->model_fingerprint, m, sizeof(m)), fp12(d->tokenizer_fingerprint, t, sizeof(t)));
     printf("           ");
     if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER)
         printf("max_draft_tokens %u, ", d->max_draft_tokens);
     if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER)
-        printf("%s drafter, draft_block_size %u, ", tdm_svc_drafter_kind_name(d->drafter_kind),
+        printf("%s drafter, draft_block_size %u, ", tdm_drafter_kind_name(d->drafter_kind),
                d->draft_block_size);
     printf("state %s, prefix_cache %s, max_sequences %u\n",
-           tdm_svc_strategy_name(d->state_strategy), d->prefix_cache ? "on" : "off",
+           tdm_state_strategy_name(tdm_state_strategy_from_proto(d->state_strategy)), d->prefix_cache ? "on" : "off",
            d->max_sequences);
     printf("           protocol %u.%u, snapshot layout %u, build %s (%s, %s)\n",
            d->protocol ? d->protocol->major : 0, d->protocol ? d->protocol->minor : 0,

@@ -663,21 +663,12 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     d->max_sequences = (int)tdm_cfg_int(cfg, "max_sequences");
     d->ngram_min = 1;
     d->ngram_max = 4;
-    if (strcmp(kind, "model") == 0) {
-        const char *model = tdm_cfg_str(cfg, "model");
-        tdm_status rc = tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &d->rt, err);
+    if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL) {
+        tdm_status rc = tdm_runtime_open_cfg(cfg, LOG, &d->rt, err);
         if (rc != TDM_OK)
-            return tdm_error_prefix(err, "model %s", model);
-        tdm_model_set_graphs(d->rt->model, tdm_cfg_bool(cfg, "cuda_graphs"));
+            return rc;
         d->vocab = tdm_model_get_config(d->rt->model)->vocab_size;
-        int st = tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy"));
-        if (st < 0)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "state_strategy %s is not supported by the engine",
-                                 tdm_cfg_str(cfg, "state_strategy"));
-        d->strategy = (tdm_state_strategy)st;
-        tdm_log_info(LOG, "model drafter: %s on %s (%s), state strategy %s", model,
-                     d->rt->backend_name, d->rt->why, tdm_cfg_str(cfg, "state_strategy"));
+        d->strategy = d->rt->strategy;
     } else {
         /* Token ids are only compared: any id a verifier sends is valid. */
         const Tandem__V1__Descriptor *desc = tdm_service_descriptor(svc);

@@ -19,6 +19,7 @@
 
 struct gw_api {
     gw_registry *reg;
+    const Tandem__V1__Descriptor *self; /* this gateway's (tokenizer fingerprint) */
     tdm_tokenizer *tok; /* NULL: text in and out are unavailable */
     char tok_fp[65];
     int32_t stop_ids[2];
@@ -265,7 +266,7 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
         req->speculation ? req->speculation->mode : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
     bool want = mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF;
     gw_pick pick;
-    if ((rc = gw_registry_pick(g->reg, want, g->tok ? g->tok_fp : NULL, &pick, err)) != TDM_OK) {
+    if ((rc = gw_registry_pick(g->reg, want, g->self, &pick, err)) != TDM_OK) {
         free(ids);
         return rc;
     }
@@ -287,10 +288,8 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
         block = req->speculation && req->speculation->block_size ? req->speculation->block_size
                                                                   : pick.block_size;
         if (block > pick.max_draft) {
-            rc = tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                               "rule draft-block-size: speculation.block_size %u exceeds verifier "
-                               "%s's max_draft_tokens %u",
-                               block, pick.verifier_id, pick.max_draft);
+            rc = tdm_compat_check_request_block(block, "speculation.block_size", pick.verifier_id,
+                                            pick.max_draft, err);
             goto out;
         }
     }
@@ -521,7 +520,7 @@ static tdm_status model_info(tdm_rpc_call *call, const ProtobufCMessage *msg,
     gw_pick pick;
     Tandem__V1__ModelInfo *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__model_info__init(out);
-    tdm_status rc = gw_registry_pick(g->reg, true, g->tok ? g->tok_fp : NULL, &pick, err);
+    tdm_status rc = gw_registry_pick(g->reg, true, g->self, &pick, err);
     if (rc != TDM_OK)
         return rc;
     gw_registry_unpick(g->reg, &pick);
@@ -549,6 +548,7 @@ tdm_status gw_api_create(tdm_service *svc, gw_registry *reg, gw_api **out, tdm_e
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
     pthread_mutex_init(&g->mu, NULL);
     g->reg = reg;
+    g->self = tdm_service_descriptor(svc);
     g->tls = tdm_service_tls(svc);
     g->max_message_bytes = tdm_cfg_int(cfg, "max_message_size");
     g->default_max_tokens = (uint32_t)tdm_cfg_int(cfg, "default_max_tokens");

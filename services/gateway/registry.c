@@ -2,6 +2,7 @@
  * registry.c - replicas, heartbeats, TTL and the pairs the rules allow (see
  * registry.h).
  */
+#include "defs.h"
 #include "registry.h"
 
 #include "compat.h"
@@ -87,7 +88,7 @@ static void expire_locked(gw_registry *r)
             tdm_log_warn(COMPONENT,
                          "%s %s dropped: no heartbeat for %lld ms (replica_ttl %lld ms); its "
                          "pairs are gone",
-                         tdm_svc_role_name(r->items[i].desc->role), name, (long long)age,
+                         tdm_role_name(r->items[i].desc->role), name, (long long)age,
                          (long long)r->ttl_ms);
             r->dropped++;
             remove_at(r, i);
@@ -289,7 +290,7 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
         char name[512];
         tdm_compat_service_name(copy, name, sizeof(name));
         tdm_log_info(
-            COMPONENT, "%s %s registered (model %s, protocol %u.%u)", tdm_svc_role_name(copy->role),
+            COMPONENT, "%s %s registered (model %s, protocol %u.%u)", tdm_role_name(copy->role),
             name, copy->model_name[0] ? copy->model_name : "none",
             copy->protocol ? copy->protocol->major : 0, copy->protocol ? copy->protocol->minor : 0);
         log_pairs_locked(r, (size_t)idx);
@@ -370,7 +371,7 @@ static tdm_status handle_deregister(tdm_rpc_call *call, const ProtobufCMessage *
         char name[512];
         tdm_compat_service_name(r->items[idx].desc, name, sizeof(name));
         tdm_log_info(COMPONENT, "%s %s deregistered: %s",
-                     tdm_svc_role_name(r->items[idx].desc->role), name,
+                     tdm_role_name(r->items[idx].desc->role), name,
                      rq->reason[0] ? rq->reason : "no reason given");
         remove_at(r, (size_t)idx);
         r->deregistrations++;
@@ -549,7 +550,7 @@ static uint32_t load_of(const gw_replica *rep)
     return rep->active_sequences > rep->inflight ? rep->active_sequences : rep->inflight;
 }
 
-tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const char *tokenizer_fp,
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
                             gw_pick *out, tdm_error *err)
 {
     memset(out, 0, sizeof(*out));
@@ -562,12 +563,9 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const char *token
         if (d->role != TANDEM__V1__ROLE__ROLE_VERIFIER)
             continue;
         verifiers++;
-        if (tokenizer_fp && tokenizer_fp[0] &&
-            strcmp(d->tokenizer_fingerprint, tokenizer_fp) != 0) {
-            snprintf(refused, sizeof(refused),
-                     "rule gateway-tokenizer: verifier %s (%s) has tokenizer fingerprint %.12s, "
-                     "the gateway's tokenizer is %.12s",
-                     d->replica_id, d->address, d->tokenizer_fingerprint, tokenizer_fp);
+        tdm_compat_refusal gref;
+        if (tdm_compat_check_gateway(gateway, d, &gref, 1) > 0) {
+            snprintf(refused, sizeof(refused), "%s", gref.message);
             continue;
         }
         if (best < 0 || load_of(&r->items[i]) < load_of(&r->items[best]))

@@ -46,13 +46,13 @@ typedef struct gw_pick {
     char no_drafter[1024];                   /* why there is none, when one was wanted */
 } gw_pick;
 
-/* Picks the least loaded verifier whose tokenizer fingerprint equals
- * tokenizer_fp (any, when NULL or empty) and, when want_drafter, the least
+/* Picks the least loaded verifier that the gateway rules pass with `gateway`
+ * (this gateway's own descriptor) and, when want_drafter, the least
  * loaded drafter the compatibility rules pair with it (none, with the
  * reasons in no_drafter, when no drafter is compatible). UNAVAILABLE when no
  * verifier is registered, FAILED_PRECONDITION naming the rule when none is
  * usable. Each pick counts as load until gw_registry_unpick. */
-tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const char *tokenizer_fp,
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
                             gw_pick *out, tdm_error *err);
 void gw_registry_unpick(gw_registry *r, const gw_pick *p);
 

@@ -119,18 +119,12 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     if (!model[0])
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "model is not set: the verifier needs a model directory (--model)");
-    tdm_status rc = tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &v->rt, err);
+    tdm_status rc = tdm_runtime_open_cfg(cfg, "verifier", &v->rt, err);
     if (rc != TDM_OK)
-        return tdm_error_prefix(err, "model %s", model);
-    tdm_model_set_graphs(v->rt->model, tdm_cfg_bool(cfg, "cuda_graphs"));
-    const char *strategy = tdm_cfg_str(cfg, "state_strategy");
-    int st = tdm_state_strategy_parse(strategy);
-    if (st < 0)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "state_strategy %s is not supported by the engine", strategy);
+        return rc;
     vsched_params p = {
         .model = v->rt->model,
-        .strategy = (tdm_state_strategy)st,
+        .strategy = v->rt->strategy,
         .max_draft = (int)tdm_cfg_int(cfg, "max_draft_tokens"),
         .max_sequences = (int)tdm_cfg_int(cfg, "max_sequences"),
         .draft_timeout_ms = (int)tdm_cfg_int(cfg, "draft_timeout"),
@@ -139,8 +133,6 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;
-    tdm_log_info("verifier", "model %s on %s (%s), state strategy %s, max %d draft tokens",
-                 model, v->rt->backend_name, v->rt->why, strategy, p.max_draft);
     v->max_sequences = p.max_sequences;
     tdm_service_set_counters(svc, counters, v);
     tdm_service_set_load(svc, load, v);

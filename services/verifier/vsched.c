@@ -4,6 +4,7 @@
 #include "vsched.h"
 
 #include "adaptive.h"
+#include "compat.h"
 #include "log.h"
 #include "request_check.h"
 #include "sampling.h"
@@ -417,11 +418,10 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     if (crc != TDM_OK)
         return crc;
     const Tandem__V1__DrafterAssignment *da = req->drafter;
-    if (da && da->address[0] && (da->block_size < 1 || (int)da->block_size > s->p.max_draft))
-        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "rule draft-block-size: drafter.block_size %u must be within "
-                             "1..%d (this verifier's max_draft_tokens)",
-                             da->block_size, s->p.max_draft);
+    if (da && da->address[0] &&
+        tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
+                                       (uint32_t)s->p.max_draft, err) != TDM_OK)
+        return err->code;
     if (req->snapshot_id && req->snapshot_id[0])
         return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
                              "snapshot_id: resuming from state snapshots is not supported by "

@@ -1,9 +1,9 @@
 /*
- * config.c - config.json of a Qwen3.5 text model. Missing fields take the
+ * model_config.c - config.json of a Qwen3.5 text model. Missing fields take the
  * defaults of transformers' Qwen3_5TextConfig; present fields of the wrong
  * type or out of range are errors naming the field.
  */
-#include "engine.h"
+#include "model_config.h"
 #include "file.h"
 
 #include <cjson/cJSON.h>
@@ -91,6 +91,8 @@ static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_confi
         (rc = cfg_int(path, t, "linear_value_head_dim", 128, 1, &c->lin_v_dim, err)) ||
         (rc = cfg_int(path, t, "linear_num_key_heads", 16, 1, &c->lin_k_heads, err)) ||
         (rc = cfg_int(path, t, "linear_num_value_heads", 32, 1, &c->lin_v_heads, err)) ||
+        (rc = cfg_int(path, t, "max_position_embeddings", 32768, 1, &c->max_position_embeddings,
+                      err)) ||
         (rc = cfg_num(path, t, "rms_norm_eps", 1e-6, &c->rms_norm_eps, NULL, err)))
         return rc;
 
