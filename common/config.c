@@ -3,6 +3,7 @@
  * configuration (see config.h).
  */
 #include "config.h"
+#include "alloc.h"
 
 #include "log.h"
 #include "tandem/v1/common.pb-c.h"
@@ -46,16 +47,9 @@ struct tdm_cfg {
 
 /* ---- small helpers -------------------------------------------------------- */
 
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s ? s : "");
-    TDM_ASSERT(d != NULL);
-    return d;
-}
-
 static void replace_str(char **slot, const char *s)
 {
-    char *d = xstrdup(s);
+    char *d = tdm_xstrdup(s);
     free(*slot);
     *slot = d;
 }
@@ -72,7 +66,7 @@ static void add_error(tdm_cfg *cfg, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    cfg->errors[cfg->n_errors++] = xstrdup(buf);
+    cfg->errors[cfg->n_errors++] = tdm_xstrdup(buf);
 }
 
 /* Fills err with every recorded error joined, or clears it. */
@@ -368,10 +362,10 @@ tdm_cfg *tdm_cfg_create(const tdm_cfg_schema *schema)
         const tdm_cfg_key *k = &schema->keys[i];
         cfg_value *v = &cfg->values[i];
         const char *def = k->def ? k->def : "";
-        v->text = xstrdup(def);
-        v->source = xstrdup("default");
-        v->reason = xstrdup("");
-        v->auto_from = xstrdup("");
+        v->text = tdm_xstrdup(def);
+        v->source = tdm_xstrdup("default");
+        v->reason = tdm_xstrdup("");
+        v->auto_from = tdm_xstrdup("");
         v->rank = RANK_DEFAULT;
         tdm_error e;
         /* A default that does not parse is a bug in the table, not input. */
@@ -481,8 +475,7 @@ tdm_status tdm_cfg_load_file(tdm_cfg *cfg, const char *path, tdm_error *err)
     /* Expected event sequence: STREAM_START [DOCUMENT_START MAPPING_START
      * (SCALAR SCALAR)* MAPPING_END DOCUMENT_END] STREAM_END. */
     enum { WANT_DOC, WANT_MAP, WANT_KEY, WANT_VALUE, WANT_DOC_END, DONE } state = WANT_DOC;
-    bool *seen = calloc(cfg->schema->n_keys ? cfg->schema->n_keys : 1, sizeof(bool));
-    TDM_ASSERT(seen != NULL);
+    bool *seen = tdm_xcalloc(cfg->schema->n_keys ? cfg->schema->n_keys : 1, sizeof(bool));
     char key[256] = "";
     size_t key_line = 0;
     int docs = 0;
@@ -604,8 +597,7 @@ tdm_status tdm_cfg_load_env(tdm_cfg *cfg, tdm_error *err)
             known = strlen(name) == len && strncmp(name, *e, len) == 0;
         }
         if (!known && cfg->n_unused_env < CFG_MAX_ERRORS) {
-            char *copy = strndup(*e, len);
-            TDM_ASSERT(copy != NULL);
+            char *copy = tdm_xstrndup(*e, len);
             cfg->unused_env[cfg->n_unused_env++] = copy;
         }
     }
@@ -1059,25 +1051,23 @@ void tdm_cfg_log(const tdm_cfg *cfg, const char *component)
 
 tdm_status tdm_cfg_to_proto(const tdm_cfg *cfg, Tandem__V1__EffectiveConfig *out, tdm_error *err)
 {
+    (void)err; /* cannot fail: internal allocations abort (alloc.h) */
     size_t n = cfg->schema->n_keys;
-    out->entries = calloc(n ? n : 1, sizeof(*out->entries));
-    if (!out->entries)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    out->entries = tdm_xcalloc(n ? n : 1, sizeof(*out->entries));
     out->n_entries = 0;
     for (size_t i = 0; i < n; i++) {
         const cfg_value *v = &cfg->values[i];
-        Tandem__V1__ConfigEntry *e = malloc(sizeof(*e));
-        TDM_ASSERT(e != NULL);
+        Tandem__V1__ConfigEntry *e = tdm_xmalloc(sizeof(*e));
         tandem__v1__config_entry__init(e);
-        e->key = xstrdup(cfg->schema->keys[i].key);
-        e->value = xstrdup(v->text);
-        e->source = xstrdup(v->source);
+        e->key = tdm_xstrdup(cfg->schema->keys[i].key);
+        e->value = tdm_xstrdup(v->text);
+        e->source = tdm_xstrdup(v->source);
         if (v->resolved) {
             char reason[TDM_ERROR_MSG_MAX + 300];
             snprintf(reason, sizeof(reason), "%s (auto set by %s)", v->reason, v->auto_from);
-            e->reason = xstrdup(reason);
+            e->reason = tdm_xstrdup(reason);
         } else {
-            e->reason = xstrdup("");
+            e->reason = tdm_xstrdup("");
         }
         out->entries[out->n_entries++] = e;
     }

@@ -4,6 +4,7 @@
  * the data; offsets are relative to the first byte after the header.
  */
 #include "safetensors.h"
+#include "alloc.h"
 
 #include "file.h"
 
@@ -122,7 +123,8 @@ static tdm_status st_add_tensor(tdm_st_file *f, tdm_st_tensor *t, tdm_error *err
         size_t nc = f->cap ? f->cap * 2 : 64;
         tdm_st_tensor *nt = realloc(f->tensors, nc * sizeof(*nt));
         if (!nt)
-            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return tdm_error_oom(err, nc * sizeof(*nt), "the tensor list of a safetensors "
+                                                        "header");
         f->tensors = nt;
         f->cap = nc;
     }
@@ -235,10 +237,9 @@ static tdm_status st_parse_header(tdm_st_file *f, int fi, tdm_error *err)
         t.numel = (int64_t)numel;
         t.nbytes = (size_t)(en - b);
         t.data = data + b;
-        t.name = strdup(name);
-        if (!t.name || (rc = st_add_tensor(f, &t, err)) != TDM_OK) {
+        t.name = tdm_xstrdup(name);
+        if ((rc = st_add_tensor(f, &t, err)) != TDM_OK) {
             free((char *)t.name);
-            rc = rc ? rc : tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
             break;
         }
     }
@@ -257,7 +258,8 @@ static tdm_status st_build_index(tdm_st_file *f, tdm_error *err)
 {
     f->by_name = malloc((f->ntensors ? f->ntensors : 1) * sizeof(*f->by_name));
     if (!f->by_name)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, f->ntensors * sizeof(*f->by_name), "an index of %zu tensors",
+                             f->ntensors);
     for (size_t i = 0; i < f->ntensors; i++)
         f->by_name[i] = &f->tensors[i];
     qsort(f->by_name, f->ntensors, sizeof(*f->by_name), st_cmp_name);
@@ -274,9 +276,7 @@ static tdm_status st_build_index(tdm_st_file *f, tdm_error *err)
 
 static tdm_status st_open_files(tdm_st_file *f, char **paths, int n, tdm_error *err)
 {
-    f->files = calloc((size_t)n, sizeof(st_map));
-    if (!f->files)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    f->files = tdm_xcalloc((size_t)n, sizeof(st_map));
     for (int i = 0; i < n; i++) {
         tdm_status rc = st_map_file(paths[i], &f->files[i], err);
         if (rc != TDM_OK)
@@ -378,9 +378,7 @@ static int st_ends_with(const char *s, const char *suf)
 tdm_status tdm_st_open(const char *path, tdm_st_file **out, tdm_error *err)
 {
     *out = NULL;
-    tdm_st_file *f = calloc(1, sizeof(*f));
-    if (!f)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    tdm_st_file *f = tdm_xcalloc(1, sizeof(*f));
     tdm_status rc;
     char p[PATH_MAX];
     if (st_is_dir(path)) {

@@ -6,6 +6,7 @@
  * the CPU; fp16 matrices and all vectors become f32.
  */
 #include "engine_internal.h"
+#include "alloc.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,10 +19,7 @@ static int track(void ***arr, size_t *n, size_t *cap, void *p)
 {
     if (*n == *cap) {
         size_t nc = *cap ? *cap * 2 : 64;
-        void **na = realloc(*arr, nc * sizeof(void *));
-        if (!na)
-            return -1;
-        *arr = na;
+        *arr = tdm_xrealloc(*arr, nc * sizeof(void *));
         *cap = nc;
     }
     (*arr)[(*n)++] = p;
@@ -137,11 +135,10 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
     /* fp16, or data misaligned for its element type: convert to an f32 copy. */
     if (t->dtype == TDM_ST_DTYPE_F16 || ((uintptr_t)t->data % esize) != 0) {
         float *conv = malloc((size_t)t->numel * sizeof(float));
-        if (!conv || track(&m->host, &m->nhost, &m->caphost, conv) != 0) {
-            free(conv);
-            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory loading %s",
+        if (!conv)
+            return tdm_error_oom(err, (size_t)t->numel * sizeof(float), "an f32 copy of %s",
                                  t->name);
-        }
+        track(&m->host, &m->nhost, &m->caphost, conv);
         to_f32(conv, t);
         host = conv;
         dt = TDM_DTYPE_F32;
@@ -152,8 +149,8 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
     if (!dev)
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "backend out of memory for %s",
                              t->name);
-    if (owned && track(&m->owned, &m->nowned, &m->capowned, (void *)dev) != 0)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    if (owned)
+        track(&m->owned, &m->nowned, &m->capowned, (void *)dev);
     w->data = dev;
     w->dtype = dt;
     return TDM_OK;
@@ -167,14 +164,14 @@ static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, i
     if (rc != TDM_OK)
         return rc;
     m->weight_bytes += t->nbytes;
-    float *host = malloc((size_t)t->numel * sizeof(float));
+    float *host = tdm_xmalloc((size_t)t->numel * sizeof(float)); /* a norm's vector */
     float *dev = m->be->alloc(m->be->ctx, (size_t)t->numel * sizeof(float));
-    if (!host || !dev || track(&m->owned, &m->nowned, &m->capowned, dev) != 0) {
+    if (!dev) {
         free(host);
-        if (dev)
-            m->be->free(m->be->ctx, dev);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory loading %s", t->name);
+        return tdm_error_oom(err, (size_t)t->numel * sizeof(float), "%s on the %s backend",
+                             t->name, m->be->name);
     }
+    track(&m->owned, &m->nowned, &m->capowned, dev);
     to_f32(host, t);
     m->be->upload(m->be->ctx, dev, host, (size_t)t->numel * sizeof(float));
     free(host);
@@ -242,9 +239,7 @@ static tdm_status load_layer(tdm_model *m, const char *dir, int L, tdm_error *er
 tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
 {
     *out = NULL;
-    tdm_model *m = calloc(1, sizeof(*m));
-    if (!m)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    tdm_model *m = tdm_xcalloc(1, sizeof(*m));
     m->be = be;
     m->graphs = 1;
     tdm_status rc = tdm_model_config_load(dir, &m->cfg, err);
@@ -256,12 +251,8 @@ tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm
     }
     const tdm_model_config *c = &m->cfg;
     m->conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
-    m->layers = calloc((size_t)c->num_layers, sizeof(tdm_layer_weights));
-    m->inv_freq = malloc((size_t)(c->rot_dim / 2) * sizeof(float));
-    if (!m->layers || !m->inv_freq) {
-        tdm_model_destroy(m);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    }
+    m->layers = tdm_xcalloc((size_t)c->num_layers, sizeof(tdm_layer_weights));
+    m->inv_freq = tdm_xmalloc((size_t)(c->rot_dim / 2) * sizeof(float));
     /* As transformers computes it in fp32: 1 / theta^(2i / rot_dim). */
     for (int i = 0; i < c->rot_dim / 2; i++) {
         float e = (float)(2 * i) / (float)c->rot_dim;

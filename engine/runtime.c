@@ -6,6 +6,7 @@
  * a device is present, else the CPU, and records which and why.
  */
 #include "runtime.h"
+#include "alloc.h"
 
 #include "log.h"
 
@@ -76,9 +77,7 @@ tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int thre
     *out = NULL;
     if (!backend || !backend[0])
         backend = "auto";
-    tdm_runtime *rt = calloc(1, sizeof(*rt));
-    if (!rt)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    tdm_runtime *rt = tdm_xcalloc(1, sizeof(*rt));
     tdm_status rc = runtime_backend(rt, backend, threads, err);
     if (rc != TDM_OK) {
         free(rt);

@@ -14,6 +14,7 @@
  * commit strategies bit-identical to sequential decoding.
  */
 #include "engine_internal.h"
+#include "alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -322,18 +323,14 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         .R = R,
         .prefill = prefill,
         .logits = out && (out->logits || out->argmax),
-        .row0 = malloc((size_t)nseq * sizeof(int)),
-        .extra = malloc((size_t)nseq * sizeof(int)),
-        .ids = malloc((size_t)R * sizeof(int32_t)),
-        .pos = malloc((size_t)R * sizeof(int32_t)),
-        .cs = calloc((size_t)nseq, sizeof(tdm_conv_seg)),
-        .gs = calloc((size_t)nseq, sizeof(tdm_gdn_seg)),
-        .as = calloc((size_t)nseq, sizeof(tdm_attn_seg)),
+        .row0 = tdm_xmalloc((size_t)nseq * sizeof(int)),
+        .extra = tdm_xmalloc((size_t)nseq * sizeof(int)),
+        .ids = tdm_xmalloc((size_t)R * sizeof(int32_t)),
+        .pos = tdm_xmalloc((size_t)R * sizeof(int32_t)),
+        .cs = tdm_xcalloc((size_t)nseq, sizeof(tdm_conv_seg)),
+        .gs = tdm_xcalloc((size_t)nseq, sizeof(tdm_gdn_seg)),
+        .as = tdm_xcalloc((size_t)nseq, sizeof(tdm_attn_seg)),
     };
-    if (!st.row0 || !st.extra || !st.ids || !st.pos || !st.cs || !st.gs || !st.as) {
-        rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
-    }
     for (int i = 0, r = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         st.row0[i] = r;
@@ -377,7 +374,6 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     be->sync(bx);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
-out:
     free(st.row0);
     free(st.extra);
     free(st.ids);
@@ -392,15 +388,15 @@ out:
 
 static float **layer_array(int n)
 {
-    return calloc((size_t)n, sizeof(float *));
+    return tdm_xcalloc((size_t)n, sizeof(float *));
 }
 
 tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, tdm_error *err)
 {
     *out = NULL;
-    if (p->max_draft < 0 || p->max_draft > 1024)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_draft %d is outside 0..1024",
-                             p->max_draft);
+    if (p->max_draft < 0 || p->max_draft > TDM_MAX_DRAFT_BLOCK)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_draft %d is outside 0..%d",
+                             p->max_draft, TDM_MAX_DRAFT_BLOCK);
     if (p->strategy != TDM_STATE_EXTRA_BUFFER && p->strategy != TDM_STATE_NO_BUFFER &&
         p->strategy != TDM_STATE_REPLAY)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "unknown state strategy %d",
@@ -410,9 +406,7 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
                              "state strategy replay: the %s backend cannot replay a delta rule",
                              m->be->name);
     const int NL = m->cfg.num_layers;
-    tdm_seq *s = calloc(1, sizeof(*s));
-    if (!s)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    tdm_seq *s = tdm_xcalloc(1, sizeof(*s));
     s->m = m;
     s->p = *p;
     s->k = layer_array(NL);
@@ -421,8 +415,8 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
     s->rec = layer_array(NL);
     s->conv_x = layer_array(NL);
     s->rec_x = layer_array(NL);
-    s->pend_tokens = malloc((size_t)(p->max_draft + 1) * sizeof(int32_t));
-    int ok = s->k && s->v && s->conv && s->rec && s->conv_x && s->rec_x && s->pend_tokens;
+    s->pend_tokens = tdm_xmalloc((size_t)(p->max_draft + 1) * sizeof(int32_t));
+    int ok = 1;
     void *bx = m->be->ctx;
     for (int L = 0; ok && L < NL; L++) {
         if (m->cfg.layer_types[L] != TDM_LAYER_LINEAR_ATTENTION)
@@ -444,7 +438,9 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
     if (!ok) {
         tdm_seq_destroy(s);
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
-                             "out of memory for the state of a new sequence");
+                             "%s backend memory exhausted: no room for the state of a new "
+                             "sequence",
+                             m->be->name);
     }
     s->kv_cap = KV_INITIAL_CAP;
     *out = s;
@@ -586,13 +582,8 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
     if ((rc = check_batch(seqs, nseq, 0, err)) ||
         (rc = check_tokens(seqs[0]->m, tokens, nseq, err)))
         return rc;
-    const int32_t **t = malloc((size_t)nseq * sizeof(*t));
-    int *cnt = malloc((size_t)nseq * sizeof(int));
-    if (!t || !cnt) {
-        free(t);
-        free(cnt);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    }
+    const int32_t **t = tdm_xmalloc((size_t)nseq * sizeof(*t));
+    int *cnt = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++) {
         t[i] = &tokens[i];
         cnt[i] = 1;
@@ -684,9 +675,7 @@ tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *con
     tdm_status rc = check_batch(seqs, nseq, 1, err);
     if (rc != TDM_OK)
         return rc;
-    int *vr = malloc((size_t)nseq * sizeof(int));
-    if (!vr)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    int *vr = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++)
         vr[i] = 1;
     rc = run_rows(seqs, nseq, tokens, ntokens, vr, out, err);
@@ -707,9 +696,7 @@ tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const
     tdm_status rc = check_batch(seqs, nseq, 0, err);
     if (rc != TDM_OK)
         return rc;
-    int *vr = malloc((size_t)nseq * sizeof(int));
-    if (!vr)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    int *vr = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++)
         vr[i] = ntokens[i] > 1;
     rc = run_rows(seqs, nseq, tokens, ntokens, vr, out, err);

@@ -4,6 +4,7 @@
  * woken by every change, by drain, and by their own cancellation.
  */
 #include "health.h"
+#include "alloc.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -35,8 +36,7 @@ static health_entry *find(tdm_health *h, const char *name)
 
 tdm_health *tdm_health_create(void)
 {
-    tdm_health *h = calloc(1, sizeof(*h));
-    TDM_ASSERT(h);
+    tdm_health *h = tdm_xcalloc(1, sizeof(*h));
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     tdm_health_add_service(h, "", NULL);
@@ -61,11 +61,9 @@ tdm_status tdm_health_add_service(tdm_health *h, const char *service, tdm_error 
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "health: service name is NULL");
     pthread_mutex_lock(&h->mu);
     if (!find(h, service)) {
-        health_entry *ne = realloc(h->entries, (h->n + 1) * sizeof(*ne));
-        TDM_ASSERT(ne);
+        health_entry *ne = tdm_xrealloc(h->entries, (h->n + 1) * sizeof(*ne));
         h->entries = ne;
-        h->entries[h->n].name = strdup(service);
-        TDM_ASSERT(h->entries[h->n].name);
+        h->entries[h->n].name = tdm_xstrdup(service);
         h->entries[h->n].status = TDM_HEALTH_NOT_SERVING;
         h->n++;
         pthread_cond_broadcast(&h->cv);

@@ -8,6 +8,7 @@
  * the names of messages, enums, services and methods are needed.
  */
 #include "reflection.h"
+#include "alloc.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -134,8 +135,7 @@ static pthread_once_t idx_once = PTHREAD_ONCE_INIT;
 
 static char *strndup_checked(const uint8_t *p, size_t n)
 {
-    char *s = malloc(n + 1);
-    TDM_ASSERT(s);
+    char *s = tdm_xmalloc(n + 1);
     memcpy(s, p, n);
     s[n] = '\0';
     return s;
@@ -144,8 +144,7 @@ static char *strndup_checked(const uint8_t *p, size_t n)
 static char *join(const char *prefix, const uint8_t *name, size_t n)
 {
     size_t pl = strlen(prefix);
-    char *s = malloc(pl + 1 + n + 1);
-    TDM_ASSERT(s);
+    char *s = tdm_xmalloc(pl + 1 + n + 1);
     size_t at = 0;
     if (pl) {
         memcpy(s, prefix, pl);
@@ -161,8 +160,7 @@ static void add_symbol(char *name, size_t file)
 {
     if (idx.n_syms == idx.cap_syms) {
         idx.cap_syms = idx.cap_syms ? idx.cap_syms * 2 : 256;
-        idx.syms = realloc(idx.syms, idx.cap_syms * sizeof(*idx.syms));
-        TDM_ASSERT(idx.syms);
+        idx.syms = tdm_xrealloc(idx.syms, idx.cap_syms * sizeof(*idx.syms));
     }
     idx.syms[idx.n_syms++] = (refl_symbol){name, file};
 }
@@ -227,8 +225,7 @@ static void index_service(const char *prefix, const uint8_t *p, size_t n, size_t
 static void index_file(const uint8_t *p, size_t n)
 {
     size_t fi = idx.n_files;
-    idx.files = realloc(idx.files, (fi + 1) * sizeof(*idx.files));
-    TDM_ASSERT(idx.files);
+    idx.files = tdm_xrealloc(idx.files, (fi + 1) * sizeof(*idx.files));
     refl_file *rf = &idx.files[fi];
     memset(rf, 0, sizeof(*rf));
     rf->data = p;
@@ -247,8 +244,7 @@ static void index_file(const uint8_t *p, size_t n)
             free(package);
             package = strndup_checked(f.data, f.len);
         } else if (f.number == 3) {
-            rf->deps = realloc(rf->deps, (rf->n_deps + 1) * sizeof(*rf->deps));
-            TDM_ASSERT(rf->deps);
+            rf->deps = tdm_xrealloc(rf->deps, (rf->n_deps + 1) * sizeof(*rf->deps));
             rf->deps[rf->n_deps++] = strndup_checked(f.data, f.len);
         }
     }
@@ -317,8 +313,7 @@ typedef Grpc__Reflection__V1__ServerReflectionResponse refl_resp;
 static void answer_files(refl_resp *resp, Grpc__Reflection__V1__FileDescriptorResponse *fdr,
                          size_t first, size_t *order /* (n_files) scratch */)
 {
-    bool *seen = calloc(idx.n_files, sizeof(*seen));
-    TDM_ASSERT(seen);
+    bool *seen = tdm_xcalloc(idx.n_files, sizeof(*seen));
     size_t n = 0;
     order[n++] = first;
     seen[first] = true;
@@ -334,8 +329,7 @@ static void answer_files(refl_resp *resp, Grpc__Reflection__V1__FileDescriptorRe
     }
     free(seen);
     fdr->n_file_descriptor_proto = n;
-    fdr->file_descriptor_proto = calloc(n, sizeof(*fdr->file_descriptor_proto));
-    TDM_ASSERT(fdr->file_descriptor_proto);
+    fdr->file_descriptor_proto = tdm_xcalloc(n, sizeof(*fdr->file_descriptor_proto));
     for (size_t k = 0; k < n; k++) {
         fdr->file_descriptor_proto[k].data = (uint8_t *)idx.files[order[k]].data;
         fdr->file_descriptor_proto[k].len = idx.files[order[k]].len;
@@ -361,8 +355,7 @@ static tdm_status answer(tdm_rpc_call *call, const tdm_rpc_server *server, refl_
     Grpc__Reflection__V1__ServiceResponse **svc_ptrs = NULL;
     char **svc_names = NULL;
     size_t n_svcs = 0;
-    size_t *order = calloc(idx.n_files + 1, sizeof(*order));
-    TDM_ASSERT(order);
+    size_t *order = tdm_xcalloc(idx.n_files + 1, sizeof(*order));
     char msg[512];
     long fi;
 
@@ -372,8 +365,7 @@ static tdm_status answer(tdm_rpc_call *call, const tdm_rpc_server *server, refl_
         size_t cap = 0;
         for (size_t i = 0; tdm_rpc__server_method(server, i); i++)
             cap++;
-        svc_names = calloc(cap + 1, sizeof(*svc_names));
-        TDM_ASSERT(svc_names);
+        svc_names = tdm_xcalloc(cap + 1, sizeof(*svc_names));
         for (size_t i = 0; i < cap; i++) {
             const char *path = tdm_rpc__server_method(server, i);
             const char *slash = strchr(path + 1, '/');
@@ -384,9 +376,8 @@ static tdm_status answer(tdm_rpc_call *call, const tdm_rpc_server *server, refl_
             if (!dup)
                 svc_names[n_svcs++] = strndup_checked((const uint8_t *)path + 1, len);
         }
-        svcs = calloc(n_svcs + 1, sizeof(*svcs));
-        svc_ptrs = calloc(n_svcs + 1, sizeof(*svc_ptrs));
-        TDM_ASSERT(svcs && svc_ptrs);
+        svcs = tdm_xcalloc(n_svcs + 1, sizeof(*svcs));
+        svc_ptrs = tdm_xcalloc(n_svcs + 1, sizeof(*svc_ptrs));
         for (size_t k = 0; k < n_svcs; k++) {
             grpc__reflection__v1__service_response__init(&svcs[k]);
             svcs[k].name = svc_names[k];

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "rpc_internal.h"
+#include "alloc.h"
 
 struct tdm_rpc_channel {
     grpc_channel *ch;
@@ -67,8 +68,7 @@ tdm_status tdm_rpc_channel_create(const tdm_rpc_channel_options *opt, tdm_rpc_ch
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "rpc channel: bad target '%s'",
                              opt->target);
     }
-    tdm_rpc_channel *c = calloc(1, sizeof(*c));
-    TDM_ASSERT(c);
+    tdm_rpc_channel *c = tdm_xcalloc(1, sizeof(*c));
     c->ch = ch;
     c->target = strdup(opt->target);
     *out = c;
@@ -109,8 +109,7 @@ static tdm_status md_build(const tdm_rpc_call_options *opt, send_md *out, tdm_er
     out->n = 0;
     if (!opt || opt->n_metadata == 0)
         return TDM_OK;
-    out->md = calloc(opt->n_metadata, sizeof(*out->md));
-    TDM_ASSERT(out->md);
+    out->md = tdm_xcalloc(opt->n_metadata, sizeof(*out->md));
     for (size_t i = 0; i < opt->n_metadata; i++) {
         const tdm_rpc_metadata *m = &opt->metadata[i];
         grpc_slice k = grpc_slice_from_copied_string(m->key ? m->key : "");
@@ -345,8 +344,7 @@ tdm_status tdm_rpc_stream_open(tdm_rpc_channel *ch, const char *method,
                                tdm_error *err)
 {
     *out = NULL;
-    tdm_rpc_stream *s = calloc(1, sizeof(*s));
-    TDM_ASSERT(s);
+    tdm_rpc_stream *s = tdm_xcalloc(1, sizeof(*s));
     tdm_status st = md_build(opt, &s->md, err);
     if (st != TDM_OK) {
         free(s);

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "alloc.h"
 #include "rpc_internal.h"
 
 #define REQUESTS_PER_WORKER 8
@@ -326,8 +327,7 @@ static void *handler_thread(void *arg)
     pthread_mutex_lock(&s->mu);
     if (s->n_finished == s->cap_finished) {
         size_t cap = s->cap_finished ? s->cap_finished * 2 : 16;
-        pthread_t *nf = realloc(s->finished, cap * sizeof(*nf));
-        TDM_ASSERT(nf);
+        pthread_t *nf = tdm_xrealloc(s->finished, cap * sizeof(*nf));
         s->finished = nf;
         s->cap_finished = cap;
     }
@@ -483,8 +483,7 @@ static void on_new_call(rpc_op *op, bool ok)
     }
     post_request(w);
 
-    tdm_rpc_call *c = calloc(1, sizeof(*c));
-    TDM_ASSERT(c);
+    tdm_rpc_call *c = tdm_xcalloc(1, sizeof(*c));
     c->server = s;
     c->worker = w;
     c->call = r->call;
@@ -492,8 +491,7 @@ static void on_new_call(rpc_op *op, bool ok)
     c->md = r->md;
     free(r);
     size_t plen = GRPC_SLICE_LENGTH(c->details.method);
-    c->path = malloc(plen + 1);
-    TDM_ASSERT(c->path);
+    c->path = tdm_xmalloc(plen + 1);
     memcpy(c->path, GRPC_SLICE_START_PTR(c->details.method), plen);
     c->path[plen] = '\0';
     c->status_details = grpc_empty_slice();
@@ -548,8 +546,7 @@ static void post_request(rpc_worker *w)
     pthread_mutex_unlock(&s->mu);
     if (stop)
         return;
-    rpc_request *r = calloc(1, sizeof(*r));
-    TDM_ASSERT(r);
+    rpc_request *r = tdm_xcalloc(1, sizeof(*r));
     r->op.done = on_new_call;
     r->worker = w;
     grpc_call_details_init(&r->details);
@@ -628,8 +625,7 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
         return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
 
     tdm_rpc__init();
-    tdm_rpc_server *s = calloc(1, sizeof(*s));
-    TDM_ASSERT(s);
+    tdm_rpc_server *s = tdm_xcalloc(1, sizeof(*s));
     s->name = strdup(opt->name ? opt->name : "rpc");
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -640,8 +636,7 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     s->srv = grpc_server_create(&cargs, NULL);
     s->n_workers = opt->workers > 0 ? opt->workers : DEFAULT_WORKERS;
     s->max_streams = opt->max_streams > 0 ? opt->max_streams : DEFAULT_MAX_STREAMS;
-    s->workers = calloc((size_t)s->n_workers, sizeof(*s->workers));
-    TDM_ASSERT(s->workers);
+    s->workers = tdm_xcalloc((size_t)s->n_workers, sizeof(*s->workers));
     for (int i = 0; i < s->n_workers; i++) {
         s->workers[i].server = s;
         s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
@@ -679,8 +674,7 @@ static tdm_status add_method(tdm_rpc_server *s, const char *path,
                              "rpc: method %s added after the server started", path);
     if (find_method(s, path))
         return tdm_error_set(err, TDM_ERR_ALREADY_EXISTS, "rpc: method %s registered twice", path);
-    rpc_method *nm = realloc(s->methods, (s->n_methods + 1) * sizeof(*nm));
-    TDM_ASSERT(nm);
+    rpc_method *nm = tdm_xrealloc(s->methods, (s->n_methods + 1) * sizeof(*nm));
     s->methods = nm;
     m.path = strdup(path);
     m.desc = desc;
@@ -715,8 +709,7 @@ tdm_status tdm_rpc_server_add_bidi(tdm_rpc_server *server, const char *path,
 
 void tdm_rpc_server_on_shutdown(tdm_rpc_server *server, void (*fn)(void *arg), void *arg)
 {
-    rpc_hook *nh = realloc(server->hooks, (server->n_hooks + 1) * sizeof(*nh));
-    TDM_ASSERT(nh);
+    rpc_hook *nh = tdm_xrealloc(server->hooks, (server->n_hooks + 1) * sizeof(*nh));
     server->hooks = nh;
     server->hooks[server->n_hooks++] = (rpc_hook){fn, arg};
 }
@@ -1037,8 +1030,7 @@ tdm_status tdm_rpc_call_read(tdm_rpc_call *c, ProtobufCMessage **msg, tdm_error 
 
 void *tdm_rpc_call_alloc(tdm_rpc_call *c, size_t size)
 {
-    arena_block *b = calloc(1, sizeof(*b) + size + 1);
-    TDM_ASSERT(b);
+    arena_block *b = tdm_xcalloc(1, sizeof(*b) + size + 1);
     pthread_mutex_lock(&c->arena_mu);
     b->next = c->arena;
     c->arena = b;
@@ -1056,8 +1048,7 @@ char *tdm_rpc_call_strdup(tdm_rpc_call *c, const char *s)
 
 void tdm_rpc_call_defer(tdm_rpc_call *c, void (*fn)(void *arg), void *arg)
 {
-    defer_entry *d = malloc(sizeof(*d));
-    TDM_ASSERT(d);
+    defer_entry *d = tdm_xmalloc(sizeof(*d));
     d->fn = fn;
     d->arg = arg;
     pthread_mutex_lock(&c->arena_mu);

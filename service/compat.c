@@ -3,6 +3,7 @@
  * carries (see compat.h).
  */
 #include "defs.h"
+#include "alloc.h"
 #include "compat.h"
 
 #include "file.h"
@@ -276,8 +277,7 @@ size_t tdm_compat_check_replicas(const Tandem__V1__Descriptor *a, const Tandem__
 
 static char *dup_or_die(const char *s)
 {
-    char *d = strdup(s);
-    TDM_ASSERT(d != NULL);
+    char *d = tdm_xstrdup(s);
     return d;
 }
 
@@ -367,8 +367,7 @@ static int hash_json(EVP_MD_CTX *h, const cJSON *j, int depth, const char *const
         size_t n = 0;
         for (const cJSON *c = j->child; c; c = c->next)
             n++;
-        const char **keys = calloc(n ? n : 1, sizeof(char *));
-        TDM_ASSERT(keys != NULL);
+        const char **keys = tdm_xcalloc(n ? n : 1, sizeof(char *));
         size_t k = 0;
         for (const cJSON *c = j->child; c; c = c->next) {
             int skipped = 0;
@@ -462,8 +461,7 @@ tdm_status tdm_compat_model_fingerprint_dir(const char *dir, char out[65], tdm_e
         return st;
     }
     size_t n = tdm_st_count(sf);
-    tensor_ref *refs = calloc(n ? n : 1, sizeof(*refs));
-    TDM_ASSERT(refs != NULL);
+    tensor_ref *refs = tdm_xcalloc(n ? n : 1, sizeof(*refs));
     for (size_t i = 0; i < n; i++) {
         refs[i].t = tdm_st_at(sf, i);
         refs[i].name = refs[i].t->name;

@@ -3,6 +3,7 @@
  * registration.h).
  */
 #include "registration.h"
+#include "alloc.h"
 
 #include "log.h"
 
@@ -169,9 +170,7 @@ tdm_status tdm_reg_start(const tdm_reg_options *opt, tdm_reg **out, tdm_error *e
     if (!opt->descriptor || !opt->descriptor->replica_id || !opt->descriptor->replica_id[0])
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "registration needs a descriptor with a replica id");
-    tdm_reg *r = calloc(1, sizeof(*r));
-    if (!r)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    tdm_reg *r = tdm_xcalloc(1, sizeof(*r));
     r->opt = *opt;
     r->interval_ms = 1000;
     tdm_rpc_channel_options co = {

@@ -2,6 +2,7 @@
  * service.c - the common life of a tandem service process (see service.h).
  */
 #include "service.h"
+#include "alloc.h"
 
 #include "log.h"
 #include "reflection.h"
@@ -47,16 +48,11 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
                               tdm_error *err)
 {
     *out = NULL;
-    tdm_service *s = calloc(1, sizeof(*s));
-    if (!s) {
-        tdm_cfg_destroy(cfg);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    }
+    tdm_service *s = tdm_xcalloc(1, sizeof(*s));
     clock_gettime(CLOCK_MONOTONIC, &s->started);
     s->cfg = cfg;
     s->program = tdm_cfg_schema_of(cfg)->program;
-    s->service_name = strdup(service_name);
-    TDM_ASSERT(s->service_name != NULL);
+    s->service_name = tdm_xstrdup(service_name);
     const char *cert = tdm_cfg_str(cfg, "tls_cert"), *key = tdm_cfg_str(cfg, "tls_key"),
                *ca = tdm_cfg_str(cfg, "tls_ca");
     s->use_tls = cert[0] || ca[0];

@@ -4,6 +4,7 @@
  * service_config.h).
  */
 #include "service_config.h"
+#include "alloc.h"
 
 #include "buildinfo.h"
 #include "defs.h"
@@ -639,8 +640,7 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
 
 static char *dup_str(const char *s)
 {
-    char *d = strdup(s ? s : "");
-    TDM_ASSERT(d != NULL);
+    char *d = tdm_xstrdup(s ? s : "");
     return d;
 }
 
@@ -654,14 +654,12 @@ static void split_archs(const char *archs, Tandem__V1__BuildInfo *b)
     size_t n = 1;
     for (const char *p = archs; *p; p++)
         n += *p == ',';
-    b->gpu_archs = calloc(n, sizeof(char *));
-    TDM_ASSERT(b->gpu_archs != NULL);
+    b->gpu_archs = tdm_xcalloc(n, sizeof(char *));
     const char *p = archs;
     while (*p) {
         const char *c = strchr(p, ',');
         size_t len = c ? (size_t)(c - p) : strlen(p);
-        char *s = strndup(p, len);
-        TDM_ASSERT(s != NULL);
+        char *s = tdm_xstrndup(p, len);
         b->gpu_archs[b->n_gpu_archs++] = s;
         p = c ? c + 1 : p + len;
     }
@@ -672,10 +670,9 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
 {
     *out = NULL;
     Tandem__V1__Role role = tdm_svc_role_of(tdm_cfg_schema_of(cfg));
-    Tandem__V1__Descriptor *d = malloc(sizeof(*d));
-    Tandem__V1__ProtocolVersion *pv = malloc(sizeof(*pv));
-    Tandem__V1__BuildInfo *b = malloc(sizeof(*b));
-    TDM_ASSERT(d && pv && b);
+    Tandem__V1__Descriptor *d = tdm_xmalloc(sizeof(*d));
+    Tandem__V1__ProtocolVersion *pv = tdm_xmalloc(sizeof(*pv));
+    Tandem__V1__BuildInfo *b = tdm_xmalloc(sizeof(*b));
     tandem__v1__descriptor__init(d);
     tandem__v1__protocol_version__init(pv);
     tandem__v1__build_info__init(b);

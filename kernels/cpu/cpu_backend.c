@@ -4,6 +4,7 @@
  * persistent pool. Row results never depend on how rows are batched.
  */
 #include "cpu_internal.h"
+#include "alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -320,8 +321,7 @@ static void gdn_task(void *vp, int u)
     const float *prev = sg->state + (size_t)hv * hs;
     float *scratch = NULL; /* a record's rows run on a copy: the state stays */
     if (sg->inputs && !sg->states_out && sg->nrows > 0) {
-        scratch = malloc(hs * sizeof(float));
-        TDM_ASSERT(scratch != NULL);
+        scratch = tdm_xmalloc(hs * sizeof(float));
         memcpy(scratch, prev, hs * sizeof(float));
         gdn_replay_rows(scratch, sg->inputs, sg->replayed, hv, Hk, Hv, Dk, Dv, kn, kv);
         prev = scratch;

@@ -5,6 +5,7 @@
  * pool, each row with scratch of its own (the sort context is thread-local).
  */
 #include "cpu_internal.h"
+#include "alloc.h"
 #include "sampling.h"
 
 #include <stdlib.h>
@@ -26,9 +27,8 @@ static void sample_task(void *vp, int r)
         a->out[r] = tdm_sampling_argmax(x, a->n);
         return;
     }
-    float *probs = malloc(sizeof(float) * (size_t)a->n);
-    int *order = malloc(sizeof(int) * (size_t)a->n);
-    TDM_ASSERT(probs && order);
+    float *probs = tdm_xmalloc(sizeof(float) * (size_t)a->n);
+    int *order = tdm_xmalloc(sizeof(int) * (size_t)a->n);
     tdm_sampling_probs(&s, x, a->n, probs, order);
     a->out[r] = tdm_sampling_draw(probs, a->n, row->u);
     free(order);

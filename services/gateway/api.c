@@ -4,6 +4,7 @@
  * strings), Tokenize, Detokenize and GetModelInfo.
  */
 #include "api.h"
+#include "alloc.h"
 
 #include "compat.h"
 #include "log.h"
@@ -53,12 +54,7 @@ static tdm_rpc_channel *channel_for(gw_api *g, const char *address, tdm_error *e
             pthread_mutex_unlock(&g->mu);
             return ch;
         }
-    struct channel *grown = realloc(g->channels, (g->n_channels + 1) * sizeof(*grown));
-    if (!grown) {
-        pthread_mutex_unlock(&g->mu);
-        tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-        return NULL;
-    }
+    struct channel *grown = tdm_xrealloc(g->channels, (g->n_channels + 1) * sizeof(*grown));
     g->channels = grown;
     tdm_rpc_channel_options o = {
         .target = address, .tls = g->tls, .max_message_bytes = g->max_message_bytes};
@@ -90,7 +86,8 @@ static tdm_status encode_chat(const gw_api *g, const Tandem__V1__ChatPrompt *cha
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "chat.messages is empty");
     tdm_tok_message *m = calloc(chat->n_messages, sizeof(*m));
     if (!m)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, chat->n_messages * sizeof(*m), "%zu chat messages",
+                             chat->n_messages);
     for (size_t i = 0; i < chat->n_messages; i++) {
         m[i].role = chat->messages[i]->role;
         m[i].content = chat->messages[i]->content;
@@ -124,7 +121,7 @@ static tdm_status prompt_ids(const gw_api *g, const Tandem__V1__GenerateRequest 
         size_t cnt = t ? t->n_ids : 0;
         *ids = malloc((cnt ? cnt : 1) * sizeof(int32_t));
         if (!*ids)
-            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return tdm_error_oom(err, cnt * sizeof(int32_t), "%zu prompt token ids", cnt);
         size_t vocab = g->tok ? tdm_tok_vocab_size(g->tok) : (size_t)INT32_MAX;
         for (size_t i = 0; i < cnt; i++) {
             if (t->ids[i] >= vocab) {
@@ -212,7 +209,7 @@ static tdm_status send_chunk(tdm_rpc_call *call, const uint32_t *ids, size_t n, 
     chunk.ids = (uint32_t *)ids;
     char *t = strndup(text ? text : "", text_len);
     if (!t)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, text_len, "a text delta");
     chunk.text = t;
     chunk.index = index;
     Tandem__V1__GenerateResponse r = TANDEM__V1__GENERATE_RESPONSE__INIT;
@@ -543,9 +540,7 @@ tdm_status gw_api_create(tdm_service *svc, gw_registry *reg, gw_api **out, tdm_e
 {
     *out = NULL;
     const tdm_cfg *cfg = tdm_service_config(svc);
-    gw_api *g = calloc(1, sizeof(*g));
-    if (!g)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    gw_api *g = tdm_xcalloc(1, sizeof(*g));
     pthread_mutex_init(&g->mu, NULL);
     g->reg = reg;
     g->self = tdm_service_descriptor(svc);

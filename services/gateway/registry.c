@@ -3,6 +3,7 @@
  * registry.h).
  */
 #include "defs.h"
+#include "alloc.h"
 #include "registry.h"
 
 #include "compat.h"
@@ -245,8 +246,7 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     }
     /* Keep our own serialised copy: responses get fresh unpacked copies. */
     size_t len = tandem__v1__descriptor__get_packed_size(rq->descriptor);
-    uint8_t *packed = malloc(len ? len : 1);
-    TDM_ASSERT(packed != NULL);
+    uint8_t *packed = tdm_xmalloc(len ? len : 1);
     tandem__v1__descriptor__pack(rq->descriptor, packed);
     Tandem__V1__Descriptor *copy = tandem__v1__descriptor__unpack(NULL, len, packed);
     TDM_ASSERT(copy != NULL);
@@ -274,8 +274,7 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     } else {
         if (r->n == r->cap) {
             r->cap = r->cap ? r->cap * 2 : 8;
-            r->items = realloc(r->items, r->cap * sizeof(*r->items));
-            TDM_ASSERT(r->items != NULL);
+            r->items = tdm_xrealloc(r->items, r->cap * sizeof(*r->items));
         }
         idx = (ssize_t)r->n++;
         r->registrations++;
@@ -307,11 +306,9 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
         for (size_t j = 0; j < k; j++) {
             if (out->n_refusals == cap) {
                 cap = cap ? cap * 2 : 8;
-                out->refusals = realloc(out->refusals, cap * sizeof(*out->refusals));
-                TDM_ASSERT(out->refusals != NULL);
+                out->refusals = tdm_xrealloc(out->refusals, cap * sizeof(*out->refusals));
             }
-            Tandem__V1__Refusal *p = malloc(sizeof(*p));
-            TDM_ASSERT(p != NULL);
+            Tandem__V1__Refusal *p = tdm_xmalloc(sizeof(*p));
             tandem__v1__refusal__init(p);
             tdm_compat_refusal_to_proto(&ref[j], p);
             out->refusals[out->n_refusals++] = p;
@@ -403,11 +400,9 @@ tdm_status gw_registry_add_methods(gw_registry *r, tdm_rpc_server *server, tdm_e
 
 static Tandem__V1__Refusal **refusals_proto(const tdm_compat_refusal *ref, size_t k)
 {
-    Tandem__V1__Refusal **arr = calloc(k ? k : 1, sizeof(*arr));
-    TDM_ASSERT(arr != NULL);
+    Tandem__V1__Refusal **arr = tdm_xcalloc(k ? k : 1, sizeof(*arr));
     for (size_t j = 0; j < k; j++) {
-        arr[j] = malloc(sizeof(**arr));
-        TDM_ASSERT(arr[j] != NULL);
+        arr[j] = tdm_xmalloc(sizeof(**arr));
         tandem__v1__refusal__init(arr[j]);
         tdm_compat_refusal_to_proto(&ref[j], arr[j]);
     }
@@ -419,8 +414,7 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
     pthread_mutex_lock(&r->mu);
     int64_t now = now_ms();
     out->n_replicas = 0;
-    out->replicas = calloc(r->n ? r->n : 1, sizeof(*out->replicas));
-    TDM_ASSERT(out->replicas != NULL);
+    out->replicas = tdm_xcalloc(r->n ? r->n : 1, sizeof(*out->replicas));
     size_t n_pairs = 0, n_same = 0;
     for (size_t i = 0; i < r->n; i++) {
         for (size_t j = 0; j < r->n; j++) {
@@ -429,8 +423,7 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
                 n_pairs++;
         }
     }
-    out->pairs = calloc(n_pairs ? n_pairs : 1, sizeof(*out->pairs));
-    TDM_ASSERT(out->pairs != NULL);
+    out->pairs = tdm_xcalloc(n_pairs ? n_pairs : 1, sizeof(*out->pairs));
     out->n_pairs = 0;
     out->n_replica_refusals = 0;
     out->replica_refusals = NULL;
@@ -460,12 +453,10 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
                 size_t k = tdm_compat_check_pair(a, b, ref, MAX_REFUSALS);
                 if (k > MAX_REFUSALS)
                     k = MAX_REFUSALS;
-                Tandem__V1__PairStatus *p = malloc(sizeof(*p));
-                TDM_ASSERT(p != NULL);
+                Tandem__V1__PairStatus *p = tdm_xmalloc(sizeof(*p));
                 tandem__v1__pair_status__init(p);
-                p->verifier = strdup(a->replica_id);
-                p->drafter = strdup(b->replica_id);
-                TDM_ASSERT(p->verifier && p->drafter);
+                p->verifier = tdm_xstrdup(a->replica_id);
+                p->drafter = tdm_xstrdup(b->replica_id);
                 p->compatible = k == 0;
                 p->n_refusals = k;
                 p->refusals = refusals_proto(ref, k);
@@ -477,9 +468,8 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
                 if (k == 0)
                     continue;
                 Tandem__V1__Refusal **arr = refusals_proto(ref, k);
-                out->replica_refusals =
-                    realloc(out->replica_refusals, (n_same + k) * sizeof(*out->replica_refusals));
-                TDM_ASSERT(out->replica_refusals != NULL);
+                out->replica_refusals = tdm_xrealloc(out->replica_refusals,
+                                                     (n_same + k) * sizeof(*out->replica_refusals));
                 memcpy(out->replica_refusals + n_same, arr, k * sizeof(*arr));
                 free(arr);
                 n_same += k;

@@ -1,0 +1,66 @@
+/* alloc.c - see alloc.h. */
+#include "alloc.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Noreturn void die(size_t n, const char *file, int line)
+{
+    fprintf(stderr, "tandem: out of host memory allocating %zu bytes at %s:%d\n", n, file, line);
+    abort();
+}
+
+void *tdm__xmalloc(size_t n, const char *file, int line)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die(n, file, line);
+    return p;
+}
+
+void *tdm__xcalloc(size_t n, size_t size, const char *file, int line)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        die(n * size, file, line);
+    return p;
+}
+
+void *tdm__xrealloc(void *p, size_t n, const char *file, int line)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q)
+        die(n, file, line);
+    return q;
+}
+
+char *tdm__xstrdup(const char *s, const char *file, int line)
+{
+    size_t n = strlen(s ? s : "") + 1;
+    char *d = tdm__xmalloc(n, file, line);
+    memcpy(d, s ? s : "", n);
+    return d;
+}
+
+char *tdm__xstrndup(const char *s, size_t n, const char *file, int line)
+{
+    size_t len = s ? strnlen(s, n) : 0;
+    char *d = tdm__xmalloc(len + 1, file, line);
+    if (len)
+        memcpy(d, s, len);
+    d[len] = '\0';
+    return d;
+}
+
+tdm_status tdm_error_oom(tdm_error *err, size_t bytes, const char *what_fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, what_fmt);
+    vsnprintf(what, sizeof(what), what_fmt, ap);
+    va_end(ap);
+    return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory for %s (%zu bytes)",
+                         what, bytes);
+}
