@@ -5,6 +5,7 @@
  * builds; invalid UTF-8 becomes U+FFFD as in HF's decode.
  */
 #include "tokenizer_internal.h"
+#include "alloc.h"
 
 #include <string.h>
 
@@ -72,7 +73,7 @@ tdm_status tdm_tok_decode(const tdm_tokenizer *tok, const int32_t *ids, size_t n
             continue;
         if (!tok__buf_append(&raw, tok->dec_bytes + e->dec_off, e->dec_len)) {
             free(raw.p);
-            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return tdm_error_oom(err, raw.len, "the text of %zu token ids", n_ids);
         }
     }
     size_t held;
@@ -80,7 +81,7 @@ tdm_status tdm_tok_decode(const tdm_tokenizer *tok, const int32_t *ids, size_t n
         !lossy_append(&out, (const unsigned char *)raw.p, raw.len, true, &held)) {
         free(raw.p);
         free(out.p);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, raw.len, "the text of %zu token ids", n_ids);
     }
     free(raw.p);
     out.p[out.len] = '\0';
@@ -106,7 +107,7 @@ tdm_status tdm_tok_stream_create(const tdm_tokenizer *tok, bool skip_special, td
     if (s == NULL || !tok__buf_reserve(&s->out, 16)) {
         free(s);
         *out = NULL;
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, sizeof(*s), "a streaming decoder");
     }
     s->tok = tok;
     s->skip_special = skip_special;
@@ -133,7 +134,7 @@ tdm_status tdm_tok_stream_push(tdm_tok_stream *s, int32_t id, const char **text,
     if (!tok__buf_append(&s->scratch, (const char *)s->pending, s->n_pending) ||
         !tok__buf_append(&s->scratch, s->tok->dec_bytes + e->dec_off, e->dec_len) ||
         !lossy_append(&s->out, (const unsigned char *)s->scratch.p, s->scratch.len, false, &held))
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, s->scratch.len, "a token's text in a stream");
     /* A held-back prefix is a valid start of a character: at most 3 bytes. */
     TDM_ASSERT(held <= 3);
     memcpy(s->pending, s->scratch.p + s->scratch.len - held, held);
@@ -194,7 +195,7 @@ tdm_status tdm_tok_chatml(const tdm_tok_message *msgs, size_t n_msgs, bool add_g
         ok = tok__buf_append(&b, "<|im_start|>assistant\n", 22);
     if (!ok) {
         free(b.p);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, b.len, "a ChatML prompt of %zu messages", n_msgs);
     }
     b.p[b.len] = '\0';
     *text = b.p;

@@ -6,6 +6,7 @@
  * bpe.c turns each word into ids.
  */
 #include "tokenizer_internal.h"
+#include "alloc.h"
 
 #include <string.h>
 #include <utf8proc.h>
@@ -175,7 +176,7 @@ bool tok__emit_grow(enc_ctx *c)
 
 static tdm_status oom(enc_ctx *c)
 {
-    return tdm_error_set(c->err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory while encoding");
+    return tdm_error_oom(c->err, c->cap * sizeof(*c->ids), "the token ids of a text being encoded");
 }
 
 /* Pre-tokenizer step `step` over s[0..n): regex matches and the gaps between

@@ -6,6 +6,7 @@
  * fingerprint are built. Also tdm_tok_load*, tdm_tok_destroy and the lookups.
  */
 #include "tokenizer_internal.h"
+#include "alloc.h"
 
 #include "file.h"
 
@@ -209,7 +210,7 @@ static tdm_status add_split_step(tdm_tokenizer *tok, load_ctx *ctx, const char *
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
     char *translated = literal ? NULL : onig_to_pcre2(pattern);
     if (!literal && translated == NULL)
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : translated),
                                    PCRE2_ZERO_TERMINATED, opts, &ec, &eo, NULL);
     free(translated);
@@ -228,7 +229,7 @@ static tdm_status add_split_step(tdm_tokenizer *tok, load_ctx *ctx, const char *
     s->literal = literal;
     s->pattern = tok__arena_dup(tok, pattern, strlen(pattern));
     if (s->pattern == NULL)
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     return TDM_OK;
 }
 
@@ -383,7 +384,7 @@ static tdm_status set_id(tdm_tokenizer *tok, load_ctx *ctx, int32_t id, const ch
             cap *= 2;
         tok_idinfo *n = realloc(tok->ids, cap * sizeof(*n));
         if (n == NULL)
-            return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
         memset(n + tok->ids_cap, 0, (cap - tok->ids_cap) * sizeof(*n));
         tok->ids = n;
         tok->ids_cap = cap;
@@ -433,7 +434,7 @@ static tdm_status load_model(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *m)
                          json_type_name(vocab));
     int nv = cJSON_GetArraySize(vocab);
     if (!tok__strmap_init(&tok->vocab, (size_t)nv))
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     const cJSON *it;
     cJSON_ArrayForEach(it, vocab)
     {
@@ -444,7 +445,7 @@ static tdm_status load_model(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *m)
         uint32_t len = (uint32_t)strlen(it->string);
         char *s = tok__arena_dup(tok, it->string, len);
         if (s == NULL)
-            return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
         char path[128];
         snprintf(path, sizeof(path), "model.vocab[\"%.64s\"]", it->string);
         if (id >= 0 && (size_t)id < tok->n_ids && tok->ids[id].str != NULL)
@@ -480,7 +481,7 @@ static tdm_status load_model(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *m)
     tok->merges.slots = malloc(tok->merges.cap * sizeof(*tok->merges.slots));
     tok->merge_list = malloc(((size_t)nm + 1) * 2 * sizeof(int32_t));
     if (tok->merges.slots == NULL || tok->merge_list == NULL)
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     for (size_t i = 0; i < tok->merges.cap; i++)
         tok->merges.slots[i].new_id = -1;
     int rank = 0;
@@ -524,7 +525,7 @@ static tdm_status load_model(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *m)
             char *n = realloc(joined, joined_cap);
             if (n == NULL) {
                 free(joined);
-                return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
             }
             joined = n;
         }
@@ -613,7 +614,7 @@ static tdm_status load_added(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *arr
     int n = cJSON_GetArraySize(arr);
     tok->added = calloc((size_t)n + 1, sizeof(*tok->added));
     if (tok->added == NULL)
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     const cJSON *it;
     int i = 0;
     cJSON_ArrayForEach(it, arr)
@@ -645,7 +646,7 @@ static tdm_status load_added(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *arr
         a->len = (uint32_t)strlen(content->valuestring);
         a->content = tok__arena_dup(tok, content->valuestring, a->len);
         if (a->content == NULL)
-            return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
         a->match = a->content;
         a->mlen = a->len;
         if (a->normalized && tok->nfc) {
@@ -658,7 +659,7 @@ static tdm_status load_added(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *arr
             a->mlen = (uint32_t)nlen;
             free(norm);
             if (a->match == NULL)
-                return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
         }
         if ((st = set_id(tok, ctx, a->id, a->content, a->len, path)) != TDM_OK)
             return st;
@@ -671,13 +672,13 @@ static tdm_status load_added(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *arr
             return LOAD_FAIL(ctx, TDM_ERR_INVALID_ARGUMENT, "added_tokens: id %d appears twice",
                              tok->added[k].id);
     if (!tok__strmap_init(&tok->added_map, tok->n_added))
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     for (size_t k = 0; k < tok->n_added; k++)
         tok__strmap_put(&tok->added_map, tok->added[k].content, tok->added[k].len,
                         tok->added[k].id);
     if (build_matcher(tok, &tok->match_raw, false) != TDM_OK ||
         build_matcher(tok, &tok->match_norm, true) != TDM_OK)
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     return TDM_OK;
 }
 
@@ -695,7 +696,7 @@ static tdm_status build_decode_table(tdm_tokenizer *tok, load_ctx *ctx)
         total += tok->ids[i].len;
     tok->dec_bytes = malloc(total + 1);
     if (tok->dec_bytes == NULL)
-        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return LOAD_FAIL(ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory holding the tokenizer");
     size_t off = 0;
     for (size_t i = 0; i < tok->n_ids; i++) {
         tok_idinfo *e = &tok->ids[i];
@@ -830,11 +831,7 @@ tdm_status tdm_tok_load_json(const char *json, size_t len, const char *origin, t
         cJSON_Delete(root);
         return LOAD_FAIL(&ctx, TDM_ERR_INVALID_ARGUMENT, "top level: expected a JSON object");
     }
-    tdm_tokenizer *tok = calloc(1, sizeof(*tok));
-    if (tok == NULL) {
-        cJSON_Delete(root);
-        return LOAD_FAIL(&ctx, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    }
+    tdm_tokenizer *tok = tdm_xcalloc(1, sizeof(*tok));
     pthread_mutex_init(&tok->cache_lock, NULL);
     tdm_status st;
     if ((st = check_top_level(&ctx, root)) != TDM_OK ||
@@ -858,7 +855,7 @@ tdm_status tdm_tok_load_json(const char *json, size_t len, const char *origin, t
         (st = build_decode_table(tok, &ctx)) != TDM_OK ||
         (st = compute_fingerprint(tok, &ctx)) != TDM_OK || (st = tok__cache_init(tok)) != TDM_OK) {
         if (st == TDM_ERR_RESOURCE_EXHAUSTED && err && err->msg[0] == '\0')
-            LOAD_FAIL(&ctx, st, "out of memory");
+            LOAD_FAIL(&ctx, st, "out of memory holding the tokenizer");
         cJSON_Delete(root);
         tdm_tok_destroy(tok);
         return st;
