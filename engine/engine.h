@@ -115,6 +115,26 @@ typedef struct tdm_step_out {
     int32_t *argmax;
 } tdm_step_out;
 
+/* Host buffers a caller keeps for its steps' outputs: logits in the model's
+ * fastest host memory (tdm_model_host_alloc), every row's argmax, and the
+ * per-sequence want_logits flags. Grown on demand without a copy (a step
+ * reads only what it wrote). Zero-initialise, then reserve before each step;
+ * free before the model is destroyed. */
+typedef struct tdm_step_buf {
+    tdm_model *m;
+    float *logits;   /* [rows, vocab] */
+    int32_t *argmax; /* [rows] */
+    uint8_t *want;   /* [rows]: per sequence of a step, its logits are wanted */
+    size_t rows;
+} tdm_step_buf;
+
+/* Room for `rows` rows; RESOURCE_EXHAUSTED naming the size when the host
+ * cannot hold them (the buffer is left as it was). */
+tdm_status tdm_step_buf_reserve(tdm_step_buf *b, tdm_model *m, size_t rows, tdm_error *err);
+void tdm_step_buf_free(tdm_step_buf *b);
+/* The tdm_step_out that writes into b. */
+tdm_step_out tdm_step_buf_out(const tdm_step_buf *b);
+
 /* tdm_seq_step and tdm_seq_verify with a choice of what comes back. */
 tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
                             const int *ntokens, const tdm_step_out *out, tdm_error *err);

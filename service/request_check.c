@@ -20,3 +20,14 @@ tdm_status tdm_req_check_max_tokens(uint32_t max_tokens, tdm_error *err)
                              max_tokens, TDM_REQ_MAX_TOKENS);
     return TDM_OK;
 }
+
+tdm_sampling tdm_req_sampling(const Tandem__V1__SamplingParams *sp)
+{
+    tdm_sampling s = {0};
+    if (sp) {
+        s.temperature = sp->temperature;
+        s.top_p = sp->top_p;
+        s.top_k = sp->top_k;
+    }
+    return s;
+}

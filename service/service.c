@@ -367,3 +367,12 @@ int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char 
     tdm_service_destroy(s);
     return 0;
 }
+
+size_t tdm_service_counters_copy(const tdm_service_counter *all, size_t n, tdm_service_counter *out,
+                                 size_t max)
+{
+    if (n > max)
+        n = max;
+    memcpy(out, all, n * sizeof(*out));
+    return n;
+}

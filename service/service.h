@@ -38,6 +38,11 @@ typedef struct tdm_service_counter {
 /* Fills up to max counters and returns how many. Called on RPC threads. */
 typedef size_t (*tdm_service_counters_fn)(void *arg, tdm_service_counter *out, size_t max);
 
+/* Copies up to max of the n counters in `all` to out; returns how many (the
+ * body of most tdm_service_counters_fn). */
+size_t tdm_service_counters_copy(const tdm_service_counter *all, size_t n, tdm_service_counter *out,
+                                 size_t max);
+
 /* Binds the main port, builds the Descriptor, logs the effective
  * configuration, and starts the health port (NOT_SERVING until
  * tdm_service_start). `service_name` is the gRPC service whose health is reported

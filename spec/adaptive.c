@@ -1,3 +1,4 @@
+/* adaptive.c - see adaptive.h. */
 #include "adaptive.h"
 
 #include <math.h>
@@ -99,4 +100,53 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
         a->probes++;
         a->since_start = 0;
     }
+}
+
+/* ---- the cost model -------------------------------------------------------- */
+
+void tdm_steptime_add(tdm_steptime *m, int rows, double ms)
+{
+    const double keep = 0.97;
+    double R = rows;
+    m->s0 = keep * m->s0 + 1;
+    m->s1 = keep * m->s1 + R;
+    m->s2 = keep * m->s2 + R * R;
+    m->t0 = keep * m->t0 + ms;
+    m->t1 = keep * m->t1 + R * ms;
+}
+
+bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out)
+{
+    if (m->s0 < 1.0)
+        return false;
+    double det = m->s0 * m->s2 - m->s1 * m->s1;
+    double meanR = m->s1 / m->s0, mean_t = m->t0 / m->s0;
+    double b, a;
+    if (det > 1e-6 * m->s0 * m->s0) {
+        b = (m->s0 * m->t1 - m->s1 * m->t0) / det;
+        a = (m->t0 - b * m->s1) / m->s0;
+    } else {
+        /* One row count seen so far: assume time proportional to rows. */
+        b = mean_t / meanR;
+        a = 0;
+    }
+    if (b < 0)
+        b = 0;
+    if (a < 0)
+        a = 0;
+    double t = a + b * n;
+    if (!(t > 0))
+        return false;
+    *out = t;
+    return true;
+}
+
+double tdm_steptime_draft_cost(const tdm_steptime *m, int seqs, int drafted, double round_ms)
+{
+    double plain_round;
+    if (drafted <= 0 || seqs <= 0 || !tdm_steptime_plain(m, seqs, &plain_round))
+        return -1.0;
+    double plain_seq = plain_round / seqs;
+    double cost = (round_ms - plain_round) / (drafted * plain_seq);
+    return cost < 0 ? 0 : cost;
 }

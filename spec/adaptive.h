@@ -60,4 +60,26 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a);
 /* Expected speed-up S(k) under the current estimates. */
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k);
 
+/* ---- the cost model: what a drafted token costs ----------------------------
+ *
+ * The time of one forward step as a function of its rows, t = a + b * rows,
+ * fitted by least squares with exponential forgetting. A GPU streaming
+ * weights has a large a (rows are nearly free); a compute-bound CPU has a
+ * small a. The cost c of one drafted token that the rule above weighs is
+ * (round time - predicted plain round) / (drafted tokens * plain step per
+ * sequence): judged against the plain step this predicts, measured on the
+ * very rounds speculation runs, so no plain round is needed. */
+typedef struct tdm_steptime {
+    double s0, s1, s2, t0, t1; /* sums of w, w*R, w*R^2, w*t, w*R*t */
+} tdm_steptime;
+
+/* A step of `rows` rows took `ms`. */
+void tdm_steptime_add(tdm_steptime *m, int rows, double ms);
+/* Predicted time of a plain round of n rows; false until there is data. */
+bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out);
+/* The cost of one drafted token in a round of `seqs` sequences that drafted
+ * `drafted` tokens in all and took `round_ms` (waiting for blocks and the
+ * step), relative to a plain step per sequence; < 0 when unknown. */
+double tdm_steptime_draft_cost(const tdm_steptime *m, int seqs, int drafted, double round_ms);
+
 #endif

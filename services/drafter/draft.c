@@ -16,7 +16,10 @@
  */
 #include "drafter.h"
 
+#include "alloc.h"
+#include "defs.h"
 #include "log.h"
+#include "request_check.h"
 #include "ngram.h"
 #include "sampling.h"
 #include "tandem/v1/drafter.pb-c.h"
@@ -27,7 +30,7 @@
 #include <time.h>
 
 #define LOG "drafter"
-#define MAX_BLOCK 64
+#define MAX_BLOCK TDM_MAX_DRAFT_BLOCK
 /* Stochastic drafting draws from the drafter's distribution cut to its most
  * likely tokens, and sends exactly that distribution, so the verifier's
  * rejection sampling stays exact while blocks stay small. */
@@ -69,10 +72,7 @@ typedef struct dstream {
     tdm_status end_status;
     dseq *seqs;
     int n_seqs;
-    float *logits;
-    int32_t *argmax; /* [logits_rows]: each row's argmax (greedy sequences) */
-    uint8_t *want;   /* [logits_rows]: per sequence of a pass, logits wanted */
-    size_t logits_rows;
+    tdm_step_buf out; /* a draft pass's logits and argmaxes */
     float *probs;
     int *order;
     uint32_t draft_us; /* time of the last drafting pass */
@@ -236,11 +236,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
             send_error(st, o->sequence_id, m);
             return;
         }
-        q = calloc(1, sizeof(*q));
-        if (!q) {
-            send_error(st, o->sequence_id, "out of memory");
-            return;
-        }
+        q = tdm_xcalloc(1, sizeof(*q));
         q->id = o->sequence_id;
         q->next = st->seqs;
         st->seqs = q;
@@ -248,7 +244,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
         __atomic_fetch_add(&d->open_sequences, 1, __ATOMIC_RELAXED);
     }
     if (!dseq_reserve(q, (int)o->n_tokens + MAX_BLOCK + 2)) {
-        send_error(st, o->sequence_id, "out of memory");
+        send_error(st, o->sequence_id, "out of memory for the sequence's tokens");
         dseq_remove(st, q);
         return;
     }
@@ -256,12 +252,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
         q->tokens[i] = (int32_t)o->tokens[i];
     q->n = (int)o->n_tokens;
     const Tandem__V1__SamplingParams *sp = o->sampling;
-    memset(&q->sampling, 0, sizeof(q->sampling));
-    if (sp) {
-        q->sampling.temperature = sp->temperature;
-        q->sampling.top_p = sp->top_p;
-        q->sampling.top_k = sp->top_k;
-    }
+    q->sampling = tdm_req_sampling(sp);
     if (!tdm_sampling_is_greedy(&q->sampling) &&
         (q->sampling.top_k == 0 || q->sampling.top_k > DRAFT_SUPPORT_MAX))
         q->sampling.top_k = DRAFT_SUPPORT_MAX;
@@ -319,7 +310,7 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v)
         return;
     }
     if (!dseq_reserve(q, q->n + MAX_BLOCK + 2)) {
-        send_error(st, q->id, "out of memory");
+        send_error(st, q->id, "out of memory for the sequence's tokens");
         dseq_remove(st, q);
         return;
     }
@@ -350,33 +341,6 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m)
 }
 
 /* ---- drafting ------------------------------------------------------------- */
-
-/* The logits of a draft pass, in the model's host memory (pinned on CUDA:
- * the download is one DMA). Grown without a copy: a pass reads only the
- * logits it wrote. */
-static bool ensure_logits(dstream *st, size_t rows)
-{
-    if (rows <= st->logits_rows)
-        return true;
-    tdm_model *m = st->d->rt->model;
-    float *p = tdm_model_host_alloc(m, rows * (size_t)st->d->vocab * sizeof(float));
-    int32_t *a = malloc(rows * sizeof(int32_t));
-    uint8_t *w = malloc(rows);
-    if (!p || !a || !w) {
-        tdm_model_host_free(m, p);
-        free(a);
-        free(w);
-        return false;
-    }
-    tdm_model_host_free(m, st->logits);
-    free(st->argmax);
-    free(st->want);
-    st->logits = p;
-    st->argmax = a;
-    st->want = w;
-    st->logits_rows = rows;
-    return true;
-}
 
 /* Picks the next draft token, recording q: the row's argmax for greedy
  * settings, else a draw from its logits. */
@@ -438,8 +402,12 @@ static void draft_all(dstream *st)
     int32_t *tok = malloc((size_t)nw * sizeof(int32_t));
     const int32_t **tp = malloc((size_t)nw * sizeof(*tp));
     int *one = malloc((size_t)nw * sizeof(int));
-    if (!bs || !seqs || !tok || !tp || !one || !ensure_logits(st, (size_t)nw))
+    tdm_error rerr = {0};
+    if (!bs || !seqs || !tok || !tp || !one ||
+        tdm_step_buf_reserve(&st->out, d->rt->model, (size_t)nw, &rerr) != TDM_OK) {
+        tdm_log_error(LOG, "draft pass: %s", rerr.msg[0] ? rerr.msg : "out of memory");
         goto out;
+    }
     for (int j = 0; j < MAX_BLOCK; j++) {
         int n = 0;
         for (dseq *q = st->seqs; q; q = q->next) {
@@ -450,13 +418,13 @@ static void draft_all(dstream *st)
             tok[n] = j == 0 ? q->tokens[q->n - 1] : q->drafts[j - 1];
             tp[n] = &tok[n];
             one[n] = 1;
-            st->want[n] = !tdm_sampling_is_greedy(&q->sampling); /* greedy: argmax only */
+            st->out.want[n] = !tdm_sampling_is_greedy(&q->sampling); /* greedy: argmax only */
             n++;
         }
         if (n == 0)
             break;
         tdm_error err = {0};
-        const tdm_step_out o = {st->logits, st->want, st->argmax};
+        const tdm_step_out o = tdm_step_buf_out(&st->out);
         if (tdm_seq_verify_out(seqs, n, tp, one, &o, &err) != TDM_OK) {
             /* The failed pass left those sequences at their committed
              * position: answer them with no drafts this round. */
@@ -469,7 +437,7 @@ static void draft_all(dstream *st)
         }
         for (int i = 0; i < n; i++) {
             bs[i]->rows++;
-            draw(st, bs[i], st->logits + (size_t)i * (size_t)d->vocab, st->argmax[i], j);
+            draw(st, bs[i], st->out.logits + (size_t)i * (size_t)d->vocab, st->out.argmax[i], j);
             bs[i]->k = j + 1;
         }
     }
@@ -620,10 +588,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         free(it);
         it = next;
     }
-    if (st.logits) /* only a model drafter has them */
-        tdm_model_host_free(d->rt->model, st.logits);
-    free(st.argmax);
-    free(st.want);
+    tdm_step_buf_free(&st.out);
     pthread_mutex_unlock(&d->model_mu);
     free(st.probs);
     free(st.order);
@@ -642,9 +607,7 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"blocks", (double)__atomic_load_n(&d->blocks, __ATOMIC_RELAXED)},
         {"drafted_tokens", (double)__atomic_load_n(&d->drafted, __ATOMIC_RELAXED)},
     };
-    size_t n = TDM_ARRAY_LEN(all) < max ? TDM_ARRAY_LEN(all) : max;
-    memcpy(out, all, n * sizeof(*out));
-    return n;
+    return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }
 
 static void load(void *arg, uint32_t *active, uint32_t *free_slots)

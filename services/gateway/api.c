@@ -611,7 +611,5 @@ size_t gw_api_counters(gw_api *g, tdm_service_counter *out, size_t max)
         {"generate_cancelled", (double)__atomic_load_n(&g->cancelled, __ATOMIC_RELAXED)},
         {"generated_tokens", (double)__atomic_load_n(&g->tokens, __ATOMIC_RELAXED)},
     };
-    size_t n = TDM_ARRAY_LEN(all) < max ? TDM_ARRAY_LEN(all) : max;
-    memcpy(out, all, n * sizeof(*out));
-    return n;
+    return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }

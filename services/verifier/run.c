@@ -91,12 +91,12 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"mean_accepted_per_round", c.spec_rounds ? (double)c.accepted / (double)c.spec_rounds : 0},
         {"drafter_failures", (double)c.drafter_failures},
         {"cancelled", (double)c.cancelled},
+        {"malformed_blocks", (double)c.malformed_blocks},
+        {"draft_streams", (double)c.draft_streams},
         {"draft_exchange_overhead_p50_us", c.overhead_p50_us},
         {"draft_exchange_overhead_p99_us", c.overhead_p99_us},
     };
-    size_t n = TDM_ARRAY_LEN(all) < max ? TDM_ARRAY_LEN(all) : max;
-    memcpy(out, all, n * sizeof(*out));
-    return n;
+    return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }
 
 static void load(void *arg, uint32_t *active, uint32_t *free_slots)

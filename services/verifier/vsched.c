@@ -1,19 +1,28 @@
 /*
- * vsched.c - see vsched.h. Read a round top to bottom in sched_round().
+ * vsched.c - see vsched.h. A round is sched_round(): a short list of named
+ * steps, each below it in the order it runs.
+ *
+ * Locks: s->mu guards the request lists, every request's life-cycle, output
+ * and block fields, and the counters. The scheduler thread holds it only to
+ * move data in and out: never while it runs the model, writes to a stream,
+ * opens a channel or lets go of a Draft stream (vlink.h).
  */
 #include "vsched.h"
 
 #include "adaptive.h"
+#include "alloc.h"
 #include "compat.h"
+#include "defs.h"
 #include "log.h"
 #include "request_check.h"
 #include "sampling.h"
-#include "tandem/v1/drafter.pb-c.h"
 #include "verify.h"
+#include "vlink.h"
 
 #include <errno.h>
-#include <stdatomic.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,18 +30,6 @@
 #define LOG "verifier"
 
 /* ---- types ------------------------------------------------------------------ */
-
-/* One Draft stream to one drafter, shared by every sequence it serves. */
-typedef struct vlink {
-    char address[256];
-    tdm_rpc_channel *ch;
-    tdm_rpc_stream *stream;
-    bool broken;   /* no new sequences; sequences on it fall back to plain */
-    char why[256]; /* why it broke */
-    int refs;      /* the link table, each sequence on it, the reader thread */
-    struct vlink *next;
-    struct vsched *sched;
-} vlink;
 
 typedef enum { REQ_WAITING, REQ_ACTIVE, REQ_DONE } req_state;
 
@@ -53,7 +50,7 @@ struct vreq {
     int32_t last; /* newest token, not yet run through the model */
     bool fresh;   /* admitted, prompt not yet run */
     /* speculation (scheduler thread, except the block fields: under mu) */
-    vlink *link;
+    vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
     bool spec;             /* speculating with link */
     bool opened;           /* the drafter knows this sequence */
@@ -82,79 +79,70 @@ struct vreq {
     struct vreq *next_waiting;
 };
 
-/* The time of one forward step as a function of its rows, t = a + b * rows,
- * fitted by least squares with exponential forgetting. A GPU streaming
- * weights has a large a (rows are nearly free); a compute-bound CPU has a
- * small a. Speculation's cost is judged against the plain step this predicts,
- * measured on the very rounds it runs, so no plain round is needed. */
-typedef struct steptime {
-    double s0, s1, s2, t0, t1; /* sums of w, w*R, w*R^2, w*t, w*R*t */
-} steptime;
+/* What a round sends a sequence's drafter after its step. */
+typedef enum { MSG_NONE, MSG_OPEN, MSG_VERDICT } msg_kind;
 
-static void steptime_add(steptime *m, int rows, double ms)
-{
-    const double keep = 0.97;
-    double R = rows;
-    m->s0 = keep * m->s0 + 1;
-    m->s1 = keep * m->s1 + R;
-    m->s2 = keep * m->s2 + R * R;
-    m->t0 = keep * m->t0 + ms;
-    m->t1 = keep * m->t1 + R * ms;
-}
+/* One live sequence of a round. */
+typedef struct vround_seq {
+    vreq *r;
+    int k;                            /* drafts it verifies; 0: one plain row */
+    Tandem__V1__DraftResponse *block; /* its block, freed when the round ends */
+    bool got;                         /* a valid block (maybe empty) came */
+    int row;                          /* its first row in the step */
+    msg_kind msg;
+    int accepted;
+    int32_t next;
+    int next_block; /* block length asked for next; 0 pauses drafting */
+} vround_seq;
 
-/* Predicted time of a plain round of n rows; false until there is data. */
-static bool steptime_plain(const steptime *m, int n, double *out)
-{
-    if (m->s0 < 1.0)
-        return false;
-    double det = m->s0 * m->s2 - m->s1 * m->s1;
-    double meanR = m->s1 / m->s0, mean_t = m->t0 / m->s0;
-    double b, a;
-    if (det > 1e-6 * m->s0 * m->s0) {
-        b = (m->s0 * m->t1 - m->s1 * m->t0) / det;
-        a = (m->t0 - b * m->s1) / m->s0;
-    } else {
-        /* One row count seen so far: assume time proportional to rows. */
-        b = mean_t / meanR;
-        a = 0;
-    }
-    if (b < 0)
-        b = 0;
-    if (a < 0)
-        a = 0;
-    double t = a + b * n;
-    if (!(t > 0))
-        return false;
-    *out = t;
-    return true;
-}
+/* A Close to send, with the link reference it holds until sent. */
+typedef struct pending_close {
+    vlink *link;
+    uint64_t id;
+    const char *reason;
+} pending_close;
+
+/* The round's scratch, sized once for max_sequences (vsched_create). */
+typedef struct vround {
+    vround_seq *seqs; /* [max_sequences]: the live sequences, in row order */
+    int n;
+    int32_t *rows;        /* [max_sequences * (1 + TDM_MAX_DRAFT_BLOCK)]: the step's tokens */
+    const int32_t **toks; /* [max_sequences]: each sequence's first row in rows */
+    int *ntok;            /* [max_sequences] */
+    tdm_seq **eseqs;      /* [max_sequences] */
+    int n_rows, drafted;
+    pending_close *closes; /* [2 * max_sequences + 1] */
+    int n_closes;
+    vlink **drop; /* [2 * max_sequences + 1]: references to let go after the lock */
+    int n_drop;
+    tdm_step_buf out; /* logits and argmaxes (grown on demand) */
+    tdm_status rc;    /* the step's status; != OK fails every sequence in it */
+    tdm_error err;
+    double t_wait, t_step, cost;
+} vround;
+
+_Static_assert(TDM_MAX_DRAFT_BLOCK + 1 <= 1 << 16, "rows of one sequence fit an int");
 
 struct vsched {
     vsched_params p;
     int vocab;
     pthread_mutex_t mu;
-    pthread_cond_t cv;      /* new work, blocks, cancellations */
-    pthread_cond_t idle_cv; /* readers exiting */
+    pthread_cond_t cv; /* new work, blocks, cancellations */
     vreq *wait_head, *wait_tail;
     vreq **active; /* [max_sequences] */
     int n_active;
-    vlink *links;
-    int readers;
     bool stop;
     pthread_t thread;
     uint64_t next_id;
+    vlinks *links;
     vsched_counters counters;
-    steptime st;             /* how a step's time grows with its rows */
+    tdm_steptime st;         /* how a step's time grows with its rows (scheduler thread) */
     _Atomic double cost_ema; /* measured cost per drafted token, over recent rounds; 0 = none */
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
-    /* scheduler-thread scratch */
-    float *logits;   /* [logits_rows, vocab]: rows of sampling requests */
-    int32_t *argmax; /* [logits_rows]: every row's argmax (greedy requests) */
-    uint8_t *want;   /* [logits_rows]: per sequence of a step, logits wanted */
-    size_t logits_rows;
-    void *vscratch;
+    vround rd;      /* scheduler thread */
+    void *vscratch; /* rejection sampling's scratch (scheduler thread) */
 };
 
 static double now_ms(void)
@@ -164,50 +152,19 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* ---- links ------------------------------------------------------------------ */
+/* ---- requests ---------------------------------------------------------------- */
 
-static void link_unref_locked(vsched *s, vlink *l);
-
-/* Marks a link broken and turns speculation off for every sequence on it. */
-static void link_break_locked(vsched *s, vlink *l, const char *why)
+static void req_free(vreq *r)
 {
-    if (!l->broken) {
-        l->broken = true;
-        snprintf(l->why, sizeof(l->why), "%s", why);
-        tdm_log_warn(LOG, "drafter %s: %s; its sequences continue without speculation", l->address,
-                     why);
-        s->counters.drafter_failures++;
-        /* Leave the table: new requests get a fresh stream. */
-        for (vlink **pp = &s->links; *pp; pp = &(*pp)->next)
-            if (*pp == l) {
-                *pp = l->next;
-                link_unref_locked(s, l);
-                break;
-            }
-        if (l->stream)
-            tdm_rpc_stream_cancel(l->stream);
-    }
-    pthread_cond_broadcast(&s->cv);
-}
-
-static void link_unref_locked(vsched *s, vlink *l)
-{
-    (void)s;
-    if (--l->refs > 0)
+    if (!r)
         return;
-    if (l->stream)
-        tdm_rpc_stream_destroy(l->stream);
-    if (l->ch)
-        tdm_rpc_channel_destroy(l->ch);
-    free(l);
-}
-
-static vreq *find_active_locked(vsched *s, vlink *l, uint64_t id)
-{
-    for (int i = 0; i < s->n_active; i++)
-        if (s->active[i]->id == id && s->active[i]->link == l)
-            return s->active[i];
-    return NULL;
+    if (r->block)
+        protobuf_c_message_free_unpacked(&r->block->base, NULL);
+    free(r->tokens);
+    free(r->stop_ids);
+    free(r->out);
+    pthread_cond_destroy(&r->cv);
+    free(r);
 }
 
 static void req_drop_spec_locked(vreq *r, const char *fmt, const char *detail)
@@ -219,123 +176,101 @@ static void req_drop_spec_locked(vreq *r, const char *fmt, const char *detail)
     snprintf(r->spec_note, sizeof(r->spec_note), fmt, detail);
 }
 
-/* Reader thread: delivers blocks to their sequences. */
-static void *link_reader(void *arg)
+static void req_finish_locked(vreq *r, Tandem__V1__FinishReason reason, tdm_status fail,
+                              const char *msg)
 {
-    vlink *l = arg;
-    vsched *s = l->sched;
-    for (;;) {
-        ProtobufCMessage *m = NULL;
-        tdm_error err = {0};
-        tdm_status rc = tdm_rpc_stream_read(l->stream, &m, &err);
-        pthread_mutex_lock(&s->mu);
-        if (rc != TDM_OK || !m) {
-            char why[300];
-            snprintf(why, sizeof(why), "Draft stream ended (%s%s%s)", tdm_status_name(rc),
-                     err.msg[0] ? ": " : "", err.msg);
-            link_break_locked(s, l, why);
-            for (int i = 0; i < s->n_active; i++)
-                if (s->active[i]->link == l)
-                    req_drop_spec_locked(s->active[i], "off: drafter failed (%s)", l->why);
-            pthread_mutex_unlock(&s->mu);
-            if (m)
-                protobuf_c_message_free_unpacked(m, NULL);
-            break;
-        }
-        Tandem__V1__DraftResponse *resp = (Tandem__V1__DraftResponse *)m;
-        uint64_t id =
-            resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK   ? resp->block->sequence_id
-            : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR ? resp->error->sequence_id
-                                                                        : 0;
-        vreq *r = find_active_locked(s, l, id);
-        bool keep = false;
-        if (r && r->spec && r->awaiting) {
-            if (resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK &&
-                resp->block->round == r->round) {
-                if (r->block)
-                    protobuf_c_message_free_unpacked(&r->block->base, NULL);
-                r->block = resp;
-                r->t_got = now_ms();
-                keep = true;
-            } else if (resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR) {
-                req_drop_spec_locked(r, "off: drafter reported: %s", resp->error->message);
-            }
-            pthread_cond_broadcast(&s->cv);
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (!keep)
-            protobuf_c_message_free_unpacked(m, NULL);
-    }
+    r->finished = true;
+    r->reason = reason;
+    r->fail = fail;
+    snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg ? msg : "");
+    r->t_end = now_ms();
+}
+
+static void req_fail(vsched *s, vreq *r, tdm_status code, const char *msg)
+{
     pthread_mutex_lock(&s->mu);
-    link_unref_locked(s, l);
-    s->readers--;
-    pthread_cond_broadcast(&s->idle_cv);
+    req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, code, msg);
+    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Ends a request (under mu): frees its model state and hands its link
+ * reference to the round, as a Close to send when the drafter knows the
+ * sequence, else as a reference to drop; the Run handler is woken. */
+static void req_retire_locked(vround *rd, vreq *r, const char *why)
+{
+    if (r->link) {
+        if (r->opened && why)
+            rd->closes[rd->n_closes++] = (pending_close){r->link, r->id, why};
+        else
+            rd->drop[rd->n_drop++] = r->link;
+        r->link = NULL;
+    }
+    tdm_seq_destroy(r->seq);
+    r->seq = NULL;
+    r->state = REQ_DONE;
+    r->released = true;
+    if (!r->t_end)
+        r->t_end = now_ms();
+    pthread_cond_broadcast(&r->cv);
+}
+
+static vreq *find_active_locked(vsched *s, vlink *l, uint64_t id)
+{
+    for (int i = 0; i < s->n_active; i++)
+        if (s->active[i]->id == id && s->active[i]->link == l)
+            return s->active[i];
     return NULL;
 }
 
-/* The live link to `address`, opened if needed. Returns a new reference, or
- * NULL with err set. */
-static vlink *link_get_locked(vsched *s, const char *address, tdm_error *err)
+/* ---- what the Draft streams deliver (reader threads) --------------------------- */
+
+static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *resp)
 {
-    for (vlink *l = s->links; l; l = l->next)
-        if (!l->broken && strcmp(l->address, address) == 0) {
-            l->refs++;
-            return l;
+    vsched *s = user;
+    uint64_t id = resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK ? resp->block->sequence_id
+                  : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR
+                      ? resp->error->sequence_id
+                      : 0;
+    bool keep = false;
+    pthread_mutex_lock(&s->mu);
+    vreq *r = find_active_locked(s, l, id);
+    if (r && r->spec && r->awaiting) {
+        if (resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK &&
+            resp->block->round == r->round) {
+            if (r->block)
+                protobuf_c_message_free_unpacked(&r->block->base, NULL);
+            r->block = resp;
+            r->t_got = now_ms();
+            keep = true;
+        } else if (resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR) {
+            req_drop_spec_locked(r, "off: drafter reported: %s", resp->error->message);
         }
-    vlink *l = calloc(1, sizeof(*l));
-    if (!l) {
-        tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-        return NULL;
+        pthread_cond_broadcast(&s->cv);
     }
-    snprintf(l->address, sizeof(l->address), "%s", address);
-    l->sched = s;
-    tdm_rpc_channel_options co = {
-        .target = address, .tls = s->p.tls, .max_message_bytes = s->p.max_message_bytes};
-    if (tdm_rpc_channel_create(&co, &l->ch, err) != TDM_OK ||
-        tdm_rpc_stream_open(l->ch, "/tandem.v1.Drafter/Draft", NULL,
-                            &tandem__v1__draft_response__descriptor, NULL, &l->stream,
-                            err) != TDM_OK) {
-        if (l->ch)
-            tdm_rpc_channel_destroy(l->ch);
-        free(l);
-        return NULL;
-    }
-    l->refs = 3; /* table, caller, reader */
-    pthread_t t;
-    if (pthread_create(&t, NULL, link_reader, l) != 0) {
-        tdm_rpc_stream_destroy(l->stream);
-        tdm_rpc_channel_destroy(l->ch);
-        free(l);
-        tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot start a Draft stream reader");
-        return NULL;
-    }
-    pthread_detach(t);
-    s->readers++;
-    l->next = s->links;
-    s->links = l;
-    tdm_log_info(LOG, "opened a Draft stream to drafter %s", address);
-    return l;
+    pthread_mutex_unlock(&s->mu);
+    if (!keep)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
 }
 
-/* Sends one message on a link (scheduler thread, without mu). A failure
- * breaks the link. */
-static void link_send(vsched *s, vlink *l, const Tandem__V1__DraftRequest *msg)
+static void on_link_broken(void *user, vlink *l, const char *why)
 {
-    tdm_error err = {0};
-    if (tdm_rpc_stream_write(l->stream, &msg->base, &err) == TDM_OK)
-        return;
+    vsched *s = user;
     pthread_mutex_lock(&s->mu);
-    char why[300];
-    snprintf(why, sizeof(why), "write failed (%s: %s)", tdm_status_name(err.code), err.msg);
-    link_break_locked(s, l, why);
+    s->counters.drafter_failures++;
     for (int i = 0; i < s->n_active; i++)
         if (s->active[i]->link == l)
-            req_drop_spec_locked(s->active[i], "off: drafter failed (%s)", l->why);
+            req_drop_spec_locked(s->active[i], "off: drafter failed (%s)", why);
+    for (vreq *r = s->wait_head; r; r = r->next_waiting)
+        if (r->link == l)
+            req_drop_spec_locked(r, "off: drafter failed (%s)", why);
+    pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
 
-static void send_open(vsched *s, vreq *r, int block)
+/* ---- messages to drafters (scheduler thread, without mu) ------------------------ */
+
+static void send_open(vreq *r, int block)
 {
     Tandem__V1__SequenceOpen open = TANDEM__V1__SEQUENCE_OPEN__INIT;
     Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
@@ -355,10 +290,10 @@ static void send_open(vsched *s, vreq *r, int block)
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
     m.open = &open;
-    link_send(s, r->link, &m);
+    vlink_send(r->link, &m);
 }
 
-static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int block)
+static void send_verdict(vreq *r, int accepted, int32_t next, int block)
 {
     Tandem__V1__Verdict v = TANDEM__V1__VERDICT__INIT;
     v.sequence_id = r->id;
@@ -370,34 +305,23 @@ static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int blo
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT;
     m.verdict = &v;
-    link_send(s, r->link, &m);
+    vlink_send(r->link, &m);
 }
 
-static void send_close(vsched *s, vlink *l, uint64_t id, const char *reason)
+/* Sends the round's Closes and lets go of the references it collected. */
+static void flush_links(vround *rd)
 {
-    Tandem__V1__SequenceClose c = TANDEM__V1__SEQUENCE_CLOSE__INIT;
-    c.sequence_id = id;
-    c.reason = (char *)reason;
-    Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
-    m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_CLOSE;
-    m.close = &c;
-    link_send(s, l, &m);
+    for (int i = 0; i < rd->n_closes; i++) {
+        vlink_send_close(rd->closes[i].link, rd->closes[i].id, rd->closes[i].reason);
+        vlink_unref(rd->closes[i].link);
+    }
+    rd->n_closes = 0;
+    for (int i = 0; i < rd->n_drop; i++)
+        vlink_unref(rd->drop[i]);
+    rd->n_drop = 0;
 }
 
-/* ---- requests ---------------------------------------------------------------- */
-
-static void req_free(vreq *r)
-{
-    if (!r)
-        return;
-    if (r->block)
-        protobuf_c_message_free_unpacked(&r->block->base, NULL);
-    free(r->tokens);
-    free(r->stop_ids);
-    free(r->out);
-    pthread_cond_destroy(&r->cv);
-    free(r);
-}
+/* ---- submit, next, cancel, release (RPC handler threads) ---------------------- */
 
 tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out, tdm_error *err)
 {
@@ -418,30 +342,32 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     if (crc != TDM_OK)
         return crc;
     const Tandem__V1__DrafterAssignment *da = req->drafter;
-    if (da && da->address[0] &&
-        tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
-                                       (uint32_t)s->p.max_draft, err) != TDM_OK)
+    if (da && !da->address[0])
+        da = NULL;
+    if (da && tdm_compat_check_request_block(da->block_size, "drafter.block_size",
+                                             "(this verifier)", (uint32_t)s->p.max_draft,
+                                             err) != TDM_OK)
         return err->code;
     if (req->snapshot_id && req->snapshot_id[0])
         return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
                              "snapshot_id: resuming from state snapshots is not supported by "
                              "this verifier yet");
 
-    vreq *r = calloc(1, sizeof(*r));
-    if (!r)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    vreq *r = tdm_xcalloc(1, sizeof(*r));
     r->prompt_len = (int)req->n_prompt_ids;
     r->max_tokens = (int)req->max_tokens;
     r->cap = r->prompt_len + r->max_tokens + s->p.max_draft + 2;
-    r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
     r->out_cap = r->max_tokens + s->p.max_draft + 2;
+    r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
     r->out = malloc((size_t)r->out_cap * sizeof(int32_t));
-    r->n_stop = (int)req->n_stop_token_ids;
-    r->stop_ids = malloc(((size_t)r->n_stop + 1) * sizeof(int32_t));
-    if (!r->tokens || !r->out || !r->stop_ids) {
+    if (!r->tokens || !r->out) {
+        size_t bytes = ((size_t)r->cap + (size_t)r->out_cap) * sizeof(int32_t);
         req_free(r);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return tdm_error_oom(err, bytes, "the tokens of a request (%zu prompt, %u to generate)",
+                             req->n_prompt_ids, req->max_tokens);
     }
+    r->n_stop = (int)req->n_stop_token_ids;
+    r->stop_ids = tdm_xmalloc(((size_t)r->n_stop + 1) * sizeof(int32_t));
     pthread_cond_init(&r->cv, NULL);
     for (int i = 0; i < r->prompt_len; i++)
         r->tokens[i] = (int32_t)req->prompt_ids[i];
@@ -449,11 +375,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     for (int i = 0; i < r->n_stop; i++)
         r->stop_ids[i] = (int32_t)req->stop_token_ids[i];
     snprintf(r->request_id, sizeof(r->request_id), "%s", req->request_id ? req->request_id : "");
-    if (sp) {
-        r->sampling.temperature = sp->temperature;
-        r->sampling.top_p = sp->top_p;
-        r->sampling.top_k = sp->top_k;
-    }
+    r->sampling = tdm_req_sampling(sp);
     if (sp && sp->seed_choice_case == TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED) {
         r->seed = sp->seed;
         r->seeded = true;
@@ -464,7 +386,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                   (uint64_t)(uintptr_t)r;
     }
     tdm_rng_seed(&r->rng, r->seed);
-    if (da && da->address[0]) {
+    if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
         tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
@@ -476,19 +398,9 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   .cost_prior = r->seeded ? -1.0 : atomic_load(&s->cost_ema),
                                   .fixed = da->fixed_block_size};
         tdm_adaptive_init(&r->ad, &ap);
-    }
-    r->t_submit = now_ms();
-
-    pthread_mutex_lock(&s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        req_free(r);
-        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
-    }
-    r->id = ++s->next_id;
-    if (da && da->address[0]) {
+        /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
-        r->link = link_get_locked(s, da->address, &lerr);
+        r->link = vlinks_get(s->links, da->address, &lerr);
         if (r->link) {
             r->spec = true;
             snprintf(r->spec_note, sizeof(r->spec_note), "on");
@@ -499,6 +411,16 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     } else {
         snprintf(r->spec_note, sizeof(r->spec_note), "off: no drafter assigned");
     }
+    r->t_submit = now_ms();
+
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        vlink_unref(r->link);
+        req_free(r);
+        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
+    }
+    r->id = ++s->next_id;
     r->state = REQ_WAITING;
     if (s->wait_tail)
         s->wait_tail->next_waiting = r;
@@ -545,13 +467,11 @@ void vsched_next(vsched *s, vreq *r, vsched_output *o)
         pthread_cond_wait(&r->cv, &s->mu);
     int n = r->n_out - r->out_taken;
     if (n > 0) {
-        o->ids = malloc((size_t)n * sizeof(int32_t));
-        if (o->ids) {
-            memcpy(o->ids, r->out + r->out_taken, (size_t)n * sizeof(int32_t));
-            o->n_ids = n;
-            o->index = r->out_taken;
-            r->out_taken = r->n_out;
-        }
+        o->ids = tdm_xmalloc((size_t)n * sizeof(int32_t));
+        memcpy(o->ids, r->out + r->out_taken, (size_t)n * sizeof(int32_t));
+        o->n_ids = n;
+        o->index = r->out_taken;
+        r->out_taken = r->n_out;
     } else if (r->finished || r->released) {
         o->done = true;
         o->finish_reason = r->reason;
@@ -574,6 +494,7 @@ void vsched_cancel(vsched *s, vreq *r)
 
 void vsched_release(vsched *s, vreq *r)
 {
+    vlink *drop = NULL;
     pthread_mutex_lock(&s->mu);
     if (!r->released && r->state == REQ_WAITING) {
         /* Never admitted: take it out of the line ourselves. */
@@ -586,8 +507,7 @@ void vsched_release(vsched *s, vreq *r)
             if (s->wait_tail == r)
                 s->wait_tail = prev;
             r->released = true;
-            if (r->link)
-                link_unref_locked(s, r->link);
+            drop = r->link;
             r->link = NULL;
         }
     }
@@ -596,78 +516,301 @@ void vsched_release(vsched *s, vreq *r)
     while (!r->released)
         pthread_cond_wait(&r->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
+    vlink_unref(drop);
     req_free(r);
 }
 
-/* ---- the scheduler thread ----------------------------------------------------- */
+/* ---- the round ------------------------------------------------------------------ */
 
-/* Ends a request (under mu): frees its model state and its drafter link
- * reference; the Run handler is woken. Returns the link a Close must be sent
- * on (with a reference the caller drops), or NULL. */
-static vlink *req_retire_locked(vsched *s, vreq *r)
+/* 1. Waits for work, retires cancelled sequences, admits waiting requests up
+ * to max_sequences, and takes the round's sequences. False: stop. */
+static bool admit_and_retire(vsched *s, vround *rd)
 {
-    vlink *close_on = NULL;
-    if (r->link) {
-        if (r->opened && !r->link->broken)
-            close_on = r->link; /* keeps this request's reference until sent */
-        else
-            link_unref_locked(s, r->link);
-        r->link = NULL;
-    }
-    tdm_seq_destroy(r->seq);
-    r->seq = NULL;
-    r->state = REQ_DONE;
-    r->released = true;
-    if (!r->t_end)
-        r->t_end = now_ms();
-    pthread_cond_broadcast(&r->cv);
-    return close_on;
-}
-
-static void req_finish_locked(vreq *r, Tandem__V1__FinishReason reason, tdm_status fail,
-                              const char *msg)
-{
-    r->finished = true;
-    r->reason = reason;
-    r->fail = fail;
-    snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg ? msg : "");
-    r->t_end = now_ms();
-}
-
-typedef struct pending_close {
-    vlink *link;
-    uint64_t id;
-    const char *reason;
-} pending_close;
-
-/* The logits of a round, in the model's host memory (pinned on CUDA: the
- * download is one DMA). Grown without a copy: a round reads only the logits
- * it wrote. */
-static bool ensure_logits(vsched *s, size_t rows)
-{
-    if (rows <= s->logits_rows)
-        return true;
-    float *p = tdm_model_host_alloc(s->p.model, rows * (size_t)s->vocab * sizeof(float));
-    int32_t *a = malloc(rows * sizeof(int32_t));
-    uint8_t *w = malloc(rows);
-    if (!p || !a || !w) {
-        tdm_model_host_free(s->p.model, p);
-        free(a);
-        free(w);
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop && !s->wait_head && s->n_active == 0)
+        pthread_cond_wait(&s->cv, &s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
         return false;
     }
-    tdm_model_host_free(s->p.model, s->logits);
-    free(s->argmax);
-    free(s->want);
-    s->logits = p;
-    s->argmax = a;
-    s->want = w;
-    s->logits_rows = rows;
+    for (int i = 0; i < s->n_active;) {
+        vreq *r = s->active[i];
+        if (r->cancelled) {
+            req_retire_locked(rd, r, "cancelled");
+            s->counters.cancelled++;
+            s->active[i] = s->active[--s->n_active];
+            continue;
+        }
+        i++;
+    }
+    /* Cancelled waiting requests hand their link to the round: at most
+     * max_sequences of them a round, so the round's arrays never overflow. */
+    int retired_waiting = 0;
+    while (s->wait_head && s->n_active < s->p.max_sequences &&
+           retired_waiting < s->p.max_sequences) {
+        vreq *r = s->wait_head;
+        s->wait_head = r->next_waiting;
+        if (!s->wait_head)
+            s->wait_tail = NULL;
+        r->next_waiting = NULL;
+        if (r->cancelled) {
+            req_retire_locked(rd, r, NULL);
+            retired_waiting++;
+            continue;
+        }
+        r->state = REQ_ACTIVE;
+        r->fresh = true;
+        s->active[s->n_active++] = r;
+    }
+    rd->n = s->n_active;
+    for (int i = 0; i < rd->n; i++)
+        rd->seqs[i] = (vround_seq){.r = s->active[i]};
+    pthread_mutex_unlock(&s->mu);
+    flush_links(rd);
     return true;
 }
 
-/* Appends the round's new tokens to r, applying EOS and max_tokens. Returns
- * true when the request finished. Under mu. */
+/* 2. Prefills admitted requests: every prompt token but the last, which runs
+ * in the batched step and yields the first generated token. A request whose
+ * prefill fails ends here; it is retired with the finished ones. */
+static void prefill_admitted(vsched *s, vround *rd)
+{
+    int live = 0;
+    for (int i = 0; i < rd->n; i++) {
+        vreq *r = rd->seqs[i].r;
+        if (r->fresh) {
+            tdm_error err = {0};
+            tdm_seq_params sp = {.strategy = s->p.strategy, .max_draft = s->p.max_draft};
+            tdm_status rc = tdm_seq_create(s->p.model, &sp, &r->seq, &err);
+            if (rc == TDM_OK && r->prompt_len > 1)
+                rc = tdm_seq_prefill(r->seq, r->tokens, r->prompt_len - 1, NULL, &err);
+            if (rc != TDM_OK) {
+                tdm_log_error(LOG, "request %s: %s", r->request_id, err.msg);
+                req_fail(s, r, rc, err.msg);
+                r->fresh = false;
+                continue;
+            }
+            r->last = r->tokens[r->prompt_len - 1];
+            r->n_tokens = r->prompt_len - 1; /* `last` is committed after the step */
+        }
+        rd->seqs[live++] = rd->seqs[i];
+    }
+    rd->n = live;
+}
+
+/* Whether a sequence waits on a block it was promised. Under mu. */
+static bool awaits_block(const vreq *r)
+{
+    return r->spec && r->awaiting && !r->block && !r->cancelled && !r->finished;
+}
+
+/* 3. Waits for the blocks asked for in the previous round, each at most
+ * draft_timeout after it was asked for. A block that follows an open costs
+ * the drafter a prefill of the sequence so far: its sequence sits the round
+ * out instead of holding the batch (within its own timeout). */
+static void await_blocks(vsched *s, vround *rd)
+{
+    const double timeout = s->p.draft_timeout_ms;
+    double t0 = now_ms();
+    pthread_mutex_lock(&s->mu);
+    int held_out = 0;
+    for (int i = 0; i < rd->n;) {
+        vreq *r = rd->seqs[i].r;
+        if (awaits_block(r) && r->after_open && t0 - r->t_asked < timeout) {
+            rd->seqs[i] = rd->seqs[--rd->n];
+            held_out++;
+            continue;
+        }
+        i++;
+    }
+    if (rd->n == 0 && held_out > 0) {
+        /* Nothing else to run: wait a little for one of those blocks. */
+        struct timespec soon;
+        clock_gettime(CLOCK_REALTIME, &soon);
+        soon.tv_nsec += 2000000L;
+        if (soon.tv_nsec >= 1000000000L) {
+            soon.tv_sec++;
+            soon.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &soon);
+    }
+    while (!s->stop) {
+        /* The earliest deadline of the blocks still missing. */
+        double first = 0;
+        bool missing = false;
+        for (int i = 0; i < rd->n; i++) {
+            vreq *r = rd->seqs[i].r;
+            if (!awaits_block(r))
+                continue;
+            double due = r->t_asked + timeout;
+            if (due <= now_ms()) {
+                char d[64];
+                snprintf(d, sizeof(d), "%d ms", s->p.draft_timeout_ms);
+                req_drop_spec_locked(r, "off: drafter sent no block within %s", d);
+                s->counters.drafter_failures++;
+                if (r->opened) {
+                    vlink_ref(r->link);
+                    rd->closes[rd->n_closes++] = (pending_close){r->link, r->id, "timeout"};
+                }
+                continue;
+            }
+            if (!missing || due < first)
+                first = due;
+            missing = true;
+        }
+        if (!missing)
+            break;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double wait_ms = first - now_ms();
+        if (wait_ms < 0)
+            wait_ms = 0;
+        long long ns = (long long)until.tv_nsec + (long long)(wait_ms * 1e6);
+        until.tv_sec += (time_t)(ns / 1000000000LL);
+        until.tv_nsec = (long)(ns % 1000000000LL);
+        pthread_cond_timedwait(&s->cv, &s->mu, &until);
+    }
+    pthread_mutex_unlock(&s->mu);
+    rd->t_wait = now_ms() - t0;
+}
+
+/* Why a block cannot be verified as it is (a drafter is input like any
+ * other), or NULL when it can. */
+static const char *block_fault(const vsched *s, const vreq *r, const Tandem__V1__DraftBlock *b,
+                               char *buf, size_t len)
+{
+    if (b->position != (uint32_t)(r->n_tokens + 1)) {
+        snprintf(buf, len, "block for position %u (expected %d)", b->position, r->n_tokens + 1);
+        return buf;
+    }
+    if (b->n_tokens > (size_t)s->p.max_draft || b->n_tokens > (size_t)r->ad.p.k_max) {
+        snprintf(buf, len, "block of %zu drafts (at most %d)", b->n_tokens, r->ad.p.k_max);
+        return buf;
+    }
+    if ((b->n_token_probs != 0 && b->n_token_probs != b->n_tokens) ||
+        (b->n_dists != 0 && b->n_dists != b->n_tokens)) {
+        snprintf(buf, len, "block with %zu drafts but %zu probabilities and %zu distributions",
+                 b->n_tokens, b->n_token_probs, b->n_dists);
+        return buf;
+    }
+    for (size_t j = 0; j < b->n_tokens; j++)
+        if (b->tokens[j] >= (uint32_t)s->vocab) {
+            snprintf(buf, len, "draft token %u outside the vocabulary (0..%d)", b->tokens[j],
+                     s->vocab - 1);
+            return buf;
+        }
+    for (size_t j = 0; j < b->n_token_probs; j++)
+        if (!(b->token_probs[j] >= 0.0f && b->token_probs[j] <= 1.0f)) {
+            snprintf(buf, len, "draft probability %g outside 0..1", b->token_probs[j]);
+            return buf;
+        }
+    for (size_t j = 0; j < b->n_dists; j++) {
+        const Tandem__V1__DraftDistribution *d = b->dists[j];
+        if (d->n_ids != d->n_probs) {
+            snprintf(buf, len, "distribution %zu with %zu ids and %zu probabilities", j, d->n_ids,
+                     d->n_probs);
+            return buf;
+        }
+        for (size_t t = 0; t < d->n_ids; t++)
+            if (d->ids[t] >= (uint32_t)s->vocab || !(d->probs[t] >= 0.0f && d->probs[t] <= 1.0f)) {
+                snprintf(buf, len, "distribution %zu with id %u or probability %g out of range",
+                         j, d->ids[t], d->probs[t]);
+                return buf;
+            }
+    }
+    return NULL;
+}
+
+/* 4. Takes the blocks that came and checks them against what is committed:
+ * a malformed block turns speculation off for its sequence only. */
+static void take_blocks(vsched *s, vround *rd)
+{
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < rd->n; i++) {
+        vround_seq *q = &rd->seqs[i];
+        vreq *r = q->r;
+        if (r->block) {
+            q->block = r->block;
+            r->block = NULL;
+            const Tandem__V1__DraftBlock *b = q->block->block;
+            char buf[200];
+            const char *fault = r->spec ? block_fault(s, r, b, buf, sizeof(buf)) : "";
+            if (fault) {
+                if (r->spec) {
+                    tdm_log_warn(LOG, "request %s: drafter %s sent a malformed %s; speculation "
+                                      "off for this sequence",
+                                 r->request_id, r->drafter_id, fault);
+                    s->counters.malformed_blocks++;
+                    req_drop_spec_locked(r, "off: drafter sent a malformed %s", fault);
+                    if (r->opened) {
+                        vlink_ref(r->link);
+                        rd->closes[rd->n_closes++] =
+                            (pending_close){r->link, r->id, "malformed block"};
+                    }
+                }
+            } else {
+                q->k = (int)b->n_tokens;
+                q->got = true;
+                /* After an open the wait includes the drafter's prefill. */
+                if (!r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
+                    double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
+                    s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
+                        (float)(us > 0 ? us : 0);
+                }
+            }
+        }
+        r->awaiting = false;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* 5. One batched forward pass over every live sequence: its last token, then
+ * its drafts. Greedy sequences bring back only each row's argmax. */
+static void run_step(vsched *s, vround *rd)
+{
+    double t0 = now_ms();
+    rd->rc = TDM_OK;
+    rd->t_step = 0;
+    rd->cost = -1.0;
+    rd->n_rows = 0;
+    rd->drafted = 0;
+    for (int i = 0; i < rd->n; i++) {
+        vround_seq *q = &rd->seqs[i];
+        int32_t *row = rd->rows + rd->n_rows;
+        row[0] = q->r->last;
+        for (int j = 0; j < q->k; j++)
+            row[1 + j] = (int32_t)q->block->block->tokens[j];
+        q->row = rd->n_rows;
+        rd->toks[i] = row;
+        rd->ntok[i] = 1 + q->k;
+        rd->eseqs[i] = q->r->seq;
+        rd->n_rows += 1 + q->k;
+        rd->drafted += q->k;
+    }
+    if (rd->n == 0)
+        return;
+    rd->rc = tdm_step_buf_reserve(&rd->out, s->p.model, (size_t)rd->n_rows, &rd->err);
+    if (rd->rc != TDM_OK)
+        return;
+    for (int i = 0; i < rd->n; i++)
+        rd->out.want[i] = !tdm_sampling_is_greedy(&rd->seqs[i].r->sampling);
+    tdm_step_out o = tdm_step_buf_out(&rd->out);
+    rd->rc = tdm_seq_step_out(rd->eseqs, rd->n, rd->toks, rd->ntok, &o, &rd->err);
+    rd->t_step = now_ms() - t0;
+    if (rd->rc != TDM_OK)
+        return;
+    tdm_steptime_add(&s->st, rd->n_rows, rd->t_step);
+    tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", rd->n, rd->n_rows, rd->t_step);
+    /* What one drafted token cost, against the plain round the model predicts. */
+    rd->cost = tdm_steptime_draft_cost(&s->st, rd->n, rd->drafted, rd->t_wait + rd->t_step);
+    if (rd->cost >= 0) {
+        double prev = atomic_load(&s->cost_ema);
+        atomic_store(&s->cost_ema, prev > 0 ? 0.9 * prev + 0.1 * rd->cost : rd->cost);
+    }
+}
+
+/* Appends a round's new tokens to r, applying the stop ids and max_tokens.
+ * Returns true when the request finished. Under mu. */
 static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -687,327 +830,111 @@ static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n)
     return false;
 }
 
-/* One round. Returns false when the scheduler should stop. */
-static bool sched_round(vsched *s)
+/* The verdict on one sequence's rows: how many drafts it keeps and the token
+ * that follows them. */
+static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
 {
-    tdm_error err = {0};
-    int cap = s->p.max_sequences;
-    pending_close *closes = calloc((size_t)cap * 2 + 1, sizeof(*closes));
-    int n_closes = 0;
-
-    /* 1. Admit waiting requests, retire cancelled ones. */
-    pthread_mutex_lock(&s->mu);
-    while (!s->stop && !s->wait_head && s->n_active == 0)
-        pthread_cond_wait(&s->cv, &s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        free(closes);
-        return false;
+    vreq *r = q->r;
+    const float *lg = rd->out.logits + (size_t)q->row * (size_t)s->vocab;
+    const int32_t *am = rd->out.argmax + q->row;
+    const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
+    tdm_verdict v = {0};
+    if (q->k == 0) {
+        v.next_token =
+            greedy ? am[0] : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
+        return v;
     }
-    for (int i = 0; i < s->n_active;) {
-        vreq *r = s->active[i];
-        if (r->cancelled) {
-            vlink *l = req_retire_locked(s, r);
-            if (l)
-                closes[n_closes++] = (pending_close){l, r->id, "cancelled"};
-            s->counters.cancelled++;
-            s->active[i] = s->active[--s->n_active];
+    const Tandem__V1__DraftBlock *b = q->block->block;
+    tdm_draft_dist dd[TDM_MAX_DRAFT_BLOCK];
+    for (int j = 0; j < q->k; j++) {
+        dd[j].n = 0;
+        if (b->n_dists) {
+            dd[j].n = (int)b->dists[j]->n_ids;
+            dd[j].ids = b->dists[j]->ids;
+            dd[j].probs = b->dists[j]->probs;
+        }
+    }
+    /* take_blocks checked the ids: neither call can refuse the block. */
+    if (greedy)
+        tdm_verify_block_argmax(am, s->vocab, b->tokens, q->k, dd, &v);
+    else
+        tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, b->tokens, q->k, dd, s->vscratch,
+                         &v);
+    if (tdm_log_get_level() <= TDM_LOG_DEBUG)
+        tdm_log_debug(LOG,
+                      "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "
+                      "ms, step %.2f ms, cost %.2f, acceptance estimate %.2f",
+                      r->request_id, b->round, q->k, b->position, v.accepted, rd->t_wait,
+                      rd->t_step, rd->cost, r->ad.accept_rate);
+    return v;
+}
+
+/* What the sequence's drafter hears next (under mu): a verdict on its block,
+ * or an open after a pause; its adaptive state moves on first. */
+static void plan_message_locked(vround *rd, vround_seq *q, const tdm_verdict *v)
+{
+    vreq *r = q->r;
+    /* A request with an explicit seed must give the same output every time:
+     * its block lengths follow acceptance only (the cost stays at its prior),
+     * so wall-clock timing never shifts its random stream. */
+    if (q->got)
+        tdm_adaptive_on_round(&r->ad, q->k, v->accepted, r->after_open || r->seeded ? -1.0 : rd->cost);
+    else
+        tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
+    r->after_open = false;
+    q->accepted = v->accepted;
+    q->next = v->next_token;
+    q->next_block = r->ad.k_next;
+    if (q->got) {
+        q->msg = MSG_VERDICT; /* on its block; block 0 pauses it */
+    } else if (r->ad.k_next > 0) {
+        q->msg = MSG_OPEN; /* (re)open: the drafter syncs to our tokens */
+        r->opened = true;
+        r->after_open = true;
+    }
+    if (q->msg != MSG_NONE) {
+        r->round++;
+        r->awaiting = r->ad.k_next > 0;
+    }
+}
+
+/* 6. Verifies each sequence's block, commits the accepted prefix, streams
+ * the new tokens and plans what its drafter hears. */
+static void verify_commit_emit(vsched *s, vround *rd)
+{
+    for (int i = 0; i < rd->n; i++) {
+        vround_seq *q = &rd->seqs[i];
+        vreq *r = q->r;
+        if (rd->rc != TDM_OK) {
+            req_fail(s, r, rd->rc, rd->err.msg);
             continue;
         }
-        i++;
-    }
-    while (s->wait_head && s->n_active < cap) {
-        vreq *r = s->wait_head;
-        s->wait_head = r->next_waiting;
-        if (!s->wait_head)
-            s->wait_tail = NULL;
-        r->next_waiting = NULL;
-        if (r->cancelled) {
-            vlink *l = req_retire_locked(s, r);
-            if (l)
-                link_unref_locked(s, l);
-            continue;
-        }
-        r->state = REQ_ACTIVE;
-        r->fresh = true;
-        s->active[s->n_active++] = r;
-    }
-    int n = s->n_active;
-    vreq **batch = malloc((size_t)(n ? n : 1) * sizeof(*batch));
-    memcpy(batch, s->active, (size_t)n * sizeof(*batch));
-    pthread_mutex_unlock(&s->mu);
-
-    for (int i = 0; i < n_closes; i++) {
-        send_close(s, closes[i].link, closes[i].id, closes[i].reason);
-        pthread_mutex_lock(&s->mu);
-        link_unref_locked(s, closes[i].link);
-        pthread_mutex_unlock(&s->mu);
-    }
-    n_closes = 0;
-
-    /* 2. Prefill admitted requests: every prompt token but the last, which
-     * runs in the batched step below and yields the first generated token. */
-    int live = 0;
-    for (int i = 0; i < n; i++) {
-        vreq *r = batch[i];
-        if (r->fresh) {
-            tdm_seq_params sp = {.strategy = s->p.strategy, .max_draft = s->p.max_draft};
-            tdm_status rc = tdm_seq_create(s->p.model, &sp, &r->seq, &err);
-            if (rc == TDM_OK && r->prompt_len > 1)
-                rc = tdm_seq_prefill(r->seq, r->tokens, r->prompt_len - 1, NULL, &err);
-            if (rc != TDM_OK) {
-                tdm_log_error(LOG, "request %s: %s", r->request_id, err.msg);
-                pthread_mutex_lock(&s->mu);
-                req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, rc,
-                                  err.msg);
-                pthread_cond_broadcast(&r->cv);
-                pthread_mutex_unlock(&s->mu);
-                r->fresh = false;
-                continue;
-            }
-            r->last = r->tokens[r->prompt_len - 1];
-            r->n_tokens = r->prompt_len - 1; /* `last` is committed after the step */
-        }
-        batch[live++] = r;
-    }
-    /* Requests that failed are retired below together with finished ones. */
-
-    /* 3. Wait for the blocks asked for in the previous round. */
-    double t_wait0 = now_ms();
-    pthread_mutex_lock(&s->mu);
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += s->p.draft_timeout_ms / 1000;
-    deadline.tv_nsec += (long)(s->p.draft_timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
-    /* A block that follows an open costs the drafter a prefill of the
-     * sequence so far: its sequence sits this round out rather than holding
-     * the whole batch (up to draft_timeout, like any block). */
-    int held_out = 0;
-    for (int i = 0; i < live;) {
-        vreq *r = batch[i];
-        if (r->spec && r->awaiting && r->after_open && !r->block && !r->cancelled && !r->finished &&
-            t_wait0 - r->t_asked < s->p.draft_timeout_ms) {
-            batch[i] = batch[--live];
-            held_out++;
-            continue;
-        }
-        i++;
-    }
-    if (live == 0 && held_out > 0) {
-        /* Nothing else to run: wait for one of those blocks (or anything). */
-        struct timespec soon;
-        clock_gettime(CLOCK_REALTIME, &soon);
-        soon.tv_nsec += 2000000L;
-        if (soon.tv_nsec >= 1000000000L) {
-            soon.tv_sec++;
-            soon.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&s->cv, &s->mu, &soon);
-    }
-    for (;;) {
-        bool missing = false;
-        for (int i = 0; i < live; i++) {
-            vreq *r = batch[i];
-            if (r->spec && r->awaiting && !r->block && !r->cancelled && !r->finished)
-                missing = true;
-        }
-        if (!missing || s->stop)
-            break;
-        if (pthread_cond_timedwait(&s->cv, &s->mu, &deadline) == ETIMEDOUT) {
-            for (int i = 0; i < live; i++) {
-                vreq *r = batch[i];
-                if (r->spec && r->awaiting && !r->block) {
-                    char d[64];
-                    snprintf(d, sizeof(d), "%d ms", s->p.draft_timeout_ms);
-                    req_drop_spec_locked(r, "off: drafter sent no block within %s", d);
-                    s->counters.drafter_failures++;
-                    if (r->link && r->opened)
-                        closes[n_closes++] = (pending_close){r->link, r->id, "timeout"};
-                    if (r->link)
-                        r->link->refs++;
-                }
-            }
-            break;
-        }
-    }
-    /* Take the blocks; validate them against what we committed. */
-    int rows = 0;
-    int *k = calloc((size_t)(live ? live : 1), sizeof(int));
-    Tandem__V1__DraftBlock **blk = calloc((size_t)(live ? live : 1), sizeof(*blk));
-    Tandem__V1__DraftResponse **held = calloc((size_t)(live ? live : 1), sizeof(*held));
-    bool *got = calloc((size_t)(live ? live : 1), sizeof(bool)); /* a valid block, maybe empty */
-    for (int i = 0; i < live; i++) {
-        vreq *r = batch[i];
-        if (r->block) {
-            held[i] = r->block;
-            r->block = NULL;
-            Tandem__V1__DraftBlock *b = held[i]->block;
-            bool ok = r->spec && b->position == (uint32_t)(r->n_tokens + 1) &&
-                      b->n_tokens <= (size_t)s->p.max_draft &&
-                      (b->n_token_probs == 0 || b->n_token_probs == b->n_tokens) &&
-                      (b->n_dists == 0 || b->n_dists == b->n_tokens);
-            for (size_t j = 0; ok && j < b->n_dists; j++)
-                ok = b->dists[j]->n_ids == b->dists[j]->n_probs;
-            if (!ok) {
-                char d[160];
-                snprintf(d, sizeof(d), "malformed block for position %u (expected %d)", b->position,
-                         r->n_tokens + 1);
-                req_drop_spec_locked(r, "off: drafter sent a %s", d);
-                if (r->link && r->opened) {
-                    closes[n_closes++] = (pending_close){r->link, r->id, "malformed block"};
-                    r->link->refs++;
-                }
-            } else {
-                k[i] = (int)b->n_tokens;
-                blk[i] = b;
-                got[i] = true;
-                /* After an open the wait includes the drafter's prefill. */
-                if (!r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
-                    double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
-                    s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
-                        (float)(us > 0 ? us : 0);
-                }
-            }
-        }
-        r->awaiting = false;
-        rows += 1 + k[i];
-    }
-    pthread_mutex_unlock(&s->mu);
-    double t_wait = now_ms() - t_wait0;
-
-    /* 4. One batched forward pass over every live sequence. */
-    double t_step0 = now_ms();
-    tdm_status rc = TDM_OK;
-    int32_t **toks = calloc((size_t)(live ? live : 1), sizeof(*toks));
-    int *ntok = calloc((size_t)(live ? live : 1), sizeof(int));
-    tdm_seq **seqs = calloc((size_t)(live ? live : 1), sizeof(*seqs));
-    if (live > 0 && (!ensure_logits(s, (size_t)rows) || !toks || !ntok || !seqs))
-        rc = tdm_error_set(&err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory for %d rows", rows);
-    for (int i = 0; rc == TDM_OK && i < live; i++) {
-        /* Greedy requests need only each row's argmax, not its logits. */
-        s->want[i] = !tdm_sampling_is_greedy(&batch[i]->sampling);
-        toks[i] = malloc((size_t)(1 + k[i]) * sizeof(int32_t));
-        toks[i][0] = batch[i]->last;
-        for (int j = 0; j < k[i]; j++)
-            toks[i][1 + j] = (int32_t)blk[i]->tokens[j];
-        ntok[i] = 1 + k[i];
-        seqs[i] = batch[i]->seq;
-    }
-    if (rc == TDM_OK && live > 0)
-        rc = tdm_seq_step_out(seqs, live, (const int32_t *const *)toks, ntok,
-                              &(tdm_step_out){s->logits, s->want, s->argmax}, &err);
-    double t_step = now_ms() - t_step0;
-    int drafted_total = 0;
-    for (int i = 0; i < live; i++)
-        drafted_total += k[i];
-    /* Cost of one drafted token relative to a plain step (adaptive.h), from
-     * the step-time model t = a + b * rows fitted over recent rounds. */
-    if (rc == TDM_OK && live > 0) {
-        steptime_add(&s->st, rows, t_step);
-        tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", live, rows, t_step);
-    }
-    double cost = -1.0;
-    double plain_round = 0, plain_seq = 0;
-    if (drafted_total > 0 && steptime_plain(&s->st, live, &plain_round)) {
-        plain_seq = plain_round / live;
-        cost = (t_wait + t_step - plain_round) / (drafted_total * plain_seq);
-        if (cost < 0)
-            cost = 0;
-        double prev = atomic_load(&s->cost_ema);
-        atomic_store(&s->cost_ema, prev > 0 ? 0.9 * prev + 0.1 * cost : cost);
-    }
-
-    /* 5. Verify, commit, stream, and answer the drafters. */
-    typedef struct {
-        vreq *r;
-        int kind; /* 0 none, 1 open, 2 verdict */
-        int accepted, next, block;
-    } msg_out;
-    msg_out *msgs = calloc((size_t)(live ? live : 1), sizeof(*msgs));
-    int row = 0;
-    for (int i = 0; i < live; i++) {
-        vreq *r = batch[i];
-        const float *lg = s->logits + (size_t)row * (size_t)s->vocab;
-        const int32_t *am = s->argmax + row;
-        const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[i] */
-        row += ntok[i];
-        if (rc != TDM_OK) {
-            pthread_mutex_lock(&s->mu);
-            req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, rc, err.msg);
-            pthread_cond_broadcast(&r->cv);
-            pthread_mutex_unlock(&s->mu);
-            continue;
-        }
-        tdm_verdict v;
-        int32_t newt[80];
-        int nn = 0;
-        if (k[i] > 0) {
-            tdm_draft_dist dd[64];
-            for (int j = 0; j < k[i]; j++) {
-                dd[j].n = 0;
-                if (blk[i]->n_dists) {
-                    dd[j].n = (int)blk[i]->dists[j]->n_ids;
-                    dd[j].ids = blk[i]->dists[j]->ids;
-                    dd[j].probs = blk[i]->dists[j]->probs;
-                }
-            }
-            const int bad =
-                greedy ? tdm_verify_block_argmax(am, s->vocab, blk[i]->tokens, k[i], dd, &v)
-                       : tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, blk[i]->tokens, k[i],
-                                          dd, s->vscratch, &v);
-            if (bad != 0) {
-                /* A token outside the vocabulary: no draft is used. */
-                v.accepted = 0;
-                v.next_token = greedy ? am[0]
-                                      : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab,
-                                                              s->vscratch);
-                pthread_mutex_lock(&s->mu);
-                req_drop_spec_locked(r, "off: drafter sent a token outside the %s", "vocabulary");
-                pthread_mutex_unlock(&s->mu);
-            }
-            if (tdm_log_get_level() <= TDM_LOG_DEBUG)
-                tdm_log_debug(LOG,
-                              "request %s round %u: %d drafts from position %u, accepted %d; "
-                              "wait %.2f ms, step %.2f ms, plain step %.2f ms/sequence, cost %.2f, "
-                              "acceptance estimate %.2f",
-                              r->request_id, blk[i]->round, k[i], blk[i]->position, v.accepted,
-                              t_wait, t_step, plain_seq, cost, r->ad.accept_rate);
+        tdm_verdict v = verdict_of(s, rd, q);
+        if (q->k > 0) {
             tdm_error cerr = {0};
             if (tdm_seq_commit(r->seq, v.accepted, &cerr) != TDM_OK) {
-                pthread_mutex_lock(&s->mu);
-                req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED,
-                                  cerr.code, cerr.msg);
-                pthread_cond_broadcast(&r->cv);
-                pthread_mutex_unlock(&s->mu);
+                req_fail(s, r, cerr.code, cerr.msg);
                 continue;
             }
-            for (int j = 0; j < v.accepted; j++)
-                newt[nn++] = (int32_t)blk[i]->tokens[j];
-        } else {
-            v.accepted = 0;
-            v.next_token =
-                greedy ? am[0]
-                       : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
         }
+        int32_t newt[TDM_MAX_DRAFT_BLOCK + 1];
+        int nn = 0;
+        for (int j = 0; j < v.accepted; j++)
+            newt[nn++] = (int32_t)q->block->block->tokens[j];
         newt[nn++] = v.next_token;
 
         pthread_mutex_lock(&s->mu);
         r->tokens[r->n_tokens++] = r->last; /* the token the step ran */
-        bool first = r->fresh;
-        r->fresh = false;
-        if (first)
+        if (r->fresh)
             r->t_first = now_ms();
+        r->fresh = false;
         r->rounds++;
-        if (k[i] > 0) {
+        if (q->k > 0) {
             r->spec_rounds++;
-            r->drafted += (uint32_t)k[i];
+            r->drafted += (uint32_t)q->k;
             r->accepted += (uint32_t)v.accepted;
             s->counters.spec_rounds++;
-            s->counters.drafted += (uint64_t)k[i];
+            s->counters.drafted += (uint64_t)q->k;
             s->counters.accepted += (uint64_t)v.accepted;
         }
         int before = r->n_out;
@@ -1020,101 +947,79 @@ static bool sched_round(vsched *s)
             r->last = r->tokens[r->n_tokens];
         }
         pthread_cond_broadcast(&r->cv);
-        if (!done && r->spec && r->link) {
-            /* A request with an explicit seed must give the same output every
-             * time: its block lengths follow acceptance only (the cost stays
-             * at its prior), so wall-clock timing never shifts its random
-             * stream. */
-            if (got[i])
-                tdm_adaptive_on_round(&r->ad, k[i], v.accepted,
-                                      r->after_open || r->seeded ? -1.0 : cost);
-            else
-                tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
-            r->after_open = false;
-            msgs[i].r = r;
-            msgs[i].accepted = v.accepted;
-            msgs[i].next = v.next_token;
-            msgs[i].block = r->ad.k_next;
-            if (got[i]) {
-                msgs[i].kind = 2; /* verdict on its block; block 0 pauses it */
-            } else if (r->ad.k_next > 0) {
-                msgs[i].kind = 1; /* (re)open: the drafter syncs to our tokens */
-                r->opened = true;
-                r->after_open = true;
-            }
-            if (msgs[i].kind) {
-                r->round++;
-                r->awaiting = r->ad.k_next > 0;
-            }
-        }
+        if (!done && r->spec && r->link)
+            plan_message_locked(rd, q, &v);
         pthread_mutex_unlock(&s->mu);
     }
+}
 
-    /* Retire finished requests. */
+/* 7. Retires the sequences that finished (or failed) this round. */
+static void retire_finished(vsched *s, vround *rd)
+{
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_active;) {
         vreq *r = s->active[i];
         if (r->finished) {
-            vlink *l = req_retire_locked(s, r);
-            if (l)
-                closes[n_closes++] = (pending_close){l, r->id, "finished"};
+            req_retire_locked(rd, r, "finished");
             s->active[i] = s->active[--s->n_active];
-            for (int j = 0; j < live; j++)
-                if (msgs[j].r == r)
-                    msgs[j].kind = 0;
+            for (int j = 0; j < rd->n; j++)
+                if (rd->seqs[j].r == r)
+                    rd->seqs[j].msg = MSG_NONE;
             continue;
         }
         i++;
     }
-    if (live > 0)
+    if (rd->n > 0)
         s->counters.rounds++;
     pthread_mutex_unlock(&s->mu);
+}
 
-    for (int i = 0; i < live; i++) {
-        msg_out *m = &msgs[i];
-        if (m->kind == 0 || !m->r->link)
-            continue;
-        m->r->t_asked = now_ms();
+/* 8. Sends the drafters their verdicts and opens, then the Closes; lets go
+ * of the links of sequences that stopped speculating. */
+static void send_messages(vsched *s, vround *rd)
+{
+    for (int i = 0; i < rd->n; i++) {
+        vround_seq *q = &rd->seqs[i];
         /* The link cannot go away under us: r holds a reference until it is
          * retired, which only this thread does. */
-        if (m->kind == 1)
-            send_open(s, m->r, m->block);
+        if (q->msg == MSG_NONE || !q->r->link)
+            continue;
+        q->r->t_asked = now_ms();
+        if (q->msg == MSG_OPEN)
+            send_open(q->r, q->next_block);
         else
-            send_verdict(s, m->r, m->accepted, m->next, m->block);
+            send_verdict(q->r, q->accepted, q->next, q->next_block);
     }
-    for (int i = 0; i < n_closes; i++) {
-        send_close(s, closes[i].link, closes[i].id, closes[i].reason);
-        pthread_mutex_lock(&s->mu);
-        link_unref_locked(s, closes[i].link);
-        pthread_mutex_unlock(&s->mu);
-    }
-    /* Requests that stopped speculating after a failure keep their link
-     * reference until retired; drop it now that no message will be sent. */
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_active; i++) {
         vreq *r = s->active[i];
         if (!r->spec && r->link) {
-            link_unref_locked(s, r->link);
+            rd->drop[rd->n_drop++] = r->link;
             r->link = NULL;
         }
     }
     pthread_mutex_unlock(&s->mu);
+    flush_links(rd);
+    for (int i = 0; i < rd->n; i++)
+        if (rd->seqs[i].block) {
+            protobuf_c_message_free_unpacked(&rd->seqs[i].block->base, NULL);
+            rd->seqs[i].block = NULL;
+        }
+}
 
-    for (int i = 0; i < live; i++) {
-        free(toks ? toks[i] : NULL);
-        if (held[i])
-            protobuf_c_message_free_unpacked(&held[i]->base, NULL);
-    }
-    free(toks);
-    free(ntok);
-    free(seqs);
-    free(msgs);
-    free(k);
-    free(blk);
-    free(held);
-    free(got);
-    free(batch);
-    free(closes);
+/* One round. Returns false when the scheduler should stop. */
+static bool sched_round(vsched *s)
+{
+    vround *rd = &s->rd;
+    if (!admit_and_retire(s, rd))
+        return false;
+    prefill_admitted(s, rd);
+    await_blocks(s, rd);
+    take_blocks(s, rd);
+    run_step(s, rd);
+    verify_commit_emit(s, rd);
+    retire_finished(s, rd);
+    send_messages(s, rd);
     return true;
 }
 
@@ -1128,30 +1033,54 @@ static void *sched_main(void *arg)
 
 /* ---- life cycle ----------------------------------------------------------- */
 
+static void round_init(vround *rd, int cap)
+{
+    rd->seqs = tdm_xcalloc((size_t)cap, sizeof(*rd->seqs));
+    rd->rows = tdm_xcalloc((size_t)cap * (1 + TDM_MAX_DRAFT_BLOCK), sizeof(*rd->rows));
+    rd->toks = tdm_xcalloc((size_t)cap, sizeof(*rd->toks));
+    rd->ntok = tdm_xcalloc((size_t)cap, sizeof(*rd->ntok));
+    rd->eseqs = tdm_xcalloc((size_t)cap, sizeof(*rd->eseqs));
+    /* A sequence sends at most one Close a round, plus the waiting ones
+     * retired at admission (at most cap: they are admitted as they retire). */
+    rd->closes = tdm_xcalloc((size_t)cap * 2 + 1, sizeof(*rd->closes));
+    rd->drop = tdm_xcalloc((size_t)cap * 2 + 1, sizeof(*rd->drop));
+}
+
+static void round_free(vround *rd)
+{
+    free(rd->seqs);
+    free(rd->rows);
+    free(rd->toks);
+    free(rd->ntok);
+    free(rd->eseqs);
+    free(rd->closes);
+    free(rd->drop);
+    tdm_step_buf_free(&rd->out);
+}
+
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
 {
     *out = NULL;
-    vsched *s = calloc(1, sizeof(*s));
-    if (!s)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    if (p->max_draft < 1 || p->max_draft > TDM_MAX_DRAFT_BLOCK)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_draft_tokens %d is outside 1..%d",
+                             p->max_draft, TDM_MAX_DRAFT_BLOCK);
+    vsched *s = tdm_xcalloc(1, sizeof(*s));
     s->p = *p;
     if (s->p.max_sequences < 1)
         s->p.max_sequences = 1;
     if (s->p.draft_timeout_ms <= 0)
         s->p.draft_timeout_ms = 2000;
     s->vocab = tdm_model_get_config(p->model)->vocab_size;
-    s->active = calloc((size_t)s->p.max_sequences, sizeof(*s->active));
-    s->vscratch = malloc(tdm_verify_scratch_bytes(s->vocab));
-    if (!s->active || !s->vscratch) {
-        free(s->active);
-        free(s->vscratch);
-        free(s);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    }
+    s->active = tdm_xcalloc((size_t)s->p.max_sequences, sizeof(*s->active));
+    s->vscratch = tdm_xmalloc(tdm_verify_scratch_bytes(s->vocab));
+    round_init(&s->rd, s->p.max_sequences);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    pthread_cond_init(&s->idle_cv, NULL);
+    vlinks_callbacks cb = {.deliver = on_draft_message, .broken = on_link_broken, .user = s};
+    s->links = vlinks_create(p->tls, p->max_message_bytes, &cb);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        vlinks_destroy(s->links);
+        round_free(&s->rd);
         free(s->active);
         free(s->vscratch);
         free(s);
@@ -1171,41 +1100,36 @@ void vsched_destroy(vsched *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
 
-    pthread_mutex_lock(&s->mu);
     /* Fail what is left (handlers normally finished before: the RPC server
-     * shuts down first). */
-    for (vreq *r = s->wait_head; r;) {
-        vreq *next = r->next_waiting;
-        req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED,
-                          TDM_ERR_UNAVAILABLE, "the verifier shut down");
-        vlink *l = req_retire_locked(s, r);
-        if (l)
-            link_unref_locked(s, l);
-        r = next;
+     * shuts down first), max_sequences at a time: the round's arrays hold
+     * their links until they are let go of. */
+    vround *rd = &s->rd;
+    for (bool more = true; more;) {
+        pthread_mutex_lock(&s->mu);
+        for (int n = 0; n < s->p.max_sequences && (s->n_active > 0 || s->wait_head); n++) {
+            vreq *r;
+            if (s->n_active > 0) {
+                r = s->active[--s->n_active];
+            } else {
+                r = s->wait_head;
+                s->wait_head = r->next_waiting;
+                if (!s->wait_head)
+                    s->wait_tail = NULL;
+            }
+            req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED,
+                              TDM_ERR_UNAVAILABLE, "the verifier shut down");
+            req_retire_locked(rd, r, NULL);
+        }
+        more = s->n_active > 0 || s->wait_head;
+        pthread_mutex_unlock(&s->mu);
+        flush_links(rd);
     }
-    s->wait_head = s->wait_tail = NULL;
-    for (int i = 0; i < s->n_active; i++) {
-        vreq *r = s->active[i];
-        req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED,
-                          TDM_ERR_UNAVAILABLE, "the verifier shut down");
-        vlink *l = req_retire_locked(s, r);
-        if (l)
-            link_unref_locked(s, l);
-    }
-    s->n_active = 0;
-    while (s->links)
-        link_break_locked(s, s->links, "the verifier shut down");
-    while (s->readers > 0)
-        pthread_cond_wait(&s->idle_cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    vlinks_destroy(s->links);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    pthread_cond_destroy(&s->idle_cv);
+    round_free(rd);
     free(s->active);
     free(s->vscratch);
-    tdm_model_host_free(s->p.model, s->logits);
-    free(s->argmax);
-    free(s->want);
     free(s);
 }
 
@@ -1217,24 +1141,22 @@ static int cmp_float(const void *a, const void *b)
 
 void vsched_get_counters(vsched *s, vsched_counters *c)
 {
+    float v[TDM_ARRAY_LEN(s->overhead_us)];
     pthread_mutex_lock(&s->mu);
     *c = s->counters;
     size_t n = s->n_overhead < TDM_ARRAY_LEN(s->overhead_us) ? (size_t)s->n_overhead
                                                              : TDM_ARRAY_LEN(s->overhead_us);
-    c->overhead_p50_us = c->overhead_p99_us = 0;
-    if (n > 0) {
-        float *v = malloc(n * sizeof(float));
-        if (v) {
-            memcpy(v, s->overhead_us, n * sizeof(float));
-            qsort(v, n, sizeof(float), cmp_float);
-            c->overhead_p50_us = v[n / 2];
-            c->overhead_p99_us = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
-            free(v);
-        }
-    }
+    memcpy(v, s->overhead_us, n * sizeof(float));
     c->active = (uint64_t)s->n_active;
     c->waiting = 0;
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         c->waiting++;
     pthread_mutex_unlock(&s->mu);
+    c->overhead_p50_us = c->overhead_p99_us = 0;
+    if (n > 0) {
+        qsort(v, n, sizeof(float), cmp_float);
+        c->overhead_p50_us = v[n / 2];
+        c->overhead_p99_us = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+    }
+    c->draft_streams = (uint64_t)vlinks_count(s->links);
 }

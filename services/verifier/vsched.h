@@ -3,9 +3,11 @@
  * the target model, speculative verification against drafters' blocks, and
  * the Draft streams to those drafters.
  *
- * Owns: the target model's sequences (one engine sequence per request), one
- * scheduler thread that runs rounds, and one Draft stream per drafter address
- * (opened on first use, reopened after a failure) with a reader thread each.
+ * Owns: the target model's sequences (one engine sequence per request) and
+ * one scheduler thread that runs rounds; the Draft streams to drafters are
+ * vlink.h's (one per drafter address, opened on first use, reopened after a
+ * failure). The cost model of a drafted token lives beside the adaptive
+ * rule (spec/adaptive.h).
  *
  * A round: admit waiting requests (prefill, first token); ask the drafter of
  * every speculating sequence for a block and wait for the blocks (bounded by
@@ -80,6 +82,8 @@ void vsched_release(vsched *s, vreq *r);
 typedef struct vsched_counters {
     uint64_t requests, active, waiting, rounds, spec_rounds, drafted, accepted, tokens;
     uint64_t drafter_failures, cancelled;
+    uint64_t malformed_blocks; /* blocks refused as malformed (speculation off for the sequence) */
+    uint64_t draft_streams;    /* Draft streams open now */
     /* Drafter exchange overhead per block over the last 4096 blocks: time
      * from asking to receiving, minus the drafter's own drafting time. */
     double overhead_p50_us, overhead_p99_us;
