@@ -1,44 +1,33 @@
 /*
- * attention.cu - out [R, nH, D] = softmax(q·Kᵀ · D^-0.5) · V per (row, head),
- * the row at position n_past + i seeing cache entries 0..n_past+i.
+ * attention.cu - causal GQA attention: out [R, nH, D] = softmax(q·Kᵀ · D^-0.5) · V per (row,
+ * head), the row at position n_past + i of its segment seeing cache entries 0 .. n_past + i.
+ * q [R, nH, D]; the caches [positions, nKV, D] (row stride nKV·D), 16-byte aligned; D % 4 == 0,
+ * D <= ATT_MAXD; query head h reads kv head h / (nH / nKV).
  *
- * What a row computes (a function of its own keys alone):
- *  - Its nkeys keys are cut into ns = min(ATT_SPLITS, ceil(nkeys /
- *    ATT_SPLIT_KEYS)) contiguous splits, split s starting at s·nkeys/ns.
- *  - A split is worked by ATT_WARPS warps: warp w takes the tiles of TK
- *    keys w, w + ATT_WARPS, ... and keeps an online softmax (running max,
- *    sum and output) per head; the warps' results are merged in warp order.
- *  - The splits' results are merged in split order, and out = O / L.
- * A merge of partials (m_i, l_i, o_i) in order i is M = max m_i, c_i =
- * exp(m_i - M), L = Σ c_i·l_i, O = Σ c_i·o_i, the sums in i order. One
- * block handles the GP query heads that share a kv head (GQA), so a key is
- * read once for all of them. All float arithmetic is spelled out (fmaf,
- * __fmul_rn, __fadd_rn) so no compiler contraction can differ between the
- * two kernels below.
+ * Invariants a change must keep (the GPU tests check them to the bit):
+ *  - A row's result is a function of its own q and keys (and the head shapes) alone: never of
+ *    R, of the other segments, or of which kernel runs it.
+ *  - The order: the row's nkeys keys fall into ns = min(ATT_SPLITS, ceil(nkeys / ATT_SPLIT_KEYS))
+ *    contiguous splits, split s starting at s·nkeys/ns; in a split, warp w takes the tiles of
+ *    TK keys w, w + ATT_WARPS, ... (TK = att_tk(GP, NC), from the head shapes) with an online
+ *    softmax per head; warps are merged in warp order, then splits in split order. A merge of
+ *    partials (m_i, l_i, o_i) is M = max m_i, c_i = exp(m_i - M), L = Σ c_i·l_i,
+ *    O = Σ c_i·o_i, sums in i order; out = O·(1/L).
+ *  - att_split_kernel and att_row_kernel compute the same bits: all float arithmetic is spelled
+ *    out (fmaf, __fmul_rn, __fadd_rn) so no compiler contraction can differ between them.
+ *  - The launch never depends on key counts (a captured graph replays as the context grows):
+ *    ATT_SPLITS blocks per (row, head group) in the cluster kernel, the empty ones exit at once.
  *
- * Grids: the launch cannot depend on key counts (a recorded graph replays
- * as the context grows), so the grid has a fixed ATT_SPLITS blocks per
- * (row, kv head) and blocks whose split is empty for this row's key count
- * exit at once. Two kernels compute exactly the same thing:
- *  - att_split_kernel (few rows: decode, verify blocks): the ATT_SPLITS
- *    blocks of a row are a thread-block cluster; block s computes split s,
- *    and block 0 merges the splits by reading the others' shared memory
- *    (distributed shared memory), so no scratch memory is needed and a
- *    long context is streamed by ATT_SPLITS SMs per (row, kv head).
- *  - att_row_kernel (many rows: prefill, big batches, where rows alone
- *    fill the GPU): one block per (row, kv head) computes the splits one
- *    after another, keeps their partials in shared memory and merges them
- *    the same way.
- * The choice depends only on R and the head counts, and the bits do not
- * depend on it, so a row agrees with itself in any batch.
- *
- * Per tile a lane owns the float4 chunks lane, lane+32, ... of the head
- * dim: it loads its chunks of the TK key rows (coalesced) into registers
- * and its chunks of the TK value rows into its own shared-memory slots
- * (cp.async, in flight while the scores are computed). The GP·TK partial
- * dot products are reduced across the warp by halving (each exchange
- * sends half of the remaining values), which leaves lane l with the score
- * of slot l >> (5 - log2(GP·TK)): one exp per lane per tile.
+ * Work split. A block of ATT_WARPS warps handles the GP query heads that share a kv head, so a
+ * key is read once for all of them. Few (row, head group) units (< ATT_CLUSTER_UNITS: decode,
+ * verify blocks): att_split_kernel, the ATT_SPLITS blocks of a row a thread-block cluster,
+ * block s computing split s and block 0 merging the others' partials from their shared memory.
+ * Many (prefill, big batches): att_row_kernel, one block per (row, head group) computing the
+ * splits in turn and merging them from its own shared memory. Per tile a lane owns the float4
+ * chunks lane, lane + 32, ... of the head dim: its key chunks go to registers, its value chunks
+ * to shared memory by cp.async (in flight while the scores are computed); the GP·TK partial dot
+ * products are reduced across the warp by halving (att_reduce), which leaves each lane one score.
+ * Measurements behind ATT_SPLITS and ATT_TKMAX, and earlier designs: NOTES.md.
  */
 #include "attention.cuh"
 #include "seglist.cuh"
@@ -56,12 +45,9 @@ namespace cg = cooperative_groups;
 /* Splits per row at most: the cluster size. Six, not eight: a verify
  * block's rows past 384 keys then fit one wave (4B, 9 rows: 36 clusters;
  * clusters are placed within a GPC, whose 32 block slots hold four
- * clusters of 7 or 8 but five of 6). Measured on the H200 (4B, per call, 4096
- * keys): 9 rows 78.1 -> 59.0 us, 8 rows of one key each 105 -> 81, one
- * row 34.1 -> 41.3 (its 6 blocks stream longer splits); replay, every
- * step from the same context: verify k=8 / decode 1.32 -> 1.27 at 1000
- * positions and 1.36 -> 1.29 at 4000, decode +1 % and +2.5 % there, the
- * same at 100. Seven lost everywhere (still two waves). */
+ * clusters of 7 or 8 but five of 6). A single row streams longer splits
+ * and is slower; seven lost everywhere (NOTES.md). Changing it changes the
+ * splits, so every row's bits. */
 #define ATT_SPLITS 6
 #define ATT_SPLIT_KEYS 64 /* keys per split at least */
 #define ATT_MAXD 512
@@ -73,11 +59,8 @@ namespace cg = cooperative_groups;
  * must hold (att_split_minb): with 4 keys a tile (fewer registers) two
  * blocks fit where a lane holds at most 8 float4s of q (GP·NC <= 8: no
  * more than 64 bytes spilled), so a verify block's clusters (a cluster per
- * row and kv head) run in fewer waves. Measured on the H200 (4B, per call): 9 rows at 32 keys 12.1
- * -> 12.4 us and at 4096 keys 94.8 -> 78.2, 17 rows 158.6 -> 120.5, one row 9.7 -> 10.1 and 31.7
- * -> 34.0, 8 rows 113.1 -> 103.8, 72 rows at 4096 keys 577 -> 613; replay verify k=8 3.86
- * -> 3.80-3.82 ms, decode the same, against 8 keys a tile and one block. Two blocks with 8 keys a
- * tile (registers spilled) gained nothing. */
+ * row and kv head) run in fewer waves (measurements in NOTES.md). TK sets
+ * which keys a warp takes, so changing it changes every row's bits. */
 #define ATT_TKMAX 4
 
 /* Partials one merge adds at most (a row's splits, a block's warps): the

@@ -1,7 +1,7 @@
 /*
  * elementwise.cu - one thread per output element, or per 4 consecutive ones
  * (float4) where the op streams long rows and the pointers allow; the same
- * formulas as the CPU backend (accurate expf/log1pf/sinf/cosf, no fast-math
+ * formulas as the CPU backend (accurate expf/sinf/cosf, no fast-math
  * intrinsics). Every element is computed on its own, so how elements are
  * grouped never changes a bit.
  */

@@ -1,73 +1,41 @@
 /*
- * gdn.cu - causal conv + SiLU with per-sequence window state, and the
- * recurrent gated delta rule, per segment of rows. Both stage the caller's
- * segment array as it is (seglist.cuh).
+ * gdn.cu - the Gated DeltaNet mixer's stateful ops, per segment of rows (one sequence each).
+ * conv_silu: depthwise causal conv of width K, then SiLU, with the window state [K-1, C] as left
+ * context. gdn_recurrent: the gated delta rule in recurrent form; per v-head and position, with
+ * |x|⁻¹ = 1/sqrt(Σx² + 1e-6), decay = exp(g), g = -exp(A_log)·softplus(a + dt_bias), beta =
+ * sigmoid(b):
+ *   S *= decay;  kv = (Sᵀk)·|k|⁻¹;  S += k ((v - kv)·beta·|k|⁻¹);  o = (Sᵀq)·(|q|⁻¹·Dk^-0.5)
+ * (the reference with q and k l2-normalised first). gdn_replay: the replay strategy's commit,
+ * each state advanced by the rows its record holds, every layer of a sequence in one launch.
  *
- * Conv: one kernel. A thread owns one channel of a chunk of up to
- * CONV_CHUNK rows of a segment: it loads the K weights, the K-1 inputs
- * before the chunk (from the state or from x) and the chunk's inputs, then
- * walks the rows with the window in registers, writing y and, when asked,
- * the window after every row. Chunks only spread long segments over more
- * threads: every output is the same K-term sum whatever the chunking. The
- * in-place window update is done by the thread of chunk 0, the only one
- * that reads the old window (chunks start CONV_CHUNK >= K-1 rows apart), so
- * no other thread can see it half written.
+ * Invariants a change must keep (the GPU tests check them to the bit):
+ *  - Batch invariance: a position's bits do not depend on R, on the segmentation or on whether
+ *    it runs in a prefill, a verify block or a decode step. P (state rows a thread) and SL
+ *    (lanes a value column) follow from Dk alone; sums over d run per thread in four interleaved
+ *    chains (gdn_sum4), then a butterfly over the column's SL lanes; a row's norms in a fixed
+ *    lane order and butterfly; the chunk of staged rows never enters the arithmetic.
+ *  - A replay gives the bits of the rows it replays (extra_buffer == no_buffer == replay): step
+ *    rows and record rows both go through gdn_advance, whose every product and difference is an
+ *    explicit rounding (fmaf, __fmul_rn, __fsub_rn), and the record keeps k as read and the
+ *    decay, beta and 1/|k| the step computed.
+ *  - The gates here and in gdn_gates_kernel (for the chunked form) are one function, gdn_gate.
+ *  - Conv: every output is the same K-term fmaf sum whatever the chunking; the window is written
+ *    in place only by the thread of chunk 0, the one thread that reads the old window (chunks
+ *    start CONV_CHUNK >= K-1 rows apart).
+ *  - Only prompt-prefill segments of GDN_CHUNK_MIN rows or more may leave this form (to
+ *    gdn_chunk.cu, equal to rounding only, as backend.h allows).
  *
- * Delta rule: one block of GDN_WARPS warps per (value-column tile, v-head,
- * segment). SL lanes share a value column e: lane (slice s, column) keeps
- * the state rows d = s*P .. s*P+P-1 of column e in registers for the whole
- * segment. Per position, with q and k taken as they are and their norms
- * folded into scalars:
- *   S *= exp(g);  kv = (Sᵀk)·|k|⁻¹;  delta = (v - kv)·beta;
- *   S += k (delta·|k|⁻¹);  o = (Sᵀq)·|q|⁻¹·Dk^-0.5
- * (|x|⁻¹ = 1/sqrt(Σx² + 1e-6)); algebraically the reference with q and k
- * l2-normalised first. The sums over d of the state are per thread over its
- * slice in four interleaved chains (rows t % 4), then a butterfly over the
- * SL lanes of the column. P and SL follow from Dk alone, so a position
- * computes the same bits in a prefill, a verify block or a decode step, in
- * any batch.
+ * Layout: conv x, y [R, C], w [C, K]. Delta rule: qkv rows [R, qkv_stride], q [Hk, Dk] at 0, k at
+ * Hk·Dk, v [Hv, Dv] at 2·Hk·Dk; v-head h reads k-head h / (Hv/Hk); a, b [R, Hv]; out [R, Hv, Dv];
+ * state [Hv, Dk, Dv]; record rows of tdm_gdn_input_floats (backend.h). 16-byte copies where Dk, Dv,
+ * the stride and the pointers allow, else 4-byte copies of the same values.
  *
- * The rows go through shared memory in chunks (up to 32 rows, 48 KB): the
- * block copies a chunk's k and q of its k-head, v of its columns and the
- * gate projections a, b in by cp.async, in flight with the state's loads,
- * each thread one 16-byte part (or scalar) of every row of the chunk; the
- * warps then make the rows' norms (a warp per row, two rows at a time:
- * lane l sums the squares of elements 4l .. 4l+3 of every 128, a butterfly
- * over the warp, while the lanes make both rows' gates from a, b inside
- * the kernel: no gates kernel on the critical path; prompt chunks taking
- * the chunked form get the same bits as arrays from gdn_gates_kernel), and
- * then, a lane per row, 1/|q| and 1/|k|, before the chain of positions,
- * which then reads only shared memory and registers, unrolled by two so
- * one position's output sum overlaps the next one's state update. A record
- * is written from shared memory the same way, a thread a 16-byte part of
- * every row.
- *
- * Nsight Compute on a 9-row verify call showed the chain at 28 % of the
- * samples; staging the rows a row at a time (every thread looping over the
- * row's parts, 64-bit addresses made per row) took 18 %, the wait for them
- * 16 %, the norms and gates one row after another 15 %, the record's
- * writes 10 %; the commit spent 23 % staging. A thread a part of every row
- * and the norms two rows a warp: a 9-row call 17.5 -> 13.4 us, verify k=8
- * + commit 3.80 -> 3.71 ms (4B, replay, RESULTS). Making the gates after
- * the butterflies, a lane per row, instead of beside them cost decode ~0.02
- * ms (one row: the two in sequence). Measured on the H200 before that
- * (4B, batch 1, replay, in a step): a 9-row call 20.2 -> 17.3 us
- * and a 1-row call 11.8 -> 10.5 against loading each position's q, k, v,
- * a, b into registers one position ahead with the norms and gates made per
- * position in the chain (per thread over its slice: 8 lanes of a warp made
- * the same sums); the commit 77 -> 58 us. Slower: the same with the chain
- * not unrolled (9 rows 18.1 us), unrolled by four (no better), 16 state
- * rows a thread (9 rows 18.1, the commit 79, decode slower), prefetching
- * the state into L2 before the wait for the kernel ahead (no gain), and,
- * in the design before, L1 prefetches of the rows (9 rows 23.2).
- *
- * Replay (the replay strategy): a verify leaves the state as it is and
- * writes each position's k, v, decay, beta and 1/|k| into the sequence's
- * record (25 KB a position and layer at the 4B shape, against its 2 MB
- * state); rows appended to a pending verify first replay the record's rows.
- * The commit (cuda_gdn_replay) is the kernel's GDN_COMMIT instance, with no
- * rows of its own: all linear layers of a sequence in one launch, each
- * state read once, advanced by the accepted positions and written once.
+ * Work split. Conv: a thread per (channel, chunk of CONV_CHUNK rows), the block's segment found
+ * by seglist.cuh. Delta rule: a block of GDN_WARPS warps per (value-column tile, v-head,
+ * segment); each lane keeps P state rows of one column in registers for the whole segment. Rows
+ * are staged in shared memory in chunks (up to 32 rows, 48 KB), a thread a 16-byte part of every
+ * row; the warps make the rows' norms and gates, then the chain of positions reads only shared
+ * memory and registers. The design's history and measurements: NOTES.md.
  */
 #include "gdn.cuh"
 #include "gdn_chunk.cuh"
@@ -346,16 +314,16 @@ __device__ __forceinline__ void gdn_stage_wait(void)
  * (gdn_replay): only the record's rows, then the state back in place; an
  * instance of its own with few registers, so that 5 blocks share a
  * multiprocessor (its launch has a block per column tile, head, layer and
- * sequence: 3072 blocks for a 4B sequence; 4 a multiprocessor took 128
- * registers and ~6 waves, 5 take 92 and ~4.7, verify k=8 + commit ~0.03
- * ms faster). Rows go through shared memory in chunks of rc
+ * sequence: 3072 blocks for a 4B sequence, in fewer waves than at 4 a
+ * multiprocessor: NOTES.md). Rows go through shared memory in chunks of rc
  * (gdn_row_floats floats each): the block copies a chunk in (cp.async, a
  * thread a unit of every row: gdn_unit), the warps make a step's rows'
  * norms and gates in parallel, and the chain of positions then reads only
  * shared memory and registers. */
 enum { GDN_PLAIN, GDN_RECORD, GDN_COMMIT };
 
-/* positions per iteration of the chain (see the top of the file) */
+/* Positions per iteration of the chain: one position's output sum overlaps
+ * the next one's state update. */
 static constexpr int gdn_unroll = 2;
 
 template <int P, int SL, int MODE>
@@ -490,7 +458,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
              * side by side. */
             float mq = 0.0f, mk = 0.0f, md = 0.0f, mb = 0.0f;
             for (int j = warp, i = 0; j < nr; j += 2 * GDN_WARPS, i += 2) {
-                const int j2 = min(j + GDN_WARPS, nr - 1); /* a second row, or j again */
+                const int j2 = min(j + GDN_WARPS, nr - 1); /* a second row, or nr - 1: unused */
                 const float *w = sm + (size_t)j * srow, *w2 = sm + (size_t)j2 * srow;
                 float sq = 0.0f, sk = 0.0f, sq2 = 0.0f, sk2 = 0.0f;
                 for (int m = lane * 4; m < PS; m += 128) {

@@ -1,52 +1,43 @@
 /*
- * gdn_chunk.cu - the gated delta rule of one prompt-prefill segment in its
- * chunked form.
+ * gdn_chunk.cu - the gated delta rule of one prompt-prefill segment in chunked form: gdn.cu's
+ * recurrence (backend.h gdn_recurrent) over chunks of L = 64 positions, equal to it up to
+ * rounding; the gates come as arrays g, beta [R, Hv] (gdn.cu's gdn_gates_kernel).
  *
- * Math (derived from the recurrence in tests/cuda/gdn_chunk_ref.c, which
- * checks it in double precision). Per v-head, chunks of L = 64 positions;
- * S0 [Dk, Dv] is the state before a chunk, i, j are positions in it, γ_i the
- * sum of g from the chunk start through i, q and k l2-normalised as in gdn.cu:
+ * Invariants a change must keep:
+ *  - Deterministic, and a function of the segment alone: chunks start every 64 rows from row0,
+ *    and every sum has one fixed order (one thread over keys, then chunk positions, ascending;
+ *    the q, k norms lane-strided, then a butterfly). Only prompt prefill may take this form:
+ *    it matches gdn.cu to rounding, not to the bit (backend.h).
+ *  - Decay factors are e to sums of g over position ranges, each summed from its own start (a
+ *    running sum down a column of Γ), never e^{γ_i}·e^{-γ_j}: γ can fall far below the exponent
+ *    range within a chunk of strong decays, and the rounding of a sum then scales with the
+ *    range, not with |γ_i|.
+ *  - A short last chunk is padded with k = q = v = 0, β = 0, g = 0, which leaves T, V', O and S1
+ *    of the real rows as they are.
+ * tests/cuda/gdn_chunk_ref.c checks the math in double precision against the recurrence.
+ *
+ * Math, per v-head and chunk: S0 [Dk, Dv] is the state before it, i, j positions in it, γ_i
+ * the sum of g from the chunk start through i, q and k l2-normalised as in gdn.cu:
  *   A[i][j] = β_i e^{γ_i-γ_j} (k_i·k_j) for j < i, else 0;  T = (I + A)^-1
  *   R  = diag(β) (V - diag(e^γ) K S0)        [L, Dv]
  *   V' = T R                                  [L, Dv]  (the deltas)
- *   O  = diag(e^γ) Q S0 + ((Q Kᵀ) ⊙ M) V',   M[i][j] = e^{γ_i-γ_j}, j <= i
+ *   O  = diag(e^γ) Q S0 + ((Q Kᵀ) ⊙ M) V',   M[i][j] = e^{γ_i-γ_j}, j <= i  (Γ below)
  *   S1 = e^{γ_last} S0 + (diag(e^{γ_last-γ}) K)ᵀ V'
- * (V' = U - W S0 with W = T diag(β e^γ) K, U = T diag(β) V, regrouped so W
- * is never formed: K S0 costs what W S0 does, and T R, [L, L] by [L, 32] per
- * block, replaces T K, [L, L] by [L, Dk].) Γ below is M.
- * Decay factors are e to sums of g over position ranges, each range summed
- * from its own start (a running sum down a column of M), never e^{γ_i} e^{-γ_j}:
- * γ can fall far below the exponent range within a chunk of strong decays,
- * and the rounding of a sum then scales with the range, not with |γ_i|.
- * A short last chunk is padded with rows of k = q = v = 0, β = 0, g = 0,
- * which leave T, V', O and S1 of the real rows as they are.
+ * (V' = U - W S0 with W = T diag(β e^γ) K, U = T diag(β) V, regrouped so W is never formed:
+ * K S0 costs what W S0 does, and T R, [L, L] by [L, 32] a block, replaces T K, [L, L] by [L, Dk].)
  *
- * Work split: columns of the state evolve independently given k, g and β,
- * so one block per (v-head, tile of 32 state columns) walks the chunks in
- * order with its [Dk, 32] state tile in shared memory. The per-chunk
- * quantities that do not depend on the tile (Γ, A, T, Q Kᵀ) are recomputed
- * by each of the Dv/32 blocks of a head instead of being computed once into
- * device scratch: no memory to size, own or free per call, at the price of
- * the Gram products and the triangular solve running 4 times per head at
- * Dv = 128 (about half of a block's arithmetic). Shared memory: 142 KB at
- * Dk = 128, 222 KB at Dk = 256 (cuda_gdn_chunked_fits), one block per SM.
- *
- * Per chunk, 256 threads (8 warps; lane = state column):
- *  1. q, k rows normalised into shared memory, a warp per row (norms as
- *     gdn.cu computes them: lane-strided fmaf, butterfly warp sum);
- *  2. Γ[i][j] = e^{γ_i-γ_j} by threads j (running sums down column j),
- *     e^{γ_i} by thread 64, while all threads form 4x4 tiles of K Kᵀ and
- *     Q Kᵀ (thread (ti, tj) owns rows ti + 16a, columns tj + 16b); then
- *     A and P = (Q Kᵀ) ⊙ M;
- *  3. T by elimination: thread (ti, tj) keeps its 16 entries of T in
- *     registers; step m publishes the (final) row m and subtracts
- *     A[i][m] T[m][:] from every row below, one barrier per step;
- *  4. K S0 and Q S0 (warp w owns rows w + 8a), R, then V' = T R;
- *  5. O = e^γ Q S0 + P V' to out, S1 in place (warp w owns 4-key groups
- *     w, w + 8, ...).
- * Every value is summed by one thread in a fixed order (keys, then chunk
- * positions, ascending): the result is deterministic and depends only on the
- * sizes and on where the segment starts, never on other rows.
+ * Layout: qkv rows [R, qkv_stride] as gdn.cu; out [R, Hv, Dv]; state [Hv, Dk, Dv] in place.
+ * Work split: a block of 256 threads (8 warps; lane = state column) per (v-head, tile of 32
+ * state columns) walks the chunks in order with its [Dk, 32] state tile in shared memory (142 KB
+ * at Dk = 128, 222 KB at 256: cuda_gdn_chunked_fits). Γ, A, T and Q Kᵀ do not depend on the tile
+ * and are recomputed by each of a head's Dv/32 blocks (no scratch to size or own; at Dv = 128
+ * about half of a block's arithmetic). Per chunk:
+ *  1. q, k normalised into shared memory, a warp a row (lane-strided fmaf, cuda_warp_sum);
+ *  2. Γ by threads j (running sums down column j), e^γ by thread 64, while all threads form 4x4
+ *     tiles of K Kᵀ and Q Kᵀ (thread (ti, tj): rows ti + 16a, columns tj + 16b); A, P = Γ ⊙ Q Kᵀ;
+ *  3. T by elimination: a thread's 16 entries in registers, one barrier a step;
+ *  4. K S0 and Q S0 (warp w: rows w + 8a), R, V' = T R;
+ *  5. O to out, S1 in place (warp w: 4-key groups w, w + 8, ...).
  */
 #include "gdn_chunk.cuh"
 

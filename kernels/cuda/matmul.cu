@@ -1,137 +1,38 @@
 /*
- * matmul.cu - y [R,out] (+)= x [R,in] · wᵀ, w [out,in] in bf16, fp16 or fp32,
- * fp32 accumulation.
+ * matmul.cu - y [R, out] (+)= x [R, in] · wᵀ with w [out, in] in bf16, fp16 or fp32 and x, y in
+ * fp32, all row-major and dense (row strides in and out); fp32 accumulation of the exact weight
+ * values. matmul_n runs several weights that share x in one launch; matmul_silu makes
+ * y = silu(x · gateᵀ) ⊙ (x · upᵀ). bf16 weights take the tensor cores (mmt_kernel): each x is
+ * split exactly into bf16 parts hi + mid + lo (mmt_split), so every product of a weight with a
+ * part is exact in fp32 and no activation is rounded. Other weights take CUDA cores (mm_kernel).
  *
- * bf16 weights (the models we serve) go through tensor cores, everything
- * else through a CUDA-core kernel; which one depends only on the weight
- * (dtype, `in`, alignment), never on R.
+ * Invariants a change must keep (the GPU tests check each to the bit):
+ *  - Batch invariance (backend.h): a row's bits depend on its own x, on w and on (in, out)
+ *    only, never on R, on the other rows, or on the row group, block or launch it falls in.
+ *  - A fixed order of additions, from (in, out) alone. Tensor cores: k in steps of 64 (MMT_K);
+ *    k-block kb (of KB = mmt_kblocks(in, out)) owns steps [kb·steps/KB, (kb+1)·steps/KB), warp
+ *    w of its block adds steps s0 + w, s0 + w + 4, ... in that order into its mma accumulators
+ *    (one sum per output and part); then, per part, the 4 warps in order (mmt_cell), then
+ *    hi + mid + lo, then the k-blocks in order from zero. CUDA cores: lane l of warp w takes
+ *    the 8-element groups 32w + l, + 32·KW, ... (KW = mm_kwarps(in)) in increasing k by fmaf,
+ *    then a butterfly over the lanes, then the warps in order.
+ *  - Strategies that give the same bits and must go on doing so: weights as the mma's A operand
+ *    (groups of 2 rows) or as its B operand (groups of 5 or 10); split-k sums through a cluster
+ *    or through global memory; x parts from the producer (cuda_xs_put4) or from the matmul's own
+ *    split kernel; matmul_n and matmul_silu against separate matmuls and silu_mul; the launch
+ *    bounds (MINB), which may change registers but never the arithmetic.
+ *  - The path depends on w's dtype, `in` and the 16-byte alignment of w and x, never on R.
+ *  - Weights are finite: past `in` (in % 64 != 0) a lane rereads its row's last chunk, whose
+ *    products with the zero x parts there must add nothing.
  *
- * Tensor-core path (mmt_kernel). mma.m16n8k16 on bf16 weights and fp32
- * activations: each x is split exactly into three bf16 parts hi + mid + lo
- * (8 + 8 + 8 significant bits), and each product w·part is exact in the
- * tensor core's fp32 accumulator, so the result is the fp32 dot product up
- * to the order of additions — no rounding of activations to bf16 (which
- * would cost ~4e-3 relative per product, as cuBLAS' bf16 path does). The
- * three parts of a row make three sums (part c % 3 of row c / 3), added
- * hi + mid + lo at the end. One or two rows (a decode row or a pair): A =
- * 16 weight rows, B = 8 columns of parts, the weights' loaded words moved
- * into A fragments. Three rows or more: A = the parts as 16 or 32
- * part-rows (5 or 10 rows a group; more rows make more groups), read by
- * ldmatrix, B = the weights' words exactly as loaded, no moves (at nine
- * rows the other way round cost ~128 register moves a step, 40 % of the
- * instructions: verify k=8 4.27-4.28 -> 4.02-4.07 ms, batch 8 x k=8 18.5
- * -> 16.9-17.0, verify k=16 6.45 -> 5.85; batch-8 decode, 8 rows in the
- * 32 part-rows of a 10-row group, 3.71 -> 3.93-3.96, where 2 groups of 5
- * took 4.53). The mma computes each output from its own row, column and
- * k-slots whichever operand holds the weights, so both ways give the same
- * bits (the GPU tests compare them: rows alone against batched).
- * A warp owns 32 output features and walks k in steps of 64: per step each
- * lane loads 2 x 16 bytes of 4 weight rows, and the k order inside a step
- * is permuted the same way for w and x (lane t holds elements 16t..16t+15;
- * mma j takes 16t+4j..16t+4j+3 of every lane), which keeps every load a
- * 16-byte vector. (Loads of whole 32-byte sectors per instruction, lane t
- * holding 8t..8t+7 and 32+8t..32+8t+7, were slower: verify k=8 4.16-4.22
- * against 4.03-4.07, decode 3.00-3.03 against 2.96-2.98.) A block's 4 warps take the steps of its
- * k-range in turn, each warp through a ring of MMT_D steps (the next step's
- * weights in flight while one computes); KB blocks split k when `out` is
- * small so the GPU fills. Their partial sums meet in the first k-block's
- * shared memory through a thread-block cluster when a launch has one row
- * group and one KB (decode and verify blocks: 4B decode 3.14-3.17 -> 3.01
- * ms), else through global memory, where the last block of a tile to
- * finish adds them; the same additions in the same order either way. The
- * first weights are requested before the kernel waits for its predecessor
- * (programmatic dependent launch). A gate/up pair (matmul_silu) gives a
- * block 16 gate rows and the same 16 up rows, and
- * takes silu(gate) · up where the sums are made (one launch, and no
- * round trip of gate and up through memory).
+ * Layout: the vector paths need in % 8 == 0 and w, x 16-byte aligned; otherwise mm_kernel with
+ * scalar loads in the same order. From three rows on x reaches the tensor cores as parts in
+ * cuda_xs_put4's layout (matmul.cuh: 96 words per 64 values, `in` rounded up to whole steps).
  *
- * Where x comes from. Each warp keeps its own ring of steps' x in shared
- * memory (a step's x is used by one warp only), copied by cp.async with the
- * step's weights, so it is in flight without registers. One or two rows
- * (decode): the fp32 values, split once per value by the warp when the
- * step computes; lanes then read their column's part words. Three rows or
- * more (verify blocks, batches): x split ahead into part-rows whose 16-byte
- * chunks are ldmatrix rows (cuda_xs_put4's layout), either by the kernel
- * that wrote x (norms, the
- * attention gate, the gate/up pair: cuda_xs_put4 in matmul.cuh, as they
- * write x) or else by a small kernel of the matmul's own; lanes 0..23 copy
- * a row's 384 bytes of a step (whole sectors, one address per lane plus a
- * row stride). All give the same words, so the same bits. Measured on the
- * H200, same calls (4B, ms): parts from the producer instead of the split
- * kernel, verify k=8 5.01-5.07 -> 4.84-4.90, k=4 3.83-3.88 -> 3.71-3.76,
- * batch-8 decode 4.44-4.47 -> 4.26-4.30; the parts through the ring
- * instead of loaded into registers when the step computes, verify k=8 4.86
- * -> 4.52, batch-8 decode 4.32 -> 3.82; the copy by rows and lanes (4
- * instructions a copy, ~20 before), 4.50 -> 4.34 and batch 8 x k=8 20.3 ->
- * 18.6; weight loads without bounds checks (mmt_wrows), 4.34 -> 4.29.
- * Slower: the copy through L1 (cp.async.ca: 4.60 against 4.50, batch 8 x
- * k=8 21.0 against 20.4); 128 registers for every call of three rows or
- * more (4.66); halves of a lane's words swapped in shared memory to spare
- * 2-way bank conflicts (5.06-5.08 against 4.52-4.59: more registers and
- * address arithmetic, and short-scoreboard stalls were 0.19 cycles of ~5.5
- * an instruction); parts ahead at decode too, from producers at every R
- * (decode 2.94 against 2.94-2.97, no gain). Nsight Compute on in_qkv at
- * nine rows: 2.1x the warp instructions of one row (5.2 M against 2.5 M),
- * ~5.5 cycles between a warp's instructions, ~1.9 warps a scheduler. With
- * x loaded when the step computed (the design before the ring), a step's
- * matrices at nine rows took 4.58-4.64 ms alone, 3.93 with no x loads and
- * 4.44 with no mma (wrong numbers, same loads): the loads, not the tensor
- * cores, are what nine rows add.
- *
- * Measured on the H200 (4B step, ms, decode / verify k=8, same process or
- * same machine against the design before): x through the warps' shared
- * rings at one row: decode 3.45 -> 3.05-3.08; the rings at three rows and
- * more too: verify k=8 5.3-5.9, batch-8 decode 4.54-4.92 and batch-8 x k=8
- * 25.4-29.6 against 5.0-5.1, 4.56 and 21.8 split ahead, hence split ahead
- * there. Slower or no better: L2 prefetch of the step PF warps ahead in the
- * loop (prefetch.global.L2; LM head 295 -> 328 us, decode 3.44 -> 3.85);
- * the next step's x fetched with its weights into registers (decode
- * 3.36 against 3.43, verify k=8 5.59 against 5.39); L1 prefetch of the next step's x (decode
- * 3.46 -> 3.99); L2 bulk prefetch of a block's first bytes per row before
- * the wait (1 KB: 3.43 against 3.46, 4 KB: 3.74, all: 3.90); rings of 3 or
- * 4 steps (171 / 208 registers before x moved to shared memory: 3.97 /
- * 4.70; 3 steps after, 142 registers: decode 3.30-3.34 against 3.28);
- * silu·mul and the sigmoid gate applied in the warps' x split, and the
- * delta rule computing its own gates (56 fewer launches a step: decode
- * 3.20-3.27 against 3.19-3.20, no gain). Earlier: a ring of steps in
- * shared memory filled by cp.async (3.51 / 8.06 against 3.40 / 6.4; per-lane
- * 16-byte copies also fetch half-used sectors twice) or by bulk copies
- * (TMA) with a barrier per stage (3.84 / 8.74); a uniform shared-memory
- * carve-out; 512 or 1024 blocks a call instead of 256 (split-k's extra
- * round trips: 3.67, 3.71); 8 warps a block (3.58); rmsnorm, silu·mul or
- * the sigmoid gate fused into every k-step's activation loads (3.90; a norm
- * in every block, 4.88); one accumulator per x part, contiguous k-ranges
- * per warp, 128-feature blocks sharing x through L1, and two x parts
- * instead of three (5 % faster at 4x the error, 2e-6 normalised). Later
- * (decode / verify k=8 against 3.11 / 5.42 or 2.96-2.99 / 5.09-5.11): the
- * rmsnorm ahead done inside the matmul, each block finding its rows' 1/rms
- * (verify: in the split-ahead kernel), 3.18 / 5.43; the pre-split x words
- * through a per-warp shared-memory ring by cp.async, 2.94 / 7.35 (a first
- * ring of the parts, whose copy was not the one kept above; why it lost so
- * much was not established); split k aimed at 384 or 512 blocks a call,
- * 3.02-3.04 / 5.26 and 3.20 / 5.60. Later still (against 2.92-2.97 /
- * 5.01-5.10): blocks of 128 weight rows streamed through a 4-stage
- * shared-memory ring by cp.async (3 stages requested before the wait), x
- * split once per block and stage, fragments by ldmatrix, all k of a block in
- * one accumulator: no split kernel, so verify k=8 4.68-4.80 at best, but
- * decode 3.27-3.58 over block targets 200-800, cluster or not, 3 / 4 / 6
- * stages; alone (back-to-back calls, the launches of several weights too) it
- * matched or beat this kernel at one row (in_proj 18.2 / 19.2 us, gate+up
- * 27.4 / 27.6) and lost at nine (in_qkv 23.6 / 20.9): in a step its matmuls
- * took 19.6 us a call against 17.9 (op stats). Rows would have had other
- * bits than with this kernel, so the two cannot share a step.
- *
- * Partial sums are added warp by warp, then block by block (the last block
- * of an output tile to finish adds the KB partials in order), so the order
- * of additions for an output depends only on (in, out): a row computes the
- * same bits whatever R is and however rows are grouped (backend.h). The mma
- * itself computes each output from its own row and column only.
- *
- * CUDA-core path (mm_kernel): one block per (MM_COLS output columns, up to
- * MM_ROWS rows; 2, 8 or 16 by R), with KW warps splitting k (KW from `in`
- * alone). Lane l of warp w owns the 8-element groups j = 32w + l, then
- * + 32·KW, ... of k and accumulates them in increasing k with fmaf; the warp
- * sums its lanes in a fixed butterfly and the block its warps in warp order.
+ * Work split. mmt_kernel: a block of 4 warps per (32 output features, or 16 gate and 16 up rows
+ * of a pair; a k-block; a row group of mmt_group_rows(R) = 2, 5 or 10 rows), each warp streaming
+ * its steps through a ring of MMT_D stages. mm_kernel: a block per (MM_COLS columns, 2, 8 or 16
+ * rows) with KW warps over k. Designs measured and dropped, and why these: NOTES.md.
  */
 #include "matmul.cuh"
 #include "elementwise.cuh"
@@ -307,9 +208,9 @@ __global__ void __launch_bounds__(MM_KWARPS * 32)
 
 /* Shared-memory byte offset of chunk c of part-row pr: chunk c sits at
  * position c ^ (pr % 8), so the 8 part-rows an ldmatrix reads fall in 8
- * bank groups. (Padding each part-row to 144 bytes instead spreads them
- * too, but the 47 KB of shared memory a block it takes at 10 rows cost 30 %
- * of verify's matmul time: in_qkv at 9 rows 17.5 -> 26.0 us.) */
+ * bank groups. (Padding each part-row to 144 bytes spreads them too, but
+ * takes 47 KB of shared memory a block at 10 rows and was much slower:
+ * NOTES.md.) */
 __device__ __forceinline__ unsigned mmt_pos(int pr, int c)
 {
     return (unsigned)(pr * MMT_PRB + ((c ^ (pr & 7)) << 4));
@@ -423,8 +324,8 @@ __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
  * swizzled (mmt_pos); a part-row's chunk c (words 4c .. 4c + 3) holds the values of mma c / 2's
  * k-half c % 2 (word t: elements 16t + 2c, + 1 of its step's 64, c = 2j +
  * half), one matrix row, so the A fragments come by ldmatrix and the
- * weights' words are B fragments as loaded: no register moves at all, where
- * the other way round four rows of nine cost ~128 moves a step. */
+ * weights' words are B fragments as loaded: no register moves at all (with
+ * the weights as A, nine rows cost ~128 moves a step). */
 
 __device__ __forceinline__ size_t mmt_sword(size_t rr, int t, int p)
 {
@@ -513,10 +414,11 @@ __device__ __forceinline__ void mmt_xload(float *xv, const float *x, int r, int 
     }
 }
 
-/* x split ahead (three rows or more, where every lane of a block would
- * split a whole row for one part), in cuda_xs_put4's layout with `in`
- * rounded up to whole steps (zeros past it): thread (r, s, t) takes the
- * values 16t .. 16t + 15 of row r's step s. */
+/* x split ahead (three rows or more, when the kernel that wrote x did not
+ * leave its parts; splitting in the warps' rings was measured slower there,
+ * NOTES.md), in cuda_xs_put4's layout with `in` rounded up to whole steps
+ * (zeros past it): thread (r, s, t) takes the values 16t .. 16t + 15 of row
+ * r's step s. */
 __global__ void mmt_presplit_kernel(uint32_t *xs, const float *x, int R, int in, int steps)
 {
     cuda_kernel_begin();
@@ -642,13 +544,11 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
 /* Block (linear index within its job) = ((m-block · KB) + kb) · rgroups +
  * rgroup: the blocks that read the same weights are adjacent (L2 reuse
  * across row groups). MINB (blocks a multiprocessor must hold) only sets
- * the registers per thread, never the arithmetic. Measured on the H200: a
- * call whose blocks all fit at once at 3 a multiprocessor runs best with
- * the registers the kernel likes (groups of 2 rows 114, of 10 rows 146:
- * more loads in flight per block); a longer one (the LM head, gate + up, verify blocks
- * of several row groups) with at most 128, so that 4 fit (4B verify k=8
- * 5.09 -> 4.95 ms, batch 8 x k=8 21.8 -> 20.6; 128 for every call: 5.26;
- * 5 a multiprocessor for decode rows: 96 registers, decode 3.08 -> 3.11). */
+ * the registers per thread, never the arithmetic. A call whose blocks all
+ * fit at once at 3 a multiprocessor runs best with the registers the
+ * kernel likes (more loads in flight per block); a longer one (the LM head,
+ * gate + up, verify blocks of several row groups) with at most 128, so that
+ * 4 fit (measurements in NOTES.md). */
 template <int G, int MINB, bool PAIR>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
@@ -884,10 +784,9 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     for (int i = 0; i < n; i++)
         kbs[i] = mmt_kblocks(in, outs[i]); /* a pair splits k as its gate alone would */
     /* A launch of one row group whose jobs all split k the same way
-     * (2 .. MMT_CLUSTER_MAX k-blocks) adds the k-blocks through clusters.
-     * Measured on the H200 against the partials through global memory:
-     * 4B decode 3.14-3.17 -> 3.01 ms, verify k=8 5.37-5.43 -> 5.35; with
-     * several row groups (batch 8 x k=8) 21.3 -> 21.6, hence one group. */
+     * (2 .. MMT_CLUSTER_MAX k-blocks) adds the k-blocks through clusters;
+     * other launches through global memory, the same sums in the same
+     * order. With several row groups clusters were slower (NOTES.md). */
     jobs.cluster = rgroups == 1 ? kbs[0] : 1;
     for (int i = 1; i < n; i++)
         if (kbs[i] != jobs.cluster)

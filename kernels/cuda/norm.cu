@@ -19,9 +19,11 @@
  * y may be x: every thread reads all the values it writes before writing
  * any, and no thread writes a value another reads.
  *
- * Rows the tensor-core matmul will take in bf16 parts (three or more, 64-
- * aligned, matmul.cuh) get their parts written here too, so the matmul
- * that reads y next needs no split kernel of its own.
+ * Where the tensor-core matmul that reads y next takes x in bf16 parts
+ * (matmul.cuh), the parts are written here too, so it needs no split kernel
+ * of its own: float4 rows whose total is 64-aligned, and a plain norm's R
+ * rows three or more (cuda_xs_rows); a gated norm's rows are heads, not the
+ * matmul's rows, so it writes them whatever R is.
  */
 #include "norm.cuh"
 #include "matmul.cuh"
