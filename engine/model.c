@@ -123,7 +123,7 @@ static tdm_status find(tdm_model *m, const char *dir, const char *name, int with
 static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, int with_prefix,
                               int64_t rows, int64_t cols, tdm_weight *w, tdm_error *err)
 {
-    const tdm_st_tensor *t;
+    const tdm_st_tensor *t = NULL;
     int64_t shape[2] = {rows, cols};
     tdm_status rc = find(m, dir, name, with_prefix, 2, shape, &t, err);
     if (rc != TDM_OK)
@@ -159,7 +159,7 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
 static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, int ndim,
                               const int64_t *shape, const float **out, tdm_error *err)
 {
-    const tdm_st_tensor *t;
+    const tdm_st_tensor *t = NULL;
     tdm_status rc = find(m, dir, name, 1, ndim, shape, &t, err);
     if (rc != TDM_OK)
         return rc;

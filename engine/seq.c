@@ -8,10 +8,14 @@
  * residual, a zero-centred RMSNorm and the SwiGLU MLP added to the residual;
  * at the end the final norm and the LM head for the rows that want logits.
  *
- * The delta rule always runs in its recurrent form (exact math, one position
- * after another), so a position computes the same bits whether it is part of
- * a prefill, a verify block or a single decode step. That is what makes the
- * commit strategies bit-identical to sequential decoding.
+ * Decode rows and verify blocks run the delta rule in its recurrent form
+ * (exact math, one position after another), and every op computes a row the
+ * same way whatever the batch or block it is in, so a verified position has
+ * the same bits as the same position decoded alone: that is what makes the
+ * commit strategies bit-identical to sequential decoding. A prompt chunk
+ * lets the backend run the delta rule in its chunked form
+ * (tdm_gdn_seg.chunked), which equals the recurrent form to rounding (the
+ * CUDA backend takes it for long chunks; the CPU backend never does).
  */
 #include "engine_internal.h"
 #include "alloc.h"

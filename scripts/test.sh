@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs, builds tandem twice (plain, and
 # with AddressSanitizer + UndefinedBehaviorSanitizer) and runs every test in
-# both builds. Ends with one summary line over both runs.
+# both builds, then builds the Release and Debug configurations (warnings are
+# errors in every one). Ends with one summary line over both test runs.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/deps.sh" || exit 1
@@ -34,6 +35,13 @@ for variant in plain asan; do
   else
     status=1
   fi
+done
+# The other build types users pick compile too (-O3 and -O0 warn differently).
+for type in Release Debug; do
+  dir="$root/build-$(echo "$type" | tr 'A-Z' 'a-z')"
+  echo "== build ($type)"
+  mkdir -p "$dir"
+  "$root/scripts/build.sh" "$dir" -DCMAKE_BUILD_TYPE="$type" || { echo "build ($type) failed"; status=1; }
 done
 echo
 echo "all: $pass passed, $fail failed"

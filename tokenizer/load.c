@@ -236,7 +236,7 @@ static tdm_status add_split_step(tdm_tokenizer *tok, load_ctx *ctx, const char *
 static tdm_status load_byte_level(tdm_tokenizer *tok, load_ctx *ctx, const cJSON *p,
                                   const char *path)
 {
-    bool aps, use_regex;
+    bool aps = false, use_regex;
     tdm_status st;
     if ((st = get_bool(ctx, p, "add_prefix_space", path, &aps)) != TDM_OK)
         return st;

@@ -11,6 +11,7 @@
 #include "sample.cuh"
 
 extern "C" {
+#include "alloc.h"
 #include "cuda_backend.h"
 }
 
@@ -332,8 +333,7 @@ static void cu_copy_n(void *ctx, int n, void *const *dst, const void *const *src
     TDM_ASSERT(!c->in_step);
     if (n <= 0)
         return;
-    cu_copy_job *jobs = (cu_copy_job *)malloc((size_t)n * sizeof(*jobs));
-    TDM_ASSERT(jobs);
+    cu_copy_job *jobs = (cu_copy_job *)tdm_xcalloc((size_t)n, sizeof(*jobs));
     size_t most = 0;
     for (int i = 0; i < n; i++) {
         jobs[i] = (cu_copy_job){(char *)dst[i], (const char *)src[i], nbytes[i]};

@@ -93,6 +93,13 @@ int cli_check_config(int argc, char **argv)
     int n_verifiers = 0, n_drafters = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            if (i + 1 < argc) {
+                fprintf(stderr, "tandem check-config: takes no arguments, got '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            break;
+        }
         const tdm_cfg_schema *schema = NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);

@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include "config.h"
+#include "defs.h"
 #include "pbjson.h"
 #include "rpc.h"
 #include "tandem/v1/gateway.pb-c.h"
@@ -31,12 +32,15 @@ static void usage(FILE *out)
             "  --no-spec            plain decoding, no drafter\n"
             "  --spec               require speculation (fail if no drafter can pair)\n"
             "  --block N            draft block size (default: the drafter's)\n"
+            "  --fixed-block        draft --block N tokens every round: the adaptive rule\n"
+            "                       neither shortens nor pauses speculation (benchmarks)\n"
             "  --ids 1,2,3          prompt as token ids instead of text\n"
             "  --chat               wrap PROMPT as a user message (ChatML)\n"
             "  --ignore-eos         keep going past end-of-sequence tokens\n"
             "  --timeout DURATION   deadline for the whole request (e.g. 30s)\n"
             "  --json               print each response message as a JSON line\n"
-            "  --quiet              no stats on stderr\n");
+            "  --quiet              no stats on stderr\n"
+            "  --                   end of options: what follows is the prompt\n");
 }
 
 static bool parse_u64(const char *s, uint64_t *out)
@@ -108,11 +112,22 @@ int cli_generate(int argc, char **argv)
     int64_t timeout_ms = 0;
     int rc = 2;
 
+    bool options = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t u;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        if (!options || strcmp(a, "--") == 0) {
+            if (options) {
+                options = false;
+                continue;
+            }
+            if (prompt) {
+                fprintf(stderr, "tandem generate: give one PROMPT (quote it)\n");
+                goto out;
+            }
+            prompt = a;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             free(ids);
             return 0;
@@ -144,9 +159,12 @@ int cli_generate(int argc, char **argv)
             spec.mode = TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF;
         } else if (strcmp(a, "--spec") == 0) {
             spec.mode = TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_ON;
-        } else if (strcmp(a, "--block") == 0 && v && parse_u64(v, &u) && u >= 1 && u <= 64) {
+        } else if (strcmp(a, "--block") == 0 && v && parse_u64(v, &u) && u >= 1 &&
+                   u <= TDM_MAX_DRAFT_BLOCK) {
             spec.block_size = (uint32_t)u;
             i++;
+        } else if (strcmp(a, "--fixed-block") == 0) {
+            spec.fixed_block_size = true;
         } else if (strcmp(a, "--ids") == 0 && v) {
             if (!parse_ids(v, &ids, &n_ids)) {
                 fprintf(stderr, "tandem generate: --ids expects comma-separated token ids, got "
@@ -198,6 +216,10 @@ int cli_generate(int argc, char **argv)
         req.text = (char *)prompt;
     } else {
         usage(stderr);
+        goto out;
+    }
+    if (spec.fixed_block_size && !spec.block_size) {
+        fprintf(stderr, "tandem generate: --fixed-block needs --block N\n");
         goto out;
     }
     req.n_stop = n_stops;

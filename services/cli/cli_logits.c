@@ -93,6 +93,13 @@ int cli_logits(int argc, char **argv)
     int ncalls = 0, top = 5, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            if (i + 1 < argc) {
+                fprintf(stderr, "tandem logits: takes no arguments, got '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            break;
+        }
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             logits_usage(stdout);

@@ -146,6 +146,13 @@ int cli_status(int argc, char **argv)
     int64_t timeout_ms = 5000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            if (i + 1 < argc) {
+                fprintf(stderr, "tandem status: takes no arguments, got '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            break;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;

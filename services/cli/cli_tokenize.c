@@ -48,7 +48,8 @@ static void tokenize_usage(FILE *out)
             "  --chat ROLE=CONTENT     add a ChatML message (repeatable); TEXT is not read\n"
             "  --no-generation-prompt  with --chat: omit the trailing assistant prefix\n"
             "  --fingerprint           print the tokenizer's fingerprint and exit\n"
-            "  --info                  print vocabulary size and special token ids and exit\n");
+            "  --info                  print vocabulary size and special token ids and exit\n"
+            "  --                      end of options: what follows is TEXT\n");
 }
 
 static void detokenize_usage(FILE *out)
@@ -58,7 +59,8 @@ static void detokenize_usage(FILE *out)
                  "Prints the text of the token ids given as arguments, or read from stdin\n"
                  "(separated by spaces, commas, brackets or newlines) when none are given.\n"
                  "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE)\n"
-                 "  --skip-special     leave special tokens out\n");
+                 "  --skip-special     leave special tokens out\n"
+                 "  --                 end of options: what follows are ids\n");
 }
 
 static tdm_tokenizer *open_tokenizer(const char *path)
@@ -84,9 +86,20 @@ int cli_tokenize(int argc, char **argv)
     int32_t *ids = NULL;
     if (msgs == NULL)
         return 1;
+    bool options = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        if (!options || strcmp(a, "--") == 0) {
+            if (options) {
+                options = false;
+                continue;
+            }
+            if (text_arg != NULL) {
+                fprintf(stderr, "tandem tokenize: give the text as one argument (quote it)\n");
+                goto done;
+            }
+            text_arg = a;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             tokenize_usage(stdout);
             rc = 0;
             goto done;
@@ -219,7 +232,10 @@ int cli_detokenize(int argc, char **argv)
     int first_id = argc;
     for (int i = 1; i < argc && first_id == argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        if (strcmp(a, "--") == 0) {
+            first_id = i + 1; /* what follows are ids, even when it starts with '-' */
+            break;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             detokenize_usage(stdout);
             return 0;
         } else if (strcmp(a, "--tokenizer") == 0 && i + 1 < argc) {

@@ -5,6 +5,7 @@
 
 #include <openssl/evp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,13 +32,21 @@ static cJSON *value_json(const ProtobufCFieldDescriptor *f, const void *p, int d
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32:
         return cJSON_CreateNumber(*(const uint32_t *)p);
+    /* As protobuf's JSON mapping writes them: decimal strings, since a JSON
+     * number (a double) cannot hold every 64-bit value. */
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
-    case PROTOBUF_C_TYPE_SFIXED64:
-        return cJSON_CreateNumber((double)*(const int64_t *)p);
+    case PROTOBUF_C_TYPE_SFIXED64: {
+        char buf[24];
+        snprintf(buf, sizeof(buf), "%lld", (long long)*(const int64_t *)p);
+        return cJSON_CreateString(buf);
+    }
     case PROTOBUF_C_TYPE_UINT64:
-    case PROTOBUF_C_TYPE_FIXED64:
-        return cJSON_CreateNumber((double)*(const uint64_t *)p);
+    case PROTOBUF_C_TYPE_FIXED64: {
+        char buf[24];
+        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)*(const uint64_t *)p);
+        return cJSON_CreateString(buf);
+    }
     case PROTOBUF_C_TYPE_FLOAT:
         return cJSON_CreateNumber(*(const float *)p);
     case PROTOBUF_C_TYPE_DOUBLE:

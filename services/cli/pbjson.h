@@ -3,7 +3,7 @@
  * descriptor (for `--json` output of the CLI).
  *
  * Field names are the .proto names; enums are written by name; 64-bit
- * integers as numbers; bytes as base64; unset proto3 scalars are written
+ * integers as decimal strings (protobuf's JSON mapping); bytes as base64; unset proto3 scalars are written
  * with their zero value so the output always has the same shape.
  *
  * Ownership: the returned cJSON tree belongs to the caller (cJSON_Delete).

@@ -21,6 +21,7 @@ usage: e2e_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
 """
 import argparse
 import concurrent.futures
+import json
 import math
 import os
 import signal
@@ -453,6 +454,25 @@ def case_features():
               "bad request %s: %s %s" % (req, code, details))
     r = generate(gw, prompt, max_tokens=5)
     check(r[0] == "OK" and len(r[2]) == 5, "the gateway serves after bad requests: %s" % r[0])
+    # The CLI: --json writes 64-bit integers as strings (a seed copied from it
+    # reproduces the request), --fixed-block drafts N tokens every round, and
+    # "--" ends the options (a prompt may start with a dash).
+    seed = "13779378961172623000"
+    outs = []
+    for _ in range(2):
+        rc, so, se = st.run([st.ARGS.cli, "generate", "--gateway", gw.addr(), "--json",
+                             "--temperature", "1", "--seed", seed, "--max-tokens", "12",
+                             "--block", "2", "--fixed-block", "--spec", "--", "-" + prompt])
+        lines = [json.loads(x) for x in so.splitlines() if x.strip()]
+        done = [x["complete"] for x in lines if "complete" in x]
+        outs.append("".join(x["tokens"]["text"] for x in lines if "tokens" in x))
+        if check(rc == 0 and done, "tandem generate --json --fixed-block: %s %s" % (rc, se)):
+            stt = done[0]["stats"]
+            check(stt["seed"] == seed, "the seed in --json output: %r" % stt["seed"])
+            check(int(stt["speculative_rounds"]) > 0 and
+                  int(stt["drafted_tokens"]) == 2 * int(stt["speculative_rounds"]),
+                  "--fixed-block 2: %s" % stt)
+    check(outs[0] == outs[1] and outs[0], "the same seed twice gave %r and %r" % tuple(outs))
     stop_all()
 
 

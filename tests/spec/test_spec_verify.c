@@ -73,6 +73,8 @@ static int generate(const tdm_sampling *ts, const tdm_sampling *ds, int k, int s
     int out[L + 16];
     int n = 0;
     int prev = start;
+    if (k < 0 || k > 8) /* the arrays below hold blocks of up to 8 drafts */
+        return -1;
     while (n < L) {
         uint32_t drafts[8];
         float qrows[8][V];

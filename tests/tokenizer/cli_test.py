@@ -49,6 +49,19 @@ def main():
                 print(f"{name} line {i + 1}: detokenize --skip-special differs", file=sys.stderr)
                 failures += 1
     tok = f"{fx}/qwen2_bpe1000.tokenizer.json"
+    # "--" ends options: a text that starts with a dash is text, not an option.
+    for text in ("-x --tokens", "--help me"):
+        a = run([tandem, "tokenize", "--tokenizer", tok, "--", text])
+        b = run([tandem, "tokenize", "--tokenizer", tok, "-"], stdin=text.encode())
+        if a.returncode != 0 or a.stdout != b.stdout or not a.stdout.strip():
+            print(f"tokenize -- {text!r}: {a.returncode} {a.stdout!r} {a.stderr!r}, "
+                  f"stdin gave {b.stdout!r}", file=sys.stderr)
+            failures += 1
+    ids = run([tandem, "tokenize", "--tokenizer", tok, "--", "-x"]).stdout.split()
+    d = run([tandem, "detokenize", "--tokenizer", tok, "--"] + [x.decode() for x in ids])
+    if d.returncode != 0 or d.stdout != b"-x":
+        print(f"detokenize -- {ids}: {d.returncode} {d.stdout!r} {d.stderr!r}", file=sys.stderr)
+        failures += 1
     bad = [
         ([tandem, "tokenize", "--tokenizer", tok, "-"], b"ok\xff", b"byte offset 2"),
         ([tandem, "tokenize", "--tokenizer", f"{fx}/missing.json", "x"], None, b"missing.json"),
