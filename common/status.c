@@ -51,6 +51,7 @@ const char *tdm_status_name(tdm_status code)
         "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS", "PERMISSION_DENIED",
         "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
         "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",    "DATA_LOSS",
+        "UNAUTHENTICATED",
     };
     if ((unsigned)code < TDM_ARRAY_LEN(names))
         return names[code];

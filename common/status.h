@@ -30,6 +30,7 @@ typedef enum tdm_status {
     TDM_ERR_INTERNAL = 13,
     TDM_ERR_UNAVAILABLE = 14,
     TDM_ERR_DATA_LOSS = 15,
+    TDM_ERR_UNAUTHENTICATED = 16,
 } tdm_status;
 
 #define TDM_ERROR_MSG_MAX 1024

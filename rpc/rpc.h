@@ -166,6 +166,18 @@ void tdm_rpc_signals_install(void);
 const char *tdm_rpc_call_method(const tdm_rpc_call *call);
 /* Value of request metadata `key` (lowercase), or NULL. Owned by the call. */
 const char *tdm_rpc_call_metadata(const tdm_rpc_call *call, const char *key);
+/* The peer's address as gRPC gives it ("ipv4:127.0.0.1:5000",
+ * "ipv6:[::1]:5000", "unix:..."), owned by the call. */
+const char *tdm_rpc_call_peer(const tdm_rpc_call *call);
+/* Whether the peer connects from this host (loopback or a unix socket). */
+bool tdm_rpc_call_peer_is_local(const tdm_rpc_call *call);
+/* The values of one property of the peer's verified TLS identity, e.g.
+ * "peer_uri" (URI SANs), "x509_subject", "x509_common_name"
+ * (grpc_security_constants.h), each followed by '\n', in out (truncated to
+ * len); returns how many there were. 0 on a plaintext call or an
+ * unauthenticated peer. */
+size_t tdm_rpc_call_peer_property(const tdm_rpc_call *call, const char *name, char *out,
+                                  size_t len);
 /* Milliseconds until the client's deadline (INT64_MAX when none; <= 0 when
  * passed). */
 int64_t tdm_rpc_call_deadline_ms(const tdm_rpc_call *call);

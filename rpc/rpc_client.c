@@ -176,7 +176,7 @@ static tdm_status status_set(tdm_error *err, const char *method, grpc_status_cod
 {
     if (code == GRPC_STATUS_OK)
         return TDM_OK;
-    tdm_status st = (int)code > 0 && (int)code <= TDM_ERR_DATA_LOSS ? (tdm_status)code
+    tdm_status st = (int)code > 0 && (int)code <= TDM_ERR_UNAUTHENTICATED ? (tdm_status)code
                                                                      : TDM_ERR_UNKNOWN;
     size_t n = GRPC_SLICE_LENGTH(details);
     if (n == 0)

@@ -22,6 +22,8 @@
 #include "alloc.h"
 #include "rpc_internal.h"
 
+#include <grpc/grpc_security.h>
+
 #define REQUESTS_PER_WORKER 8
 #define DEFAULT_WORKERS 2
 #define DEFAULT_MAX_STREAMS 1024
@@ -300,7 +302,7 @@ static void status_from_handler(tdm_rpc_call *c, tdm_status st, tdm_error *err)
         call_send_status(c, TDM_OK, NULL, NULL);
         return;
     }
-    if ((int)st < 0 || (int)st > TDM_ERR_DATA_LOSS)
+    if ((int)st < 0 || (int)st > TDM_ERR_UNAUTHENTICATED)
         st = TDM_ERR_UNKNOWN;
     const char *msg = err->msg[0] ? err->msg : tdm_status_name(st);
     call_send_status(c, st, msg, NULL);
@@ -883,6 +885,47 @@ const char *tdm_rpc_call_metadata(const tdm_rpc_call *call, const char *key)
         }
     }
     return NULL;
+}
+
+const char *tdm_rpc_call_peer(const tdm_rpc_call *call)
+{
+    tdm_rpc_call *c = (tdm_rpc_call *)call;
+    char *p = grpc_call_get_peer(c->call);
+    char *out = tdm_rpc_call_strdup(c, p ? p : "");
+    gpr_free(p);
+    return out;
+}
+
+bool tdm_rpc_call_peer_is_local(const tdm_rpc_call *call)
+{
+    const char *p = tdm_rpc_call_peer(call);
+    return strncmp(p, "ipv4:127.", 9) == 0 || strncmp(p, "ipv6:[::1]:", 11) == 0 ||
+           strncmp(p, "ipv6:%5B::1%5D:", 15) == 0 || strncmp(p, "unix:", 5) == 0;
+}
+
+size_t tdm_rpc_call_peer_property(const tdm_rpc_call *call, const char *name, char *out,
+                                  size_t len)
+{
+    if (len)
+        out[0] = '\0';
+    grpc_auth_context *ctx = grpc_call_auth_context(call->call);
+    if (!ctx)
+        return 0;
+    size_t n = 0, used = 0;
+    if (grpc_auth_context_peer_is_authenticated(ctx)) {
+        grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, name);
+        for (const grpc_auth_property *p; (p = grpc_auth_property_iterator_next(&it));) {
+            n++;
+            if (used + p->value_length + 2 <= len) {
+                memcpy(out + used, p->value, p->value_length);
+                used += p->value_length;
+                out[used++] = '\n';
+                out[used] = '\0';
+            }
+        }
+    }
+    grpc_auth_context_release(ctx);
+    return n;
 }
 
 int64_t tdm_rpc_call_deadline_ms(const tdm_rpc_call *call)

@@ -56,7 +56,10 @@ static tdm_status do_register(tdm_reg *r, tdm_error *err)
     Tandem__V1__RegisterRequest req = TANDEM__V1__REGISTER_REQUEST__INIT;
     req.descriptor = (Tandem__V1__Descriptor *)r->opt.descriptor;
     ProtobufCMessage *resp = NULL;
-    tdm_rpc_call_options co = {.timeout_ms = REG_CALL_TIMEOUT_MS};
+    tdm_rpc_metadata md;
+    tdm_rpc_call_options co = {.timeout_ms = REG_CALL_TIMEOUT_MS,
+                               .metadata = &md,
+                               .n_metadata = tdm_trust_metadata(r->opt.trust, &md)};
     tdm_status st = tdm_rpc_unary(r->ch, "/tandem.v1.Registry/RegisterReplica", &req.base,
                                   &tandem__v1__register_response__descriptor, &resp, &co, err);
     if (st != TDM_OK)
@@ -86,12 +89,16 @@ static tdm_status do_heartbeat(tdm_reg *r, bool *known, tdm_error *err)
     Tandem__V1__HeartbeatRequest req = TANDEM__V1__HEARTBEAT_REQUEST__INIT;
     Tandem__V1__ReplicaLoad load = TANDEM__V1__REPLICA_LOAD__INIT;
     req.replica_id = r->opt.descriptor->replica_id;
+    req.instance_id = r->opt.descriptor->instance_id;
     if (r->opt.load) {
         r->opt.load(r->opt.load_arg, &load);
         req.load = &load;
     }
     ProtobufCMessage *resp = NULL;
-    tdm_rpc_call_options co = {.timeout_ms = r->interval_ms > 1000 ? r->interval_ms : 1000};
+    tdm_rpc_metadata md;
+    tdm_rpc_call_options co = {.timeout_ms = r->interval_ms > 1000 ? r->interval_ms : 1000,
+                               .metadata = &md,
+                               .n_metadata = tdm_trust_metadata(r->opt.trust, &md)};
     tdm_status st = tdm_rpc_unary(r->ch, "/tandem.v1.Registry/Heartbeat", &req.base,
                                   &tandem__v1__heartbeat_response__descriptor, &resp, &co, err);
     if (st != TDM_OK)
@@ -206,10 +213,14 @@ void tdm_reg_stop(tdm_reg *r, const char *reason)
     if (r->registered) {
         Tandem__V1__DeregisterRequest req = TANDEM__V1__DEREGISTER_REQUEST__INIT;
         req.replica_id = r->opt.descriptor->replica_id;
+        req.instance_id = r->opt.descriptor->instance_id;
         req.reason = (char *)(reason ? reason : "");
         ProtobufCMessage *resp = NULL;
         tdm_error err;
-        tdm_rpc_call_options co = {.timeout_ms = 1000};
+        tdm_rpc_metadata md;
+        tdm_rpc_call_options co = {.timeout_ms = 1000,
+                                   .metadata = &md,
+                                   .n_metadata = tdm_trust_metadata(r->opt.trust, &md)};
         if (tdm_rpc_unary(r->ch, "/tandem.v1.Registry/DeregisterReplica", &req.base,
                           &tandem__v1__deregister_response__descriptor, &resp, &co,
                           &err) == TDM_OK) {

@@ -16,6 +16,7 @@
 
 #include "rpc.h"
 #include "status.h"
+#include "trust.h"
 #include "tandem/v1/registry.pb-c.h"
 
 #include <stdbool.h>
@@ -28,6 +29,7 @@ typedef struct tdm_reg_options {
     const tdm_rpc_tls *tls;                   /* NULL: plaintext */
     int64_t max_message_bytes;                /* 0: the rpc default */
     const Tandem__V1__Descriptor *descriptor; /* what this replica is */
+    const tdm_trust *trust;                   /* the credential every call carries; may be NULL */
     /* Fills the load reported with each heartbeat; optional. Called on the
      * registration thread. */
     void (*load)(void *arg, Tandem__V1__ReplicaLoad *out);

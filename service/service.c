@@ -26,6 +26,7 @@ struct tdm_service {
     tdm_health *health;
     tdm_rpc_server *server;
     tdm_rpc_server *health_server;
+    tdm_trust *trust;
     Tandem__V1__Descriptor *desc;
     tdm_service_counters_fn counters; /* the role's own counters */
     void *counters_arg;
@@ -60,8 +61,7 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
         .cert_path = cert[0] ? cert : NULL,
         .key_path = key[0] ? key : NULL,
         .ca_path = ca[0] ? ca : NULL,
-        /* A server given a CA checks its clients against it (mutual TLS). */
-        .require_client_cert = ca[0] && cert[0],
+        .require_client_cert = strcmp(tdm_cfg_str(cfg, "tls_client_auth"), "require") == 0,
     };
     tdm_cfg_log(cfg, component(s));
 
@@ -73,7 +73,8 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
         .name = s->program,
     };
     tdm_status st = TDM_OK;
-    if ((st = tdm_health_add_service(s->health, service_name, err)) != TDM_OK ||
+    if ((st = tdm_trust_create(cfg, s->tls.require_client_cert, &s->trust, err)) != TDM_OK ||
+        (st = tdm_health_add_service(s->health, service_name, err)) != TDM_OK ||
         (st = tdm_rpc_server_create(&so, &s->server, err)) != TDM_OK ||
         (st = tdm_health_register(s->health, s->server, err)) != TDM_OK ||
         (st = tdm_reflection_register(s->server, err)) != TDM_OK) {
@@ -122,6 +123,7 @@ void tdm_service_destroy(tdm_service *s)
         tdm_rpc_server_destroy(s->health_server);
     if (s->health)
         tdm_health_destroy(s->health);
+    tdm_trust_destroy(s->trust);
     tdm_svc_descriptor_free(s->desc);
     tdm_cfg_destroy(s->cfg);
     free(s->service_name);
@@ -141,6 +143,11 @@ const tdm_cfg *tdm_service_config(const tdm_service *s)
 const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s)
 {
     return s->desc;
+}
+
+const tdm_trust *tdm_service_trust(const tdm_service *s)
+{
+    return s->trust;
 }
 
 const tdm_rpc_tls *tdm_service_tls(const tdm_service *s)
@@ -350,6 +357,7 @@ int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char 
         .tls = tdm_service_tls(s),
         .max_message_bytes = tdm_cfg_int(c, "max_message_size"),
         .descriptor = tdm_service_descriptor(s),
+        .trust = tdm_service_trust(s),
         .load = replica_load,
         .load_arg = s,
     };

@@ -23,6 +23,7 @@
 #include "rpc.h"
 #include "status.h"
 #include "tandem/v1/common.pb-c.h"
+#include "trust.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -57,6 +58,8 @@ const tdm_cfg *tdm_service_config(const tdm_service *s);
 const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s);
 /* The TLS settings from configuration, or NULL for plaintext. */
 const tdm_rpc_tls *tdm_service_tls(const tdm_service *s);
+/* Who may call this process, and the credential it presents to its peers. */
+const tdm_trust *tdm_service_trust(const tdm_service *s);
 /* Seconds since tdm_service_create. */
 double tdm_service_uptime_s(const tdm_service *s);
 

@@ -13,6 +13,7 @@
 #include "log.h"
 
 #include <libgen.h>
+#include <openssl/rand.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #define GRP_MODEL "Model and compute"
 #define GRP_SPEC "Speculative decoding"
 #define GRP_OPS "Operations"
+#define GRP_TRUST "Trust (who may call what)"
 
 /* Rows every service has. */
 #define KEY_LISTEN(def)                                                                            \
@@ -87,9 +89,18 @@
          0,           0,                                                                           \
          0,           NULL,                                                                        \
          GRP_OPS,     "Least severe log level written to stderr."},                                \
+        {"shutdown_grace", TDM_CFG_DURATION, "5s", NULL, 0, 600000, 0, NULL, GRP_OPS,              \
+         "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled."},     \
+        {"tls_client_auth", TDM_CFG_ENUM, "auto", "auto|none|require", 0, 0, TDM_CFG_AUTO, NULL,   \
+         GRP_TLS,                                                                                  \
+         "Whether this process's servers demand client certificates that chain to tls_ca "         \
+         "(mutual TLS); auto: require when tls_cert and tls_ca are both set."},                    \
     {                                                                                              \
-        "shutdown_grace", TDM_CFG_DURATION, "5s", NULL, 0, 600000, 0, NULL, GRP_OPS,               \
-            "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled."    \
+        "cluster_token_file", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE,  \
+            NULL, GRP_TRUST,                                                                       \
+            "A secret shared by the gateway, the verifiers and the drafters (the file's first "    \
+            "line): the calls between them carry it and are refused without it. With neither "    \
+            "this nor mutual TLS those calls are accepted only from this host."                    \
     }
 
 /* Rows drafters and verifiers share. */
@@ -212,6 +223,17 @@ static const tdm_cfg_key gateway_keys[] = {
      "verifiers' tokenizer (same fingerprint). Empty: only token-id prompts."},
     {"default_max_tokens", TDM_CFG_INT, "256", NULL, 1, 1048576, 0, NULL, GRP_MODEL,
      "max_tokens of a Generate request that does not set it."},
+    {"max_prompt_tokens", TDM_CFG_INT, "0", NULL, 0, 16777216, 0, NULL, GRP_MODEL,
+     "Longest prompt accepted, in tokens; 0: whatever the chosen verifier's max_context "
+     "leaves room for (one position for the first generated token)."},
+    {"api_tokens_file", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,
+     GRP_TRUST,
+     "Bearer tokens clients must present to the public API (one per line, metadata "
+     "authorization: Bearer TOKEN); empty: none is required."},
+    {"operator_tokens_file", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE,
+     NULL, GRP_TRUST,
+     "Bearer tokens whose callers see GetStatus details (model paths, addresses, "
+     "configuration); empty: callers on this host see them."},
 };
 
 static const tdm_cfg_key verifier_keys[] = {
@@ -225,6 +247,14 @@ static const tdm_cfg_key verifier_keys[] = {
     {"draft_timeout", TDM_CFG_DURATION, "2s", NULL, 1, 600000, 0, NULL, GRP_SPEC,
      "Longest wait for a drafter's block; a drafter slower than this is dropped for the "
      "sequence, which goes on without speculation."},
+    {"max_context", TDM_CFG_INT, "auto", NULL, 2, 16777216, TDM_CFG_AUTO, NULL, GRP_MODEL,
+     "Most positions (prompt and generated tokens) a sequence may reach: longer prompts are "
+     "refused and generation stops there (finish reason CONTEXT); auto: the model's "
+     "max_position_embeddings."},
+    {"prefill_chunk", TDM_CFG_INT, "256", NULL, 1, 65536, 0, NULL, GRP_MODEL,
+     "Prompt tokens prefilled per round, over all new requests: a long prompt is prefilled a "
+     "chunk at a time between decode rounds, so it delays other requests' tokens by one chunk "
+     "a round, not by its whole prefill."},
 };
 
 static const tdm_cfg_key drafter_keys[] = {
@@ -376,6 +406,36 @@ static tdm_status rule_state_strategy(const tdm_cfg *cfg, char *value, size_t vl
     return TDM_OK;
 }
 
+static tdm_status rule_client_auth(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                   size_t rlen, tdm_error *err)
+{
+    (void)err;
+    char a[512], b[512];
+    bool mutual = tdm_cfg_str(cfg, "tls_cert")[0] && tdm_cfg_str(cfg, "tls_ca")[0];
+    snprintf(value, vlen, "%s", mutual ? "require" : "none");
+    snprintf(reason, rlen, "%s and %s: %s", tdm_cfg_describe(cfg, "tls_cert", a, sizeof(a)),
+             tdm_cfg_describe(cfg, "tls_ca", b, sizeof(b)),
+             mutual ? "clients must present certificates from that CA (mutual TLS)"
+                    : "no mutual TLS");
+    return TDM_OK;
+}
+
+static tdm_status rule_max_context(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                   size_t rlen, tdm_error *err)
+{
+    char d[512];
+    tdm_cfg_describe(cfg, "model", d, sizeof(d));
+    const char *model = tdm_cfg_str(cfg, "model");
+    tdm_model_config mc;
+    if (!model[0] || tdm_model_config_load(model, &mc, err) != TDM_OK)
+        return model[0] ? err->code
+                        : tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                                        "max_context auto needs a model (%s)", d);
+    snprintf(value, vlen, "%d", mc.max_position_embeddings);
+    snprintf(reason, rlen, "the max_position_embeddings of %s", d);
+    return TDM_OK;
+}
+
 static tdm_status rule_drafter_kind(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
                                     size_t rlen, tdm_error *err)
 {
@@ -478,6 +538,36 @@ static tdm_status check_verifier_model(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "model", a, sizeof(a)));
 }
 
+static tdm_status check_max_context(const tdm_cfg *cfg, tdm_error *err)
+{
+    const char *model = tdm_cfg_str(cfg, "model");
+    tdm_model_config mc;
+    if (!model[0] || tdm_model_config_load(model, &mc, NULL) != TDM_OK)
+        return TDM_OK; /* the model's own checks say what is wrong with it */
+    if (tdm_cfg_int(cfg, "max_context") <= mc.max_position_embeddings)
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s exceeds the max_position_embeddings %d of %s: the model was not made "
+                         "for positions that far",
+                         tdm_cfg_describe(cfg, "max_context", a, sizeof(a)),
+                         mc.max_position_embeddings, tdm_cfg_describe(cfg, "model", b, sizeof(b)));
+}
+
+static tdm_status check_client_auth(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (strcmp(tdm_cfg_str(cfg, "tls_client_auth"), "require") != 0 ||
+        (tdm_cfg_str(cfg, "tls_ca")[0] && tdm_cfg_str(cfg, "tls_cert")[0]))
+        return TDM_OK;
+    char a[512], b[512], c[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s needs a server certificate and a CA to check clients against, but %s "
+                         "and %s",
+                         tdm_cfg_describe(cfg, "tls_client_auth", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "tls_cert", b, sizeof(b)),
+                         tdm_cfg_describe(cfg, "tls_ca", c, sizeof(c)));
+}
+
 static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
 {
     if (tdm_cfg_int(cfg, "replica_ttl") > 2 * tdm_cfg_int(cfg, "heartbeat_interval"))
@@ -490,10 +580,11 @@ static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "heartbeat_interval", b, sizeof(b)));
 }
 
-/* Rule order matters: tokenizer and drafter_kind read model; advertise reads
- * listen (never auto). */
+/* Rule order matters: tokenizer, drafter_kind and max_context read model;
+ * advertise reads listen (never auto). */
+#define RULE_CLIENT_AUTH {"client-auth-from-tls", "tls_client_auth", rule_client_auth}
 #define RULES_REPLICA                                                                              \
-    {"replica-id-from-host", "replica_id", rule_replica_id},                                       \
+    RULE_CLIENT_AUTH, {"replica-id-from-host", "replica_id", rule_replica_id},                     \
         {"advertise-from-listen", "advertise", rule_advertise},                                    \
         {"tokenizer-from-model", "tokenizer", rule_tokenizer},                                     \
         {"backend-from-build", "backend", rule_backend},                                           \
@@ -502,7 +593,7 @@ static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
     }
 
 #define CHECKS_COMMON                                                                              \
-    {"tls-cert-and-key", check_tls},                                                               \
+    {"tls-cert-and-key", check_tls}, {"client-auth-needs-tls", check_client_auth},                 \
     {                                                                                              \
         "separate-health-port", check_ports                                                        \
     }
@@ -512,14 +603,19 @@ static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
         "backend-is-built", check_backend                                                          \
     }
 
-static const tdm_cfg_rule verifier_rules[] = {RULES_REPLICA};
+static const tdm_cfg_rule gateway_rules[] = {RULE_CLIENT_AUTH};
+static const tdm_cfg_rule verifier_rules[] = {
+    RULES_REPLICA, {"max-context-from-model", "max_context", rule_max_context}};
 static const tdm_cfg_rule drafter_rules[] = {
     RULES_REPLICA, {"drafter-kind-from-model", "drafter_kind", rule_drafter_kind}};
 
 static const tdm_cfg_check gateway_checks[] = {CHECKS_COMMON,
                                                {"ttl-outlasts-heartbeats", check_ttl}};
 static const tdm_cfg_check verifier_checks[] = {
-    CHECKS_COMMON, CHECKS_REPLICA, {"verifier-needs-model", check_verifier_model}};
+    CHECKS_COMMON,
+    CHECKS_REPLICA,
+    {"verifier-needs-model", check_verifier_model},
+    {"max-context-within-model", check_max_context}};
 static const tdm_cfg_check drafter_checks[] = {
     CHECKS_COMMON, CHECKS_REPLICA, {"model-drafter-needs-model", check_drafter_model}};
 
@@ -529,8 +625,8 @@ const tdm_cfg_schema tdm_svc_gateway_schema = {
     "between them, and the public API.",
     gateway_keys,
     TDM_ARRAY_LEN(gateway_keys),
-    NULL,
-    0,
+    gateway_rules,
+    TDM_ARRAY_LEN(gateway_rules),
     gateway_checks,
     TDM_ARRAY_LEN(gateway_checks),
 };
@@ -695,6 +791,7 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
     d->model_name = dup_str("");
     d->model_fingerprint = dup_str("");
     d->tokenizer_fingerprint = dup_str("");
+    d->instance_id = dup_str("");
     if (role == TANDEM__V1__ROLE__ROLE_GATEWAY) {
         char host[256], id[300];
         host_name(host, sizeof(host));
@@ -704,12 +801,22 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
     } else {
         d->replica_id = dup_str(tdm_cfg_str(cfg, "replica_id"));
         d->address = dup_str(tdm_cfg_str(cfg, "advertise"));
+        unsigned char raw[16];
+        char hex[33];
+        if (RAND_bytes(raw, sizeof(raw)) != 1)
+            TDM_ASSERT(!"RAND_bytes failed");
+        for (int i = 0; i < 16; i++)
+            snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+        free(d->instance_id);
+        d->instance_id = dup_str(hex);
         d->state_strategy = tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy")) + 1;
         d->prefix_cache = tdm_cfg_bool(cfg, "prefix_cache");
         d->max_sequences = (uint32_t)tdm_cfg_int(cfg, "max_sequences");
     }
-    if (role == TANDEM__V1__ROLE__ROLE_VERIFIER)
+    if (role == TANDEM__V1__ROLE__ROLE_VERIFIER) {
         d->max_draft_tokens = (uint32_t)tdm_cfg_int(cfg, "max_draft_tokens");
+        d->max_context = (uint32_t)tdm_cfg_int(cfg, "max_context");
+    }
     if (role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
         d->draft_block_size = (uint32_t)tdm_cfg_int(cfg, "draft_block_size");
         d->drafter_kind =
@@ -762,6 +869,7 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     free(d->model_name);
     free(d->model_fingerprint);
     free(d->tokenizer_fingerprint);
+    free(d->instance_id);
     free(d->protocol);
     if (d->build) {
         Tandem__V1__BuildInfo *b = d->build;

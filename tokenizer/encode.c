@@ -337,7 +337,7 @@ tdm_status tdm_tok_encode(const tdm_tokenizer *tok, const char *text, size_t len
     *n_ids = 0;
     if (text == NULL && len > 0)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "text is NULL");
-    tdm_status st = tok__utf8_check(text, len, err);
+    tdm_status st = tdm_tok_check_utf8(text, len, err);
     if (st != TDM_OK)
         return st;
     enc_ctx c = {.tok = tok, .tok_mut = (tdm_tokenizer *)tok, .err = err};

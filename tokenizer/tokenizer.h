@@ -129,6 +129,10 @@ tdm_status tdm_tok_encode_chat(const tdm_tokenizer *tok, const tdm_tok_message *
                                bool add_generation_prompt, int32_t **ids, size_t *n_ids,
                                tdm_error *err);
 
+/* TDM_OK when text[0..len) is valid UTF-8; INVALID_ARGUMENT naming the
+ * offset of the first byte that is not (what tdm_tok_encode checks first). */
+tdm_status tdm_tok_check_utf8(const char *text, size_t len, tdm_error *err);
+
 /* One past the largest id (vocabulary plus added tokens). */
 size_t tdm_tok_vocab_size(const tdm_tokenizer *tok);
 

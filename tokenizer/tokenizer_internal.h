@@ -202,7 +202,6 @@ bool tok__buf_append(tok_buf *b, const char *s, size_t n);
  * whose maximal invalid subpart has k bytes; 0: an unfinished prefix. */
 int tok__utf8_class(const unsigned char *p, size_t n);
 /* TDM_ERR_INVALID_ARGUMENT naming the byte offset unless text is UTF-8. */
-tdm_status tok__utf8_check(const char *text, size_t len, tdm_error *err);
 /* GPT-2's bytes_to_unicode: the code point that stands for each byte. */
 void tok__byte_level_table(uint32_t cp_of_byte[256]);
 /* Writes cp as UTF-8, returns its length (1 to 4). */

@@ -52,7 +52,7 @@ int tok__utf8_class(const unsigned char *p, size_t n)
     return need;
 }
 
-tdm_status tok__utf8_check(const char *text, size_t len, tdm_error *err)
+tdm_status tdm_tok_check_utf8(const char *text, size_t len, tdm_error *err)
 {
     const unsigned char *p = (const unsigned char *)text;
     size_t i = 0;

@@ -534,6 +534,9 @@ static void *reader_main(void *arg)
 static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
 {
     drafter *d = user;
+    tdm_status trc = tdm_trust_check_internal(d->trust, call, "verifier", err);
+    if (trc != TDM_OK)
+        return trc;
     dstream st = {.d = d, .call = call};
     pthread_mutex_init(&st.mu, NULL);
     pthread_cond_init(&st.cv, NULL);
@@ -623,6 +626,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     drafter *d = arg;
     const tdm_cfg *cfg = tdm_service_config(svc);
     const char *kind = tdm_cfg_str(cfg, "drafter_kind");
+    d->trust = tdm_service_trust(svc);
     d->max_sequences = (int)tdm_cfg_int(cfg, "max_sequences");
     d->ngram_min = 1;
     d->ngram_max = 4;

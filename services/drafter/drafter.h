@@ -13,6 +13,7 @@
 
 typedef struct drafter {
     tdm_runtime *rt; /* NULL for the n-gram drafter */
+    const tdm_trust *trust; /* the service's: who may open Draft streams */
     /* The engine serves one caller at a time: each Draft stream (one per
      * verifier) holds this while it runs the model. */
     pthread_mutex_t model_mu;

@@ -18,6 +18,14 @@
 
 #define LOG "gateway"
 
+/* A channel to one verifier instance, shared by every request to it. */
+typedef struct gw_chan {
+    char address[256];
+    char instance[72]; /* the replica instance it was opened for */
+    tdm_rpc_channel *ch;
+    int refs; /* the table while live, each request on it (under gw_api.mu) */
+} gw_chan;
+
 struct gw_api {
     gw_registry *reg;
     const Tandem__V1__Descriptor *self; /* this gateway's (tokenizer fingerprint) */
@@ -26,13 +34,12 @@ struct gw_api {
     int32_t stop_ids[2];
     int n_stop_ids;
     uint32_t default_max_tokens;
+    uint32_t max_prompt_tokens; /* 0: the verifier's context decides */
+    const tdm_trust *trust;
     const tdm_rpc_tls *tls;
     int64_t max_message_bytes;
     pthread_mutex_t mu;
-    struct channel {
-        char address[256];
-        tdm_rpc_channel *ch;
-    } *channels;
+    gw_chan **channels; /* (n_channels) the live ones */
     size_t n_channels;
     uint64_t requests, completed, failed, cancelled, tokens;
 };
@@ -44,29 +51,59 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* One channel per verifier address, shared by every request to it. */
-static tdm_rpc_channel *channel_for(gw_api *g, const char *address, tdm_error *err)
+/* The channel to a verifier instance (a new reference). A replica that
+ * restarted (a new instance at the same address) gets a fresh channel at
+ * once, instead of the old one's reconnect back-off; the old one leaves the
+ * table and closes when its last request ends. */
+static gw_chan *channel_get(gw_api *g, const char *address, const char *instance, tdm_error *err)
 {
     pthread_mutex_lock(&g->mu);
+    gw_chan *old = NULL;
     for (size_t i = 0; i < g->n_channels; i++)
-        if (strcmp(g->channels[i].address, address) == 0) {
-            tdm_rpc_channel *ch = g->channels[i].ch;
-            pthread_mutex_unlock(&g->mu);
-            return ch;
+        if (strcmp(g->channels[i]->address, address) == 0) {
+            if (strcmp(g->channels[i]->instance, instance) == 0) {
+                gw_chan *c = g->channels[i];
+                c->refs++;
+                pthread_mutex_unlock(&g->mu);
+                return c;
+            }
+            old = g->channels[i];
+            g->channels[i] = g->channels[--g->n_channels];
+            break;
         }
-    struct channel *grown = tdm_xrealloc(g->channels, (g->n_channels + 1) * sizeof(*grown));
-    g->channels = grown;
+    bool close_old = old && --old->refs == 0;
     tdm_rpc_channel_options o = {
         .target = address, .tls = g->tls, .max_message_bytes = g->max_message_bytes};
     tdm_rpc_channel *ch = NULL;
-    if (tdm_rpc_channel_create(&o, &ch, err) != TDM_OK) {
-        pthread_mutex_unlock(&g->mu);
-        return NULL;
+    gw_chan *c = NULL;
+    if (tdm_rpc_channel_create(&o, &ch, err) == TDM_OK) {
+        c = tdm_xcalloc(1, sizeof(*c));
+        snprintf(c->address, sizeof(c->address), "%s", address);
+        snprintf(c->instance, sizeof(c->instance), "%s", instance);
+        c->ch = ch;
+        c->refs = 2; /* the table, the caller */
+        g->channels = tdm_xrealloc(g->channels, (g->n_channels + 1) * sizeof(*g->channels));
+        g->channels[g->n_channels++] = c;
     }
-    snprintf(g->channels[g->n_channels].address, sizeof(g->channels[0].address), "%s", address);
-    g->channels[g->n_channels++].ch = ch;
     pthread_mutex_unlock(&g->mu);
-    return ch;
+    if (close_old) {
+        tdm_rpc_channel_destroy(old->ch);
+        free(old);
+    }
+    return c;
+}
+
+static void channel_put(gw_api *g, gw_chan *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&g->mu);
+    bool last = --c->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) {
+        tdm_rpc_channel_destroy(c->ch);
+        free(c);
+    }
 }
 
 /* ---- prompts ---------------------------------------------------------------- */
@@ -220,21 +257,162 @@ static tdm_status send_chunk(tdm_rpc_call *call, const uint32_t *ids, size_t n, 
     return rc;
 }
 
+/* A client-chosen string that is echoed back and logged: bounded, UTF-8,
+ * no control characters. */
+static tdm_status check_label(const char *what, const char *s, size_t max, tdm_error *err)
+{
+    size_t n = strlen(s);
+    if (n > max)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s has %zu bytes (at most %zu)",
+                             what, n, max);
+    tdm_status rc = tdm_tok_check_utf8(s, n, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, "%s", what);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "%s holds a control character (byte 0x%02x at offset %zu)", what,
+                                 (unsigned char)s[i], i);
+    return TDM_OK;
+}
+
 static tdm_status validate(const Tandem__V1__GenerateRequest *req, tdm_error *err)
 {
     tdm_status rc = tdm_req_check_sampling(req->sampling, err);
     if (rc == TDM_OK)
         rc = tdm_req_check_max_tokens(req->max_tokens, err);
+    if (rc == TDM_OK)
+        rc = check_label("request_id", req->request_id, 128, err);
     if (rc != TDM_OK)
         return rc;
-    for (size_t i = 0; i < req->n_stop; i++)
-        if (!req->stop[i][0] || strlen(req->stop[i]) > 256)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "stop[%zu] must be 1..256 bytes long", i);
+    const Tandem__V1__SpeculationParams *sp = req->speculation;
+    if (sp && sp->mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO &&
+        sp->mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_ON &&
+        sp->mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "speculation.mode %d is not a SpeculationMode (AUTO 0, ON 1, OFF 2)",
+                             (int)sp->mode);
     if (req->n_stop > 16)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "at most 16 stop strings, got %zu",
                              req->n_stop);
+    for (size_t i = 0; i < req->n_stop; i++) {
+        size_t n = strlen(req->stop[i]);
+        if (n == 0 || n > 256)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "stop[%zu] must be 1..256 bytes long", i);
+        if ((rc = tdm_tok_check_utf8(req->stop[i], n, err)) != TDM_OK)
+            return tdm_error_prefix(err, "stop[%zu]", i);
+    }
     return TDM_OK;
+}
+
+/* The relay of one request's tokens to its client: text as far as no stop
+ * string can start, and the ids of the tokens whose text went out whole. */
+typedef struct relay {
+    tdm_tok_stream *ts; /* NULL without a tokenizer */
+    textbuf tb;
+    uint32_t *ids;     /* [cap] ids not yet sent */
+    size_t *ends;      /* [cap] where each one's text ends in tb */
+    size_t n_ids, cap; /* pending */
+    uint32_t n_sent;   /* ids the client has */
+    size_t max_stop;
+    bool stopped;
+} relay;
+
+/* Sends the text up to `end` and the ids whose text ends there or before. */
+static tdm_status relay_send(relay *rl, tdm_rpc_call *call, size_t end, tdm_error *err)
+{
+    size_t k = 0;
+    while (k < rl->n_ids && rl->ends[k] <= end)
+        k++;
+    if (k == 0 && end <= rl->tb.sent)
+        return TDM_OK;
+    tdm_status rc = send_chunk(call, rl->ids, k, rl->tb.s ? rl->tb.s + rl->tb.sent : "",
+                               end - rl->tb.sent, rl->n_sent, err);
+    rl->tb.sent = end;
+    rl->n_sent += (uint32_t)k;
+    memmove(rl->ids, rl->ids + k, (rl->n_ids - k) * sizeof(*rl->ids));
+    memmove(rl->ends, rl->ends + k, (rl->n_ids - k) * sizeof(*rl->ends));
+    rl->n_ids -= k;
+    return rc;
+}
+
+/* Takes one chunk of ids from the verifier; sends what may go out. */
+static tdm_status relay_push(relay *rl, const gw_api *g, const Tandem__V1__GenerateRequest *req,
+                             tdm_rpc_call *call, const Tandem__V1__TokenChunk *tc, tdm_error *err)
+{
+    if (rl->n_ids + tc->n_ids > rl->cap) {
+        rl->cap = (rl->n_ids + tc->n_ids) * 2 + 16;
+        rl->ids = tdm_xrealloc(rl->ids, rl->cap * sizeof(*rl->ids));
+        rl->ends = tdm_xrealloc(rl->ends, rl->cap * sizeof(*rl->ends));
+    }
+    for (size_t i = 0; i < tc->n_ids; i++) {
+        if (rl->ts) {
+            const char *piece;
+            size_t plen;
+            if (tdm_tok_stream_push(rl->ts, (int32_t)tc->ids[i], &piece, &plen, NULL) == TDM_OK &&
+                !textbuf_add(&rl->tb, piece, plen))
+                return tdm_error_oom(err, rl->tb.len + plen, "the text of a request");
+        }
+        rl->ids[rl->n_ids] = tc->ids[i];
+        rl->ends[rl->n_ids++] = rl->tb.len;
+        if (req->n_stop > 0) {
+            ssize_t at = find_stop(&rl->tb, req->stop, req->n_stop, rl->max_stop);
+            if (at >= 0) {
+                /* Cut the text at the stop string; the ids of the tokens
+                 * that reach into it are not the client's. */
+                rl->tb.len = (size_t)at;
+                rl->stopped = true;
+                return relay_send(rl, call, rl->tb.len, err);
+            }
+        }
+    }
+    (void)g;
+    size_t end = req->n_stop ? safe_end(&rl->tb, req->stop, req->n_stop) : rl->tb.len;
+    return relay_send(rl, call, end, err);
+}
+
+/* The end of the stream: whatever text was held back for stop strings that
+ * never came, and every id left. */
+static tdm_status relay_flush(relay *rl, tdm_rpc_call *call, tdm_error *err)
+{
+    if (rl->ts && !rl->stopped) {
+        const char *rest;
+        size_t rlen = 0;
+        tdm_tok_stream_flush(rl->ts, &rest, &rlen);
+        if (!textbuf_add(&rl->tb, rest, rlen))
+            return tdm_error_oom(err, rl->tb.len + rlen, "the text of a request");
+    }
+    if (!rl->stopped)
+        for (size_t i = 0; i < rl->n_ids; i++)
+            rl->ends[i] = rl->tb.len;
+    else
+        rl->n_ids = 0;
+    return relay_send(rl, call, rl->tb.len, err);
+}
+
+static void relay_free(relay *rl)
+{
+    tdm_tok_stream_destroy(rl->ts);
+    free(rl->tb.s);
+    free(rl->ids);
+    free(rl->ends);
+}
+
+/* One line per request at info level: what a log reader needs to find it. */
+static void log_request(const char *request_id, const gw_pick *pick, size_t prompt,
+                        uint32_t generated, Tandem__V1__FinishReason fr, tdm_status rc,
+                        const char *msg, double ms)
+{
+    const ProtobufCEnumValue *ev =
+        protobuf_c_enum_descriptor_get_value(&tandem__v1__finish_reason__descriptor, (int)fr);
+    tdm_log_info(LOG,
+                 "request %s: verifier %s, drafter %s, prompt %zu tokens, generated %u, finish "
+                 "%s, status %s%s%s, %.1f ms",
+                 request_id, pick && pick->verifier_id[0] ? pick->verifier_id : "-",
+                 pick && pick->drafter_id[0] ? pick->drafter_id : "-", prompt, generated,
+                 ev ? ev->name + strlen("FINISH_REASON_") : "?", tdm_status_name(rc),
+                 msg && msg[0] ? ": " : "", msg ? msg : "", ms);
 }
 
 static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_error *err,
@@ -243,29 +421,58 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     gw_api *g = user;
     const Tandem__V1__GenerateRequest *req = (const Tandem__V1__GenerateRequest *)msg;
     double t0 = now_ms();
-    __atomic_fetch_add(&g->requests, 1, __ATOMIC_RELAXED);
-    tdm_status rc = validate(req, err);
-    if (rc != TDM_OK)
-        return rc;
-    if (req->n_stop > 0 && (rc = need_tokenizer(g, "stop strings", err)) != TDM_OK)
-        return rc;
+    uint64_t seq = __atomic_add_fetch(&g->requests, 1, __ATOMIC_RELAXED);
+    char rid[160];
+    if (req->request_id[0] && check_label("request_id", req->request_id, 128, NULL) == TDM_OK)
+        snprintf(rid, sizeof(rid), "%s", req->request_id);
+    else
+        snprintf(rid, sizeof(rid), "req-%llx-%llu", (unsigned long long)(t0 * 1000.0),
+                 (unsigned long long)seq);
+    gw_pick pick = {0};
+    bool picked = false;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if ((rc = prompt_ids(g, req, &ids, &n_ids, err)) != TDM_OK)
-        return rc;
-    if (n_ids == 0) {
-        free(ids);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "the prompt is empty");
-    }
+    uint32_t generated = 0;
+    Tandem__V1__FinishReason finish = TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+    gw_chan *chan = NULL;
+    tdm_rpc_stream *stream = NULL;
+    relay rl = {0};
+    ProtobufCMessage *m = NULL;
+    Tandem__V1__RequestStats progress = TANDEM__V1__REQUEST_STATS__INIT;
+    ProtobufCMessage *progress_msg = NULL; /* holds progress's strings */
+
+    tdm_status rc = tdm_trust_check_client(g->trust, call, err);
+    if (rc == TDM_OK)
+        rc = validate(req, err);
+    if (rc == TDM_OK && req->n_stop > 0)
+        rc = need_tokenizer(g, "stop strings", err);
+    if (rc == TDM_OK)
+        rc = prompt_ids(g, req, &ids, &n_ids, err);
+    if (rc == TDM_OK && n_ids == 0)
+        rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "the prompt is empty");
+    if (rc != TDM_OK)
+        goto out;
 
     /* Pick the replicas. */
     Tandem__V1__SpeculationMode mode =
         req->speculation ? req->speculation->mode : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
     bool want = mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF;
-    gw_pick pick;
-    if ((rc = gw_registry_pick(g->reg, want, g->self, &pick, err)) != TDM_OK) {
-        free(ids);
-        return rc;
+    if ((rc = gw_registry_pick(g->reg, want, g->self, &pick, err)) != TDM_OK)
+        goto out;
+    picked = true;
+    /* The prompt must leave room for at least the first generated token. */
+    uint32_t limit = pick.max_context > 0 ? pick.max_context - 1 : UINT32_MAX;
+    if (g->max_prompt_tokens > 0 && g->max_prompt_tokens < limit)
+        limit = g->max_prompt_tokens;
+    if (n_ids > limit) {
+        rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                           "the prompt has %zu tokens, more than the %u allowed (%s)", n_ids,
+                           limit,
+                           g->max_prompt_tokens > 0 && g->max_prompt_tokens == limit
+                               ? "the gateway's max_prompt_tokens"
+                               : "the verifier's max_context less one position for the first "
+                                 "generated token");
+        goto out;
     }
     char note[1100] = "";
     uint32_t block = 0;
@@ -284,23 +491,14 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     if (pick.drafter_id[0]) {
         block = req->speculation && req->speculation->block_size ? req->speculation->block_size
                                                                   : pick.block_size;
-        if (block > pick.max_draft) {
-            rc = tdm_compat_check_request_block(block, "speculation.block_size", pick.verifier_id,
-                                            pick.max_draft, err);
+        if ((rc = tdm_compat_check_request_block(block, "speculation.block_size", pick.verifier_id,
+                                                 pick.max_draft, err)) != TDM_OK)
             goto out;
-        }
     }
 
     /* Hand the request to the verifier. */
     Tandem__V1__RunRequest run = TANDEM__V1__RUN_REQUEST__INIT;
-    char rid[64];
-    if (req->request_id[0])
-        run.request_id = req->request_id;
-    else {
-        snprintf(rid, sizeof(rid), "req-%llx-%llu", (unsigned long long)(t0 * 1000.0),
-                 (unsigned long long)__atomic_load_n(&g->requests, __ATOMIC_RELAXED));
-        run.request_id = rid;
-    }
+    run.request_id = rid;
     run.n_prompt_ids = n_ids;
     run.prompt_ids = (uint32_t *)ids;
     run.max_tokens = req->max_tokens ? req->max_tokens : g->default_max_tokens;
@@ -320,14 +518,14 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
         da.fixed_block_size = req->speculation && req->speculation->fixed_block_size;
         run.drafter = &da;
     }
-    tdm_rpc_channel *ch = channel_for(g, pick.verifier_addr, err);
-    if (!ch) {
+    if (!(chan = channel_get(g, pick.verifier_addr, pick.verifier_instance, err))) {
         rc = err->code;
         goto out;
     }
-    tdm_rpc_call_options co = {.parent = call};
-    tdm_rpc_stream *stream = NULL;
-    rc = tdm_rpc_stream_open(ch, "/tandem.v1.Verifier/Run", &run.base,
+    tdm_rpc_metadata md;
+    tdm_rpc_call_options co = {.parent = call, .metadata = &md};
+    co.n_metadata = tdm_trust_metadata(g->trust, &md);
+    rc = tdm_rpc_stream_open(chan->ch, "/tandem.v1.Verifier/Run", &run.base,
                              &tandem__v1__run_response__descriptor, &co, &stream, err);
     if (rc != TDM_OK) {
         tdm_error_prefix(err, "verifier %s", pick.verifier_id);
@@ -335,19 +533,13 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     }
 
     /* Relay: ids as they come, text as far as no stop string can start. */
-    tdm_tok_stream *ts = NULL;
     if (g->tok)
-        tdm_tok_stream_create(g->tok, true, &ts, NULL);
-    textbuf tb = {0};
-    size_t max_stop = 0;
+        tdm_tok_stream_create(g->tok, true, &rl.ts, NULL);
     for (size_t i = 0; i < req->n_stop; i++)
-        if (strlen(req->stop[i]) > max_stop)
-            max_stop = strlen(req->stop[i]);
+        if (strlen(req->stop[i]) > rl.max_stop)
+            rl.max_stop = strlen(req->stop[i]);
     double t_first = 0;
-    uint32_t n_sent_ids = 0;
-    bool stopped = false;
     Tandem__V1__RunComplete *complete = NULL;
-    ProtobufCMessage *m = NULL;
     for (;;) {
         tdm_error rerr = {0};
         rc = tdm_rpc_stream_read(stream, &m, &rerr);
@@ -366,81 +558,60 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
             rc = TDM_OK;
             break; /* m is freed after the final message is written */
         }
-        if (resp->chunk_case != TANDEM__V1__RUN_RESPONSE__CHUNK_TOKENS || !resp->tokens) {
-            protobuf_c_message_free_unpacked(m, NULL);
-            m = NULL;
-            continue;
-        }
-        const Tandem__V1__TokenChunk *tc = resp->tokens;
-        size_t send_n = tc->n_ids;
-        for (size_t i = 0; ts && i < tc->n_ids; i++) {
-            const char *piece;
-            size_t plen;
-            if (tdm_tok_stream_push(ts, (int32_t)tc->ids[i], &piece, &plen, NULL) == TDM_OK)
-                textbuf_add(&tb, piece, plen);
-            if (req->n_stop > 0) {
-                ssize_t at = find_stop(&tb, req->stop, req->n_stop, max_stop);
-                if (at >= 0) {
-                    /* Cut the text at the stop string; ids up to the token
-                     * that completed it. */
-                    tb.len = (size_t)at;
-                    send_n = i + 1;
-                    stopped = true;
-                    break;
-                }
+        if (resp->chunk_case == TANDEM__V1__RUN_RESPONSE__CHUNK_TOKENS && resp->tokens) {
+            if (resp->progress) {
+                /* Stats so far: what the client gets if a stop string ends it. */
+                if (progress_msg)
+                    protobuf_c_message_free_unpacked(progress_msg, NULL);
+                progress = *resp->progress;
+                progress_msg = m;
+                m = NULL;
             }
+            if (t_first == 0)
+                t_first = now_ms();
+            rc = relay_push(&rl, g, req, call, resp->tokens, err);
         }
-        size_t end = stopped ? tb.len : (req->n_stop ? safe_end(&tb, req->stop, req->n_stop) : tb.len);
-        if (t_first == 0)
-            t_first = now_ms();
-        rc = send_chunk(call, tc->ids, send_n, tb.s ? tb.s + tb.sent : "", end - tb.sent,
-                        n_sent_ids, err);
-        tb.sent = end;
-        n_sent_ids += (uint32_t)send_n;
-        protobuf_c_message_free_unpacked(m, NULL);
+        if (m)
+            protobuf_c_message_free_unpacked(m, NULL);
         m = NULL;
-        if (rc != TDM_OK || stopped)
+        if (rc != TDM_OK || rl.stopped)
             break;
     }
     tdm_rpc_stream_cancel(stream); /* a no-op once the verifier finished */
-    if (rc == TDM_OK && (complete || stopped)) {
-        /* Whatever text was held back for stop strings that never came. */
-        const char *rest;
-        size_t rlen = 0;
-        if (ts && !stopped) {
-            tdm_tok_stream_flush(ts, &rest, &rlen);
-            textbuf_add(&tb, rest, rlen);
-        }
-        if (tb.len > tb.sent)
-            rc = send_chunk(call, NULL, 0, tb.s + tb.sent, tb.len - tb.sent, n_sent_ids, err);
-        Tandem__V1__RequestStats st = TANDEM__V1__REQUEST_STATS__INIT;
-        if (complete && complete->stats)
-            st = *complete->stats;
-        st.generated_tokens = n_sent_ids;
+    if (rc == TDM_OK && (complete || rl.stopped)) {
+        rc = relay_flush(&rl, call, err);
+        Tandem__V1__RequestStats st = complete && complete->stats ? *complete->stats : progress;
+        st.generated_tokens = rl.n_sent;
         st.time_to_first_token_ms = t_first > 0 ? t_first - t0 : 0;
         st.total_ms = now_ms() - t0;
         st.verifier = pick.verifier_id;
         if (note[0])
             st.speculation = note;
         Tandem__V1__GenerateComplete gc = TANDEM__V1__GENERATE_COMPLETE__INIT;
-        gc.finish_reason = stopped ? TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP
-                                   : complete->finish_reason;
+        finish = rl.stopped ? TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP
+                            : complete->finish_reason;
+        gc.finish_reason = finish;
         gc.stats = &st;
-        gc.request_id = run.request_id;
+        gc.request_id = rid;
         Tandem__V1__GenerateResponse r = TANDEM__V1__GENERATE_RESPONSE__INIT;
         r.chunk_case = TANDEM__V1__GENERATE_RESPONSE__CHUNK_COMPLETE;
         r.complete = &gc;
         if (rc == TDM_OK)
             rc = tdm_rpc_call_write(call, &r.base, err);
-        __atomic_fetch_add(&g->tokens, n_sent_ids, __ATOMIC_RELAXED);
     }
+    generated = rl.n_sent;
+    __atomic_fetch_add(&g->tokens, generated, __ATOMIC_RELAXED);
+out:
     if (m)
         protobuf_c_message_free_unpacked(m, NULL);
-    tdm_rpc_stream_destroy(stream);
-    tdm_tok_stream_destroy(ts);
-    free(tb.s);
-out:
-    gw_registry_unpick(g->reg, &pick);
+    if (progress_msg)
+        protobuf_c_message_free_unpacked(progress_msg, NULL);
+    if (stream)
+        tdm_rpc_stream_destroy(stream);
+    channel_put(g, chan);
+    relay_free(&rl);
+    if (picked)
+        gw_registry_unpick(g->reg, &pick);
     free(ids);
     if (rc == TDM_OK)
         __atomic_fetch_add(&g->completed, 1, __ATOMIC_RELAXED);
@@ -448,6 +619,8 @@ out:
         __atomic_fetch_add(&g->cancelled, 1, __ATOMIC_RELAXED);
     else
         __atomic_fetch_add(&g->failed, 1, __ATOMIC_RELAXED);
+    log_request(rid, picked ? &pick : NULL, n_ids, generated, finish, rc,
+                rc == TDM_OK ? NULL : err->msg, now_ms() - t0);
     return rc;
 }
 
@@ -463,7 +636,9 @@ static tdm_status tokenize(tdm_rpc_call *call, const ProtobufCMessage *msg,
 {
     gw_api *g = user;
     const Tandem__V1__TokenizeRequest *req = (const Tandem__V1__TokenizeRequest *)msg;
-    tdm_status rc = need_tokenizer(g, "Tokenize", err);
+    tdm_status rc = tdm_trust_check_client(g->trust, call, err);
+    if (rc == TDM_OK)
+        rc = need_tokenizer(g, "Tokenize", err);
     if (rc != TDM_OK)
         return rc;
     int32_t *ids = NULL;
@@ -490,17 +665,21 @@ static tdm_status detokenize(tdm_rpc_call *call, const ProtobufCMessage *msg,
 {
     gw_api *g = user;
     const Tandem__V1__DetokenizeRequest *req = (const Tandem__V1__DetokenizeRequest *)msg;
-    tdm_status rc = need_tokenizer(g, "Detokenize", err);
+    tdm_status rc = tdm_trust_check_client(g->trust, call, err);
+    if (rc == TDM_OK)
+        rc = need_tokenizer(g, "Detokenize", err);
     if (rc != TDM_OK)
         return rc;
+    size_t vocab = tdm_tok_vocab_size(g->tok);
     for (size_t i = 0; i < req->n_ids; i++)
-        if (req->ids[i] > INT32_MAX)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "ids[%zu] = %u is out of range",
-                                 i, req->ids[i]);
+        if (req->ids[i] >= vocab)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "ids[%zu] = %u is outside the vocabulary (0..%zu)", i, req->ids[i],
+                                 vocab - 1);
     char *text = NULL;
     rc = tdm_tok_decode(g->tok, (const int32_t *)req->ids, req->n_ids, false, &text, NULL, err);
     if (rc != TDM_OK)
-        return rc == TDM_ERR_OUT_OF_RANGE ? tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s", err->msg) : rc;
+        return rc;
     tdm_rpc_call_defer(call, free_ids, text);
     Tandem__V1__DetokenizeResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__detokenize_response__init(out);
@@ -515,12 +694,15 @@ static tdm_status model_info(tdm_rpc_call *call, const ProtobufCMessage *msg,
     (void)msg;
     gw_api *g = user;
     gw_pick pick;
-    Tandem__V1__ModelInfo *out = tdm_rpc_call_alloc(call, sizeof(*out));
-    tandem__v1__model_info__init(out);
-    tdm_status rc = gw_registry_pick(g->reg, true, g->self, &pick, err);
+    tdm_status rc = tdm_trust_check_client(g->trust, call, err);
     if (rc != TDM_OK)
         return rc;
+    Tandem__V1__ModelInfo *out = tdm_rpc_call_alloc(call, sizeof(*out));
+    tandem__v1__model_info__init(out);
+    if ((rc = gw_registry_pick(g->reg, true, g->self, &pick, err)) != TDM_OK)
+        return rc;
     gw_registry_unpick(g->reg, &pick);
+    out->max_context = pick.max_context;
     gw_model_info_fill(g->reg, pick.verifier_id, call, out);
     out->tokenizer_fingerprint = g->tok_fp;
     if (g->tok)
@@ -544,6 +726,8 @@ tdm_status gw_api_create(tdm_service *svc, gw_registry *reg, gw_api **out, tdm_e
     pthread_mutex_init(&g->mu, NULL);
     g->reg = reg;
     g->self = tdm_service_descriptor(svc);
+    g->trust = tdm_service_trust(svc);
+    g->max_prompt_tokens = (uint32_t)tdm_cfg_int(cfg, "max_prompt_tokens");
     g->tls = tdm_service_tls(svc);
     g->max_message_bytes = tdm_cfg_int(cfg, "max_message_size");
     g->default_max_tokens = (uint32_t)tdm_cfg_int(cfg, "default_max_tokens");
@@ -595,7 +779,7 @@ void gw_api_destroy(gw_api *g)
     if (!g)
         return;
     for (size_t i = 0; i < g->n_channels; i++)
-        tdm_rpc_channel_destroy(g->channels[i].ch);
+        channel_put(g, g->channels[i]);
     free(g->channels);
     tdm_tok_destroy(g->tok);
     pthread_mutex_destroy(&g->mu);

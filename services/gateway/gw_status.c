@@ -17,16 +17,22 @@ static tdm_status handle_get_status(tdm_rpc_call *call, const ProtobufCMessage *
                                     ProtobufCMessage **resp, tdm_error *err, void *user)
 {
     (void)req;
-    (void)err;
     gw_status_ctx *c = user;
+    const tdm_trust *trust = tdm_service_trust(c->svc);
+    tdm_status st = tdm_trust_check_client(trust, call, err);
+    if (st != TDM_OK)
+        return st;
     Tandem__V1__StatusResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__status_response__init(out);
     /* The descriptor lives as long as the service, which outlives its calls. */
     out->gateway = (Tandem__V1__Descriptor *)tdm_service_descriptor(c->svc);
-    gw_registry_status(c->reg, out);
+    /* Paths, addresses and configuration are for operators only. */
+    bool details = tdm_trust_is_operator(trust, call);
+    gw_registry_status(c->reg, out, details);
     tdm_rpc_call_defer(call, clear_status, out);
     tdm_service_counters_to_proto(c->svc, call, &out->counters, &out->n_counters);
-    out->config = tdm_service_config_to_proto(c->svc, call);
+    if (details)
+        out->config = tdm_service_config_to_proto(c->svc, call);
     *resp = &out->base;
     return TDM_OK;
 }

@@ -33,17 +33,15 @@ int main(int argc, char **argv)
         return rc;
     tdm_rpc_signals_install();
     gateway g = {0};
-    g.reg = gw_registry_create(tdm_cfg_int(cfg, "heartbeat_interval"),
-                               tdm_cfg_int(cfg, "replica_ttl"));
     tdm_service *svc = NULL;
     tdm_error err = {0};
-    if (!g.reg) {
-        tdm_log_error("tandem-gateway", "cannot start the registry");
-        tdm_cfg_destroy(cfg);
+    if (tdm_service_create(cfg, "tandem.v1.Gateway", &svc, &err) != TDM_OK) {
+        tdm_log_error("tandem-gateway", "cannot start: %s", err.msg);
         return 1;
     }
-    if (tdm_service_create(cfg, "tandem.v1.Gateway", &svc, &err) != TDM_OK ||
-        gw_registry_add_methods(g.reg, tdm_service_server(svc), &err) != TDM_OK ||
+    g.reg = gw_registry_create(tdm_service_trust(svc), tdm_cfg_int(cfg, "heartbeat_interval"),
+                               tdm_cfg_int(cfg, "replica_ttl"));
+    if (gw_registry_add_methods(g.reg, tdm_service_server(svc), &err) != TDM_OK ||
         gw_status_add_method(svc, g.reg, &err) != TDM_OK ||
         gw_api_create(svc, g.reg, &g.api, &err) != TDM_OK) {
         tdm_log_error("tandem-gateway", "cannot start: %s", err.msg);

@@ -36,6 +36,7 @@ typedef struct gw_replica {
 } gw_replica;
 
 struct gw_registry {
+    const tdm_trust *trust; /* who may register */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t reaper;
@@ -122,21 +123,16 @@ static void *reaper_main(void *arg)
     return NULL;
 }
 
-gw_registry *gw_registry_create(int64_t heartbeat_ms, int64_t ttl_ms)
+gw_registry *gw_registry_create(const tdm_trust *trust, int64_t heartbeat_ms, int64_t ttl_ms)
 {
-    gw_registry *r = calloc(1, sizeof(*r));
-    if (!r)
-        return NULL;
+    gw_registry *r = tdm_xcalloc(1, sizeof(*r));
+    r->trust = trust;
     r->heartbeat_ms = heartbeat_ms;
     r->ttl_ms = ttl_ms;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    if (pthread_create(&r->reaper, NULL, reaper_main, r) != 0) {
-        pthread_mutex_destroy(&r->mu);
-        pthread_cond_destroy(&r->cv);
-        free(r);
-        return NULL;
-    }
+    if (pthread_create(&r->reaper, NULL, reaper_main, r) != 0)
+        TDM_ASSERT(!"cannot start the registry's reaper thread");
     return r;
 }
 
@@ -217,6 +213,11 @@ static tdm_status validate_descriptor(const Tandem__V1__Descriptor *d, tdm_error
     if (!d->address[0] || strlen(d->address) > 256)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "descriptor.address must be a host:port of at most 256 characters");
+    if (!d->instance_id[0] || strlen(d->instance_id) > 64)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.instance_id must have 1 to 64 characters (a replica picks "
+                             "a random one at start), got %zu",
+                             strlen(d->instance_id));
     return TDM_OK;
 }
 
@@ -238,6 +239,8 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     gw_registry *r = user;
     const Tandem__V1__RegisterRequest *rq = (const Tandem__V1__RegisterRequest *)req;
     tdm_status st = validate_descriptor(rq->descriptor, err);
+    if (st == TDM_OK)
+        st = tdm_trust_check_internal(r->trust, call, tdm_role_name(rq->descriptor->role), err);
     if (st != TDM_OK) {
         pthread_mutex_lock(&r->mu);
         r->rejected++;
@@ -262,13 +265,31 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     bool changed = true;
     if (idx >= 0) {
         gw_replica *old = &r->items[idx];
+        /* A live replica is replaced only by itself or by a restart at its own
+         * address: anyone else claiming its id is refused. */
+        bool same_instance = strcmp(old->desc->instance_id, copy->instance_id) == 0;
+        bool live = now_ms() - old->last_seen_ms <= r->ttl_ms;
+        if (!same_instance && live && strcmp(old->desc->address, copy->address) != 0) {
+            r->rejected++;
+            char held[512];
+            tdm_compat_service_name(old->desc, held, sizeof(held));
+            st = tdm_error_set(err, TDM_ERR_ALREADY_EXISTS,
+                               "replica id %s is held by the live replica %s (instance %.12s, "
+                               "heard from %lld ms ago); a registration from %s cannot replace "
+                               "it: give this replica its own replica_id",
+                               copy->replica_id, held, old->desc->instance_id,
+                               (long long)(now_ms() - old->last_seen_ms), copy->address);
+            tdm_log_warn(COMPONENT, "%s", err->msg);
+            pthread_mutex_unlock(&r->mu);
+            tandem__v1__descriptor__free_unpacked(copy, NULL);
+            free(packed);
+            return st;
+        }
         changed = old->packed_len != len || memcmp(old->packed, packed, len) != 0;
-        /* Two processes claiming one id would take turns in the registry. */
-        if (strcmp(old->desc->address, copy->address) != 0)
-            tdm_log_warn(COMPONENT,
-                         "replica id %s registered again from %s (it was %s): replica ids must "
-                         "be unique; the newer registration replaces the older",
-                         copy->replica_id, copy->address, old->desc->address);
+        if (!same_instance)
+            tdm_log_info(COMPONENT, "replica %s at %s restarted (instance %.12s, was %.12s)",
+                         copy->replica_id, copy->address, copy->instance_id,
+                         old->desc->instance_id);
         replica_free(old);
         r->reregistrations++;
     } else {
@@ -323,13 +344,23 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
 static tdm_status handle_heartbeat(tdm_rpc_call *call, const ProtobufCMessage *req,
                                    ProtobufCMessage **resp, tdm_error *err, void *user)
 {
-    (void)err;
     gw_registry *r = user;
     const Tandem__V1__HeartbeatRequest *rq = (const Tandem__V1__HeartbeatRequest *)req;
     Tandem__V1__HeartbeatResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__heartbeat_response__init(out);
     pthread_mutex_lock(&r->mu);
     ssize_t idx = find(r, rq->replica_id);
+    const char *role = idx >= 0 ? tdm_role_name(r->items[idx].desc->role) : NULL;
+    pthread_mutex_unlock(&r->mu);
+    /* Only a replica of the role registered under that id keeps it alive;
+     * an unknown id changes nothing and is told so (known = false). */
+    tdm_status st = role ? tdm_trust_check_internal(r->trust, call, role, err) : TDM_OK;
+    if (st != TDM_OK)
+        return st;
+    pthread_mutex_lock(&r->mu);
+    idx = find(r, rq->replica_id);
+    if (idx >= 0 && strcmp(r->items[idx].desc->instance_id, rq->instance_id) != 0)
+        idx = -1; /* another instance holds the id now: this one must register again */
     if (idx >= 0) {
         gw_replica *rep = &r->items[idx];
         rep->last_seen_ms = now_ms();
@@ -359,11 +390,33 @@ static tdm_status handle_heartbeat(tdm_rpc_call *call, const ProtobufCMessage *r
 static tdm_status handle_deregister(tdm_rpc_call *call, const ProtobufCMessage *req,
                                     ProtobufCMessage **resp, tdm_error *err, void *user)
 {
-    (void)err;
     gw_registry *r = user;
     const Tandem__V1__DeregisterRequest *rq = (const Tandem__V1__DeregisterRequest *)req;
     pthread_mutex_lock(&r->mu);
     ssize_t idx = find(r, rq->replica_id);
+    char role[16] = "";
+    if (idx >= 0)
+        snprintf(role, sizeof(role), "%s", tdm_role_name(r->items[idx].desc->role));
+    pthread_mutex_unlock(&r->mu);
+    if (idx < 0) {
+        Tandem__V1__DeregisterResponse *none = tdm_rpc_call_alloc(call, sizeof(*none));
+        tandem__v1__deregister_response__init(none);
+        *resp = &none->base;
+        return TDM_OK; /* nothing to remove: a repeated deregistration */
+    }
+    tdm_status st = tdm_trust_check_internal(r->trust, call, role, err);
+    if (st != TDM_OK)
+        return st;
+    pthread_mutex_lock(&r->mu);
+    idx = find(r, rq->replica_id);
+    if (idx >= 0 && strcmp(r->items[idx].desc->instance_id, rq->instance_id) != 0) {
+        st = tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                           "replica id %s is registered by instance %.12s, not %.12s: only the "
+                           "registered instance may deregister it",
+                           rq->replica_id, r->items[idx].desc->instance_id, rq->instance_id);
+        pthread_mutex_unlock(&r->mu);
+        return st;
+    }
     if (idx >= 0) {
         char name[512];
         tdm_compat_service_name(r->items[idx].desc, name, sizeof(name));
@@ -409,7 +462,29 @@ static Tandem__V1__Refusal **refusals_proto(const tdm_compat_refusal *ref, size_
     return arr;
 }
 
-void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
+/* Empties a string field of an unpacked message (protobuf-c frees
+ * neither NULL nor the empty default). */
+static void blank(char **field)
+{
+    if (*field != protobuf_c_empty_string)
+        free(*field);
+    *field = (char *)protobuf_c_empty_string;
+}
+
+/* What a refusal says to a caller who is not an operator: its rule only. */
+static void redact_refusals(Tandem__V1__Refusal **arr, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(arr[i]->message);
+        arr[i]->message = tdm_xstrdup("");
+        free(arr[i]->a_replica);
+        arr[i]->a_replica = tdm_xstrdup("");
+        free(arr[i]->b_replica);
+        arr[i]->b_replica = tdm_xstrdup("");
+    }
+}
+
+void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out, bool details)
 {
     pthread_mutex_lock(&r->mu);
     int64_t now = now_ms();
@@ -439,6 +514,10 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
         tandem__v1__replica_status__init(rs);
         rs->descriptor = tandem__v1__descriptor__unpack(NULL, rep->packed_len, rep->packed);
         TDM_ASSERT(rs->descriptor != NULL);
+        if (!details) {
+            blank(&rs->descriptor->address);
+            blank(&rs->descriptor->instance_id);
+        }
         rs->heartbeat_age_ms = (double)(now - rep->last_seen_ms);
         rs->load = load;
         out->replicas[out->n_replicas++] = rs;
@@ -460,6 +539,8 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
                 p->compatible = k == 0;
                 p->n_refusals = k;
                 p->refusals = refusals_proto(ref, k);
+                if (!details)
+                    redact_refusals(p->refusals, k);
                 out->pairs[out->n_pairs++] = p;
             } else if (j > i && a->role == b->role) {
                 size_t k = tdm_compat_check_replicas(a, b, ref, MAX_REFUSALS);
@@ -468,6 +549,8 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out)
                 if (k == 0)
                     continue;
                 Tandem__V1__Refusal **arr = refusals_proto(ref, k);
+                if (!details)
+                    redact_refusals(arr, k);
                 out->replica_refusals = tdm_xrealloc(out->replica_refusals,
                                                      (n_same + k) * sizeof(*out->replica_refusals));
                 memcpy(out->replica_refusals + n_same, arr, k * sizeof(*arr));
@@ -540,10 +623,27 @@ static uint32_t load_of(const gw_replica *rep)
     return rep->active_sequences > rep->inflight ? rep->active_sequences : rep->inflight;
 }
 
+/* Whether a heard from recently: a replica that missed two heartbeats may be
+ * gone; it is picked only when no replica that kept up is left. */
+static bool fresh(const gw_registry *r, const gw_replica *a, int64_t now)
+{
+    return now - a->last_seen_ms <= 2 * r->heartbeat_ms + 250;
+}
+
+/* Whether a is a better pick than b: fresh over stale, then the lighter load. */
+static bool better(const gw_registry *r, const gw_replica *a, const gw_replica *b, int64_t now)
+{
+    bool fa = fresh(r, a, now), fb = fresh(r, b, now);
+    if (fa != fb)
+        return fa;
+    return load_of(a) < load_of(b);
+}
+
 tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
                             gw_pick *out, tdm_error *err)
 {
     memset(out, 0, sizeof(*out));
+    int64_t now = now_ms();
     pthread_mutex_lock(&r->mu);
     ssize_t best = -1;
     size_t verifiers = 0;
@@ -558,7 +658,7 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1_
             snprintf(refused, sizeof(refused), "%s", gref.message);
             continue;
         }
-        if (best < 0 || load_of(&r->items[i]) < load_of(&r->items[best]))
+        if (best < 0 || better(r, &r->items[i], &r->items[best], now))
             best = (ssize_t)i;
     }
     if (best < 0) {
@@ -570,7 +670,9 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1_
     gw_replica *v = &r->items[best];
     snprintf(out->verifier_id, sizeof(out->verifier_id), "%s", v->desc->replica_id);
     snprintf(out->verifier_addr, sizeof(out->verifier_addr), "%s", v->desc->address);
+    snprintf(out->verifier_instance, sizeof(out->verifier_instance), "%s", v->desc->instance_id);
     out->max_draft = v->desc->max_draft_tokens;
+    out->max_context = v->desc->max_context;
     v->inflight++;
     if (want_drafter) {
         ssize_t bd = -1;
@@ -588,7 +690,7 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1_
                          used ? "; " : "", ref[0].message);
                 continue;
             }
-            if (bd < 0 || load_of(&r->items[i]) < load_of(&r->items[bd]))
+            if (bd < 0 || better(r, &r->items[i], &r->items[bd], now))
                 bd = (ssize_t)i;
         }
         if (bd >= 0) {

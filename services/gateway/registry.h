@@ -25,22 +25,27 @@
 typedef struct gw_registry gw_registry;
 
 /* Starts the reaper. heartbeat_ms is what replicas are told to use; a replica
- * silent for more than ttl_ms is dropped. */
-gw_registry *gw_registry_create(int64_t heartbeat_ms, int64_t ttl_ms);
+ * silent for more than ttl_ms is dropped. trust (borrowed, outlives the
+ * registry) decides who may register, heartbeat and deregister. */
+gw_registry *gw_registry_create(const tdm_trust *trust, int64_t heartbeat_ms, int64_t ttl_ms);
 void gw_registry_destroy(gw_registry *r);
 
 /* Adds the tandem.v1.Registry methods to a server (before it starts). */
 tdm_status gw_registry_add_methods(gw_registry *r, tdm_rpc_server *server, tdm_error *err);
 
 /* Fills the replicas, pairs and replica_refusals of a StatusResponse (other
- * fields untouched) with heap memory freed by gw_registry_status_clear. */
-void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out);
+ * fields untouched) with heap memory freed by gw_registry_status_clear.
+ * Without details (a caller who is not an operator) replicas' addresses and
+ * instances are left out, and refusals carry their rule but no message. */
+void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out, bool details);
 void gw_registry_status_clear(Tandem__V1__StatusResponse *out);
 
 /* The replicas chosen for one request. */
 typedef struct gw_pick {
     char verifier_id[128], verifier_addr[256];
+    char verifier_instance[72];              /* its instance: a restart gets a new channel */
     uint32_t max_draft;                      /* the verifier's max_draft_tokens */
+    uint32_t max_context;                    /* the verifier's max_context */
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     uint32_t block_size;                     /* the drafter's draft_block_size */
     char no_drafter[1024];                   /* why there is none, when one was wanted */

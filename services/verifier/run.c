@@ -27,7 +27,9 @@ static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, t
     verifier *v = user;
     const Tandem__V1__RunRequest *req = (const Tandem__V1__RunRequest *)msg;
     vreq *r = NULL;
-    tdm_status rc = vsched_submit(v->sched, req, &r, err);
+    tdm_status rc = tdm_trust_check_internal(v->trust, call, "gateway", err);
+    if (rc == TDM_OK)
+        rc = vsched_submit(v->sched, req, &r, err);
     if (rc != TDM_OK)
         return rc;
     run_cancel *c = tdm_rpc_call_alloc(call, sizeof(*c));
@@ -47,6 +49,8 @@ static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, t
             Tandem__V1__RunResponse resp = TANDEM__V1__RUN_RESPONSE__INIT;
             resp.chunk_case = TANDEM__V1__RUN_RESPONSE__CHUNK_TOKENS;
             resp.tokens = &chunk;
+            o.stats.verifier = (char *)v->replica_id;
+            resp.progress = &o.stats;
             tdm_error werr = {0};
             if (tdm_rpc_call_write(call, &resp.base, &werr) != TDM_OK)
                 vsched_cancel(v->sched, r); /* the client is gone; drain to the end */
@@ -115,6 +119,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     const tdm_cfg *cfg = tdm_service_config(svc);
     const Tandem__V1__Descriptor *d = tdm_service_descriptor(svc);
     snprintf(v->replica_id, sizeof(v->replica_id), "%s", d->replica_id);
+    v->trust = tdm_service_trust(svc);
     const char *model = tdm_cfg_str(cfg, "model");
     if (!model[0])
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
@@ -128,7 +133,10 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .max_draft = (int)tdm_cfg_int(cfg, "max_draft_tokens"),
         .max_sequences = (int)tdm_cfg_int(cfg, "max_sequences"),
         .draft_timeout_ms = (int)tdm_cfg_int(cfg, "draft_timeout"),
+        .max_context = (int)tdm_cfg_int(cfg, "max_context"),
+        .prefill_chunk = (int)tdm_cfg_int(cfg, "prefill_chunk"),
         .tls = tdm_service_tls(svc),
+        .trust = tdm_service_trust(svc),
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)

@@ -12,6 +12,7 @@
 typedef struct verifier {
     tdm_runtime *rt;
     vsched *sched;
+    const tdm_trust *trust; /* the service's: who may call Run */
     char replica_id[128];
     int max_sequences;
 } verifier;

@@ -26,6 +26,7 @@ struct vlink {
 
 struct vlinks {
     const tdm_rpc_tls *tls;
+    const tdm_trust *trust;
     int64_t max_message_bytes;
     vlinks_callbacks cb;
     pthread_mutex_t mu;
@@ -34,11 +35,12 @@ struct vlinks {
     int readers;
 };
 
-vlinks *vlinks_create(const tdm_rpc_tls *tls, int64_t max_message_bytes,
+vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t max_message_bytes,
                       const vlinks_callbacks *cb)
 {
     vlinks *t = tdm_xcalloc(1, sizeof(*t));
     t->tls = tls;
+    t->trust = trust;
     t->max_message_bytes = max_message_bytes;
     t->cb = *cb;
     pthread_mutex_init(&t->mu, NULL);
@@ -168,9 +170,11 @@ vlink *vlinks_get(vlinks *t, const char *address, tdm_error *err)
     snprintf(l->address, sizeof(l->address), "%s", address);
     tdm_rpc_channel_options co = {
         .target = address, .tls = t->tls, .max_message_bytes = t->max_message_bytes};
+    tdm_rpc_metadata md;
+    tdm_rpc_call_options so = {.metadata = &md, .n_metadata = tdm_trust_metadata(t->trust, &md)};
     if (tdm_rpc_channel_create(&co, &l->ch, err) != TDM_OK ||
         tdm_rpc_stream_open(l->ch, "/tandem.v1.Drafter/Draft", NULL,
-                            &tandem__v1__draft_response__descriptor, NULL, &l->stream,
+                            &tandem__v1__draft_response__descriptor, &so, &l->stream,
                             err) != TDM_OK) {
         link_free(l);
         return NULL;

@@ -21,6 +21,7 @@
 
 #include "rpc.h"
 #include "status.h"
+#include "trust.h"
 #include "tandem/v1/drafter.pb-c.h"
 
 #include <stdbool.h>
@@ -38,8 +39,9 @@ typedef struct vlinks_callbacks {
     void *user;
 } vlinks_callbacks;
 
-/* tls: for the Draft streams (NULL = plaintext); borrowed, outlives the table. */
-vlinks *vlinks_create(const tdm_rpc_tls *tls, int64_t max_message_bytes,
+/* tls: for the Draft streams (NULL = plaintext); trust: the credential they
+ * carry (NULL: none); both borrowed, outliving the table. */
+vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t max_message_bytes,
                       const vlinks_callbacks *cb);
 /* Breaks every link and waits until every reader has exited (their broken
  * callbacks run first). The callbacks' user must still be alive. */

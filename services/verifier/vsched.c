@@ -47,8 +47,10 @@ struct vreq {
     bool seeded; /* the client chose the seed */
     /* model state (scheduler thread only) */
     tdm_seq *seq;
-    int32_t last; /* newest token, not yet run through the model */
-    bool fresh;   /* admitted, prompt not yet run */
+    int32_t last;   /* newest token, not yet run through the model */
+    bool fresh;     /* admitted; its first token not yet generated */
+    bool prefilling; /* its prompt (but the last token) is not yet all in the model */
+    int prefilled;  /* prompt tokens in the model */
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
@@ -335,6 +337,11 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                  req->prompt_ids[i], s->vocab - 1);
     if (req->max_tokens == 0)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
+    if (req->n_prompt_ids >= (size_t)s->p.max_context)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "the prompt has %zu tokens; this verifier's max_context %d leaves room "
+                             "for at most %d (one position for the first generated token)",
+                             req->n_prompt_ids, s->p.max_context, s->p.max_context - 1);
     const Tandem__V1__SamplingParams *sp = req->sampling;
     tdm_status crc = tdm_req_check_max_tokens(req->max_tokens, err);
     if (crc == TDM_OK)
@@ -477,6 +484,14 @@ void vsched_next(vsched *s, vreq *r, vsched_output *o)
         o->finish_reason = r->reason;
         o->status = r->finished ? r->fail : TDM_ERR_CANCELLED;
         snprintf(o->msg, sizeof(o->msg), "%s", r->finished ? r->fail_msg : "cancelled");
+    }
+    if (!r->t_end && !o->done) {
+        /* Progress: stats as if the request ended now. */
+        double end = r->t_end;
+        r->t_end = now_ms();
+        fill_stats(r, o);
+        r->t_end = end;
+    } else {
         fill_stats(r, o);
     }
     pthread_mutex_unlock(&s->mu);
@@ -560,6 +575,7 @@ static bool admit_and_retire(vsched *s, vround *rd)
         }
         r->state = REQ_ACTIVE;
         r->fresh = true;
+        r->prefilling = true;
         s->active[s->n_active++] = r;
     }
     rd->n = s->n_active;
@@ -570,30 +586,55 @@ static bool admit_and_retire(vsched *s, vround *rd)
     return true;
 }
 
-/* 2. Prefills admitted requests: every prompt token but the last, which runs
- * in the batched step and yields the first generated token. A request whose
+/* 2. Prefills prompts, prefill_chunk tokens a round over all of them in the
+ * order they were admitted: every prompt token but the last, which runs in
+ * the batched step and yields the first generated token. A sequence joins
+ * the step in the round its prefill completes; until then it sits rounds
+ * out (and is cancelled between chunks like any other). A request whose
  * prefill fails ends here; it is retired with the finished ones. */
-static void prefill_admitted(vsched *s, vround *rd)
+static void prefill_chunks(vsched *s, vround *rd)
 {
-    int live = 0;
-    for (int i = 0; i < rd->n; i++) {
-        vreq *r = rd->seqs[i].r;
-        if (r->fresh) {
-            tdm_error err = {0};
+    int budget = s->p.prefill_chunk;
+    for (;;) {
+        /* The earliest admitted sequence still prefilling. */
+        vreq *r = NULL;
+        for (int i = 0; i < rd->n; i++) {
+            vreq *c = rd->seqs[i].r;
+            if (c->prefilling && !c->finished && (!r || c->id < r->id))
+                r = c;
+        }
+        if (!r || budget <= 0)
+            break;
+        tdm_error err = {0};
+        tdm_status rc = TDM_OK;
+        if (!r->seq) {
             tdm_seq_params sp = {.strategy = s->p.strategy, .max_draft = s->p.max_draft};
-            tdm_status rc = tdm_seq_create(s->p.model, &sp, &r->seq, &err);
-            if (rc == TDM_OK && r->prompt_len > 1)
-                rc = tdm_seq_prefill(r->seq, r->tokens, r->prompt_len - 1, NULL, &err);
-            if (rc != TDM_OK) {
-                tdm_log_error(LOG, "request %s: %s", r->request_id, err.msg);
-                req_fail(s, r, rc, err.msg);
-                r->fresh = false;
-                continue;
-            }
+            rc = tdm_seq_create(s->p.model, &sp, &r->seq, &err);
+        }
+        int want = r->prompt_len - 1 - r->prefilled;
+        int n = want < budget ? want : budget;
+        if (rc == TDM_OK && n > 0)
+            rc = tdm_seq_prefill(r->seq, r->tokens + r->prefilled, n, NULL, &err);
+        if (rc != TDM_OK) {
+            tdm_log_error(LOG, "request %s: %s", r->request_id, err.msg);
+            req_fail(s, r, rc, err.msg);
+            r->prefilling = false;
+            continue;
+        }
+        r->prefilled += n;
+        budget -= n;
+        if (r->prefilled == r->prompt_len - 1) {
+            r->prefilling = false;
             r->last = r->tokens[r->prompt_len - 1];
             r->n_tokens = r->prompt_len - 1; /* `last` is committed after the step */
         }
-        rd->seqs[live++] = rd->seqs[i];
+    }
+    /* Only the sequences done prefilling (and not failed) take part in the step. */
+    int live = 0;
+    for (int i = 0; i < rd->n; i++) {
+        vreq *r = rd->seqs[i].r;
+        if (!r->prefilling && !r->finished)
+            rd->seqs[live++] = rd->seqs[i];
     }
     rd->n = live;
 }
@@ -749,7 +790,10 @@ static void take_blocks(vsched *s, vround *rd)
                     }
                 }
             } else {
-                q->k = (int)b->n_tokens;
+                /* Drafts past the context are not verified: a block may
+                 * bring at most the positions left. */
+                int room = s->p.max_context - (r->n_tokens + 1) - 1;
+                q->k = (int)b->n_tokens < room ? (int)b->n_tokens : (room > 0 ? room : 0);
                 q->got = true;
                 /* After an open the wait includes the drafter's prefill. */
                 if (!r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
@@ -811,7 +855,7 @@ static void run_step(vsched *s, vround *rd)
 
 /* Appends a round's new tokens to r, applying the stop ids and max_tokens.
  * Returns true when the request finished. Under mu. */
-static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n)
+static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n, int max_context)
 {
     for (int i = 0; i < n; i++) {
         int32_t t = toks[i];
@@ -824,6 +868,10 @@ static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n)
         r->tokens[r->n_tokens++] = t;
         if (r->n_out >= r->max_tokens) {
             req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH, TDM_OK, NULL);
+            return true;
+        }
+        if (r->n_tokens >= max_context) {
+            req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_CONTEXT, TDM_OK, NULL);
             return true;
         }
     }
@@ -938,7 +986,7 @@ static void verify_commit_emit(vsched *s, vround *rd)
             s->counters.accepted += (uint64_t)v.accepted;
         }
         int before = r->n_out;
-        bool done = emit_tokens_locked(r, newt, nn);
+        bool done = emit_tokens_locked(r, newt, nn, s->p.max_context);
         s->counters.tokens += (uint64_t)(r->n_out - before);
         /* The last emitted token is the next input; it is not yet in the
          * model, so it is not yet committed in r->tokens. */
@@ -1013,7 +1061,7 @@ static bool sched_round(vsched *s)
     vround *rd = &s->rd;
     if (!admit_and_retire(s, rd))
         return false;
-    prefill_admitted(s, rd);
+    prefill_chunks(s, rd);
     await_blocks(s, rd);
     take_blocks(s, rd);
     run_step(s, rd);
@@ -1070,6 +1118,10 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
         s->p.max_sequences = 1;
     if (s->p.draft_timeout_ms <= 0)
         s->p.draft_timeout_ms = 2000;
+    if (s->p.max_context <= 1)
+        s->p.max_context = tdm_model_get_config(p->model)->max_position_embeddings;
+    if (s->p.prefill_chunk <= 0)
+        s->p.prefill_chunk = 256;
     s->vocab = tdm_model_get_config(p->model)->vocab_size;
     s->active = tdm_xcalloc((size_t)s->p.max_sequences, sizeof(*s->active));
     s->vscratch = tdm_xmalloc(tdm_verify_scratch_bytes(s->vocab));
@@ -1077,7 +1129,7 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     vlinks_callbacks cb = {.deliver = on_draft_message, .broken = on_link_broken, .user = s};
-    s->links = vlinks_create(p->tls, p->max_message_bytes, &cb);
+    s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &cb);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         vlinks_destroy(s->links);
         round_free(&s->rd);

@@ -9,12 +9,16 @@
  * failure). The cost model of a drafted token lives beside the adaptive
  * rule (spec/adaptive.h).
  *
- * A round: admit waiting requests (prefill, first token); ask the drafter of
- * every speculating sequence for a block and wait for the blocks (bounded by
- * draft_timeout_ms); run one batched forward pass over all active sequences
- * (1 row for plain ones, 1 + k rows for those with a block); verify, commit
- * the accepted prefix, stream the new tokens, and send each drafter its
- * verdict. Sequences join and leave between rounds.
+ * A round: admit waiting requests; prefill prompts a chunk at a time
+ * (prefill_chunk tokens a round over all of them, so one long prompt delays
+ * the others' tokens by a chunk, not by its whole prefill); wait for the
+ * blocks asked for last round (each at most draft_timeout_ms after it was
+ * asked for); run one batched forward pass over all decoding sequences (1
+ * row for plain ones, 1 + k rows for those with a block); verify, commit the
+ * accepted prefix, stream the new tokens, and send each drafter its verdict.
+ * Sequences join and leave between rounds; a request is cancelled between
+ * chunks and rounds. A sequence ends at max_context positions (finish
+ * reason CONTEXT).
  *
  * Fallback: a drafter that fails (stream broken, malformed or late block)
  * only turns speculation off for the sequences it served; they continue with
@@ -29,6 +33,7 @@
 #include "engine.h"
 #include "rpc.h"
 #include "status.h"
+#include "trust.h"
 #include "tandem/v1/verifier.pb-c.h"
 
 #include <stdbool.h>
@@ -44,7 +49,10 @@ typedef struct vsched_params {
     int max_draft;               /* most draft tokens per round (max_draft_tokens) */
     int max_sequences;           /* active at once; more wait in line */
     int draft_timeout_ms;        /* longest wait for a drafter's block */
+    int max_context;             /* most positions a sequence may reach (prompt + generated) */
+    int prefill_chunk;           /* prompt tokens prefilled per round, over all new requests */
     const tdm_rpc_tls *tls;      /* for Draft streams; NULL = plaintext */
+    const tdm_trust *trust;      /* the credential Draft streams carry; may be NULL */
     int64_t max_message_bytes;
 } vsched_params;
 
@@ -67,6 +75,7 @@ typedef struct vsched_output {
     Tandem__V1__FinishReason finish_reason;
     Tandem__V1__RequestStats stats; /* string fields point into the request */
     tdm_status status;              /* != TDM_OK: the request failed (message in msg) */
+    /* stats are filled on every output: the request's progress so far */
     char msg[256];
 } vsched_output;
 

@@ -276,6 +276,29 @@ static void test_auto_rules(void)
               strcmp(tdm_cfg_str(cfg, "backend"), "cuda") == 0,
           "backend resolved");
     CHECK_HAS(tdm_cfg_reason(cfg, "backend"), "backend-from-build");
+    /* max_context auto is the model's max_position_embeddings */
+    CHECK(tdm_cfg_int(cfg, "max_context") == 3000, "max_context %lld",
+          (long long)tdm_cfg_int(cfg, "max_context"));
+    CHECK_HAS(tdm_cfg_reason(cfg, "max_context"), "max_position_embeddings");
+    tdm_cfg_destroy(cfg);
+    /* ... and an explicit one above it is refused, naming both */
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--max-context", "5000", NULL);
+    CHECK(st != TDM_OK && has_error(cfg, "max_context=5000 (flag:--max-context)", "3000"),
+          "max_context above the model's: %s", err.msg);
+    tdm_cfg_destroy(cfg);
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--max-context", "2000", NULL);
+    CHECK(st == TDM_OK && tdm_cfg_int(cfg, "max_context") == 2000, "max_context 2000: %s",
+          err.msg);
+    tdm_cfg_destroy(cfg);
+    /* tls_client_auth auto: mutual TLS when a certificate and a CA are set */
+    cfg = load(&tdm_svc_gateway_schema, &st, NULL, &err, NULL);
+    CHECK_STR(tdm_cfg_str(cfg, "tls_client_auth"), "none");
+    CHECK_HAS(tdm_cfg_reason(cfg, "tls_client_auth"), "client-auth-from-tls");
+    tdm_cfg_destroy(cfg);
+    cfg = load(&tdm_svc_gateway_schema, &st, NULL, &err, "--tls-client-auth", "require", NULL);
+    CHECK(st != TDM_OK && has_error(cfg, "tls_client_auth=require (flag:--tls-client-auth)",
+                                    "tls_ca"),
+          "tls_client_auth require without TLS: %s", err.msg);
     tdm_cfg_destroy(cfg);
 }
 
@@ -705,7 +728,8 @@ int main(int argc, char **argv)
     mkdir(g_model, 0755);
     char cfg_path[400];
     snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", g_model);
-    write_file(cfg_path, "{\"vocab_size\": 16}");
+    write_file(cfg_path, "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": 16, "
+                         "\"max_position_embeddings\": 3000}");
     int ran = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)

@@ -284,7 +284,8 @@ def case_pair_formed():
 
 def fake_descriptor(rid, role, **kw):
     d = {"role": role, "replica_id": rid, "address": "10.9.9.9:1", "protocol": {"major": 1},
-         "snapshot_layout_version": 1, "state_strategy": "STATE_STRATEGY_EXTRA_BUFFER"}
+         "snapshot_layout_version": 1, "state_strategy": "STATE_STRATEGY_EXTRA_BUFFER",
+         "instance_id": "fake-" + rid}
     d.update(kw)
     return d
 
