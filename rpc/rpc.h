@@ -191,6 +191,12 @@ bool tdm_rpc_call_cancelled(const tdm_rpc_call *call);
  * notification is not running and will not run, so its arg may be freed. */
 void tdm_rpc_call_set_cancel_notify(tdm_rpc_call *call, void (*fn)(void *arg), void *arg);
 
+/* Ends a streaming call from the server's side with `code` and `msg`, from
+ * any thread: the client sees that status, and the handler's pending and
+ * later reads and writes fail, so it returns (its own status is then not
+ * sent). For ending endless streams when a process drains. */
+void tdm_rpc_call_abort(tdm_rpc_call *call, tdm_status code, const char *msg);
+
 /* Sends one message (streaming handlers only); blocks until it is handed to
  * the transport. Returns CANCELLED / DEADLINE_EXCEEDED once the call ended. */
 tdm_status tdm_rpc_call_write(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_error *err);

@@ -887,6 +887,11 @@ const char *tdm_rpc_call_metadata(const tdm_rpc_call *call, const char *key)
     return NULL;
 }
 
+void tdm_rpc_call_abort(tdm_rpc_call *call, tdm_status code, const char *msg)
+{
+    grpc_call_cancel_with_status(call->call, (grpc_status_code)code, msg, NULL);
+}
+
 const char *tdm_rpc_call_peer(const tdm_rpc_call *call)
 {
     tdm_rpc_call *c = (tdm_rpc_call *)call;

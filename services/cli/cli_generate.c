@@ -5,6 +5,7 @@
  */
 #include "cli.h"
 
+#include "cli_net.h"
 #include "config.h"
 #include "defs.h"
 #include "pbjson.h"
@@ -22,7 +23,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: tandem generate [options] PROMPT\n\n"
             "Streams the continuation of PROMPT from a running gateway.\n\n"
-            "  --gateway HOST:PORT  gateway address (default $TANDEM_GATEWAY, else 127.0.0.1:7700)\n"
+
             "  --max-tokens N       tokens to generate (default: the gateway's)\n"
             "  --temperature T      0 = greedy (default 0)\n"
             "  --top-p P            nucleus sampling (default off)\n"
@@ -40,7 +41,9 @@ static void usage(FILE *out)
             "  --timeout DURATION   deadline for the whole request (e.g. 30s)\n"
             "  --json               print each response message as a JSON line\n"
             "  --quiet              no stats on stderr\n"
-            "  --                   end of options: what follows is the prompt\n");
+            "  --                   end of options: what follows is the prompt\n"
+            "%s",
+            cli_net_usage);
 }
 
 static bool parse_u64(const char *s, uint64_t *out)
@@ -91,9 +94,8 @@ static bool parse_ids(const char *s, uint32_t **ids, size_t *n)
 
 int cli_generate(int argc, char **argv)
 {
-    const char *gateway = getenv("TANDEM_GATEWAY");
-    if (!gateway || !gateway[0])
-        gateway = "127.0.0.1:7700";
+    cli_net net;
+    cli_net_init(&net);
     Tandem__V1__GenerateRequest req = TANDEM__V1__GENERATE_REQUEST__INIT;
     Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
     Tandem__V1__SpeculationParams spec = TANDEM__V1__SPECULATION_PARAMS__INIT;
@@ -117,6 +119,7 @@ int cli_generate(int argc, char **argv)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t u;
+        int taken;
         if (!options || strcmp(a, "--") == 0) {
             if (options) {
                 options = false;
@@ -131,9 +134,9 @@ int cli_generate(int argc, char **argv)
             usage(stdout);
             free(ids);
             return 0;
-        } else if (strcmp(a, "--gateway") == 0 && v) {
-            gateway = v;
-            i++;
+        } else if ((taken = cli_net_option(&net, "generate", argc, argv, &i)) != 0) {
+            if (taken < 0)
+                goto out;
         } else if (strcmp(a, "--max-tokens") == 0 && v && parse_u64(v, &u) && u <= UINT32_MAX) {
             req.max_tokens = (uint32_t)u;
             i++;
@@ -227,13 +230,13 @@ int cli_generate(int argc, char **argv)
 
     tdm_error err = {0};
     tdm_rpc_channel *ch = NULL;
-    tdm_rpc_channel_options co = {.target = gateway};
-    if (tdm_rpc_channel_create(&co, &ch, &err) != TDM_OK) {
+    if (cli_net_channel(&net, &ch, &err) != TDM_OK) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
         rc = 1;
         goto out;
     }
     tdm_rpc_call_options opt = {.timeout_ms = timeout_ms};
+    cli_net_call_options(&net, &opt);
     tdm_rpc_stream *st = NULL;
     if (tdm_rpc_stream_open(ch, "/tandem.v1.Gateway/Generate", &req.base,
                             &tandem__v1__generate_response__descriptor, &opt, &st,

@@ -6,6 +6,7 @@
 #include "defs.h"
 #include "cli.h"
 
+#include "cli_net.h"
 #include "config.h"
 #include "pbjson.h"
 #include "rpc.h"
@@ -19,12 +20,15 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: tandem status [--gateway HOST:PORT] [--json] [--timeout DURATION]\n"
-                 "                     [--tls-ca FILE]\n\n"
+    fprintf(out, "usage: tandem status [options]\n\n"
                  "Shows the gateway's registered replicas with their self-descriptions and\n"
                  "heartbeat age, the verifier/drafter pairs formed, the pairs refused with the\n"
-                 "rule and both values, counters and the gateway's effective configuration.\n"
-                 "--gateway defaults to $TANDEM_GATEWAY, else 127.0.0.1:7700.\n");
+                 "rule and both values, counters and the gateway's effective configuration\n"
+                 "(addresses, paths and configuration only for operators).\n\n"
+                 "  --json               the GetStatus response as JSON\n"
+                 "  --timeout DURATION   deadline of the call (default 5s)\n"
+                 "%s",
+            cli_net_usage);
 }
 
 static const char *fp12(const char *fp, char *buf, size_t len)
@@ -138,10 +142,8 @@ static void print_status(const Tandem__V1__StatusResponse *s)
 
 int cli_status(int argc, char **argv)
 {
-    const char *gateway = getenv("TANDEM_GATEWAY");
-    if (!gateway || !gateway[0])
-        gateway = "127.0.0.1:7700";
-    const char *ca = NULL;
+    cli_net net;
+    cli_net_init(&net);
     bool json = false;
     int64_t timeout_ms = 5000;
     for (int i = 1; i < argc; i++) {
@@ -153,32 +155,23 @@ int cli_status(int argc, char **argv)
             }
             break;
         }
+        int taken = cli_net_option(&net, "status", argc, argv, &i);
+        if (taken < 0)
+            return 2;
+        if (taken)
+            continue;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
         } else if (strcmp(a, "--json") == 0) {
             json = true;
-        } else if ((strcmp(a, "--gateway") == 0 || strcmp(a, "--timeout") == 0 ||
-                    strcmp(a, "--tls-ca") == 0) &&
-                   i + 1 < argc) {
+        } else if (strcmp(a, "--timeout") == 0 && i + 1 < argc) {
             const char *v = argv[++i];
             tdm_error err;
-            if (strcmp(a, "--gateway") == 0) {
-                char host[256];
-                int port;
-                if (tdm_cfg_parse_address(v, host, sizeof(host), &port, &err) != TDM_OK) {
-                    fprintf(stderr, "tandem status: --gateway: %s\n", err.msg);
-                    return 2;
-                }
-                gateway = v;
-            } else if (strcmp(a, "--timeout") == 0) {
-                if (tdm_cfg_parse_duration_ms(v, &timeout_ms, &err) != TDM_OK || timeout_ms <= 0) {
-                    fprintf(stderr, "tandem status: --timeout: %s\n",
-                            timeout_ms <= 0 ? "must be positive" : err.msg);
-                    return 2;
-                }
-            } else {
-                ca = v;
+            if (tdm_cfg_parse_duration_ms(v, &timeout_ms, &err) != TDM_OK || timeout_ms <= 0) {
+                fprintf(stderr, "tandem status: --timeout: %s\n",
+                        timeout_ms <= 0 ? "must be positive" : err.msg);
+                return 2;
             }
         } else {
             fprintf(stderr, "tandem status: unknown or incomplete argument '%s'\n\n", a);
@@ -186,17 +179,17 @@ int cli_status(int argc, char **argv)
             return 2;
         }
     }
-    tdm_rpc_tls tls = {.ca_path = ca};
-    tdm_rpc_channel_options copt = {.target = gateway, .tls = ca ? &tls : NULL};
+    const char *gateway = net.gateway;
     tdm_rpc_channel *ch = NULL;
     tdm_error err;
-    if (tdm_rpc_channel_create(&copt, &ch, &err) != TDM_OK) {
+    if (cli_net_channel(&net, &ch, &err) != TDM_OK) {
         fprintf(stderr, "tandem status: %s\n", err.msg);
         return 1;
     }
     Tandem__V1__GetStatusRequest req = TANDEM__V1__GET_STATUS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
     tdm_rpc_call_options opt = {.timeout_ms = timeout_ms};
+    cli_net_call_options(&net, &opt);
     tdm_status st = tdm_rpc_unary(ch, "/tandem.v1.Gateway/GetStatus", &req.base,
                                   &tandem__v1__status_response__descriptor, &resp, &opt, &err);
     if (st != TDM_OK) {

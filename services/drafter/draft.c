@@ -64,6 +64,7 @@ typedef struct dqueue_item {
 
 typedef struct dstream {
     drafter *d;
+    struct dstream *next_open; /* d->open_streams (under d->streams_mu) */
     tdm_rpc_call *call;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -549,6 +550,15 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot start a Draft stream");
     }
     __atomic_fetch_add(&d->streams, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&d->streams_mu);
+    bool draining = d->draining;
+    if (!draining) {
+        st.next_open = d->open_streams;
+        d->open_streams = &st;
+    }
+    pthread_mutex_unlock(&d->streams_mu);
+    if (draining)
+        tdm_rpc_call_abort(call, TDM_ERR_UNAVAILABLE, "the drafter is draining");
     tdm_status rc = TDM_OK;
     for (;;) {
         pthread_mutex_lock(&st.mu);
@@ -582,6 +592,13 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         }
     }
     pthread_join(reader, NULL);
+    pthread_mutex_lock(&d->streams_mu);
+    for (dstream **pp = &d->open_streams; *pp; pp = &(*pp)->next_open)
+        if (*pp == &st) {
+            *pp = st.next_open;
+            break;
+        }
+    pthread_mutex_unlock(&d->streams_mu);
     pthread_mutex_lock(&d->model_mu);
     while (st.seqs)
         dseq_remove(&st, st.seqs);
@@ -621,6 +638,19 @@ static void load(void *arg, uint32_t *active, uint32_t *free_slots)
     *free_slots = open < d->max_sequences ? (uint32_t)(d->max_sequences - open) : 0;
 }
 
+/* Draining: end every Draft stream at once, so that verifiers go on without
+ * this drafter (plain decoding from their committed state) instead of the
+ * process waiting its whole shutdown grace for streams that never end. */
+static void drafter_on_shutdown(void *arg)
+{
+    drafter *d = arg;
+    pthread_mutex_lock(&d->streams_mu);
+    d->draining = true;
+    for (dstream *st = d->open_streams; st; st = st->next_open)
+        tdm_rpc_call_abort(st->call, TDM_ERR_UNAVAILABLE, "the drafter is draining");
+    pthread_mutex_unlock(&d->streams_mu);
+}
+
 tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
 {
     drafter *d = arg;
@@ -644,6 +674,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     }
     tdm_service_set_counters(svc, counters, d);
     tdm_service_set_load(svc, load, d);
+    tdm_rpc_server_on_shutdown(tdm_service_server(svc), drafter_on_shutdown, d);
     return tdm_rpc_server_add_bidi(tdm_service_server(svc), "/tandem.v1.Drafter/Draft",
                                    &tandem__v1__draft_request__descriptor, draft_stream, d, err);
 }

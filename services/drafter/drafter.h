@@ -21,6 +21,10 @@ typedef struct drafter {
     int vocab;
     int max_sequences; /* open sequences per stream */
     int ngram_min, ngram_max;
+    /* The open Draft streams (under streams_mu), ended when the process drains. */
+    pthread_mutex_t streams_mu;
+    struct dstream *open_streams;
+    bool draining;
     /* counters (atomics) */
     int streams, open_sequences;
     uint64_t blocks, drafted;

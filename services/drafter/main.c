@@ -17,9 +17,11 @@ int main(int argc, char **argv)
         return rc;
     drafter d = {0};
     pthread_mutex_init(&d.model_mu, NULL);
+    pthread_mutex_init(&d.streams_mu, NULL);
     rc = tdm_service_replica_main(cfg, "tandem.v1.Drafter", "/tandem.v1.Drafter/Describe",
                                   drafter_setup, &d);
     tdm_runtime_close(d.rt);
     pthread_mutex_destroy(&d.model_mu);
+    pthread_mutex_destroy(&d.streams_mu);
     return rc;
 }

@@ -12,11 +12,31 @@
 
 #define LOG "verifier"
 
+/* A message waiting for the writer, serialised. */
+typedef struct vlink_msg {
+    struct vlink_msg *next;
+    size_t len;
+    uint8_t data[];
+} vlink_msg;
+
+/* Messages a link may hold for a drafter that does not read them before the
+ * link is broken (a drafter that stalled: its sequences time out meanwhile). */
+#define VLINK_QUEUE_MAX 4096
+
 struct vlink {
     vlinks *t;
     char address[256];
     tdm_rpc_channel *ch;
     tdm_rpc_stream *stream;
+    /* The writer thread's queue (under wmu): the scheduler never waits on a
+     * drafter's transport. */
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    vlink_msg *qhead, *qtail;
+    int queued;
+    bool wstop;
+    pthread_t writer;
+    bool has_writer;
     /* under t->mu */
     int refs;      /* the table, the reader, each holder */
     bool broken;   /* out of the table; its sequences fall back to plain */
@@ -50,6 +70,20 @@ vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t ma
 
 static void link_free(vlink *l)
 {
+    if (l->has_writer) {
+        pthread_mutex_lock(&l->wmu);
+        l->wstop = true;
+        pthread_cond_broadcast(&l->wcv);
+        pthread_mutex_unlock(&l->wmu);
+        pthread_join(l->writer, NULL);
+    }
+    for (vlink_msg *m = l->qhead; m;) {
+        vlink_msg *n = m->next;
+        free(m);
+        m = n;
+    }
+    pthread_mutex_destroy(&l->wmu);
+    pthread_cond_destroy(&l->wcv);
     if (l->stream)
         tdm_rpc_stream_destroy(l->stream);
     if (l->ch)
@@ -117,6 +151,38 @@ void vlink_break(vlink *l, const char *why)
     t->cb.broken(t->cb.user, l, why);
 }
 
+/* Writer thread: writes the queued messages in order; a failed write breaks
+ * the link. Holds no reference: link_free stops and joins it first. */
+static void *link_writer(void *arg)
+{
+    vlink *l = arg;
+    pthread_mutex_lock(&l->wmu);
+    for (;;) {
+        while (!l->qhead && !l->wstop)
+            pthread_cond_wait(&l->wcv, &l->wmu);
+        if (l->wstop)
+            break;
+        vlink_msg *m = l->qhead;
+        l->qhead = m->next;
+        if (!l->qhead)
+            l->qtail = NULL;
+        l->queued--;
+        pthread_mutex_unlock(&l->wmu);
+        tdm_error err = {0};
+        tdm_status rc = tdm_rpc_stream_write_raw(l->stream, m->data, m->len, &err);
+        free(m);
+        if (rc != TDM_OK) {
+            char why[300];
+            snprintf(why, sizeof(why), "write failed (%s: %s)", tdm_status_name(err.code),
+                     err.msg);
+            vlink_break(l, why);
+        }
+        pthread_mutex_lock(&l->wmu);
+    }
+    pthread_mutex_unlock(&l->wmu);
+    return NULL;
+}
+
 /* Reader thread: hands every message to the scheduler until the stream ends. */
 static void *link_reader(void *arg)
 {
@@ -167,6 +233,8 @@ vlink *vlinks_get(vlinks *t, const char *address, tdm_error *err)
     /* Open without the lock: a channel reads TLS files and resolves names. */
     l = tdm_xcalloc(1, sizeof(*l));
     l->t = t;
+    pthread_mutex_init(&l->wmu, NULL);
+    pthread_cond_init(&l->wcv, NULL);
     snprintf(l->address, sizeof(l->address), "%s", address);
     tdm_rpc_channel_options co = {
         .target = address, .tls = t->tls, .max_message_bytes = t->max_message_bytes};
@@ -191,7 +259,8 @@ vlink *vlinks_get(vlinks *t, const char *address, tdm_error *err)
     }
     l->refs = 3; /* table, caller, reader */
     pthread_t th;
-    if (pthread_create(&th, NULL, link_reader, l) != 0) {
+    l->has_writer = pthread_create(&l->writer, NULL, link_writer, l) == 0;
+    if (!l->has_writer || pthread_create(&th, NULL, link_reader, l) != 0) {
         pthread_mutex_unlock(&t->mu);
         link_free(l);
         tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot start a Draft stream reader");
@@ -255,13 +324,30 @@ void vlinks_destroy(vlinks *t)
 
 bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg)
 {
-    tdm_error err = {0};
-    if (tdm_rpc_stream_write(l->stream, &msg->base, &err) == TDM_OK)
-        return true;
-    char why[300];
-    snprintf(why, sizeof(why), "write failed (%s: %s)", tdm_status_name(err.code), err.msg);
-    vlink_break(l, why);
-    return false;
+    if (vlink_is_broken(l, NULL, 0))
+        return false;
+    size_t len = tandem__v1__draft_request__get_packed_size(msg);
+    vlink_msg *m = tdm_xmalloc(sizeof(*m) + (len ? len : 1));
+    m->next = NULL;
+    m->len = tandem__v1__draft_request__pack(msg, m->data);
+    pthread_mutex_lock(&l->wmu);
+    bool full = l->queued >= VLINK_QUEUE_MAX;
+    if (!full) {
+        if (l->qtail)
+            l->qtail->next = m;
+        else
+            l->qhead = m;
+        l->qtail = m;
+        l->queued++;
+        pthread_cond_signal(&l->wcv);
+    }
+    pthread_mutex_unlock(&l->wmu);
+    if (full) {
+        free(m);
+        vlink_break(l, "the drafter does not read its Draft stream (4096 messages queued)");
+        return false;
+    }
+    return true;
 }
 
 bool vlink_send_close(vlink *l, uint64_t sequence_id, const char *reason)

@@ -14,7 +14,10 @@
  * table, the reader, every sequence on it) and the last reference destroys
  * the stream and channel, which can wait for the call to end, so
  * vlink_unref must not be called under a lock the reader's callbacks take.
- * Writes come from the scheduler thread only.
+ * vlink_send only queues: each link has a writer thread that writes its
+ * messages in order, so the scheduler never waits on a drafter's transport
+ * (a stalled drafter costs its sequences their draft_timeout, nobody else
+ * anything).
  */
 #ifndef TANDEM_VERIFIER_VLINK_H
 #define TANDEM_VERIFIER_VLINK_H
@@ -65,7 +68,8 @@ bool vlink_is_broken(vlink *l, char *why, size_t why_len);
 /* Marks l broken, cancels its stream and calls the broken callback (once). */
 void vlink_break(vlink *l, const char *why);
 
-/* Writes one message; a failed write breaks the link (false). Scheduler thread. */
+/* Queues one message for the writer; false when the link is broken (or
+ * breaks now because the drafter stopped reading). */
 bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg);
 bool vlink_send_close(vlink *l, uint64_t sequence_id, const char *reason);
 
