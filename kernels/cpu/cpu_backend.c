@@ -398,6 +398,39 @@ typedef struct attn_args {
     int nseg, nH, nKV, D;
 } attn_args;
 
+/* Keys scored a tile at a time: the running maximum (and the rescale of the
+ * output it brings) moves once per tile, not once per key. */
+#define ATT_TILE 32
+#define ATT_CPU_MAXD 1024
+
+/* q · k over n floats in eight interleaved partial sums, combined in a fixed
+ * order: the compiler turns it into vector instructions, and the result
+ * depends on the two rows alone, never on the batch. */
+static inline float attn_dot(const float *q, const float *k, int n)
+{
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            s[l] += q[i + l] * k[i + l];
+    float t = 0;
+    for (; i < n; i++)
+        t += q[i] * k[i];
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + t;
+}
+
+/* o += p * v over n floats, eight at a time (vectorised like attn_dot; each
+ * element is one multiply-add either way). */
+static inline void attn_axpy(float *restrict o, float p, const float *restrict v, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            o[i + l] += p * v[i + l];
+    for (; i < n; i++)
+        o[i] += p * v[i];
+}
+
 static void attn_task(void *vp, int u)
 {
     const attn_args *a = vp;
@@ -413,33 +446,39 @@ static void attn_task(void *vp, int u)
     size_t row = (size_t)(sg->row0 + i);
     const float *q = a->q + (row * (size_t)nH + (size_t)h) * (size_t)D;
     float *o = a->out + (row * (size_t)nH + (size_t)h) * (size_t)D;
+    const float *kc = sg->k_cache + (size_t)kh * (size_t)D;
+    const float *vc = sg->v_cache + (size_t)kh * (size_t)D;
     /* One pass with a running maximum (online softmax): no scratch of the
      * context's length, whatever the context. */
-    float mx = -INFINITY, sum = 0;
+    /* The output accumulates in a local row (no alias with the caches: the
+     * compiler vectorises its updates); D is at most ATT_CPU_MAXD. */
+    float mx = -INFINITY, sum = 0, sc[ATT_TILE], ob[ATT_CPU_MAXD];
+    TDM_ASSERT(D <= ATT_CPU_MAXD);
     for (int d = 0; d < D; d++)
-        o[d] = 0;
-    for (int j = 0; j < n; j++) {
-        const float *k = sg->k_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
-        float s = 0;
-        for (int d = 0; d < D; d++)
-            s += q[d] * k[d];
-        s *= scale;
-        if (s > mx) {
-            float c = expf(mx - s); /* 0 on the first key */
+        ob[d] = 0;
+    for (int j0 = 0; j0 < n; j0 += ATT_TILE) {
+        const int nt = n - j0 < ATT_TILE ? n - j0 : ATT_TILE;
+        float tmax = -INFINITY;
+        for (int t = 0; t < nt; t++) {
+            sc[t] = attn_dot(q, kc + (size_t)(j0 + t) * kvw, D) * scale;
+            tmax = sc[t] > tmax ? sc[t] : tmax;
+        }
+        if (tmax > mx) {
+            float c = expf(mx - tmax); /* 0 on the first tile */
             sum *= c;
             for (int d = 0; d < D; d++)
-                o[d] *= c;
-            mx = s;
+                ob[d] *= c;
+            mx = tmax;
         }
-        float p = expf(s - mx);
-        sum += p;
-        const float *v = sg->v_cache + (size_t)j * kvw + (size_t)kh * (size_t)D;
-        for (int d = 0; d < D; d++)
-            o[d] += p * v[d];
+        for (int t = 0; t < nt; t++) {
+            float p = expf(sc[t] - mx);
+            sum += p;
+            attn_axpy(ob, p, vc + (size_t)(j0 + t) * kvw, D);
+        }
     }
     float inv = 1.0f / sum;
     for (int d = 0; d < D; d++)
-        o[d] *= inv;
+        o[d] = ob[d] * inv;
 }
 
 static void cpu_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
