@@ -733,6 +733,233 @@ def case_stop_strings():
     e2e.stop_all()
 
 
+# ---- fault injection under load ------------------------------------------------------
+
+class Proxy:
+    """A TCP proxy between two services that can cut the line (bytes are
+    read and dropped: a partition, not a reset) or delay it."""
+
+    def __init__(self, upstream_port):
+        self.up = upstream_port
+        self.mode = "pass"
+        self.delay = 0.0
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(64)
+        self.port = self.ls.getsockname()[1]
+        self.alive = True
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while self.alive:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection(("127.0.0.1", self.up))
+            except OSError:
+                c.close()
+                continue
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self.pump, args=(a, b), daemon=True).start()
+
+    def pump(self, a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                if self.mode == "drop":
+                    continue
+                if self.delay:
+                    time.sleep(self.delay)
+                b.sendall(data)
+        except OSError:
+            pass
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.alive = False
+        self.ls.close()
+
+
+def run_load(gw, ps, refs, n, mode="SPECULATION_MODE_AUTO", during=None, timeout=120):
+    """n streams over prompts ps, with during() called once they all flow.
+    Returns [(code, ids)] and checks every output against the plain reference:
+    complete and equal when OK, a prefix of it otherwise."""
+    results = [None] * n
+    started = threading.Event()
+    flowing = [0]
+    lock = threading.Lock()
+
+    def one(i):
+        c = st.client()
+        grpc = grpc_mod()
+        from google.protobuf import json_format
+        cls, resp_cls, _ = c._method("/tandem.v1.Gateway/Generate")
+        ch = grpc.insecure_channel(gw.addr())
+        fn = ch.unary_stream("/tandem.v1.Gateway/Generate",
+                             request_serializer=cls.SerializeToString,
+                             response_deserializer=resp_cls.FromString)
+        req = {"text": ps[i % len(ps)], "max_tokens": 120, "ignore_eos": True,
+               "speculation": {"mode": mode if i % 4 else "SPECULATION_MODE_OFF",
+                               "block_size": 4}}
+        ids, code, first = [], "OK", True
+        try:
+            for m in fn(json_format.ParseDict(req, cls()), timeout=timeout):
+                if m.HasField("tokens"):
+                    ids += list(m.tokens.ids)
+                    if first:
+                        first = False
+                        with lock:
+                            flowing[0] += 1
+                            if flowing[0] == n:
+                                started.set()
+        except grpc.RpcError as e:
+            code = e.code().name
+        ch.close()
+        results[i] = (code, ids)
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    started.wait(60)
+    if during:
+        during()
+    for t in ts:
+        t.join(timeout + 30)
+    codes = {}
+    for r in results:
+        if r:
+            codes[r[0]] = codes.get(r[0], 0) + 1
+    print("  %d streams: %s" % (n, codes), flush=True)
+    for i, r in enumerate(results):
+        ref = refs[i % len(ps)]
+        if r is None:
+            check(False, "stream %d did not finish" % i)
+        elif r[0] == "OK":
+            check(r[1] == ref, "stream %d completed with other tokens than plain decoding" % i)
+        else:
+            check(r[1] == ref[:len(r[1])],
+                  "stream %d (%s) streamed tokens that are not a prefix of plain decoding" %
+                  (i, r[0]))
+    return results
+
+
+def case_faults():
+    """SIGKILL and SIGSTOP of each service, restarts and a partition, each
+    under 16 streams: which requests may fail, with what status, and that no
+    streamed token is ever wrong, lost or repeated."""
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER, "--heartbeat-interval", "200ms",
+                    "--replica-ttl", "2s")
+    v1 = st.replica("verifier", gw, "--model", e2e.TARGET, "--replica-id", "v1",
+                    "--draft-timeout", "500ms")
+    d1 = st.replica("drafter", gw, "--model", e2e.DRAFTER, "--replica-id", "d1")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "v1+d1")
+    ps = e2e.prompts(8)
+    refs = [e2e.generate(gw, p, max_tokens=120, mode="SPECULATION_MODE_OFF", ignore_eos=True)[2]
+            for p in ps]
+    n = 16
+
+    # Drafter SIGKILL mid-stream: every request completes, as plain decoding would.
+    res = run_load(gw, ps, refs, n, during=lambda: (time.sleep(0.3),
+                                                   d1.p.send_signal(signal.SIGKILL)))
+    check(all(r[0] == "OK" for r in res), "drafter SIGKILL: %s" % [r[0] for r in res])
+    d1.p.wait()
+    d2 = st.replica("drafter", gw, "--model", e2e.DRAFTER, "--replica-id", "d2")
+    st.wait_status(gw, lambda s: any(p["drafter"] == "d2" and p["compatible"]
+                                     for p in s.get("pairs", [])), "d2")
+
+    # Drafter SIGSTOP for 2 s: its sequences time out to plain decoding.
+    def stop_drafter():
+        time.sleep(0.2)
+        d2.p.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)
+        d2.p.send_signal(signal.SIGCONT)
+    res = run_load(gw, ps, refs, n, during=stop_drafter)
+    check(all(r[0] == "OK" for r in res), "drafter SIGSTOP: %s" % [r[0] for r in res])
+
+    # A partition between verifier and drafter (a proxy that drops bytes), healed later.
+    d2.stop()
+    proxy = Proxy(0)
+    d4 = st.replica("drafter", gw, "--model", e2e.DRAFTER, "--replica-id", "d4",
+                    "--advertise", "127.0.0.1:%d" % proxy.port)
+    proxy.up = d4.port
+    st.wait_status(gw, lambda s: [p for p in s.get("pairs", []) if p["compatible"]] and
+                   all(p["drafter"] == "d4" for p in s["pairs"] if p["compatible"]), "d4 only")
+
+    def partition():
+        time.sleep(0.2)
+        proxy.mode = "drop"
+        time.sleep(2.0)
+        proxy.mode = "pass"
+    res = run_load(gw, ps, refs, n, during=partition)
+    check(all(r[0] == "OK" for r in res), "partition verifier/drafter: %s" % [r[0] for r in res])
+
+    # Verifier SIGSTOP for 1.5 s (under its TTL): requests stall, then complete.
+    def stop_verifier():
+        time.sleep(0.2)
+        v1.p.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)
+        v1.p.send_signal(signal.SIGCONT)
+    res = run_load(gw, ps, refs, n, during=stop_verifier)
+    check(all(r[0] == "OK" for r in res), "verifier SIGSTOP: %s" % [r[0] for r in res])
+
+    # Verifier SIGKILL with a second verifier up: its requests fail with
+    # UNAVAILABLE (their streamed tokens are right); the others complete; new
+    # requests go to the live one at once.
+    v2 = st.replica("verifier", gw, "--model", e2e.TARGET, "--replica-id", "v2",
+                    "--draft-timeout", "500ms")
+    st.wait_status(gw, lambda s: len(s.get("replicas", [])) >= 3 and
+                   all(r["heartbeat_age_ms"] < 500 for r in s["replicas"]), "v2, v1 fresh")
+    killed = {}
+
+    def kill_v1():
+        t0 = time.time()
+        while time.time() - t0 < 10 and not counter(v1.addr(), "active_sequences"):
+            time.sleep(0.02)
+        killed["active"] = counter(v1.addr(), "active_sequences")
+        v1.p.send_signal(signal.SIGKILL)
+    res = run_load(gw, ps, refs, n, during=kill_v1)
+    check(killed.get("active"), "v1 served none of the 16 streams")
+    codes = sorted(set(r[0] for r in res))
+    check(set(codes) <= {"OK", "UNAVAILABLE"} and "OK" in codes,
+          "verifier SIGKILL: statuses %s" % codes)
+    v1.p.wait()
+    t0 = time.time()
+    ok = 0
+    for p in ps[:4]:
+        r = e2e.generate(gw, p, max_tokens=8, timeout=20)
+        ok += r[0] == "OK"
+    check(ok == 4 and time.time() - t0 < 10, "requests right after the verifier died: %d/4" % ok)
+
+    # Gateway SIGKILL and restart on its port: in-flight requests fail with
+    # UNAVAILABLE; replicas register again; new requests are served.
+    gport = gw.port
+    res = run_load(gw, ps, refs, 8, during=lambda: (time.sleep(0.3),
+                                                   gw.p.send_signal(signal.SIGKILL)))
+    check(set(r[0] for r in res) <= {"OK", "UNAVAILABLE"},
+          "gateway SIGKILL: %s" % sorted(set(r[0] for r in res)))
+    gw.p.wait()
+    gw2 = st.Proc("gateway", st.binary("tandem-gateway"),
+                  ["--listen", "127.0.0.1:%d" % gport, "--health-listen", "127.0.0.1:0",
+                   "--tokenizer", e2e.TOKENIZER, "--heartbeat-interval", "200ms"])
+    st.PROCS.append(gw2)
+    gw2.wait_ready()
+    st.wait_status(gw2, lambda s: len(s.get("pairs", [])) >= 1, "pairs after the restart")
+    res = run_load(gw2, ps, refs, n)
+    check(all(r[0] == "OK" for r in res), "after the gateway restart: %s" %
+          sorted(set(r[0] for r in res)))
+    proxy.close()
+    e2e.stop_all()
+
+
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
