@@ -453,6 +453,8 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     if (rc != TDM_OK)
         goto out;
 
+    int attempt = 0;
+again:
     /* Pick the replicas. */
     Tandem__V1__SpeculationMode mode =
         req->speculation ? req->speculation->mode : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
@@ -540,9 +542,30 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
             rl.max_stop = strlen(req->stop[i]);
     double t_first = 0;
     Tandem__V1__RunComplete *complete = NULL;
+    bool heard = false; /* the verifier sent something */
     for (;;) {
         tdm_error rerr = {0};
         rc = tdm_rpc_stream_read(stream, &m, &rerr);
+        if (!m && rc == TDM_ERR_UNAVAILABLE && !heard && attempt < 2 &&
+            !tdm_rpc_call_cancelled(call)) {
+            /* The verifier cannot be reached (it died, or is restarting) and
+             * nothing was streamed: the request goes to another verifier,
+             * and this one is not picked again until it heartbeats. */
+            tdm_log_warn(LOG, "request %s: verifier %s unreachable (%s); trying another", rid,
+                         pick.verifier_id, rerr.msg);
+            gw_registry_suspect(g->reg, pick.verifier_id, pick.verifier_instance);
+            tdm_rpc_stream_destroy(stream);
+            stream = NULL;
+            channel_put(g, chan);
+            chan = NULL;
+            relay_free(&rl);
+            rl = (relay){0};
+            gw_registry_unpick(g->reg, &pick);
+            picked = false;
+            attempt++;
+            goto again;
+        }
+        heard = true;
         if (!m) {
             if (rc == TDM_OK)
                 rc = tdm_error_set(err, TDM_ERR_UNAVAILABLE,

@@ -722,6 +722,18 @@ void gw_registry_unpick(gw_registry *r, const gw_pick *p)
     pthread_mutex_unlock(&r->mu);
 }
 
+void gw_registry_suspect(gw_registry *r, const char *replica_id, const char *instance_id)
+{
+    pthread_mutex_lock(&r->mu);
+    ssize_t i = find(r, replica_id);
+    if (i >= 0 && strcmp(r->items[i].desc->instance_id, instance_id) == 0) {
+        int64_t stale = now_ms() - 2 * r->heartbeat_ms - 251;
+        if (r->items[i].last_seen_ms > stale)
+            r->items[i].last_seen_ms = stale;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 void gw_model_info_fill(gw_registry *r, const char *verifier_id, tdm_rpc_call *call,
                         Tandem__V1__ModelInfo *out)
 {

@@ -60,6 +60,10 @@ typedef struct gw_pick {
 tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
                             gw_pick *out, tdm_error *err);
 void gw_registry_unpick(gw_registry *r, const gw_pick *p);
+/* A request could not reach this replica instance: it counts as having
+ * missed its heartbeats (picked only when no other is left) until it
+ * heartbeats again. */
+void gw_registry_suspect(gw_registry *r, const char *replica_id, const char *instance_id);
 
 /* Fills model_name, model_fingerprint and the drafters that pair with it in a
  * ModelInfo from a verifier's descriptor (memory from the call). */
