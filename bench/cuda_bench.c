@@ -63,10 +63,6 @@ static void die(const char *what, const char *msg)
     exit(1);
 }
 
-static const bench_shape shapes[] = {
-    {"0.8b", 1024, 24, 3584, 8, 2, 256, 16, 16, 128, 128, 248320},
-    {"4b", 2560, 32, 9216, 16, 4, 256, 16, 32, 128, 128, 248320},
-};
 
 /* ---- timing ----------------------------------------------------------------- */
 
@@ -246,9 +242,7 @@ int main(int argc, char **argv)
     if (nks < 0 || nbs < 0)
         die("--k takes 0 (decode) to 16, --batch 1 to 64", NULL);
     const bench_shape *s = NULL;
-    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-        if (!strcmp(shapes[i].name, sh))
-            s = &shapes[i];
+    s = bench_shape_find(sh);
     if (!s)
         die("unknown --shape (0.8b or 4b)", sh);
     if (steps < 1)

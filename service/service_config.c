@@ -267,6 +267,10 @@ static const tdm_cfg_key drafter_keys[] = {
      "model when model is set, else ngram."},
     {"draft_block_size", TDM_CFG_INT, "4", NULL, 1, TDM_MAX_DRAFT_BLOCK, 0, NULL, GRP_SPEC,
      "Tokens proposed per round; at most the verifier's max_draft_tokens."},
+    {"run_ahead", TDM_CFG_ENUM, "auto", "auto|on|off", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
+     "Draft the next block while the verifier verifies this one, assuming it is accepted "
+     "whole (used only when the verdict bears that out; greedy requests); auto: on for a model "
+     "drafter on the cuda backend, else off."},
 };
 
 /* ---- rules ---------------------------------------------------------------- */
@@ -433,6 +437,23 @@ static tdm_status rule_max_context(const tdm_cfg *cfg, char *value, size_t vlen,
                                         "max_context auto needs a model (%s)", d);
     snprintf(value, vlen, "%d", mc.max_position_embeddings);
     snprintf(reason, rlen, "the max_position_embeddings of %s", d);
+    return TDM_OK;
+}
+
+static tdm_status rule_run_ahead(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                 size_t rlen, tdm_error *err)
+{
+    (void)err;
+    char d[512], b[512];
+    bool model = tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) ==
+                 TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    bool cuda = tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) == TDM_BACKEND_CUDA;
+    snprintf(value, vlen, "%s", model && cuda ? "on" : "off");
+    snprintf(reason, rlen, "%s, %s: %s", tdm_cfg_describe(cfg, "drafter_kind", d, sizeof(d)),
+             tdm_cfg_describe(cfg, "backend", b, sizeof(b)),
+             !model  ? "a lookup costs nothing to redo after the verdict"
+             : cuda  ? "a model's next block can be drafted while the verifier verifies"
+                     : "on the CPU the steps drafted ahead would take the verifier's cores");
     return TDM_OK;
 }
 
@@ -607,7 +628,9 @@ static const tdm_cfg_rule gateway_rules[] = {RULE_CLIENT_AUTH};
 static const tdm_cfg_rule verifier_rules[] = {
     RULES_REPLICA, {"max-context-from-model", "max_context", rule_max_context}};
 static const tdm_cfg_rule drafter_rules[] = {
-    RULES_REPLICA, {"drafter-kind-from-model", "drafter_kind", rule_drafter_kind}};
+    RULES_REPLICA,
+    {"drafter-kind-from-model", "drafter_kind", rule_drafter_kind},
+    {"run-ahead-for-models", "run_ahead", rule_run_ahead}};
 
 static const tdm_cfg_check gateway_checks[] = {CHECKS_COMMON,
                                                {"ttl-outlasts-heartbeats", check_ttl}};

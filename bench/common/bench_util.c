@@ -219,3 +219,18 @@ int bench_listed(const char *list, const char *name)
     }
     return 0;
 }
+
+/* hybrid-model-notes.md: Qwen3.5-0.8B, Qwen3.5-4B, Qwen3.6-27B. */
+static const bench_shape bench_shapes[] = {
+    {"0.8b", 1024, 24, 3584, 8, 2, 256, 16, 16, 128, 128, 248320},
+    {"4b", 2560, 32, 9216, 16, 4, 256, 16, 32, 128, 128, 248320},
+    {"27b", 5120, 64, 17408, 24, 4, 256, 16, 48, 128, 128, 248320},
+};
+
+const bench_shape *bench_shape_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof(bench_shapes) / sizeof(bench_shapes[0]); i++)
+        if (!strcmp(bench_shapes[i].name, name))
+            return &bench_shapes[i];
+    return NULL;
+}

@@ -36,6 +36,10 @@ typedef struct bench_shape {
     int H, L, I, nH, nKV, D, Hk, Hv, Dk, Dv, V;
 } bench_shape;
 
+/* The shapes of the released models the benchmarks use ("0.8b", "4b",
+ * "27b"), or NULL for another name. */
+const bench_shape *bench_shape_find(const char *name);
+
 /* Writes config.json and model.safetensors (bf16, uniform weights scaled per
  * tensor kind) into dir, created if missing. The values come from one random
  * block of 2^22 per tensor, rotated: timings do not depend on them, and

@@ -3,12 +3,20 @@
  * blocks proposed for them, verdicts applied.
  *
  * One stream serves every sequence of one verifier. A reader thread queues
- * the verifier's messages; the handler thread takes everything queued,
- * applies it (open, verdict, close), then drafts for every sequence that
- * wants a block in one batched model pass per draft position, and writes the
- * blocks. Draft steps stay pending in the engine (appendable verify), so a
- * verdict rolls the draft model back to the accepted prefix exactly, with the
- * configured state strategy.
+ * the verifier's messages (stamped with their arrival); the handler thread
+ * takes everything queued, applies it (open, verdict, close), then drafts
+ * for every sequence that wants a block in one batched model pass per draft
+ * position, and writes the blocks. When nothing is queued it drafts ahead:
+ * the next block of every sequence whose verdict is still out, assuming the
+ * block is accepted whole (run-ahead, drafter.proto).
+ *
+ * The model of a sequence holds tokens[0..held) committed, then the rows of
+ * the drafts it ran, pending in the engine (an appendable verify). A verdict
+ * keeps the pending rows that agree with the verifier's tokens (one commit,
+ * no recomputation) and drops the rest; the tokens the model then lacks (the
+ * last draft of a fully accepted block, the next token, or what a run-ahead
+ * dropped) run as the first step of the next block, all in one multi-row
+ * step: a fully accepted block costs no extra step.
  *
  * A malformed or inconsistent message for one sequence answers that sequence
  * with a SequenceError (the verifier then goes on without drafts for it); the
@@ -19,8 +27,8 @@
 #include "alloc.h"
 #include "defs.h"
 #include "log.h"
-#include "request_check.h"
 #include "ngram.h"
+#include "request_check.h"
 #include "sampling.h"
 #include "tandem/v1/drafter.pb-c.h"
 
@@ -35,30 +43,49 @@
  * likely tokens, and sends exactly that distribution, so the verifier's
  * rejection sampling stays exact while blocks stay small. */
 #define DRAFT_SUPPORT_MAX 256
+/* Rows a sequence may hold pending: its block, and the next one drafted
+ * ahead (with the tokens it runs first). */
+#define MAX_PENDING (TDM_MAX_DRAFT_BLOCK + 1)
 
-typedef struct dseq {
-    uint64_t id;
-    int32_t *tokens; /* every committed token; the last one is not yet in the model */
-    int n, cap;
-    tdm_seq *seq; /* model drafter: holds tokens[0..n-1) when nothing is pending */
-    tdm_sampling sampling;
-    tdm_rng rng;
-    /* the outstanding block */
-    bool want; /* a block should be drafted in this pass */
-    int block_size;
-    uint32_t round;
-    int k;    /* drafts in the outstanding block */
-    int rows; /* model rows pending in the engine for it */
+/* One drafted block, as sent. */
+typedef struct dblock {
+    int k;
     int32_t drafts[MAX_BLOCK];
     float probs[MAX_BLOCK];
     uint32_t *dist_ids[MAX_BLOCK];
     float *dist_probs[MAX_BLOCK];
     int dist_n[MAX_BLOCK];
+} dblock;
+
+typedef struct dseq {
+    uint64_t id;
+    int32_t *tokens; /* [cap] every committed token */
+    int n, cap;
+    tdm_seq *seq;      /* model drafter: tokens[0..held) committed, then prow pending */
+    int held;          /* committed tokens in the model */
+    int32_t prow[MAX_PENDING]; /* tokens of the pending rows, in order */
+    int np;
+    tdm_sampling sampling;
+    tdm_rng rng;
+    bool greedy;
+    bool run_ahead; /* the verifier takes ahead blocks and this drafter drafts them */
+    /* the outstanding block (round `round`, continuing from position n) */
+    bool want;      /* a block should be drafted in this pass */
+    bool sent;      /* it went out; its verdict is awaited */
+    int block_size; /* drafts asked for */
+    uint32_t round;
+    dblock b;
+    /* the block drafted ahead for round + 1 */
+    bool ahead_want, ahead_sent;
+    int32_t assumed;
+    dblock a;
+    double t_msg; /* arrival of the message the outstanding block answers (us) */
     struct dseq *next;
 } dseq;
 
 typedef struct dqueue_item {
     Tandem__V1__DraftRequest *msg;
+    double t_arrived; /* us */
     struct dqueue_item *next;
 } dqueue_item;
 
@@ -76,7 +103,14 @@ typedef struct dstream {
     tdm_step_buf out; /* a draft pass's logits and argmaxes */
     float *probs;
     int *order;
-    uint32_t draft_us; /* time of the last drafting pass */
+    /* one pass's scratch, sized for max_sequences */
+    struct dtarget *targets;
+    int *stepped;
+    dseq **bs;
+    tdm_seq **eseqs;
+    int32_t *rows;
+    const int32_t **tp;
+    int *nrows;
 } dstream;
 
 static double now_us(void)
@@ -88,21 +122,29 @@ static double now_us(void)
 
 /* ---- sequences ------------------------------------------------------------- */
 
-static void block_clear(dseq *q)
+static void block_clear(dblock *b)
 {
-    for (int j = 0; j < q->k; j++) {
-        free(q->dist_ids[j]);
-        free(q->dist_probs[j]);
-        q->dist_ids[j] = NULL;
-        q->dist_probs[j] = NULL;
-        q->dist_n[j] = 0;
+    for (int j = 0; j < b->k; j++) {
+        free(b->dist_ids[j]);
+        free(b->dist_probs[j]);
+        b->dist_ids[j] = NULL;
+        b->dist_probs[j] = NULL;
+        b->dist_n[j] = 0;
     }
-    q->k = 0;
+    b->k = 0;
+}
+
+static void ahead_clear(dseq *q)
+{
+    block_clear(&q->a);
+    q->ahead_want = false;
+    q->ahead_sent = false;
 }
 
 static void dseq_free(dstream *st, dseq *q)
 {
-    block_clear(q);
+    block_clear(&q->b);
+    block_clear(&q->a);
     tdm_seq_destroy(q->seq);
     free(q->tokens);
     free(q);
@@ -156,33 +198,60 @@ static tdm_status send_error(dstream *st, uint64_t id, const char *msg)
     return tdm_rpc_call_write(st->call, &r.base, &err);
 }
 
-/* Brings the model to tokens[0..n-1): keeps what it already holds of a common
- * prefix, runs the rest. Nothing may be pending. */
-static tdm_status model_sync(dstream *st, dseq *q, int held, tdm_error *err)
+/* Lets go of the pending rows that disagree with the committed tokens: one
+ * commit keeps the leading rows that equal tokens[held..n) (at most n -
+ * held of them), so the model holds tokens[0..held) with nothing pending. */
+static tdm_status model_settle(dseq *q, tdm_error *err)
 {
-    drafter *d = st->d;
-    if (!d->rt)
+    if (!q->seq || q->np == 0)
         return TDM_OK;
-    int want = q->n - 1;
-    if (q->seq && held > want) {
-        /* The verifier went back further than a commit can: start over. */
+    int keep = 0;
+    while (keep < q->np && q->held + keep < q->n && q->prow[keep] == q->tokens[q->held + keep])
+        keep++;
+    tdm_status rc = TDM_OK;
+    if (keep == 0) {
+        /* Nothing agrees (a resume that went back further): start over. */
         tdm_seq_destroy(q->seq);
         q->seq = NULL;
-        held = 0;
+        q->held = 0;
+    } else {
+        rc = tdm_seq_commit(q->seq, keep - 1, err);
+        q->held += keep;
     }
+    q->np = 0;
+    return rc;
+}
+
+/* Before a block's first step: the model holds all but the last few
+ * committed tokens (at most MAX_PENDING - MAX_BLOCK of them are left to the
+ * first step). Nothing may be pending. */
+static tdm_status model_prepare(drafter *d, dseq *q, tdm_error *err)
+{
+    if (!d->rt)
+        return TDM_OK;
     if (!q->seq) {
-        tdm_seq_params p = {.strategy = d->strategy, .max_draft = MAX_BLOCK};
+        tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
         tdm_status rc = tdm_seq_create(d->rt->model, &p, &q->seq, err);
         if (rc != TDM_OK)
             return rc;
-        held = 0;
+        q->held = 0;
     }
-    if (want > held)
-        return tdm_seq_prefill(q->seq, q->tokens + held, want - held, NULL, err);
+    /* The first step of a block runs the tokens the model lacks, then its
+     * drafts follow: together at most MAX_PENDING rows. */
+    int lag_max = MAX_PENDING - q->block_size;
+    if (lag_max < 1)
+        lag_max = 1;
+    int want = q->n - lag_max;
+    if (want > q->held) {
+        tdm_status rc = tdm_seq_prefill(q->seq, q->tokens + q->held, want - q->held, NULL, err);
+        if (rc != TDM_OK)
+            return rc;
+        q->held = want;
+    }
     return TDM_OK;
 }
 
-static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
+static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_arrived)
 {
     drafter *d = st->d;
     tdm_error err = {0};
@@ -207,28 +276,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
         return;
     }
     dseq *q = dseq_find(st, o->sequence_id);
-    int held = 0;
-    if (q) {
-        /* Resume: keep the model state of the common prefix. */
-        if (q->rows > 0 && q->seq) {
-            tdm_seq_commit(q->seq, 0, &err); /* drop the unanswered block's drafts */
-            q->rows = 0;
-            held = q->n; /* that commit kept tokens[n-1] */
-        } else {
-            held = q->n - 1;
-        }
-        int lcp = 0;
-        int lim = q->n < (int)o->n_tokens ? q->n : (int)o->n_tokens;
-        while (lcp < lim && q->tokens[lcp] == (int32_t)o->tokens[lcp])
-            lcp++;
-        if (!q->seq || lcp < held) {
-            /* The model holds tokens the verifier no longer has: start over. */
-            tdm_seq_destroy(q->seq);
-            q->seq = NULL;
-            held = 0;
-        }
-        block_clear(q);
-    } else {
+    if (!q) {
         if (st->n_seqs >= d->max_sequences) {
             char m[120];
             snprintf(m, sizeof(m),
@@ -244,31 +292,49 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o)
         st->n_seqs++;
         __atomic_fetch_add(&d->open_sequences, 1, __ATOMIC_RELAXED);
     }
+    /* A resume keeps the model state of the common prefix (model_settle). */
+    block_clear(&q->b);
+    ahead_clear(q);
     if (!dseq_reserve(q, (int)o->n_tokens + MAX_BLOCK + 2)) {
         send_error(st, o->sequence_id, "out of memory for the sequence's tokens");
         dseq_remove(st, q);
         return;
     }
+    int lcp = 0;
+    while (lcp < q->n && lcp < (int)o->n_tokens && q->tokens[lcp] == (int32_t)o->tokens[lcp])
+        lcp++;
     for (size_t i = 0; i < o->n_tokens; i++)
         q->tokens[i] = (int32_t)o->tokens[i];
     q->n = (int)o->n_tokens;
+    if (q->held > lcp) {
+        /* The model holds tokens the verifier no longer has: start over. */
+        tdm_seq_destroy(q->seq);
+        q->seq = NULL;
+        q->held = 0;
+        q->np = 0;
+    }
     const Tandem__V1__SamplingParams *sp = o->sampling;
     q->sampling = tdm_req_sampling(sp);
-    if (!tdm_sampling_is_greedy(&q->sampling) &&
-        (q->sampling.top_k == 0 || q->sampling.top_k > DRAFT_SUPPORT_MAX))
+    q->greedy = tdm_sampling_is_greedy(&q->sampling);
+    if (!q->greedy && (q->sampling.top_k == 0 || q->sampling.top_k > DRAFT_SUPPORT_MAX))
         q->sampling.top_k = DRAFT_SUPPORT_MAX;
     tdm_rng_seed(&q->rng, sp && sp->seed_choice_case ? sp->seed : q->id);
-    if (model_sync(st, q, held, &err) != TDM_OK) {
+    /* Ahead blocks only where the verifier takes them and the guess of its
+     * next token is its argmax: greedy requests of a model drafter. */
+    q->run_ahead = o->run_ahead && d->run_ahead && d->rt && q->greedy;
+    q->round = o->round;
+    q->block_size = (int)o->block_size;
+    q->t_msg = t_arrived;
+    if (model_settle(q, &err) != TDM_OK) {
         send_error(st, q->id, err.msg);
         dseq_remove(st, q);
         return;
     }
-    q->round = o->round;
-    q->block_size = (int)o->block_size;
     q->want = true;
+    q->sent = false;
 }
 
-static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v)
+static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_arrived)
 {
     drafter *d = st->d;
     tdm_error err = {0};
@@ -277,57 +343,75 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v)
         send_error(st, v->sequence_id, "Verdict for a sequence this stream does not know");
         return;
     }
-    char m[200];
-    if (v->round != q->round || v->accepted > (uint32_t)q->k ||
-        v->next_token >= (uint32_t)d->vocab || v->position != (uint32_t)(q->n + v->accepted + 1) ||
-        v->block_size > MAX_BLOCK) {
+    if (!q->sent || v->round != q->round || v->accepted > (uint32_t)q->b.k ||
+        v->next_token >= (uint32_t)d->vocab ||
+        v->position != (uint32_t)(q->n + v->accepted + 1) || v->block_size > MAX_BLOCK) {
+        char m[200];
         snprintf(m, sizeof(m),
                  "Verdict does not match the outstanding block (round %u/%u, accepted %u of %d, "
                  "position %u/%d)",
-                 v->round, q->round, v->accepted, q->k, v->position, q->n + (int)v->accepted + 1);
+                 v->round, q->round, v->accepted, q->b.k, v->position,
+                 q->n + (int)v->accepted + 1);
         send_error(st, q->id, m);
         dseq_remove(st, q);
         return;
     }
-    int a = (int)v->accepted;
-    tdm_status rc = TDM_OK;
-    /* Model rows pending: tokens[n-1] (the last committed) and drafts 1..rows-1. */
-    int held = q->n - 1;
-    if (q->seq && q->rows > 0) {
-        int keep = a < q->rows - 1 ? a : q->rows - 1;
-        rc = tdm_seq_commit(q->seq, keep, &err);
-        held = q->n + keep;
-        q->rows = 0;
-    }
-    for (int j = 0; j < a; j++)
-        q->tokens[q->n++] = q->drafts[j];
-    q->tokens[q->n++] = (int32_t)v->next_token;
-    block_clear(q);
-    if (rc == TDM_OK)
-        rc = model_sync(st, q, held, &err);
-    if (rc != TDM_OK) {
-        send_error(st, q->id, err.msg);
+    if (!dseq_reserve(q, q->n + 2 * MAX_BLOCK + 4)) {
+        send_error(st, q->id, "out of memory for the sequence's tokens");
         dseq_remove(st, q);
         return;
     }
-    if (!dseq_reserve(q, q->n + MAX_BLOCK + 2)) {
-        send_error(st, q->id, "out of memory for the sequence's tokens");
+    int a = (int)v->accepted;
+    for (int j = 0; j < a; j++)
+        q->tokens[q->n++] = q->b.drafts[j];
+    q->tokens[q->n++] = (int32_t)v->next_token;
+    /* The verifier takes the ahead block when its verdict bears the block's
+     * assumption out and it wants another block at all (drafter.proto). */
+    bool confirmed = q->ahead_sent && a == q->b.k && (int32_t)v->next_token == q->assumed &&
+                     v->block_size > 0;
+    block_clear(&q->b);
+    if (confirmed) {
+        /* The verifier takes the block drafted ahead: it is now the
+         * outstanding one, and this verdict needs no new block. */
+        q->b = q->a;
+        memset(&q->a, 0, sizeof(q->a));
+        q->ahead_want = q->ahead_sent = false;
+        q->round = v->round + 1;
+        q->block_size = (int)v->block_size; /* for the blocks after it */
+        q->sent = true;
+        q->ahead_want = q->run_ahead && q->b.k > 0;
+        __atomic_fetch_add(&d->ahead_used, 1, __ATOMIC_RELAXED);
+        /* Keep only what agrees with the tokens: the ahead block's own draft
+         * rows run again with the next block's first step. */
+        if (model_settle(q, &err) != TDM_OK) {
+            send_error(st, q->id, err.msg);
+            dseq_remove(st, q);
+        }
+        return;
+    }
+    if (q->ahead_sent)
+        __atomic_fetch_add(&d->ahead_dropped, 1, __ATOMIC_RELAXED);
+    ahead_clear(q);
+    if (model_settle(q, &err) != TDM_OK) {
+        send_error(st, q->id, err.msg);
         dseq_remove(st, q);
         return;
     }
     q->round = v->round + 1;
     q->block_size = (int)v->block_size;
     q->want = v->block_size > 0;
+    q->sent = false;
+    q->t_msg = t_arrived;
 }
 
-static void apply(dstream *st, const Tandem__V1__DraftRequest *m)
+static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arrived)
 {
     switch (m->kind_case) {
     case TANDEM__V1__DRAFT_REQUEST__KIND_OPEN:
-        apply_open(st, m->open);
+        apply_open(st, m->open, t_arrived);
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT:
-        apply_verdict(st, m->verdict);
+        apply_verdict(st, m->verdict, t_arrived);
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_CLOSE: {
         dseq *q = dseq_find(st, m->close->sequence_id);
@@ -343,150 +427,288 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m)
 
 /* ---- drafting ------------------------------------------------------------- */
 
-/* Picks the next draft token, recording q: the row's argmax for greedy
- * settings, else a draw from its logits. */
-static void draw(dstream *st, dseq *q, const float *logits, int32_t argmax, int j)
+/* Picks the next draft token into b at j: the row's argmax for greedy
+ * settings, else a draw from its logits (with the distribution sent). */
+static void draw(dstream *st, dseq *q, dblock *b, const float *logits, int32_t argmax, int j)
 {
     int V = st->d->vocab;
-    if (tdm_sampling_is_greedy(&q->sampling)) {
-        q->drafts[j] = argmax;
-        q->probs[j] = 1.0f;
+    if (q->greedy) {
+        b->drafts[j] = argmax;
+        b->probs[j] = 1.0f;
         return;
     }
     int support = tdm_sampling_probs(&q->sampling, logits, V, st->probs, st->order);
     int x = tdm_sampling_draw(st->probs, V, tdm_rng_uniform(&q->rng));
-    q->drafts[j] = x;
-    q->probs[j] = st->probs[x];
-    q->dist_ids[j] = malloc((size_t)support * sizeof(uint32_t));
-    q->dist_probs[j] = malloc((size_t)support * sizeof(float));
+    b->drafts[j] = x;
+    b->probs[j] = st->probs[x];
+    b->dist_ids[j] = tdm_xmalloc((size_t)support * sizeof(uint32_t));
+    b->dist_probs[j] = tdm_xmalloc((size_t)support * sizeof(float));
     int n = 0;
-    if (q->dist_ids[j] && q->dist_probs[j])
-        for (int t = 0; t < V && n < support; t++)
-            if (st->probs[t] > 0.0f) {
-                q->dist_ids[j][n] = (uint32_t)t;
-                q->dist_probs[j][n] = st->probs[t];
-                n++;
-            }
-    q->dist_n[j] = n;
+    for (int t = 0; t < V && n < support; t++)
+        if (st->probs[t] > 0.0f) {
+            b->dist_ids[j][n] = (uint32_t)t;
+            b->dist_probs[j][n] = st->probs[t];
+            n++;
+        }
+    b->dist_n[j] = n;
 }
 
-/* Drafts a block for every sequence that wants one: draft position j of all
- * of them runs as one batched pass. */
-static void draft_all(dstream *st)
+/* What a sequence drafts in a pass: its block (first step: the tokens the
+ * model lacks, then one draft a step), or the one ahead (first step: the
+ * block's last draft, whose row predicts the verifier's next token, the
+ * guess; then the guess; then one draft a step). */
+typedef struct dtarget {
+    dseq *q;
+    dblock *b;
+    int k;     /* drafts wanted */
+    int nlead; /* rows of the first step */
+    const int32_t *lead;
+    int32_t leadbuf[MAX_PENDING];
+    bool stop;
+} dtarget;
+
+#ifdef TANDEM_BENCH_ORACLE
+#include "oracle.h"
+#endif
+
+/* The token the drafter proposes at position `pos` of q's tokens extended by
+ * `ext` (n_ext of them): its own choice, or in the benchmark's
+ * controlled-acceptance build the oracle's. */
+static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int n_ext,
+                       int32_t own)
+{
+#ifdef TANDEM_BENCH_ORACLE
+    return tdm_bench_oracle(q->tokens, q->n, ext, n_ext, own, st->d->vocab);
+#else
+    (void)st;
+    (void)q;
+    (void)ext;
+    (void)n_ext;
+    return own;
+#endif
+}
+
+static bool message_waiting(dstream *st)
+{
+    pthread_mutex_lock(&st->mu);
+    bool w = st->head != NULL || st->ended;
+    pthread_mutex_unlock(&st->mu);
+    return w;
+}
+
+/* Drafts for every sequence that wants a block (ahead: every sequence whose
+ * verdict is out and that runs ahead): step s of all of them runs as one
+ * batched pass. */
+static void draft_pass(dstream *st, bool ahead)
 {
     drafter *d = st->d;
     int nw = 0;
-    for (dseq *q = st->seqs; q; q = q->next)
-        if (q->want) {
-            q->k = 0;
-            q->rows = 0;
-            nw++;
+    for (dseq *q = st->seqs; q; q = q->next) {
+        if (!(ahead ? q->ahead_want : q->want))
+            continue;
+        if (!ahead) {
+            tdm_error err = {0};
+            block_clear(&q->b);
+            if (model_prepare(d, q, &err) != TDM_OK) {
+                tdm_log_error(LOG, "sequence %llu: %s", (unsigned long long)q->id, err.msg);
+                continue; /* answered with an empty block */
+            }
         }
+        st->bs[nw++] = q;
+    }
     if (nw == 0)
         return;
     if (!d->rt) {
-        for (dseq *q = st->seqs; q; q = q->next)
-            if (q->want) {
-                uint32_t out[MAX_BLOCK];
-                int k = tdm_ngram_propose((const uint32_t *)q->tokens, q->n, d->ngram_min,
-                                          d->ngram_max, q->block_size, out);
-                for (int j = 0; j < k; j++) {
-                    q->drafts[j] = (int32_t)out[j];
-                    q->probs[j] = 1.0f;
-                }
-                q->k = k;
+        for (int i = 0; i < nw; i++) {
+            dseq *q = st->bs[i];
+            uint32_t out[MAX_BLOCK];
+            int k = tdm_ngram_propose((const uint32_t *)q->tokens, q->n, d->ngram_min,
+                                      d->ngram_max, q->block_size, out);
+            for (int j = 0; j < k; j++) {
+                q->b.drafts[j] = (int32_t)out[j];
+                q->b.probs[j] = 1.0f;
             }
+            q->b.k = k;
+        }
         return;
     }
-    dseq **bs = malloc((size_t)nw * sizeof(*bs));
-    tdm_seq **seqs = malloc((size_t)nw * sizeof(*seqs));
-    int32_t *tok = malloc((size_t)nw * sizeof(int32_t));
-    const int32_t **tp = malloc((size_t)nw * sizeof(*tp));
-    int *one = malloc((size_t)nw * sizeof(int));
-    tdm_error rerr = {0};
-    if (!bs || !seqs || !tok || !tp || !one ||
-        tdm_step_buf_reserve(&st->out, d->rt->model, (size_t)nw, &rerr) != TDM_OK) {
-        tdm_log_error(LOG, "draft pass: %s", rerr.msg[0] ? rerr.msg : "out of memory");
-        goto out;
-    }
-    for (int j = 0; j < MAX_BLOCK; j++) {
-        int n = 0;
-        for (dseq *q = st->seqs; q; q = q->next) {
-            if (!q->want || q->k < j || j >= q->block_size)
+    const int off = ahead ? 1 : 0; /* steps before the first draft */
+    dtarget *tg = st->targets;
+    int live = 0;
+    for (int i = 0; i < nw; i++) {
+        dseq *q = st->bs[i];
+        dtarget *t = &tg[live];
+        *t = (dtarget){.q = q, .k = q->block_size};
+        if (!ahead) {
+            t->b = &q->b;
+            t->nlead = q->n - q->held; /* 1, or more after a fully accepted block */
+            t->lead = q->tokens + q->held;
+            if (t->nlead < 1 || t->nlead + t->k > MAX_PENDING)
                 continue;
-            bs[n] = q;
-            seqs[n] = q->seq;
-            tok[n] = j == 0 ? q->tokens[q->n - 1] : q->drafts[j - 1];
-            tp[n] = &tok[n];
-            one[n] = 1;
-            st->out.want[n] = !tdm_sampling_is_greedy(&q->sampling); /* greedy: argmax only */
+        } else {
+            /* The model holds tokens[0..held) and np pending rows of the
+             * tokens, then of the block's drafts; it runs what follows them,
+             * up to the block's last draft. */
+            block_clear(&q->a);
+            t->b = &q->a;
+            int have = q->held + q->np; /* of tokens[0..n) + drafts[0..k) */
+            t->nlead = 0;
+            for (int x = have; x < q->n + q->b.k && t->nlead < MAX_PENDING; x++)
+                t->leadbuf[t->nlead++] = x < q->n ? q->tokens[x] : q->b.drafts[x - q->n];
+            t->lead = t->leadbuf;
+            if (t->nlead < 1 || q->np + t->nlead + t->k > MAX_PENDING) {
+                q->ahead_want = false;
+                continue;
+            }
+        }
+        live++;
+    }
+    tdm_error err = {0};
+    if (tdm_step_buf_reserve(&st->out, d->rt->model, (size_t)live * MAX_PENDING, &err) != TDM_OK) {
+        tdm_log_error(LOG, "draft pass: %s", err.msg);
+        return;
+    }
+    for (int s = 0;; s++) {
+        if (ahead && s > 0 && message_waiting(st)) {
+            /* A verdict came: it goes first; the ahead blocks not done are
+             * left (the rows they ran are dropped by the verdict's settle). */
+            for (int i = 0; i < live; i++)
+                if (tg[i].q->ahead_want) {
+                    tg[i].q->ahead_want = false;
+                    block_clear(&tg[i].q->a);
+                }
+            return;
+        }
+        int n = 0, r = 0;
+        for (int i = 0; i < live; i++) {
+            dtarget *t = &tg[i];
+            if (t->stop || s >= t->k + off)
+                continue;
+            int32_t *row = st->rows + r;
+            int nr = 1;
+            if (s == 0) {
+                memcpy(row, t->lead, (size_t)t->nlead * sizeof(int32_t));
+                nr = t->nlead;
+            } else if (ahead && s == 1) {
+                row[0] = t->q->assumed;
+            } else {
+                row[0] = t->b->drafts[s - off - 1];
+            }
+            st->stepped[n] = i;
+            st->eseqs[n] = t->q->seq;
+            st->tp[n] = row;
+            st->nrows[n] = nr;
+            st->out.want[n] = !t->q->greedy; /* greedy: argmax only */
             n++;
+            r += nr;
         }
         if (n == 0)
             break;
-        tdm_error err = {0};
-        const tdm_step_out o = tdm_step_buf_out(&st->out);
-        if (tdm_seq_verify_out(seqs, n, tp, one, &o, &err) != TDM_OK) {
+        tdm_step_out o = tdm_step_buf_out(&st->out);
+        if (tdm_seq_verify_out(st->eseqs, n, st->tp, st->nrows, &o, &err) != TDM_OK) {
             /* The failed pass left those sequences at their committed
-             * position: answer them with no drafts this round. */
+             * position: they are answered with the drafts made so far. */
             tdm_log_error(LOG, "draft pass failed: %s", err.msg);
-            for (int i = 0; i < n; i++) {
-                block_clear(bs[i]);
-                bs[i]->rows = 0;
+            for (int x = 0; x < n; x++) {
+                dtarget *t = &tg[st->stepped[x]];
+                t->q->np = 0;
+                t->stop = true;
+                if (ahead)
+                    t->q->ahead_want = false;
             }
             break;
         }
-        for (int i = 0; i < n; i++) {
-            bs[i]->rows++;
-            draw(st, bs[i], st->out.logits + (size_t)i * (size_t)d->vocab, st->out.argmax[i], j);
-            bs[i]->k = j + 1;
+        for (int x = 0, row = 0; x < n; x++) {
+            dtarget *t = &tg[st->stepped[x]];
+            dseq *q = t->q;
+            const int last = row + st->nrows[x] - 1; /* the row that predicts the next token */
+            memcpy(q->prow + q->np, st->tp[x], (size_t)st->nrows[x] * sizeof(int32_t));
+            q->np += st->nrows[x];
+            row += st->nrows[x];
+            const int32_t am = st->out.argmax[last];
+            if (ahead && s == 0) {
+                /* The verifier's next token, as this drafter guesses it. */
+                q->assumed = propose(st, q, q->b.drafts, q->b.k, am);
+                continue;
+            }
+            const int j = s - off;
+            draw(st, q, t->b, st->out.logits + (size_t)last * (size_t)d->vocab, am, j);
+            /* The tokens this draft follows, beyond the committed ones. */
+            int32_t ext[2 * MAX_BLOCK + 1];
+            int ne = 0;
+            if (ahead) {
+                memcpy(ext, q->b.drafts, (size_t)q->b.k * sizeof(int32_t));
+                ne = q->b.k;
+                ext[ne++] = q->assumed;
+            }
+            memcpy(ext + ne, t->b->drafts, (size_t)j * sizeof(int32_t));
+            ne += j;
+            t->b->drafts[j] = propose(st, q, ext, ne, t->b->drafts[j]);
+            t->b->k = j + 1;
         }
     }
-out:
-    free(bs);
-    free(seqs);
-    free(tok);
-    free(tp);
-    free(one);
 }
 
-static tdm_status send_blocks(dstream *st, tdm_error *err)
+static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t round,
+                             uint32_t position, bool ahead, double t_msg, tdm_error *err)
+{
+    Tandem__V1__DraftBlock blk = TANDEM__V1__DRAFT_BLOCK__INIT;
+    blk.sequence_id = q->id;
+    blk.round = round;
+    blk.n_tokens = (size_t)b->k;
+    blk.tokens = (uint32_t *)b->drafts;
+    blk.n_token_probs = (size_t)b->k;
+    blk.token_probs = (float *)b->probs;
+    blk.position = position;
+    blk.ahead = ahead;
+    blk.assumed_token = ahead ? (uint32_t)q->assumed : 0;
+    blk.draft_micros = t_msg > 0 ? (uint32_t)(now_us() - t_msg) : 0;
+    Tandem__V1__DraftDistribution dd[MAX_BLOCK];
+    Tandem__V1__DraftDistribution *dp[MAX_BLOCK];
+    if (b->k > 0 && b->dist_n[0] > 0) {
+        for (int j = 0; j < b->k; j++) {
+            tandem__v1__draft_distribution__init(&dd[j]);
+            dd[j].n_ids = (size_t)b->dist_n[j];
+            dd[j].ids = b->dist_ids[j];
+            dd[j].n_probs = (size_t)b->dist_n[j];
+            dd[j].probs = b->dist_probs[j];
+            dp[j] = &dd[j];
+        }
+        blk.n_dists = (size_t)b->k;
+        blk.dists = dp;
+    }
+    Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
+    r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK;
+    r.block = &blk;
+    tdm_status rc = tdm_rpc_call_write(st->call, &r.base, err);
+    if (rc == TDM_OK) {
+        __atomic_fetch_add(&st->d->blocks, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&st->d->drafted, (uint64_t)b->k, __ATOMIC_RELAXED);
+    }
+    return rc;
+}
+
+/* Writes the blocks of this pass (ahead: the ahead ones). */
+static tdm_status send_blocks(dstream *st, bool ahead, tdm_error *err)
 {
     for (dseq *q = st->seqs; q; q = q->next) {
-        if (!q->want)
-            continue;
-        q->want = false;
-        Tandem__V1__DraftBlock b = TANDEM__V1__DRAFT_BLOCK__INIT;
-        b.sequence_id = q->id;
-        b.round = q->round;
-        b.n_tokens = (size_t)q->k;
-        b.tokens = (uint32_t *)q->drafts;
-        b.n_token_probs = (size_t)q->k;
-        b.token_probs = q->probs;
-        b.position = (uint32_t)q->n;
-        b.draft_micros = st->draft_us; /* one batched pass drafted every block */
-        Tandem__V1__DraftDistribution dd[MAX_BLOCK];
-        Tandem__V1__DraftDistribution *dp[MAX_BLOCK];
-        if (q->k > 0 && q->dist_n[0] > 0) {
-            for (int j = 0; j < q->k; j++) {
-                tandem__v1__draft_distribution__init(&dd[j]);
-                dd[j].n_ids = (size_t)q->dist_n[j];
-                dd[j].ids = q->dist_ids[j];
-                dd[j].n_probs = (size_t)q->dist_n[j];
-                dd[j].probs = q->dist_probs[j];
-                dp[j] = &dd[j];
-            }
-            b.n_dists = (size_t)q->k;
-            b.dists = dp;
+        tdm_status rc = TDM_OK;
+        if (!ahead && q->want) {
+            q->want = false;
+            q->sent = true;
+            rc = send_block(st, q, &q->b, q->round, (uint32_t)q->n, false, q->t_msg, err);
+            /* Its verdict is out now: the next block may be drafted ahead. */
+            q->ahead_want = q->run_ahead && q->b.k > 0 && q->b.k == q->block_size;
+        } else if (ahead && q->ahead_want && q->a.k > 0) {
+            q->ahead_want = false;
+            q->ahead_sent = true;
+            rc = send_block(st, q, &q->a, q->round + 1, (uint32_t)(q->n + q->b.k + 1), true, 0,
+                            err);
+        } else if (ahead && q->ahead_want) {
+            q->ahead_want = false;
         }
-        Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
-        r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK;
-        r.block = &b;
-        tdm_status rc = tdm_rpc_call_write(st->call, &r.base, err);
         if (rc != TDM_OK)
             return rc;
-        __atomic_fetch_add(&st->d->blocks, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&st->d->drafted, (uint64_t)q->k, __ATOMIC_RELAXED);
     }
     return TDM_OK;
 }
@@ -510,18 +732,15 @@ static void *reader_main(void *arg)
             st->ended = true;
             st->end_status = rc;
         } else {
-            dqueue_item *it = malloc(sizeof(*it));
-            if (it) {
-                it->msg = (Tandem__V1__DraftRequest *)m;
-                it->next = NULL;
-                if (st->tail)
-                    st->tail->next = it;
-                else
-                    st->head = it;
-                st->tail = it;
-            } else {
-                protobuf_c_message_free_unpacked(m, NULL);
-            }
+            dqueue_item *it = tdm_xmalloc(sizeof(*it));
+            it->msg = (Tandem__V1__DraftRequest *)m;
+            it->t_arrived = now_us();
+            it->next = NULL;
+            if (st->tail)
+                st->tail->next = it;
+            else
+                st->head = it;
+            st->tail = it;
         }
         pthread_cond_broadcast(&st->cv);
         bool end = st->ended;
@@ -530,6 +749,15 @@ static void *reader_main(void *arg)
             break;
     }
     return NULL;
+}
+
+/* Whether some sequence would draft ahead in an idle moment. */
+static bool ahead_pending(const dstream *st)
+{
+    for (const dseq *q = st->seqs; q; q = q->next)
+        if (q->ahead_want)
+            return true;
+    return false;
 }
 
 static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
@@ -541,14 +769,19 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     dstream st = {.d = d, .call = call};
     pthread_mutex_init(&st.mu, NULL);
     pthread_cond_init(&st.cv, NULL);
-    st.probs = malloc((size_t)d->vocab * sizeof(float));
-    st.order = malloc((size_t)d->vocab * sizeof(int));
+    st.probs = tdm_xmalloc((size_t)d->vocab * sizeof(float));
+    st.order = tdm_xmalloc((size_t)d->vocab * sizeof(int));
+    size_t cap = (size_t)d->max_sequences;
+    st.bs = tdm_xcalloc(cap, sizeof(*st.bs));
+    st.targets = tdm_xcalloc(cap, sizeof(*st.targets));
+    st.stepped = tdm_xcalloc(cap, sizeof(*st.stepped));
+    st.eseqs = tdm_xcalloc(cap, sizeof(*st.eseqs));
+    st.rows = tdm_xcalloc(cap * MAX_PENDING, sizeof(*st.rows));
+    st.tp = tdm_xcalloc(cap, sizeof(*st.tp));
+    st.nrows = tdm_xcalloc(cap, sizeof(*st.nrows));
     pthread_t reader;
-    if (!st.probs || !st.order || pthread_create(&reader, NULL, reader_main, &st) != 0) {
-        free(st.probs);
-        free(st.order);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot start a Draft stream");
-    }
+    if (pthread_create(&reader, NULL, reader_main, &st) != 0)
+        TDM_ASSERT(!"cannot start a Draft stream reader");
     __atomic_fetch_add(&d->streams, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&d->streams_mu);
     bool draining = d->draining;
@@ -562,7 +795,8 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     tdm_status rc = TDM_OK;
     for (;;) {
         pthread_mutex_lock(&st.mu);
-        while (!st.head && !st.ended)
+        /* Wait for messages, unless there is a block to draft ahead. */
+        while (!st.head && !st.ended && !ahead_pending(&st))
             pthread_cond_wait(&st.cv, &st.mu);
         dqueue_item *items = st.head;
         st.head = st.tail = NULL;
@@ -571,7 +805,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         pthread_mutex_lock(&d->model_mu);
         while (items) {
             dqueue_item *next = items->next;
-            apply(&st, items->msg);
+            apply(&st, items->msg, items->t_arrived);
             protobuf_c_message_free_unpacked(&items->msg->base, NULL);
             free(items);
             items = next;
@@ -580,12 +814,24 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
             pthread_mutex_unlock(&d->model_mu);
             break;
         }
+        /* Blocks that answer a verdict first; the ahead ones only when no
+         * message waits (a verdict may make them moot). */
+        bool ahead = false;
+        bool any = false;
+        for (dseq *q = st.seqs; q; q = q->next)
+            any |= q->want;
+        if (!any) {
+            pthread_mutex_lock(&st.mu);
+            ahead = !st.head && ahead_pending(&st);
+            pthread_mutex_unlock(&st.mu);
+        }
         double t0 = now_us();
-        draft_all(&st);
-        st.draft_us = (uint32_t)(now_us() - t0);
+        if (any || ahead)
+            draft_pass(&st, ahead);
+        (void)t0;
         pthread_mutex_unlock(&d->model_mu);
         tdm_error werr = {0};
-        if (send_blocks(&st, &werr) != TDM_OK) {
+        if ((any || ahead) && send_blocks(&st, ahead, &werr) != TDM_OK) {
             /* The call ended under us; the reader sees the end too. */
             rc = tdm_error_set(err, werr.code, "%s", werr.msg);
             break;
@@ -612,6 +858,13 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     pthread_mutex_unlock(&d->model_mu);
     free(st.probs);
     free(st.order);
+    free(st.bs);
+    free(st.targets);
+    free(st.stepped);
+    free(st.eseqs);
+    free(st.rows);
+    free(st.tp);
+    free(st.nrows);
     pthread_mutex_destroy(&st.mu);
     pthread_cond_destroy(&st.cv);
     __atomic_fetch_sub(&d->streams, 1, __ATOMIC_RELAXED);
@@ -626,6 +879,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"open_sequences", (double)__atomic_load_n(&d->open_sequences, __ATOMIC_RELAXED)},
         {"blocks", (double)__atomic_load_n(&d->blocks, __ATOMIC_RELAXED)},
         {"drafted_tokens", (double)__atomic_load_n(&d->drafted, __ATOMIC_RELAXED)},
+        {"ahead_blocks_used", (double)__atomic_load_n(&d->ahead_used, __ATOMIC_RELAXED)},
+        {"ahead_blocks_dropped", (double)__atomic_load_n(&d->ahead_dropped, __ATOMIC_RELAXED)},
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }
@@ -658,6 +913,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     const char *kind = tdm_cfg_str(cfg, "drafter_kind");
     d->trust = tdm_service_trust(svc);
     d->max_sequences = (int)tdm_cfg_int(cfg, "max_sequences");
+    d->run_ahead = strcmp(tdm_cfg_str(cfg, "run_ahead"), "on") == 0;
     d->ngram_min = 1;
     d->ngram_max = 4;
     if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL) {
@@ -672,6 +928,13 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         d->vocab = desc->vocab_size ? (int)desc->vocab_size : 1 << 30;
         tdm_log_info(LOG, "n-gram drafter (prompt lookup, n = %d..%d)", d->ngram_min, d->ngram_max);
     }
+    if (d->run_ahead)
+        tdm_log_info(LOG, "drafting ahead of verdicts (greedy requests)");
+#ifdef TANDEM_BENCH_ORACLE
+    tdm_status orc = tdm_bench_oracle_load(err);
+    if (orc != TDM_OK)
+        return orc;
+#endif
     tdm_service_set_counters(svc, counters, d);
     tdm_service_set_load(svc, load, d);
     tdm_rpc_server_on_shutdown(tdm_service_server(svc), drafter_on_shutdown, d);

@@ -21,13 +21,14 @@ typedef struct drafter {
     int vocab;
     int max_sequences; /* open sequences per stream */
     int ngram_min, ngram_max;
+    bool run_ahead; /* draft ahead of verdicts where the verifier takes it */
     /* The open Draft streams (under streams_mu), ended when the process drains. */
     pthread_mutex_t streams_mu;
     struct dstream *open_streams;
     bool draining;
     /* counters (atomics) */
     int streams, open_sequences;
-    uint64_t blocks, drafted;
+    uint64_t blocks, drafted, ahead_used, ahead_dropped;
 } drafter;
 
 /* Loads the draft model (drafter_kind model) and registers Draft (the `setup`

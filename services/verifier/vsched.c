@@ -62,6 +62,14 @@ struct vreq {
     uint32_t round;        /* the round number the awaited block must carry */
     tdm_adaptive ad;
     Tandem__V1__DraftResponse *block; /* delivered by the reader, under mu */
+    /* Run-ahead (drafter.proto), under mu: a block for the round after the
+     * one being verified, held until the verdict says whether it stands; and
+     * what the last verdict was, for ahead blocks that come after it. */
+    Tandem__V1__DraftResponse *ahead_block;
+    bool last_all;     /* the last verdict accepted its whole block and asked for another */
+    int32_t last_next; /* ... and its next token */
+    bool block_ahead;  /* r->block was drafted ahead (no exchange to measure) */
+    uint32_t ahead_used;
     char spec_note[200];
     /* life cycle (under mu) */
     req_state state;
@@ -162,6 +170,8 @@ static void req_free(vreq *r)
         return;
     if (r->block)
         protobuf_c_message_free_unpacked(&r->block->base, NULL);
+    if (r->ahead_block)
+        protobuf_c_message_free_unpacked(&r->ahead_block->base, NULL);
     free(r->tokens);
     free(r->stop_ids);
     free(r->out);
@@ -227,6 +237,26 @@ static vreq *find_active_locked(vsched *s, vlink *l, uint64_t id)
 
 /* ---- what the Draft streams deliver (reader threads) --------------------------- */
 
+/* Whether an ahead block stands after the verdict that came before it. */
+static bool ahead_stands(const vreq *r, const Tandem__V1__DraftBlock *b)
+{
+    return r->last_all && (int32_t)b->assumed_token == r->last_next;
+}
+
+/* Takes a block the drafter sent (under mu). */
+static void take_delivered_locked(vsched *s, vreq *r, Tandem__V1__DraftResponse *resp, bool ahead)
+{
+    if (r->block)
+        protobuf_c_message_free_unpacked(&r->block->base, NULL);
+    r->block = resp;
+    r->t_got = now_ms();
+    r->block_ahead = ahead;
+    if (ahead) {
+        r->ahead_used++;
+        s->counters.ahead_used++;
+    }
+}
+
 static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *resp)
 {
     vsched *s = user;
@@ -237,17 +267,31 @@ static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *re
     bool keep = false;
     pthread_mutex_lock(&s->mu);
     vreq *r = find_active_locked(s, l, id);
-    if (r && r->spec && r->awaiting) {
-        if (resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK &&
-            resp->block->round == r->round) {
-            if (r->block)
-                protobuf_c_message_free_unpacked(&r->block->base, NULL);
-            r->block = resp;
-            r->t_got = now_ms();
+    if (r && r->spec && resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK) {
+        const Tandem__V1__DraftBlock *b = resp->block;
+        if (!b->ahead && r->awaiting && b->round == r->round) {
+            take_delivered_locked(s, r, resp, false);
             keep = true;
-        } else if (resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR) {
-            req_drop_spec_locked(r, "off: drafter reported: %s", resp->error->message);
+        } else if (b->ahead && r->awaiting && b->round == r->round) {
+            /* Drafted ahead of a verdict already given: it stands or not. */
+            if (ahead_stands(r, b)) {
+                take_delivered_locked(s, r, resp, true);
+                keep = true;
+            } else {
+                s->counters.ahead_dropped++;
+            }
+        } else if (b->ahead && b->round == r->round + 1) {
+            /* Drafted ahead of the verdict on the block in hand (being
+             * verified, or arrived and not yet taken): held for it. */
+            if (r->ahead_block)
+                protobuf_c_message_free_unpacked(&r->ahead_block->base, NULL);
+            r->ahead_block = resp;
+            keep = true;
         }
+        pthread_cond_broadcast(&s->cv);
+    } else if (r && r->spec && r->awaiting &&
+               resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR) {
+        req_drop_spec_locked(r, "off: drafter reported: %s", resp->error->message);
         pthread_cond_broadcast(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
@@ -289,6 +333,7 @@ static void send_open(vreq *r, int block)
     sp.seed = r->seed ^ 0x5eedd4a7f7e5ull; /* the drafter's own stream of randomness */
     open.sampling = &sp;
     open.round = r->round;
+    open.run_ahead = true; /* this verifier takes blocks drafted ahead of its verdict */
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
     m.open = &open;
@@ -464,6 +509,7 @@ static void fill_stats(vreq *r, vsched_output *o)
                  r->ad.pauses, r->ad.probes, r->ad.rounds);
     st->speculation = r->spec_note;
     st->seed = r->seed;
+    st->ahead_blocks = r->ahead_used;
 }
 
 void vsched_next(vsched *s, vreq *r, vsched_output *o)
@@ -796,7 +842,8 @@ static void take_blocks(vsched *s, vround *rd)
                 q->k = (int)b->n_tokens < room ? (int)b->n_tokens : (room > 0 ? room : 0);
                 q->got = true;
                 /* After an open the wait includes the drafter's prefill. */
-                if (!r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
+                if (!r->after_open && !r->block_ahead && r->t_asked > 0 &&
+                    r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
                         (float)(us > 0 ? us : 0);
@@ -919,7 +966,7 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
 
 /* What the sequence's drafter hears next (under mu): a verdict on its block,
  * or an open after a pause; its adaptive state moves on first. */
-static void plan_message_locked(vround *rd, vround_seq *q, const tdm_verdict *v)
+static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_verdict *v)
 {
     vreq *r = q->r;
     /* A request with an explicit seed must give the same output every time:
@@ -943,6 +990,20 @@ static void plan_message_locked(vround *rd, vround_seq *q, const tdm_verdict *v)
     if (q->msg != MSG_NONE) {
         r->round++;
         r->awaiting = r->ad.k_next > 0;
+    }
+    /* What an ahead block of the next round must have assumed to stand. */
+    r->last_all = q->msg == MSG_VERDICT && q->k > 0 && v->accepted == q->k &&
+                  q->k == (int)q->block->block->n_tokens && r->awaiting;
+    r->last_next = v->next_token;
+    if (r->ahead_block) {
+        Tandem__V1__DraftResponse *ab = r->ahead_block;
+        r->ahead_block = NULL;
+        if (r->awaiting && ab->block->round == r->round && ahead_stands(r, ab->block)) {
+            take_delivered_locked(s, r, ab, true);
+        } else {
+            s->counters.ahead_dropped++;
+            protobuf_c_message_free_unpacked(&ab->base, NULL);
+        }
     }
 }
 
@@ -996,7 +1057,7 @@ static void verify_commit_emit(vsched *s, vround *rd)
         }
         pthread_cond_broadcast(&r->cv);
         if (!done && r->spec && r->link)
-            plan_message_locked(rd, q, &v);
+            plan_message_locked(s, rd, q, &v);
         pthread_mutex_unlock(&s->mu);
     }
 }

@@ -124,41 +124,50 @@ def case_greedy():
     ps = prompts(12 if st.ARGS.quick else 50)
     blocks = (1, 3, 8) if st.ARGS.quick else range(1, 9)
     baseline = None
-    for drafter in ("model", "ngram"):
-        strategies = ("extra_buffer", "no_buffer") + (("replay",) if drafter == "model" else ())
-        for strategy in strategies:
-            gw, v, d = stack(strategy, drafter)
-            plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
-            for i, r in enumerate(plain):
-                check(r[0] == "OK" and r[4], "plain prompt %d: %s %s" % (i, r[0], r[1]))
-            ids = [r[2] for r in plain]
-            if baseline is None:
-                baseline = ids
-            check(ids == baseline, "plain outputs differ between stacks (%s, %s)" %
-                  (drafter, strategy))
-            for block in blocks:
-                res = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_ON", block=block,
-                                                  fixed=True), ps)
-                spec_rounds = accepted = 0
-                for i, r in enumerate(res):
-                    if not check(r[0] == "OK" and r[4], "%s/%s block %d prompt %d: %s %s" %
-                                 (drafter, strategy, block, i, r[0], r[1])):
-                        continue
-                    check(r[2] == baseline[i],
-                          "%s/%s block %d prompt %d: speculative ids %s != plain ids %s" %
-                          (drafter, strategy, block, i, r[2], baseline[i]))
-                    stats = r[4]["stats"]
-                    spec_rounds += int(stats["speculative_rounds"])
-                    accepted += int(stats["accepted_tokens"])
-                print("%s drafter, %s, block %d: %d speculative rounds, %.2f accepted per round" %
-                      (drafter, strategy, block, spec_rounds,
-                       accepted / spec_rounds if spec_rounds else 0.0), flush=True)
-                check(spec_rounds > 0, "%s/%s block %d: no speculative round ran" %
+    # Every drafter and strategy, and the model drafter drafting ahead of its
+    # verdicts (run-ahead) under two strategies.
+    runs = [(dr, strat, ()) for dr in ("model", "ngram")
+            for strat in ("extra_buffer", "no_buffer") + (("replay",) if dr == "model" else ())]
+    runs += [("model", strat, ("--run-ahead", "on")) for strat in ("extra_buffer", "replay")]
+    for drafter, strategy, extra in runs:
+        gw, v, d = stack(strategy, drafter, extra_drafter_args=extra)
+        if extra:
+            strategy += " run-ahead"
+        plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
+        for i, r in enumerate(plain):
+            check(r[0] == "OK" and r[4], "plain prompt %d: %s %s" % (i, r[0], r[1]))
+        ids = [r[2] for r in plain]
+        if baseline is None:
+            baseline = ids
+        check(ids == baseline, "plain outputs differ between stacks (%s, %s)" %
+              (drafter, strategy))
+        for block in blocks:
+            res = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_ON", block=block,
+                                              fixed=True), ps)
+            spec_rounds = accepted = 0
+            for i, r in enumerate(res):
+                if not check(r[0] == "OK" and r[4], "%s/%s block %d prompt %d: %s %s" %
+                             (drafter, strategy, block, i, r[0], r[1])):
+                    continue
+                check(r[2] == baseline[i],
+                      "%s/%s block %d prompt %d: speculative ids %s != plain ids %s" %
+                      (drafter, strategy, block, i, r[2], baseline[i]))
+                stats = r[4]["stats"]
+                spec_rounds += int(stats["speculative_rounds"])
+                accepted += int(stats["accepted_tokens"])
+            print("%s drafter, %s, block %d: %d speculative rounds, %.2f accepted per round" %
+                  (drafter, strategy, block, spec_rounds,
+                   accepted / spec_rounds if spec_rounds else 0.0), flush=True)
+            check(spec_rounds > 0, "%s/%s block %d: no speculative round ran" %
+                  (drafter, strategy, block))
+            if extra:
+                used = sum(int(r[4]["stats"].get("ahead_blocks", 0)) for r in res if r[4])
+                print("  blocks drafted ahead that stood: %d" % used, flush=True)
+                check(used > 0 or block == 1, "run-ahead: no ahead block ever stood")
+            if drafter == "model":
+                check(accepted > 0, "%s/%s block %d: no draft token was ever accepted" %
                       (drafter, strategy, block))
-                if drafter == "model":
-                    check(accepted > 0, "%s/%s block %d: no draft token was ever accepted" %
-                          (drafter, strategy, block))
-            stop_all()
+        stop_all()
 
 
 def softmax_topk(logits, k, temperature=1.0):
@@ -182,7 +191,9 @@ def target_logits(ids):
 
 
 def case_sampling():
-    gw, v, d = stack("extra_buffer", "model", block=2)
+    # The drafter may draft ahead (greedy requests only): sampled ones must
+    # follow the target's distribution all the same.
+    gw, v, d = stack("extra_buffer", "model", block=2, extra_drafter_args=("--run-ahead", "on"))
     prompt = "def forward(self, x):\n    "
     code, details, resp = st.unary(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": prompt})
     check(code == "OK", "Tokenize: %s %s" % (code, details))

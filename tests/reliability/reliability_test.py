@@ -476,6 +476,8 @@ class FakeDrafter:
         sym = __import__("google.protobuf.symbol_database", fromlist=["x"]).Default()
         self.resp_cls = sym.GetSymbol("tandem.v1.DraftResponse")
         self.fault = fault
+        self.reference = None
+        self.last, self.assumed, self.ahead_toks, self.confirmed = {}, {}, {}, {}
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
         handler = grpc.method_handlers_generic_handler("tandem.v1.Drafter", {
             "Draft": grpc.stream_stream_rpc_method_handler(
@@ -492,13 +494,15 @@ class FakeDrafter:
                                 {"descriptor": d})
         check(code == "OK", "fake drafter registration: %s %s" % (code, details))
 
-    def block(self, seq, rnd, position):
+    def block(self, seq, rnd, position, toks=None, ahead=False, assumed=0):
         b = self.resp_cls()
         blk = b.block
         blk.sequence_id = seq
         blk.round = rnd
         blk.position = position
-        toks = [5, 6, 7, 8]
+        blk.ahead = ahead
+        blk.assumed_token = assumed
+        toks = list(toks) if toks is not None else [5, 6, 7, 8]
         if self.fault == "oov":
             toks[1] = 999999
         elif self.fault == "position":
@@ -514,17 +518,49 @@ class FakeDrafter:
             dd.probs.extend([0.5])
         return b
 
+    def truth(self, ctx, k):
+        """The next k tokens of the target after ctx, where the plain run knows them."""
+        t = self.reference or []
+        n = len(ctx)
+        if t[:n] != ctx:
+            return [5] * k
+        out = t[n:n + k]
+        return out + [5] * (k - len(out))
+
     def draft(self, it, ctx):
-        n = {}
+        """Blocks of the target's own continuation (ahead modes: then a block
+        drafted ahead, its assumption right or wrong)."""
+        toks = {}
         for m in it:
             kind = m.WhichOneof("kind")
             if kind == "open":
-                n[m.open.sequence_id] = len(m.open.tokens)
-                yield self.block(m.open.sequence_id, m.open.round, len(m.open.tokens))
+                sid, rnd = m.open.sequence_id, m.open.round
+                toks[sid] = list(m.open.tokens)
             elif kind == "verdict":
                 v = m.verdict
-                if v.block_size:
-                    yield self.block(v.sequence_id, v.round + 1, v.position)
+                sid, rnd = v.sequence_id, v.round + 1
+                last = self.last.get(sid, [])
+                if self.confirmed.get(sid) and v.accepted == len(last) and \
+                        v.next_token == self.assumed.get(sid):
+                    toks[sid] += last[:v.accepted] + [v.next_token]
+                    self.last[sid] = self.ahead_toks[sid]
+                    self.confirmed[sid] = False
+                    continue  # the ahead block stands: no new block
+                toks[sid] += last[:v.accepted] + [v.next_token]
+                if not v.block_size:
+                    continue
+            else:
+                continue
+            blk = self.truth(toks[sid], 4) if self.fault.startswith("ahead") else None
+            self.last[sid] = blk if blk is not None else [5, 6, 7, 8]
+            yield self.block(sid, rnd, len(toks[sid]), blk)
+            if self.fault.startswith("ahead"):
+                nxt = self.truth(toks[sid] + blk, 5)
+                assumed = nxt[0] if self.fault == "ahead_right" else (nxt[0] + 1) % 4000
+                self.assumed[sid] = assumed
+                self.ahead_toks[sid] = nxt[1:5]
+                self.confirmed[sid] = self.fault == "ahead_right"
+                yield self.block(sid, rnd + 1, len(toks[sid]) + 5, nxt[1:5], True, assumed)
 
     def stop(self):
         self.server.stop(0)
@@ -555,6 +591,28 @@ def case_bad_drafter():
              {"replica_id": "d-" + fault, "instance_id": "fake-d-" + fault})
         fd.stop()
     check("malformed" in v.text(), "the verifier's log names the malformed blocks")
+    # Blocks drafted ahead stand only when the verdict bears their assumption
+    # out; the output is the plain one either way.
+    ids = [int(x) for x in call(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": prompt})[2][0]
+           ["ids"]]
+    for fault in ("ahead_right", "ahead_wrong"):
+        fd = FakeDrafter(gw, fault, fp)
+        fd.reference = ids + plain[2]
+        before = counter(v.addr(), "ahead_blocks_dropped") or 0
+        r = e2e.generate(gw, prompt, max_tokens=30, mode="SPECULATION_MODE_ON", block=4,
+                         fixed=True)
+        check(r[0] == "OK" and r[2] == plain[2], "%s: %s %s" % (fault, r[0], r[1]))
+        used = int(r[4]["stats"].get("ahead_blocks", 0)) if r[4] else -1
+        dropped = (counter(v.addr(), "ahead_blocks_dropped") or 0) - before
+        if fault == "ahead_right":
+            check(used >= 3 and float(r[4]["stats"]["mean_accepted"]) > 3.5,
+                  "ahead blocks that stand were used: %s" % (r[4] and r[4]["stats"]))
+        else:
+            check(used == 0 and dropped >= 3,
+                  "ahead blocks on a wrong assumption: used %d, dropped %d" % (used, dropped))
+        call(gw.addr(), "/tandem.v1.Registry/DeregisterReplica",
+             {"replica_id": "d-" + fault, "instance_id": "fake-d-" + fault})
+        fd.stop()
     e2e.stop_all()
 
 

@@ -325,7 +325,7 @@ def case_refusals():
                                             reference().tokenizer_fp(tokenizer("gpt2_bpe2000"))[:12]]),
         "d-block": ("draft-block-size", ["blocks of 12 tokens", "at most 8 draft tokens"]),
         "d-prefix": ("prefix-cache-state", ["prefix_cache=on, state_strategy=no_buffer"]),
-        "d-proto": ("protocol-major", ["protocol 1.0", "protocol 2.0"]),
+        "d-proto": ("protocol-major", ["protocol 1.1", "protocol 2.0"]),
     }
     for did, (rule, words) in expect.items():
         p = pair(s, "v1", did)

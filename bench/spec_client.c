@@ -1,0 +1,267 @@
+/*
+ * spec_client.c - the load of the speculation benchmark: N requests of
+ * random token-id prompts sent to a running gateway's Generate by C
+ * concurrent clients, greedy, ignoring EOS, with one speculation setting.
+ *
+ *   bench_spec_client --gateway HOST:PORT [--requests N] [--concurrency C]
+ *       [--prompt-len L] [--tokens T] [--seed S] [--mode off|auto|on]
+ *       [--block K] [--fixed] [--record FILE] [--check FILE]
+ *
+ * Prints one line, "key=value ..." : tokens/s over the wall time of the
+ * whole load, the median of the requests' own decode rates, mean accepted
+ * drafts per speculative round, the acceptance per drafted token, the
+ * fraction of rounds that speculated, blocks drafted ahead that stood, and
+ * failures. --record writes each request's prompt and output ids (the
+ * oracle drafter's input); --check compares every output with such a file
+ * (a greedy run must give the same tokens with and without speculation).
+ */
+#include "bench_util.h"
+#include "rpc.h"
+#include "tandem/v1/gateway.pb-c.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct job {
+    uint32_t *prompt;
+    int n_prompt;
+    uint32_t *out;
+    int n_out;
+    double tps; /* the request's own decode rate */
+    uint32_t rounds, spec_rounds, drafted, accepted, ahead;
+    int failed;
+    char why[256];
+} job;
+
+static struct {
+    const char *gateway;
+    int requests, concurrency, prompt_len, tokens;
+    uint64_t seed;
+    Tandem__V1__SpeculationMode mode;
+    int block, fixed;
+    job *jobs;
+    int next;
+    pthread_mutex_t mu;
+} g = {.gateway = "127.0.0.1:7700", .requests = 10, .concurrency = 1, .prompt_len = 64,
+       .tokens = 128, .seed = 1, .mode = TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO,
+       .mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void run_job(tdm_rpc_channel *ch, job *j)
+{
+    Tandem__V1__GenerateRequest req = TANDEM__V1__GENERATE_REQUEST__INIT;
+    Tandem__V1__TokenIds ids = TANDEM__V1__TOKEN_IDS__INIT;
+    Tandem__V1__SpeculationParams sp = TANDEM__V1__SPECULATION_PARAMS__INIT;
+    ids.n_ids = (size_t)j->n_prompt;
+    ids.ids = j->prompt;
+    req.prompt_case = TANDEM__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+    req.token_ids = &ids;
+    req.max_tokens = (uint32_t)g.tokens;
+    req.ignore_eos = 1;
+    sp.mode = g.mode;
+    sp.block_size = (uint32_t)g.block;
+    sp.fixed_block_size = g.fixed;
+    req.speculation = &sp;
+    tdm_rpc_stream *st = NULL;
+    tdm_error err = {0};
+    tdm_rpc_call_options opt = {.timeout_ms = 600000};
+    if (tdm_rpc_stream_open(ch, "/tandem.v1.Gateway/Generate", &req.base,
+                            &tandem__v1__generate_response__descriptor, &opt, &st,
+                            &err) != TDM_OK) {
+        j->failed = 1;
+        snprintf(j->why, sizeof(j->why), "%s", err.msg);
+        return;
+    }
+    j->out = calloc((size_t)g.tokens + 1, sizeof(uint32_t));
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        tdm_status rc = tdm_rpc_stream_read(st, &m, &err);
+        if (!m) {
+            if (rc != TDM_OK) {
+                j->failed = 1;
+                snprintf(j->why, sizeof(j->why), "%s: %s", tdm_status_name(rc), err.msg);
+            }
+            break;
+        }
+        const Tandem__V1__GenerateResponse *r = (const Tandem__V1__GenerateResponse *)m;
+        if (r->chunk_case == TANDEM__V1__GENERATE_RESPONSE__CHUNK_TOKENS)
+            for (size_t i = 0; i < r->tokens->n_ids && j->n_out < g.tokens; i++)
+                j->out[j->n_out++] = r->tokens->ids[i];
+        if (r->chunk_case == TANDEM__V1__GENERATE_RESPONSE__CHUNK_COMPLETE && r->complete->stats) {
+            const Tandem__V1__RequestStats *s = r->complete->stats;
+            j->tps = s->tokens_per_second;
+            j->rounds = s->rounds;
+            j->spec_rounds = s->speculative_rounds;
+            j->drafted = s->drafted_tokens;
+            j->accepted = s->accepted_tokens;
+            j->ahead = s->ahead_blocks;
+        }
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+    tdm_rpc_stream_destroy(st);
+}
+
+static void *worker(void *arg)
+{
+    tdm_rpc_channel *ch = arg;
+    for (;;) {
+        pthread_mutex_lock(&g.mu);
+        int i = g.next < g.requests ? g.next++ : -1;
+        pthread_mutex_unlock(&g.mu);
+        if (i < 0)
+            return NULL;
+        run_job(ch, &g.jobs[i]);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Reads a --record file into lines of ids; returns how many. */
+static int read_runs(const char *path, uint32_t **runs, int *lens, int max)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    int n = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (n < max && getline(&line, &cap, f) > 0) {
+        int c = 0, k = 0;
+        for (char *p = line; *p;) {
+            char *e;
+            unsigned long v = strtoul(p, &e, 10);
+            if (e == p)
+                break;
+            if (k == c) {
+                c = c ? 2 * c : 256;
+                runs[n] = realloc(runs[n], (size_t)c * sizeof(uint32_t));
+            }
+            runs[n][k++] = (uint32_t)v;
+            p = e;
+        }
+        lens[n++] = k;
+    }
+    free(line);
+    fclose(f);
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    const char *record = NULL, *check = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--gateway"))
+            g.gateway = v, i++;
+        else if (!strcmp(a, "--requests"))
+            g.requests = atoi(v), i++;
+        else if (!strcmp(a, "--concurrency"))
+            g.concurrency = atoi(v), i++;
+        else if (!strcmp(a, "--prompt-len"))
+            g.prompt_len = atoi(v), i++;
+        else if (!strcmp(a, "--tokens"))
+            g.tokens = atoi(v), i++;
+        else if (!strcmp(a, "--seed"))
+            g.seed = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(a, "--block"))
+            g.block = atoi(v), i++;
+        else if (!strcmp(a, "--fixed"))
+            g.fixed = 1;
+        else if (!strcmp(a, "--record"))
+            record = v, i++;
+        else if (!strcmp(a, "--check"))
+            check = v, i++;
+        else if (!strcmp(a, "--mode")) {
+            g.mode = !strcmp(v, "off")  ? TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF
+                     : !strcmp(v, "on") ? TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_ON
+                                        : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
+            i++;
+        } else {
+            fprintf(stderr, "bench_spec_client: unknown option %s (see the head of "
+                            "bench/spec_client.c)\n", a);
+            return 2;
+        }
+    }
+    if (g.requests < 1 || g.concurrency < 1 || g.prompt_len < 1 || g.tokens < 1)
+        return 2;
+    g.jobs = calloc((size_t)g.requests, sizeof(job));
+    /* Prompts from a fixed stream: the same seed, the same prompts. */
+    uint64_t x = g.seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int r = 0; r < g.requests; r++) {
+        g.jobs[r].prompt = malloc((size_t)g.prompt_len * sizeof(uint32_t));
+        g.jobs[r].n_prompt = g.prompt_len;
+        for (int i = 0; i < g.prompt_len; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            g.jobs[r].prompt[i] = (uint32_t)(x % 200000u) + 10u;
+        }
+    }
+    tdm_rpc_channel *ch = NULL;
+    tdm_error err = {0};
+    tdm_rpc_channel_options co = {.target = g.gateway};
+    if (tdm_rpc_channel_create(&co, &ch, &err) != TDM_OK) {
+        fprintf(stderr, "bench_spec_client: %s\n", err.msg);
+        return 1;
+    }
+    pthread_t th[512];
+    int nt = g.concurrency < 512 ? g.concurrency : 512;
+    double t0 = bench_now();
+    for (int i = 0; i < nt; i++)
+        pthread_create(&th[i], NULL, worker, ch);
+    for (int i = 0; i < nt; i++)
+        pthread_join(th[i], NULL);
+    double wall = bench_now() - t0;
+    long tokens = 0;
+    uint64_t rounds = 0, spec = 0, drafted = 0, accepted = 0, ahead = 0;
+    int failed = 0, mismatched = 0;
+    double *tps = calloc((size_t)g.requests, sizeof(double));
+    int ntps = 0;
+    uint32_t *runs[4096] = {0};
+    int lens[4096];
+    int nruns = check ? read_runs(check, runs, lens, 4096) : 0;
+    FILE *rec = record ? fopen(record, "w") : NULL;
+    for (int r = 0; r < g.requests; r++) {
+        job *j = &g.jobs[r];
+        if (j->failed) {
+            if (failed++ == 0)
+                fprintf(stderr, "bench_spec_client: a request failed: %s\n", j->why);
+            continue;
+        }
+        tokens += j->n_out;
+        rounds += j->rounds;
+        spec += j->spec_rounds;
+        drafted += j->drafted;
+        accepted += j->accepted;
+        ahead += j->ahead;
+        tps[ntps++] = j->tps;
+        if (rec) {
+            for (int i = 0; i < j->n_prompt; i++)
+                fprintf(rec, "%u ", j->prompt[i]);
+            for (int i = 0; i < j->n_out; i++)
+                fprintf(rec, "%u%s", j->out[i], i + 1 < j->n_out ? " " : "");
+            fprintf(rec, "\n");
+        }
+        if (check && r < nruns) {
+            int same = lens[r] == j->n_prompt + j->n_out &&
+                       !memcmp(runs[r] + j->n_prompt, j->out, (size_t)j->n_out * 4);
+            mismatched += !same;
+        }
+    }
+    if (rec)
+        fclose(rec);
+    qsort(tps, (size_t)ntps, sizeof(double), cmp_double);
+    printf("tokens_per_s=%.1f request_tps_p50=%.1f mean_accepted=%.3f acceptance=%.3f "
+           "spec_round_share=%.3f ahead_blocks=%llu requests=%d failed=%d mismatched=%d "
+           "wall_s=%.2f\n",
+           tokens / wall, ntps ? tps[ntps / 2] : 0.0, spec ? (double)accepted / spec : 0.0,
+           drafted ? (double)accepted / drafted : 0.0, rounds ? (double)spec / rounds : 0.0,
+           (unsigned long long)ahead, g.requests, failed, mismatched, wall);
+    tdm_rpc_channel_destroy(ch);
+    return failed || mismatched ? 1 : 0;
+}
