@@ -6,6 +6,7 @@
  *   bench_spec_client --gateway HOST:PORT [--requests N] [--concurrency C]
  *       [--prompt-len L] [--tokens T] [--seed S] [--mode off|auto|on]
  *       [--block K] [--fixed] [--record FILE] [--check FILE]
+ *       [--vocab V] [--verifier HOST:PORT]
  *
  * Prints one line, "key=value ..." : tokens/s over the wall time of the
  * whole load, the median of the requests' own decode rates, mean accepted
@@ -14,9 +15,15 @@
  * failures. --record writes each request's prompt and output ids (the
  * oracle drafter's input); --check compares every output with such a file
  * (a greedy run must give the same tokens with and without speculation).
+ * Prompt ids are drawn from 10..V-1 (default V 200010). With --verifier,
+ * a second line gives the verifier's round timeline over the load: the mean
+ * time per round in each phase (from its counters' growth), the exchange's
+ * median and 99th percentile and the drafter's time per draft token (over
+ * the verifier's last 4096 blocks).
  */
 #include "bench_util.h"
 #include "rpc.h"
+#include "tandem/v1/common.pb-c.h"
 #include "tandem/v1/gateway.pb-c.h"
 
 #include <pthread.h>
@@ -36,7 +43,8 @@ typedef struct job {
 } job;
 
 static struct {
-    const char *gateway;
+    const char *gateway, *verifier;
+    uint32_t vocab;
     int requests, concurrency, prompt_len, tokens;
     uint64_t seed;
     Tandem__V1__SpeculationMode mode;
@@ -45,7 +53,7 @@ static struct {
     int next;
     pthread_mutex_t mu;
 } g = {.gateway = "127.0.0.1:7700", .requests = 10, .concurrency = 1, .prompt_len = 64,
-       .tokens = 128, .seed = 1, .mode = TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO,
+       .tokens = 128, .seed = 1, .vocab = 200010, .mode = TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO,
        .mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void run_job(tdm_rpc_channel *ch, job *j)
@@ -115,6 +123,72 @@ static void *worker(void *arg)
     }
 }
 
+/* The verifier's counters, by name. */
+typedef struct counters {
+    int n;
+    char name[128][64];
+    double value[128];
+} counters;
+
+static double counter(const counters *c, const char *name)
+{
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->name[i], name))
+            return c->value[i];
+    return 0;
+}
+
+static int describe(counters *c)
+{
+    c->n = 0;
+    tdm_rpc_channel *ch = NULL;
+    tdm_error err = {0};
+    tdm_rpc_channel_options co = {.target = g.verifier};
+    if (tdm_rpc_channel_create(&co, &ch, &err) != TDM_OK)
+        return -1;
+    Tandem__V1__DescribeRequest req = TANDEM__V1__DESCRIBE_REQUEST__INIT;
+    ProtobufCMessage *m = NULL;
+    tdm_rpc_call_options opt = {.timeout_ms = 10000};
+    tdm_status rc = tdm_rpc_unary(ch, "/tandem.v1.Verifier/Describe", &req.base,
+                                  &tandem__v1__describe_response__descriptor, &m, &opt, &err);
+    tdm_rpc_channel_destroy(ch);
+    if (rc != TDM_OK) {
+        fprintf(stderr, "bench_spec_client: Describe %s: %s\n", g.verifier, err.msg);
+        return -1;
+    }
+    const Tandem__V1__DescribeResponse *d = (const Tandem__V1__DescribeResponse *)m;
+    for (size_t i = 0; i < d->n_counters && c->n < 128; i++) {
+        snprintf(c->name[c->n], sizeof(c->name[0]), "%s", d->counters[i]->name);
+        c->value[c->n++] = d->counters[i]->value;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
+
+static void print_timeline(const counters *a, const counters *b)
+{
+    static const char *const phases[] = {"idle", "admit", "prefill", "wait",
+                                         "step", "commit", "send"};
+    double rounds = counter(b, "rounds") - counter(a, "rounds");
+    if (rounds <= 0)
+        return;
+    printf("timeline rounds=%.0f", rounds);
+    double sum = 0;
+    for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]); i++) {
+        char k[64];
+        snprintf(k, sizeof(k), "round_%s_us_total", phases[i]);
+        double us = (counter(b, k) - counter(a, k)) / rounds;
+        sum += us;
+        printf(" %s_us=%.1f", phases[i], us);
+    }
+    printf(" round_us=%.1f exchange_p50_us=%.0f exchange_p99_us=%.0f draft_token_p50_us=%.0f "
+           "draft_token_p99_us=%.0f step_p50_us=%.0f step_p99_us=%.0f\n",
+           sum, counter(b, "draft_exchange_overhead_p50_us"),
+           counter(b, "draft_exchange_overhead_p99_us"), counter(b, "draft_time_per_token_p50_us"),
+           counter(b, "draft_time_per_token_p99_us"), counter(b, "round_step_p50_us"),
+           counter(b, "round_step_p99_us"));
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -170,6 +244,10 @@ int main(int argc, char **argv)
             g.seed = strtoull(v, NULL, 10), i++;
         else if (!strcmp(a, "--block"))
             g.block = atoi(v), i++;
+        else if (!strcmp(a, "--verifier"))
+            g.verifier = v, i++;
+        else if (!strcmp(a, "--vocab"))
+            g.vocab = (uint32_t)strtoul(v, NULL, 10), i++;
         else if (!strcmp(a, "--fixed"))
             g.fixed = 1;
         else if (!strcmp(a, "--record"))
@@ -187,7 +265,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (g.requests < 1 || g.concurrency < 1 || g.prompt_len < 1 || g.tokens < 1)
+    if (g.requests < 1 || g.concurrency < 1 || g.prompt_len < 1 || g.tokens < 1 || g.vocab < 11)
         return 2;
     g.jobs = calloc((size_t)g.requests, sizeof(job));
     /* Prompts from a fixed stream: the same seed, the same prompts. */
@@ -199,7 +277,7 @@ int main(int argc, char **argv)
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            g.jobs[r].prompt[i] = (uint32_t)(x % 200000u) + 10u;
+            g.jobs[r].prompt[i] = (uint32_t)(x % (g.vocab - 10u)) + 10u;
         }
     }
     tdm_rpc_channel *ch = NULL;
@@ -209,6 +287,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_spec_client: %s\n", err.msg);
         return 1;
     }
+    static counters before, after;
+    if (g.verifier && describe(&before) != 0)
+        return 1;
     pthread_t th[512];
     int nt = g.concurrency < 512 ? g.concurrency : 512;
     double t0 = bench_now();
@@ -262,6 +343,8 @@ int main(int argc, char **argv)
            tokens / wall, ntps ? tps[ntps / 2] : 0.0, spec ? (double)accepted / spec : 0.0,
            drafted ? (double)accepted / drafted : 0.0, rounds ? (double)spec / rounds : 0.0,
            (unsigned long long)ahead, g.requests, failed, mismatched, wall);
+    if (g.verifier && describe(&after) == 0)
+        print_timeline(&before, &after);
     tdm_rpc_channel_destroy(ch);
     return failed || mismatched ? 1 : 0;
 }

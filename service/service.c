@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_COUNTERS 32
+#define MAX_COUNTERS 96
 
 struct tdm_service {
     tdm_cfg *cfg;

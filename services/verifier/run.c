@@ -101,8 +101,27 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"ahead_blocks_dropped", (double)c.ahead_dropped},
         {"draft_exchange_overhead_p50_us", c.overhead_p50_us},
         {"draft_exchange_overhead_p99_us", c.overhead_p99_us},
+        {"draft_time_per_token_p50_us", c.draft_token_p50_us},
+        {"draft_time_per_token_p99_us", c.draft_token_p99_us},
+        {"scheduler_uptime_us", c.uptime_us},
     };
-    return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
+    size_t n = tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
+    /* The round's timeline, a phase at a time (vsched_phase's order). */
+    static const char *const names[VSCHED_PHASES][3] = {
+        {"round_idle_us_total", "round_idle_p50_us", "round_idle_p99_us"},
+        {"round_admit_us_total", "round_admit_p50_us", "round_admit_p99_us"},
+        {"round_prefill_us_total", "round_prefill_p50_us", "round_prefill_p99_us"},
+        {"round_wait_us_total", "round_wait_p50_us", "round_wait_p99_us"},
+        {"round_step_us_total", "round_step_p50_us", "round_step_p99_us"},
+        {"round_commit_us_total", "round_commit_p50_us", "round_commit_p99_us"},
+        {"round_send_us_total", "round_send_p50_us", "round_send_p99_us"},
+    };
+    for (int p = 0; p < VSCHED_PHASES && n + 3 <= max; p++) {
+        out[n++] = (tdm_service_counter){names[p][0], c.phase_total_us[p]};
+        out[n++] = (tdm_service_counter){names[p][1], c.phase_p50_us[p]};
+        out[n++] = (tdm_service_counter){names[p][2], c.phase_p99_us[p]};
+    }
+    return n;
 }
 
 static void load(void *arg, uint32_t *active, uint32_t *free_slots)

@@ -129,6 +129,7 @@ typedef struct vround {
     tdm_status rc;    /* the step's status; != OK fails every sequence in it */
     tdm_error err;
     double t_wait, t_step, cost;
+    double t_idle_end; /* when admit_and_retire found work */
 } vround;
 
 _Static_assert(TDM_MAX_DRAFT_BLOCK + 1 <= 1 << 16, "rows of one sequence fit an int");
@@ -151,6 +152,15 @@ struct vsched {
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
+    /* The drafter's own time per draft token, per block, us. */
+    float draft_token_us[4096];
+    uint64_t n_draft_token;
+    /* The round's timeline: each phase's time in the last 4096 rounds, us
+     * (under mu). Idle is the wait for work before a round. */
+    float phase_us[4096][VSCHED_PHASES];
+    uint64_t n_phase;
+    double t_started;  /* when the scheduler thread started, ms */
+    double idle_since; /* when the scheduler began to wait for work; 0: busy */
     vround rd;      /* scheduler thread */
     void *vscratch; /* rejection sampling's scratch (scheduler thread) */
 };
@@ -588,8 +598,12 @@ void vsched_release(vsched *s, vreq *r)
 static bool admit_and_retire(vsched *s, vround *rd)
 {
     pthread_mutex_lock(&s->mu);
+    s->idle_since = now_ms();
     while (!s->stop && !s->wait_head && s->n_active == 0)
         pthread_cond_wait(&s->cv, &s->mu);
+    rd->t_idle_end = now_ms();
+    s->counters.phase_total_us[VSCHED_IDLE] += (rd->t_idle_end - s->idle_since) * 1e3;
+    s->idle_since = 0;
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
         return false;
@@ -848,6 +862,9 @@ static void take_blocks(vsched *s, vround *rd)
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
                         (float)(us > 0 ? us : 0);
                 }
+                if (b->n_tokens > 0)
+                    s->draft_token_us[s->n_draft_token++ % TDM_ARRAY_LEN(s->draft_token_us)] =
+                        (float)((double)b->draft_micros / (double)b->n_tokens);
             }
         }
         r->awaiting = false;
@@ -1116,19 +1133,45 @@ static void send_messages(vsched *s, vround *rd)
         }
 }
 
-/* One round. Returns false when the scheduler should stop. */
+/* Adds one round's timeline (t[0] its start, t[i + 1] the end of phase i)
+ * to the counters. */
+static void record_timeline(vsched *s, const double *t)
+{
+    pthread_mutex_lock(&s->mu);
+    float *row = s->phase_us[s->n_phase++ % TDM_ARRAY_LEN(s->phase_us)];
+    for (int i = 0; i < VSCHED_PHASES; i++) {
+        double us = (t[i + 1] - t[i]) * 1e3;
+        row[i] = (float)us;
+        if (i != VSCHED_IDLE) /* counted as it passes (admit_and_retire) */
+            s->counters.phase_total_us[i] += us;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* One round. Returns false when the scheduler should stop. Every moment of
+ * the scheduler thread falls in one phase of one round (vsched_phase). */
 static bool sched_round(vsched *s)
 {
     vround *rd = &s->rd;
+    double t[VSCHED_PHASES + 1];
+    t[0] = now_ms();
     if (!admit_and_retire(s, rd))
         return false;
+    t[VSCHED_IDLE + 1] = rd->t_idle_end;
+    t[VSCHED_ADMIT + 1] = now_ms();
     prefill_chunks(s, rd);
+    t[VSCHED_PREFILL + 1] = now_ms();
     await_blocks(s, rd);
     take_blocks(s, rd);
+    t[VSCHED_WAIT + 1] = now_ms();
     run_step(s, rd);
+    t[VSCHED_STEP + 1] = now_ms();
     verify_commit_emit(s, rd);
     retire_finished(s, rd);
+    t[VSCHED_COMMIT + 1] = now_ms();
     send_messages(s, rd);
+    t[VSCHED_SEND + 1] = now_ms();
+    record_timeline(s, t);
     return true;
 }
 
@@ -1191,6 +1234,7 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     pthread_cond_init(&s->cv, NULL);
     vlinks_callbacks cb = {.deliver = on_draft_message, .broken = on_link_broken, .user = s};
     s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &cb);
+    s->t_started = now_ms();
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         vlinks_destroy(s->links);
         round_free(&s->rd);
@@ -1252,24 +1296,52 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Median and 99th percentile of v[0..n) (sorts v). */
+static void percentiles(float *v, size_t n, double *p50, double *p99)
+{
+    *p50 = *p99 = 0;
+    if (n == 0)
+        return;
+    qsort(v, n, sizeof(float), cmp_float);
+    *p50 = v[n / 2];
+    *p99 = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+}
+
+/* How many of a ring's entries hold values. */
+static size_t ring_len(uint64_t n, size_t cap)
+{
+    return n < cap ? (size_t)n : cap;
+}
+
+
 void vsched_get_counters(vsched *s, vsched_counters *c)
 {
-    float v[TDM_ARRAY_LEN(s->overhead_us)];
+    enum { RING = TDM_ARRAY_LEN(s->overhead_us) };
+    float *v = tdm_xmalloc(RING * sizeof(float) * (2 + VSCHED_PHASES));
+    float *dt = v + RING, *ph = dt + RING;
     pthread_mutex_lock(&s->mu);
     *c = s->counters;
-    size_t n = s->n_overhead < TDM_ARRAY_LEN(s->overhead_us) ? (size_t)s->n_overhead
-                                                             : TDM_ARRAY_LEN(s->overhead_us);
+    size_t n = ring_len(s->n_overhead, RING);
     memcpy(v, s->overhead_us, n * sizeof(float));
+    size_t nd = ring_len(s->n_draft_token, RING);
+    memcpy(dt, s->draft_token_us, nd * sizeof(float));
+    size_t np = ring_len(s->n_phase, TDM_ARRAY_LEN(s->phase_us));
+    for (size_t i = 0; i < np; i++)
+        for (int p = 0; p < VSCHED_PHASES; p++)
+            ph[(size_t)p * RING + i] = s->phase_us[i][p];
     c->active = (uint64_t)s->n_active;
     c->waiting = 0;
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         c->waiting++;
+    double now = now_ms();
+    c->uptime_us = s->t_started > 0 ? (now - s->t_started) * 1e3 : 0;
+    if (s->idle_since > 0)
+        c->phase_total_us[VSCHED_IDLE] += (now - s->idle_since) * 1e3;
     pthread_mutex_unlock(&s->mu);
-    c->overhead_p50_us = c->overhead_p99_us = 0;
-    if (n > 0) {
-        qsort(v, n, sizeof(float), cmp_float);
-        c->overhead_p50_us = v[n / 2];
-        c->overhead_p99_us = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
-    }
+    percentiles(v, n, &c->overhead_p50_us, &c->overhead_p99_us);
+    percentiles(dt, nd, &c->draft_token_p50_us, &c->draft_token_p99_us);
+    for (int p = 0; p < VSCHED_PHASES; p++)
+        percentiles(ph + (size_t)p * RING, np, &c->phase_p50_us[p], &c->phase_p99_us[p]);
+    free(v);
     c->draft_streams = (uint64_t)vlinks_count(s->links);
 }

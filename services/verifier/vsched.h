@@ -88,6 +88,18 @@ void vsched_cancel(vsched *s, vreq *r);
 /* Waits until the scheduler has let go of the request, then frees it. */
 void vsched_release(vsched *s, vreq *r);
 
+/* The phases of a round, in the order they run (sched_round). */
+typedef enum {
+    VSCHED_IDLE,    /* waiting for work */
+    VSCHED_ADMIT,   /* admitting and retiring requests */
+    VSCHED_PREFILL, /* prompt chunks */
+    VSCHED_WAIT,    /* waiting for drafters' blocks and checking them */
+    VSCHED_STEP,    /* the batched forward pass */
+    VSCHED_COMMIT,  /* verifying, committing, streaming tokens, retiring */
+    VSCHED_SEND,    /* verdicts and opens to drafters */
+    VSCHED_PHASES
+} vsched_phase;
+
 typedef struct vsched_counters {
     uint64_t requests, active, waiting, rounds, spec_rounds, drafted, accepted, tokens;
     uint64_t drafter_failures, cancelled;
@@ -98,6 +110,15 @@ typedef struct vsched_counters {
     /* Drafter exchange overhead per block over the last 4096 blocks: time
      * from asking to receiving, minus the drafter's own drafting time. */
     double overhead_p50_us, overhead_p99_us;
+    /* The drafter's own time per draft token (DraftBlock.draft_micros over
+     * its drafts), over the last 4096 blocks. */
+    double draft_token_p50_us, draft_token_p99_us;
+    /* The round's timeline: total time in each phase since the start, and
+     * each phase's median and 99th percentile over the last 4096 rounds.
+     * The totals add up to uptime_us but for the round in progress. */
+    double phase_total_us[VSCHED_PHASES];
+    double phase_p50_us[VSCHED_PHASES], phase_p99_us[VSCHED_PHASES];
+    double uptime_us; /* since the scheduler thread started */
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);

@@ -346,6 +346,65 @@ def case_cancel():
     stop_all()
 
 
+def counters(target, path):
+    code, details, resp = st.unary(target, path)
+    check(code == "OK", "%s: %s %s" % (path, code, details))
+    return {c["name"]: float(c["value"]) for c in resp.get("counters", [])}
+
+
+PHASES = ["idle", "admit", "prefill", "wait", "step", "commit", "send"]
+
+
+def case_timeline():
+    """The verifier's round timeline accounts for all of its scheduler's time:
+    over a workload, the phases' totals grow by the scheduler's uptime and by
+    the wall time this client measured, within 5 %; the exchange excludes the
+    drafter's own drafting time."""
+    gw, v, d = stack("extra_buffer", "model", block=4)
+    path = "/tandem.v1.Verifier/Describe"
+    ps = prompts(8)
+
+    def run(p):
+        code, details, ids, _, done = generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_ON",
+                                              block=4, fixed=True, ignore_eos=True)
+        check(code == "OK" and len(ids) == 48, "request: %s %s" % (code, details))
+        return done
+
+    a = counters(v.addr(), path)
+    t0 = time.time()
+    # Half the time busy, half idle between bursts: idle must be counted too.
+    for burst in range(2):
+        parallel(run, ps, workers=4)
+        time.sleep(0.5)
+    wall = (time.time() - t0) * 1e6
+    b = counters(v.addr(), path)
+    t1 = (time.time() - t0) * 1e6
+    d_phase = {ph: b["round_%s_us_total" % ph] - a["round_%s_us_total" % ph] for ph in PHASES}
+    total = sum(d_phase.values())
+    uptime = b["scheduler_uptime_us"] - a["scheduler_uptime_us"]
+    print("timeline over %.0f us of client time: %s; sum %.0f us, scheduler uptime %.0f us" %
+          (wall, {k: round(x) for k, x in d_phase.items()}, total, uptime), flush=True)
+    print("per round p50/p99 us: %s" % {ph: (b["round_%s_p50_us" % ph], b["round_%s_p99_us" % ph])
+                                        for ph in PHASES})
+    print("exchange p50 %.0f us p99 %.0f us; drafter per draft token p50 %.0f us" %
+          (b["draft_exchange_overhead_p50_us"], b["draft_exchange_overhead_p99_us"],
+           b["draft_time_per_token_p50_us"]), flush=True)
+    # The two Describe calls bracket the workload: the uptime delta lies
+    # between the client's wall time without and with the second call.
+    check(wall * 0.95 <= uptime <= t1 * 1.05,
+          "scheduler uptime grew %.0f us over %.0f..%.0f us of client time" % (uptime, wall, t1))
+    # A round in progress at either read is not yet counted: at most one
+    # round's time either way, far below 5 % of the run.
+    check(abs(total - uptime) <= 0.05 * uptime,
+          "the round phases add up to %.0f us, the scheduler ran %.0f us" % (total, uptime))
+    for ph in ("idle", "step", "commit", "wait"):
+        check(d_phase[ph] > 0, "no time counted in phase %s" % ph)
+    check(d_phase["idle"] >= 0.5 * 0.5e6 * 0.9,
+          "idle %.0f us although the verifier idled 2 x 0.5 s" % d_phase["idle"])
+    check(b["draft_time_per_token_p50_us"] > 0, "drafter time per token not measured")
+    stop_all()
+
+
 def case_incompatible():
     gw = st.gateway("--tokenizer", TOKENIZER)
     st.replica("verifier", gw, "--model", TARGET, "--max-draft-tokens", "8")
@@ -512,7 +571,7 @@ def case_shared_drafter():
 
 
 CASES = {"shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
-         "cancel": case_cancel, "incompatible": case_incompatible}
+         "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline}
 
 
 def main():
