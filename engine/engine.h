@@ -141,6 +141,22 @@ tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const
 tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
                               const int *ntokens, const tdm_step_out *out, tdm_error *err);
 
+/* Greedy drafting: for each sequence i, what k[i] verify calls would do
+ * that run lead[i] (nlead[i] tokens) and then, one token a call, each
+ * call's draft, where draft j is the argmax of the last row of call j
+ * (lowest id on ties), or forced[i][j] when forced is set (a benchmark's
+ * controlled proposals; the model still runs every row). drafts[i] gets
+ * the k[i] drafts; the rows stay pending (nlead[i] + k[i] - 1 of them, on
+ * top of any pending before), to be committed as after tdm_seq_verify. On
+ * a backend with device drafting (backend.h: argmax_to, embed_dev) and
+ * the extra_buffer or replay strategy, the calls run as one launch with
+ * nothing crossing to the host between them (a CUDA graph per shape);
+ * otherwise as separate verify calls. k[i] >= 1. If it fails, each
+ * sequence is left as it was before the call. */
+tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                         const int *nlead, const int *k, const int32_t *const *forced,
+                         int32_t *const *drafts, tdm_error *err);
+
 /* Keeps the first n_accepted + 1 positions of the pending verify (0 <=
  * n_accepted < ntokens) and leaves the sequence exactly as if only those had
  * been run. */

@@ -67,6 +67,8 @@ struct tdm_model {
     void **host;
     size_t nhost, caphost;
     tdm_workspace ws;
+    int32_t *draft_ids; /* backend memory [draft_cap]: tdm_seq_draft's tokens */
+    int draft_cap;
     int graphs; /* steps go through the backend's graph slots (tdm_model_set_graphs) */
 };
 

@@ -293,6 +293,8 @@ void tdm_model_destroy(tdm_model *m)
     free(m->owned);
     if (m->ws.block)
         m->be->free(m->be->ctx, m->ws.block);
+    if (m->draft_ids)
+        m->be->free(m->be->ctx, m->draft_ids);
     for (size_t i = 0; i < m->nhost; i++)
         free(m->host[i]);
     free(m->host);

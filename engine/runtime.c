@@ -42,6 +42,7 @@ static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int thre
                          tdm_backend_kind_name(TDM_BACKEND_CUDA));
                 snprintf(rt->why, sizeof(rt->why), "%s: CUDA device 0 of %d",
                          want_cuda ? "set explicitly" : "auto", n);
+                tdm_cuda_device_uuid(0, rt->device_uuid, sizeof(rt->device_uuid));
                 return TDM_OK;
             }
             if (want_cuda)

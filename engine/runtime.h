@@ -17,6 +17,7 @@ typedef struct tdm_runtime {
     char backend_name[16]; /* the backend actually used: "cpu" or "cuda" */
     char why[160];         /* why that backend (for `auto`) */
     tdm_state_strategy strategy; /* tdm_runtime_open_cfg: how sequences commit */
+    char device_uuid[48];        /* the GPU's UUID (tdm_cuda_device_uuid); "" on the CPU */
 } tdm_runtime;
 
 /* backend: "auto", "cpu" or "cuda". threads: CPU worker threads, 0 = one per

@@ -152,6 +152,7 @@ typedef struct fwd_step {
     int *extra;         /* [nseq] a verify's rows keep per-position conv windows and
                            recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
     int32_t *ids, *pos; /* [R] host */
+    const int32_t *ids_dev; /* NULL, or the ids in backend memory (embed_dev; ids unused) */
     tdm_conv_seg *cs;   /* [nseq] host scratch */
     tdm_gdn_seg *gs;    /* [nseq] host scratch */
     tdm_attn_seg *as;   /* [nseq] host scratch */
@@ -212,7 +213,10 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     const float eps = (float)c->rms_norm_eps;
     tdm_workspace *w = &m->ws;
 
-    be->embed(bx, w->x, m->embed, st->ids, R, H); /* x [R, H] */
+    if (st->ids_dev)
+        be->embed_dev(bx, w->x, m->embed, st->ids_dev, R, H); /* x [R, H] */
+    else
+        be->embed(bx, w->x, m->embed, st->ids, R, H);
     for (int L = 0; L < c->num_layers; L++) {
         const tdm_layer_weights *lw = &m->layers[L];
         be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
@@ -685,6 +689,224 @@ tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *con
     rc = run_rows(seqs, nseq, tokens, ntokens, vr, out, err);
     free(vr);
     return rc;
+}
+
+/* ---- drafting ------------------------------------------------------------ */
+
+/* tdm_seq_draft as separate verify calls, the argmaxes read on the host. */
+static tdm_status draft_calls(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                              const int *nlead, const int *k, const int32_t *const *forced,
+                              int32_t *const *drafts, tdm_error *err)
+{
+    int kmax = 0, R0 = 0;
+    for (int i = 0; i < nseq; i++) {
+        kmax = k[i] > kmax ? k[i] : kmax;
+        R0 += nlead[i];
+    }
+    tdm_seq **sq = tdm_xmalloc((size_t)nseq * sizeof(*sq));
+    const int32_t **tp = tdm_xmalloc((size_t)nseq * sizeof(*tp));
+    int *nt = tdm_xmalloc((size_t)nseq * sizeof(int)), *idx = tdm_xmalloc((size_t)nseq * sizeof(int));
+    int32_t *am = tdm_xmalloc((size_t)(R0 > nseq ? R0 : nseq) * sizeof(int32_t));
+    tdm_status rc = TDM_OK;
+    for (int s = 0; s < kmax && rc == TDM_OK; s++) {
+        int n = 0;
+        for (int i = 0; i < nseq; i++) {
+            if (k[i] <= s)
+                continue;
+            idx[n] = i;
+            sq[n] = seqs[i];
+            tp[n] = s == 0 ? lead[i] : &drafts[i][s - 1];
+            nt[n] = s == 0 ? nlead[i] : 1;
+            n++;
+        }
+        const tdm_step_out o = {.argmax = am};
+        rc = tdm_seq_verify_out(sq, n, tp, nt, &o, err);
+        for (int x = 0, row = 0; rc == TDM_OK && x < n; x++) {
+            row += nt[x];
+            const int i = idx[x];
+            drafts[i][s] = forced ? forced[i][s] : am[row - 1];
+        }
+    }
+    if (rc != TDM_OK)
+        for (int i = 0; i < nseq; i++)
+            pending_abort(seqs[i]);
+    free(sq);
+    free(tp);
+    free(nt);
+    free(idx);
+    free(am);
+    return rc;
+}
+
+/* A sequence's counters that a draft chain moves, kept to start it over. */
+typedef struct draft_saved {
+    int n_past, pending, base, verifying;
+} draft_saved;
+
+tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                         const int *nlead, const int *k, const int32_t *const *forced,
+                         int32_t *const *drafts, tdm_error *err)
+{
+    if (nseq <= 0)
+        return TDM_OK;
+    tdm_status rc = check_batch(seqs, nseq, 1, err);
+    if (rc != TDM_OK)
+        return rc;
+    tdm_model *m = seqs[0]->m;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    bool device = be->argmax_to && be->embed_dev;
+    int kmax = 0, R0 = 0;
+    for (int i = 0; i < nseq; i++) {
+        const tdm_seq *s = seqs[i];
+        if (k[i] < 1 || nlead[i] < 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "sequence %d: a draft needs lead tokens and k >= 1 (got %d, %d)",
+                                 i, nlead[i], k[i]);
+        if (s->pending + nlead[i] + k[i] - 1 > s->p.max_draft + 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "sequence %d: %d pending rows, %d lead tokens and %d drafts "
+                                 "exceed 1 + max_draft (%d)",
+                                 i, s->pending, nlead[i], k[i], s->p.max_draft);
+        if ((rc = check_tokens(m, lead[i], nlead[i], err)) != TDM_OK ||
+            (forced && (rc = check_tokens(m, forced[i], k[i], err)) != TDM_OK))
+            return rc;
+        device = device && s->p.strategy != TDM_STATE_NO_BUFFER;
+        kmax = k[i] > kmax ? k[i] : kmax;
+        R0 += nlead[i];
+    }
+    if (!device)
+        return draft_calls(seqs, nseq, lead, nlead, k, forced, drafts, err);
+
+    /* Longest chains first: step s runs a prefix of them. */
+    int *ord = tdm_xmalloc((size_t)nseq * sizeof(int));
+    for (int i = 0; i < nseq; i++) {
+        int j = i;
+        while (j > 0 && k[ord[j - 1]] < k[i]) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = i;
+    }
+    const int Rmax = R0 > nseq ? R0 : nseq;
+    rc = ws_ensure(m, Rmax, err);
+    for (int i = 0; rc == TDM_OK && i < nseq; i++)
+        rc = kv_ensure(seqs[i], seqs[i]->n_past + nlead[i] + k[i] - 1, err);
+    if (rc == TDM_OK && m->draft_cap < kmax * nseq) {
+        int32_t *ids = be->alloc(bx, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
+        if (!ids) {
+            rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                               "backend out of memory for %d draft tokens", kmax * nseq);
+        } else {
+            if (m->draft_ids)
+                be->free(bx, m->draft_ids);
+            m->draft_ids = ids;
+            m->draft_cap = kmax * nseq;
+        }
+    }
+    if (rc != TDM_OK) {
+        free(ord);
+        return rc;
+    }
+    tdm_seq **sq = tdm_xmalloc((size_t)nseq * sizeof(*sq));
+    int *counts = tdm_xmalloc((size_t)nseq * sizeof(int));
+    int32_t *rows = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
+    int32_t *host = tdm_xmalloc((size_t)kmax * (size_t)nseq * sizeof(int32_t));
+    draft_saved *saved = tdm_xmalloc((size_t)nseq * sizeof(*saved));
+    for (int x = 0; x < nseq; x++) {
+        sq[x] = seqs[ord[x]];
+        saved[x] = (draft_saved){sq[x]->n_past, sq[x]->pending, sq[x]->base, sq[x]->verifying};
+    }
+    fwd_step st = {
+        .seqs = sq,
+        .counts = counts,
+        .logits = 1,
+        .row0 = tdm_xmalloc((size_t)nseq * sizeof(int)),
+        .extra = tdm_xmalloc((size_t)nseq * sizeof(int)),
+        .ids = tdm_xmalloc((size_t)Rmax * sizeof(int32_t)),
+        .pos = tdm_xmalloc((size_t)Rmax * sizeof(int32_t)),
+        .cs = tdm_xcalloc((size_t)nseq, sizeof(tdm_conv_seg)),
+        .gs = tdm_xcalloc((size_t)nseq, sizeof(tdm_gdn_seg)),
+        .as = tdm_xcalloc((size_t)nseq, sizeof(tdm_attn_seg)),
+    };
+    const int V = m->cfg.vocab_size;
+    /* The key: the model, the workspace, where the tokens go, and per
+     * chain its length, lead rows and strategy (backend.h). */
+    uint64_t key = key_mix(0x452821e638d01377ull, (uint64_t)(uintptr_t)m);
+    key = key_mix(key, (uint64_t)(uintptr_t)m->ws.block);
+    key = key_mix(key, (uint64_t)m->ws.rows);
+    key = key_mix(key, (uint64_t)(uintptr_t)m->draft_ids);
+    key = key_mix(key, ((uint64_t)nseq << 1) | (forced != NULL));
+    for (int x = 0; x < nseq; x++)
+        key = key_mix(key, ((uint64_t)k[ord[x]] << 40) | ((uint64_t)nlead[ord[x]] << 8) |
+                               (uint64_t)sq[x]->p.strategy);
+    for (int pass = 0;; pass++) {
+        const bool graph = m->graphs && be->graph_begin && pass == 0;
+        if (graph)
+            be->graph_begin(bx, key);
+        for (int s = 0; s < kmax; s++) {
+            int n = 0, R = 0;
+            while (n < nseq && k[ord[n]] > s)
+                n++;
+            st.nseq = n;
+            st.ids_dev = s > 0 && !forced ? m->draft_ids + (size_t)(s - 1) * (size_t)nseq : NULL;
+            for (int x = 0; x < n; x++) {
+                const int i = ord[x];
+                tdm_seq *q = sq[x];
+                counts[x] = s == 0 ? nlead[i] : 1;
+                st.row0[x] = R;
+                for (int j = 0; j < counts[x]; j++, R++) {
+                    st.ids[R] = s == 0 ? lead[i][j] : forced ? forced[i][s - 1] : 0;
+                    st.pos[R] = q->n_past + j;
+                }
+                pending_begin(q, st.ids + st.row0[x], counts[x]); /* host only: no no_buffer */
+                st.extra[x] = q->p.strategy == TDM_STATE_EXTRA_BUFFER ? 1 : 2;
+                rows[x] = R - 1;
+            }
+            st.R = R;
+            fwd_ops(m, &st);
+            be->argmax_to(bx, m->draft_ids + (size_t)s * (size_t)nseq, m->ws.logits, rows, n, V);
+            for (int x = 0; x < n; x++) {
+                sq[x]->n_past += counts[x];
+                sq[x]->pending += counts[x];
+                sq[x]->verifying = 0;
+            }
+        }
+        if (!graph || be->graph_end(bx) == 0)
+            break;
+        /* The replay did not match its graph and nothing ran: again, eagerly. */
+        for (int x = 0; x < nseq; x++) {
+            sq[x]->n_past = saved[x].n_past;
+            sq[x]->pending = saved[x].pending;
+            sq[x]->base = saved[x].base;
+            sq[x]->verifying = saved[x].verifying;
+        }
+    }
+    be->download(bx, host, m->draft_ids, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
+    be->sync(bx);
+    for (int x = 0; x < nseq; x++) {
+        const int i = ord[x];
+        tdm_seq *q = sq[x];
+        for (int s = 0; s < k[i]; s++)
+            drafts[i][s] = forced ? forced[i][s] : host[(size_t)s * (size_t)nseq + (size_t)x];
+        /* The rows' tokens as the host knows them now (pending_begin saw placeholders). */
+        for (int s = 1; s < k[i]; s++)
+            q->pend_tokens[saved[x].pending + nlead[i] + s - 1] = drafts[i][s - 1];
+    }
+    free(st.row0);
+    free(st.extra);
+    free(st.ids);
+    free(st.pos);
+    free(st.cs);
+    free(st.gs);
+    free(st.as);
+    free(ord);
+    free(sq);
+    free(counts);
+    free(rows);
+    free(host);
+    free(saved);
+    return TDM_OK;
 }
 
 tdm_status tdm_seq_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,

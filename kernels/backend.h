@@ -247,6 +247,17 @@ struct tdm_backend {
                        int Dv);
     /* out[r] = argmax of x[r, 0..n) (first on ties); out host [R]. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int R, int n);
+    /* --- drafting on the device (optional: both NULL, or both set) -------
+     * Ops like the others (allowed inside a graph bracket; nothing comes
+     * back to the host), so that a greedy drafter runs its k draft steps as
+     * one launch, each step's argmax feeding the next step's embedding. */
+    /* out[i] = argmax of x[rows[i], 0..n) (first on ties) for i < nrows;
+     * out backend memory [nrows], rows host. */
+    void (*argmax_to)(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows,
+                      int n);
+    /* y[r,:] = embed[ids[r], :] for r < R, ids backend memory [R] (written
+     * by argmax_to earlier in the same step); embed [vocab, H]. */
+    void (*embed_dev)(void *ctx, float *y, tdm_weight embed, const int32_t *ids, int R, int H);
     /* In-place softmax per row of n (fp32). */
     void (*softmax)(void *ctx, float *x, int R, int n);
     /* Optional (NULL: the caller samples on the host). out[r] = the token

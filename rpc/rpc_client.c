@@ -15,6 +15,7 @@
 
 #include "rpc_internal.h"
 #include "alloc.h"
+#include "spin.h"
 
 struct tdm_rpc_channel {
     grpc_channel *ch;
@@ -165,8 +166,19 @@ static void cq_drain_destroy(grpc_completion_queue *cq)
     grpc_completion_queue_destroy(cq);
 }
 
+/* Waits for tag; with busy polling on (spin.h) the queue is polled without
+ * sleeping for up to the busy-poll time first. */
 static grpc_event pluck(grpc_completion_queue *cq, void *tag)
 {
+    const int64_t busy = tdm_busy_poll_us();
+    if (busy > 0) {
+        const int64_t t0 = tdm_spin_now_us();
+        do {
+            grpc_event ev = grpc_completion_queue_pluck(cq, tag, gpr_now(GPR_CLOCK_MONOTONIC), NULL);
+            if (ev.type != GRPC_QUEUE_TIMEOUT)
+                return ev;
+        } while (tdm_spin_now_us() - t0 < busy);
+    }
     return grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 }
 

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "alloc.h"
 #include "rpc_internal.h"
+#include "spin.h"
 
 #include <grpc/grpc_security.h>
 
@@ -565,8 +566,18 @@ static void post_request(rpc_worker *w)
 static void *worker_main(void *arg)
 {
     rpc_worker *w = arg;
+    int64_t last = 0; /* when the last event came (us) */
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        /* Busy polling (spin.h): for a while after an event the queue is
+         * polled without sleeping, so the next message is seen at once. */
+        const int64_t busy = tdm_busy_poll_us();
+        const bool hot = busy > 0 && tdm_spin_now_us() - last < busy;
+        grpc_event ev = grpc_completion_queue_next(
+            w->cq, hot ? gpr_now(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT)
+            continue;
+        if (busy > 0)
+            last = tdm_spin_now_us();
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         if (ev.type == GRPC_OP_COMPLETE) {
@@ -977,8 +988,8 @@ static void on_sync_send(rpc_op *op, bool ok)
 {
     tdm_rpc_call *c = CONTAINER_OF(op, tdm_rpc_call, send_op);
     pthread_mutex_lock(&c->mu);
-    c->send_done = true;
     c->send_ok = ok;
+    __atomic_store_n(&c->send_done, true, __ATOMIC_RELEASE); /* polled (spin.h) */
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -987,8 +998,8 @@ static void on_sync_recv(rpc_op *op, bool ok)
 {
     tdm_rpc_call *c = CONTAINER_OF(op, tdm_rpc_call, recv_op);
     pthread_mutex_lock(&c->mu);
-    c->recv_done = true;
     c->recv_ok = ok;
+    __atomic_store_n(&c->recv_done, true, __ATOMIC_RELEASE); /* polled (spin.h) */
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1013,6 +1024,11 @@ tdm_status tdm_rpc_call_write(tdm_rpc_call *c, const ProtobufCMessage *msg, tdm_
     pthread_mutex_lock(&c->mu);
     c->send_done = false;
     grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->send_op, NULL);
+    if (e == GRPC_CALL_OK && !c->send_done) {
+        pthread_mutex_unlock(&c->mu);
+        tdm_spin_flag(&c->send_done);
+        pthread_mutex_lock(&c->mu);
+    }
     while (e == GRPC_CALL_OK && !c->send_done)
         pthread_cond_wait(&c->cv, &c->mu);
     bool ok = e == GRPC_CALL_OK && c->send_ok;
@@ -1039,6 +1055,11 @@ tdm_status tdm_rpc_call_read(tdm_rpc_call *c, ProtobufCMessage **msg, tdm_error 
     c->recv_done = false;
     c->recv_buf = NULL;
     grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->recv_op, NULL);
+    if (e == GRPC_CALL_OK && !c->recv_done) {
+        pthread_mutex_unlock(&c->mu);
+        tdm_spin_flag(&c->recv_done);
+        pthread_mutex_lock(&c->mu);
+    }
     while (e == GRPC_CALL_OK && !c->recv_done)
         pthread_cond_wait(&c->cv, &c->mu);
     bool ok = e == GRPC_CALL_OK && c->recv_ok;

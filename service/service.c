@@ -8,6 +8,7 @@
 #include "reflection.h"
 #include "registration.h"
 #include "service_config.h"
+#include "spin.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -97,6 +98,8 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
             tdm_cfg_set_resolved(cfg, "advertise", addr, reason, NULL);
         }
     }
+    if (tdm_cfg_has(cfg, "busy_poll"))
+        tdm_busy_poll_set(tdm_cfg_int(cfg, "busy_poll") * 1000); /* ms -> us */
     if ((st = tdm_svc_descriptor_build(cfg, &s->desc, err)) != TDM_OK) {
         tdm_service_destroy(s);
         return st;
@@ -138,6 +141,12 @@ tdm_rpc_server *tdm_service_server(tdm_service *s)
 const tdm_cfg *tdm_service_config(const tdm_service *s)
 {
     return s->cfg;
+}
+
+void tdm_service_set_device_uuid(tdm_service *s, const char *uuid)
+{
+    free(s->desc->device_uuid);
+    s->desc->device_uuid = tdm_xstrdup(uuid ? uuid : "");
 }
 
 const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s)

@@ -56,6 +56,9 @@ void tdm_service_destroy(tdm_service *s);
 tdm_rpc_server *tdm_service_server(tdm_service *s);
 const tdm_cfg *tdm_service_config(const tdm_service *s);
 const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s);
+/* Sets the descriptor's device_uuid (the GPU the replica's model runs on);
+ * call from the setup callback, before the service starts. */
+void tdm_service_set_device_uuid(tdm_service *s, const char *uuid);
 /* The TLS settings from configuration, or NULL for plaintext. */
 const tdm_rpc_tls *tdm_service_tls(const tdm_service *s);
 /* Who may call this process, and the credential it presents to its peers. */

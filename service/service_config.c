@@ -209,6 +209,15 @@
             "committed position)."                                                                 \
     }
 
+/* How long the exchange's threads poll before they sleep (common/spin.h). */
+#define KEY_BUSY_POLL                                                                              \
+    {"busy_poll", TDM_CFG_DURATION, "auto", NULL, 0, 1000, TDM_CFG_AUTO, NULL, GRP_SPEC,           \
+     "How long the threads of the drafter-verifier exchange poll for the next message before "    \
+     "they sleep. Polling keeps their cores awake, so a message is taken the moment it lands "     \
+     "(waking a sleeping thread costs 50-600 us on many hosts, and a round crosses several), "    \
+     "at the price of those cores' time while requests run; an idle replica sleeps. 0ms: never " \
+     "poll. auto: 10ms on the cuda backend, 0ms on the cpu backend (whose cores compute)."}
+
 static const tdm_cfg_key gateway_keys[] = {
     KEY_LISTEN("127.0.0.1:7700"),
     KEY_HEALTH_LISTEN("127.0.0.1:7701"),
@@ -255,6 +264,7 @@ static const tdm_cfg_key verifier_keys[] = {
      "Prompt tokens prefilled per round, over all new requests: a long prompt is prefilled a "
      "chunk at a time between decode rounds, so it delays other requests' tokens by one chunk "
      "a round, not by its whole prefill."},
+    KEY_BUSY_POLL,
 };
 
 static const tdm_cfg_key drafter_keys[] = {
@@ -270,7 +280,9 @@ static const tdm_cfg_key drafter_keys[] = {
     {"run_ahead", TDM_CFG_ENUM, "auto", "auto|on|off", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
      "Draft the next block while the verifier verifies this one, assuming it is accepted "
      "whole (used only when the verdict bears that out; greedy requests); auto: on for a model "
-     "drafter on the cuda backend, else off."},
+     "drafter on the cuda backend, else off. A verifier never asks it of a drafter on its own "
+     "GPU (the two would take turns on the device)."},
+    KEY_BUSY_POLL,
 };
 
 /* ---- rules ---------------------------------------------------------------- */
@@ -437,6 +449,19 @@ static tdm_status rule_max_context(const tdm_cfg *cfg, char *value, size_t vlen,
                                         "max_context auto needs a model (%s)", d);
     snprintf(value, vlen, "%d", mc.max_position_embeddings);
     snprintf(reason, rlen, "the max_position_embeddings of %s", d);
+    return TDM_OK;
+}
+
+static tdm_status rule_busy_poll(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                 size_t rlen, tdm_error *err)
+{
+    (void)err;
+    char b[512];
+    bool cuda = tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) == TDM_BACKEND_CUDA;
+    snprintf(value, vlen, "%s", cuda ? "10ms" : "0ms");
+    snprintf(reason, rlen, "%s: %s", tdm_cfg_describe(cfg, "backend", b, sizeof(b)),
+             cuda ? "the host's cores are free to poll while the GPU computes"
+                  : "the cores compute the model; polling would take their time");
     return TDM_OK;
 }
 
@@ -626,11 +651,14 @@ static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
 
 static const tdm_cfg_rule gateway_rules[] = {RULE_CLIENT_AUTH};
 static const tdm_cfg_rule verifier_rules[] = {
-    RULES_REPLICA, {"max-context-from-model", "max_context", rule_max_context}};
+    RULES_REPLICA,
+    {"max-context-from-model", "max_context", rule_max_context},
+    {"busy-poll-for-backend", "busy_poll", rule_busy_poll}};
 static const tdm_cfg_rule drafter_rules[] = {
     RULES_REPLICA,
     {"drafter-kind-from-model", "drafter_kind", rule_drafter_kind},
-    {"run-ahead-for-models", "run_ahead", rule_run_ahead}};
+    {"run-ahead-for-models", "run_ahead", rule_run_ahead},
+    {"busy-poll-for-backend", "busy_poll", rule_busy_poll}};
 
 static const tdm_cfg_check gateway_checks[] = {CHECKS_COMMON,
                                                {"ttl-outlasts-heartbeats", check_ttl}};
@@ -815,6 +843,7 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
     d->model_fingerprint = dup_str("");
     d->tokenizer_fingerprint = dup_str("");
     d->instance_id = dup_str("");
+    d->device_uuid = dup_str("");
     if (role == TANDEM__V1__ROLE__ROLE_GATEWAY) {
         char host[256], id[300];
         host_name(host, sizeof(host));
@@ -893,6 +922,7 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     free(d->model_fingerprint);
     free(d->tokenizer_fingerprint);
     free(d->instance_id);
+    free(d->device_uuid);
     free(d->protocol);
     if (d->build) {
         Tandem__V1__BuildInfo *b = d->build;

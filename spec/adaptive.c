@@ -7,6 +7,17 @@
 #define EMA_WEIGHT 0.3
 #define PRIOR_ACCEPT 0.7
 #define PRIOR_COST 0.1
+#define PROBE_SHARE 0.01 /* of plain decoding's speed that probing may cost */
+
+/* A pause of at least n tokens, and long enough that the probe ending it
+ * (about f + c plain steps) costs at most PROBE_SHARE of them. */
+static int pause_floor(const tdm_adaptive *a, int n)
+{
+    double need = (a->fixed + a->cost) / PROBE_SHARE;
+    if (need > 1e6)
+        need = 1e6;
+    return need > n ? (int)ceil(need) : n;
+}
 
 void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
 {
@@ -17,6 +28,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
         a->p.k_initial = a->p.k_max;
     a->accept_rate = PRIOR_ACCEPT;
     a->cost = a->p.cost_prior > 0 ? a->p.cost_prior : PRIOR_COST;
+    a->fixed = a->p.fixed_prior > 0 ? a->p.fixed_prior : 0.0;
     a->k_next = a->p.k_initial;
     a->paused_left = 0;
     a->rounds = 0;
@@ -33,6 +45,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
             /* Not worth it here even if this sequence drafts well: start
              * paused and let the probes find out. */
             a->k_next = 0;
+            a->pause_len = pause_floor(a, a->pause_len);
             a->paused_left = a->pause_len;
             a->pauses++;
         }
@@ -43,7 +56,7 @@ double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
 {
     double al = a->accept_rate;
     double expected = al >= 1.0 ? (double)(k + 1) : (1.0 - pow(al, k + 1)) / (1.0 - al);
-    return expected / (1.0 + a->cost * k);
+    return expected / (1.0 + a->fixed + a->cost * k);
 }
 
 static void choose(tdm_adaptive *a)
@@ -64,6 +77,7 @@ static void choose(tdm_adaptive *a)
         a->pause_len = probing ? (a->pause_len * 2 < a->p.pause_tokens * 32 ? a->pause_len * 2
                                                                              : a->p.pause_tokens * 32)
                                : a->p.pause_tokens;
+        a->pause_len = pause_floor(a, a->pause_len);
         a->k_next = 0;
         a->paused_left = a->pause_len;
         a->pauses++;
@@ -73,7 +87,8 @@ static void choose(tdm_adaptive *a)
     a->k_next = best;
 }
 
-void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft)
+void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft,
+                           double fixed_cost)
 {
     a->rounds++;
     a->since_start++;
@@ -83,6 +98,8 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
     a->accept_rate = (1.0 - EMA_WEIGHT) * a->accept_rate + EMA_WEIGHT * rate;
     if (cost_per_draft >= 0.0 && isfinite(cost_per_draft))
         a->cost = (1.0 - EMA_WEIGHT) * a->cost + EMA_WEIGHT * cost_per_draft;
+    if (fixed_cost >= 0.0 && isfinite(fixed_cost))
+        a->fixed = (1.0 - EMA_WEIGHT) * a->fixed + EMA_WEIGHT * fixed_cost;
     if (a->p.fixed) {
         a->k_next = a->p.k_initial;
         return;
@@ -141,12 +158,22 @@ bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out)
     return true;
 }
 
-double tdm_steptime_draft_cost(const tdm_steptime *m, int seqs, int drafted, double round_ms)
+bool tdm_steptime_round_cost(const tdm_steptime *m, int seqs, int spec, int drafted,
+                             double round_ms, double exchange_ms, double *fixed,
+                             double *per_draft)
 {
+    *fixed = *per_draft = -1.0;
     double plain_round;
-    if (drafted <= 0 || seqs <= 0 || !tdm_steptime_plain(m, seqs, &plain_round))
-        return -1.0;
-    double plain_seq = plain_round / seqs;
-    double cost = (round_ms - plain_round) / (drafted * plain_seq);
-    return cost < 0 ? 0 : cost;
+    if (drafted <= 0 || spec <= 0 || seqs <= 0 || !tdm_steptime_plain(m, seqs, &plain_round))
+        return false;
+    const double plain_seq = plain_round / seqs;
+    double extra = round_ms - plain_round;
+    if (extra < 0)
+        extra = 0;
+    double ex = exchange_ms > 0 ? exchange_ms : 0;
+    if (ex > extra)
+        ex = extra;
+    *fixed = ex / (spec * plain_seq);
+    *per_draft = (extra - ex) / (drafted * plain_seq);
+    return true;
 }

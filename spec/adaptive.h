@@ -5,17 +5,22 @@
  * The rule (documented in README.md, "Adaptive speculation"):
  *  - a = exponential moving average (weight 0.3) of the per-token acceptance
  *    rate accepted/drafted, starting from a prior of 0.7;
- *  - c = the measured cost of one drafted token relative to one plain
- *    decoding step (drafter time plus the extra verify work), also averaged;
+ *  - f = the measured cost of speculating at all in a round (the exchange
+ *    with the drafter: wire and hand-offs, whatever k), and c = the measured
+ *    cost of one drafted token (drafter time plus the extra verify work),
+ *    both relative to one plain decoding step of the sequence and averaged;
  *  - with k drafts a round yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
- *    costs 1 + c*k steps, so the expected speed-up is S(k) = E(k) / (1 + c*k);
+ *    costs 1 + f + c*k steps, so the expected speed-up is
+ *    S(k) = E(k) / (1 + f + c*k);
  *  - the next block length is the k in [1, k_max] with the largest S(k);
  *  - if the best S(k) is below 1 + min_gain, and at least min_rounds rounds
  *    have been seen since speculation last (re)started, speculation is
  *    switched off for this sequence for `pause_tokens` tokens, then probed
  *    again with k = 1 (acceptance can recover, e.g. entering boilerplate);
  *    a probe that pays restarts speculation, one that does not doubles the
- *    next pause (at most 32 x pause_tokens).
+ *    next pause (at most 32 x pause_tokens). A probe costs about f + c plain
+ *    steps, so no pause is shorter than (f + c) / probe_share tokens: probing
+ *    never costs more than probe_share (1 %) of plain decoding's speed.
  * A sequence starts from cost_prior; if speculation would not pay even at
  * the prior acceptance, it starts paused (and probes like any pause).
  * Every decision is counted so that it is visible in the request's stats.
@@ -32,6 +37,7 @@ typedef struct tdm_adaptive_params {
     int pause_tokens;   /* plain tokens before probing again */
     int min_rounds;     /* rounds observed before speculation may be switched off */
     double cost_prior;  /* starting estimate of c (e.g. measured on earlier requests); <= 0: 0.1 */
+    double fixed_prior; /* starting estimate of f; < 0: 0 */
     bool fixed;         /* true: always k_initial, never switch off (benchmarks, tests) */
 } tdm_adaptive_params;
 
@@ -39,6 +45,7 @@ typedef struct tdm_adaptive {
     tdm_adaptive_params p;
     double accept_rate; /* EMA of accepted/drafted */
     double cost;        /* EMA of per-draft-token cost relative to a plain step */
+    double fixed;       /* EMA of the per-round cost of speculating, relative to a plain step */
     int k_next;         /* block length for the next round; 0 = speculation paused */
     int paused_left;    /* plain tokens left before the next probe */
     int pause_len;      /* length of the current pause */
@@ -50,9 +57,11 @@ typedef struct tdm_adaptive {
 
 void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p);
 
-/* After a speculative round: k drafted, n accepted, and the measured cost of
- * one drafted token relative to a plain step (< 0: unknown, keep estimate). */
-void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft);
+/* After a speculative round: k drafted, n accepted, and the measured costs
+ * relative to a plain step: of one drafted token, and of the round's
+ * exchange (< 0: unknown, keep the estimate). */
+void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft,
+                           double fixed_cost);
 
 /* After a plain (non-speculative) step while paused. */
 void tdm_adaptive_on_plain_token(tdm_adaptive *a);
@@ -77,9 +86,14 @@ typedef struct tdm_steptime {
 void tdm_steptime_add(tdm_steptime *m, int rows, double ms);
 /* Predicted time of a plain round of n rows; false until there is data. */
 bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out);
-/* The cost of one drafted token in a round of `seqs` sequences that drafted
- * `drafted` tokens in all and took `round_ms` (waiting for blocks and the
- * step), relative to a plain step per sequence; < 0 when unknown. */
-double tdm_steptime_draft_cost(const tdm_steptime *m, int seqs, int drafted, double round_ms);
+/* The costs of a round of `seqs` sequences, `spec` of them speculating, that
+ * drafted `drafted` tokens in all and took `round_ms` (waiting for blocks and
+ * the step), of which `exchange_ms` (at most) does not grow with the drafts:
+ * *fixed the exchange per speculating sequence, *per_draft each drafted
+ * token, both relative to a plain step per sequence. False (both < 0) when
+ * unknown. */
+bool tdm_steptime_round_cost(const tdm_steptime *m, int seqs, int spec, int drafted,
+                             double round_ms, double exchange_ms, double *fixed,
+                             double *per_draft);
 
 #endif

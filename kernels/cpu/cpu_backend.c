@@ -507,6 +507,19 @@ static void cpu_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
     }
 }
 
+static void cpu_argmax_to(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows,
+                          int n)
+{
+    for (int i = 0; i < nrows; i++)
+        cpu_argmax(ctx, out + i, x + (size_t)rows[i] * (size_t)n, 1, n);
+}
+
+/* Backend memory is host memory here: the ids are read as they are. */
+static void cpu_embed_dev(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)
+{
+    cpu_embed(ctx, y, e, ids, R, H);
+}
+
 static void cpu_softmax(void *ctx, float *x, int R, int n)
 {
     (void)ctx;
@@ -582,6 +595,8 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->gdn_recurrent = cpu_gdn_recurrent;
     be->gdn_replay = cpu_gdn_replay;
     be->argmax = cpu_argmax;
+    be->argmax_to = cpu_argmax_to;
+    be->embed_dev = cpu_embed_dev;
     be->softmax = cpu_softmax;
     be->sample = cpu_sample;
     return be;

@@ -469,6 +469,24 @@ extern "C" int tdm_cuda_device_count(char *why, size_t why_len)
     return n;
 }
 
+extern "C" int tdm_cuda_device_uuid(int device, char *out, size_t len)
+{
+    if (!len)
+        return 0;
+    out[0] = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
+    snprintf(out, len,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+    return 1;
+}
+
 extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
 {
     char why[160];
@@ -556,6 +574,8 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->gdn_recurrent = cuda_gdn_recurrent;
     be->gdn_replay = cuda_gdn_replay;
     be->argmax = cu_argmax;
+    be->argmax_to = cuda_argmax_to;
+    be->embed_dev = cuda_embed_dev;
     be->softmax = cuda_softmax;
     be->sample = cu_sample;
     if (c->stats) {

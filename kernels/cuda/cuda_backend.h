@@ -37,6 +37,12 @@ extern "C" {
  * driver. *why (may be NULL) receives a short reason when 0. */
 int tdm_cuda_device_count(char *why, size_t why_len);
 
+/* The UUID of CUDA device `device` as nvidia-smi prints it
+ * ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx") into out; 0 when it cannot be
+ * read (out is then ""). Two processes compute on the same GPU exactly when
+ * their devices' UUIDs are equal. */
+int tdm_cuda_device_uuid(int device, char *out, size_t len);
+
 /* A backend on CUDA device `device`. NULL on failure with err (may be NULL)
  * naming why (no such device, out of memory, ...). The caller destroys it
  * with be->destroy(be). */

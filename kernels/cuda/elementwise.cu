@@ -41,6 +41,16 @@ void cuda_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, in
                 dids, R, H);
 }
 
+void cuda_embed_dev(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (R <= 0 || H <= 0)
+        return;
+    const size_t n = (size_t)R * (size_t)H;
+    cuda_launch(c, embed_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, e.data, e.dtype,
+                ids, R, H);
+}
+
 /* One thread per W consecutive elements of [R, nH, D] (W = 4 when D % 4 == 0
  * and the pointers are aligned, so the W never straddle two heads). */
 template <int W>

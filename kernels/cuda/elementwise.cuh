@@ -6,6 +6,7 @@
 #include "common.cuh"
 
 void cuda_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H);
+void cuda_embed_dev(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H);
 void cuda_split_qgate(void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D);
 void cuda_rope(void *ctx, float *x, const int32_t *positions, const float *inv_freq, int R, int nH,
                int D, int rot_dim);

@@ -91,6 +91,25 @@ __global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_T
     argmax_row(cluster, x + (size_t)blockIdx.y * (size_t)n, n, &out[blockIdx.y]);
 }
 
+/* argmax_to: block row i of the grid takes row rows[i] of x. */
+__global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_THREADS)
+    argmax_to_kernel(int32_t *out, const float *x, const int32_t *rows, int n)
+{
+    cuda_kernel_begin();
+    cg::cluster_group cluster = cg::this_cluster();
+    argmax_row(cluster, x + (size_t)rows[blockIdx.y] * (size_t)n, n, &out[blockIdx.y]);
+}
+
+void cuda_argmax_to(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows, int n)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (nrows <= 0 || n <= 0)
+        return;
+    const int32_t *drows = (const int32_t *)cuda_stage(c, rows, (size_t)nrows * sizeof(int32_t));
+    cuda_launch(c, argmax_to_kernel, dim3(SAMPLE_SPLITS, (unsigned)nrows), SAMPLE_THREADS, 0, out,
+                x, drows, n);
+}
+
 /* Device memory for the [R] token ids of an argmax or sample call, grown on
  * demand (both calls wait for their result, so nothing still uses it). */
 static int32_t *sample_ids(cuda_ctx *c, int R)

@@ -23,6 +23,7 @@
  * stream and its other sequences go on.
  */
 #include "drafter.h"
+#include "spin.h"
 
 #include "alloc.h"
 #include "defs.h"
@@ -95,6 +96,7 @@ typedef struct dstream {
     tdm_rpc_call *call;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    _Atomic uint64_t gen; /* bumped with every signal of cv (spin.h) */
     dqueue_item *head, *tail;
     bool ended;
     tdm_status end_status;
@@ -488,6 +490,75 @@ static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int
 #endif
 }
 
+/* The greedy blocks of a pass drafted on the device (tdm_seq_draft: the k
+ * steps of every sequence in one launch, each step's argmax fed to the
+ * next without a trip to the host); those targets are marked done. In the
+ * controlled-acceptance build the proposals are worked out first and
+ * forced, so the model still runs every row; a target whose proposals need
+ * the model's own choice is left to the step-by-step loop. */
+static void draft_chains(dstream *st, dtarget *tg, int live)
+{
+    int *idx = tdm_xmalloc((size_t)live * sizeof(int)), *kk = tdm_xmalloc((size_t)live * sizeof(int));
+    int32_t **dp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
+    int32_t *fbuf = tdm_xmalloc((size_t)live * MAX_BLOCK * sizeof(int32_t));
+    const int32_t **fp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
+    bool forced = false;
+    int n = 0;
+    for (int i = 0; i < live; i++) {
+        dtarget *t = &tg[i];
+        if (!t->q->greedy || t->stop || t->k < 1)
+            continue;
+        int32_t *f = fbuf + (size_t)n * MAX_BLOCK;
+#ifdef TANDEM_BENCH_ORACLE
+        int j = 0;
+        while (j < t->k && (f[j] = propose(st, t->q, f, j, -1)) >= 0)
+            j++;
+        if (j < t->k)
+            continue;
+        forced = true;
+#else
+        (void)f;
+#endif
+        idx[n] = i;
+        st->eseqs[n] = t->q->seq;
+        st->tp[n] = t->lead;
+        st->nrows[n] = t->nlead;
+        kk[n] = t->k;
+        dp[n] = t->b->drafts;
+        fp[n] = f;
+        n++;
+    }
+    if (n > 0) {
+        tdm_error err = {0};
+        tdm_status rc = tdm_seq_draft(st->eseqs, n, st->tp, st->nrows, kk, forced ? fp : NULL, dp,
+                                      &err);
+        if (rc != TDM_OK)
+            tdm_log_error(LOG, "draft pass failed: %s", err.msg);
+        for (int x = 0; x < n; x++) {
+            dtarget *t = &tg[idx[x]];
+            dseq *q = t->q;
+            t->stop = true;
+            if (rc != TDM_OK) {
+                q->np = 0; /* left at its committed position: answered with no drafts */
+                continue;
+            }
+            memcpy(q->prow + q->np, t->lead, (size_t)t->nlead * sizeof(int32_t));
+            q->np += t->nlead;
+            for (int j = 0; j < t->k; j++) {
+                if (j + 1 < t->k)
+                    q->prow[q->np++] = t->b->drafts[j];
+                t->b->probs[j] = 1.0f;
+            }
+            t->b->k = t->k;
+        }
+    }
+    free(idx);
+    free(kk);
+    free(dp);
+    free(fbuf);
+    free(fp);
+}
+
 static bool message_waiting(dstream *st)
 {
     pthread_mutex_lock(&st->mu);
@@ -568,6 +639,8 @@ static void draft_pass(dstream *st, bool ahead)
         tdm_log_error(LOG, "draft pass: %s", err.msg);
         return;
     }
+    if (!ahead)
+        draft_chains(st, tg, live);
     for (int s = 0;; s++) {
         if (ahead && s > 0 && message_waiting(st)) {
             /* A verdict came: it goes first; the ahead blocks not done are
@@ -742,6 +815,7 @@ static void *reader_main(void *arg)
                 st->head = it;
             st->tail = it;
         }
+        tdm_spin_bump(&st->gen);
         pthread_cond_broadcast(&st->cv);
         bool end = st->ended;
         pthread_mutex_unlock(&st->mu);
@@ -795,7 +869,14 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     tdm_status rc = TDM_OK;
     for (;;) {
         pthread_mutex_lock(&st.mu);
-        /* Wait for messages, unless there is a block to draft ahead. */
+        /* Wait for messages, unless there is a block to draft ahead;
+         * polled first (spin.h), so a verdict is taken the moment it lands. */
+        if (!st.head && !st.ended && !ahead_pending(&st)) {
+            const uint64_t seen = atomic_load(&st.gen);
+            pthread_mutex_unlock(&st.mu);
+            tdm_spin_changed(&st.gen, seen);
+            pthread_mutex_lock(&st.mu);
+        }
         while (!st.head && !st.ended && !ahead_pending(&st))
             pthread_cond_wait(&st.cv, &st.mu);
         dqueue_item *items = st.head;
@@ -922,6 +1003,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
             return rc;
         d->vocab = tdm_model_get_config(d->rt->model)->vocab_size;
         d->strategy = d->rt->strategy;
+        tdm_service_set_device_uuid(svc, d->rt->device_uuid);
     } else {
         /* Token ids are only compared: any id a verifier sends is valid. */
         const Tandem__V1__Descriptor *desc = tdm_service_descriptor(svc);

@@ -516,6 +516,7 @@ again:
     if (pick.drafter_id[0]) {
         da.replica_id = pick.drafter_id;
         da.address = pick.drafter_addr;
+        da.device_uuid = pick.drafter_device;
         da.block_size = block;
         da.fixed_block_size = req->speculation && req->speculation->fixed_block_size;
         run.drafter = &da;

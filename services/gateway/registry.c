@@ -218,6 +218,10 @@ static tdm_status validate_descriptor(const Tandem__V1__Descriptor *d, tdm_error
                              "descriptor.instance_id must have 1 to 64 characters (a replica picks "
                              "a random one at start), got %zu",
                              strlen(d->instance_id));
+    if (strlen(d->device_uuid) > 64)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.device_uuid may have at most 64 characters, got %zu",
+                             strlen(d->device_uuid));
     return TDM_OK;
 }
 
@@ -697,6 +701,7 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1_
             gw_replica *dr = &r->items[bd];
             snprintf(out->drafter_id, sizeof(out->drafter_id), "%s", dr->desc->replica_id);
             snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
+            snprintf(out->drafter_device, sizeof(out->drafter_device), "%s", dr->desc->device_uuid);
             out->block_size = dr->desc->draft_block_size;
             out->no_drafter[0] = 0;
             dr->inflight++;

@@ -47,6 +47,7 @@ typedef struct gw_pick {
     uint32_t max_draft;                      /* the verifier's max_draft_tokens */
     uint32_t max_context;                    /* the verifier's max_context */
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
+    char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     uint32_t block_size;                     /* the drafter's draft_block_size */
     char no_drafter[1024];                   /* why there is none, when one was wanted */
 } gw_pick;

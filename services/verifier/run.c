@@ -148,6 +148,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     tdm_status rc = tdm_runtime_open_cfg(cfg, "verifier", &v->rt, err);
     if (rc != TDM_OK)
         return rc;
+    tdm_service_set_device_uuid(svc, v->rt->device_uuid);
     vsched_params p = {
         .model = v->rt->model,
         .strategy = v->rt->strategy,
@@ -159,6 +160,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .tls = tdm_service_tls(svc),
         .trust = tdm_service_trust(svc),
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
+        .device_uuid = v->rt->device_uuid,
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;

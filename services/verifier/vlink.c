@@ -2,6 +2,7 @@
  * vlink.c - the verifier's Draft streams (see vlink.h).
  */
 #include "vlink.h"
+#include "spin.h"
 
 #include "alloc.h"
 #include "log.h"
@@ -32,6 +33,7 @@ struct vlink {
      * drafter's transport. */
     pthread_mutex_t wmu;
     pthread_cond_t wcv;
+    _Atomic uint64_t wgen; /* bumped with every signal of wcv (spin.h) */
     vlink_msg *qhead, *qtail;
     int queued;
     bool wstop;
@@ -73,6 +75,7 @@ static void link_free(vlink *l)
     if (l->has_writer) {
         pthread_mutex_lock(&l->wmu);
         l->wstop = true;
+        tdm_spin_bump(&l->wgen);
         pthread_cond_broadcast(&l->wcv);
         pthread_mutex_unlock(&l->wmu);
         pthread_join(l->writer, NULL);
@@ -158,6 +161,13 @@ static void *link_writer(void *arg)
     vlink *l = arg;
     pthread_mutex_lock(&l->wmu);
     for (;;) {
+        if (!l->qhead && !l->wstop) {
+            /* Busy polling (spin.h): the next verdict leaves at once. */
+            const uint64_t seen = atomic_load(&l->wgen);
+            pthread_mutex_unlock(&l->wmu);
+            tdm_spin_changed(&l->wgen, seen);
+            pthread_mutex_lock(&l->wmu);
+        }
         while (!l->qhead && !l->wstop)
             pthread_cond_wait(&l->wcv, &l->wmu);
         if (l->wstop)
@@ -339,6 +349,7 @@ bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg)
             l->qhead = m;
         l->qtail = m;
         l->queued++;
+        tdm_spin_bump(&l->wgen);
         pthread_cond_signal(&l->wcv);
     }
     pthread_mutex_unlock(&l->wmu);

@@ -10,6 +10,7 @@
 #include "vsched.h"
 
 #include "adaptive.h"
+#include "spin.h"
 #include "alloc.h"
 #include "compat.h"
 #include "defs.h"
@@ -55,6 +56,7 @@ struct vreq {
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
     bool spec;             /* speculating with link */
+    bool run_ahead;        /* its drafter may draft ahead of verdicts (not on this GPU) */
     bool opened;           /* the drafter knows this sequence */
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
@@ -128,7 +130,8 @@ typedef struct vround {
     tdm_step_buf out; /* logits and argmaxes (grown on demand) */
     tdm_status rc;    /* the step's status; != OK fails every sequence in it */
     tdm_error err;
-    double t_wait, t_step, cost;
+    double t_wait, t_step;
+    double cost, fixed; /* per drafted token and per speculating sequence (adaptive.h) */
     double t_idle_end; /* when admit_and_retire found work */
 } vround;
 
@@ -139,6 +142,7 @@ struct vsched {
     int vocab;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* new work, blocks, cancellations */
+    _Atomic uint64_t wakes; /* bumped with every signal of cv, for pollers (spin.h) */
     vreq *wait_head, *wait_tail;
     vreq **active; /* [max_sequences] */
     int n_active;
@@ -148,7 +152,9 @@ struct vsched {
     vlinks *links;
     vsched_counters counters;
     tdm_steptime st;         /* how a step's time grows with its rows (scheduler thread) */
-    _Atomic double cost_ema; /* measured cost per drafted token, over recent rounds; 0 = none */
+    _Atomic double cost_ema;  /* measured cost per drafted token, over recent rounds; 0 = none */
+    _Atomic double fixed_ema; /* measured exchange cost per speculating sequence; 0 = none */
+    double exchange_ms;       /* moving average of the exchange (scheduler thread, under mu) */
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
@@ -164,6 +170,13 @@ struct vsched {
     vround rd;      /* scheduler thread */
     void *vscratch; /* rejection sampling's scratch (scheduler thread) */
 };
+
+/* Signals cv (under mu) and tells pollers (await_blocks). */
+static void sched_wake(vsched *s)
+{
+    tdm_spin_bump(&s->wakes);
+    pthread_cond_broadcast(&s->cv);
+}
 
 static double now_ms(void)
 {
@@ -298,11 +311,11 @@ static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *re
             r->ahead_block = resp;
             keep = true;
         }
-        pthread_cond_broadcast(&s->cv);
+        sched_wake(s);
     } else if (r && r->spec && r->awaiting &&
                resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR) {
         req_drop_spec_locked(r, "off: drafter reported: %s", resp->error->message);
-        pthread_cond_broadcast(&s->cv);
+        sched_wake(s);
     }
     pthread_mutex_unlock(&s->mu);
     if (!keep)
@@ -320,7 +333,7 @@ static void on_link_broken(void *user, vlink *l, const char *why)
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         if (r->link == l)
             req_drop_spec_locked(r, "off: drafter failed (%s)", why);
-    pthread_cond_broadcast(&s->cv);
+    sched_wake(s);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -343,7 +356,7 @@ static void send_open(vreq *r, int block)
     sp.seed = r->seed ^ 0x5eedd4a7f7e5ull; /* the drafter's own stream of randomness */
     open.sampling = &sp;
     open.round = r->round;
-    open.run_ahead = true; /* this verifier takes blocks drafted ahead of its verdict */
+    open.run_ahead = r->run_ahead; /* this verifier takes blocks drafted ahead of its verdict */
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
     m.open = &open;
@@ -458,6 +471,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   /* What speculation costs here is known from earlier
                                    * requests; seeded ones keep the fixed prior. */
                                   .cost_prior = r->seeded ? -1.0 : atomic_load(&s->cost_ema),
+                                  .fixed_prior = r->seeded ? -1.0 : atomic_load(&s->fixed_ema),
                                   .fixed = da->fixed_block_size};
         tdm_adaptive_init(&r->ad, &ap);
         /* The Draft stream is opened here, before the lock: it may connect. */
@@ -465,7 +479,14 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->link = vlinks_get(s->links, da->address, &lerr);
         if (r->link) {
             r->spec = true;
-            snprintf(r->spec_note, sizeof(r->spec_note), "on");
+            /* A drafter on this verifier's own GPU would draft ahead in the
+             * verifier's time: the two take turns on the device. */
+            const bool same_gpu = da->device_uuid && da->device_uuid[0] && s->p.device_uuid &&
+                                  strcmp(da->device_uuid, s->p.device_uuid) == 0;
+            r->run_ahead = !same_gpu;
+            snprintf(r->spec_note, sizeof(r->spec_note), "%s",
+                     same_gpu ? "on (no run-ahead: the drafter shares this verifier's GPU)"
+                              : "on");
         } else {
             snprintf(r->spec_note, sizeof(r->spec_note), "off: cannot reach drafter %s (%s)",
                      da->address, lerr.msg);
@@ -490,7 +511,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         s->wait_head = r;
     s->wait_tail = r;
     s->counters.requests++;
-    pthread_cond_broadcast(&s->cv);
+    sched_wake(s);
     pthread_mutex_unlock(&s->mu);
     *out = r;
     return TDM_OK;
@@ -514,8 +535,9 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->drafter = r->drafter_id;
     if (r->spec && r->ad.pauses > 0)
         snprintf(r->spec_note, sizeof(r->spec_note),
-                 "on, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
+                 "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
                  "rounds)",
+                 r->run_ahead ? "" : " (no run-ahead: the drafter shares this verifier's GPU)",
                  r->ad.pauses, r->ad.probes, r->ad.rounds);
     st->speculation = r->spec_note;
     st->seed = r->seed;
@@ -558,7 +580,7 @@ void vsched_cancel(vsched *s, vreq *r)
     pthread_mutex_lock(&s->mu);
     if (!r->released) {
         r->cancelled = true;
-        pthread_cond_broadcast(&s->cv);
+        sched_wake(s);
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -583,7 +605,7 @@ void vsched_release(vsched *s, vreq *r)
         }
     }
     r->cancelled = true;
-    pthread_cond_broadcast(&s->cv);
+    sched_wake(s);
     while (!r->released)
         pthread_cond_wait(&r->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
@@ -761,6 +783,13 @@ static void await_blocks(vsched *s, vround *rd)
         }
         if (!missing)
             break;
+        /* Busy polling (spin.h): the block is seen the moment it lands. */
+        const uint64_t seen = atomic_load(&s->wakes);
+        pthread_mutex_unlock(&s->mu);
+        bool woke = tdm_spin_changed(&s->wakes, seen);
+        pthread_mutex_lock(&s->mu);
+        if (woke)
+            continue;
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         double wait_ms = first - now_ms();
@@ -861,6 +890,8 @@ static void take_blocks(vsched *s, vround *rd)
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
                         (float)(us > 0 ? us : 0);
+                    const double ms = us > 0 ? us * 1e-3 : 0;
+                    s->exchange_ms = s->exchange_ms > 0 ? 0.9 * s->exchange_ms + 0.1 * ms : ms;
                 }
                 if (b->n_tokens > 0)
                     s->draft_token_us[s->n_draft_token++ % TDM_ARRAY_LEN(s->draft_token_us)] =
@@ -872,6 +903,18 @@ static void take_blocks(vsched *s, vround *rd)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Longest blocks first, then by arrival: the step's shape (rows per
+ * sequence, in order) is the key of its CUDA graph, so a batch where a few
+ * sequences verify blocks gives a handful of shapes rather than one per
+ * arrangement (each new shape runs eagerly, the second sight is captured). */
+static int by_rows_desc(const void *a, const void *b)
+{
+    const vround_seq *x = a, *y = b;
+    if (x->k != y->k)
+        return x->k > y->k ? -1 : 1;
+    return x->r->id < y->r->id ? -1 : x->r->id > y->r->id;
+}
+
 /* 5. One batched forward pass over every live sequence: its last token, then
  * its drafts. Greedy sequences bring back only each row's argmax. */
 static void run_step(vsched *s, vround *rd)
@@ -879,9 +922,10 @@ static void run_step(vsched *s, vround *rd)
     double t0 = now_ms();
     rd->rc = TDM_OK;
     rd->t_step = 0;
-    rd->cost = -1.0;
+    rd->cost = rd->fixed = -1.0;
     rd->n_rows = 0;
     rd->drafted = 0;
+    qsort(rd->seqs, (size_t)rd->n, sizeof(rd->seqs[0]), by_rows_desc);
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
         int32_t *row = rd->rows + rd->n_rows;
@@ -909,11 +953,18 @@ static void run_step(vsched *s, vround *rd)
         return;
     tdm_steptime_add(&s->st, rd->n_rows, rd->t_step);
     tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", rd->n, rd->n_rows, rd->t_step);
-    /* What one drafted token cost, against the plain round the model predicts. */
-    rd->cost = tdm_steptime_draft_cost(&s->st, rd->n, rd->drafted, rd->t_wait + rd->t_step);
-    if (rd->cost >= 0) {
+    /* What speculating and each drafted token cost, against the plain round
+     * the model predicts; the exchange is the part that does not grow with
+     * the drafts. */
+    int spec = 0;
+    for (int i = 0; i < rd->n; i++)
+        spec += rd->seqs[i].k > 0;
+    if (tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
+                                s->exchange_ms, &rd->fixed, &rd->cost)) {
         double prev = atomic_load(&s->cost_ema);
         atomic_store(&s->cost_ema, prev > 0 ? 0.9 * prev + 0.1 * rd->cost : rd->cost);
+        prev = atomic_load(&s->fixed_ema);
+        atomic_store(&s->fixed_ema, prev > 0 ? 0.9 * prev + 0.1 * rd->fixed : rd->fixed);
     }
 }
 
@@ -975,9 +1026,9 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     if (tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "
-                      "ms, step %.2f ms, cost %.2f, acceptance estimate %.2f",
+                      "ms, step %.2f ms, cost %.2f + %.2f a draft, acceptance estimate %.2f",
                       r->request_id, b->round, q->k, b->position, v.accepted, rd->t_wait,
-                      rd->t_step, rd->cost, r->ad.accept_rate);
+                      rd->t_step, rd->fixed, rd->cost, r->ad.accept_rate);
     return v;
 }
 
@@ -990,7 +1041,9 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
      * its block lengths follow acceptance only (the cost stays at its prior),
      * so wall-clock timing never shifts its random stream. */
     if (q->got)
-        tdm_adaptive_on_round(&r->ad, q->k, v->accepted, r->after_open || r->seeded ? -1.0 : rd->cost);
+        tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
+                              r->after_open || r->seeded ? -1.0 : rd->cost,
+                              r->after_open || r->seeded ? -1.0 : rd->fixed);
     else
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
     r->after_open = false;
@@ -1253,7 +1306,7 @@ void vsched_destroy(vsched *s)
         return;
     pthread_mutex_lock(&s->mu);
     s->stop = true;
-    pthread_cond_broadcast(&s->cv);
+    sched_wake(s);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
 

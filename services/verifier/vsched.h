@@ -54,6 +54,9 @@ typedef struct vsched_params {
     const tdm_rpc_tls *tls;      /* for Draft streams; NULL = plaintext */
     const tdm_trust *trust;      /* the credential Draft streams carry; may be NULL */
     int64_t max_message_bytes;
+    /* The GPU the model runs on ("" on the CPU; borrowed): a drafter on the
+     * same one gets no run-ahead, whose steps would take this verifier's time. */
+    const char *device_uuid;
 } vsched_params;
 
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);

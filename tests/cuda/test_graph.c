@@ -244,6 +244,26 @@ static void check_opstats(void)
     printf("PASS TANDEM_CUDA_OPSTATS=1: no graph slots\n");
 }
 
+/* Device drafting (tdm_seq_draft as one launch, argmax_to feeding
+ * embed_dev) gives what drafting by verify calls with host argmaxes gives. */
+static void check_draft_forms(tdm_backend *gpu, const char *name, const steps_run *eager)
+{
+    CHECK(gpu->argmax_to && gpu->embed_dev, "the CUDA backend has no device drafting slots");
+    tdm_backend calls = *gpu;
+    calls.destroy = NULL;
+    calls.argmax_to = NULL;
+    calls.embed_dev = NULL;
+    tdm_model *m = fixture_model(name, &calls);
+    tdm_model_set_graphs(m, 0);
+    steps_run r;
+    steps_run_script(m, &r);
+    same_run(name, "drafting by verify calls", eager, &r);
+    printf("PASS %s: device drafting equals drafting by verify calls (drafts, logits, states)\n",
+           name);
+    steps_run_free(&r);
+    tdm_model_destroy(m);
+}
+
 int main(void)
 {
     ct_require_gpu();
@@ -255,6 +275,7 @@ int main(void)
         steps_run eager;
         check_script(gpu, m, names[i], &eager);
         check_one_key(gpu, names[i], 0x5eed0000ull + i, &eager);
+        check_draft_forms(gpu, names[i], &eager);
         steps_run_free(&eager);
         tdm_model_destroy(m);
     }

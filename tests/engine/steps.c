@@ -124,6 +124,35 @@ void steps_run_script(tdm_model *m, steps_run *r)
         OK(tdm_seq_commit(B, 2 - round % 3, &err));
     }
 
+    /* Drafting on the device (tdm_seq_draft): D (replay) drafts 3 after 2
+     * lead tokens and B (extra_buffer) 2 after 1, their own argmaxes fed
+     * back, then both roll back; three rounds of one shape (a graph's
+     * first, second and third sight), then one with forced proposals. The
+     * drafts are kept as a row of their ids. */
+    for (int round = 0; round < 4; round++) {
+        tdm_seq *b[] = {D, B};
+        int32_t ld[2] = {tok(V), tok(V)}, lb[1] = {tok(V)}, fd[3], fb[2];
+        for (int j = 0; j < 3; j++)
+            fd[j] = tok(V);
+        for (int j = 0; j < 2; j++)
+            fb[j] = tok(V);
+        const int32_t *lead[] = {ld, lb}, *forced[] = {fd, fb};
+        const int nlead[] = {2, 1}, k[] = {3, 2};
+        int32_t dd[3], db[2];
+        int32_t *const drafts[] = {dd, db};
+        OK(tdm_seq_draft(b, 2, lead, nlead, k, round == 3 ? forced : NULL, drafts, &err));
+        float *lg = lbuf(m, 1);
+        for (int j = 0; j < V; j++)
+            lg[j] = -1.0f;
+        for (int j = 0; j < 3; j++)
+            lg[j] = (float)dd[j];
+        for (int j = 0; j < 2; j++)
+            lg[3 + j] = (float)db[j];
+        keep(m, r, lg, 1);
+        OK(tdm_seq_commit(D, round % 4, &err));
+        OK(tdm_seq_commit(B, (round + 1) % 2, &err));
+    }
+
     /* All four decode, twice. */
     for (int round = 0; round < 2; round++) {
         int32_t t[4] = {tok(V), tok(V), tok(V), tok(V)};

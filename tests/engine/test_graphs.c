@@ -95,6 +95,10 @@ FK_OP(gdn_recurrent,
        int n, int Hk, int Hv, int Dk, int Dv),
       (ctx, out, qkv, st, gt, s, n, Hk, Hv, Dk, Dv))
 FK_OP(softmax, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
+FK_OP(argmax_to, (void *ctx, int32_t *out, const float *x, const int32_t *rows, int nr, int n),
+      (ctx, out, x, rows, nr, n))
+FK_OP(embed_dev, (void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H),
+      (ctx, y, e, ids, R, H))
 #undef FK_OP
 
 /* Every other slot: counted when called inside a step. */
@@ -187,6 +191,8 @@ static tdm_backend fake_backend(tdm_backend *cpu)
     b.gdn_replay = fk_gdn_replay;
     b.argmax = fk_argmax;
     b.softmax = fk_softmax;
+    b.argmax_to = fk_argmax_to;
+    b.embed_dev = fk_embed_dev;
     return b;
 }
 
@@ -313,10 +319,35 @@ static void check_keys(tdm_backend *fake)
     tdm_model_destroy(m);
 }
 
+/* tdm_seq_draft on a backend without device drafting (one verify call a
+ * draft, argmaxes on the host) gives what the device form gives. */
+static void check_draft_forms(const char *name, tdm_backend *cpu)
+{
+    tdm_backend calls = *cpu;
+    calls.destroy = NULL;
+    calls.argmax_to = NULL;
+    calls.embed_dev = NULL;
+    tdm_model *dev = fixture_model(name, cpu), *host = fixture_model(name, &calls);
+    steps_run a, b;
+    steps_run_script(dev, &a);
+    steps_run_script(host, &b);
+    CHECK(a.n == b.n && memcmp(a.logits, b.logits, a.n * sizeof(float)) == 0,
+          "%s: drafts on the device differ from drafts by verify calls", name);
+    for (int i = 0; i < STEPS_NSEQ; i++)
+        CHECK(steps_same_state(a.seqs[i], b.seqs[i]), "%s: sequence %d: states differ", name, i);
+    printf("%s: device drafting and verify-call drafting: drafts, logits and states identical\n",
+           name);
+    steps_run_free(&a);
+    steps_run_free(&b);
+    tdm_model_destroy(dev);
+    tdm_model_destroy(host);
+}
+
 int main(void)
 {
     tdm_backend *cpu = test_backend();
     tdm_backend fake = fake_backend(cpu);
+    check_draft_forms("f32_gqa", cpu);
     check_script("f32_gqa", cpu, &fake, 3);
     check_script("bf16_alt", cpu, &fake, 2);
     check_script("f32_odd", cpu, &fake, 0);

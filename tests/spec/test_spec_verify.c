@@ -280,16 +280,16 @@ static void test_adaptive(void)
     tdm_adaptive a;
     tdm_adaptive_init(&a, &p);
     for (int i = 0; i < 20; i++)
-        tdm_adaptive_on_round(&a, a.k_next, a.k_next, 0.05);
+        tdm_adaptive_on_round(&a, a.k_next, a.k_next, 0.05, 0.0);
     CHECK(a.k_next == 8, "full acceptance should draft k_max, got %d", a.k_next);
     for (int i = 0; i < 20 && a.k_next > 0; i++)
-        tdm_adaptive_on_round(&a, a.k_next, 0, 0.05);
+        tdm_adaptive_on_round(&a, a.k_next, 0, 0.05, 0.0);
     CHECK(a.k_next == 0 && a.pauses == 1, "zero acceptance should pause speculation");
     for (int i = 0; i < 10; i++)
         tdm_adaptive_on_plain_token(&a);
     CHECK(a.k_next == 1 && a.probes == 1, "a probe should follow the pause, k=%d", a.k_next);
     /* A failed probe pauses again, twice as long. */
-    tdm_adaptive_on_round(&a, 1, 0, 0.05);
+    tdm_adaptive_on_round(&a, 1, 0, 0.05, 0.0);
     CHECK(a.k_next == 0 && a.paused_left == 20, "a failed probe should pause for 20, got %d",
           a.paused_left);
     for (int i = 0; i < 19; i++)
@@ -301,8 +301,41 @@ static void test_adaptive(void)
     tdm_adaptive b;
     tdm_adaptive_init(&b, &p);
     for (int i = 0; i < 20; i++)
-        tdm_adaptive_on_round(&b, 10, 7, 0.3);
+        tdm_adaptive_on_round(&b, 10, 7, 0.3, 0.0);
     CHECK(b.k_next > 0 && b.k_next < 8, "costly drafts should shorten blocks, got %d", b.k_next);
+    /* A fixed cost per round (the exchange) favours longer blocks than the
+     * same cost spread over the drafts would, and S(k) counts it once. */
+    tdm_adaptive f;
+    tdm_adaptive_init(&f, &p);
+    for (int i = 0; i < 20; i++)
+        tdm_adaptive_on_round(&f, 10, 7, 0.1, 0.4);
+    const double al = f.accept_rate;
+    const double e3 = (1 - al * al * al * al) / (1 - al);
+    CHECK(fabs(tdm_adaptive_speedup(&f, 3) - e3 / (1 + f.fixed + 3 * f.cost)) < 1e-9,
+          "S(3) = E(3) / (1 + f + 3c)");
+    CHECK(f.k_next >= b.k_next, "a fixed cost should not shorten blocks (%d < %d)", f.k_next,
+          b.k_next);
+    /* Where a probe costs many plain steps, pauses grow so that probing
+     * costs at most 1 % of plain decoding: a probe of cost f + c = 3 steps
+     * waits at least 300 tokens. */
+    tdm_adaptive e;
+    tdm_adaptive_init(&e, &p);
+    for (int i = 0; i < 20 && e.k_next > 0; i++)
+        tdm_adaptive_on_round(&e, e.k_next, 0, 0.5, 2.5);
+    CHECK(e.k_next == 0 && e.paused_left >= (int)ceil((e.fixed + e.cost) / 0.01) - 1 &&
+              e.paused_left >= 200,
+          "a costly probe should pause >= 100 x its cost (f %.2f c %.2f), paused %d", e.fixed,
+          e.cost, e.paused_left);
+    /* A verifier where speculation is known to be costly starts a sequence
+     * paused, for that long. */
+    tdm_adaptive_params q = p;
+    q.cost_prior = 0.5;
+    q.fixed_prior = 2.5;
+    tdm_adaptive g;
+    tdm_adaptive_init(&g, &q);
+    CHECK(g.k_next == 0 && g.paused_left >= 300, "a costly prior should start paused for >= 300 "
+                                                  "tokens, got k %d paused %d",
+          g.k_next, g.paused_left);
 }
 
 int main(void)

@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# spec_bench.sh - speculative decoding through the real services on the GPU
+# machine, in one go: gateway, verifier and drafter as processes on the CUDA
+# backend, driven over gRPC by bench_spec_client.
+#
+#   bench/spec_bench.sh pack BUILD_DIR   # here: services, CLI, bench tools and
+#                                        # their shared libraries into .carry/
+#   bench/spec_bench.sh run              # there (run tool, carry [".carry"]):
+#                                        # everything below, logs under $OUT
+#
+# What `run` measures (each line of $OUT/summary.txt is one bench_spec_client
+# run: tokens/s, acceptance, and the verifier's round timeline over it):
+#  - a 4B-shaped target (random bf16 weights) with a 0.8B-shaped drafter:
+#    plain decoding at batch 1, 8 and 32 (recorded: the oracle's truth);
+#    the real drafter (random weights: it proposes almost nothing the target
+#    accepts, so these rows are the cost of trying) adaptive at 1, 8, 32 and
+#    fixed blocks 2, 4, 8 at batch 1; the controlled-acceptance drafter
+#    (bench_drafter_oracle) at a = 0.6, 0.8, 0.9, 1.0, block 4, with and
+#    without run-ahead, adaptive at a = 0.8, blocks 2 and 8 at a = 0.8, and
+#    a = 0.8 block 4 at batch 8 and 32;
+#  - the demo pair (models/demo-*): plain, adaptive and fixed block 4 at
+#    batch 1, 8 and 32;
+#  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
+#    0.8B decode at batch 1), the upper bound of a round.
+# PARTS may add "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
+# exchange's floor) and "cudatests" (the CUDA tests).
+# Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
+# default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
+# BACKEND (default cuda; cpu tries the script out on a machine without a GPU).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+case "${1:-}" in
+pack)
+    b="${2:?usage: spec_bench.sh pack BUILD_DIR}"
+    rm -rf .carry/bin .carry/lib
+    mkdir -p .carry/bin .carry/lib
+    cp "$b"/services/gateway/tandem-gateway "$b"/services/verifier/tandem-verifier \
+        "$b"/services/drafter/tandem-drafter "$b"/services/cli/tandem \
+        "$b"/bench/bench_spec_client "$b"/bench/bench_make_model "$b"/bench/bench_drafter_oracle \
+        "$b"/bench/bench_cuda_bench "$b"/bench/bench_rpc_bench .carry/bin/ || exit 1
+    cp "$b"/tests/cuda/cuda_test_* .carry/bin/ 2>/dev/null
+    strip --strip-debug .carry/bin/*
+    # the shared-library closure minus glibc, the loader, the C++ runtime and
+    # cuBLAS (bench/cuda_bench.sh says why)
+    ldd .carry/bin/* | awk '$3 ~ /^\// {print $3}' | sort -u |
+        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
+        while read -r lib; do cp -L "$lib" .carry/lib/; done
+    # compressed: the device's working tree is size-limited (the CUDA code in
+    # every binary compresses about 7:1)
+    tar -C .carry -cf - bin lib | xz -6 -T0 >.carry/spec-bench.txz
+    rm -rf .carry/bin .carry/lib
+    du -sh .carry/spec-bench.txz
+    ;;
+run)
+    : "${OUT:?run on the GPU machine, where OUT is set}"
+    C=/tmp/tandem-spec-bench-bin
+    rm -rf "$C"
+    mkdir -p "$C"
+    xz -dc "$root/.carry/spec-bench.txz" | tar -C "$C" -xf - || exit 1
+    export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    B="$C/bin"
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$root" /work/main; }
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$OUT/env.log"
+    W=/dev/shm/tandem-spec-bench
+    rm -rf "$W"
+    mkdir -p "$W"
+    SUM="$OUT/summary.txt"
+    : >"$SUM"
+    REQ1="${REQ1:-12}"
+    TOKENS="${TOKENS:-128}"
+    GW=127.0.0.1:7700
+    VER=127.0.0.1:7710
+    port=7720 # the next drafter's port
+    DFLAGS="" # more drafter flags
+    vpid="" dpid="" gpid=""
+    stop() { # pid... (in order: drafter, verifier, gateway deregister cleanly)
+        for p in "$@"; do [ -n "$p" ] && { kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; }; done
+    }
+    cleanup() { stop "$dpid" "$vpid" "$gpid"; }
+    trap cleanup EXIT
+    # one line per run on stdout too, shortened
+    short() { sed -E 's/ (request_tps_p50|spec_round_share|requests|failed|wall_s|admit_us|send_us|draft_token_p99_us|step_p99_us)=[^ ]*//g'; }
+    # Waits until the gateway lists the replica at addr (a drafter: paired).
+    wait_ready() { # pid addr name
+        for _ in $(seq 1 300); do
+            kill -0 "$1" 2>/dev/null || { echo "spec_bench: $3 exited" | tee -a "$SUM"; return 1; }
+            st="$("$B/tandem" status --gateway "$GW" --json --timeout 1s 2>/dev/null)"
+            if grep -q "\"address\":[[:space:]]*\"$2\"" <<<"$st"; then
+                [ "$2" = "$VER" ] && return 0
+                grep -q '"compatible":[[:space:]]*true' <<<"$st" && return 0
+            fi
+            sleep 0.2
+        done
+        echo "spec_bench: $2 not ready after 60 s" | tee -a "$SUM"
+        return 1
+    }
+    start_stack() { # tag target_dir [verifier flags...]
+        local tag="$1" dir="$2"
+        shift 2
+        stop "$dpid" "$vpid" "$gpid"
+        dpid="" vpid=""
+        "$B/tandem-gateway" --listen "$GW" --health-listen 127.0.0.1:7701 \
+            >"$OUT/gateway-$tag.log" 2>&1 &
+        gpid=$!
+        sleep 0.5
+        "$B/tandem-verifier" --backend "${BACKEND:-cuda}" --model "$dir" --listen "$VER" \
+            --health-listen 127.0.0.1:7711 --gateway "$GW" --max-sequences 40 \
+            --max-draft-tokens 8 "$@" >"$OUT/verifier-$tag.log" 2>&1 &
+        vpid=$!
+        wait_ready "$vpid" "$VER" "verifier ($tag)"
+    }
+    # Replaces the drafter: start_drafter tag binary model run_ahead block [env...]
+    start_drafter() {
+        local tag="$1" bin="$2" model="$3" ra="$4" blk="$5"
+        shift 5
+        stop "$dpid"
+        dpid=""
+        sleep 0.3
+        port=$((port + 2))
+        env "$@" "$B/$bin" --backend "${BACKEND:-cuda}" --model "$model" --listen "127.0.0.1:$port" \
+            --health-listen "127.0.0.1:$((port + 1))" --gateway "$GW" --max-sequences 40 \
+            --run-ahead "$ra" --draft-block-size "$blk" $DFLAGS >"$OUT/drafter-$tag.log" 2>&1 &
+        dpid=$!
+        wait_ready "$dpid" "127.0.0.1:$port" "drafter $tag"
+    }
+    # load tag concurrency requests mode [client args...]
+    load() {
+        local tag="$1" c="$2" n="$3" mode="$4"
+        shift 4
+        local line
+        line="$(timeout 300 "$B/bench_spec_client" --gateway "$GW" --verifier "$VER" \
+            --concurrency "$c" --requests "$n" --tokens "$TOKENS" --prompt-len 64 --mode "$mode" \
+            "$@" 2>>"$OUT/client.log" | tr '\n' ' ')"
+        printf '%-34s %s\n' "$tag" "$line" >>"$SUM"
+        printf '%-30s %s\n' "$tag" "$line" | short
+    }
+    PARTS="${PARTS:-engine 4b demo}"
+    for part in $PARTS; do
+        case "$part" in
+        engine)
+            echo "== engine upper bound" | tee -a "$SUM"
+            timeout 300 "$B/bench_cuda_bench" --shape 4b --batch 1 --k 0,2,4,8 --steps 20 \
+                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$OUT/engine_4b.log" |
+                tee -a "$SUM" | tail -12
+            timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --steps 20 \
+                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$OUT/engine_0.8b.log" |
+                tee -a "$SUM" | tail -12
+            ;;
+        4b)
+            echo "== 4B target, 0.8B drafter" | tee -a "$SUM"
+            "$B/bench_make_model" --shape 4b --out "$W/t4b" | tee -a "$SUM"
+            "$B/bench_make_model" --shape 0.8b --out "$W/d08" | tee -a "$SUM"
+            start_stack 4b "$W/t4b" || continue
+            V="--vocab 248320"
+            load "plain b1" 1 "$REQ1" off $V
+            load "plain b8" 8 32 off $V
+            load "plain b32" 32 64 off $V --record "$W/truth.txt"
+            load "plain b1 (again)" 1 "$REQ1" off $V --check "$W/truth.txt"
+            start_drafter real tandem-drafter "$W/d08" on 8 &&
+                {
+                    load "real adaptive b1" 1 "$REQ1" auto $V --check "$W/truth.txt"
+                    load "real adaptive b8" 8 32 auto $V
+                    load "real adaptive b32" 32 64 auto $V
+                    for k in 2 4 8; do
+                        load "real fixed $k b1" 1 "$REQ1" on $V --block $k --fixed
+                    done
+                }
+            for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
+                for ra in off on; do
+                    start_drafter "oracle-$a-$ra" bench_drafter_oracle "$W/d08" "$ra" 8 \
+                        TANDEM_BENCH_ORACLE="$W/truth.txt" TANDEM_BENCH_ACCEPT="$a" || continue
+                    load "a=$a fixed 4 ahead=$ra b1" 1 "$REQ1" on $V --block 4 --fixed \
+                        --check "$W/truth.txt"
+                    if [ "$a" = 0.8 ]; then
+                        load "a=$a adaptive ahead=$ra b1" 1 "$REQ1" auto $V --check "$W/truth.txt"
+                        for k in 2 8; do
+                            load "a=$a fixed $k ahead=$ra b1" 1 "$REQ1" on $V --block $k --fixed
+                        done
+                        load "a=$a fixed 4 ahead=$ra b8" 8 32 on $V --block 4 --fixed
+                        load "a=$a fixed 4 ahead=$ra b32" 32 64 on $V --block 4 --fixed
+                        load "a=$a adaptive ahead=$ra b32" 32 64 auto $V
+                    fi
+                done
+            done
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            ;;
+        nopoll)
+            # the exchange without busy polling (busy_poll 0ms on both sides)
+            echo "== 4B target, 0.8B drafter, busy_poll 0ms" | tee -a "$SUM"
+            [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
+            [ -d "$W/d08" ] || "$B/bench_make_model" --shape 0.8b --out "$W/d08" >/dev/null
+            start_stack nopoll "$W/t4b" --busy-poll 0ms || continue
+            V="--vocab 248320"
+            [ -f "$W/truth.txt" ] || load "plain b1" 1 "$REQ1" off $V --record "$W/truth.txt"
+            DFLAGS="--busy-poll 0ms"
+            for a in 0.8 1.0; do
+                start_drafter "nopoll-$a" bench_drafter_oracle "$W/d08" off 8 \
+                    TANDEM_BENCH_ORACLE="$W/truth.txt" TANDEM_BENCH_ACCEPT="$a" || continue
+                load "a=$a fixed 4 nopoll b1" 1 "$REQ1" on $V --block 4 --fixed
+            done
+            DFLAGS=""
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            ;;
+        demo)
+            echo "== demo pair" | tee -a "$SUM"
+            dv="$(grep -o '"vocab_size": *[0-9]*' models/demo-target/config.json | grep -o '[0-9]*$')"
+            start_stack demo "$root/models/demo-target" || continue
+            start_drafter demo tandem-drafter "$root/models/demo-drafter" on 8 || continue
+            # the demo pair is fast: more requests, for steadier numbers
+            for c in 1 8 32; do
+                n=$((c == 1 ? 4 * REQ1 : 4 * c))
+                load "demo plain b$c" "$c" "$n" off --vocab "$dv" --record "$W/demo-b$c.txt"
+                load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" --check "$W/demo-b$c.txt"
+                load "demo fixed 4 b$c" "$c" "$n" on --vocab "$dv" --block 4 --fixed \
+                    --check "$W/demo-b$c.txt"
+            done
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            ;;
+        rpc)
+            # the transport's own round trip on this host: the floor of the exchange
+            echo "== gRPC layer over loopback" | tee -a "$SUM"
+            timeout 120 "$B/bench_rpc_bench" --iters 3000 2>/dev/null | tee -a "$SUM"
+            ;;
+        cudatests)
+            for t in "$B"/cuda_test_*; do
+                echo "== $(basename "$t")"
+                timeout 300 "$t" >"$OUT/$(basename "$t").log" 2>&1
+                echo "$(basename "$t") rc=$? $(tail -1 "$OUT/$(basename "$t").log")" | tee -a "$SUM"
+            done
+            ;;
+        esac
+    done
+    rm -rf "$W"
+    # what comes back from the GPU machine is a few files: the summary and
+    # every log in one archive
+    mkdir -p "$W-logs"
+    find "$OUT" -maxdepth 1 -name '*.log' -exec mv {} "$W-logs/" \;
+    tar -C "$W-logs" -cJf "$OUT/logs.txz" .
+    rm -rf "$W-logs"
+    ;;
+*)
+    echo "usage: bench/spec_bench.sh pack BUILD_DIR | run" >&2
+    exit 2
+    ;;
+esac
