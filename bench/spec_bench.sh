@@ -168,8 +168,11 @@ run)
                 }
             for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
                 for ra in off on; do
+                    # ahead=on: the drafter hides that it shares the verifier's GPU
+                    # (which would turn run-ahead off), to measure what it does here
                     start_drafter "oracle-$a-$ra" bench_drafter_oracle "$W/d08" "$ra" 8 \
-                        TANDEM_BENCH_ORACLE="$W/truth.txt" TANDEM_BENCH_ACCEPT="$a" || continue
+                        TANDEM_BENCH_ORACLE="$W/truth.txt" TANDEM_BENCH_ACCEPT="$a" \
+                        $([ "$ra" = on ] && echo TANDEM_BENCH_HIDE_DEVICE=1) || continue
                     load "a=$a fixed 4 ahead=$ra b1" 1 "$REQ1" on $V --block 4 --fixed \
                         --check "$W/truth.txt"
                     if [ "$a" = 0.8 ]; then

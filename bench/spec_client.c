@@ -38,6 +38,7 @@ typedef struct job {
     int n_out;
     double tps; /* the request's own decode rate */
     uint32_t rounds, spec_rounds, drafted, accepted, ahead;
+    uint32_t reached_at[64], accepted_at[64]; /* per draft position */
     int failed;
     char why[256];
 } job;
@@ -104,6 +105,10 @@ static void run_job(tdm_rpc_channel *ch, job *j)
             j->drafted = s->drafted_tokens;
             j->accepted = s->accepted_tokens;
             j->ahead = s->ahead_blocks;
+            for (size_t i = 0; i < s->n_reached_at_position && i < 64; i++)
+                j->reached_at[i] = s->reached_at_position[i];
+            for (size_t i = 0; i < s->n_accepted_at_position && i < 64; i++)
+                j->accepted_at[i] = s->accepted_at_position[i];
         }
         protobuf_c_message_free_unpacked(m, NULL);
     }
@@ -300,6 +305,7 @@ int main(int argc, char **argv)
     double wall = bench_now() - t0;
     long tokens = 0;
     uint64_t rounds = 0, spec = 0, drafted = 0, accepted = 0, ahead = 0;
+    static uint64_t reached_at[64], accepted_at[64];
     int failed = 0, mismatched = 0;
     double *tps = calloc((size_t)g.requests, sizeof(double));
     int ntps = 0;
@@ -320,6 +326,10 @@ int main(int argc, char **argv)
         drafted += j->drafted;
         accepted += j->accepted;
         ahead += j->ahead;
+        for (int i = 0; i < 64; i++) {
+            reached_at[i] += j->reached_at[i];
+            accepted_at[i] += j->accepted_at[i];
+        }
         tps[ntps++] = j->tps;
         if (rec) {
             for (int i = 0; i < j->n_prompt; i++)
@@ -343,6 +353,17 @@ int main(int argc, char **argv)
            tokens / wall, ntps ? tps[ntps / 2] : 0.0, spec ? (double)accepted / spec : 0.0,
            drafted ? (double)accepted / drafted : 0.0, rounds ? (double)spec / rounds : 0.0,
            (unsigned long long)ahead, g.requests, failed, mismatched, wall);
+    /* The acceptance per draft position, and over all positions: what the
+     * oracle's a is (each drafted token accepted with probability a, given
+     * the ones before it were). */
+    uint64_t rs = 0, as = 0;
+    printf("position_acceptance");
+    for (int i = 0; i < 64 && reached_at[i]; i++) {
+        printf("%s%.3f", i ? "," : "=", (double)accepted_at[i] / (double)reached_at[i]);
+        rs += reached_at[i];
+        as += accepted_at[i];
+    }
+    printf(" token_acceptance=%.3f\n", rs ? (double)as / (double)rs : 0.0);
     if (g.verifier && describe(&after) == 0)
         print_timeline(&before, &after);
     tdm_rpc_channel_destroy(ch);

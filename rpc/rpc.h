@@ -103,6 +103,8 @@ typedef struct tdm_rpc_server_options {
                                   more get RESOURCE_EXHAUSTED; 0 = 1024 */
     int64_t max_message_bytes; /* send and receive limit; 0 = default */
     const char *name;          /* used in log lines; NULL = "rpc" */
+    bool busy_poll;            /* workers and handlers poll for the process's busy-poll
+                                  time (common/spin.h) before they sleep */
 } tdm_rpc_server_options;
 
 /* Unary: fill *resp (memory from tdm_rpc_call_alloc or static, or free it in a

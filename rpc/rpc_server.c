@@ -75,6 +75,7 @@ struct tdm_rpc_server {
     rpc_worker *workers; /* (n_workers) */
     int n_workers;
     int max_streams;
+    bool busy_poll; /* options.busy_poll */
     rpc_method *methods; /* (n_methods) */
     size_t n_methods;
     rpc_hook *hooks; /* (n_hooks) */
@@ -570,7 +571,7 @@ static void *worker_main(void *arg)
     for (;;) {
         /* Busy polling (spin.h): for a while after an event the queue is
          * polled without sleeping, so the next message is seen at once. */
-        const int64_t busy = tdm_busy_poll_us();
+        const int64_t busy = w->server->busy_poll ? tdm_busy_poll_us() : 0;
         const bool hot = busy > 0 && tdm_spin_now_us() - last < busy;
         grpc_event ev = grpc_completion_queue_next(
             w->cq, hot ? gpr_now(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
@@ -649,6 +650,7 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     s->srv = grpc_server_create(&cargs, NULL);
     s->n_workers = opt->workers > 0 ? opt->workers : DEFAULT_WORKERS;
     s->max_streams = opt->max_streams > 0 ? opt->max_streams : DEFAULT_MAX_STREAMS;
+    s->busy_poll = opt->busy_poll;
     s->workers = tdm_xcalloc((size_t)s->n_workers, sizeof(*s->workers));
     for (int i = 0; i < s->n_workers; i++) {
         s->workers[i].server = s;
@@ -1024,7 +1026,7 @@ tdm_status tdm_rpc_call_write(tdm_rpc_call *c, const ProtobufCMessage *msg, tdm_
     pthread_mutex_lock(&c->mu);
     c->send_done = false;
     grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->send_op, NULL);
-    if (e == GRPC_CALL_OK && !c->send_done) {
+    if (e == GRPC_CALL_OK && !c->send_done && c->server->busy_poll) {
         pthread_mutex_unlock(&c->mu);
         tdm_spin_flag(&c->send_done);
         pthread_mutex_lock(&c->mu);
@@ -1055,7 +1057,7 @@ tdm_status tdm_rpc_call_read(tdm_rpc_call *c, ProtobufCMessage **msg, tdm_error 
     c->recv_done = false;
     c->recv_buf = NULL;
     grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->recv_op, NULL);
-    if (e == GRPC_CALL_OK && !c->recv_done) {
+    if (e == GRPC_CALL_OK && !c->recv_done && c->server->busy_poll) {
         pthread_mutex_unlock(&c->mu);
         tdm_spin_flag(&c->recv_done);
         pthread_mutex_lock(&c->mu);

@@ -72,6 +72,9 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
         .tls = s->use_tls && cert[0] ? &s->tls : NULL,
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
         .name = s->program,
+        /* A drafter's server carries the Draft streams: the exchange's far
+         * side (a verifier's carries Run streams, which gain nothing). */
+        .busy_poll = strcmp(service_name, "tandem.v1.Drafter") == 0,
     };
     tdm_status st = TDM_OK;
     if ((st = tdm_trust_create(cfg, s->tls.require_client_cert, &s->trust, err)) != TDM_OK ||

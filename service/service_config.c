@@ -215,8 +215,9 @@
      "How long the threads of the drafter-verifier exchange poll for the next message before "    \
      "they sleep. Polling keeps their cores awake, so a message is taken the moment it lands "     \
      "(waking a sleeping thread costs 50-600 us on many hosts, and a round crosses several), "    \
-     "at the price of those cores' time while requests run; an idle replica sleeps. 0ms: never " \
-     "poll. auto: 10ms on the cuda backend, 0ms on the cpu backend (whose cores compute)."}
+     "at the price of those cores' time while requests run (a few threads of each replica); an " \
+     "idle replica sleeps. 0ms: never poll. auto: 50ms on the cuda backend (longer than a "      \
+     "round), 0ms on the cpu backend (whose cores compute)."}
 
 static const tdm_cfg_key gateway_keys[] = {
     KEY_LISTEN("127.0.0.1:7700"),
@@ -458,7 +459,7 @@ static tdm_status rule_busy_poll(const tdm_cfg *cfg, char *value, size_t vlen, c
     (void)err;
     char b[512];
     bool cuda = tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) == TDM_BACKEND_CUDA;
-    snprintf(value, vlen, "%s", cuda ? "10ms" : "0ms");
+    snprintf(value, vlen, "%s", cuda ? "50ms" : "0ms");
     snprintf(reason, rlen, "%s: %s", tdm_cfg_describe(cfg, "backend", b, sizeof(b)),
              cuda ? "the host's cores are free to poll while the GPU computes"
                   : "the cores compute the model; polling would take their time");

@@ -27,6 +27,8 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     if (a->p.k_initial < 1 || a->p.k_initial > a->p.k_max)
         a->p.k_initial = a->p.k_max;
     a->accept_rate = PRIOR_ACCEPT;
+    a->accepted_ema = PRIOR_ACCEPT;
+    a->trials_ema = 1.0;
     a->cost = a->p.cost_prior > 0 ? a->p.cost_prior : PRIOR_COST;
     a->fixed = a->p.fixed_prior > 0 ? a->p.fixed_prior : 0.0;
     a->k_next = a->p.k_initial;
@@ -94,8 +96,10 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
     a->since_start++;
     if (drafted <= 0)
         return;
-    double rate = (double)accepted / (double)drafted;
-    a->accept_rate = (1.0 - EMA_WEIGHT) * a->accept_rate + EMA_WEIGHT * rate;
+    const int trials = accepted + (accepted < drafted);
+    a->accepted_ema = (1.0 - EMA_WEIGHT) * a->accepted_ema + EMA_WEIGHT * accepted;
+    a->trials_ema = (1.0 - EMA_WEIGHT) * a->trials_ema + EMA_WEIGHT * trials;
+    a->accept_rate = a->trials_ema > 0 ? a->accepted_ema / a->trials_ema : PRIOR_ACCEPT;
     if (cost_per_draft >= 0.0 && isfinite(cost_per_draft))
         a->cost = (1.0 - EMA_WEIGHT) * a->cost + EMA_WEIGHT * cost_per_draft;
     if (fixed_cost >= 0.0 && isfinite(fixed_cost))

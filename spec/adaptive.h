@@ -3,8 +3,12 @@
  * speculating because it does not pay.
  *
  * The rule (documented in README.md, "Adaptive speculation"):
- *  - a = exponential moving average (weight 0.3) of the per-token acceptance
- *    rate accepted/drafted, starting from a prior of 0.7;
+ *  - a = the per-token acceptance rate: each drafted token up to the first
+ *    rejected one is a trial (those after it are not seen), so a round
+ *    that accepts n of k drafts adds n accepted out of n + (n < k) trials;
+ *    both sums are exponential moving averages (weight 0.3), starting from
+ *    a prior of 0.7 (accepted/drafted would read 0.59 where every token is
+ *    accepted with probability 0.8 and k = 4);
  *  - f = the measured cost of speculating at all in a round (the exchange
  *    with the drafter: wire and hand-offs, whatever k), and c = the measured
  *    cost of one drafted token (drafter time plus the extra verify work),
@@ -43,7 +47,8 @@ typedef struct tdm_adaptive_params {
 
 typedef struct tdm_adaptive {
     tdm_adaptive_params p;
-    double accept_rate; /* EMA of accepted/drafted */
+    double accept_rate; /* accepted / trials */
+    double accepted_ema, trials_ema;
     double cost;        /* EMA of per-draft-token cost relative to a plain step */
     double fixed;       /* EMA of the per-round cost of speculating, relative to a plain step */
     int k_next;         /* block length for the next round; 0 = speculation paused */

@@ -72,6 +72,8 @@ struct vreq {
     int32_t last_next; /* ... and its next token */
     bool block_ahead;  /* r->block was drafted ahead (no exchange to measure) */
     uint32_t ahead_used;
+    uint32_t reached_at[TDM_MAX_DRAFT_BLOCK], accepted_at[TDM_MAX_DRAFT_BLOCK];
+    int positions; /* draft positions reached so far */
     char spec_note[200];
     /* life cycle (under mu) */
     req_state state;
@@ -152,8 +154,11 @@ struct vsched {
     vlinks *links;
     vsched_counters counters;
     tdm_steptime st;         /* how a step's time grows with its rows (scheduler thread) */
-    _Atomic double cost_ema;  /* measured cost per drafted token, over recent rounds; 0 = none */
-    _Atomic double fixed_ema; /* measured exchange cost per speculating sequence; 0 = none */
+    /* What speculation costs on this verifier, in ms (the adaptive rule's
+     * priors, converted to plain steps of the batch a request joins): per
+     * drafted token, and the exchange per speculating sequence; 0 = none. */
+    _Atomic double cost_ms_ema, fixed_ms_ema;
+    _Atomic double plain_seq_ms; /* a plain step's time per sequence at the current batch */
     double exchange_ms;       /* moving average of the exchange (scheduler thread, under mu) */
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
@@ -170,6 +175,22 @@ struct vsched {
     vround rd;      /* scheduler thread */
     void *vscratch; /* rejection sampling's scratch (scheduler thread) */
 };
+
+/* A moving average of what speculation costs, in ms. */
+static void ema_ms(_Atomic double *e, double v)
+{
+    const double prev = atomic_load(e);
+    atomic_store(e, prev > 0 ? 0.9 * prev + 0.1 * v : v);
+}
+
+/* An adaptive prior from a cost in ms: in plain steps per sequence at the
+ * current batch (what the request's rounds will be measured against);
+ * -1 (the rule's own prior) while nothing is measured. */
+static double prior(vsched *s, _Atomic double *cost_ms)
+{
+    const double ms = atomic_load(cost_ms), seq = atomic_load(&s->plain_seq_ms);
+    return ms > 0 && seq > 0 ? ms / seq : -1.0;
+}
 
 /* Signals cv (under mu) and tells pollers (await_blocks). */
 static void sched_wake(vsched *s)
@@ -470,8 +491,8 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   .min_rounds = 4,
                                   /* What speculation costs here is known from earlier
                                    * requests; seeded ones keep the fixed prior. */
-                                  .cost_prior = r->seeded ? -1.0 : atomic_load(&s->cost_ema),
-                                  .fixed_prior = r->seeded ? -1.0 : atomic_load(&s->fixed_ema),
+                                  .cost_prior = r->seeded ? -1.0 : prior(s, &s->cost_ms_ema),
+                                  .fixed_prior = r->seeded ? -1.0 : prior(s, &s->fixed_ms_ema),
                                   .fixed = da->fixed_block_size};
         tdm_adaptive_init(&r->ad, &ap);
         /* The Draft stream is opened here, before the lock: it may connect. */
@@ -542,6 +563,9 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->speculation = r->spec_note;
     st->seed = r->seed;
     st->ahead_blocks = r->ahead_used;
+    st->n_reached_at_position = st->n_accepted_at_position = (size_t)r->positions;
+    st->reached_at_position = r->reached_at;
+    st->accepted_at_position = r->accepted_at;
 }
 
 void vsched_next(vsched *s, vreq *r, vsched_output *o)
@@ -959,12 +983,14 @@ static void run_step(vsched *s, vround *rd)
     int spec = 0;
     for (int i = 0; i < rd->n; i++)
         spec += rd->seqs[i].k > 0;
+    double plain_round;
+    if (tdm_steptime_plain(&s->st, rd->n, &plain_round))
+        atomic_store(&s->plain_seq_ms, plain_round / rd->n);
     if (tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
                                 s->exchange_ms, &rd->fixed, &rd->cost)) {
-        double prev = atomic_load(&s->cost_ema);
-        atomic_store(&s->cost_ema, prev > 0 ? 0.9 * prev + 0.1 * rd->cost : rd->cost);
-        prev = atomic_load(&s->fixed_ema);
-        atomic_store(&s->fixed_ema, prev > 0 ? 0.9 * prev + 0.1 * rd->fixed : rd->fixed);
+        const double seq_ms = plain_round / rd->n;
+        ema_ms(&s->cost_ms_ema, rd->cost * seq_ms);
+        ema_ms(&s->fixed_ms_ema, rd->fixed * seq_ms);
     }
 }
 
@@ -1112,6 +1138,13 @@ static void verify_commit_emit(vsched *s, vround *rd)
             r->spec_rounds++;
             r->drafted += (uint32_t)q->k;
             r->accepted += (uint32_t)v.accepted;
+            for (int j = 0; j < q->k && j <= v.accepted; j++) {
+                r->reached_at[j]++;
+                r->accepted_at[j] += j < v.accepted;
+            }
+            const int reached = q->k < v.accepted + 1 ? q->k : v.accepted + 1;
+            if (reached > r->positions)
+                r->positions = reached;
             s->counters.spec_rounds++;
             s->counters.drafted += (uint64_t)q->k;
             s->counters.accepted += (uint64_t)v.accepted;

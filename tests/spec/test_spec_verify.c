@@ -326,6 +326,30 @@ static void test_adaptive(void)
               e.paused_left >= 200,
           "a costly probe should pause >= 100 x its cost (f %.2f c %.2f), paused %d", e.fixed,
           e.cost, e.paused_left);
+    /* The acceptance estimate is per drafted token up to the first rejected
+     * one: drafts accepted with probability 0.8 each, k = 4 fixed, read
+     * 0.8 (accepted/drafted would be 0.59). */
+    tdm_adaptive_params fp = p;
+    fp.fixed = true;
+    tdm_adaptive h;
+    tdm_adaptive_init(&h, &fp);
+    uint64_t x = 88172645463325252ull;
+    double sum = 0;
+    for (int i = 0; i < 4000; i++) {
+        int n = 0;
+        for (;;) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if (n == 4 || (double)(x >> 11) / 9007199254740992.0 >= 0.8)
+                break;
+            n++;
+        }
+        tdm_adaptive_on_round(&h, 4, n, 0.1, 0.0);
+        if (i >= 1000)
+            sum += h.accept_rate;
+    }
+    CHECK(fabs(sum / 3000 - 0.8) < 0.03, "acceptance estimate %.3f for a true 0.8", sum / 3000);
     /* A verifier where speculation is known to be costly starts a sequence
      * paused, for that long. */
     tdm_adaptive_params q = p;
