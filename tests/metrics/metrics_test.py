@@ -265,6 +265,20 @@ def case_promtool():
     check(not [k for k in vm if re.match(r"tandem_verifier_round_\w+_us", k[0])],
           "no microsecond names")
 
+    # The README's list is what the services export: no more, no less.
+    with open(os.path.join(ARGS.source, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    section = readme[readme.index("## Metrics"):]
+    section = section[:section.index("\n## ", 1)]
+    documented = set(re.findall(r"`(tandem_[a-z0-9_]+)", section))
+    exported = set()
+    for text in texts.values():
+        exported |= set(parse(text)[1])
+    check(exported - documented == set(), "exported but not in the README's metrics: %s" %
+          sorted(exported - documented))
+    check(documented - exported == set(), "in the README's metrics but not exported: %s" %
+          sorted(documented - exported))
+
     dm, _ = parse(texts["drafter"])
     blocks = value(dm, "tandem_drafter_blocks_total")
     check(blocks and blocks >= seen["spec_rounds"], "drafter blocks %s" % blocks)
