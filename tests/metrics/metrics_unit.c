@@ -7,6 +7,7 @@
  * format (version 0.0.4): HELP/TYPE lines, cumulative buckets ending in +Inf,
  * _sum and _count, escaped label values.
  */
+#include "check.h" /* tests/config: CHECK */
 #include "http.h"
 #include "metrics.h"
 #include "service.h"
@@ -18,18 +19,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
 static void test_registry(void)
 {
@@ -287,8 +276,8 @@ int main(void)
     test_outcomes();
     test_counter_names();
     test_http();
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
+    if (g_failures) {
+        printf("%d check(s) failed\n", g_failures);
         return 1;
     }
     printf("ok\n");
