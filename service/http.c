@@ -32,7 +32,7 @@ struct tdm_http_server {
     char name[128];
     char listen[300];
     struct sockaddr_storage addr; /* where to bind (port included) */
-    bool v6;
+    bool v6, v6_any;              /* an IPv6 address; "::" (IPv4 too) */
     size_t max_body;
     unsigned threads;
     http_route routes[MAX_ROUTES];
@@ -101,7 +101,7 @@ static tdm_status resolve(tdm_http_server *s, tdm_error *err)
             a->sin6_family = AF_INET6;
             a->sin6_addr = in6addr_any;
             a->sin6_port = htons((uint16_t)port);
-            s->v6 = true;
+            s->v6 = s->v6_any = true;
         } else {
             struct sockaddr_in *a = (struct sockaddr_in *)&s->addr;
             a->sin_family = AF_INET;
@@ -337,7 +337,7 @@ tdm_status tdm_http_server_start(tdm_http_server *s, tdm_error *err)
         return TDM_OK;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (s->v6)
-        flags |= MHD_USE_DUAL_STACK;
+        flags |= s->v6_any ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
     /* libmicrohttpd takes the port from the socket address; the one given as
      * an argument is ignored with MHD_OPTION_SOCK_ADDR. */
     /* One thread polls and serves; more make a pool. */

@@ -240,6 +240,10 @@ def case_render():
     env = {e["name"]: e.get("value") for e in container(ver, "verifier").get("env", [])}
     check(env.get("TANDEM_ADVERTISE") == "$(POD_IP):7710", "default: advertises the pod IP: %s" %
           env)
+    check(ver["spec"].get("strategy", {}).get("rollingUpdate", {}).get("maxSurge") == 0,
+          "default: verifiers roll without a surge pod: %s" % ver["spec"].get("strategy"))
+    check(one(objs, "Deployment", "rel-tandem-gateway")["spec"].get("strategy", {}).get(
+        "type") == "Recreate", "default: the gateway is recreated (one registry)")
 
     objs = render("cpu-demo", "-f", os.path.join(CHART, "examples", "cpu-demo.yaml"))
     check_common("cpu-demo", objs, "remote")
