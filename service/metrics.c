@@ -613,7 +613,9 @@ static const counter_row counter_rows[] = {
               "time (last 4096 blocks)."),
     QUANTILES("draft_time_per_token", "tandem_spec_decode_drafter_time_per_token_seconds",
               "The drafter's own time per draft token (last 4096 blocks)."),
-    ROW("verifier", "scheduler_uptime_us", NULL, GAUGE, NULL),
+    {"verifier", "scheduler_uptime_us", "tandem_verifier_scheduler_uptime_seconds",
+     TDM_METRIC_GAUGE, "", US, NULL, NULL, NULL, NULL,
+     "Seconds the scheduler has run: what the round phases' sums add up to."},
     PHASE("idle", "The round's timeline: time in each phase (quantiles over the last 4096 rounds; "
                   "the sum since the start)."),
     PHASE("admit", NULL),

@@ -262,6 +262,11 @@ def case_promtool():
         check(q is not None and q >= 0, "phase %s p99 %s" % (phase, q))
     step = value(vm, "tandem_verifier_round_phase_seconds_sum", phase="step")
     check(step and step > 0, "time in the step phase: %s" % step)
+    total = sum(value(vm, "tandem_verifier_round_phase_seconds_sum", phase=p) or 0
+                for p in ("idle", "admit", "prefill", "wait", "step", "commit", "send"))
+    up = value(vm, "tandem_verifier_scheduler_uptime_seconds") or 0
+    check(up > 0 and abs(total - up) < 0.05 * up + 0.01,
+          "the phases add up to the scheduler's uptime: %s vs %s" % (total, up))
     check(not [k for k in vm if re.match(r"tandem_verifier_round_\w+_us", k[0])],
           "no microsecond names")
 
