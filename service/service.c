@@ -4,7 +4,10 @@
 #include "service.h"
 #include "alloc.h"
 
+#include "buildinfo.h"
+#include "http.h"
 #include "log.h"
+#include "metrics.h"
 #include "reflection.h"
 #include "registration.h"
 #include "service_config.h"
@@ -29,12 +32,15 @@ struct tdm_service {
     tdm_rpc_server *health_server;
     tdm_trust *trust;
     Tandem__V1__Descriptor *desc;
+    pthread_mutex_t cb_mu; /* the callbacks below: set at setup, read by scrapes meanwhile */
     tdm_service_counters_fn counters; /* the role's own counters */
     void *counters_arg;
     tdm_service_counters_fn reg_counters; /* registration with the gateway */
     void *reg_counters_arg;
     tdm_service_load_fn load; /* the role's occupancy */
     void *load_arg;
+    tdm_metrics *metrics;          /* the role's metric families */
+    tdm_http_server *metrics_http; /* /metrics on metrics_listen; NULL when it is empty */
     /* Heartbeat payload, filled on the registration thread only. */
     Tandem__V1__Counter hb_counters[MAX_COUNTERS];
     Tandem__V1__Counter *hb_ptrs[MAX_COUNTERS];
@@ -46,11 +52,104 @@ static const char *component(const tdm_service *s)
     return s->program;
 }
 
+static size_t collect_counters(tdm_service *s, tdm_service_counter c[MAX_COUNTERS]);
+
+/* ---- metrics ---------------------------------------------------------------- */
+
+static const char *role_name(const tdm_service *s)
+{
+    switch (s->desc->role) {
+    case TANDEM__V1__ROLE__ROLE_GATEWAY:
+        return "gateway";
+    case TANDEM__V1__ROLE__ROLE_VERIFIER:
+        return "verifier";
+    case TANDEM__V1__ROLE__ROLE_DRAFTER:
+        return "drafter";
+    default:
+        return "unknown";
+    }
+}
+
+/* What every process exports before its role's families: what it is, and
+ * its Describe counters. */
+static void metrics_prelude(void *arg, tdm_metrics_writer *w)
+{
+    tdm_service *s = arg;
+    const Tandem__V1__BuildInfo *b = s->desc->build;
+    char protocol[32], archs[256] = "";
+    snprintf(protocol, sizeof(protocol), "%u.%u", s->desc->protocol->major,
+             s->desc->protocol->minor);
+    for (size_t i = 0; i < b->n_gpu_archs; i++) {
+        size_t n = strlen(archs);
+        snprintf(archs + n, sizeof(archs) - n, "%s%s", i ? "," : "", b->gpu_archs[i]);
+    }
+    const tdm_metric_label labels[] = {
+        {"role", role_name(s)},
+        {"version", b->version},
+        {"revision", b->git_revision},
+        {"build_type", b->build_type},
+        {"compiler", b->compiler},
+        {"grpc_core", b->grpc_core},
+        {"cuda_runtime", b->cuda_runtime},
+        {"gpu_archs", archs},
+        {"backend", b->backend},
+        {"protocol", protocol},
+        {"replica_id", s->desc->replica_id},
+        {"model", s->desc->model_name},
+    };
+    tdm_metrics_write_family(w, "tandem_build_info", TDM_METRIC_GAUGE,
+                             "What this process is: role, build, backend, protocol, replica and "
+                             "model (always 1).");
+    tdm_metrics_write_sample(w, "", labels, TDM_ARRAY_LEN(labels), 1);
+    tdm_service_counter c[MAX_COUNTERS];
+    size_t n = collect_counters(s, c);
+    tdm_metrics_write_counters(w, role_name(s), c, n);
+}
+
+static tdm_status handle_metrics(const tdm_http_request *req, tdm_http_response *resp,
+                                 tdm_error *err, void *arg)
+{
+    (void)req;
+    (void)err;
+    tdm_service *s = arg;
+    resp->body = tdm_metrics_render(s->metrics, metrics_prelude, s, &resp->body_len);
+    resp->content_type = TDM_METRICS_CONTENT_TYPE;
+    return TDM_OK;
+}
+
+static tdm_status metrics_start(tdm_service *s, tdm_error *err)
+{
+    const char *ml = tdm_cfg_str(s->cfg, "metrics_listen");
+    if (!ml[0])
+        return TDM_OK;
+    char name[160];
+    snprintf(name, sizeof(name), "%s metrics", s->program);
+    tdm_http_options o = {.listen = ml, .name = name, .max_body_bytes = 4096, .threads = 1};
+    tdm_status st;
+    if ((st = tdm_http_server_create(&o, &s->metrics_http, err)) != TDM_OK ||
+        (st = tdm_http_server_route(s->metrics_http, "GET", "/metrics", handle_metrics, s, err)) !=
+            TDM_OK ||
+        (st = tdm_http_server_start(s->metrics_http, err)) != TDM_OK)
+        return tdm_error_prefix(err, "%s metrics port %s", s->program, ml);
+    return TDM_OK;
+}
+
+tdm_metrics *tdm_service_metrics(tdm_service *s)
+{
+    return s->metrics;
+}
+
+int tdm_service_metrics_port(const tdm_service *s)
+{
+    return tdm_http_server_port(s->metrics_http);
+}
+
 tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_service **out,
                               tdm_error *err)
 {
     *out = NULL;
     tdm_service *s = tdm_xcalloc(1, sizeof(*s));
+    pthread_mutex_init(&s->cb_mu, NULL);
     clock_gettime(CLOCK_MONOTONIC, &s->started);
     s->cfg = cfg;
     s->program = tdm_cfg_schema_of(cfg)->program;
@@ -115,6 +214,12 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
         tdm_service_destroy(s);
         return st;
     }
+    /* Metrics, like health, answer while the role loads its model. */
+    s->metrics = tdm_metrics_create();
+    if ((st = metrics_start(s, err)) != TDM_OK) {
+        tdm_service_destroy(s);
+        return st;
+    }
     *out = s;
     return TDM_OK;
 }
@@ -123,6 +228,8 @@ void tdm_service_destroy(tdm_service *s)
 {
     if (!s)
         return;
+    /* Scrapes read the role's counters: they end before anything else. */
+    tdm_http_server_destroy(s->metrics_http);
     if (s->server)
         tdm_rpc_server_destroy(s->server);
     if (s->health_server)
@@ -131,7 +238,9 @@ void tdm_service_destroy(tdm_service *s)
         tdm_health_destroy(s->health);
     tdm_trust_destroy(s->trust);
     tdm_svc_descriptor_free(s->desc);
+    tdm_metrics_destroy(s->metrics);
     tdm_cfg_destroy(s->cfg);
+    pthread_mutex_destroy(&s->cb_mu);
     free(s->service_name);
     free(s);
 }
@@ -183,19 +292,33 @@ void tdm_service_set_load(tdm_service *s, tdm_service_load_fn fn, void *arg)
 
 void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg)
 {
+    pthread_mutex_lock(&s->cb_mu);
     s->counters = fn;
     s->counters_arg = arg;
+    pthread_mutex_unlock(&s->cb_mu);
+}
+
+static void set_reg_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg)
+{
+    pthread_mutex_lock(&s->cb_mu);
+    s->reg_counters = fn;
+    s->reg_counters_arg = arg;
+    pthread_mutex_unlock(&s->cb_mu);
 }
 
 /* Every counter the process reports: uptime, registration, the role's. */
 static size_t collect_counters(tdm_service *s, tdm_service_counter c[MAX_COUNTERS])
 {
+    pthread_mutex_lock(&s->cb_mu);
+    tdm_service_counters_fn reg = s->reg_counters, role = s->counters;
+    void *reg_arg = s->reg_counters_arg, *role_arg = s->counters_arg;
+    pthread_mutex_unlock(&s->cb_mu);
     size_t k = 0;
     c[k++] = (tdm_service_counter){"uptime_seconds", tdm_service_uptime_s(s)};
-    if (s->reg_counters)
-        k += s->reg_counters(s->reg_counters_arg, c + k, MAX_COUNTERS - k);
-    if (s->counters)
-        k += s->counters(s->counters_arg, c + k, MAX_COUNTERS - k);
+    if (reg)
+        k += reg(reg_arg, c + k, MAX_COUNTERS - k);
+    if (role)
+        k += role(role_arg, c + k, MAX_COUNTERS - k);
     return k > MAX_COUNTERS ? MAX_COUNTERS : k;
 }
 
@@ -257,9 +380,13 @@ tdm_status tdm_service_start(tdm_service *s, tdm_error *err)
     if (st != TDM_OK)
         return tdm_error_prefix(err, "%s", s->program);
     tdm_health_set_all(s->health, true);
-    tdm_log_info(component(s), "listening on %s (bound port %d, health port %d), serving %s as %s",
-                 tdm_cfg_str(s->cfg, "listen"), tdm_rpc_server_port(s->server),
-                 tdm_rpc_server_port(s->health_server), s->service_name, s->desc->replica_id);
+    char metrics[64] = "metrics off";
+    if (s->metrics_http)
+        snprintf(metrics, sizeof(metrics), "metrics port %d", tdm_service_metrics_port(s));
+    tdm_log_info(
+        component(s), "listening on %s (bound port %d, health port %d, %s), serving %s as %s",
+        tdm_cfg_str(s->cfg, "listen"), tdm_rpc_server_port(s->server),
+        tdm_rpc_server_port(s->health_server), metrics, s->service_name, s->desc->replica_id);
     return TDM_OK;
 }
 
@@ -355,8 +482,7 @@ int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char 
         tdm_log_error(program, "cannot start: %s", err.msg);
         return 1;
     }
-    s->reg_counters = replica_counters;
-    s->reg_counters_arg = &rc;
+    set_reg_counters(s, replica_counters, &rc);
     if (tdm_service_add_describe(s, describe_path, &err) != TDM_OK ||
         (setup && setup(s, arg, &err) != TDM_OK) || tdm_service_start(s, &err) != TDM_OK) {
         tdm_log_error(program, "cannot start: %s", err.msg);

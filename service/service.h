@@ -10,7 +10,9 @@
  * NOT_SERVING until started, SERVING while running, NOT_SERVING again while
  * draining after SIGTERM/SIGINT, then a shutdown bounded by shutdown_grace.
  * For drafters and verifiers it also runs the registration with the gateway
- * (registration.h).
+ * (registration.h). When `metrics_listen` is set, a plaintext HTTP port
+ * serves /metrics in the Prometheus text format (metrics.h): build info, the
+ * Describe counters under their metric names, and the role's own families.
  *
  * Ownership: tdm_service_create takes over the tdm_cfg; everything is freed by
  * tdm_service_destroy.
@@ -20,6 +22,7 @@
 
 #include "config.h"
 #include "health.h"
+#include "metrics.h"
 #include "rpc.h"
 #include "status.h"
 #include "tandem/v1/common.pb-c.h"
@@ -63,6 +66,11 @@ void tdm_service_set_device_uuid(tdm_service *s, const char *uuid);
 const tdm_rpc_tls *tdm_service_tls(const tdm_service *s);
 /* Who may call this process, and the credential it presents to its peers. */
 const tdm_trust *tdm_service_trust(const tdm_service *s);
+/* The registry the role adds its metric families to (before start); they are
+ * served on /metrics with the counters below. Lives as long as the service. */
+tdm_metrics *tdm_service_metrics(tdm_service *s);
+/* The bound metrics port, or 0 when metrics_listen is empty. */
+int tdm_service_metrics_port(const tdm_service *s);
 /* Seconds since tdm_service_create. */
 double tdm_service_uptime_s(const tdm_service *s);
 

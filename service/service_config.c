@@ -42,6 +42,14 @@
             "Address of a plaintext port serving only grpc.health.v1.Health, for Kubernetes gRPC " \
             "probes, which cannot speak TLS."                                                      \
     }
+#define KEY_METRICS_LISTEN                                                                         \
+    {                                                                                              \
+        "metrics_listen", TDM_CFG_ADDRESS, "auto", NULL, 0, 0, TDM_CFG_AUTO | TDM_CFG_EMPTY_OK,    \
+            NULL, GRP_NET,                                                                         \
+            "Address of a plaintext HTTP port serving Prometheus metrics on /metrics; empty: no "  \
+            "metrics port; auto: health_listen's host and the port above it (port 0 when "         \
+            "health_listen's is 0)."                                                               \
+    }
 #define KEYS_COMMON                                                                                \
     {"max_message_size",                                                                           \
      TDM_CFG_SIZE,                                                                                 \
@@ -222,6 +230,7 @@
 static const tdm_cfg_key gateway_keys[] = {
     KEY_LISTEN("127.0.0.1:7700"),
     KEY_HEALTH_LISTEN("127.0.0.1:7701"),
+    KEY_METRICS_LISTEN,
     KEYS_COMMON,
     {"heartbeat_interval", TDM_CFG_DURATION, "1s", NULL, 50, 60000, 0, NULL, GRP_REG,
      "How often replicas are told to heartbeat."},
@@ -249,6 +258,7 @@ static const tdm_cfg_key gateway_keys[] = {
 static const tdm_cfg_key verifier_keys[] = {
     KEY_LISTEN("127.0.0.1:7710"),
     KEY_HEALTH_LISTEN("127.0.0.1:7711"),
+    KEY_METRICS_LISTEN,
     KEYS_COMMON,
     KEYS_REPLICA,
     {"max_draft_tokens", TDM_CFG_INT, "8", NULL, 1, TDM_MAX_DRAFT_BLOCK, 0, NULL, GRP_SPEC,
@@ -271,9 +281,11 @@ static const tdm_cfg_key verifier_keys[] = {
 static const tdm_cfg_key drafter_keys[] = {
     KEY_LISTEN("127.0.0.1:7720"),
     KEY_HEALTH_LISTEN("127.0.0.1:7721"),
+    KEY_METRICS_LISTEN,
     KEYS_COMMON,
     KEYS_REPLICA,
-    {"drafter_kind", TDM_CFG_ENUM, "auto", TDM_DEFS_ALLOWED(TDM_DRAFTER_KINDS), 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
+    {"drafter_kind", TDM_CFG_ENUM, "auto", TDM_DEFS_ALLOWED(TDM_DRAFTER_KINDS), 0, 0, TDM_CFG_AUTO,
+     NULL, GRP_SPEC,
      "model: a small model of the verifier's family; ngram: model-free prompt lookup; auto: "
      "model when model is set, else ngram."},
     {"draft_block_size", TDM_CFG_INT, "4", NULL, 1, TDM_MAX_DRAFT_BLOCK, 0, NULL, GRP_SPEC,
@@ -343,6 +355,28 @@ static tdm_status rule_advertise(const tdm_cfg *cfg, char *value, size_t vlen, c
         snprintf(reason, rlen, "peers reach the address of %s%s", d,
                  port == 0 ? " (port 0 is replaced by the bound port at start)" : "");
     }
+    return TDM_OK;
+}
+
+static tdm_status rule_metrics_listen(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                      size_t rlen, tdm_error *err)
+{
+    char host[256], d[512];
+    int port = 0;
+    if (tdm_cfg_parse_address(tdm_cfg_str(cfg, "health_listen"), host, sizeof(host), &port, err) !=
+        TDM_OK)
+        return TDM_ERR_INVALID_ARGUMENT;
+    tdm_cfg_describe(cfg, "health_listen", d, sizeof(d));
+    if (port == 65535)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "metrics_listen auto takes the port above %s, and there is none; set "
+                             "metrics_listen (or empty for no metrics port)",
+                             d);
+    int mport = port == 0 ? 0 : port + 1;
+    snprintf(value, vlen, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, mport);
+    snprintf(reason, rlen, "%s: %s", d,
+             port == 0 ? "the same host, and a free port (0) as health has"
+                       : "the same host and the port above it");
     return TDM_OK;
 }
 
@@ -545,6 +579,29 @@ static tdm_status check_ports(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "health_listen", b, sizeof(b)));
 }
 
+/* The metrics port is neither the main nor the health port. */
+static tdm_status check_metrics_port(const tdm_cfg *cfg, tdm_error *err)
+{
+    char h[256];
+    int pm = 0;
+    const char *ml = tdm_cfg_str(cfg, "metrics_listen");
+    if (!ml[0] || tdm_cfg_parse_address(ml, h, sizeof(h), &pm, NULL) != TDM_OK || pm == 0)
+        return TDM_OK;
+    const char *others[] = {"listen", "health_listen"};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(others); i++) {
+        int p = 0;
+        if (tdm_cfg_parse_address(tdm_cfg_str(cfg, others[i]), h, sizeof(h), &p, NULL) != TDM_OK ||
+            p != pm)
+            continue;
+        char a[512], b[512];
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "%s and %s use the same port; the metrics port must be separate",
+                             tdm_cfg_describe(cfg, "metrics_listen", a, sizeof(a)),
+                             tdm_cfg_describe(cfg, others[i], b, sizeof(b)));
+    }
+    return TDM_OK;
+}
+
 static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
 {
     if (tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) != TDM_BACKEND_CUDA)
@@ -629,7 +686,11 @@ static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
 
 /* Rule order matters: tokenizer, drafter_kind and max_context read model;
  * advertise reads listen (never auto). */
-#define RULE_CLIENT_AUTH {"client-auth-from-tls", "tls_client_auth", rule_client_auth}
+#define RULE_CLIENT_AUTH                                                                           \
+    {"client-auth-from-tls", "tls_client_auth", rule_client_auth},                                 \
+    {                                                                                              \
+        "metrics-beside-health", "metrics_listen", rule_metrics_listen                             \
+    }
 #define RULES_REPLICA                                                                              \
     RULE_CLIENT_AUTH, {"replica-id-from-host", "replica_id", rule_replica_id},                     \
         {"advertise-from-listen", "advertise", rule_advertise},                                    \
@@ -641,8 +702,9 @@ static tdm_status check_ttl(const tdm_cfg *cfg, tdm_error *err)
 
 #define CHECKS_COMMON                                                                              \
     {"tls-cert-and-key", check_tls}, {"client-auth-needs-tls", check_client_auth},                 \
+        {"separate-health-port", check_ports},                                                     \
     {                                                                                              \
-        "separate-health-port", check_ports                                                        \
+        "separate-metrics-port", check_metrics_port                                                \
     }
 #define CHECKS_REPLICA                                                                             \
     {"prefix-cache-needs-state", check_prefix_cache},                                              \

@@ -56,7 +56,8 @@ static bool load_side(side *s, bool verbose)
      * verdicts below say which file is which. */
     char copy[4096];
     snprintf(copy, sizeof(copy), "%s", s->path);
-    tdm_cfg_set(s->cfg, "replica_id", basename(copy), 0, "default (file name)", NULL);
+    if (tdm_cfg_has(s->cfg, "replica_id")) /* a gateway has none */
+        tdm_cfg_set(s->cfg, "replica_id", basename(copy), 0, "default (file name)", NULL);
     tdm_cfg_load_file(s->cfg, s->path, NULL);
     tdm_error err;
     tdm_status st = tdm_cfg_finish(s->cfg, &err);

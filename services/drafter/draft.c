@@ -736,6 +736,8 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
     blk.ahead = ahead;
     blk.assumed_token = ahead ? (uint32_t)q->assumed : 0;
     blk.draft_micros = t_msg > 0 ? (uint32_t)(now_us() - t_msg) : 0;
+    if (t_msg > 0 && b->k > 0)
+        tdm_metric_observe(st->d->block_time, NULL, blk.draft_micros / 1e6);
     Tandem__V1__DraftDistribution dd[MAX_BLOCK];
     Tandem__V1__DraftDistribution *dp[MAX_BLOCK];
     if (b->k > 0 && b->dist_n[0] > 0) {
@@ -962,6 +964,7 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"drafted_tokens", (double)__atomic_load_n(&d->drafted, __ATOMIC_RELAXED)},
         {"ahead_blocks_used", (double)__atomic_load_n(&d->ahead_used, __ATOMIC_RELAXED)},
         {"ahead_blocks_dropped", (double)__atomic_load_n(&d->ahead_dropped, __ATOMIC_RELAXED)},
+        {"max_sequences", (double)d->max_sequences},
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }
@@ -1024,6 +1027,10 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     if (orc != TDM_OK)
         return orc;
 #endif
+    d->block_time =
+        tdm_metrics_histogram(tdm_service_metrics(svc), "tandem_drafter_block_duration_seconds",
+                              "Time from a verdict (or open) to the block drafted for it.", NULL,
+                              tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
     tdm_service_set_counters(svc, counters, d);
     tdm_service_set_load(svc, load, d);
     tdm_rpc_server_on_shutdown(tdm_service_server(svc), drafter_on_shutdown, d);

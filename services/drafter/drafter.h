@@ -29,6 +29,7 @@ typedef struct drafter {
     /* counters (atomics) */
     int streams, open_sequences;
     uint64_t blocks, drafted, ahead_used, ahead_dropped;
+    tdm_metric *block_time; /* time to draft a block (the service's registry) */
 } drafter;
 
 /* Loads the draft model (drafter_kind model) and registers Draft (the `setup`

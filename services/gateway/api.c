@@ -42,6 +42,10 @@ struct gw_api {
     gw_chan **channels; /* (n_channels) the live ones */
     size_t n_channels;
     uint64_t requests, completed, failed, cancelled, tokens;
+    /* metrics (families in the service's registry) */
+    tdm_metrics_outcomes outcomes; /* Generate requests by finish reason and error code */
+    tdm_metric *ttft, *itl, *e2e;  /* time to first token, between tokens, whole request */
+    tdm_metric *prompt_tokens, *in_flight;
 };
 
 static double now_ms(void)
@@ -422,6 +426,7 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     const Tandem__V1__GenerateRequest *req = (const Tandem__V1__GenerateRequest *)msg;
     double t0 = now_ms();
     uint64_t seq = __atomic_add_fetch(&g->requests, 1, __ATOMIC_RELAXED);
+    tdm_metric_add(g->in_flight, NULL, 1);
     char rid[160];
     if (req->request_id[0] && check_label("request_id", req->request_id, 128, NULL) == TDM_OK)
         snprintf(rid, sizeof(rid), "%s", req->request_id);
@@ -534,6 +539,7 @@ again:
         tdm_error_prefix(err, "verifier %s", pick.verifier_id);
         goto out;
     }
+    tdm_metric_add(g->prompt_tokens, NULL, (double)n_ids);
 
     /* Relay: ids as they come, text as far as no stop string can start. */
     if (g->tok)
@@ -541,7 +547,7 @@ again:
     for (size_t i = 0; i < req->n_stop; i++)
         if (strlen(req->stop[i]) > rl.max_stop)
             rl.max_stop = strlen(req->stop[i]);
-    double t_first = 0;
+    double t_first = 0, t_last = 0;
     Tandem__V1__RunComplete *complete = NULL;
     bool heard = false; /* the verifier sent something */
     for (;;) {
@@ -591,8 +597,16 @@ again:
                 progress_msg = m;
                 m = NULL;
             }
+            const double t_now = now_ms();
             if (t_first == 0)
-                t_first = now_ms();
+                t_first = t_now;
+            /* Inter-token latency: a chunk's tokens share the time since the
+             * last chunk (a speculative round brings several at once). */
+            for (size_t k = 0; t_last > 0 && k < resp->tokens->n_ids; k++)
+                tdm_metric_observe(g->itl, NULL,
+                                   (t_now - t_last) / 1e3 / (double)resp->tokens->n_ids);
+            if (resp->tokens->n_ids > 0)
+                t_last = t_now;
             rc = relay_push(&rl, g, req, call, resp->tokens, err);
         }
         if (m)
@@ -625,6 +639,8 @@ again:
     }
     generated = rl.n_sent;
     __atomic_fetch_add(&g->tokens, generated, __ATOMIC_RELAXED);
+    if (rc == TDM_OK && t_first > 0)
+        tdm_metric_observe(g->ttft, NULL, (t_first - t0) / 1e3);
 out:
     if (m)
         protobuf_c_message_free_unpacked(m, NULL);
@@ -637,12 +653,17 @@ out:
     if (picked)
         gw_registry_unpick(g->reg, &pick);
     free(ids);
+    const bool cancelled = rc != TDM_OK && tdm_rpc_call_cancelled(call);
     if (rc == TDM_OK)
         __atomic_fetch_add(&g->completed, 1, __ATOMIC_RELAXED);
-    else if (tdm_rpc_call_cancelled(call))
+    else if (cancelled)
         __atomic_fetch_add(&g->cancelled, 1, __ATOMIC_RELAXED);
     else
         __atomic_fetch_add(&g->failed, 1, __ATOMIC_RELAXED);
+    tdm_metrics_outcome(&g->outcomes, cancelled ? TDM_ERR_CANCELLED : rc, (int)finish);
+    if (rc == TDM_OK)
+        tdm_metric_observe(g->e2e, NULL, (now_ms() - t0) / 1e3);
+    tdm_metric_add(g->in_flight, NULL, -1);
     log_request(rid, picked ? &pick : NULL, n_ids, generated, finish, rc,
                 rc == TDM_OK ? NULL : err->msg, now_ms() - t0);
     return rc;
@@ -755,6 +776,27 @@ tdm_status gw_api_create(tdm_service *svc, gw_registry *reg, gw_api **out, tdm_e
     g->tls = tdm_service_tls(svc);
     g->max_message_bytes = tdm_cfg_int(cfg, "max_message_size");
     g->default_max_tokens = (uint32_t)tdm_cfg_int(cfg, "default_max_tokens");
+    tdm_metrics *m = tdm_service_metrics(svc);
+    tdm_metrics_outcomes_init(&g->outcomes, m, "tandem_request_success_total",
+                              "Generate requests that completed, by finish reason.",
+                              "tandem_request_errors_total",
+                              "Generate requests that failed, by status code (CANCELLED: the "
+                              "client went away).");
+    g->ttft = tdm_metrics_histogram(m, "tandem_time_to_first_token_seconds",
+                                    "Time from a Generate request to its first token.", NULL,
+                                    tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
+    g->itl =
+        tdm_metrics_histogram(m, "tandem_inter_token_latency_seconds",
+                              "Time between tokens streamed to a client (a chunk's tokens "
+                              "share the time since the previous chunk).",
+                              NULL, tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
+    g->e2e = tdm_metrics_histogram(m, "tandem_e2e_request_latency_seconds",
+                                   "Duration of completed Generate requests.", NULL,
+                                   tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
+    g->prompt_tokens = tdm_metrics_counter(m, "tandem_prompt_tokens_total",
+                                           "Prompt tokens handed to verifiers.", NULL);
+    g->in_flight = tdm_metrics_gauge(m, "tandem_gateway_requests_in_flight",
+                                     "Generate requests being served now.", NULL);
     const char *tok = tdm_cfg_str(cfg, "tokenizer");
     if (tok[0]) {
         tdm_status rc = tdm_tok_load(tok, &g->tok, err);

@@ -30,14 +30,17 @@ static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, t
     tdm_status rc = tdm_trust_check_internal(v->trust, call, "gateway", err);
     if (rc == TDM_OK)
         rc = vsched_submit(v->sched, req, &r, err);
-    if (rc != TDM_OK)
+    if (rc != TDM_OK) {
+        tdm_metrics_outcome(&v->outcomes, rc, 0);
         return rc;
+    }
     run_cancel *c = tdm_rpc_call_alloc(call, sizeof(*c));
     c->sched = v->sched;
     c->req = r;
     tdm_rpc_call_set_cancel_notify(call, on_cancel, c);
 
     rc = TDM_OK;
+    int o_finish = 0;
     for (;;) {
         vsched_output o;
         vsched_next(v->sched, r, &o);
@@ -59,12 +62,15 @@ static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, t
         }
         if (!o.done)
             continue;
+        if (o.queue_ms > 0)
+            tdm_metric_observe(v->queue_time, NULL, o.queue_ms / 1e3);
         if (o.status != TDM_OK) {
             rc = tdm_error_set(err, o.status, "%s", o.msg);
             break;
         }
         Tandem__V1__RunComplete done = TANDEM__V1__RUN_COMPLETE__INIT;
         done.finish_reason = o.finish_reason;
+        o_finish = (int)o.finish_reason;
         o.stats.verifier = (char *)v->replica_id;
         done.stats = &o.stats;
         Tandem__V1__RunResponse resp = TANDEM__V1__RUN_RESPONSE__INIT;
@@ -75,6 +81,7 @@ static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, t
     }
     tdm_rpc_call_set_cancel_notify(call, NULL, NULL);
     vsched_release(v->sched, r);
+    tdm_metrics_outcome(&v->outcomes, rc, o_finish);
     return rc;
 }
 
@@ -104,6 +111,15 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"draft_time_per_token_p50_us", c.draft_token_p50_us},
         {"draft_time_per_token_p99_us", c.draft_token_p99_us},
         {"scheduler_uptime_us", c.uptime_us},
+        {"max_sequences", (double)v->max_sequences},
+        {"speculative_steps", (double)c.speculative_steps},
+        {"adaptive_off_rounds", (double)c.adaptive_off_rounds},
+        {"adaptive_switch_offs", (double)c.adaptive_switch_offs},
+        {"kv_cache_bytes", (double)c.kv_bytes},
+        {"recurrent_state_bytes", (double)c.recurrent_bytes},
+        {"conv_state_bytes", (double)c.conv_bytes},
+        {"strategy_state_bytes", (double)c.strategy_bytes},
+        {"weight_bytes", (double)tdm_model_weight_bytes(v->rt->model)},
     };
     size_t n = tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
     /* The round's timeline, a phase at a time (vsched_phase's order). */
@@ -122,6 +138,25 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         out[n++] = (tdm_service_counter){names[p][2], c.phase_p99_us[p]};
     }
     return n;
+}
+
+/* Accepted drafts by position in their block: a label per position, which
+ * the Describe counters cannot carry. */
+static void collect_positions(void *arg, tdm_metrics_writer *w)
+{
+    verifier *v = arg;
+    vsched_counters c;
+    vsched_get_counters(v->sched, &c);
+    tdm_metrics_write_family(w, "tandem_spec_decode_num_accepted_tokens_per_pos_total",
+                             TDM_METRIC_COUNTER,
+                             "Draft tokens accepted at each position of their block (0: the "
+                             "first draft).");
+    for (int j = 0; j < v->max_draft && j < TDM_MAX_DRAFT_BLOCK; j++) {
+        char pos[16];
+        snprintf(pos, sizeof(pos), "%d", j);
+        tdm_metric_label l = {"position", pos};
+        tdm_metrics_write_sample(w, "", &l, 1, (double)c.accepted_at[j]);
+    }
 }
 
 static void load(void *arg, uint32_t *active, uint32_t *free_slots)
@@ -165,6 +200,16 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;
     v->max_sequences = p.max_sequences;
+    v->max_draft = p.max_draft;
+    tdm_metrics *m = tdm_service_metrics(svc);
+    tdm_metrics_outcomes_init(&v->outcomes, m, "tandem_verifier_request_success_total",
+                              "Run requests that completed, by finish reason.",
+                              "tandem_verifier_request_errors_total",
+                              "Run requests that failed, by status code.");
+    v->queue_time = tdm_metrics_histogram(
+        m, "tandem_request_queue_time_seconds", "Time a request waited for a place in the batch.",
+        NULL, tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
+    tdm_metrics_add_collector(m, collect_positions, v);
     tdm_service_set_counters(svc, counters, v);
     tdm_service_set_load(svc, load, v);
     return tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",

@@ -15,6 +15,10 @@ typedef struct verifier {
     const tdm_trust *trust; /* the service's: who may call Run */
     char replica_id[128];
     int max_sequences;
+    int max_draft; /* max_draft_tokens: the positions whose acceptance is exported */
+    /* metrics (families in the service's registry) */
+    tdm_metrics_outcomes outcomes; /* Run requests by finish reason and error code */
+    tdm_metric *queue_time;        /* from submission to a place in the batch */
 } verifier;
 
 /* Loads the model, starts the scheduler and registers Run (the `setup` step

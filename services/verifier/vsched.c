@@ -89,6 +89,7 @@ struct vreq {
     pthread_cond_t cv;
     /* stats */
     double t_submit, t_first, t_end;
+    double t_admit; /* when it got a place in the batch */
     uint32_t rounds, spec_rounds, drafted, accepted;
     struct vreq *next_waiting;
 };
@@ -586,6 +587,7 @@ void vsched_next(vsched *s, vreq *r, vsched_output *o)
         o->finish_reason = r->reason;
         o->status = r->finished ? r->fail : TDM_ERR_CANCELLED;
         snprintf(o->msg, sizeof(o->msg), "%s", r->finished ? r->fail_msg : "cancelled");
+        o->queue_ms = r->t_admit > 0 ? r->t_admit - r->t_submit : 0;
     }
     if (!r->t_end && !o->done) {
         /* Progress: stats as if the request ended now. */
@@ -680,6 +682,7 @@ static bool admit_and_retire(vsched *s, vround *rd)
             continue;
         }
         r->state = REQ_ACTIVE;
+        r->t_admit = now_ms();
         r->fresh = true;
         r->prefilling = true;
         s->active[s->n_active++] = r;
@@ -1066,12 +1069,14 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     /* A request with an explicit seed must give the same output every time:
      * its block lengths follow acceptance only (the cost stays at its prior),
      * so wall-clock timing never shifts its random stream. */
+    const int pauses = r->ad.pauses;
     if (q->got)
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
                               r->after_open || r->seeded ? -1.0 : rd->fixed);
     else
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
+    s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
     r->after_open = false;
     q->accepted = v->accepted;
     q->next = v->next_token;
@@ -1107,6 +1112,7 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
  * the new tokens and plans what its drafter hears. */
 static void verify_commit_emit(vsched *s, vround *rd)
 {
+    bool any_spec = false;
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
         vreq *r = q->r;
@@ -1148,6 +1154,13 @@ static void verify_commit_emit(vsched *s, vround *rd)
             s->counters.spec_rounds++;
             s->counters.drafted += (uint64_t)q->k;
             s->counters.accepted += (uint64_t)v.accepted;
+            for (int j = 0; j < v.accepted; j++)
+                s->counters.accepted_at[j]++;
+            if (!any_spec)
+                s->counters.speculative_steps++;
+            any_spec = true;
+        } else if (r->spec && r->link && r->ad.k_next == 0) {
+            s->counters.adaptive_off_rounds++; /* paused by the adaptive rule */
         }
         int before = r->n_out;
         bool done = emit_tokens_locked(r, newt, nn, s->p.max_context);
@@ -1183,6 +1196,21 @@ static void retire_finished(vsched *s, vround *rd)
     }
     if (rd->n > 0)
         s->counters.rounds++;
+    /* What the batch holds now (metrics). */
+    uint64_t mem[4] = {0};
+    for (int i = 0; i < s->n_active; i++)
+        if (s->active[i]->seq) {
+            tdm_seq_memory m;
+            tdm_seq_memory_usage(s->active[i]->seq, &m);
+            mem[0] += m.kv_bytes;
+            mem[1] += m.recurrent_bytes;
+            mem[2] += m.conv_bytes;
+            mem[3] += m.strategy_bytes;
+        }
+    s->counters.kv_bytes = mem[0];
+    s->counters.recurrent_bytes = mem[1];
+    s->counters.conv_bytes = mem[2];
+    s->counters.strategy_bytes = mem[3];
     pthread_mutex_unlock(&s->mu);
 }
 

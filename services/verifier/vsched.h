@@ -30,6 +30,7 @@
 #ifndef TANDEM_VERIFIER_VSCHED_H
 #define TANDEM_VERIFIER_VSCHED_H
 
+#include "defs.h"
 #include "engine.h"
 #include "rpc.h"
 #include "status.h"
@@ -78,6 +79,7 @@ typedef struct vsched_output {
     Tandem__V1__FinishReason finish_reason;
     Tandem__V1__RequestStats stats; /* string fields point into the request */
     tdm_status status;              /* != TDM_OK: the request failed (message in msg) */
+    double queue_ms;                /* from submission to a place in the batch (0 if none) */
     /* stats are filled on every output: the request's progress so far */
     char msg[256];
 } vsched_output;
@@ -122,6 +124,14 @@ typedef struct vsched_counters {
     double phase_total_us[VSCHED_PHASES];
     double phase_p50_us[VSCHED_PHASES], phase_p99_us[VSCHED_PHASES];
     double uptime_us; /* since the scheduler thread started */
+    /* For metrics: rounds that verified at least one block; sequence rounds
+     * decoded plainly while the adaptive rule had speculation off, and the
+     * times it switched it off; how often the draft at each position was
+     * accepted (accepted_at[j]: blocks that accepted more than j drafts). */
+    uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs;
+    uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
+    /* Memory the active sequences hold, as of the last round's end. */
+    uint64_t kv_bytes, recurrent_bytes, conv_bytes, strategy_bytes;
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);

@@ -1,0 +1,729 @@
+/*
+ * metrics.c - metric families, the Prometheus text format, and the names of
+ * the Describe counters as metrics (see metrics.h).
+ */
+#include "metrics.h"
+#include "alloc.h"
+
+#include "service.h"
+#include "status.h"
+#include "tandem/v1/gateway.pb-c.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CHILDREN 64
+#define MAX_FAMILIES 64
+#define MAX_COLLECTORS 8
+
+const double tdm_metrics_latency_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                              0.5,   1,      2.5,   5,    10,    20,   40,  60};
+const size_t tdm_metrics_n_latency_buckets = TDM_ARRAY_LEN(tdm_metrics_latency_buckets);
+
+/* One label value's numbers. */
+typedef struct metric_child {
+    char *label_value; /* NULL for an unlabelled family */
+    double value;      /* counter, gauge */
+    uint64_t *buckets; /* histogram: [n_bounds + 1] counts per bucket (not cumulative) */
+    double sum;
+    uint64_t count;
+} metric_child;
+
+struct tdm_metric {
+    const char *name, *help, *label;
+    tdm_metric_type type;
+    double *bounds; /* histogram: [n_bounds] */
+    size_t n_bounds;
+    pthread_mutex_t mu;
+    metric_child children[MAX_CHILDREN];
+    size_t n_children;
+};
+
+typedef struct collector {
+    tdm_metrics_collect_fn fn;
+    void *arg;
+} collector;
+
+struct tdm_metrics {
+    pthread_mutex_t mu; /* families and collectors (added before serving) */
+    tdm_metric *families[MAX_FAMILIES];
+    size_t n_families;
+    collector collectors[MAX_COLLECTORS];
+    size_t n_collectors;
+};
+
+struct tdm_metrics_writer {
+    char *buf;
+    size_t len, cap;
+    const char *family; /* the family last started */
+};
+
+/* ---- names ------------------------------------------------------------------ */
+
+static bool valid_name(const char *s, bool label)
+{
+    if (!s || !s[0])
+        return false;
+    if (label && s[0] == '_' && s[1] == '_')
+        return false; /* reserved for Prometheus */
+    for (const char *p = s; *p; p++) {
+        char c = *p;
+        bool alpha =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+        if (!alpha && !(p > s && c >= '0' && c <= '9'))
+            return false;
+    }
+    return true;
+}
+
+/* ---- registry ------------------------------------------------------------------ */
+
+tdm_metrics *tdm_metrics_create(void)
+{
+    tdm_metrics *m = tdm_xcalloc(1, sizeof(*m));
+    pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void tdm_metrics_destroy(tdm_metrics *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_families; i++) {
+        tdm_metric *f = m->families[i];
+        for (size_t c = 0; c < f->n_children; c++) {
+            free(f->children[c].label_value);
+            free(f->children[c].buckets);
+        }
+        free(f->bounds);
+        pthread_mutex_destroy(&f->mu);
+        free(f);
+    }
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+/* A family, not yet in the registry: scrapes run while roles add families,
+ * so a family is published (family_publish) only once it is whole. */
+static tdm_metric *family_new(const char *name, const char *help, const char *label,
+                              tdm_metric_type type)
+{
+    TDM_ASSERT(valid_name(name, false));
+    TDM_ASSERT(!label || valid_name(label, true));
+    TDM_ASSERT(!label || (strcmp(label, "le") != 0 && strcmp(label, "quantile") != 0));
+    tdm_metric *f = tdm_xcalloc(1, sizeof(*f));
+    f->name = name;
+    f->help = help ? help : "";
+    f->label = label;
+    f->type = type;
+    pthread_mutex_init(&f->mu, NULL);
+    /* An unlabelled family is exported from the start (0, or empty). */
+    if (!label)
+        f->n_children = 1;
+    return f;
+}
+
+static tdm_metric *family_publish(tdm_metrics *m, tdm_metric *f)
+{
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < m->n_families; i++)
+        TDM_ASSERT(strcmp(m->families[i]->name, f->name) != 0);
+    TDM_ASSERT(m->n_families < MAX_FAMILIES);
+    m->families[m->n_families++] = f;
+    pthread_mutex_unlock(&m->mu);
+    return f;
+}
+
+tdm_metric *tdm_metrics_counter(tdm_metrics *m, const char *name, const char *help,
+                                const char *label)
+{
+    return family_publish(m, family_new(name, help, label, TDM_METRIC_COUNTER));
+}
+
+tdm_metric *tdm_metrics_gauge(tdm_metrics *m, const char *name, const char *help, const char *label)
+{
+    return family_publish(m, family_new(name, help, label, TDM_METRIC_GAUGE));
+}
+
+tdm_metric *tdm_metrics_histogram(tdm_metrics *m, const char *name, const char *help,
+                                  const char *label, const double *bounds, size_t n_bounds)
+{
+    for (size_t i = 1; i < n_bounds; i++)
+        TDM_ASSERT(bounds[i] > bounds[i - 1]);
+    tdm_metric *f = family_new(name, help, label, TDM_METRIC_HISTOGRAM);
+    f->bounds = tdm_xmalloc((n_bounds ? n_bounds : 1) * sizeof(double));
+    memcpy(f->bounds, bounds, n_bounds * sizeof(double));
+    f->n_bounds = n_bounds;
+    if (!label)
+        f->children[0].buckets = tdm_xcalloc(n_bounds + 1, sizeof(uint64_t));
+    return family_publish(m, f);
+}
+
+/* The child of a label value (under f->mu), created on first use; NULL when
+ * the family already holds MAX_CHILDREN. */
+static metric_child *child_locked(tdm_metric *f, const char *label_value)
+{
+    if (!f->label)
+        label_value = NULL;
+    else if (!label_value)
+        label_value = "";
+    for (size_t i = 0; i < f->n_children; i++) {
+        const char *lv = f->children[i].label_value;
+        if ((!lv && !label_value) || (lv && label_value && strcmp(lv, label_value) == 0))
+            return &f->children[i];
+    }
+    if (f->n_children == MAX_CHILDREN)
+        return NULL;
+    metric_child *c = &f->children[f->n_children++];
+    memset(c, 0, sizeof(*c));
+    c->label_value = label_value ? tdm_xstrdup(label_value) : NULL;
+    if (f->type == TDM_METRIC_HISTOGRAM)
+        c->buckets = tdm_xcalloc(f->n_bounds + 1, sizeof(uint64_t));
+    return c;
+}
+
+void tdm_metric_add(tdm_metric *f, const char *label_value, double v)
+{
+    TDM_ASSERT(f->type == TDM_METRIC_COUNTER || f->type == TDM_METRIC_GAUGE);
+    if (f->type == TDM_METRIC_COUNTER && !(v >= 0))
+        return;
+    pthread_mutex_lock(&f->mu);
+    metric_child *c = child_locked(f, label_value);
+    if (c)
+        c->value += v;
+    pthread_mutex_unlock(&f->mu);
+}
+
+void tdm_metric_set(tdm_metric *f, const char *label_value, double v)
+{
+    TDM_ASSERT(f->type == TDM_METRIC_GAUGE);
+    pthread_mutex_lock(&f->mu);
+    metric_child *c = child_locked(f, label_value);
+    if (c)
+        c->value = v;
+    pthread_mutex_unlock(&f->mu);
+}
+
+void tdm_metric_observe(tdm_metric *f, const char *label_value, double v)
+{
+    TDM_ASSERT(f->type == TDM_METRIC_HISTOGRAM);
+    if (isnan(v))
+        return;
+    pthread_mutex_lock(&f->mu);
+    metric_child *c = child_locked(f, label_value);
+    if (c) {
+        size_t b = 0;
+        while (b < f->n_bounds && v > f->bounds[b])
+            b++;
+        c->buckets[b]++;
+        c->sum += v;
+        c->count++;
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+double tdm_metric_value(tdm_metric *f, const char *label_value)
+{
+    double v = 0;
+    pthread_mutex_lock(&f->mu);
+    if (!f->label)
+        label_value = NULL;
+    for (size_t i = 0; i < f->n_children; i++) {
+        const char *lv = f->children[i].label_value;
+        if ((!lv && !label_value) || (lv && label_value && strcmp(lv, label_value) == 0))
+            v = f->children[i].value;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return v;
+}
+
+void tdm_metrics_add_collector(tdm_metrics *m, tdm_metrics_collect_fn fn, void *arg)
+{
+    pthread_mutex_lock(&m->mu);
+    TDM_ASSERT(m->n_collectors < MAX_COLLECTORS);
+    m->collectors[m->n_collectors++] = (collector){fn, arg};
+    pthread_mutex_unlock(&m->mu);
+}
+
+void tdm_metrics_outcomes_init(tdm_metrics_outcomes *o, tdm_metrics *m, const char *success_name,
+                               const char *success_help, const char *errors_name,
+                               const char *errors_help)
+{
+    o->success = tdm_metrics_counter(m, success_name, success_help, "finished_reason");
+    o->errors = tdm_metrics_counter(m, errors_name, errors_help, "code");
+}
+
+void tdm_metrics_outcome(const tdm_metrics_outcomes *o, int rc, int finish_reason)
+{
+    if (rc != TDM_OK) {
+        tdm_metric_add(o->errors, tdm_status_name((tdm_status)rc), 1);
+        return;
+    }
+    /* FINISH_REASON_STOP -> "stop", as vLLM's finished_reason label reads. */
+    const ProtobufCEnumValue *ev =
+        protobuf_c_enum_descriptor_get_value(&tandem__v1__finish_reason__descriptor, finish_reason);
+    char label[64] = "unspecified";
+    if (ev) {
+        const char *n = ev->name + (strncmp(ev->name, "FINISH_REASON_", 14) == 0 ? 14 : 0);
+        size_t i = 0;
+        for (; n[i] && i + 1 < sizeof(label); i++)
+            label[i] = (char)(n[i] >= 'A' && n[i] <= 'Z' ? n[i] - 'A' + 'a' : n[i]);
+        label[i] = '\0';
+    }
+    tdm_metric_add(o->success, label, 1);
+}
+
+/* ---- the text format ---------------------------------------------------------- */
+
+static void out_append(tdm_metrics_writer *w, const char *s, size_t n)
+{
+    if (w->len + n + 1 > w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 16384;
+        while (cap < w->len + n + 1)
+            cap *= 2;
+        w->buf = tdm_xrealloc(w->buf, cap);
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, s, n);
+    w->len += n;
+    w->buf[w->len] = '\0';
+}
+
+static void out_str(tdm_metrics_writer *w, const char *s)
+{
+    out_append(w, s, strlen(s));
+}
+
+/* Help text escapes backslash and newline; label values also the quote. */
+static void out_escaped(tdm_metrics_writer *w, const char *s, bool quote)
+{
+    const char *run = s;
+    for (const char *p = s; *p; p++) {
+        const char *esc = *p == '\\'           ? "\\\\"
+                          : *p == '\n'         ? "\\n"
+                          : quote && *p == '"' ? "\\\""
+                                               : NULL;
+        if (!esc)
+            continue;
+        out_append(w, run, (size_t)(p - run));
+        out_str(w, esc);
+        run = p + 1;
+    }
+    out_str(w, run);
+}
+
+static void out_number(tdm_metrics_writer *w, double v)
+{
+    char b[64];
+    if (isnan(v))
+        snprintf(b, sizeof(b), "NaN");
+    else if (isinf(v))
+        snprintf(b, sizeof(b), v > 0 ? "+Inf" : "-Inf");
+    else if (v == floor(v) && fabs(v) < 9.007199254740992e15)
+        snprintf(b, sizeof(b), "%.0f", v);
+    else
+        snprintf(b, sizeof(b), "%.9g", v);
+    out_str(w, b);
+}
+
+static const char *type_name(tdm_metric_type t)
+{
+    switch (t) {
+    case TDM_METRIC_COUNTER:
+        return "counter";
+    case TDM_METRIC_GAUGE:
+        return "gauge";
+    case TDM_METRIC_HISTOGRAM:
+        return "histogram";
+    case TDM_METRIC_SUMMARY:
+        return "summary";
+    }
+    return "untyped";
+}
+
+void tdm_metrics_write_family(tdm_metrics_writer *w, const char *name, tdm_metric_type type,
+                              const char *help)
+{
+    TDM_ASSERT(valid_name(name, false));
+    w->family = name;
+    out_str(w, "# HELP ");
+    out_str(w, name);
+    out_str(w, " ");
+    out_escaped(w, help ? help : "", false);
+    out_str(w, "\n# TYPE ");
+    out_str(w, name);
+    out_str(w, " ");
+    out_str(w, type_name(type));
+    out_str(w, "\n");
+}
+
+void tdm_metrics_write_sample(tdm_metrics_writer *w, const char *suffix,
+                              const tdm_metric_label *labels, size_t n_labels, double value)
+{
+    TDM_ASSERT(w->family);
+    out_str(w, w->family);
+    out_str(w, suffix ? suffix : "");
+    if (n_labels > 0) {
+        out_str(w, "{");
+        for (size_t i = 0; i < n_labels; i++) {
+            TDM_ASSERT(valid_name(labels[i].name, true) || strcmp(labels[i].name, "le") == 0);
+            if (i)
+                out_str(w, ",");
+            out_str(w, labels[i].name);
+            out_str(w, "=\"");
+            out_escaped(w, labels[i].value ? labels[i].value : "", true);
+            out_str(w, "\"");
+        }
+        out_str(w, "}");
+    }
+    out_str(w, " ");
+    out_number(w, value);
+    out_str(w, "\n");
+}
+
+static void write_registered(tdm_metrics_writer *w, tdm_metric *f)
+{
+    tdm_metrics_write_family(w, f->name, f->type, f->help);
+    pthread_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->n_children; i++) {
+        const metric_child *c = &f->children[i];
+        tdm_metric_label l[2] = {{f->label, c->label_value}, {"le", NULL}};
+        size_t nl = f->label ? 1 : 0;
+        if (f->type != TDM_METRIC_HISTOGRAM) {
+            tdm_metrics_write_sample(w, "", l, nl, c->value);
+            continue;
+        }
+        uint64_t cum = 0;
+        for (size_t b = 0; b <= f->n_bounds; b++) {
+            char le[48];
+            cum += c->buckets[b];
+            if (b < f->n_bounds)
+                snprintf(le, sizeof(le), "%.9g", f->bounds[b]);
+            else
+                snprintf(le, sizeof(le), "+Inf");
+            tdm_metric_label *bl = f->label ? &l[1] : &l[0];
+            *bl = (tdm_metric_label){"le", le};
+            tdm_metrics_write_sample(w, "_bucket", l, nl + 1, (double)cum);
+        }
+        tdm_metrics_write_sample(w, "_sum", l, nl, c->sum);
+        tdm_metrics_write_sample(w, "_count", l, nl, (double)c->count);
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+char *tdm_metrics_render(tdm_metrics *m, void (*prelude)(void *arg, tdm_metrics_writer *w),
+                         void *arg, size_t *len)
+{
+    tdm_metrics_writer w = {0};
+    out_str(&w, "");
+    if (prelude)
+        prelude(arg, &w);
+    pthread_mutex_lock(&m->mu);
+    size_t nf = m->n_families, nc = m->n_collectors;
+    tdm_metric *fams[MAX_FAMILIES];
+    collector cols[MAX_COLLECTORS];
+    memcpy(fams, m->families, nf * sizeof(*fams));
+    memcpy(cols, m->collectors, nc * sizeof(*cols));
+    pthread_mutex_unlock(&m->mu);
+    for (size_t i = 0; i < nf; i++)
+        write_registered(&w, fams[i]);
+    for (size_t i = 0; i < nc; i++)
+        cols[i].fn(cols[i].arg, &w);
+    if (len)
+        *len = w.len;
+    return w.buf;
+}
+
+/* ---- the Describe counters as metrics -------------------------------------------- */
+
+/* One Describe counter as one sample of a family. A counter may feed several
+ * rows ("rounds" is also the _count of every phase's summary); a family's
+ * rows are contiguous and its first row carries the help. */
+typedef struct counter_row {
+    const char *role;    /* NULL: any role without a row of its own for this counter */
+    const char *counter; /* the Describe counter */
+    const char *family;  /* NULL: not exported (derived from others) */
+    tdm_metric_type type;
+    const char *suffix; /* "", "_sum", "_count" */
+    double scale;       /* the counter's unit to the family's */
+    const char *l1, *v1, *l2, *v2;
+    const char *help;
+} counter_row;
+
+#define US 1e-6
+#define ROW(role, counter, family, type, help)                                                     \
+    {                                                                                              \
+        role, counter, family, TDM_METRIC_##type, "", 1.0, NULL, NULL, NULL, NULL, help            \
+    }
+#define ROWL(role, counter, family, type, l, v, help)                                              \
+    {                                                                                              \
+        role, counter, family, TDM_METRIC_##type, "", 1.0, l, v, NULL, NULL, help                  \
+    }
+/* A phase of the verifier's round: quantiles, total and count. */
+#define PHASE(p, help)                                                                             \
+    {"verifier",                                                                                   \
+     "round_" p "_p50_us",                                                                         \
+     "tandem_verifier_round_phase_seconds",                                                        \
+     TDM_METRIC_SUMMARY,                                                                           \
+     "",                                                                                           \
+     US,                                                                                           \
+     "phase",                                                                                      \
+     p,                                                                                            \
+     "quantile",                                                                                   \
+     "0.5",                                                                                        \
+     help},                                                                                        \
+        {"verifier",                                                                               \
+         "round_" p "_p99_us",                                                                     \
+         "tandem_verifier_round_phase_seconds",                                                    \
+         TDM_METRIC_SUMMARY,                                                                       \
+         "",                                                                                       \
+         US,                                                                                       \
+         "phase",                                                                                  \
+         p,                                                                                        \
+         "quantile",                                                                               \
+         "0.99",                                                                                   \
+         NULL},                                                                                    \
+        {"verifier",                                                                               \
+         "round_" p "_us_total",                                                                   \
+         "tandem_verifier_round_phase_seconds",                                                    \
+         TDM_METRIC_SUMMARY,                                                                       \
+         "_sum",                                                                                   \
+         US,                                                                                       \
+         "phase",                                                                                  \
+         p,                                                                                        \
+         NULL,                                                                                     \
+         NULL,                                                                                     \
+         NULL},                                                                                    \
+    {                                                                                              \
+        "verifier", "rounds", "tandem_verifier_round_phase_seconds", TDM_METRIC_SUMMARY, "_count", \
+            1.0, "phase", p, NULL, NULL, NULL                                                      \
+    }
+#define QUANTILES(counter, family, help)                                                           \
+    {"verifier", counter "_p50_us",                                                                \
+     family,     TDM_METRIC_SUMMARY,                                                               \
+     "",         US,                                                                               \
+     "quantile", "0.5",                                                                            \
+     NULL,       NULL,                                                                             \
+     help},                                                                                        \
+    {                                                                                              \
+        "verifier", counter "_p99_us", family, TDM_METRIC_SUMMARY, "", US, "quantile", "0.99",     \
+            NULL, NULL, NULL                                                                       \
+    }
+
+static const counter_row counter_rows[] = {
+    /* every process */
+    ROW(NULL, "uptime_seconds", "tandem_process_uptime_seconds", GAUGE,
+        "Seconds since the process started."),
+    ROW(NULL, "registered", "tandem_registered", GAUGE,
+        "1 while this replica is registered with the gateway, else 0."),
+    ROW(NULL, "registrations", "tandem_registrations_total", COUNTER,
+        "Registrations of this replica with the gateway."),
+    ROW(NULL, "heartbeats", "tandem_heartbeats_total", COUNTER,
+        "Heartbeats this replica sent to the gateway."),
+    ROW(NULL, "heartbeat_failures", "tandem_heartbeat_failures_total", COUNTER,
+        "Heartbeats that failed."),
+    ROW(NULL, "forgotten_by_gateway", "tandem_forgotten_by_gateway_total", COUNTER,
+        "Times the gateway did not know this replica and it registered again."),
+
+    /* gateway */
+    ROWL("gateway", "verifiers", "tandem_gateway_replicas", GAUGE, "role", "verifier",
+         "Replicas registered now, by role."),
+    ROWL("gateway", "drafters", "tandem_gateway_replicas", GAUGE, "role", "drafter", NULL),
+    ROW("gateway", "registrations", "tandem_gateway_registrations_total", COUNTER,
+        "Registrations accepted."),
+    ROW("gateway", "reregistrations", "tandem_gateway_reregistrations_total", COUNTER,
+        "Registrations of a replica id that was already registered."),
+    ROW("gateway", "heartbeats", "tandem_gateway_heartbeats_total", COUNTER,
+        "Heartbeats received."),
+    ROW("gateway", "unknown_heartbeats", "tandem_gateway_unknown_heartbeats_total", COUNTER,
+        "Heartbeats from replicas the registry did not know."),
+    ROW("gateway", "deregistrations", "tandem_gateway_deregistrations_total", COUNTER,
+        "Replicas that deregistered."),
+    ROW("gateway", "replicas_dropped", "tandem_gateway_replicas_dropped_total", COUNTER,
+        "Replicas dropped after replica_ttl without a heartbeat."),
+    ROW("gateway", "registrations_rejected", "tandem_gateway_registrations_rejected_total", COUNTER,
+        "Registrations refused (trust, descriptor, layout)."),
+    ROW("gateway", "generate_requests", "tandem_gateway_requests_total", COUNTER,
+        "Generate requests received."),
+    ROWL("gateway", "generate_completed", "tandem_gateway_requests_finished_total", COUNTER,
+         "outcome", "completed", "Generate requests that ended, by outcome."),
+    ROWL("gateway", "generate_failed", "tandem_gateway_requests_finished_total", COUNTER, "outcome",
+         "failed", NULL),
+    ROWL("gateway", "generate_cancelled", "tandem_gateway_requests_finished_total", COUNTER,
+         "outcome", "cancelled", NULL),
+    ROW("gateway", "generated_tokens", "tandem_generation_tokens_total", COUNTER,
+        "Tokens streamed to clients."),
+
+    /* verifier */
+    ROW("verifier", "requests", "tandem_verifier_requests_total", COUNTER,
+        "Run requests accepted by the scheduler."),
+    ROW("verifier", "active_sequences", "tandem_num_requests_running", GAUGE,
+        "Sequences in the batch now."),
+    ROW("verifier", "waiting_sequences", "tandem_num_requests_waiting", GAUGE,
+        "Requests waiting for a place in the batch."),
+    ROW("verifier", "max_sequences", "tandem_num_requests_max", GAUGE,
+        "Most sequences in the batch at once (max_sequences): the capacity."),
+    ROW("verifier", "rounds", "tandem_verifier_rounds_total", COUNTER,
+        "Rounds (batched forward passes) run."),
+    ROW("verifier", "speculative_steps", "tandem_verifier_speculative_rounds_total", COUNTER,
+        "Rounds that verified at least one draft block."),
+    ROW("verifier", "speculative_rounds", "tandem_spec_decode_num_drafts_total", COUNTER,
+        "Draft blocks verified: one per speculating sequence and round."),
+    ROW("verifier", "drafted_tokens", "tandem_spec_decode_num_draft_tokens_total", COUNTER,
+        "Draft tokens verified."),
+    ROW("verifier", "accepted_tokens", "tandem_spec_decode_num_accepted_tokens_total", COUNTER,
+        "Draft tokens accepted."),
+    ROW("verifier", "adaptive_off_rounds", "tandem_spec_decode_adaptive_off_rounds_total", COUNTER,
+        "Sequence rounds decoded plainly because the adaptive rule had switched speculation "
+        "off."),
+    ROW("verifier", "adaptive_switch_offs", "tandem_spec_decode_adaptive_switch_offs_total",
+        COUNTER, "Times the adaptive rule switched speculation off for a sequence."),
+    ROW("verifier", "mean_accepted_per_round", NULL, GAUGE, NULL),
+    ROW("verifier", "drafter_failures", "tandem_spec_decode_drafter_failures_total", COUNTER,
+        "Drafter failures (stream broken, late block) that turned speculation off."),
+    ROW("verifier", "malformed_blocks", "tandem_spec_decode_malformed_blocks_total", COUNTER,
+        "Draft blocks refused as malformed."),
+    ROWL("verifier", "ahead_blocks_used", "tandem_spec_decode_ahead_blocks_total", COUNTER,
+         "outcome", "used", "Blocks drafted ahead of their verdict, by whether they stood."),
+    ROWL("verifier", "ahead_blocks_dropped", "tandem_spec_decode_ahead_blocks_total", COUNTER,
+         "outcome", "dropped", NULL),
+    ROW("verifier", "generated_tokens", "tandem_verifier_generation_tokens_total", COUNTER,
+        "Tokens generated."),
+    ROW("verifier", "cancelled", "tandem_verifier_sequences_cancelled_total", COUNTER,
+        "Sequences retired because their client went away."),
+    ROW("verifier", "draft_streams", "tandem_verifier_draft_streams", GAUGE,
+        "Draft streams open to drafters."),
+    ROW("verifier", "kv_cache_bytes", "tandem_kv_cache_memory_bytes", GAUGE,
+        "Attention KV cache memory held by the batch's sequences."),
+    ROWL("verifier", "recurrent_state_bytes", "tandem_state_memory_bytes", GAUGE, "kind",
+         "recurrent", "Linear-attention state memory held by the batch's sequences, by kind."),
+    ROWL("verifier", "conv_state_bytes", "tandem_state_memory_bytes", GAUGE, "kind", "conv", NULL),
+    ROWL("verifier", "strategy_state_bytes", "tandem_state_memory_bytes", GAUGE, "kind", "strategy",
+         NULL),
+    ROW("verifier", "weight_bytes", "tandem_model_weight_memory_bytes", GAUGE,
+        "Memory of the model's weights."),
+    QUANTILES("draft_exchange_overhead", "tandem_spec_decode_exchange_overhead_seconds",
+              "Time from asking for a block to receiving it, less the drafter's own drafting "
+              "time (last 4096 blocks)."),
+    QUANTILES("draft_time_per_token", "tandem_spec_decode_drafter_time_per_token_seconds",
+              "The drafter's own time per draft token (last 4096 blocks)."),
+    {"verifier", "scheduler_uptime_us", "tandem_verifier_scheduler_uptime_seconds",
+     TDM_METRIC_GAUGE, "", US, NULL, NULL, NULL, NULL,
+     "Seconds the scheduler has run: what the round phases' sums add up to."},
+    PHASE("idle", "The round's timeline: time in each phase (quantiles over the last 4096 rounds; "
+                  "the sum since the start)."),
+    PHASE("admit", NULL),
+    PHASE("prefill", NULL),
+    PHASE("wait", NULL),
+    PHASE("step", NULL),
+    PHASE("commit", NULL),
+    PHASE("send", NULL),
+
+    /* drafter */
+    ROW("drafter", "draft_streams", "tandem_drafter_draft_streams", GAUGE,
+        "Draft streams open from verifiers."),
+    ROW("drafter", "open_sequences", "tandem_drafter_sequences_open", GAUGE,
+        "Sequences this drafter holds state for."),
+    ROW("drafter", "max_sequences", "tandem_drafter_sequences_max", GAUGE,
+        "Most sequences per Draft stream (max_sequences): the capacity."),
+    ROW("drafter", "blocks", "tandem_drafter_blocks_total", COUNTER, "Draft blocks sent."),
+    ROW("drafter", "drafted_tokens", "tandem_drafter_draft_tokens_total", COUNTER,
+        "Draft tokens proposed."),
+    ROWL("drafter", "ahead_blocks_used", "tandem_drafter_ahead_blocks_total", COUNTER, "outcome",
+         "used", "Blocks drafted ahead of their verdict, by whether they stood."),
+    ROWL("drafter", "ahead_blocks_dropped", "tandem_drafter_ahead_blocks_total", COUNTER, "outcome",
+         "dropped", NULL),
+};
+
+/* Whether row applies to counter `name` of a process in `role`. */
+static bool row_applies(const counter_row *r, const char *role, const char *name)
+{
+    if (strcmp(r->counter, name) != 0)
+        return false;
+    if (r->role)
+        return strcmp(r->role, role) == 0;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(counter_rows); i++)
+        if (counter_rows[i].role && strcmp(counter_rows[i].role, role) == 0 &&
+            strcmp(counter_rows[i].counter, name) == 0)
+            return false; /* the role names it itself */
+    return true;
+}
+
+static void write_row(tdm_metrics_writer *w, const counter_row *r, double value)
+{
+    tdm_metric_label l[2] = {{r->l1, r->v1}, {r->l2, r->v2}};
+    size_t n = r->l2 ? 2 : r->l1 ? 1 : 0;
+    tdm_metrics_write_sample(w, r->suffix, l, n, value * r->scale);
+}
+
+void tdm_metrics_write_counters(tdm_metrics_writer *w, const char *role,
+                                const tdm_service_counter *c, size_t n)
+{
+    enum { NROWS = TDM_ARRAY_LEN(counter_rows) };
+    double value[NROWS];
+    bool have[NROWS];
+    bool *mapped = tdm_xcalloc(n ? n : 1, sizeof(bool));
+    for (size_t i = 0; i < NROWS; i++) {
+        have[i] = false;
+        for (size_t k = 0; k < n && !have[i]; k++)
+            if (row_applies(&counter_rows[i], role, c[k].name)) {
+                have[i] = counter_rows[i].family != NULL;
+                value[i] = c[k].value;
+                mapped[k] = true;
+            }
+    }
+    /* A summary's _count goes out only beside its _sum (a count alone
+     * would be a summary of nothing). */
+    for (size_t i = 0; i < NROWS; i++) {
+        const counter_row *r = &counter_rows[i];
+        if (!have[i] || strcmp(r->suffix, "_count") != 0)
+            continue;
+        bool sum = false;
+        for (size_t j = 0; j < NROWS && !sum; j++) {
+            const counter_row *q = &counter_rows[j];
+            sum = have[j] && strcmp(q->suffix, "_sum") == 0 && strcmp(q->family, r->family) == 0 &&
+                  (!r->l1 || (q->l1 && strcmp(q->v1, r->v1) == 0));
+        }
+        have[i] = sum;
+    }
+    for (size_t i = 0; i < NROWS; i++) {
+        if (!have[i])
+            continue;
+        const char *family = counter_rows[i].family;
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = have[j] && strcmp(counter_rows[j].family, family) == 0;
+        if (seen)
+            continue;
+        const char *help = NULL;
+        for (size_t j = 0; j < NROWS && !help; j++)
+            if (counter_rows[j].family && strcmp(counter_rows[j].family, family) == 0)
+                help = counter_rows[j].help;
+        tdm_metrics_write_family(w, family, counter_rows[i].type, help);
+        for (size_t j = i; j < NROWS; j++)
+            if (have[j] && strcmp(counter_rows[j].family, family) == 0)
+                write_row(w, &counter_rows[j], value[j]);
+    }
+    /* Counters without a name here still go out, so that none is lost. */
+    for (size_t k = 0; k < n; k++) {
+        if (mapped[k])
+            continue;
+        char name[160];
+        snprintf(name, sizeof(name), "tandem_%s_%s", role, c[k].name);
+        if (!valid_name(name, false))
+            continue;
+        char help[200];
+        snprintf(help, sizeof(help), "Describe counter %s.", c[k].name);
+        /* The writer keeps a pointer to the family name until the next one. */
+        tdm_metrics_write_family(w, name, TDM_METRIC_GAUGE, help);
+        tdm_metrics_write_sample(w, "", NULL, 0, c[k].value);
+        w->family = NULL;
+    }
+    free(mapped);
+}

