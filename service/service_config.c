@@ -442,6 +442,16 @@ static tdm_status rule_state_strategy(const tdm_cfg *cfg, char *value, size_t vl
     (void)err;
     char d[512];
     tdm_cfg_describe(cfg, "prefix_cache", d, sizeof(d));
+    if (tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) == TDM_BACKEND_CUDA) {
+        char b[512];
+        snprintf(value, vlen, "%s", tdm_state_strategy_name(TDM_STATE_REPLAY));
+        snprintf(reason, rlen,
+                 "%s, %s: on the GPU replay verifies fastest (a verify writes no per-position "
+                 "states; commit replays the accepted positions exactly) and holds the least "
+                 "state memory but no_buffer's",
+                 tdm_cfg_describe(cfg, "backend", b, sizeof(b)), d);
+        return TDM_OK;
+    }
     snprintf(value, vlen, "%s", tdm_state_strategy_name(TDM_STATE_EXTRA_BUFFER));
     if (tdm_cfg_bool(cfg, "prefix_cache"))
         snprintf(reason, rlen,
