@@ -49,13 +49,6 @@ static tdm_status cfg_num(const char *path, const cJSON *o, const char *key, dou
     return TDM_OK;
 }
 
-static char *cfg_read(const char *path, tdm_error *err)
-{
-    char *text = NULL;
-    tdm_file_read(path, (size_t)16 << 20, &text, NULL, err);
-    return text;
-}
-
 static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_config *c,
                             tdm_error *err)
 {
@@ -208,20 +201,28 @@ static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_confi
     return TDM_OK;
 }
 
+tdm_status tdm_model_config_parse(const char *json, size_t len, const char *origin,
+                                  tdm_model_config *cfg, tdm_error *err)
+{
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not a JSON object", origin);
+    }
+    tdm_status rc = cfg_parse(origin, root, cfg, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
 tdm_status tdm_model_config_load(const char *dir, tdm_model_config *cfg, tdm_error *err)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof(path), "%s/config.json", dir);
-    char *text = cfg_read(path, err);
-    if (!text)
+    size_t len = 0;
+    char *text = NULL;
+    if (tdm_file_read(path, (size_t)16 << 20, &text, &len, err) != TDM_OK)
         return err ? err->code : TDM_ERR_NOT_FOUND;
-    cJSON *root = cJSON_Parse(text);
+    tdm_status rc = tdm_model_config_parse(text, len, path, cfg, err);
     free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not a JSON object", path);
-    }
-    tdm_status rc = cfg_parse(path, root, cfg, err);
-    cJSON_Delete(root);
     return rc;
 }

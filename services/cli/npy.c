@@ -51,13 +51,10 @@ tdm_status tdm_npy_write_f32(const char *path, const float *data, int ndim, cons
     return TDM_OK;
 }
 
-tdm_status tdm_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[4],
-                            tdm_error *err)
+/* Reads the array from fp (positioned at the magic); `path` names it. */
+static tdm_status npy_read(FILE *fp, const char *path, float **data, int *ndim, int64_t shape[4],
+                           tdm_error *err)
 {
-    *data = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
     unsigned char pre[10];
     tdm_status rc = TDM_OK;
     char hdr[4096];
@@ -107,6 +104,35 @@ tdm_status tdm_npy_read_f32(const char *path, float **data, int *ndim, int64_t s
         rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: truncated data", path);
     }
 out:
+    return rc;
+}
+
+tdm_status tdm_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[4],
+                            tdm_error *err)
+{
+    *data = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return tdm_error_set(err, TDM_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
+    tdm_status rc = npy_read(fp, path, data, ndim, shape, err);
+    fclose(fp);
+    return rc;
+}
+
+tdm_status tdm_npy_read_f32_mem(const void *buf, size_t len, const char *origin, float **data,
+                                int *ndim, int64_t shape[4], tdm_error *err)
+{
+    *data = NULL;
+    /* fmemopen needs a buffer of at least one byte; an empty image is
+     * read from a one-byte buffer that holds nothing of it. */
+    static const char none[1];
+    FILE *fp = fmemopen((void *)(len ? buf : none), len ? len : 1, "rb");
+    if (!fp)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "%s: cannot read from memory: %s",
+                             origin, strerror(errno));
+    if (!len)
+        fseek(fp, 1, SEEK_SET);
+    tdm_status rc = npy_read(fp, origin, data, ndim, shape, err);
     fclose(fp);
     return rc;
 }
