@@ -285,4 +285,16 @@ void tdm_rpc_stream_cancel(tdm_rpc_stream *s);
  * write may be running. */
 void tdm_rpc_stream_destroy(tdm_rpc_stream *s);
 
+/* ---- Messages -------------------------------------------------------------- */
+
+/* Decodes len bytes as a `desc` the way every received message is decoded
+ * (requests, responses, stream messages): NULL when they are not one. A
+ * message returned here packs to bytes that decode again (services copy what
+ * peers send by re-encoding it): protobuf-c alone accepts a field number 0
+ * spelt as a multi-byte varint, keeps it as an unknown field and writes it
+ * back as bytes it then refuses, so such a message is refused here. Free the
+ * result with protobuf_c_message_free_unpacked(msg, NULL). */
+ProtobufCMessage *tdm_rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                                 size_t len);
+
 #endif

@@ -6,6 +6,7 @@
 #include "npy.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,20 +85,51 @@ static tdm_status npy_read(FILE *fp, const char *path, float **data, int *ndim, 
     size_t count = 1;
     while (*s && *s != ')') {
         char *end;
+        errno = 0;
         long long v = strtoll(s, &end, 10);
         if (end == s)
             break;
-        if (*ndim >= 4 || v < 0) {
-            rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: unsupported shape", path);
+        if (*ndim >= 4 || v < 0 || errno == ERANGE) {
+            rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                               "%s: unsupported shape (at most 4 dimensions, each 0..2^63-1)",
+                               path);
             goto out;
         }
         shape[(*ndim)++] = v;
+        if (v > 0 && count > SIZE_MAX / sizeof(float) / (unsigned long long)v) {
+            rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                               "%s: the shape holds more values than memory can", path);
+            goto out;
+        }
         count *= (size_t)v;
         s = end;
         while (*s == ',' || *s == ' ')
             s++;
     }
-    *data = malloc(count ? count * sizeof(float) : 1);
+    if (*s != ')') {
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: malformed shape in the header", path);
+        goto out;
+    }
+    /* The data must be what the shape says, no more and no less: checked
+     * before anything is allocated for it. */
+    long here = ftell(fp);
+    if (here < 0 || fseek(fp, 0, SEEK_END) != 0) {
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: cannot find the size of the data", path);
+        goto out;
+    }
+    long size = ftell(fp);
+    if (size < here || fseek(fp, here, SEEK_SET) != 0) {
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS, "%s: cannot find the size of the data", path);
+        goto out;
+    }
+    size_t have = (size_t)(size - here), need = count * sizeof(float);
+    if (have != need) {
+        rc = tdm_error_set(err, TDM_ERR_DATA_LOSS,
+                           "%s: %s data: the shape needs %zu bytes, the file has %zu", path,
+                           have < need ? "truncated" : "trailing bytes after the", need, have);
+        goto out;
+    }
+    *data = malloc(count ? need : 1);
     if (!*data || fread(*data, sizeof(float), count, fp) != count) {
         free(*data);
         *data = NULL;

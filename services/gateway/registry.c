@@ -218,7 +218,16 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     uint8_t *packed = tdm_xmalloc(len ? len : 1);
     tandem__v1__descriptor__pack(rq->descriptor, packed);
     Tandem__V1__Descriptor *copy = tandem__v1__descriptor__unpack(NULL, len, packed);
-    TDM_ASSERT(copy != NULL);
+    if (!copy) {
+        /* Received messages re-encode (tdm_rpc_unpack); a peer's bytes are
+         * still refused, not asserted on. */
+        free(packed);
+        pthread_mutex_lock(&r->mu);
+        r->rejected++;
+        pthread_mutex_unlock(&r->mu);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "RegisterRequest.descriptor does not survive re-encoding");
+    }
 
     Tandem__V1__RegisterResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__register_response__init(out);

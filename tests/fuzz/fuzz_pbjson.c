@@ -1,13 +1,16 @@
 /*
  * fuzz_pbjson.c - any tandem.v1 message, as a peer could send it, decoded
  * by protobuf-c and written as JSON the way the CLI's --json does
- * (tdm_pbjson_from_message). The JSON must print, be valid UTF-8 and parse
- * back; the message must pack to bytes that unpack and pack the same.
+ * (tdm_pbjson_from_message). Messages are decoded as every service decodes
+ * what it receives (tdm_rpc_unpack). The JSON must print, be valid UTF-8 and
+ * parse back; the message must pack to bytes that unpack and pack the same.
  *
  * Input: one byte picks the message type (of the table below), the rest is
  * the encoded message.
  */
 #include "fuzz.h"
+
+#include "rpc.h"
 
 #include "pbjson.h"
 #include "tandem/v1/common.pb-c.h"
@@ -76,8 +79,9 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__run_response__descriptor,
 };
 
-/* Packing an unpacked message and unpacking it again gives a message that
- * packs to the same bytes (protobuf-c keeps unknown fields). */
+/* A received message (tdm_rpc_unpack) packs to bytes that decode again and
+ * pack the same: services copy what peers send that way (protobuf-c keeps
+ * unknown fields). */
 static void check_repack(const ProtobufCMessage *m)
 {
     size_t n = protobuf_c_message_get_packed_size(m);
@@ -99,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size == 0)
         return 0;
     const ProtobufCMessageDescriptor *d = messages[data[0] % TDM_ARRAY_LEN(messages)];
-    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);
+    ProtobufCMessage *m = tdm_rpc_unpack(d, data + 1, size - 1);
     if (!m)
         return 0;
     check_repack(m);

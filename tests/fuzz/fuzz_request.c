@@ -1,6 +1,7 @@
 /*
  * fuzz_request.c - the messages a service decodes from a client or a peer,
- * unpacked by protobuf-c and checked by the code the services run on them
+ * decoded as the RPC layer decodes them (tdm_rpc_unpack) and checked by the
+ * code the services run on them
  * (service/request_check.c; the compatibility rules for a registering
  * replica's descriptor). Sampling settings that pass the checks are then
  * used as the verifier and the drafter use them: the distribution they give
@@ -14,6 +15,8 @@
  *                                     TokenizeRequest, DetokenizeRequest
  */
 #include "fuzz.h"
+
+#include "rpc.h"
 
 #include "compat.h"
 #include "defs.h"
@@ -29,6 +32,19 @@
 #define MAX_CONTEXT 4096
 #define MAX_DRAFT 8
 #define POSITION 17 /* committed length a DraftBlock must continue from */
+
+/* What the gateway does with a registering replica's descriptor (and a
+ * heartbeat's load): keep a copy by packing it, and unpack that later. */
+static void check_copy(const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    FUZZ_CHECK(buf && protobuf_c_message_pack(m, buf) == n, "pack of %s", m->descriptor->name);
+    ProtobufCMessage *copy = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
+    FUZZ_CHECK(copy, "a received %s does not decode once re-encoded", m->descriptor->name);
+    protobuf_c_message_free_unpacked(copy, NULL);
+    free(buf);
+}
 
 /* A refusal always says what was refused. */
 static void check_refusal(tdm_status rc, const tdm_error *err)
@@ -200,9 +216,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     const uint8_t *p = data + 1;
     size_t n = size - 1;
-    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, n, p);
+    ProtobufCMessage *m = tdm_rpc_unpack(d, p, n);
     if (!m)
         return 0;
+    check_copy(m);
     switch (mode) {
     case 0:
         generate(m, p, n);
