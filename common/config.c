@@ -534,7 +534,12 @@ tdm_status tdm_cfg_load_text(tdm_cfg *cfg, const char *text_in, size_t text_len,
             break;
         case YAML_SCALAR_EVENT: {
             const char *text = (const char *)ev.data.scalar.value;
-            if (state == WANT_MAP) {
+            if (strlen(text) != ev.data.scalar.length) {
+                /* "\0" in a quoted scalar: C strings would cut the value there. */
+                add_error(cfg, "%s:%zu: %s holds a NUL character", path, line,
+                          state == WANT_VALUE ? "the value" : "a key");
+                failed = true;
+            } else if (state == WANT_MAP) {
                 /* An empty document is a scalar null; anything else is not a mapping. */
                 if (ev.data.scalar.length != 0) {
                     add_error(cfg, "%s:%zu: expected 'key: value' lines, found '%s'", path, line,
