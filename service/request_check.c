@@ -26,8 +26,8 @@ tdm_status tdm_req_check_sampling(const Tandem__V1__SamplingParams *sp, tdm_erro
 tdm_status tdm_req_check_max_tokens(uint32_t max_tokens, tdm_error *err)
 {
     if (max_tokens > TDM_REQ_MAX_TOKENS)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens %u is above %u",
-                             max_tokens, TDM_REQ_MAX_TOKENS);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens %u is above %u", max_tokens,
+                             TDM_REQ_MAX_TOKENS);
     return TDM_OK;
 }
 
@@ -35,8 +35,8 @@ tdm_status tdm_req_check_label(const char *what, const char *s, size_t max, tdm_
 {
     size_t n = strlen(s);
     if (n > max)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s has %zu bytes (at most %zu)",
-                             what, n, max);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s has %zu bytes (at most %zu)", what,
+                             n, max);
     tdm_status rc = tdm_tok_check_utf8(s, n, err);
     if (rc != TDM_OK)
         return tdm_error_prefix(err, "%s", what);
@@ -91,10 +91,11 @@ tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int m
     if (req->max_tokens == 0)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
     if (req->n_prompt_ids >= (size_t)max_context)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "the prompt has %zu tokens; this verifier's max_context %d leaves room "
-                             "for at most %d (one position for the first generated token)",
-                             req->n_prompt_ids, max_context, max_context - 1);
+        return tdm_error_set(
+            err, TDM_ERR_INVALID_ARGUMENT,
+            "the prompt has %zu tokens; this verifier's max_context %d leaves room "
+            "for at most %d (one position for the first generated token)",
+            req->n_prompt_ids, max_context, max_context - 1);
     tdm_status rc = tdm_req_check_max_tokens(req->max_tokens, err);
     if (rc == TDM_OK)
         rc = tdm_req_check_sampling(req->sampling, err);
@@ -152,8 +153,8 @@ tdm_status tdm_req_check_draft_block(const Tandem__V1__DraftBlock *b, uint32_t p
                                  vocab - 1);
     for (size_t j = 0; j < b->n_token_probs; j++)
         if (!(b->token_probs[j] >= 0.0f && b->token_probs[j] <= 1.0f))
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "draft probability %g outside 0..1", b->token_probs[j]);
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "draft probability %g outside 0..1",
+                                 b->token_probs[j]);
     for (size_t j = 0; j < b->n_dists; j++) {
         const Tandem__V1__DraftDistribution *d = b->dists[j];
         if (d->n_ids != d->n_probs)

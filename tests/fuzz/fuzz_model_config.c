@@ -21,8 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     FUZZ_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0, "sizes");
-    FUZZ_CHECK(c.num_layers > 0 && c.num_layers <= TDM_MODEL_MAX_LAYERS, "%d layers",
-               c.num_layers);
+    FUZZ_CHECK(c.num_layers > 0 && c.num_layers <= TDM_MODEL_MAX_LAYERS, "%d layers", c.num_layers);
     FUZZ_CHECK(c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
                "heads %d / %d", c.num_heads, c.num_kv_heads);
     FUZZ_CHECK(c.lin_k_heads > 0 && c.lin_v_heads % c.lin_k_heads == 0, "linear heads");

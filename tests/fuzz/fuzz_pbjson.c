@@ -103,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size == 0)
         return 0;
     const ProtobufCMessageDescriptor *d = messages[data[0] % TDM_ARRAY_LEN(messages)];
-    ProtobufCMessage *m = tdm_rpc_unpack(d, data + 1, size - 1);
+    ProtobufCMessage *m = tdm_rpc_unpack(d, data + 1, size - 1, NULL);
     if (!m)
         return 0;
     check_repack(m);

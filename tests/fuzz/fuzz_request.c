@@ -67,15 +67,15 @@ static void use_sampling(const Tandem__V1__SamplingParams *sp, const uint8_t *da
     double sum = 0;
     int nonzero = 0;
     for (int i = 0; i < V; i++) {
-        FUZZ_CHECK(probs[i] >= 0.0f && probs[i] <= 1.0f, "probs[%d] = %g (T %g, top_p %g, top_k %u)",
-                   i, probs[i], s.temperature, s.top_p, s.top_k);
+        FUZZ_CHECK(probs[i] >= 0.0f && probs[i] <= 1.0f,
+                   "probs[%d] = %g (T %g, top_p %g, top_k %u)", i, probs[i], s.temperature, s.top_p,
+                   s.top_k);
         sum += probs[i];
         nonzero += probs[i] > 0.0f;
     }
     FUZZ_CHECK(fabs(sum - 1.0) < 1e-3, "probabilities sum to %g (T %g, top_p %g, top_k %u)", sum,
                s.temperature, s.top_p, s.top_k);
-    FUZZ_CHECK(nonzero <= support, "%d tokens with mass outside a support of %d", nonzero,
-               support);
+    FUZZ_CHECK(nonzero <= support, "%d tokens with mass outside a support of %d", nonzero, support);
     tdm_rng rng;
     tdm_rng_seed(&rng, sp ? sp->seed : 0);
     for (int k = 0; k < 4; k++) {
@@ -216,7 +216,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     const uint8_t *p = data + 1;
     size_t n = size - 1;
-    ProtobufCMessage *m = tdm_rpc_unpack(d, p, n);
+    ProtobufCMessage *m = tdm_rpc_unpack(d, p, n, NULL);
     if (!m)
         return 0;
     check_copy(m);

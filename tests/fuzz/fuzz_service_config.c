@@ -35,9 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
-    static const tdm_cfg_schema *const schemas[] = {&tdm_svc_gateway_schema,
-                                                    &tdm_svc_verifier_schema,
-                                                    &tdm_svc_drafter_schema};
+    static const tdm_cfg_schema *const schemas[] = {
+        &tdm_svc_gateway_schema, &tdm_svc_verifier_schema, &tdm_svc_drafter_schema};
     const tdm_cfg_schema *schema = schemas[data[0] % 3];
     const char *p = (const char *)data + 1;
     size_t n = size - 1;

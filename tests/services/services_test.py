@@ -366,7 +366,10 @@ def case_refusals():
                       ({"descriptor": fake_descriptor("has space", "ROLE_DRAFTER")}, "replica_id"),
                       ({"descriptor": fake_descriptor("", "ROLE_DRAFTER")}, "replica_id"),
                       ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", address="")},
-                       "address")]:
+                       "address"),
+                      # A C string would have cut the id to "d1" without a word.
+                      ({"descriptor": fake_descriptor("d1\0x", "ROLE_DRAFTER")},
+                       "tandem.v1.Descriptor.replica_id holds a NUL character")]:
         code, details, _ = unary(gw.addr(), "/tandem.v1.Registry/RegisterReplica", bad)
         check(code == "INVALID_ARGUMENT" and word in details,
               "bad registration %s -> %s %s" % (bad, code, details))
