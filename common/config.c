@@ -5,6 +5,7 @@
 #include "config.h"
 #include "alloc.h"
 
+#include "file.h"
 #include "log.h"
 #include "tandem/v1/common.pb-c.h"
 
@@ -456,21 +457,33 @@ static const char *yaml_event_name(yaml_event_type_t t)
     }
 }
 
+/* A config file is a page of settings; anything this large is not one. */
+#define CFG_FILE_MAX ((size_t)1 << 20)
+
 tdm_status tdm_cfg_load_file(tdm_cfg *cfg, const char *path, tdm_error *err)
 {
-    size_t errors_before = cfg->n_errors;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        add_error(cfg, "config file %s: cannot open: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    tdm_error e;
+    if (tdm_file_read(path, CFG_FILE_MAX, &text, &len, &e) != TDM_OK) {
+        add_error(cfg, "config file %s", e.msg);
         return report(cfg, err);
     }
+    tdm_status rc = tdm_cfg_load_text(cfg, text, len, path, err);
+    free(text);
+    return rc;
+}
+
+tdm_status tdm_cfg_load_text(tdm_cfg *cfg, const char *text_in, size_t text_len, const char *path,
+                             tdm_error *err)
+{
+    size_t errors_before = cfg->n_errors;
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
-        fclose(f);
         add_error(cfg, "config file %s: cannot initialise the YAML parser", path);
         return report(cfg, err);
     }
-    yaml_parser_set_input_file(&parser, f);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text_in, text_len);
 
     /* Expected event sequence: STREAM_START [DOCUMENT_START MAPPING_START
      * (SCALAR SCALAR)* MAPPING_END DOCUMENT_END] STREAM_END. */
@@ -521,7 +534,12 @@ tdm_status tdm_cfg_load_file(tdm_cfg *cfg, const char *path, tdm_error *err)
             break;
         case YAML_SCALAR_EVENT: {
             const char *text = (const char *)ev.data.scalar.value;
-            if (state == WANT_MAP) {
+            if (strlen(text) != ev.data.scalar.length) {
+                /* "\0" in a quoted scalar: C strings would cut the value there. */
+                add_error(cfg, "%s:%zu: %s holds a NUL character", path, line,
+                          state == WANT_VALUE ? "the value" : "a key");
+                failed = true;
+            } else if (state == WANT_MAP) {
                 /* An empty document is a scalar null; anything else is not a mapping. */
                 if (ev.data.scalar.length != 0) {
                     add_error(cfg, "%s:%zu: expected 'key: value' lines, found '%s'", path, line,
@@ -563,7 +581,6 @@ tdm_status tdm_cfg_load_file(tdm_cfg *cfg, const char *path, tdm_error *err)
     }
     free(seen);
     yaml_parser_delete(&parser);
-    fclose(f);
     (void)state;
     return cfg->n_errors > errors_before ? report(cfg, err) : TDM_OK;
 }

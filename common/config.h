@@ -122,6 +122,10 @@ tdm_status tdm_cfg_load(tdm_cfg *cfg, int argc, char **argv, bool use_env, tdm_c
 /* The steps of tdm_cfg_load, for callers that assemble sources themselves
  * (tests, the offline `tandem check-config`). Each records its errors. */
 tdm_status tdm_cfg_load_file(tdm_cfg *cfg, const char *path, tdm_error *err);
+/* The same for config file text held in memory (len bytes, need not end in
+ * NUL); `origin` stands for the file's path in sources and errors. */
+tdm_status tdm_cfg_load_text(tdm_cfg *cfg, const char *text, size_t len, const char *origin,
+                             tdm_error *err);
 tdm_status tdm_cfg_load_env(tdm_cfg *cfg, tdm_error *err);
 /* Sets one key from text as if it came from `source` (e.g. "flag:--listen").
  * rank orders sources: 0 default, 1 file, 2 env, 3 flag; a lower rank never

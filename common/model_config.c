@@ -49,13 +49,6 @@ static tdm_status cfg_num(const char *path, const cJSON *o, const char *key, dou
     return TDM_OK;
 }
 
-static char *cfg_read(const char *path, tdm_error *err)
-{
-    char *text = NULL;
-    tdm_file_read(path, (size_t)16 << 20, &text, NULL, err);
-    return text;
-}
-
 static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_config *c,
                             tdm_error *err)
 {
@@ -208,20 +201,82 @@ static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_confi
     return TDM_OK;
 }
 
+static int cfg_cmp_key(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* A key that appears twice in one object of j (depth first), or NULL.
+ * transformers reads config.json with Python's json, which keeps the last
+ * of two equal keys where cJSON finds the first: such a file would give the
+ * two different models, so it is refused. */
+static const char *cfg_duplicate_key(const cJSON *j, int depth)
+{
+    if (depth > 64)
+        return NULL; /* cJSON itself nests at most 1000 deep; configs are flat */
+    size_t n = 0;
+    for (const cJSON *c = j->child; c; c = c->next)
+        n++;
+    const char *dup = NULL;
+    if (cJSON_IsObject(j) && n > 1) {
+        const cJSON **keys = malloc(n * sizeof(*keys));
+        if (keys) {
+            size_t k = 0;
+            for (const cJSON *c = j->child; c; c = c->next)
+                keys[k++] = c;
+            qsort(keys, n, sizeof(*keys), cfg_cmp_key);
+            for (size_t i = 1; i < n && !dup; i++)
+                if (strcmp(keys[i - 1]->string, keys[i]->string) == 0)
+                    dup = keys[i]->string;
+            free(keys);
+        }
+    }
+    for (const cJSON *c = j->child; c && !dup; c = c->next)
+        dup = cfg_duplicate_key(c, depth + 1);
+    return dup;
+}
+
+tdm_status tdm_model_config_parse(const char *json, size_t len, const char *origin,
+                                  tdm_model_config *cfg, tdm_error *err)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not a JSON object", origin);
+    }
+    /* One JSON value and nothing after it but white space (Python's json
+     * refuses the rest as "extra data"). */
+    size_t at = (size_t)(end - json);
+    while (at < len && (json[at] == ' ' || json[at] == '\t' || json[at] == '\n' ||
+                        json[at] == '\r'))
+        at++;
+    if (at < len) {
+        cJSON_Delete(root);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: text after the JSON object (at byte %zu)", origin, at);
+    }
+    const char *dup = cfg_duplicate_key(root, 0);
+    if (dup) {
+        tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: key \"%s\" appears twice in one object",
+                      origin, dup);
+        cJSON_Delete(root);
+        return TDM_ERR_INVALID_ARGUMENT;
+    }
+    tdm_status rc = cfg_parse(origin, root, cfg, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
 tdm_status tdm_model_config_load(const char *dir, tdm_model_config *cfg, tdm_error *err)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof(path), "%s/config.json", dir);
-    char *text = cfg_read(path, err);
-    if (!text)
+    size_t len = 0;
+    char *text = NULL;
+    if (tdm_file_read(path, (size_t)16 << 20, &text, &len, err) != TDM_OK)
         return err ? err->code : TDM_ERR_NOT_FOUND;
-    cJSON *root = cJSON_Parse(text);
+    tdm_status rc = tdm_model_config_parse(text, len, path, cfg, err);
     free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: not a JSON object", path);
-    }
-    tdm_status rc = cfg_parse(path, root, cfg, err);
-    cJSON_Delete(root);
     return rc;
 }

@@ -11,6 +11,8 @@
 
 #include "status.h"
 
+#include <stddef.h>
+
 typedef enum tdm_layer_kind {
     TDM_LAYER_LINEAR_ATTENTION = 0, /* Gated DeltaNet */
     TDM_LAYER_FULL_ATTENTION = 1,   /* gated softmax attention */
@@ -34,5 +36,10 @@ typedef struct tdm_model_config {
 /* Reads `dir`/config.json (model_type qwen3_5_text, or qwen3_5 with a
  * text_config) and checks it for consistency. */
 tdm_status tdm_model_config_load(const char *dir, tdm_model_config *cfg, tdm_error *err);
+
+/* The same from a buffer holding the JSON text (len bytes, need not end in
+ * NUL); `origin` names the source in error messages (a path, "<buffer>"). */
+tdm_status tdm_model_config_parse(const char *json, size_t len, const char *origin,
+                                  tdm_model_config *cfg, tdm_error *err);
 
 #endif

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,9 @@
 
 typedef struct st_map {
     char *path;
-    void *base; /* whole file, PROT_READ */
+    void *base; /* whole file, PROT_READ, or the caller's buffer */
     size_t size;
+    bool mapped; /* base is our mapping (else borrowed) */
 } st_map;
 
 struct tdm_st_file {
@@ -99,6 +101,7 @@ static tdm_status st_map_file(const char *path, st_map *m, tdm_error *err)
             return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "%s: mmap failed: %s", path,
                                  strerror(errno));
         }
+        m->mapped = true;
     }
     close(fd);
     m->path = strdup(path);
@@ -412,6 +415,27 @@ tdm_status tdm_st_open(const char *path, tdm_st_file **out, tdm_error *err)
     return TDM_OK;
 }
 
+tdm_status tdm_st_open_memory(const void *data, size_t size, const char *origin, tdm_st_file **out,
+                              tdm_error *err)
+{
+    *out = NULL;
+    tdm_st_file *f = tdm_xcalloc(1, sizeof(*f));
+    f->files = tdm_xcalloc(1, sizeof(st_map));
+    f->files[0].base = (void *)data;
+    f->files[0].size = size;
+    f->files[0].path = tdm_xstrdup(origin);
+    f->nfiles = 1;
+    tdm_status rc = st_parse_header(f, 0, err);
+    if (rc == TDM_OK)
+        rc = st_build_index(f, err);
+    if (rc != TDM_OK) {
+        tdm_st_close(f);
+        return rc;
+    }
+    *out = f;
+    return TDM_OK;
+}
+
 void tdm_st_close(tdm_st_file *f)
 {
     if (!f)
@@ -421,7 +445,7 @@ void tdm_st_close(tdm_st_file *f)
     free(f->tensors);
     free(f->by_name);
     for (int i = 0; i < f->nfiles; i++) {
-        if (f->files[i].base)
+        if (f->files[i].mapped)
             munmap(f->files[i].base, f->files[i].size);
         free(f->files[i].path);
     }

@@ -53,6 +53,13 @@ typedef struct tdm_st_file tdm_st_file;
 tdm_status tdm_st_open(const char *path, tdm_st_file **out, tdm_error *err);
 void tdm_st_close(tdm_st_file *f);
 
+/* Opens one `.safetensors` image held in memory (size bytes at data), with
+ * the same checks as a file; `origin` names it in errors and stands as its
+ * path. The buffer is borrowed: it must outlive *out, whose tensors point
+ * into it. */
+tdm_status tdm_st_open_memory(const void *data, size_t size, const char *origin, tdm_st_file **out,
+                              tdm_error *err);
+
 size_t tdm_st_count(const tdm_st_file *f);
 /* Tensors in a stable order (file by file, then by data offset). */
 const tdm_st_tensor *tdm_st_at(const tdm_st_file *f, size_t i);

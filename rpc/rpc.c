@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,15 +53,152 @@ grpc_byte_buffer *tdm_rpc__pack_raw(const void *data, size_t len)
     return bb;
 }
 
-ProtobufCMessage *tdm_rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *buf)
+/* Whether m and every message inside it hold no unknown field numbered 0
+ * (see tdm_rpc_unpack). tandem's protos are not recursive; depth is a guard. */
+static bool rpc__fields_valid(const ProtobufCMessage *m, int depth)
+{
+    if (depth > 64)
+        return false;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return false;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *arr = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t k = 0; k < n; k++)
+                if (!rpc__fields_valid(arr[k], depth + 1))
+                    return false;
+            continue;
+        }
+        /* A oneof's storage holds whichever member is set. */
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+            continue;
+        const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(base + f->offset);
+        if (sub && !rpc__fields_valid(sub, depth + 1))
+            return false;
+    }
+    return true;
+}
+
+/* A varint at p[0..n): the bytes it takes, 0 when there is none. */
+static size_t rpc__varint(const uint8_t *p, size_t n, uint64_t *v)
+{
+    uint64_t r = 0;
+    for (size_t i = 0; i < n && i < 10; i++) {
+        r |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+        if (!(p[i] & 0x80)) {
+            *v = r;
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+/* The first string field of the encoded `d` at p[0..n) (its submessages
+ * included) whose bytes hold a NUL, or NULL; *owner gets its message type.
+ * Runs on bytes protobuf-c accepted, so it only needs to find its way. */
+static const ProtobufCFieldDescriptor *rpc__nul_string(const ProtobufCMessageDescriptor *d,
+                                                       const uint8_t *p, size_t n, int depth,
+                                                       const ProtobufCMessageDescriptor **owner)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint64_t key = 0, v = 0;
+        size_t k = rpc__varint(p + i, n - i, &key);
+        if (k == 0)
+            return NULL;
+        i += k;
+        switch (key & 7) {
+        case 0:
+            if ((k = rpc__varint(p + i, n - i, &v)) == 0)
+                return NULL;
+            i += k;
+            break;
+        case 1:
+            if (n - i < 8)
+                return NULL;
+            i += 8;
+            break;
+        case 5:
+            if (n - i < 4)
+                return NULL;
+            i += 4;
+            break;
+        case 2: {
+            if ((k = rpc__varint(p + i, n - i, &v)) == 0 || v > n - i - k)
+                return NULL;
+            i += k;
+            uint64_t num = key >> 3;
+            const ProtobufCFieldDescriptor *f =
+                num > 0 && num <= UINT32_MAX
+                    ? protobuf_c_message_descriptor_get_field(d, (unsigned)num)
+                    : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p + i, 0, (size_t)v)) {
+                *owner = d;
+                return f;
+            }
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 64) {
+                const ProtobufCFieldDescriptor *r =
+                    rpc__nul_string(f->descriptor, p + i, (size_t)v, depth + 1, owner);
+                if (r)
+                    return r;
+            }
+            i += (size_t)v;
+            break;
+        }
+        default:
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+ProtobufCMessage *tdm_rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                                 size_t len, tdm_error *err)
+{
+    ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, len, data);
+    if (!m) {
+        tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "does not decode as %s", desc->name);
+        return NULL;
+    }
+    if (!rpc__fields_valid(m, 0)) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                      "a %s holding field number 0 (spelt as a multi-byte varint) is malformed",
+                      desc->name);
+        return NULL;
+    }
+    const ProtobufCMessageDescriptor *owner = NULL;
+    const ProtobufCFieldDescriptor *f = rpc__nul_string(desc, data, len, 0, &owner);
+    if (f) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                      "field %s.%s holds a NUL character (U+0000), which tandem's strings cannot "
+                      "carry",
+                      owner->name, f->name);
+        return NULL;
+    }
+    return m;
+}
+
+ProtobufCMessage *tdm_rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *buf,
+                                  tdm_error *err)
 {
     grpc_byte_buffer_reader r;
-    if (!grpc_byte_buffer_reader_init(&r, buf))
+    if (!grpc_byte_buffer_reader_init(&r, buf)) {
+        tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "cannot be read");
         return NULL;
+    }
     grpc_slice s = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
-    ProtobufCMessage *m =
-        protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    ProtobufCMessage *m = tdm_rpc_unpack(desc, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), err);
     grpc_slice_unref(s);
     return m;
 }

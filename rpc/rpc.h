@@ -43,8 +43,9 @@
  * to the caller: free them with protobuf_c_message_free_unpacked(msg, NULL).
  *
  * Errors. A handler's tdm_status and tdm_error message become the gRPC status
- * code and message. A request that does not decode gets INVALID_ARGUMENT naming
- * the method and message type; an unknown method gets UNIMPLEMENTED.
+ * code and message. A request that does not decode (tdm_rpc_unpack) gets
+ * INVALID_ARGUMENT naming the method, the message type and why; an unknown
+ * method gets UNIMPLEMENTED.
  *
  * Shutdown. tdm_rpc_server_shutdown() stops accepting calls, lets in-flight
  * calls finish for grace_ms, then cancels the rest (handlers observe
@@ -286,5 +287,21 @@ void tdm_rpc_stream_cancel(tdm_rpc_stream *s);
 /* Cancels the call if it has not ended, waits for it and frees it. No read or
  * write may be running. */
 void tdm_rpc_stream_destroy(tdm_rpc_stream *s);
+
+/* ---- Messages -------------------------------------------------------------- */
+
+/* Decodes len bytes as a `desc` the way every received message is decoded
+ * (requests, responses, stream messages): NULL when they are not one, and
+ * err (optional) says why, naming the message type. Beyond protobuf-c's own
+ * checks it refuses:
+ *  - a field number 0 spelt as a multi-byte varint, which protobuf-c keeps
+ *    as an unknown field and writes back as bytes it then refuses: a message
+ *    returned here packs to bytes that decode again (services copy what
+ *    peers send by re-encoding it);
+ *  - a string field holding U+0000, which a C string would cut short
+ *    without a word (a prompt, a stop string, an id), naming the field.
+ * Free the result with protobuf_c_message_free_unpacked(msg, NULL). */
+ProtobufCMessage *tdm_rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                                 size_t len, tdm_error *err);
 
 #endif

@@ -269,11 +269,11 @@ tdm_status tdm_rpc_unary(tdm_rpc_channel *ch, const char *method, const Protobuf
     grpc_byte_buffer_destroy(qb);
     if (st != TDM_OK)
         return st;
-    *resp = tdm_rpc__unpack(resp_desc, rb);
+    tdm_error uerr;
+    *resp = tdm_rpc__unpack(resp_desc, rb, &uerr);
     grpc_byte_buffer_destroy(rb);
     if (!*resp)
-        return tdm_error_set(err, TDM_ERR_INTERNAL, "%s: response does not decode as %s", method,
-                             resp_desc->name);
+        return tdm_error_set(err, TDM_ERR_INTERNAL, "%s: response %s", method, uerr.msg);
     return TDM_OK;
 }
 
@@ -497,13 +497,13 @@ tdm_status tdm_rpc_stream_read(tdm_rpc_stream *s, ProtobufCMessage **msg, tdm_er
             grpc_byte_buffer_destroy(buf);
         return stream_status(s, err);
     }
-    *msg = tdm_rpc__unpack(s->desc, buf);
+    tdm_error uerr;
+    *msg = tdm_rpc__unpack(s->desc, buf, &uerr);
     grpc_byte_buffer_destroy(buf);
     if (!*msg) {
         grpc_call_cancel_with_status(s->call, GRPC_STATUS_INTERNAL, "response does not decode",
                                      NULL);
-        return tdm_error_set(err, TDM_ERR_INTERNAL, "%s: response does not decode as %s",
-                             s->method, s->desc->name);
+        return tdm_error_set(err, TDM_ERR_INTERNAL, "%s: response %s", s->method, uerr.msg);
     }
     return TDM_OK;
 }

@@ -20,8 +20,10 @@ tdm_status tdm_rpc__read_file(const char *what, const char *path, char **out, td
 grpc_byte_buffer *tdm_rpc__pack(const ProtobufCMessage *msg);
 grpc_byte_buffer *tdm_rpc__pack_raw(const void *data, size_t len);
 
-/* Decodes a byte buffer. NULL when the bytes are not a valid `desc`. */
-ProtobufCMessage *tdm_rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *buf);
+/* Decodes a byte buffer with tdm_rpc_unpack. NULL when the bytes are not a
+ * valid `desc`; err (optional) then says why. */
+ProtobufCMessage *tdm_rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *buf,
+                                  tdm_error *err);
 
 /* Copies a byte buffer's bytes into malloc'ed memory. */
 void *tdm_rpc__buffer_bytes(grpc_byte_buffer *buf, size_t *len);

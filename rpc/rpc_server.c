@@ -421,11 +421,11 @@ static void on_request_message(rpc_op *op, bool ok)
         call_unref(c);
         return;
     }
-    c->req = tdm_rpc__unpack(c->method->desc, buf);
+    tdm_error uerr;
+    c->req = tdm_rpc__unpack(c->method->desc, buf, &uerr);
     grpc_byte_buffer_destroy(buf);
     if (!c->req) {
-        snprintf(msg, sizeof(msg), "%s: request does not decode as %s", c->path,
-                 c->method->desc->name);
+        snprintf(msg, sizeof(msg), "%s: request %s", c->path, uerr.msg);
         warn_limited(c->server, msg);
         call_send_status(c, TDM_ERR_INVALID_ARGUMENT, msg, NULL);
         call_unref(c);
@@ -1091,11 +1091,11 @@ tdm_status tdm_rpc_call_read(tdm_rpc_call *c, ProtobufCMessage **msg, tdm_error 
             return ended_status(c, err, "read");
         return TDM_OK; /* half-close */
     }
-    *msg = tdm_rpc__unpack(c->method->desc, buf);
+    tdm_error uerr;
+    *msg = tdm_rpc__unpack(c->method->desc, buf, &uerr);
     grpc_byte_buffer_destroy(buf);
     if (!*msg)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: message does not decode as %s",
-                             c->path, c->method->desc->name);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s: message %s", c->path, uerr.msg);
     return TDM_OK;
 }
 

@@ -24,6 +24,8 @@ static bool lossy_append(tok_buf *out, const unsigned char *p, size_t n, bool fi
     *held = 0;
     if (!tok__buf_reserve(out, n + 3 * n))
         return false;
+    if (n == 0)
+        return true; /* p may be NULL: no text at all (e.g. only skipped specials) */
     while (i < n) {
         if (p[i] < 0x80) {
             i++;
@@ -45,6 +47,23 @@ static bool lossy_append(tok_buf *out, const unsigned char *p, size_t n, bool fi
     }
     tok__buf_append(out, (const char *)p + start, i - start);
     return true;
+}
+
+tdm_status tdm_tok_utf8_lossy(const char *text, size_t len, char **out, size_t *out_len)
+{
+    tok_buf b = {0};
+    size_t held = 0;
+    if (!lossy_append(&b, (const unsigned char *)text, len, true, &held) ||
+        !tok__buf_reserve(&b, 1)) {
+        free(b.p);
+        *out = NULL;
+        return TDM_ERR_RESOURCE_EXHAUSTED;
+    }
+    b.p[b.len] = '\0';
+    *out = b.p;
+    if (out_len)
+        *out_len = b.len;
+    return TDM_OK;
 }
 
 static tdm_status check_id(const tdm_tokenizer *tok, int32_t id, tdm_error *err)

@@ -133,6 +133,12 @@ tdm_status tdm_tok_encode_chat(const tdm_tokenizer *tok, const tdm_tok_message *
  * offset of the first byte that is not (what tdm_tok_encode checks first). */
 tdm_status tdm_tok_check_utf8(const char *text, size_t len, tdm_error *err);
 
+/* text[0..len) made valid UTF-8 the way tdm_tok_decode does it: each
+ * maximal invalid subpart, and a character cut off by the end, becomes one
+ * U+FFFD. *out is malloc'd, NUL-terminated and owned by the caller; *out_len
+ * (optional) excludes the NUL. RESOURCE_EXHAUSTED when out of memory. */
+tdm_status tdm_tok_utf8_lossy(const char *text, size_t len, char **out, size_t *out_len);
+
 /* One past the largest id (vocabulary plus added tokens). */
 size_t tdm_tok_vocab_size(const tdm_tokenizer *tok);
 

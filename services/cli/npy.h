@@ -23,4 +23,9 @@ tdm_status tdm_npy_write_f32(const char *path, const float *data, int ndim, cons
 tdm_status tdm_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[4],
                             tdm_error *err);
 
+/* The same from an .npy image in memory (len bytes at buf); `origin` names
+ * it in errors. */
+tdm_status tdm_npy_read_f32_mem(const void *buf, size_t len, const char *origin, float **data,
+                                int *ndim, int64_t shape[4], tdm_error *err);
+
 #endif

@@ -3,6 +3,8 @@
  */
 #include "pbjson.h"
 
+#include "tokenizer.h"
+
 #include <openssl/evp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -61,7 +63,16 @@ static cJSON *value_json(const ProtobufCFieldDescriptor *f, const void *p, int d
     }
     case PROTOBUF_C_TYPE_STRING: {
         const char *s = *(char *const *)p;
-        return cJSON_CreateString(s ? s : "");
+        s = s ? s : "";
+        /* A peer may send any bytes; JSON text is UTF-8. */
+        if (tdm_tok_check_utf8(s, strlen(s), NULL) == TDM_OK)
+            return cJSON_CreateString(s);
+        char *fixed = NULL;
+        if (tdm_tok_utf8_lossy(s, strlen(s), &fixed, NULL) != TDM_OK)
+            return NULL;
+        cJSON *j = cJSON_CreateString(fixed);
+        free(fixed);
+        return j;
     }
     case PROTOBUF_C_TYPE_BYTES:
         return bytes_json((const ProtobufCBinaryData *)p);

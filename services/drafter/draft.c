@@ -257,24 +257,8 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
 {
     drafter *d = st->d;
     tdm_error err = {0};
-    if (o->n_tokens == 0) {
-        send_error(st, o->sequence_id, "SequenceOpen.tokens is empty");
-        return;
-    }
-    for (size_t i = 0; i < o->n_tokens; i++)
-        if (o->tokens[i] >= (uint32_t)d->vocab) {
-            char m[160];
-            snprintf(m, sizeof(m),
-                     "SequenceOpen.tokens[%zu] = %u is outside the vocabulary (0..%d)", i,
-                     o->tokens[i], d->vocab - 1);
-            send_error(st, o->sequence_id, m);
-            return;
-        }
-    if (o->block_size < 1 || o->block_size > MAX_BLOCK) {
-        char m[120];
-        snprintf(m, sizeof(m), "SequenceOpen.block_size %u is outside 1..%d", o->block_size,
-                 MAX_BLOCK);
-        send_error(st, o->sequence_id, m);
+    if (tdm_req_check_sequence_open(o, d->vocab, MAX_BLOCK, &err) != TDM_OK) {
+        send_error(st, o->sequence_id, err.msg);
         return;
     }
     dseq *q = dseq_find(st, o->sequence_id);

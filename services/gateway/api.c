@@ -261,55 +261,6 @@ static tdm_status send_chunk(tdm_rpc_call *call, const uint32_t *ids, size_t n, 
     return rc;
 }
 
-/* A client-chosen string that is echoed back and logged: bounded, UTF-8,
- * no control characters. */
-static tdm_status check_label(const char *what, const char *s, size_t max, tdm_error *err)
-{
-    size_t n = strlen(s);
-    if (n > max)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s has %zu bytes (at most %zu)",
-                             what, n, max);
-    tdm_status rc = tdm_tok_check_utf8(s, n, err);
-    if (rc != TDM_OK)
-        return tdm_error_prefix(err, "%s", what);
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "%s holds a control character (byte 0x%02x at offset %zu)", what,
-                                 (unsigned char)s[i], i);
-    return TDM_OK;
-}
-
-static tdm_status validate(const Tandem__V1__GenerateRequest *req, tdm_error *err)
-{
-    tdm_status rc = tdm_req_check_sampling(req->sampling, err);
-    if (rc == TDM_OK)
-        rc = tdm_req_check_max_tokens(req->max_tokens, err);
-    if (rc == TDM_OK)
-        rc = check_label("request_id", req->request_id, 128, err);
-    if (rc != TDM_OK)
-        return rc;
-    const Tandem__V1__SpeculationParams *sp = req->speculation;
-    if (sp && sp->mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO &&
-        sp->mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_ON &&
-        sp->mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "speculation.mode %d is not a SpeculationMode (AUTO 0, ON 1, OFF 2)",
-                             (int)sp->mode);
-    if (req->n_stop > 16)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "at most 16 stop strings, got %zu",
-                             req->n_stop);
-    for (size_t i = 0; i < req->n_stop; i++) {
-        size_t n = strlen(req->stop[i]);
-        if (n == 0 || n > 256)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "stop[%zu] must be 1..256 bytes long", i);
-        if ((rc = tdm_tok_check_utf8(req->stop[i], n, err)) != TDM_OK)
-            return tdm_error_prefix(err, "stop[%zu]", i);
-    }
-    return TDM_OK;
-}
-
 /* The relay of one request's tokens to its client: text as far as no stop
  * string can start, and the ids of the tokens whose text went out whole. */
 typedef struct relay {
@@ -428,7 +379,7 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     uint64_t seq = __atomic_add_fetch(&g->requests, 1, __ATOMIC_RELAXED);
     tdm_metric_add(g->in_flight, NULL, 1);
     char rid[160];
-    if (req->request_id[0] && check_label("request_id", req->request_id, 128, NULL) == TDM_OK)
+    if (req->request_id[0] && tdm_req_check_label("request_id", req->request_id, 128, NULL) == TDM_OK)
         snprintf(rid, sizeof(rid), "%s", req->request_id);
     else
         snprintf(rid, sizeof(rid), "req-%llx-%llu", (unsigned long long)(t0 * 1000.0),
@@ -448,7 +399,7 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
 
     tdm_status rc = tdm_trust_check_client(g->trust, call, err);
     if (rc == TDM_OK)
-        rc = validate(req, err);
+        rc = tdm_req_check_generate(req, err);
     if (rc == TDM_OK && req->n_stop > 0)
         rc = need_tokenizer(g, "stop strings", err);
     if (rc == TDM_OK)

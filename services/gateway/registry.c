@@ -8,10 +8,10 @@
 
 #include "compat.h"
 #include "log.h"
+#include "request_check.h"
 #include "service_config.h"
 #include "tandem/v1/registry.pb-c.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -21,7 +21,6 @@
 
 #define COMPONENT "registry"
 #define MAX_REFUSALS 8
-#define MAX_REPLICA_ID 128
 
 typedef struct gw_replica {
     Tandem__V1__Descriptor *desc; /* unpacked copy, owned */
@@ -188,43 +187,6 @@ static void log_pairs_locked(gw_registry *r, size_t idx)
     }
 }
 
-/* ---- validation of what a peer sends --------------------------------------- */
-
-static tdm_status validate_descriptor(const Tandem__V1__Descriptor *d, tdm_error *err)
-{
-    if (!d)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "RegisterRequest.descriptor is missing");
-    if (d->role != TANDEM__V1__ROLE__ROLE_VERIFIER && d->role != TANDEM__V1__ROLE__ROLE_DRAFTER)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "descriptor.role must be ROLE_VERIFIER or ROLE_DRAFTER, got %d",
-                             (int)d->role);
-    size_t len = strlen(d->replica_id);
-    if (len == 0 || len > MAX_REPLICA_ID)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "descriptor.replica_id must have 1 to %d characters, got %zu",
-                             MAX_REPLICA_ID, len);
-    for (size_t i = 0; i < len; i++)
-        if (!isgraph((unsigned char)d->replica_id[i]))
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "descriptor.replica_id may only hold printable characters "
-                                 "without spaces (byte %zu is 0x%02x)",
-                                 i, (unsigned char)d->replica_id[i]);
-    if (!d->address[0] || strlen(d->address) > 256)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "descriptor.address must be a host:port of at most 256 characters");
-    if (!d->instance_id[0] || strlen(d->instance_id) > 64)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "descriptor.instance_id must have 1 to 64 characters (a replica picks "
-                             "a random one at start), got %zu",
-                             strlen(d->instance_id));
-    if (strlen(d->device_uuid) > 64)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "descriptor.device_uuid may have at most 64 characters, got %zu",
-                             strlen(d->device_uuid));
-    return TDM_OK;
-}
-
 /* ---- RPC handlers --------------------------------------------------------- */
 
 static void free_register_response(void *arg)
@@ -242,7 +204,7 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
 {
     gw_registry *r = user;
     const Tandem__V1__RegisterRequest *rq = (const Tandem__V1__RegisterRequest *)req;
-    tdm_status st = validate_descriptor(rq->descriptor, err);
+    tdm_status st = tdm_req_check_descriptor(rq->descriptor, err);
     if (st == TDM_OK)
         st = tdm_trust_check_internal(r->trust, call, tdm_role_name(rq->descriptor->role), err);
     if (st != TDM_OK) {
@@ -256,7 +218,16 @@ static tdm_status handle_register(tdm_rpc_call *call, const ProtobufCMessage *re
     uint8_t *packed = tdm_xmalloc(len ? len : 1);
     tandem__v1__descriptor__pack(rq->descriptor, packed);
     Tandem__V1__Descriptor *copy = tandem__v1__descriptor__unpack(NULL, len, packed);
-    TDM_ASSERT(copy != NULL);
+    if (!copy) {
+        /* Received messages re-encode (tdm_rpc_unpack); a peer's bytes are
+         * still refused, not asserted on. */
+        free(packed);
+        pthread_mutex_lock(&r->mu);
+        r->rejected++;
+        pthread_mutex_unlock(&r->mu);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "RegisterRequest.descriptor does not survive re-encoding");
+    }
 
     Tandem__V1__RegisterResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__register_response__init(out);

@@ -418,37 +418,13 @@ static void flush_links(vround *rd)
 tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out, tdm_error *err)
 {
     *out = NULL;
-    if (req->n_prompt_ids == 0)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "prompt_ids is empty");
-    for (size_t i = 0; i < req->n_prompt_ids; i++)
-        if (req->prompt_ids[i] >= (uint32_t)s->vocab)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "prompt_ids[%zu] = %u is outside the vocabulary (0..%d)", i,
-                                 req->prompt_ids[i], s->vocab - 1);
-    if (req->max_tokens == 0)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
-    if (req->n_prompt_ids >= (size_t)s->p.max_context)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "the prompt has %zu tokens; this verifier's max_context %d leaves room "
-                             "for at most %d (one position for the first generated token)",
-                             req->n_prompt_ids, s->p.max_context, s->p.max_context - 1);
-    const Tandem__V1__SamplingParams *sp = req->sampling;
-    tdm_status crc = tdm_req_check_max_tokens(req->max_tokens, err);
-    if (crc == TDM_OK)
-        crc = tdm_req_check_sampling(sp, err);
+    tdm_status crc = tdm_req_check_run(req, s->vocab, s->p.max_context, s->p.max_draft, err);
     if (crc != TDM_OK)
         return crc;
+    const Tandem__V1__SamplingParams *sp = req->sampling;
     const Tandem__V1__DrafterAssignment *da = req->drafter;
     if (da && !da->address[0])
         da = NULL;
-    if (da && tdm_compat_check_request_block(da->block_size, "drafter.block_size",
-                                             "(this verifier)", (uint32_t)s->p.max_draft,
-                                             err) != TDM_OK)
-        return err->code;
-    if (req->snapshot_id && req->snapshot_id[0])
-        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
-                             "snapshot_id: resuming from state snapshots is not supported by "
-                             "this verifier yet");
 
     vreq *r = tdm_xcalloc(1, sizeof(*r));
     r->prompt_len = (int)req->n_prompt_ids;
@@ -836,46 +812,12 @@ static void await_blocks(vsched *s, vround *rd)
 static const char *block_fault(const vsched *s, const vreq *r, const Tandem__V1__DraftBlock *b,
                                char *buf, size_t len)
 {
-    if (b->position != (uint32_t)(r->n_tokens + 1)) {
-        snprintf(buf, len, "block for position %u (expected %d)", b->position, r->n_tokens + 1);
-        return buf;
-    }
-    if (b->n_tokens > (size_t)s->p.max_draft || b->n_tokens > (size_t)r->ad.p.k_max) {
-        snprintf(buf, len, "block of %zu drafts (at most %d)", b->n_tokens, r->ad.p.k_max);
-        return buf;
-    }
-    if ((b->n_token_probs != 0 && b->n_token_probs != b->n_tokens) ||
-        (b->n_dists != 0 && b->n_dists != b->n_tokens)) {
-        snprintf(buf, len, "block with %zu drafts but %zu probabilities and %zu distributions",
-                 b->n_tokens, b->n_token_probs, b->n_dists);
-        return buf;
-    }
-    for (size_t j = 0; j < b->n_tokens; j++)
-        if (b->tokens[j] >= (uint32_t)s->vocab) {
-            snprintf(buf, len, "draft token %u outside the vocabulary (0..%d)", b->tokens[j],
-                     s->vocab - 1);
-            return buf;
-        }
-    for (size_t j = 0; j < b->n_token_probs; j++)
-        if (!(b->token_probs[j] >= 0.0f && b->token_probs[j] <= 1.0f)) {
-            snprintf(buf, len, "draft probability %g outside 0..1", b->token_probs[j]);
-            return buf;
-        }
-    for (size_t j = 0; j < b->n_dists; j++) {
-        const Tandem__V1__DraftDistribution *d = b->dists[j];
-        if (d->n_ids != d->n_probs) {
-            snprintf(buf, len, "distribution %zu with %zu ids and %zu probabilities", j, d->n_ids,
-                     d->n_probs);
-            return buf;
-        }
-        for (size_t t = 0; t < d->n_ids; t++)
-            if (d->ids[t] >= (uint32_t)s->vocab || !(d->probs[t] >= 0.0f && d->probs[t] <= 1.0f)) {
-                snprintf(buf, len, "distribution %zu with id %u or probability %g out of range",
-                         j, d->ids[t], d->probs[t]);
-                return buf;
-            }
-    }
-    return NULL;
+    size_t max = (size_t)(s->p.max_draft < r->ad.p.k_max ? s->p.max_draft : r->ad.p.k_max);
+    tdm_error e;
+    if (tdm_req_check_draft_block(b, (uint32_t)(r->n_tokens + 1), max, s->vocab, &e) == TDM_OK)
+        return NULL;
+    snprintf(buf, len, "%s", e.msg);
+    return buf;
 }
 
 /* 4. Takes the blocks that came and checks them against what is committed:

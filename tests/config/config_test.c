@@ -455,6 +455,20 @@ static void test_file_errors(void)
     CHECK(st == TDM_OK, "comment-only file: %s", err.msg);
     tdm_cfg_destroy(cfg);
 
+    /* A NUL in a quoted value would cut it short: refused, naming file and line. */
+    write_file(file, "max_sequences: 4\nreplica_id: \"v1\\0-other\"\n");
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--config", file, NULL);
+    snprintf(want, sizeof(want), "%s:2: the value holds a NUL character", file);
+    CHECK(st != TDM_OK && has_error(cfg, want, NULL), "NUL in a value: %s", err.msg);
+    tdm_cfg_destroy(cfg);
+    /* The same text from memory. */
+    cfg = tdm_cfg_create(&tdm_svc_verifier_schema);
+    static const char text[] = "replica_id: \"a\\0b\"\n";
+    st = tdm_cfg_load_text(cfg, text, sizeof(text) - 1, "mem.yaml", &err);
+    CHECK(st != TDM_OK && has_error(cfg, "mem.yaml:1: the value holds a NUL character", NULL),
+          "NUL from memory: %s", err.msg);
+    tdm_cfg_destroy(cfg);
+
     /* Missing file. */
     cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--config", "/nonexistent/x.yaml", NULL);
     CHECK(st != TDM_OK && has_error(cfg, "/nonexistent/x.yaml", "cannot open"), "missing file");

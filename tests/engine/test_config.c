@@ -9,6 +9,7 @@
  * rope_theta, the rotary factor or the tie flag must change them; a wrapper
  * whose two tie flags disagree is refused.
  */
+#include "model_config.h"
 #include "util.h"
 
 #include <cjson/cJSON.h>
@@ -139,6 +140,25 @@ int main(void)
     CHECK(ok && memcmp(v, ref, n) != 0, "tie_word_embeddings is ignored");
     free(v);
     cJSON_Delete(top);
+
+    /* JSON that Python's json would read otherwise is refused: a key twice
+     * (Python keeps the last, cJSON finds the first) and text after the
+     * object ("extra data"). */
+    tdm_model_config mc;
+    static const char dup[] = "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": 4096, "
+                              "\"vocab_size\": 8}";
+    CHECK(tdm_model_config_parse(dup, sizeof(dup) - 1, "dup", &mc, &err) ==
+                  TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "\"vocab_size\" appears twice"),
+          "duplicate key: %s", err.msg);
+    static const char extra[] = "{\"model_type\": \"qwen3_5_text\"}\n{\"vocab_size\": 8}\n";
+    CHECK(tdm_model_config_parse(extra, sizeof(extra) - 1, "extra", &mc, &err) ==
+                  TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "text after the JSON object"),
+          "extra data: %s", err.msg);
+    static const char ws[] = "{\"model_type\": \"qwen3_5_text\"}\r\n\t ";
+    CHECK(tdm_model_config_parse(ws, sizeof(ws) - 1, "ws", &mc, &err) == TDM_OK,
+          "white space after the object: %s", err.msg);
 
     dir_remove(tmp);
     free(ref);

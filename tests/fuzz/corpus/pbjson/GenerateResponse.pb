@@ -1,0 +1,2 @@
+%!Z
+verifier-1b	drafter-1jon

@@ -1,0 +1,4 @@
+&
+
+verifier-1èˆ'"
+same-tokenizerdiffer

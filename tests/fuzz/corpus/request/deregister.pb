@@ -1,0 +1,3 @@
+
+
+verifier-1SIGTERM0123456789abcdef

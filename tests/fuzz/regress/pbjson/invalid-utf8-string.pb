@@ -1,0 +1,4 @@
+&
+
+verifieŽÏ1èˆ'"
+same-tokenizerdiffer
