@@ -19,7 +19,8 @@
  * a second line gives the verifier's round timeline over the load: the mean
  * time per round in each phase (from its counters' growth), the exchange's
  * median and 99th percentile and the drafter's time per draft token (over
- * the verifier's last 4096 blocks).
+ * the verifier's last 4096 blocks: they mix in earlier loads), and the means
+ * of the exchange and of the drafter's time per token over this load alone.
  */
 #include "bench_util.h"
 #include "rpc.h"
@@ -186,6 +187,13 @@ static void print_timeline(const counters *a, const counters *b)
         sum += us;
         printf(" %s_us=%.1f", phases[i], us);
     }
+    const double xb = counter(b, "draft_exchange_blocks") - counter(a, "draft_exchange_blocks");
+    const double dtk = counter(b, "draft_tokens_timed") - counter(a, "draft_tokens_timed");
+    printf(" exchange_mean_us=%.0f draft_token_mean_us=%.0f",
+           xb > 0 ? (counter(b, "draft_exchange_us_total") - counter(a, "draft_exchange_us_total")) / xb
+                  : 0.0,
+           dtk > 0 ? (counter(b, "draft_time_us_total") - counter(a, "draft_time_us_total")) / dtk
+                   : 0.0);
     printf(" round_us=%.1f exchange_p50_us=%.0f exchange_p99_us=%.0f draft_token_p50_us=%.0f "
            "draft_token_p99_us=%.0f step_p50_us=%.0f step_p99_us=%.0f\n",
            sum, counter(b, "draft_exchange_overhead_p50_us"),

@@ -164,6 +164,8 @@ struct vsched {
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
+    double exchange_us_total, draft_us_total; /* and their sums since the start */
+    uint64_t draft_tokens_total;
     /* The drafter's own time per draft token, per block, us. */
     float draft_token_us[4096];
     uint64_t n_draft_token;
@@ -859,12 +861,16 @@ static void take_blocks(vsched *s, vround *rd)
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
                         (float)(us > 0 ? us : 0);
+                    s->exchange_us_total += us > 0 ? us : 0;
                     const double ms = us > 0 ? us * 1e-3 : 0;
                     s->exchange_ms = s->exchange_ms > 0 ? 0.9 * s->exchange_ms + 0.1 * ms : ms;
                 }
-                if (b->n_tokens > 0)
+                if (b->n_tokens > 0) {
                     s->draft_token_us[s->n_draft_token++ % TDM_ARRAY_LEN(s->draft_token_us)] =
                         (float)((double)b->draft_micros / (double)b->n_tokens);
+                    s->draft_us_total += (double)b->draft_micros;
+                    s->draft_tokens_total += b->n_tokens;
+                }
             }
         }
         r->awaiting = false;
@@ -1396,6 +1402,10 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     pthread_mutex_unlock(&s->mu);
     percentiles(v, n, &c->overhead_p50_us, &c->overhead_p99_us);
     percentiles(dt, nd, &c->draft_token_p50_us, &c->draft_token_p99_us);
+    c->exchange_us_total = s->exchange_us_total;
+    c->exchange_blocks = s->n_overhead;
+    c->draft_us_total = s->draft_us_total;
+    c->draft_tokens_total = s->draft_tokens_total;
     for (int p = 0; p < VSCHED_PHASES; p++)
         percentiles(ph + (size_t)p * RING, np, &c->phase_p50_us[p], &c->phase_p99_us[p]);
     free(v);

@@ -118,6 +118,11 @@ typedef struct vsched_counters {
     /* The drafter's own time per draft token (DraftBlock.draft_micros over
      * its drafts), over the last 4096 blocks. */
     double draft_token_p50_us, draft_token_p99_us;
+    /* Their sums since the start (a benchmark's own means from the growth):
+     * the exchange over exchange_blocks blocks, the drafter's own time over
+     * its draft tokens. */
+    double exchange_us_total, draft_us_total;
+    uint64_t exchange_blocks, draft_tokens_total;
     /* The round's timeline: total time in each phase since the start, and
      * each phase's median and 99th percentile over the last 4096 rounds.
      * The totals add up to uptime_us but for the round in progress. */
