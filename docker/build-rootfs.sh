@@ -101,6 +101,16 @@ mkdir -p "$rootfs/opt/tandem"
 cp -a "$root/models" "$rootfs/opt/tandem/models"
 chown -R root:root "$rootfs/opt/tandem"
 install -m 0755 "$root/docker/entrypoint.sh" "$rootfs/usr/local/bin/tandem-entrypoint"
+# A build with the CUDA backend links the CUDA runtime, which no Debian package
+# holds (runtime-deps.sh leaves it to the CUDA base image): it goes in beside
+# the binaries, which then start on a machine without a GPU and pick the cpu
+# backend there.
+ldd "${bins[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
+  case "$(readlink -f "$lib")" in
+    */cuda*/* | */libcudart*) cp -L "$lib" "$rootfs/usr/local/lib/" ;;
+  esac
+done
+chroot "$rootfs" ldconfig
 
 # 5. The layer and the image's configuration (as docker/Dockerfile sets it).
 step "packing the layer (umoci repack)"
