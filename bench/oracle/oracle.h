@@ -10,6 +10,9 @@
  *                         prompt's ids, then the target's output ids, all
  *                         space-separated (bench_spec_client --record)
  *   TANDEM_BENCH_ACCEPT   a in [0, 1]
+ *   TANDEM_BENCH_HIDE_DEVICE  set: the drafter reports no device_uuid, so a
+ *                         verifier on the same GPU still lets it draft ahead
+ *                         (to measure what drafting ahead does there)
  * A position's choice is drawn from a hash of (run, position): the same
  * position gets the same choice however often it is drafted again.
  */
