@@ -983,9 +983,17 @@ def case_faults():
         while time.time() - t0 < 10 and not counter(v1.addr(), "active_sequences"):
             time.sleep(0.02)
         killed["active"] = counter(v1.addr(), "active_sequences")
-        v1.p.send_signal(signal.SIGKILL)
-    res = run_load(gw, ps, refs, n, during=kill_v1)
-    check(killed.get("active"), "v1 served none of the 16 streams")
+        if killed["active"]:
+            v1.p.send_signal(signal.SIGKILL)
+    # The gateway spreads the streams by load and heartbeat age: on a busy
+    # machine one load may go to v2 alone; v1 is killed only while it serves
+    # some, so such a load is run again (a precondition, not the check).
+    for _ in range(3):
+        res = run_load(gw, ps, refs, n, during=kill_v1)
+        if killed.get("active"):
+            break
+        check(all(r[0] == "OK" for r in res), "a load before the kill: %s" % [r[0] for r in res])
+    check(killed.get("active"), "v1 served none of the 16 streams, three times")
     codes = sorted(set(r[0] for r in res))
     check(set(codes) <= {"OK", "UNAVAILABLE"} and "OK" in codes,
           "verifier SIGKILL: statuses %s" % codes)
