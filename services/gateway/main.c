@@ -59,7 +59,7 @@ int main(int argc, char **argv)
         gw_registry_destroy(g.reg);
         return 1;
     }
-    if (gw_openai_create(cfg, g.api, &g.http, &err) != TDM_OK) {
+    if (gw_openai_create(cfg, g.api, tdm_service_trust(svc), &g.http, &err) != TDM_OK) {
         tdm_log_error("tandem-gateway", "cannot start: %s", err.msg);
         tdm_service_destroy(svc);
         gw_api_destroy(g.api);

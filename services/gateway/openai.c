@@ -34,6 +34,7 @@
 
 struct gw_openai {
     gw_api *api;
+    const tdm_trust *trust;
     tdm_http_server *http;
     char model[256];
     long long created; /* unix time the API started: the model's "created" */
@@ -863,10 +864,25 @@ static tdm_status serve_stream(gw_openai *o, oai_req *r, tdm_http_response *resp
 
 /* ---- routes -------------------------------------------------------------------------- */
 
+/* False (and the 401 in resp) when a bearer token is required and missing. */
+static bool authorized(const gw_openai *o, const tdm_http_request *hreq, tdm_http_response *resp)
+{
+    tdm_error err = {0};
+    if (tdm_trust_check_bearer(o->trust, tdm_http_request_header(hreq, "Authorization"),
+                               tdm_http_request_path(hreq), &err) == TDM_OK)
+        return true;
+    oai_err e;
+    bad(&e, 401, NULL, "invalid_api_key", "%s", err.msg);
+    respond_error(resp, &e);
+    return false;
+}
+
 static tdm_status serve_generate(const tdm_http_request *hreq, tdm_http_response *resp, void *arg,
                                  bool chat)
 {
     gw_openai *o = arg;
+    if (!authorized(o, hreq, resp))
+        return TDM_OK;
     oai_req r;
     oai_err e = {0};
     if (!parse_request(o, hreq, chat, &r, &e)) {
@@ -895,9 +911,10 @@ static tdm_status handle_chat(const tdm_http_request *hreq, tdm_http_response *r
 static tdm_status handle_models(const tdm_http_request *hreq, tdm_http_response *resp,
                                 tdm_error *err, void *arg)
 {
-    (void)hreq;
     (void)err;
     gw_openai *o = arg;
+    if (!authorized(o, hreq, resp))
+        return TDM_OK;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(root, "data");
@@ -927,7 +944,8 @@ static tdm_status handle_health(const tdm_http_request *hreq, tdm_http_response 
 
 /* ---- life cycle ------------------------------------------------------------------------ */
 
-tdm_status gw_openai_create(const tdm_cfg *cfg, gw_api *api, gw_openai **out, tdm_error *err)
+tdm_status gw_openai_create(const tdm_cfg *cfg, gw_api *api, const tdm_trust *trust,
+                            gw_openai **out, tdm_error *err)
 {
     *out = NULL;
     const char *listen = tdm_cfg_str(cfg, "http_listen");
@@ -935,6 +953,7 @@ tdm_status gw_openai_create(const tdm_cfg *cfg, gw_api *api, gw_openai **out, td
         return TDM_OK;
     gw_openai *o = tdm_xcalloc(1, sizeof(*o));
     o->api = api;
+    o->trust = trust;
     o->created = (long long)time(NULL);
     snprintf(o->model, sizeof(o->model), "%s", tdm_cfg_str(cfg, "http_model_name"));
     tdm_http_options ho = {.listen = listen,

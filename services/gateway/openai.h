@@ -13,12 +13,15 @@
 
 #include "api.h"
 #include "config.h"
+#include "trust.h"
 
 typedef struct gw_openai gw_openai;
 
 /* Starts the API on http_listen; *out is NULL when it is empty (no API).
- * Destroy before the gw_api. */
-tdm_status gw_openai_create(const tdm_cfg *cfg, gw_api *api, gw_openai **out, tdm_error *err);
+ * Requests other than /health need a bearer token when `trust` asks for one
+ * (api_tokens_file), as on gRPC. Borrows api and trust; destroy before them. */
+tdm_status gw_openai_create(const tdm_cfg *cfg, gw_api *api, const tdm_trust *trust,
+                            gw_openai **out, tdm_error *err);
 /* Stops serving (requests in progress end first) and frees. NULL: no-op. */
 void gw_openai_destroy(gw_openai *o);
 

@@ -11,6 +11,8 @@ Cases:
         the right status (malformed JSON, wrong types naming the field, an
         unknown model, n > 1, a body over http_max_body) while other requests
         go on; a client that disconnects mid-stream cancels its sequence
+  auth  api_tokens_file guards the HTTP API as it does gRPC (401), /health
+        and completions answer 503 without a verifier
   sdk   the official `openai` npm package (installed with npm into the build
         folder once, then cached): completions and chat, whole and streamed,
         equal to the gRPC API's greedy output; skipped (exit 0, a message)
@@ -279,6 +281,36 @@ def counter(target, path, name):
     return None
 
 
+def case_auth():
+    """A gateway with api_tokens_file and no verifier: 401 without the token,
+    503 (no verifier) with it, /health open and 503."""
+    tokens = os.path.join(st.TMP, "tokens")
+    with open(tokens, "w") as f:
+        f.write("sesame\n")
+    tok = os.path.join(demo("demo-target"), "tokenizer.json")
+    gw = st.gateway("--tokenizer", tok, "--http-listen", "127.0.0.1:0", "--http-model-name", MODEL,
+                    "--api-tokens-file", tokens)
+    port = int(re.search(r"OpenAI-compatible API on \S+ \(port (\d+)\)", gw.text()).group(1))
+    code, out = get(port, "/health")
+    check(code == 503 and json.loads(out)["status"] == "unavailable", "/health without a "
+          "verifier: %d %s" % (code, out))
+    code, out = get(port, "/v1/models")
+    check(code == 401 and json.loads(out)["error"]["type"] == "authentication_error",
+          "/v1/models without a token: %d %s" % (code, out))
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4}
+    for auth, want in ((None, 401), ("Bearer wrong", 401), ("Bearer sesame", 503)):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        h = {"Content-Type": "application/json"}
+        if auth:
+            h["Authorization"] = auth
+        c.request("POST", "/v1/completions", json.dumps(body), h)
+        r = c.getresponse()
+        out = r.read().decode()
+        c.close()
+        check(r.status == want and "error" in json.loads(out),
+              "completion with %s: %d (want %d) %s" % (auth, r.status, want, out))
+
+
 def npm_openai():
     """The openai package in the build folder (installed once); None when npm
     cannot get it."""
@@ -340,7 +372,7 @@ def case_sdk():
           "SDK unknown model: %s" % u)
 
 
-CASES = {"http": case_http, "sdk": case_sdk}
+CASES = {"http": case_http, "sdk": case_sdk, "auth": case_auth}
 
 
 def main():
