@@ -175,7 +175,7 @@ tdm_status tdm_http_server_route(tdm_http_server *s, const char *method, const c
 
 /* ---- serving ---------------------------------------------------------------- */
 
-static int status_of(tdm_status code)
+int tdm_http_status_of(tdm_status code)
 {
     switch (code) {
     case TDM_ERR_INVALID_ARGUMENT:
@@ -362,7 +362,7 @@ static enum MHD_Result dispatch(tdm_http_server *s, tdm_http_request *req)
     tdm_status rc = match->handler(req, &resp, &err, match->arg);
     if (rc != TDM_OK) {
         free(resp.body);
-        return send_text(s, req->conn, status_of(rc), NULL, "%s", err.msg);
+        return send_text(s, req->conn, tdm_http_status_of(rc), NULL, "%s", err.msg);
     }
     if (resp.reader) {
         free(resp.body);

@@ -79,6 +79,11 @@ const char *tdm_http_request_header(const tdm_http_request *req, const char *nam
 const char *tdm_http_request_query(const tdm_http_request *req, const char *name);
 const char *tdm_http_request_body(const tdm_http_request *req, size_t *len);
 
+/* The HTTP status that fits a status code: 400 for INVALID_ARGUMENT,
+ * OUT_OF_RANGE and FAILED_PRECONDITION, 401, 403, 404, 429 for
+ * RESOURCE_EXHAUSTED, 501, 503 for UNAVAILABLE, 504, else 500. */
+int tdm_http_status_of(tdm_status code);
+
 /* An OpenAI-style error object, {"error": {"message", "type", "param",
  * "code"}}, for status (type from it: invalid_request_error, ...); param and
  * code may be NULL. Returns malloc'd JSON (caller frees), its length in *len. */

@@ -66,30 +66,6 @@ static bool bad(oai_err *e, int status, const char *param, const char *code, con
     return false;
 }
 
-static int status_of(tdm_status rc)
-{
-    switch (rc) {
-    case TDM_ERR_INVALID_ARGUMENT:
-    case TDM_ERR_OUT_OF_RANGE:
-    case TDM_ERR_FAILED_PRECONDITION:
-        return 400;
-    case TDM_ERR_UNAUTHENTICATED:
-        return 401;
-    case TDM_ERR_PERMISSION_DENIED:
-        return 403;
-    case TDM_ERR_NOT_FOUND:
-        return 404;
-    case TDM_ERR_RESOURCE_EXHAUSTED:
-        return 429;
-    case TDM_ERR_UNAVAILABLE:
-        return 503;
-    case TDM_ERR_DEADLINE_EXCEEDED:
-        return 504;
-    default:
-        return 500;
-    }
-}
-
 static tdm_status respond_error(tdm_http_response *resp, const oai_err *e)
 {
     resp->status = e->status;
@@ -605,7 +581,7 @@ static cJSON *choice_json(const oai_req *r, bool chunk, bool first, const char *
 static oai_err err_of(tdm_status rc, const tdm_error *err, const oai_req *r)
 {
     oai_err e = {0};
-    bad(&e, status_of(rc), NULL, NULL, "%s", err->msg);
+    bad(&e, tdm_http_status_of(rc), NULL, NULL, "%s", err->msg);
     if (e.status == 400)
         e.param = r->chat ? "messages" : "prompt";
     if (rc == TDM_ERR_UNAVAILABLE)

@@ -253,8 +253,8 @@ def case_http():
     t_close = time.time()
     freed = None
     while time.time() - t_close < 10.0:
-        a = counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences")
-        b = counter(d.addr(), "/tandem.v1.Drafter/Describe", "open_sequences")
+        a = st.counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences")
+        b = st.counter(d.addr(), "/tandem.v1.Drafter/Describe", "open_sequences")
         if a == 0 and b == 0:
             freed = time.time() - t_close
             break
@@ -267,18 +267,8 @@ def case_http():
     while time.time() < deadline and "status CANCELLED" not in gw.text():
         time.sleep(0.05)
     check("status CANCELLED" in gw.text(), "the gateway logged the request as cancelled")
-    check(counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == 1,
+    check(st.counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == 1,
           "the gateway counted one cancelled request")
-
-
-def counter(target, path, name):
-    code, details, resp = st.unary(target, path)
-    if code != "OK":
-        return None
-    for c in resp.get("counters", []):
-        if c["name"] == name:
-            return float(c["value"])
-    return None
 
 
 def case_auth():
