@@ -100,7 +100,7 @@ def main():
         st.replica("drafter", gw, "--model", os.path.join(models, "demo-drafter"),
                    "--draft-block-size", "4")
         st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "pair")
-        port = int(re.search(r"\(port (\d+)\)", gw.text()).group(1))
+        port = int(re.search(r"\(port (\d+),", gw.text()).group(1))
         res = {"grpc": [], "http_sse": [], "http_whole": []}
         ch = st.client().channel(gw.addr())
         for i in range(a.requests + 3):

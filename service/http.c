@@ -5,6 +5,7 @@
 #include "alloc.h"
 
 #include "config.h"
+#include "file.h"
 #include "log.h"
 
 #include <arpa/inet.h>
@@ -37,6 +38,7 @@ struct tdm_http_server {
     size_t max_body;
     unsigned threads;
     bool thread_per_connection, json_errors;
+    char *tls_cert, *tls_key; /* PEM text; NULL: plaintext */
     http_route routes[MAX_ROUTES];
     size_t n_routes;
     struct MHD_Daemon *daemon;
@@ -137,8 +139,21 @@ tdm_status tdm_http_server_create(const tdm_http_options *o, tdm_http_server **o
     s->thread_per_connection = o->thread_per_connection;
     s->json_errors = o->json_errors;
     tdm_status rc = resolve(s, err);
+    bool tls = (o->tls_cert && o->tls_cert[0]) || (o->tls_key && o->tls_key[0]);
+    if (rc == TDM_OK && tls && !(o->tls_cert && o->tls_cert[0] && o->tls_key && o->tls_key[0]))
+        rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                           "%s: TLS needs both a certificate and a key", s->name);
+    if (rc == TDM_OK && tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+        rc = tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                           "%s: this libmicrohttpd was built without TLS", s->name);
+    if (rc == TDM_OK && tls &&
+        (rc = tdm_file_read(o->tls_cert, 1 << 20, &s->tls_cert, NULL, err)) != TDM_OK)
+        tdm_error_prefix(err, "%s: certificate", s->name);
+    if (rc == TDM_OK && tls &&
+        (rc = tdm_file_read(o->tls_key, 1 << 20, &s->tls_key, NULL, err)) != TDM_OK)
+        tdm_error_prefix(err, "%s: key", s->name);
     if (rc != TDM_OK) {
-        free(s);
+        tdm_http_server_destroy(s);
         return rc;
     }
     *out = s;
@@ -440,17 +455,28 @@ tdm_status tdm_http_server_start(tdm_http_server *s, tdm_error *err)
     bool pool = s->threads > 1 && !s->thread_per_connection;
     if (s->thread_per_connection)
         flags |= MHD_USE_THREAD_PER_CONNECTION;
+    if (s->tls_cert)
+        flags |= MHD_USE_TLS;
     if (s->v6)
         flags |= s->v6_any ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
     /* libmicrohttpd takes the port from the socket address; the one given as
      * an argument is ignored with MHD_OPTION_SOCK_ADDR. */
     /* One thread polls and serves; more make a pool. */
-    s->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&s->addr, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)256, pool ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, s->threads,
-        MHD_OPTION_END);
+    struct MHD_OptionItem opts[8];
+    size_t n = 0;
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, 256, NULL};
+    if (pool)
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, s->threads, NULL};
+    if (s->tls_cert) {
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert};
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key};
+    }
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+                                 on_log, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&s->addr,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_ARRAY,
+                                 opts, MHD_OPTION_END);
     if (!s->daemon)
         return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
                              "%s: cannot listen on %s (address in use, or not this host's?)",
@@ -478,5 +504,7 @@ void tdm_http_server_destroy(tdm_http_server *s)
     if (!s)
         return;
     tdm_http_server_stop(s);
+    free(s->tls_cert);
+    free(s->tls_key);
     free(s);
 }

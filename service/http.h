@@ -43,6 +43,10 @@ typedef struct tdm_http_options {
     /* The server's own errors (404, 405, 413) as OpenAI-style JSON error
      * objects instead of plain text. */
     bool json_errors;
+    /* Optional: HTTPS with this certificate chain and key (PEM files, read
+     * at create). Both or neither. Client certificates are not asked for. */
+    const char *tls_cert;
+    const char *tls_key;
 } tdm_http_options;
 
 /* Produces a streamed body: copies up to max bytes into buf and returns how
@@ -90,7 +94,8 @@ int tdm_http_status_of(tdm_status code);
 char *tdm_http_json_error(int status, const char *param, const char *code, const char *msg,
                           size_t *len);
 
-/* Checks the options and parses the address; binds nothing yet. */
+/* Checks the options, parses the address and reads the TLS files; binds
+ * nothing yet. */
 tdm_status tdm_http_server_create(const tdm_http_options *o, tdm_http_server **out, tdm_error *err);
 /* Destroys a server, stopping it first if it runs (handlers in progress end
  * first). NULL is a no-op. */

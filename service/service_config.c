@@ -246,8 +246,9 @@ static const tdm_cfg_key gateway_keys[] = {
      "Longest prompt accepted, in tokens; 0: whatever the chosen verifier's max_context "
      "leaves room for (one position for the first generated token)."},
     {"http_listen", TDM_CFG_ADDRESS, "", NULL, 0, 0, TDM_CFG_EMPTY_OK, NULL, GRP_NET,
-     "Address of a plaintext HTTP port serving the OpenAI-compatible API (/v1/completions, "
-     "/v1/chat/completions, /v1/models, /health); empty: none."},
+     "Address of an HTTP port serving the OpenAI-compatible API (/v1/completions, "
+     "/v1/chat/completions, /v1/models, /health); HTTPS with tls_cert and tls_key when they "
+     "are set (no client certificates: use api_tokens_file); empty: none."},
     {"http_model_name", TDM_CFG_STRING, "tandem", NULL, 0, 0, 0, NULL, GRP_MODEL,
      "The model name the OpenAI-compatible API lists and accepts in `model`; requests for "
      "another are answered 404."},

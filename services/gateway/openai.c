@@ -936,7 +936,9 @@ tdm_status gw_openai_create(const tdm_cfg *cfg, gw_api *api, const tdm_trust *tr
                            .name = "tandem-gateway http",
                            .max_body_bytes = (size_t)tdm_cfg_int(cfg, "http_max_body"),
                            .thread_per_connection = true,
-                           .json_errors = true};
+                           .json_errors = true,
+                           .tls_cert = tdm_cfg_str(cfg, "tls_cert"),
+                           .tls_key = tdm_cfg_str(cfg, "tls_key")};
     tdm_status rc = tdm_http_server_create(&ho, &o->http, err);
     if (rc == TDM_OK)
         rc = tdm_http_server_route(o->http, "POST", "/v1/completions", handle_completions, o, err);
@@ -952,8 +954,8 @@ tdm_status gw_openai_create(const tdm_cfg *cfg, gw_api *api, const tdm_trust *tr
         gw_openai_destroy(o);
         return tdm_error_prefix(err, "http_listen %s", listen);
     }
-    tdm_log_info(LOG, "OpenAI-compatible API on %s (port %d), model %s", listen,
-                 tdm_http_server_port(o->http), o->model);
+    tdm_log_info(LOG, "OpenAI-compatible API on %s (port %d, %s), model %s", listen,
+                 tdm_http_server_port(o->http), ho.tls_cert[0] ? "https" : "http", o->model);
     *out = o;
     return TDM_OK;
 }

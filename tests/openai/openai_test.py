@@ -12,7 +12,8 @@ Cases:
         unknown model, n > 1, a body over http_max_body) while other requests
         go on; a client that disconnects mid-stream cancels its sequence
   auth  api_tokens_file guards the HTTP API as it does gRPC (401), /health
-        and completions answer 503 without a verifier
+        and completions answer 503 without a verifier; HTTPS with tls_cert and
+        tls_key (curl with the certificate as its CA)
   sdk   the official `openai` npm package (installed with npm into the build
         folder once, then cached): completions and chat, whole and streamed,
         equal to the gRPC API's greedy output; skipped (exit 0, a message)
@@ -55,7 +56,7 @@ def stack():
                    "--max-sequences", "8")
     d = st.replica("drafter", gw, "--model", demo("demo-drafter"), "--draft-block-size", "4")
     st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")
-    m = re.search(r"OpenAI-compatible API on \S+ \(port (\d+)\)", gw.text())
+    m = re.search(r"OpenAI-compatible API on \S+ \(port (\d+),", gw.text())
     if not m:
         raise SystemExit("FAIL: the gateway logged no HTTP port:\n" + gw.text())
     return gw, v, d, int(m.group(1))
@@ -280,7 +281,7 @@ def case_auth():
     tok = os.path.join(demo("demo-target"), "tokenizer.json")
     gw = st.gateway("--tokenizer", tok, "--http-listen", "127.0.0.1:0", "--http-model-name", MODEL,
                     "--api-tokens-file", tokens)
-    port = int(re.search(r"OpenAI-compatible API on \S+ \(port (\d+)\)", gw.text()).group(1))
+    port = int(re.search(r"OpenAI-compatible API on \S+ \(port (\d+),", gw.text()).group(1))
     code, out = get(port, "/health")
     check(code == 503 and json.loads(out)["status"] == "unavailable", "/health without a "
           "verifier: %d %s" % (code, out))
@@ -299,6 +300,21 @@ def case_auth():
         c.close()
         check(r.status == want and "error" in json.loads(out),
               "completion with %s: %d (want %d) %s" % (auth, r.status, want, out))
+    # HTTPS with the gateway's tls_cert and tls_key.
+    d = os.path.join(st.TMP, "pki")
+    os.makedirs(d)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "k.pem",
+                    "-out", "c.pem", "-days", "2", "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=IP:127.0.0.1"], cwd=d, check=True, capture_output=True)
+    gw = st.gateway("--tokenizer", tok, "--http-listen", "127.0.0.1:0", "--http-model-name", MODEL,
+                    "--tls-cert", os.path.join(d, "c.pem"), "--tls-key", os.path.join(d, "k.pem"))
+    m = re.search(r"OpenAI-compatible API on \S+ \(port (\d+), https\)", gw.text())
+    if check(m is not None, "the gateway serves HTTPS with tls_cert: %s" % gw.text()[-2000:]):
+        p = subprocess.run(["curl", "-sS", "--cacert", os.path.join(d, "c.pem"),
+                            "https://127.0.0.1:%s/v1/models" % m.group(1)],
+                           capture_output=True, text=True, timeout=20)
+        check(p.returncode == 0 and json.loads(p.stdout or "{}").get("data", [{}])[0].get("id")
+              == MODEL, "/v1/models over HTTPS: %s %s" % (p.stdout, p.stderr))
 
 
 def npm_openai():
