@@ -36,7 +36,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "services"))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 import services_test as st  # noqa: E402  (process and client helpers)
+from e2e_test import counter  # noqa: E402  (a Describe or GetStatus counter)
 
 check = st.check
 ARGS = None
@@ -254,8 +256,8 @@ def case_http():
     t_close = time.time()
     freed = None
     while time.time() - t_close < 10.0:
-        a = st.counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences")
-        b = st.counter(d.addr(), "/tandem.v1.Drafter/Describe", "open_sequences")
+        a = counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences")
+        b = counter(d.addr(), "/tandem.v1.Drafter/Describe", "open_sequences")
         if a == 0 and b == 0:
             freed = time.time() - t_close
             break
@@ -268,7 +270,7 @@ def case_http():
     while time.time() < deadline and "status CANCELLED" not in gw.text():
         time.sleep(0.05)
     check("status CANCELLED" in gw.text(), "the gateway logged the request as cancelled")
-    check(st.counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == 1,
+    check(counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == 1,
           "the gateway counted one cancelled request")
 
 

@@ -155,17 +155,6 @@ def status(gw):
     return resp
 
 
-def counter(target, path, name):
-    """A counter of a Describe or GetStatus answer; None when the call fails."""
-    code, details, resp = unary(target, path)
-    if code != "OK":
-        return None
-    for c in resp.get("counters", []):
-        if c["name"] == name:
-            return float(c["value"])
-    return None
-
-
 def wait_status(gw, pred, what, timeout=15.0):
     deadline = time.time() + timeout
     s = None
