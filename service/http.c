@@ -9,6 +9,7 @@
 #include "log.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -53,6 +54,18 @@ struct tdm_http_request {
     size_t len, cap;
     bool too_big;
 };
+
+bool tdm_http_request_peer_closed(const tdm_http_request *req)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    char c;
+    /* 0: an orderly shutdown; data (a pipelined request) is not a close. */
+    ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 const char *tdm_http_request_method(const tdm_http_request *req)
 {

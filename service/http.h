@@ -82,6 +82,10 @@ const char *tdm_http_request_path(const tdm_http_request *req);   /* "/metrics" 
 const char *tdm_http_request_header(const tdm_http_request *req, const char *name);
 const char *tdm_http_request_query(const tdm_http_request *req, const char *name);
 const char *tdm_http_request_body(const tdm_http_request *req, size_t *len);
+/* True when the client has closed the connection (it went away before the
+ * response), as far as the socket tells without blocking; for a handler that
+ * runs long. */
+bool tdm_http_request_peer_closed(const tdm_http_request *req);
 
 /* The HTTP status that fits a status code: 400 for INVALID_ARGUMENT,
  * OUT_OF_RANGE and FAILED_PRECONDITION, 401, 403, 404, 429 for

@@ -592,6 +592,8 @@ static oai_err err_of(tdm_status rc, const tdm_error *err, const oai_req *r)
 /* ---- whole responses --------------------------------------------------------------- */
 
 typedef struct collect {
+    const tdm_http_request *hreq;
+    gw_cancel cancel;
     char *text;
     size_t len, cap;
     oai_done done;
@@ -599,8 +601,11 @@ typedef struct collect {
 
 static tdm_status collect_write(void *arg, const Tandem__V1__GenerateResponse *r, tdm_error *err)
 {
-    (void)err;
     collect *c = arg;
+    if (tdm_http_request_peer_closed(c->hreq)) {
+        gw_cancel_fire(&c->cancel);
+        return tdm_error_set(err, TDM_ERR_CANCELLED, "the client went away");
+    }
     if (r->chunk_case == TANDEM__V1__GENERATE_RESPONSE__CHUNK_COMPLETE && r->complete) {
         done_copy(&c->done, r->complete);
         return TDM_OK;
@@ -618,12 +623,15 @@ static tdm_status collect_write(void *arg, const Tandem__V1__GenerateResponse *r
     return TDM_OK;
 }
 
-static tdm_status serve_whole(gw_openai *o, oai_req *r, tdm_http_response *resp)
+static tdm_status serve_whole(gw_openai *o, const tdm_http_request *hreq, oai_req *r,
+                              tdm_http_response *resp)
 {
-    collect c = {0};
-    gw_sink sink = {.write = collect_write, .arg = &c};
+    collect c = {.hreq = hreq};
+    gw_cancel_init(&c.cancel);
+    gw_sink sink = {.write = collect_write, .arg = &c, .cancel = &c.cancel};
     tdm_error err = {0};
     tdm_status rc = gw_api_generate(o->api, &r->gen, &sink, &err);
+    gw_cancel_destroy(&c.cancel);
     if (rc != TDM_OK) {
         free(c.text);
         oai_err e = err_of(rc, &err, r);
@@ -865,7 +873,7 @@ static tdm_status serve_generate(const tdm_http_request *hreq, tdm_http_response
         req_free(&r);
         return respond_error(resp, &e);
     }
-    tdm_status rc = r.stream ? serve_stream(o, &r, resp) : serve_whole(o, &r, resp);
+    tdm_status rc = r.stream ? serve_stream(o, &r, resp) : serve_whole(o, hreq, &r, resp);
     req_free(&r);
     return rc;
 }

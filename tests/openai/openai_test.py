@@ -10,7 +10,8 @@ Cases:
         extension (speculation stats); errors as OpenAI error objects with
         the right status (malformed JSON, wrong types naming the field, an
         unknown model, n > 1, a body over http_max_body) while other requests
-        go on; a client that disconnects mid-stream cancels its sequence
+        go on; a client that disconnects (mid-stream, or before its whole
+        response) cancels its sequence on verifier and drafter
   auth  api_tokens_file guards the HTTP API as it does gRPC (401), /health
         and completions answer 503 without a verifier; HTTPS with tls_cert and
         tls_key (curl with the certificate as its CA)
@@ -272,6 +273,29 @@ def case_http():
     check("status CANCELLED" in gw.text(), "the gateway logged the request as cancelled")
     check(counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == 1,
           "the gateway counted one cancelled request")
+    # The same for a whole (non-streamed) response: noticed at the next tokens.
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    long_req = json.dumps(dict(body, max_tokens=4000, ignore_eos=True)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(long_req) + long_req)
+    deadline = time.time() + 10
+    while time.time() < deadline and \
+            counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences") != 1:
+        time.sleep(0.01)
+    s.close()
+    t_close = time.time()
+    freed = None
+    while time.time() - t_close < 10.0:
+        if counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences") == 0 and \
+                counter(d.addr(), "/tandem.v1.Drafter/Describe", "open_sequences") == 0:
+            freed = time.time() - t_close
+            break
+        time.sleep(0.01)
+    print("disconnect (whole response): sequence freed after %s ms" %
+          ("%.1f" % (freed * 1e3) if freed is not None else "never"), flush=True)
+    check(freed is not None and counter(gw.addr(), "/tandem.v1.Gateway/GetStatus",
+                                        "generate_cancelled") == 2,
+          "a client that went away before its whole response cancelled its sequence")
 
 
 def case_auth():
