@@ -237,11 +237,28 @@ def case_http():
     check(code == 400 and json.loads(out)["error"]["param"] == "messages", "bad role: %s" % out)
     code, out = get(port, "/v1/nothing")
     check(code == 404 and "error" in json.loads(out), "unknown path: %d %s" % (code, out))
+    # A slow client (half a body, then silence) and a long stream hold only
+    # their own connections.
+    slow = socket.create_connection(("127.0.0.1", port), timeout=30)
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"mo")
+    busy = socket.create_connection(("127.0.0.1", port), timeout=30)
+    busy_req = json.dumps(dict(body, max_tokens=4000, ignore_eos=True, stream=True)).encode()
+    busy.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: %d\r\n\r\n" % len(busy_req) + busy_req)
+    busy.recv(4096)
     code, _, out = post(port, "/v1/completions", body)
     check(code == 200 and json.loads(out)["choices"][0]["text"] == ref,
-          "a request after the errors is served: %d %s" % (code, out[:200]))
+          "a request after the errors, beside a slow client and a long stream, is served: %d %s"
+          % (code, out[:200]))
+    slow.close()
+    busy.close()
+    deadline = time.time() + 10
+    while time.time() < deadline and \
+            counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences") != 0:
+        time.sleep(0.01)
 
     # A client that disconnects mid-stream cancels its sequence.
+    cancelled = counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled")
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     long_req = json.dumps(dict(body, max_tokens=4000, ignore_eos=True, stream=True)).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -271,8 +288,8 @@ def case_http():
     while time.time() < deadline and "status CANCELLED" not in gw.text():
         time.sleep(0.05)
     check("status CANCELLED" in gw.text(), "the gateway logged the request as cancelled")
-    check(counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == 1,
-          "the gateway counted one cancelled request")
+    check(counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == cancelled + 1,
+          "the gateway counted the cancelled requests")
     # The same for a whole (non-streamed) response: noticed at the next tokens.
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     long_req = json.dumps(dict(body, max_tokens=4000, ignore_eos=True)).encode()
@@ -294,7 +311,7 @@ def case_http():
     print("disconnect (whole response): sequence freed after %s ms" %
           ("%.1f" % (freed * 1e3) if freed is not None else "never"), flush=True)
     check(freed is not None and counter(gw.addr(), "/tandem.v1.Gateway/GetStatus",
-                                        "generate_cancelled") == 2,
+                                        "generate_cancelled") == cancelled + 2,
           "a client that went away before its whole response cancelled its sequence")
 
 
