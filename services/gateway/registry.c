@@ -395,8 +395,9 @@ static tdm_status handle_deregister(tdm_rpc_call *call, const ProtobufCMessage *
     if (idx >= 0) {
         char name[512];
         tdm_compat_service_name(r->items[idx].desc, name, sizeof(name));
-        tdm_log_info(COMPONENT, "%s %s deregistered: %s", tdm_role_name(r->items[idx].desc->role),
-                     name, rq->reason[0] ? rq->reason : "no reason given");
+        tdm_log_info(COMPONENT, "%s %s deregistered: %s",
+                     tdm_role_name(r->items[idx].desc->role), name,
+                     rq->reason[0] ? rq->reason : "no reason given");
         remove_at(r, (size_t)idx);
         r->deregistrations++;
     }
@@ -613,8 +614,8 @@ static bool better(const gw_registry *r, const gw_replica *a, const gw_replica *
     return load_of(a) < load_of(b);
 }
 
-tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
-                            const Tandem__V1__Descriptor *gateway, gw_pick *out, tdm_error *err)
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
+                            gw_pick *out, tdm_error *err)
 {
     memset(out, 0, sizeof(*out));
     int64_t now = now_ms();

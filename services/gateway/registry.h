@@ -58,8 +58,8 @@ typedef struct gw_pick {
  * reasons in no_drafter, when no drafter is compatible). UNAVAILABLE when no
  * verifier is registered, FAILED_PRECONDITION naming the rule when none is
  * usable. Each pick counts as load until gw_registry_unpick. */
-tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
-                            const Tandem__V1__Descriptor *gateway, gw_pick *out, tdm_error *err);
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
+                            gw_pick *out, tdm_error *err);
 void gw_registry_unpick(gw_registry *r, const gw_pick *p);
 /* A request could not reach this replica instance: it counts as having
  * missed its heartbeats (picked only when no other is left) until it
