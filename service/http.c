@@ -5,9 +5,12 @@
 #include "alloc.h"
 
 #include "config.h"
+#include "file.h"
 #include "log.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <cjson/cJSON.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -35,6 +38,8 @@ struct tdm_http_server {
     bool v6, v6_any;              /* an IPv6 address; "::" (IPv4 too) */
     size_t max_body;
     unsigned threads;
+    bool thread_per_connection, json_errors;
+    char *tls_cert, *tls_key; /* PEM text; NULL: plaintext */
     http_route routes[MAX_ROUTES];
     size_t n_routes;
     struct MHD_Daemon *daemon;
@@ -49,6 +54,18 @@ struct tdm_http_request {
     size_t len, cap;
     bool too_big;
 };
+
+bool tdm_http_request_peer_closed(const tdm_http_request *req)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    char c;
+    /* 0: an orderly shutdown; data (a pipelined request) is not a close. */
+    ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 const char *tdm_http_request_method(const tdm_http_request *req)
 {
@@ -132,9 +149,24 @@ tdm_status tdm_http_server_create(const tdm_http_options *o, tdm_http_server **o
     snprintf(s->listen, sizeof(s->listen), "%s", o->listen ? o->listen : "");
     s->max_body = o->max_body_bytes ? o->max_body_bytes : (size_t)1 << 20;
     s->threads = o->threads ? o->threads : 2;
+    s->thread_per_connection = o->thread_per_connection;
+    s->json_errors = o->json_errors;
     tdm_status rc = resolve(s, err);
+    bool tls = (o->tls_cert && o->tls_cert[0]) || (o->tls_key && o->tls_key[0]);
+    if (rc == TDM_OK && tls && !(o->tls_cert && o->tls_cert[0] && o->tls_key && o->tls_key[0]))
+        rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                           "%s: TLS needs both a certificate and a key", s->name);
+    if (rc == TDM_OK && tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+        rc = tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                           "%s: this libmicrohttpd was built without TLS", s->name);
+    if (rc == TDM_OK && tls &&
+        (rc = tdm_file_read(o->tls_cert, 1 << 20, &s->tls_cert, NULL, err)) != TDM_OK)
+        tdm_error_prefix(err, "%s: certificate", s->name);
+    if (rc == TDM_OK && tls &&
+        (rc = tdm_file_read(o->tls_key, 1 << 20, &s->tls_key, NULL, err)) != TDM_OK)
+        tdm_error_prefix(err, "%s: key", s->name);
     if (rc != TDM_OK) {
-        free(s);
+        tdm_http_server_destroy(s);
         return rc;
     }
     *out = s;
@@ -171,7 +203,7 @@ tdm_status tdm_http_server_route(tdm_http_server *s, const char *method, const c
 
 /* ---- serving ---------------------------------------------------------------- */
 
-static int status_of(tdm_status code)
+int tdm_http_status_of(tdm_status code)
 {
     switch (code) {
     case TDM_ERR_INVALID_ARGUMENT:
@@ -215,11 +247,53 @@ static enum MHD_Result send_body(struct MHD_Connection *conn, int status, const 
     return ret;
 }
 
-static enum MHD_Result send_text(struct MHD_Connection *conn, int status, const char *allow,
-                                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 400:
+    case 404:
+    case 405:
+    case 413:
+        return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 429:
+        return "rate_limit_error";
+    default:
+        return "server_error";
+    }
+}
 
-static enum MHD_Result send_text(struct MHD_Connection *conn, int status, const char *allow,
-                                 const char *fmt, ...)
+char *tdm_http_json_error(int status, const char *param, const char *code, const char *msg,
+                          size_t *len)
+{
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", error_type(status));
+    if (param)
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (code)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNullToObject(e, "code");
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    char *out = tdm_xstrdup(json ? json : "{}"); /* malloc'd, as the server frees it */
+    cJSON_free(json);
+    *len = strlen(out);
+    return out;
+}
+
+static enum MHD_Result send_text(const tdm_http_server *s, struct MHD_Connection *conn, int status,
+                                 const char *allow, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static enum MHD_Result send_text(const tdm_http_server *s, struct MHD_Connection *conn, int status,
+                                 const char *allow, const char *fmt, ...)
 {
     char buf[TDM_ERROR_MSG_MAX + 256];
     va_list ap;
@@ -230,9 +304,60 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, int status, const 
         n = 0;
     if ((size_t)n > sizeof(buf) - 2)
         n = (int)sizeof(buf) - 2;
+    if (s->json_errors) {
+        buf[n] = '\0';
+        size_t len;
+        char *body = tdm_http_json_error(status, NULL, NULL, buf, &len);
+        return send_body(conn, status, "application/json", body, len, allow);
+    }
     buf[n++] = '\n';
     buf[n] = '\0';
     return send_body(conn, status, "text/plain; charset=utf-8", tdm_xstrdup(buf), (size_t)n, allow);
+}
+
+/* A streamed body: MHD's content reader over the handler's reader. */
+typedef struct http_stream {
+    tdm_http_reader reader;
+    void *arg;
+    void (*free_fn)(void *arg);
+} http_stream;
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    http_stream *st = cls;
+    ssize_t n = st->reader(st->arg, buf, max);
+    if (n == 0)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    return n < 0 ? MHD_CONTENT_READER_END_WITH_ERROR : n;
+}
+
+static void stream_free(void *cls)
+{
+    http_stream *st = cls;
+    st->free_fn(st->arg);
+    free(st);
+}
+
+static enum MHD_Result send_stream(struct MHD_Connection *conn, const tdm_http_response *resp)
+{
+    http_stream *st = tdm_xcalloc(1, sizeof(*st));
+    st->reader = resp->reader;
+    st->arg = resp->reader_arg;
+    st->free_fn = resp->reader_free;
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
+    if (!r) {
+        stream_free(st);
+        return MHD_NO;
+    }
+    if (resp->content_type)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, resp->content_type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret =
+        MHD_queue_response(conn, (unsigned)(resp->status ? resp->status : 200), r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 static enum MHD_Result dispatch(tdm_http_server *s, tdm_http_request *req)
@@ -252,20 +377,24 @@ static enum MHD_Result dispatch(tdm_http_server *s, tdm_http_request *req)
         snprintf(allow + n, sizeof(allow) - n, "%s%s", n ? ", " : "", r->method);
     }
     if (!match && allow[0])
-        return send_text(req->conn, 405, allow, "%s %s: method not allowed here (allowed: %s)",
+        return send_text(s, req->conn, 405, allow, "%s %s: method not allowed here (allowed: %s)",
                          req->method, req->path, allow);
     if (!match)
-        return send_text(req->conn, 404, NULL, "%s: no such path on the %s port", req->path,
+        return send_text(s, req->conn, 404, NULL, "%s: no such path on the %s port", req->path,
                          s->name);
     if (req->too_big)
-        return send_text(req->conn, 413, NULL, "%s %s: the body is larger than %zu bytes",
+        return send_text(s, req->conn, 413, NULL, "%s %s: the body is larger than %zu bytes",
                          req->method, req->path, s->max_body);
     tdm_http_response resp = {0};
     tdm_error err = {0};
     tdm_status rc = match->handler(req, &resp, &err, match->arg);
     if (rc != TDM_OK) {
         free(resp.body);
-        return send_text(req->conn, status_of(rc), NULL, "%s", err.msg);
+        return send_text(s, req->conn, tdm_http_status_of(rc), NULL, "%s", err.msg);
+    }
+    if (resp.reader) {
+        free(resp.body);
+        return send_stream(req->conn, &resp);
     }
     return send_body(req->conn, resp.status ? resp.status : 200, resp.content_type, resp.body,
                      resp.body ? resp.body_len : 0, NULL);
@@ -336,17 +465,31 @@ tdm_status tdm_http_server_start(tdm_http_server *s, tdm_error *err)
     if (s->daemon)
         return TDM_OK;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    bool pool = s->threads > 1 && !s->thread_per_connection;
+    if (s->thread_per_connection)
+        flags |= MHD_USE_THREAD_PER_CONNECTION;
+    if (s->tls_cert)
+        flags |= MHD_USE_TLS;
     if (s->v6)
         flags |= s->v6_any ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
     /* libmicrohttpd takes the port from the socket address; the one given as
      * an argument is ignored with MHD_OPTION_SOCK_ADDR. */
     /* One thread polls and serves; more make a pool. */
-    s->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&s->addr, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)256, s->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, s->threads,
-        MHD_OPTION_END);
+    struct MHD_OptionItem opts[8];
+    size_t n = 0;
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, 256, NULL};
+    if (pool)
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, s->threads, NULL};
+    if (s->tls_cert) {
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert};
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key};
+    }
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+                                 on_log, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&s->addr,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_ARRAY,
+                                 opts, MHD_OPTION_END);
     if (!s->daemon)
         return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
                              "%s: cannot listen on %s (address in use, or not this host's?)",
@@ -374,5 +517,7 @@ void tdm_http_server_destroy(tdm_http_server *s)
     if (!s)
         return;
     tdm_http_server_stop(s);
+    free(s->tls_cert);
+    free(s->tls_key);
     free(s);
 }

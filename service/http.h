@@ -24,7 +24,9 @@
 
 #include "status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 typedef struct tdm_http_server tdm_http_server;
 typedef struct tdm_http_request tdm_http_request;
@@ -33,14 +35,37 @@ typedef struct tdm_http_options {
     const char *listen;    /* "host:port" or "[v6]:port" (tdm_cfg_parse_address) */
     const char *name;      /* for logs and errors ("tandem-gateway metrics") */
     size_t max_body_bytes; /* largest request body accepted; 0: 1 MiB */
-    unsigned threads;      /* handler threads; 0: 2 */
+    unsigned threads;      /* handler threads; 0: 2 (ignored with thread_per_connection) */
+    /* A thread per connection instead of a pool: handlers and stream readers
+     * may block (a request that lasts as long as a generation) without
+     * stalling other connections. */
+    bool thread_per_connection;
+    /* The server's own errors (404, 405, 413) as OpenAI-style JSON error
+     * objects instead of plain text. */
+    bool json_errors;
+    /* Optional: HTTPS with this certificate chain and key (PEM files, read
+     * at create). Both or neither. Client certificates are not asked for. */
+    const char *tls_cert;
+    const char *tls_key;
 } tdm_http_options;
+
+/* Produces a streamed body: copies up to max bytes into buf and returns how
+ * many (it may block until there are some), 0 at the end of the body, or -1
+ * to abort the response. */
+typedef ssize_t (*tdm_http_reader)(void *arg, char *buf, size_t max);
 
 typedef struct tdm_http_response {
     int status;               /* 200, 404, ...; 0 means 200 */
     const char *content_type; /* static string, e.g. "text/plain; version=0.0.4" */
     char *body;               /* malloc'd; freed by the server. NULL: empty */
     size_t body_len;
+    /* Optional: a body streamed with chunked encoding instead of body (only
+     * with thread_per_connection, since the reader blocks). reader_free(arg)
+     * runs once when the response is done: sent whole, or the client went
+     * away. Both are set together. */
+    tdm_http_reader reader;
+    void *reader_arg;
+    void (*reader_free)(void *arg);
 } tdm_http_response;
 
 /* Serves one request. Returns TDM_OK with *resp filled, or an error in err
@@ -57,8 +82,24 @@ const char *tdm_http_request_path(const tdm_http_request *req);   /* "/metrics" 
 const char *tdm_http_request_header(const tdm_http_request *req, const char *name);
 const char *tdm_http_request_query(const tdm_http_request *req, const char *name);
 const char *tdm_http_request_body(const tdm_http_request *req, size_t *len);
+/* True when the client has closed the connection (it went away before the
+ * response), as far as the socket tells without blocking; for a handler that
+ * runs long. */
+bool tdm_http_request_peer_closed(const tdm_http_request *req);
 
-/* Checks the options and parses the address; binds nothing yet. */
+/* The HTTP status that fits a status code: 400 for INVALID_ARGUMENT,
+ * OUT_OF_RANGE and FAILED_PRECONDITION, 401, 403, 404, 429 for
+ * RESOURCE_EXHAUSTED, 501, 503 for UNAVAILABLE, 504, else 500. */
+int tdm_http_status_of(tdm_status code);
+
+/* An OpenAI-style error object, {"error": {"message", "type", "param",
+ * "code"}}, for status (type from it: invalid_request_error, ...); param and
+ * code may be NULL. Returns malloc'd JSON (caller frees), its length in *len. */
+char *tdm_http_json_error(int status, const char *param, const char *code, const char *msg,
+                          size_t *len);
+
+/* Checks the options, parses the address and reads the TLS files; binds
+ * nothing yet. */
 tdm_status tdm_http_server_create(const tdm_http_options *o, tdm_http_server **out, tdm_error *err);
 /* Destroys a server, stopping it first if it runs (handlers in progress end
  * first). NULL is a no-op. */

@@ -245,6 +245,15 @@ static const tdm_cfg_key gateway_keys[] = {
     {"max_prompt_tokens", TDM_CFG_INT, "0", NULL, 0, 16777216, 0, NULL, GRP_MODEL,
      "Longest prompt accepted, in tokens; 0: whatever the chosen verifier's max_context "
      "leaves room for (one position for the first generated token)."},
+    {"http_listen", TDM_CFG_ADDRESS, "", NULL, 0, 0, TDM_CFG_EMPTY_OK, NULL, GRP_NET,
+     "Address of an HTTP port serving the OpenAI-compatible API (/v1/completions, "
+     "/v1/chat/completions, /v1/models, /health); HTTPS with tls_cert and tls_key when they "
+     "are set (no client certificates: use api_tokens_file); empty: none."},
+    {"http_model_name", TDM_CFG_STRING, "tandem", NULL, 0, 0, 0, NULL, GRP_MODEL,
+     "The model name the OpenAI-compatible API lists and accepts in `model`; requests for "
+     "another are answered 404."},
+    {"http_max_body", TDM_CFG_SIZE, "1MiB", NULL, 1024, 268435456, 0, NULL, GRP_NET,
+     "Largest request body the OpenAI-compatible API accepts; more is answered 413."},
     {"api_tokens_file", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,
      GRP_TRUST,
      "Bearer tokens clients must present to the public API (one per line, metadata "

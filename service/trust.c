@@ -166,9 +166,9 @@ tdm_status tdm_trust_check_internal(const tdm_trust *t, const tdm_rpc_call *call
 }
 
 /* The token of an "authorization: Bearer TOKEN" header, or NULL. */
-static const char *bearer(const tdm_rpc_call *call)
+/* The token of an "authorization: Bearer TOKEN" value, or NULL. */
+static const char *bearer_of(const char *a)
 {
-    const char *a = tdm_rpc_call_metadata(call, "authorization");
     if (!a || strncasecmp(a, "Bearer ", 7) != 0)
         return NULL;
     a += 7;
@@ -177,15 +177,27 @@ static const char *bearer(const tdm_rpc_call *call)
     return a;
 }
 
-tdm_status tdm_trust_check_client(const tdm_trust *t, const tdm_rpc_call *call, tdm_error *err)
+static const char *bearer(const tdm_rpc_call *call)
 {
-    if (t->api.n == 0 || set_has(&t->api, bearer(call)) || set_has(&t->operators, bearer(call)))
+    return bearer_of(tdm_rpc_call_metadata(call, "authorization"));
+}
+
+tdm_status tdm_trust_check_bearer(const tdm_trust *t, const char *authorization, const char *what,
+                                  tdm_error *err)
+{
+    const char *b = bearer_of(authorization);
+    if (t->api.n == 0 || set_has(&t->api, b) || set_has(&t->operators, b))
         return TDM_OK;
     return tdm_error_set(err, TDM_ERR_UNAUTHENTICATED,
-                         "%s: this gateway requires a bearer token (metadata authorization: "
-                         "Bearer TOKEN); %s",
-                         tdm_rpc_call_method(call), bearer(call) ? "this one is not valid"
-                                                                 : "none was given");
+                         "%s: this gateway requires a bearer token (authorization: Bearer "
+                         "TOKEN); %s",
+                         what, b ? "this one is not valid" : "none was given");
+}
+
+tdm_status tdm_trust_check_client(const tdm_trust *t, const tdm_rpc_call *call, tdm_error *err)
+{
+    return tdm_trust_check_bearer(t, tdm_rpc_call_metadata(call, "authorization"),
+                                  tdm_rpc_call_method(call), err);
 }
 
 bool tdm_trust_is_operator(const tdm_trust *t, const tdm_rpc_call *call)

@@ -58,6 +58,11 @@ tdm_status tdm_trust_check_internal(const tdm_trust *t, const tdm_rpc_call *call
                                     const char *role_name, tdm_error *err);
 /* Whether a public call may proceed (bearer token when required). */
 tdm_status tdm_trust_check_client(const tdm_trust *t, const tdm_rpc_call *call, tdm_error *err);
+/* The same for a transport other than gRPC: `authorization` is the value
+ * of its authorization header (NULL: none), `what` names the request in the
+ * error. */
+tdm_status tdm_trust_check_bearer(const tdm_trust *t, const char *authorization, const char *what,
+                                  tdm_error *err);
 /* Whether the caller may see operator details. */
 bool tdm_trust_is_operator(const tdm_trust *t, const tdm_rpc_call *call);
 

@@ -29,7 +29,7 @@ typedef struct gw_chan {
 struct gw_api {
     gw_registry *reg;
     const Tandem__V1__Descriptor *self; /* this gateway's (tokenizer fingerprint) */
-    tdm_tokenizer *tok; /* NULL: text in and out are unavailable */
+    tdm_tokenizer *tok;                 /* NULL: text in and out are unavailable */
     char tok_fp[65];
     int32_t stop_ids[2];
     int n_stop_ids;
@@ -133,15 +133,15 @@ static tdm_status encode_chat(const gw_api *g, const Tandem__V1__ChatPrompt *cha
         m[i].role = chat->messages[i]->role;
         m[i].content = chat->messages[i]->content;
     }
-    tdm_status rc = tdm_tok_encode_chat(g->tok, m, chat->n_messages, chat->add_generation_prompt,
-                                        ids, n, err);
+    tdm_status rc =
+        tdm_tok_encode_chat(g->tok, m, chat->n_messages, chat->add_generation_prompt, ids, n, err);
     free(m);
     return rc;
 }
 
 /* The prompt of a Generate request as token ids (caller frees *ids). */
-static tdm_status prompt_ids(const gw_api *g, const Tandem__V1__GenerateRequest *req,
-                             int32_t **ids, size_t *n, tdm_error *err)
+static tdm_status prompt_ids(const gw_api *g, const Tandem__V1__GenerateRequest *req, int32_t **ids,
+                             size_t *n, tdm_error *err)
 {
     *ids = NULL;
     *n = 0;
@@ -242,7 +242,7 @@ static size_t safe_end(const textbuf *b, char *const *stop, size_t n_stop)
 
 /* ---- Generate ------------------------------------------------------------------ */
 
-static tdm_status send_chunk(tdm_rpc_call *call, const uint32_t *ids, size_t n, const char *text,
+static tdm_status send_chunk(const gw_sink *sink, const uint32_t *ids, size_t n, const char *text,
                              size_t text_len, uint32_t index, tdm_error *err)
 {
     Tandem__V1__TokenChunk chunk = TANDEM__V1__TOKEN_CHUNK__INIT;
@@ -256,7 +256,7 @@ static tdm_status send_chunk(tdm_rpc_call *call, const uint32_t *ids, size_t n, 
     Tandem__V1__GenerateResponse r = TANDEM__V1__GENERATE_RESPONSE__INIT;
     r.chunk_case = TANDEM__V1__GENERATE_RESPONSE__CHUNK_TOKENS;
     r.tokens = &chunk;
-    tdm_status rc = tdm_rpc_call_write(call, &r.base, err);
+    tdm_status rc = sink->write(sink->arg, &r, err);
     free(t);
     return rc;
 }
@@ -275,14 +275,14 @@ typedef struct relay {
 } relay;
 
 /* Sends the text up to `end` and the ids whose text ends there or before. */
-static tdm_status relay_send(relay *rl, tdm_rpc_call *call, size_t end, tdm_error *err)
+static tdm_status relay_send(relay *rl, const gw_sink *sink, size_t end, tdm_error *err)
 {
     size_t k = 0;
     while (k < rl->n_ids && rl->ends[k] <= end)
         k++;
     if (k == 0 && end <= rl->tb.sent)
         return TDM_OK;
-    tdm_status rc = send_chunk(call, rl->ids, k, rl->tb.s ? rl->tb.s + rl->tb.sent : "",
+    tdm_status rc = send_chunk(sink, rl->ids, k, rl->tb.s ? rl->tb.s + rl->tb.sent : "",
                                end - rl->tb.sent, rl->n_sent, err);
     rl->tb.sent = end;
     rl->n_sent += (uint32_t)k;
@@ -294,7 +294,7 @@ static tdm_status relay_send(relay *rl, tdm_rpc_call *call, size_t end, tdm_erro
 
 /* Takes one chunk of ids from the verifier; sends what may go out. */
 static tdm_status relay_push(relay *rl, const gw_api *g, const Tandem__V1__GenerateRequest *req,
-                             tdm_rpc_call *call, const Tandem__V1__TokenChunk *tc, tdm_error *err)
+                             const gw_sink *sink, const Tandem__V1__TokenChunk *tc, tdm_error *err)
 {
     if (rl->n_ids + tc->n_ids > rl->cap) {
         rl->cap = (rl->n_ids + tc->n_ids) * 2 + 16;
@@ -318,18 +318,18 @@ static tdm_status relay_push(relay *rl, const gw_api *g, const Tandem__V1__Gener
                  * that reach into it are not the client's. */
                 rl->tb.len = (size_t)at;
                 rl->stopped = true;
-                return relay_send(rl, call, rl->tb.len, err);
+                return relay_send(rl, sink, rl->tb.len, err);
             }
         }
     }
     (void)g;
     size_t end = req->n_stop ? safe_end(&rl->tb, req->stop, req->n_stop) : rl->tb.len;
-    return relay_send(rl, call, end, err);
+    return relay_send(rl, sink, end, err);
 }
 
 /* The end of the stream: whatever text was held back for stop strings that
  * never came, and every id left. */
-static tdm_status relay_flush(relay *rl, tdm_rpc_call *call, tdm_error *err)
+static tdm_status relay_flush(relay *rl, const gw_sink *sink, tdm_error *err)
 {
     if (rl->ts && !rl->stopped) {
         const char *rest;
@@ -343,7 +343,7 @@ static tdm_status relay_flush(relay *rl, tdm_rpc_call *call, tdm_error *err)
             rl->ends[i] = rl->tb.len;
     else
         rl->n_ids = 0;
-    return relay_send(rl, call, rl->tb.len, err);
+    return relay_send(rl, sink, rl->tb.len, err);
 }
 
 static void relay_free(relay *rl)
@@ -370,16 +370,56 @@ static void log_request(const char *request_id, const gw_pick *pick, size_t prom
                  msg && msg[0] ? ": " : "", msg ? msg : "", ms);
 }
 
-static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_error *err,
-                           void *user)
+static bool sink_cancelled(const gw_sink *sink)
 {
-    gw_api *g = user;
-    const Tandem__V1__GenerateRequest *req = (const Tandem__V1__GenerateRequest *)msg;
+    if (sink->parent && tdm_rpc_call_cancelled(sink->parent))
+        return true;
+    return sink->cancel && __atomic_load_n(&sink->cancel->cancelled, __ATOMIC_ACQUIRE);
+}
+
+/* Makes the verifier stream (NULL: none any more) the one gw_cancel_fire
+ * cancels; false when the request was cancelled already. */
+static bool sink_watch(const gw_sink *sink, tdm_rpc_stream *stream)
+{
+    gw_cancel *c = sink->cancel;
+    if (!c)
+        return true;
+    pthread_mutex_lock(&c->mu);
+    c->stream = stream;
+    bool live = !c->cancelled;
+    pthread_mutex_unlock(&c->mu);
+    return live;
+}
+
+void gw_cancel_init(gw_cancel *c)
+{
+    memset(c, 0, sizeof(*c));
+    pthread_mutex_init(&c->mu, NULL);
+}
+
+void gw_cancel_fire(gw_cancel *c)
+{
+    pthread_mutex_lock(&c->mu);
+    __atomic_store_n(&c->cancelled, true, __ATOMIC_RELEASE);
+    if (c->stream)
+        tdm_rpc_stream_cancel(c->stream);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void gw_cancel_destroy(gw_cancel *c)
+{
+    pthread_mutex_destroy(&c->mu);
+}
+
+tdm_status gw_api_generate(gw_api *g, const Tandem__V1__GenerateRequest *req, const gw_sink *sink,
+                           tdm_error *err)
+{
     double t0 = now_ms();
     uint64_t seq = __atomic_add_fetch(&g->requests, 1, __ATOMIC_RELAXED);
     tdm_metric_add(g->in_flight, NULL, 1);
     char rid[160];
-    if (req->request_id[0] && tdm_req_check_label("request_id", req->request_id, 128, NULL) == TDM_OK)
+    if (req->request_id[0] &&
+        tdm_req_check_label("request_id", req->request_id, 128, NULL) == TDM_OK)
         snprintf(rid, sizeof(rid), "%s", req->request_id);
     else
         snprintf(rid, sizeof(rid), "req-%llx-%llu", (unsigned long long)(t0 * 1000.0),
@@ -397,9 +437,7 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     Tandem__V1__RequestStats progress = TANDEM__V1__REQUEST_STATS__INIT;
     ProtobufCMessage *progress_msg = NULL; /* holds progress's strings */
 
-    tdm_status rc = tdm_trust_check_client(g->trust, call, err);
-    if (rc == TDM_OK)
-        rc = tdm_req_check_generate(req, err);
+    tdm_status rc = tdm_req_check_generate(req, err);
     if (rc == TDM_OK && req->n_stop > 0)
         rc = need_tokenizer(g, "stop strings", err);
     if (rc == TDM_OK)
@@ -412,8 +450,9 @@ static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_
     int attempt = 0;
 again:
     /* Pick the replicas. */
-    Tandem__V1__SpeculationMode mode =
-        req->speculation ? req->speculation->mode : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
+    Tandem__V1__SpeculationMode mode = req->speculation
+                                           ? req->speculation->mode
+                                           : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
     bool want = mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF;
     if ((rc = gw_registry_pick(g->reg, want, g->self, &pick, err)) != TDM_OK)
         goto out;
@@ -424,8 +463,7 @@ again:
         limit = g->max_prompt_tokens;
     if (n_ids > limit) {
         rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                           "the prompt has %zu tokens, more than the %u allowed (%s)", n_ids,
-                           limit,
+                           "the prompt has %zu tokens, more than the %u allowed (%s)", n_ids, limit,
                            g->max_prompt_tokens > 0 && g->max_prompt_tokens == limit
                                ? "the gateway's max_prompt_tokens"
                                : "the verifier's max_context less one position for the first "
@@ -448,7 +486,7 @@ again:
     }
     if (pick.drafter_id[0]) {
         block = req->speculation && req->speculation->block_size ? req->speculation->block_size
-                                                                  : pick.block_size;
+                                                                 : pick.block_size;
         if ((rc = tdm_compat_check_request_block(block, "speculation.block_size", pick.verifier_id,
                                                  pick.max_draft, err)) != TDM_OK)
             goto out;
@@ -482,12 +520,16 @@ again:
         goto out;
     }
     tdm_rpc_metadata md;
-    tdm_rpc_call_options co = {.parent = call, .metadata = &md};
+    tdm_rpc_call_options co = {.parent = sink->parent, .metadata = &md};
     co.n_metadata = tdm_trust_metadata(g->trust, &md);
     rc = tdm_rpc_stream_open(chan->ch, "/tandem.v1.Verifier/Run", &run.base,
                              &tandem__v1__run_response__descriptor, &co, &stream, err);
     if (rc != TDM_OK) {
         tdm_error_prefix(err, "verifier %s", pick.verifier_id);
+        goto out;
+    }
+    if (!sink_watch(sink, stream)) {
+        rc = tdm_error_set(err, TDM_ERR_CANCELLED, "the client went away");
         goto out;
     }
     tdm_metric_add(g->prompt_tokens, NULL, (double)n_ids);
@@ -504,14 +546,14 @@ again:
     for (;;) {
         tdm_error rerr = {0};
         rc = tdm_rpc_stream_read(stream, &m, &rerr);
-        if (!m && rc == TDM_ERR_UNAVAILABLE && !heard && attempt < 2 &&
-            !tdm_rpc_call_cancelled(call)) {
+        if (!m && rc == TDM_ERR_UNAVAILABLE && !heard && attempt < 2 && !sink_cancelled(sink)) {
             /* The verifier cannot be reached (it died, or is restarting) and
              * nothing was streamed: the request goes to another verifier,
              * and this one is not picked again until it heartbeats. */
             tdm_log_warn(LOG, "request %s: verifier %s unreachable (%s); trying another", rid,
                          pick.verifier_id, rerr.msg);
             gw_registry_suspect(g->reg, pick.verifier_id, pick.verifier_instance);
+            sink_watch(sink, NULL);
             tdm_rpc_stream_destroy(stream);
             stream = NULL;
             channel_put(g, chan);
@@ -558,7 +600,7 @@ again:
                                    (t_now - t_last) / 1e3 / (double)resp->tokens->n_ids);
             if (resp->tokens->n_ids > 0)
                 t_last = t_now;
-            rc = relay_push(&rl, g, req, call, resp->tokens, err);
+            rc = relay_push(&rl, g, req, sink, resp->tokens, err);
         }
         if (m)
             protobuf_c_message_free_unpacked(m, NULL);
@@ -568,7 +610,7 @@ again:
     }
     tdm_rpc_stream_cancel(stream); /* a no-op once the verifier finished */
     if (rc == TDM_OK && (complete || rl.stopped)) {
-        rc = relay_flush(&rl, call, err);
+        rc = relay_flush(&rl, sink, err);
         Tandem__V1__RequestStats st = complete && complete->stats ? *complete->stats : progress;
         st.generated_tokens = rl.n_sent;
         st.time_to_first_token_ms = t_first > 0 ? t_first - t0 : 0;
@@ -577,8 +619,8 @@ again:
         if (note[0])
             st.speculation = note;
         Tandem__V1__GenerateComplete gc = TANDEM__V1__GENERATE_COMPLETE__INIT;
-        finish = rl.stopped ? TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP
-                            : complete->finish_reason;
+        finish =
+            rl.stopped ? TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP : complete->finish_reason;
         gc.finish_reason = finish;
         gc.stats = &st;
         gc.request_id = rid;
@@ -586,7 +628,7 @@ again:
         r.chunk_case = TANDEM__V1__GENERATE_RESPONSE__CHUNK_COMPLETE;
         r.complete = &gc;
         if (rc == TDM_OK)
-            rc = tdm_rpc_call_write(call, &r.base, err);
+            rc = sink->write(sink->arg, &r, err);
     }
     generated = rl.n_sent;
     __atomic_fetch_add(&g->tokens, generated, __ATOMIC_RELAXED);
@@ -597,14 +639,16 @@ out:
         protobuf_c_message_free_unpacked(m, NULL);
     if (progress_msg)
         protobuf_c_message_free_unpacked(progress_msg, NULL);
-    if (stream)
+    if (stream) {
+        sink_watch(sink, NULL);
         tdm_rpc_stream_destroy(stream);
+    }
     channel_put(g, chan);
     relay_free(&rl);
     if (picked)
         gw_registry_unpick(g->reg, &pick);
     free(ids);
-    const bool cancelled = rc != TDM_OK && tdm_rpc_call_cancelled(call);
+    const bool cancelled = rc != TDM_OK && sink_cancelled(sink);
     if (rc == TDM_OK)
         __atomic_fetch_add(&g->completed, 1, __ATOMIC_RELAXED);
     else if (cancelled)
@@ -620,6 +664,22 @@ out:
     return rc;
 }
 
+static tdm_status write_call(void *arg, const Tandem__V1__GenerateResponse *r, tdm_error *err)
+{
+    return tdm_rpc_call_write(arg, &r->base, err);
+}
+
+static tdm_status generate(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_error *err,
+                           void *user)
+{
+    gw_api *g = user;
+    tdm_status rc = tdm_trust_check_client(g->trust, call, err);
+    if (rc != TDM_OK)
+        return rc;
+    gw_sink sink = {.write = write_call, .arg = call, .parent = call};
+    return gw_api_generate(g, (const Tandem__V1__GenerateRequest *)msg, &sink, err);
+}
+
 /* ---- Tokenize, Detokenize, GetModelInfo ------------------------------------------ */
 
 static void free_ids(void *arg)
@@ -627,8 +687,8 @@ static void free_ids(void *arg)
     free(arg);
 }
 
-static tdm_status tokenize(tdm_rpc_call *call, const ProtobufCMessage *msg,
-                           ProtobufCMessage **resp, tdm_error *err, void *user)
+static tdm_status tokenize(tdm_rpc_call *call, const ProtobufCMessage *msg, ProtobufCMessage **resp,
+                           tdm_error *err, void *user)
 {
     gw_api *g = user;
     const Tandem__V1__TokenizeRequest *req = (const Tandem__V1__TokenizeRequest *)msg;
@@ -773,17 +833,17 @@ tdm_status gw_api_create(tdm_service *svc, gw_registry *reg, gw_api **out, tdm_e
     tdm_rpc_server *srv = tdm_service_server(svc);
     tdm_status rc;
     if ((rc = tdm_rpc_server_add_server_stream(srv, "/tandem.v1.Gateway/Generate",
-                                               &tandem__v1__generate_request__descriptor,
-                                               generate, g, err)) != TDM_OK ||
+                                               &tandem__v1__generate_request__descriptor, generate,
+                                               g, err)) != TDM_OK ||
         (rc = tdm_rpc_server_add_unary(srv, "/tandem.v1.Gateway/Tokenize",
                                        &tandem__v1__tokenize_request__descriptor, tokenize, g,
                                        err)) != TDM_OK ||
         (rc = tdm_rpc_server_add_unary(srv, "/tandem.v1.Gateway/Detokenize",
-                                       &tandem__v1__detokenize_request__descriptor, detokenize,
-                                       g, err)) != TDM_OK ||
+                                       &tandem__v1__detokenize_request__descriptor, detokenize, g,
+                                       err)) != TDM_OK ||
         (rc = tdm_rpc_server_add_unary(srv, "/tandem.v1.Gateway/GetModelInfo",
-                                       &tandem__v1__get_model_info_request__descriptor,
-                                       model_info, g, err)) != TDM_OK) {
+                                       &tandem__v1__get_model_info_request__descriptor, model_info,
+                                       g, err)) != TDM_OK) {
         gw_api_destroy(g);
         return rc;
     }
@@ -813,4 +873,18 @@ size_t gw_api_counters(gw_api *g, tdm_service_counter *out, size_t max)
         {"generated_tokens", (double)__atomic_load_n(&g->tokens, __ATOMIC_RELAXED)},
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
+}
+
+const tdm_tokenizer *gw_api_tokenizer(const gw_api *g)
+{
+    return g->tok;
+}
+
+tdm_status gw_api_ready(gw_api *g, tdm_error *err)
+{
+    gw_pick pick;
+    tdm_status rc = gw_registry_pick(g->reg, false, g->self, &pick, err);
+    if (rc == TDM_OK)
+        gw_registry_unpick(g->reg, &pick);
+    return rc;
 }

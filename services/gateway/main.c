@@ -9,6 +9,7 @@
 #include "api.h"
 #include "gw_status.h"
 #include "log.h"
+#include "openai.h"
 #include "registry.h"
 #include "service.h"
 #include "service_config.h"
@@ -16,6 +17,7 @@
 typedef struct gateway {
     gw_registry *reg;
     gw_api *api;
+    gw_openai *http; /* NULL without http_listen */
 } gateway;
 
 static size_t counters(void *arg, tdm_service_counter *out, size_t max)
@@ -57,7 +59,15 @@ int main(int argc, char **argv)
         gw_registry_destroy(g.reg);
         return 1;
     }
+    if (gw_openai_create(cfg, g.api, tdm_service_trust(svc), &g.http, &err) != TDM_OK) {
+        tdm_log_error("tandem-gateway", "cannot start: %s", err.msg);
+        tdm_service_destroy(svc);
+        gw_api_destroy(g.api);
+        gw_registry_destroy(g.reg);
+        return 1;
+    }
     tdm_service_wait_and_stop(svc, NULL, NULL);
+    gw_openai_destroy(g.http);
     tdm_service_destroy(svc);
     gw_api_destroy(g.api);
     gw_registry_destroy(g.reg);
