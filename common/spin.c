@@ -22,7 +22,8 @@ int64_t tdm_spin_now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-bool tdm_spin_changed(const _Atomic uint64_t *c, uint64_t seen)
+/* Polls test(arg) for up to the busy-poll time; its last answer. */
+static bool spin_until(bool (*test)(const void *), const void *arg)
 {
     const int64_t budget = tdm_busy_poll_us();
     if (budget <= 0)
@@ -30,28 +31,38 @@ bool tdm_spin_changed(const _Atomic uint64_t *c, uint64_t seen)
     const int64_t t0 = tdm_spin_now_us();
     for (;;) {
         for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(c, memory_order_acquire) != seen)
+            if (test(arg))
                 return true;
             tdm_cpu_relax();
         }
         if (tdm_spin_now_us() - t0 >= budget)
-            return atomic_load_explicit(c, memory_order_acquire) != seen;
+            return test(arg);
     }
+}
+
+typedef struct changed_arg {
+    const _Atomic uint64_t *c;
+    uint64_t seen;
+} changed_arg;
+
+static bool test_changed(const void *arg)
+{
+    const changed_arg *a = arg;
+    return atomic_load_explicit(a->c, memory_order_acquire) != a->seen;
+}
+
+static bool test_flag(const void *arg)
+{
+    return __atomic_load_n((const bool *)arg, __ATOMIC_ACQUIRE);
+}
+
+bool tdm_spin_changed(const _Atomic uint64_t *c, uint64_t seen)
+{
+    const changed_arg a = {c, seen};
+    return spin_until(test_changed, &a);
 }
 
 bool tdm_spin_flag(const bool *flag)
 {
-    const int64_t budget = tdm_busy_poll_us();
-    if (budget <= 0)
-        return false;
-    const int64_t t0 = tdm_spin_now_us();
-    for (;;) {
-        for (int i = 0; i < 64; i++) {
-            if (__atomic_load_n(flag, __ATOMIC_ACQUIRE))
-                return true;
-            tdm_cpu_relax();
-        }
-        if (tdm_spin_now_us() - t0 >= budget)
-            return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
-    }
+    return spin_until(test_flag, flag);
 }

@@ -158,6 +158,29 @@ typedef struct fwd_step {
     tdm_attn_seg *as;   /* [nseq] host scratch */
 } fwd_step;
 
+/* Host scratch of a step for up to nseq sequences and R rows. */
+static void step_scratch(fwd_step *st, int nseq, int R)
+{
+    st->row0 = tdm_xmalloc((size_t)nseq * sizeof(int));
+    st->extra = tdm_xmalloc((size_t)nseq * sizeof(int));
+    st->ids = tdm_xmalloc((size_t)R * sizeof(int32_t));
+    st->pos = tdm_xmalloc((size_t)R * sizeof(int32_t));
+    st->cs = tdm_xcalloc((size_t)nseq, sizeof(tdm_conv_seg));
+    st->gs = tdm_xcalloc((size_t)nseq, sizeof(tdm_gdn_seg));
+    st->as = tdm_xcalloc((size_t)nseq, sizeof(tdm_attn_seg));
+}
+
+static void step_scratch_free(fwd_step *st)
+{
+    free(st->row0);
+    free(st->extra);
+    free(st->ids);
+    free(st->pos);
+    free(st->cs);
+    free(st->gs);
+    free(st->as);
+}
+
 static uint64_t key_mix(uint64_t h, uint64_t v)
 {
     h = (h ^ v) * 0x9e3779b97f4a7c15ull;
@@ -331,14 +354,8 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         .R = R,
         .prefill = prefill,
         .logits = out && (out->logits || out->argmax),
-        .row0 = tdm_xmalloc((size_t)nseq * sizeof(int)),
-        .extra = tdm_xmalloc((size_t)nseq * sizeof(int)),
-        .ids = tdm_xmalloc((size_t)R * sizeof(int32_t)),
-        .pos = tdm_xmalloc((size_t)R * sizeof(int32_t)),
-        .cs = tdm_xcalloc((size_t)nseq, sizeof(tdm_conv_seg)),
-        .gs = tdm_xcalloc((size_t)nseq, sizeof(tdm_gdn_seg)),
-        .as = tdm_xcalloc((size_t)nseq, sizeof(tdm_attn_seg)),
     };
+    step_scratch(&st, nseq, R);
     for (int i = 0, r = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         st.row0[i] = r;
@@ -382,13 +399,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     be->sync(bx);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
-    free(st.row0);
-    free(st.extra);
-    free(st.ids);
-    free(st.pos);
-    free(st.cs);
-    free(st.gs);
-    free(st.as);
+    step_scratch_free(&st);
     return rc;
 }
 
@@ -823,14 +834,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
         .seqs = sq,
         .counts = counts,
         .logits = 1,
-        .row0 = tdm_xmalloc((size_t)nseq * sizeof(int)),
-        .extra = tdm_xmalloc((size_t)nseq * sizeof(int)),
-        .ids = tdm_xmalloc((size_t)Rmax * sizeof(int32_t)),
-        .pos = tdm_xmalloc((size_t)Rmax * sizeof(int32_t)),
-        .cs = tdm_xcalloc((size_t)nseq, sizeof(tdm_conv_seg)),
-        .gs = tdm_xcalloc((size_t)nseq, sizeof(tdm_gdn_seg)),
-        .as = tdm_xcalloc((size_t)nseq, sizeof(tdm_attn_seg)),
     };
+    step_scratch(&st, nseq, Rmax);
     const int V = m->cfg.vocab_size;
     /* The key: the model, the workspace, where the tokens go, and per
      * chain its length, lead rows and strategy (backend.h). */
@@ -895,13 +900,7 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
         for (int s = 1; s < k[i]; s++)
             q->pend_tokens[saved[x].pending + nlead[i] + s - 1] = drafts[i][s - 1];
     }
-    free(st.row0);
-    free(st.extra);
-    free(st.ids);
-    free(st.pos);
-    free(st.cs);
-    free(st.gs);
-    free(st.as);
+    step_scratch_free(&st);
     free(ord);
     free(sq);
     free(counts);
