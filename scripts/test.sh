@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs, builds tandem twice (plain, and
 # with AddressSanitizer + UndefinedBehaviorSanitizer) and runs every test in
-# both builds, then builds the Release and Debug configurations (warnings are
-# errors in every one). Ends with one summary line over both test runs.
+# both builds, runs every libFuzzer harness for a bounded time
+# (TANDEM_TEST_FUZZ_SECONDS each, default 60; 0 skips them; each harness
+# counts as one test), then builds the Release and Debug configurations
+# (warnings are errors in every one). Ends with one summary line over all of
+# it.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/deps.sh" || exit 1
@@ -36,6 +39,23 @@ for variant in plain asan; do
     status=1
   fi
 done
+# Bounded fuzzing: every harness from its committed corpus, under ASan+UBSan.
+fuzz_secs="${TANDEM_TEST_FUZZ_SECONDS:-60}"
+if [ "$fuzz_secs" -gt 0 ]; then
+  echo "== fuzz (${fuzz_secs} s a harness)"
+  log="$root/build-fuzz.log"
+  FUZZ_JOBS="$jobs" "$root/scripts/fuzz.sh" "$fuzz_secs" 2>&1 | tee "$log"
+  [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
+  ran=$(grep -cE '^fuzz_[a-z_]+: ' "$log")
+  bad=$(grep -cE '^  fuzz_[a-z_]+ failed|^fuzz_[a-z_]+: no result' "$log")
+  if [ "$ran" -eq 0 ]; then
+    status=1
+    fail=$((fail + 1))
+  else
+    pass=$((pass + ran - bad))
+    fail=$((fail + bad))
+  fi
+fi
 # The other build types users pick compile too (-O3 and -O0 warn differently).
 for type in Release Debug; do
   dir="$root/build-$(echo "$type" | tr 'A-Z' 'a-z')"
