@@ -4,7 +4,7 @@
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--k 0,4,8,16] [--steps N]
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
- *                    [--context N]
+ *                    [--context N] [--model DIR]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -35,7 +35,9 @@
  * stopped when the device has finished the step and its commit; decode and
  * verify then compare at one context. N needs room for 1 + k positions
  * below the KV cache's next power of two (the bench stops otherwise, since
- * a step that grows the cache would time the copy).
+ * a step that grows the cache would time the copy). --model DIR loads an
+ * existing checkpoint (bench_make_model's, any layout) instead of writing
+ * one; its load time and read rate are printed, and it is left in place.
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -62,7 +64,6 @@ static void die(const char *what, const char *msg)
     fprintf(stderr, "cuda_bench: %s%s%s\n", what, msg ? ": " : "", msg ? msg : "");
     exit(1);
 }
-
 
 /* ---- timing ----------------------------------------------------------------- */
 
@@ -194,7 +195,7 @@ int main(int argc, char **argv)
 {
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8",
                *ks_arg = "0,4,8,16";
-    const char *outs = "logits", *variants = "";
+    const char *outs = "logits", *variants = "", *model_dir = NULL;
     int steps = 20, stats = 0, graphs = 1;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
@@ -208,6 +209,8 @@ int main(int argc, char **argv)
             sh = argv[i + 1];
         else if (!strcmp(argv[i], "--dir"))
             dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--model"))
+            model_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--batch"))
             batches = argv[i + 1];
         else if (!strcmp(argv[i], "--k"))
@@ -244,7 +247,7 @@ int main(int argc, char **argv)
     const bench_shape *s = NULL;
     s = bench_shape_find(sh);
     if (!s)
-        die("unknown --shape (0.8b or 4b)", sh);
+        die("unknown --shape (0.8b, 4b or 27b)", sh);
     if (steps < 1)
         steps = 1;
     char why[160];
@@ -254,10 +257,15 @@ int main(int argc, char **argv)
     }
     double t0 = bench_now();
     char werr[700];
-    if (bench_write_model(dir, s, werr, sizeof(werr)) != 0)
-        die("random checkpoint", werr);
-    printf("random Qwen3.5-%s-shaped bf16 checkpoint written in %.1f s\n", s->name,
-           bench_now() - t0);
+    if (model_dir) {
+        dir = model_dir;
+        printf("checkpoint %s (the %s shape's name in the table)\n", dir, s->name);
+    } else {
+        if (bench_write_model(dir, s, werr, sizeof(werr)) != 0)
+            die("random checkpoint", werr);
+        printf("random Qwen3.5-%s-shaped bf16 checkpoint written in %.1f s\n", s->name,
+               bench_now() - t0);
+    }
     tdm_error err;
     tdm_backend *be = NULL;
     tdm_model *m = NULL;
@@ -278,8 +286,9 @@ int main(int argc, char **argv)
             die("load", err.msg);
         tdm_model_set_graphs(m, graphs);
         if (floor_ms == 0) {
-            printf("loaded onto the GPU in %.1f s; CUDA graphs %s\n", bench_now() - t0,
-                   graphs ? "on" : "off");
+            const double load_s = bench_now() - t0;
+            printf("loaded onto the GPU in %.1f s (%.2f GB/s of weights); CUDA graphs %s\n", load_s,
+                   (double)tdm_model_weight_bytes(m) / load_s / 1e9, graphs ? "on" : "off");
             double bw = tdm_cuda_copy_bandwidth(0, (size_t)1 << 30);
             double wb = (double)tdm_model_weight_bytes(m);
             floor_ms = wb / bw * 1e3;
@@ -348,6 +357,8 @@ int main(int argc, char **argv)
             fflush(stderr);
         }
     }
+    if (model_dir)
+        return 0;
     char p[700];
     snprintf(p, sizeof(p), "%s/model.safetensors", dir);
     unlink(p);

@@ -46,6 +46,14 @@ const bench_shape *bench_shape_find(const char *name);
  * writing a 4B-shaped checkpoint stays disk-bound. 0, or -1 with a message
  * in err. */
 int bench_write_model(const char *dir, const bench_shape *s, char *err, size_t err_len);
+/* The same with a choice of layout. release: as Qwen3.5/3.6 checkpoints ship
+ * (a qwen3_5 config with text_config and vision_config, tensors under
+ * model.language_model., an untied lm_head.weight, the vision tower's
+ * model.visual.* and the MTP head's mtp.* tensors beside them). shard_bytes:
+ * 0 for one model.safetensors, else shards of at most that many bytes
+ * (model-0000i-of-0000n.safetensors) named by model.safetensors.index.json. */
+int bench_write_model_layout(const char *dir, const bench_shape *s, int release, size_t shard_bytes,
+                             char *err, size_t err_len);
 
 #ifdef __cplusplus
 }
