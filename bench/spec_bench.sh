@@ -22,7 +22,9 @@
 #    batch 1, 8 and 32;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
 #    0.8B decode at batch 1), the upper bound of a round.
-# PARTS may add "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
+# PARTS may add "27b" (the Qwen3.6-27B shape in the release layout: engine
+# steps under each strategy, the verifier's capacity, plain decoding through
+# the services), "doctor" (tandem doctor on this machine), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
 # exchange's floor) and "cudatests" (the CUDA tests).
 # Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
 # default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
@@ -222,6 +224,64 @@ run)
             done
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
+            ;;
+        27b)
+            # The Qwen3.6-27B shape as released (bench_make_model --layout
+            # release: shards named by an index, text_config, the vision
+            # tower and the MTP head beside the text model), written to
+            # memory-backed storage (/dev/shm; on disk when it is too small).
+            echo "== 27B shape" | tee -a "$SUM"
+            M27="$W/t27b"
+            if [ "$(df -k --output=avail /dev/shm | tail -1)" -lt $((60 * 1024 * 1024)) ]; then
+                M27=/tmp/tandem-t27b
+            fi
+            df -h "$(dirname "$M27")" | tail -1 | tee -a "$SUM"
+            rm -rf "$M27"
+            "$B/bench_make_model" --shape 27b --layout release --out "$M27" | tee -a "$SUM"
+            echo "$(ls "$M27" | grep -c safetensors$) shards, $(du -sh "$M27" | cut -f1)" | tee -a "$SUM"
+            # host memory the load takes beyond the checkpoint: the largest
+            # AnonPages while loading, against before
+            anon() { awk '/^AnonPages:/ {print $2}' /proc/meminfo; }
+            for st in ${STRATEGIES27:-replay extra_buffer no_buffer}; do
+                a0=$(anon) amax=$a0
+                bs=1,8,32
+                [ "$st" = replay ] || bs=1,8
+                timeout 400 "$B/bench_cuda_bench" --model "$M27" --shape 27b --batch "$bs" \
+                    --k 0,4,8 --steps 10 --out argmax --strategy "$st" \
+                    >"$OUT/engine_27b_$st.log" 2>&1 &
+                bp=$!
+                while kill -0 "$bp" 2>/dev/null; do
+                    a=$(anon)
+                    [ "$a" -gt "$amax" ] && amax=$a
+                    sleep 0.2
+                done
+                wait "$bp"
+                tee -a "$SUM" <"$OUT/engine_27b_$st.log" | grep -E 'loaded|floor|^\|' | head -14
+                echo "27b $st: host anonymous memory during the run +$(((amax - a0) / 1024)) MB" |
+                    tee -a "$SUM"
+            done
+            for st in replay extra_buffer no_buffer; do
+                "$B/tandem-verifier" --check-config --backend cuda --model "$M27" \
+                    --state-strategy "$st" --max-draft-tokens 8 >"$OUT/check27-$st.log" 2>&1
+                echo "check-config 27b $st rc=$?" | tee -a "$SUM"
+                grep -iE 'capacity|per sequence|sequences' "$OUT/check27-$st.log" | head -20 |
+                    tee -a "$SUM"
+            done
+            start_stack 27b "$M27" --max-sequences 32 || continue
+            "$B/tandem" status --gateway "$GW" >"$OUT/status-27b.log" 2>&1
+            V="--vocab 248320"
+            load "27b plain b1" 1 4 off $V
+            load "27b plain b32" 32 64 off $V
+            "$B/tandem" status --gateway "$GW" >>"$OUT/status-27b.log" 2>&1
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            grep -iE 'load|capacity|sequences' "$OUT/verifier-27b.log" | head -10 | tee -a "$SUM"
+            rm -rf "$M27"
+            ;;
+        doctor)
+            echo "== tandem doctor" | tee -a "$SUM"
+            "$B/tandem" doctor --model "$root/models/demo-target" 2>&1 | tee -a "$SUM"
+            echo "doctor rc=${PIPESTATUS[0]}" | tee -a "$SUM"
             ;;
         rpc)
             # the transport's own round trip on this host: the floor of the exchange
