@@ -246,8 +246,11 @@ run)
                 a0=$(anon) amax=$a0
                 bs=1,8,32
                 [ "$st" = replay ] || bs=1,8
+                more=()
+                # replay: also from one context, and where a step's GPU time goes
+                [ "$st" = replay ] && more=(--stats)
                 timeout 400 "$B/bench_cuda_bench" --model "$M27" --shape 27b --batch "$bs" \
-                    --k 0,4,8 --steps 10 --out argmax --strategy "$st" \
+                    --k 0,4,8 --steps 10 --out argmax --strategy "$st" "${more[@]}" \
                     >"$OUT/engine_27b_$st.log" 2>&1 &
                 bp=$!
                 while kill -0 "$bp" 2>/dev/null; do
@@ -257,6 +260,9 @@ run)
                 done
                 wait "$bp"
                 tee -a "$SUM" <"$OUT/engine_27b_$st.log" | grep -E 'loaded|floor|^\|' | head -14
+                [ "$st" = replay ] && timeout 200 "$B/bench_cuda_bench" --model "$M27" --shape 27b \
+                    --batch 1 --k 0,8 --steps 10 --out argmax --strategy replay --context 1000 2>&1 |
+                    tee "$OUT/engine_27b_context.log" | grep -E '^\|' | tee -a "$SUM"
                 echo "27b $st: host anonymous memory during the run +$(((amax - a0) / 1024)) MB" |
                     tee -a "$SUM"
             done
