@@ -62,6 +62,12 @@ static void cpu_host_free(void *ctx, void *p)
     free(p);
 }
 
+static int cpu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)ctx;
+    return tdm_host_memory(free_bytes, total_bytes);
+}
+
 /* --- elementwise and row ops -------------------------------------------- */
 
 static void cpu_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)
@@ -580,6 +586,7 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->sync = cpu_sync;
     be->host_alloc = cpu_host_alloc;
     be->host_free = cpu_host_free;
+    be->mem_info = cpu_mem_info;
     /* graph_begin / graph_end stay NULL: every op runs as it is called. */
     be->embed = cpu_embed;
     be->matmul = cpu_matmul_slot;
