@@ -421,13 +421,9 @@ static void flush_links(vround *rd)
 
 /* ---- submit, next, cancel, release (RPC handler threads) ---------------------- */
 
-/* Whether r would be admitted now, behind `ahead` requests waiting before it
- * (under mu): a place among max_sequences and its reservation beside the
- * running requests'. */
-static bool admissible_locked(const vsched *s, const vreq *r, int ahead)
+/* Whether r's reservation fits beside the running requests' (under mu). */
+static bool fits_locked(const vsched *s, const vreq *r)
 {
-    if (ahead > 0 || s->n_active >= s->p.max_sequences)
-        return false;
     return s->p.seq_budget_bytes == 0 || s->reserved + r->reserved <= s->p.seq_budget_bytes;
 }
 
@@ -527,10 +523,13 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         req_free(r);
         return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
     }
+    /* The line holds max_waiting requests beyond those the next round
+     * admits to the free places. */
     int waiting = 0;
     for (vreq *w = s->wait_head; w; w = w->next_waiting)
         waiting += !w->cancelled;
-    if (waiting >= s->p.max_waiting && !admissible_locked(s, r, waiting)) {
+    const int free_places = s->p.max_sequences - s->n_active;
+    if (waiting - free_places >= s->p.max_waiting) {
         s->counters.refused++;
         const int active = s->n_active;
         const size_t held = s->reserved;
@@ -538,8 +537,8 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         vlink_unref(r->link);
         req_free(r);
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
-                             "the verifier is full: %d requests running (%zu of %zu bytes "
-                             "reserved) and %d waiting, the most it takes (%s)",
+                             "the verifier is full: %d requests running (%zu of %zu bytes of "
+                             "state reserved) and %d waiting, the most it takes (%s)",
                              active, held, s->p.seq_budget_bytes, waiting, s->limits);
     }
     r->id = ++s->next_id;
@@ -690,7 +689,7 @@ static bool admit_and_retire(vsched *s, vround *rd)
     while (s->wait_head && s->n_active < s->p.max_sequences &&
            retired_waiting < s->p.max_sequences) {
         vreq *r = s->wait_head;
-        if (!r->cancelled && !admissible_locked(s, r, 0))
+        if (!r->cancelled && !fits_locked(s, r))
             break; /* first come, first served: it waits for memory */
         s->wait_head = r->next_waiting;
         if (!s->wait_head)
