@@ -862,7 +862,7 @@ void tdm_svc_print_capacity(const tdm_cfg *cfg, const char *prefix, FILE *out)
             *line = '\0';
         }
         fprintf(out,
-                "%s%s  budget: measured at start (gpu_memory auto on the cuda backend); max "
+                "%s%sbudget: measured at start (gpu_memory auto on the cuda backend); max "
                 "sequences = the most n with weights + workspace(n) + n x %zu <= budget\n",
                 text, prefix, c.seq_total);
         return;
