@@ -94,7 +94,7 @@ static int context = 0;
 static double time_step(tdm_backend *be, tdm_model *m, int batch, int k, int steps, int argmax_only)
 {
     const int V = tdm_model_get_config(m)->vocab_size, P = context ? context : 32;
-    tdm_seq_params p = {strategy, k > 0 ? k : 1};
+    tdm_seq_params p = {strategy, k > 0 ? k : 1, 0};
     tdm_seq *seqs[64], *run[64];
     tdm_error err;
     int32_t *prompt = malloc((size_t)P * sizeof(int32_t));

@@ -113,7 +113,7 @@ static double median(double *v, int n)
 
 static tdm_seq *seq_new(tdm_model *m, tdm_state_strategy s, int max_draft, int plen)
 {
-    tdm_seq_params p = {s, max_draft};
+    tdm_seq_params p = {s, max_draft, 0};
     tdm_seq *q;
     tdm_error err;
     if (tdm_seq_create(m, &p, &q, &err) != TDM_OK)
@@ -145,7 +145,7 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
     /* prefill of a 256-token prompt (two 128-row chunks) */
     double tp;
     {
-        tdm_seq_params pp = {TDM_STATE_EXTRA_BUFFER, 0};
+        tdm_seq_params pp = {TDM_STATE_EXTRA_BUFFER, 0, 0};
         tdm_seq *ps;
         if (tdm_seq_create(m, &pp, &ps, &err) != TDM_OK)
             die("seq", &err);

@@ -61,6 +61,33 @@ tdm_status tdm_error_oom(tdm_error *err, size_t bytes, const char *what_fmt, ...
     va_start(ap, what_fmt);
     vsnprintf(what, sizeof(what), what_fmt, ap);
     va_end(ap);
-    return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory for %s (%zu bytes)",
-                         what, bytes);
+    return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "out of memory for %s (%zu bytes)", what,
+                         bytes);
+}
+
+int tdm_host_memory(size_t *available, size_t *total)
+{
+    *available = 0;
+    *total = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int found = 0;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long long kib = 0;
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+            *available = (size_t)kib * 1024;
+            found |= 1;
+        } else if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) {
+            *total = (size_t)kib * 1024;
+            found |= 2;
+        }
+    }
+    fclose(f);
+    if (found != 3) {
+        *available = *total = 0;
+        return -1;
+    }
+    return 0;
 }

@@ -36,4 +36,9 @@ char *tdm__xstrndup(const char *s, size_t n, const char *file, int line);
 tdm_status tdm_error_oom(tdm_error *err, size_t bytes, const char *what_fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The host's memory as the kernel reports it (/proc/meminfo): MemAvailable
+ * (what can be allocated without swapping) and MemTotal, in bytes. Returns
+ * 0, or -1 when they cannot be read (both then 0). */
+int tdm_host_memory(size_t *available, size_t *total);
+
 #endif

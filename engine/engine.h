@@ -42,6 +42,10 @@ size_t tdm_model_weight_bytes(const tdm_model *m);
  * On by default; no effect on a backend without graphs. Results are the
  * same bits either way. */
 void tdm_model_set_graphs(tdm_model *m, int on);
+/* Sizes the workspace for forward steps of up to `rows` rows now
+ * (tdm_capacity_workspace_bytes), so that such steps allocate nothing;
+ * RESOURCE_EXHAUSTED when the backend cannot hold it. */
+tdm_status tdm_model_reserve_workspace(tdm_model *m, int rows, tdm_error *err);
 /* Host memory the engine downloads into fastest (CUDA: page-locked), for
  * logits buffers; NULL when exhausted. Free it with tdm_model_host_free, on
  * the same model, before the model is destroyed. */
@@ -64,6 +68,10 @@ void tdm_model_host_free(tdm_model *m, void *p); /* NULL is fine */
 typedef struct tdm_seq_params {
     tdm_state_strategy strategy;
     int max_draft; /* most draft tokens one verify may carry (k); >= 0 */
+    /* 0: KV caches start small and double as positions come. > 0: the
+     * sequence holds KV for that many positions from its creation (what a
+     * caller accounted for it: capacity.h), and grows only past them. */
+    int max_positions;
 } tdm_seq_params;
 
 typedef struct tdm_seq tdm_seq;

@@ -7,6 +7,7 @@
  */
 #include "engine_internal.h"
 #include "alloc.h"
+#include "capacity.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -168,8 +169,8 @@ static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, i
     float *dev = m->be->alloc(m->be->ctx, (size_t)t->numel * sizeof(float));
     if (!dev) {
         free(host);
-        return tdm_error_oom(err, (size_t)t->numel * sizeof(float), "%s on the %s backend",
-                             t->name, m->be->name);
+        return tdm_error_oom(err, (size_t)t->numel * sizeof(float), "%s on the %s backend", t->name,
+                             m->be->name);
     }
     track(&m->owned, &m->nowned, &m->capowned, dev);
     to_f32(host, t);
@@ -250,7 +251,7 @@ tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm
         return rc;
     }
     const tdm_model_config *c = &m->cfg;
-    m->conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
+    m->conv_dim = (int)tdm_capacity_conv_dim(c);
     m->layers = tdm_xcalloc((size_t)c->num_layers, sizeof(tdm_layer_weights));
     m->inv_freq = tdm_xmalloc((size_t)(c->rot_dim / 2) * sizeof(float));
     /* As transformers computes it in fp32: 1 / theta^(2i / rot_dim). */

@@ -19,29 +19,35 @@
  */
 #include "engine_internal.h"
 #include "alloc.h"
+#include "capacity.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define PREFILL_CHUNK 128
+#define PREFILL_CHUNK TDM_PREFILL_ROWS
 #define KV_INITIAL_CAP 64
 
 /* ---- sizes ------------------------------------------------------------- */
+/* Every size comes from capacity.c, so that its estimates are what is
+ * allocated here. */
 
 static size_t conv_floats(const tdm_model *m)
 {
-    return (size_t)(m->cfg.conv_kernel - 1) * (size_t)m->conv_dim;
+    tdm_state_floats f;
+    tdm_capacity_state_floats(&m->cfg, TDM_STATE_NO_BUFFER, 0, &f);
+    return f.conv;
 }
 
 static size_t rec_floats(const tdm_model *m)
 {
-    const tdm_model_config *c = &m->cfg;
-    return (size_t)c->lin_v_heads * (size_t)c->lin_k_dim * (size_t)c->lin_v_dim;
+    tdm_state_floats f;
+    tdm_capacity_state_floats(&m->cfg, TDM_STATE_NO_BUFFER, 0, &f);
+    return f.rec;
 }
 
 static size_t kv_width(const tdm_model *m)
 {
-    return (size_t)m->cfg.num_kv_heads * (size_t)m->cfg.head_dim;
+    return tdm_capacity_kv_width(&m->cfg);
 }
 
 /* Floats of a layer's rec_x: states per position (extra_buffer), one
@@ -49,19 +55,17 @@ static size_t kv_width(const tdm_model *m)
  * (replay). */
 static size_t rec_x_floats(const tdm_seq *s)
 {
-    const tdm_model_config *c = &s->m->cfg;
-    const size_t slots = (size_t)s->p.max_draft + 1;
-    if (s->p.strategy == TDM_STATE_REPLAY)
-        return slots *
-               tdm_gdn_input_floats(c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim);
-    return (s->p.strategy == TDM_STATE_EXTRA_BUFFER ? slots : 1) * rec_floats(s->m);
+    tdm_state_floats f;
+    tdm_capacity_state_floats(&s->m->cfg, s->p.strategy, s->p.max_draft, &f);
+    return f.rec_x;
 }
 
 /* Conv windows of a layer's conv_x: per position but under no_buffer. */
 static size_t conv_x_floats(const tdm_seq *s)
 {
-    return (s->p.strategy == TDM_STATE_NO_BUFFER ? 1 : (size_t)s->p.max_draft + 1) *
-           conv_floats(s->m);
+    tdm_state_floats f;
+    tdm_capacity_state_floats(&s->m->cfg, s->p.strategy, s->p.max_draft, &f);
+    return f.conv_x;
 }
 
 /* ---- workspace ----------------------------------------------------------- */
@@ -73,23 +77,12 @@ static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
         return TDM_OK;
     if (rows < 2 * w->rows)
         rows = 2 * w->rows;
-    const tdm_model_config *c = &m->cfg;
-    const size_t H = (size_t)c->hidden_size, C = (size_t)m->conv_dim;
-    const size_t VD = (size_t)c->lin_v_heads * (size_t)c->lin_v_dim;
-    const size_t QD = (size_t)c->num_heads * (size_t)c->head_dim, KD = kv_width(m);
-    const size_t Hv = (size_t)c->lin_v_heads, I = (size_t)c->intermediate_size;
-    const size_t V = (size_t)c->vocab_size, OW = VD > QD ? VD : QD;
-    /* Each piece rounded to 16 floats keeps every buffer 64-byte aligned. */
-#define RND(n) ((((n) * (size_t)rows) + 15) & ~(size_t)15)
-    size_t sizes[] = {RND(H),  RND(H),  RND(C),  RND(C),      RND(VD), RND(Hv),
-                      RND(Hv), RND(OW), RND(OW), RND(2 * QD), RND(QD), RND(QD),
-                      RND(KD), RND(KD), RND(I),  RND(I),      RND(V)};
-#undef RND
+    size_t sizes[TDM_WORKSPACE_PIECES];
+    const size_t total = tdm_capacity_workspace_bytes(&m->cfg, rows, sizes) / sizeof(float);
     float **dst[] = {&w->x,  &w->xn, &w->qkv,  &w->qkvc, &w->z, &w->a,  &w->b,  &w->o,     &w->o2,
                      &w->qg, &w->q,  &w->gate, &w->k,    &w->v, &w->h1, &w->h2, &w->logits};
-    size_t total = 0;
-    for (size_t i = 0; i < TDM_ARRAY_LEN(sizes); i++)
-        total += sizes[i];
+    _Static_assert(sizeof(dst) / sizeof(dst[0]) == TDM_WORKSPACE_PIECES,
+                   "capacity.c sizes every workspace piece");
     void *block = m->be->alloc(m->be->ctx, total * sizeof(float));
     if (!block)
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
@@ -106,6 +99,11 @@ static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
     return TDM_OK;
 }
 
+tdm_status tdm_model_reserve_workspace(tdm_model *m, int rows, tdm_error *err)
+{
+    return ws_ensure(m, rows, err);
+}
+
 /* ---- KV capacity --------------------------------------------------------- */
 
 static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
@@ -116,6 +114,10 @@ static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
     int cap = s->kv_cap ? s->kv_cap : KV_INITIAL_CAP;
     while (cap < need)
         cap *= 2;
+    /* A sequence created for max_positions holds them from the start; past
+     * them (a caller's miscount) it grows only to what is needed. */
+    if (s->p.max_positions > 0)
+        cap = need;
     size_t row = kv_width(m) * sizeof(float);
     for (int L = 0; L < m->cfg.num_layers; L++) {
         if (!s->k[L])
@@ -146,16 +148,16 @@ typedef struct fwd_step {
     tdm_seq *const *seqs;
     const int *counts; /* [nseq] rows of each sequence */
     int nseq, R;
-    int prefill;        /* a prompt chunk: the delta rule may run chunked */
-    int logits;         /* final norm and LM head run, into ws.logits */
-    int *row0;          /* [nseq] first row of each sequence */
-    int *extra;         /* [nseq] a verify's rows keep per-position conv windows and
-                           recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
-    int32_t *ids, *pos; /* [R] host */
+    int prefill;            /* a prompt chunk: the delta rule may run chunked */
+    int logits;             /* final norm and LM head run, into ws.logits */
+    int *row0;              /* [nseq] first row of each sequence */
+    int *extra;             /* [nseq] a verify's rows keep per-position conv windows and
+                               recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
+    int32_t *ids, *pos;     /* [R] host */
     const int32_t *ids_dev; /* NULL, or the ids in backend memory (embed_dev; ids unused) */
-    tdm_conv_seg *cs;   /* [nseq] host scratch */
-    tdm_gdn_seg *gs;    /* [nseq] host scratch */
-    tdm_attn_seg *as;   /* [nseq] host scratch */
+    tdm_conv_seg *cs;       /* [nseq] host scratch */
+    tdm_gdn_seg *gs;        /* [nseq] host scratch */
+    tdm_attn_seg *as;       /* [nseq] host scratch */
 } fwd_step;
 
 /* Host scratch of a step for up to nseq sequences and R rows. */
@@ -420,6 +422,9 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
         p->strategy != TDM_STATE_REPLAY)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "unknown state strategy %d",
                              (int)p->strategy);
+    if (p->max_positions < 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_positions %d is negative",
+                             p->max_positions);
     if (p->strategy == TDM_STATE_REPLAY && !m->be->gdn_replay)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "state strategy replay: the %s backend cannot replay a delta rule",
@@ -446,12 +451,14 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
         s->rec_x[L] = m->be->alloc(bx, rec_x_floats(s) * sizeof(float));
         ok = s->conv[L] && s->rec[L] && s->conv_x[L] && s->rec_x[L];
     }
-    /* A dummy non-NULL marker tells kv_ensure which layers own KV caches. */
+    /* KV caches for max_positions, or a first KV_INITIAL_CAP that grows;
+     * their being non-NULL tells kv_ensure which layers own KV caches. */
+    const int kv_cap = p->max_positions > 0 ? p->max_positions : KV_INITIAL_CAP;
     for (int L = 0; ok && L < NL; L++) {
         if (m->cfg.layer_types[L] != TDM_LAYER_FULL_ATTENTION)
             continue;
-        s->k[L] = m->be->alloc(bx, (size_t)KV_INITIAL_CAP * kv_width(m) * sizeof(float));
-        s->v[L] = m->be->alloc(bx, (size_t)KV_INITIAL_CAP * kv_width(m) * sizeof(float));
+        s->k[L] = m->be->alloc(bx, (size_t)kv_cap * kv_width(m) * sizeof(float));
+        s->v[L] = m->be->alloc(bx, (size_t)kv_cap * kv_width(m) * sizeof(float));
         ok = s->k[L] && s->v[L];
     }
     if (!ok) {
@@ -461,7 +468,7 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
                              "sequence",
                              m->be->name);
     }
-    s->kv_cap = KV_INITIAL_CAP;
+    s->kv_cap = kv_cap;
     *out = s;
     return TDM_OK;
 }
@@ -716,7 +723,8 @@ static tdm_status draft_calls(tdm_seq *const *seqs, int nseq, const int32_t *con
     }
     tdm_seq **sq = tdm_xmalloc((size_t)nseq * sizeof(*sq));
     const int32_t **tp = tdm_xmalloc((size_t)nseq * sizeof(*tp));
-    int *nt = tdm_xmalloc((size_t)nseq * sizeof(int)), *idx = tdm_xmalloc((size_t)nseq * sizeof(int));
+    int *nt = tdm_xmalloc((size_t)nseq * sizeof(int)),
+        *idx = tdm_xmalloc((size_t)nseq * sizeof(int));
     int32_t *am = tdm_xmalloc((size_t)(R0 > nseq ? R0 : nseq) * sizeof(int32_t));
     tdm_status rc = TDM_OK;
     for (int s = 0; s < kmax && rc == TDM_OK; s++) {
@@ -794,8 +802,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     int *ord = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++) {
         int j = i;
-        while (j > 0 && (k[ord[j - 1]] < k[i] ||
-                         (k[ord[j - 1]] == k[i] && nlead[ord[j - 1]] < nlead[i]))) {
+        while (j > 0 &&
+               (k[ord[j - 1]] < k[i] || (k[ord[j - 1]] == k[i] && nlead[ord[j - 1]] < nlead[i]))) {
             ord[j] = ord[j - 1];
             j--;
         }

@@ -152,6 +152,10 @@ struct tdm_backend {
     void *(*host_alloc)(void *ctx, size_t nbytes);
     /* Frees memory from host_alloc (NULL is fine). */
     void (*host_free)(void *ctx, void *p);
+    /* Optional (NULL: unknown). Backend memory free now and in all, in
+     * bytes (CUDA: the device's; CPU: the host's MemAvailable and MemTotal).
+     * Returns 0, or -1 when the backend cannot tell. */
+    int (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
 
     /* --- graphs (optional: both NULL where the backend has none) --------
      * The engine brackets the ops of one forward step with graph_begin and

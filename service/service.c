@@ -261,6 +261,15 @@ void tdm_service_set_device_uuid(tdm_service *s, const char *uuid)
     s->desc->device_uuid = tdm_xstrdup(uuid ? uuid : "");
 }
 
+tdm_status tdm_service_set_resolved(tdm_service *s, const char *key, const char *value,
+                                    const char *reason, tdm_error *err)
+{
+    tdm_status rc = tdm_cfg_set_resolved(s->cfg, key, value, reason, err);
+    if (rc == TDM_OK && strcmp(key, "max_sequences") == 0)
+        s->desc->max_sequences = (uint32_t)tdm_cfg_int(s->cfg, key);
+    return rc;
+}
+
 const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s)
 {
     return s->desc;

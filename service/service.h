@@ -62,6 +62,11 @@ const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s);
 /* Sets the descriptor's device_uuid (the GPU the replica's model runs on);
  * call from the setup callback, before the service starts. */
 void tdm_service_set_device_uuid(tdm_service *s, const char *uuid);
+/* A value a rule left to be measured at start (tdm_cfg_set_resolved),
+ * reflected in the descriptor where it appears there (max_sequences); call
+ * from the setup callback. Refuses an explicitly set value. */
+tdm_status tdm_service_set_resolved(tdm_service *s, const char *key, const char *value,
+                                    const char *reason, tdm_error *err);
 /* The TLS settings from configuration, or NULL for plaintext. */
 const tdm_rpc_tls *tdm_service_tls(const tdm_service *s);
 /* Who may call this process, and the credential it presents to its peers. */

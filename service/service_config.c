@@ -5,6 +5,7 @@
  */
 #include "service_config.h"
 #include "alloc.h"
+#include "safetensors.h"
 
 #include "buildinfo.h"
 #include "defs.h"
@@ -97,9 +98,24 @@
          0,           0,                                                                           \
          0,           NULL,                                                                        \
          GRP_OPS,     "Least severe log level written to stderr."},                                \
-        {"shutdown_grace", TDM_CFG_DURATION, "5s", NULL, 0, 600000, 0, NULL, GRP_OPS,              \
+        {"shutdown_grace",                                                                         \
+         TDM_CFG_DURATION,                                                                         \
+         "5s",                                                                                     \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         600000,                                                                                   \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         GRP_OPS,                                                                                  \
          "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled."},     \
-        {"tls_client_auth", TDM_CFG_ENUM, "auto", "auto|none|require", 0, 0, TDM_CFG_AUTO, NULL,   \
+        {"tls_client_auth",                                                                        \
+         TDM_CFG_ENUM,                                                                             \
+         "auto",                                                                                   \
+         "auto|none|require",                                                                      \
+         0,                                                                                        \
+         0,                                                                                        \
+         TDM_CFG_AUTO,                                                                             \
+         NULL,                                                                                     \
          GRP_TLS,                                                                                  \
          "Whether this process's servers demand client certificates that chain to tls_ca "         \
          "(mutual TLS); auto: require when tls_cert and tls_ca are both set."},                    \
@@ -107,7 +123,7 @@
         "cluster_token_file", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE,  \
             NULL, GRP_TRUST,                                                                       \
             "A secret shared by the gateway, the verifiers and the drafters (the file's first "    \
-            "line): the calls between them carry it and are refused without it. With neither "    \
+            "line): the calls between them carry it and are refused without it. With neither "     \
             "this nor mutual TLS those calls are accepted only from this host."                    \
     }
 
@@ -169,7 +185,7 @@
         {"backend",                                                                                \
          TDM_CFG_ENUM,                                                                             \
          "auto",                                                                                   \
-         TDM_DEFS_ALLOWED(TDM_BACKENDS),                                                                          \
+         TDM_DEFS_ALLOWED(TDM_BACKENDS),                                                           \
          0,                                                                                        \
          0,                                                                                        \
          TDM_CFG_AUTO,                                                                             \
@@ -189,20 +205,10 @@
          "On the cuda backend, run each decode or verify step as a CUDA graph: captured the "      \
          "second time a step of its shape comes, then replayed as one launch instead of hundreds " \
          "(same results to the bit). The cpu backend has no graphs; there it changes nothing."},   \
-        {"max_sequences",                                                                          \
-         TDM_CFG_INT,                                                                              \
-         "64",                                                                                     \
-         NULL,                                                                                     \
-         1,                                                                                        \
-         65536,                                                                                    \
-         0,                                                                                        \
-         NULL,                                                                                     \
-         GRP_MODEL,                                                                                \
-         "Most sequences this replica holds state for at once."},                                  \
         {"state_strategy",                                                                         \
          TDM_CFG_ENUM,                                                                             \
          "auto",                                                                                   \
-         TDM_DEFS_ALLOWED(TDM_STATE_STRATEGIES),                                                     \
+         TDM_DEFS_ALLOWED(TDM_STATE_STRATEGIES),                                                   \
          0,                                                                                        \
          0,                                                                                        \
          TDM_CFG_AUTO,                                                                             \
@@ -219,13 +225,19 @@
 
 /* How long the exchange's threads poll before they sleep (common/spin.h). */
 #define KEY_BUSY_POLL                                                                              \
-    {"busy_poll", TDM_CFG_DURATION, "auto", NULL, 0, 1000, TDM_CFG_AUTO, NULL, GRP_SPEC,           \
-     "How long the threads of the drafter-verifier exchange poll for the next message before "    \
-     "they sleep. Polling keeps their cores awake, so a message is taken the moment it lands "     \
-     "(waking a sleeping thread costs 50-600 us on many hosts, and a round crosses several), "    \
-     "at the price of those cores' time while requests run (a few threads of each replica); an " \
-     "idle replica sleeps. 0ms: never poll. auto: 50ms on the cuda backend (longer than a "      \
-     "round), 0ms on the cpu backend (whose cores compute)."}
+    {                                                                                              \
+        "busy_poll", TDM_CFG_DURATION, "auto", NULL, 0, 1000, TDM_CFG_AUTO, NULL, GRP_SPEC,        \
+            "How long the threads of the drafter-verifier exchange poll for the next message "     \
+            "before "                                                                              \
+            "they sleep. Polling keeps their cores awake, so a message is taken the moment it "    \
+            "lands "                                                                               \
+            "(waking a sleeping thread costs 50-600 us on many hosts, and a round crosses "        \
+            "several), "                                                                           \
+            "at the price of those cores' time while requests run (a few threads of each "         \
+            "replica); an "                                                                        \
+            "idle replica sleeps. 0ms: never poll. auto: 50ms on the cuda backend (longer than a " \
+            "round), 0ms on the cpu backend (whose cores compute)."                                \
+    }
 
 static const tdm_cfg_key gateway_keys[] = {
     KEY_LISTEN("127.0.0.1:7700"),
@@ -270,6 +282,20 @@ static const tdm_cfg_key verifier_keys[] = {
     KEY_METRICS_LISTEN,
     KEYS_COMMON,
     KEYS_REPLICA,
+    {"max_sequences", TDM_CFG_INT, "auto", NULL, 0, TDM_CAPACITY_MAX_SEQUENCES, TDM_CFG_AUTO, NULL,
+     GRP_MODEL,
+     "Most sequences this verifier holds state for at once; more requests wait in line. It may "
+     "not exceed the capacity gpu_memory holds (--check-config prints the arithmetic); auto: "
+     "that capacity."},
+    {"gpu_memory", TDM_CFG_SIZE, "auto", NULL, 0, (int64_t)1 << 50, TDM_CFG_AUTO, NULL, GRP_MODEL,
+     "Backend memory this verifier may use: weights, the workspace of its largest step and, per "
+     "sequence, recurrent, conv and strategy state with KV for max_context positions. auto: on "
+     "the cuda backend the weights plus 90% of the device memory free once they are loaded "
+     "(measured at start); on the cpu backend 90% of the host's MemAvailable."},
+    {"max_waiting", TDM_CFG_INT, "256", NULL, 0, 1048576, 0, NULL, GRP_MODEL,
+     "Most requests waiting for a place in the batch (max_sequences, or memory reserved for "
+     "running requests); more are refused with RESOURCE_EXHAUSTED naming this limit. 0: "
+     "none waits."},
     {"max_draft_tokens", TDM_CFG_INT, "8", NULL, 1, TDM_MAX_DRAFT_BLOCK, 0, NULL, GRP_SPEC,
      "Most draft tokens verified in one round; a drafter's draft_block_size must not exceed "
      "it."},
@@ -293,6 +319,8 @@ static const tdm_cfg_key drafter_keys[] = {
     KEY_METRICS_LISTEN,
     KEYS_COMMON,
     KEYS_REPLICA,
+    {"max_sequences", TDM_CFG_INT, "64", NULL, 1, 65536, 0, NULL, GRP_MODEL,
+     "Most sequences this replica holds state for at once."},
     {"drafter_kind", TDM_CFG_ENUM, "auto", TDM_DEFS_ALLOWED(TDM_DRAFTER_KINDS), 0, 0, TDM_CFG_AUTO,
      NULL, GRP_SPEC,
      "model: a small model of the verifier's family; ngram: model-free prompt lookup; auto: "
@@ -320,7 +348,6 @@ Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema)
     return TANDEM__V1__ROLE__ROLE_UNSPECIFIED;
 }
 
-
 static void host_name(char *buf, size_t len)
 {
     if (gethostname(buf, len) != 0 || !buf[0])
@@ -334,8 +361,8 @@ static tdm_status rule_replica_id(const tdm_cfg *cfg, char *value, size_t vlen, 
     (void)err;
     char host[256];
     host_name(host, sizeof(host));
-    snprintf(value, vlen, "%s-%s-%ld", tdm_role_name(tdm_svc_role_of(tdm_cfg_schema_of(cfg))),
-             host, (long)getpid());
+    snprintf(value, vlen, "%s-%s-%ld", tdm_role_name(tdm_svc_role_of(tdm_cfg_schema_of(cfg))), host,
+             (long)getpid());
     snprintf(reason, rlen, "no replica_id given; named after the role, host name and process id");
     return TDM_OK;
 }
@@ -506,6 +533,124 @@ static tdm_status rule_max_context(const tdm_cfg *cfg, char *value, size_t vlen,
     return TDM_OK;
 }
 
+/* ---- memory --------------------------------------------------------------- */
+
+/* Bytes an element of a weight matrix takes in backend memory: the storage
+ * dtype of the embedding table (bf16 stays bf16; f16 is converted to f32).
+ * A model folder with only config.json is taken as bf16, as Qwen3.5
+ * checkpoints are published. */
+static size_t matrix_elem_bytes(const char *model, char *why, size_t len)
+{
+    tdm_st_file *st = NULL;
+    if (tdm_st_open(model, &st, NULL) != TDM_OK) {
+        snprintf(why, len, "no safetensors: matrices taken as bf16");
+        return 2;
+    }
+    size_t bytes = 2;
+    snprintf(why, len, "no embed_tokens.weight: matrices taken as bf16");
+    for (size_t i = 0; i < tdm_st_count(st); i++) {
+        const tdm_st_tensor *t = tdm_st_at(st, i);
+        const size_t n = strlen(t->name), suf = strlen("embed_tokens.weight");
+        if (n >= suf && strcmp(t->name + n - suf, "embed_tokens.weight") == 0) {
+            bytes = t->dtype == TDM_ST_DTYPE_BF16 ? 2 : 4;
+            snprintf(why, len, "matrices stored %s", tdm_st_dtype_name(t->dtype));
+            break;
+        }
+    }
+    tdm_st_close(st);
+    return bytes;
+}
+
+tdm_status tdm_svc_verifier_capacity(const tdm_cfg *cfg, tdm_capacity_params *p, tdm_capacity *c,
+                                     tdm_error *err)
+{
+    memset(p, 0, sizeof(*p));
+    memset(c, 0, sizeof(*c));
+    const char *model = tdm_cfg_str(cfg, "model");
+    if (!model[0])
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "no model: nothing to account");
+    if (tdm_model_config_load(model, &p->cfg, err) != TDM_OK)
+        return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+    char why[128];
+    p->strategy = tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy"));
+    p->max_draft = (int)tdm_cfg_int(cfg, "max_draft_tokens");
+    p->max_context = (int)tdm_cfg_int(cfg, "max_context");
+    p->matrix_elem_bytes = matrix_elem_bytes(model, why, sizeof(why));
+    p->budget = (size_t)tdm_cfg_int(cfg, "gpu_memory");
+    tdm_capacity_compute(p, c);
+    return TDM_OK;
+}
+
+/* gpu_memory 0 stands for "measured at start" (auto on the cuda backend). */
+static bool gpu_memory_pending(const tdm_cfg *cfg)
+{
+    return tdm_cfg_int(cfg, "gpu_memory") == 0;
+}
+
+static tdm_status rule_gpu_memory(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                  size_t rlen, tdm_error *err)
+{
+    char b[512];
+    tdm_cfg_describe(cfg, "backend", b, sizeof(b));
+    if (tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) == TDM_BACKEND_CUDA) {
+        snprintf(value, vlen, "0");
+        snprintf(reason, rlen,
+                 "%s: measured at start, the weights plus 90%% of the device memory free once "
+                 "they are loaded (0 until then: the configuration is checked without a GPU); "
+                 "10%% is left to the CUDA context, graphs and allocator slack",
+                 b);
+        return TDM_OK;
+    }
+    size_t avail = 0, total = 0;
+    if (tdm_host_memory(&avail, &total) != 0 || avail == 0)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "%s: /proc/meminfo shows no MemAvailable; set gpu_memory", b);
+    char a[32];
+    snprintf(value, vlen, "%zu", avail / 10 * 9);
+    snprintf(reason, rlen,
+             "%s: 90%% of the host's available memory (MemAvailable %s in /proc/meminfo); "
+             "10%% is left to the process's host buffers and the system",
+             b, tdm_capacity_bytes_str(avail, a, sizeof(a)));
+    return TDM_OK;
+}
+
+static tdm_status rule_max_sequences(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
+                                     size_t rlen, tdm_error *err)
+{
+    char g[512];
+    tdm_cfg_describe(cfg, "gpu_memory", g, sizeof(g));
+    if (gpu_memory_pending(cfg)) {
+        snprintf(value, vlen, "0");
+        snprintf(reason, rlen,
+                 "the capacity of %s, computed at start once the device is measured (0 until "
+                 "then)",
+                 g);
+        return TDM_OK;
+    }
+    tdm_capacity_params p;
+    tdm_capacity c;
+    if (tdm_svc_verifier_capacity(cfg, &p, &c, err) != TDM_OK)
+        return err->code;
+    if (c.max_sequences < 1) {
+        char a[32], b[32], u[32];
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "%s holds no sequence: weights %s + workspace %s + one sequence of "
+                             "%zu bytes need %s",
+                             g, tdm_capacity_bytes_str(c.weights, a, sizeof(a)),
+                             tdm_capacity_bytes_str(c.workspace, b, sizeof(b)), c.seq_total,
+                             tdm_capacity_bytes_str(c.used, u, sizeof(u)));
+    }
+    char s[32];
+    snprintf(value, vlen, "%d", c.max_sequences);
+    snprintf(reason, rlen,
+             "the capacity of %s: %d sequences of %s each (%s, KV for max_context %d "
+             "positions, max_draft_tokens %d) besides weights and workspace%s",
+             g, c.max_sequences, tdm_capacity_bytes_str(c.seq_total, s, sizeof(s)),
+             tdm_state_strategy_name(p.strategy), p.max_context, p.max_draft,
+             c.capped ? " (the count stops at its limit)" : "");
+    return TDM_OK;
+}
+
 static tdm_status rule_busy_poll(const tdm_cfg *cfg, char *value, size_t vlen, char *reason,
                                  size_t rlen, tdm_error *err)
 {
@@ -530,9 +675,9 @@ static tdm_status rule_run_ahead(const tdm_cfg *cfg, char *value, size_t vlen, c
     snprintf(value, vlen, "%s", model && cuda ? "on" : "off");
     snprintf(reason, rlen, "%s, %s: %s", tdm_cfg_describe(cfg, "drafter_kind", d, sizeof(d)),
              tdm_cfg_describe(cfg, "backend", b, sizeof(b)),
-             !model  ? "a lookup costs nothing to redo after the verdict"
-             : cuda  ? "a model's next block can be drafted while the verifier verifies"
-                     : "on the CPU the steps drafted ahead would take the verifier's cores");
+             !model ? "a lookup costs nothing to redo after the verdict"
+             : cuda ? "a model's next block can be drafted while the verifier verifies"
+                    : "on the CPU the steps drafted ahead would take the verifier's cores");
     return TDM_OK;
 }
 
@@ -543,10 +688,12 @@ static tdm_status rule_drafter_kind(const tdm_cfg *cfg, char *value, size_t vlen
     char d[512];
     tdm_cfg_describe(cfg, "model", d, sizeof(d));
     if (tdm_cfg_str(cfg, "model")[0]) {
-        snprintf(value, vlen, "%s", tdm_drafter_kind_name(TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL));
+        snprintf(value, vlen, "%s",
+                 tdm_drafter_kind_name(TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL));
         snprintf(reason, rlen, "%s is set: draft with that model", d);
     } else {
-        snprintf(value, vlen, "%s", tdm_drafter_kind_name(TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM));
+        snprintf(value, vlen, "%s",
+                 tdm_drafter_kind_name(TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM));
         snprintf(reason, rlen, "%s is not set: draft model-free by prompt lookup", d);
     }
     return TDM_OK;
@@ -641,7 +788,9 @@ static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
 
 static tdm_status check_drafter_model(const tdm_cfg *cfg, tdm_error *err)
 {
-    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) != TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL || tdm_cfg_str(cfg, "model")[0])
+    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) !=
+            TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL ||
+        tdm_cfg_str(cfg, "model")[0])
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
@@ -675,6 +824,81 @@ static tdm_status check_max_context(const tdm_cfg *cfg, tdm_error *err)
                          "for positions that far",
                          tdm_cfg_describe(cfg, "max_context", a, sizeof(a)),
                          mc.max_position_embeddings, tdm_cfg_describe(cfg, "model", b, sizeof(b)));
+}
+
+/* An explicit 0 is no budget; 0 from auto means "measured at start". */
+static tdm_status check_gpu_memory(const tdm_cfg *cfg, tdm_error *err)
+{
+    const char *keys[] = {"gpu_memory", "max_sequences"};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(keys); i++) {
+        if (!tdm_cfg_is_explicit(cfg, keys[i]) || tdm_cfg_int(cfg, keys[i]) > 0)
+            continue;
+        char a[512];
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "%s: must be more than 0 (or auto)",
+                             tdm_cfg_describe(cfg, keys[i], a, sizeof(a)));
+    }
+    return TDM_OK;
+}
+
+void tdm_svc_print_capacity(const tdm_cfg *cfg, const char *prefix, FILE *out)
+{
+    if (tdm_svc_role_of(tdm_cfg_schema_of(cfg)) != TANDEM__V1__ROLE__ROLE_VERIFIER ||
+        !tdm_cfg_str(cfg, "model")[0])
+        return;
+    tdm_capacity_params p;
+    tdm_capacity c;
+    if (tdm_svc_verifier_capacity(cfg, &p, &c, NULL) != TDM_OK)
+        return;
+    char text[2048];
+    fprintf(out, "%scapacity (engine/capacity.c):\n", prefix);
+    if (gpu_memory_pending(cfg)) {
+        /* The terms that do not depend on the budget. */
+        p.budget = 0;
+        tdm_capacity_compute(&p, &c);
+        tdm_capacity_format(&p, &c, prefix, text, sizeof(text));
+        char *budget = strstr(text, "budget: ");
+        if (budget) {
+            char *line = budget - strlen(prefix);
+            *line = '\0';
+        }
+        fprintf(out,
+                "%s%sbudget: measured at start (gpu_memory auto on the cuda backend); max "
+                "sequences = the most n with weights + workspace(n) + n x %zu <= budget\n",
+                text, prefix, c.seq_total);
+        return;
+    }
+    tdm_capacity_format(&p, &c, prefix, text, sizeof(text));
+    fputs(text, out);
+}
+
+tdm_status tdm_svc_check_capacity(const tdm_cfg *cfg, const tdm_capacity *c, tdm_error *err)
+{
+    if (tdm_cfg_int(cfg, "max_sequences") <= c->max_sequences)
+        return TDM_OK;
+    char a[512], b[512], w[32], ws[32], ps[32];
+    return tdm_error_set(
+        err, TDM_ERR_FAILED_PRECONDITION,
+        "%s exceeds the capacity of %d sequences that %s holds (weights %s + workspace %s + %d x "
+        "%s per sequence, KV for max_context %d positions, state_strategy %s, max_draft_tokens "
+        "%lld); lower max_sequences or max_context, raise gpu_memory, or set max_sequences to "
+        "auto",
+        tdm_cfg_describe(cfg, "max_sequences", a, sizeof(a)), c->max_sequences,
+        tdm_cfg_describe(cfg, "gpu_memory", b, sizeof(b)),
+        tdm_capacity_bytes_str(c->weights, w, sizeof(w)),
+        tdm_capacity_bytes_str(c->workspace, ws, sizeof(ws)), c->max_sequences,
+        tdm_capacity_bytes_str(c->seq_total, ps, sizeof(ps)), (int)tdm_cfg_int(cfg, "max_context"),
+        tdm_cfg_str(cfg, "state_strategy"), (long long)tdm_cfg_int(cfg, "max_draft_tokens"));
+}
+
+static tdm_status check_max_sequences(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (gpu_memory_pending(cfg))
+        return TDM_OK; /* checked at start, once the device is measured */
+    tdm_capacity_params p;
+    tdm_capacity c;
+    if (tdm_svc_verifier_capacity(cfg, &p, &c, NULL) != TDM_OK)
+        return TDM_OK; /* the model's own checks say what is wrong with it */
+    return tdm_svc_check_capacity(cfg, &c, err);
 }
 
 static tdm_status check_client_auth(const tdm_cfg *cfg, tdm_error *err)
@@ -735,6 +959,8 @@ static const tdm_cfg_rule gateway_rules[] = {RULE_CLIENT_AUTH};
 static const tdm_cfg_rule verifier_rules[] = {
     RULES_REPLICA,
     {"max-context-from-model", "max_context", rule_max_context},
+    {"gpu-memory-from-device", "gpu_memory", rule_gpu_memory},
+    {"max-sequences-from-capacity", "max_sequences", rule_max_sequences},
     {"busy-poll-for-backend", "busy_poll", rule_busy_poll}};
 static const tdm_cfg_rule drafter_rules[] = {
     RULES_REPLICA,
@@ -748,7 +974,9 @@ static const tdm_cfg_check verifier_checks[] = {
     CHECKS_COMMON,
     CHECKS_REPLICA,
     {"verifier-needs-model", check_verifier_model},
-    {"max-context-within-model", check_max_context}};
+    {"max-context-within-model", check_max_context},
+    {"memory-settings-positive", check_gpu_memory},
+    {"max-sequences-within-capacity", check_max_sequences}};
 static const tdm_cfg_check drafter_checks[] = {
     CHECKS_COMMON, CHECKS_REPLICA, {"model-drafter-needs-model", check_drafter_model}};
 
@@ -834,6 +1062,7 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
                 printf("# model fingerprint:     %s\n", d->model_fingerprint);
             if (dst == TDM_OK && d->tokenizer_fingerprint[0])
                 printf("# tokenizer fingerprint: %s\n", d->tokenizer_fingerprint);
+            tdm_svc_print_capacity(cfg, "#   ", stdout);
             tdm_svc_descriptor_free(d);
         }
         size_t n = tdm_cfg_error_count(cfg);

@@ -15,9 +15,12 @@
 #ifndef TANDEM_COMMON_SERVICE_CONFIG_H
 #define TANDEM_COMMON_SERVICE_CONFIG_H
 
+#include "capacity.h"
 #include "config.h"
 #include "status.h"
 #include "tandem/v1/common.pb-c.h"
+
+#include <stdio.h>
 
 extern const tdm_cfg_schema tdm_svc_gateway_schema;
 extern const tdm_cfg_schema tdm_svc_verifier_schema;
@@ -44,6 +47,19 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
 tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
                                     tdm_error *err);
 void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d);
+
+/* The verifier's memory arithmetic (engine/capacity.h) from its effective
+ * configuration: model (config.json, and the weights' storage dtype),
+ * state_strategy, max_draft_tokens, max_context and gpu_memory as the
+ * budget. Errors name the model when its config cannot be read. */
+tdm_status tdm_svc_verifier_capacity(const tdm_cfg *cfg, tdm_capacity_params *p, tdm_capacity *c,
+                                     tdm_error *err);
+/* Prints a verifier's capacity arithmetic (tdm_capacity_format), each line
+ * after `prefix`; nothing for another role or without a readable model. */
+void tdm_svc_print_capacity(const tdm_cfg *cfg, const char *prefix, FILE *out);
+/* FAILED_PRECONDITION when max_sequences exceeds c's count, naming both
+ * values, their sources and the arithmetic. */
+tdm_status tdm_svc_check_capacity(const tdm_cfg *cfg, const tdm_capacity *c, tdm_error *err);
 
 /* The role a schema configures. */
 Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema);

@@ -9,25 +9,54 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* --- memory ------------------------------------------------------------- */
+
+/* Every block carries a 64-byte header holding the length of its mapping,
+ * or 0 for a heap block. Blocks of a MiB and more are mapped: the kernel
+ * hands out their zero pages as they are first touched, so state reserved
+ * for positions a sequence has not reached yet (capacity.h) or a workspace
+ * sized for the largest step costs no memory until it is used. */
+#define CPU_BLOCK_HEADER 64
+#define CPU_MAP_MIN ((size_t)1 << 20)
 
 static void *cpu_alloc(void *ctx, size_t nbytes)
 {
     (void)ctx;
     /* 64-byte alignment for SIMD loads and to keep rows off shared lines. */
     size_t n = (nbytes + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, n ? n : 64);
-    if (p)
-        memset(p, 0, n ? n : 64);
-    return p;
+    if (!n)
+        n = 64;
+    const size_t len = n + CPU_BLOCK_HEADER;
+    char *base;
+    if (n >= CPU_MAP_MIN) {
+        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            return NULL;
+        base = m;
+        *(size_t *)base = len;
+    } else {
+        base = aligned_alloc(64, len);
+        if (!base)
+            return NULL;
+        memset(base, 0, len);
+    }
+    return base + CPU_BLOCK_HEADER;
 }
 
 static void cpu_free(void *ctx, void *p)
 {
     (void)ctx;
-    free(p);
+    if (!p)
+        return;
+    char *base = (char *)p - CPU_BLOCK_HEADER;
+    const size_t len = *(size_t *)base;
+    if (len)
+        munmap(base, len);
+    else
+        free(base);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t n)
@@ -60,6 +89,12 @@ static void cpu_host_free(void *ctx, void *p)
 {
     (void)ctx;
     free(p);
+}
+
+static int cpu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)ctx;
+    return tdm_host_memory(free_bytes, total_bytes);
 }
 
 /* --- elementwise and row ops -------------------------------------------- */
@@ -580,6 +615,7 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->sync = cpu_sync;
     be->host_alloc = cpu_host_alloc;
     be->host_free = cpu_host_free;
+    be->mem_info = cpu_mem_info;
     /* graph_begin / graph_end stay NULL: every op runs as it is called. */
     be->embed = cpu_embed;
     be->matmul = cpu_matmul_slot;

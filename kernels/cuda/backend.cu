@@ -390,6 +390,13 @@ static void cu_host_free(void *ctx, void *p)
         CUDA_CHECK(cudaFreeHost(p));
 }
 
+static int cu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
+    *free_bytes = *total_bytes = 0;
+    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -1;
+}
+
 /* argmax reads its result back and waits: never inside a step. */
 static void cu_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
 {
@@ -554,6 +561,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->sync = cu_sync;
     be->host_alloc = cu_host_alloc;
     be->host_free = cu_host_free;
+    be->mem_info = cu_mem_info;
     if (c->graphs) {
         be->graph_begin = cuda_graph_begin;
         be->graph_end = cuda_graph_end;

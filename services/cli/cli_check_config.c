@@ -72,6 +72,7 @@ static bool load_side(side *s, bool verbose)
             return false;
         }
         printf("%s %s: valid\n", role, s->path);
+        tdm_svc_print_capacity(s->cfg, "  ", stdout);
         return true;
     }
     printf("%s %s: invalid\n", role, s->path);

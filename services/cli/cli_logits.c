@@ -181,7 +181,7 @@ int cli_logits(int argc, char **argv)
         goto done;
     }
     const int V = tdm_model_get_config(m)->vocab_size;
-    tdm_seq_params p = {(tdm_state_strategy)strat, maxcont - 1};
+    tdm_seq_params p = {(tdm_state_strategy)strat, maxcont - 1, 0};
     logits = malloc((size_t)total * (size_t)V * sizeof(float));
     if (!logits || tdm_seq_create(m, &p, &s, &err) != TDM_OK) {
         fprintf(stderr, "tandem logits: %s\n", logits ? err.msg : "out of memory");

@@ -20,14 +20,15 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: tandem status [options]\n\n"
-                 "Shows the gateway's registered replicas with their self-descriptions and\n"
-                 "heartbeat age, the verifier/drafter pairs formed, the pairs refused with the\n"
-                 "rule and both values, counters and the gateway's effective configuration\n"
-                 "(addresses, paths and configuration only for operators).\n\n"
-                 "  --json               the GetStatus response as JSON\n"
-                 "  --timeout DURATION   deadline of the call (default 5s)\n"
-                 "%s",
+    fprintf(out,
+            "usage: tandem status [options]\n\n"
+            "Shows the gateway's registered replicas with their self-descriptions and\n"
+            "heartbeat age, the verifier/drafter pairs formed, the pairs refused with the\n"
+            "rule and both values, counters and the gateway's effective configuration\n"
+            "(addresses, paths and configuration only for operators).\n\n"
+            "  --json               the GetStatus response as JSON\n"
+            "  --timeout DURATION   deadline of the call (default 5s)\n"
+            "%s",
             cli_net_usage);
 }
 
@@ -35,6 +36,40 @@ static const char *fp12(const char *fp, char *buf, size_t len)
 {
     snprintf(buf, len, "%.12s", (fp && fp[0]) ? fp : "-");
     return buf;
+}
+
+/* A counter of the replica's last heartbeat; -1 when it has none such. */
+static double counter(const Tandem__V1__ReplicaStatus *r, const char *name)
+{
+    for (size_t i = 0; r->load && i < r->load->n_counters; i++)
+        if (strcmp(r->load->counters[i]->name, name) == 0)
+            return r->load->counters[i]->value;
+    return -1;
+}
+
+/* A verifier's memory arithmetic (engine/capacity.h), from its counters. */
+static void print_capacity(const Tandem__V1__ReplicaStatus *r)
+{
+    const double n = counter(r, "capacity_sequences");
+    if (n < 0)
+        return;
+    char b[32], w[32], ws[32], sq[32], kv[32], rec[32], cv[32], st[32], res[32];
+    printf(
+        "           capacity %.0f sequences in %s (%.0f bytes): weights %s + workspace %s + "
+        "%.0f x %s (%.0f bytes: kv %s, recurrent %s, conv %s, strategy %s); %s reserved now\n",
+        n, tdm_capacity_bytes_str((size_t)counter(r, "capacity_budget_bytes"), b, sizeof(b)),
+        counter(r, "capacity_budget_bytes"),
+        tdm_capacity_bytes_str((size_t)counter(r, "capacity_weight_bytes"), w, sizeof(w)),
+        tdm_capacity_bytes_str((size_t)counter(r, "capacity_workspace_bytes"), ws, sizeof(ws)), n,
+        tdm_capacity_bytes_str((size_t)counter(r, "capacity_sequence_bytes"), sq, sizeof(sq)),
+        counter(r, "capacity_sequence_bytes"),
+        tdm_capacity_bytes_str((size_t)counter(r, "capacity_sequence_kv_bytes"), kv, sizeof(kv)),
+        tdm_capacity_bytes_str((size_t)counter(r, "capacity_sequence_recurrent_bytes"), rec,
+                               sizeof(rec)),
+        tdm_capacity_bytes_str((size_t)counter(r, "capacity_sequence_conv_bytes"), cv, sizeof(cv)),
+        tdm_capacity_bytes_str((size_t)counter(r, "capacity_sequence_strategy_bytes"), st,
+                               sizeof(st)),
+        tdm_capacity_bytes_str((size_t)counter(r, "reserved_bytes"), res, sizeof(res)));
 }
 
 static void print_replica(const Tandem__V1__ReplicaStatus *r)
@@ -53,8 +88,8 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
         printf("%s drafter, draft_block_size %u, ", tdm_drafter_kind_name(d->drafter_kind),
                d->draft_block_size);
     printf("state %s, prefix_cache %s, max_sequences %u\n",
-           tdm_state_strategy_name(tdm_state_strategy_from_proto(d->state_strategy)), d->prefix_cache ? "on" : "off",
-           d->max_sequences);
+           tdm_state_strategy_name(tdm_state_strategy_from_proto(d->state_strategy)),
+           d->prefix_cache ? "on" : "off", d->max_sequences);
     printf("           protocol %u.%u, snapshot layout %u, build %s (%s, %s)\n",
            d->protocol ? d->protocol->major : 0, d->protocol ? d->protocol->minor : 0,
            d->snapshot_layout_version, d->build ? d->build->version : "?",
@@ -65,6 +100,7 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
         printf(", %u active sequences, %u free slots", r->load->active_sequences,
                r->load->free_slots);
     printf("\n");
+    print_capacity(r);
     /* The replica's own counters, as of its last heartbeat. */
     if (r->load && r->load->n_counters > 0) {
         int col = 11;
@@ -72,8 +108,7 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
         for (size_t i = 0; i < r->load->n_counters; i++) {
             char item[160];
             int n = snprintf(item, sizeof(item), "%s %.6g%s", r->load->counters[i]->name,
-                             r->load->counters[i]->value,
-                             i + 1 < r->load->n_counters ? ", " : "");
+                             r->load->counters[i]->value, i + 1 < r->load->n_counters ? ", " : "");
             if (col + n > 100) {
                 printf("\n           ");
                 col = 11;

@@ -5,6 +5,7 @@
 #include "verifier.h"
 
 #include "log.h"
+#include "service_config.h"
 #include "tandem/v1/verifier.pb-c.h"
 
 #include <stdlib.h>
@@ -124,6 +125,17 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"conv_state_bytes", (double)c.conv_bytes},
         {"strategy_state_bytes", (double)c.strategy_bytes},
         {"weight_bytes", (double)tdm_model_weight_bytes(v->rt->model)},
+        {"capacity_sequences", (double)v->cap.max_sequences},
+        {"capacity_budget_bytes", (double)v->cap.budget},
+        {"capacity_weight_bytes", (double)v->cap.weights},
+        {"capacity_workspace_bytes", (double)v->cap.workspace},
+        {"capacity_sequence_bytes", (double)v->cap.seq_total},
+        {"capacity_sequence_kv_bytes", (double)v->cap.seq.kv},
+        {"capacity_sequence_recurrent_bytes", (double)v->cap.seq.recurrent},
+        {"capacity_sequence_conv_bytes", (double)v->cap.seq.conv},
+        {"capacity_sequence_strategy_bytes", (double)v->cap.seq.strategy},
+        {"reserved_bytes", (double)c.reserved_bytes},
+        {"refused_queue_full", (double)c.refused},
     };
     size_t n = tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
     /* The round's timeline, a phase at a time (vsched_phase's order). */
@@ -173,6 +185,70 @@ static void load(void *arg, uint32_t *active, uint32_t *free_slots)
     *free_slots = busy < (uint64_t)v->max_sequences ? (uint32_t)(v->max_sequences - busy) : 0;
 }
 
+/* Resolves what gpu_memory and max_sequences left to the start (auto on a
+ * cuda backend: the device's free memory), checks max_sequences against the
+ * capacity, logs the arithmetic and reserves the workspace of the largest
+ * step, so that serving allocates only sequence state (reserved by
+ * admission). */
+static tdm_status account_memory(verifier *v, tdm_service *svc, tdm_error *err)
+{
+    const tdm_cfg *cfg = tdm_service_config(svc);
+    tdm_backend *be = v->rt->backend;
+    tdm_status rc;
+    if (tdm_cfg_int(cfg, "gpu_memory") == 0) {
+        size_t free_b = 0, total_b = 0;
+        if (!be->mem_info || be->mem_info(be->ctx, &free_b, &total_b) != 0)
+            return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                                 "gpu_memory auto: the %s backend cannot tell its free memory; "
+                                 "set gpu_memory",
+                                 be->name);
+        if ((rc = tdm_svc_verifier_capacity(cfg, &v->cap_params, &v->cap, err)) != TDM_OK)
+            return rc;
+        const size_t budget = v->cap.weights + free_b / 10 * 9;
+        char value[32], reason[512], f[32], w[32], t[32];
+        snprintf(value, sizeof(value), "%zu", budget);
+        snprintf(reason, sizeof(reason),
+                 "rule gpu-memory-from-device, at start: the weights (%s) plus 90%% of the %s "
+                 "free on the %s device of %s once they were loaded",
+                 tdm_capacity_bytes_str(v->cap.weights, w, sizeof(w)),
+                 tdm_capacity_bytes_str(free_b, f, sizeof(f)), be->name,
+                 tdm_capacity_bytes_str(total_b, t, sizeof(t)));
+        if ((rc = tdm_service_set_resolved(svc, "gpu_memory", value, reason, err)) != TDM_OK)
+            return rc;
+    }
+    if ((rc = tdm_svc_verifier_capacity(cfg, &v->cap_params, &v->cap, err)) != TDM_OK)
+        return rc;
+    char g[512];
+    tdm_cfg_describe(cfg, "gpu_memory", g, sizeof(g));
+    if (v->cap.max_sequences < 1) {
+        char u[32];
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "%s holds no sequence: weights, workspace and one sequence need %s", g,
+                             tdm_capacity_bytes_str(v->cap.used, u, sizeof(u)));
+    }
+    if (tdm_cfg_int(cfg, "max_sequences") == 0) {
+        char value[32], reason[700], s[32];
+        snprintf(value, sizeof(value), "%d", v->cap.max_sequences);
+        snprintf(reason, sizeof(reason),
+                 "rule max-sequences-from-capacity, at start: the capacity of %s: %d sequences "
+                 "of %s each besides weights and workspace",
+                 g, v->cap.max_sequences, tdm_capacity_bytes_str(v->cap.seq_total, s, sizeof(s)));
+        if ((rc = tdm_service_set_resolved(svc, "max_sequences", value, reason, err)) != TDM_OK)
+            return rc;
+    }
+    if ((rc = tdm_svc_check_capacity(cfg, &v->cap, err)) != TDM_OK)
+        return rc;
+    char text[2048];
+    tdm_capacity_format(&v->cap_params, &v->cap, "", text, sizeof(text));
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        tdm_log_info("verifier", "capacity: %s", line);
+    const int rows =
+        tdm_capacity_step_rows((int)tdm_cfg_int(cfg, "max_sequences"), v->cap_params.max_draft);
+    if ((rc = tdm_model_reserve_workspace(v->rt->model, rows, err)) != TDM_OK)
+        return tdm_error_prefix(err, "the workspace of %d rows (%s)", rows, g);
+    return TDM_OK;
+}
+
 tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
 {
     verifier *v = arg;
@@ -188,6 +264,17 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     if (rc != TDM_OK)
         return rc;
     tdm_service_set_device_uuid(svc, v->rt->device_uuid);
+    if ((rc = account_memory(v, svc, err)) != TDM_OK)
+        return rc;
+    const int max_sequences = (int)tdm_cfg_int(cfg, "max_sequences");
+    const size_t ws = tdm_capacity_workspace_bytes(
+        &v->cap_params.cfg, tdm_capacity_step_rows(max_sequences, v->cap_params.max_draft), NULL);
+    const size_t fixed = v->cap.weights + ws;
+    char limits[1200], a[512], b[512], c[512];
+    snprintf(limits, sizeof(limits), "%s, %s, %s",
+             tdm_cfg_describe(cfg, "max_sequences", a, sizeof(a)),
+             tdm_cfg_describe(cfg, "max_waiting", b, sizeof(b)),
+             tdm_cfg_describe(cfg, "gpu_memory", c, sizeof(c)));
     vsched_params p = {
         .model = v->rt->model,
         .strategy = v->rt->strategy,
@@ -200,6 +287,11 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .trust = tdm_service_trust(svc),
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
         .device_uuid = v->rt->device_uuid,
+        .seq_fixed_bytes = v->cap.seq_total - v->cap.seq.kv,
+        .kv_bytes_per_position = v->cap.seq.kv / (size_t)v->cap_params.max_context,
+        .seq_budget_bytes = v->cap.budget > fixed ? v->cap.budget - fixed : 0,
+        .max_waiting = (int)tdm_cfg_int(cfg, "max_waiting"),
+        .limits = limits,
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;

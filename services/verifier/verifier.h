@@ -5,6 +5,7 @@
 #ifndef TANDEM_VERIFIER_H
 #define TANDEM_VERIFIER_H
 
+#include "capacity.h"
 #include "runtime.h"
 #include "service.h"
 #include "vsched.h"
@@ -16,6 +17,9 @@ typedef struct verifier {
     char replica_id[128];
     int max_sequences;
     int max_draft; /* max_draft_tokens: the positions whose acceptance is exported */
+    /* Memory accounted at start (capacity.h), for the counters. */
+    tdm_capacity_params cap_params;
+    tdm_capacity cap;
     /* metrics (families in the service's registry) */
     tdm_metrics_outcomes outcomes; /* Run requests by finish reason and error code */
     tdm_metric *queue_time;        /* from submission to a place in the batch */

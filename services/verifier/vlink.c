@@ -183,8 +183,7 @@ static void *link_writer(void *arg)
         free(m);
         if (rc != TDM_OK) {
             char why[300];
-            snprintf(why, sizeof(why), "write failed (%s: %s)", tdm_status_name(err.code),
-                     err.msg);
+            snprintf(why, sizeof(why), "write failed (%s: %s)", tdm_status_name(err.code), err.msg);
             vlink_break(l, why);
         }
         pthread_mutex_lock(&l->wmu);

@@ -40,6 +40,8 @@ struct vreq {
     /* what to generate */
     int32_t *tokens; /* [cap] prompt, then every committed generated token */
     int n_tokens, cap, prompt_len, max_tokens;
+    int kv_positions; /* the most positions it may reach: its KV, held from admission */
+    size_t reserved;  /* bytes admission reserves for it */
     int32_t *stop_ids;
     int n_stop;
     tdm_sampling sampling;
@@ -48,10 +50,10 @@ struct vreq {
     bool seeded; /* the client chose the seed */
     /* model state (scheduler thread only) */
     tdm_seq *seq;
-    int32_t last;   /* newest token, not yet run through the model */
-    bool fresh;     /* admitted; its first token not yet generated */
+    int32_t last;    /* newest token, not yet run through the model */
+    bool fresh;      /* admitted; its first token not yet generated */
     bool prefilling; /* its prompt (but the last token) is not yet all in the model */
-    int prefilled;  /* prompt tokens in the model */
+    int prefilled;   /* prompt tokens in the model */
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
@@ -135,7 +137,7 @@ typedef struct vround {
     tdm_error err;
     double t_wait, t_step;
     double cost, fixed; /* per drafted token and per speculating sequence (adaptive.h) */
-    double t_idle_end; /* when admit_and_retire found work */
+    double t_idle_end;  /* when admit_and_retire found work */
 } vround;
 
 _Static_assert(TDM_MAX_DRAFT_BLOCK + 1 <= 1 << 16, "rows of one sequence fit an int");
@@ -144,23 +146,25 @@ struct vsched {
     vsched_params p;
     int vocab;
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* new work, blocks, cancellations */
+    pthread_cond_t cv;      /* new work, blocks, cancellations */
     _Atomic uint64_t wakes; /* bumped with every signal of cv, for pollers (spin.h) */
     vreq *wait_head, *wait_tail;
     vreq **active; /* [max_sequences] */
     int n_active;
+    size_t reserved; /* bytes the active requests reserved (under mu) */
+    char limits[1400];
     bool stop;
     pthread_t thread;
     uint64_t next_id;
     vlinks *links;
     vsched_counters counters;
-    tdm_steptime st;         /* how a step's time grows with its rows (scheduler thread) */
+    tdm_steptime st; /* how a step's time grows with its rows (scheduler thread) */
     /* What speculation costs on this verifier, in ms (the adaptive rule's
      * priors, converted to plain steps of the batch a request joins): per
      * drafted token, and the exchange per speculating sequence; 0 = none. */
     _Atomic double cost_ms_ema, fixed_ms_ema;
     _Atomic double plain_seq_ms; /* a plain step's time per sequence at the current batch */
-    double exchange_ms;       /* moving average of the exchange (scheduler thread, under mu) */
+    double exchange_ms;          /* moving average of the exchange (scheduler thread, under mu) */
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
@@ -175,8 +179,8 @@ struct vsched {
     uint64_t n_phase;
     double t_started;  /* when the scheduler thread started, ms */
     double idle_since; /* when the scheduler began to wait for work; 0: busy */
-    vround rd;      /* scheduler thread */
-    void *vscratch; /* rejection sampling's scratch (scheduler thread) */
+    vround rd;         /* scheduler thread */
+    void *vscratch;    /* rejection sampling's scratch (scheduler thread) */
 };
 
 /* A moving average of what speculation costs, in ms. */
@@ -307,10 +311,10 @@ static void take_delivered_locked(vsched *s, vreq *r, Tandem__V1__DraftResponse 
 static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *resp)
 {
     vsched *s = user;
-    uint64_t id = resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK ? resp->block->sequence_id
-                  : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR
-                      ? resp->error->sequence_id
-                      : 0;
+    uint64_t id =
+        resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK   ? resp->block->sequence_id
+        : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR ? resp->error->sequence_id
+                                                                    : 0;
     bool keep = false;
     pthread_mutex_lock(&s->mu);
     vreq *r = find_active_locked(s, l, id);
@@ -417,6 +421,12 @@ static void flush_links(vround *rd)
 
 /* ---- submit, next, cancel, release (RPC handler threads) ---------------------- */
 
+/* Whether r's reservation fits beside the running requests' (under mu). */
+static bool fits_locked(const vsched *s, const vreq *r)
+{
+    return s->p.seq_budget_bytes == 0 || s->reserved + r->reserved <= s->p.seq_budget_bytes;
+}
+
 tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out, tdm_error *err)
 {
     *out = NULL;
@@ -432,7 +442,18 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     r->prompt_len = (int)req->n_prompt_ids;
     r->max_tokens = (int)req->max_tokens;
     r->cap = r->prompt_len + r->max_tokens + s->p.max_draft + 2;
+    r->kv_positions = r->cap < s->p.max_context ? r->cap : s->p.max_context;
+    r->reserved = s->p.seq_fixed_bytes + (size_t)r->kv_positions * s->p.kv_bytes_per_position;
     r->out_cap = r->max_tokens + s->p.max_draft + 2;
+    if (s->p.seq_budget_bytes > 0 && r->reserved > s->p.seq_budget_bytes) {
+        tdm_status st =
+            tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                          "a request of %d positions needs %zu bytes of state, more "
+                          "than the %zu the verifier holds for sequences (%s)",
+                          r->kv_positions, r->reserved, s->p.seq_budget_bytes, s->limits);
+        free(r);
+        return st;
+    }
     r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
     r->out = malloc((size_t)r->out_cap * sizeof(int32_t));
     if (!r->tokens || !r->out) {
@@ -485,8 +506,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   strcmp(da->device_uuid, s->p.device_uuid) == 0;
             r->run_ahead = !same_gpu;
             snprintf(r->spec_note, sizeof(r->spec_note), "%s",
-                     same_gpu ? "on (no run-ahead: the drafter shares this verifier's GPU)"
-                              : "on");
+                     same_gpu ? "on (no run-ahead: the drafter shares this verifier's GPU)" : "on");
         } else {
             snprintf(r->spec_note, sizeof(r->spec_note), "off: cannot reach drafter %s (%s)",
                      da->address, lerr.msg);
@@ -502,6 +522,24 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         vlink_unref(r->link);
         req_free(r);
         return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
+    }
+    /* The line holds max_waiting requests beyond those the next round
+     * admits to the free places. */
+    int waiting = 0;
+    for (vreq *w = s->wait_head; w; w = w->next_waiting)
+        waiting += !w->cancelled;
+    const int free_places = s->p.max_sequences - s->n_active;
+    if (waiting - free_places >= s->p.max_waiting) {
+        s->counters.refused++;
+        const int active = s->n_active;
+        const size_t held = s->reserved;
+        pthread_mutex_unlock(&s->mu);
+        vlink_unref(r->link);
+        req_free(r);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "the verifier is full: %d requests running (%zu of %zu bytes of "
+                             "state reserved) and %d waiting, the most it takes (%s)",
+                             active, held, s->p.seq_budget_bytes, waiting, s->limits);
     }
     r->id = ++s->next_id;
     r->state = REQ_WAITING;
@@ -639,6 +677,7 @@ static bool admit_and_retire(vsched *s, vround *rd)
         if (r->cancelled) {
             req_retire_locked(rd, r, "cancelled");
             s->counters.cancelled++;
+            s->reserved -= r->reserved;
             s->active[i] = s->active[--s->n_active];
             continue;
         }
@@ -650,6 +689,8 @@ static bool admit_and_retire(vsched *s, vround *rd)
     while (s->wait_head && s->n_active < s->p.max_sequences &&
            retired_waiting < s->p.max_sequences) {
         vreq *r = s->wait_head;
+        if (!r->cancelled && !fits_locked(s, r))
+            break; /* first come, first served: it waits for memory */
         s->wait_head = r->next_waiting;
         if (!s->wait_head)
             s->wait_tail = NULL;
@@ -660,6 +701,7 @@ static bool admit_and_retire(vsched *s, vround *rd)
             continue;
         }
         r->state = REQ_ACTIVE;
+        s->reserved += r->reserved;
         r->t_admit = now_ms();
         r->fresh = true;
         r->prefilling = true;
@@ -695,7 +737,9 @@ static void prefill_chunks(vsched *s, vround *rd)
         tdm_error err = {0};
         tdm_status rc = TDM_OK;
         if (!r->seq) {
-            tdm_seq_params sp = {.strategy = s->p.strategy, .max_draft = s->p.max_draft};
+            tdm_seq_params sp = {.strategy = s->p.strategy,
+                                 .max_draft = s->p.max_draft,
+                                 .max_positions = r->kv_positions};
             rc = tdm_seq_create(s->p.model, &sp, &r->seq, &err);
         }
         int want = r->prompt_len - 1 - r->prefilled;
@@ -838,8 +882,9 @@ static void take_blocks(vsched *s, vround *rd)
             const char *fault = r->spec ? block_fault(s, r, b, buf, sizeof(buf)) : "";
             if (fault) {
                 if (r->spec) {
-                    tdm_log_warn(LOG, "request %s: drafter %s sent a malformed %s; speculation "
-                                      "off for this sequence",
+                    tdm_log_warn(LOG,
+                                 "request %s: drafter %s sent a malformed %s; speculation "
+                                 "off for this sequence",
                                  r->request_id, r->drafter_id, fault);
                     s->counters.malformed_blocks++;
                     req_drop_spec_locked(r, "off: drafter sent a malformed %s", fault);
@@ -856,8 +901,7 @@ static void take_blocks(vsched *s, vround *rd)
                 q->k = (int)b->n_tokens < room ? (int)b->n_tokens : (room > 0 ? room : 0);
                 q->got = true;
                 /* After an open the wait includes the drafter's prefill. */
-                if (!r->after_open && !r->block_ahead && r->t_asked > 0 &&
-                    r->t_got >= r->t_asked) {
+                if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
                         (float)(us > 0 ? us : 0);
@@ -981,7 +1025,8 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     tdm_verdict v = {0};
     if (q->k == 0) {
         v.next_token =
-            greedy ? am[0] : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
+            greedy ? am[0]
+                   : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
         return v;
     }
     const Tandem__V1__DraftBlock *b = q->block->block;
@@ -998,8 +1043,7 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     if (greedy)
         tdm_verify_block_argmax(am, s->vocab, b->tokens, q->k, dd, &v);
     else
-        tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, b->tokens, q->k, dd, s->vscratch,
-                         &v);
+        tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, b->tokens, q->k, dd, s->vscratch, &v);
     if (tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "
@@ -1134,6 +1178,7 @@ static void retire_finished(vsched *s, vround *rd)
         vreq *r = s->active[i];
         if (r->finished) {
             req_retire_locked(rd, r, "finished");
+            s->reserved -= r->reserved;
             s->active[i] = s->active[--s->n_active];
             for (int j = 0; j < rd->n; j++)
                 if (rd->seqs[j].r == r)
@@ -1289,6 +1334,8 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     if (s->p.prefill_chunk <= 0)
         s->p.prefill_chunk = 256;
     s->vocab = tdm_model_get_config(p->model)->vocab_size;
+    snprintf(s->limits, sizeof(s->limits), "%s", p->limits ? p->limits : "max_sequences");
+    s->p.limits = s->limits;
     s->active = tdm_xcalloc((size_t)s->p.max_sequences, sizeof(*s->active));
     s->vscratch = tdm_xmalloc(tdm_verify_scratch_bytes(s->vocab));
     round_init(&s->rd, s->p.max_sequences);
@@ -1375,7 +1422,6 @@ static size_t ring_len(uint64_t n, size_t cap)
     return n < cap ? (size_t)n : cap;
 }
 
-
 void vsched_get_counters(vsched *s, vsched_counters *c)
 {
     enum { RING = TDM_ARRAY_LEN(s->overhead_us) };
@@ -1383,6 +1429,7 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     float *dt = v + RING, *ph = dt + RING;
     pthread_mutex_lock(&s->mu);
     *c = s->counters;
+    c->reserved_bytes = s->reserved;
     size_t n = ring_len(s->n_overhead, RING);
     memcpy(v, s->overhead_us, n * sizeof(float));
     size_t nd = ring_len(s->n_draft_token, RING);

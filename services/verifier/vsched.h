@@ -58,6 +58,16 @@ typedef struct vsched_params {
     /* The GPU the model runs on ("" on the CPU; borrowed): a drafter on the
      * same one gets no run-ahead, whose steps would take this verifier's time. */
     const char *device_uuid;
+    /* Memory (capacity.h). Admission reserves each request's state: the
+     * bytes a sequence holds besides KV, plus KV for its most positions
+     * (prompt + max_tokens + a block, at most max_context), which the
+     * sequence holds from its creation; a request is admitted only when
+     * that fits in seq_budget_bytes beside the running ones, so an admitted
+     * request never runs out of memory mid-stream. seq_budget_bytes 0: no
+     * accounting (max_sequences alone). */
+    size_t seq_fixed_bytes, kv_bytes_per_position, seq_budget_bytes;
+    int max_waiting;    /* requests waiting for a place; more are refused (RESOURCE_EXHAUSTED) */
+    const char *limits; /* the limits with their sources, for refusals (copied) */
 } vsched_params;
 
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);
@@ -67,15 +77,14 @@ void vsched_destroy(vsched *s);
 /* Validates a RunRequest and queues it. On success *out is the request handle
  * owned by the caller, who must drain it with vsched_next until it reports
  * the end and then call vsched_release. */
-tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out,
-                         tdm_error *err);
+tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **out, tdm_error *err);
 
 /* What vsched_next hands the Run handler. */
 typedef struct vsched_output {
     int32_t *ids; /* new tokens (caller frees with free()); may be NULL */
     int n_ids;
-    int index;    /* position of ids[0] among the generated tokens */
-    bool done;    /* the request ended: finish_reason and stats are set */
+    int index; /* position of ids[0] among the generated tokens */
+    bool done; /* the request ended: finish_reason and stats are set */
     Tandem__V1__FinishReason finish_reason;
     Tandem__V1__RequestStats stats; /* string fields point into the request */
     tdm_status status;              /* != TDM_OK: the request failed (message in msg) */
@@ -137,6 +146,8 @@ typedef struct vsched_counters {
     uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
     /* Memory the active sequences hold, as of the last round's end. */
     uint64_t kv_bytes, recurrent_bytes, conv_bytes, strategy_bytes;
+    /* Bytes reserved by admitted requests; requests refused for a full line. */
+    uint64_t reserved_bytes, refused;
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);

@@ -287,8 +287,7 @@ static void test_auto_rules(void)
           "max_context above the model's: %s", err.msg);
     tdm_cfg_destroy(cfg);
     cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--max-context", "2000", NULL);
-    CHECK(st == TDM_OK && tdm_cfg_int(cfg, "max_context") == 2000, "max_context 2000: %s",
-          err.msg);
+    CHECK(st == TDM_OK && tdm_cfg_int(cfg, "max_context") == 2000, "max_context 2000: %s", err.msg);
     tdm_cfg_destroy(cfg);
     /* tls_client_auth auto: mutual TLS when a certificate and a CA are set */
     cfg = load(&tdm_svc_gateway_schema, &st, NULL, &err, NULL);
@@ -296,8 +295,8 @@ static void test_auto_rules(void)
     CHECK_HAS(tdm_cfg_reason(cfg, "tls_client_auth"), "client-auth-from-tls");
     tdm_cfg_destroy(cfg);
     cfg = load(&tdm_svc_gateway_schema, &st, NULL, &err, "--tls-client-auth", "require", NULL);
-    CHECK(st != TDM_OK && has_error(cfg, "tls_client_auth=require (flag:--tls-client-auth)",
-                                    "tls_ca"),
+    CHECK(st != TDM_OK &&
+              has_error(cfg, "tls_client_auth=require (flag:--tls-client-auth)", "tls_ca"),
           "tls_client_auth require without TLS: %s", err.msg);
     tdm_cfg_destroy(cfg);
 }
@@ -720,6 +719,64 @@ static void test_proto(void)
     tdm_cfg_destroy(cfg);
 }
 
+static void test_capacity(void)
+{
+    tdm_status st;
+    tdm_error err;
+    char d[512];
+    /* auto: the capacity of the budget, with the rule and the budget named. */
+    tdm_cfg *cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--gpu-memory", "1GiB", NULL);
+    CHECK(st == TDM_OK, "%s", err.msg);
+    tdm_capacity_params p;
+    tdm_capacity c;
+    CHECK(tdm_svc_verifier_capacity(cfg, &p, &c, &err) == TDM_OK, "%s", err.msg);
+    CHECK(c.max_sequences > 0 && tdm_cfg_int(cfg, "max_sequences") == c.max_sequences,
+          "max_sequences %lld, capacity %d", (long long)tdm_cfg_int(cfg, "max_sequences"),
+          c.max_sequences);
+    CHECK_HAS(tdm_cfg_reason(cfg, "max_sequences"), "rule max-sequences-from-capacity");
+    CHECK_HAS(tdm_cfg_reason(cfg, "max_sequences"), "gpu_memory=1GiB (flag:--gpu-memory)");
+    const int cap = c.max_sequences;
+    tdm_cfg_destroy(cfg);
+    /* An explicit value at the capacity stays; above it is refused naming both. */
+    char at[16], above[16];
+    snprintf(at, sizeof(at), "%d", cap);
+    snprintf(above, sizeof(above), "%d", cap + 1);
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--gpu-memory", "1GiB", "--max-sequences",
+               at, NULL);
+    CHECK(st == TDM_OK, "%s", err.msg);
+    tdm_cfg_destroy(cfg);
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--gpu-memory", "1GiB", "--max-sequences",
+               above, NULL);
+    snprintf(d, sizeof(d), "max_sequences=%d (flag:--max-sequences)", cap + 1);
+    char capd[64];
+    snprintf(capd, sizeof(capd), "capacity of %d sequences", cap);
+    CHECK(st != TDM_OK && has_error(cfg, d, capd) &&
+              has_error(cfg, "gpu_memory=1GiB (flag:--gpu-memory)", "max-sequences-within"),
+          "above the capacity");
+    CHECK(tdm_cfg_int(cfg, "max_sequences") == cap + 1, "an explicit value is never changed");
+    tdm_cfg_destroy(cfg);
+    /* Explicit zeros are no budget. */
+    cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--gpu-memory", "0", NULL);
+    CHECK(st != TDM_OK && has_error(cfg, "gpu_memory=0 (flag:--gpu-memory)", "more than 0"),
+          "gpu_memory 0");
+    /* Its arithmetic without a budget: measured at start. */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    tdm_svc_print_capacity(cfg, "# ", f);
+    fclose(f);
+    CHECK_HAS(buf, "# per sequence (extra_buffer, max_draft_tokens 8, max_context 3000)");
+    CHECK_HAS(buf, "# budget: measured at start");
+    free(buf);
+    tdm_cfg_destroy(cfg);
+    /* The drafter keeps its own max_sequences. */
+    cfg = load(&tdm_svc_drafter_schema, &st, NULL, &err, NULL);
+    CHECK(st == TDM_OK && tdm_cfg_int(cfg, "max_sequences") == 64 &&
+              !tdm_cfg_has(cfg, "gpu_memory"),
+          "drafter");
+    tdm_cfg_destroy(cfg);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -735,6 +792,7 @@ int main(int argc, char **argv)
         {"help", test_help},
         {"cuda_graphs", test_cuda_graphs},
         {"proto", test_proto},
+        {"capacity", test_capacity},
     };
     clear_env();
     make_tmpdir();
@@ -742,8 +800,15 @@ int main(int argc, char **argv)
     mkdir(g_model, 0755);
     char cfg_path[400];
     snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", g_model);
+    /* Small shapes: the verifier's capacity rule sizes the model against
+     * this host's memory. */
     write_file(cfg_path, "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": 16, "
-                         "\"max_position_embeddings\": 3000}");
+                         "\"max_position_embeddings\": 3000, \"hidden_size\": 64, "
+                         "\"intermediate_size\": 128, \"num_hidden_layers\": 4, "
+                         "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                         "\"head_dim\": 32, \"linear_num_key_heads\": 2, "
+                         "\"linear_num_value_heads\": 2, \"linear_key_head_dim\": 16, "
+                         "\"linear_value_head_dim\": 16}");
     int ran = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)

@@ -75,8 +75,8 @@ static void check_references(const fixture *f, const float *ours, int V)
 static void check_strategies(tdm_model *m, const fixture *f)
 {
     const int V = tdm_model_get_config(m)->vocab_size, K = 4, ROUNDS = 8;
-    tdm_seq_params pe = {TDM_STATE_EXTRA_BUFFER, K}, pn = {TDM_STATE_NO_BUFFER, K};
-    tdm_seq_params pr = {TDM_STATE_REPLAY, K};
+    tdm_seq_params pe = {TDM_STATE_EXTRA_BUFFER, K, 0}, pn = {TDM_STATE_NO_BUFFER, K, 0};
+    tdm_seq_params pr = {TDM_STATE_REPLAY, K, 0};
     tdm_seq *eb, *nb, *rp, *sq;
     tdm_error err;
     CHECK(tdm_seq_create(m, &pe, &eb, &err) == TDM_OK, "%s", err.msg);
@@ -152,7 +152,7 @@ static void check_strategies(tdm_model *m, const fixture *f)
 static void check_batch(tdm_model *m, const fixture *f)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
-    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 4};
+    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 4, 0};
     tdm_seq *a, *b, *a1, *b1;
     tdm_error err;
     CHECK(tdm_seq_create(m, &p, &a, &err) == TDM_OK, "%s", err.msg);

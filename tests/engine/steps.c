@@ -53,7 +53,7 @@ void steps_run_script(tdm_model *m, steps_run *r)
         tdm_seq_params p = {i == 2   ? TDM_STATE_NO_BUFFER
                             : i == 3 ? TDM_STATE_REPLAY
                                      : TDM_STATE_EXTRA_BUFFER,
-                            4};
+                            4, 0};
         OK(tdm_seq_create(m, &p, &r->seqs[i], &err));
     }
     tdm_seq *A = r->seqs[0], *B = r->seqs[1], *C = r->seqs[2], *D = r->seqs[3];

@@ -32,7 +32,7 @@ static float *logits_of(const char *dir, int *ok)
         return NULL;
     }
     const int V = tdm_model_get_config(m)->vocab_size;
-    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 0};
+    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 0, 0};
     tdm_seq *s;
     CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
     float *out = malloc((size_t)fx.ncall[0] * (size_t)V * sizeof(float));

@@ -226,7 +226,7 @@ static void check_script(const char *name, tdm_backend *cpu, tdm_backend *fake, 
 
 static tdm_seq *seq(tdm_model *m, tdm_state_strategy s, int plen)
 {
-    tdm_seq_params p = {s, 4};
+    tdm_seq_params p = {s, 4, 0};
     tdm_seq *q;
     tdm_error err;
     CHECK(tdm_seq_create(m, &p, &q, &err) == TDM_OK, "%s", err.msg);

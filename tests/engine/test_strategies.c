@@ -32,7 +32,7 @@ static int rnd(int n)
 
 static tdm_seq *make(tdm_model *m, tdm_state_strategy s)
 {
-    tdm_seq_params p = {s, MAXK};
+    tdm_seq_params p = {s, MAXK, 0};
     tdm_seq *q;
     tdm_error err;
     CHECK(tdm_seq_create(m, &p, &q, &err) == TDM_OK, "%s", err.msg);

@@ -169,7 +169,7 @@ float *fixture_run(tdm_model *m, const fixture *f, tdm_state_strategy strat)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
     float *out = malloc((size_t)f->total * (size_t)V * sizeof(float));
-    tdm_seq_params p = {strat, 8};
+    tdm_seq_params p = {strat, 8, 0};
     tdm_seq *s;
     tdm_error err;
     CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
@@ -191,7 +191,7 @@ void fixture_check_verify_path(tdm_model *m, const fixture *f, const float *cach
     memcpy(blk, f->calls[1], (size_t)f->ncall[1] * sizeof(int32_t));
     memcpy(blk + f->ncall[1], f->calls[2], (size_t)f->ncall[2] * sizeof(int32_t));
     for (int strat = 0; strat < 2; strat++) {
-        tdm_seq_params p = {(tdm_state_strategy)strat, k};
+        tdm_seq_params p = {(tdm_state_strategy)strat, k, 0};
         tdm_seq *s;
         tdm_error err;
         CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
