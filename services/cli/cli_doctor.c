@@ -488,12 +488,30 @@ static void report_refusals(doctor *d, const tdm_compat_refusal *r, size_t n)
         add(d, "replica", DOCTOR_SEVERITY_ERROR, rule_fix(r[i].rule), "%s", r[i].message);
 }
 
+/* Whether a service runs this very build; a warning naming both when not. */
+static bool check_same_build(doctor *d, const Tandem__V1__Descriptor *r)
+{
+    const tdm_build_info *b = tdm_build_info_get();
+    const char *version = r->build && r->build->version[0] ? r->build->version : "?";
+    const char *revision = r->build && r->build->git_revision[0] ? r->build->git_revision : "?";
+    if (strcmp(version, b->version) == 0 && strcmp(revision, b->git_revision) == 0)
+        return true;
+    char who[600];
+    add(d, r->role == TANDEM__V1__ROLE__ROLE_GATEWAY ? "gateway" : "replica",
+        DOCTOR_SEVERITY_WARNING, "run every service from one build (same version and revision)",
+        "%s %s runs tandem %s (revision %s, CUDA %s), this build is tandem %s (revision %s, CUDA "
+        "%s)",
+        tdm_role_name(r->role), tdm_compat_service_name(r, who, sizeof(who)), version, revision,
+        r->build && r->build->cuda_runtime[0] ? r->build->cuda_runtime : "none", b->version,
+        b->git_revision, b->cuda_runtime[0] ? b->cuda_runtime : "none");
+    return false;
+}
+
 /* One registered replica against this build (and configuration, when self
  * came from one). */
 static void check_replica(doctor *d, const Tandem__V1__Descriptor *r, Tandem__V1__Descriptor *self,
                           bool configured)
 {
-    const tdm_build_info *b = tdm_build_info_get();
     char who[600];
     tdm_compat_service_name(r, who, sizeof(who));
     const char *role = tdm_role_name(r->role);
@@ -522,17 +540,7 @@ static void check_replica(doctor *d, const Tandem__V1__Descriptor *r, Tandem__V1
     self->role = saved;
     report_refusals(d, ref, n);
 
-    const char *version = r->build && r->build->version[0] ? r->build->version : "?";
-    const char *revision = r->build && r->build->git_revision[0] ? r->build->git_revision : "?";
-    bool same_build = strcmp(version, b->version) == 0 && strcmp(revision, b->git_revision) == 0;
-    if (!same_build)
-        add(d, "replica", DOCTOR_SEVERITY_WARNING,
-            "run every service from one build (same version and revision)",
-            "%s %s runs tandem %s (revision %s, CUDA %s), this build is tandem %s (revision %s, "
-            "CUDA %s)",
-            role, who, version, revision,
-            r->build && r->build->cuda_runtime[0] ? r->build->cuda_runtime : "none", b->version,
-            b->git_revision, b->cuda_runtime[0] ? b->cuda_runtime : "none");
+    bool same_build = check_same_build(d, r);
     bool same_model = true;
     if (configured && self->role == r->role && self->model_fingerprint[0] &&
         strcmp(self->model_fingerprint, r->model_fingerprint) != 0) {
@@ -550,7 +558,7 @@ static void check_replica(doctor *d, const Tandem__V1__Descriptor *r, Tandem__V1
             "%s %s: protocol %u.%u, tandem %s (revision %s), model %s (%.12s): compatible with "
             "this %s",
             role, who, r->protocol ? r->protocol->major : 0, r->protocol ? r->protocol->minor : 0,
-            version, revision, r->model_name[0] ? r->model_name : "-",
+            r->build->version, r->build->git_revision, r->model_name[0] ? r->model_name : "-",
             r->model_fingerprint[0] ? r->model_fingerprint : "-",
             configured ? "configuration" : "build");
 }
@@ -611,6 +619,7 @@ static void check_gateway(doctor *d, cli_net *net, int64_t timeout_ms, tdm_svc_c
         tdm_compat_refusal r;
         if (apply_rule("protocol-major", self, g, &r))
             report_refusals(d, &r, 1);
+        check_same_build(d, g);
     }
     for (size_t i = 0; i < s->n_replicas; i++)
         if (s->replicas[i]->descriptor)
