@@ -911,11 +911,9 @@ static void split_archs(const char *archs, Tandem__V1__BuildInfo *b)
     }
 }
 
-tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
-                                    tdm_error *err)
+Tandem__V1__Descriptor *tdm_svc_descriptor_of_build(Tandem__V1__Role role, const char *replica_id,
+                                                    const char *address)
 {
-    *out = NULL;
-    Tandem__V1__Role role = tdm_svc_role_of(tdm_cfg_schema_of(cfg));
     Tandem__V1__Descriptor *d = tdm_xmalloc(sizeof(*d));
     Tandem__V1__ProtocolVersion *pv = tdm_xmalloc(sizeof(*pv));
     Tandem__V1__BuildInfo *b = tdm_xmalloc(sizeof(*b));
@@ -933,16 +931,31 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
     b->grpc_core = dup_str(bi->grpc_core);
     b->compiler = dup_str(bi->compiler);
     b->build_type = dup_str(bi->build_type);
-    b->backend = dup_str(tdm_cfg_has(cfg, "backend") ? tdm_cfg_str(cfg, "backend") : "");
+    b->backend = dup_str("");
     split_archs(bi->gpu_archs, b);
 
     d->role = role;
     d->snapshot_layout_version = TDM_SNAPSHOT_LAYOUT_VERSION;
+    d->replica_id = dup_str(replica_id);
+    d->address = dup_str(address);
     d->model_name = dup_str("");
     d->model_fingerprint = dup_str("");
     d->tokenizer_fingerprint = dup_str("");
     d->instance_id = dup_str("");
     d->device_uuid = dup_str("");
+    return d;
+}
+
+tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
+                                    tdm_error *err)
+{
+    *out = NULL;
+    Tandem__V1__Role role = tdm_svc_role_of(tdm_cfg_schema_of(cfg));
+    Tandem__V1__Descriptor *d = tdm_svc_descriptor_of_build(role, "", "");
+    free(d->build->backend);
+    d->build->backend = dup_str(tdm_cfg_has(cfg, "backend") ? tdm_cfg_str(cfg, "backend") : "");
+    free(d->replica_id);
+    free(d->address);
     if (role == TANDEM__V1__ROLE__ROLE_GATEWAY) {
         char host[256], id[300];
         host_name(host, sizeof(host));

@@ -72,6 +72,12 @@ size_t tdm_svc_env_warnings(const tdm_cfg *cfg, char (*out)[TDM_SVC_WARNING_MAX]
 tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
                                     tdm_error *err);
 void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d);
+/* A Descriptor of this build alone: role, replica id and address as given,
+ * protocol and snapshot layout versions and build info; no model, tokenizer
+ * or settings. What `tandem doctor` compares replicas against when it has no
+ * configuration. Free with tdm_svc_descriptor_free. */
+Tandem__V1__Descriptor *tdm_svc_descriptor_of_build(Tandem__V1__Role role, const char *replica_id,
+                                                    const char *address);
 
 /* The role a schema configures. */
 Tandem__V1__Role tdm_svc_role_of(const tdm_cfg_schema *schema);

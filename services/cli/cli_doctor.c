@@ -563,24 +563,6 @@ static void check_replica(doctor *d, const Tandem__V1__Descriptor *r, Tandem__V1
             configured ? "configuration" : "build");
 }
 
-/* The descriptor this build would register with: the configuration's when
- * one was given, else the build's own identity (protocol, layout, build). */
-static Tandem__V1__Descriptor *self_descriptor(tdm_svc_check *c, Tandem__V1__Descriptor *scratch,
-                                               Tandem__V1__ProtocolVersion *pv)
-{
-    if (c && c->desc)
-        return c->desc;
-    tandem__v1__descriptor__init(scratch);
-    tandem__v1__protocol_version__init(pv);
-    pv->major = TDM_PROTOCOL_MAJOR;
-    pv->minor = TDM_PROTOCOL_MINOR;
-    scratch->protocol = pv;
-    scratch->snapshot_layout_version = TDM_SNAPSHOT_LAYOUT_VERSION;
-    scratch->replica_id = "this-build";
-    scratch->address = "tandem doctor";
-    return scratch;
-}
-
 static void check_gateway(doctor *d, cli_net *net, int64_t timeout_ms, tdm_svc_check *c)
 {
     tdm_rpc_channel *ch = NULL;
@@ -605,10 +587,14 @@ static void check_gateway(doctor *d, cli_net *net, int64_t timeout_ms, tdm_svc_c
         return;
     }
     const Tandem__V1__StatusResponse *s = (const Tandem__V1__StatusResponse *)resp;
-    Tandem__V1__Descriptor scratch;
-    Tandem__V1__ProtocolVersion pv;
-    Tandem__V1__Descriptor *self = self_descriptor(c, &scratch, &pv);
+    /* What this build would register with: the configuration's descriptor,
+     * else the build's own identity (protocol, layout, build). */
     bool configured = c && c->desc;
+    Tandem__V1__Descriptor *own =
+        configured ? NULL
+                   : tdm_svc_descriptor_of_build(TANDEM__V1__ROLE__ROLE_UNSPECIFIED, "this-build",
+                                                 "tandem doctor");
+    Tandem__V1__Descriptor *self = configured ? c->desc : own;
     if (s->gateway) {
         const Tandem__V1__Descriptor *g = s->gateway;
         add(d, "gateway", DOCTOR_SEVERITY_OK, NULL,
@@ -635,6 +621,7 @@ static void check_gateway(doctor *d, cli_net *net, int64_t timeout_ms, tdm_svc_c
     for (size_t k = 0; k < s->n_replica_refusals; k++)
         add(d, "gateway", DOCTOR_SEVERITY_ERROR, rule_fix(s->replica_refusals[k]->rule),
             "the gateway reports: %s", s->replica_refusals[k]->message);
+    tdm_svc_descriptor_free(own);
     protobuf_c_message_free_unpacked(resp, NULL);
     tdm_rpc_channel_destroy(ch);
 }
