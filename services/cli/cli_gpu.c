@@ -41,7 +41,7 @@ static bool sym(void *lib, const char *name, void *fn, size_t fn_size, cli_gpu_l
 /* Opens the first of names that loads; records the names tried otherwise. */
 static void *open_first(const char *const *names, size_t n, cli_gpu_lib *l)
 {
-    char tried[256] = "";
+    l->soname[0] = '\0';
     for (size_t i = 0; i < n; i++) {
         void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
         if (h) {
@@ -51,10 +51,9 @@ static void *open_first(const char *const *names, size_t n, cli_gpu_lib *l)
         }
         if (i == 0)
             snprintf(l->error, sizeof(l->error), "%s", dlerror());
-        size_t len = strlen(tried);
-        snprintf(tried + len, sizeof(tried) - len, "%s%s", len ? ", " : "", names[i]);
+        size_t len = strlen(l->soname);
+        snprintf(l->soname + len, sizeof(l->soname) - len, "%s%s", len ? ", " : "", names[i]);
     }
-    snprintf(l->soname, sizeof(l->soname), "%s", tried);
     return NULL;
 }
 
