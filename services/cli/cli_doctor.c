@@ -137,39 +137,6 @@ static void check_build(doctor *d)
             TDM_SNAPSHOT_LAYOUT_VERSION);
 }
 
-/* How a device of compute capability cc (major*10+minor) runs this build's
- * kernels: 2 native code (SASS), 1 PTX compiled at start-up, 0 not at all.
- * Archs as CMake lists them, rewritten to "sm_90", "sm_90a", "sm_90-real",
- * "sm_90-virtual". */
-static int arch_support(const char *archs, int cc, char *ptx, size_t ptx_len)
-{
-    int best = 0;
-    const char *p = archs;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        char item[64];
-        snprintf(item, sizeof(item), "%.*s", (int)(len < 63 ? len : 63), p);
-        p = comma ? comma + 1 : p + len;
-        int num = 0, n = 0;
-        if (sscanf(item, "sm_%d%n", &num, &n) != 1)
-            continue;
-        const char *suffix = item + n;
-        bool specific = suffix[0] == 'a' || suffix[0] == 'f'; /* sm_90a: 9.0 only */
-        bool real = strstr(suffix, "-virtual") == NULL;
-        bool virt = strstr(suffix, "-real") == NULL;
-        if (specific && num != cc)
-            continue;
-        if (real && num / 10 == cc / 10 && num <= cc)
-            best = 2;
-        else if (virt && num <= cc && best < 1) {
-            best = 1;
-            snprintf(ptx, ptx_len, "compute_%d", num);
-        }
-    }
-    return best;
-}
-
 static void check_devices(doctor *d, const cli_gpu_probe *p)
 {
     const tdm_build_info *b = tdm_build_info_get();
@@ -186,16 +153,17 @@ static void check_devices(doctor *d, const cli_gpu_probe *p)
             continue;
         }
         char ptx[32] = "";
-        int s = arch_support(b->gpu_archs, cc, ptx, sizeof(ptx));
+        cli_gpu_arch s =
+            cli_gpu_arch_support(b->gpu_archs, g->cc_major, g->cc_minor, ptx, sizeof(ptx));
         char fix[256];
         snprintf(fix, sizeof(fix),
                  "rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d (or add %d to the list), or run this "
                  "service with backend cpu",
                  cc, cc);
-        if (s == 2)
+        if (s == CLI_GPU_ARCH_NATIVE)
             add(d, "gpu", DOCTOR_SEVERITY_OK, NULL,
                 "%s; this build carries native code for it (%s)", what, b->gpu_archs);
-        else if (s == 1)
+        else if (s == CLI_GPU_ARCH_PTX)
             add(d, "gpu", DOCTOR_SEVERITY_WARNING, fix,
                 "%s; this build carries no native code for it (%s), so the driver compiles %s PTX "
                 "at start-up (slow first start, may differ in speed)",

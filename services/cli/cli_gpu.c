@@ -169,3 +169,36 @@ const char *cli_gpu_cuda_version_str(int v, char *buf, size_t len)
     snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10);
     return buf;
 }
+
+cli_gpu_arch cli_gpu_arch_support(const char *archs, int major, int minor, char *ptx,
+                                  size_t ptx_len)
+{
+    int cc = major * 10 + minor;
+    cli_gpu_arch best = CLI_GPU_ARCH_NONE;
+    int best_ptx = 0; /* the newest PTX the device can compile wins */
+    const char *p = archs;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[64];
+        snprintf(item, sizeof(item), "%.*s", (int)(len < 63 ? len : 63), p);
+        p = comma ? comma + 1 : p + len;
+        int num = 0, n = 0;
+        if (sscanf(item, "sm_%d%n", &num, &n) != 1)
+            continue;
+        const char *suffix = item + n;
+        /* sm_90a, sm_100f: architecture-specific features, that device only. */
+        if ((suffix[0] == 'a' || suffix[0] == 'f') && num != cc)
+            continue;
+        bool sass = strstr(suffix, "-virtual") == NULL;
+        bool has_ptx = strstr(suffix, "-real") == NULL;
+        if (sass && num / 10 == major && num <= cc) {
+            best = CLI_GPU_ARCH_NATIVE;
+        } else if (has_ptx && num <= cc && num > best_ptx && best != CLI_GPU_ARCH_NATIVE) {
+            best = CLI_GPU_ARCH_PTX;
+            best_ptx = num;
+            snprintf(ptx, ptx_len, "compute_%d", num);
+        }
+    }
+    return best;
+}

@@ -43,6 +43,20 @@ typedef struct cli_gpu_probe {
  * the driver after cuInit is not supported). */
 void cli_gpu_probe_run(cli_gpu_probe *p);
 
+typedef enum cli_gpu_arch {
+    CLI_GPU_ARCH_NONE = 0, /* no code this device can run */
+    CLI_GPU_ARCH_PTX,      /* PTX the driver compiles at start-up */
+    CLI_GPU_ARCH_NATIVE,   /* native code (SASS) for its architecture */
+} cli_gpu_arch;
+
+/* How a device of compute capability major.minor runs code built for
+ * `archs`, as buildinfo lists them ("sm_80,sm_90"; CMake's suffixes kept:
+ * "sm_90a" runs on 9.0 only, "sm_90-real" has no PTX, "sm_90-virtual" only
+ * PTX). Native code runs on its major's later minors; PTX on any later
+ * device. For CLI_GPU_ARCH_PTX, `ptx` gets the PTX's name ("compute_90"). */
+cli_gpu_arch cli_gpu_arch_support(const char *archs, int major, int minor, char *ptx,
+                                  size_t ptx_len);
+
 /* "12.8" from 12080 into buf. */
 const char *cli_gpu_cuda_version_str(int v, char *buf, size_t len);
 

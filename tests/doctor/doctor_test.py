@@ -3,6 +3,10 @@
 
   gpu       without an NVIDIA driver, a clear finding; the exit status says
             whether the configuration needs a GPU (backend cuda) or not
+  fake_driver
+            a stand-in libcuda.so.1 (fake_cuda.c) found through
+            LD_LIBRARY_PATH: its device, compute capability and driver
+            version reported and checked against the build; cuInit failing
   models    the demo target model, healthy (one file and sharded), then
             corrupted copies: a shard deleted, a truncated file, a header
             with a wrong shape, a broken config.json, bytes appended; each
@@ -14,7 +18,7 @@
 Corruptions are made here with Python's own safetensors writer (struct +
 json), independent of the C reader.
 
-usage: doctor_test.py CASE --cli PATH --gateway PATH --source ROOT
+usage: doctor_test.py CASE --cli PATH --gateway PATH --fake-driver DIR --source ROOT
 """
 import argparse
 import json
@@ -178,6 +182,65 @@ def case_gpu():
     check(r.returncode == 2 and "--role" in r.stderr, "--config without --role: %s" % r.stderr)
 
 
+def fake(**env):
+    e = {"LD_LIBRARY_PATH": ARGS.fake_driver + ":" + os.environ.get("LD_LIBRARY_PATH", "")}
+    e.update({"FAKE_CUDA_" + k.upper(): str(v) for k, v in env.items()})
+    return e
+
+
+def build_info():
+    r = subprocess.run([ARGS.cli, "doctor", "--json"], capture_output=True, text=True,
+                       env=clean_env(), timeout=60)
+    return json.loads(r.stdout)["build"]
+
+
+def case_fake_driver():
+    build = build_info()
+    model = os.path.join(ARGS.source, "models", "demo-target")
+    rc, findings, text = doctor(env=fake())
+    check(any(f["check"] == "driver" and f["severity"] == "ok" and
+              "NVIDIA driver supports CUDA 12.8, 1 device(s)" in f["message"] for f in findings),
+          "the driver's CUDA version and device count:\n" + text)
+    gpu = [f for f in findings if f["check"] == "gpu"]
+    check(len(gpu) == 1 and "GPU 0: Fake GPU 0, compute capability 9.0, 80.0 GiB" in
+          gpu[0]["message"], "the device's name, capability and memory: %s" % gpu)
+    if not build["cuda_runtime"]:
+        check(gpu and gpu[0]["severity"] == "warning" and "no CUDA backend" in gpu[0]["message"],
+              "a cpu-only build says the GPU stays unused: %s" % gpu)
+    elif "sm_90" in build["gpu_archs"].split(","):
+        check(gpu and gpu[0]["severity"] == "ok" and "native code" in gpu[0]["message"],
+              "sm_90 runs natively on 9.0: %s" % gpu)
+    # cuInit failing: named with the driver's words; an error only for backend cuda.
+    rc, findings, text = doctor(env=fake(init=100))
+    gpu = [f for f in findings if f["check"] == "gpu"]
+    check(rc == 0 and len(gpu) == 1 and
+          "cuInit failed with CUDA error 100 (no CUDA-capable device is detected)" in
+          gpu[0]["message"] and gpu[0]["severity"] != "error",
+          "cuInit failing without a configuration: %s" % gpu)
+    cfg = write("v-cuda.yaml", "model: %s\nbackend: cuda\n" % model)
+    rc, findings, text = doctor("--config", cfg, "--role", "verifier", env=fake(init=100))
+    check(rc == 1 and any("cuInit failed" in f["message"] for f in errors(findings, "gpu")),
+          "cuInit failing with backend cuda is an error:\n" + text)
+    rc, findings, text = doctor(env=fake(devices=0))
+    check(any("shows no device" in f["message"] for f in findings if f["check"] == "gpu"),
+          "no device:\n" + text)
+    if not build["cuda_runtime"]:
+        return
+    # A CUDA build: capability and driver version against what it carries.
+    archs = build["gpu_archs"]
+    rc, findings, text = doctor("--config", cfg, "--role", "verifier", env=fake(cc="3.5"))
+    check(rc == 1 and any("cannot run on compute capability 3.5" in f["message"] and
+                          "CMAKE_CUDA_ARCHITECTURES=35" in f["fix"]
+                          for f in errors(findings, "gpu")),
+          "compute capability 3.5 against %s:\n%s" % (archs, text))
+    major = int(build["cuda_runtime"].split(".")[0])
+    rc, findings, text = doctor(env=fake(driver=(major - 1) * 1000))
+    check(rc == 1 and any("older major version cannot run it" in f["message"]
+                          for f in errors(findings, "driver")),
+          "a driver of CUDA %d against a build of CUDA %s:\n%s" % (major - 1,
+                                                                  build["cuda_runtime"], text))
+
+
 def model_findings(d):
     rc, findings, text = doctor("--model", d)
     return rc, [f for f in findings if f["check"] == "model"], text
@@ -303,9 +366,7 @@ def register(c, gw, descriptor):
 
 
 def case_replicas():
-    r = subprocess.run([ARGS.cli, "doctor", "--json"], capture_output=True, text=True,
-                       env=clean_env(), timeout=60)
-    build = json.loads(r.stdout)["build"]
+    build = build_info()
     gw = Proc("gateway", [ARGS.gateway, "--listen", "127.0.0.1:0", "--health-listen",
                           "127.0.0.1:0", "--replica-ttl", "60s"]).wait_port()
     c = client()
@@ -370,7 +431,8 @@ def case_replicas():
                           for f in errors(findings)), "no gateway:\n" + text)
 
 
-CASES = {"gpu": case_gpu, "models": case_models, "replicas": case_replicas}
+CASES = {"gpu": case_gpu, "fake_driver": case_fake_driver, "models": case_models,
+         "replicas": case_replicas}
 
 
 def main():
@@ -379,6 +441,7 @@ def main():
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--cli", required=True)
     ap.add_argument("--gateway", required=True)
+    ap.add_argument("--fake-driver", required=True, help="folder of the stand-in libcuda.so.1")
     ap.add_argument("--source", required=True)
     ARGS = ap.parse_args()
     TMP = tempfile.mkdtemp(prefix="tandem-doctor-")
