@@ -310,7 +310,7 @@ static void check_config(doctor *d, const tdm_cfg_schema *schema, const char *pa
     tdm_svc_config_check(schema, 4, argv, c);
     char fix[512];
     snprintf(fix, sizeof(fix),
-             "correct the setting named above; `%s --check-config --config %s` prints the "
+             "correct what is named above; `%s --check-config --config %s` prints the "
              "effective configuration with the source of every value",
              schema->program, path);
     if (!c->cfg) {
