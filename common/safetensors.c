@@ -486,6 +486,27 @@ const char *tdm_st_file_path(const tdm_st_file *f, int index)
     return index >= 0 && index < f->nfiles ? f->files[index].path : "?";
 }
 
+size_t tdm_st_file_size(const tdm_st_file *f, int index)
+{
+    return index >= 0 && index < f->nfiles ? f->files[index].size : 0;
+}
+
+size_t tdm_st_file_unused_bytes(const tdm_st_file *f, int index)
+{
+    if (index < 0 || index >= f->nfiles)
+        return 0;
+    const st_map *m = &f->files[index];
+    const unsigned char *p = m->base;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) /* checked when the file was opened */
+        hlen = (hlen << 8) | p[i];
+    size_t data_size = m->size - 8 - (size_t)hlen, used = 0;
+    for (size_t i = 0; i < f->ntensors; i++)
+        if (f->tensors[i].file_index == index)
+            used += f->tensors[i].nbytes;
+    return used < data_size ? data_size - used : 0;
+}
+
 int tdm_st_file_count(const tdm_st_file *f)
 {
     return f->nfiles;

@@ -68,6 +68,12 @@ const tdm_st_tensor *tdm_st_find(const tdm_st_file *f, const char *name);
 /* Path of file `index` (tensor->file_index), for error messages. */
 const char *tdm_st_file_path(const tdm_st_file *f, int index);
 int tdm_st_file_count(const tdm_st_file *f);
+/* Bytes of file `index`, and of its data section the bytes no tensor's
+ * data_offsets cover (before, between or after tensors): 0 in a file that
+ * was written whole; a file longer than its header says, a copy appended to,
+ * leaves some. */
+size_t tdm_st_file_size(const tdm_st_file *f, int index);
+size_t tdm_st_file_unused_bytes(const tdm_st_file *f, int index);
 
 /* "F32", "BF16", ... (the safetensors spelling). */
 const char *tdm_st_dtype_name(tdm_st_dtype dt);

@@ -32,6 +32,12 @@ typedef struct tdm_model tdm_model;
  * must outlive the model). On success the caller owns *out. */
 tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err);
 void tdm_model_destroy(tdm_model *m);
+/* The checks of tdm_model_load without a backend: config.json, the
+ * checkpoint's headers, and every tensor the config implies present with its
+ * shape and a supported dtype. Nothing is copied or placed anywhere, so it is
+ * cheap on any model. *weight_bytes (when not NULL) gets the bytes a decode
+ * step would stream (tdm_model_weight_bytes). */
+tdm_status tdm_model_check(const char *dir, size_t *weight_bytes, tdm_error *err);
 const tdm_model_config *tdm_model_get_config(const tdm_model *m);
 tdm_backend *tdm_model_backend(const tdm_model *m);
 /* Bytes of weights one decode step streams, as stored (every layer, the final

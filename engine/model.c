@@ -130,6 +130,8 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
     if (rc != TDM_OK)
         return rc;
     m->weight_bytes += t->nbytes;
+    if (!m->be) /* tdm_model_check: found, with the right shape and dtype */
+        return TDM_OK;
     const void *host = t->data;
     tdm_dtype dt = t->dtype == TDM_ST_DTYPE_BF16 ? TDM_DTYPE_BF16 : TDM_DTYPE_F32;
     size_t esize = dt == TDM_DTYPE_BF16 ? 2 : 4;
@@ -165,6 +167,8 @@ static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, i
     if (rc != TDM_OK)
         return rc;
     m->weight_bytes += t->nbytes;
+    if (!m->be) /* tdm_model_check */
+        return TDM_OK;
     float *host = tdm_xmalloc((size_t)t->numel * sizeof(float)); /* a norm's vector */
     float *dev = m->be->alloc(m->be->ctx, (size_t)t->numel * sizeof(float));
     if (!dev) {
@@ -237,7 +241,9 @@ static tdm_status load_layer(tdm_model *m, const char *dir, int L, tdm_error *er
     return TDM_OK;
 }
 
-tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
+/* The walk of tdm_model_load; with be NULL it only finds and checks every
+ * tensor (tdm_model_check). */
+static tdm_status model_walk(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
 {
     *out = NULL;
     tdm_model *m = tdm_xcalloc(1, sizeof(*m));
@@ -283,6 +289,22 @@ tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm
     }
     *out = m;
     return TDM_OK;
+}
+
+tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
+{
+    TDM_ASSERT(be);
+    return model_walk(dir, be, out, err);
+}
+
+tdm_status tdm_model_check(const char *dir, size_t *weight_bytes, tdm_error *err)
+{
+    tdm_model *m = NULL;
+    tdm_status rc = model_walk(dir, NULL, &m, err);
+    if (rc == TDM_OK && weight_bytes)
+        *weight_bytes = m->weight_bytes;
+    tdm_model_destroy(m);
+    return rc;
 }
 
 void tdm_model_destroy(tdm_model *m)

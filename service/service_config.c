@@ -1012,29 +1012,14 @@ const tdm_cfg_schema tdm_svc_drafter_schema = {
 
 /* ---- start-up ------------------------------------------------------------- */
 
-int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm_cfg **out)
+size_t tdm_svc_env_warnings(const tdm_cfg *cfg, char (*out)[TDM_SVC_WARNING_MAX], size_t max)
 {
-    *out = NULL;
-    tdm_cfg *cfg = tdm_cfg_create(schema);
-    if (!cfg) {
-        fprintf(stderr, "%s: out of memory\n", schema->program);
-        return 2;
-    }
-    tdm_cfg_action action = TDM_CFG_ACTION_RUN;
-    tdm_error err;
-    tdm_status st = tdm_cfg_load(cfg, argc, argv, true, &action, &err);
-    if (action == TDM_CFG_ACTION_HELP) {
-        tdm_cfg_print_help(schema, stdout);
-        tdm_cfg_destroy(cfg);
-        return 0;
-    }
     /* Variables of another tandem service are expected in a shared
      * environment; anything else starting with TANDEM_ is likely a typo. */
     const tdm_cfg_schema *all[] = {&tdm_svc_gateway_schema, &tdm_svc_verifier_schema,
                                    &tdm_svc_drafter_schema};
-    char warnings[8][400];
     size_t n_warn = 0;
-    for (size_t i = 0; i < tdm_cfg_unused_env_count(cfg) && n_warn < 8; i++) {
+    for (size_t i = 0; i < tdm_cfg_unused_env_count(cfg) && n_warn < max; i++) {
         const char *name = tdm_cfg_unused_env_at(cfg, i);
         bool elsewhere = false;
         for (size_t s = 0; s < TDM_ARRAY_LEN(all) && !elsewhere; s++)
@@ -1044,53 +1029,86 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
                 elsewhere = strcmp(env, name) == 0;
             }
         if (!elsewhere)
-            snprintf(warnings[n_warn++], sizeof(warnings[0]),
+            snprintf(out[n_warn++], TDM_SVC_WARNING_MAX,
                      "environment variable %s is not a setting of any tandem service; ignored",
                      name);
     }
-    if (action == TDM_CFG_ACTION_CHECK) {
-        tdm_cfg_print(cfg, stdout);
-        for (size_t i = 0; i < n_warn; i++)
-            printf("warning: %s\n", warnings[i]);
-        /* Building the descriptor reads the model files, as start-up would. */
-        Tandem__V1__Descriptor *d = NULL;
-        tdm_error derr;
-        tdm_status dst = TDM_OK;
-        if (st == TDM_OK) {
-            dst = tdm_svc_descriptor_build(cfg, &d, &derr);
-            if (dst == TDM_OK && d->model_fingerprint[0])
-                printf("# model fingerprint:     %s\n", d->model_fingerprint);
-            if (dst == TDM_OK && d->tokenizer_fingerprint[0])
-                printf("# tokenizer fingerprint: %s\n", d->tokenizer_fingerprint);
-            tdm_svc_print_capacity(cfg, "#   ", stdout);
-            tdm_svc_descriptor_free(d);
-        }
-        size_t n = tdm_cfg_error_count(cfg);
+    return n_warn;
+}
+
+void tdm_svc_config_check(const tdm_cfg_schema *schema, int argc, char **argv, tdm_svc_check *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->loaded = TDM_ERR_RESOURCE_EXHAUSTED;
+    out->described = TDM_OK;
+    out->cfg = tdm_cfg_create(schema);
+    if (!out->cfg)
+        return;
+    tdm_error err;
+    out->loaded = tdm_cfg_load(out->cfg, argc, argv, true, &out->action, &err);
+    out->n_warnings = tdm_svc_env_warnings(out->cfg, out->warnings, TDM_ARRAY_LEN(out->warnings));
+    /* Building the descriptor reads the model files, as start-up would. */
+    if (out->action == TDM_CFG_ACTION_CHECK && out->loaded == TDM_OK)
+        out->described = tdm_svc_descriptor_build(out->cfg, &out->desc, &out->desc_err);
+}
+
+void tdm_svc_check_clear(tdm_svc_check *c)
+{
+    tdm_svc_descriptor_free(c->desc);
+    tdm_cfg_destroy(c->cfg);
+    memset(c, 0, sizeof(*c));
+}
+
+int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm_cfg **out)
+{
+    *out = NULL;
+    tdm_svc_check c;
+    tdm_svc_config_check(schema, argc, argv, &c);
+    if (!c.cfg) {
+        fprintf(stderr, "%s: out of memory\n", schema->program);
+        return 2;
+    }
+    if (c.action == TDM_CFG_ACTION_HELP) {
+        tdm_cfg_print_help(schema, stdout);
+        tdm_svc_check_clear(&c);
+        return 0;
+    }
+    if (c.action == TDM_CFG_ACTION_CHECK) {
+        tdm_cfg_print(c.cfg, stdout);
+        for (size_t i = 0; i < c.n_warnings; i++)
+            printf("warning: %s\n", c.warnings[i]);
+        if (c.desc && c.desc->model_fingerprint[0])
+            printf("# model fingerprint:     %s\n", c.desc->model_fingerprint);
+        if (c.desc && c.desc->tokenizer_fingerprint[0])
+            printf("# tokenizer fingerprint: %s\n", c.desc->tokenizer_fingerprint);
+        if (c.loaded == TDM_OK)
+            tdm_svc_print_capacity(c.cfg, "#   ", stdout);
+        size_t n = tdm_cfg_error_count(c.cfg);
         for (size_t i = 0; i < n; i++)
-            printf("error: %s\n", tdm_cfg_error_at(cfg, i));
-        if (dst != TDM_OK)
-            printf("error: %s\n", derr.msg);
-        bool ok = st == TDM_OK && dst == TDM_OK;
+            printf("error: %s\n", tdm_cfg_error_at(c.cfg, i));
+        if (c.described != TDM_OK)
+            printf("error: %s\n", c.desc_err.msg);
+        bool ok = c.loaded == TDM_OK && c.described == TDM_OK;
         printf("%s: configuration %s\n", schema->program,
                ok ? "is valid; the service would start"
                   : "has errors; the service would not start");
-        tdm_cfg_destroy(cfg);
+        tdm_svc_check_clear(&c);
         return ok ? 0 : 1;
     }
-    if (st != TDM_OK) {
-        size_t n = tdm_cfg_error_count(cfg);
+    if (c.loaded != TDM_OK) {
+        size_t n = tdm_cfg_error_count(c.cfg);
         for (size_t i = 0; i < n; i++)
             fprintf(stderr, "%s: configuration error: %s\n", schema->program,
-                    tdm_cfg_error_at(cfg, i));
+                    tdm_cfg_error_at(c.cfg, i));
         fprintf(stderr, "%s: not starting (--check-config shows the effective configuration)\n",
                 schema->program);
-        tdm_cfg_destroy(cfg);
+        tdm_svc_check_clear(&c);
         return 2;
     }
-    tdm_log_set_level((tdm_log_level)tdm_log_parse_level(tdm_cfg_str(cfg, "log_level")));
-    for (size_t i = 0; i < n_warn; i++)
-        tdm_log_warn(schema->program, "%s", warnings[i]);
-    *out = cfg;
+    tdm_log_set_level((tdm_log_level)tdm_log_parse_level(tdm_cfg_str(c.cfg, "log_level")));
+    for (size_t i = 0; i < c.n_warnings; i++)
+        tdm_log_warn(schema->program, "%s", c.warnings[i]);
+    *out = c.cfg; /* handed to the caller, who destroys it */
     return -1;
 }
 
@@ -1123,11 +1141,9 @@ static void split_archs(const char *archs, Tandem__V1__BuildInfo *b)
     }
 }
 
-tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
-                                    tdm_error *err)
+Tandem__V1__Descriptor *tdm_svc_descriptor_of_build(Tandem__V1__Role role, const char *replica_id,
+                                                    const char *address)
 {
-    *out = NULL;
-    Tandem__V1__Role role = tdm_svc_role_of(tdm_cfg_schema_of(cfg));
     Tandem__V1__Descriptor *d = tdm_xmalloc(sizeof(*d));
     Tandem__V1__ProtocolVersion *pv = tdm_xmalloc(sizeof(*pv));
     Tandem__V1__BuildInfo *b = tdm_xmalloc(sizeof(*b));
@@ -1145,16 +1161,31 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
     b->grpc_core = dup_str(bi->grpc_core);
     b->compiler = dup_str(bi->compiler);
     b->build_type = dup_str(bi->build_type);
-    b->backend = dup_str(tdm_cfg_has(cfg, "backend") ? tdm_cfg_str(cfg, "backend") : "");
+    b->backend = dup_str("");
     split_archs(bi->gpu_archs, b);
 
     d->role = role;
     d->snapshot_layout_version = TDM_SNAPSHOT_LAYOUT_VERSION;
+    d->replica_id = dup_str(replica_id);
+    d->address = dup_str(address);
     d->model_name = dup_str("");
     d->model_fingerprint = dup_str("");
     d->tokenizer_fingerprint = dup_str("");
     d->instance_id = dup_str("");
     d->device_uuid = dup_str("");
+    return d;
+}
+
+tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
+                                    tdm_error *err)
+{
+    *out = NULL;
+    Tandem__V1__Role role = tdm_svc_role_of(tdm_cfg_schema_of(cfg));
+    Tandem__V1__Descriptor *d = tdm_svc_descriptor_of_build(role, "", "");
+    free(d->build->backend);
+    d->build->backend = dup_str(tdm_cfg_has(cfg, "backend") ? tdm_cfg_str(cfg, "backend") : "");
+    free(d->replica_id);
+    free(d->address);
     if (role == TANDEM__V1__ROLE__ROLE_GATEWAY) {
         char host[256], id[300];
         host_name(host, sizeof(host));

@@ -39,6 +39,34 @@ extern const tdm_cfg_schema tdm_svc_drafter_schema;
  * 2 for a configuration that cannot start). */
 int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm_cfg **out);
 
+#define TDM_SVC_WARNING_MAX 400
+
+/* What the start-up sequence finds in a configuration: the code path of
+ * --check-config, for tdm_svc_config_main and `tandem doctor`. */
+typedef struct tdm_svc_check {
+    tdm_cfg *cfg;          /* owned; NULL only when out of memory */
+    tdm_cfg_action action; /* what argv asked for (--help, --check-config) */
+    tdm_status loaded;     /* TDM_OK when valid; else errors in tdm_cfg_error_at */
+    char warnings[8][TDM_SVC_WARNING_MAX];
+    size_t n_warnings;
+    /* With --check-config and a valid configuration: the Descriptor, built
+     * from the model files as start-up would (NULL when that failed). */
+    Tandem__V1__Descriptor *desc;
+    tdm_status described; /* TDM_OK unless building it failed, then desc_err */
+    tdm_error desc_err;
+} tdm_svc_check;
+
+/* Loads a configuration from argv (argv[0] the program; --config FILE,
+ * flags, --check-config) and the environment exactly as the service binary
+ * does, and runs its checks. The service would start when loaded and
+ * described are both TDM_OK. Free with tdm_svc_check_clear. */
+void tdm_svc_config_check(const tdm_cfg_schema *schema, int argc, char **argv, tdm_svc_check *out);
+void tdm_svc_check_clear(tdm_svc_check *c);
+
+/* TANDEM_* variables in the environment that no tandem service reads (likely
+ * misspelt), as warning sentences; returns how many were written (<= max). */
+size_t tdm_svc_env_warnings(const tdm_cfg *cfg, char (*out)[TDM_SVC_WARNING_MAX], size_t max);
+
 /* Builds the Descriptor of a service (role from the schema) from its effective
  * configuration: replica id, advertised address, model name, model and
  * tokenizer fingerprints computed from the configured files, block size / max
@@ -47,6 +75,12 @@ int tdm_svc_config_main(const tdm_cfg_schema *schema, int argc, char **argv, tdm
 tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
                                     tdm_error *err);
 void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d);
+/* A Descriptor of this build alone: role, replica id and address as given,
+ * protocol and snapshot layout versions and build info; no model, tokenizer
+ * or settings. What `tandem doctor` compares replicas against when it has no
+ * configuration. Free with tdm_svc_descriptor_free. */
+Tandem__V1__Descriptor *tdm_svc_descriptor_of_build(Tandem__V1__Role role, const char *replica_id,
+                                                    const char *address);
 
 /* The verifier's memory arithmetic (engine/capacity.h) from its effective
  * configuration: model (config.json, and the weights' storage dtype),

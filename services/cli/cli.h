@@ -16,6 +16,7 @@ typedef struct cli_command {
 
 int cli_version(int argc, char **argv);
 int cli_check_config(int argc, char **argv);
+int cli_doctor(int argc, char **argv);
 int cli_status(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);

@@ -11,12 +11,15 @@
 
 static const cli_command commands[] = {
     {"version", cli_version, "print the build's version, revision and compiled features"},
-    {"check-config", cli_check_config, "check service config files and their compatibility offline"},
+    {"check-config", cli_check_config,
+     "check service config files and their compatibility offline"},
+    {"doctor", cli_doctor, "check GPU, CUDA, config, model files and replicas before launch"},
     {"generate", cli_generate, "stream a continuation of a prompt from a running gateway"},
     {"status", cli_status, "show the gateway's replicas, pairs formed and pairs refused"},
     {"tokenize", cli_tokenize, "print the token ids of a text (or a ChatML conversation)"},
     {"detokenize", cli_detokenize, "print the text of token ids"},
-    {"logits", cli_logits, "run token ids through a model on the CPU and write or print the logits"},
+    {"logits", cli_logits,
+     "run token ids through a model on the CPU and write or print the logits"},
 };
 
 static void usage(FILE *out)
