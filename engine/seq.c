@@ -139,6 +139,11 @@ static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
     return TDM_OK;
 }
 
+tdm_status tdm_seq_reserve_kv(tdm_seq *s, int n, tdm_error *err)
+{
+    return kv_ensure(s, n, err);
+}
+
 /* ---- the forward pass ------------------------------------------------------ */
 
 /* One forward call's rows, as fwd_ops issues them. */
@@ -146,16 +151,16 @@ typedef struct fwd_step {
     tdm_seq *const *seqs;
     const int *counts; /* [nseq] rows of each sequence */
     int nseq, R;
-    int prefill;        /* a prompt chunk: the delta rule may run chunked */
-    int logits;         /* final norm and LM head run, into ws.logits */
-    int *row0;          /* [nseq] first row of each sequence */
-    int *extra;         /* [nseq] a verify's rows keep per-position conv windows and
-                           recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
-    int32_t *ids, *pos; /* [R] host */
+    int prefill;            /* a prompt chunk: the delta rule may run chunked */
+    int logits;             /* final norm and LM head run, into ws.logits */
+    int *row0;              /* [nseq] first row of each sequence */
+    int *extra;             /* [nseq] a verify's rows keep per-position conv windows and
+                               recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
+    int32_t *ids, *pos;     /* [R] host */
     const int32_t *ids_dev; /* NULL, or the ids in backend memory (embed_dev; ids unused) */
-    tdm_conv_seg *cs;   /* [nseq] host scratch */
-    tdm_gdn_seg *gs;    /* [nseq] host scratch */
-    tdm_attn_seg *as;   /* [nseq] host scratch */
+    tdm_conv_seg *cs;       /* [nseq] host scratch */
+    tdm_gdn_seg *gs;        /* [nseq] host scratch */
+    tdm_attn_seg *as;       /* [nseq] host scratch */
 } fwd_step;
 
 /* Host scratch of a step for up to nseq sequences and R rows. */
@@ -716,7 +721,8 @@ static tdm_status draft_calls(tdm_seq *const *seqs, int nseq, const int32_t *con
     }
     tdm_seq **sq = tdm_xmalloc((size_t)nseq * sizeof(*sq));
     const int32_t **tp = tdm_xmalloc((size_t)nseq * sizeof(*tp));
-    int *nt = tdm_xmalloc((size_t)nseq * sizeof(int)), *idx = tdm_xmalloc((size_t)nseq * sizeof(int));
+    int *nt = tdm_xmalloc((size_t)nseq * sizeof(int)),
+        *idx = tdm_xmalloc((size_t)nseq * sizeof(int));
     int32_t *am = tdm_xmalloc((size_t)(R0 > nseq ? R0 : nseq) * sizeof(int32_t));
     tdm_status rc = TDM_OK;
     for (int s = 0; s < kmax && rc == TDM_OK; s++) {
@@ -794,8 +800,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     int *ord = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++) {
         int j = i;
-        while (j > 0 && (k[ord[j - 1]] < k[i] ||
-                         (k[ord[j - 1]] == k[i] && nlead[ord[j - 1]] < nlead[i]))) {
+        while (j > 0 &&
+               (k[ord[j - 1]] < k[i] || (k[ord[j - 1]] == k[i] && nlead[ord[j - 1]] < nlead[i]))) {
             ord[j] = ord[j - 1];
             j--;
         }
