@@ -188,6 +188,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     if (rc != TDM_OK)
         return rc;
     tdm_service_set_device_uuid(svc, v->rt->device_uuid);
+    snprintf(v->fingerprint, sizeof(v->fingerprint), "%s", d->model_fingerprint);
     vsched_params p = {
         .model = v->rt->model,
         .strategy = v->rt->strategy,
@@ -200,11 +201,19 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .trust = tdm_service_trust(svc),
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
         .device_uuid = v->rt->device_uuid,
+        .fingerprint = v->fingerprint,
+        .snapshot_ttl_ms = tdm_cfg_int(cfg, "snapshot_ttl"),
+        .max_snapshots = (int)tdm_cfg_int(cfg, "max_snapshots"),
+        .max_snapshot_bytes = tdm_cfg_int(cfg, "max_snapshot_bytes"),
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;
     v->max_sequences = p.max_sequences;
     v->max_draft = p.max_draft;
+    v->max_message_bytes = p.max_message_bytes;
+    v->max_context = p.max_context > 1
+                         ? p.max_context
+                         : tdm_model_get_config(v->rt->model)->max_position_embeddings;
     tdm_metrics *m = tdm_service_metrics(svc);
     tdm_metrics_outcomes_init(&v->outcomes, m, "tandem_verifier_request_success_total",
                               "Run requests that completed, by finish reason.",
@@ -216,7 +225,10 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     tdm_metrics_add_collector(m, collect_positions, v);
     tdm_service_set_counters(svc, counters, v);
     tdm_service_set_load(svc, load, v);
-    return tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",
-                                            &tandem__v1__run_request__descriptor, run_handler, v,
-                                            err);
+    rc =
+        tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",
+                                         &tandem__v1__run_request__descriptor, run_handler, v, err);
+    if (rc == TDM_OK)
+        rc = verifier_snapshot_register(tdm_service_server(svc), v, err);
+    return rc;
 }

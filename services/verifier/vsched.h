@@ -33,6 +33,8 @@
 #include "defs.h"
 #include "engine.h"
 #include "rpc.h"
+#include "sampling.h"
+#include "snapshot.h"
 #include "status.h"
 #include "trust.h"
 #include "tandem/v1/verifier.pb-c.h"
@@ -58,6 +60,12 @@ typedef struct vsched_params {
     /* The GPU the model runs on ("" on the CPU; borrowed): a drafter on the
      * same one gets no run-ahead, whose steps would take this verifier's time. */
     const char *device_uuid;
+    /* State snapshots: the model's fingerprint (borrowed), and how long and
+     * how many / how many bytes of imported snapshots wait for their Run. */
+    const char *fingerprint;
+    int64_t snapshot_ttl_ms;
+    int max_snapshots;
+    int64_t max_snapshot_bytes;
 } vsched_params;
 
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);
@@ -140,5 +148,49 @@ typedef struct vsched_counters {
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);
+
+/* ---- state snapshots ---------------------------------------------------- */
+
+/* What continuing a request needs besides its state (snapshot.proto's
+ * SnapshotContinuation). */
+typedef struct vsched_continuation {
+    char request_id[96];
+    uint32_t prompt_tokens, max_tokens, generated;
+    int32_t next_token; /* the newest generated token, not yet in the state */
+    tdm_sampling sampling;
+    uint64_t seed;
+    tdm_rng rng;
+    int32_t stop_ids[64];
+    int n_stop;
+} vsched_continuation;
+
+/* A request's state as exported: layout, payload and continuation (the
+ * caller frees it with vsched_snapshot_free). */
+typedef struct vsched_snapshot {
+    tdm_snap_layout layout;
+    uint8_t *payload;
+    vsched_continuation cont;
+} vsched_snapshot;
+
+void vsched_snapshot_free(vsched_snapshot *x);
+
+/* Takes the state of the running request request_id at its committed
+ * position, between two rounds on the scheduler thread (so it is
+ * consistent with what was streamed), and blocks until it is taken.
+ * detach: the request then ends here (its Run fails with ABORTED naming
+ * snapshot_id). NOT_FOUND when no such request runs; FAILED_PRECONDITION
+ * while it has not generated its first token. */
+tdm_status vsched_export(vsched *s, const char *request_id, bool detach, const char *snapshot_id,
+                         vsched_snapshot *out, tdm_error *err);
+
+/* Creates a sequence from a received snapshot (layout and payload checked by
+ * the assembler; they move to the scheduler whatever the outcome) on the
+ * scheduler thread, and keeps it under snapshot_id for a Run with that
+ * snapshot_id, for snapshot_ttl_ms. Refuses a continuation that does not fit
+ * the layout or this verifier (INVALID_ARGUMENT), an id in use
+ * (ALREADY_EXISTS), more than max_snapshots or max_snapshot_bytes waiting
+ * (RESOURCE_EXHAUSTED). */
+tdm_status vsched_import(vsched *s, const char *snapshot_id, tdm_snap_layout *layout,
+                         uint8_t *payload, const vsched_continuation *c, tdm_error *err);
 
 #endif
