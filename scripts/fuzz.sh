@@ -14,7 +14,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 secs="${1:-60}"
 shift || true
 dir="${FUZZ_BUILD:-$root/build-fuzz}"
-all=(tokenizer safetensors model_config service_config npy pbjson request)
+all=(tokenizer safetensors model_config service_config npy pbjson request snapshot)
 harnesses=("$@")
 [ ${#harnesses[@]} -eq 0 ] && harnesses=("${all[@]}")
 
