@@ -9,7 +9,10 @@
  * failure). The cost model of a drafted token lives beside the adaptive
  * rule (spec/adaptive.h).
  *
- * A round: admit waiting requests; prefill prompts a chunk at a time
+ * A round: admit waiting requests; take and place state snapshots (exports
+ * of running requests, imports of received ones, both asked for by RPC
+ * handlers and carried out here, between rounds, where the committed state
+ * matches what was streamed); prefill prompts a chunk at a time
  * (prefill_chunk tokens a round over all of them, so one long prompt delays
  * the others' tokens by a chunk, not by its whole prefill); wait for the
  * blocks asked for last round (each at most draft_timeout_ms after it was
@@ -24,8 +27,9 @@
  * only turns speculation off for the sequences it served; they continue with
  * plain decoding from their committed state, so no token is lost or repeated.
  *
- * Threading: vsched_submit / vsched_next / vsched_cancel are called from RPC
- * handler threads; everything else runs on the scheduler thread.
+ * Threading: vsched_submit / vsched_next / vsched_cancel / vsched_export /
+ * vsched_import are called from RPC handler threads; everything else
+ * (including every engine call) runs on the scheduler thread.
  */
 #ifndef TANDEM_VERIFIER_VSCHED_H
 #define TANDEM_VERIFIER_VSCHED_H
