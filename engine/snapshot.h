@@ -59,6 +59,7 @@ typedef struct tdm_snap_layout {
     size_t n_tensors;
     uint64_t total_bytes;
     uint8_t sha256[32];
+    bool verified; /* the payload handed over with it was checked against sha256 */
 } tdm_snap_layout;
 
 /* Frees what a layout owns and zeroes it (a zeroed layout is fine). */
@@ -92,7 +93,8 @@ tdm_status tdm_seq_snapshot(const tdm_seq *s, const char *fingerprint, const int
 /* A new sequence (strategy and max_draft from p) holding the state of a
  * snapshot: the layout is checked (tdm_snap_layout_check, with the model's
  * max_position_embeddings as the longest) and the payload against its
- * SHA-256 before anything is allocated. On success the caller owns *out. */
+ * SHA-256 (unless the assembler did: layout->verified) before anything is
+ * allocated. On success the caller owns *out. */
 tdm_status tdm_seq_from_snapshot(tdm_model *m, const tdm_seq_params *p, const char *fingerprint,
                                  const tdm_snap_layout *l, const uint8_t *payload, tdm_seq **out,
                                  tdm_error *err);
@@ -140,7 +142,7 @@ void tdm_snap_asm_destroy(tdm_snap_asm *a);
 tdm_status tdm_snap_asm_add(tdm_snap_asm *a, const Tandem__V1__SnapshotChunk *c, tdm_error *err);
 /* The end of the stream: refuses a stream without its `last` chunk or with
  * fewer bytes than declared, and a payload whose SHA-256 differs. On success
- * *layout and *payload move to the caller (free them with
+ * *layout (marked verified) and *payload move to the caller (free them with
  * tdm_snap_layout_free and free()). */
 tdm_status tdm_snap_asm_finish(tdm_snap_asm *a, tdm_snap_layout *layout, uint8_t **payload,
                                tdm_error *err);
