@@ -124,6 +124,10 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"conv_state_bytes", (double)c.conv_bytes},
         {"strategy_state_bytes", (double)c.strategy_bytes},
         {"weight_bytes", (double)tdm_model_weight_bytes(v->rt->model)},
+        {"snapshots_exported", (double)c.snapshots_exported},
+        {"snapshots_imported", (double)c.snapshots_imported},
+        {"snapshots_expired", (double)c.snapshots_expired},
+        {"snapshots_waiting", (double)c.snapshots_waiting},
     };
     size_t n = tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
     /* The round's timeline, a phase at a time (vsched_phase's order). */

@@ -611,6 +611,9 @@ static void job_export(vsched *s, snap_job *j)
     if (j->rc != TDM_OK)
         return;
     vsched_continuation *c = &x->cont;
+    pthread_mutex_lock(&s->mu);
+    s->counters.snapshots_exported++;
+    pthread_mutex_unlock(&s->mu);
     snprintf(c->request_id, sizeof(c->request_id), "%s", r->request_id);
     c->prompt_tokens = (uint32_t)r->prompt_len;
     c->max_tokens = (uint32_t)r->max_tokens;
@@ -655,6 +658,7 @@ static void job_import(vsched *s, snap_job *j)
     pthread_mutex_lock(&s->mu);
     st->next = s->staged;
     s->staged = st;
+    s->counters.snapshots_imported++;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -990,6 +994,7 @@ static void snapshot_jobs(vsched *s)
             *pp = st->next;
             st->next = expired;
             expired = st;
+            s->counters.snapshots_expired++;
             continue;
         }
         pp = &st->next;
@@ -1766,6 +1771,9 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     c->waiting = 0;
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         c->waiting++;
+    c->snapshots_waiting = 0;
+    for (const staged_snap *st = s->staged; st; st = st->next)
+        c->snapshots_waiting++;
     double now = now_ms();
     c->uptime_us = s->t_started > 0 ? (now - s->t_started) * 1e3 : 0;
     if (s->idle_since > 0)

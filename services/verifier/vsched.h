@@ -147,6 +147,9 @@ typedef struct vsched_counters {
      * accepted (accepted_at[j]: blocks that accepted more than j drafts). */
     uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs;
     uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
+    /* State snapshots: exported, imported, dropped unused after
+     * snapshot_ttl, and imported ones waiting for their Run now. */
+    uint64_t snapshots_exported, snapshots_imported, snapshots_expired, snapshots_waiting;
     /* Memory the active sequences hold, as of the last round's end. */
     uint64_t kv_bytes, recurrent_bytes, conv_bytes, strategy_bytes;
 } vsched_counters;
