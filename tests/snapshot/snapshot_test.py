@@ -350,6 +350,16 @@ def case_bounds():
     late = run_all(b, {"snapshot_id": "s1"})
     check(late.code == "NOT_FOUND" and "snapshot_ttl" in late.details,
           "Run after snapshot_ttl: %s %s" % (late.code, late.details))
+    desc = "/tandem.v1.Verifier/Describe"
+    check(e2e.counter(b.addr(), desc, "snapshots_expired") == 1 and
+          e2e.counter(b.addr(), desc, "snapshots_imported") == 2 and
+          e2e.counter(b.addr(), desc, "snapshots_waiting") == 0 and
+          e2e.counter(a.addr(), desc, "snapshots_exported") == 1,
+          "snapshot counters: expired %s, imported %s, waiting %s, exported %s" %
+          (e2e.counter(b.addr(), desc, "snapshots_expired"),
+           e2e.counter(b.addr(), desc, "snapshots_imported"),
+           e2e.counter(b.addr(), desc, "snapshots_waiting"),
+           e2e.counter(a.addr(), desc, "snapshots_exported")))
     # The expired one no longer counts against the bound.
     code, details, _ = import_(b, renamed("s3"))
     check(code == "OK", "an import after the others expired: %s %s" % (code, details))
