@@ -466,14 +466,12 @@ void vsched_snapshot_free(vsched_snapshot *x)
     x->payload = NULL;
 }
 
-/* Queues a job for the scheduler thread and waits until it is done. */
-static tdm_status job_run(vsched *s, snap_job *j, tdm_error *err)
+/* Queues a job for the scheduler thread and waits until it is done. Under
+ * mu (the wait lets go of it). */
+static tdm_status job_run_locked(vsched *s, snap_job *j, tdm_error *err)
 {
-    pthread_mutex_lock(&s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
+    if (s->stop)
         return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
-    }
     snap_job **pp = &s->jobs;
     while (*pp)
         pp = &(*pp)->next;
@@ -481,7 +479,6 @@ static tdm_status job_run(vsched *s, snap_job *j, tdm_error *err)
     sched_wake(s);
     while (!j->done)
         pthread_cond_wait(&s->jobs_cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
     if (j->rc != TDM_OK && err)
         *err = j->err;
     return j->rc;
@@ -494,7 +491,10 @@ tdm_status vsched_export(vsched *s, const char *request_id, bool detach, const c
     snap_job j = {.detach = detach, .out = out};
     snprintf(j.request_id, sizeof(j.request_id), "%s", request_id);
     snprintf(j.snapshot_id, sizeof(j.snapshot_id), "%s", snapshot_id);
-    return job_run(s, &j, err);
+    pthread_mutex_lock(&s->mu);
+    tdm_status rc = job_run_locked(s, &j, err);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
 /* Whether a continuation fits its layout and this verifier. */
@@ -542,43 +542,47 @@ tdm_status vsched_import(vsched *s, const char *snapshot_id, tdm_snap_layout *la
     memset(layout, 0, sizeof(*layout));
     snprintf(j.snapshot_id, sizeof(j.snapshot_id), "%s", snapshot_id);
     tdm_status rc = check_continuation(s, &j.layout, c, err);
-    if (rc == TDM_OK) {
-        /* The bounds, counting what is queued as well as what waits. */
-        pthread_mutex_lock(&s->mu);
-        const double now = now_ms();
-        int n = 1;
-        uint64_t bytes = j.layout.total_bytes;
-        bool taken = false;
-        for (const staged_snap *st = s->staged; st; st = st->next) {
-            taken = taken || strcmp(st->id, snapshot_id) == 0;
-            if (st->expires > now) {
-                n++;
-                bytes += st->layout.total_bytes;
-            }
-        }
-        for (const snap_job *q = s->jobs; q; q = q->next) {
-            taken = taken || (q->import && strcmp(q->snapshot_id, snapshot_id) == 0);
-            n += q->import;
-            bytes += q->import ? q->layout.total_bytes : 0;
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (taken)
-            rc = tdm_error_set(err, TDM_ERR_ALREADY_EXISTS,
-                               "snapshot_id %s: a snapshot of that id was imported already",
-                               snapshot_id);
-        else if (n > s->p.max_snapshots)
-            rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
-                               "max_snapshots: %d imported snapshots would wait for their Run, "
-                               "this verifier holds at most %d",
-                               n, s->p.max_snapshots);
-        else if ((int64_t)bytes > s->p.max_snapshot_bytes)
-            rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
-                               "max_snapshot_bytes: imported snapshots waiting for their Run would "
-                               "hold %llu bytes, this verifier holds at most %lld",
-                               (unsigned long long)bytes, (long long)s->p.max_snapshot_bytes);
+    if (rc != TDM_OK) {
+        tdm_snap_layout_free(&j.layout);
+        free(j.payload);
+        return rc;
     }
-    if (rc == TDM_OK)
-        rc = job_run(s, &j, err);
+    /* The bounds, counting what is queued as well as what waits, checked
+     * and the job queued under one lock. */
+    pthread_mutex_lock(&s->mu);
+    const double now = now_ms();
+    int n = 1;
+    uint64_t bytes = j.layout.total_bytes;
+    bool taken = false;
+    for (const staged_snap *st = s->staged; st; st = st->next) {
+        taken = taken || strcmp(st->id, snapshot_id) == 0;
+        if (st->expires > now) {
+            n++;
+            bytes += st->layout.total_bytes;
+        }
+    }
+    for (const snap_job *q = s->jobs; q; q = q->next) {
+        taken = taken || (q->import && strcmp(q->snapshot_id, snapshot_id) == 0);
+        n += q->import;
+        bytes += q->import ? q->layout.total_bytes : 0;
+    }
+    if (taken)
+        rc = tdm_error_set(err, TDM_ERR_ALREADY_EXISTS,
+                           "snapshot_id %s: a snapshot of that id was imported already",
+                           snapshot_id);
+    else if (n > s->p.max_snapshots)
+        rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                           "max_snapshots: %d imported snapshots would wait for their Run, this "
+                           "verifier holds at most %d",
+                           n, s->p.max_snapshots);
+    else if ((int64_t)bytes > s->p.max_snapshot_bytes)
+        rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                           "max_snapshot_bytes: imported snapshots waiting for their Run would "
+                           "hold %llu bytes, this verifier holds at most %lld",
+                           (unsigned long long)bytes, (long long)s->p.max_snapshot_bytes);
+    else
+        rc = job_run_locked(s, &j, err);
+    pthread_mutex_unlock(&s->mu);
     tdm_snap_layout_free(&j.layout);
     free(j.payload);
     return rc;
