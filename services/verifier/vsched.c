@@ -609,6 +609,13 @@ static void job_export(vsched *s, snap_job *j)
                               j->request_id);
         return;
     }
+    if (r->n_stop > (int)TDM_ARRAY_LEN(j->out->cont.stop_ids)) {
+        j->rc = tdm_error_set(&j->err, TDM_ERR_FAILED_PRECONDITION,
+                              "request_id %s has %d stop_token_ids; a snapshot carries at most "
+                              "%zu",
+                              j->request_id, r->n_stop, TDM_ARRAY_LEN(j->out->cont.stop_ids));
+        return;
+    }
     vsched_snapshot *x = j->out;
     j->rc = tdm_seq_snapshot(r->seq, s->p.fingerprint, r->tokens, r->n_tokens, &x->layout,
                              &x->payload, &j->err);
@@ -626,8 +633,7 @@ static void job_export(vsched *s, snap_job *j)
     c->sampling = r->sampling;
     c->seed = r->seed;
     c->rng = r->rng;
-    c->n_stop =
-        r->n_stop < (int)TDM_ARRAY_LEN(c->stop_ids) ? r->n_stop : (int)TDM_ARRAY_LEN(c->stop_ids);
+    c->n_stop = r->n_stop;
     memcpy(c->stop_ids, r->stop_ids, (size_t)c->n_stop * sizeof(int32_t));
     if (j->detach) {
         char msg[256];
