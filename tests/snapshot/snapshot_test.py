@@ -6,7 +6,9 @@ loopback, the bundled demo models, Python grpcio):
             imported into verifier B (extra_buffer, then no_buffer), where a
             Run with the snapshot_id continues it: the tokens, greedy, are
             those of the same request run on one verifier without a move;
-            with detach, A's Run ends with ABORTED naming the snapshot.
+            with detach, A's Run ends with ABORTED naming the snapshot; a
+            sampled request with a seed moves with its random stream and
+            continues with the tokens it would have drawn.
   refusals  corrupt imports (CRC32C, SHA-256, a missing chunk, a truncated
             stream, another model's fingerprint, another layout version, a
             tensor's shape) are refused with INVALID_ARGUMENT or
@@ -219,6 +221,21 @@ def case_move():
         check(cont2.code == "OK" and cont2.first_index == g2 and
               ref.tokens[:g2] + cont2.tokens == ref.tokens,
               "replay -> no_buffer: continuation from %d: %s %s" % (g2, cont2.code, cont2.details))
+
+    # Sampled, seeded: the random stream moves with the state.
+    sampled = dict(base, max_tokens=300, sampling={"temperature": 0.9, "top_p": 0.95,
+                                                   "seed": 1234})
+    sref = run_all(a, dict(sampled, request_id="sampled-ref"))
+    r3, chunks3 = export_mid_run(a, dict(sampled, request_id="sampled"), 10, detach=True)
+    r3.wait()
+    code, details, resp3 = import_(b, chunks3)
+    check(code == "OK", "ImportSnapshot of a sampled request: %s %s" % (code, details))
+    if code == "OK":
+        cont3 = run_all(b, {"snapshot_id": resp3.snapshot_id})
+        check(sref.code == "OK" and cont3.code == "OK" and
+              r3.tokens + cont3.tokens == sref.tokens,
+              "sampled (seed 1234) moved at %d tokens == unmoved: %s %s" %
+              (len(r3.tokens), cont3.code, cont3.details))
     e2e.stop_all()
 
 
