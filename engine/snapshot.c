@@ -468,6 +468,11 @@ static tdm_status asm_take(tdm_snap_asm *a, const Tandem__V1__SnapshotChunk *c, 
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "chunk %u: snapshot_id %s, chunk 0 had %s", c->index, id,
                                  a->id[0] ? a->id : "(none)");
+        if (c->data.len == 0) /* else a stream of empty chunks would never end */
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "chunk %u: no data; every chunk after chunk 0 carries payload "
+                                 "bytes",
+                                 c->index);
         if (c->offset != a->got)
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "chunk %u: offset %" PRIu64

@@ -136,7 +136,8 @@ void tdm_snap_asm_destroy(tdm_snap_asm *a);
  * out of order, missing or repeated (index), a chunk after the last one, a
  * layout in a chunk other than 0 or none in chunk 0, a layout that fails
  * tdm_snap_layout_check, a snapshot_id that changes, data in chunk 0, an
- * offset other than the bytes received so far, more bytes than the layout
+ * offset other than the bytes received so far, a data chunk without data
+ * (so a stream has at most total_bytes chunks), more bytes than the layout
  * declares, a CRC32C that does not match. After a refusal the assembler
  * refuses everything. */
 tdm_status tdm_snap_asm_add(tdm_snap_asm *a, const Tandem__V1__SnapshotChunk *c, tdm_error *err);

@@ -373,6 +373,11 @@ static void wire_cases(tdm_model *m, const char *name)
     rc = feed(m, &w, order, &c2, 2, &err, NULL);
     expect(rc, &err, TDM_ERR_INVALID_ARGUMENT, "bad offset", "offset 1001", "carried 1000", NULL);
     c2 = w.c[2];
+    c2.data.len = 0;
+    c2.crc32c = tdm_crc32c(0, NULL, 0);
+    rc = feed(m, &w, order, &c2, 2, &err, NULL);
+    expect(rc, &err, TDM_ERR_INVALID_ARGUMENT, "empty chunk", "chunk 2", "no data", NULL);
+    c2 = w.c[2];
     c2.snapshot_id = "snap-2";
     rc = feed(m, &w, order, &c2, 2, &err, NULL);
     expect(rc, &err, TDM_ERR_INVALID_ARGUMENT, "snapshot id changes", "snap-2", "snap-1", NULL);
