@@ -9,6 +9,9 @@ loopback, the bundled demo models, Python grpcio):
             with detach, A's Run ends with ABORTED naming the snapshot; a
             sampled request with a seed moves with its random stream and
             continues with the tokens it would have drawn.
+  spec      the same with a drafter speculating on both sides: the drafter
+            reopens the moved sequence on B; greedy, the tokens are plain
+            decoding's.
   refusals  corrupt imports (CRC32C, SHA-256, a missing chunk, a truncated
             stream, another model's fingerprint, another layout version, a
             tensor's shape) are refused with INVALID_ARGUMENT or
@@ -236,6 +239,38 @@ def case_move():
               r3.tokens + cont3.tokens == sref.tokens,
               "sampled (seed 1234) moved at %d tokens == unmoved: %s %s" %
               (len(r3.tokens), cont3.code, cont3.details))
+    e2e.stop_all()
+
+
+def case_spec():
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    a = verifier(gw, "replay")
+    b = verifier(gw, "extra_buffer")
+    d = st.replica("drafter", gw, "--model", e2e.DRAFTER, "--state-strategy", "replay",
+                   "--draft-block-size", "4")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 2, "two verifier/drafter pairs")
+    N = 400
+    plain = {"prompt_ids": prompt(32, 11), "max_tokens": N, "sampling": {"temperature": 0}}
+    drafter = {"replica_id": "d", "address": d.addr(), "block_size": 4}
+    ref = run_all(a, dict(plain, request_id="plain"))
+    r, chunks = export_mid_run(a, dict(plain, request_id="spec", drafter=drafter), 12,
+                               detach=True)
+    r.wait()
+    check(r.code == "ABORTED", "the speculating run after a detaching export: %s %s" %
+          (r.code, r.details))
+    code, details, resp = import_(b, chunks)
+    check(code == "OK", "ImportSnapshot of a speculating request: %s %s" % (code, details))
+    if code != "OK":
+        return
+    cont = run_all(b, {"snapshot_id": resp.snapshot_id, "drafter": drafter})
+    check(ref.code == "OK" and cont.code == "OK" and r.tokens + cont.tokens == ref.tokens,
+          "speculating on A, moved at %d tokens, speculating on B == plain greedy: %s %s" %
+          (len(r.tokens), cont.code, cont.details))
+    desc = "/tandem.v1.Verifier/Describe"
+    for v, name in ((a, "A"), (b, "B")):
+        n = e2e.counter(v.addr(), desc, "speculative_rounds") or 0
+        print("%s verified %d draft blocks" % (name, n), flush=True)
+        check(n > 0, "%s verified draft blocks for the moved request" % name)
     e2e.stop_all()
 
 
