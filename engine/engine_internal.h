@@ -92,4 +92,8 @@ struct tdm_seq {
     int32_t *pend_tokens;    /* [max_draft+1] its tokens (no_buffer recompute) */
 };
 
+/* Grows s's KV caches to hold n positions (seq.c), as a forward of that
+ * length would; RESOURCE_EXHAUSTED when the backend has no room. */
+tdm_status tdm_seq_reserve_kv(tdm_seq *s, int n, tdm_error *err);
+
 #endif

@@ -141,6 +141,11 @@ static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
     return TDM_OK;
 }
 
+tdm_status tdm_seq_reserve_kv(tdm_seq *s, int n, tdm_error *err)
+{
+    return kv_ensure(s, n, err);
+}
+
 /* ---- the forward pass ------------------------------------------------------ */
 
 /* One forward call's rows, as fwd_ops issues them. */

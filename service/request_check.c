@@ -81,6 +81,19 @@ tdm_status tdm_req_check_generate(const Tandem__V1__GenerateRequest *req, tdm_er
 tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int max_context,
                              int max_draft, tdm_error *err)
 {
+    const Tandem__V1__DrafterAssignment *da = req->drafter;
+    if (req->snapshot_id && req->snapshot_id[0]) {
+        if (req->n_prompt_ids != 0)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "prompt_ids: a Run that continues snapshot %s takes its tokens "
+                                 "from the snapshot; got %zu prompt ids",
+                                 req->snapshot_id, req->n_prompt_ids);
+        if (da && da->address[0] &&
+            tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
+                                           (uint32_t)max_draft, err) != TDM_OK)
+            return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+        return TDM_OK;
+    }
     if (req->n_prompt_ids == 0)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "prompt_ids is empty");
     for (size_t i = 0; i < req->n_prompt_ids; i++)
@@ -101,15 +114,10 @@ tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int m
         rc = tdm_req_check_sampling(req->sampling, err);
     if (rc != TDM_OK)
         return rc;
-    const Tandem__V1__DrafterAssignment *da = req->drafter;
     if (da && da->address[0] &&
         tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
                                        (uint32_t)max_draft, err) != TDM_OK)
         return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
-    if (req->snapshot_id && req->snapshot_id[0])
-        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
-                             "snapshot_id: resuming from state snapshots is not supported by "
-                             "this verifier yet");
     return TDM_OK;
 }
 

@@ -47,7 +47,9 @@ tdm_status tdm_req_check_generate(const Tandem__V1__GenerateRequest *req, tdm_er
  * admits it: a non-empty prompt of ids inside the vocabulary that leaves a
  * position for the first generated token, max_tokens 1..TDM_REQ_MAX_TOKENS,
  * sampling, the drafter's block size (when a drafter with an address is
- * assigned) and no snapshot (UNIMPLEMENTED). */
+ * assigned). A Run that continues an imported snapshot (snapshot_id) takes
+ * its prompt, max_tokens and sampling from the snapshot: it carries no
+ * prompt_ids, and its max_tokens and sampling are not used. */
 tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int max_context,
                              int max_draft, tdm_error *err);
 

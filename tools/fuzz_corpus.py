@@ -351,7 +351,91 @@ def protobuf_corpus():
                                                                   message="differ")]),
               pb["snapshot"].SnapshotChunk(), v.RunResponse(tokens=g.TokenChunk(ids=[4]))]:
         pj(m)
+    snapshot_corpus(pb)
     shutil.rmtree(tmp)
+
+
+# ---- state snapshots (fuzz_snapshot.c) --------------------------------------
+
+def crc32c(data):
+    """CRC32C (Castagnoli), reflected, as the snapshot chunks carry it."""
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    c = 0xFFFFFFFF
+    for b in data:
+        c = (c >> 8) ^ table[(c ^ b) & 0xFF]
+    return c ^ 0xFFFFFFFF
+
+
+def snapshot_corpus(pb):
+    """Snapshots of the engine fixture f32_gqa as chunk streams: the layout
+    engine/snapshot.h documents, a payload of small floats."""
+    import hashlib
+    sn = pb["snapshot"]
+    with open(os.path.join(ROOT, "tests", "fixtures", "engine", "f32_gqa", "model",
+                           "config.json")) as f:
+        cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)
+    K, Hk, Dk = cfg["linear_conv_kernel_dim"], cfg["linear_num_key_heads"], cfg["linear_key_head_dim"]
+    Hv, Dv = cfg["linear_num_value_heads"], cfg["linear_value_head_dim"]
+    nKV, D = cfg["num_key_value_heads"], cfg["head_dim"]
+    conv_dim = 2 * Hk * Dk + Hv * Dv
+
+    def stream(committed, chunk, mode, corrupt=None):
+        tensors, off = [], 0
+        for L, kind in enumerate(cfg["layer_types"]):
+            if kind == "linear_attention":
+                shapes = [("conv", [K - 1, conv_dim]), ("recurrent", [Hv, Dk, Dv])]
+            else:
+                shapes = [("key", [committed, nKV, D]), ("value", [committed, nKV, D])]
+            for name, shape in shapes:
+                n = 4
+                for d in shape:
+                    n *= d
+                tensors.append(sn.SnapshotTensor(name="layers.%d.%s" % (L, name), layer=L,
+                                                 dtype=sn.SNAPSHOT_DTYPE_F32, shape=shape,
+                                                 offset=off, nbytes=n))
+                off += n
+        payload = b"".join(struct.pack("<f", ((i % 17) - 8) * 0.01) for i in range(off // 4))
+        tokens = [(7 * i + 3) % cfg["vocab_size"] for i in range(committed)]
+        layout = sn.SnapshotLayout(layout_version=1, model_fingerprint="fuzz-snapshot-model",
+                                   committed_position=committed, tokens=tokens, tensors=tensors,
+                                   total_bytes=off, sha256=hashlib.sha256(payload).digest())
+        chunks = [sn.SnapshotChunk(snapshot_id="seed", index=0, layout=layout)]
+        for at in range(0, off, chunk):
+            data = payload[at:at + chunk]
+            chunks.append(sn.SnapshotChunk(snapshot_id="seed", index=len(chunks), offset=at,
+                                           data=data, crc32c=crc32c(data)))
+        chunks[-1].last = True
+        if corrupt:
+            corrupt(chunks)
+        out = bytes([mode])
+        for c in chunks:
+            b = c.SerializeToString()
+            out += struct.pack("<I", len(b))[:3] + b
+        return out
+
+    def bad_crc(cs):
+        cs[2].crc32c ^= 1
+
+    def truncated(cs):
+        cs[-2].last = False
+        del cs[-1]
+
+    def bad_sha(cs):
+        cs[0].layout.sha256 = bytes(32)
+
+    write("snapshot", "valid-extra-buffer.bin", stream(5, 4096, 0))
+    write("snapshot", "valid-replay.bin", stream(9, 8192, 4))
+    write("snapshot", "valid-no-buffer-fixcrc.bin", stream(3, 2048, 3))
+    write("snapshot", "valid-empty.bin", stream(0, 65536, 0))
+    write("snapshot", "bad-crc.bin", stream(5, 4096, 0, bad_crc))
+    write("snapshot", "truncated.bin", stream(5, 4096, 0, truncated))
+    write("snapshot", "bad-sha.bin", stream(2, 4096, 0, bad_sha))
 
 
 def main():

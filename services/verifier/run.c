@@ -136,6 +136,10 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"capacity_sequence_strategy_bytes", (double)v->cap.seq.strategy},
         {"reserved_bytes", (double)c.reserved_bytes},
         {"refused_queue_full", (double)c.refused},
+        {"snapshots_exported", (double)c.snapshots_exported},
+        {"snapshots_imported", (double)c.snapshots_imported},
+        {"snapshots_expired", (double)c.snapshots_expired},
+        {"snapshots_waiting", (double)c.snapshots_waiting},
     };
     size_t n = tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
     /* The round's timeline, a phase at a time (vsched_phase's order). */
@@ -275,6 +279,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
              tdm_cfg_describe(cfg, "max_sequences", a, sizeof(a)),
              tdm_cfg_describe(cfg, "max_waiting", b, sizeof(b)),
              tdm_cfg_describe(cfg, "gpu_memory", c, sizeof(c)));
+    snprintf(v->fingerprint, sizeof(v->fingerprint), "%s", d->model_fingerprint);
     vsched_params p = {
         .model = v->rt->model,
         .strategy = v->rt->strategy,
@@ -292,11 +297,19 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .seq_budget_bytes = v->cap.budget > fixed ? v->cap.budget - fixed : 0,
         .max_waiting = (int)tdm_cfg_int(cfg, "max_waiting"),
         .limits = limits,
+        .fingerprint = v->fingerprint,
+        .snapshot_ttl_ms = tdm_cfg_int(cfg, "snapshot_ttl"),
+        .max_snapshots = (int)tdm_cfg_int(cfg, "max_snapshots"),
+        .max_snapshot_bytes = tdm_cfg_int(cfg, "max_snapshot_bytes"),
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;
     v->max_sequences = p.max_sequences;
     v->max_draft = p.max_draft;
+    v->max_message_bytes = p.max_message_bytes;
+    v->max_context = p.max_context > 1
+                         ? p.max_context
+                         : tdm_model_get_config(v->rt->model)->max_position_embeddings;
     tdm_metrics *m = tdm_service_metrics(svc);
     tdm_metrics_outcomes_init(&v->outcomes, m, "tandem_verifier_request_success_total",
                               "Run requests that completed, by finish reason.",
@@ -308,7 +321,10 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     tdm_metrics_add_collector(m, collect_positions, v);
     tdm_service_set_counters(svc, counters, v);
     tdm_service_set_load(svc, load, v);
-    return tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",
-                                            &tandem__v1__run_request__descriptor, run_handler, v,
-                                            err);
+    rc =
+        tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",
+                                         &tandem__v1__run_request__descriptor, run_handler, v, err);
+    if (rc == TDM_OK)
+        rc = verifier_snapshot_register(tdm_service_server(svc), v, err);
+    return rc;
 }

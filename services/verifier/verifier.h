@@ -1,6 +1,7 @@
 /*
  * verifier.h - the pieces of tandem-verifier: the target model, the
- * scheduler, and the Run method that feeds one request through them.
+ * scheduler, the Run method that feeds one request through them, and the
+ * state snapshot methods that move a request's state between verifiers.
  */
 #ifndef TANDEM_VERIFIER_H
 #define TANDEM_VERIFIER_H
@@ -20,6 +21,9 @@ typedef struct verifier {
     /* Memory accounted at start (capacity.h), for the counters. */
     tdm_capacity_params cap_params;
     tdm_capacity cap;
+    int max_context;
+    int64_t max_message_bytes;
+    char fingerprint[80]; /* the model's (Descriptor.model_fingerprint): snapshots carry it */
     /* metrics (families in the service's registry) */
     tdm_metrics_outcomes outcomes; /* Run requests by finish reason and error code */
     tdm_metric *queue_time;        /* from submission to a place in the batch */
@@ -28,5 +32,8 @@ typedef struct verifier {
 /* Loads the model, starts the scheduler and registers Run (the `setup` step
  * of tdm_service_replica_main). */
 tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err);
+
+/* Registers ExportSnapshot and ImportSnapshot (snapshot_rpc.c). */
+tdm_status verifier_snapshot_register(tdm_rpc_server *server, verifier *v, tdm_error *err);
 
 #endif

@@ -53,7 +53,8 @@ struct vreq {
     int32_t last;    /* newest token, not yet run through the model */
     bool fresh;      /* admitted; its first token not yet generated */
     bool prefilling; /* its prompt (but the last token) is not yet all in the model */
-    int prefilled;   /* prompt tokens in the model */
+    bool imported;   /* continues an imported snapshot: its state came with it */
+    int prefilled;  /* prompt tokens in the model */
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
@@ -142,6 +143,35 @@ typedef struct vround {
 
 _Static_assert(TDM_MAX_DRAFT_BLOCK + 1 <= 1 << 16, "rows of one sequence fit an int");
 
+/* A snapshot export or import for the scheduler thread to carry out
+ * between rounds; the RPC handler that queued it waits for `done`. */
+typedef struct snap_job {
+    bool import;
+    /* export */
+    char request_id[96], snapshot_id[128];
+    bool detach;
+    vsched_snapshot *out;
+    /* import */
+    tdm_snap_layout layout;
+    uint8_t *payload;
+    vsched_continuation cont;
+    /* outcome (under mu) */
+    bool done;
+    tdm_status rc;
+    tdm_error err;
+    struct snap_job *next;
+} snap_job;
+
+/* An imported snapshot's sequence waiting for its Run (under mu). */
+typedef struct staged_snap {
+    char id[128];
+    tdm_seq *seq;
+    tdm_snap_layout layout; /* its tokens */
+    vsched_continuation cont;
+    double expires; /* ms */
+    struct staged_snap *next;
+} staged_snap;
+
 struct vsched {
     vsched_params p;
     int vocab;
@@ -179,8 +209,11 @@ struct vsched {
     uint64_t n_phase;
     double t_started;  /* when the scheduler thread started, ms */
     double idle_since; /* when the scheduler began to wait for work; 0: busy */
-    vround rd;         /* scheduler thread */
-    void *vscratch;    /* rejection sampling's scratch (scheduler thread) */
+    snap_job *jobs;         /* snapshot work queued for the scheduler thread */
+    staged_snap *staged;    /* imported snapshots waiting for their Run */
+    pthread_cond_t jobs_cv; /* a job is done */
+    vround rd;      /* scheduler thread */
+    void *vscratch; /* rejection sampling's scratch (scheduler thread) */
 };
 
 /* A moving average of what speculation costs, in ms. */
@@ -419,6 +452,230 @@ static void flush_links(vround *rd)
     rd->n_drop = 0;
 }
 
+/* ---- state snapshots: queued work and imported sequences ----------------------- */
+
+static void staged_free(staged_snap *st)
+{
+    if (!st)
+        return;
+    tdm_seq_destroy(st->seq);
+    tdm_snap_layout_free(&st->layout);
+    free(st);
+}
+
+void vsched_snapshot_free(vsched_snapshot *x)
+{
+    tdm_snap_layout_free(&x->layout);
+    free(x->payload);
+    x->payload = NULL;
+}
+
+/* Queues a job for the scheduler thread and waits until it is done. Under
+ * mu (the wait lets go of it). */
+static tdm_status job_run_locked(vsched *s, snap_job *j, tdm_error *err)
+{
+    if (s->stop)
+        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
+    snap_job **pp = &s->jobs;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = j;
+    sched_wake(s);
+    while (!j->done)
+        pthread_cond_wait(&s->jobs_cv, &s->mu);
+    if (j->rc != TDM_OK && err)
+        *err = j->err;
+    return j->rc;
+}
+
+tdm_status vsched_export(vsched *s, const char *request_id, bool detach, const char *snapshot_id,
+                         vsched_snapshot *out, tdm_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    snap_job j = {.detach = detach, .out = out};
+    snprintf(j.request_id, sizeof(j.request_id), "%s", request_id);
+    snprintf(j.snapshot_id, sizeof(j.snapshot_id), "%s", snapshot_id);
+    pthread_mutex_lock(&s->mu);
+    tdm_status rc = job_run_locked(s, &j, err);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* Whether a continuation fits its layout and this verifier. */
+static tdm_status check_continuation(const vsched *s, const tdm_snap_layout *l,
+                                     const vsched_continuation *c, tdm_error *err)
+{
+    const uint32_t n = l->committed;
+    if (c->prompt_tokens < 1 || c->prompt_tokens > n)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "continuation.prompt_tokens: %u, the layout's %u committed tokens "
+                             "hold a prompt of 1..%u",
+                             c->prompt_tokens, n, n);
+    if (c->generated != n - c->prompt_tokens + 1)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "continuation.generated: %u, the layout's tokens after the prompt "
+                             "and next_token make %u",
+                             c->generated, n - c->prompt_tokens + 1);
+    if (c->max_tokens <= c->generated)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "continuation.max_tokens: %u, but %u tokens were generated already: "
+                             "nothing is left to continue",
+                             c->max_tokens, c->generated);
+    if (c->next_token < 0 || c->next_token >= s->vocab)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "continuation.next_token: %d is outside the vocabulary (0..%d)",
+                             (int)c->next_token, s->vocab - 1);
+    if ((int64_t)n + 1 >= (int64_t)s->p.max_context)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "layout.committed_position: %u positions and the next token leave "
+                             "no room in this verifier's max_context %d",
+                             n, s->p.max_context);
+    for (int i = 0; i < c->n_stop; i++)
+        if (c->stop_ids[i] < 0 || c->stop_ids[i] >= s->vocab)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "continuation.stop_token_ids[%d]: %d is outside the vocabulary "
+                                 "(0..%d)",
+                                 i, (int)c->stop_ids[i], s->vocab - 1);
+    return TDM_OK;
+}
+
+tdm_status vsched_import(vsched *s, const char *snapshot_id, tdm_snap_layout *layout,
+                         uint8_t *payload, const vsched_continuation *c, tdm_error *err)
+{
+    snap_job j = {.import = true, .layout = *layout, .payload = payload, .cont = *c};
+    memset(layout, 0, sizeof(*layout));
+    snprintf(j.snapshot_id, sizeof(j.snapshot_id), "%s", snapshot_id);
+    tdm_status rc = check_continuation(s, &j.layout, c, err);
+    if (rc != TDM_OK) {
+        tdm_snap_layout_free(&j.layout);
+        free(j.payload);
+        return rc;
+    }
+    /* The bounds, counting what is queued as well as what waits, checked
+     * and the job queued under one lock. */
+    pthread_mutex_lock(&s->mu);
+    const double now = now_ms();
+    int n = 1;
+    uint64_t bytes = j.layout.total_bytes;
+    bool taken = false;
+    for (const staged_snap *st = s->staged; st; st = st->next) {
+        taken = taken || strcmp(st->id, snapshot_id) == 0;
+        if (st->expires > now) {
+            n++;
+            bytes += st->layout.total_bytes;
+        }
+    }
+    for (const snap_job *q = s->jobs; q; q = q->next) {
+        taken = taken || (q->import && strcmp(q->snapshot_id, snapshot_id) == 0);
+        n += q->import;
+        bytes += q->import ? q->layout.total_bytes : 0;
+    }
+    if (taken)
+        rc = tdm_error_set(err, TDM_ERR_ALREADY_EXISTS,
+                           "snapshot_id %s: a snapshot of that id was imported already",
+                           snapshot_id);
+    else if (n > s->p.max_snapshots)
+        rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                           "max_snapshots: %d imported snapshots would wait for their Run, this "
+                           "verifier holds at most %d",
+                           n, s->p.max_snapshots);
+    else if ((int64_t)bytes > s->p.max_snapshot_bytes)
+        rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                           "max_snapshot_bytes: imported snapshots waiting for their Run would "
+                           "hold %llu bytes, this verifier holds at most %lld",
+                           (unsigned long long)bytes, (long long)s->p.max_snapshot_bytes);
+    else
+        rc = job_run_locked(s, &j, err);
+    pthread_mutex_unlock(&s->mu);
+    tdm_snap_layout_free(&j.layout);
+    free(j.payload);
+    return rc;
+}
+
+/* An export, on the scheduler thread. */
+static void job_export(vsched *s, snap_job *j)
+{
+    vreq *r = NULL;
+    for (int i = 0; i < s->n_active; i++)
+        if (strcmp(s->active[i]->request_id, j->request_id) == 0 && !s->active[i]->cancelled &&
+            !s->active[i]->finished)
+            r = s->active[i];
+    if (!r) {
+        j->rc =
+            tdm_error_set(&j->err, TDM_ERR_NOT_FOUND,
+                          "request_id %s: no such request runs on this verifier", j->request_id);
+        return;
+    }
+    if (r->fresh || r->prefilling || !r->seq) {
+        j->rc = tdm_error_set(&j->err, TDM_ERR_FAILED_PRECONDITION,
+                              "request_id %s has not generated its first token yet (its prompt "
+                              "is being prefilled); a snapshot is taken after it",
+                              j->request_id);
+        return;
+    }
+    if (r->n_stop > (int)TDM_ARRAY_LEN(j->out->cont.stop_ids)) {
+        j->rc = tdm_error_set(&j->err, TDM_ERR_FAILED_PRECONDITION,
+                              "request_id %s has %d stop_token_ids; a snapshot carries at most "
+                              "%zu",
+                              j->request_id, r->n_stop, TDM_ARRAY_LEN(j->out->cont.stop_ids));
+        return;
+    }
+    vsched_snapshot *x = j->out;
+    j->rc = tdm_seq_snapshot(r->seq, s->p.fingerprint, r->tokens, r->n_tokens, &x->layout,
+                             &x->payload, &j->err);
+    if (j->rc != TDM_OK)
+        return;
+    vsched_continuation *c = &x->cont;
+    pthread_mutex_lock(&s->mu);
+    s->counters.snapshots_exported++;
+    pthread_mutex_unlock(&s->mu);
+    snprintf(c->request_id, sizeof(c->request_id), "%s", r->request_id);
+    c->prompt_tokens = (uint32_t)r->prompt_len;
+    c->max_tokens = (uint32_t)r->max_tokens;
+    c->generated = (uint32_t)r->n_out;
+    c->next_token = r->last;
+    c->sampling = r->sampling;
+    c->seed = r->seed;
+    c->rng = r->rng;
+    c->n_stop = r->n_stop;
+    memcpy(c->stop_ids, r->stop_ids, (size_t)c->n_stop * sizeof(int32_t));
+    if (j->detach) {
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "moved: the request's state was exported as snapshot %s at %u "
+                 "generated tokens",
+                 j->snapshot_id, c->generated);
+        pthread_mutex_lock(&s->mu);
+        req_finish_locked(r, TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED, TDM_ERR_ABORTED,
+                          msg);
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* An import, on the scheduler thread: the sequence, kept for its Run. */
+static void job_import(vsched *s, snap_job *j)
+{
+    tdm_seq_params sp = {.strategy = s->p.strategy, .max_draft = s->p.max_draft};
+    tdm_seq *seq = NULL;
+    j->rc = tdm_seq_from_snapshot(s->p.model, &sp, s->p.fingerprint, &j->layout, j->payload, &seq,
+                                  &j->err);
+    if (j->rc != TDM_OK)
+        return;
+    staged_snap *st = tdm_xcalloc(1, sizeof(*st));
+    snprintf(st->id, sizeof(st->id), "%s", j->snapshot_id);
+    st->seq = seq;
+    st->layout = j->layout;
+    memset(&j->layout, 0, sizeof(j->layout));
+    st->cont = j->cont;
+    st->expires = now_ms() + (double)s->p.snapshot_ttl_ms;
+    pthread_mutex_lock(&s->mu);
+    st->next = s->staged;
+    s->staged = st;
+    s->counters.snapshots_imported++;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* ---- submit, next, cancel, release (RPC handler threads) ---------------------- */
 
 /* Whether r's reservation fits beside the running requests' (under mu). */
@@ -438,41 +695,89 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     if (da && !da->address[0])
         da = NULL;
 
+    staged_snap *st = NULL;
+    if (req->snapshot_id && req->snapshot_id[0]) {
+        pthread_mutex_lock(&s->mu);
+        for (staged_snap **pp = &s->staged; *pp; pp = &(*pp)->next)
+            if (strcmp((*pp)->id, req->snapshot_id) == 0 && (*pp)->expires > now_ms()) {
+                st = *pp;
+                *pp = st->next;
+                break;
+            }
+        pthread_mutex_unlock(&s->mu);
+        if (!st)
+            return tdm_error_set(err, TDM_ERR_NOT_FOUND,
+                                 "snapshot_id %s: no imported snapshot of that id waits on this "
+                                 "verifier (never imported, continued already, or dropped after "
+                                 "snapshot_ttl %lld ms)",
+                                 req->snapshot_id, (long long)s->p.snapshot_ttl_ms);
+    }
+    const int committed = st ? (int)st->layout.committed : 0;
     vreq *r = tdm_xcalloc(1, sizeof(*r));
-    r->prompt_len = (int)req->n_prompt_ids;
-    r->max_tokens = (int)req->max_tokens;
-    r->cap = r->prompt_len + r->max_tokens + s->p.max_draft + 2;
+    r->prompt_len = st ? (int)st->cont.prompt_tokens : (int)req->n_prompt_ids;
+    r->max_tokens = st ? (int)st->cont.max_tokens : (int)req->max_tokens;
+    r->cap = (st ? committed + 1 : r->prompt_len) + r->max_tokens + s->p.max_draft + 2;
     r->kv_positions = r->cap < s->p.max_context ? r->cap : s->p.max_context;
     r->reserved = s->p.seq_fixed_bytes + (size_t)r->kv_positions * s->p.kv_bytes_per_position;
     r->out_cap = r->max_tokens + s->p.max_draft + 2;
     if (s->p.seq_budget_bytes > 0 && r->reserved > s->p.seq_budget_bytes) {
-        tdm_status st =
+        tdm_status rc =
             tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
                           "a request of %d positions needs %zu bytes of state, more "
                           "than the %zu the verifier holds for sequences (%s)",
                           r->kv_positions, r->reserved, s->p.seq_budget_bytes, s->limits);
         free(r);
-        return st;
+        staged_free(st);
+        return rc;
     }
     r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
     r->out = malloc((size_t)r->out_cap * sizeof(int32_t));
     if (!r->tokens || !r->out) {
         size_t bytes = ((size_t)r->cap + (size_t)r->out_cap) * sizeof(int32_t);
         req_free(r);
-        return tdm_error_oom(err, bytes, "the tokens of a request (%zu prompt, %u to generate)",
-                             req->n_prompt_ids, req->max_tokens);
+        staged_free(st);
+        return tdm_error_oom(err, bytes, "the tokens of a request (%d prompt, %d to generate)",
+                             r->prompt_len, r->max_tokens);
     }
-    r->n_stop = (int)req->n_stop_token_ids;
+    r->n_stop = st ? st->cont.n_stop : (int)req->n_stop_token_ids;
     r->stop_ids = tdm_xmalloc(((size_t)r->n_stop + 1) * sizeof(int32_t));
     pthread_cond_init(&r->cv, NULL);
-    for (int i = 0; i < r->prompt_len; i++)
-        r->tokens[i] = (int32_t)req->prompt_ids[i];
-    r->n_tokens = r->prompt_len;
-    for (int i = 0; i < r->n_stop; i++)
-        r->stop_ids[i] = (int32_t)req->stop_token_ids[i];
-    snprintf(r->request_id, sizeof(r->request_id), "%s", req->request_id ? req->request_id : "");
-    r->sampling = tdm_req_sampling(sp);
-    if (sp && sp->seed_choice_case == TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED) {
+    snprintf(r->request_id, sizeof(r->request_id), "%s",
+             req->request_id && req->request_id[0] ? req->request_id
+             : st                                  ? st->cont.request_id
+                                                   : "");
+    if (st) {
+        /* The state covers the committed tokens; the newest generated one
+         * runs in the next step, as after any round. */
+        const vsched_continuation *c = &st->cont;
+        memcpy(r->tokens, st->layout.tokens, (size_t)committed * sizeof(int32_t));
+        r->n_tokens = committed;
+        r->last = c->next_token;
+        for (int i = r->prompt_len; i < committed; i++)
+            r->out[r->n_out++] = r->tokens[i];
+        r->out[r->n_out++] = c->next_token;
+        r->out_taken = r->n_out; /* streamed by the Run it was taken from */
+        memcpy(r->stop_ids, c->stop_ids, (size_t)r->n_stop * sizeof(int32_t));
+        r->sampling = c->sampling;
+        r->seed = c->seed;
+        r->seeded = true;
+        r->rng = c->rng; /* the random stream where it was taken */
+        r->seq = st->seq;
+        st->seq = NULL;
+        r->imported = true;
+        r->prefilled = r->prompt_len - 1;
+        staged_free(st);
+    } else {
+        for (int i = 0; i < r->prompt_len; i++)
+            r->tokens[i] = (int32_t)req->prompt_ids[i];
+        r->n_tokens = r->prompt_len;
+        for (int i = 0; i < r->n_stop; i++)
+            r->stop_ids[i] = (int32_t)req->stop_token_ids[i];
+        r->sampling = tdm_req_sampling(sp);
+    }
+    if (r->imported) {
+        /* seed and random stream came with the snapshot */
+    } else if (sp && sp->seed_choice_case == TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED) {
         r->seed = sp->seed;
         r->seeded = true;
     } else {
@@ -481,7 +786,8 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->seed = (uint64_t)ts.tv_nsec * 6364136223846793005ull ^ (uint64_t)ts.tv_sec ^
                   (uint64_t)(uintptr_t)r;
     }
-    tdm_rng_seed(&r->rng, r->seed);
+    if (!r->imported)
+        tdm_rng_seed(&r->rng, r->seed);
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
         tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
@@ -663,8 +969,18 @@ static bool admit_and_retire(vsched *s, vround *rd)
 {
     pthread_mutex_lock(&s->mu);
     s->idle_since = now_ms();
-    while (!s->stop && !s->wait_head && s->n_active == 0)
-        pthread_cond_wait(&s->cv, &s->mu);
+    while (!s->stop && !s->wait_head && s->n_active == 0 && !s->jobs) {
+        if (!s->staged) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        /* Imported snapshots expire while nothing runs: look once a second. */
+        struct timespec soon;
+        clock_gettime(CLOCK_REALTIME, &soon);
+        soon.tv_sec += 1;
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &soon) == ETIMEDOUT)
+            break;
+    }
     rd->t_idle_end = now_ms();
     s->counters.phase_total_us[VSCHED_IDLE] += (rd->t_idle_end - s->idle_since) * 1e3;
     s->idle_since = 0;
@@ -703,8 +1019,8 @@ static bool admit_and_retire(vsched *s, vround *rd)
         r->state = REQ_ACTIVE;
         s->reserved += r->reserved;
         r->t_admit = now_ms();
-        r->fresh = true;
-        r->prefilling = true;
+        r->fresh = !r->imported;
+        r->prefilling = !r->imported; /* an imported state is past its prompt */
         s->active[s->n_active++] = r;
     }
     rd->n = s->n_active;
@@ -713,6 +1029,49 @@ static bool admit_and_retire(vsched *s, vround *rd)
     pthread_mutex_unlock(&s->mu);
     flush_links(rd);
     return true;
+}
+
+/* 1a. Snapshot work between rounds: exports of running requests (their
+ * committed state, consistent with what was streamed), imports of received
+ * snapshots, and imported snapshots whose time to wait for a Run is up. */
+static void snapshot_jobs(vsched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    snap_job *jobs = s->jobs;
+    s->jobs = NULL;
+    staged_snap *expired = NULL;
+    const double now = now_ms();
+    for (staged_snap **pp = &s->staged; *pp;) {
+        staged_snap *st = *pp;
+        if (st->expires <= now) {
+            *pp = st->next;
+            st->next = expired;
+            expired = st;
+            s->counters.snapshots_expired++;
+            continue;
+        }
+        pp = &st->next;
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (expired) {
+        staged_snap *next = expired->next;
+        tdm_log_info(LOG, "imported snapshot %s dropped: no Run continued it within %lld ms",
+                     expired->id, (long long)s->p.snapshot_ttl_ms);
+        staged_free(expired);
+        expired = next;
+    }
+    while (jobs) {
+        snap_job *j = jobs, *next = j->next;
+        if (j->import)
+            job_import(s, j);
+        else
+            job_export(s, j);
+        pthread_mutex_lock(&s->mu);
+        j->done = true; /* j belongs to its handler from here on */
+        pthread_cond_broadcast(&s->jobs_cv);
+        pthread_mutex_unlock(&s->mu);
+        jobs = next;
+    }
 }
 
 /* 2. Prefills prompts, prefill_chunk tokens a round over all of them in the
@@ -1265,6 +1624,7 @@ static bool sched_round(vsched *s)
     if (!admit_and_retire(s, rd))
         return false;
     t[VSCHED_IDLE + 1] = rd->t_idle_end;
+    snapshot_jobs(s);
     t[VSCHED_ADMIT + 1] = now_ms();
     prefill_chunks(s, rd);
     t[VSCHED_PREFILL + 1] = now_ms();
@@ -1341,6 +1701,15 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     round_init(&s->rd, s->p.max_sequences);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->jobs_cv, NULL);
+    if (s->p.snapshot_ttl_ms <= 0)
+        s->p.snapshot_ttl_ms = 60000;
+    if (s->p.max_snapshots <= 0)
+        s->p.max_snapshots = 16;
+    if (s->p.max_snapshot_bytes <= 0)
+        s->p.max_snapshot_bytes = (int64_t)4 << 30;
+    if (!s->p.fingerprint)
+        s->p.fingerprint = "";
     vlinks_callbacks cb = {.deliver = on_draft_message, .broken = on_link_broken, .user = s};
     s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &cb);
     s->t_started = now_ms();
@@ -1390,9 +1759,27 @@ void vsched_destroy(vsched *s)
         pthread_mutex_unlock(&s->mu);
         flush_links(rd);
     }
+    /* Snapshot work still queued fails; imported snapshots are dropped. */
+    pthread_mutex_lock(&s->mu);
+    for (snap_job *j = s->jobs, *next; j; j = next) {
+        next = j->next;
+        j->rc = tdm_error_set(&j->err, TDM_ERR_UNAVAILABLE, "the verifier shut down");
+        j->done = true;
+    }
+    s->jobs = NULL;
+    pthread_cond_broadcast(&s->jobs_cv);
+    staged_snap *staged = s->staged;
+    s->staged = NULL;
+    pthread_mutex_unlock(&s->mu);
+    while (staged) {
+        staged_snap *next = staged->next;
+        staged_free(staged);
+        staged = next;
+    }
     vlinks_destroy(s->links);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->jobs_cv);
     round_free(rd);
     free(s->active);
     free(s->vscratch);
@@ -1442,6 +1829,9 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     c->waiting = 0;
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         c->waiting++;
+    c->snapshots_waiting = 0;
+    for (const staged_snap *st = s->staged; st; st = st->next)
+        c->snapshots_waiting++;
     double now = now_ms();
     c->uptime_us = s->t_started > 0 ? (now - s->t_started) * 1e3 : 0;
     if (s->idle_since > 0)

@@ -9,7 +9,10 @@
  * failure). The cost model of a drafted token lives beside the adaptive
  * rule (spec/adaptive.h).
  *
- * A round: admit waiting requests; prefill prompts a chunk at a time
+ * A round: admit waiting requests; take and place state snapshots (exports
+ * of running requests, imports of received ones, both asked for by RPC
+ * handlers and carried out here, between rounds, where the committed state
+ * matches what was streamed); prefill prompts a chunk at a time
  * (prefill_chunk tokens a round over all of them, so one long prompt delays
  * the others' tokens by a chunk, not by its whole prefill); wait for the
  * blocks asked for last round (each at most draft_timeout_ms after it was
@@ -24,8 +27,9 @@
  * only turns speculation off for the sequences it served; they continue with
  * plain decoding from their committed state, so no token is lost or repeated.
  *
- * Threading: vsched_submit / vsched_next / vsched_cancel are called from RPC
- * handler threads; everything else runs on the scheduler thread.
+ * Threading: vsched_submit / vsched_next / vsched_cancel / vsched_export /
+ * vsched_import are called from RPC handler threads; everything else
+ * (including every engine call) runs on the scheduler thread.
  */
 #ifndef TANDEM_VERIFIER_VSCHED_H
 #define TANDEM_VERIFIER_VSCHED_H
@@ -33,6 +37,8 @@
 #include "defs.h"
 #include "engine.h"
 #include "rpc.h"
+#include "sampling.h"
+#include "snapshot.h"
 #include "status.h"
 #include "trust.h"
 #include "tandem/v1/verifier.pb-c.h"
@@ -68,6 +74,12 @@ typedef struct vsched_params {
     size_t seq_fixed_bytes, kv_bytes_per_position, seq_budget_bytes;
     int max_waiting;    /* requests waiting for a place; more are refused (RESOURCE_EXHAUSTED) */
     const char *limits; /* the limits with their sources, for refusals (copied) */
+    /* State snapshots: the model's fingerprint (borrowed), and how long and
+     * how many / how many bytes of imported snapshots wait for their Run. */
+    const char *fingerprint;
+    int64_t snapshot_ttl_ms;
+    int max_snapshots;
+    int64_t max_snapshot_bytes;
 } vsched_params;
 
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);
@@ -144,6 +156,9 @@ typedef struct vsched_counters {
      * accepted (accepted_at[j]: blocks that accepted more than j drafts). */
     uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs;
     uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
+    /* State snapshots: exported, imported, dropped unused after
+     * snapshot_ttl, and imported ones waiting for their Run now. */
+    uint64_t snapshots_exported, snapshots_imported, snapshots_expired, snapshots_waiting;
     /* Memory the active sequences hold, as of the last round's end. */
     uint64_t kv_bytes, recurrent_bytes, conv_bytes, strategy_bytes;
     /* Bytes reserved by admitted requests; requests refused for a full line. */
@@ -151,5 +166,49 @@ typedef struct vsched_counters {
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);
+
+/* ---- state snapshots ---------------------------------------------------- */
+
+/* What continuing a request needs besides its state (snapshot.proto's
+ * SnapshotContinuation). */
+typedef struct vsched_continuation {
+    char request_id[96];
+    uint32_t prompt_tokens, max_tokens, generated;
+    int32_t next_token; /* the newest generated token, not yet in the state */
+    tdm_sampling sampling;
+    uint64_t seed;
+    tdm_rng rng;
+    int32_t stop_ids[64];
+    int n_stop;
+} vsched_continuation;
+
+/* A request's state as exported: layout, payload and continuation (the
+ * caller frees it with vsched_snapshot_free). */
+typedef struct vsched_snapshot {
+    tdm_snap_layout layout;
+    uint8_t *payload;
+    vsched_continuation cont;
+} vsched_snapshot;
+
+void vsched_snapshot_free(vsched_snapshot *x);
+
+/* Takes the state of the running request request_id at its committed
+ * position, between two rounds on the scheduler thread (so it is
+ * consistent with what was streamed), and blocks until it is taken.
+ * detach: the request then ends here (its Run fails with ABORTED naming
+ * snapshot_id). NOT_FOUND when no such request runs; FAILED_PRECONDITION
+ * while it has not generated its first token. */
+tdm_status vsched_export(vsched *s, const char *request_id, bool detach, const char *snapshot_id,
+                         vsched_snapshot *out, tdm_error *err);
+
+/* Creates a sequence from a received snapshot (layout and payload checked by
+ * the assembler; they move to the scheduler whatever the outcome) on the
+ * scheduler thread, and keeps it under snapshot_id for a Run with that
+ * snapshot_id, for snapshot_ttl_ms. Refuses a continuation that does not fit
+ * the layout or this verifier (INVALID_ARGUMENT), an id in use
+ * (ALREADY_EXISTS), more than max_snapshots or max_snapshot_bytes waiting
+ * (RESOURCE_EXHAUSTED). */
+tdm_status vsched_import(vsched *s, const char *snapshot_id, tdm_snap_layout *layout,
+                         uint8_t *payload, const vsched_continuation *c, tdm_error *err);
 
 #endif
