@@ -52,7 +52,7 @@ int main(int argc, char **argv)
            "assemble", "import ms", "GB/s e2e");
     for (const char *p = positions; *p;) {
         int n = atoi(p);
-        tdm_seq_params sp = {TDM_STATE_EXTRA_BUFFER, 8};
+        tdm_seq_params sp = {TDM_STATE_EXTRA_BUFFER, 8, 0};
         tdm_seq *s;
         if (tdm_seq_create(m, &sp, &s, &err) != TDM_OK)
             die("seq", &err);

@@ -25,7 +25,7 @@ typedef struct tracked {
 
 static void make(tdm_model *m, tdm_state_strategy st, tracked *t)
 {
-    tdm_seq_params p = {st, MAXK};
+    tdm_seq_params p = {st, MAXK, 0};
     tdm_error err;
     memset(t, 0, sizeof(*t));
     CHECK(tdm_seq_create(m, &p, &t->s, &err) == TDM_OK, "%s", err.msg);
@@ -88,7 +88,7 @@ static void move(tracked *src, tdm_model *to, tdm_state_strategy st, tracked *ds
     CHECK(tdm_seq_snapshot(src->s, FP, src->toks, src->n, &l, &payload, &err) == TDM_OK, "%s",
           err.msg);
     memset(dst, 0, sizeof(*dst));
-    tdm_seq_params p = {st, MAXK};
+    tdm_seq_params p = {st, MAXK, 0};
     CHECK(tdm_seq_from_snapshot(to, &p, FP, &l, payload, &dst->s, &err) == TDM_OK, "%s", err.msg);
     memcpy(dst->toks, src->toks, (size_t)src->n * sizeof(int32_t));
     dst->n = src->n;

@@ -24,7 +24,7 @@
 /* Logits of a 6-token prefill and one decode step. */
 static float *run(tdm_model *m, int V)
 {
-    tdm_seq_params p = {TDM_STATE_REPLAY, 4};
+    tdm_seq_params p = {TDM_STATE_REPLAY, 4, 0};
     tdm_seq *s;
     tdm_error err;
     CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);

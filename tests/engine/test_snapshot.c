@@ -42,7 +42,7 @@ typedef struct tracked {
 
 static void make(tdm_model *m, tdm_state_strategy st, tracked *t)
 {
-    tdm_seq_params p = {st, MAXK};
+    tdm_seq_params p = {st, MAXK, 0};
     tdm_error err;
     memset(t, 0, sizeof(*t));
     CHECK(tdm_seq_create(m, &p, &t->s, &err) == TDM_OK, "%s", err.msg);
@@ -101,7 +101,7 @@ static tracked *export_import(tdm_model *m, tracked *src, tdm_state_strategy dst
           err.msg);
     CHECK(l.committed == (uint32_t)src->n, "committed %u != %d", l.committed, src->n);
     memset(out, 0, sizeof(*out));
-    tdm_seq_params p = {dst, MAXK};
+    tdm_seq_params p = {dst, MAXK, 0};
     CHECK(tdm_seq_from_snapshot(m, &p, FP, &l, payload, &out->s, &err) == TDM_OK, "%s", err.msg);
     memcpy(out->toks, l.tokens, l.committed * sizeof(int32_t));
     out->n = (int)l.committed;
@@ -228,7 +228,7 @@ static tdm_status feed(tdm_model *m, const wire *w, const int *order,
         CHECK(strcmp(tdm_snap_asm_id(a), "snap-1") == 0, "snapshot id %s", tdm_snap_asm_id(a));
         if (out) {
             memset(out, 0, sizeof(*out));
-            tdm_seq_params p = {TDM_STATE_REPLAY, MAXK};
+            tdm_seq_params p = {TDM_STATE_REPLAY, MAXK, 0};
             rc = tdm_seq_from_snapshot(m, &p, FP, &l, payload, &out->s, err);
             memcpy(out->toks, l.tokens, l.committed * sizeof(int32_t));
             out->n = (int)l.committed;
