@@ -113,7 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     const tdm_state_strategy st[4] = {TDM_STATE_EXTRA_BUFFER, TDM_STATE_NO_BUFFER, TDM_STATE_REPLAY,
                                       TDM_STATE_EXTRA_BUFFER};
-    tdm_seq_params p = {st[(mode >> 1) & 3], 4};
+    tdm_seq_params p = {st[(mode >> 1) & 3], 4, 0};
     tdm_seq *s = NULL;
     rc = tdm_seq_from_snapshot(model, &p, FINGERPRINT, &l, payload, &s, &err);
     FUZZ_CHECK(rc == TDM_OK, "an assembled snapshot does not import: %s", err.msg);
