@@ -266,27 +266,38 @@ run)
                 echo "27b $st: host anonymous memory during the run +$(((amax - a0) / 1024)) MB" |
                     tee -a "$SUM"
             done
-            for st in replay extra_buffer no_buffer; do
-                "$B/tandem-verifier" --check-config --backend cuda --model "$M27" \
-                    --state-strategy "$st" --max-draft-tokens 8 >"$OUT/check27-$st.log" 2>&1
-                echo "check-config 27b $st rc=$?" | tee -a "$SUM"
-                grep -iE 'capacity|per sequence|sequences' "$OUT/check27-$st.log" | head -20 |
-                    tee -a "$SUM"
+            # the capacity arithmetic per strategy and context, for the memory
+            # this H200 has free beside the weights (check-config touches no GPU)
+            for ctx in 4096 32768; do
+                for st in replay extra_buffer no_buffer; do
+                    "$B/tandem-verifier" --check-config --backend cuda --model "$M27" \
+                        --state-strategy "$st" --max-draft-tokens 8 --max-context "$ctx" \
+                        --gpu-memory 130GiB >"$OUT/check27-$st-$ctx.log" 2>&1
+                    echo "check-config 27b $st context $ctx rc=$?" | tee -a "$SUM"
+                    grep -E '^#  ' "$OUT/check27-$st-$ctx.log" | tee -a "$SUM"
+                done
             done
-            start_stack 27b "$M27" --max-sequences 32 || continue
+            # the verifier's own accounting (gpu_memory auto), then the largest
+            # batch it runs: 64 requests at once
+            start_stack 27b "$M27" --max-context 4096 || continue
             "$B/tandem" status --gateway "$GW" >"$OUT/status-27b.log" 2>&1
             V="--vocab 248320"
             load "27b plain b1" 1 4 off $V
             load "27b plain b32" 32 64 off $V
-            "$B/tandem" status --gateway "$GW" >>"$OUT/status-27b.log" 2>&1
+            (sleep 4; "$B/tandem" status --gateway "$GW" >>"$OUT/status-27b.log" 2>&1) &
+            load "27b plain b64" 64 64 off $V
+            wait
+            curl -s "127.0.0.1:7712/metrics" >"$OUT/metrics-27b.log" 2>&1
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
-            grep -iE 'load|capacity|sequences' "$OUT/verifier-27b.log" | head -10 | tee -a "$SUM"
+            grep -iE 'capacity|sequences|gpu_memory' "$OUT/verifier-27b.log" | head -30 | tee -a "$SUM"
+            grep -E 'capacity|running|reserved' "$OUT/status-27b.log" | tee -a "$SUM"
             rm -rf "$M27"
             ;;
         doctor)
             echo "== tandem doctor" | tee -a "$SUM"
-            "$B/tandem" doctor --model "$root/models/demo-target" 2>&1 | tee -a "$SUM"
+            printf 'backend: cuda\nmodel: %s\n' "$root/models/demo-target" >"$W/doctor-v.yaml"
+            "$B/tandem" doctor --config "$W/doctor-v.yaml" --role verifier 2>&1 | tee -a "$SUM"
             echo "doctor rc=${PIPESTATUS[0]}" | tee -a "$SUM"
             ;;
         rpc)
