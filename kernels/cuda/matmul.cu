@@ -30,14 +30,13 @@
  * cuda_xs_put4's layout (matmul.cuh: 96 words per 64 values, `in` rounded up to whole steps).
  *
  * Work split. mmt_kernel: a block of 4 warps per (32 output features, or 16 gate and 16 up rows
- * of a pair; a k-block; a row group of mmt_group_rows(R) = 2, 5, 10 or 21 rows), each warp
- * streaming its steps through a ring of MMT_D stages. mm_kernel: a block per (MM_COLS columns, 2, 8
- * or 16 rows) with KW warps over k. Designs measured and dropped, and why these: NOTES.md.
+ * of a pair; a k-block; a row group of mmt_group_rows(R) = 2, 5 or 10 rows), each warp streaming
+ * its steps through a ring of MMT_D stages. mm_kernel: a block per (MM_COLS columns, 2, 8 or 16
+ * rows) with KW warps over k. Designs measured and dropped, and why these: NOTES.md.
  */
 #include "matmul.cuh"
 #include "elementwise.cuh"
 
-#include <atomic>
 #include <cooperative_groups.h>
 
 #include <string.h>
@@ -220,23 +219,18 @@ __device__ __forceinline__ unsigned mmt_pos(int pr, int c)
 /* A row group: G rows, whose 3 parts make the sums of 3G columns (part c % 3
  * of row c / 3). G = 2 (decode rows and pairs): x in fp32, split in the
  * warp; the weights are the mma's A operand and the parts its 8 columns.
- * G = 5, 10, 21 (verify blocks, batches): x as parts split ahead; the parts
- * are the A operand's part-rows (MT m-tiles of 16) and the weights its
- * columns. Every row group streams the weights from L2 once, so a call of
- * many rows wants large groups: at 21 rows (four m-tiles) the shared memory
- * a block needs (64 KB) is dynamic (BIG) and its k-blocks add through global
- * memory, never a cluster. */
+ * G = 5, 10 (verify blocks, batches): x as parts split ahead; the parts are
+ * the A operand's part-rows (MT m-tiles of 16) and the weights its columns. */
 template <int G> struct mmt_group {
     static constexpr bool SPLIT = G <= 2;
-    static constexpr int MT = SPLIT ? 1 : (3 * G + 15) / 16;
+    static constexpr int MT = G > 5 ? 2 : 1;
     static constexpr int PR = SPLIT ? 8 : 16 * MT; /* columns of the sums */
-    static constexpr bool BIG = G > 10;
 };
 
 /* Rows of a row group for a call of R rows. */
 static int mmt_group_rows(int R)
 {
-    return R <= 2 ? 2 : R <= 5 ? 5 : R <= 10 ? 10 : 21;
+    return R <= 2 ? 2 : R <= 5 ? 5 : 10;
 }
 
 __device__ __forceinline__ void mmt_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
@@ -566,11 +560,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     constexpr int STAGE = SPLIT ? G * MMT_K * 4 : PR * MMT_PRB, SPL = SPLIT ? G * 96 * 4 : 0;
     constexpr int RING = MMT_WARPS * D * STAGE / 4; /* floats */
     constexpr int RED = MMT_WARPS * MMT_M * PR;     /* floats: red, after the loop */
-    constexpr bool BIG = mmt_group<G>::BIG;         /* sm is dynamic (mmt_smem_bytes) */
-    __shared__ __align__(
-        16) float sm_static[BIG ? 4 : (RING > RED ? RING : RED) + MMT_WARPS * SPL / 4];
-    extern __shared__ __align__(16) float sm_dynamic[];
-    float *const sm = BIG ? sm_dynamic : sm_static;
+    __shared__ __align__(16) float sm[(RING > RED ? RING : RED) + MMT_WARPS * SPL / 4];
     __shared__ int last;
     float(*red)[MMT_M][PR] = (float(*)[MMT_M][PR])sm;
     int ji = 0;
@@ -701,8 +691,8 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     if (clus) {
         /* Split k in a cluster: each k-block's cells into block 0's shared
          * memory, then block 0 adds them in k-block order (the same sums as
-         * through global memory below). Never with BIG groups. */
-        __shared__ float csum[BIG ? 1 : MMT_CLUSTER_MAX * MMT_M * G];
+         * through global memory below). */
+        __shared__ float csum[MMT_CLUSTER_MAX * MMT_M * G];
         namespace cg = cooperative_groups;
         cg::cluster_group cl = cg::this_cluster();
         float *dst = cl.map_shared_rank(csum, 0) + kb * MMT_M * G;
@@ -766,30 +756,6 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         *cnt = 0; /* ready for the next call */
 }
 
-/* Dynamic shared memory of a BIG instance: the larger of its rings and its
- * reduction (part-rows only: BIG groups take x split ahead). */
-template <int G> static constexpr size_t mmt_smem_bytes(void)
-{
-    constexpr size_t ring = (size_t)MMT_WARPS * MMT_D * mmt_group<G>::PR * MMT_PRB;
-    constexpr size_t red = (size_t)MMT_WARPS * MMT_M * mmt_group<G>::PR * sizeof(float);
-    return ring > red ? ring : red;
-}
-
-/* Lets a BIG instance have its shared memory, once per device (not a stream
- * operation: fine inside a graph capture). */
-template <int G, int MINB, bool PAIR> static size_t mmt_prepare(int device)
-{
-    static std::atomic<unsigned long long> done{0};
-    const unsigned long long bit = device < 64 ? 1ull << device : 0;
-    if (!(bit && (done.load() & bit))) {
-        CUDA_CHECK(cudaFuncSetAttribute(mmt_kernel<G, MINB, PAIR>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)mmt_smem_bytes<G>()));
-        done.fetch_or(bit);
-    }
-    return mmt_smem_bytes<G>();
-}
-
 /* k-blocks: enough blocks to fill the GPU when `out` is small, each warp
  * keeping at least two steps; a function of (in, out) alone. */
 static int mmt_kblocks(int in, int out)
@@ -821,7 +787,7 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
      * (2 .. MMT_CLUSTER_MAX k-blocks) adds the k-blocks through clusters;
      * other launches through global memory, the same sums in the same
      * order. With several row groups clusters were slower (NOTES.md). */
-    jobs.cluster = rgroups == 1 && G <= 10 ? kbs[0] : 1; /* BIG groups: global memory */
+    jobs.cluster = rgroups == 1 ? kbs[0] : 1;
     for (int i = 1; i < n; i++)
         if (kbs[i] != jobs.cluster)
             jobs.cluster = 1;
@@ -882,19 +848,14 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         TDM_ASSERT(!ups || !ups[i] == !pair); /* pairs launch apart from single weights */
 #define MMT_LAUNCH(G, MINB)                                                                        \
     cuda_launch_cluster(c, pair ? mmt_kernel<G, MINB, true> : mmt_kernel<G, MINB, false>,          \
-                        (unsigned)blocks, MMT_WARPS * 32,                                          \
-                        mmt_group<G>::BIG ? (pair ? mmt_prepare<G, MINB, true>(c->device)          \
-                                                  : mmt_prepare<G, MINB, false>(c->device))        \
-                                          : 0,                                                     \
-                        (unsigned)jobs.cluster, jobs, x, (const uint32_t *)xs, R, in, rgroups)
+                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, x,      \
+                        (const uint32_t *)xs, R, in, rgroups)
     if (G == 2)
         one_wave ? MMT_LAUNCH(2, 1) : MMT_LAUNCH(2, 4);
     else if (G == 5)
         one_wave ? MMT_LAUNCH(5, 3) : MMT_LAUNCH(5, 4);
-    else if (G == 10)
-        one_wave ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
     else
-        MMT_LAUNCH(21, 2);
+        one_wave ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
 #undef MMT_LAUNCH
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
