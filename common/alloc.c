@@ -1,6 +1,8 @@
 /* alloc.c - see alloc.h. */
 #include "alloc.h"
 
+#include <sys/sysinfo.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,29 +67,41 @@ tdm_status tdm_error_oom(tdm_error *err, size_t bytes, const char *what_fmt, ...
                          bytes);
 }
 
-int tdm_host_memory(size_t *available, size_t *total)
+int tdm_host_memory(size_t *available, size_t *total, const char **source)
 {
     *available = 0;
     *total = 0;
+    if (source)
+        *source = "MemAvailable in /proc/meminfo";
     FILE *f = fopen("/proc/meminfo", "r");
-    if (!f)
-        return -1;
-    char line[256];
     int found = 0;
-    while (fgets(line, sizeof(line), f)) {
-        unsigned long long kib = 0;
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
-            *available = (size_t)kib * 1024;
-            found |= 1;
-        } else if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) {
-            *total = (size_t)kib * 1024;
-            found |= 2;
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof(line), f)) {
+            unsigned long long kib = 0;
+            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+                *available = (size_t)kib * 1024;
+                found |= 1;
+            } else if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) {
+                *total = (size_t)kib * 1024;
+                found |= 2;
+            }
         }
+        fclose(f);
     }
-    fclose(f);
-    if (found != 3) {
+    if (found == 3)
+        return 0;
+    /* No /proc (a bare chroot, some sandboxes): the kernel's own count of
+     * free and buffer memory, which leaves out the page cache it could give
+     * back, so it errs low. */
+    struct sysinfo si;
+    if (sysinfo(&si) != 0 || si.totalram == 0) {
         *available = *total = 0;
         return -1;
     }
+    *available = ((size_t)si.freeram + (size_t)si.bufferram) * (size_t)si.mem_unit;
+    *total = (size_t)si.totalram * (size_t)si.mem_unit;
+    if (source)
+        *source = "free + buffer memory from sysinfo(2), /proc/meminfo being unreadable";
     return 0;
 }

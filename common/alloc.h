@@ -37,8 +37,10 @@ tdm_status tdm_error_oom(tdm_error *err, size_t bytes, const char *what_fmt, ...
     __attribute__((format(printf, 3, 4)));
 
 /* The host's memory as the kernel reports it (/proc/meminfo): MemAvailable
- * (what can be allocated without swapping) and MemTotal, in bytes. Returns
- * 0, or -1 when they cannot be read (both then 0). */
-int tdm_host_memory(size_t *available, size_t *total);
+ * (what can be allocated without swapping) and MemTotal, in bytes; without a
+ * readable /proc/meminfo, free + buffer memory and the total from
+ * sysinfo(2). *source (when source is not NULL) says which. Returns 0, or -1
+ * when neither can be read (both then 0). */
+int tdm_host_memory(size_t *available, size_t *total, const char **source);
 
 #endif

@@ -291,7 +291,8 @@ static const tdm_cfg_key verifier_keys[] = {
      "Backend memory this verifier may use: weights, the workspace of its largest step and, per "
      "sequence, recurrent, conv and strategy state with KV for max_context positions. auto: on "
      "the cuda backend the weights plus 90% of the device memory free once they are loaded "
-     "(measured at start); on the cpu backend 90% of the host's MemAvailable."},
+     "(measured at start); on the cpu backend 90% of the host's MemAvailable (free + buffer memory "
+     "without /proc)."},
     {"max_waiting", TDM_CFG_INT, "256", NULL, 0, 1048576, 0, NULL, GRP_MODEL,
      "Most requests waiting for a place in the batch (max_sequences, or memory reserved for "
      "running requests); more are refused with RESOURCE_EXHAUSTED naming this limit. 0: "
@@ -611,15 +612,18 @@ static tdm_status rule_gpu_memory(const tdm_cfg *cfg, char *value, size_t vlen, 
         return TDM_OK;
     }
     size_t avail = 0, total = 0;
-    if (tdm_host_memory(&avail, &total) != 0 || avail == 0)
+    const char *source = NULL;
+    if (tdm_host_memory(&avail, &total, &source) != 0 || avail == 0)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "%s: /proc/meminfo shows no MemAvailable; set gpu_memory", b);
+                             "%s: neither /proc/meminfo nor sysinfo(2) tells the host's "
+                             "available memory; set gpu_memory",
+                             b);
     char a[32];
     snprintf(value, vlen, "%zu", avail / 10 * 9);
     snprintf(reason, rlen,
-             "%s: 90%% of the host's available memory (MemAvailable %s in /proc/meminfo); "
+             "%s: 90%% of the host's available memory (%s, %s); "
              "10%% is left to the process's host buffers and the system",
-             b, tdm_capacity_bytes_str(avail, a, sizeof(a)));
+             b, tdm_capacity_bytes_str(avail, a, sizeof(a)), source);
     return TDM_OK;
 }
 

@@ -94,7 +94,7 @@ static void cpu_host_free(void *ctx, void *p)
 static int cpu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
 {
     (void)ctx;
-    return tdm_host_memory(free_bytes, total_bytes);
+    return tdm_host_memory(free_bytes, total_bytes, NULL);
 }
 
 /* --- elementwise and row ops -------------------------------------------- */
