@@ -83,6 +83,10 @@ tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int m
 {
     const Tandem__V1__DrafterAssignment *da = req->drafter;
     if (req->snapshot_id && req->snapshot_id[0]) {
+        /* echoed in errors: printable UTF-8 of bounded length, as request ids */
+        tdm_status lrc = tdm_req_check_label("snapshot_id", req->snapshot_id, 128, err);
+        if (lrc != TDM_OK)
+            return lrc;
         if (req->n_prompt_ids != 0)
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "prompt_ids: a Run that continues snapshot %s takes its tokens "

@@ -54,7 +54,7 @@ struct vreq {
     bool fresh;      /* admitted; its first token not yet generated */
     bool prefilling; /* its prompt (but the last token) is not yet all in the model */
     bool imported;   /* continues an imported snapshot: its state came with it */
-    int prefilled;  /* prompt tokens in the model */
+    int prefilled;   /* prompt tokens in the model */
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
@@ -207,13 +207,13 @@ struct vsched {
      * (under mu). Idle is the wait for work before a round. */
     float phase_us[4096][VSCHED_PHASES];
     uint64_t n_phase;
-    double t_started;  /* when the scheduler thread started, ms */
-    double idle_since; /* when the scheduler began to wait for work; 0: busy */
+    double t_started;       /* when the scheduler thread started, ms */
+    double idle_since;      /* when the scheduler began to wait for work; 0: busy */
     snap_job *jobs;         /* snapshot work queued for the scheduler thread */
     staged_snap *staged;    /* imported snapshots waiting for their Run */
     pthread_cond_t jobs_cv; /* a job is done */
-    vround rd;      /* scheduler thread */
-    void *vscratch; /* rejection sampling's scratch (scheduler thread) */
+    vround rd;              /* scheduler thread */
+    void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
 };
 
 /* A moving average of what speculation costs, in ms. */
@@ -733,11 +733,12 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
     r->out = malloc((size_t)r->out_cap * sizeof(int32_t));
     if (!r->tokens || !r->out) {
-        size_t bytes = ((size_t)r->cap + (size_t)r->out_cap) * sizeof(int32_t);
+        const size_t bytes = ((size_t)r->cap + (size_t)r->out_cap) * sizeof(int32_t);
+        const int prompt_len = r->prompt_len, max_tokens = r->max_tokens;
         req_free(r);
         staged_free(st);
         return tdm_error_oom(err, bytes, "the tokens of a request (%d prompt, %d to generate)",
-                             r->prompt_len, r->max_tokens);
+                             prompt_len, max_tokens);
     }
     r->n_stop = st ? st->cont.n_stop : (int)req->n_stop_token_ids;
     r->stop_ids = tdm_xmalloc(((size_t)r->n_stop + 1) * sizeof(int32_t));

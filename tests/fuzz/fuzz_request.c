@@ -107,6 +107,17 @@ static void run(const ProtobufCMessage *m, const uint8_t *data, size_t size)
     check_refusal(rc, &err);
     if (rc != TDM_OK)
         return;
+    if (req->snapshot_id && req->snapshot_id[0]) {
+        /* continues an imported snapshot: the prompt, max_tokens and sampling
+         * come with the snapshot */
+        FUZZ_CHECK(req->n_prompt_ids == 0, "prompt ids beside a snapshot_id");
+        FUZZ_CHECK(tdm_req_check_label("snapshot_id", req->snapshot_id, 128, NULL) == TDM_OK,
+                   "snapshot_id");
+        if (req->drafter && req->drafter->address[0])
+            FUZZ_CHECK(req->drafter->block_size >= 1 && req->drafter->block_size <= MAX_DRAFT,
+                       "block size %u", req->drafter->block_size);
+        return;
+    }
     FUZZ_CHECK(req->n_prompt_ids >= 1 && req->n_prompt_ids < MAX_CONTEXT, "prompt length");
     for (size_t i = 0; i < req->n_prompt_ids; i++)
         FUZZ_CHECK(req->prompt_ids[i] < VOCAB, "prompt id");
