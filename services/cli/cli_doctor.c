@@ -673,13 +673,8 @@ int cli_doctor(int argc, char **argv)
             }
             d.models[d.n_models++] = argv[++i];
         } else if (strcmp(a, "--timeout") == 0 && i + 1 < argc) {
-            tdm_error err;
-            if (tdm_cfg_parse_duration_ms(argv[++i], &timeout_ms, &err) != TDM_OK ||
-                timeout_ms <= 0) {
-                fprintf(stderr, "tandem doctor: --timeout: %s\n",
-                        timeout_ms <= 0 ? "must be positive" : err.msg);
+            if (cli_net_timeout("doctor", argv[++i], &timeout_ms) != 0)
                 return 2;
-            }
         } else {
             fprintf(stderr, "tandem doctor: unknown or incomplete argument '%s'\n\n", a);
             usage(stderr);

@@ -35,8 +35,8 @@ void cli_net_init(cli_net *n)
 
 int cli_net_option(cli_net *n, const char *cmd, int argc, char **argv, int *i)
 {
-    static const char *const names[] = {"--gateway", "--tls-ca", "--tls-cert", "--tls-key",
-                                        "--tls-server-name", "--token"};
+    static const char *const names[] = {"--gateway", "--tls-ca",          "--tls-cert",
+                                        "--tls-key", "--tls-server-name", "--token"};
     const char *a = argv[*i];
     size_t k = 0;
     while (k < sizeof(names) / sizeof(names[0]) && strcmp(a, names[k]) != 0)
@@ -69,13 +69,21 @@ tdm_status cli_net_channel(cli_net *n, tdm_rpc_channel **out, tdm_error *err)
     if ((n->cert != NULL) != (n->key != NULL))
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "--tls-cert and --tls-key go together (a certificate and its key)");
-    n->tls = (tdm_rpc_tls){.ca_path = n->ca,
-                           .cert_path = n->cert,
-                           .key_path = n->key,
-                           .server_name = n->server_name};
+    n->tls = (tdm_rpc_tls){
+        .ca_path = n->ca, .cert_path = n->cert, .key_path = n->key, .server_name = n->server_name};
     bool tls = n->ca || n->cert;
     tdm_rpc_channel_options o = {.target = n->gateway, .tls = tls ? &n->tls : NULL};
     return tdm_rpc_channel_create(&o, out, err);
+}
+
+int cli_net_timeout(const char *cmd, const char *value, int64_t *ms)
+{
+    tdm_error err;
+    if (tdm_cfg_parse_duration_ms(value, ms, &err) != TDM_OK || *ms <= 0) {
+        fprintf(stderr, "tandem %s: --timeout: %s\n", cmd, *ms <= 0 ? "must be positive" : err.msg);
+        return -1;
+    }
+    return 0;
 }
 
 void cli_net_call_options(cli_net *n, tdm_rpc_call_options *opt)

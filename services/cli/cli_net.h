@@ -36,6 +36,9 @@ void cli_net_init(cli_net *n);
 int cli_net_option(cli_net *n, const char *cmd, int argc, char **argv, int *i);
 /* The channel to the gateway (TLS when a CA or certificate was given). */
 tdm_status cli_net_channel(cli_net *n, tdm_rpc_channel **out, tdm_error *err);
+/* A call's --timeout: a positive duration (e.g. 5s) into *ms; 0, or -1
+ * after printing what is wrong (prefixed by cmd). */
+int cli_net_timeout(const char *cmd, const char *value, int64_t *ms);
 /* Adds the bearer token (when given) to a call's options. */
 void cli_net_call_options(cli_net *n, tdm_rpc_call_options *opt);
 

@@ -201,13 +201,8 @@ int cli_status(int argc, char **argv)
         } else if (strcmp(a, "--json") == 0) {
             json = true;
         } else if (strcmp(a, "--timeout") == 0 && i + 1 < argc) {
-            const char *v = argv[++i];
-            tdm_error err;
-            if (tdm_cfg_parse_duration_ms(v, &timeout_ms, &err) != TDM_OK || timeout_ms <= 0) {
-                fprintf(stderr, "tandem status: --timeout: %s\n",
-                        timeout_ms <= 0 ? "must be positive" : err.msg);
+            if (cli_net_timeout("status", argv[++i], &timeout_ms) != 0)
                 return 2;
-            }
         } else {
             fprintf(stderr, "tandem status: unknown or incomplete argument '%s'\n\n", a);
             usage(stderr);
