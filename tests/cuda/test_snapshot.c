@@ -17,20 +17,6 @@
 #define MAXK 4
 #define FP "fp-cuda-test"
 
-typedef struct tracked {
-    tdm_seq *s;
-    int32_t toks[512];
-    int n;
-} tracked;
-
-static void make(tdm_model *m, tdm_state_strategy st, tracked *t)
-{
-    tdm_seq_params p = {st, MAXK, 0};
-    tdm_error err;
-    memset(t, 0, sizeof(*t));
-    CHECK(tdm_seq_create(m, &p, &t->s, &err) == TDM_OK, "%s", err.msg);
-}
-
 /* Random verify blocks with partial commits on every sequence of ts alike;
  * the logits of ts[i] (i >= 1) must agree with those of ts[0] to the bit
  * (tol[i] < 0) or within normalised error tol[i]. */
@@ -40,20 +26,15 @@ static void run_same(tracked *const *ts, const double *tol, int n, int V, int ro
     float *l[4];
     for (int j = 0; j < n; j++)
         l[j] = malloc((size_t)(MAXK + 1) * V * 4);
-    tdm_error err;
     double worst[4] = {0};
     for (int r = 0; r < rounds; r++) {
         int32_t blk[MAXK + 1];
         int nt = 1 + ct_rand(MAXK + 1), acc = ct_rand(nt);
         for (int i = 0; i < nt; i++)
             blk[i] = ct_rand(V);
-        const int32_t *bp = blk;
         for (int j = 0; j < n; j++) {
             tracked *t = ts[j];
-            CHECK(tdm_seq_verify(&t->s, 1, &bp, &nt, l[j], &err) == TDM_OK, "%s", err.msg);
-            CHECK(tdm_seq_commit(t->s, acc, &err) == TDM_OK, "%s", err.msg);
-            for (int i = 0; i <= acc; i++)
-                t->toks[t->n++] = blk[i];
+            tracked_verify(t, blk, nt, acc, l[j]);
         }
         for (int j = 1; j < n; j++)
             for (int i = 0; i < nt; i++) {
@@ -103,8 +84,8 @@ static void fixture_case(const char *name, tdm_backend *gpu, tdm_backend *cpu)
     tdm_error err;
     printf("%s\n", name);
     tracked g, c;
-    make(mg, TDM_STATE_REPLAY, &g);
-    make(mc, TDM_STATE_REPLAY, &c);
+    tracked_make(mg, TDM_STATE_REPLAY, MAXK, &g);
+    tracked_make(mc, TDM_STATE_REPLAY, MAXK, &c);
     int32_t prompt[40];
     for (int i = 0; i < 40; i++)
         prompt[i] = ct_rand(V);

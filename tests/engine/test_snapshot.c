@@ -33,21 +33,6 @@ static int rnd(int n)
 static const tdm_state_strategy kinds[3] = {TDM_STATE_EXTRA_BUFFER, TDM_STATE_NO_BUFFER,
                                             TDM_STATE_REPLAY};
 
-/* A sequence and the tokens committed in it. */
-typedef struct tracked {
-    tdm_seq *s;
-    int32_t toks[512];
-    int n;
-} tracked;
-
-static void make(tdm_model *m, tdm_state_strategy st, tracked *t)
-{
-    tdm_seq_params p = {st, MAXK, 0};
-    tdm_error err;
-    memset(t, 0, sizeof(*t));
-    CHECK(tdm_seq_create(m, &p, &t->s, &err) == TDM_OK, "%s", err.msg);
-}
-
 /* The same random work on a and b (either may be NULL): decodes, and
  * verify blocks with a random acceptance, their logits compared bit for bit.
  * The random draws depend on the seed only. */
@@ -64,7 +49,6 @@ static void run_same(tdm_model *m, tracked *a, tracked *b, int rounds, uint64_t 
         int nt = 1 + rnd(MAXK + 1), acc = rnd(nt);
         for (int i = 0; i < nt; i++)
             blk[i] = rnd(V);
-        const int32_t *bp = blk;
         tracked *both[2] = {a, b};
         float *ls[2] = {la, lb};
         for (int j = 0; j < 2; j++) {
@@ -75,10 +59,7 @@ static void run_same(tdm_model *m, tracked *a, tracked *b, int rounds, uint64_t 
                 CHECK(tdm_seq_decode(&t->s, 1, blk, ls[j], &err) == TDM_OK, "%s", err.msg);
                 t->toks[t->n++] = blk[0];
             } else {
-                CHECK(tdm_seq_verify(&t->s, 1, &bp, &nt, ls[j], &err) == TDM_OK, "%s", err.msg);
-                CHECK(tdm_seq_commit(t->s, acc, &err) == TDM_OK, "%s", err.msg);
-                for (int i = 0; i <= acc; i++)
-                    t->toks[t->n++] = blk[i];
+                tracked_verify(t, blk, nt, acc, ls[j]);
             }
         }
         if (a && b) {
@@ -118,7 +99,7 @@ static void round_trips(tdm_model *m, const char *name)
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {
             tracked src, dst;
-            make(m, kinds[a], &src);
+            tracked_make(m, kinds[a], MAXK, &src);
             int32_t prompt[40];
             int plen = 5 + rnd(30);
             for (int i = 0; i < plen; i++)
@@ -265,9 +246,9 @@ static void wire_cases(tdm_model *m, const char *name)
     const int V = tdm_model_get_config(m)->vocab_size;
     tdm_error err;
     tracked src, bystander, twin;
-    make(m, TDM_STATE_EXTRA_BUFFER, &src);
-    make(m, TDM_STATE_NO_BUFFER, &bystander);
-    make(m, TDM_STATE_NO_BUFFER, &twin);
+    tracked_make(m, TDM_STATE_EXTRA_BUFFER, MAXK, &src);
+    tracked_make(m, TDM_STATE_NO_BUFFER, MAXK, &bystander);
+    tracked_make(m, TDM_STATE_NO_BUFFER, MAXK, &twin);
     int32_t prompt[24];
     for (int i = 0; i < 24; i++)
         prompt[i] = rnd(V);

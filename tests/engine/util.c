@@ -208,3 +208,22 @@ void fixture_check_verify_path(tdm_model *m, const fixture *f, const float *cach
     }
     free(blk);
 }
+
+void tracked_make(tdm_model *m, tdm_state_strategy st, int max_draft, tracked *t)
+{
+    tdm_seq_params p = {st, max_draft, 0};
+    tdm_error err;
+    memset(t, 0, sizeof(*t));
+    CHECK(tdm_seq_create(m, &p, &t->s, &err) == TDM_OK, "%s", err.msg);
+}
+
+void tracked_verify(tracked *t, const int32_t *blk, int nt, int acc, float *logits)
+{
+    tdm_error err;
+    CHECK(tdm_seq_verify(&t->s, 1, &blk, &nt, logits, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_commit(t->s, acc, &err) == TDM_OK, "%s", err.msg);
+    CHECK(t->n + acc + 1 <= (int)(sizeof(t->toks) / sizeof(t->toks[0])), "tracked: %d tokens",
+          t->n + acc + 1);
+    for (int i = 0; i <= acc; i++)
+        t->toks[t->n++] = blk[i];
+}

@@ -54,4 +54,16 @@ void dir_copy(const char *src, const char *dst);
 void dir_remove(const char *dir);
 tdm_backend *test_backend(void);
 
+/* A sequence and the tokens committed in it (snapshots carry them). */
+typedef struct tracked {
+    tdm_seq *s;
+    int32_t toks[512];
+    int n;
+} tracked;
+/* A fresh sequence of m; exits on error. */
+void tracked_make(tdm_model *m, tdm_state_strategy st, int max_draft, tracked *t);
+/* Verifies nt tokens of blk (logits host [nt, vocab]), commits acc drafts
+ * and records the acc + 1 committed tokens; exits on error. */
+void tracked_verify(tracked *t, const int32_t *blk, int nt, int acc, float *logits);
+
 #endif
