@@ -6,7 +6,7 @@
 #   bench/spec_bench.sh pack BUILD_DIR   # here: services, CLI, bench tools and
 #                                        # their shared libraries into .carry/
 #   bench/spec_bench.sh run              # there (run tool, carry [".carry"]):
-#                                        # everything below, logs under $OUT
+#                                        # everything below, summary and logs under $OUT
 #
 # What `run` measures (each line of $OUT/summary.txt is one bench_spec_client
 # run: tokens/s, acceptance, and the verifier's round timeline over it):
@@ -63,10 +63,16 @@ run)
     export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     B="$C/bin"
     mkdir -p /work && { [ -e /work/main ] || ln -s "$root" /work/main; }
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$OUT/env.log"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$LOGS/env.log"
     W=/dev/shm/tandem-spec-bench
     rm -rf "$W"
     mkdir -p "$W"
+    # Logs gather outside $OUT and come back as one archive at the end, so a
+    # call cut short still brings back summary.txt (the run tool returns at
+    # most 8 files).
+    LOGS=/tmp/tandem-spec-bench-logs
+    rm -rf "$LOGS"
+    mkdir -p "$LOGS"
     SUM="$OUT/summary.txt"
     : >"$SUM"
     REQ1="${REQ1:-12}"
@@ -103,12 +109,12 @@ run)
         stop "$dpid" "$vpid" "$gpid"
         dpid="" vpid=""
         "$B/tandem-gateway" --listen "$GW" --health-listen 127.0.0.1:7701 \
-            >"$OUT/gateway-$tag.log" 2>&1 &
+            >"$LOGS/gateway-$tag.log" 2>&1 &
         gpid=$!
         sleep 0.5
         "$B/tandem-verifier" --backend "${BACKEND:-cuda}" --model "$dir" --listen "$VER" \
             --health-listen 127.0.0.1:7711 --gateway "$GW" --max-sequences 40 \
-            --max-draft-tokens 8 "$@" >"$OUT/verifier-$tag.log" 2>&1 &
+            --max-draft-tokens 8 "$@" >"$LOGS/verifier-$tag.log" 2>&1 &
         vpid=$!
         wait_ready "$vpid" "$VER" "verifier ($tag)"
     }
@@ -122,7 +128,7 @@ run)
         port=$((port + 2))
         env "$@" "$B/$bin" --backend "${BACKEND:-cuda}" --model "$model" --listen "127.0.0.1:$port" \
             --health-listen "127.0.0.1:$((port + 1))" --gateway "$GW" --max-sequences 40 \
-            --run-ahead "$ra" --draft-block-size "$blk" $DFLAGS >"$OUT/drafter-$tag.log" 2>&1 &
+            --run-ahead "$ra" --draft-block-size "$blk" $DFLAGS >"$LOGS/drafter-$tag.log" 2>&1 &
         dpid=$!
         wait_ready "$dpid" "127.0.0.1:$port" "drafter $tag"
     }
@@ -133,7 +139,7 @@ run)
         local line
         line="$(timeout 300 "$B/bench_spec_client" --gateway "$GW" --verifier "$VER" \
             --concurrency "$c" --requests "$n" --tokens "$TOKENS" --prompt-len 64 --mode "$mode" \
-            "$@" 2>>"$OUT/client.log" | tr '\n' ' ')"
+            "$@" 2>>"$LOGS/client.log" | tr '\n' ' ')"
         printf '%-34s %s\n' "$tag" "$line" >>"$SUM"
         printf '%-30s %s\n' "$tag" "$line" | short
     }
@@ -143,10 +149,10 @@ run)
         engine)
             echo "== engine upper bound" | tee -a "$SUM"
             timeout 300 "$B/bench_cuda_bench" --shape 4b --batch 1 --k 0,2,4,8 --steps 20 \
-                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$OUT/engine_4b.log" |
+                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$LOGS/engine_4b.log" |
                 tee -a "$SUM" | tail -12
             timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --steps 20 \
-                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$OUT/engine_0.8b.log" |
+                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$LOGS/engine_0.8b.log" |
                 tee -a "$SUM" | tail -12
             ;;
         4b)
@@ -251,7 +257,7 @@ run)
                 [ "$st" = replay ] && more=(--stats)
                 timeout 400 "$B/bench_cuda_bench" --model "$M27" --shape 27b --batch "$bs" \
                     --k 0,4,8 --steps 10 --out argmax --strategy "$st" "${more[@]}" \
-                    >"$OUT/engine_27b_$st.log" 2>&1 &
+                    >"$LOGS/engine_27b_$st.log" 2>&1 &
                 bp=$!
                 while kill -0 "$bp" 2>/dev/null; do
                     a=$(anon)
@@ -259,10 +265,10 @@ run)
                     sleep 0.2
                 done
                 wait "$bp"
-                tee -a "$SUM" <"$OUT/engine_27b_$st.log" | grep -E 'loaded|floor|^\|' | head -14
+                tee -a "$SUM" <"$LOGS/engine_27b_$st.log" | grep -E 'loaded|floor|^\|' | head -14
                 [ "$st" = replay ] && timeout 200 "$B/bench_cuda_bench" --model "$M27" --shape 27b \
                     --batch 1 --k 0,8 --steps 10 --out argmax --strategy replay --context 1000 2>&1 |
-                    tee "$OUT/engine_27b_context.log" | grep -E '^\|' | tee -a "$SUM"
+                    tee "$LOGS/engine_27b_context.log" | grep -E '^\|' | tee -a "$SUM"
                 echo "27b $st: host anonymous memory during the run +$(((amax - a0) / 1024)) MB" |
                     tee -a "$SUM"
             done
@@ -272,26 +278,26 @@ run)
                 for st in replay extra_buffer no_buffer; do
                     "$B/tandem-verifier" --check-config --backend cuda --model "$M27" \
                         --state-strategy "$st" --max-draft-tokens 8 --max-context "$ctx" \
-                        --gpu-memory 130GiB >"$OUT/check27-$st-$ctx.log" 2>&1
+                        --gpu-memory 130GiB >"$LOGS/check27-$st-$ctx.log" 2>&1
                     echo "check-config 27b $st context $ctx rc=$?" | tee -a "$SUM"
-                    grep -E '^#  ' "$OUT/check27-$st-$ctx.log" | tee -a "$SUM"
+                    grep -E '^#  ' "$LOGS/check27-$st-$ctx.log" | tee -a "$SUM"
                 done
             done
             # the verifier's own accounting (gpu_memory auto), then the largest
             # batch it runs: 64 requests at once
             start_stack 27b "$M27" --max-context 4096 || continue
-            "$B/tandem" status --gateway "$GW" >"$OUT/status-27b.log" 2>&1
+            "$B/tandem" status --gateway "$GW" >"$LOGS/status-27b.log" 2>&1
             V="--vocab 248320"
             load "27b plain b1" 1 4 off $V
             load "27b plain b32" 32 64 off $V
-            (sleep 4; "$B/tandem" status --gateway "$GW" >>"$OUT/status-27b.log" 2>&1) &
+            (sleep 4; "$B/tandem" status --gateway "$GW" >>"$LOGS/status-27b.log" 2>&1) &
             load "27b plain b64" 64 64 off $V
             wait
-            curl -s "127.0.0.1:7712/metrics" >"$OUT/metrics-27b.log" 2>&1
+            curl -s "127.0.0.1:7712/metrics" >"$LOGS/metrics-27b.log" 2>&1
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
-            grep -iE 'capacity|sequences|gpu_memory' "$OUT/verifier-27b.log" | head -30 | tee -a "$SUM"
-            grep -E 'capacity|running|reserved' "$OUT/status-27b.log" | tee -a "$SUM"
+            grep -iE 'capacity|sequences|gpu_memory' "$LOGS/verifier-27b.log" | head -30 | tee -a "$SUM"
+            grep -E 'capacity|running|reserved' "$LOGS/status-27b.log" | tee -a "$SUM"
             rm -rf "$M27"
             ;;
         doctor)
@@ -308,8 +314,8 @@ run)
         cudatests)
             for t in "$B"/cuda_test_*; do
                 echo "== $(basename "$t")"
-                timeout 300 "$t" >"$OUT/$(basename "$t").log" 2>&1
-                echo "$(basename "$t") rc=$? $(tail -1 "$OUT/$(basename "$t").log")" | tee -a "$SUM"
+                timeout 300 "$t" >"$LOGS/$(basename "$t").log" 2>&1
+                echo "$(basename "$t") rc=$? $(tail -1 "$LOGS/$(basename "$t").log")" | tee -a "$SUM"
             done
             ;;
         esac
@@ -317,10 +323,8 @@ run)
     rm -rf "$W"
     # what comes back from the GPU machine is a few files: the summary and
     # every log in one archive
-    mkdir -p "$W-logs"
-    find "$OUT" -maxdepth 1 -name '*.log' -exec mv {} "$W-logs/" \;
-    tar -C "$W-logs" -cJf "$OUT/logs.txz" .
-    rm -rf "$W-logs"
+    tar -C "$LOGS" -cJf "$OUT/logs.txz" .
+    rm -rf "$LOGS"
     ;;
 *)
     echo "usage: bench/spec_bench.sh pack BUILD_DIR | run" >&2
