@@ -30,12 +30,14 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
+import types
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "services"))
+import services_test as st  # noqa: E402
 
 ARGS = None
 TMP = None
 FAILURES = []
-PROCS = []
 
 
 def check(cond, what):
@@ -323,53 +325,15 @@ def case_models():
 
 # ---- a gateway and replicas from Python -------------------------------------------
 
-class Proc:
-    def __init__(self, name, args):
-        self.name = name
-        self.log_path = os.path.join(TMP, name + ".log")
-        self.log = open(self.log_path, "wb")
-        self.p = subprocess.Popen(args, stdout=self.log, stderr=self.log, env=clean_env())
-        PROCS.append(self)
-
-    def text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def wait_port(self, timeout=15.0):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            m = re.search(r"bound port (\d+)", self.text())
-            if m:
-                return "127.0.0.1:%s" % m.group(1)
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise SystemExit("FAIL: %s did not start:\n%s" % (self.name, self.text()))
-
-
-def client():
-    sys.path.insert(0, os.path.join(ARGS.source, "tests", "interop"))
-    import client as c  # noqa: E402  (tests/interop/client.py)
-    os.makedirs(os.path.join(TMP, "pb"), exist_ok=True)
-    c.load_messages(ARGS.source, workdir=os.path.join(TMP, "pb"))
-    return c
-
-
-def register(c, gw, descriptor):
-    ch = c.channel(gw)
-    try:
-        code, details, _ = c.call_unary(ch, "/tandem.v1.Registry/RegisterReplica",
-                                        {"descriptor": descriptor}, 5.0)
-    finally:
-        ch.close()
+def register(gw, descriptor):
+    code, details, _ = st.unary(gw.addr(), "/tandem.v1.Registry/RegisterReplica",
+                                {"descriptor": descriptor})
     check(code == "OK", "registration of %s: %s %s" % (descriptor["replica_id"], code, details))
 
 
 def case_replicas():
     build = build_info()
-    gw = Proc("gateway", [ARGS.gateway, "--listen", "127.0.0.1:0", "--health-listen",
-                          "127.0.0.1:0", "--replica-ttl", "60s"]).wait_port()
-    c = client()
+    gw = st.gateway("--replica-ttl", "60s")
 
     def desc(rid, role, **kw):
         d = {"role": role, "replica_id": rid, "address": "10.9.9.9:1",
@@ -382,15 +346,15 @@ def case_replicas():
         return d
 
     # One replica of this build, and two from other builds.
-    register(c, gw, desc("v-same", "ROLE_VERIFIER", max_draft_tokens=8))
-    register(c, gw, desc("d-proto", "ROLE_DRAFTER", draft_block_size=4,
+    register(gw, desc("v-same", "ROLE_VERIFIER", max_draft_tokens=8))
+    register(gw, desc("d-proto", "ROLE_DRAFTER", draft_block_size=4,
                          drafter_kind="DRAFTER_KIND_MODEL", protocol={"major": 2, "minor": 0},
                          build={"version": "2.0.0", "git_revision": "feedface"}))
-    register(c, gw, desc("v-layout", "ROLE_VERIFIER", max_draft_tokens=8,
+    register(gw, desc("v-layout", "ROLE_VERIFIER", max_draft_tokens=8,
                          snapshot_layout_version=2,
                          build={"version": "0.0.9", "git_revision": "0ldbu1ld"}))
 
-    rc, findings, text = doctor("--gateway", gw)
+    rc, findings, text = doctor("--gateway", gw.addr())
     check(rc == 1, "mismatched replicas: exit 1, got %d\n%s" % (rc, text))
     msgs = [f["message"] for f in findings]
     check(any(f["check"] == "gateway" and f["severity"] == "ok" and "3 replica(s)" in f["message"]
@@ -418,7 +382,7 @@ def case_replicas():
     model = os.path.join(ARGS.source, "models", "demo-drafter")
     cfg = write("d.yaml", "model: %s\nbackend: cpu\ndraft_block_size: 12\nreplica_id: d-new\n"
                 % model)
-    rc, findings, text = doctor("--gateway", gw, "--config", cfg, "--role", "drafter")
+    rc, findings, text = doctor("--gateway", gw.addr(), "--config", cfg, "--role", "drafter")
     block = [f for f in errors(findings, "replica") if "rule draft-block-size:" in f["message"]]
     check(rc == 1 and len(block) == 2 and "max_draft_tokens" in block[0]["fix"],
           "draft-block-size against both verifiers: %s\n%s" % (block, text))
@@ -445,24 +409,21 @@ def main():
     ap.add_argument("--source", required=True)
     ARGS = ap.parse_args()
     TMP = tempfile.mkdtemp(prefix="tandem-doctor-")
+    # processes and gRPC calls through the services tests' helpers
+    st.ARGS = types.SimpleNamespace(cli=ARGS.cli, gateway=ARGS.gateway, verifier=None,
+                                    drafter=None, source=ARGS.source)
+    st.TMP = TMP
     try:
         CASES[ARGS.case]()
     finally:
-        for p in PROCS:
-            if p.p.poll() is None:
-                p.p.send_signal(signal.SIGTERM)
-                try:
-                    p.p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.p.kill()
-                    p.p.wait()
-            p.log.close()
-        if FAILURES:
-            for p in PROCS:
+        for p in st.PROCS:
+            p.stop(signal.SIGTERM)
+        if FAILURES or st.FAILURES:
+            for p in st.PROCS:
                 print("---- log of %s\n%s" % (p.name, p.text()[-4000:]))
         shutil.rmtree(TMP, ignore_errors=True)
-    if FAILURES:
-        print("%d check(s) failed" % len(FAILURES))
+    if FAILURES or st.FAILURES:
+        print("%d check(s) failed" % (len(FAILURES) + len(st.FAILURES)))
         sys.exit(1)
     print("ok")
 
