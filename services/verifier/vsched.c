@@ -45,9 +45,8 @@ struct vreq {
     int32_t *stop_ids;
     int n_stop;
     tdm_sampling sampling;
-    tdm_rng rng;
-    uint64_t seed;
-    bool seeded; /* the client chose the seed */
+    uint64_t seed; /* draws are keyed by it and the position (tdm_rng_seed_at) */
+    bool seeded;   /* the client chose the seed */
     /* model state (scheduler thread only) */
     tdm_seq *seq;
     int32_t last;    /* newest token, not yet run through the model */
@@ -636,7 +635,6 @@ static void job_export(vsched *s, snap_job *j)
     c->next_token = r->last;
     c->sampling = r->sampling;
     c->seed = r->seed;
-    c->rng = r->rng;
     c->n_stop = r->n_stop;
     memcpy(c->stop_ids, r->stop_ids, (size_t)c->n_stop * sizeof(int32_t));
     if (j->detach) {
@@ -762,7 +760,6 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->sampling = c->sampling;
         r->seed = c->seed;
         r->seeded = true;
-        r->rng = c->rng; /* the random stream where it was taken */
         r->seq = st->seq;
         st->seq = NULL;
         r->imported = true;
@@ -777,7 +774,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->sampling = tdm_req_sampling(sp);
     }
     if (r->imported) {
-        /* seed and random stream came with the snapshot */
+        /* the seed came with the snapshot */
     } else if (sp && sp->seed_choice_case == TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED) {
         r->seed = sp->seed;
         r->seeded = true;
@@ -787,8 +784,6 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->seed = (uint64_t)ts.tv_nsec * 6364136223846793005ull ^ (uint64_t)ts.tv_sec ^
                   (uint64_t)(uintptr_t)r;
     }
-    if (!r->imported)
-        tdm_rng_seed(&r->rng, r->seed);
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
         tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
@@ -1383,10 +1378,12 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     const int32_t *am = rd->out.argmax + q->row;
     const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
     tdm_verdict v = {0};
+    /* The first row decides the token at this position of the sequence. */
+    const uint32_t position = (uint32_t)(r->prompt_len + r->n_out);
     if (q->k == 0) {
-        v.next_token =
-            greedy ? am[0]
-                   : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
+        v.next_token = greedy ? am[0]
+                              : tdm_verify_sample_one(&r->sampling, r->seed, position, lg,
+                                                      s->vocab, s->vscratch);
         return v;
     }
     const Tandem__V1__DraftBlock *b = q->block->block;
@@ -1403,7 +1400,8 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     if (greedy)
         tdm_verify_block_argmax(am, s->vocab, b->tokens, q->k, dd, &v);
     else
-        tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, b->tokens, q->k, dd, s->vscratch, &v);
+        tdm_verify_block(&r->sampling, r->seed, position, lg, s->vocab, b->tokens, q->k, dd,
+                         s->vscratch, &v);
     if (tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "

@@ -176,8 +176,7 @@ typedef struct vsched_continuation {
     uint32_t prompt_tokens, max_tokens, generated;
     int32_t next_token; /* the newest generated token, not yet in the state */
     tdm_sampling sampling;
-    uint64_t seed;
-    tdm_rng rng;
+    uint64_t seed; /* the draws are keyed by it and the position */
     int32_t stop_ids[64];
     int n_stop;
 } vsched_continuation;
