@@ -80,7 +80,8 @@ struct vreq {
     /* life cycle (under mu) */
     req_state state;
     bool cancelled;
-    bool released; /* the scheduler will not touch it again */
+    bool released;      /* the scheduler will not touch it again */
+    bool drain_noticed; /* its Run was told the verifier is draining */
     /* output (under mu) */
     int32_t *out;
     int n_out, out_cap, out_taken;
@@ -183,6 +184,7 @@ struct vsched {
     size_t reserved; /* bytes the active requests reserved (under mu) */
     char limits[1400];
     bool stop;
+    bool draining; /* takes no new request; running ones are told (under mu) */
     pthread_t thread;
     uint64_t next_id;
     vlinks *links;
@@ -553,6 +555,13 @@ tdm_status vsched_import(vsched *s, const char *snapshot_id, tdm_snap_layout *la
     /* The bounds, counting what is queued as well as what waits, checked
      * and the job queued under one lock. */
     pthread_mutex_lock(&s->mu);
+    if (s->draining) {
+        pthread_mutex_unlock(&s->mu);
+        tdm_snap_layout_free(&j.layout);
+        free(j.payload);
+        return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
+                             "the verifier is draining: it takes no snapshot to continue");
+    }
     const double now = now_ms();
     int n = 1;
     uint64_t bytes = j.layout.total_bytes;
@@ -819,11 +828,14 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     r->t_submit = now_ms();
 
     pthread_mutex_lock(&s->mu);
-    if (s->stop) {
+    if (s->stop || s->draining) {
+        const bool draining = s->draining;
         pthread_mutex_unlock(&s->mu);
         vlink_unref(r->link);
         req_free(r);
-        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
+        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is %s",
+                             draining ? "draining: it takes no new requests"
+                                      : "shutting down");
     }
     /* The line holds max_waiting requests beyond those the next round
      * admits to the free places. */
@@ -887,14 +899,45 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->accepted_at_position = r->accepted_at;
 }
 
+/* Whether r's Run should now hear that the verifier drains: once, after its
+ * first token (a snapshot is taken only after it), while it runs (under mu). */
+static bool drain_due_locked(const vsched *s, const vreq *r)
+{
+    return s->draining && !r->drain_noticed && r->n_out > 0 && r->out_taken == r->n_out &&
+           !r->finished && !r->released;
+}
+
+void vsched_drain(vsched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    for (int i = 0; i < s->n_active; i++)
+        pthread_cond_broadcast(&s->active[i]->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int vsched_in_flight(vsched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_active;
+    for (vreq *w = s->wait_head; w; w = w->next_waiting)
+        n += !w->cancelled;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void vsched_next(vsched *s, vreq *r, vsched_output *o)
 {
     memset(o, 0, sizeof(*o));
     pthread_mutex_lock(&s->mu);
-    while (r->out_taken == r->n_out && !r->finished && !r->released)
+    while (r->out_taken == r->n_out && !r->finished && !r->released && !drain_due_locked(s, r))
         pthread_cond_wait(&r->cv, &s->mu);
     int n = r->n_out - r->out_taken;
-    if (n > 0) {
+    if (drain_due_locked(s, r)) {
+        /* Told once, before any more tokens: its caller may move it now. */
+        r->drain_noticed = true;
+        o->draining = true;
+    } else if (n > 0) {
         o->ids = tdm_xmalloc((size_t)n * sizeof(int32_t));
         memcpy(o->ids, r->out + r->out_taken, (size_t)n * sizeof(int32_t));
         o->n_ids = n;
