@@ -40,6 +40,7 @@ struct vreq {
     /* what to generate */
     int32_t *tokens; /* [cap] prompt, then every committed generated token */
     int n_tokens, cap, prompt_len, max_tokens;
+    int n_given; /* tokens handed in: the prompt, then any generated elsewhere (prefilled) */
     int kv_positions; /* the most positions it may reach: its KV, held from admission */
     size_t reserved;  /* bytes admission reserves for it */
     int32_t *stop_ids;
@@ -53,6 +54,7 @@ struct vreq {
     bool fresh;      /* admitted; its first token not yet generated */
     bool prefilling; /* its prompt (but the last token) is not yet all in the model */
     bool imported;   /* continues an imported snapshot: its state came with it */
+    bool continued;  /* continues a run begun elsewhere (imported, or recomputed) */
     int prefilled;   /* prompt tokens in the model */
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
@@ -721,7 +723,8 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     const int committed = st ? (int)st->layout.committed : 0;
     vreq *r = tdm_xcalloc(1, sizeof(*r));
-    r->prompt_len = st ? (int)st->cont.prompt_tokens : (int)req->n_prompt_ids;
+    r->n_given = st ? 0 : (int)req->n_prompt_ids;
+    r->prompt_len = st ? (int)st->cont.prompt_tokens : (int)(req->n_prompt_ids - req->generated);
     r->max_tokens = st ? (int)st->cont.max_tokens : (int)req->max_tokens;
     r->cap = (st ? committed + 1 : r->prompt_len) + r->max_tokens + s->p.max_draft + 2;
     r->kv_positions = r->cap < s->p.max_context ? r->cap : s->p.max_context;
@@ -772,12 +775,18 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->seq = st->seq;
         st->seq = NULL;
         r->imported = true;
+        r->continued = true;
         r->prefilled = r->prompt_len - 1;
         staged_free(st);
     } else {
-        for (int i = 0; i < r->prompt_len; i++)
+        for (int i = 0; i < r->n_given; i++)
             r->tokens[i] = (int32_t)req->prompt_ids[i];
-        r->n_tokens = r->prompt_len;
+        r->n_tokens = r->n_given;
+        /* Tokens generated elsewhere: streamed there already. */
+        for (int i = r->prompt_len; i < r->n_given; i++)
+            r->out[r->n_out++] = r->tokens[i];
+        r->out_taken = r->n_out;
+        r->continued = r->n_out > 0;
         for (int i = 0; i < r->n_stop; i++)
             r->stop_ids[i] = (int32_t)req->stop_token_ids[i];
         r->sampling = tdm_req_sampling(sp);
@@ -1140,7 +1149,7 @@ static void prefill_chunks(vsched *s, vround *rd)
                                  .max_positions = r->kv_positions};
             rc = tdm_seq_create(s->p.model, &sp, &r->seq, &err);
         }
-        int want = r->prompt_len - 1 - r->prefilled;
+        int want = r->n_given - 1 - r->prefilled;
         int n = want < budget ? want : budget;
         if (rc == TDM_OK && n > 0)
             rc = tdm_seq_prefill(r->seq, r->tokens + r->prefilled, n, NULL, &err);
@@ -1152,10 +1161,10 @@ static void prefill_chunks(vsched *s, vround *rd)
         }
         r->prefilled += n;
         budget -= n;
-        if (r->prefilled == r->prompt_len - 1) {
+        if (r->prefilled == r->n_given - 1) {
             r->prefilling = false;
-            r->last = r->tokens[r->prompt_len - 1];
-            r->n_tokens = r->prompt_len - 1; /* `last` is committed after the step */
+            r->last = r->tokens[r->n_given - 1];
+            r->n_tokens = r->n_given - 1; /* `last` is committed after the step */
         }
     }
     /* Only the sequences done prefilling (and not failed) take part in the step. */
@@ -1656,6 +1665,32 @@ static void record_timeline(vsched *s, const double *t)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* 1b. A sequence that continues (an imported snapshot, or a run recomputed
+ * from its tokens) opens its drafter
+ * before its first step, which then verifies the drafter's first block: the
+ * position it decides first is decided as it would have been where the
+ * request came from (a round with drafts, not a plain step), so that a
+ * seeded request draws the same tokens after a move. */
+static void open_continued(vsched *s, vround *rd)
+{
+    for (int i = 0; i < rd->n; i++) {
+        vreq *r = rd->seqs[i].r;
+        pthread_mutex_lock(&s->mu);
+        const bool open = r->continued && r->spec && r->link && !r->opened && !r->prefilling &&
+                          r->ad.k_next > 0 && !r->cancelled && !r->finished;
+        if (open) {
+            r->opened = true;
+            r->after_open = true;
+            r->round++;
+            r->awaiting = true;
+            r->t_asked = now_ms();
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (open)
+            send_open(r, r->ad.k_next);
+    }
+}
+
 /* One round. Returns false when the scheduler should stop. Every moment of
  * the scheduler thread falls in one phase of one round (vsched_phase). */
 static bool sched_round(vsched *s)
@@ -1669,6 +1704,7 @@ static bool sched_round(vsched *s)
     snapshot_jobs(s);
     t[VSCHED_ADMIT + 1] = now_ms();
     prefill_chunks(s, rd);
+    open_continued(s, rd);
     t[VSCHED_PREFILL + 1] = now_ms();
     await_blocks(s, rd);
     take_blocks(s, rd);
