@@ -163,6 +163,7 @@ typedef struct fwd_step {
     tdm_conv_seg *cs;       /* [nseq] host scratch */
     tdm_gdn_seg *gs;        /* [nseq] host scratch */
     tdm_attn_seg *as;       /* [nseq] host scratch */
+    float **kc, **vc;       /* [nseq] host scratch: one layer's KV caches per sequence */
 } fwd_step;
 
 /* Host scratch of a step for up to nseq sequences and R rows. */
@@ -175,6 +176,8 @@ static void step_scratch(fwd_step *st, int nseq, int R)
     st->cs = tdm_xcalloc((size_t)nseq, sizeof(tdm_conv_seg));
     st->gs = tdm_xcalloc((size_t)nseq, sizeof(tdm_gdn_seg));
     st->as = tdm_xcalloc((size_t)nseq, sizeof(tdm_attn_seg));
+    st->kc = tdm_xcalloc((size_t)nseq, sizeof(float *));
+    st->vc = tdm_xcalloc((size_t)nseq, sizeof(float *));
 }
 
 static void step_scratch_free(fwd_step *st)
@@ -186,6 +189,8 @@ static void step_scratch_free(fwd_step *st)
     free(st->cs);
     free(st->gs);
     free(st->as);
+    free(st->kc);
+    free(st->vc);
 }
 
 static uint64_t key_mix(uint64_t h, uint64_t v)
@@ -227,6 +232,60 @@ static void project(tdm_backend *be, const float *x, int R, int in, int n, float
         be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
 }
 
+/* See engine_internal.h. */
+void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const int32_t *pos,
+                       tdm_attn_seg *as, float *const *k_cache, float *const *v_cache, int nseg)
+{
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    const int H = c->hidden_size, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
+    const int QD = nH * D, KD = nKV * D;
+    const float eps = (float)c->rms_norm_eps;
+    tdm_workspace *w = &m->ws;
+    be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
+    /* qg [R, nH, 2D], k and v [R, nKV, D] */
+    float *const ys[] = {w->qg, w->k, w->v};
+    const tdm_weight ws[] = {lw->q_proj, lw->k_proj, lw->v_proj};
+    const int outs[] = {2 * QD, KD, KD};
+    project(be, w->xn, R, H, 3, ys, ws, outs);
+    be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D); /* [R, nH, D] each */
+    be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
+    be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
+    be->rope(bx, w->q, pos, m->inv_freq, R, nH, D, c->rot_dim);
+    be->rope(bx, w->k, pos, m->inv_freq, R, nKV, D, c->rot_dim);
+    for (int i = 0; i < nseg; i++) {
+        const size_t r0 = (size_t)as[i].row0 * (size_t)KD;
+        be->kv_store(bx, k_cache[i], v_cache[i], w->k + r0, w->v + r0, as[i].n_past, as[i].nrows,
+                     KD);
+        as[i].k_cache = k_cache[i];
+        as[i].v_cache = v_cache[i];
+    }
+    be->attention(bx, w->o, w->q, as, nseg, nH, nKV, D); /* [R, nH, D] */
+    be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
+    be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+}
+
+void tdm_fwd_mlp(tdm_model *m, const tdm_layer_weights *lw, int R)
+{
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    const int H = c->hidden_size, I = c->intermediate_size;
+    tdm_workspace *w = &m->ws;
+    be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, (float)c->rms_norm_eps, 1);
+    if (be->matmul_silu) {
+        be->matmul_silu(bx, w->h1, w->xn, lw->gate, lw->up, R, H, I); /* [R, I] */
+    } else {
+        float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
+        const tdm_weight ws[] = {lw->gate, lw->up};
+        const int outs[] = {I, I};
+        project(be, w->xn, R, H, 2, ys, ws, outs);
+        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
+    }
+    be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+}
+
 /* The ops of one step, in order; logits (when asked) end in ws.logits. Op
  * slots only: nothing here allocates, crosses to the host or waits, so a
  * backend may record the step as a graph (backend.h). */
@@ -236,10 +295,9 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     tdm_backend *be = m->be;
     void *bx = be->ctx;
     const int R = st->R, nseq = st->nseq;
-    const int H = c->hidden_size, C = m->conv_dim, K = c->conv_kernel, I = c->intermediate_size;
+    const int H = c->hidden_size, C = m->conv_dim, K = c->conv_kernel;
     const int Hk = c->lin_k_heads, Hv = c->lin_v_heads, Dk = c->lin_k_dim, Dv = c->lin_v_dim;
-    const int VD = Hv * Dv, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
-    const int QD = nH * D, KD = nKV * D;
+    const int VD = Hv * Dv;
     const float eps = (float)c->rms_norm_eps;
     tdm_workspace *w = &m->ws;
 
@@ -249,8 +307,8 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
         be->embed(bx, w->x, m->embed, st->ids, R, H);
     for (int L = 0; L < c->num_layers; L++) {
         const tdm_layer_weights *lw = &m->layers[L];
-        be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
         if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
+            be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
             /* qkv [R, C], z [R, Hv*Dv], b and a [R, Hv] */
             float *const ys[] = {w->qkv, w->z, w->b, w->a};
             const tdm_weight ws[] = {lw->in_qkv, lw->in_z, lw->in_b, lw->in_a};
@@ -291,38 +349,16 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
             be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
         } else {
-            /* qg [R, nH, 2D], k and v [R, nKV, D] */
-            float *const ys[] = {w->qg, w->k, w->v};
-            const tdm_weight ws[] = {lw->q_proj, lw->k_proj, lw->v_proj};
-            const int outs[] = {2 * QD, KD, KD};
-            project(be, w->xn, R, H, 3, ys, ws, outs);
-            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D); /* [R, nH, D] each */
-            be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
-            be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
-            be->rope(bx, w->q, st->pos, m->inv_freq, R, nH, D, c->rot_dim);
-            be->rope(bx, w->k, st->pos, m->inv_freq, R, nKV, D, c->rot_dim);
             for (int i = 0; i < nseq; i++) {
                 tdm_seq *s = st->seqs[i];
-                const size_t r0 = (size_t)st->row0[i] * (size_t)KD;
-                be->kv_store(bx, s->k[L], s->v[L], w->k + r0, w->v + r0, s->n_past, st->counts[i],
-                             KD);
-                st->as[i] = (tdm_attn_seg){st->row0[i], st->counts[i], s->n_past, s->k[L], s->v[L]};
+                st->as[i] = (tdm_attn_seg){
+                    .row0 = st->row0[i], .nrows = st->counts[i], .n_past = s->n_past};
+                st->kc[i] = s->k[L];
+                st->vc[i] = s->v[L];
             }
-            be->attention(bx, w->o, w->q, st->as, nseq, nH, nKV, D); /* [R, nH, D] */
-            be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
-            be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+            tdm_fwd_attention(m, lw, R, st->pos, st->as, st->kc, st->vc, nseq);
         }
-        be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
-        if (be->matmul_silu) {
-            be->matmul_silu(bx, w->h1, w->xn, lw->gate, lw->up, R, H, I); /* [R, I] */
-        } else {
-            float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
-            const tdm_weight ws[] = {lw->gate, lw->up};
-            const int outs[] = {I, I};
-            project(be, w->xn, R, H, 2, ys, ws, outs);
-            be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
-        }
-        be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+        tdm_fwd_mlp(m, lw, R);
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
