@@ -396,7 +396,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         .nseq = nseq,
         .R = R,
         .prefill = prefill,
-        .logits = out && (out->logits || out->argmax),
+        .logits = out && (out->logits || out->argmax || out->hidden),
     };
     step_scratch(&st, nseq, R);
     for (int i = 0, r = 0; i < nseq; i++) {
@@ -421,11 +421,12 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     } else {
         fwd_ops(m, &st);
     }
-    const size_t V = (size_t)m->cfg.vocab_size;
+    const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
-    if (out && out->logits)
-        /* Runs of consecutive sequences that want their rows: one copy each. */
+    if (out && (out->logits || out->hidden))
+        /* Runs of consecutive sequences that want their rows: one copy each.
+         * ws.xn holds the final norm's output (fwd_ops). */
         for (int i = 0; i < nseq;) {
             if (out->want_logits && !out->want_logits[i]) {
                 i++;
@@ -436,7 +437,11 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
                 j++;
             const size_t r0 = (size_t)st.row0[i],
                          nr = (size_t)(st.row0[j - 1] + counts[j - 1]) - r0;
-            be->download(bx, out->logits + r0 * V, m->ws.logits + r0 * V, nr * V * sizeof(float));
+            if (out->logits)
+                be->download(bx, out->logits + r0 * V, m->ws.logits + r0 * V,
+                             nr * V * sizeof(float));
+            if (out->hidden)
+                be->download(bx, out->hidden + r0 * H, m->ws.xn + r0 * H, nr * H * sizeof(float));
             i = j;
         }
     be->sync(bx);
@@ -606,14 +611,26 @@ static void states_checkpoint(tdm_seq *s, int to_checkpoint)
 
 tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logits, tdm_error *err)
 {
+    const tdm_step_out o = {.logits = logits};
+    return tdm_seq_prefill_out(s, tokens, n, &o, err);
+}
+
+tdm_status tdm_seq_prefill_out(tdm_seq *s, const int32_t *tokens, int n, const tdm_step_out *out,
+                               tdm_error *err)
+{
     tdm_status rc;
     if ((rc = check_idle(s, err)) || (rc = check_tokens(s->m, tokens, n, err)))
         return rc;
-    const size_t V = (size_t)s->m->cfg.vocab_size;
+    const size_t V = (size_t)s->m->cfg.vocab_size, H = (size_t)s->m->cfg.hidden_size;
     for (int at = 0; at < n; at += PREFILL_CHUNK) {
         int cnt = n - at < PREFILL_CHUNK ? n - at : PREFILL_CHUNK;
         const int32_t *t = tokens + at;
-        const tdm_step_out o = {.logits = logits ? logits + (size_t)at * V : NULL};
+        const size_t a = (size_t)at;
+        const tdm_step_out o = {
+            .logits = out && out->logits ? out->logits + a * V : NULL,
+            .argmax = out && out->argmax ? out->argmax + a : NULL,
+            .hidden = out && out->hidden ? out->hidden + a * H : NULL,
+        };
         rc = fwd_run(s->m, &s, 1, &t, &cnt, 0, 1, &o, err);
         if (rc != TDM_OK)
             return rc;
@@ -1106,5 +1123,5 @@ void tdm_step_buf_free(tdm_step_buf *b)
 
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b)
 {
-    return (tdm_step_out){b->logits, b->want, b->argmax};
+    return (tdm_step_out){b->logits, b->want, b->argmax, NULL};
 }
