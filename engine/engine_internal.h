@@ -130,6 +130,10 @@ void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const i
 /* The SwiGLU MLP with its norm: x += down(silu(gate(xn)) * up(xn)). */
 void tdm_fwd_mlp(tdm_model *m, const tdm_layer_weights *lw, int R);
 
+/* INVALID_ARGUMENT naming the first of the n token ids outside m's
+ * vocabulary (seq.c). */
+tdm_status tdm_model_check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err);
+
 /* Grows s's KV caches to hold n positions (seq.c), as a forward of that
  * length would; RESOURCE_EXHAUSTED when the backend has no room. */
 tdm_status tdm_seq_reserve_kv(tdm_seq *s, int n, tdm_error *err);

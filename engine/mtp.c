@@ -287,16 +287,6 @@ static void mtp_rows(tdm_mtp_seq *s, const float *hid, const int32_t *ids, int R
     free(pos);
 }
 
-static tdm_status check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err)
-{
-    for (int i = 0; i < n; i++)
-        if (t[i] < 0 || t[i] >= m->cfg.vocab_size)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "token id %d is outside the vocabulary (0..%d)", (int)t[i],
-                                 m->cfg.vocab_size - 1);
-    return TDM_OK;
-}
-
 tdm_status tdm_mtp_prime(tdm_mtp_seq *s, const float *hidden, const int32_t *next, int n,
                          float *logits, tdm_error *err)
 {
@@ -310,7 +300,7 @@ tdm_status tdm_mtp_prime(tdm_mtp_seq *s, const float *hidden, const int32_t *nex
                              "the MTP cache ends in %d draft rows: roll back to position %d "
                              "before priming",
                              s->drafted, s->n_past - s->drafted);
-    tdm_status rc = check_tokens(m, next, n, err);
+    tdm_status rc = tdm_model_check_tokens(m, next, n, err);
     if (rc != TDM_OK)
         return rc;
     const int chunk = n < TDM_PREFILL_ROWS ? n : TDM_PREFILL_ROWS;

@@ -574,7 +574,7 @@ tdm_status tdm_seq_fork(const tdm_seq *src, tdm_seq **out, tdm_error *err)
     return TDM_OK;
 }
 
-static tdm_status check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err)
+tdm_status tdm_model_check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err)
 {
     for (int i = 0; i < n; i++)
         if (t[i] < 0 || t[i] >= m->cfg.vocab_size)
@@ -619,7 +619,7 @@ tdm_status tdm_seq_prefill_out(tdm_seq *s, const int32_t *tokens, int n, const t
                                tdm_error *err)
 {
     tdm_status rc;
-    if ((rc = check_idle(s, err)) || (rc = check_tokens(s->m, tokens, n, err)))
+    if ((rc = check_idle(s, err)) || (rc = tdm_model_check_tokens(s->m, tokens, n, err)))
         return rc;
     const size_t V = (size_t)s->m->cfg.vocab_size, H = (size_t)s->m->cfg.hidden_size;
     for (int at = 0; at < n; at += PREFILL_CHUNK) {
@@ -664,7 +664,7 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
 {
     tdm_status rc;
     if ((rc = check_batch(seqs, nseq, 0, err)) ||
-        (rc = check_tokens(seqs[0]->m, tokens, nseq, err)))
+        (rc = tdm_model_check_tokens(seqs[0]->m, tokens, nseq, err)))
         return rc;
     const int32_t **t = tdm_xmalloc((size_t)nseq * sizeof(*t));
     int *cnt = tdm_xmalloc((size_t)nseq * sizeof(int));
@@ -725,7 +725,7 @@ static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const 
                                  "sequence %d: a decode row is one token on a committed "
                                  "sequence",
                                  i);
-        if ((rc = check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
+        if ((rc = tdm_model_check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
             return rc;
     }
     for (int i = 0; i < nseq; i++)
@@ -845,8 +845,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
                                  "sequence %d: %d pending rows, %d lead tokens and %d drafts "
                                  "exceed 1 + max_draft (%d)",
                                  i, s->pending, nlead[i], k[i], s->p.max_draft);
-        if ((rc = check_tokens(m, lead[i], nlead[i], err)) != TDM_OK ||
-            (forced && (rc = check_tokens(m, forced[i], k[i], err)) != TDM_OK))
+        if ((rc = tdm_model_check_tokens(m, lead[i], nlead[i], err)) != TDM_OK ||
+            (forced && (rc = tdm_model_check_tokens(m, forced[i], k[i], err)) != TDM_OK))
             return rc;
         device = device && s->p.strategy != TDM_STATE_NO_BUFFER;
         kmax = k[i] > kmax ? k[i] : kmax;
