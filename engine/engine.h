@@ -9,6 +9,9 @@
  * attention layers, conv windows and recurrent states of the linear layers,
  * and the scratch the chosen state strategy needs for verify/commit).
  *
+ * The checkpoint's MTP head, a drafter run on the target's hidden states
+ * (tdm_step_out.hidden), is mtp.h's.
+ *
  * Threading: one call at a time per model (calls share its workspace).
  * Numbers: every activation, cache and state is fp32, whatever the storage
  * dtype of the weights (bf16, fp16 or fp32).
