@@ -88,6 +88,20 @@ def check(name, layout_args, k, strategy):
         return err
 
 
+def no_head():
+    """A checkpoint without mtp.*: tandem logits --mtp-out fails naming the tensor."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "model")
+        sh([make_model, "--shape", "tiny", "--out", model])
+        p = subprocess.run([tandem, "logits", "--model", model, "--ids", "1,2,3", "--mtp-out",
+                            os.path.join(tmp, "m.npy")], capture_output=True, text=True)
+        assert p.returncode == 1 and "mtp.fc.weight" in p.stderr, (p.returncode, p.stderr)
+        p = subprocess.run([tandem, "logits", "--model", model, "--ids", "1", "--mtp-draft", "0"],
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and "--mtp-draft" in p.stderr, (p.returncode, p.stderr)
+
+
+no_head()
 worst = max(check("release", ["--layout", "release", "--shard-gb", "0.0001"], 4, "replay"),
             check("tied", ["--mtp"], 3, "extra_buffer"))
 print(f"mtp reference: ok (max relative error {worst:.3g})")
