@@ -9,26 +9,25 @@
  * weights; a head opened from the folder computes the bits of one created
  * from the loaded model.
  *
- * Rows: a prime in one call or in chunks gives the same bits; the first
- * draft is the last primed row's argmax with its logits; drafts in two
- * calls are the drafts of one call; after a rollback to the primed prefix
- * and a prime of the verified rows, logits and drafts are those of a fresh
- * sequence primed with every row at once (the draft rows' KV entries are
- * dead). Misuse (prime over draft rows, draft with nothing primed, a
- * rollback past the end) is refused. The numbers themselves are checked
- * against an independent implementation by mtp_check.py.
+ * Rows (mtp_steps.c, shared with the CUDA test): a prime in one call or in
+ * chunks gives the same bits; the first draft is the last primed row's
+ * argmax with its logits; drafts in two calls are the drafts of one call;
+ * after a rollback to the primed prefix and a prime of the verified rows,
+ * logits and drafts are those of a fresh sequence primed with every row at
+ * once (the draft rows' KV entries are dead). Misuse (prime over draft rows,
+ * draft with nothing primed, a rollback past the end) is refused. The
+ * numbers themselves are checked against an independent implementation by
+ * mtp_check.py.
  */
 #include "bench_util.h"
 #include "mtp.h"
+#include "mtp_steps.h"
 #include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define T0 10 /* prompt */
-#define K 4   /* drafts */
 
 static const bench_shape tiny = {"tiny", 64, 8, 96, 2, 1, 32, 2, 4, 16, 16, 320};
 
@@ -93,128 +92,6 @@ static void loading_errors(tdm_backend *be)
     dir_remove(part);
 }
 
-/* A target run over toks: hidden states after the final norm [n, H] and the
- * argmax of the last position. */
-static float *target_hidden(tdm_model *m, const int32_t *toks, int n, int32_t *next)
-{
-    const int H = tdm_model_get_config(m)->hidden_size;
-    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 4, 0};
-    tdm_seq *s;
-    tdm_error err;
-    CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
-    float *hid = malloc((size_t)n * (size_t)H * sizeof(float));
-    int32_t *am = malloc((size_t)n * sizeof(int32_t));
-    const tdm_step_out o = {.hidden = hid, .argmax = am};
-    CHECK(tdm_seq_prefill_out(s, toks, n, &o, &err) == TDM_OK, "%s", err.msg);
-    *next = am[n - 1];
-    free(am);
-    tdm_seq_destroy(s);
-    return hid;
-}
-
-static tdm_mtp_seq *mseq(tdm_mtp *h, int max_positions)
-{
-    tdm_mtp_seq *s;
-    tdm_error err;
-    CHECK(tdm_mtp_seq_create(h, max_positions, &s, &err) == TDM_OK, "%s", err.msg);
-    return s;
-}
-
-static void prime(tdm_mtp_seq *s, const float *hid, const int32_t *next, int n, float *logits)
-{
-    tdm_error err;
-    CHECK(tdm_mtp_prime(s, hid, next, n, logits, &err) == TDM_OK, "%s", err.msg);
-}
-
-static void draft(tdm_mtp_seq *s, int k, int32_t *d, float *logits)
-{
-    tdm_error err;
-    CHECK(tdm_mtp_draft(s, k, d, logits, &err) == TDM_OK, "%s", err.msg);
-}
-
-static void rows(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2)
-{
-    const tdm_model_config *c = tdm_model_get_config(m);
-    const size_t H = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
-    tdm_error err;
-    /* The target's tokens: a prompt, then 3 more positions "verified". */
-    int32_t toks[T0 + 4];
-    for (int i = 0; i < T0 + 4; i++)
-        toks[i] = (int32_t)((i * 37 + 11) % c->vocab_size);
-    int32_t x_n;
-    float *hid = target_hidden(m, toks, T0 + 3, &x_n); /* [T0 + 3, H] */
-    int32_t next[T0 + 3];                              /* next[p]: the token at p + 1 */
-    for (int p = 0; p < T0 + 2; p++)
-        next[p] = toks[p + 1];
-    next[T0 + 2] = x_n;
-
-    /* One prime against chunks of 4 and 6. */
-    float *la = malloc(T0 * V * 4), *lb = malloc((T0 + 3) * V * 4);
-    tdm_mtp_seq *a = mseq(h, 0), *b = mseq(h, T0 + K);
-    prime(a, hid, next, T0, la);
-    prime(b, hid, next, 4, lb);
-    prime(b, hid + 4 * H, next + 4, T0 - 4, lb + 4 * V);
-    CHECK(memcmp(la, lb, T0 * V * 4) == 0, "%s: a prime in chunks differs", name);
-    CHECK(tdm_mtp_seq_length(a) == T0, "length %d", tdm_mtp_seq_length(a));
-
-    /* The first draft is the last primed row's argmax; two calls = one. */
-    int32_t da[K], db[K];
-    float *dla = malloc(K * V * 4), *dlb = malloc(K * V * 4);
-    draft(a, K, da, dla);
-    CHECK(memcmp(dla, la + (T0 - 1) * V, V * 4) == 0, "%s: draft 1's logits", name);
-    CHECK(da[0] == argmax_row(la + (T0 - 1) * V, (int)V), "%s: draft 1 is not the argmax", name);
-    CHECK(tdm_mtp_seq_length(a) == T0 + K - 1, "after drafting: length %d", tdm_mtp_seq_length(a));
-    draft(b, 2, db, dlb);
-    draft(b, K - 2, db + 2, dlb + 2 * V);
-    CHECK(memcmp(da, db, sizeof(da)) == 0 && memcmp(dla, dlb, K * V * 4) == 0,
-          "%s: drafts in two calls differ from one call", name);
-
-    /* Misuse. */
-    CHECK(tdm_mtp_prime(a, hid, next, 1, NULL, &err) == TDM_ERR_FAILED_PRECONDITION &&
-              strstr(err.msg, "roll back"),
-          "%s: a prime over draft rows: %s", name, err.msg);
-    CHECK(tdm_mtp_rollback(a, T0 + K, &err) == TDM_ERR_INVALID_ARGUMENT, "rollback past the end");
-
-    /* The target accepts 2 of the drafts and brings 3 rows (positions T0 ..
-     * T0+2): roll back to the primed prefix and prime them. The same as a
-     * fresh sequence primed with all T0 + 3 rows. */
-    CHECK(tdm_mtp_rollback(a, T0, &err) == TDM_OK, "%s", err.msg);
-    CHECK(tdm_mtp_draft(a, 1, da, NULL, &err) == TDM_ERR_FAILED_PRECONDITION,
-          "a draft with nothing primed since the rollback");
-    float *l3 = malloc(3 * V * 4), *lf = malloc((T0 + 3) * V * 4);
-    prime(a, hid + T0 * H, next + T0, 3, l3);
-    tdm_mtp_seq *f = mseq(h, 0);
-    prime(f, hid, next, T0 + 3, lf);
-    CHECK(memcmp(l3, lf + T0 * V, 3 * V * 4) == 0, "%s: rows primed after a rollback differ", name);
-    int32_t dfr[K];
-    draft(a, K, da, dla);
-    draft(f, K, dfr, dlb);
-    CHECK(memcmp(da, dfr, sizeof(da)) == 0 && memcmp(dla, dlb, K * V * 4) == 0,
-          "%s: drafts after a rollback differ from a fresh sequence's", name);
-
-    /* A head opened from the folder: the same bits. */
-    tdm_mtp_seq *o = mseq(h2, 0);
-    prime(o, hid, next, T0 + 3, lb);
-    CHECK(memcmp(lb, lf, (T0 + 3) * V * 4) == 0, "%s: tdm_mtp_open's head differs", name);
-    draft(o, K, dfr, dlb);
-    CHECK(memcmp(dla, dlb, K * V * 4) == 0, "%s: tdm_mtp_open's drafts differ", name);
-    printf("%s: drafts %d %d %d %d, max|logit| %.3f\n", name, da[0], da[1], da[2], da[3],
-           (double)max_abs(lf, (T0 + 3) * V));
-    CHECK(max_abs(lf, (T0 + 3) * V) > 0, "all-zero logits");
-
-    tdm_mtp_seq_destroy(a);
-    tdm_mtp_seq_destroy(b);
-    tdm_mtp_seq_destroy(f);
-    tdm_mtp_seq_destroy(o);
-    free(hid);
-    free(la);
-    free(lb);
-    free(dla);
-    free(dlb);
-    free(l3);
-    free(lf);
-}
-
 static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
 {
     char dir[] = "/tmp/tandem_mtp_head_XXXXXX";
@@ -234,7 +111,9 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
         2 * (2 * H * H + 3 * H + 2 * H + 3 * H * I + 2 * QD * H + 2 * KD * H + H * QD + 2 * D);
     CHECK(tdm_mtp_weight_bytes(h) == want && tdm_mtp_weight_bytes(h2) == want,
           "%s: head weights %zu bytes, expected %zu", name, tdm_mtp_weight_bytes(h), want);
-    rows(name, m, h, h2);
+    mtp_steps_out o;
+    mtp_steps_check(name, m, h, h2, &o);
+    mtp_steps_out_free(&o);
     tdm_mtp_destroy(h2);
     tdm_mtp_destroy(h);
     tdm_model_destroy(m);
