@@ -81,7 +81,13 @@ def load_target(d, tensors, device):
     t = read_config(d)
     t.pop("model_type", None)
     t.pop("architectures", None)
-    cfg = Qwen3_5TextConfig(**t)
+    prf = (t.get("rope_parameters") or {}).get("partial_rotary_factor")
+    try:  # as tools/engine_fixtures.py: some versions want it as a keyword too
+        cfg = Qwen3_5TextConfig(**t) if prf is None or "partial_rotary_factor" in t \
+            else Qwen3_5TextConfig(partial_rotary_factor=prf, **t)
+    except Exception as e:
+        log("config: partial_rotary_factor keyword refused:", repr(e))
+        cfg = Qwen3_5TextConfig(**t)
     cfg._attn_implementation = "eager"
     model = Qwen3_5ForCausalLM(cfg).to(torch.float32)
     sd = {}
