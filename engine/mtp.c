@@ -10,8 +10,8 @@
  * (tdm_fwd_attention, tdm_fwd_mlp), on the model's workspace, with this
  * head's weights and the sequence's KV cache. Ops run eagerly (no graph
  * bracket). Every op computes a row the same way whatever the rows of the
- * call (backend.h), so a prime in one call or in several, and a draft row
- * or the same row primed, give the same bits.
+ * call (backend.h), so a prime in one call or in several gives the same
+ * bits. Sizes come from capacity.c (tdm_capacity_mtp_seq_bytes).
  */
 #include "mtp.h"
 #include "alloc.h"
@@ -227,6 +227,11 @@ void tdm_mtp_seq_destroy(tdm_mtp_seq *s)
 int tdm_mtp_seq_length(const tdm_mtp_seq *s)
 {
     return s->n_past;
+}
+
+size_t tdm_mtp_seq_bytes(const tdm_mtp_seq *s)
+{
+    return tdm_capacity_mtp_seq_bytes(&s->h->m->cfg, s->kv_cap);
 }
 
 /* ---- the forward pass -------------------------------------------------- */

@@ -67,6 +67,9 @@ tdm_status tdm_mtp_seq_create(tdm_mtp *h, int max_positions, tdm_mtp_seq **out, 
 void tdm_mtp_seq_destroy(tdm_mtp_seq *s); /* NULL is fine */
 /* Positions in the head's KV cache, draft rows included. */
 int tdm_mtp_seq_length(const tdm_mtp_seq *s);
+/* Backend memory the sequence holds now (tdm_capacity_mtp_seq_bytes at its
+ * KV cache's capacity). */
+size_t tdm_mtp_seq_bytes(const tdm_mtp_seq *s);
 
 /* Runs n rows at positions length .. length+n-1: row i takes the target's
  * hidden state of its position, hidden host [n, H], and next[i], the token

@@ -20,6 +20,7 @@
  * mtp_check.py.
  */
 #include "bench_util.h"
+#include "capacity.h"
 #include "mtp.h"
 #include "mtp_steps.h"
 #include "util.h"
@@ -111,6 +112,17 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
         2 * (2 * H * H + 3 * H + 2 * H + 3 * H * I + 2 * QD * H + 2 * KD * H + H * QD + 2 * D);
     CHECK(tdm_mtp_weight_bytes(h) == want && tdm_mtp_weight_bytes(h2) == want,
           "%s: head weights %zu bytes, expected %zu", name, tdm_mtp_weight_bytes(h), want);
+    /* Memory: a sequence for 16 positions holds what capacity.c says. */
+    tdm_mtp_seq *q;
+    CHECK(tdm_mtp_seq_create(h, 16, &q, &err) == TDM_OK, "%s", err.msg);
+    const tdm_model_config *c = tdm_model_get_config(m);
+    CHECK(tdm_mtp_seq_bytes(q) == tdm_capacity_mtp_seq_bytes(c, 16) &&
+              tdm_capacity_mtp_seq_bytes(c, 16) == (2 * 16 * KD + H) * sizeof(float),
+          "%s: an MTP sequence of 16 positions holds %zu bytes", name, tdm_mtp_seq_bytes(q));
+    tdm_mtp_seq_destroy(q);
+    /* Resident: bf16 matrices, f32 norms (the stored bytes with vectors doubled). */
+    CHECK(tdm_capacity_mtp_weight_bytes(c, 2) == want + 2 * (5 * H + 2 * D),
+          "%s: tdm_capacity_mtp_weight_bytes %zu", name, tdm_capacity_mtp_weight_bytes(c, 2));
     mtp_steps_out o;
     mtp_steps_check(name, m, h, h2, &o);
     mtp_steps_out_free(&o);
