@@ -260,13 +260,15 @@ static tdm_status rows_ensure(tdm_mtp *h, int rows, tdm_error *err)
     return TDM_OK;
 }
 
-/* R rows at positions n_past .. n_past+R-1: hid backend [R, H] the hidden
- * states, ids host [R] the tokens. Leaves y = norm(x) in ws.xn [R, H], and
- * the last row's y in s->last; advances n_past. The caller has made room
- * (rows_ensure, kv_ensure). */
-static void mtp_rows(tdm_mtp_seq *s, const float *hid, const int32_t *ids, int R)
+/* One forward of nseg segments: segment i is counts[i] rows of seqs[i] at
+ * positions n_past .. n_past+counts[i]-1, rows in segment order; hid backend
+ * [R, H] their hidden states, ids host [R] their tokens. Leaves y = norm(x)
+ * in ws.xn [R, H] and each segment's last y in its sequence's `last`;
+ * advances every n_past. The caller has made room (rows_ensure, kv_ensure). */
+static void mtp_rows(tdm_mtp_seq *const *seqs, const int *counts, int nseg, const float *hid,
+                     const int32_t *ids, int R)
 {
-    tdm_mtp *h = s->h;
+    tdm_mtp *h = seqs[0]->h;
     tdm_model *m = h->m;
     tdm_backend *be = m->be;
     void *bx = be->ctx;
@@ -274,94 +276,215 @@ static void mtp_rows(tdm_mtp_seq *s, const float *hid, const int32_t *ids, int R
     const float eps = (float)m->cfg.rms_norm_eps;
     tdm_workspace *w = &m->ws;
     int32_t *pos = tdm_xmalloc((size_t)R * sizeof(int32_t));
-    for (int i = 0; i < R; i++)
-        pos[i] = s->n_past + i;
+    tdm_attn_seg *as = tdm_xcalloc((size_t)nseg, sizeof(*as));
+    float **kc = tdm_xmalloc((size_t)nseg * sizeof(float *));
+    float **vc = tdm_xmalloc((size_t)nseg * sizeof(float *));
+    for (int i = 0, r = 0; i < nseg; i++) {
+        as[i] = (tdm_attn_seg){.row0 = r, .nrows = counts[i], .n_past = seqs[i]->n_past};
+        kc[i] = seqs[i]->k;
+        vc[i] = seqs[i]->v;
+        for (int j = 0; j < counts[i]; j++, r++)
+            pos[r] = seqs[i]->n_past + j;
+    }
 
-    be->embed(bx, w->xn, m->embed, ids, R, H);              /* [R, H] */
-    be->rmsnorm(bx, w->xn, w->xn, h->norm_e, R, H, eps, 1); /* e */
-    be->rmsnorm(bx, h->hn, hid, h->norm_h, R, H, eps, 1);   /* g */
-    be->matmul(bx, w->x, w->xn, h->fc_e, R, H, H, 0);       /* x = e·fc_eᵀ */
-    be->matmul(bx, w->x, h->hn, h->fc_h, R, H, H, 1);       /* x += g·fc_hᵀ */
-    tdm_attn_seg as = {.row0 = 0, .nrows = R, .n_past = s->n_past};
-    tdm_fwd_attention(m, &h->layer, R, pos, &as, &s->k, &s->v, 1); /* x += attention */
-    tdm_fwd_mlp(m, &h->layer, R);                                  /* x += MLP */
-    be->rmsnorm(bx, w->xn, w->x, h->norm, R, H, eps, 1);           /* y */
-    be->copy(bx, s->last, w->xn + (size_t)(R - 1) * (size_t)H, (size_t)H * sizeof(float));
-    s->n_past += R;
-    s->has_last = 1;
+    be->embed(bx, w->xn, m->embed, ids, R, H);                 /* [R, H] */
+    be->rmsnorm(bx, w->xn, w->xn, h->norm_e, R, H, eps, 1);    /* e */
+    be->rmsnorm(bx, h->hn, hid, h->norm_h, R, H, eps, 1);      /* g */
+    be->matmul(bx, w->x, w->xn, h->fc_e, R, H, H, 0);          /* x = e·fc_eᵀ */
+    be->matmul(bx, w->x, h->hn, h->fc_h, R, H, H, 1);          /* x += g·fc_hᵀ */
+    tdm_fwd_attention(m, &h->layer, R, pos, as, kc, vc, nseg); /* x += attention */
+    tdm_fwd_mlp(m, &h->layer, R);                              /* x += MLP */
+    be->rmsnorm(bx, w->xn, w->x, h->norm, R, H, eps, 1);       /* y */
+    for (int i = 0; i < nseg; i++) {
+        const size_t last = (size_t)(as[i].row0 + counts[i] - 1);
+        be->copy(bx, seqs[i]->last, w->xn + last * (size_t)H, (size_t)H * sizeof(float));
+        seqs[i]->n_past += counts[i];
+        seqs[i]->has_last = 1;
+    }
     free(pos);
+    free(as);
+    free(kc);
+    free(vc);
+}
+
+/* Sequences of one head, none twice. */
+static tdm_status check_batch(tdm_mtp_seq *const *seqs, int nseq, tdm_error *err)
+{
+    if (nseq < 1)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "no MTP sequences given");
+    for (int i = 0; i < nseq; i++) {
+        if (seqs[i]->h != seqs[0]->h)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "MTP sequences of different heads in one batch");
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                     "MTP sequence %d appears twice in one batch", i);
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *const *hidden,
+                           const int32_t *const *next, const int *n, float *logits, tdm_error *err)
+{
+    tdm_status rc = check_batch(seqs, nseq, err);
+    if (rc != TDM_OK)
+        return rc;
+    tdm_mtp *h = seqs[0]->h;
+    tdm_model *m = h->m;
+    tdm_backend *be = m->be;
+    long total = 0;
+    for (int i = 0; i < nseq; i++) {
+        const tdm_mtp_seq *s = seqs[i];
+        if (n[i] < 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "MTP sequence %d: a prime needs rows (got %d)", i, n[i]);
+        if (s->drafted)
+            return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                                 "MTP sequence %d: the cache ends in %d draft rows: roll back to "
+                                 "position %d before priming",
+                                 i, s->drafted, s->n_past - s->drafted);
+        if ((rc = tdm_model_check_tokens(m, next[i], n[i], err)) != TDM_OK)
+            return tdm_error_prefix(err, "MTP sequence %d", i);
+        total += n[i];
+    }
+    /* Forwards of at most TDM_PREFILL_ROWS rows: pieces of the sequences'
+     * rows in order, so a forward's rows are consecutive rows of `logits`. */
+    const int chunk = total < TDM_PREFILL_ROWS ? (int)total : TDM_PREFILL_ROWS;
+    if ((rc = rows_ensure(h, chunk, err)) != TDM_OK)
+        return rc;
+    for (int i = 0; i < nseq; i++)
+        if ((rc = kv_ensure(seqs[i], seqs[i]->n_past + n[i], err)) != TDM_OK)
+            return rc;
+    const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    tdm_mtp_seq **pseq = tdm_xmalloc((size_t)chunk * sizeof(*pseq));
+    int *pcount = tdm_xmalloc((size_t)chunk * sizeof(int));
+    int32_t *ids = tdm_xmalloc((size_t)chunk * sizeof(int32_t));
+    size_t g0 = 0; /* the forward's first row among all */
+    for (int si = 0, at = 0; si < nseq;) {
+        int R = 0, np = 0;
+        while (si < nseq && R < chunk) {
+            const int c = n[si] - at < chunk - R ? n[si] - at : chunk - R;
+            be->upload(be->ctx, h->hid + (size_t)R * H, hidden[si] + (size_t)at * H,
+                       (size_t)c * H * sizeof(float));
+            memcpy(ids + R, next[si] + at, (size_t)c * sizeof(int32_t));
+            pseq[np] = seqs[si];
+            pcount[np++] = c;
+            R += c;
+            at += c;
+            if (at == n[si]) {
+                si++;
+                at = 0;
+            }
+        }
+        mtp_rows(pseq, pcount, np, h->hid, ids, R);
+        if (logits) {
+            be->matmul(be->ctx, m->ws.logits, m->ws.xn, m->lm_head, R, (int)H, (int)V, 0);
+            be->download(be->ctx, logits + g0 * V, m->ws.logits, (size_t)R * V * sizeof(float));
+        }
+        g0 += (size_t)R;
+    }
+    be->sync(be->ctx);
+    for (int i = 0; i < nseq; i++)
+        seqs[i]->carry = -1;
+    free(pseq);
+    free(pcount);
+    free(ids);
+    return TDM_OK;
 }
 
 tdm_status tdm_mtp_prime(tdm_mtp_seq *s, const float *hidden, const int32_t *next, int n,
                          float *logits, tdm_error *err)
 {
-    tdm_mtp *h = s->h;
-    tdm_model *m = h->m;
-    tdm_backend *be = m->be;
-    if (n < 1)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "an MTP prime needs rows (got %d)", n);
-    if (s->drafted)
-        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "the MTP cache ends in %d draft rows: roll back to position %d "
-                             "before priming",
-                             s->drafted, s->n_past - s->drafted);
-    tdm_status rc = tdm_model_check_tokens(m, next, n, err);
+    return tdm_mtp_prime_n(&s, 1, &hidden, &next, &n, logits, err);
+}
+
+tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k, int32_t *const *drafts,
+                           float *logits, tdm_error *err)
+{
+    tdm_status rc = check_batch(seqs, nseq, err);
     if (rc != TDM_OK)
         return rc;
-    const int chunk = n < TDM_PREFILL_ROWS ? n : TDM_PREFILL_ROWS;
-    if ((rc = rows_ensure(h, chunk, err)) || (rc = kv_ensure(s, s->n_past + n, err)))
+    tdm_mtp *h = seqs[0]->h;
+    tdm_model *m = h->m;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    int kmax = 0;
+    for (int i = 0; i < nseq; i++) {
+        if (k[i] < 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "MTP sequence %d: a draft of %d tokens", i, k[i]);
+        if (!seqs[i]->has_last)
+            return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                                 "MTP sequence %d: nothing to draft from: prime it first (it is "
+                                 "at position %d)",
+                                 i, seqs[i]->n_past);
+        kmax = k[i] > kmax ? k[i] : kmax;
+    }
+    if ((rc = rows_ensure(h, nseq, err)) != TDM_OK)
         return rc;
+    for (int i = 0; i < nseq; i++)
+        if ((rc = kv_ensure(seqs[i], seqs[i]->n_past + k[i] - 1 + (seqs[i]->carry >= 0), err)) !=
+            TDM_OK)
+            return rc;
     const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
-    for (int at = 0; at < n; at += chunk) {
-        const int R = n - at < chunk ? n - at : chunk;
-        be->upload(be->ctx, h->hid, hidden + (size_t)at * H, (size_t)R * H * sizeof(float));
-        mtp_rows(s, h->hid, next + at, R);
-        if (logits) {
-            be->matmul(be->ctx, m->ws.logits, m->ws.xn, m->lm_head, R, (int)H, (int)V, 0);
-            be->download(be->ctx, logits + (size_t)at * V, m->ws.logits,
-                         (size_t)R * V * sizeof(float));
+    tdm_mtp_seq **run = tdm_xmalloc((size_t)nseq * sizeof(*run));
+    int *ones = tdm_xmalloc((size_t)nseq * sizeof(int)), *act = tdm_xmalloc((size_t)nseq * 4);
+    int32_t *ids = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
+    int32_t *am = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
+    size_t *out0 = tdm_xmalloc((size_t)nseq * sizeof(size_t)); /* each one's first logits row */
+    for (int i = 0, o = 0; i < nseq; o += k[i], i++) {
+        ones[i] = 1;
+        out0[i] = (size_t)o;
+    }
+    for (int j = 0; j < kmax; j++) {
+        /* Rows: the sequences still drafting, after their first draft or
+         * with a draft carried over, each with its last y and draft. */
+        int nr = 0, na = 0;
+        for (int i = 0; i < nseq; i++) {
+            tdm_mtp_seq *s = seqs[i];
+            if (k[i] <= j)
+                continue;
+            act[na++] = i;
+            if (j == 0 && s->carry < 0)
+                continue;
+            be->copy(bx, h->hid + (size_t)nr * H, s->last, H * sizeof(float));
+            ids[nr] = j > 0 ? drafts[i][j - 1] : s->carry;
+            run[nr++] = s;
+        }
+        if (nr > 0) {
+            mtp_rows(run, ones, nr, h->hid, ids, nr);
+            for (int x = 0; x < nr; x++)
+                run[x]->drafted++;
+        }
+        /* Each drafting sequence's y, gathered, through the LM head. */
+        for (int x = 0; x < na; x++)
+            be->copy(bx, h->hn + (size_t)x * H, seqs[act[x]]->last, H * sizeof(float));
+        be->matmul(bx, m->ws.logits, h->hn, m->lm_head, na, (int)H, (int)V, 0); /* [na, vocab] */
+        be->argmax(bx, am, m->ws.logits, na, (int)V);
+        for (int x = 0; x < na; x++) {
+            const int i = act[x];
+            drafts[i][j] = am[x];
+            if (logits)
+                be->download(bx, logits + (out0[i] + (size_t)j) * V, m->ws.logits + (size_t)x * V,
+                             V * sizeof(float));
         }
     }
-    be->sync(be->ctx);
-    s->carry = -1;
+    be->sync(bx);
+    for (int i = 0; i < nseq; i++)
+        seqs[i]->carry = drafts[i][k[i] - 1];
+    free(run);
+    free(ones);
+    free(act);
+    free(ids);
+    free(am);
+    free(out0);
     return TDM_OK;
 }
 
 tdm_status tdm_mtp_draft(tdm_mtp_seq *s, int k, int32_t *drafts, float *logits, tdm_error *err)
 {
-    tdm_mtp *h = s->h;
-    tdm_model *m = h->m;
-    tdm_backend *be = m->be;
-    void *bx = be->ctx;
-    if (k < 1)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "a draft of %d tokens", k);
-    if (!s->has_last)
-        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "nothing to draft from: prime the MTP sequence first (it is at "
-                             "position %d)",
-                             s->n_past);
-    const int rows = k - 1 + (s->carry >= 0);
-    tdm_status rc;
-    if ((rc = rows_ensure(h, 1, err)) || (rc = kv_ensure(s, s->n_past + rows, err)))
-        return rc;
-    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    for (int j = 0; j < k; j++) {
-        const float *y = s->last;
-        if (j > 0 || s->carry >= 0) {
-            const int32_t t = j > 0 ? drafts[j - 1] : s->carry;
-            mtp_rows(s, s->last, &t, 1); /* reads last, then writes it */
-            s->drafted++;
-            y = m->ws.xn;
-        }
-        be->matmul(bx, m->ws.logits, y, m->lm_head, 1, H, V, 0); /* [1, vocab] */
-        be->argmax(bx, &drafts[j], m->ws.logits, 1, V);
-        if (logits)
-            be->download(bx, logits + (size_t)j * (size_t)V, m->ws.logits,
-                         (size_t)V * sizeof(float));
-    }
-    be->sync(bx);
-    s->carry = drafts[k - 1];
-    return TDM_OK;
+    return tdm_mtp_draft_n(&s, 1, &k, &drafts, logits, err);
 }
 
 tdm_status tdm_mtp_rollback(tdm_mtp_seq *s, int position, tdm_error *err)

@@ -86,6 +86,19 @@ tdm_status tdm_mtp_prime(tdm_mtp_seq *s, const float *hidden, const int32_t *nex
  * FAILED_PRECONDITION when nothing was primed since the last rollback. */
 tdm_status tdm_mtp_draft(tdm_mtp_seq *s, int k, int32_t *drafts, float *logits, tdm_error *err);
 
+/* The same for nseq sequences of one head in one batch of forwards (rows of
+ * at most TDM_PREFILL_ROWS): sequence i primes n[i] rows from hidden[i]
+ * (host [n[i], H]) and next[i]; logits NULL or host [sum n, vocab], the
+ * sequences' rows in order. The rows give the bits they give alone. */
+tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *const *hidden,
+                           const int32_t *const *next, const int *n, float *logits, tdm_error *err);
+/* k[i] drafts of sequence i into drafts[i], one forward per draft step for
+ * all the sequences still drafting; logits NULL or host [sum k, vocab],
+ * sequence i's k[i] rows together, in sequence order. The bits of
+ * tdm_mtp_draft on each alone. */
+tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k, int32_t *const *drafts,
+                           float *logits, tdm_error *err);
+
 /* Keeps positions 0 .. position-1 of the cache (0 <= position <= length);
  * an attention cache needs nothing else. Unless position == length, the
  * next draft needs a prime first. */

@@ -48,6 +48,80 @@ static void draft(tdm_mtp_seq *s, int k, int32_t *d, float *logits)
     CHECK(tdm_mtp_draft(s, k, d, logits, &err) == TDM_OK, "%s", err.msg);
 }
 
+/* Three sequences primed and drafting in batches (tdm_mtp_prime_n,
+ * tdm_mtp_draft_n) against each alone: 100 + 60 + 5 primed rows (more than
+ * one forward of TDM_PREFILL_ROWS, split inside a sequence), drafts of
+ * different lengths, a second draft call continuing from the carried draft,
+ * then a rollback and a prime of one more row each. hid [nh, H] are hidden
+ * states to cycle through. */
+static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t H, size_t V)
+{
+    enum { NB = 3 };
+    const int n[NB] = {100, 60, 5}, k1[NB] = {3, 1, 4}, k2[NB] = {2, 3, 1};
+    float *hb[NB];
+    int32_t *nx[NB];
+    for (int i = 0; i < NB; i++) {
+        hb[i] = malloc((size_t)n[i] * H * sizeof(float));
+        nx[i] = malloc((size_t)n[i] * sizeof(int32_t));
+        for (int r = 0; r < n[i]; r++) {
+            memcpy(hb[i] + (size_t)r * H, hid + (size_t)((r + 3 * i) % nh) * H, H * sizeof(float));
+            nx[i][r] = (int32_t)((r * 13 + 7 * i + 1) % (int)V);
+        }
+    }
+    tdm_mtp_seq *one[NB], *all[NB];
+    float *lone = malloc(165 * V * 4), *lall = malloc(165 * V * 4);
+    int32_t d1[NB][8], d2[NB][8];
+    int32_t *dp[NB];
+    size_t at = 0;
+    tdm_error err;
+    for (int i = 0; i < NB; i++) {
+        one[i] = mseq(h, 0);
+        all[i] = mseq(h, 0);
+        prime(one[i], hb[i], nx[i], n[i], lone + at * V);
+        at += (size_t)n[i];
+        dp[i] = d2[i];
+    }
+    const float *const hp[NB] = {hb[0], hb[1], hb[2]};
+    const int32_t *const np[NB] = {nx[0], nx[1], nx[2]};
+    CHECK(tdm_mtp_prime_n(all, NB, hp, np, n, lall, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(lone, lall, 165 * V * 4) == 0, "%s: a batched prime differs", name);
+    const int *ks[2] = {k1, k2};
+    for (int round = 0; round < 2; round++) {
+        at = 0;
+        for (int i = 0; i < NB; i++) {
+            draft(one[i], ks[round][i], d1[i], lone + at * V);
+            at += (size_t)ks[round][i];
+        }
+        CHECK(tdm_mtp_draft_n(all, NB, ks[round], dp, lall, &err) == TDM_OK, "%s", err.msg);
+        for (int i = 0; i < NB; i++)
+            CHECK(memcmp(d1[i], d2[i], (size_t)ks[round][i] * 4) == 0,
+                  "%s: batched drafts differ (sequence %d, round %d)", name, i, round);
+        CHECK(memcmp(lone, lall, at * V * 4) == 0, "%s: batched draft logits differ (round %d)",
+              name, round);
+    }
+    const int32_t *const np1[NB] = {nx[0] + 1, nx[1] + 1, nx[2] + 1};
+    const int ones[NB] = {1, 1, 1};
+    for (int i = 0; i < NB; i++) {
+        CHECK(tdm_mtp_rollback(one[i], n[i], &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_mtp_rollback(all[i], n[i], &err) == TDM_OK, "%s", err.msg);
+        prime(one[i], hb[i], nx[i] + 1, 1, lone + (size_t)i * V);
+    }
+    CHECK(tdm_mtp_prime_n(all, NB, hp, np1, ones, lall, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(lone, lall, NB * V * 4) == 0, "%s: a batched prime after rollback differs", name);
+    const int32_t *const twice[2] = {nx[0], nx[0]};
+    tdm_mtp_seq *dup[2] = {all[0], all[0]};
+    CHECK(tdm_mtp_prime_n(dup, 2, hp, twice, ones, NULL, &err) == TDM_ERR_INVALID_ARGUMENT,
+          "a sequence twice in a batch");
+    for (int i = 0; i < NB; i++) {
+        tdm_mtp_seq_destroy(one[i]);
+        tdm_mtp_seq_destroy(all[i]);
+        free(hb[i]);
+        free(nx[i]);
+    }
+    free(lone);
+    free(lall);
+}
+
 void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mtp_steps_out *out)
 {
     const tdm_model_config *c = tdm_model_get_config(m);
@@ -107,6 +181,8 @@ void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mt
     draft(f, K, dfr, dlb);
     CHECK(memcmp(da, dfr, sizeof(da)) == 0 && memcmp(dla, dlb, K * V * 4) == 0,
           "%s: drafts after a rollback differ from a fresh sequence's", name);
+
+    batch(name, h, hid, T0 + 3, H, V);
 
     /* A head opened from the folder: the same bits. */
     tdm_mtp_seq *o = mseq(h2, 0);

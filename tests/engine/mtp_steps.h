@@ -2,7 +2,8 @@
  * mtp_steps.h - the MTP head's row contract (engine/mtp.h) on any backend:
  * a prime in one call or in chunks, drafts in one call or two, rollback to
  * the primed prefix then a prime of the verified rows against a fresh
- * sequence, misuse refused, a second head (tdm_mtp_open) giving the same
+ * sequence, batches of sequences (tdm_mtp_prime_n, tdm_mtp_draft_n) against
+ * each alone, misuse refused, a second head (tdm_mtp_open) giving the same
  * bits. Shared by the engine's test (CPU) and the CUDA test, which also
  * compares what it brings back across backends.
  */
