@@ -242,14 +242,16 @@ run)
             echo "== drain: 32 sequences moved by SIGTERM" | tee -a "$SUM"
             DM="${DRAIN_MODEL:-$W/t4b}"
             [ -d "$DM" ] || "$B/bench_make_model" --shape 4b --out "$DM" | tee -a "$SUM"
-            start_stack drain "$DM" --state-strategy replay --shutdown-grace 60s || continue
+            start_stack drain "$DM" --state-strategy replay --shutdown-grace 60s \
+                --max-context 4096 || continue
             V="--vocab $(grep -o '"vocab_size": *[0-9]*' "$DM/config.json" | head -1 | grep -o '[0-9]*$')"
             TOKENS="${DRAIN_TOKENS:-2000}" load "drain: 32 x ${DRAIN_TOKENS:-2000} tokens" 32 32 off $V &
             lpid=$!
             sleep 4
             "$B/tandem-verifier" --backend "${BACKEND:-cuda}" --model "$DM" \
                 --listen 127.0.0.1:7730 --health-listen 127.0.0.1:7731 --gateway "$GW" \
-                --max-sequences 40 --max-draft-tokens 8 >"$LOGS/verifier-drain-b.log" 2>&1 &
+                --max-sequences 40 --max-draft-tokens 8 --max-context 4096 \
+                >"$LOGS/verifier-drain-b.log" 2>&1 &
             bpid=$!
             for _ in $(seq 1 300); do
                 "$B/tandem" status --gateway "$GW" --json --timeout 1s 2>/dev/null |
