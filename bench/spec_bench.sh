@@ -254,8 +254,8 @@ run)
                 >"$LOGS/verifier-drain-b.log" 2>&1 &
             bpid=$!
             for _ in $(seq 1 300); do
-                "$B/tandem" status --gateway "$GW" --json --timeout 1s 2>/dev/null |
-                    grep -q '"address":[[:space:]]*"127.0.0.1:7730"' && break
+                st="$("$B/tandem" status --gateway "$GW" --json --timeout 1s 2>/dev/null)"
+                grep -q '"address":[[:space:]]*"127.0.0.1:7730"' <<<"$st" && break
                 sleep 0.2
             done
             t0=$(date +%s.%N)
