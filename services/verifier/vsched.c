@@ -501,6 +501,8 @@ tdm_status vsched_export(vsched *s, const char *request_id, bool detach, const c
     pthread_mutex_lock(&s->mu);
     tdm_status rc = job_run_locked(s, &j, err);
     pthread_mutex_unlock(&s->mu);
+    if (rc == TDM_OK)
+        tdm_snap_seal(&out->layout, out->payload); /* here, not on the scheduler's thread */
     return rc;
 }
 
@@ -631,8 +633,9 @@ static void job_export(vsched *s, snap_job *j)
         return;
     }
     vsched_snapshot *x = j->out;
-    j->rc = tdm_seq_snapshot(r->seq, s->p.fingerprint, r->tokens, r->n_tokens, &x->layout,
-                             &x->payload, &j->err);
+    /* The digest is the caller's (vsched_export), off this thread. */
+    j->rc = tdm_seq_snapshot_take(r->seq, s->p.fingerprint, r->tokens, r->n_tokens, &x->layout,
+                                  &x->payload, &j->err);
     if (j->rc != TDM_OK)
         return;
     vsched_continuation *c = &x->cont;
