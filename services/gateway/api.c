@@ -733,10 +733,12 @@ again:
             }
             break;
         }
-        if (!m && rc == TDM_ERR_UNAVAILABLE && n_got > 0 && n_moves < GW_MAX_MOVES &&
-            !sink_cancelled(sink)) {
-            /* The verifier died mid-request (no snapshot possible): another
-             * continues from the prompt and the tokens already streamed. */
+        if (!m && (rc == TDM_ERR_UNAVAILABLE || rc == TDM_ERR_CANCELLED) && n_got > 0 &&
+            n_moves < GW_MAX_MOVES && !sink_cancelled(sink)) {
+            /* The verifier died mid-request (no snapshot possible), or its
+             * shutdown cut the call after its grace (CANCELLED while our
+             * client is still there): another continues from the prompt
+             * and the tokens already streamed. */
             tdm_log_warn(LOG, "request %s: verifier %s failed after %zu tokens (%s); resuming "
                               "elsewhere",
                          rid, pick.verifier_id, n_got, rerr.msg);
