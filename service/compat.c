@@ -203,7 +203,9 @@ static int rule_gateway_tokenizer(const Tandem__V1__Descriptor *g, const Tandem_
 static int rule_snapshot_model(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
                                tdm_compat_refusal *out)
 {
+    /* An empty fingerprint is unknown (tandem doctor's own build): nothing to compare. */
     if (a->role != TANDEM__V1__ROLE__ROLE_VERIFIER || b->role != TANDEM__V1__ROLE__ROLE_VERIFIER ||
+        !a->model_fingerprint[0] || !b->model_fingerprint[0] ||
         strcmp(a->model_fingerprint, b->model_fingerprint) == 0)
         return 0;
     fill_services(out, "snapshot-model", a, b);

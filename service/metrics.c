@@ -559,6 +559,9 @@ static const counter_row counter_rows[] = {
          "outcome", "cancelled", NULL),
     ROW("gateway", "generated_tokens", "tandem_generation_tokens_total", COUNTER,
         "Tokens streamed to clients."),
+    ROW("gateway", "generate_moved", "tandem_gateway_requests_moved_total", COUNTER,
+        "Times a request changed verifier mid-stream (a drain moved it, or a crash made another "
+        "recompute it)."),
 
     /* verifier */
     ROW("verifier", "requests", "tandem_verifier_requests_total", COUNTER,
