@@ -277,16 +277,6 @@ static void sizes(const tdm_model_config *cfg, size_t *conv, size_t *rec, size_t
     *kv_row = tdm_capacity_kv_width(cfg);
 }
 
-size_t tdm_prefix_payload_bytes(const tdm_model_config *cfg, int block)
-{
-    size_t conv, rec, kv_row, floats = 0;
-    sizes(cfg, &conv, &rec, &kv_row);
-    for (int L = 0; L < cfg->num_layers; L++)
-        floats += cfg->layer_types[L] == TDM_LAYER_LINEAR_ATTENTION ? conv + rec
-                                                                    : 2 * kv_row * (size_t)block;
-    return floats * sizeof(float);
-}
-
 tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const int32_t *tokens,
                                     tdm_prefix_put *result, tdm_error *err)
 {
@@ -302,7 +292,7 @@ tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const
         return TDM_OK;
     }
     const tdm_model_config *cfg = &s->m->cfg;
-    const size_t bytes = tdm_prefix_payload_bytes(cfg, B);
+    const size_t bytes = tdm_capacity_prefix_block_bytes(cfg, B);
     uint8_t *p = malloc(bytes ? bytes : 1);
     if (!p)
         return tdm_error_oom(err, bytes, "a prefix-cache block of %d positions", B);

@@ -98,10 +98,7 @@ tdm_prefix_put tdm_prefix_cache_insert(tdm_prefix_cache *c, const int32_t *token
 
 /* ---- sequences ------------------------------------------------------------ */
 
-/* Bytes of one block's payload for a model of configuration cfg: per linear
- * layer its conv window and recurrent state, per attention layer K and V of
- * `block` positions, all fp32. */
-size_t tdm_prefix_payload_bytes(const tdm_model_config *cfg, int block);
+/* A block's payload: tdm_capacity_prefix_block_bytes (capacity.h). */
 
 /* Stores the state of s at its committed position n (no verify pending; n a
  * multiple of the block; tokens[0..n) the tokens it ran) as the block ending
