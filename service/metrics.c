@@ -549,6 +549,12 @@ static const counter_row counter_rows[] = {
         "Replicas dropped after replica_ttl without a heartbeat."),
     ROW("gateway", "registrations_rejected", "tandem_gateway_registrations_rejected_total", COUNTER,
         "Registrations refused (trust, descriptor, layout)."),
+    ROWL("gateway", "prefix_affinity_picks", "tandem_gateway_prefix_affinity_total", COUNTER,
+         "outcome", "picked",
+         "Requests whose prompt starts with cache blocks a verifier served last: sent to it "
+         "(picked), or to the least loaded because it was busy (passed)."),
+    ROWL("gateway", "prefix_affinity_passed", "tandem_gateway_prefix_affinity_total", COUNTER,
+         "outcome", "passed", NULL),
     ROW("gateway", "generate_requests", "tandem_gateway_requests_total", COUNTER,
         "Generate requests received."),
     ROWL("gateway", "generate_completed", "tandem_gateway_requests_finished_total", COUNTER,

@@ -254,6 +254,11 @@ static const tdm_cfg_key gateway_keys[] = {
      "verifiers' tokenizer (same fingerprint). Empty: only token-id prompts."},
     {"default_max_tokens", TDM_CFG_INT, "256", NULL, 1, 1048576, 0, NULL, GRP_MODEL,
      "max_tokens of a Generate request that does not set it."},
+    {"prefix_affinity_slack", TDM_CFG_INT, "4", NULL, -1, 65536, 0, NULL, GRP_MODEL,
+     "Prefix affinity: a request whose prompt starts with cache blocks that a verifier with "
+     "prefix_cache on served last goes to that verifier (its cache likely holds them) while it "
+     "has a free place and carries at most this many more requests than the least loaded "
+     "verifier; else to the least loaded. -1: no affinity (always the least loaded)."},
     {"max_prompt_tokens", TDM_CFG_INT, "0", NULL, 0, 16777216, 0, NULL, GRP_MODEL,
      "Longest prompt accepted, in tokens; 0: whatever the chosen verifier's max_context "
      "leaves room for (one position for the first generated token)."},
@@ -922,14 +927,14 @@ static void print_prefix_cache(const tdm_cfg *cfg, const tdm_model_config *mc, c
 {
     if (tdm_cfg_bool(cfg, "prefix_cache")) {
         char m[32];
-        fprintf(out,
-                "%sprefix cache: up to %s of host memory (prefix_cache_memory), outside the "
-                "budget; a block of %lld positions holds %zu bytes\n",
-                prefix,
-                tdm_capacity_bytes_str((size_t)tdm_cfg_int(cfg, "prefix_cache_memory"), m,
-                                       sizeof(m)),
-                (long long)tdm_cfg_int(cfg, "prefix_cache_block"),
-                tdm_capacity_prefix_block_bytes(mc, (int)tdm_cfg_int(cfg, "prefix_cache_block")));
+        fprintf(
+            out,
+            "%sprefix cache: up to %s of host memory (prefix_cache_memory), outside the "
+            "budget; a block of %lld positions holds %zu bytes\n",
+            prefix,
+            tdm_capacity_bytes_str((size_t)tdm_cfg_int(cfg, "prefix_cache_memory"), m, sizeof(m)),
+            (long long)tdm_cfg_int(cfg, "prefix_cache_block"),
+            tdm_capacity_prefix_block_bytes(mc, (int)tdm_cfg_int(cfg, "prefix_cache_block")));
     }
 }
 

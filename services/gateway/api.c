@@ -454,7 +454,7 @@ again:
                                            ? req->speculation->mode
                                            : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
     bool want = mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF;
-    if ((rc = gw_registry_pick(g->reg, want, g->self, &pick, err)) != TDM_OK)
+    if ((rc = gw_registry_pick(g->reg, want, g->self, ids, n_ids, &pick, err)) != TDM_OK)
         goto out;
     picked = true;
     /* The prompt must leave room for at least the first generated token. */
@@ -755,7 +755,7 @@ static tdm_status model_info(tdm_rpc_call *call, const ProtobufCMessage *msg,
         return rc;
     Tandem__V1__ModelInfo *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__model_info__init(out);
-    if ((rc = gw_registry_pick(g->reg, true, g->self, &pick, err)) != TDM_OK)
+    if ((rc = gw_registry_pick(g->reg, true, g->self, NULL, 0, &pick, err)) != TDM_OK)
         return rc;
     gw_registry_unpick(g->reg, &pick);
     out->max_context = pick.max_context;
@@ -883,7 +883,7 @@ const tdm_tokenizer *gw_api_tokenizer(const gw_api *g)
 tdm_status gw_api_ready(gw_api *g, tdm_error *err)
 {
     gw_pick pick;
-    tdm_status rc = gw_registry_pick(g->reg, false, g->self, &pick, err);
+    tdm_status rc = gw_registry_pick(g->reg, false, g->self, NULL, 0, &pick, err);
     if (rc == TDM_OK)
         gw_registry_unpick(g->reg, &pick);
     return rc;

@@ -24,7 +24,7 @@ typedef struct verifier {
     int max_context;
     int64_t max_message_bytes;
     size_t prefix_cache_memory; /* the prefix cache's budget (0: off), for the counters */
-    char fingerprint[80]; /* the model's (Descriptor.model_fingerprint): snapshots carry it */
+    char fingerprint[80];       /* the model's (Descriptor.model_fingerprint): snapshots carry it */
     /* metrics (families in the service's registry) */
     tdm_metrics_outcomes outcomes; /* Run requests by finish reason and error code */
     tdm_metric *queue_time;        /* from submission to a place in the batch */

@@ -209,13 +209,13 @@ struct vsched {
      * (under mu). Idle is the wait for work before a round. */
     float phase_us[4096][VSCHED_PHASES];
     uint64_t n_phase;
-    double t_started;       /* when the scheduler thread started, ms */
-    double idle_since;      /* when the scheduler began to wait for work; 0: busy */
-    snap_job *jobs;         /* snapshot work queued for the scheduler thread */
-    staged_snap *staged;    /* imported snapshots waiting for their Run */
-    pthread_cond_t jobs_cv; /* a job is done */
-    vround rd;              /* scheduler thread */
-    void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
+    double t_started;         /* when the scheduler thread started, ms */
+    double idle_since;        /* when the scheduler began to wait for work; 0: busy */
+    snap_job *jobs;           /* snapshot work queued for the scheduler thread */
+    staged_snap *staged;      /* imported snapshots waiting for their Run */
+    pthread_cond_t jobs_cv;   /* a job is done */
+    vround rd;                /* scheduler thread */
+    void *vscratch;           /* rejection sampling's scratch (scheduler thread) */
     tdm_prefix_cache *prefix; /* NULL: prefix_cache off (scheduler thread) */
 };
 
@@ -1095,9 +1095,8 @@ static void prefix_counters_locked(vsched *s)
  * empty. */
 static tdm_status prefill_start(vsched *s, vreq *r, tdm_error *err)
 {
-    tdm_seq_params sp = {.strategy = s->p.strategy,
-                         .max_draft = s->p.max_draft,
-                         .max_positions = r->kv_positions};
+    tdm_seq_params sp = {
+        .strategy = s->p.strategy, .max_draft = s->p.max_draft, .max_positions = r->kv_positions};
     const int most = r->prompt_len - 1;
     if (s->prefix && most >= tdm_prefix_cache_block(s->prefix)) {
         int covered = 0;
@@ -1779,7 +1778,8 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     if (!s->p.fingerprint)
         s->p.fingerprint = "";
     if (s->p.prefix_cache) {
-        tdm_prefix_params pp = {.block = s->p.prefix_cache_block > 0 ? s->p.prefix_cache_block : 256,
+        tdm_prefix_params pp = {.block =
+                                    s->p.prefix_cache_block > 0 ? s->p.prefix_cache_block : 256,
                                 .budget = s->p.prefix_cache_memory};
         s->prefix = tdm_prefix_cache_create(&pp);
     }

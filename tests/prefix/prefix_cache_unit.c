@@ -86,8 +86,7 @@ static void test_collisions(void)
         tdm_prefix_cache_insert(c, seqs[i], 4, blob(8), 8);
         tag[i] = malloc(sizeof(int));
         *tag[i] = i;
-        CHECK(tdm_prefix_cache_insert(c, seqs[i], 8, tag[i], sizeof(int)) ==
-                  TDM_PREFIX_PUT_STORED,
+        CHECK(tdm_prefix_cache_insert(c, seqs[i], 8, tag[i], sizeof(int)) == TDM_PREFIX_PUT_STORED,
               "colliding block %d stored", i);
     }
     for (int i = 0; i < 3; i++) {
@@ -145,13 +144,13 @@ static void test_budget_lru(void)
         const int m = tdm_prefix_cache_match(c, t[0], 2 * B, NULL);
         CHECK(m == 2 * B || m == B || m == 0, "chain 0 matches %d", m);
         /* Undo the match's touch: compare with contains, which does not. */
-        CHECK(!(tdm_prefix_cache_contains(c, t[0], 2 * B) && !tdm_prefix_cache_contains(c, t[0], B)),
-              "a child never outlives its parent");
+        CHECK(
+            !(tdm_prefix_cache_contains(c, t[0], 2 * B) && !tdm_prefix_cache_contains(c, t[0], B)),
+            "a child never outlives its parent");
     }
     /* Larger than the whole budget. */
     int32_t big[B] = {7, 7, 7, 7};
-    CHECK(tdm_prefix_cache_insert(c, big, B, blob(budget), budget) ==
-              TDM_PREFIX_PUT_OVER_BUDGET,
+    CHECK(tdm_prefix_cache_insert(c, big, B, blob(budget), budget) == TDM_PREFIX_PUT_OVER_BUDGET,
           "an entry over the budget is refused");
     CHECK(tdm_prefix_cache_match(c, big, B, NULL) == 0, "and not stored");
     tdm_prefix_cache_destroy(c);
@@ -171,7 +170,8 @@ static void test_states(tdm_model *m, tdm_state_strategy strat)
     tdm_prefix_cache *c = tdm_prefix_cache_create(&pp);
 
     /* The reference: prefill n tokens at once, logits of every position. */
-    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
+    float *ref = malloc((size_t)n * V * sizeof(float)),
+          *got = malloc((size_t)n * V * sizeof(float));
     tdm_seq *a = NULL;
     CHECK(tdm_seq_create(m, &sp, &a, &err) == TDM_OK, "%s", err.msg);
     CHECK(tdm_seq_prefill(a, toks, n, ref, &err) == TDM_OK, "%s", err.msg);
