@@ -277,11 +277,14 @@ static void sizes(const tdm_model_config *cfg, size_t *conv, size_t *rec, size_t
     *kv_row = tdm_capacity_kv_width(cfg);
 }
 
-tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const int32_t *tokens,
-                                    tdm_prefix_put *result, tdm_error *err)
+/* Copies the state at position n (a block's end) into a new entry: the
+ * linear layers' conv windows and recurrent states from conv[L] / rec[L]
+ * (or the pending verify's row j: see tdm_prefix_cache_put_pending), the
+ * attention layers' K and V of the block's positions. */
+static tdm_status put_state(tdm_prefix_cache *c, const tdm_seq *s, const int32_t *tokens, int n,
+                            int j, tdm_prefix_put *result, tdm_error *err)
 {
-    const int n = tdm_seq_length(s), B = c->p.block;
-    TDM_ASSERT(!s->pending && n > 0 && n % B == 0);
+    const int B = c->p.block;
     *result = TDM_PREFIX_PUT_PRESENT;
     if (tdm_prefix_cache_contains(c, tokens, n)) {
         tdm_prefix_cache_match(c, tokens, n, NULL); /* now the most recently used */
@@ -299,14 +302,33 @@ tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const
     size_t conv, rec, kv_row, at = 0;
     sizes(cfg, &conv, &rec, &kv_row);
     tdm_backend *be = s->m->be;
+    const bool replay = j >= 0 && s->p.strategy == TDM_STATE_REPLAY;
+    float *tmp = replay ? be->alloc(be->ctx, rec * sizeof(float)) : NULL;
+    if (replay && !tmp) {
+        free(p);
+        return tdm_error_oom(err, rec * sizeof(float), "a recurrent state to replay into");
+    }
     /* Layer order: conv then recurrent per linear layer, K then V of the
      * block's positions per attention layer. */
     const size_t kv_off = (size_t)(n - B) * kv_row, kv_bytes = (size_t)B * kv_row * sizeof(float);
     for (int L = 0; L < cfg->num_layers; L++) {
         if (cfg->layer_types[L] == TDM_LAYER_LINEAR_ATTENTION) {
-            be->download(be->ctx, p + at, s->conv[L], conv * sizeof(float));
+            const float *cv = j < 0 ? s->conv[L] : s->conv_x[L] + (size_t)j * conv;
+            const float *rs = j < 0 ? s->rec[L] : s->rec_x[L] + (size_t)j * rec;
+            if (replay) {
+                /* The committed state advanced by the record's rows 0..j,
+                 * as the commit of j accepted drafts would. */
+                be->copy(be->ctx, tmp, s->rec[L], rec * sizeof(float));
+                const tdm_gdn_seg g = {.nrows = j + 1, .state = tmp, .inputs = s->rec_x[L]};
+                be->gdn_replay(be->ctx, &g, 1, cfg->lin_k_heads, cfg->lin_v_heads, cfg->lin_k_dim,
+                               cfg->lin_v_dim);
+                rs = tmp;
+            }
+            be->download(be->ctx, p + at, cv, conv * sizeof(float));
             at += conv * sizeof(float);
-            be->download(be->ctx, p + at, s->rec[L], rec * sizeof(float));
+            be->download(be->ctx, p + at, rs, rec * sizeof(float));
+            if (replay)
+                be->sync(be->ctx); /* tmp is reused by the next layer */
             at += rec * sizeof(float);
         } else {
             be->download(be->ctx, p + at, s->k[L] + kv_off, kv_bytes);
@@ -316,9 +338,35 @@ tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const
         }
     }
     be->sync(be->ctx);
+    be->free(be->ctx, tmp);
     TDM_ASSERT(at == bytes);
     *result = tdm_prefix_cache_insert(c, tokens, n, p, bytes);
     return TDM_OK;
+}
+
+tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const int32_t *tokens,
+                                    tdm_prefix_put *result, tdm_error *err)
+{
+    const int n = tdm_seq_length(s);
+    TDM_ASSERT(!s->pending && n > 0 && n % c->p.block == 0);
+    return put_state(c, s, tokens, n, -1, result, err);
+}
+
+tdm_status tdm_prefix_cache_put_pending(tdm_prefix_cache *c, const tdm_seq *s,
+                                        const int32_t *tokens, int j, tdm_prefix_put *result,
+                                        tdm_error *err)
+{
+    *result = TDM_PREFIX_PUT_NO_PARENT;
+    if (s->p.strategy == TDM_STATE_NO_BUFFER)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "state_strategy no_buffer keeps no state inside a verified block "
+                             "(only a checkpoint from before it)");
+    if (j < 0 || j >= s->pending)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "row %d of a pending verify of %d rows", j, s->pending);
+    const int n = s->base + j + 1;
+    TDM_ASSERT(n % c->p.block == 0);
+    return put_state(c, s, tokens, n, j, result, err);
 }
 
 tdm_status tdm_prefix_cache_get_seq(tdm_prefix_cache *c, tdm_model *m, const tdm_seq_params *p,

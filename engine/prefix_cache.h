@@ -108,6 +108,18 @@ tdm_prefix_put tdm_prefix_cache_insert(tdm_prefix_cache *c, const int32_t *token
 tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const int32_t *tokens,
                                     tdm_prefix_put *result, tdm_error *err);
 
+/* Stores the state after row j of s's pending verify (position base + j +
+ * 1, a multiple of the block, with base the committed length before the
+ * verify; tokens[0..base + j + 1) the tokens it ran) as the block ending
+ * there, before the verify is committed: a boundary inside a verified block.
+ * Under extra_buffer the verify kept that state; under replay it is the
+ * committed state advanced by rows 0..j of the record (in scratch backend
+ * memory; s is not touched). FAILED_PRECONDITION under no_buffer, which
+ * keeps only a checkpoint from before the verify, or with nothing pending. */
+tdm_status tdm_prefix_cache_put_pending(tdm_prefix_cache *c, const tdm_seq *s,
+                                        const int32_t *tokens, int j, tdm_prefix_put *result,
+                                        tdm_error *err);
+
 /* A new sequence (params p) holding the state of the longest cached prefix
  * of tokens that covers at most max_tokens tokens: *covered gets its length
  * (0: nothing cached, *out stays NULL). On success with *covered > 0 the

@@ -11,7 +11,9 @@
  *    refused, a block whose parent is gone is refused;
  *  - states: a sequence restored from the cache at a block boundary and run
  *    on gives the logits of a sequence that prefilled everything, to the
- *    bit, under every state strategy.
+ *    bit, under every state strategy, also from states taken inside a
+ *    verified block before its commit (extra_buffer, replay; no_buffer
+ *    refuses them).
  */
 #include "prefix_cache.h"
 #include "util.h"
@@ -221,6 +223,66 @@ static void test_states(tdm_model *m, tdm_state_strategy strat)
     tdm_prefix_cache_destroy(c);
 }
 
+/* States taken inside a verified block (before its commit) are those a
+ * prefill reaches at the same boundary: a sequence restored from them
+ * continues with the bits of a full prefill. no_buffer cannot give them. */
+static void test_pending(tdm_model *m, tdm_state_strategy strat)
+{
+    const int V = tdm_model_get_config(m)->vocab_size, blk = 8, n = 29;
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++)
+        toks[i] = (i * 104729 + 7) % V;
+    tdm_error err = {0};
+    tdm_seq_params sp = {.strategy = strat, .max_draft = 11};
+    tdm_prefix_params pp = {.block = blk, .budget = 64u << 20};
+    tdm_prefix_cache *c = tdm_prefix_cache_create(&pp);
+    float *ref = malloc((size_t)n * V * sizeof(float)),
+          *got = malloc((size_t)n * V * sizeof(float));
+    float *vl = malloc((size_t)12 * V * sizeof(float));
+    tdm_seq *a = NULL, *f = NULL;
+    CHECK(tdm_seq_create(m, &sp, &a, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(a, toks, n, ref, &err) == TDM_OK, "%s", err.msg);
+
+    /* 8 prefilled and stored, 5 more, then a verify of 12 rows (positions
+     * 13..24) holding the boundaries 16 (row 2) and 24 (row 10). */
+    CHECK(tdm_seq_create(m, &sp, &f, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(f, toks, blk, NULL, &err) == TDM_OK, "%s", err.msg);
+    tdm_prefix_put res;
+    CHECK(tdm_prefix_cache_put_seq(c, f, toks, &res, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(f, toks + blk, 5, NULL, &err) == TDM_OK, "%s", err.msg);
+    const int32_t *vt = toks + 13;
+    const int nv = 12;
+    CHECK(tdm_seq_verify(&f, 1, &vt, &nv, vl, &err) == TDM_OK, "%s", err.msg);
+    const int rows[2] = {2, 10};
+    for (int i = 0; i < 2; i++) {
+        tdm_status rc = tdm_prefix_cache_put_pending(c, f, toks, rows[i], &res, &err);
+        if (strat == TDM_STATE_NO_BUFFER) {
+            CHECK(rc == TDM_ERR_FAILED_PRECONDITION, "no_buffer refuses a state inside a block");
+            continue;
+        }
+        CHECK(rc == TDM_OK && res == TDM_PREFIX_PUT_STORED, "row %d stored: %s (%d)", rows[i],
+              err.msg, res);
+    }
+    CHECK(tdm_seq_commit(f, 6, &err) == TDM_OK, "%s", err.msg);
+    tdm_seq_destroy(f);
+    tdm_seq *h = NULL;
+    int covered = 0;
+    CHECK(tdm_prefix_cache_get_seq(c, m, &sp, toks, n, &h, &covered, &err) == TDM_OK, "%s",
+          err.msg);
+    const int want = strat == TDM_STATE_NO_BUFFER ? blk : 24;
+    CHECK(covered == want, "%s: covers %d, want %d", tdm_state_strategy_name(strat), covered, want);
+    CHECK(tdm_seq_prefill(h, toks + covered, n - covered, got, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(got, ref + (size_t)covered * V, (size_t)(n - covered) * V * sizeof(float)) == 0,
+          "%s: logits after a hit on states from a verified block are a full prefill's",
+          tdm_state_strategy_name(strat));
+    tdm_seq_destroy(h);
+    tdm_seq_destroy(a);
+    free(ref);
+    free(got);
+    free(vl);
+    tdm_prefix_cache_destroy(c);
+}
+
 int main(void)
 {
     test_chain();
@@ -230,8 +292,10 @@ int main(void)
     tdm_model *m = fixture_model("f32_tied", be);
     const tdm_state_strategy kinds[3] = {TDM_STATE_EXTRA_BUFFER, TDM_STATE_NO_BUFFER,
                                          TDM_STATE_REPLAY};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         test_states(m, kinds[i]);
+        test_pending(m, kinds[i]);
+    }
     tdm_model_destroy(m);
     be->destroy(be);
     printf("prefix cache: ok\n");
