@@ -219,8 +219,11 @@
          "records each position's recurrence inputs and replays the accepted ones."},              \
     {                                                                                              \
         "prefix_cache", TDM_CFG_BOOL, "off", NULL, 0, 0, 0, NULL, GRP_SPEC,                        \
-            "Reuse the state of a common prompt prefix across requests (needs a state at any "     \
-            "committed position)."                                                                 \
+            "Verifier: keep the states of prompt prefixes and generated text at every "            \
+            "prefix_cache_block tokens (within prefix_cache_memory) and start a request whose "    \
+            "prompt begins with cached blocks from them instead of prefilling them; needs "        \
+            "extra_buffer or replay, which have the state inside a verified draft block. A "       \
+            "drafter only advertises it (the pairing rule prefix-cache-state)."                    \
     }
 
 /* How long the exchange's threads poll before they sleep (common/spin.h). */
@@ -517,8 +520,8 @@ static tdm_status rule_state_strategy(const tdm_cfg *cfg, char *value, size_t vl
     snprintf(value, vlen, "%s", tdm_state_strategy_name(TDM_STATE_EXTRA_BUFFER));
     if (tdm_cfg_bool(cfg, "prefix_cache"))
         snprintf(reason, rlen,
-                 "%s needs the recurrent state at any committed position, which extra_buffer "
-                 "(and replay) produce and no_buffer cannot",
+                 "%s takes the recurrent state at block boundaries inside verified draft "
+                 "blocks, which extra_buffer (and replay) produce and no_buffer cannot",
                  d);
     else
         snprintf(reason, rlen,
@@ -753,8 +756,9 @@ static tdm_status check_prefix_cache(const tdm_cfg *cfg, tdm_error *err)
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                         "%s conflicts with %s: prefix caching needs the recurrent state at any "
-                         "committed position, which no_buffer cannot produce; set state_strategy "
+                         "%s conflicts with %s: prefix caching takes the recurrent state at block "
+                         "boundaries inside verified draft blocks, which no_buffer cannot produce "
+                         "(it keeps only a checkpoint from before the block); set state_strategy "
                          "to extra_buffer or replay (or auto), or prefix_cache to off",
                          tdm_cfg_describe(cfg, "prefix_cache", a, sizeof(a)),
                          tdm_cfg_describe(cfg, "state_strategy", b, sizeof(b)));

@@ -1526,6 +1526,41 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     }
 }
 
+/* The prefix cache keeps the states at the block boundaries a round's
+ * committed rows reach (the last token and the accepted drafts), so that a
+ * later prompt holding this request's text (a conversation's next turn)
+ * starts after it: after a plain step from the committed state, inside a
+ * verified block from the verify's own state there, before the commit (the
+ * strategies that have one: extra_buffer, replay; prefix-cache-state keeps
+ * no_buffer off). A failure costs only the entry. */
+static void round_store(vsched *s, vreq *r, const vround_seq *q, int accepted)
+{
+    const int B = tdm_prefix_cache_block(s->prefix), base = r->n_tokens;
+    const int keep = q->k > 0 ? accepted + 1 : 1;
+    const int first = (base / B + 1) * B;
+    if (first > base + keep || (q->k > 0 && s->p.strategy == TDM_STATE_NO_BUFFER))
+        return;
+    /* The tokens the rows ran, after the committed ones (the emit below
+     * writes the same there). */
+    r->tokens[base] = r->last;
+    for (int j = 0; j < accepted; j++)
+        r->tokens[base + 1 + j] = (int32_t)q->block->block->tokens[j];
+    for (int end = first; end <= base + keep; end += B) {
+        tdm_prefix_put res;
+        tdm_error err = {0};
+        tdm_status rc = q->k > 0
+                            ? tdm_prefix_cache_put_pending(s->prefix, r->seq, r->tokens,
+                                                           end - base - 1, &res, &err)
+                            : tdm_prefix_cache_put_seq(s->prefix, r->seq, r->tokens, &res, &err);
+        if (rc != TDM_OK)
+            tdm_log_warn(LOG, "request %s: prefix cache: the block ending at %d not kept: %s",
+                         r->request_id, end, err.msg);
+    }
+    pthread_mutex_lock(&s->mu);
+    prefix_counters_locked(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* 6. Verifies each sequence's block, commits the accepted prefix, streams
  * the new tokens and plans what its drafter hears. */
 static void verify_commit_emit(vsched *s, vround *rd)
@@ -1539,6 +1574,8 @@ static void verify_commit_emit(vsched *s, vround *rd)
             continue;
         }
         tdm_verdict v = verdict_of(s, rd, q);
+        if (s->prefix)
+            round_store(s, r, q, v.accepted);
         if (q->k > 0) {
             tdm_error cerr = {0};
             if (tdm_seq_commit(r->seq, v.accepted, &cerr) != TDM_OK) {

@@ -26,7 +26,10 @@
  * Prefix cache (prefix_cache on): a new request first looks for the longest
  * cached prefix of its prompt (whole blocks, leaving at least the prompt's
  * last token to run) and starts from its state; its prefill stops a chunk at
- * every block boundary and stores the state there. On the CPU backend a
+ * every block boundary and stores the state there, and so do its rounds at
+ * the boundaries their committed tokens reach (inside a verified block: from
+ * the verify's state there, before the commit), so that a later prompt that
+ * holds this request's text (a conversation's next turn) starts after it. On the CPU backend a
  * forward computes each row the same way whatever chunk it is in, so a hit
  * gives the tokens of a miss to the bit.
  *
