@@ -1161,12 +1161,21 @@ static void prefill_chunks(vsched *s, vround *rd)
         tdm_status rc = TDM_OK;
         if (!r->seq)
             rc = prefill_start(s, r, &err);
-        int want = r->prompt_len - 1 - r->prefilled;
+        const int want = r->prompt_len - 1 - r->prefilled;
         int n = want < budget ? want : budget;
         if (s->prefix) {
-            const int B = tdm_prefix_cache_block(s->prefix);
-            const int to_boundary = B - r->prefilled % B;
-            n = n < to_boundary ? n : to_boundary;
+            /* A call covers one segment of a fixed grid (block boundaries
+             * and multiples of prefill_chunk), whole: a hit then runs the
+             * very calls a miss ran from its boundary on, whatever else the
+             * round prefills (on CUDA, where a long chunk's delta rule runs
+             * in chunked form, the split changes the rounding). A segment
+             * the round's budget cannot hold waits for the next round. */
+            const int B = tdm_prefix_cache_block(s->prefix), C = s->p.prefill_chunk;
+            const int to_block = B - r->prefilled % B, to_chunk = C - r->prefilled % C;
+            n = want < to_block ? want : to_block;
+            n = n < to_chunk ? n : to_chunk;
+            if (rc == TDM_OK && n > budget)
+                break;
         }
         if (rc == TDM_OK && n > 0)
             rc = tdm_seq_prefill(r->seq, r->tokens + r->prefilled, n, NULL, &err);
