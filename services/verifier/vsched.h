@@ -29,9 +29,11 @@
  * every block boundary and stores the state there, and so do its rounds at
  * the boundaries their committed tokens reach (inside a verified block: from
  * the verify's state there, before the commit), so that a later prompt that
- * holds this request's text (a conversation's next turn) starts after it. On the CPU backend a
- * forward computes each row the same way whatever chunk it is in, so a hit
- * gives the tokens of a miss to the bit.
+ * holds this request's text (a conversation's next turn) starts after it.
+ * Prefill calls then each cover one segment of a fixed grid (block
+ * boundaries, multiples of prefill_chunk), a segment waiting for a round
+ * whose budget holds it, so a hit runs the calls a miss ran from its
+ * boundary on and gives its tokens to the bit.
  *
  * Fallback: a drafter that fails (stream broken, malformed or late block)
  * only turns speculation off for the sequences it served; they continue with
