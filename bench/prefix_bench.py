@@ -22,22 +22,14 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "services"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "prefix"))
 import services_test as st  # noqa: E402
 import e2e_test as e2e  # noqa: E402
+import prefix_test as pt  # noqa: E402  (its Generate by token ids)
 
 
 def generate(gw, ids):
-    req = {"token_ids": {"ids": ids}, "max_tokens": 4, "ignore_eos": True,
-           "speculation": {"mode": "SPECULATION_MODE_OFF"}}
-    c = st.client()
-    ch = c.channel(gw.addr())
-    try:
-        code, details, msgs = c.call_stream(ch, "/tandem.v1.Gateway/Generate", req, 300.0)
-    finally:
-        ch.close()
-    if code != "OK":
-        raise SystemExit("Generate: %s %s" % (code, details))
-    stats = [m["complete"]["stats"] for m in msgs if "complete" in m][0]
+    _, stats = pt.generate(gw, ids, False, max_tokens=4)
     return float(stats["time_to_first_token_ms"]), int(stats.get("cached_prompt_tokens", 0))
 
 
