@@ -28,6 +28,8 @@ usage: prefix_test.py CASE --cli PATH --gateway PATH --verifier PATH
                        --drafter PATH --source ROOT
 """
 import argparse
+import http.client
+import json
 import os
 import re
 import signal
@@ -50,10 +52,10 @@ DESCRIBE = "/tandem.v1.Verifier/Describe"
 
 # ---- the stacks ---------------------------------------------------------------------
 
-def stack(cache, *vargs, drafter=True):
+def stack(cache, *vargs, drafter=True, gwargs=()):
     """A gateway, a verifier (prefix_cache on or off, block BLOCK) and a model
     drafter."""
-    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER, *gwargs)
     v = st.replica("verifier", gw, "--model", e2e.TARGET, "--state-strategy", "extra_buffer",
                    "--max-draft-tokens", "8", "--prefix-cache", "on" if cache else "off",
                    "--prefix-cache-block", str(BLOCK), *vargs)
@@ -227,7 +229,8 @@ def scrape(p):
 
 
 def case_counters():
-    gw, v, _ = stack(True, drafter=False)
+    gw, v, _ = stack(True, drafter=False,
+                     gwargs=("--http-listen", "127.0.0.1:0", "--http-model-name", "demo"))
     ps = prompts(gw)
     model = Model()
     for p in ps + ps[:3]:
@@ -265,6 +268,20 @@ def case_counters():
     check(rc == 0 and line and [int(x) for x in line.groups()] ==
           [BLOCK, model.hits, model.misses, model.saved, stored],
           "tandem status shows the prefix cache:\n" + out + err)
+    # The OpenAI-compatible API reports the hit as OpenAI does.
+    port = re.search(r"OpenAI-compatible API on \S+ \(port (\d+),", gw.text())
+    if check(port, "the gateway logged its HTTP port"):
+        c = http.client.HTTPConnection("127.0.0.1", int(port.group(1)), timeout=60)
+        body = {"model": "demo", "prompt": ps[1], "max_tokens": 4, "temperature": 0}
+        c.request("POST", "/v1/completions", json.dumps(body).encode(),
+                  {"Content-Type": "application/json"})
+        r = json.loads(c.getresponse().read().decode())
+        c.close()
+        want_cached = model.run(ps[1])
+        got = ((r.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        check(got == want_cached and want_cached > 0,
+              "usage.prompt_tokens_details.cached_tokens %s, the model says %d: %s" %
+              (got, want_cached, r.get("usage")))
     stop_all()
 
 
