@@ -19,6 +19,9 @@ the prompt but its last token), not from the C code's output.
              verifier, and a prefix used again after others were stored
              is matched only as far as its blocks survived.
   off        prefix_cache off: nothing is looked up, stored or counted.
+  config     --check-config: the new settings with their sources, the bytes
+             of a block (computed here from config.json), gpu_memory auto on
+             the cpu backend less the cache's memory, no_buffer refused.
   routing    two cache-on verifiers: requests sharing a prefix go to the one
              that served it last while its load allows, an unrelated prompt
              to the least loaded; with the holder full, a request sharing its
@@ -428,6 +431,54 @@ def case_routing():
     check(gc.get("prefix_affinity_picks", 0) >= 2 and gc.get("prefix_affinity_passed", 0) >= 1,
           "gateway counters: %s" % {k: v for k, v in gc.items() if "affinity" in k})
     stop_all()
+
+
+def block_bytes(model_dir, block):
+    """One cache block's bytes from config.json, as the README describes it:
+    per linear layer its conv window (K-1) x conv_dim and recurrent state
+    Hv x Dk x Dv, per attention layer K and V of `block` positions, fp32."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    conv_dim = 2 * hk * dk + hv * dv
+    floats = 0
+    for t in c["layer_types"]:
+        if t == "linear_attention":
+            floats += (c["linear_conv_kernel_dim"] - 1) * conv_dim + hv * dk * dv
+        else:
+            floats += 2 * block * c["num_key_value_heads"] * c["head_dim"]
+    return 4 * floats
+
+
+def case_config():
+    v = st.ARGS.verifier
+    rc, out, err = st.run([v, "--model", e2e.TARGET, "--check-config", "--prefix-cache", "on",
+                           "--prefix-cache-block", "32", "--prefix-cache-memory", "1GiB",
+                           "--backend", "cpu"])
+    check(rc == 0, "check-config with the prefix cache: rc %d\n%s%s" % (rc, out, err))
+    check(re.search(r"prefix_cache_block:\s+32\s+# flag:--prefix-cache-block", out) and
+          re.search(r"prefix_cache_memory:\s+1GiB\s+# flag:--prefix-cache-memory", out),
+          "both keys with their sources:\n" + out)
+    want = "a block of 32 positions holds %d bytes" % block_bytes(e2e.TARGET, 32)
+    check("prefix cache: up to 1.00 GiB of host memory" in out and want in out,
+          "the capacity lines show the cache's memory (%s):\n%s" % (want, out))
+    check(re.search(r"gpu_memory: .*less prefix_cache_memory=1GiB \(flag:--prefix-cache-memory\)",
+                    out), "on the cpu backend gpu_memory auto leaves the cache out:\n" + out)
+    rc, out, err = st.run([v, "--model", e2e.TARGET, "--check-config", "--backend", "cpu"])
+    check(rc == 0 and "prefix cache: up to" not in out and
+          "prefix_cache_memory" not in re.search(r"gpu_memory: .*", out).group(0),
+          "off: no cache line, gpu_memory as before:\n" + out)
+    # no_buffer: refused, naming both settings and what no_buffer lacks.
+    rc, out, err = st.run([v, "--model", e2e.TARGET, "--check-config", "--prefix-cache", "on",
+                           "--state-strategy", "no_buffer"])
+    check(rc != 0 and "prefix-cache-needs-state" in out + err and
+          "inside verified draft blocks" in out + err and
+          "state_strategy=no_buffer (flag:--state-strategy)" in out + err,
+          "no_buffer with the cache is refused:\n" + out + err)
+    rc, out, err = st.run([st.ARGS.gateway, "--check-config"])
+    check(rc == 0 and re.search(r"prefix_affinity_slack:\s+4\s+# default", out),
+          "the gateway's prefix_affinity_slack:\n" + out + err)
 
 
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
