@@ -40,7 +40,8 @@ pack)
     cp "$b"/services/gateway/tandem-gateway "$b"/services/verifier/tandem-verifier \
         "$b"/services/drafter/tandem-drafter "$b"/services/cli/tandem \
         "$b"/bench/bench_spec_client "$b"/bench/bench_make_model "$b"/bench/bench_drafter_oracle \
-        "$b"/bench/bench_cuda_bench "$b"/bench/bench_rpc_bench "$b"/bench/bench_cuda_matmul_bench .carry/bin/ || exit 1
+        "$b"/bench/bench_cuda_bench "$b"/bench/bench_rpc_bench "$b"/bench/bench_cuda_matmul_bench \
+        "$b"/bench/bench_snapshot_bench .carry/bin/ || exit 1
     cp "$b"/tests/cuda/cuda_test_* .carry/bin/ 2>/dev/null
     strip --strip-debug .carry/bin/*
     # the shared-library closure minus glibc, the loader, the C++ runtime and

@@ -254,13 +254,10 @@ static void crc_init(void)
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
 }
 
-uint32_t tdm_crc32c(uint32_t crc, const void *data, size_t n)
+/* The table-driven CRC: eight bytes a step (slicing-by-8), then the tail a
+ * byte at a time. crc is already inverted. */
+static uint32_t crc_sw(uint32_t crc, const uint8_t *p, size_t n)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, crc_init);
-    const uint8_t *p = data;
-    crc = ~crc;
-    /* Eight bytes a step (slicing-by-8), then the tail a byte at a time. */
     while (n >= 8) {
         uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                              (uint32_t)p[3] << 24);
@@ -272,7 +269,38 @@ uint32_t tdm_crc32c(uint32_t crc, const void *data, size_t n)
     }
     while (n--)
         crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
-    return ~crc;
+    return crc;
+}
+
+#if defined(__x86_64__)
+/* SSE4.2's crc32 instruction computes this very polynomial, about five times
+ * faster than the tables (a snapshot of a 4B-shaped sequence is 100+ MB). */
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint64_t c = crc;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = __builtin_ia32_crc32di(c, w);
+        p += 8;
+        n -= 8;
+    }
+    crc = (uint32_t)c;
+    while (n--)
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+    return crc;
+}
+#endif
+
+uint32_t tdm_crc32c(uint32_t crc, const void *data, size_t n)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, crc_init);
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.2"))
+        return ~crc_hw(~crc, data, n);
+#endif
+    return ~crc_sw(~crc, data, n);
 }
 
 void tdm_sha256(const void *data, size_t n, uint8_t out[32])

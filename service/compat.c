@@ -201,6 +201,25 @@ static int rule_gateway_tokenizer(const Tandem__V1__Descriptor *g, const Tandem_
 
 /* ---- same-role rules ------------------------------------------------------ */
 
+/* A verifier's sequence continues only on the same model (its snapshot is
+ * that model's state; a recomputed one would be another model's tokens).
+ * Drafters move nothing: a drained drafter's sequences go on without it. */
+static int rule_snapshot_model(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
+                               tdm_compat_refusal *out)
+{
+    if (a->role != TANDEM__V1__ROLE__ROLE_VERIFIER || b->role != TANDEM__V1__ROLE__ROLE_VERIFIER ||
+        strcmp(a->model_fingerprint, b->model_fingerprint) == 0)
+        return 0;
+    fill_services(out, "snapshot-model", a, b);
+    snprintf(out->a_value, sizeof(out->a_value), "%s", a->model_fingerprint);
+    snprintf(out->b_value, sizeof(out->b_value), "%s", b->model_fingerprint);
+    snprintf(out->message, sizeof(out->message),
+             "rule snapshot-model: verifier %s serves model fingerprint %.16s but verifier %s "
+             "serves %.16s; a request moves only between verifiers of the same model.",
+             out->a_replica, a->model_fingerprint, out->b_replica, b->model_fingerprint);
+    return 1;
+}
+
 static int rule_snapshot_layout(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
                                 tdm_compat_refusal *out)
 {
@@ -234,6 +253,9 @@ static const tdm_compat_rule g_rules[] = {
      rule_gateway_tokenizer},
     {"snapshot-layout", TDM_COMPAT_REPLICAS,
      "replicas of one role write state snapshots in the same layout version", rule_snapshot_layout},
+    {"snapshot-model", TDM_COMPAT_REPLICAS,
+     "verifiers that move requests between them serve the same model (same fingerprint)",
+     rule_snapshot_model},
 };
 
 const tdm_compat_rule *tdm_compat_rules(size_t *n)

@@ -10,14 +10,17 @@
 #include "metrics.h"
 #include "reflection.h"
 #include "registration.h"
+#include "request_check.h"
 #include "service_config.h"
 #include "spin.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_COUNTERS 96
 
@@ -39,6 +42,8 @@ struct tdm_service {
     void *reg_counters_arg;
     tdm_service_load_fn load; /* the role's occupancy */
     void *load_arg;
+    tdm_service_drain_fn drain; /* the role's drain (after deregistration); may be NULL */
+    void *drain_arg;
     tdm_metrics *metrics;          /* the role's metric families */
     tdm_http_server *metrics_http; /* /metrics on metrics_listen; NULL when it is empty */
     /* Heartbeat payload, filled on the registration thread only. */
@@ -299,6 +304,12 @@ void tdm_service_set_load(tdm_service *s, tdm_service_load_fn fn, void *arg)
     s->load_arg = arg;
 }
 
+void tdm_service_set_drain(tdm_service *s, tdm_service_drain_fn fn, void *arg)
+{
+    s->drain = fn;
+    s->drain_arg = arg;
+}
+
 void tdm_service_set_counters(tdm_service *s, tdm_service_counters_fn fn, void *arg)
 {
     pthread_mutex_lock(&s->cb_mu);
@@ -425,6 +436,7 @@ int tdm_service_wait_and_stop(tdm_service *s, void (*on_drain)(void *arg), void 
 typedef struct replica_ctx {
     pthread_mutex_t mu; /* Describe reads reg while draining stops it */
     tdm_reg *reg;
+    tdm_service *svc;
 } replica_ctx;
 
 static size_t replica_counters(void *arg, tdm_service_counter *out, size_t max)
@@ -475,7 +487,37 @@ static void replica_drain(void *arg)
     tdm_reg *reg = rc->reg;
     rc->reg = NULL;
     pthread_mutex_unlock(&rc->mu);
+    /* Deregistered first, so that the gateway sends nothing new while the
+     * role moves or finishes what it has. */
     tdm_reg_stop(reg, "shutting down");
+    tdm_service *s = rc->svc;
+    if (s->drain)
+        s->drain(s->drain_arg, (int)tdm_cfg_int(s->cfg, "shutdown_grace"));
+}
+
+/* Replica.Drain: the gateway's way to send SIGTERM (tandem drain REPLICA). */
+static tdm_status handle_drain(tdm_rpc_call *call, const ProtobufCMessage *req,
+                               ProtobufCMessage **resp, tdm_error *err, void *user)
+{
+    tdm_service *s = user;
+    const Tandem__V1__DrainRequest *dr = (const Tandem__V1__DrainRequest *)req;
+    tdm_status rc = tdm_trust_check_internal(s->trust, call, "gateway", err);
+    if (rc != TDM_OK)
+        return rc;
+    Tandem__V1__DrainResponse *out = tdm_rpc_call_alloc(call, sizeof(*out));
+    tandem__v1__drain_response__init(out);
+    uint32_t free_slots = 0;
+    if (s->load)
+        s->load(s->load_arg, &out->active_sequences, &free_slots);
+    const bool printable = tdm_req_check_label("reason", dr->reason, 160, NULL) == TDM_OK;
+    tdm_log_info(component(s), "told to drain by the gateway (%s), with %u sequences in flight",
+                 !dr->reason[0] ? "no reason given"
+                 : printable    ? dr->reason
+                                : "an unprintable reason",
+                 out->active_sequences);
+    kill(getpid(), SIGTERM); /* tdm_service_wait_and_stop takes it from here */
+    *resp = &out->base;
+    return TDM_OK;
 }
 
 int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char *describe_path,
@@ -492,7 +534,11 @@ int tdm_service_replica_main(tdm_cfg *cfg, const char *service_name, const char 
         return 1;
     }
     set_reg_counters(s, replica_counters, &rc);
+    rc.svc = s;
     if (tdm_service_add_describe(s, describe_path, &err) != TDM_OK ||
+        tdm_rpc_server_add_unary(s->server, "/tandem.v1.Replica/Drain",
+                                 &tandem__v1__drain_request__descriptor, handle_drain, s,
+                                 &err) != TDM_OK ||
         (setup && setup(s, arg, &err) != TDM_OK) || tdm_service_start(s, &err) != TDM_OK) {
         tdm_log_error(program, "cannot start: %s", err.msg);
         tdm_service_destroy(s);

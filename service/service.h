@@ -84,6 +84,13 @@ double tdm_service_uptime_s(const tdm_service *s);
 typedef void (*tdm_service_load_fn)(void *arg, uint32_t *active_sequences, uint32_t *free_slots);
 void tdm_service_set_load(tdm_service *s, tdm_service_load_fn fn, void *arg);
 
+/* The role's drain, run on SIGTERM/SIGINT (or Replica.Drain from the
+ * gateway) after the replica deregistered and before the servers shut down:
+ * it may take up to grace_ms to move or finish what is in flight, while the
+ * servers still answer. */
+typedef void (*tdm_service_drain_fn)(void *arg, int grace_ms);
+void tdm_service_set_drain(tdm_service *s, tdm_service_drain_fn fn, void *arg);
+
 /* The role's counters for Describe (uptime, and for replicas the
  * registration counters, are always reported besides). They also travel with
  * heartbeats, so the gateway's GetStatus shows every replica's counters. */

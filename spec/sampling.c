@@ -19,6 +19,16 @@ void tdm_rng_seed(tdm_rng *rng, uint64_t seed)
         rng->s[i] = splitmix64(&x);
 }
 
+void tdm_rng_seed_at(tdm_rng *rng, uint64_t seed, uint64_t position, tdm_draw_stream stream)
+{
+    uint64_t x = seed;
+    uint64_t h = splitmix64(&x);
+    x = h ^ position;
+    h = splitmix64(&x);
+    x = h ^ (uint64_t)stream;
+    tdm_rng_seed(rng, splitmix64(&x));
+}
+
 static inline uint64_t rotl(uint64_t x, int k)
 {
     return (x << k) | (x >> (64 - k));

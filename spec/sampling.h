@@ -22,6 +22,21 @@ uint64_t tdm_rng_next(tdm_rng *rng);
 /* Uniform in [0, 1) with 53 random bits. */
 double tdm_rng_uniform(tdm_rng *rng);
 
+/* Who draws at a position: each has its own independent stream, so that the
+ * drafter's draw and the verifier's acceptance test at one position never
+ * share a number. */
+typedef enum {
+    TDM_DRAW_TARGET = 1, /* the verifier: acceptance test, then the token drawn */
+    TDM_DRAW_DRAFT = 2,  /* the drafter's proposal */
+} tdm_draw_stream;
+
+/* The generator for the draws of one position of a request: keyed by the
+ * request's seed, the position of the token being drawn in the whole
+ * sequence (prompt first) and the stream, not by how many numbers were
+ * drawn before. A request that continues elsewhere from its tokens (after
+ * a move or a crash) therefore draws exactly what it would have drawn. */
+void tdm_rng_seed_at(tdm_rng *rng, uint64_t seed, uint64_t position, tdm_draw_stream stream);
+
 typedef struct tdm_sampling {
     float temperature; /* <= 0: greedy */
     float top_p;       /* <= 0 or >= 1: off */

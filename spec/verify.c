@@ -8,15 +8,17 @@ size_t tdm_verify_scratch_bytes(int vocab)
     return (size_t)vocab * (2 * sizeof(float) + sizeof(int));
 }
 
-int tdm_verify_sample_one(const tdm_sampling *s, tdm_rng *rng, const float *logits, int vocab,
-                          void *scratch)
+int tdm_verify_sample_one(const tdm_sampling *s, uint64_t seed, uint32_t position,
+                          const float *logits, int vocab, void *scratch)
 {
     if (tdm_sampling_is_greedy(s))
         return tdm_sampling_argmax(logits, vocab);
     float *p = scratch;
     int *order = (int *)(p + 2 * (size_t)vocab);
     tdm_sampling_probs(s, logits, vocab, p, order);
-    return tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
+    tdm_rng rng;
+    tdm_rng_seed_at(&rng, seed, position, TDM_DRAW_TARGET);
+    return tdm_sampling_draw(p, vocab, tdm_rng_uniform(&rng));
 }
 
 /* -1 when a draft token or a distribution id is outside the vocabulary. */
@@ -57,9 +59,9 @@ static float draft_prob(const tdm_draft_dist *d, uint32_t drafted, uint32_t x)
     return 0.0f;
 }
 
-int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_logits, int vocab,
-                     const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
-                     tdm_verdict *out)
+int tdm_verify_block(const tdm_sampling *s, uint64_t seed, uint32_t position,
+                     const float *target_logits, int vocab, const uint32_t *drafts, int k,
+                     const tdm_draft_dist *dists, void *scratch, tdm_verdict *out)
 {
     if (check_block(vocab, drafts, k, dists) < 0)
         return -1;
@@ -82,7 +84,9 @@ int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_lo
     float *p = scratch;
     float *resid = p + vocab;
     int *order = (int *)(resid + vocab);
+    tdm_rng rng;
     for (int i = 0; i < k; i++) {
+        tdm_rng_seed_at(&rng, seed, position + (uint32_t)i, TDM_DRAW_TARGET);
         const tdm_draft_dist *d = dists ? &dists[i] : NULL;
         tdm_sampling_probs(s, target_logits + (size_t)i * vocab, vocab, p, order);
         uint32_t x = drafts[i];
@@ -90,7 +94,7 @@ int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_lo
         float qx = draft_prob(d, x, x);
         /* Accept with probability min(1, p/q). A draft the drafter could not
          * have drawn (q = 0) is rejected outright. */
-        double u = tdm_rng_uniform(rng);
+        double u = tdm_rng_uniform(&rng);
         if (qx > 0.0f && (px >= qx || u * (double)qx < (double)px))
             continue;
         /* Rejected: draw from normalise(max(0, p - q)). */
@@ -111,9 +115,9 @@ int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_lo
         if (mass <= 0.0) {
             /* p == q exactly: rejection has probability zero; rounding got us
              * here. Sampling from p is then the exact answer. */
-            next = tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
+            next = tdm_sampling_draw(p, vocab, tdm_rng_uniform(&rng));
         } else {
-            double v = tdm_rng_uniform(rng) * mass;
+            double v = tdm_rng_uniform(&rng) * mass;
             next = -1;
             double acc = 0.0;
             for (int t = 0; t < vocab; t++) {
@@ -130,7 +134,8 @@ int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_lo
         return 0;
     }
     tdm_sampling_probs(s, target_logits + (size_t)k * vocab, vocab, p, order);
+    tdm_rng_seed_at(&rng, seed, position + (uint32_t)k, TDM_DRAW_TARGET);
     out->accepted = k;
-    out->next_token = tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
+    out->next_token = tdm_sampling_draw(p, vocab, tdm_rng_uniform(&rng));
     return 0;
 }

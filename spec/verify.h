@@ -40,11 +40,14 @@ typedef struct tdm_verdict {
 /*
  * target_logits: (k+1, vocab) row-major; drafts: k tokens; dists: k entries,
  * or NULL for one-hot drafts everywhere. scratch: 2*vocab floats + vocab ints
- * (see tdm_verify_scratch_bytes). rng is used only for sampling settings.
+ * (see tdm_verify_scratch_bytes). Sampling settings draw from the request's
+ * seed at each row's position (tdm_rng_seed_at, TDM_DRAW_TARGET): row i
+ * decides the token at `position` + i of the sequence.
  * Returns -1 when a draft token or a distribution id is outside the
  * vocabulary (the caller treats the block as malformed); 0 otherwise.
  */
-int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_logits, int vocab,
+int tdm_verify_block(const tdm_sampling *s, uint64_t seed, uint32_t position,
+                     const float *target_logits, int vocab,
                      const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
                      tdm_verdict *out);
 
@@ -54,8 +57,11 @@ int tdm_verify_block(const tdm_sampling *s, tdm_rng *rng, const float *target_lo
 int tdm_verify_block_argmax(const int32_t *target_argmax, int vocab, const uint32_t *drafts, int k,
                             const tdm_draft_dist *dists, tdm_verdict *out);
 
-/* Plain decoding: the next token from one row of logits. */
-int tdm_verify_sample_one(const tdm_sampling *s, tdm_rng *rng, const float *logits, int vocab,
+/* Plain decoding: the token at `position` of the sequence from one row of
+ * logits (the draw a verify row at that position makes when every draft
+ * before it was accepted and it has none). */
+int tdm_verify_sample_one(const tdm_sampling *s, uint64_t seed, uint32_t position,
+                          const float *logits, int vocab,
                           void *scratch);
 
 size_t tdm_verify_scratch_bytes(int vocab);

@@ -18,6 +18,7 @@ int cli_version(int argc, char **argv);
 int cli_check_config(int argc, char **argv);
 int cli_doctor(int argc, char **argv);
 int cli_status(int argc, char **argv);
+int cli_drain(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_detokenize(int argc, char **argv);

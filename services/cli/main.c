@@ -16,6 +16,7 @@ static const cli_command commands[] = {
     {"doctor", cli_doctor, "check GPU, CUDA, config, model files and replicas before launch"},
     {"generate", cli_generate, "stream a continuation of a prompt from a running gateway"},
     {"status", cli_status, "show the gateway's replicas, pairs formed and pairs refused"},
+    {"drain", cli_drain, "move a replica's requests to its peers and stop it (operators)"},
     {"tokenize", cli_tokenize, "print the token ids of a text (or a ChatML conversation)"},
     {"detokenize", cli_detokenize, "print the text of token ids"},
     {"logits", cli_logits,

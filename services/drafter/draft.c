@@ -67,7 +67,7 @@ typedef struct dseq {
     int32_t prow[MAX_PENDING]; /* tokens of the pending rows, in order */
     int np;
     tdm_sampling sampling;
-    tdm_rng rng;
+    uint64_t seed; /* the request's: draws are keyed by it and the position */
     bool greedy;
     bool run_ahead; /* the verifier takes ahead blocks and this drafter drafts them */
     /* the outstanding block (round `round`, continuing from position n) */
@@ -304,7 +304,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
     q->greedy = tdm_sampling_is_greedy(&q->sampling);
     if (!q->greedy && (q->sampling.top_k == 0 || q->sampling.top_k > DRAFT_SUPPORT_MAX))
         q->sampling.top_k = DRAFT_SUPPORT_MAX;
-    tdm_rng_seed(&q->rng, sp && sp->seed_choice_case ? sp->seed : q->id);
+    q->seed = sp && sp->seed_choice_case ? sp->seed : q->id;
     /* Ahead blocks only where the verifier takes them and the guess of its
      * next token is its argmax: greedy requests of a model drafter. */
     q->run_ahead = o->run_ahead && d->run_ahead && d->rt && q->greedy;
@@ -413,9 +413,11 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arriv
 
 /* ---- drafting ------------------------------------------------------------- */
 
-/* Picks the next draft token into b at j: the row's argmax for greedy
- * settings, else a draw from its logits (with the distribution sent). */
-static void draw(dstream *st, dseq *q, dblock *b, const float *logits, int32_t argmax, int j)
+/* Picks the next draft token into b at j, the token at `pos` of the
+ * sequence: the row's argmax for greedy settings, else a draw from its
+ * logits (with the distribution sent), keyed by the request's seed and pos. */
+static void draw(dstream *st, dseq *q, dblock *b, const float *logits, int32_t argmax, int j,
+                 int pos)
 {
     int V = st->d->vocab;
     if (q->greedy) {
@@ -424,7 +426,9 @@ static void draw(dstream *st, dseq *q, dblock *b, const float *logits, int32_t a
         return;
     }
     int support = tdm_sampling_probs(&q->sampling, logits, V, st->probs, st->order);
-    int x = tdm_sampling_draw(st->probs, V, tdm_rng_uniform(&q->rng));
+    tdm_rng rng;
+    tdm_rng_seed_at(&rng, q->seed, (uint64_t)pos, TDM_DRAW_DRAFT);
+    int x = tdm_sampling_draw(st->probs, V, tdm_rng_uniform(&rng));
     b->drafts[j] = x;
     b->probs[j] = st->probs[x];
     b->dist_ids[j] = tdm_xmalloc((size_t)support * sizeof(uint32_t));
@@ -689,7 +693,8 @@ static void draft_pass(dstream *st, bool ahead)
                 continue;
             }
             const int j = s - off;
-            draw(st, q, t->b, st->out.logits + (size_t)last * (size_t)d->vocab, am, j);
+            draw(st, q, t->b, st->out.logits + (size_t)last * (size_t)d->vocab, am, j,
+                 q->n + (ahead ? q->b.k + 1 : 0) + j);
             /* The tokens this draft follows, beyond the committed ones. */
             int32_t ext[2 * MAX_BLOCK + 1];
             int ne = 0;

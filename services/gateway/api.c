@@ -8,6 +8,7 @@
 
 #include "compat.h"
 #include "log.h"
+#include "move.h"
 #include "request_check.h"
 #include "tandem/v1/verifier.pb-c.h"
 
@@ -42,6 +43,7 @@ struct gw_api {
     gw_chan **channels; /* (n_channels) the live ones */
     size_t n_channels;
     uint64_t requests, completed, failed, cancelled, tokens;
+    uint64_t moved; /* requests that changed verifier mid-stream (drains, crashes) */
     /* metrics (families in the service's registry) */
     tdm_metrics_outcomes outcomes; /* Generate requests by finish reason and error code */
     tdm_metric *ttft, *itl, *e2e;  /* time to first token, between tokens, whole request */
@@ -411,6 +413,104 @@ void gw_cancel_destroy(gw_cancel *c)
     pthread_mutex_destroy(&c->mu);
 }
 
+/* ---- moving a request between verifiers -------------------------------------- */
+
+/* The most times one request changes verifier (drains and crashes). */
+#define GW_MAX_MOVES 4
+
+/* One change of verifier, for the stats. */
+typedef struct gw_move_note {
+    char from[128], to[128];
+    size_t at; /* generated tokens streamed when it left */
+    char how[240];
+} gw_move_note;
+
+static bool want_spec(const Tandem__V1__GenerateRequest *req)
+{
+    return !req->speculation ||
+           req->speculation->mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF;
+}
+
+/* Lets go of the verifier a request leaves: its stream, channel and pick. */
+static void leave_verifier(gw_api *g, const gw_sink *sink, tdm_rpc_stream **stream,
+                           gw_chan **chan, gw_pick *pick, bool *picked)
+{
+    sink_watch(sink, NULL);
+    tdm_rpc_stream_destroy(*stream);
+    *stream = NULL;
+    channel_put(g, *chan);
+    *chan = NULL;
+    gw_registry_unpick(g->reg, pick);
+    *picked = false;
+}
+
+/* Whether the streamed tokens already end the request on a stop token. */
+static bool ends_on_stop(const gw_api *g, const Tandem__V1__GenerateRequest *req,
+                         const uint32_t *got, size_t n_got)
+{
+    if (req->ignore_eos || n_got == 0)
+        return false;
+    for (int i = 0; i < g->n_stop_ids; i++)
+        if (got[n_got - 1] == (uint32_t)g->stop_ids[i])
+            return true;
+    return false;
+}
+
+/* The verifier `pick` (on `chan`) is draining: moves request rid's state to
+ * a peer the same-role rules allow (picked into *next). True when the
+ * request leaves `pick`: with its snapshot imported under snap, or (snap
+ * empty) to be recomputed there because the transfer broke after the
+ * request let go. False: no peer, or the export did not start; the request
+ * goes on where it is. */
+static bool try_move(gw_api *g, const tdm_rpc_call_options *co, const char *rid, gw_chan *chan,
+                     const gw_pick *pick, bool want, size_t n_got, gw_pick *next,
+                     bool *have_next, char *snap, size_t snap_len, uint32_t *generated,
+                     gw_move_note *mv)
+{
+    tdm_error err = {0};
+    gw_pick to;
+    if (gw_registry_pick_peer(g->reg, want, g->self, pick, &to, &err) != TDM_OK) {
+        tdm_log_info(LOG, "request %s stays on draining verifier %s: %s", rid, pick->verifier_id,
+                     err.msg);
+        return false;
+    }
+    gw_chan *tc = channel_get(g, to.verifier_addr, to.verifier_instance, &err);
+    if (!tc) {
+        gw_registry_unpick(g->reg, &to);
+        tdm_log_info(LOG, "request %s stays on draining verifier %s: %s", rid, pick->verifier_id,
+                     err.msg);
+        return false;
+    }
+    gw_move_result mr;
+    const double t0 = now_ms();
+    tdm_status rc = gw_move_snapshot(chan->ch, tc->ch, co, rid, &mr, &err);
+    const double ms = now_ms() - t0;
+    channel_put(g, tc);
+    *mv = (gw_move_note){.at = n_got};
+    snprintf(mv->from, sizeof(mv->from), "%s", pick->verifier_id);
+    snprintf(mv->to, sizeof(mv->to), "%s", to.verifier_id);
+    if (rc == TDM_OK) {
+        snprintf(snap, snap_len, "%s", mr.snapshot_id);
+        *generated = mr.generated;
+        mv->at = mr.generated;
+        snprintf(mv->how, sizeof(mv->how), "snapshot (drain; %.1f MB in %.0f ms)",
+                 (double)mr.bytes / 1e6, ms);
+    } else if (mr.detached) {
+        snap[0] = 0;
+        snprintf(mv->how, sizeof(mv->how),
+                 "recomputed (drain; the snapshot did not arrive: %.160s)", err.msg);
+    } else {
+        gw_registry_unpick(g->reg, &to);
+        tdm_log_info(LOG, "request %s stays on draining verifier %s: %s", rid, pick->verifier_id,
+                     err.msg);
+        return false;
+    }
+    tdm_log_info(LOG, "request %s: %s -> %s: %s", rid, mv->from, mv->to, mv->how);
+    *next = to;
+    *have_next = true;
+    return true;
+}
+
 tdm_status gw_api_generate(gw_api *g, const Tandem__V1__GenerateRequest *req, const gw_sink *sink,
                            tdm_error *err)
 {
@@ -436,6 +536,25 @@ tdm_status gw_api_generate(gw_api *g, const Tandem__V1__GenerateRequest *req, co
     ProtobufCMessage *m = NULL;
     Tandem__V1__RequestStats progress = TANDEM__V1__REQUEST_STATS__INIT;
     ProtobufCMessage *progress_msg = NULL; /* holds progress's strings */
+    double t_first = 0, t_last = 0;
+    /* What carries over when the request changes verifier mid-stream (a
+     * drain moves it, a crash makes it recompute): every token the
+     * verifiers streamed, where it goes next and how it continues there. */
+    const uint32_t max_tokens = req->max_tokens ? req->max_tokens : g->default_max_tokens;
+    uint32_t *got = NULL; /* [n_got] every generated token streamed so far */
+    size_t n_got = 0, got_cap = 0;
+    uint32_t *resume_ids = NULL; /* prompt + got, for a recompute */
+    gw_pick from = {0};          /* the verifier the request left */
+    bool have_from = false;
+    gw_pick next = {0}; /* where a move goes, picked already */
+    bool have_next = false;
+    char cont_snapshot[128] = ""; /* continue from this imported snapshot */
+    uint32_t cont_generated = 0;
+    gw_move_note moves[GW_MAX_MOVES];
+    int n_moves = 0;
+    char served[600] = "";
+    uint64_t seed = 0;
+    bool have_seed = false;
 
     tdm_status rc = tdm_req_check_generate(req, err);
     if (rc == TDM_OK && req->n_stop > 0)
@@ -449,22 +568,40 @@ tdm_status gw_api_generate(gw_api *g, const Tandem__V1__GenerateRequest *req, co
 
     int attempt = 0;
 again:
-    /* Pick the replicas. */
+    if (have_next) {
+        pick = next;
+        have_next = false;
+    } else if ((rc = have_from ? gw_registry_pick_peer(g->reg, want_spec(req), g->self, &from,
+                                                       &pick, err)
+                               : gw_registry_pick(g->reg, want_spec(req), g->self, ids, n_ids,
+                                                  &pick, err)) !=
+               TDM_OK) {
+        if (have_from)
+            tdm_error_prefix(err, "request %s left verifier %s after %zu tokens (%s) and no "
+                                  "other verifier can continue it",
+                             rid, from.verifier_id, n_got, moves[n_moves - 1].how);
+        goto out;
+    }
+    picked = true;
+    if (n_moves > 0 && !moves[n_moves - 1].to[0])
+        snprintf(moves[n_moves - 1].to, sizeof(moves[0].to), "%s", pick.verifier_id);
+    {
+        size_t used = strlen(served);
+        snprintf(served + used, sizeof(served) - used, "%s%s", used ? ", " : "", pick.verifier_id);
+    }
     Tandem__V1__SpeculationMode mode = req->speculation
                                            ? req->speculation->mode
                                            : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
-    bool want = mode != TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_OFF;
-    if ((rc = gw_registry_pick(g->reg, want, g->self, ids, n_ids, &pick, err)) != TDM_OK)
-        goto out;
-    picked = true;
+    bool want = want_spec(req);
     /* The prompt must leave room for at least the first generated token. */
     uint32_t limit = pick.max_context > 0 ? pick.max_context - 1 : UINT32_MAX;
-    if (g->max_prompt_tokens > 0 && g->max_prompt_tokens < limit)
+    if (!have_from && g->max_prompt_tokens > 0 && g->max_prompt_tokens < limit)
         limit = g->max_prompt_tokens;
-    if (n_ids > limit) {
+    if (n_ids + (cont_snapshot[0] ? 0 : n_got) > limit) {
         rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                           "the prompt has %zu tokens, more than the %u allowed (%s)", n_ids, limit,
-                           g->max_prompt_tokens > 0 && g->max_prompt_tokens == limit
+                           "the prompt has %zu tokens, more than the %u allowed (%s)",
+                           n_ids + (cont_snapshot[0] ? 0 : n_got), limit,
+                           !have_from && g->max_prompt_tokens > 0 && g->max_prompt_tokens == limit
                                ? "the gateway's max_prompt_tokens"
                                : "the verifier's max_context less one position for the first "
                                  "generated token");
@@ -492,13 +629,35 @@ again:
             goto out;
     }
 
-    /* Hand the request to the verifier. */
+    /* Hand the request to the verifier: new, continuing a moved snapshot,
+     * or recomputing from the prompt and the tokens streamed so far (its
+     * draws are keyed by seed and position, so it goes on exactly). */
     Tandem__V1__RunRequest run = TANDEM__V1__RUN_REQUEST__INIT;
+    Tandem__V1__SamplingParams sp_resume = TANDEM__V1__SAMPLING_PARAMS__INIT;
     run.request_id = rid;
     run.n_prompt_ids = n_ids;
     run.prompt_ids = (uint32_t *)ids;
-    run.max_tokens = req->max_tokens ? req->max_tokens : g->default_max_tokens;
+    run.max_tokens = max_tokens;
     run.sampling = req->sampling;
+    if (cont_snapshot[0]) {
+        run.snapshot_id = cont_snapshot;
+        run.n_prompt_ids = 0;
+        run.prompt_ids = NULL;
+    } else if (n_got > 0) {
+        resume_ids = tdm_xrealloc(resume_ids, (n_ids + n_got) * sizeof(uint32_t));
+        memcpy(resume_ids, ids, n_ids * sizeof(uint32_t));
+        memcpy(resume_ids + n_ids, got, n_got * sizeof(uint32_t));
+        run.prompt_ids = resume_ids;
+        run.n_prompt_ids = n_ids + n_got;
+        run.max_tokens = max_tokens - (uint32_t)n_got;
+        if (req->sampling)
+            sp_resume = *req->sampling;
+        if (have_seed) {
+            sp_resume.seed_choice_case = TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED;
+            sp_resume.seed = seed;
+        }
+        run.sampling = &sp_resume;
+    }
     uint32_t stop_ids[2];
     if (!req->ignore_eos) {
         for (int i = 0; i < g->n_stop_ids; i++)
@@ -532,38 +691,65 @@ again:
         rc = tdm_error_set(err, TDM_ERR_CANCELLED, "the client went away");
         goto out;
     }
-    tdm_metric_add(g->prompt_tokens, NULL, (double)n_ids);
+    if (!have_from)
+        tdm_metric_add(g->prompt_tokens, NULL, (double)n_ids);
 
-    /* Relay: ids as they come, text as far as no stop string can start. */
-    if (g->tok)
+    /* Relay: ids as they come, text as far as no stop string can start.
+     * The relay outlives a move: the client sees one stream. */
+    if (g->tok && !rl.ts)
         tdm_tok_stream_create(g->tok, true, &rl.ts, NULL);
     for (size_t i = 0; i < req->n_stop; i++)
         if (strlen(req->stop[i]) > rl.max_stop)
             rl.max_stop = strlen(req->stop[i]);
-    double t_first = 0, t_last = 0;
     Tandem__V1__RunComplete *complete = NULL;
-    bool heard = false; /* the verifier sent something */
+    bool heard = false;       /* this verifier sent something */
+    bool leaving = false;     /* a move took the request off this verifier */
+    const char *why_move = ""; /* for the log and the stats */
     for (;;) {
         tdm_error rerr = {0};
         rc = tdm_rpc_stream_read(stream, &m, &rerr);
-        if (!m && rc == TDM_ERR_UNAVAILABLE && !heard && attempt < 2 && !sink_cancelled(sink)) {
-            /* The verifier cannot be reached (it died, or is restarting) and
-             * nothing was streamed: the request goes to another verifier,
-             * and this one is not picked again until it heartbeats. */
+        if (!m && rc == TDM_ERR_UNAVAILABLE && !heard && n_got == 0 && attempt < 2 &&
+            !sink_cancelled(sink)) {
+            /* The verifier cannot be reached (it died, is restarting or
+             * draining) and nothing was streamed: the request goes to
+             * another verifier, and this one is not picked again until it
+             * heartbeats. */
             tdm_log_warn(LOG, "request %s: verifier %s unreachable (%s); trying another", rid,
                          pick.verifier_id, rerr.msg);
             gw_registry_suspect(g->reg, pick.verifier_id, pick.verifier_instance);
-            sink_watch(sink, NULL);
-            tdm_rpc_stream_destroy(stream);
-            stream = NULL;
-            channel_put(g, chan);
-            chan = NULL;
-            relay_free(&rl);
-            rl = (relay){0};
-            gw_registry_unpick(g->reg, &pick);
-            picked = false;
+            leave_verifier(g, sink, &stream, &chan, &pick, &picked);
+            served[0] = 0;
             attempt++;
             goto again;
+        }
+        if (!m && leaving) {
+            /* The Run that a move detached ended (ABORTED, naming the
+             * snapshot) after every token up to the snapshot. */
+            if (cont_snapshot[0] && cont_generated != n_got) {
+                tdm_log_warn(LOG,
+                             "request %s: the snapshot covers %u generated tokens but %zu were "
+                             "streamed; recomputing instead",
+                             rid, cont_generated, n_got);
+                cont_snapshot[0] = 0;
+            }
+            break;
+        }
+        if (!m && rc == TDM_ERR_UNAVAILABLE && n_got > 0 && n_moves < GW_MAX_MOVES &&
+            !sink_cancelled(sink)) {
+            /* The verifier died mid-request (no snapshot possible): another
+             * continues from the prompt and the tokens already streamed. */
+            tdm_log_warn(LOG, "request %s: verifier %s failed after %zu tokens (%s); resuming "
+                              "elsewhere",
+                         rid, pick.verifier_id, n_got, rerr.msg);
+            gw_registry_suspect(g->reg, pick.verifier_id, pick.verifier_instance);
+            gw_move_note *mv = &moves[n_moves++];
+            *mv = (gw_move_note){.at = n_got};
+            snprintf(mv->from, sizeof(mv->from), "%s", pick.verifier_id);
+            snprintf(mv->how, sizeof(mv->how), "recomputed (the verifier failed: %.180s)",
+                     rerr.msg);
+            leaving = true;
+            why_move = "crash";
+            break;
         }
         heard = true;
         if (!m) {
@@ -581,6 +767,15 @@ again:
             rc = TDM_OK;
             break; /* m is freed after the final message is written */
         }
+        if (resp->draining && !leaving && n_moves < GW_MAX_MOVES && !sink_cancelled(sink)) {
+            leaving = try_move(g, &co, rid, chan, &pick, want, n_got, &next, &have_next,
+                               cont_snapshot, sizeof(cont_snapshot), &cont_generated,
+                               &moves[n_moves]);
+            if (leaving) {
+                n_moves++;
+                why_move = "drain";
+            }
+        }
         if (resp->chunk_case == TANDEM__V1__RUN_RESPONSE__CHUNK_TOKENS && resp->tokens) {
             if (resp->progress) {
                 /* Stats so far: what the client gets if a stop string ends it. */
@@ -589,18 +784,27 @@ again:
                 progress = *resp->progress;
                 progress_msg = m;
                 m = NULL;
+                seed = progress.seed;
+                have_seed = true;
             }
+            const Tandem__V1__TokenChunk *tc =
+                progress_msg ? ((Tandem__V1__RunResponse *)progress_msg)->tokens : resp->tokens;
+            if (n_got + tc->n_ids > got_cap) {
+                got_cap = (n_got + tc->n_ids) * 2 + 64;
+                got = tdm_xrealloc(got, got_cap * sizeof(uint32_t));
+            }
+            memcpy(got + n_got, tc->ids, tc->n_ids * sizeof(uint32_t));
+            n_got += tc->n_ids;
             const double t_now = now_ms();
             if (t_first == 0)
                 t_first = t_now;
             /* Inter-token latency: a chunk's tokens share the time since the
              * last chunk (a speculative round brings several at once). */
-            for (size_t k = 0; t_last > 0 && k < resp->tokens->n_ids; k++)
-                tdm_metric_observe(g->itl, NULL,
-                                   (t_now - t_last) / 1e3 / (double)resp->tokens->n_ids);
-            if (resp->tokens->n_ids > 0)
+            for (size_t k = 0; t_last > 0 && k < tc->n_ids; k++)
+                tdm_metric_observe(g->itl, NULL, (t_now - t_last) / 1e3 / (double)tc->n_ids);
+            if (tc->n_ids > 0)
                 t_last = t_now;
-            rc = relay_push(&rl, g, req, sink, resp->tokens, err);
+            rc = relay_push(&rl, g, req, sink, tc, err);
         }
         if (m)
             protobuf_c_message_free_unpacked(m, NULL);
@@ -608,19 +812,51 @@ again:
         if (rc != TDM_OK || rl.stopped)
             break;
     }
+    if (leaving && rc != TDM_OK && !rl.stopped && !complete) {
+        /* Continue on the next verifier; the relay and the tokens stay. */
+        if (n_got >= max_tokens || ends_on_stop(g, req, got, n_got)) {
+            /* Everything was streamed; only the end was lost. */
+            finish = n_got >= max_tokens ? TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH
+                                         : TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
+            rc = TDM_OK;
+            if (have_next)
+                gw_registry_unpick(g->reg, &next);
+            have_next = false;
+        } else {
+            tdm_log_info(LOG, "request %s: leaves verifier %s after %zu tokens (%s: %s)", rid,
+                         pick.verifier_id, n_got, why_move, moves[n_moves - 1].how);
+            from = pick;
+            have_from = true;
+            leave_verifier(g, sink, &stream, &chan, &pick, &picked);
+            __atomic_fetch_add(&g->moved, 1, __ATOMIC_RELAXED);
+            goto again;
+        }
+    }
     tdm_rpc_stream_cancel(stream); /* a no-op once the verifier finished */
-    if (rc == TDM_OK && (complete || rl.stopped)) {
+    if (rc == TDM_OK && (complete || rl.stopped || finish)) {
         rc = relay_flush(&rl, sink, err);
         Tandem__V1__RequestStats st = complete && complete->stats ? *complete->stats : progress;
+        st.prompt_tokens = (uint32_t)n_ids;
         st.generated_tokens = rl.n_sent;
         st.time_to_first_token_ms = t_first > 0 ? t_first - t0 : 0;
         st.total_ms = now_ms() - t0;
-        st.verifier = pick.verifier_id;
+        st.verifier = served;
         if (note[0])
             st.speculation = note;
+        char move_text[GW_MAX_MOVES][600];
+        char *move_list[GW_MAX_MOVES];
+        for (int i = 0; i < n_moves; i++) {
+            snprintf(move_text[i], sizeof(move_text[i]), "%s -> %s at %zu tokens: %s",
+                     moves[i].from, moves[i].to, moves[i].at, moves[i].how);
+            move_list[i] = move_text[i];
+        }
+        st.n_moves = (size_t)n_moves;
+        st.moves = move_list;
         Tandem__V1__GenerateComplete gc = TANDEM__V1__GENERATE_COMPLETE__INIT;
-        finish =
-            rl.stopped ? TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP : complete->finish_reason;
+        if (rl.stopped)
+            finish = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
+        else if (complete)
+            finish = complete->finish_reason;
         gc.finish_reason = finish;
         gc.stats = &st;
         gc.request_id = rid;
@@ -647,7 +883,11 @@ out:
     relay_free(&rl);
     if (picked)
         gw_registry_unpick(g->reg, &pick);
+    if (have_next)
+        gw_registry_unpick(g->reg, &next);
     free(ids);
+    free(got);
+    free(resume_ids);
     const bool cancelled = rc != TDM_OK && sink_cancelled(sink);
     if (rc == TDM_OK)
         __atomic_fetch_add(&g->completed, 1, __ATOMIC_RELAXED);
@@ -871,6 +1111,7 @@ size_t gw_api_counters(gw_api *g, tdm_service_counter *out, size_t max)
         {"generate_failed", (double)__atomic_load_n(&g->failed, __ATOMIC_RELAXED)},
         {"generate_cancelled", (double)__atomic_load_n(&g->cancelled, __ATOMIC_RELAXED)},
         {"generated_tokens", (double)__atomic_load_n(&g->tokens, __ATOMIC_RELAXED)},
+        {"generate_moved", (double)__atomic_load_n(&g->moved, __ATOMIC_RELAXED)},
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }

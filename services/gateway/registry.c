@@ -414,8 +414,9 @@ static tdm_status handle_deregister(tdm_rpc_call *call, const ProtobufCMessage *
     if (idx >= 0) {
         char name[512];
         tdm_compat_service_name(r->items[idx].desc, name, sizeof(name));
-        tdm_log_info(COMPONENT, "%s %s deregistered: %s", tdm_role_name(r->items[idx].desc->role),
-                     name, rq->reason[0] ? rq->reason : "no reason given");
+        tdm_log_info(COMPONENT, "%s %s deregistered: %s",
+                     tdm_role_name(r->items[idx].desc->role), name,
+                     rq->reason[0] ? rq->reason : "no reason given");
         remove_at(r, (size_t)idx);
         r->deregistrations++;
     }
@@ -738,23 +739,87 @@ static ssize_t affinity_pick(gw_registry *r, ssize_t best, const Tandem__V1__Des
     return best;
 }
 
-tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
-                            const Tandem__V1__Descriptor *gateway, const int32_t *prompt,
-                            size_t n_prompt, gw_pick *out, tdm_error *err)
+/* Fills out's verifier fields from v and counts the pick (under mu). */
+static void take_verifier_locked(gw_replica *v, gw_pick *out)
+{
+    snprintf(out->verifier_id, sizeof(out->verifier_id), "%s", v->desc->replica_id);
+    snprintf(out->verifier_addr, sizeof(out->verifier_addr), "%s", v->desc->address);
+    snprintf(out->verifier_instance, sizeof(out->verifier_instance), "%s", v->desc->instance_id);
+    snprintf(out->verifier_fingerprint, sizeof(out->verifier_fingerprint), "%s",
+             v->desc->model_fingerprint);
+    out->snapshot_layout = v->desc->snapshot_layout_version;
+    out->max_draft = v->desc->max_draft_tokens;
+    out->max_context = v->desc->max_context;
+    v->inflight++;
+}
+
+/* The least loaded drafter the rules pair with verifier v, into out (under
+ * mu); none, with the reasons in out->no_drafter, when none pairs. */
+static void take_drafter_locked(gw_registry *r, const gw_replica *v, gw_pick *out, int64_t now)
+{
+    ssize_t bd = -1;
+    size_t drafters = 0;
+    tdm_compat_refusal ref[MAX_REFUSALS];
+    for (size_t i = 0; i < r->n; i++) {
+        const Tandem__V1__Descriptor *d = r->items[i].desc;
+        if (d->role != TANDEM__V1__ROLE__ROLE_DRAFTER)
+            continue;
+        drafters++;
+        size_t k = tdm_compat_check_pair(v->desc, d, ref, MAX_REFUSALS);
+        if (k > 0) {
+            size_t used = strlen(out->no_drafter);
+            snprintf(out->no_drafter + used, sizeof(out->no_drafter) - used, "%s%s",
+                     used ? "; " : "", ref[0].message);
+            continue;
+        }
+        if (bd < 0 || better(r, &r->items[i], &r->items[bd], now))
+            bd = (ssize_t)i;
+    }
+    if (bd >= 0) {
+        gw_replica *dr = &r->items[bd];
+        snprintf(out->drafter_id, sizeof(out->drafter_id), "%s", dr->desc->replica_id);
+        snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
+        snprintf(out->drafter_device, sizeof(out->drafter_device), "%s", dr->desc->device_uuid);
+        out->block_size = dr->desc->draft_block_size;
+        out->no_drafter[0] = 0;
+        dr->inflight++;
+    } else if (drafters == 0) {
+        snprintf(out->no_drafter, sizeof(out->no_drafter), "no drafter is registered");
+    }
+}
+
+/* A verifier (and a drafter) for a request: a new one (from NULL; with its
+ * prompt, prefix affinity applies) or one leaving the verifier of `from`. */
+static tdm_status pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
+                       const gw_pick *from, const int32_t *prompt, size_t n_prompt, gw_pick *out,
+                       tdm_error *err)
 {
     memset(out, 0, sizeof(*out));
     int64_t now = now_ms();
+    /* The verifier the request leaves, as the same-role rules read it (it
+     * may have deregistered already: a draining one does so first). */
+    Tandem__V1__Descriptor was = TANDEM__V1__DESCRIPTOR__INIT;
+    if (from) {
+        was.role = TANDEM__V1__ROLE__ROLE_VERIFIER;
+        was.replica_id = (char *)from->verifier_id;
+        was.address = (char *)from->verifier_addr;
+        was.model_fingerprint = (char *)from->verifier_fingerprint;
+        was.snapshot_layout_version = from->snapshot_layout;
+    }
     pthread_mutex_lock(&r->mu);
     ssize_t best = -1;
     size_t verifiers = 0;
-    char refused[512] = "";
+    char refused[2100] = "";
     for (size_t i = 0; i < r->n; i++) {
         const Tandem__V1__Descriptor *d = r->items[i].desc;
         if (d->role != TANDEM__V1__ROLE__ROLE_VERIFIER)
             continue;
+        if (from && strcmp(d->replica_id, from->verifier_id) == 0)
+            continue;
         verifiers++;
         tdm_compat_refusal gref;
-        if (tdm_compat_check_gateway(gateway, d, &gref, 1) > 0) {
+        if (tdm_compat_check_gateway(gateway, d, &gref, 1) > 0 ||
+            (from && tdm_compat_check_replicas(&was, d, &gref, 1) > 0)) {
             snprintf(refused, sizeof(refused), "%s", gref.message);
             continue;
         }
@@ -764,52 +829,47 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
     if (best < 0) {
         pthread_mutex_unlock(&r->mu);
         if (verifiers == 0)
-            return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "no verifier is registered");
-        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "no usable verifier: %s", refused);
+            return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "no %sverifier is registered",
+                                 from ? "other " : "");
+        return tdm_error_set(err, from ? TDM_ERR_UNAVAILABLE : TDM_ERR_FAILED_PRECONDITION,
+                             "no usable verifier: %s", refused);
     }
     best = affinity_pick(r, best, gateway, prompt, n_prompt, now, &out->affinity_tokens);
     gw_replica *v = &r->items[best];
     if (prompt && n_prompt > 0 && r->affinity_slack >= 0)
         affinity_remember(r, v, prompt, n_prompt);
-    snprintf(out->verifier_id, sizeof(out->verifier_id), "%s", v->desc->replica_id);
-    snprintf(out->verifier_addr, sizeof(out->verifier_addr), "%s", v->desc->address);
-    snprintf(out->verifier_instance, sizeof(out->verifier_instance), "%s", v->desc->instance_id);
-    out->max_draft = v->desc->max_draft_tokens;
-    out->max_context = v->desc->max_context;
-    v->inflight++;
-    if (want_drafter) {
-        ssize_t bd = -1;
-        size_t drafters = 0;
-        tdm_compat_refusal ref[MAX_REFUSALS];
-        for (size_t i = 0; i < r->n; i++) {
-            const Tandem__V1__Descriptor *d = r->items[i].desc;
-            if (d->role != TANDEM__V1__ROLE__ROLE_DRAFTER)
-                continue;
-            drafters++;
-            size_t k = tdm_compat_check_pair(v->desc, d, ref, MAX_REFUSALS);
-            if (k > 0) {
-                size_t used = strlen(out->no_drafter);
-                snprintf(out->no_drafter + used, sizeof(out->no_drafter) - used, "%s%s",
-                         used ? "; " : "", ref[0].message);
-                continue;
-            }
-            if (bd < 0 || better(r, &r->items[i], &r->items[bd], now))
-                bd = (ssize_t)i;
-        }
-        if (bd >= 0) {
-            gw_replica *dr = &r->items[bd];
-            snprintf(out->drafter_id, sizeof(out->drafter_id), "%s", dr->desc->replica_id);
-            snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
-            snprintf(out->drafter_device, sizeof(out->drafter_device), "%s", dr->desc->device_uuid);
-            out->block_size = dr->desc->draft_block_size;
-            out->no_drafter[0] = 0;
-            dr->inflight++;
-        } else if (drafters == 0) {
-            snprintf(out->no_drafter, sizeof(out->no_drafter), "no drafter is registered");
-        }
-    }
+    take_verifier_locked(v, out);
+    if (want_drafter)
+        take_drafter_locked(r, v, out, now);
     pthread_mutex_unlock(&r->mu);
     return TDM_OK;
+}
+
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
+                            const Tandem__V1__Descriptor *gateway, const int32_t *prompt,
+                            size_t n_prompt, gw_pick *out, tdm_error *err)
+{
+    return pick(r, want_drafter, gateway, NULL, prompt, n_prompt, out, err);
+}
+
+tdm_status gw_registry_pick_peer(gw_registry *r, bool want_drafter,
+                                 const Tandem__V1__Descriptor *gateway, const gw_pick *from,
+                                 gw_pick *out, tdm_error *err)
+{
+    return pick(r, want_drafter, gateway, from, NULL, 0, out, err);
+}
+
+bool gw_registry_address(gw_registry *r, const char *replica_id, char *address, size_t len,
+                         Tandem__V1__Role *role)
+{
+    pthread_mutex_lock(&r->mu);
+    ssize_t i = find(r, replica_id);
+    if (i >= 0) {
+        snprintf(address, len, "%s", r->items[i].desc->address);
+        *role = r->items[i].desc->role;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return i >= 0;
 }
 
 void gw_registry_unpick(gw_registry *r, const gw_pick *p)

@@ -52,6 +52,8 @@ typedef struct gw_pick {
     char verifier_instance[72];              /* its instance: a restart gets a new channel */
     uint32_t max_draft;                      /* the verifier's max_draft_tokens */
     uint32_t max_context;                    /* the verifier's max_context */
+    char verifier_fingerprint[72];           /* its model_fingerprint */
+    uint32_t snapshot_layout;                /* its snapshot_layout_version */
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     uint32_t block_size;                     /* the drafter's draft_block_size */
@@ -76,7 +78,18 @@ typedef struct gw_pick {
 tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
                             const Tandem__V1__Descriptor *gateway, const int32_t *prompt,
                             size_t n_prompt, gw_pick *out, tdm_error *err);
+/* The same for a request leaving the verifier of `from` (a drain or a
+ * crash; NULL: a new request): never that verifier, and only one the
+ * same-role rules (snapshot-layout, snapshot-model) pass with it, so that
+ * the request continues on the same model. UNAVAILABLE naming the rule
+ * when none is left. */
+tdm_status gw_registry_pick_peer(gw_registry *r, bool want_drafter,
+                                 const Tandem__V1__Descriptor *gateway, const gw_pick *from,
+                                 gw_pick *out, tdm_error *err);
 void gw_registry_unpick(gw_registry *r, const gw_pick *p);
+/* The address and role of a registered replica; false when none has that id. */
+bool gw_registry_address(gw_registry *r, const char *replica_id, char *address, size_t len,
+                         Tandem__V1__Role *role);
 /* A request could not reach this replica instance: it counts as having
  * missed its heartbeats (picked only when no other is left) until it
  * heartbeats again. */

@@ -10,6 +10,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct run_cancel {
     vsched *sched;
@@ -59,6 +60,14 @@ static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, t
             if (tdm_rpc_call_write(call, &resp.base, &werr) != TDM_OK)
                 vsched_cancel(v->sched, r); /* the client is gone; drain to the end */
             free(o.ids);
+            continue;
+        }
+        if (o.draining) {
+            Tandem__V1__RunResponse resp = TANDEM__V1__RUN_RESPONSE__INIT;
+            resp.draining = true;
+            tdm_error werr = {0};
+            if (tdm_rpc_call_write(call, &resp.base, &werr) != TDM_OK)
+                vsched_cancel(v->sched, r);
             continue;
         }
         if (!o.done)
@@ -261,6 +270,37 @@ static tdm_status account_memory(verifier *v, tdm_service *svc, tdm_error *err)
     return TDM_OK;
 }
 
+/* SIGTERM, or Replica.Drain: refuse new requests, tell every running Run
+ * (the gateway then moves it to a peer through a snapshot), and wait until
+ * nothing is left here (moved or finished) or the grace is spent; what is
+ * left then is cancelled by the server's shutdown, and the gateway resumes
+ * it elsewhere from its tokens. */
+static void drain(void *arg, int grace_ms)
+{
+    verifier *v = arg;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int before = vsched_in_flight(v->sched);
+    vsched_drain(v->sched);
+    tdm_log_info("verifier", "draining: %d requests in flight; waiting up to %d ms for them to "
+                             "move or finish",
+                 before, grace_ms);
+    int left = before;
+    double ms = 0;
+    while (left > 0 && ms < grace_ms) {
+        struct timespec nap = {0, 5 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+        left = vsched_in_flight(v->sched);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        ms = (double)(now.tv_sec - t0.tv_sec) * 1e3 + (double)(now.tv_nsec - t0.tv_nsec) / 1e6;
+    }
+    vsched_counters c;
+    vsched_get_counters(v->sched, &c);
+    tdm_log_info("verifier", "drained in %.0f ms: %d of %d requests left here (%llu snapshots "
+                             "exported since the start)",
+                 ms, left, before, (unsigned long long)c.snapshots_exported);
+}
+
 tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
 {
     verifier *v = arg;
@@ -333,6 +373,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     tdm_metrics_add_collector(m, collect_positions, v);
     tdm_service_set_counters(svc, counters, v);
     tdm_service_set_load(svc, load, v);
+    tdm_service_set_drain(svc, drain, v);
     rc =
         tdm_rpc_server_add_server_stream(tdm_service_server(svc), "/tandem.v1.Verifier/Run",
                                          &tandem__v1__run_request__descriptor, run_handler, v, err);

@@ -31,10 +31,10 @@ static tdm_status check_peer(const verifier *v, const tdm_rpc_call *call, tdm_er
     return tdm_trust_check_internal(v->trust, call, "verifier", err);
 }
 
-/* The continuation as a message pointing into c (and `sp`, `stops`, `rng`). */
+/* The continuation as a message pointing into c (and `sp`, `stops`). */
 static void continuation_to_proto(const vsched_continuation *c,
                                   Tandem__V1__SnapshotContinuation *out,
-                                  Tandem__V1__SamplingParams *sp, uint32_t *stops, uint64_t *rng)
+                                  Tandem__V1__SamplingParams *sp, uint32_t *stops)
 {
     tandem__v1__snapshot_continuation__init(out);
     tandem__v1__sampling_params__init(sp);
@@ -53,9 +53,6 @@ static void continuation_to_proto(const vsched_continuation *c,
     out->stop_token_ids = stops;
     out->generated = c->generated;
     out->next_token = (uint32_t)c->next_token;
-    memcpy(rng, c->rng.s, sizeof(c->rng.s));
-    out->n_rng_state = 4;
-    out->rng_state = rng;
 }
 
 static tdm_status continuation_from_proto(const Tandem__V1__SnapshotContinuation *in,
@@ -70,10 +67,6 @@ static tdm_status continuation_from_proto(const Tandem__V1__SnapshotContinuation
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "continuation.stop_token_ids: %zu ids, at most %zu",
                              in->n_stop_token_ids, TDM_ARRAY_LEN(c->stop_ids));
-    if (in->n_rng_state != 4)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "continuation.rng_state: %zu words, the random stream has 4",
-                             in->n_rng_state);
     if (in->next_token > INT32_MAX)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "continuation.next_token: %u is not a token id", in->next_token);
@@ -90,7 +83,6 @@ static tdm_status continuation_from_proto(const Tandem__V1__SnapshotContinuation
                                   TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED
                   ? in->sampling->seed
                   : 0;
-    memcpy(c->rng.s, in->rng_state, sizeof(c->rng.s));
     c->n_stop = (int)in->n_stop_token_ids;
     for (size_t i = 0; i < in->n_stop_token_ids; i++) {
         if (in->stop_token_ids[i] > INT32_MAX)
@@ -141,8 +133,7 @@ static tdm_status export_handler(tdm_rpc_call *call, const ProtobufCMessage *msg
     Tandem__V1__SnapshotContinuation cont;
     Tandem__V1__SamplingParams sp;
     uint32_t stops[TDM_ARRAY_LEN(x.cont.stop_ids)];
-    uint64_t rng[4];
-    continuation_to_proto(&x.cont, &cont, &sp, stops, rng);
+    continuation_to_proto(&x.cont, &cont, &sp, stops);
 
     const uint32_t n = tdm_snap_chunk_count(x.layout.total_bytes, (uint32_t)chunk);
     for (uint32_t i = 0; i < n && rc == TDM_OK; i++) {

@@ -46,9 +46,8 @@ struct vreq {
     int32_t *stop_ids;
     int n_stop;
     tdm_sampling sampling;
-    tdm_rng rng;
-    uint64_t seed;
-    bool seeded; /* the client chose the seed */
+    uint64_t seed; /* draws are keyed by it and the position (tdm_rng_seed_at) */
+    bool seeded;   /* the client chose the seed */
     /* model state (scheduler thread only) */
     tdm_seq *seq;
     int32_t last;    /* newest token, not yet run through the model */
@@ -83,7 +82,8 @@ struct vreq {
     /* life cycle (under mu) */
     req_state state;
     bool cancelled;
-    bool released; /* the scheduler will not touch it again */
+    bool released;      /* the scheduler will not touch it again */
+    bool drain_noticed; /* its Run was told the verifier is draining */
     /* output (under mu) */
     int32_t *out;
     int n_out, out_cap, out_taken;
@@ -186,6 +186,7 @@ struct vsched {
     size_t reserved; /* bytes the active requests reserved (under mu) */
     char limits[1400];
     bool stop;
+    bool draining; /* takes no new request; running ones are told (under mu) */
     pthread_t thread;
     uint64_t next_id;
     vlinks *links;
@@ -557,6 +558,13 @@ tdm_status vsched_import(vsched *s, const char *snapshot_id, tdm_snap_layout *la
     /* The bounds, counting what is queued as well as what waits, checked
      * and the job queued under one lock. */
     pthread_mutex_lock(&s->mu);
+    if (s->draining) {
+        pthread_mutex_unlock(&s->mu);
+        tdm_snap_layout_free(&j.layout);
+        free(j.payload);
+        return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
+                             "the verifier is draining: it takes no snapshot to continue");
+    }
     const double now = now_ms();
     int n = 1;
     uint64_t bytes = j.layout.total_bytes;
@@ -639,7 +647,6 @@ static void job_export(vsched *s, snap_job *j)
     c->next_token = r->last;
     c->sampling = r->sampling;
     c->seed = r->seed;
-    c->rng = r->rng;
     c->n_stop = r->n_stop;
     memcpy(c->stop_ids, r->stop_ids, (size_t)c->n_stop * sizeof(int32_t));
     if (j->detach) {
@@ -765,7 +772,6 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->sampling = c->sampling;
         r->seed = c->seed;
         r->seeded = true;
-        r->rng = c->rng; /* the random stream where it was taken */
         r->seq = st->seq;
         st->seq = NULL;
         r->imported = true;
@@ -780,7 +786,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->sampling = tdm_req_sampling(sp);
     }
     if (r->imported) {
-        /* seed and random stream came with the snapshot */
+        /* the seed came with the snapshot */
     } else if (sp && sp->seed_choice_case == TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED) {
         r->seed = sp->seed;
         r->seeded = true;
@@ -790,8 +796,6 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->seed = (uint64_t)ts.tv_nsec * 6364136223846793005ull ^ (uint64_t)ts.tv_sec ^
                   (uint64_t)(uintptr_t)r;
     }
-    if (!r->imported)
-        tdm_rng_seed(&r->rng, r->seed);
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
         tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
@@ -827,11 +831,14 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     r->t_submit = now_ms();
 
     pthread_mutex_lock(&s->mu);
-    if (s->stop) {
+    if (s->stop || s->draining) {
+        const bool draining = s->draining;
         pthread_mutex_unlock(&s->mu);
         vlink_unref(r->link);
         req_free(r);
-        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is shutting down");
+        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is %s",
+                             draining ? "draining: it takes no new requests"
+                                      : "shutting down");
     }
     /* The line holds max_waiting requests beyond those the next round
      * admits to the free places. */
@@ -896,14 +903,45 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->accepted_at_position = r->accepted_at;
 }
 
+/* Whether r's Run should now hear that the verifier drains: once, after its
+ * first token (a snapshot is taken only after it), while it runs (under mu). */
+static bool drain_due_locked(const vsched *s, const vreq *r)
+{
+    return s->draining && !r->drain_noticed && r->n_out > 0 && r->out_taken == r->n_out &&
+           !r->finished && !r->released;
+}
+
+void vsched_drain(vsched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    for (int i = 0; i < s->n_active; i++)
+        pthread_cond_broadcast(&s->active[i]->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int vsched_in_flight(vsched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_active;
+    for (vreq *w = s->wait_head; w; w = w->next_waiting)
+        n += !w->cancelled;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void vsched_next(vsched *s, vreq *r, vsched_output *o)
 {
     memset(o, 0, sizeof(*o));
     pthread_mutex_lock(&s->mu);
-    while (r->out_taken == r->n_out && !r->finished && !r->released)
+    while (r->out_taken == r->n_out && !r->finished && !r->released && !drain_due_locked(s, r))
         pthread_cond_wait(&r->cv, &s->mu);
     int n = r->n_out - r->out_taken;
-    if (n > 0) {
+    if (drain_due_locked(s, r)) {
+        /* Told once, before any more tokens: its caller may move it now. */
+        r->drain_noticed = true;
+        o->draining = true;
+    } else if (n > 0) {
         o->ids = tdm_xmalloc((size_t)n * sizeof(int32_t));
         memcpy(o->ids, r->out + r->out_taken, (size_t)n * sizeof(int32_t));
         o->n_ids = n;
@@ -1458,10 +1496,12 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     const int32_t *am = rd->out.argmax + q->row;
     const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
     tdm_verdict v = {0};
+    /* The first row decides the token at this position of the sequence. */
+    const uint32_t position = (uint32_t)(r->prompt_len + r->n_out);
     if (q->k == 0) {
-        v.next_token =
-            greedy ? am[0]
-                   : tdm_verify_sample_one(&r->sampling, &r->rng, lg, s->vocab, s->vscratch);
+        v.next_token = greedy ? am[0]
+                              : tdm_verify_sample_one(&r->sampling, r->seed, position, lg,
+                                                      s->vocab, s->vscratch);
         return v;
     }
     const Tandem__V1__DraftBlock *b = q->block->block;
@@ -1478,7 +1518,8 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     if (greedy)
         tdm_verify_block_argmax(am, s->vocab, b->tokens, q->k, dd, &v);
     else
-        tdm_verify_block(&r->sampling, &r->rng, lg, s->vocab, b->tokens, q->k, dd, s->vscratch, &v);
+        tdm_verify_block(&r->sampling, r->seed, position, lg, s->vocab, b->tokens, q->k, dd,
+                         s->vscratch, &v);
     if (tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "

@@ -114,6 +114,9 @@ typedef struct vsched_output {
     int n_ids;
     int index; /* position of ids[0] among the generated tokens */
     bool done; /* the request ended: finish_reason and stats are set */
+    /* No tokens: the verifier drains, and this request may be moved now
+     * (vsched_export with detach); otherwise it goes on here. Once. */
+    bool draining;
     Tandem__V1__FinishReason finish_reason;
     Tandem__V1__RequestStats stats; /* string fields point into the request */
     tdm_status status;              /* != TDM_OK: the request failed (message in msg) */
@@ -122,7 +125,16 @@ typedef struct vsched_output {
     char msg[256];
 } vsched_output;
 
-/* Blocks until there are new tokens or the request ended. */
+/* Drain: from now on new requests and imports are refused (UNAVAILABLE),
+ * and every running request's vsched_next says `draining` once, after its
+ * first token, so that the Run handler can tell its caller to move it.
+ * Requests already admitted or waiting go on here until they end or move. */
+void vsched_drain(vsched *s);
+/* Requests running or waiting. */
+int vsched_in_flight(vsched *s);
+
+/* Blocks until there are new tokens or the request ended (or, draining,
+ * until the request should hear so). */
 void vsched_next(vsched *s, vreq *r, vsched_output *out);
 /* The client went away: the sequence is freed (on the verifier and on its
  * drafter) at the start of the next round. Safe from any thread, any time
@@ -199,8 +211,7 @@ typedef struct vsched_continuation {
     uint32_t prompt_tokens, max_tokens, generated;
     int32_t next_token; /* the newest generated token, not yet in the state */
     tdm_sampling sampling;
-    uint64_t seed;
-    tdm_rng rng;
+    uint64_t seed; /* the draws are keyed by it and the position */
     int32_t stop_ids[64];
     int n_stop;
 } vsched_continuation;

@@ -429,6 +429,23 @@ static void checksums(void)
     CHECK(tdm_crc32c(0, s, 9) == 0xe3069283u, "crc32c check value: 0x%08x", tdm_crc32c(0, s, 9));
     uint32_t part = tdm_crc32c(0, s, 4);
     CHECK(tdm_crc32c(part, s + 4, 5) == 0xe3069283u, "crc32c in two parts");
+    /* Every length and alignment against the bit-at-a-time definition. */
+    static uint8_t buf[1031];
+    uint32_t x = 12345;
+    for (size_t i = 0; i < sizeof(buf); i++) {
+        x = x * 1103515245u + 12345u;
+        buf[i] = (uint8_t)(x >> 16);
+    }
+    for (size_t off = 0; off < 8; off++)
+        for (size_t n = 0; n + off <= sizeof(buf); n += 1 + n / 16) {
+            uint32_t c = 0xffffffffu;
+            for (size_t i = 0; i < n; i++) {
+                c ^= buf[off + i];
+                for (int k = 0; k < 8; k++)
+                    c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+            }
+            CHECK(tdm_crc32c(0, buf + off, n) == ~c, "crc32c of %zu bytes at offset %zu", n, off);
+        }
     uint8_t d[32];
     tdm_sha256("abc", 3, d);
     CHECK(d[0] == 0xba && d[1] == 0x78 && d[31] == 0xad, "sha256(abc)");

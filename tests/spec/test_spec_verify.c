@@ -73,6 +73,8 @@ static int generate(const tdm_sampling *ts, const tdm_sampling *ds, int k, int s
     int out[L + 16];
     int n = 0;
     int prev = start;
+    /* The target's draws are keyed by seed and position: a seed per run. */
+    const uint64_t seed = tdm_rng_next(rng);
     if (k < 0 || k > 8) /* the arrays below hold blocks of up to 8 drafts */
         return -1;
     while (n < L) {
@@ -103,14 +105,16 @@ static int generate(const tdm_sampling *ts, const tdm_sampling *ds, int k, int s
         tdm_verdict v;
         if (mode == VERIFY_ALWAYS_ACCEPT) {
             v.accepted = k;
-            v.next_token = tdm_verify_sample_one(ts, rng, logits[k], V, scratch);
+            v.next_token = tdm_verify_sample_one(ts, seed, (uint32_t)(n + k), logits[k], V, scratch);
         } else {
-            int rc = tdm_verify_block(ts, rng, &logits[0][0], V, drafts, k, dists, scratch, &v);
+            int rc = tdm_verify_block(ts, seed, (uint32_t)n, &logits[0][0], V, drafts, k, dists,
+                                      scratch, &v);
             if (rc != 0)
                 return -1;
             if (mode == VERIFY_NO_RESIDUAL && v.accepted < k) {
                 /* Wrong: correction drawn from p instead of max(0, p - q). */
-                v.next_token = tdm_verify_sample_one(ts, rng, logits[v.accepted], V, scratch);
+                v.next_token = tdm_verify_sample_one(ts, seed, (uint32_t)(n + v.accepted),
+                                                     logits[v.accepted], V, scratch);
             }
         }
         for (int i = 0; i < v.accepted; i++)
@@ -229,15 +233,15 @@ static void test_greedy(void)
     tdm_sampling greedy = {0};
     tdm_verdict v;
     uint32_t d[3] = {(uint32_t)am[0], (uint32_t)am[1], (uint32_t)((am[2] + 1) % VG)};
-    CHECK(tdm_verify_block(&greedy, NULL, &logits[0][0], VG, d, 3, NULL, scratch, &v) == 0, "rc");
+    CHECK(tdm_verify_block(&greedy, 0, 0, &logits[0][0], VG, d, 3, NULL, scratch, &v) == 0, "rc");
     CHECK(v.accepted == 2 && v.next_token == am[2], "greedy partial: got %d/%d", v.accepted,
           v.next_token);
     d[2] = (uint32_t)am[2];
-    tdm_verify_block(&greedy, NULL, &logits[0][0], VG, d, 3, NULL, scratch, &v);
+    tdm_verify_block(&greedy, 0, 0, &logits[0][0], VG, d, 3, NULL, scratch, &v);
     CHECK(v.accepted == 3 && v.next_token == am[3], "greedy full: got %d/%d", v.accepted,
           v.next_token);
     d[0] = VG + 3;
-    CHECK(tdm_verify_block(&greedy, NULL, &logits[0][0], VG, d, 3, NULL, scratch, &v) == -1,
+    CHECK(tdm_verify_block(&greedy, 0, 0, &logits[0][0], VG, d, 3, NULL, scratch, &v) == -1,
           "out-of-vocabulary draft accepted");
     CHECK(tdm_verify_block_argmax(am, VG, d, 3, NULL, &v) == -1,
           "out-of-vocabulary draft accepted from argmax ids");
@@ -252,7 +256,7 @@ static void test_greedy(void)
             for (int i = 0, c = code; i < 3; i++, c /= 3)
                 dr[i] = c % 3 == 2 ? (uint32_t)am[i] : (uint32_t)(c % 3);
             tdm_verdict a, b;
-            CHECK(tdm_verify_block(&greedy, NULL, &logits[0][0], VG, dr, k, NULL, scratch, &a) == 0,
+            CHECK(tdm_verify_block(&greedy, 0, 0, &logits[0][0], VG, dr, k, NULL, scratch, &a) == 0,
                   "rc");
             CHECK(tdm_verify_block_argmax(ids, VG, dr, k, NULL, &b) == 0, "rc from argmax ids");
             CHECK(a.accepted == b.accepted && a.next_token == b.next_token,
