@@ -24,11 +24,14 @@
 #    0.8B decode at batch 1), the upper bound of a round.
 # PARTS may add "27b" (the Qwen3.6-27B shape in the release layout: engine
 # steps under each strategy, the verifier's capacity, plain decoding through
-# the services), "doctor" (tandem doctor on this machine), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
+# the services), "drain" (32 sequences of the 4B shape moved to a second
+# verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
+# (tandem doctor on this machine), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
 # exchange's floor) and "cudatests" (the CUDA tests).
 # Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
 # default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
-# BACKEND (default cuda; cpu tries the script out on a machine without a GPU).
+# BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
+# DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -64,7 +67,6 @@ run)
     export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     B="$C/bin"
     mkdir -p /work && { [ -e /work/main ] || ln -s "$root" /work/main; }
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$LOGS/env.log"
     W=/dev/shm/tandem-spec-bench
     rm -rf "$W"
     mkdir -p "$W"
@@ -74,6 +76,7 @@ run)
     LOGS=/tmp/tandem-spec-bench-logs
     rm -rf "$LOGS"
     mkdir -p "$LOGS"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$LOGS/env.log"
     SUM="$OUT/summary.txt"
     : >"$SUM"
     REQ1="${REQ1:-12}"
@@ -231,6 +234,47 @@ run)
             done
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
+            ;;
+        drain)
+            # 32 sequences of a 4B-shaped target running on verifier A when
+            # A gets SIGTERM: each moves to verifier B (same GPU) through a
+            # snapshot; the time to a drained A, and what the moves cost.
+            echo "== drain: 32 sequences moved by SIGTERM" | tee -a "$SUM"
+            DM="${DRAIN_MODEL:-$W/t4b}"
+            [ -d "$DM" ] || "$B/bench_make_model" --shape 4b --out "$DM" | tee -a "$SUM"
+            start_stack drain "$DM" --state-strategy replay --shutdown-grace 60s \
+                --max-context 4096 || continue
+            V="--vocab $(grep -o '"vocab_size": *[0-9]*' "$DM/config.json" | head -1 | grep -o '[0-9]*$')"
+            TOKENS="${DRAIN_TOKENS:-2000}" load "drain: 32 x ${DRAIN_TOKENS:-2000} tokens" 32 32 off $V &
+            lpid=$!
+            sleep 4
+            "$B/tandem-verifier" --backend "${BACKEND:-cuda}" --model "$DM" \
+                --listen 127.0.0.1:7730 --health-listen 127.0.0.1:7731 --gateway "$GW" \
+                --max-sequences 40 --max-draft-tokens 8 --max-context 4096 \
+                >"$LOGS/verifier-drain-b.log" 2>&1 &
+            bpid=$!
+            for _ in $(seq 1 300); do
+                st="$("$B/tandem" status --gateway "$GW" --json --timeout 1s 2>/dev/null)"
+                grep -q '"address":[[:space:]]*"127.0.0.1:7730"' <<<"$st" && break
+                sleep 0.2
+            done
+            t0=$(date +%s.%N)
+            kill -TERM "$vpid"
+            wait "$vpid"
+            rc=$?
+            t1=$(date +%s.%N)
+            vpid=""
+            echo "A exited $rc, $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}') s" \
+                "after SIGTERM;" \
+                "$(grep -o 'drained in .*' "$LOGS/verifier-drain.log")" | tee -a "$SUM"
+            grep ' -> .*: snapshot (drain' "$LOGS/gateway-drain.log" |
+                grep -o 'snapshot (drain; [0-9.]* MB in [0-9]* ms)' |
+                awk '{mb+=$3; ms+=$6; n++; if ($6>mx) mx=$6} END {printf "moves: %d, %.1f MB each, %.0f ms mean, %d ms max\n", n, mb/n, ms/n, mx}' |
+                tee -a "$SUM"
+            wait "$lpid"
+            tail -1 "$SUM"
+            stop "$bpid" "$gpid"
+            gpid=""
             ;;
         27b)
             # The Qwen3.6-27B shape as released (bench_make_model --layout

@@ -86,7 +86,9 @@ static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_confi
         (rc = cfg_int(path, t, "linear_num_value_heads", 32, 1, &c->lin_v_heads, err)) ||
         (rc = cfg_int(path, t, "max_position_embeddings", 32768, 1, &c->max_position_embeddings,
                       err)) ||
-        (rc = cfg_num(path, t, "rms_norm_eps", 1e-6, &c->rms_norm_eps, NULL, err)))
+        (rc = cfg_num(path, t, "rms_norm_eps", 1e-6, &c->rms_norm_eps, NULL, err)) ||
+        (rc = cfg_int(path, t, "num_nextn_predict_layers", 0, 0, &c->mtp_layers, err)) ||
+        (rc = cfg_int(path, t, "mtp_num_hidden_layers", c->mtp_layers, 0, &c->mtp_layers, err)))
         return rc;
 
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(t, "hidden_act");

@@ -30,6 +30,10 @@ typedef struct tdm_model_config {
     double rms_norm_eps;
     int tie_word_embeddings;
     int max_position_embeddings; /* the context the model was trained for */
+    /* MTP layers (mtp_num_hidden_layers, or Qwen3-Next's num_nextn_predict_layers);
+     * 0 when config.json names none. The engine reads the head from the
+     * mtp.* tensors (engine/mtp.h). */
+    int mtp_layers;
     tdm_layer_kind layer_types[TDM_MODEL_MAX_LAYERS];
 } tdm_model_config;
 

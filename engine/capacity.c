@@ -118,6 +118,22 @@ size_t tdm_capacity_weight_bytes(const tdm_model_config *c, size_t matrix_elem_b
     return mat * matrix_elem_bytes + vec * sizeof(float);
 }
 
+size_t tdm_capacity_mtp_weight_bytes(const tdm_model_config *c, size_t matrix_elem_bytes)
+{
+    const size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    const size_t D = (size_t)c->head_dim, QD = (size_t)c->num_heads * D;
+    const size_t KD = tdm_capacity_kv_width(c);
+    const size_t mat = 2 * H * H + 3 * I * H + 2 * QD * H + 2 * KD * H + H * QD;
+    const size_t vec = 3 * H + 2 * H + 2 * D; /* fc's two norms and the head's; the layer's */
+    return mat * matrix_elem_bytes + vec * sizeof(float);
+}
+
+size_t tdm_capacity_mtp_seq_bytes(const tdm_model_config *c, int positions)
+{
+    return (2 * (size_t)positions * tdm_capacity_kv_width(c) + (size_t)c->hidden_size) *
+           sizeof(float);
+}
+
 static size_t used_by(const tdm_capacity_params *p, const tdm_capacity *c, int n, size_t *ws)
 {
     *ws = tdm_capacity_workspace_bytes(&p->cfg, tdm_capacity_step_rows(n, p->max_draft), NULL);

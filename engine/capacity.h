@@ -72,6 +72,13 @@ int tdm_capacity_step_rows(int nseq, int max_draft);
  * embedding table and, when untied, the LM head. */
 size_t tdm_capacity_weight_bytes(const tdm_model_config *c, size_t matrix_elem_bytes);
 
+/* The MTP head (mtp.h): its own weights resident in backend memory (mtp.fc
+ * and its decoder layer at matrix_elem_bytes, its norms as f32; the
+ * embedding and LM head are the target's), and one MTP sequence with its KV
+ * cache at `positions` positions (and the head's last output). */
+size_t tdm_capacity_mtp_weight_bytes(const tdm_model_config *c, size_t matrix_elem_bytes);
+size_t tdm_capacity_mtp_seq_bytes(const tdm_model_config *c, int positions);
+
 /* What a budget of backend memory holds. */
 typedef struct tdm_capacity_params {
     tdm_model_config cfg;

@@ -9,6 +9,9 @@
  * attention layers, conv windows and recurrent states of the linear layers,
  * and the scratch the chosen state strategy needs for verify/commit).
  *
+ * The checkpoint's MTP head, a drafter run on the target's hidden states
+ * (tdm_step_out.hidden), is mtp.h's.
+ *
  * Threading: one call at a time per model (calls share its workspace).
  * Numbers: every activation, cache and state is fp32, whatever the storage
  * dtype of the weights (bf16, fp16 or fp32).
@@ -127,7 +130,16 @@ typedef struct tdm_step_out {
     float *logits;
     const uint8_t *want_logits;
     int32_t *argmax;
+    /* NULL, or host [rows, H]: each row's hidden state after the final norm
+     * (what the LM head reads, and what an MTP head takes: mtp.h), for the
+     * same sequences' rows as logits. */
+    float *hidden;
 } tdm_step_out;
+
+/* tdm_seq_prefill with a choice of what comes back: logits, argmax and
+ * hidden, each for every position (want_logits is unused). */
+tdm_status tdm_seq_prefill_out(tdm_seq *s, const int32_t *tokens, int n, const tdm_step_out *out,
+                               tdm_error *err);
 
 /* Host buffers a caller keeps for its steps' outputs: logits in the model's
  * fastest host memory (tdm_model_host_alloc), every row's argmax, and the

@@ -49,9 +49,24 @@ typedef struct tdm_workspace {
     float *logits;     /* [R, vocab] */
 } tdm_workspace;
 
+/* What loading placed on the backend for a model (or an MTP head, mtp.c):
+ * backend memory to free, host buffers that backend weights alias
+ * (converted or re-laid-out tensors), and the bytes of the weights as
+ * stored. */
+typedef struct tdm_weight_store {
+    void **owned; /* backend memory to free */
+    size_t nowned, capowned;
+    void **host; /* host buffers aliased by backend weights */
+    size_t nhost, caphost;
+    size_t weight_bytes;
+} tdm_weight_store;
+
+void tdm_weight_store_free(tdm_backend *be, tdm_weight_store *s);
+
 struct tdm_model {
     tdm_model_config cfg;
     tdm_backend *be;
+    char *dir; /* the checkpoint folder */
     tdm_st_file *st;
     tdm_weight embed;        /* [vocab, H] */
     tdm_weight lm_head;      /* [vocab, H]; == embed when tied */
@@ -59,13 +74,8 @@ struct tdm_model {
     tdm_layer_weights *layers;
     float *inv_freq; /* host [rot_dim/2] */
     int conv_dim;
-    size_t weight_bytes;
-    /* backend memory to free at destroy */
-    void **owned;
-    size_t nowned, capowned;
-    /* host buffers aliased by backend weights (converted tensors) */
-    void **host;
-    size_t nhost, caphost;
+    tdm_weight_store store; /* the model's weights, freed at destroy */
+    tdm_weight_store *into; /* where loaders record what they place: &store, or an MTP head's */
     tdm_workspace ws;
     int32_t *draft_ids; /* backend memory [draft_cap]: tdm_seq_draft's tokens */
     int draft_cap;
@@ -91,6 +101,38 @@ struct tdm_seq {
     int verifying;           /* set for the duration of a forward: rows join the pending ones */
     int32_t *pend_tokens;    /* [max_draft+1] its tokens (no_buffer recompute) */
 };
+
+/* Loading (model.c), for the MTP head (mtp.c). Tensors are looked up under
+ * the checkpoint's prefixes when with_prefix is set, as named otherwise;
+ * what is placed is recorded in m->into. */
+/* A decoder layer of `kind` whose tensors are named `pre` + "self_attn....". */
+tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, tdm_layer_kind kind,
+                                tdm_layer_weights *w, tdm_error *err);
+/* A vector [n] as f32 (unprefixed name). */
+tdm_status tdm_model_load_vector(tdm_model *m, const char *name, int64_t n, const float **out,
+                                 tdm_error *err);
+/* Columns col0 .. col0+ncols-1 of a [rows, cols] matrix (unprefixed name),
+ * as their own [rows, ncols] matrix: a copy, in the storage dtype (bf16) or
+ * f32. */
+tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t rows, int64_t cols,
+                                      int64_t col0, int64_t ncols, tdm_weight *w, tdm_error *err);
+/* A model of `dir` with its embedding, final norm and LM head but no
+ * decoder layers (an MTP head's own copy of what it shares; no sequences). */
+tdm_status tdm_model_load_head(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err);
+
+/* Ops of one decoder layer on the workspace rows (seq.c's forward pass, shared
+ * with the MTP head): w->x [R, H] is the residual stream. */
+/* The gated-attention mixer: x += o_proj(attention(...) * sigmoid(gate)).
+ * pos [R] host; segment i's rows are stored into k_cache[i]/v_cache[i] at
+ * as[i].n_past (as[i] is filled in from row0/nrows/n_past and the caches). */
+void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const int32_t *pos,
+                       tdm_attn_seg *as, float *const *k_cache, float *const *v_cache, int nseg);
+/* The SwiGLU MLP with its norm: x += down(silu(gate(xn)) * up(xn)). */
+void tdm_fwd_mlp(tdm_model *m, const tdm_layer_weights *lw, int R);
+
+/* INVALID_ARGUMENT naming the first of the n token ids outside m's
+ * vocabulary (seq.c). */
+tdm_status tdm_model_check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err);
 
 /* Grows s's KV caches to hold n positions (seq.c), as a forward of that
  * length would; RESOURCE_EXHAUSTED when the backend has no room. */

@@ -16,7 +16,7 @@
 
 static const char *const prefixes[] = {"model.language_model.", "model."};
 
-static int track(void ***arr, size_t *n, size_t *cap, void *p)
+static void track(void ***arr, size_t *n, size_t *cap, void *p)
 {
     if (*n == *cap) {
         size_t nc = *cap ? *cap * 2 : 64;
@@ -24,7 +24,17 @@ static int track(void ***arr, size_t *n, size_t *cap, void *p)
         *cap = nc;
     }
     (*arr)[(*n)++] = p;
-    return 0;
+}
+
+void tdm_weight_store_free(tdm_backend *be, tdm_weight_store *s)
+{
+    for (size_t i = 0; i < s->nowned; i++)
+        be->free(be->ctx, s->owned[i]);
+    free(s->owned);
+    for (size_t i = 0; i < s->nhost; i++)
+        free(s->host[i]);
+    free(s->host);
+    memset(s, 0, sizeof(*s));
 }
 
 static float half_to_f32(uint16_t h)
@@ -129,7 +139,8 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
     tdm_status rc = find(m, dir, name, with_prefix, 2, shape, &t, err);
     if (rc != TDM_OK)
         return rc;
-    m->weight_bytes += t->nbytes;
+    tdm_weight_store *ws = m->into;
+    ws->weight_bytes += t->nbytes;
     if (!m->be) /* tdm_model_check: found, with the right shape and dtype */
         return TDM_OK;
     const void *host = t->data;
@@ -141,7 +152,7 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
         if (!conv)
             return tdm_error_oom(err, (size_t)t->numel * sizeof(float), "an f32 copy of %s",
                                  t->name);
-        track(&m->host, &m->nhost, &m->caphost, conv);
+        track(&ws->host, &ws->nhost, &ws->caphost, conv);
         to_f32(conv, t);
         host = conv;
         dt = TDM_DTYPE_F32;
@@ -153,20 +164,20 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "backend out of memory for %s",
                              t->name);
     if (owned)
-        track(&m->owned, &m->nowned, &m->capowned, (void *)dev);
+        track(&ws->owned, &ws->nowned, &ws->capowned, (void *)dev);
     w->data = dev;
     w->dtype = dt;
     return TDM_OK;
 }
 
-static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, int ndim,
-                              const int64_t *shape, const float **out, tdm_error *err)
+static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, int with_prefix,
+                              int ndim, const int64_t *shape, const float **out, tdm_error *err)
 {
     const tdm_st_tensor *t = NULL;
-    tdm_status rc = find(m, dir, name, 1, ndim, shape, &t, err);
+    tdm_status rc = find(m, dir, name, with_prefix, ndim, shape, &t, err);
     if (rc != TDM_OK)
         return rc;
-    m->weight_bytes += t->nbytes;
+    m->into->weight_bytes += t->nbytes;
     if (!m->be) /* tdm_model_check */
         return TDM_OK;
     float *host = tdm_xmalloc((size_t)t->numel * sizeof(float)); /* a norm's vector */
@@ -176,7 +187,7 @@ static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, i
         return tdm_error_oom(err, (size_t)t->numel * sizeof(float), "%s on the %s backend", t->name,
                              m->be->name);
     }
-    track(&m->owned, &m->nowned, &m->capowned, dev);
+    track(&m->into->owned, &m->into->nowned, &m->into->capowned, dev);
     to_f32(host, t);
     m->be->upload(m->be->ctx, dev, host, (size_t)t->numel * sizeof(float));
     free(host);
@@ -184,57 +195,119 @@ static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, i
     return TDM_OK;
 }
 
-static tdm_status load_layer(tdm_model *m, const char *dir, int L, tdm_error *err)
+tdm_status tdm_model_load_vector(tdm_model *m, const char *name, int64_t n, const float **out,
+                                 tdm_error *err)
+{
+    const int64_t shape[1] = {n};
+    return load_vector(m, m->dir, name, 0, 1, shape, out, err);
+}
+
+tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t rows, int64_t cols,
+                                      int64_t col0, int64_t ncols, tdm_weight *w, tdm_error *err)
+{
+    TDM_ASSERT(col0 >= 0 && ncols > 0 && col0 + ncols <= cols);
+    const tdm_st_tensor *t = NULL;
+    const int64_t shape[2] = {rows, cols};
+    tdm_status rc = find(m, m->dir, name, 0, 2, shape, &t, err);
+    if (rc != TDM_OK)
+        return rc;
+    const size_t src_es = t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2;
+    m->into->weight_bytes += (size_t)rows * (size_t)ncols * src_es;
+    if (!m->be)
+        return TDM_OK;
+    /* bf16 stays bf16; f32 and f16 become f32 (as load_matrix places them). */
+    const tdm_dtype dt = t->dtype == TDM_ST_DTYPE_BF16 ? TDM_DTYPE_BF16 : TDM_DTYPE_F32;
+    const size_t es = dt == TDM_DTYPE_BF16 ? 2 : 4;
+    const size_t nb = (size_t)rows * (size_t)ncols * es;
+    unsigned char *block = malloc(nb);
+    if (!block)
+        return tdm_error_oom(err, nb, "columns %lld..%lld of %s", (long long)col0,
+                             (long long)(col0 + ncols - 1), t->name);
+    const unsigned char *src = t->data;
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *row = src + ((size_t)r * (size_t)cols + (size_t)col0) * src_es;
+        unsigned char *dst = block + (size_t)r * (size_t)ncols * es;
+        if (t->dtype == TDM_ST_DTYPE_F16) {
+            tdm_st_tensor part = *t; /* one row of the column block, through to_f32 */
+            part.data = row;
+            part.numel = ncols;
+            to_f32((float *)(void *)dst, &part);
+        } else {
+            memcpy(dst, row, (size_t)ncols * es);
+        }
+    }
+    int owned = 0;
+    const void *dev = m->be->weight_map(m->be->ctx, block, nb, &owned);
+    if (!dev) {
+        free(block);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "backend out of memory for %s",
+                             t->name);
+    }
+    if (owned) { /* the backend holds its own copy */
+        track(&m->into->owned, &m->into->nowned, &m->into->capowned, (void *)dev);
+        free(block);
+    } else { /* the backend's weight aliases the block */
+        track(&m->into->host, &m->into->nhost, &m->into->caphost, block);
+    }
+    w->data = dev;
+    w->dtype = dt;
+    return TDM_OK;
+}
+
+tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, tdm_layer_kind kind,
+                                tdm_layer_weights *w, tdm_error *err)
 {
     const tdm_model_config *c = &m->cfg;
-    tdm_layer_weights *w = &m->layers[L];
+    const char *dir = m->dir;
     const int64_t H = c->hidden_size, I = c->intermediate_size;
     char n[256];
     tdm_status rc;
     int64_t vh[1] = {H};
-    w->kind = c->layer_types[L];
-#define NAME(suffix) (snprintf(n, sizeof(n), "layers.%d.%s", L, suffix), n)
-    if ((rc = load_vector(m, dir, NAME("input_layernorm.weight"), 1, vh, &w->input_norm, err)) ||
-        (rc = load_vector(m, dir, NAME("post_attention_layernorm.weight"), 1, vh, &w->post_norm,
+    const int P = with_prefix;
+    w->kind = kind;
+#define NAME(suffix) (snprintf(n, sizeof(n), "%s%s", pre, suffix), n)
+    if ((rc = load_vector(m, dir, NAME("input_layernorm.weight"), P, 1, vh, &w->input_norm, err)) ||
+        (rc = load_vector(m, dir, NAME("post_attention_layernorm.weight"), P, 1, vh, &w->post_norm,
                           err)) ||
-        (rc = load_matrix(m, dir, NAME("mlp.gate_proj.weight"), 1, I, H, &w->gate, err)) ||
-        (rc = load_matrix(m, dir, NAME("mlp.up_proj.weight"), 1, I, H, &w->up, err)) ||
-        (rc = load_matrix(m, dir, NAME("mlp.down_proj.weight"), 1, H, I, &w->down, err)))
+        (rc = load_matrix(m, dir, NAME("mlp.gate_proj.weight"), P, I, H, &w->gate, err)) ||
+        (rc = load_matrix(m, dir, NAME("mlp.up_proj.weight"), P, I, H, &w->up, err)) ||
+        (rc = load_matrix(m, dir, NAME("mlp.down_proj.weight"), P, H, I, &w->down, err)))
         return rc;
     if (w->kind == TDM_LAYER_LINEAR_ATTENTION) {
         const int64_t Hv = c->lin_v_heads, VD = (int64_t)c->lin_v_heads * c->lin_v_dim;
         const int64_t C = m->conv_dim, K = c->conv_kernel;
         int64_t s_hv[1] = {Hv}, s_dv[1] = {c->lin_v_dim}, s_conv[3] = {C, 1, K};
-        if ((rc = load_matrix(m, dir, NAME("linear_attn.in_proj_qkv.weight"), 1, C, H, &w->in_qkv,
+        if ((rc = load_matrix(m, dir, NAME("linear_attn.in_proj_qkv.weight"), P, C, H, &w->in_qkv,
                               err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_z.weight"), 1, VD, H, &w->in_z,
+            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_z.weight"), P, VD, H, &w->in_z,
                               err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_b.weight"), 1, Hv, H, &w->in_b,
+            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_b.weight"), P, Hv, H, &w->in_b,
                               err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_a.weight"), 1, Hv, H, &w->in_a,
+            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_a.weight"), P, Hv, H, &w->in_a,
                               err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.out_proj.weight"), 1, H, VD, &w->out_proj,
+            (rc = load_matrix(m, dir, NAME("linear_attn.out_proj.weight"), P, H, VD, &w->out_proj,
                               err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.conv1d.weight"), 3, s_conv, &w->conv_w,
+            (rc = load_vector(m, dir, NAME("linear_attn.conv1d.weight"), P, 3, s_conv, &w->conv_w,
                               err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.A_log"), 1, s_hv, &w->A_log, err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.dt_bias"), 1, s_hv, &w->dt_bias, err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.norm.weight"), 1, s_dv, &w->gnorm, err)))
+            (rc = load_vector(m, dir, NAME("linear_attn.A_log"), P, 1, s_hv, &w->A_log, err)) ||
+            (rc = load_vector(m, dir, NAME("linear_attn.dt_bias"), P, 1, s_hv, &w->dt_bias, err)) ||
+            (rc = load_vector(m, dir, NAME("linear_attn.norm.weight"), P, 1, s_dv, &w->gnorm, err)))
             return rc;
     } else {
         const int64_t D = c->head_dim, QD = (int64_t)c->num_heads * D,
                       KD = (int64_t)c->num_kv_heads * D;
         int64_t s_d[1] = {D};
-        if ((rc = load_matrix(m, dir, NAME("self_attn.q_proj.weight"), 1, 2 * QD, H, &w->q_proj,
+        if ((rc = load_matrix(m, dir, NAME("self_attn.q_proj.weight"), P, 2 * QD, H, &w->q_proj,
                               err)) ||
             (rc =
-                 load_matrix(m, dir, NAME("self_attn.k_proj.weight"), 1, KD, H, &w->k_proj, err)) ||
+                 load_matrix(m, dir, NAME("self_attn.k_proj.weight"), P, KD, H, &w->k_proj, err)) ||
             (rc =
-                 load_matrix(m, dir, NAME("self_attn.v_proj.weight"), 1, KD, H, &w->v_proj, err)) ||
+                 load_matrix(m, dir, NAME("self_attn.v_proj.weight"), P, KD, H, &w->v_proj, err)) ||
             (rc =
-                 load_matrix(m, dir, NAME("self_attn.o_proj.weight"), 1, H, QD, &w->o_proj, err)) ||
-            (rc = load_vector(m, dir, NAME("self_attn.q_norm.weight"), 1, s_d, &w->q_norm, err)) ||
-            (rc = load_vector(m, dir, NAME("self_attn.k_norm.weight"), 1, s_d, &w->k_norm, err)))
+                 load_matrix(m, dir, NAME("self_attn.o_proj.weight"), P, H, QD, &w->o_proj, err)) ||
+            (rc = load_vector(m, dir, NAME("self_attn.q_norm.weight"), P, 1, s_d, &w->q_norm,
+                              err)) ||
+            (rc = load_vector(m, dir, NAME("self_attn.k_norm.weight"), P, 1, s_d, &w->k_norm, err)))
             return rc;
     }
 #undef NAME
@@ -242,13 +315,17 @@ static tdm_status load_layer(tdm_model *m, const char *dir, int L, tdm_error *er
 }
 
 /* The walk of tdm_model_load; with be NULL it only finds and checks every
- * tensor (tdm_model_check). */
-static tdm_status model_walk(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
+ * tensor (tdm_model_check). layers 0: the embedding, final norm and LM head
+ * only (tdm_model_load_head). */
+static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_model **out,
+                             tdm_error *err)
 {
     *out = NULL;
     tdm_model *m = tdm_xcalloc(1, sizeof(*m));
     m->be = be;
     m->graphs = 1;
+    m->into = &m->store;
+    m->dir = tdm_xstrdup(dir);
     tdm_status rc = tdm_model_config_load(dir, &m->cfg, err);
     if (rc == TDM_OK)
         rc = tdm_st_open(dir, &m->st, err);
@@ -269,9 +346,9 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, tdm_model **out, 
     rc = load_matrix(m, dir, "embed_tokens.weight", 1, c->vocab_size, c->hidden_size, &m->embed,
                      err);
     /* Decoding reads one embedding row, so an untied table is not streamed. */
-    size_t embed_bytes = m->weight_bytes;
+    size_t embed_bytes = m->store.weight_bytes;
     if (rc == TDM_OK)
-        rc = load_vector(m, dir, "norm.weight", 1, hv, &m->final_norm, err);
+        rc = load_vector(m, dir, "norm.weight", 1, 1, hv, &m->final_norm, err);
     if (rc == TDM_OK) {
         if (c->tie_word_embeddings)
             m->lm_head = m->embed;
@@ -279,10 +356,13 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, tdm_model **out, 
             rc = load_matrix(m, dir, "lm_head.weight", 0, c->vocab_size, c->hidden_size,
                              &m->lm_head, err);
     }
-    for (int L = 0; rc == TDM_OK && L < c->num_layers; L++)
-        rc = load_layer(m, dir, L, err);
+    for (int L = 0; rc == TDM_OK && layers && L < c->num_layers; L++) {
+        char pre[64];
+        snprintf(pre, sizeof(pre), "layers.%d.", L);
+        rc = tdm_model_load_layer(m, pre, 1, c->layer_types[L], &m->layers[L], err);
+    }
     if (rc == TDM_OK && !c->tie_word_embeddings)
-        m->weight_bytes -= embed_bytes;
+        m->store.weight_bytes -= embed_bytes;
     if (rc != TDM_OK) {
         tdm_model_destroy(m);
         return rc;
@@ -294,15 +374,20 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, tdm_model **out, 
 tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
 {
     TDM_ASSERT(be);
-    return model_walk(dir, be, out, err);
+    return model_walk(dir, be, 1, out, err);
+}
+
+tdm_status tdm_model_load_head(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
+{
+    return model_walk(dir, be, 0, out, err);
 }
 
 tdm_status tdm_model_check(const char *dir, size_t *weight_bytes, tdm_error *err)
 {
     tdm_model *m = NULL;
-    tdm_status rc = model_walk(dir, NULL, &m, err);
+    tdm_status rc = model_walk(dir, NULL, 1, &m, err);
     if (rc == TDM_OK && weight_bytes)
-        *weight_bytes = m->weight_bytes;
+        *weight_bytes = m->store.weight_bytes;
     tdm_model_destroy(m);
     return rc;
 }
@@ -311,17 +396,13 @@ void tdm_model_destroy(tdm_model *m)
 {
     if (!m)
         return;
-    for (size_t i = 0; i < m->nowned; i++)
-        m->be->free(m->be->ctx, m->owned[i]);
-    free(m->owned);
+    tdm_weight_store_free(m->be, &m->store);
     if (m->ws.block)
         m->be->free(m->be->ctx, m->ws.block);
     if (m->draft_ids)
         m->be->free(m->be->ctx, m->draft_ids);
-    for (size_t i = 0; i < m->nhost; i++)
-        free(m->host[i]);
-    free(m->host);
     free(m->layers);
+    free(m->dir);
     free(m->inv_freq);
     tdm_st_close(m->st);
     free(m);
@@ -339,7 +420,7 @@ tdm_backend *tdm_model_backend(const tdm_model *m)
 
 size_t tdm_model_weight_bytes(const tdm_model *m)
 {
-    return m->weight_bytes;
+    return m->store.weight_bytes;
 }
 
 void tdm_model_set_graphs(tdm_model *m, int on)

@@ -14,8 +14,8 @@
 typedef struct tdm_runtime {
     tdm_backend *backend;
     tdm_model *model;
-    char backend_name[16]; /* the backend actually used: "cpu" or "cuda" */
-    char why[160];         /* why that backend (for `auto`) */
+    char backend_name[16];       /* the backend actually used: "cpu" or "cuda" */
+    char why[160];               /* why that backend (for `auto`) */
     tdm_state_strategy strategy; /* tdm_runtime_open_cfg: how sequences commit */
     char device_uuid[48];        /* the GPU's UUID (tdm_cuda_device_uuid); "" on the CPU */
 } tdm_runtime;

@@ -163,6 +163,7 @@ typedef struct fwd_step {
     tdm_conv_seg *cs;       /* [nseq] host scratch */
     tdm_gdn_seg *gs;        /* [nseq] host scratch */
     tdm_attn_seg *as;       /* [nseq] host scratch */
+    float **kc, **vc;       /* [nseq] host scratch: one layer's KV caches per sequence */
 } fwd_step;
 
 /* Host scratch of a step for up to nseq sequences and R rows. */
@@ -175,6 +176,8 @@ static void step_scratch(fwd_step *st, int nseq, int R)
     st->cs = tdm_xcalloc((size_t)nseq, sizeof(tdm_conv_seg));
     st->gs = tdm_xcalloc((size_t)nseq, sizeof(tdm_gdn_seg));
     st->as = tdm_xcalloc((size_t)nseq, sizeof(tdm_attn_seg));
+    st->kc = tdm_xcalloc((size_t)nseq, sizeof(float *));
+    st->vc = tdm_xcalloc((size_t)nseq, sizeof(float *));
 }
 
 static void step_scratch_free(fwd_step *st)
@@ -186,6 +189,8 @@ static void step_scratch_free(fwd_step *st)
     free(st->cs);
     free(st->gs);
     free(st->as);
+    free(st->kc);
+    free(st->vc);
 }
 
 static uint64_t key_mix(uint64_t h, uint64_t v)
@@ -227,6 +232,60 @@ static void project(tdm_backend *be, const float *x, int R, int in, int n, float
         be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
 }
 
+/* See engine_internal.h. */
+void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const int32_t *pos,
+                       tdm_attn_seg *as, float *const *k_cache, float *const *v_cache, int nseg)
+{
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    const int H = c->hidden_size, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
+    const int QD = nH * D, KD = nKV * D;
+    const float eps = (float)c->rms_norm_eps;
+    tdm_workspace *w = &m->ws;
+    be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
+    /* qg [R, nH, 2D], k and v [R, nKV, D] */
+    float *const ys[] = {w->qg, w->k, w->v};
+    const tdm_weight ws[] = {lw->q_proj, lw->k_proj, lw->v_proj};
+    const int outs[] = {2 * QD, KD, KD};
+    project(be, w->xn, R, H, 3, ys, ws, outs);
+    be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D); /* [R, nH, D] each */
+    be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
+    be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
+    be->rope(bx, w->q, pos, m->inv_freq, R, nH, D, c->rot_dim);
+    be->rope(bx, w->k, pos, m->inv_freq, R, nKV, D, c->rot_dim);
+    for (int i = 0; i < nseg; i++) {
+        const size_t r0 = (size_t)as[i].row0 * (size_t)KD;
+        be->kv_store(bx, k_cache[i], v_cache[i], w->k + r0, w->v + r0, as[i].n_past, as[i].nrows,
+                     KD);
+        as[i].k_cache = k_cache[i];
+        as[i].v_cache = v_cache[i];
+    }
+    be->attention(bx, w->o, w->q, as, nseg, nH, nKV, D); /* [R, nH, D] */
+    be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
+    be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+}
+
+void tdm_fwd_mlp(tdm_model *m, const tdm_layer_weights *lw, int R)
+{
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    const int H = c->hidden_size, I = c->intermediate_size;
+    tdm_workspace *w = &m->ws;
+    be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, (float)c->rms_norm_eps, 1);
+    if (be->matmul_silu) {
+        be->matmul_silu(bx, w->h1, w->xn, lw->gate, lw->up, R, H, I); /* [R, I] */
+    } else {
+        float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
+        const tdm_weight ws[] = {lw->gate, lw->up};
+        const int outs[] = {I, I};
+        project(be, w->xn, R, H, 2, ys, ws, outs);
+        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
+    }
+    be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+}
+
 /* The ops of one step, in order; logits (when asked) end in ws.logits. Op
  * slots only: nothing here allocates, crosses to the host or waits, so a
  * backend may record the step as a graph (backend.h). */
@@ -236,10 +295,9 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     tdm_backend *be = m->be;
     void *bx = be->ctx;
     const int R = st->R, nseq = st->nseq;
-    const int H = c->hidden_size, C = m->conv_dim, K = c->conv_kernel, I = c->intermediate_size;
+    const int H = c->hidden_size, C = m->conv_dim, K = c->conv_kernel;
     const int Hk = c->lin_k_heads, Hv = c->lin_v_heads, Dk = c->lin_k_dim, Dv = c->lin_v_dim;
-    const int VD = Hv * Dv, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
-    const int QD = nH * D, KD = nKV * D;
+    const int VD = Hv * Dv;
     const float eps = (float)c->rms_norm_eps;
     tdm_workspace *w = &m->ws;
 
@@ -249,8 +307,8 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
         be->embed(bx, w->x, m->embed, st->ids, R, H);
     for (int L = 0; L < c->num_layers; L++) {
         const tdm_layer_weights *lw = &m->layers[L];
-        be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
         if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
+            be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
             /* qkv [R, C], z [R, Hv*Dv], b and a [R, Hv] */
             float *const ys[] = {w->qkv, w->z, w->b, w->a};
             const tdm_weight ws[] = {lw->in_qkv, lw->in_z, lw->in_b, lw->in_a};
@@ -291,38 +349,16 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
             be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
         } else {
-            /* qg [R, nH, 2D], k and v [R, nKV, D] */
-            float *const ys[] = {w->qg, w->k, w->v};
-            const tdm_weight ws[] = {lw->q_proj, lw->k_proj, lw->v_proj};
-            const int outs[] = {2 * QD, KD, KD};
-            project(be, w->xn, R, H, 3, ys, ws, outs);
-            be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D); /* [R, nH, D] each */
-            be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
-            be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
-            be->rope(bx, w->q, st->pos, m->inv_freq, R, nH, D, c->rot_dim);
-            be->rope(bx, w->k, st->pos, m->inv_freq, R, nKV, D, c->rot_dim);
             for (int i = 0; i < nseq; i++) {
                 tdm_seq *s = st->seqs[i];
-                const size_t r0 = (size_t)st->row0[i] * (size_t)KD;
-                be->kv_store(bx, s->k[L], s->v[L], w->k + r0, w->v + r0, s->n_past, st->counts[i],
-                             KD);
-                st->as[i] = (tdm_attn_seg){st->row0[i], st->counts[i], s->n_past, s->k[L], s->v[L]};
+                st->as[i] = (tdm_attn_seg){
+                    .row0 = st->row0[i], .nrows = st->counts[i], .n_past = s->n_past};
+                st->kc[i] = s->k[L];
+                st->vc[i] = s->v[L];
             }
-            be->attention(bx, w->o, w->q, st->as, nseq, nH, nKV, D); /* [R, nH, D] */
-            be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
-            be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+            tdm_fwd_attention(m, lw, R, st->pos, st->as, st->kc, st->vc, nseq);
         }
-        be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, eps, 1);
-        if (be->matmul_silu) {
-            be->matmul_silu(bx, w->h1, w->xn, lw->gate, lw->up, R, H, I); /* [R, I] */
-        } else {
-            float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
-            const tdm_weight ws[] = {lw->gate, lw->up};
-            const int outs[] = {I, I};
-            project(be, w->xn, R, H, 2, ys, ws, outs);
-            be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
-        }
-        be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+        tdm_fwd_mlp(m, lw, R);
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
@@ -360,7 +396,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         .nseq = nseq,
         .R = R,
         .prefill = prefill,
-        .logits = out && (out->logits || out->argmax),
+        .logits = out && (out->logits || out->argmax || out->hidden),
     };
     step_scratch(&st, nseq, R);
     for (int i = 0, r = 0; i < nseq; i++) {
@@ -385,11 +421,12 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     } else {
         fwd_ops(m, &st);
     }
-    const size_t V = (size_t)m->cfg.vocab_size;
+    const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
-    if (out && out->logits)
-        /* Runs of consecutive sequences that want their rows: one copy each. */
+    if (out && (out->logits || out->hidden))
+        /* Runs of consecutive sequences that want their rows: one copy each.
+         * ws.xn holds the final norm's output (fwd_ops). */
         for (int i = 0; i < nseq;) {
             if (out->want_logits && !out->want_logits[i]) {
                 i++;
@@ -400,7 +437,11 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
                 j++;
             const size_t r0 = (size_t)st.row0[i],
                          nr = (size_t)(st.row0[j - 1] + counts[j - 1]) - r0;
-            be->download(bx, out->logits + r0 * V, m->ws.logits + r0 * V, nr * V * sizeof(float));
+            if (out->logits)
+                be->download(bx, out->logits + r0 * V, m->ws.logits + r0 * V,
+                             nr * V * sizeof(float));
+            if (out->hidden)
+                be->download(bx, out->hidden + r0 * H, m->ws.xn + r0 * H, nr * H * sizeof(float));
             i = j;
         }
     be->sync(bx);
@@ -533,7 +574,7 @@ tdm_status tdm_seq_fork(const tdm_seq *src, tdm_seq **out, tdm_error *err)
     return TDM_OK;
 }
 
-static tdm_status check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err)
+tdm_status tdm_model_check_tokens(const tdm_model *m, const int32_t *t, int n, tdm_error *err)
 {
     for (int i = 0; i < n; i++)
         if (t[i] < 0 || t[i] >= m->cfg.vocab_size)
@@ -570,14 +611,26 @@ static void states_checkpoint(tdm_seq *s, int to_checkpoint)
 
 tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logits, tdm_error *err)
 {
+    const tdm_step_out o = {.logits = logits};
+    return tdm_seq_prefill_out(s, tokens, n, &o, err);
+}
+
+tdm_status tdm_seq_prefill_out(tdm_seq *s, const int32_t *tokens, int n, const tdm_step_out *out,
+                               tdm_error *err)
+{
     tdm_status rc;
-    if ((rc = check_idle(s, err)) || (rc = check_tokens(s->m, tokens, n, err)))
+    if ((rc = check_idle(s, err)) || (rc = tdm_model_check_tokens(s->m, tokens, n, err)))
         return rc;
-    const size_t V = (size_t)s->m->cfg.vocab_size;
+    const size_t V = (size_t)s->m->cfg.vocab_size, H = (size_t)s->m->cfg.hidden_size;
     for (int at = 0; at < n; at += PREFILL_CHUNK) {
         int cnt = n - at < PREFILL_CHUNK ? n - at : PREFILL_CHUNK;
         const int32_t *t = tokens + at;
-        const tdm_step_out o = {.logits = logits ? logits + (size_t)at * V : NULL};
+        const size_t a = (size_t)at;
+        const tdm_step_out o = {
+            .logits = out && out->logits ? out->logits + a * V : NULL,
+            .argmax = out && out->argmax ? out->argmax + a : NULL,
+            .hidden = out && out->hidden ? out->hidden + a * H : NULL,
+        };
         rc = fwd_run(s->m, &s, 1, &t, &cnt, 0, 1, &o, err);
         if (rc != TDM_OK)
             return rc;
@@ -611,7 +664,7 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
 {
     tdm_status rc;
     if ((rc = check_batch(seqs, nseq, 0, err)) ||
-        (rc = check_tokens(seqs[0]->m, tokens, nseq, err)))
+        (rc = tdm_model_check_tokens(seqs[0]->m, tokens, nseq, err)))
         return rc;
     const int32_t **t = tdm_xmalloc((size_t)nseq * sizeof(*t));
     int *cnt = tdm_xmalloc((size_t)nseq * sizeof(int));
@@ -672,7 +725,7 @@ static tdm_status run_rows(tdm_seq *const *seqs, int nseq, const int32_t *const 
                                  "sequence %d: a decode row is one token on a committed "
                                  "sequence",
                                  i);
-        if ((rc = check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
+        if ((rc = tdm_model_check_tokens(m, tokens[i], ntokens[i], err)) != TDM_OK)
             return rc;
     }
     for (int i = 0; i < nseq; i++)
@@ -792,8 +845,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
                                  "sequence %d: %d pending rows, %d lead tokens and %d drafts "
                                  "exceed 1 + max_draft (%d)",
                                  i, s->pending, nlead[i], k[i], s->p.max_draft);
-        if ((rc = check_tokens(m, lead[i], nlead[i], err)) != TDM_OK ||
-            (forced && (rc = check_tokens(m, forced[i], k[i], err)) != TDM_OK))
+        if ((rc = tdm_model_check_tokens(m, lead[i], nlead[i], err)) != TDM_OK ||
+            (forced && (rc = tdm_model_check_tokens(m, forced[i], k[i], err)) != TDM_OK))
             return rc;
         device = device && s->p.strategy != TDM_STATE_NO_BUFFER;
         kmax = k[i] > kmax ? k[i] : kmax;
@@ -1070,5 +1123,5 @@ void tdm_step_buf_free(tdm_step_buf *b)
 
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b)
 {
-    return (tdm_step_out){b->logits, b->want, b->argmax};
+    return (tdm_step_out){b->logits, b->want, b->argmax, NULL};
 }

@@ -170,6 +170,21 @@ tdm_status tdm_seq_snapshot(const tdm_seq *s, const char *fingerprint, const int
                             int n_tokens, tdm_snap_layout *layout, uint8_t **payload,
                             tdm_error *err)
 {
+    tdm_status rc = tdm_seq_snapshot_take(s, fingerprint, tokens, n_tokens, layout, payload, err);
+    if (rc == TDM_OK)
+        tdm_snap_seal(layout, *payload);
+    return rc;
+}
+
+void tdm_snap_seal(tdm_snap_layout *layout, const uint8_t *payload)
+{
+    tdm_sha256(payload, (size_t)layout->total_bytes, layout->sha256);
+}
+
+tdm_status tdm_seq_snapshot_take(const tdm_seq *s, const char *fingerprint, const int32_t *tokens,
+                                 int n_tokens, tdm_snap_layout *layout, uint8_t **payload,
+                                 tdm_error *err)
+{
     memset(layout, 0, sizeof(*layout));
     *payload = NULL;
     if (s->pending)
@@ -198,7 +213,6 @@ tdm_status tdm_seq_snapshot(const tdm_seq *s, const char *fingerprint, const int
         be->download(be->ctx, p + l.tensors[i].offset, tensor_buf(s, &l.tensors[i]),
                      (size_t)l.tensors[i].nbytes);
     be->sync(be->ctx);
-    tdm_sha256(p, (size_t)l.total_bytes, l.sha256);
     *layout = l;
     *payload = p;
     return TDM_OK;

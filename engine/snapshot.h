@@ -89,6 +89,13 @@ tdm_status tdm_snap_layout_check(const tdm_snap_layout *l, const tdm_model_confi
 tdm_status tdm_seq_snapshot(const tdm_seq *s, const char *fingerprint, const int32_t *tokens,
                             int n_tokens, tdm_snap_layout *layout, uint8_t **payload,
                             tdm_error *err);
+/* The same in two parts: the copy of the state (all a thread that owns the
+ * sequence must do; its layout's sha256 is left zero), then the digest
+ * (any thread; seconds for gigabytes, so not on a scheduler's thread). */
+tdm_status tdm_seq_snapshot_take(const tdm_seq *s, const char *fingerprint, const int32_t *tokens,
+                                 int n_tokens, tdm_snap_layout *layout, uint8_t **payload,
+                                 tdm_error *err);
+void tdm_snap_seal(tdm_snap_layout *layout, const uint8_t *payload);
 
 /* A new sequence (strategy and max_draft from p) holding the state of a
  * snapshot: the layout is checked (tdm_snap_layout_check, with the model's

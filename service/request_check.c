@@ -87,11 +87,12 @@ tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int m
         tdm_status lrc = tdm_req_check_label("snapshot_id", req->snapshot_id, 128, err);
         if (lrc != TDM_OK)
             return lrc;
-        if (req->n_prompt_ids != 0)
+        if (req->n_prompt_ids != 0 || req->generated != 0)
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "prompt_ids: a Run that continues snapshot %s takes its tokens "
-                                 "from the snapshot; got %zu prompt ids",
-                                 req->snapshot_id, req->n_prompt_ids);
+                                 "%s: a Run that continues snapshot %s takes its tokens from the "
+                                 "snapshot; got %zu prompt ids, %u generated",
+                                 req->n_prompt_ids ? "prompt_ids" : "generated", req->snapshot_id,
+                                 req->n_prompt_ids, req->generated);
         if (da && da->address[0] &&
             tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
                                            (uint32_t)max_draft, err) != TDM_OK)
@@ -107,6 +108,11 @@ tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int m
                                  req->prompt_ids[i], vocab - 1);
     if (req->max_tokens == 0)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
+    if (req->generated >= req->n_prompt_ids || req->generated >= req->max_tokens)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "generated: %u of the %zu prompt_ids were generated, with max_tokens "
+                             "%u; at least one must be prompt and one left to generate",
+                             req->generated, req->n_prompt_ids, req->max_tokens);
     if (req->n_prompt_ids >= (size_t)max_context)
         return tdm_error_set(
             err, TDM_ERR_INVALID_ARGUMENT,

@@ -322,9 +322,9 @@ static const tdm_cfg_key verifier_keys[] = {
     {"snapshot_ttl", TDM_CFG_DURATION, "60s", NULL, 1, 86400000, 0, NULL, GRP_MODEL,
      "How long an imported state snapshot waits for the Run that continues it (Run with "
      "snapshot_id) before it is dropped."},
-    {"max_snapshots", TDM_CFG_INT, "16", NULL, 1, 65536, 0, NULL, GRP_MODEL,
-     "Most imported state snapshots held at once waiting for their Run; more are refused "
-     "(RESOURCE_EXHAUSTED)."},
+    {"max_snapshots", TDM_CFG_INT, "64", NULL, 1, 65536, 0, NULL, GRP_MODEL,
+     "Most imported state snapshots held at once waiting for their Run (a drain moves every "
+     "running request at once); more are refused (RESOURCE_EXHAUSTED)."},
     {"max_snapshot_bytes", TDM_CFG_SIZE, "4GiB", NULL, 1, 1099511627776LL, 0, NULL, GRP_MODEL,
      "Most bytes of imported state snapshots held at once waiting for their Run; more are "
      "refused (RESOURCE_EXHAUSTED)."},

@@ -130,8 +130,9 @@ static void mlp_and_norms(tens_list *l, const bench_shape *s, const char *pre)
 /* The tensors of shape s, in file order. A release layout adds what a
  * Qwen3.5/3.6 checkpoint carries beside the text model: an untied LM head,
  * the vision tower (model.visual.*) and the MTP head (mtp.*). */
-static void tensors(tens_list *l, const bench_shape *s, int release)
+static void tensors(tens_list *l, const bench_shape *s, int flags)
 {
+    const int release = flags & BENCH_LAYOUT_RELEASE;
     const int K = 4, C = 2 * s->Hk * s->Dk + s->Hv * s->Dv;
     const char *pfx = release ? "model.language_model." : "model.";
     char nm[160], pre[160];
@@ -158,9 +159,21 @@ static void tensors(tens_list *l, const bench_shape *s, int release)
             attn_layer(l, s, pre);
         }
     }
+    if (release)
+        T("lm_head.weight", sh, 0, s->V, s->H);
+    if (release || (flags & BENCH_LAYOUT_MTP)) {
+        /* MTP head: norms of the next token's embedding and of the hidden
+         * state, the projection of their concatenation, one full-attention
+         * layer, a final norm (the LM head is shared). */
+        T("mtp.pre_fc_norm_embedding.weight", 0.1f, 0, s->H);
+        T("mtp.pre_fc_norm_hidden.weight", 0.1f, 0, s->H);
+        T("mtp.fc.weight", 1.7f / sqrtf(2.0f * (float)s->H), 0, s->H, 2 * s->H);
+        mlp_and_norms(l, s, "mtp.layers.0.");
+        attn_layer(l, s, "mtp.layers.0.");
+        T("mtp.norm.weight", 0.1f, 0, s->H);
+    }
     if (!release)
         return;
-    T("lm_head.weight", sh, 0, s->V, s->H);
     /* Vision tower (Qwen3.5's: 27 blocks of width 1152, patch 16, temporal
      * patch 2, a 2x2 merger into the text width); two narrow blocks beside a
      * test-sized text model. */
@@ -190,15 +203,6 @@ static void tensors(tens_list *l, const bench_shape *s, int release)
     T("model.visual.merger.linear_fc1.bias", 0.03f, 0, 4 * VH);
     T("model.visual.merger.linear_fc2.weight", 0.03f, 0, s->H, 4 * VH);
     T("model.visual.merger.linear_fc2.bias", 0.03f, 0, s->H);
-    /* MTP head: norms of the next token's embedding and of the hidden
-     * state, the projection of their concatenation, one full-attention
-     * layer, a final norm (the LM head is shared). */
-    T("mtp.pre_fc_norm_embedding.weight", 0.1f, 0, s->H);
-    T("mtp.pre_fc_norm_hidden.weight", 0.1f, 0, s->H);
-    T("mtp.fc.weight", 1.7f / sqrtf(2.0f * (float)s->H), 0, s->H, 2 * s->H);
-    mlp_and_norms(l, s, "mtp.layers.0.");
-    attn_layer(l, s, "mtp.layers.0.");
-    T("mtp.norm.weight", 0.1f, 0, s->H);
 #undef NM
 }
 #undef T
@@ -263,9 +267,9 @@ out:
     return rc;
 }
 
-static int write_config(const char *dir, const bench_shape *s, int release, char *err,
-                        size_t err_len)
+static int write_config(const char *dir, const bench_shape *s, int flags, char *err, size_t err_len)
 {
+    const int release = flags & BENCH_LAYOUT_RELEASE;
     char p[600];
     snprintf(p, sizeof(p), "%s/config.json", dir);
     FILE *fc = fopen(p, "w");
@@ -294,7 +298,7 @@ static int write_config(const char *dir, const bench_shape *s, int release, char
             " \"rms_norm_eps\": 1e-6, \"rope_parameters\": {\"rope_type\": \"default\",\n"
             " \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25}}%s\n",
             s->V, s->H, s->I, s->L, s->nH, s->nKV, s->D, s->Hk, s->Hv, s->Dk, s->Dv, tie,
-            release ? 1 : 0, release ? "}" : "");
+            flags ? 1 : 0, release ? "}" : "");
     if (fclose(fc) != 0) {
         snprintf(err, err_len, "cannot finish %s", p);
         return -1;
@@ -302,14 +306,14 @@ static int write_config(const char *dir, const bench_shape *s, int release, char
     return 0;
 }
 
-int bench_write_model_layout(const char *dir, const bench_shape *s, int release, size_t shard_bytes,
+int bench_write_model_layout(const char *dir, const bench_shape *s, int flags, size_t shard_bytes,
                              char *err, size_t err_len)
 {
     mkdir(dir, 0755);
-    if (write_config(dir, s, release, err, err_len) != 0)
+    if (write_config(dir, s, flags, err, err_len) != 0)
         return -1;
     tens_list l = {0};
-    tensors(&l, s, release);
+    tensors(&l, s, flags);
     const size_t B = 1u << 22;
     float *base = malloc(B * sizeof(float));
     uint16_t *buf = malloc(B * 2);
@@ -402,6 +406,7 @@ static const bench_shape bench_shapes[] = {
     {"0.8b", 1024, 24, 3584, 8, 2, 256, 16, 16, 128, 128, 248320},
     {"4b", 2560, 32, 9216, 16, 4, 256, 16, 32, 128, 128, 248320},
     {"27b", 5120, 64, 17408, 24, 4, 256, 16, 48, 128, 128, 248320},
+    {"tiny", 64, 8, 96, 2, 1, 32, 2, 4, 16, 16, 320},
 };
 
 const bench_shape *bench_shape_find(const char *name)

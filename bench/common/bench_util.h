@@ -37,7 +37,8 @@ typedef struct bench_shape {
 } bench_shape;
 
 /* The shapes of the released models the benchmarks use ("0.8b", "4b",
- * "27b"), or NULL for another name. */
+ * "27b"), a test-sized one ("tiny": hidden 64, 8 layers, vocabulary 320),
+ * or NULL for another name. */
 const bench_shape *bench_shape_find(const char *name);
 
 /* Writes config.json and model.safetensors (bf16, uniform weights scaled per
@@ -46,13 +47,24 @@ const bench_shape *bench_shape_find(const char *name);
  * writing a 4B-shaped checkpoint stays disk-bound. 0, or -1 with a message
  * in err. */
 int bench_write_model(const char *dir, const bench_shape *s, char *err, size_t err_len);
-/* The same with a choice of layout. release: as Qwen3.5/3.6 checkpoints ship
- * (a qwen3_5 config with text_config and vision_config, tensors under
- * model.language_model., an untied lm_head.weight, the vision tower's
- * model.visual.* and the MTP head's mtp.* tensors beside them). shard_bytes:
- * 0 for one model.safetensors, else shards of at most that many bytes
- * (model-0000i-of-0000n.safetensors) named by model.safetensors.index.json. */
-int bench_write_model_layout(const char *dir, const bench_shape *s, int release, size_t shard_bytes,
+/* Layout flags of bench_write_model_layout. */
+enum {
+    /* As Qwen3.5/3.6 checkpoints ship: a qwen3_5 config with text_config and
+     * vision_config, tensors under model.language_model., an untied
+     * lm_head.weight, the vision tower's model.visual.* and the MTP head's
+     * mtp.* tensors beside them. */
+    BENCH_LAYOUT_RELEASE = 1,
+    /* The MTP head's mtp.* tensors (and mtp_num_hidden_layers 1) in the
+     * plain layout too: tied embeddings with an MTP head. */
+    BENCH_LAYOUT_MTP = 2,
+};
+
+/* The same with a choice of layout (flags: BENCH_LAYOUT_*; 0 is the plain
+ * layout). shard_bytes: 0 for one model.safetensors, else shards of at most
+ * that many bytes (model-0000i-of-0000n.safetensors) named by
+ * model.safetensors.index.json. The MTP head's values are random like the
+ * rest (its norms zero-centred around 0, fc scaled for 2H inputs). */
+int bench_write_model_layout(const char *dir, const bench_shape *s, int flags, size_t shard_bytes,
                              char *err, size_t err_len);
 
 #ifdef __cplusplus

@@ -4,14 +4,23 @@
  *
  *   tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]
  *                 [--strategy extra_buffer|no_buffer|replay] [--threads N]
+ *                 [--hidden-out FILE.npy] [--mtp-out FILE.npy [--mtp-draft K]]
  *
  * The --ids are a prefill; each --then is a continuation through the cache
  * (one multi-token forward). With --strategy, each continuation runs as a
  * verify block that is then fully committed, exercising that strategy.
+ *
+ * --hidden-out writes the target's hidden states after the final norm
+ * [positions, hidden]. --mtp-out runs the checkpoint's MTP head (engine/mtp.h)
+ * on them: primed at every position p with the token at p + 1 (after the
+ * last position, the target's argmax), then K - 1 greedy draft rows; it
+ * writes the head's logits [positions + K - 1, vocab], row r for the head's
+ * row at position r, and prints the K drafts.
  */
 #include "cli.h"
 
 #include "engine.h"
+#include "mtp.h"
 #include "npy.h"
 
 #include <errno.h>
@@ -26,10 +35,15 @@ static void logits_usage(FILE *out)
     fprintf(
         out,
         "usage: tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]\n"
-        "                     [--strategy extra_buffer|no_buffer|replay] [--threads N]\n\n"
+        "                     [--strategy extra_buffer|no_buffer|replay] [--threads N]\n"
+        "                     [--hidden-out FILE.npy] [--mtp-out FILE.npy [--mtp-draft K]]\n\n"
         "Runs the ids as a prefill, then each --then as a continuation through the cache,\n"
         "and writes the float32 logits of every position as one .npy [positions, vocab]\n"
-        "(--out) or prints the top K tokens of each position (--top, default 5).\n");
+        "(--out) or prints the top K tokens of each position (--top, default 5).\n"
+        "--hidden-out writes the hidden states after the final norm [positions, hidden].\n"
+        "--mtp-out runs the checkpoint's MTP head on them (each position with the next\n"
+        "token; the target's argmax after the last), drafts K tokens (default 1), writes\n"
+        "its logits [positions + K - 1, vocab] and prints the drafts.\n");
 }
 
 /* Parses "1,2,3" into a new array; returns its length or -1. */
@@ -86,11 +100,67 @@ static void print_top(const float *row, int V, int k, int pos)
     printf("\n");
 }
 
+/* --mtp-out: the MTP head primed at every position (hidden [total, H], the
+ * next token of each; the target's argmax after the last), then k - 1 draft
+ * rows; writes [total + k - 1, vocab] to path and prints the drafts. 0 or 1. */
+static int logits_mtp(tdm_model *m, int32_t *const *ids, const int *nids, int ncalls, int total,
+                      const float *logits, const float *hidden, int k, const char *path)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    int rc = 1;
+    tdm_error err;
+    tdm_mtp *h = NULL;
+    tdm_mtp_seq *q = NULL;
+    int32_t *next = malloc((size_t)total * sizeof(int32_t)), *drafts = malloc((size_t)k * 4);
+    float *out = malloc((size_t)(total + k - 1) * (size_t)V * sizeof(float));
+    float *dl = malloc((size_t)k * (size_t)V * sizeof(float));
+    if (!next || !drafts || !out || !dl) {
+        fprintf(stderr, "tandem logits: out of memory\n");
+        goto done;
+    }
+    for (int c = 0, at = 0; c < ncalls; c++)
+        for (int j = 0; j < nids[c]; j++, at++)
+            if (at > 0)
+                next[at - 1] = ids[c][j];
+    const float *lastrow = logits + (size_t)(total - 1) * (size_t)V;
+    next[total - 1] = 0;
+    for (int i = 1; i < V; i++)
+        if (lastrow[i] > lastrow[next[total - 1]])
+            next[total - 1] = i;
+    if (tdm_mtp_create(m, &h, &err) != TDM_OK || tdm_mtp_seq_create(h, 0, &q, &err) != TDM_OK ||
+        tdm_mtp_prime(q, hidden, next, total, out, &err) != TDM_OK ||
+        tdm_mtp_draft(q, k, drafts, dl, &err) != TDM_OK) {
+        fprintf(stderr, "tandem logits: %s\n", err.msg);
+        goto done;
+    }
+    /* Draft 1 comes from the last primed row (out's last row); rows 2..k follow. */
+    memcpy(out + (size_t)total * (size_t)V, dl + (size_t)V,
+           (size_t)(k - 1) * (size_t)V * sizeof(float));
+    int64_t shape[2] = {total + k - 1, V};
+    if (tdm_npy_write_f32(path, out, 2, shape, &err) != TDM_OK) {
+        fprintf(stderr, "tandem logits: %s\n", err.msg);
+        goto done;
+    }
+    printf("mtp drafts:");
+    for (int j = 0; j < k; j++)
+        printf(" %d", (int)drafts[j]);
+    printf("\n");
+    rc = 0;
+done:
+    tdm_mtp_seq_destroy(q);
+    tdm_mtp_destroy(h);
+    free(next);
+    free(drafts);
+    free(out);
+    free(dl);
+    return rc;
+}
+
 int cli_logits(int argc, char **argv)
 {
-    const char *model = NULL, *out = NULL, *strategy = NULL;
+    const char *model = NULL, *out = NULL, *strategy = NULL, *hidden_out = NULL, *mtp_out = NULL;
     const char *calls_s[LOGITS_MAX_CALLS];
-    int ncalls = 0, top = 5, threads = 0;
+    int ncalls = 0, top = 5, threads = 0, mtp_draft = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) {
@@ -134,6 +204,16 @@ int cli_logits(int argc, char **argv)
             strategy = val;
         } else if (strcmp(a, "--threads") == 0) {
             threads = atoi(val);
+        } else if (strcmp(a, "--hidden-out") == 0) {
+            hidden_out = val;
+        } else if (strcmp(a, "--mtp-out") == 0) {
+            mtp_out = val;
+        } else if (strcmp(a, "--mtp-draft") == 0) {
+            mtp_draft = atoi(val);
+            if (mtp_draft < 1 || mtp_draft > TDM_MAX_DRAFT_BLOCK) {
+                fprintf(stderr, "tandem logits: --mtp-draft needs 1..%d\n", TDM_MAX_DRAFT_BLOCK);
+                return 2;
+            }
         } else {
             fprintf(stderr, "tandem logits: unknown option '%s'\n\n", a);
             logits_usage(stderr);
@@ -170,7 +250,7 @@ int cli_logits(int argc, char **argv)
     tdm_error err;
     tdm_model *m = NULL;
     tdm_seq *s = NULL;
-    float *logits = NULL;
+    float *logits = NULL, *hidden = NULL;
     tdm_backend *be = tdm_backend_cpu_create(threads);
     if (!be) {
         fprintf(stderr, "tandem logits: cannot start the CPU backend\n");
@@ -180,24 +260,28 @@ int cli_logits(int argc, char **argv)
         fprintf(stderr, "tandem logits: %s\n", err.msg);
         goto done;
     }
-    const int V = tdm_model_get_config(m)->vocab_size;
+    const int V = tdm_model_get_config(m)->vocab_size, H = tdm_model_get_config(m)->hidden_size;
     tdm_seq_params p = {(tdm_state_strategy)strat, maxcont - 1, 0};
     logits = malloc((size_t)total * (size_t)V * sizeof(float));
-    if (!logits || tdm_seq_create(m, &p, &s, &err) != TDM_OK) {
+    if (hidden_out || mtp_out)
+        hidden = malloc((size_t)total * (size_t)H * sizeof(float));
+    if (!logits || ((hidden_out || mtp_out) && !hidden) ||
+        tdm_seq_create(m, &p, &s, &err) != TDM_OK) {
         fprintf(stderr, "tandem logits: %s\n", logits ? err.msg : "out of memory");
         goto done;
     }
     size_t at = 0;
     for (int c = 0; c < ncalls; c++) {
-        float *dst = logits + at * (size_t)V;
+        const tdm_step_out o = {.logits = logits + at * (size_t)V,
+                                .hidden = hidden ? hidden + at * (size_t)H : NULL};
         tdm_status st;
         if (c > 0 && strategy) {
             const int32_t *t = ids[c];
-            st = tdm_seq_verify(&s, 1, &t, &nids[c], dst, &err);
+            st = tdm_seq_verify_out(&s, 1, &t, &nids[c], &o, &err);
             if (st == TDM_OK)
                 st = tdm_seq_commit(s, nids[c] - 1, &err);
         } else {
-            st = tdm_seq_prefill(s, ids[c], nids[c], dst, &err);
+            st = tdm_seq_prefill_out(s, ids[c], nids[c], &o, &err);
         }
         if (st != TDM_OK) {
             fprintf(stderr, "tandem logits: call %d: %s\n", c + 1, err.msg);
@@ -215,8 +299,18 @@ int cli_logits(int argc, char **argv)
         for (int r = 0; r < total; r++)
             print_top(logits + (size_t)r * (size_t)V, V, top, r);
     }
+    if (hidden_out) {
+        int64_t shape[2] = {total, H};
+        if (tdm_npy_write_f32(hidden_out, hidden, 2, shape, &err) != TDM_OK) {
+            fprintf(stderr, "tandem logits: %s\n", err.msg);
+            goto done;
+        }
+    }
+    if (mtp_out && logits_mtp(m, ids, nids, ncalls, total, logits, hidden, mtp_draft, mtp_out) != 0)
+        goto done;
     rc = 0;
 done:
+    free(hidden);
     free(logits);
     tdm_seq_destroy(s);
     tdm_model_destroy(m);

@@ -649,7 +649,7 @@ again:
         memcpy(resume_ids + n_ids, got, n_got * sizeof(uint32_t));
         run.prompt_ids = resume_ids;
         run.n_prompt_ids = n_ids + n_got;
-        run.max_tokens = max_tokens - (uint32_t)n_got;
+        run.generated = (uint32_t)n_got; /* not prompt: the verifier goes on as if it had them */
         if (req->sampling)
             sp_resume = *req->sampling;
         if (have_seed) {

@@ -67,6 +67,16 @@ tdm_status gw_move_snapshot(tdm_rpc_channel *from, tdm_rpc_channel *to,
                 (const Tandem__V1__ImportSnapshotResponse *)m;
             snprintf(out->snapshot_id, sizeof(out->snapshot_id), "%s", r->snapshot_id);
             protobuf_c_message_free_unpacked(m, NULL);
+            /* Read on to the call's end: its status, so that nothing is
+             * left to cancel. */
+            tdm_error eerr = {0};
+            ProtobufCMessage *extra = NULL;
+            if ((rc = tdm_rpc_stream_read(im, &extra, &eerr)) != TDM_OK || extra) {
+                if (extra)
+                    protobuf_c_message_free_unpacked(extra, NULL);
+                rc = tdm_error_set(err, rc != TDM_OK ? rc : TDM_ERR_INTERNAL,
+                                   "import: %s", extra ? "a second answer" : eerr.msg);
+            }
         } else {
             if (rc == TDM_OK)
                 rc = TDM_ERR_UNAVAILABLE;

@@ -41,6 +41,7 @@ struct vreq {
     /* what to generate */
     int32_t *tokens; /* [cap] prompt, then every committed generated token */
     int n_tokens, cap, prompt_len, max_tokens;
+    int n_given; /* tokens handed in: the prompt, then any generated elsewhere (prefilled) */
     int kv_positions; /* the most positions it may reach: its KV, held from admission */
     size_t reserved;  /* bytes admission reserves for it */
     int32_t *stop_ids;
@@ -54,6 +55,7 @@ struct vreq {
     bool fresh;      /* admitted; its first token not yet generated */
     bool prefilling; /* its prompt (but the last token) is not yet all in the model */
     bool imported;   /* continues an imported snapshot: its state came with it */
+    bool continued;  /* continues a run begun elsewhere (imported, or recomputed) */
     int prefilled;   /* prompt tokens in the model */
     int cached;      /* prompt tokens restored from the prefix cache */
     /* speculation (scheduler thread, except the block fields: under mu) */
@@ -502,6 +504,8 @@ tdm_status vsched_export(vsched *s, const char *request_id, bool detach, const c
     pthread_mutex_lock(&s->mu);
     tdm_status rc = job_run_locked(s, &j, err);
     pthread_mutex_unlock(&s->mu);
+    if (rc == TDM_OK)
+        tdm_snap_seal(&out->layout, out->payload); /* here, not on the scheduler's thread */
     return rc;
 }
 
@@ -632,8 +636,9 @@ static void job_export(vsched *s, snap_job *j)
         return;
     }
     vsched_snapshot *x = j->out;
-    j->rc = tdm_seq_snapshot(r->seq, s->p.fingerprint, r->tokens, r->n_tokens, &x->layout,
-                             &x->payload, &j->err);
+    /* The digest is the caller's (vsched_export), off this thread. */
+    j->rc = tdm_seq_snapshot_take(r->seq, s->p.fingerprint, r->tokens, r->n_tokens, &x->layout,
+                                  &x->payload, &j->err);
     if (j->rc != TDM_OK)
         return;
     vsched_continuation *c = &x->cont;
@@ -724,7 +729,8 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     const int committed = st ? (int)st->layout.committed : 0;
     vreq *r = tdm_xcalloc(1, sizeof(*r));
-    r->prompt_len = st ? (int)st->cont.prompt_tokens : (int)req->n_prompt_ids;
+    r->n_given = st ? 0 : (int)req->n_prompt_ids;
+    r->prompt_len = st ? (int)st->cont.prompt_tokens : (int)(req->n_prompt_ids - req->generated);
     r->max_tokens = st ? (int)st->cont.max_tokens : (int)req->max_tokens;
     r->cap = (st ? committed + 1 : r->prompt_len) + r->max_tokens + s->p.max_draft + 2;
     r->kv_positions = r->cap < s->p.max_context ? r->cap : s->p.max_context;
@@ -775,12 +781,18 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         r->seq = st->seq;
         st->seq = NULL;
         r->imported = true;
+        r->continued = true;
         r->prefilled = r->prompt_len - 1;
         staged_free(st);
     } else {
-        for (int i = 0; i < r->prompt_len; i++)
+        for (int i = 0; i < r->n_given; i++)
             r->tokens[i] = (int32_t)req->prompt_ids[i];
-        r->n_tokens = r->prompt_len;
+        r->n_tokens = r->n_given;
+        /* Tokens generated elsewhere: streamed there already. */
+        for (int i = r->prompt_len; i < r->n_given; i++)
+            r->out[r->n_out++] = r->tokens[i];
+        r->out_taken = r->n_out;
+        r->continued = r->n_out > 0;
         for (int i = 0; i < r->n_stop; i++)
             r->stop_ids[i] = (int32_t)req->stop_token_ids[i];
         r->sampling = tdm_req_sampling(sp);
@@ -1135,7 +1147,7 @@ static tdm_status prefill_start(vsched *s, vreq *r, tdm_error *err)
 {
     tdm_seq_params sp = {
         .strategy = s->p.strategy, .max_draft = s->p.max_draft, .max_positions = r->kv_positions};
-    const int most = r->prompt_len - 1;
+    const int most = r->n_given - 1;
     if (s->prefix && most >= tdm_prefix_cache_block(s->prefix)) {
         int covered = 0;
         tdm_status rc = tdm_prefix_cache_get_seq(s->prefix, s->p.model, &sp, r->tokens, most,
@@ -1199,7 +1211,7 @@ static void prefill_chunks(vsched *s, vround *rd)
         tdm_status rc = TDM_OK;
         if (!r->seq)
             rc = prefill_start(s, r, &err);
-        const int want = r->prompt_len - 1 - r->prefilled;
+        const int want = r->n_given - 1 - r->prefilled;
         int n = want < budget ? want : budget;
         if (s->prefix) {
             /* A call covers one segment of a fixed grid (block boundaries
@@ -1227,10 +1239,10 @@ static void prefill_chunks(vsched *s, vround *rd)
         budget -= n;
         if (s->prefix && n > 0)
             prefill_store(s, r);
-        if (r->prefilled == r->prompt_len - 1) {
+        if (r->prefilled == r->n_given - 1) {
             r->prefilling = false;
-            r->last = r->tokens[r->prompt_len - 1];
-            r->n_tokens = r->prompt_len - 1; /* `last` is committed after the step */
+            r->last = r->tokens[r->n_given - 1];
+            r->n_tokens = r->n_given - 1; /* `last` is committed after the step */
         }
     }
     /* Only the sequences done prefilling (and not failed) take part in the step. */
@@ -1768,6 +1780,32 @@ static void record_timeline(vsched *s, const double *t)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* 1b. A sequence that continues (an imported snapshot, or a run recomputed
+ * from its tokens) opens its drafter
+ * before its first step, which then verifies the drafter's first block: the
+ * position it decides first is decided as it would have been where the
+ * request came from (a round with drafts, not a plain step), so that a
+ * seeded request draws the same tokens after a move. */
+static void open_continued(vsched *s, vround *rd)
+{
+    for (int i = 0; i < rd->n; i++) {
+        vreq *r = rd->seqs[i].r;
+        pthread_mutex_lock(&s->mu);
+        const bool open = r->continued && r->spec && r->link && !r->opened && !r->prefilling &&
+                          r->ad.k_next > 0 && !r->cancelled && !r->finished;
+        if (open) {
+            r->opened = true;
+            r->after_open = true;
+            r->round++;
+            r->awaiting = true;
+            r->t_asked = now_ms();
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (open)
+            send_open(r, r->ad.k_next);
+    }
+}
+
 /* One round. Returns false when the scheduler should stop. Every moment of
  * the scheduler thread falls in one phase of one round (vsched_phase). */
 static bool sched_round(vsched *s)
@@ -1781,6 +1819,7 @@ static bool sched_round(vsched *s)
     snapshot_jobs(s);
     t[VSCHED_ADMIT + 1] = now_ms();
     prefill_chunks(s, rd);
+    open_continued(s, rd);
     t[VSCHED_PREFILL + 1] = now_ms();
     await_blocks(s, rd);
     take_blocks(s, rd);

@@ -43,8 +43,11 @@ int main(void)
     char one[] = "/tmp/tandem_layout_one_XXXXXX", many[] = "/tmp/tandem_layout_many_XXXXXX";
     char msg[512];
     CHECK(mkdtemp(one) && mkdtemp(many), "mkdtemp failed");
-    CHECK(bench_write_model_layout(one, &sh, 1, 0, msg, sizeof(msg)) == 0, "%s", msg);
-    CHECK(bench_write_model_layout(many, &sh, 1, 64 * 1024, msg, sizeof(msg)) == 0, "%s", msg);
+    CHECK(bench_write_model_layout(one, &sh, BENCH_LAYOUT_RELEASE, 0, msg, sizeof(msg)) == 0, "%s",
+          msg);
+    CHECK(bench_write_model_layout(many, &sh, BENCH_LAYOUT_RELEASE, 64 * 1024, msg, sizeof(msg)) ==
+              0,
+          "%s", msg);
     char p[700];
     struct stat st;
     snprintf(p, sizeof(p), "%s/model.safetensors.index.json", many);

@@ -22,6 +22,20 @@ loopback, the bundled demo models, Python grpcio):
             (RESOURCE_EXHAUSTED); one not continued within snapshot_ttl is
             dropped (a Run with its id: NOT_FOUND); a snapshot continues once.
 
+  drain     eight requests streaming through the gateway (greedy, seeded
+            sampling, speculating) on verifier A when A gets SIGTERM: each
+            moves to verifier B through a snapshot and finishes there with
+            the tokens of an unmoved run, B's drafter re-syncs (speculation
+            goes on), A exits 0; then `tandem drain B` moves two more to C;
+            a drafter told to drain (SIGTERM) mid-request leaves it to go on
+            without speculation, with the same tokens.
+  failover  the serving verifier is killed (SIGKILL) mid-request: the gateway
+            resumes each request on another verifier from the prompt and the
+            tokens streamed; greedy and seeded requests (plain and with fixed
+            blocks) end with the tokens of an uninterrupted run; without a
+            spare verifier the client gets UNAVAILABLE naming the cause, at
+            once.
+
 usage: snapshot_test.py CASE --cli PATH --gateway PATH --verifier PATH
                         --drafter PATH --source ROOT
 """
@@ -434,6 +448,217 @@ def crc32c(data):
         c = (c >> 8) ^ _CRC[(c ^ b) & 0xFF]
     return c ^ 0xFFFFFFFF
 
+
+# ---- drain and failover through the gateway ---------------------------------------
+
+class Stream:
+    """A Generate stream read on a thread of its own."""
+
+    def __init__(self, gw, req):
+        grpc = grpc_mod()
+        from google.protobuf import json_format
+        self.json_format = json_format
+        c = st.client()
+        req_cls, resp_cls, _ = c._method("/tandem.v1.Gateway/Generate")
+        self.ch = grpc.insecure_channel(gw.addr())
+        fn = self.ch.unary_stream("/tandem.v1.Gateway/Generate",
+                                  request_serializer=req_cls.SerializeToString,
+                                  response_deserializer=resp_cls.FromString)
+        self.call = fn(json_format.ParseDict(req, req_cls()), timeout=240)
+        self.ids, self.done, self.code, self.details = [], None, None, ""
+        self.t_end = None
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        grpc = grpc_mod()
+        try:
+            for m in self.call:
+                d = self.json_format.MessageToDict(m, preserving_proto_field_name=True)
+                if "tokens" in d:
+                    self.ids += [int(x) for x in d["tokens"].get("ids", [])]
+                if "complete" in d:
+                    self.done = d["complete"]
+            self.code = "OK"
+        except grpc.RpcError as e:
+            self.code, self.details = e.code().name, e.details() or ""
+        self.t_end = time.time()
+
+    def wait(self, timeout=240):
+        self.t.join(timeout)
+        self.ch.close()
+        return self
+
+
+def gen_req(i, n, **kw):
+    """Request i of the drain and failover cases: greedy, seeded sampling,
+    or speculating with fixed blocks (greedy or seeded)."""
+    kind = kw.pop("kind", ("greedy", "seeded", "spec", "spec-seeded")[i % 4])
+    r = {"token_ids": {"ids": prompt(24 + 3 * i, 20 + i)}, "max_tokens": n, "ignore_eos": True,
+         "request_id": "r%d-%s" % (i, kind)}
+    if kind in ("seeded", "spec-seeded"):
+        r["sampling"] = {"temperature": 0.8, "top_p": 0.95, "seed": 4242 + i}
+    else:
+        r["sampling"] = {"temperature": 0}
+    if kind.startswith("spec"):
+        r["speculation"] = {"mode": "SPECULATION_MODE_ON", "block_size": 4,
+                            "fixed_block_size": True}
+    else:
+        r["speculation"] = {"mode": "SPECULATION_MODE_OFF"}
+    r.update(kw)
+    return r
+
+
+def references(gw, reqs):
+    out = []
+    for r in reqs:
+        s = Stream(gw, dict(r, request_id=r["request_id"] + "-ref")).wait()
+        check(s.code == "OK" and len(s.ids) == r["max_tokens"],
+              "reference run of %s: %s %s, %d tokens" % (r["request_id"], s.code, s.details,
+                                                        len(s.ids)))
+        out.append(s.ids)
+    return out
+
+
+def wait_tokens(streams, n, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline and not all(len(s.ids) >= n or s.code for s in streams):
+        time.sleep(0.005)
+
+
+def first_diff(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def case_drain():
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    d = st.replica("drafter", gw, "--model", e2e.DRAFTER, "--state-strategy", "replay",
+                   "--draft-block-size", "4")
+    a = verifier(gw, "replay", "--shutdown-grace", "20s")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier A paired")
+    N = 1200
+    reqs = [gen_req(i, N) for i in range(8)]
+    refs = references(gw, reqs)
+
+    # Eight requests on A; B joins; A is told to drain.
+    streams = [Stream(gw, r) for r in reqs]
+    wait_tokens(streams, 16)
+    b = verifier(gw, "extra_buffer")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 2, "verifier B paired")
+    running = sum(1 for s in streams if s.code is None)
+    t0 = time.time()
+    a.p.send_signal(signal.SIGTERM)
+    rc = a.p.wait(60)
+    print("A drained and exited %d in %.2f s with %d of 8 requests running when told" %
+          (rc, time.time() - t0, running), flush=True)
+    check(rc == 0, "the drained verifier exits 0 (got %d)" % rc)
+    check(running == 8, "all 8 requests were still running on A when it was told to drain "
+          "(%d were)" % running)
+    for s, r, ref in zip(streams, reqs, refs):
+        s.wait()
+        moves = (s.done or {}).get("stats", {}).get("moves", [])
+        check(s.code == "OK" and s.ids == ref,
+              "%s moved by the drain: %s %s, %d tokens, first difference at %d; moves %s" %
+              (r["request_id"], s.code, s.details, len(s.ids), first_diff(s.ids, ref), moves))
+        check(len(moves) == 1 and "snapshot" in moves[0] and moves[0].startswith(a_id(a)),
+              "%s: stats say it moved by snapshot from A: %s" % (r["request_id"], moves))
+    imported = e2e.counter(b.addr(), "/tandem.v1.Verifier/Describe", "snapshots_imported") or 0
+    spec_b = e2e.counter(b.addr(), "/tandem.v1.Verifier/Describe", "speculative_rounds") or 0
+    print("B imported %d snapshots and verified %d draft blocks" % (imported, spec_b), flush=True)
+    check(imported == 8, "B imported the 8 snapshots (%d)" % imported)
+    check(spec_b > 0, "speculation went on on B after the move")
+
+    # `tandem drain` through the gateway: B's two requests move to C.
+    c = verifier(gw, "no_buffer")
+    two = [gen_req(i, N, kind="greedy" if i == 0 else "spec") for i in range(2)]
+    refs2 = references(gw, two)
+    # Both on B: C must not take them; it joins after they started.
+    c.stop(signal.SIGTERM)
+    st.wait_status(gw, lambda s: len([x for x in s.get("replicas", [])
+                                      if x["descriptor"]["role"] == "ROLE_VERIFIER"]) == 1,
+                   "C gone")
+    streams = [Stream(gw, r) for r in two]
+    wait_tokens(streams, 16)
+    c = verifier(gw, "no_buffer")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 2, "verifier C paired")
+    out = st.run([ARGS_CLI(), "drain", "--gateway", gw.addr(), "--reason", "test",
+                  a_id(b)])
+    check(out[0] == 0 and "is draining" in out[1], "tandem drain %s: %s" % (a_id(b), out))
+    rc = b.p.wait(60)
+    check(rc == 0, "B, drained by tandem drain, exits 0 (got %d)" % rc)
+    for s, r, ref in zip(streams, two, refs2):
+        s.wait()
+        moves = (s.done or {}).get("stats", {}).get("moves", [])
+        check(s.code == "OK" and s.ids == ref and len(moves) == 1 and "snapshot" in moves[0],
+              "%s after tandem drain: %s %s, first difference at %d; moves %s" %
+              (r["request_id"], s.code, s.details, first_diff(s.ids, ref), moves))
+
+    # A drafter drains (SIGTERM) mid-request: the request goes on without it.
+    r = gen_req(0, N, kind="spec")
+    ref = references(gw, [r])[0]
+    s = Stream(gw, r)
+    wait_tokens([s], 16)
+    d.p.send_signal(signal.SIGTERM)
+    rc = d.p.wait(60)
+    s.wait()
+    check(rc == 0, "the drained drafter exits 0 (got %d)" % rc)
+    check(s.code == "OK" and s.ids == ref,
+          "a request whose drafter drained: %s %s, first difference at %d" %
+          (s.code, s.details, first_diff(s.ids, ref)))
+    e2e.stop_all()
+
+
+def a_id(v):
+    """A verifier's replica id, from its start-up log."""
+    import re
+    m = re.search(r"serving \S+ as (\S+)", v.text())
+    return m.group(1) if m else "?"
+
+
+def ARGS_CLI():
+    return st.ARGS.cli
+
+
+def case_failover():
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    d = st.replica("drafter", gw, "--model", e2e.DRAFTER, "--state-strategy", "replay",
+                   "--draft-block-size", "4")
+    a = verifier(gw, "replay")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier A paired")
+    N = 1200
+    reqs = [gen_req(i, N) for i in range(4)]
+    refs = references(gw, reqs)
+    streams = [Stream(gw, r) for r in reqs]
+    wait_tokens(streams, 16)
+    b = verifier(gw, "extra_buffer")
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 2, "verifier B paired")
+    at = [len(s.ids) for s in streams]
+    a.p.send_signal(signal.SIGKILL)
+    a.p.wait()
+    print("killed A with %s tokens streamed" % at, flush=True)
+    for s, r, ref in zip(streams, reqs, refs):
+        s.wait()
+        moves = (s.done or {}).get("stats", {}).get("moves", [])
+        check(s.code == "OK" and s.ids == ref,
+              "%s after its verifier was killed: %s %s, %d tokens, first difference at %d; "
+              "moves %s" % (r["request_id"], s.code, s.details, len(s.ids),
+                            first_diff(s.ids, ref), moves))
+        check(len(moves) == 1 and "recomputed" in moves[0] and a_id(b) in moves[0],
+              "%s: stats say it was recomputed on B: %s" % (r["request_id"], moves))
+
+    # No spare verifier: UNAVAILABLE naming the cause, promptly.
+    s = Stream(gw, gen_req(1, N))
+    wait_tokens([s], 16)
+    t0 = time.time()
+    b.p.send_signal(signal.SIGKILL)
+    b.p.wait()
+    s.wait(60)
+    took = time.time() - t0
+    print("without a spare: %s after %.2f s: %s" % (s.code, took, s.details), flush=True)
+    check(s.code == "UNAVAILABLE" and "no other verifier" in s.details and took < 5,
+          "a request whose only verifier died: %s %s after %.1f s" % (s.code, s.details, took))
+    del d
+    e2e.stop_all()
 
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 

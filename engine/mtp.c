@@ -1,0 +1,504 @@
+/*
+ * mtp.c - the MTP head (mtp.h): loading the mtp.* tensors and the rows of
+ * its forward pass.
+ *
+ * A row follows mtp.h's recipe top to bottom in mtp_rows. The projection of
+ * the concatenation [e, g] by mtp.fc [H, 2H] runs as two products on the
+ * column halves of fc, loaded as matrices of their own (fc_e = fc[:, :H],
+ * fc_h = fc[:, H:]): x = e·fc_eᵀ + g·fc_hᵀ, so no [R, 2H] buffer is built.
+ * The decoder layer is the target's own gated-attention layer code
+ * (tdm_fwd_attention, tdm_fwd_mlp), on the model's workspace, with this
+ * head's weights and the sequence's KV cache. Ops run eagerly (no graph
+ * bracket). Every op computes a row the same way whatever the rows of the
+ * call (backend.h), so a prime in one call or in several gives the same
+ * bits. Sizes come from capacity.c (tdm_capacity_mtp_seq_bytes).
+ */
+#include "mtp.h"
+#include "alloc.h"
+#include "capacity.h"
+#include "engine_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MTP_KV_INITIAL_CAP 64
+
+struct tdm_mtp {
+    tdm_model *m;            /* the target (borrowed), or `own` */
+    tdm_model *own;          /* the head-only model of tdm_mtp_open, or NULL */
+    tdm_weight_store store;  /* what the head's tensors placed */
+    tdm_weight fc_e, fc_h;   /* [H, H]: mtp.fc's columns for the embedding, the hidden state */
+    const float *norm_e;     /* [H] zero-centred: pre_fc_norm_embedding */
+    const float *norm_h;     /* [H] zero-centred: pre_fc_norm_hidden */
+    const float *norm;       /* [H] zero-centred: the head's final norm */
+    tdm_layer_weights layer; /* mtp.layers.0: a full-attention decoder layer */
+    float *hid;              /* backend [rows, H]: a prime's hidden states, uploaded */
+    float *hn;               /* backend [rows, H]: pre_fc_norm_hidden of a call's hidden states */
+    int rows;                /* rows hid and hn hold */
+};
+
+struct tdm_mtp_seq {
+    tdm_mtp *h;
+    int n_past;        /* positions in the KV cache */
+    int kv_cap;        /* positions k and v hold */
+    int max_positions; /* tdm_mtp_seq_create's; 0: grow by doubling */
+    float *k, *v;      /* backend [kv_cap, nKV*D] */
+    float *last;       /* backend [H]: the head's output y at position n_past - 1 */
+    int has_last;      /* `last` is valid: a prime or draft ran since the last rollback */
+    int drafted;       /* draft rows at the end of the cache (positions n_past-drafted ..) */
+    int32_t carry;     /* the last draft, not run through the head yet; -1: none */
+};
+
+/* ---- loading ----------------------------------------------------------- */
+
+/* The head's tensors into h->store through m's loaders. */
+static tdm_status mtp_load(tdm_mtp *h, tdm_model *m, tdm_error *err)
+{
+    const tdm_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size;
+    if (c->mtp_layers > 1)
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "%s/config.json: mtp_num_hidden_layers is %d; the engine runs a "
+                             "head of one layer",
+                             m->dir, c->mtp_layers);
+    if (!tdm_st_find(m->st, "mtp.fc.weight"))
+        return tdm_error_set(err, TDM_ERR_NOT_FOUND,
+                             "%s: no MTP head: tensor 'mtp.fc.weight' is missing (config.json "
+                             "declares %d MTP layer%s; a checkpoint for drafting needs the mtp.* "
+                             "tensors of a Qwen3.5/3.6 release)",
+                             m->dir, c->mtp_layers, c->mtp_layers == 1 ? "" : "s");
+    tdm_weight_store *saved = m->into;
+    m->into = &h->store;
+    tdm_status rc;
+    if ((rc = tdm_model_load_matrix_cols(m, "mtp.fc.weight", H, 2 * H, 0, H, &h->fc_e, err)) ||
+        (rc = tdm_model_load_matrix_cols(m, "mtp.fc.weight", H, 2 * H, H, H, &h->fc_h, err)) ||
+        (rc = tdm_model_load_vector(m, "mtp.pre_fc_norm_embedding.weight", H, &h->norm_e, err)) ||
+        (rc = tdm_model_load_vector(m, "mtp.pre_fc_norm_hidden.weight", H, &h->norm_h, err)) ||
+        (rc = tdm_model_load_vector(m, "mtp.norm.weight", H, &h->norm, err)) ||
+        (rc =
+             tdm_model_load_layer(m, "mtp.layers.0.", 0, TDM_LAYER_FULL_ATTENTION, &h->layer, err)))
+        tdm_error_prefix(err, "MTP head");
+    m->into = saved;
+    return rc;
+}
+
+static tdm_status mtp_new(tdm_model *m, tdm_model *own, tdm_mtp **out, tdm_error *err)
+{
+    *out = NULL;
+    tdm_mtp *h = tdm_xcalloc(1, sizeof(*h));
+    h->m = m;
+    h->own = own;
+    tdm_status rc = mtp_load(h, m, err);
+    if (rc != TDM_OK) {
+        tdm_mtp_destroy(h);
+        return rc;
+    }
+    *out = h;
+    return TDM_OK;
+}
+
+tdm_status tdm_mtp_create(tdm_model *m, tdm_mtp **out, tdm_error *err)
+{
+    return mtp_new(m, NULL, out, err);
+}
+
+tdm_status tdm_mtp_open(const char *dir, tdm_backend *be, tdm_mtp **out, tdm_error *err)
+{
+    TDM_ASSERT(be);
+    *out = NULL;
+    tdm_model *m = NULL;
+    tdm_status rc = tdm_model_load_head(dir, be, &m, err);
+    return rc != TDM_OK ? rc : mtp_new(m, m, out, err);
+}
+
+tdm_status tdm_mtp_check(const char *dir, tdm_error *err)
+{
+    tdm_model *m = NULL;
+    tdm_status rc = tdm_model_load_head(dir, NULL, &m, err);
+    if (rc != TDM_OK)
+        return rc;
+    tdm_mtp h;
+    memset(&h, 0, sizeof(h));
+    rc = mtp_load(&h, m, err);
+    tdm_weight_store_free(NULL, &h.store); /* nothing was placed: no backend */
+    tdm_model_destroy(m);
+    return rc;
+}
+
+void tdm_mtp_destroy(tdm_mtp *h)
+{
+    if (!h)
+        return;
+    tdm_backend *be = h->m->be;
+    if (be) {
+        tdm_weight_store_free(be, &h->store);
+        be->free(be->ctx, h->hid);
+        be->free(be->ctx, h->hn);
+    }
+    tdm_model_destroy(h->own);
+    free(h);
+}
+
+size_t tdm_mtp_weight_bytes(const tdm_mtp *h)
+{
+    return h->store.weight_bytes;
+}
+
+const tdm_model_config *tdm_mtp_get_config(const tdm_mtp *h)
+{
+    return &h->m->cfg;
+}
+
+/* ---- sequences --------------------------------------------------------- */
+
+static size_t kv_row_bytes(const tdm_mtp *h)
+{
+    return tdm_capacity_kv_width(&h->m->cfg) * sizeof(float);
+}
+
+static tdm_status kv_ensure(tdm_mtp_seq *s, int need, tdm_error *err)
+{
+    if (need <= s->kv_cap)
+        return TDM_OK;
+    tdm_backend *be = s->h->m->be;
+    int cap = s->kv_cap ? s->kv_cap : MTP_KV_INITIAL_CAP;
+    while (cap < need)
+        cap *= 2;
+    if (s->max_positions > 0)
+        cap = need; /* past what the caller reserved: only what is needed */
+    const size_t row = kv_row_bytes(s->h);
+    float *nk = be->alloc(be->ctx, (size_t)cap * row);
+    float *nv = be->alloc(be->ctx, (size_t)cap * row);
+    if (!nk || !nv) {
+        be->free(be->ctx, nk);
+        be->free(be->ctx, nv);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "out of memory growing the MTP head's KV cache to %d positions", cap);
+    }
+    if (s->n_past > 0) {
+        be->copy(be->ctx, nk, s->k, (size_t)s->n_past * row);
+        be->copy(be->ctx, nv, s->v, (size_t)s->n_past * row);
+    }
+    be->free(be->ctx, s->k);
+    be->free(be->ctx, s->v);
+    s->k = nk;
+    s->v = nv;
+    s->kv_cap = cap;
+    return TDM_OK;
+}
+
+tdm_status tdm_mtp_seq_create(tdm_mtp *h, int max_positions, tdm_mtp_seq **out, tdm_error *err)
+{
+    *out = NULL;
+    if (max_positions < 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "max_positions %d is negative",
+                             max_positions);
+    tdm_backend *be = h->m->be;
+    tdm_mtp_seq *s = tdm_xcalloc(1, sizeof(*s));
+    s->h = h;
+    s->max_positions = max_positions;
+    s->carry = -1;
+    s->last = be->alloc(be->ctx, (size_t)h->m->cfg.hidden_size * sizeof(float));
+    tdm_status rc = s->last ? kv_ensure(s, max_positions > 0 ? max_positions : 1, err)
+                            : tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                                            "%s backend memory exhausted: no room for an MTP "
+                                            "sequence",
+                                            be->name);
+    if (rc != TDM_OK) {
+        tdm_mtp_seq_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return TDM_OK;
+}
+
+void tdm_mtp_seq_destroy(tdm_mtp_seq *s)
+{
+    if (!s)
+        return;
+    tdm_backend *be = s->h->m->be;
+    be->free(be->ctx, s->k);
+    be->free(be->ctx, s->v);
+    be->free(be->ctx, s->last);
+    free(s);
+}
+
+int tdm_mtp_seq_length(const tdm_mtp_seq *s)
+{
+    return s->n_past;
+}
+
+size_t tdm_mtp_seq_bytes(const tdm_mtp_seq *s)
+{
+    return tdm_capacity_mtp_seq_bytes(&s->h->m->cfg, s->kv_cap);
+}
+
+/* ---- the forward pass -------------------------------------------------- */
+
+/* Room for calls of `rows` rows: the model's workspace and the head's
+ * hidden-state buffers. */
+static tdm_status rows_ensure(tdm_mtp *h, int rows, tdm_error *err)
+{
+    tdm_status rc = tdm_model_reserve_workspace(h->m, rows, err);
+    if (rc != TDM_OK || rows <= h->rows)
+        return rc;
+    tdm_backend *be = h->m->be;
+    const size_t nb = (size_t)rows * (size_t)h->m->cfg.hidden_size * sizeof(float);
+    float *hid = be->alloc(be->ctx, nb), *hn = be->alloc(be->ctx, nb);
+    if (!hid || !hn) {
+        be->free(be->ctx, hid);
+        be->free(be->ctx, hn);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "backend out of memory for MTP calls of %d rows", rows);
+    }
+    be->free(be->ctx, h->hid);
+    be->free(be->ctx, h->hn);
+    h->hid = hid;
+    h->hn = hn;
+    h->rows = rows;
+    return TDM_OK;
+}
+
+/* One forward of nseg segments: segment i is counts[i] rows of seqs[i] at
+ * positions n_past .. n_past+counts[i]-1, rows in segment order; hid backend
+ * [R, H] their hidden states, ids host [R] their tokens. Leaves y = norm(x)
+ * in ws.xn [R, H] and each segment's last y in its sequence's `last`;
+ * advances every n_past. The caller has made room (rows_ensure, kv_ensure). */
+static void mtp_rows(tdm_mtp_seq *const *seqs, const int *counts, int nseg, const float *hid,
+                     const int32_t *ids, int R)
+{
+    tdm_mtp *h = seqs[0]->h;
+    tdm_model *m = h->m;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    const int H = m->cfg.hidden_size;
+    const float eps = (float)m->cfg.rms_norm_eps;
+    tdm_workspace *w = &m->ws;
+    int32_t *pos = tdm_xmalloc((size_t)R * sizeof(int32_t));
+    tdm_attn_seg *as = tdm_xcalloc((size_t)nseg, sizeof(*as));
+    float **kc = tdm_xmalloc((size_t)nseg * sizeof(float *));
+    float **vc = tdm_xmalloc((size_t)nseg * sizeof(float *));
+    for (int i = 0, r = 0; i < nseg; i++) {
+        as[i] = (tdm_attn_seg){.row0 = r, .nrows = counts[i], .n_past = seqs[i]->n_past};
+        kc[i] = seqs[i]->k;
+        vc[i] = seqs[i]->v;
+        for (int j = 0; j < counts[i]; j++, r++)
+            pos[r] = seqs[i]->n_past + j;
+    }
+
+    be->embed(bx, w->xn, m->embed, ids, R, H);                 /* [R, H] */
+    be->rmsnorm(bx, w->xn, w->xn, h->norm_e, R, H, eps, 1);    /* e */
+    be->rmsnorm(bx, h->hn, hid, h->norm_h, R, H, eps, 1);      /* g */
+    be->matmul(bx, w->x, w->xn, h->fc_e, R, H, H, 0);          /* x = e·fc_eᵀ */
+    be->matmul(bx, w->x, h->hn, h->fc_h, R, H, H, 1);          /* x += g·fc_hᵀ */
+    tdm_fwd_attention(m, &h->layer, R, pos, as, kc, vc, nseg); /* x += attention */
+    tdm_fwd_mlp(m, &h->layer, R);                              /* x += MLP */
+    be->rmsnorm(bx, w->xn, w->x, h->norm, R, H, eps, 1);       /* y */
+    for (int i = 0; i < nseg; i++) {
+        const size_t last = (size_t)(as[i].row0 + counts[i] - 1);
+        be->copy(bx, seqs[i]->last, w->xn + last * (size_t)H, (size_t)H * sizeof(float));
+        seqs[i]->n_past += counts[i];
+        seqs[i]->has_last = 1;
+    }
+    free(pos);
+    free(as);
+    free(kc);
+    free(vc);
+}
+
+/* Sequences of one head, none twice. */
+static tdm_status check_batch(tdm_mtp_seq *const *seqs, int nseq, tdm_error *err)
+{
+    if (nseq < 1)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "no MTP sequences given");
+    for (int i = 0; i < nseq; i++) {
+        if (seqs[i]->h != seqs[0]->h)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "MTP sequences of different heads in one batch");
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                     "MTP sequence %d appears twice in one batch", i);
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *const *hidden,
+                           const int32_t *const *next, const int *n, float *logits, tdm_error *err)
+{
+    tdm_status rc = check_batch(seqs, nseq, err);
+    if (rc != TDM_OK)
+        return rc;
+    tdm_mtp *h = seqs[0]->h;
+    tdm_model *m = h->m;
+    tdm_backend *be = m->be;
+    long total = 0;
+    for (int i = 0; i < nseq; i++) {
+        const tdm_mtp_seq *s = seqs[i];
+        if (n[i] < 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "MTP sequence %d: a prime needs rows (got %d)", i, n[i]);
+        if (s->drafted)
+            return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                                 "MTP sequence %d: the cache ends in %d draft rows: roll back to "
+                                 "position %d before priming",
+                                 i, s->drafted, s->n_past - s->drafted);
+        if ((rc = tdm_model_check_tokens(m, next[i], n[i], err)) != TDM_OK)
+            return tdm_error_prefix(err, "MTP sequence %d", i);
+        total += n[i];
+    }
+    /* Forwards of at most TDM_PREFILL_ROWS rows: pieces of the sequences'
+     * rows in order, so a forward's rows are consecutive rows of `logits`. */
+    const int chunk = total < TDM_PREFILL_ROWS ? (int)total : TDM_PREFILL_ROWS;
+    if ((rc = rows_ensure(h, chunk, err)) != TDM_OK)
+        return rc;
+    for (int i = 0; i < nseq; i++)
+        if ((rc = kv_ensure(seqs[i], seqs[i]->n_past + n[i], err)) != TDM_OK)
+            return rc;
+    const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    tdm_mtp_seq **pseq = tdm_xmalloc((size_t)chunk * sizeof(*pseq));
+    int *pcount = tdm_xmalloc((size_t)chunk * sizeof(int));
+    int32_t *ids = tdm_xmalloc((size_t)chunk * sizeof(int32_t));
+    size_t g0 = 0; /* the forward's first row among all */
+    for (int si = 0, at = 0; si < nseq;) {
+        int R = 0, np = 0;
+        while (si < nseq && R < chunk) {
+            const int c = n[si] - at < chunk - R ? n[si] - at : chunk - R;
+            be->upload(be->ctx, h->hid + (size_t)R * H, hidden[si] + (size_t)at * H,
+                       (size_t)c * H * sizeof(float));
+            memcpy(ids + R, next[si] + at, (size_t)c * sizeof(int32_t));
+            pseq[np] = seqs[si];
+            pcount[np++] = c;
+            R += c;
+            at += c;
+            if (at == n[si]) {
+                si++;
+                at = 0;
+            }
+        }
+        mtp_rows(pseq, pcount, np, h->hid, ids, R);
+        if (logits) {
+            be->matmul(be->ctx, m->ws.logits, m->ws.xn, m->lm_head, R, (int)H, (int)V, 0);
+            be->download(be->ctx, logits + g0 * V, m->ws.logits, (size_t)R * V * sizeof(float));
+        }
+        g0 += (size_t)R;
+    }
+    be->sync(be->ctx);
+    for (int i = 0; i < nseq; i++)
+        seqs[i]->carry = -1;
+    free(pseq);
+    free(pcount);
+    free(ids);
+    return TDM_OK;
+}
+
+tdm_status tdm_mtp_prime(tdm_mtp_seq *s, const float *hidden, const int32_t *next, int n,
+                         float *logits, tdm_error *err)
+{
+    return tdm_mtp_prime_n(&s, 1, &hidden, &next, &n, logits, err);
+}
+
+tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k, int32_t *const *drafts,
+                           float *logits, tdm_error *err)
+{
+    tdm_status rc = check_batch(seqs, nseq, err);
+    if (rc != TDM_OK)
+        return rc;
+    tdm_mtp *h = seqs[0]->h;
+    tdm_model *m = h->m;
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    int kmax = 0;
+    for (int i = 0; i < nseq; i++) {
+        if (k[i] < 1)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "MTP sequence %d: a draft of %d tokens", i, k[i]);
+        if (!seqs[i]->has_last)
+            return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                                 "MTP sequence %d: nothing to draft from: prime it first (it is "
+                                 "at position %d)",
+                                 i, seqs[i]->n_past);
+        kmax = k[i] > kmax ? k[i] : kmax;
+    }
+    if ((rc = rows_ensure(h, nseq, err)) != TDM_OK)
+        return rc;
+    for (int i = 0; i < nseq; i++)
+        if ((rc = kv_ensure(seqs[i], seqs[i]->n_past + k[i] - 1 + (seqs[i]->carry >= 0), err)) !=
+            TDM_OK)
+            return rc;
+    const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    tdm_mtp_seq **run = tdm_xmalloc((size_t)nseq * sizeof(*run));
+    int *ones = tdm_xmalloc((size_t)nseq * sizeof(int)), *act = tdm_xmalloc((size_t)nseq * 4);
+    int32_t *ids = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
+    int32_t *am = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
+    size_t *out0 = tdm_xmalloc((size_t)nseq * sizeof(size_t)); /* each one's first logits row */
+    for (int i = 0, o = 0; i < nseq; o += k[i], i++) {
+        ones[i] = 1;
+        out0[i] = (size_t)o;
+    }
+    for (int j = 0; j < kmax; j++) {
+        /* Rows: the sequences still drafting, after their first draft or
+         * with a draft carried over, each with its last y and draft. */
+        int nr = 0, na = 0;
+        for (int i = 0; i < nseq; i++) {
+            tdm_mtp_seq *s = seqs[i];
+            if (k[i] <= j)
+                continue;
+            act[na++] = i;
+            if (j == 0 && s->carry < 0)
+                continue;
+            be->copy(bx, h->hid + (size_t)nr * H, s->last, H * sizeof(float));
+            ids[nr] = j > 0 ? drafts[i][j - 1] : s->carry;
+            run[nr++] = s;
+        }
+        if (nr > 0) {
+            mtp_rows(run, ones, nr, h->hid, ids, nr);
+            for (int x = 0; x < nr; x++)
+                run[x]->drafted++;
+        }
+        /* Each drafting sequence's y, gathered, through the LM head. */
+        for (int x = 0; x < na; x++)
+            be->copy(bx, h->hn + (size_t)x * H, seqs[act[x]]->last, H * sizeof(float));
+        be->matmul(bx, m->ws.logits, h->hn, m->lm_head, na, (int)H, (int)V, 0); /* [na, vocab] */
+        be->argmax(bx, am, m->ws.logits, na, (int)V);
+        for (int x = 0; x < na; x++) {
+            const int i = act[x];
+            drafts[i][j] = am[x];
+            if (logits)
+                be->download(bx, logits + (out0[i] + (size_t)j) * V, m->ws.logits + (size_t)x * V,
+                             V * sizeof(float));
+        }
+    }
+    be->sync(bx);
+    for (int i = 0; i < nseq; i++)
+        seqs[i]->carry = drafts[i][k[i] - 1];
+    free(run);
+    free(ones);
+    free(act);
+    free(ids);
+    free(am);
+    free(out0);
+    return TDM_OK;
+}
+
+tdm_status tdm_mtp_draft(tdm_mtp_seq *s, int k, int32_t *drafts, float *logits, tdm_error *err)
+{
+    return tdm_mtp_draft_n(&s, 1, &k, &drafts, logits, err);
+}
+
+tdm_status tdm_mtp_rollback(tdm_mtp_seq *s, int position, tdm_error *err)
+{
+    if (position < 0 || position > s->n_past)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "MTP rollback to position %d: the cache holds 0..%d", position,
+                             s->n_past);
+    if (position == s->n_past)
+        return TDM_OK;
+    const int primed = s->n_past - s->drafted;
+    s->drafted = position > primed ? position - primed : 0;
+    s->n_past = position; /* entries past it are overwritten by later rows */
+    s->has_last = 0;
+    s->carry = -1;
+    return TDM_OK;
+}

@@ -1,0 +1,216 @@
+/* mtp_steps.c - see mtp_steps.h. */
+#include "mtp_steps.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define T0 MTP_STEPS_PROMPT
+#define K MTP_STEPS_DRAFTS
+
+/* A target run over toks: hidden states after the final norm [n, H] and the
+ * argmax of the last position. */
+static float *target_hidden(tdm_model *m, const int32_t *toks, int n, int32_t *next)
+{
+    const int H = tdm_model_get_config(m)->hidden_size;
+    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 4, 0};
+    tdm_seq *s;
+    tdm_error err;
+    CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
+    float *hid = malloc((size_t)n * (size_t)H * sizeof(float));
+    int32_t *am = malloc((size_t)n * sizeof(int32_t));
+    const tdm_step_out o = {.hidden = hid, .argmax = am};
+    CHECK(tdm_seq_prefill_out(s, toks, n, &o, &err) == TDM_OK, "%s", err.msg);
+    *next = am[n - 1];
+    free(am);
+    tdm_seq_destroy(s);
+    return hid;
+}
+
+static tdm_mtp_seq *mseq(tdm_mtp *h, int max_positions)
+{
+    tdm_mtp_seq *s;
+    tdm_error err;
+    CHECK(tdm_mtp_seq_create(h, max_positions, &s, &err) == TDM_OK, "%s", err.msg);
+    return s;
+}
+
+static void prime(tdm_mtp_seq *s, const float *hid, const int32_t *next, int n, float *logits)
+{
+    tdm_error err;
+    CHECK(tdm_mtp_prime(s, hid, next, n, logits, &err) == TDM_OK, "%s", err.msg);
+}
+
+static void draft(tdm_mtp_seq *s, int k, int32_t *d, float *logits)
+{
+    tdm_error err;
+    CHECK(tdm_mtp_draft(s, k, d, logits, &err) == TDM_OK, "%s", err.msg);
+}
+
+/* Three sequences primed and drafting in batches (tdm_mtp_prime_n,
+ * tdm_mtp_draft_n) against each alone: 100 + 60 + 5 primed rows (more than
+ * one forward of TDM_PREFILL_ROWS, split inside a sequence), drafts of
+ * different lengths, a second draft call continuing from the carried draft,
+ * then a rollback and a prime of one more row each. hid [nh, H] are hidden
+ * states to cycle through. */
+static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t H, size_t V)
+{
+    enum { NB = 3 };
+    const int n[NB] = {100, 60, 5}, k1[NB] = {3, 1, 4}, k2[NB] = {2, 3, 1};
+    float *hb[NB];
+    int32_t *nx[NB];
+    for (int i = 0; i < NB; i++) {
+        hb[i] = malloc((size_t)n[i] * H * sizeof(float));
+        nx[i] = malloc((size_t)n[i] * sizeof(int32_t));
+        for (int r = 0; r < n[i]; r++) {
+            memcpy(hb[i] + (size_t)r * H, hid + (size_t)((r + 3 * i) % nh) * H, H * sizeof(float));
+            nx[i][r] = (int32_t)((r * 13 + 7 * i + 1) % (int)V);
+        }
+    }
+    tdm_mtp_seq *one[NB], *all[NB];
+    float *lone = malloc(165 * V * 4), *lall = malloc(165 * V * 4);
+    int32_t d1[NB][8], d2[NB][8];
+    int32_t *dp[NB];
+    size_t at = 0;
+    tdm_error err;
+    for (int i = 0; i < NB; i++) {
+        one[i] = mseq(h, 0);
+        all[i] = mseq(h, 0);
+        prime(one[i], hb[i], nx[i], n[i], lone + at * V);
+        at += (size_t)n[i];
+        dp[i] = d2[i];
+    }
+    const float *const hp[NB] = {hb[0], hb[1], hb[2]};
+    const int32_t *const np[NB] = {nx[0], nx[1], nx[2]};
+    CHECK(tdm_mtp_prime_n(all, NB, hp, np, n, lall, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(lone, lall, 165 * V * 4) == 0, "%s: a batched prime differs", name);
+    const int *ks[2] = {k1, k2};
+    for (int round = 0; round < 2; round++) {
+        at = 0;
+        for (int i = 0; i < NB; i++) {
+            draft(one[i], ks[round][i], d1[i], lone + at * V);
+            at += (size_t)ks[round][i];
+        }
+        CHECK(tdm_mtp_draft_n(all, NB, ks[round], dp, lall, &err) == TDM_OK, "%s", err.msg);
+        for (int i = 0; i < NB; i++)
+            CHECK(memcmp(d1[i], d2[i], (size_t)ks[round][i] * 4) == 0,
+                  "%s: batched drafts differ (sequence %d, round %d)", name, i, round);
+        CHECK(memcmp(lone, lall, at * V * 4) == 0, "%s: batched draft logits differ (round %d)",
+              name, round);
+    }
+    const int32_t *const np1[NB] = {nx[0] + 1, nx[1] + 1, nx[2] + 1};
+    const int ones[NB] = {1, 1, 1};
+    for (int i = 0; i < NB; i++) {
+        CHECK(tdm_mtp_rollback(one[i], n[i], &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_mtp_rollback(all[i], n[i], &err) == TDM_OK, "%s", err.msg);
+        prime(one[i], hb[i], nx[i] + 1, 1, lone + (size_t)i * V);
+    }
+    CHECK(tdm_mtp_prime_n(all, NB, hp, np1, ones, lall, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(lone, lall, NB * V * 4) == 0, "%s: a batched prime after rollback differs", name);
+    const int32_t *const twice[2] = {nx[0], nx[0]};
+    tdm_mtp_seq *dup[2] = {all[0], all[0]};
+    CHECK(tdm_mtp_prime_n(dup, 2, hp, twice, ones, NULL, &err) == TDM_ERR_INVALID_ARGUMENT,
+          "a sequence twice in a batch");
+    for (int i = 0; i < NB; i++) {
+        tdm_mtp_seq_destroy(one[i]);
+        tdm_mtp_seq_destroy(all[i]);
+        free(hb[i]);
+        free(nx[i]);
+    }
+    free(lone);
+    free(lall);
+}
+
+void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mtp_steps_out *out)
+{
+    const tdm_model_config *c = tdm_model_get_config(m);
+    const size_t H = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    tdm_error err;
+    /* The target's tokens: a prompt, then 3 more positions "verified". */
+    int32_t toks[T0 + 4];
+    for (int i = 0; i < T0 + 4; i++)
+        toks[i] = (int32_t)((i * 37 + 11) % c->vocab_size);
+    int32_t x_n;
+    float *hid = target_hidden(m, toks, T0 + 3, &x_n); /* [T0 + 3, H] */
+    int32_t next[T0 + 3];                              /* next[p]: the token at p + 1 */
+    for (int p = 0; p < T0 + 2; p++)
+        next[p] = toks[p + 1];
+    next[T0 + 2] = x_n;
+
+    /* One prime against chunks of 4 and 6. */
+    float *la = malloc(T0 * V * 4), *lb = malloc((T0 + 3) * V * 4);
+    tdm_mtp_seq *a = mseq(h, 0), *b = mseq(h, T0 + K);
+    prime(a, hid, next, T0, la);
+    prime(b, hid, next, 4, lb);
+    prime(b, hid + 4 * H, next + 4, T0 - 4, lb + 4 * V);
+    CHECK(memcmp(la, lb, T0 * V * 4) == 0, "%s: a prime in chunks differs", name);
+    CHECK(tdm_mtp_seq_length(a) == T0, "length %d", tdm_mtp_seq_length(a));
+
+    /* The first draft is the last primed row's argmax; two calls = one. */
+    int32_t da[K], db[K];
+    float *dla = malloc(K * V * 4), *dlb = malloc(K * V * 4);
+    draft(a, K, da, dla);
+    CHECK(memcmp(dla, la + (T0 - 1) * V, V * 4) == 0, "%s: draft 1's logits", name);
+    CHECK(da[0] == argmax_row(la + (T0 - 1) * V, (int)V), "%s: draft 1 is not the argmax", name);
+    CHECK(tdm_mtp_seq_length(a) == T0 + K - 1, "after drafting: length %d", tdm_mtp_seq_length(a));
+    draft(b, 2, db, dlb);
+    draft(b, K - 2, db + 2, dlb + 2 * V);
+    CHECK(memcmp(da, db, sizeof(da)) == 0 && memcmp(dla, dlb, K * V * 4) == 0,
+          "%s: drafts in two calls differ from one call", name);
+
+    /* Misuse. */
+    CHECK(tdm_mtp_prime(a, hid, next, 1, NULL, &err) == TDM_ERR_FAILED_PRECONDITION &&
+              strstr(err.msg, "roll back"),
+          "%s: a prime over draft rows: %s", name, err.msg);
+    CHECK(tdm_mtp_rollback(a, T0 + K, &err) == TDM_ERR_INVALID_ARGUMENT, "rollback past the end");
+
+    /* The target accepts 2 of the drafts and brings 3 rows (positions T0 ..
+     * T0+2): roll back to the primed prefix and prime them. The same as a
+     * fresh sequence primed with all T0 + 3 rows. */
+    CHECK(tdm_mtp_rollback(a, T0, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_mtp_draft(a, 1, da, NULL, &err) == TDM_ERR_FAILED_PRECONDITION,
+          "a draft with nothing primed since the rollback");
+    float *l3 = malloc(3 * V * 4), *lf = malloc((T0 + 3) * V * 4);
+    prime(a, hid + T0 * H, next + T0, 3, l3);
+    tdm_mtp_seq *f = mseq(h, 0);
+    prime(f, hid, next, T0 + 3, lf);
+    CHECK(memcmp(l3, lf + T0 * V, 3 * V * 4) == 0, "%s: rows primed after a rollback differ", name);
+    int32_t dfr[K];
+    draft(a, K, da, dla);
+    draft(f, K, dfr, dlb);
+    CHECK(memcmp(da, dfr, sizeof(da)) == 0 && memcmp(dla, dlb, K * V * 4) == 0,
+          "%s: drafts after a rollback differ from a fresh sequence's", name);
+
+    batch(name, h, hid, T0 + 3, H, V);
+
+    /* A head opened from the folder: the same bits. */
+    tdm_mtp_seq *o = mseq(h2, 0);
+    prime(o, hid, next, T0 + 3, lb);
+    CHECK(memcmp(lb, lf, (T0 + 3) * V * 4) == 0, "%s: tdm_mtp_open's head differs", name);
+    draft(o, K, dfr, dlb);
+    CHECK(memcmp(dla, dlb, K * V * 4) == 0, "%s: tdm_mtp_open's drafts differ", name);
+    printf("%s: drafts %d %d %d %d, max|logit| %.3f\n", name, da[0], da[1], da[2], da[3],
+           (double)max_abs(lf, (T0 + 3) * V));
+    CHECK(max_abs(lf, (T0 + 3) * V) > 0, "all-zero logits");
+
+    out->prime = lf;
+    out->draft = dla;
+    memcpy(out->drafts, da, sizeof(da));
+    out->rows = T0 + 3;
+    tdm_mtp_seq_destroy(a);
+    tdm_mtp_seq_destroy(b);
+    tdm_mtp_seq_destroy(f);
+    tdm_mtp_seq_destroy(o);
+    free(hid);
+    free(la);
+    free(lb);
+    free(dlb);
+    free(l3);
+}
+
+void mtp_steps_out_free(mtp_steps_out *o)
+{
+    free(o->prime);
+    free(o->draft);
+}

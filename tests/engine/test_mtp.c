@@ -1,0 +1,144 @@
+/*
+ * test_mtp.c - the MTP head's contract (engine/mtp.h) on tiny random
+ * checkpoints written at run time (bench_write_model_layout): tied with an
+ * MTP head, and the release layout (untied, sharded).
+ *
+ * Loading: a checkpoint without mtp.* is refused naming mtp.fc.weight, an
+ * incomplete head naming the missing tensor, more than one MTP layer as
+ * unimplemented; the head's tensors do not count as the target's streamed
+ * weights; a head opened from the folder computes the bits of one created
+ * from the loaded model.
+ *
+ * Rows (mtp_steps.c, shared with the CUDA test): a prime in one call or in
+ * chunks gives the same bits; the first draft is the last primed row's
+ * argmax with its logits; drafts in two calls are the drafts of one call;
+ * after a rollback to the primed prefix and a prime of the verified rows,
+ * logits and drafts are those of a fresh sequence primed with every row at
+ * once (the draft rows' KV entries are dead). Misuse (prime over draft rows,
+ * draft with nothing primed, a rollback past the end) is refused. The
+ * numbers themselves are checked against an independent implementation by
+ * mtp_check.py.
+ */
+#include "bench_util.h"
+#include "capacity.h"
+#include "mtp.h"
+#include "mtp_steps.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const bench_shape tiny = {"tiny", 64, 8, 96, 2, 1, 32, 2, 4, 16, 16, 320};
+
+static void write_model(char *dir, int flags, size_t shard)
+{
+    char msg[512];
+    CHECK(mkdtemp(dir), "mkdtemp failed");
+    CHECK(bench_write_model_layout(dir, &tiny, flags, shard, msg, sizeof(msg)) == 0, "%s", msg);
+}
+
+/* Replaces the first `from` in dir/file by `to` (same length). */
+static void patch(const char *dir, const char *file, const char *from, const char *to)
+{
+    char p[700];
+    snprintf(p, sizeof(p), "%s/%s", dir, file);
+    size_t n;
+    unsigned char *b = file_read(p, &n);
+    unsigned char *at = memmem(b, n, from, strlen(from));
+    CHECK(at && strlen(from) == strlen(to), "%s: no '%s'", p, from);
+    memcpy(at, to, strlen(to));
+    file_write(p, b, n);
+    free(b);
+}
+
+static void loading_errors(tdm_backend *be)
+{
+    tdm_error err;
+    tdm_model *m;
+    tdm_mtp *h = NULL;
+    /* No head at all. */
+    char plain[] = "/tmp/tandem_mtp_plain_XXXXXX";
+    write_model(plain, 0, 0);
+    CHECK(tdm_model_load(plain, be, &m, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_mtp_create(m, &h, &err) == TDM_ERR_NOT_FOUND && !h, "no head: accepted");
+    CHECK(strstr(err.msg, "mtp.fc.weight") && strstr(err.msg, "no MTP head"), "no head: %s",
+          err.msg);
+    printf("no head: %s\n", err.msg);
+    tdm_model_destroy(m);
+    CHECK(tdm_mtp_check(plain, &err) == TDM_ERR_NOT_FOUND && strstr(err.msg, "mtp.fc.weight"),
+          "check, no head: %s", err.msg);
+    CHECK(tdm_mtp_open(plain, be, &h, &err) == TDM_ERR_NOT_FOUND && !h, "open, no head: %s",
+          err.msg);
+    dir_remove(plain);
+
+    /* A head without its final norm (renamed in the header). */
+    char part[] = "/tmp/tandem_mtp_part_XXXXXX";
+    write_model(part, BENCH_LAYOUT_MTP, 0);
+    CHECK(tdm_mtp_check(part, &err) == TDM_OK, "complete head: %s", err.msg);
+    patch(part, "model.safetensors", "\"mtp.norm.weight\"", "\"mtp.norX.weight\"");
+    CHECK(tdm_model_load(part, be, &m, &err) == TDM_OK, "the target still loads: %s", err.msg);
+    CHECK(tdm_mtp_create(m, &h, &err) == TDM_ERR_NOT_FOUND, "incomplete head accepted");
+    CHECK(strstr(err.msg, "'mtp.norm.weight'") && strstr(err.msg, "MTP head"),
+          "incomplete head: %s", err.msg);
+    printf("incomplete head: %s\n", err.msg);
+    tdm_model_destroy(m);
+    CHECK(tdm_mtp_check(part, &err) == TDM_ERR_NOT_FOUND, "check, incomplete head");
+
+    /* Two MTP layers. */
+    patch(part, "config.json", "\"mtp_num_hidden_layers\": 1", "\"mtp_num_hidden_layers\": 2");
+    CHECK(tdm_mtp_check(part, &err) == TDM_ERR_UNIMPLEMENTED && strstr(err.msg, "2"),
+          "two MTP layers: %s", err.msg);
+    dir_remove(part);
+}
+
+static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
+{
+    char dir[] = "/tmp/tandem_mtp_head_XXXXXX";
+    write_model(dir, flags, shard);
+    tdm_error err;
+    tdm_model *m;
+    tdm_mtp *h, *h2;
+    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s", err.msg);
+    const size_t target_bytes = tdm_model_weight_bytes(m);
+    CHECK(tdm_mtp_create(m, &h, &err) == TDM_OK, "%s: %s", name, err.msg);
+    CHECK(tdm_mtp_open(dir, be, &h2, &err) == TDM_OK, "%s: %s", name, err.msg);
+    CHECK(tdm_model_weight_bytes(m) == target_bytes, "%s: the head counted as the target's", name);
+    /* bf16: fc [H, 2H], three norms, the layer (attention, MLP, its norms). */
+    const size_t H = (size_t)tiny.H, I = (size_t)tiny.I, D = (size_t)tiny.D;
+    const size_t QD = (size_t)tiny.nH * D, KD = (size_t)tiny.nKV * D;
+    const size_t want =
+        2 * (2 * H * H + 3 * H + 2 * H + 3 * H * I + 2 * QD * H + 2 * KD * H + H * QD + 2 * D);
+    CHECK(tdm_mtp_weight_bytes(h) == want && tdm_mtp_weight_bytes(h2) == want,
+          "%s: head weights %zu bytes, expected %zu", name, tdm_mtp_weight_bytes(h), want);
+    /* Memory: a sequence for 16 positions holds what capacity.c says. */
+    tdm_mtp_seq *q;
+    CHECK(tdm_mtp_seq_create(h, 16, &q, &err) == TDM_OK, "%s", err.msg);
+    const tdm_model_config *c = tdm_model_get_config(m);
+    CHECK(tdm_mtp_seq_bytes(q) == tdm_capacity_mtp_seq_bytes(c, 16) &&
+              tdm_capacity_mtp_seq_bytes(c, 16) == (2 * 16 * KD + H) * sizeof(float),
+          "%s: an MTP sequence of 16 positions holds %zu bytes", name, tdm_mtp_seq_bytes(q));
+    tdm_mtp_seq_destroy(q);
+    /* Resident: bf16 matrices, f32 norms (the stored bytes with vectors doubled). */
+    CHECK(tdm_capacity_mtp_weight_bytes(c, 2) == want + 2 * (5 * H + 2 * D),
+          "%s: tdm_capacity_mtp_weight_bytes %zu", name, tdm_capacity_mtp_weight_bytes(c, 2));
+    mtp_steps_out o;
+    mtp_steps_check(name, m, h, h2, &o);
+    mtp_steps_out_free(&o);
+    tdm_mtp_destroy(h2);
+    tdm_mtp_destroy(h);
+    tdm_model_destroy(m);
+    dir_remove(dir);
+}
+
+int main(void)
+{
+    tdm_backend *be = test_backend();
+    loading_errors(be);
+    heads(be, "tied", BENCH_LAYOUT_MTP, 0);
+    heads(be, "release", BENCH_LAYOUT_RELEASE, 64 * 1024);
+    be->destroy(be);
+    printf("engine_mtp: ok\n");
+    return 0;
+}
