@@ -430,6 +430,8 @@ static const char *rule_fix(const char *rule)
         {"gateway-tokenizer", "give the gateway the verifiers' tokenizer"},
         {"snapshot-layout",
          "run replicas of one role from builds with the same snapshot layout version"},
+        {"snapshot-model",
+         "register verifiers of one model with a gateway (one gateway per served model)"},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(fixes); i++)
         if (strcmp(fixes[i].rule, rule) == 0)

@@ -167,6 +167,24 @@ static void test_rules(void)
                               "layout version 2", NULL};
         expect_refusal(tdm_compat_check_replicas(&v.d, &v2.d, r, 8), r, "snapshot-layout", want);
     }
+    /* Same-role replicas: the model a request moves between (verifiers only). */
+    v2.d.snapshot_layout_version = v.d.snapshot_layout_version;
+    v.d.model_fingerprint = (char *)FP_A;
+    v2.d.model_fingerprint = (char *)FP_B;
+    {
+        const char *want[] = {"verifier-a (10.0.0.1:7710)", "verifier-c (10.0.0.3:7710)", NULL};
+        expect_refusal(tdm_compat_check_replicas(&v.d, &v2.d, r, 8), r, "snapshot-model", want);
+        CHECK(strcmp(r[0].b_value, FP_B) == 0, "b_value is the other fingerprint");
+    }
+    {
+        desc_store d2;
+        make_drafter(&d2);
+        d2.d.model_fingerprint = (char *)FP_B;
+        CHECK(tdm_compat_check_replicas(&d.d, &d2.d, r, 8) == 0,
+              "drafters of other models move nothing between them");
+    }
+    v2.d.model_fingerprint = v.d.model_fingerprint;
+    v2.d.snapshot_layout_version = 2;
     /* Pair rules are not replica rules and vice versa. */
     CHECK(tdm_compat_check_pair(&v.d, &v2.d, r, 8) == 0, "layout is not a pair rule");
 
@@ -190,8 +208,8 @@ static void test_rules(void)
     size_t nr = 0;
     const tdm_compat_rule *rules = tdm_compat_rules(&nr);
     const char *ids[] = {"tokenizer-fingerprint", "draft-block-size", "prefix-cache-state",
-                         "protocol-major", "snapshot-layout"};
-    for (size_t i = 0; i < 5; i++) {
+                         "protocol-major", "snapshot-layout", "snapshot-model"};
+    for (size_t i = 0; i < 6; i++) {
         int found = 0;
         for (size_t j = 0; j < nr; j++)
             found += strcmp(rules[j].id, ids[i]) == 0 && rules[j].summary[0];

@@ -536,7 +536,7 @@ def case_drain():
                    "--draft-block-size", "4")
     a = verifier(gw, "replay", "--shutdown-grace", "20s")
     st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier A paired")
-    N = 1200
+    N = 800
     reqs = [gen_req(i, N) for i in range(8)]
     refs = references(gw, reqs)
 
@@ -625,7 +625,7 @@ def case_failover():
                    "--draft-block-size", "4")
     a = verifier(gw, "replay")
     st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier A paired")
-    N = 1200
+    N = 800
     reqs = [gen_req(i, N) for i in range(4)]
     refs = references(gw, reqs)
     streams = [Stream(gw, r) for r in reqs]
