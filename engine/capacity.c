@@ -34,6 +34,18 @@ void tdm_capacity_state_floats(const tdm_model_config *c, tdm_state_strategy str
         out->rec_x = (strategy == TDM_STATE_EXTRA_BUFFER ? slots : 1) * out->rec;
 }
 
+size_t tdm_capacity_prefix_block_bytes(const tdm_model_config *c, int block)
+{
+    tdm_state_floats f;
+    tdm_capacity_state_floats(c, TDM_STATE_NO_BUFFER, 0, &f);
+    const size_t kv_row = tdm_capacity_kv_width(c);
+    size_t floats = 0;
+    for (int L = 0; L < c->num_layers; L++)
+        floats += c->layer_types[L] == TDM_LAYER_LINEAR_ATTENTION ? f.conv + f.rec
+                                                                  : 2 * kv_row * (size_t)block;
+    return floats * sizeof(float);
+}
+
 void tdm_capacity_seq_bytes(const tdm_model_config *c, tdm_state_strategy strategy, int max_draft,
                             int positions, tdm_seq_bytes *out)
 {

@@ -49,6 +49,12 @@ void tdm_capacity_seq_bytes(const tdm_model_config *c, tdm_state_strategy strate
                             int positions, tdm_seq_bytes *out);
 size_t tdm_seq_bytes_total(const tdm_seq_bytes *b);
 
+/* Bytes of one prefix-cache block (prefix_cache.h) of `block` positions:
+ * per linear layer its conv window and recurrent state, per attention layer
+ * K and V of the block's positions, all fp32. Host memory, outside any
+ * budget of backend memory. */
+size_t tdm_capacity_prefix_block_bytes(const tdm_model_config *c, int block);
+
 /* The workspace of a forward step of `rows` rows: 17 pieces, each rounded up
  * to 16 floats (64-byte alignment). sizes: NULL, or the floats of each piece
  * in the order of tdm_workspace (engine_internal.h). Returns the bytes. */

@@ -30,7 +30,9 @@ const char *tdm_compat_service_name(const Tandem__V1__Descriptor *d, char *buf, 
     return buf;
 }
 
-/* Strategies that can produce the recurrent state at any committed position. */
+/* Strategies that can produce the recurrent state at any position of a
+ * verified block before its commit: the prefix cache takes the states at
+ * block boundaries there (engine/prefix_cache.h). */
 static int strategy_has_any_position(Tandem__V1__StateStrategy s)
 {
     return s == TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_EXTRA_BUFFER ||
@@ -134,13 +136,15 @@ static int rule_prefix_cache(const Tandem__V1__Descriptor *v, const Tandem__V1__
         return 0;
     fill_services(out, "prefix-cache-state", v, d);
     snprintf(out->a_value, sizeof(out->a_value), "prefix_cache=%s, state_strategy=%s",
-             v->prefix_cache ? "on" : "off", tdm_state_strategy_name(tdm_state_strategy_from_proto(v->state_strategy)));
+             v->prefix_cache ? "on" : "off",
+             tdm_state_strategy_name(tdm_state_strategy_from_proto(v->state_strategy)));
     snprintf(out->b_value, sizeof(out->b_value), "prefix_cache=%s, state_strategy=%s",
-             d->prefix_cache ? "on" : "off", tdm_state_strategy_name(tdm_state_strategy_from_proto(d->state_strategy)));
+             d->prefix_cache ? "on" : "off",
+             tdm_state_strategy_name(tdm_state_strategy_from_proto(d->state_strategy)));
     snprintf(out->message, sizeof(out->message),
              "rule prefix-cache-state: verifier %s has %s and drafter %s has %s; prefix caching "
-             "needs the recurrent state at any committed position, which only extra_buffer or "
-             "replay can produce, so %s cannot serve with prefix caching.",
+             "takes the recurrent state at block boundaries inside verified draft blocks, which "
+             "only extra_buffer or replay can produce, so %s cannot serve with prefix caching.",
              out->a_replica, out->a_value, out->b_replica, out->b_value,
              v_bad && d_bad ? "neither" : (v_bad ? "the verifier" : "the drafter"));
     return 1;
@@ -241,8 +245,8 @@ static const tdm_compat_rule g_rules[] = {
     {"draft-block-size", TDM_COMPAT_PAIR,
      "the drafter's draft_block_size is at most the verifier's max_draft_tokens", rule_block_size},
     {"prefix-cache-state", TDM_COMPAT_PAIR,
-     "a side with prefix_cache on uses a state strategy that yields the state at any committed "
-     "position (extra_buffer or replay)",
+     "a side with prefix_cache on uses a state strategy that yields the state at any position "
+     "of a verified block (extra_buffer or replay), where the prefix cache takes states",
      rule_prefix_cache},
     {"protocol-major", TDM_COMPAT_PAIR, "both sides speak the same protocol major version",
      rule_protocol},

@@ -219,8 +219,11 @@
          "records each position's recurrence inputs and replays the accepted ones."},              \
     {                                                                                              \
         "prefix_cache", TDM_CFG_BOOL, "off", NULL, 0, 0, 0, NULL, GRP_SPEC,                        \
-            "Reuse the state of a common prompt prefix across requests (needs a state at any "     \
-            "committed position)."                                                                 \
+            "Verifier: keep the states of prompt prefixes and generated text at every "            \
+            "prefix_cache_block tokens (within prefix_cache_memory) and start a request whose "    \
+            "prompt begins with cached blocks from them instead of prefilling them; needs "        \
+            "extra_buffer or replay, which have the state inside a verified draft block. A "       \
+            "drafter only advertises it (the pairing rule prefix-cache-state)."                    \
     }
 
 /* How long the exchange's threads poll before they sleep (common/spin.h). */
@@ -254,6 +257,11 @@ static const tdm_cfg_key gateway_keys[] = {
      "verifiers' tokenizer (same fingerprint). Empty: only token-id prompts."},
     {"default_max_tokens", TDM_CFG_INT, "256", NULL, 1, 1048576, 0, NULL, GRP_MODEL,
      "max_tokens of a Generate request that does not set it."},
+    {"prefix_affinity_slack", TDM_CFG_INT, "4", NULL, -1, 65536, 0, NULL, GRP_MODEL,
+     "Prefix affinity: a request whose prompt starts with cache blocks that a verifier with "
+     "prefix_cache on served last goes to that verifier (its cache likely holds them) while it "
+     "has a free place and carries at most this many more requests than the least loaded "
+     "verifier; else to the least loaded. -1: no affinity (always the least loaded)."},
     {"max_prompt_tokens", TDM_CFG_INT, "0", NULL, 0, 16777216, 0, NULL, GRP_MODEL,
      "Longest prompt accepted, in tokens; 0: whatever the chosen verifier's max_context "
      "leaves room for (one position for the first generated token)."},
@@ -320,6 +328,17 @@ static const tdm_cfg_key verifier_keys[] = {
     {"max_snapshot_bytes", TDM_CFG_SIZE, "4GiB", NULL, 1, 1099511627776LL, 0, NULL, GRP_MODEL,
      "Most bytes of imported state snapshots held at once waiting for their Run; more are "
      "refused (RESOURCE_EXHAUSTED)."},
+    {"prefix_cache_block", TDM_CFG_INT, "256", NULL, 1, 65536, 0, NULL, GRP_MODEL,
+     "With prefix_cache on: the prompt-prefix states are kept every this many tokens "
+     "(positions block, 2 x block, ...), where prefill stops a chunk to take them; a request "
+     "whose prompt starts with cached blocks starts after the longest run of them. Smaller "
+     "blocks match more of a prompt but keep a recurrent state per block."},
+    {"prefix_cache_memory", TDM_CFG_SIZE, "4GiB", NULL, 1, (int64_t)1 << 50, 0, NULL, GRP_MODEL,
+     "With prefix_cache on: host memory the prompt-prefix states may hold (per block: the "
+     "linear layers' conv and recurrent states and the block's attention K and V); the least "
+     "recently used go first when it is full. Host, not backend, memory: it is outside "
+     "gpu_memory, except on the cpu backend, whose gpu_memory auto leaves it out of the host "
+     "memory it takes."},
     KEY_BUSY_POLL,
 };
 
@@ -501,8 +520,8 @@ static tdm_status rule_state_strategy(const tdm_cfg *cfg, char *value, size_t vl
     snprintf(value, vlen, "%s", tdm_state_strategy_name(TDM_STATE_EXTRA_BUFFER));
     if (tdm_cfg_bool(cfg, "prefix_cache"))
         snprintf(reason, rlen,
-                 "%s needs the recurrent state at any committed position, which extra_buffer "
-                 "(and replay) produce and no_buffer cannot",
+                 "%s takes the recurrent state at block boundaries inside verified draft "
+                 "blocks, which extra_buffer (and replay) produce and no_buffer cannot",
                  d);
     else
         snprintf(reason, rlen,
@@ -619,11 +638,27 @@ static tdm_status rule_gpu_memory(const tdm_cfg *cfg, char *value, size_t vlen, 
                              "available memory; set gpu_memory",
                              b);
     char a[32];
-    snprintf(value, vlen, "%zu", avail / 10 * 9);
+    size_t take = avail / 10 * 9;
+    if (!tdm_cfg_bool(cfg, "prefix_cache")) {
+        snprintf(value, vlen, "%zu", take);
+        snprintf(reason, rlen,
+                 "%s: 90%% of the host's available memory (%s, %s); "
+                 "10%% is left to the process's host buffers and the system",
+                 b, tdm_capacity_bytes_str(avail, a, sizeof(a)), source);
+        return TDM_OK;
+    }
+    /* The prefix cache's states are host memory too: on the cpu backend
+     * they share it with the sequences. */
+    const size_t pc = (size_t)tdm_cfg_int(cfg, "prefix_cache_memory");
+    take = take > pc ? take - pc : 0;
+    char d[512];
+    snprintf(value, vlen, "%zu", take);
     snprintf(reason, rlen,
-             "%s: 90%% of the host's available memory (%s, %s); "
-             "10%% is left to the process's host buffers and the system",
-             b, tdm_capacity_bytes_str(avail, a, sizeof(a)), source);
+             "%s: 90%% of the host's available memory (%s, %s) less %s, which the prefix cache "
+             "holds in the same host memory; 10%% is left to the process's host buffers and "
+             "the system",
+             b, tdm_capacity_bytes_str(avail, a, sizeof(a)), source,
+             tdm_cfg_describe(cfg, "prefix_cache_memory", d, sizeof(d)));
     return TDM_OK;
 }
 
@@ -721,8 +756,9 @@ static tdm_status check_prefix_cache(const tdm_cfg *cfg, tdm_error *err)
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                         "%s conflicts with %s: prefix caching needs the recurrent state at any "
-                         "committed position, which no_buffer cannot produce; set state_strategy "
+                         "%s conflicts with %s: prefix caching takes the recurrent state at block "
+                         "boundaries inside verified draft blocks, which no_buffer cannot produce "
+                         "(it keeps only a checkpoint from before the block); set state_strategy "
                          "to extra_buffer or replay (or auto), or prefix_cache to off",
                          tdm_cfg_describe(cfg, "prefix_cache", a, sizeof(a)),
                          tdm_cfg_describe(cfg, "state_strategy", b, sizeof(b)));
@@ -853,6 +889,9 @@ static tdm_status check_gpu_memory(const tdm_cfg *cfg, tdm_error *err)
     return TDM_OK;
 }
 
+static void print_prefix_cache(const tdm_cfg *cfg, const tdm_model_config *mc, const char *prefix,
+                               FILE *out);
+
 void tdm_svc_print_capacity(const tdm_cfg *cfg, const char *prefix, FILE *out)
 {
     if (tdm_svc_role_of(tdm_cfg_schema_of(cfg)) != TANDEM__V1__ROLE__ROLE_VERIFIER ||
@@ -878,10 +917,29 @@ void tdm_svc_print_capacity(const tdm_cfg *cfg, const char *prefix, FILE *out)
                 "%s%sbudget: measured at start (gpu_memory auto on the cuda backend); max "
                 "sequences = the most n with weights + workspace(n) + n x %zu <= budget\n",
                 text, prefix, c.seq_total);
+        print_prefix_cache(cfg, &p.cfg, prefix, out);
         return;
     }
     tdm_capacity_format(&p, &c, prefix, text, sizeof(text));
     fputs(text, out);
+    print_prefix_cache(cfg, &p.cfg, prefix, out);
+}
+
+/* The prefix cache's host memory, beside the capacity (outside its budget). */
+static void print_prefix_cache(const tdm_cfg *cfg, const tdm_model_config *mc, const char *prefix,
+                               FILE *out)
+{
+    if (tdm_cfg_bool(cfg, "prefix_cache")) {
+        char m[32];
+        fprintf(
+            out,
+            "%sprefix cache: up to %s of host memory (prefix_cache_memory), outside the "
+            "budget; a block of %lld positions holds %zu bytes\n",
+            prefix,
+            tdm_capacity_bytes_str((size_t)tdm_cfg_int(cfg, "prefix_cache_memory"), m, sizeof(m)),
+            (long long)tdm_cfg_int(cfg, "prefix_cache_block"),
+            tdm_capacity_prefix_block_bytes(mc, (int)tdm_cfg_int(cfg, "prefix_cache_block")));
+    }
 }
 
 tdm_status tdm_svc_check_capacity(const tdm_cfg *cfg, const tdm_capacity *c, tdm_error *err)
@@ -1223,6 +1281,8 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
     if (role == TANDEM__V1__ROLE__ROLE_VERIFIER) {
         d->max_draft_tokens = (uint32_t)tdm_cfg_int(cfg, "max_draft_tokens");
         d->max_context = (uint32_t)tdm_cfg_int(cfg, "max_context");
+        if (d->prefix_cache)
+            d->prefix_cache_block = (uint32_t)tdm_cfg_int(cfg, "prefix_cache_block");
     }
     if (role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
         d->draft_block_size = (uint32_t)tdm_cfg_int(cfg, "draft_block_size");

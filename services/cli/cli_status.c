@@ -72,6 +72,25 @@ static void print_capacity(const Tandem__V1__ReplicaStatus *r)
         tdm_capacity_bytes_str((size_t)counter(r, "reserved_bytes"), res, sizeof(res)));
 }
 
+/* A verifier's prefix cache, from its counters. */
+static void print_prefix_cache(const Tandem__V1__ReplicaStatus *r)
+{
+    const double hits = counter(r, "prefix_cache_hits");
+    if (!r->descriptor->prefix_cache || hits < 0)
+        return;
+    const double misses = counter(r, "prefix_cache_misses");
+    char held[32], budget[32];
+    printf("           prefix cache (block %u): %.0f hits, %.0f misses (%.0f%% hit), %.0f prompt "
+           "tokens saved; %.0f blocks in %s of %s, %.0f evicted\n",
+           r->descriptor->prefix_cache_block, hits, misses,
+           hits + misses > 0 ? 100.0 * hits / (hits + misses) : 0.0,
+           counter(r, "prefix_cache_tokens_saved"), counter(r, "prefix_cache_blocks"),
+           tdm_capacity_bytes_str((size_t)counter(r, "prefix_cache_bytes"), held, sizeof(held)),
+           tdm_capacity_bytes_str((size_t)counter(r, "prefix_cache_memory_bytes"), budget,
+                                  sizeof(budget)),
+           counter(r, "prefix_cache_evictions"));
+}
+
 static void print_replica(const Tandem__V1__ReplicaStatus *r)
 {
     const Tandem__V1__Descriptor *d = r->descriptor;
@@ -101,6 +120,7 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
                r->load->free_slots);
     printf("\n");
     print_capacity(r);
+    print_prefix_cache(r);
     /* The replica's own counters, as of its last heartbeat. */
     if (r->load && r->load->n_counters > 0) {
         int col = 11;

@@ -573,7 +573,8 @@ again:
         have_next = false;
     } else if ((rc = have_from ? gw_registry_pick_peer(g->reg, want_spec(req), g->self, &from,
                                                        &pick, err)
-                               : gw_registry_pick(g->reg, want_spec(req), g->self, &pick, err)) !=
+                               : gw_registry_pick(g->reg, want_spec(req), g->self, ids, n_ids,
+                                                  &pick, err)) !=
                TDM_OK) {
         if (have_from)
             tdm_error_prefix(err, "request %s left verifier %s after %zu tokens (%s) and no "
@@ -996,7 +997,7 @@ static tdm_status model_info(tdm_rpc_call *call, const ProtobufCMessage *msg,
         return rc;
     Tandem__V1__ModelInfo *out = tdm_rpc_call_alloc(call, sizeof(*out));
     tandem__v1__model_info__init(out);
-    if ((rc = gw_registry_pick(g->reg, true, g->self, &pick, err)) != TDM_OK)
+    if ((rc = gw_registry_pick(g->reg, true, g->self, NULL, 0, &pick, err)) != TDM_OK)
         return rc;
     gw_registry_unpick(g->reg, &pick);
     out->max_context = pick.max_context;
@@ -1125,7 +1126,7 @@ const tdm_tokenizer *gw_api_tokenizer(const gw_api *g)
 tdm_status gw_api_ready(gw_api *g, tdm_error *err)
 {
     gw_pick pick;
-    tdm_status rc = gw_registry_pick(g->reg, false, g->self, &pick, err);
+    tdm_status rc = gw_registry_pick(g->reg, false, g->self, NULL, 0, &pick, err);
     if (rc == TDM_OK)
         gw_registry_unpick(g->reg, &pick);
     return rc;

@@ -42,7 +42,8 @@ int main(int argc, char **argv)
         return 1;
     }
     g.reg = gw_registry_create(tdm_service_trust(svc), tdm_cfg_int(cfg, "heartbeat_interval"),
-                               tdm_cfg_int(cfg, "replica_ttl"));
+                               tdm_cfg_int(cfg, "replica_ttl"),
+                               (int)tdm_cfg_int(cfg, "prefix_affinity_slack"));
     if (gw_registry_add_methods(g.reg, tdm_service_server(svc), &err) != TDM_OK ||
         gw_status_add_method(svc, g.reg, &err) != TDM_OK ||
         gw_api_create(svc, g.reg, &g.api, &err) != TDM_OK) {

@@ -449,6 +449,7 @@ typedef struct oai_done {
     bool have;
     Tandem__V1__FinishReason finish;
     uint32_t prompt_tokens, completion_tokens;
+    uint32_t cached_tokens; /* prompt tokens the verifier's prefix cache restored */
     uint32_t rounds, speculative_rounds, drafted, accepted, ahead_blocks;
     double mean_accepted, ttft_ms, total_ms, tokens_per_second;
     uint64_t seed;
@@ -467,6 +468,7 @@ static void done_copy(oai_done *d, const Tandem__V1__GenerateComplete *c)
         return;
     d->prompt_tokens = s->prompt_tokens;
     d->completion_tokens = s->generated_tokens;
+    d->cached_tokens = s->cached_prompt_tokens;
     d->rounds = s->rounds;
     d->speculative_rounds = s->speculative_rounds;
     d->drafted = s->drafted_tokens;
@@ -505,6 +507,10 @@ static cJSON *usage_json(const oai_done *d)
     cJSON_AddNumberToObject(u, "prompt_tokens", d->prompt_tokens);
     cJSON_AddNumberToObject(u, "completion_tokens", d->completion_tokens);
     cJSON_AddNumberToObject(u, "total_tokens", (double)d->prompt_tokens + d->completion_tokens);
+    /* As OpenAI's and vLLM's: prompt tokens served from the prefix cache. */
+    cJSON *details = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (details)
+        cJSON_AddNumberToObject(details, "cached_tokens", d->cached_tokens);
     return u;
 }
 

@@ -21,6 +21,10 @@
 
 #define COMPONENT "registry"
 #define MAX_REFUSALS 8
+/* Prefix affinity: remembered prefixes (one per slot, the newest wins a
+ * slot) and the most blocks of a prompt looked at. */
+#define AFFINITY_SLOTS 4096
+#define AFFINITY_MAX_BLOCKS 64
 
 typedef struct gw_replica {
     Tandem__V1__Descriptor *desc; /* unpacked copy, owned */
@@ -34,6 +38,14 @@ typedef struct gw_replica {
     uint32_t inflight; /* requests this gateway has sent it and not seen end */
 } gw_replica;
 
+/* The verifier instance that last served a prompt prefix (a chained hash of
+ * its cache blocks, as the verifiers' caches key them). */
+typedef struct affinity_slot {
+    uint64_t key;
+    char replica_id[128];
+    char instance_id[72]; /* a restarted verifier has an empty cache */
+} affinity_slot;
+
 struct gw_registry {
     const tdm_trust *trust; /* who may register */
     pthread_mutex_t mu;
@@ -45,6 +57,9 @@ struct gw_registry {
     int64_t heartbeat_ms, ttl_ms;
     uint64_t registrations, reregistrations, heartbeats, unknown_heartbeats, deregistrations,
         dropped, rejected;
+    int affinity_slack;      /* < 0: no prefix affinity */
+    affinity_slot *affinity; /* [AFFINITY_SLOTS] */
+    uint64_t affinity_picks, affinity_passed;
 };
 
 static int64_t now_ms(void)
@@ -122,10 +137,13 @@ static void *reaper_main(void *arg)
     return NULL;
 }
 
-gw_registry *gw_registry_create(const tdm_trust *trust, int64_t heartbeat_ms, int64_t ttl_ms)
+gw_registry *gw_registry_create(const tdm_trust *trust, int64_t heartbeat_ms, int64_t ttl_ms,
+                                int affinity_slack)
 {
     gw_registry *r = tdm_xcalloc(1, sizeof(*r));
     r->trust = trust;
+    r->affinity_slack = affinity_slack;
+    r->affinity = tdm_xcalloc(AFFINITY_SLOTS, sizeof(*r->affinity));
     r->heartbeat_ms = heartbeat_ms;
     r->ttl_ms = ttl_ms;
     pthread_mutex_init(&r->mu, NULL);
@@ -147,6 +165,7 @@ void gw_registry_destroy(gw_registry *r)
     for (size_t i = 0; i < r->n; i++)
         replica_free(&r->items[i]);
     free(r->items);
+    free(r->affinity);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -587,8 +606,13 @@ size_t gw_registry_counters(gw_registry *r, tdm_service_counter *out, size_t max
     out[6] = (tdm_service_counter){"deregistrations", (double)r->deregistrations};
     out[7] = (tdm_service_counter){"replicas_dropped", (double)r->dropped};
     out[8] = (tdm_service_counter){"registrations_rejected", (double)r->rejected};
+    size_t n = 9;
+    if (max >= 11) {
+        out[n++] = (tdm_service_counter){"prefix_affinity_picks", (double)r->affinity_picks};
+        out[n++] = (tdm_service_counter){"prefix_affinity_passed", (double)r->affinity_passed};
+    }
     pthread_mutex_unlock(&r->mu);
-    return 9;
+    return n;
 }
 
 /* ---- picking replicas for a request ------------------------------------------ */
@@ -612,6 +636,107 @@ static bool better(const gw_registry *r, const gw_replica *a, const gw_replica *
     if (fa != fb)
         return fa;
     return load_of(a) < load_of(b);
+}
+
+/* The chained keys of a prompt's cache blocks of `block` tokens, as many as
+ * a verifier's prefix cache could hold for it (all of the prompt but its
+ * last token): keys[i] covers blocks 0..i. Returns how many. FNV-1a over the
+ * previous key and the block's ids. */
+static int block_keys(const int32_t *prompt, size_t n, uint32_t block, uint64_t *keys)
+{
+    if (block == 0 || n < 2)
+        return 0;
+    size_t nb = (n - 1) / block;
+    if (nb > AFFINITY_MAX_BLOCKS)
+        nb = AFFINITY_MAX_BLOCKS;
+    uint64_t h = 0xcbf29ce484222325ull ^ block;
+    for (size_t b = 0; b < nb; b++) {
+        for (uint32_t i = 0; i < block; i++) {
+            const uint32_t t = (uint32_t)prompt[b * block + i];
+            for (int k = 0; k < 4; k++) {
+                h ^= (t >> (8 * k)) & 0xff;
+                h *= 0x100000001b3ull;
+            }
+        }
+        keys[b] = h;
+    }
+    return (int)nb;
+}
+
+static affinity_slot *slot_of(gw_registry *r, uint64_t key)
+{
+    return &r->affinity[(key ^ (key >> 29)) % AFFINITY_SLOTS];
+}
+
+/* How many of the prompt's first tokens verifier v served last (0: none). */
+static uint32_t affinity_tokens(gw_registry *r, const gw_replica *v, const int32_t *prompt,
+                                size_t n)
+{
+    const Tandem__V1__Descriptor *d = v->desc;
+    uint64_t keys[AFFINITY_MAX_BLOCKS];
+    if (!d->prefix_cache)
+        return 0;
+    for (int b = block_keys(prompt, n, d->prefix_cache_block, keys) - 1; b >= 0; b--) {
+        const affinity_slot *sl = slot_of(r, keys[b]);
+        if (sl->key == keys[b] && strcmp(sl->replica_id, d->replica_id) == 0 &&
+            strcmp(sl->instance_id, d->instance_id) == 0)
+            return (uint32_t)(b + 1) * d->prefix_cache_block;
+    }
+    return 0;
+}
+
+/* Remembers that verifier v serves the prompt's blocks. */
+static void affinity_remember(gw_registry *r, const gw_replica *v, const int32_t *prompt, size_t n)
+{
+    const Tandem__V1__Descriptor *d = v->desc;
+    uint64_t keys[AFFINITY_MAX_BLOCKS];
+    if (!d->prefix_cache)
+        return;
+    const int nb = block_keys(prompt, n, d->prefix_cache_block, keys);
+    for (int b = 0; b < nb; b++) {
+        affinity_slot *sl = slot_of(r, keys[b]);
+        sl->key = keys[b];
+        snprintf(sl->replica_id, sizeof(sl->replica_id), "%s", d->replica_id);
+        snprintf(sl->instance_id, sizeof(sl->instance_id), "%s", d->instance_id);
+    }
+}
+
+/* Prefix affinity: the verifier that served the most of the prompt's blocks
+ * last, when load allows it (see gw_registry_pick); else `best`. */
+static ssize_t affinity_pick(gw_registry *r, ssize_t best, const Tandem__V1__Descriptor *gateway,
+                             const int32_t *prompt, size_t n, int64_t now, uint32_t *tokens)
+{
+    *tokens = 0;
+    if (r->affinity_slack < 0 || !prompt || n == 0)
+        return best;
+    ssize_t holder = -1;
+    uint32_t most = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        const Tandem__V1__Descriptor *d = r->items[i].desc;
+        tdm_compat_refusal gref;
+        if (d->role != TANDEM__V1__ROLE__ROLE_VERIFIER ||
+            tdm_compat_check_gateway(gateway, d, &gref, 1) > 0)
+            continue;
+        const uint32_t t = affinity_tokens(r, &r->items[i], prompt, n);
+        if (t > most || (t > 0 && t == most && better(r, &r->items[i], &r->items[holder], now))) {
+            most = t;
+            holder = (ssize_t)i;
+        }
+    }
+    if (holder < 0 || holder == best) {
+        *tokens = most;
+        r->affinity_picks += holder >= 0;
+        return best;
+    }
+    const gw_replica *h = &r->items[holder], *b = &r->items[best];
+    const bool room = h->desc->max_sequences == 0 || load_of(h) < h->desc->max_sequences;
+    if (fresh(r, h, now) && room && load_of(h) <= load_of(b) + (uint32_t)r->affinity_slack) {
+        *tokens = most;
+        r->affinity_picks++;
+        return holder;
+    }
+    r->affinity_passed++; /* the holder is busy: the least loaded takes it */
+    return best;
 }
 
 /* Fills out's verifier fields from v and counts the pick (under mu). */
@@ -663,15 +788,11 @@ static void take_drafter_locked(gw_registry *r, const gw_replica *v, gw_pick *ou
     }
 }
 
-tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
-                            gw_pick *out, tdm_error *err)
-{
-    return gw_registry_pick_peer(r, want_drafter, gateway, NULL, out, err);
-}
-
-tdm_status gw_registry_pick_peer(gw_registry *r, bool want_drafter,
-                                 const Tandem__V1__Descriptor *gateway, const gw_pick *from,
-                                 gw_pick *out, tdm_error *err)
+/* A verifier (and a drafter) for a request: a new one (from NULL; with its
+ * prompt, prefix affinity applies) or one leaving the verifier of `from`. */
+static tdm_status pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
+                       const gw_pick *from, const int32_t *prompt, size_t n_prompt, gw_pick *out,
+                       tdm_error *err)
 {
     memset(out, 0, sizeof(*out));
     int64_t now = now_ms();
@@ -713,12 +834,29 @@ tdm_status gw_registry_pick_peer(gw_registry *r, bool want_drafter,
         return tdm_error_set(err, from ? TDM_ERR_UNAVAILABLE : TDM_ERR_FAILED_PRECONDITION,
                              "no usable verifier: %s", refused);
     }
+    best = affinity_pick(r, best, gateway, prompt, n_prompt, now, &out->affinity_tokens);
     gw_replica *v = &r->items[best];
+    if (prompt && n_prompt > 0 && r->affinity_slack >= 0)
+        affinity_remember(r, v, prompt, n_prompt);
     take_verifier_locked(v, out);
     if (want_drafter)
         take_drafter_locked(r, v, out, now);
     pthread_mutex_unlock(&r->mu);
     return TDM_OK;
+}
+
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
+                            const Tandem__V1__Descriptor *gateway, const int32_t *prompt,
+                            size_t n_prompt, gw_pick *out, tdm_error *err)
+{
+    return pick(r, want_drafter, gateway, NULL, prompt, n_prompt, out, err);
+}
+
+tdm_status gw_registry_pick_peer(gw_registry *r, bool want_drafter,
+                                 const Tandem__V1__Descriptor *gateway, const gw_pick *from,
+                                 gw_pick *out, tdm_error *err)
+{
+    return pick(r, want_drafter, gateway, from, NULL, 0, out, err);
 }
 
 bool gw_registry_address(gw_registry *r, const char *replica_id, char *address, size_t len,

@@ -7,7 +7,9 @@
  * every verifier/drafter pair and to replicas of one role: compatible pairs
  * are formed, refused pairs are kept with their reasons and logged once per
  * registration at WARN. Serves tandem.v1.Registry (RegisterReplica,
- * Heartbeat, DeregisterReplica).
+ * Heartbeat, DeregisterReplica). Remembers which verifier last served each
+ * prompt prefix (prefix affinity), so that requests sharing a prefix go
+ * where its prefix cache likely holds it.
  *
  * Thread-safe: RPC handlers and the reaper share one mutex.
  */
@@ -26,8 +28,12 @@ typedef struct gw_registry gw_registry;
 
 /* Starts the reaper. heartbeat_ms is what replicas are told to use; a replica
  * silent for more than ttl_ms is dropped. trust (borrowed, outlives the
- * registry) decides who may register, heartbeat and deregister. */
-gw_registry *gw_registry_create(const tdm_trust *trust, int64_t heartbeat_ms, int64_t ttl_ms);
+ * registry) decides who may register, heartbeat and deregister.
+ * affinity_slack: how many more requests than the least loaded verifier the
+ * verifier that last served a prompt's prefix may carry and still be picked
+ * for it (prefix_affinity_slack); negative: no prefix affinity. */
+gw_registry *gw_registry_create(const tdm_trust *trust, int64_t heartbeat_ms, int64_t ttl_ms,
+                                int affinity_slack);
 void gw_registry_destroy(gw_registry *r);
 
 /* Adds the tandem.v1.Registry methods to a server (before it starts). */
@@ -52,6 +58,7 @@ typedef struct gw_pick {
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     uint32_t block_size;                     /* the drafter's draft_block_size */
     char no_drafter[1024];                   /* why there is none, when one was wanted */
+    uint32_t affinity_tokens; /* picked for the prompt's first tokens, which it served last */
 } gw_pick;
 
 /* Picks the least loaded verifier that the gateway rules pass with `gateway`
@@ -59,9 +66,18 @@ typedef struct gw_pick {
  * loaded drafter the compatibility rules pair with it (none, with the
  * reasons in no_drafter, when no drafter is compatible). UNAVAILABLE when no
  * verifier is registered, FAILED_PRECONDITION naming the rule when none is
- * usable. Each pick counts as load until gw_registry_unpick. */
-tdm_status gw_registry_pick(gw_registry *r, bool want_drafter, const Tandem__V1__Descriptor *gateway,
-                            gw_pick *out, tdm_error *err);
+ * usable. Each pick counts as load until gw_registry_unpick.
+ *
+ * Prefix affinity (prompt given, n_prompt > 0): among the verifiers with a
+ * prefix cache, the one that last served the longest run of the prompt's
+ * cache blocks (its prefix_cache_block; at most all of the prompt but its
+ * last token, as the verifier's cache covers) is picked instead when it has
+ * a free place (load below its max_sequences) and carries at most
+ * affinity_slack more requests than the least loaded; the pick is then
+ * remembered for the prompt's blocks. */
+tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
+                            const Tandem__V1__Descriptor *gateway, const int32_t *prompt,
+                            size_t n_prompt, gw_pick *out, tdm_error *err);
 /* The same for a request leaving the verifier of `from` (a drain or a
  * crash; NULL: a new request): never that verifier, and only one the
  * same-role rules (snapshot-layout, snapshot-model) pass with it, so that

@@ -149,6 +149,14 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"snapshots_imported", (double)c.snapshots_imported},
         {"snapshots_expired", (double)c.snapshots_expired},
         {"snapshots_waiting", (double)c.snapshots_waiting},
+        {"prefix_cache_hits", (double)c.prefix_hits},
+        {"prefix_cache_misses", (double)c.prefix_misses},
+        {"prefix_cache_tokens_saved", (double)c.prefix_tokens_saved},
+        {"prefix_cache_blocks_stored", (double)c.prefix_stored},
+        {"prefix_cache_evictions", (double)c.prefix_evictions},
+        {"prefix_cache_blocks", (double)c.prefix_blocks},
+        {"prefix_cache_bytes", (double)c.prefix_bytes},
+        {"prefix_cache_memory_bytes", (double)v->prefix_cache_memory},
     };
     size_t n = tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
     /* The round's timeline, a phase at a time (vsched_phase's order). */
@@ -341,10 +349,14 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .snapshot_ttl_ms = tdm_cfg_int(cfg, "snapshot_ttl"),
         .max_snapshots = (int)tdm_cfg_int(cfg, "max_snapshots"),
         .max_snapshot_bytes = tdm_cfg_int(cfg, "max_snapshot_bytes"),
+        .prefix_cache = tdm_cfg_bool(cfg, "prefix_cache"),
+        .prefix_cache_block = (int)tdm_cfg_int(cfg, "prefix_cache_block"),
+        .prefix_cache_memory = (size_t)tdm_cfg_int(cfg, "prefix_cache_memory"),
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;
     v->max_sequences = p.max_sequences;
+    v->prefix_cache_memory = p.prefix_cache ? p.prefix_cache_memory : 0;
     v->max_draft = p.max_draft;
     v->max_message_bytes = p.max_message_bytes;
     v->max_context = p.max_context > 1

@@ -23,7 +23,8 @@ typedef struct verifier {
     tdm_capacity cap;
     int max_context;
     int64_t max_message_bytes;
-    char fingerprint[80]; /* the model's (Descriptor.model_fingerprint): snapshots carry it */
+    size_t prefix_cache_memory; /* the prefix cache's budget (0: off), for the counters */
+    char fingerprint[80];       /* the model's (Descriptor.model_fingerprint): snapshots carry it */
     /* metrics (families in the service's registry) */
     tdm_metrics_outcomes outcomes; /* Run requests by finish reason and error code */
     tdm_metric *queue_time;        /* from submission to a place in the batch */

@@ -15,6 +15,7 @@
 #include "compat.h"
 #include "defs.h"
 #include "log.h"
+#include "prefix_cache.h"
 #include "request_check.h"
 #include "sampling.h"
 #include "verify.h"
@@ -56,6 +57,7 @@ struct vreq {
     bool imported;   /* continues an imported snapshot: its state came with it */
     bool continued;  /* continues a run begun elsewhere (imported, or recomputed) */
     int prefilled;   /* prompt tokens in the model */
+    int cached;      /* prompt tokens restored from the prefix cache */
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
@@ -210,13 +212,14 @@ struct vsched {
      * (under mu). Idle is the wait for work before a round. */
     float phase_us[4096][VSCHED_PHASES];
     uint64_t n_phase;
-    double t_started;       /* when the scheduler thread started, ms */
-    double idle_since;      /* when the scheduler began to wait for work; 0: busy */
-    snap_job *jobs;         /* snapshot work queued for the scheduler thread */
-    staged_snap *staged;    /* imported snapshots waiting for their Run */
-    pthread_cond_t jobs_cv; /* a job is done */
-    vround rd;              /* scheduler thread */
-    void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
+    double t_started;         /* when the scheduler thread started, ms */
+    double idle_since;        /* when the scheduler began to wait for work; 0: busy */
+    snap_job *jobs;           /* snapshot work queued for the scheduler thread */
+    staged_snap *staged;      /* imported snapshots waiting for their Run */
+    pthread_cond_t jobs_cv;   /* a job is done */
+    vround rd;                /* scheduler thread */
+    void *vscratch;           /* rejection sampling's scratch (scheduler thread) */
+    tdm_prefix_cache *prefix; /* NULL: prefix_cache off (scheduler thread) */
 };
 
 /* A moving average of what speculation costs, in ms. */
@@ -906,6 +909,7 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->speculation = r->spec_note;
     st->seed = r->seed;
     st->ahead_blocks = r->ahead_used;
+    st->cached_prompt_tokens = (uint32_t)r->cached;
     st->n_reached_at_position = st->n_accepted_at_position = (size_t)r->positions;
     st->reached_at_position = r->reached_at;
     st->accepted_at_position = r->accepted_at;
@@ -1125,12 +1129,71 @@ static void snapshot_jobs(vsched *s)
     }
 }
 
+/* The cache's own counters into the scheduler's (under mu). */
+static void prefix_counters_locked(vsched *s)
+{
+    tdm_prefix_stats ps;
+    tdm_prefix_cache_stats(s->prefix, &ps);
+    s->counters.prefix_stored = ps.inserted;
+    s->counters.prefix_evictions = ps.evictions;
+    s->counters.prefix_blocks = ps.entries;
+    s->counters.prefix_bytes = ps.bytes;
+}
+
+/* A new request's sequence: from the longest cached prefix of its prompt
+ * (at most all of it but the last token, which runs in the step), else
+ * empty. */
+static tdm_status prefill_start(vsched *s, vreq *r, tdm_error *err)
+{
+    tdm_seq_params sp = {
+        .strategy = s->p.strategy, .max_draft = s->p.max_draft, .max_positions = r->kv_positions};
+    const int most = r->n_given - 1;
+    if (s->prefix && most >= tdm_prefix_cache_block(s->prefix)) {
+        int covered = 0;
+        tdm_status rc = tdm_prefix_cache_get_seq(s->prefix, s->p.model, &sp, r->tokens, most,
+                                                 &r->seq, &covered, err);
+        if (rc != TDM_OK)
+            return rc;
+        pthread_mutex_lock(&s->mu);
+        if (covered > 0) {
+            s->counters.prefix_hits++;
+            s->counters.prefix_tokens_saved += (uint64_t)covered;
+        } else {
+            s->counters.prefix_misses++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        r->prefilled = r->cached = covered;
+        if (r->seq)
+            return TDM_OK;
+    }
+    return tdm_seq_create(s->p.model, &sp, &r->seq, err);
+}
+
+/* Stores r's state when its prefill stopped at a block boundary. A failure
+ * (the host has no room for the copy) costs only the entry. */
+static void prefill_store(vsched *s, vreq *r)
+{
+    const int B = tdm_prefix_cache_block(s->prefix);
+    if (r->prefilled == 0 || r->prefilled % B != 0)
+        return;
+    tdm_prefix_put res;
+    tdm_error err = {0};
+    if (tdm_prefix_cache_put_seq(s->prefix, r->seq, r->tokens, &res, &err) != TDM_OK)
+        tdm_log_warn(LOG, "request %s: prefix cache: the block ending at %d not kept: %s",
+                     r->request_id, r->prefilled, err.msg);
+    pthread_mutex_lock(&s->mu);
+    prefix_counters_locked(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* 2. Prefills prompts, prefill_chunk tokens a round over all of them in the
  * order they were admitted: every prompt token but the last, which runs in
  * the batched step and yields the first generated token. A sequence joins
  * the step in the round its prefill completes; until then it sits rounds
  * out (and is cancelled between chunks like any other). A request whose
- * prefill fails ends here; it is retired with the finished ones. */
+ * prefill fails ends here; it is retired with the finished ones. With the
+ * prefix cache, a prompt starts from its longest cached prefix, and a chunk
+ * stops at each block boundary, where the state is stored. */
 static void prefill_chunks(vsched *s, vround *rd)
 {
     int budget = s->p.prefill_chunk;
@@ -1146,14 +1209,24 @@ static void prefill_chunks(vsched *s, vround *rd)
             break;
         tdm_error err = {0};
         tdm_status rc = TDM_OK;
-        if (!r->seq) {
-            tdm_seq_params sp = {.strategy = s->p.strategy,
-                                 .max_draft = s->p.max_draft,
-                                 .max_positions = r->kv_positions};
-            rc = tdm_seq_create(s->p.model, &sp, &r->seq, &err);
-        }
-        int want = r->n_given - 1 - r->prefilled;
+        if (!r->seq)
+            rc = prefill_start(s, r, &err);
+        const int want = r->n_given - 1 - r->prefilled;
         int n = want < budget ? want : budget;
+        if (s->prefix) {
+            /* A call covers one segment of a fixed grid (block boundaries
+             * and multiples of prefill_chunk), whole: a hit then runs the
+             * very calls a miss ran from its boundary on, whatever else the
+             * round prefills (on CUDA, where a long chunk's delta rule runs
+             * in chunked form, the split changes the rounding). A segment
+             * the round's budget cannot hold waits for the next round. */
+            const int B = tdm_prefix_cache_block(s->prefix), C = s->p.prefill_chunk;
+            const int to_block = B - r->prefilled % B, to_chunk = C - r->prefilled % C;
+            n = want < to_block ? want : to_block;
+            n = n < to_chunk ? n : to_chunk;
+            if (rc == TDM_OK && n > budget)
+                break;
+        }
         if (rc == TDM_OK && n > 0)
             rc = tdm_seq_prefill(r->seq, r->tokens + r->prefilled, n, NULL, &err);
         if (rc != TDM_OK) {
@@ -1164,6 +1237,8 @@ static void prefill_chunks(vsched *s, vround *rd)
         }
         r->prefilled += n;
         budget -= n;
+        if (s->prefix && n > 0)
+            prefill_store(s, r);
         if (r->prefilled == r->n_given - 1) {
             r->prefilling = false;
             r->last = r->tokens[r->n_given - 1];
@@ -1513,6 +1588,41 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     }
 }
 
+/* The prefix cache keeps the states at the block boundaries a round's
+ * committed rows reach (the last token and the accepted drafts), so that a
+ * later prompt holding this request's text (a conversation's next turn)
+ * starts after it: after a plain step from the committed state, inside a
+ * verified block from the verify's own state there, before the commit (the
+ * strategies that have one: extra_buffer, replay; prefix-cache-state keeps
+ * no_buffer off). A failure costs only the entry. */
+static void round_store(vsched *s, vreq *r, const vround_seq *q, int accepted)
+{
+    const int B = tdm_prefix_cache_block(s->prefix), base = r->n_tokens;
+    const int keep = q->k > 0 ? accepted + 1 : 1;
+    const int first = (base / B + 1) * B;
+    if (first > base + keep || (q->k > 0 && s->p.strategy == TDM_STATE_NO_BUFFER))
+        return;
+    /* The tokens the rows ran, after the committed ones (the emit below
+     * writes the same there). */
+    r->tokens[base] = r->last;
+    for (int j = 0; j < accepted; j++)
+        r->tokens[base + 1 + j] = (int32_t)q->block->block->tokens[j];
+    for (int end = first; end <= base + keep; end += B) {
+        tdm_prefix_put res;
+        tdm_error err = {0};
+        tdm_status rc = q->k > 0
+                            ? tdm_prefix_cache_put_pending(s->prefix, r->seq, r->tokens,
+                                                           end - base - 1, &res, &err)
+                            : tdm_prefix_cache_put_seq(s->prefix, r->seq, r->tokens, &res, &err);
+        if (rc != TDM_OK)
+            tdm_log_warn(LOG, "request %s: prefix cache: the block ending at %d not kept: %s",
+                         r->request_id, end, err.msg);
+    }
+    pthread_mutex_lock(&s->mu);
+    prefix_counters_locked(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* 6. Verifies each sequence's block, commits the accepted prefix, streams
  * the new tokens and plans what its drafter hears. */
 static void verify_commit_emit(vsched *s, vround *rd)
@@ -1526,6 +1636,8 @@ static void verify_commit_emit(vsched *s, vround *rd)
             continue;
         }
         tdm_verdict v = verdict_of(s, rd, q);
+        if (s->prefix)
+            round_store(s, r, q, v.accepted);
         if (q->k > 0) {
             tdm_error cerr = {0};
             if (tdm_seq_commit(r->seq, v.accepted, &cerr) != TDM_OK) {
@@ -1791,10 +1903,17 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
         s->p.max_snapshot_bytes = (int64_t)4 << 30;
     if (!s->p.fingerprint)
         s->p.fingerprint = "";
+    if (s->p.prefix_cache) {
+        tdm_prefix_params pp = {.block =
+                                    s->p.prefix_cache_block > 0 ? s->p.prefix_cache_block : 256,
+                                .budget = s->p.prefix_cache_memory};
+        s->prefix = tdm_prefix_cache_create(&pp);
+    }
     vlinks_callbacks cb = {.deliver = on_draft_message, .broken = on_link_broken, .user = s};
     s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &cb);
     s->t_started = now_ms();
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        tdm_prefix_cache_destroy(s->prefix);
         vlinks_destroy(s->links);
         round_free(&s->rd);
         free(s->active);
@@ -1862,6 +1981,7 @@ void vsched_destroy(vsched *s)
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->jobs_cv);
     round_free(rd);
+    tdm_prefix_cache_destroy(s->prefix);
     free(s->active);
     free(s->vscratch);
     free(s);

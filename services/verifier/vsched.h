@@ -23,6 +23,18 @@
  * chunks and rounds. A sequence ends at max_context positions (finish
  * reason CONTEXT).
  *
+ * Prefix cache (prefix_cache on): a new request first looks for the longest
+ * cached prefix of its prompt (whole blocks, leaving at least the prompt's
+ * last token to run) and starts from its state; its prefill stops a chunk at
+ * every block boundary and stores the state there, and so do its rounds at
+ * the boundaries their committed tokens reach (inside a verified block: from
+ * the verify's state there, before the commit), so that a later prompt that
+ * holds this request's text (a conversation's next turn) starts after it.
+ * Prefill calls then each cover one segment of a fixed grid (block
+ * boundaries, multiples of prefill_chunk), a segment waiting for a round
+ * whose budget holds it, so a hit runs the calls a miss ran from its
+ * boundary on and gives its tokens to the bit.
+ *
  * Fallback: a drafter that fails (stream broken, malformed or late block)
  * only turns speculation off for the sequences it served; they continue with
  * plain decoding from their committed state, so no token is lost or repeated.
@@ -80,6 +92,11 @@ typedef struct vsched_params {
     int64_t snapshot_ttl_ms;
     int max_snapshots;
     int64_t max_snapshot_bytes;
+    /* The prefix cache (engine/prefix_cache.h): on or off, the tokens per
+     * cached block and the host memory it may hold. */
+    bool prefix_cache;
+    int prefix_cache_block;
+    size_t prefix_cache_memory;
 } vsched_params;
 
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);
@@ -175,6 +192,12 @@ typedef struct vsched_counters {
     uint64_t kv_bytes, recurrent_bytes, conv_bytes, strategy_bytes;
     /* Bytes reserved by admitted requests; requests refused for a full line. */
     uint64_t reserved_bytes, refused;
+    /* The prefix cache: requests whose prompt (one block or longer) started
+     * from a cached prefix or found none, the prompt tokens those hits did
+     * not prefill; blocks stored, evicted for room, and held now, with
+     * their bytes. */
+    uint64_t prefix_hits, prefix_misses, prefix_tokens_saved;
+    uint64_t prefix_stored, prefix_evictions, prefix_blocks, prefix_bytes;
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);

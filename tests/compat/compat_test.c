@@ -109,7 +109,7 @@ static void test_rules(void)
     CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "ngram drafter: %s", r[0].message);
     make_drafter(&d);
 
-    /* Prefix caching needs a state at any committed position, on either side. */
+    /* Prefix caching needs a state at any position of a verified block, on either side. */
     v.d.prefix_cache = 1;
     CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "prefix cache with extra_buffer");
     v.d.state_strategy = TANDEM__V1__STATE_STRATEGY__STATE_STRATEGY_REPLAY;

@@ -207,7 +207,7 @@ static void test_auto_rules(void)
     CHECK(!tdm_cfg_is_explicit(cfg, "state_strategy"), "a rule's value is not explicit");
     CHECK_HAS(tdm_cfg_reason(cfg, "state_strategy"), "state-strategy-for-prefix-cache");
     CHECK_HAS(tdm_cfg_reason(cfg, "state_strategy"), "prefix_cache=on (flag:--prefix-cache)");
-    CHECK_HAS(tdm_cfg_reason(cfg, "state_strategy"), "committed position");
+    CHECK_HAS(tdm_cfg_reason(cfg, "state_strategy"), "inside verified draft blocks");
     char d[512];
     CHECK_HAS(tdm_cfg_describe(cfg, "state_strategy", d, sizeof(d)), "flag:--state-strategy");
     tdm_cfg_destroy(cfg);

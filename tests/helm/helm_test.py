@@ -371,9 +371,10 @@ def case_check_config():
               "state_strategy: no_buffer\n" % src)
     cc = sh([ARGS.cli, "check-config", "--verifier", v, "--drafter", dd]).stdout
     hm = template("--set", "speculative.prefixCache=true,speculative.stateStrategy=no_buffer").stderr
-    sentence = ": prefix caching needs the recurrent state at any committed position, which " \
-               "no_buffer cannot produce; set state_strategy to extra_buffer or replay (or " \
-               "auto), or prefix_cache to off (check prefix-cache-needs-state)"
+    sentence = ": prefix caching takes the recurrent state at block boundaries inside " \
+               "verified draft blocks, which no_buffer cannot produce (it keeps only a " \
+               "checkpoint from before the block); set state_strategy to extra_buffer or " \
+               "replay (or auto), or prefix_cache to off (check prefix-cache-needs-state)"
     check(sentence in cc and sentence in hm,
           "prefix-cache-needs-state reads the same:\ncheck-config: %s\nhelm: %s" % (cc, hm))
 

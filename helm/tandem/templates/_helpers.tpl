@@ -61,7 +61,7 @@ with the values keys in place of the config files.
 {{- fail (printf "rule draft-block-size: drafter %s-drafter proposes blocks of %d tokens (draft_block_size, values speculative.blockSize) but verifier %s-verifier verifies at most %d draft tokens per round (max_draft_tokens, values speculative.maxDraftTokens); a block must hold 1 to max_draft_tokens drafts." $name (int $s.blockSize) $name (int $s.maxDraftTokens)) -}}
 {{- end -}}
 {{- if and $s.prefixCache (eq $s.stateStrategy "no_buffer") -}}
-{{- fail "prefix_cache=on (values speculative.prefixCache) conflicts with state_strategy=no_buffer (values speculative.stateStrategy): prefix caching needs the recurrent state at any committed position, which no_buffer cannot produce; set state_strategy to extra_buffer or replay (or auto), or prefix_cache to off (check prefix-cache-needs-state)" -}}
+{{- fail "prefix_cache=on (values speculative.prefixCache) conflicts with state_strategy=no_buffer (values speculative.stateStrategy): prefix caching takes the recurrent state at block boundaries inside verified draft blocks, which no_buffer cannot produce (it keeps only a checkpoint from before the block); set state_strategy to extra_buffer or replay (or auto), or prefix_cache to off (check prefix-cache-needs-state)" -}}
 {{- end -}}
 {{- if and (eq $s.drafterKind "model") (not $v.models.draft) -}}
 {{- fail "drafter_kind=model (values speculative.drafterKind) needs a draft model, but model='' (values models.draft); set model to a model directory or drafter_kind to ngram (check model-drafter-needs-model)" -}}
