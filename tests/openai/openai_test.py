@@ -52,6 +52,16 @@ def demo(name):
     return os.path.join(ARGS.source, "models", name)
 
 
+def http_port(gw, scheme=""):
+    """The HTTP port the gateway logged (the line may follow the gRPC one)."""
+    deadline = time.time() + 10
+    while True:
+        m = re.search(r"OpenAI-compatible API on \S+ \(port (\d+), %s" % scheme, gw.text())
+        if m or time.time() > deadline:
+            return m
+        time.sleep(0.05)
+
+
 def stack():
     tok = os.path.join(demo("demo-target"), "tokenizer.json")
     gw = st.gateway("--tokenizer", tok, "--http-listen", "127.0.0.1:0", "--http-model-name", MODEL,
@@ -60,7 +70,7 @@ def stack():
                    "--max-sequences", "8")
     d = st.replica("drafter", gw, "--model", demo("demo-drafter"), "--draft-block-size", "4")
     st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")
-    m = re.search(r"OpenAI-compatible API on \S+ \(port (\d+),", gw.text())
+    m = http_port(gw)
     if not m:
         raise SystemExit("FAIL: the gateway logged no HTTP port:\n" + gw.text())
     return gw, v, d, int(m.group(1))
@@ -325,7 +335,7 @@ def case_auth():
     tok = os.path.join(demo("demo-target"), "tokenizer.json")
     gw = st.gateway("--tokenizer", tok, "--http-listen", "127.0.0.1:0", "--http-model-name", MODEL,
                     "--api-tokens-file", tokens)
-    port = int(re.search(r"OpenAI-compatible API on \S+ \(port (\d+),", gw.text()).group(1))
+    port = int(http_port(gw).group(1))
     code, out = get(port, "/health")
     check(code == 503 and json.loads(out)["status"] == "unavailable", "/health without a "
           "verifier: %d %s" % (code, out))
@@ -352,7 +362,7 @@ def case_auth():
                     "subjectAltName=IP:127.0.0.1"], cwd=d, check=True, capture_output=True)
     gw = st.gateway("--tokenizer", tok, "--http-listen", "127.0.0.1:0", "--http-model-name", MODEL,
                     "--tls-cert", os.path.join(d, "c.pem"), "--tls-key", os.path.join(d, "k.pem"))
-    m = re.search(r"OpenAI-compatible API on \S+ \(port (\d+), https\)", gw.text())
+    m = http_port(gw, "https")
     if check(m is not None, "the gateway serves HTTPS with tls_cert: %s" % gw.text()[-2000:]):
         p = subprocess.run(["curl", "-sS", "--cacert", os.path.join(d, "c.pem"),
                             "https://127.0.0.1:%s/v1/models" % m.group(1)],
