@@ -50,9 +50,6 @@
  * what it prefills faster. */
 #define PREFILL_PRIOR_TOK_PER_MS 4.0
 
-/* Overhead of a chunk message besides its data (ids, offsets, CRC, tags). */
-#define CHUNK_OVERHEAD 1024
-
 static double now_ms(void)
 {
     struct timespec ts;
@@ -91,15 +88,9 @@ static tdm_status fetch_handler(tdm_rpc_call *call, const ProtobufCMessage *msg,
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "tokens: %zu, this verifier holds at most %d positions", req->n_tokens,
                              v->max_context);
-    uint64_t cap = TDM_SNAPSHOT_MAX_CHUNK;
-    if (v->max_message_bytes > 2 * CHUNK_OVERHEAD &&
-        (uint64_t)v->max_message_bytes - CHUNK_OVERHEAD < cap)
-        cap = (uint64_t)v->max_message_bytes - CHUNK_OVERHEAD;
-    const uint64_t chunk = req->chunk_bytes ? req->chunk_bytes : TDM_SNAPSHOT_DEFAULT_CHUNK;
-    if (chunk > cap)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "chunk_bytes: %u, this verifier sends at most %llu a chunk",
-                             req->chunk_bytes, (unsigned long long)cap);
+    uint64_t chunk;
+    if ((rc = verifier_chunk_bytes(v, req->chunk_bytes, &chunk, err)) != TDM_OK)
+        return rc;
     int32_t *tokens = tdm_xmalloc((req->n_tokens + 1) * sizeof(int32_t));
     for (size_t i = 0; i < req->n_tokens; i++)
         tokens[i] = req->tokens[i] > INT32_MAX ? -1 : (int32_t)req->tokens[i];
@@ -119,35 +110,11 @@ static tdm_status fetch_handler(tdm_rpc_call *call, const ProtobufCMessage *msg,
     char id[128];
     static _Atomic unsigned serial;
     snprintf(id, sizeof(id), "%.60s/prefix/%u", v->replica_id, atomic_fetch_add(&serial, 1) + 1);
-    const size_t nt = x.n_tensors;
-    Tandem__V1__SnapshotTensor *pt = tdm_xcalloc(nt + 1, sizeof(*pt));
-    Tandem__V1__SnapshotTensor **pp = tdm_xcalloc(nt + 1, sizeof(*pp));
-    uint64_t(*shapes)[3] = tdm_xcalloc(nt + 1, sizeof(*shapes));
-    Tandem__V1__SnapshotLayout layout;
-    tdm_snap_layout_to_proto(&x, &layout, pt, pp, shapes);
-    const uint32_t n = tdm_snap_chunk_count(x.total_bytes, (uint32_t)chunk);
-    for (uint32_t i = 0; i < n && rc == TDM_OK; i++) {
-        Tandem__V1__SnapshotChunk c = TANDEM__V1__SNAPSHOT_CHUNK__INIT;
-        c.snapshot_id = id;
-        c.index = i;
-        c.last = i == n - 1;
-        if (i == 0) {
-            c.layout = &layout;
-        } else {
-            const uint64_t off = (uint64_t)(i - 1) * chunk, left = x.total_bytes - off;
-            c.offset = off;
-            c.data.data = payload + off;
-            c.data.len = (size_t)(left < chunk ? left : chunk);
-            c.crc32c = tdm_crc32c(0, c.data.data, c.data.len);
-        }
-        rc = tdm_rpc_call_write(call, &c.base, err);
-    }
+    uint32_t n = 0;
+    rc = verifier_send_chunks(call, id, &x, payload, chunk, NULL, &n, err);
     if (rc == TDM_OK)
         tdm_log_info(LOG, "sent prefix %s (%u tokens, %llu bytes, %u chunks)", id, x.committed,
                      (unsigned long long)x.total_bytes, n);
-    free(pt);
-    free(pp);
-    free(shapes);
     tdm_snap_layout_free(&x);
     free(payload);
     return rc;

@@ -52,6 +52,16 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err);
 
 /* Registers ExportSnapshot and ImportSnapshot (snapshot_rpc.c). */
 tdm_status verifier_snapshot_register(tdm_rpc_server *server, verifier *v, tdm_error *err);
+/* The payload bytes per chunk for a caller that asked for `asked` (0: the
+ * default), or INVALID_ARGUMENT past what fits under max_message_size. */
+tdm_status verifier_chunk_bytes(const verifier *v, uint32_t asked, uint64_t *out, tdm_error *err);
+/* Streams a snapshot on call: chunk 0 the layout (and cont, when not NULL),
+ * then the payload in chunks of `chunk` bytes, each with its CRC32C (l
+ * sealed: its sha256 set). *n gets the chunks sent or tried. */
+tdm_status verifier_send_chunks(tdm_rpc_call *call, const char *id, const tdm_snap_layout *l,
+                                const uint8_t *payload, uint64_t chunk,
+                                Tandem__V1__SnapshotContinuation *cont, uint32_t *n,
+                                tdm_error *err);
 
 /* Registers FetchPrefix (prefix_fetch.c). */
 tdm_status verifier_prefix_register(tdm_rpc_server *server, verifier *v, tdm_error *err);
