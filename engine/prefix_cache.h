@@ -32,7 +32,9 @@
  * entry's ancestors are always cached: evicting the middle of a chain would
  * strand the entries after it.
  *
- * Threading: none; a cache belongs to one thread (the verifier's scheduler).
+ * Threading: none of its own; its user serialises the calls (the verifier:
+ * its scheduler thread, and the RPC handlers that fetch or send a prefix,
+ * under one lock).
  */
 #ifndef TANDEM_ENGINE_PREFIX_CACHE_H
 #define TANDEM_ENGINE_PREFIX_CACHE_H

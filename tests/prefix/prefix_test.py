@@ -19,7 +19,8 @@ the prompt but its last token), not from the C code's output.
              verifier, and a prefix used again after others were stored
              is matched only as far as its blocks survived.
   off        prefix_cache off: nothing is looked up, stored or counted.
-  config     --check-config: the new settings with their sources, the bytes
+  config     --check-config: the new settings with their sources (the
+             prefix-fetch ones too), the bytes
              of a block (computed here from config.json), gpu_memory auto on
              the cpu backend less the cache's memory, no_buffer refused.
   routing    two cache-on verifiers: requests sharing a prefix go to the one
@@ -596,7 +597,8 @@ def case_fetch():
               c.get("prefix_fetch_ms", 0) > 0 and c.get("prefix_fetch_recomputed") == 0,
               "one fetch of %d blocks of %d bytes: %s" % (
                   want // BLOCK, bbytes, {k: v for k, v in c.items() if "fetch" in k}))
-        check(int(stats.get("cached_prompt_tokens", 0)) == want and c.get("prefix_cache_hits") == 1,
+        check(int(stats.get("cached_prompt_tokens", 0)) == want and
+              c.get("prefix_cache_hits") == 1,
               "the request starts from the fetched prefix: %s" % stats)
         check(got == exp and len(got) == 12,
               "fetched prefix, %s: tokens are the cache-off verifier's\n%s\n%s" % (
@@ -695,6 +697,15 @@ def case_config():
     check(re.search(r"prefix_cache_block:\s+32\s+# flag:--prefix-cache-block", out) and
           re.search(r"prefix_cache_memory:\s+1GiB\s+# flag:--prefix-cache-memory", out),
           "both keys with their sources:\n" + out)
+    check(re.search(r"prefix_fetch_bandwidth:\s+100MiB\s+# default", out) and
+          re.search(r"prefix_fetch_latency:\s+5ms\s+# default", out) and
+          re.search(r"prefix_fetch_timeout:\s+2s\s+# default", out),
+          "the prefix-fetch settings with their defaults:\n" + out)
+    rc2, out2, err2 = st.run([v, "--model", e2e.TARGET, "--check-config", "--prefix-cache", "on",
+                              "--prefix-fetch-bandwidth", "1KiB", "--backend", "cpu"])
+    flag = r"prefix_fetch_bandwidth:\s+1KiB\s+# flag:--prefix-fetch-bandwidth"
+    check(rc2 == 0 and re.search(flag, out2),
+          "prefix_fetch_bandwidth from a flag:\n" + out2 + err2)
     want = "a block of 32 positions holds %d bytes" % block_bytes(e2e.TARGET, 32)
     check("prefix cache: up to 1.00 GiB of host memory" in out and want in out,
           "the capacity lines show the cache's memory (%s):\n%s" % (want, out))
