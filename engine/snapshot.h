@@ -17,6 +17,11 @@
  * be pending, and no per-position scratch of a strategy is part of it, so a
  * snapshot taken under one strategy imports under any other.
  *
+ * A second kind of layout (prefix_block > 0) carries a prompt prefix's
+ * cached blocks (engine/prefix_cache.h) between verifiers' prefix caches:
+ * per block the states at its end and its own K and V, checked and
+ * assembled like a sequence's, never imported as a sequence.
+ *
  * Wire: chunk 0 carries the layout (and nothing of the payload); chunks
  * 1..n carry the payload in order, each at most chunk_bytes, with its offset
  * and a CRC32C of its data; the last chunk has `last` set; the layout's
