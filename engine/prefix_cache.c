@@ -427,3 +427,70 @@ tdm_status tdm_prefix_cache_get_seq(tdm_prefix_cache *c, tdm_model *m, const tdm
     *covered = n;
     return TDM_OK;
 }
+
+/* ---- between replicas ------------------------------------------------------ */
+
+tdm_status tdm_prefix_cache_export(tdm_prefix_cache *c, const tdm_model_config *cfg,
+                                   const char *fingerprint, const int32_t *tokens, int max_tokens,
+                                   tdm_snap_layout *layout, uint8_t **payload, tdm_error *err)
+{
+    memset(layout, 0, sizeof(*layout));
+    *payload = NULL;
+    const int B = c->p.block, nblocks = max_tokens > 0 ? max_tokens / B : 0;
+    if (nblocks == 0)
+        return TDM_OK;
+    const void **payloads = tdm_xmalloc((size_t)nblocks * sizeof(*payloads));
+    const int n = tdm_prefix_cache_match(c, tokens, max_tokens, payloads);
+    if (n == 0) {
+        free(payloads);
+        return TDM_OK;
+    }
+    const size_t bytes = tdm_capacity_prefix_block_bytes(cfg, B);
+    uint8_t *p = malloc((size_t)(n / B) * bytes + 1);
+    if (!p) {
+        free(payloads);
+        return tdm_error_oom(err, (size_t)(n / B) * bytes, "a prefix of %d positions", n);
+    }
+    for (int i = 0; i < n / B; i++)
+        memcpy(p + (size_t)i * bytes, payloads[i], bytes);
+    free(payloads);
+    tdm_snap_layout_expected_prefix(cfg, fingerprint, (uint32_t)n, (uint32_t)B, layout);
+    TDM_ASSERT(layout->total_bytes == (uint64_t)(n / B) * bytes);
+    layout->tokens = tdm_xmalloc((size_t)n * sizeof(int32_t));
+    memcpy(layout->tokens, tokens, (size_t)n * sizeof(int32_t));
+    *payload = p;
+    return TDM_OK;
+}
+
+tdm_status tdm_prefix_cache_import(tdm_prefix_cache *c, const tdm_model_config *cfg,
+                                   const tdm_snap_layout *l, const uint8_t *payload, int *stored,
+                                   int *covered, tdm_error *err)
+{
+    *stored = 0;
+    *covered = 0;
+    const int B = c->p.block;
+    if (l->prefix_block != (uint32_t)B)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "layout.prefix_block: the prefix comes in blocks of %u tokens, this "
+                             "cache keeps blocks of %d",
+                             l->prefix_block, B);
+    if (!l->verified)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "the prefix's payload was not checked against its SHA-256");
+    const size_t bytes = tdm_capacity_prefix_block_bytes(cfg, B);
+    TDM_ASSERT(l->committed % (uint32_t)B == 0 &&
+               l->total_bytes == (uint64_t)(l->committed / (uint32_t)B) * bytes);
+    for (uint32_t end = (uint32_t)B; end <= l->committed; end += (uint32_t)B) {
+        uint8_t *p = malloc(bytes ? bytes : 1);
+        if (!p)
+            return tdm_error_oom(err, bytes, "a prefix-cache block of %d positions", B);
+        memcpy(p, payload + (size_t)(end / (uint32_t)B - 1) * bytes, bytes);
+        const tdm_prefix_put r = tdm_prefix_cache_insert(c, l->tokens, (int)end, p, bytes);
+        if (r == TDM_PREFIX_PUT_STORED)
+            (*stored)++;
+        else if (r != TDM_PREFIX_PUT_PRESENT)
+            break;
+    }
+    *covered = tdm_prefix_cache_match(c, l->tokens, (int)l->committed, NULL);
+    return TDM_OK;
+}

@@ -32,12 +32,15 @@
  * entry's ancestors are always cached: evicting the middle of a chain would
  * strand the entries after it.
  *
- * Threading: none; a cache belongs to one thread (the verifier's scheduler).
+ * Threading: none of its own; its user serialises the calls (the verifier:
+ * its scheduler thread, and the RPC handlers that fetch or send a prefix,
+ * under one lock).
  */
 #ifndef TANDEM_ENGINE_PREFIX_CACHE_H
 #define TANDEM_ENGINE_PREFIX_CACHE_H
 
 #include "engine.h"
+#include "snapshot.h"
 #include "status.h"
 
 #include <stdbool.h>
@@ -127,5 +130,30 @@ tdm_status tdm_prefix_cache_put_pending(tdm_prefix_cache *c, const tdm_seq *s,
 tdm_status tdm_prefix_cache_get_seq(tdm_prefix_cache *c, tdm_model *m, const tdm_seq_params *p,
                                     const int32_t *tokens, int max_tokens, tdm_seq **out,
                                     int *covered, tdm_error *err);
+
+/* ---- between replicas (a verifier's FetchPrefix) ------------------------ */
+
+/* The longest chain of cached blocks that tokens starts with, covering at
+ * most max_tokens tokens, as a prefix layout
+ * (tdm_snap_layout_expected_prefix, tokens copied, sha256 left zero: seal
+ * it with tdm_snap_seal, off the cache's thread) and a payload of the
+ * blocks' bytes in order (*payload malloc'ed; the caller frees both). A
+ * copy of host memory, no backend call. Nothing cached: layout->committed
+ * 0 and *payload NULL. RESOURCE_EXHAUSTED when the host cannot hold the
+ * copy. */
+tdm_status tdm_prefix_cache_export(tdm_prefix_cache *c, const tdm_model_config *cfg,
+                                   const char *fingerprint, const int32_t *tokens, int max_tokens,
+                                   tdm_snap_layout *layout, uint8_t **payload, tdm_error *err);
+
+/* Stores a received prefix (layout checked, e.g. by the assembler, and of
+ * this cache's block; payload its bytes, borrowed) block by block as
+ * tdm_prefix_cache_insert does: *stored gets the blocks newly stored,
+ * *covered the tokens of the prefix cached afterwards (blocks cached
+ * already count; eviction for the budget may leave fewer). Refuses a
+ * layout of another block size or not verified against its SHA-256
+ * (INVALID_ARGUMENT). */
+tdm_status tdm_prefix_cache_import(tdm_prefix_cache *c, const tdm_model_config *cfg,
+                                   const tdm_snap_layout *layout, const uint8_t *payload,
+                                   int *stored, int *covered, tdm_error *err);
 
 #endif

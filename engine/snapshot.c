@@ -23,12 +23,12 @@ void tdm_snap_layout_free(tdm_snap_layout *l)
     memset(l, 0, sizeof(*l));
 }
 
-static void add_tensor(tdm_snap_layout *l, const char *kind, int layer, int ndim, uint64_t d0,
-                       uint64_t d1, uint64_t d2)
+static void add_tensor(tdm_snap_layout *l, const char *prefix, const char *kind, int layer,
+                       int ndim, uint64_t d0, uint64_t d1, uint64_t d2)
 {
     tdm_snap_tensor *t = &l->tensors[l->n_tensors++];
     memset(t, 0, sizeof(*t));
-    snprintf(t->name, sizeof(t->name), "layers.%d.%s", layer, kind);
+    snprintf(t->name, sizeof(t->name), "%slayers.%d.%s", prefix, layer, kind);
     t->layer = (uint32_t)layer;
     t->dtype = TANDEM__V1__SNAPSHOT_DTYPE__SNAPSHOT_DTYPE_F32;
     t->ndim = ndim;
@@ -40,6 +40,27 @@ static void add_tensor(tdm_snap_layout *l, const char *kind, int layer, int ndim
     l->total_bytes += t->nbytes;
 }
 
+/* Appends one state's tensors (a sequence's, or a prefix block's with
+ * kv_rows = block) to out, whose tensors has room. */
+static void add_state(tdm_snap_layout *out, const tdm_model_config *c, const char *prefix,
+                      uint64_t kv_rows)
+{
+    const uint64_t conv_dim = 2 * (uint64_t)c->lin_k_heads * (uint64_t)c->lin_k_dim +
+                              (uint64_t)c->lin_v_heads * (uint64_t)c->lin_v_dim;
+    for (int L = 0; L < c->num_layers; L++) {
+        if (c->layer_types[L] == TDM_LAYER_LINEAR_ATTENTION) {
+            add_tensor(out, prefix, "conv", L, 2, (uint64_t)(c->conv_kernel - 1), conv_dim, 1);
+            add_tensor(out, prefix, "recurrent", L, 3, (uint64_t)c->lin_v_heads,
+                       (uint64_t)c->lin_k_dim, (uint64_t)c->lin_v_dim);
+        } else {
+            add_tensor(out, prefix, "key", L, 3, kv_rows, (uint64_t)c->num_kv_heads,
+                       (uint64_t)c->head_dim);
+            add_tensor(out, prefix, "value", L, 3, kv_rows, (uint64_t)c->num_kv_heads,
+                       (uint64_t)c->head_dim);
+        }
+    }
+}
+
 void tdm_snap_layout_expected(const tdm_model_config *c, const char *fingerprint,
                               uint32_t committed, tdm_snap_layout *out)
 {
@@ -48,19 +69,24 @@ void tdm_snap_layout_expected(const tdm_model_config *c, const char *fingerprint
     snprintf(out->fingerprint, sizeof(out->fingerprint), "%s", fingerprint ? fingerprint : "");
     out->committed = committed;
     out->tensors = tdm_xcalloc((size_t)c->num_layers * 2 + 1, sizeof(tdm_snap_tensor));
-    const uint64_t conv_dim = 2 * (uint64_t)c->lin_k_heads * (uint64_t)c->lin_k_dim +
-                              (uint64_t)c->lin_v_heads * (uint64_t)c->lin_v_dim;
-    for (int L = 0; L < c->num_layers; L++) {
-        if (c->layer_types[L] == TDM_LAYER_LINEAR_ATTENTION) {
-            add_tensor(out, "conv", L, 2, (uint64_t)(c->conv_kernel - 1), conv_dim, 1);
-            add_tensor(out, "recurrent", L, 3, (uint64_t)c->lin_v_heads, (uint64_t)c->lin_k_dim,
-                       (uint64_t)c->lin_v_dim);
-        } else {
-            add_tensor(out, "key", L, 3, committed, (uint64_t)c->num_kv_heads,
-                       (uint64_t)c->head_dim);
-            add_tensor(out, "value", L, 3, committed, (uint64_t)c->num_kv_heads,
-                       (uint64_t)c->head_dim);
-        }
+    add_state(out, c, "", committed);
+}
+
+void tdm_snap_layout_expected_prefix(const tdm_model_config *c, const char *fingerprint,
+                                     uint32_t committed, uint32_t block, tdm_snap_layout *out)
+{
+    TDM_ASSERT(block > 0 && committed % block == 0);
+    memset(out, 0, sizeof(*out));
+    out->version = TDM_SNAPSHOT_LAYOUT_VERSION;
+    snprintf(out->fingerprint, sizeof(out->fingerprint), "%s", fingerprint ? fingerprint : "");
+    out->committed = committed;
+    out->prefix_block = block;
+    const uint32_t nblocks = committed / block;
+    out->tensors = tdm_xcalloc((size_t)c->num_layers * 2 * nblocks + 1, sizeof(tdm_snap_tensor));
+    for (uint32_t i = 0; i < nblocks; i++) {
+        char prefix[24];
+        snprintf(prefix, sizeof(prefix), "blocks.%u.", i);
+        add_state(out, c, prefix, block);
     }
 }
 
@@ -96,8 +122,16 @@ tdm_status tdm_snap_layout_check(const tdm_snap_layout *l, const tdm_model_confi
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "layout.tokens[%u]: %d is outside the vocabulary (0..%d)", i,
                                  (int)l->tokens[i], cfg->vocab_size - 1);
+    if (l->prefix_block && (l->committed == 0 || l->committed % l->prefix_block != 0))
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "layout.committed_position: %u positions is not a whole number of "
+                             "prefix blocks of %u",
+                             l->committed, l->prefix_block);
     tdm_snap_layout e;
-    tdm_snap_layout_expected(cfg, fingerprint, l->committed, &e);
+    if (l->prefix_block)
+        tdm_snap_layout_expected_prefix(cfg, fingerprint, l->committed, l->prefix_block, &e);
+    else
+        tdm_snap_layout_expected(cfg, fingerprint, l->committed, &e);
     tdm_status rc = TDM_OK;
     if (l->n_tensors != e.n_tensors) {
         rc = tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
@@ -223,6 +257,11 @@ tdm_status tdm_seq_from_snapshot(tdm_model *m, const tdm_seq_params *p, const ch
                                  tdm_error *err)
 {
     *out = NULL;
+    if (l->prefix_block)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "layout.prefix_block: %u; a prefix's cached blocks go into a prefix "
+                             "cache, not a sequence",
+                             l->prefix_block);
     tdm_status rc = tdm_snap_layout_check(l, &m->cfg, fingerprint,
                                           (uint32_t)m->cfg.max_position_embeddings, err);
     if (rc != TDM_OK)
@@ -338,6 +377,7 @@ void tdm_snap_layout_to_proto(const tdm_snap_layout *l, Tandem__V1__SnapshotLayo
     out->n_tensors = l->n_tensors;
     out->tensors = ptrs;
     out->total_bytes = l->total_bytes;
+    out->prefix_block = l->prefix_block;
     out->sha256.data = (uint8_t *)l->sha256;
     out->sha256.len = sizeof(l->sha256);
     for (size_t i = 0; i < l->n_tensors; i++) {
@@ -396,6 +436,7 @@ tdm_status tdm_snap_layout_from_proto(const Tandem__V1__SnapshotLayout *in, size
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "layout.tokens[%zu]: %u is not a token id", i, in->tokens[i]);
     out->version = in->layout_version;
+    out->prefix_block = in->prefix_block;
     snprintf(out->fingerprint, sizeof(out->fingerprint), "%s", in->model_fingerprint);
     out->committed = in->committed_position;
     out->tokens = tdm_xmalloc((in->n_tokens + 1) * sizeof(int32_t));
@@ -431,6 +472,7 @@ struct tdm_snap_asm {
     const tdm_model_config *cfg;
     char fingerprint[80];
     uint32_t max_committed;
+    uint32_t prefix_block; /* the kind of layout expected: 0 a sequence's, else a prefix's */
     char id[128];
     uint32_t next;    /* index expected next */
     bool have_layout; /* chunk 0 came */
@@ -448,6 +490,15 @@ tdm_snap_asm *tdm_snap_asm_create(const tdm_model_config *cfg, const char *finge
     a->cfg = cfg;
     snprintf(a->fingerprint, sizeof(a->fingerprint), "%s", fingerprint);
     a->max_committed = max_committed;
+    return a;
+}
+
+tdm_snap_asm *tdm_snap_asm_create_prefix(const tdm_model_config *cfg, const char *fingerprint,
+                                         uint32_t max_committed, uint32_t block)
+{
+    TDM_ASSERT(block > 0);
+    tdm_snap_asm *a = tdm_snap_asm_create(cfg, fingerprint, max_committed);
+    a->prefix_block = block;
     return a;
 }
 
@@ -489,7 +540,15 @@ static tdm_status asm_take(tdm_snap_asm *a, const Tandem__V1__SnapshotChunk *c, 
                                  "chunk 0: offset %" PRIu64 " and %zu data bytes; chunk 0 carries "
                                  "only the layout (offset 0, no data)",
                                  c->offset, c->data.len);
-        const size_t max_tensors = (size_t)a->cfg->num_layers * 2;
+        if (c->layout->prefix_block != a->prefix_block)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "layout.prefix_block: the stream has %u, this replica expects %u "
+                                 "(0: a sequence's state; else a prefix's blocks of that many "
+                                 "tokens)",
+                                 c->layout->prefix_block, a->prefix_block);
+        const size_t max_tensors =
+            (size_t)a->cfg->num_layers * 2 *
+            (a->prefix_block ? (size_t)(a->max_committed / a->prefix_block) : 1);
         tdm_status rc =
             tdm_snap_layout_from_proto(c->layout, a->max_committed, max_tensors, &a->layout, err);
         if (rc == TDM_OK)

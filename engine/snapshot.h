@@ -17,6 +17,11 @@
  * be pending, and no per-position scratch of a strategy is part of it, so a
  * snapshot taken under one strategy imports under any other.
  *
+ * A second kind of layout (prefix_block > 0) carries a prompt prefix's
+ * cached blocks (engine/prefix_cache.h) between verifiers' prefix caches:
+ * per block the states at its end and its own K and V, checked and
+ * assembled like a sequence's, never imported as a sequence.
+ *
  * Wire: chunk 0 carries the layout (and nothing of the payload); chunks
  * 1..n carry the payload in order, each at most chunk_bytes, with its offset
  * and a CRC32C of its data; the last chunk has `last` set; the layout's
@@ -60,6 +65,9 @@ typedef struct tdm_snap_layout {
     uint64_t total_bytes;
     uint8_t sha256[32];
     bool verified; /* the payload handed over with it was checked against sha256 */
+    /* 0: a sequence's state. > 0: a prefix's cached blocks of this many
+     * tokens (committed / prefix_block of them; tdm_snap_layout_expected_prefix). */
+    uint32_t prefix_block;
 } tdm_snap_layout;
 
 /* Frees what a layout owns and zeroes it (a zeroed layout is fine). */
@@ -71,6 +79,15 @@ void tdm_snap_layout_free(tdm_snap_layout *l);
 void tdm_snap_layout_expected(const tdm_model_config *cfg, const char *fingerprint,
                               uint32_t committed, tdm_snap_layout *out);
 
+/* The layout of a prompt prefix's `committed` tokens as the prefix cache
+ * keeps them (engine/prefix_cache.h), in blocks of `block` tokens
+ * (committed a multiple of it): per block i, per layer in order,
+ * "blocks.i.layers.L.conv" and ".recurrent" (the states at the block's end)
+ * or ".key" and ".value" [block, nKV, D] (the block's own positions); each
+ * block's bytes are a cache entry's payload. The caller frees it. */
+void tdm_snap_layout_expected_prefix(const tdm_model_config *cfg, const char *fingerprint,
+                                     uint32_t committed, uint32_t block, tdm_snap_layout *out);
+
 /* Whether `l` is a layout this build can import into a model with
  * configuration cfg and fingerprint: FAILED_PRECONDITION for another layout
  * version or model fingerprint, INVALID_ARGUMENT for a committed length past
@@ -79,6 +96,9 @@ void tdm_snap_layout_expected(const tdm_model_config *cfg, const char *fingerpri
  * the expected one. Messages name the field and both values. */
 tdm_status tdm_snap_layout_check(const tdm_snap_layout *l, const tdm_model_config *cfg,
                                  const char *fingerprint, uint32_t max_committed, tdm_error *err);
+/* (A layout with prefix_block > 0 is checked against
+ * tdm_snap_layout_expected_prefix, and refused unless its committed length
+ * is a positive multiple of the block.) */
 
 /* ---- sequences -------------------------------------------------------- */
 
@@ -138,6 +158,10 @@ typedef struct tdm_snap_asm tdm_snap_asm;
  * fingerprint (copied), accepting committed lengths up to max_committed. */
 tdm_snap_asm *tdm_snap_asm_create(const tdm_model_config *cfg, const char *fingerprint,
                                   uint32_t max_committed);
+/* The same for a prefix's cached blocks of `block` tokens (FetchPrefix):
+ * a layout of another kind or block size is refused. */
+tdm_snap_asm *tdm_snap_asm_create_prefix(const tdm_model_config *cfg, const char *fingerprint,
+                                         uint32_t max_committed, uint32_t block);
 void tdm_snap_asm_destroy(tdm_snap_asm *a);
 /* Takes the next chunk. Refuses, naming the field and both values: a chunk
  * out of order, missing or repeated (index), a chunk after the last one, a

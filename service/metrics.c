@@ -645,6 +645,28 @@ static const counter_row counter_rows[] = {
         "Host memory the prefix cache holds now."),
     ROW("verifier", "prefix_cache_memory_bytes", "tandem_prefix_cache_memory_budget_bytes", GAUGE,
         "Host memory the prefix cache may hold (prefix_cache_memory; 0: the cache is off)."),
+    ROWL("verifier", "prefix_fetches", "tandem_prefix_fetches_total", COUNTER, "outcome", "all",
+         "Prompt-prefix fetches from a peer verifier: all made, those that failed (the prompt "
+         "was prefilled), and the times the cost rule chose prefilling over fetching."),
+    ROWL("verifier", "prefix_fetch_failures", "tandem_prefix_fetches_total", COUNTER, "outcome",
+         "failed", NULL),
+    ROWL("verifier", "prefix_fetch_recomputed", "tandem_prefix_fetches_total", COUNTER, "outcome",
+         "recomputed", NULL),
+    ROW("verifier", "prefix_fetch_blocks", "tandem_prefix_fetch_blocks_total", COUNTER,
+        "Prefix-cache blocks fetched from peer verifiers."),
+    ROW("verifier", "prefix_fetch_bytes", "tandem_prefix_fetch_bytes_total", COUNTER,
+        "Bytes of prefix-cache blocks fetched from peer verifiers."),
+    {"verifier", "prefix_fetch_ms", "tandem_prefix_fetch_seconds_total", TDM_METRIC_COUNTER, "",
+     1e-3, NULL, NULL, NULL, NULL,
+     "Time spent fetching prompt prefixes from peer verifiers, failures included."},
+    {"verifier", "prefix_fetch_bandwidth_bytes_per_ms", "tandem_prefix_fetch_bandwidth_bytes",
+     TDM_METRIC_GAUGE, "", 1e3, NULL, NULL, NULL, NULL,
+     "The fetch bandwidth (bytes per second) the cost rule uses: measured over past fetches, "
+     "else prefix_fetch_bandwidth."},
+    {"verifier", "prefill_tokens_per_ms", "tandem_verifier_prefill_tokens", TDM_METRIC_GAUGE, "",
+     1e3, NULL, NULL, NULL, NULL,
+     "The prefill throughput (tokens per second) the prefix-fetch cost rule uses: measured "
+     "over prefill calls, else a prior of 4000."},
     QUANTILES("draft_exchange_overhead", "tandem_spec_decode_exchange_overhead_seconds",
               "Time from asking for a block to receiving it, less the drafter's own drafting "
               "time (last 4096 blocks)."),

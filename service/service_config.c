@@ -339,6 +339,19 @@ static const tdm_cfg_key verifier_keys[] = {
      "recently used go first when it is full. Host, not backend, memory: it is outside "
      "gpu_memory, except on the cpu backend, whose gpu_memory auto leaves it out of the host "
      "memory it takes."},
+    {"prefix_fetch_bandwidth", TDM_CFG_SIZE, "100MiB", NULL, 1, (int64_t)1 << 40, 0, NULL,
+     GRP_MODEL,
+     "With prefix_cache on: bytes per second assumed for fetching a prompt prefix's cached "
+     "states from the verifier the gateway names as holding it, until a fetch has been "
+     "measured (then the measured bandwidth counts). A fetch runs only when its estimated "
+     "time (prefix_fetch_latency plus the bytes over the bandwidth) is below prefilling the "
+     "tokens at this verifier's measured prefill rate."},
+    {"prefix_fetch_latency", TDM_CFG_DURATION, "5ms", NULL, 0, 60000, 0, NULL, GRP_MODEL,
+     "With prefix_cache on: the fixed cost of a prefix fetch from a peer verifier (connection "
+     "and first chunk), added to its bytes over the bandwidth."},
+    {"prefix_fetch_timeout", TDM_CFG_DURATION, "2s", NULL, 1, 600000, 0, NULL, GRP_MODEL,
+     "With prefix_cache on: the longest a prefix fetch from a peer verifier may take; a fetch "
+     "that fails or takes longer leaves the request to prefill the prompt here."},
     KEY_BUSY_POLL,
 };
 

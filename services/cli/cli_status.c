@@ -89,6 +89,16 @@ static void print_prefix_cache(const Tandem__V1__ReplicaStatus *r)
            tdm_capacity_bytes_str((size_t)counter(r, "prefix_cache_memory_bytes"), budget,
                                   sizeof(budget)),
            counter(r, "prefix_cache_evictions"));
+    const double fetches = counter(r, "prefix_fetches");
+    if (fetches < 0)
+        return;
+    char bytes[32];
+    printf("           prefix fetches: %.0f (%.0f failed; %.0f blocks, %s in %.0f ms), %.0f "
+           "prefilled instead; rates %.0f bytes/ms fetching, %.1f tokens/ms prefilling\n",
+           fetches, counter(r, "prefix_fetch_failures"), counter(r, "prefix_fetch_blocks"),
+           tdm_capacity_bytes_str((size_t)counter(r, "prefix_fetch_bytes"), bytes, sizeof(bytes)),
+           counter(r, "prefix_fetch_ms"), counter(r, "prefix_fetch_recomputed"),
+           counter(r, "prefix_fetch_bandwidth_bytes_per_ms"), counter(r, "prefill_tokens_per_ms"));
 }
 
 static void print_replica(const Tandem__V1__ReplicaStatus *r)

@@ -674,6 +674,13 @@ again:
         da.fixed_block_size = req->speculation && req->speculation->fixed_block_size;
         run.drafter = &da;
     }
+    Tandem__V1__PrefixSource ps = TANDEM__V1__PREFIX_SOURCE__INIT;
+    if (pick.source_id[0]) {
+        ps.replica_id = pick.source_id;
+        ps.address = pick.source_addr;
+        ps.tokens = pick.source_tokens;
+        run.prefix_source = &ps;
+    }
     if (!(chan = channel_get(g, pick.verifier_addr, pick.verifier_instance, err))) {
         rc = err->code;
         goto out;

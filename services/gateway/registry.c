@@ -704,7 +704,8 @@ static void affinity_remember(gw_registry *r, const gw_replica *v, const int32_t
 /* Prefix affinity: the verifier that served the most of the prompt's blocks
  * last, when load allows it (see gw_registry_pick); else `best`. */
 static ssize_t affinity_pick(gw_registry *r, ssize_t best, const Tandem__V1__Descriptor *gateway,
-                             const int32_t *prompt, size_t n, int64_t now, uint32_t *tokens)
+                             const int32_t *prompt, size_t n, int64_t now, uint32_t *tokens,
+                             gw_pick *out)
 {
     *tokens = 0;
     if (r->affinity_slack < 0 || !prompt || n == 0)
@@ -736,6 +737,16 @@ static ssize_t affinity_pick(gw_registry *r, ssize_t best, const Tandem__V1__Des
         return holder;
     }
     r->affinity_passed++; /* the holder is busy: the least loaded takes it */
+    /* ... and may fetch the prefix from the holder: same model and layout,
+     * blocks of one size. */
+    tdm_compat_refusal ref;
+    if (fresh(r, h, now) && b->desc->prefix_cache_block > 0 &&
+        b->desc->prefix_cache_block == h->desc->prefix_cache_block &&
+        tdm_compat_check_replicas(h->desc, b->desc, &ref, 1) == 0) {
+        snprintf(out->source_id, sizeof(out->source_id), "%s", h->desc->replica_id);
+        snprintf(out->source_addr, sizeof(out->source_addr), "%s", h->desc->address);
+        out->source_tokens = most;
+    }
     return best;
 }
 
@@ -834,7 +845,7 @@ static tdm_status pick(gw_registry *r, bool want_drafter, const Tandem__V1__Desc
         return tdm_error_set(err, from ? TDM_ERR_UNAVAILABLE : TDM_ERR_FAILED_PRECONDITION,
                              "no usable verifier: %s", refused);
     }
-    best = affinity_pick(r, best, gateway, prompt, n_prompt, now, &out->affinity_tokens);
+    best = affinity_pick(r, best, gateway, prompt, n_prompt, now, &out->affinity_tokens, out);
     gw_replica *v = &r->items[best];
     if (prompt && n_prompt > 0 && r->affinity_slack >= 0)
         affinity_remember(r, v, prompt, n_prompt);

@@ -59,6 +59,13 @@ typedef struct gw_pick {
     uint32_t block_size;                     /* the drafter's draft_block_size */
     char no_drafter[1024];                   /* why there is none, when one was wanted */
     uint32_t affinity_tokens; /* picked for the prompt's first tokens, which it served last */
+    /* The verifier that served the prompt's first source_tokens tokens last
+     * when it was too busy to take the request (prefix affinity passed it
+     * over), the same-role rules pass it with the one picked, and both keep
+     * blocks of one size: the picked one may fetch them from it. Empty:
+     * none. */
+    char source_id[128], source_addr[256];
+    uint32_t source_tokens;
 } gw_pick;
 
 /* Picks the least loaded verifier that the gateway rules pass with `gateway`
@@ -74,7 +81,8 @@ typedef struct gw_pick {
  * last token, as the verifier's cache covers) is picked instead when it has
  * a free place (load below its max_sequences) and carries at most
  * affinity_slack more requests than the least loaded; the pick is then
- * remembered for the prompt's blocks. */
+ * remembered for the prompt's blocks. When the holder is passed over, it
+ * is named as the pick's source (see gw_pick). */
 tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
                             const Tandem__V1__Descriptor *gateway, const int32_t *prompt,
                             size_t n_prompt, gw_pick *out, tdm_error *err);

@@ -30,8 +30,10 @@ static tdm_status run_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, t
     const Tandem__V1__RunRequest *req = (const Tandem__V1__RunRequest *)msg;
     vreq *r = NULL;
     tdm_status rc = tdm_trust_check_internal(v->trust, call, "gateway", err);
-    if (rc == TDM_OK)
+    if (rc == TDM_OK) {
+        verifier_prefix_fetch(v, req); /* on this thread, before the scheduler sees it */
         rc = vsched_submit(v->sched, req, &r, err);
+    }
     if (rc != TDM_OK) {
         tdm_metrics_outcome(&v->outcomes, rc, 0);
         return rc;
@@ -157,6 +159,14 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"prefix_cache_blocks", (double)c.prefix_blocks},
         {"prefix_cache_bytes", (double)c.prefix_bytes},
         {"prefix_cache_memory_bytes", (double)v->prefix_cache_memory},
+        {"prefix_fetches", (double)atomic_load(&v->fetch.fetches)},
+        {"prefix_fetch_failures", (double)atomic_load(&v->fetch.failures)},
+        {"prefix_fetch_blocks", (double)atomic_load(&v->fetch.blocks)},
+        {"prefix_fetch_bytes", (double)atomic_load(&v->fetch.bytes)},
+        {"prefix_fetch_ms", atomic_load(&v->fetch.ms_total)},
+        {"prefix_fetch_recomputed", (double)atomic_load(&v->fetch.recomputed)},
+        {"prefix_fetch_bandwidth_bytes_per_ms", verifier_fetch_bandwidth(v)},
+        {"prefill_tokens_per_ms", verifier_fetch_prefill_rate(v)},
     };
     size_t n = tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
     /* The round's timeline, a phase at a time (vsched_phase's order). */
@@ -359,6 +369,10 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     v->prefix_cache_memory = p.prefix_cache ? p.prefix_cache_memory : 0;
     v->max_draft = p.max_draft;
     v->max_message_bytes = p.max_message_bytes;
+    v->fetch.bandwidth_prior = tdm_cfg_int(cfg, "prefix_fetch_bandwidth");
+    v->fetch.latency_ms = tdm_cfg_int(cfg, "prefix_fetch_latency");
+    v->fetch.timeout_ms = tdm_cfg_int(cfg, "prefix_fetch_timeout");
+    v->fetch.tls = p.tls;
     v->max_context = p.max_context > 1
                          ? p.max_context
                          : tdm_model_get_config(v->rt->model)->max_position_embeddings;
@@ -379,5 +393,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
                                          &tandem__v1__run_request__descriptor, run_handler, v, err);
     if (rc == TDM_OK)
         rc = verifier_snapshot_register(tdm_service_server(svc), v, err);
+    if (rc == TDM_OK)
+        rc = verifier_prefix_register(tdm_service_server(svc), v, err);
     return rc;
 }

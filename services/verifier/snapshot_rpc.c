@@ -2,7 +2,8 @@
  * snapshot_rpc.c - the verifier's ExportSnapshot and ImportSnapshot: a
  * running request's state (taken between rounds by the scheduler) sent as
  * chunks, and received chunks checked and assembled (engine/snapshot.h)
- * into a sequence that a Run with its snapshot_id continues.
+ * into a sequence that a Run with its snapshot_id continues; and the
+ * chunking of a snapshot that FetchPrefix (prefix_fetch.c) shares.
  *
  * Both are peer-only, like Run: a gateway or another verifier (a drain moves
  * sequences between verifiers) proves its role (service/trust.h).
@@ -94,6 +95,57 @@ static tdm_status continuation_from_proto(const Tandem__V1__SnapshotContinuation
     return TDM_OK;
 }
 
+tdm_status verifier_chunk_bytes(const verifier *v, uint32_t asked, uint64_t *out, tdm_error *err)
+{
+    /* Data chunks stay under the message limit with room for their fields. */
+    uint64_t cap = TDM_SNAPSHOT_MAX_CHUNK;
+    if (v->max_message_bytes > 2 * CHUNK_OVERHEAD &&
+        (uint64_t)v->max_message_bytes - CHUNK_OVERHEAD < cap)
+        cap = (uint64_t)v->max_message_bytes - CHUNK_OVERHEAD;
+    *out = asked ? asked : TDM_SNAPSHOT_DEFAULT_CHUNK;
+    if (*out > cap)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "chunk_bytes: %u, this verifier sends at most %llu a chunk "
+                             "(under max_message_size %lld)",
+                             asked, (unsigned long long)cap, (long long)v->max_message_bytes);
+    return TDM_OK;
+}
+
+tdm_status verifier_send_chunks(tdm_rpc_call *call, const char *id, const tdm_snap_layout *l,
+                                const uint8_t *payload, uint64_t chunk,
+                                Tandem__V1__SnapshotContinuation *cont, uint32_t *n, tdm_error *err)
+{
+    const size_t nt = l->n_tensors;
+    Tandem__V1__SnapshotTensor *pt = tdm_xcalloc(nt + 1, sizeof(*pt));
+    Tandem__V1__SnapshotTensor **pp = tdm_xcalloc(nt + 1, sizeof(*pp));
+    uint64_t(*shapes)[3] = tdm_xcalloc(nt + 1, sizeof(*shapes));
+    Tandem__V1__SnapshotLayout layout;
+    tdm_snap_layout_to_proto(l, &layout, pt, pp, shapes);
+    *n = tdm_snap_chunk_count(l->total_bytes, (uint32_t)chunk);
+    tdm_status rc = TDM_OK;
+    for (uint32_t i = 0; i < *n && rc == TDM_OK; i++) {
+        Tandem__V1__SnapshotChunk c = TANDEM__V1__SNAPSHOT_CHUNK__INIT;
+        c.snapshot_id = (char *)id;
+        c.index = i;
+        c.last = i == *n - 1;
+        if (i == 0) {
+            c.layout = &layout;
+            c.continuation = cont;
+        } else {
+            const uint64_t off = (uint64_t)(i - 1) * chunk, left = l->total_bytes - off;
+            c.offset = off;
+            c.data.data = (uint8_t *)payload + off;
+            c.data.len = (size_t)(left < chunk ? left : chunk);
+            c.crc32c = tdm_crc32c(0, c.data.data, c.data.len);
+        }
+        rc = tdm_rpc_call_write(call, &c.base, err);
+    }
+    free(pt);
+    free(pp);
+    free(shapes);
+    return rc;
+}
+
 static tdm_status export_handler(tdm_rpc_call *call, const ProtobufCMessage *msg, tdm_error *err,
                                  void *user)
 {
@@ -104,18 +156,9 @@ static tdm_status export_handler(tdm_rpc_call *call, const ProtobufCMessage *msg
         return rc;
     if (!req->request_id[0])
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "request_id is empty");
-    /* Data chunks stay under the message limit with room for their fields. */
-    uint64_t cap = TDM_SNAPSHOT_MAX_CHUNK;
-    if (v->max_message_bytes > 2 * CHUNK_OVERHEAD &&
-        (uint64_t)v->max_message_bytes - CHUNK_OVERHEAD < cap)
-        cap = (uint64_t)v->max_message_bytes - CHUNK_OVERHEAD;
-    uint64_t chunk = req->chunk_bytes ? req->chunk_bytes : TDM_SNAPSHOT_DEFAULT_CHUNK;
-    if (chunk > cap)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "chunk_bytes: %u, this verifier sends at most %llu a chunk "
-                             "(under max_message_size %lld)",
-                             req->chunk_bytes, (unsigned long long)cap,
-                             (long long)v->max_message_bytes);
+    uint64_t chunk;
+    if ((rc = verifier_chunk_bytes(v, req->chunk_bytes, &chunk, err)) != TDM_OK)
+        return rc;
     char id[128];
     static _Atomic unsigned serial;
     snprintf(id, sizeof(id), "%.40s/%.60s/%u", v->replica_id, req->request_id,
@@ -124,43 +167,17 @@ static tdm_status export_handler(tdm_rpc_call *call, const ProtobufCMessage *msg
     if ((rc = vsched_export(v->sched, req->request_id, req->detach, id, &x, err)) != TDM_OK)
         return rc;
 
-    const size_t nt = x.layout.n_tensors;
-    Tandem__V1__SnapshotTensor *pt = tdm_xcalloc(nt + 1, sizeof(*pt));
-    Tandem__V1__SnapshotTensor **pp = tdm_xcalloc(nt + 1, sizeof(*pp));
-    uint64_t(*shapes)[3] = tdm_xcalloc(nt + 1, sizeof(*shapes));
-    Tandem__V1__SnapshotLayout layout;
-    tdm_snap_layout_to_proto(&x.layout, &layout, pt, pp, shapes);
     Tandem__V1__SnapshotContinuation cont;
     Tandem__V1__SamplingParams sp;
     uint32_t stops[TDM_ARRAY_LEN(x.cont.stop_ids)];
     continuation_to_proto(&x.cont, &cont, &sp, stops);
-
-    const uint32_t n = tdm_snap_chunk_count(x.layout.total_bytes, (uint32_t)chunk);
-    for (uint32_t i = 0; i < n && rc == TDM_OK; i++) {
-        Tandem__V1__SnapshotChunk c = TANDEM__V1__SNAPSHOT_CHUNK__INIT;
-        c.snapshot_id = id;
-        c.index = i;
-        c.last = i == n - 1;
-        if (i == 0) {
-            c.layout = &layout;
-            c.continuation = &cont;
-        } else {
-            const uint64_t off = (uint64_t)(i - 1) * chunk, left = x.layout.total_bytes - off;
-            c.offset = off;
-            c.data.data = x.payload + off;
-            c.data.len = (size_t)(left < chunk ? left : chunk);
-            c.crc32c = tdm_crc32c(0, c.data.data, c.data.len);
-        }
-        rc = tdm_rpc_call_write(call, &c.base, err);
-    }
+    uint32_t n = 0;
+    rc = verifier_send_chunks(call, id, &x.layout, x.payload, chunk, &cont, &n, err);
     if (rc == TDM_OK)
         tdm_log_info(
             LOG, "request %s: exported snapshot %s (%u positions, %llu bytes, %u chunks)%s",
             req->request_id, id, x.layout.committed, (unsigned long long)x.layout.total_bytes, n,
             req->detach ? "; the request ends here" : "");
-    free(pt);
-    free(pp);
-    free(shapes);
     vsched_snapshot_free(&x);
     return rc;
 }

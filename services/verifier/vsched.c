@@ -212,14 +212,22 @@ struct vsched {
      * (under mu). Idle is the wait for work before a round. */
     float phase_us[4096][VSCHED_PHASES];
     uint64_t n_phase;
-    double t_started;         /* when the scheduler thread started, ms */
-    double idle_since;        /* when the scheduler began to wait for work; 0: busy */
-    snap_job *jobs;           /* snapshot work queued for the scheduler thread */
-    staged_snap *staged;      /* imported snapshots waiting for their Run */
-    pthread_cond_t jobs_cv;   /* a job is done */
-    vround rd;                /* scheduler thread */
-    void *vscratch;           /* rejection sampling's scratch (scheduler thread) */
-    tdm_prefix_cache *prefix; /* NULL: prefix_cache off (scheduler thread) */
+    double t_started;       /* when the scheduler thread started, ms */
+    double idle_since;      /* when the scheduler began to wait for work; 0: busy */
+    snap_job *jobs;         /* snapshot work queued for the scheduler thread */
+    staged_snap *staged;    /* imported snapshots waiting for their Run */
+    pthread_cond_t jobs_cv; /* a job is done */
+    vround rd;              /* scheduler thread */
+    void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
+    /* NULL: prefix_cache off. Used by the scheduler thread and, for
+     * FetchPrefix and a fetched prefix's import, by RPC handler threads:
+     * every use holds pmu, the innermost lock (taken under mu, never the
+     * other way round), held for host copies and the uploads of a hit. */
+    tdm_prefix_cache *prefix;
+    pthread_mutex_t pmu;
+    /* Prefill throughput, prompt tokens per ms: a moving average over the
+     * prefill calls (scheduler thread writes; 0: none measured yet). */
+    _Atomic double prefill_tok_per_ms;
 };
 
 /* A moving average of what speculation costs, in ms. */
@@ -1133,7 +1141,9 @@ static void snapshot_jobs(vsched *s)
 static void prefix_counters_locked(vsched *s)
 {
     tdm_prefix_stats ps;
+    pthread_mutex_lock(&s->pmu);
     tdm_prefix_cache_stats(s->prefix, &ps);
+    pthread_mutex_unlock(&s->pmu);
     s->counters.prefix_stored = ps.inserted;
     s->counters.prefix_evictions = ps.evictions;
     s->counters.prefix_blocks = ps.entries;
@@ -1150,8 +1160,10 @@ static tdm_status prefill_start(vsched *s, vreq *r, tdm_error *err)
     const int most = r->n_given - 1;
     if (s->prefix && most >= tdm_prefix_cache_block(s->prefix)) {
         int covered = 0;
+        pthread_mutex_lock(&s->pmu);
         tdm_status rc = tdm_prefix_cache_get_seq(s->prefix, s->p.model, &sp, r->tokens, most,
                                                  &r->seq, &covered, err);
+        pthread_mutex_unlock(&s->pmu);
         if (rc != TDM_OK)
             return rc;
         pthread_mutex_lock(&s->mu);
@@ -1178,7 +1190,10 @@ static void prefill_store(vsched *s, vreq *r)
         return;
     tdm_prefix_put res;
     tdm_error err = {0};
-    if (tdm_prefix_cache_put_seq(s->prefix, r->seq, r->tokens, &res, &err) != TDM_OK)
+    pthread_mutex_lock(&s->pmu);
+    const tdm_status rc = tdm_prefix_cache_put_seq(s->prefix, r->seq, r->tokens, &res, &err);
+    pthread_mutex_unlock(&s->pmu);
+    if (rc != TDM_OK)
         tdm_log_warn(LOG, "request %s: prefix cache: the block ending at %d not kept: %s",
                      r->request_id, r->prefilled, err.msg);
     pthread_mutex_lock(&s->mu);
@@ -1227,8 +1242,15 @@ static void prefill_chunks(vsched *s, vround *rd)
             if (rc == TDM_OK && n > budget)
                 break;
         }
-        if (rc == TDM_OK && n > 0)
+        if (rc == TDM_OK && n > 0) {
+            const double t0 = now_ms();
             rc = tdm_seq_prefill(r->seq, r->tokens + r->prefilled, n, NULL, &err);
+            const double ms = now_ms() - t0;
+            if (rc == TDM_OK && ms > 0) {
+                const double rate = n / ms, prev = atomic_load(&s->prefill_tok_per_ms);
+                atomic_store(&s->prefill_tok_per_ms, prev > 0 ? 0.8 * prev + 0.2 * rate : rate);
+            }
+        }
         if (rc != TDM_OK) {
             tdm_log_error(LOG, "request %s: %s", r->request_id, err.msg);
             req_fail(s, r, rc, err.msg);
@@ -1610,10 +1632,12 @@ static void round_store(vsched *s, vreq *r, const vround_seq *q, int accepted)
     for (int end = first; end <= base + keep; end += B) {
         tdm_prefix_put res;
         tdm_error err = {0};
+        pthread_mutex_lock(&s->pmu);
         tdm_status rc = q->k > 0
                             ? tdm_prefix_cache_put_pending(s->prefix, r->seq, r->tokens,
                                                            end - base - 1, &res, &err)
                             : tdm_prefix_cache_put_seq(s->prefix, r->seq, r->tokens, &res, &err);
+        pthread_mutex_unlock(&s->pmu);
         if (rc != TDM_OK)
             tdm_log_warn(LOG, "request %s: prefix cache: the block ending at %d not kept: %s",
                          r->request_id, end, err.msg);
@@ -1893,6 +1917,7 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     s->vscratch = tdm_xmalloc(tdm_verify_scratch_bytes(s->vocab));
     round_init(&s->rd, s->p.max_sequences);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->pmu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->jobs_cv, NULL);
     if (s->p.snapshot_ttl_ms <= 0)
@@ -1978,6 +2003,7 @@ void vsched_destroy(vsched *s)
     }
     vlinks_destroy(s->links);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->pmu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->jobs_cv);
     round_free(rd);
@@ -2048,4 +2074,61 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
         percentiles(ph + (size_t)p * RING, np, &c->phase_p50_us[p], &c->phase_p99_us[p]);
     free(v);
     c->draft_streams = (uint64_t)vlinks_count(s->links);
+}
+
+/* ---- the prefix cache from RPC handler threads ----------------------------- */
+
+int vsched_prefix_block(const vsched *s)
+{
+    return s->prefix ? tdm_prefix_cache_block(s->prefix) : 0;
+}
+
+int vsched_prefix_cached(vsched *s, const int32_t *tokens, int max_tokens)
+{
+    if (!s->prefix)
+        return 0;
+    pthread_mutex_lock(&s->pmu);
+    const int n = tdm_prefix_cache_match(s->prefix, tokens, max_tokens, NULL);
+    pthread_mutex_unlock(&s->pmu);
+    return n;
+}
+
+tdm_status vsched_prefix_export(vsched *s, const int32_t *tokens, int max_tokens,
+                                tdm_snap_layout *layout, uint8_t **payload, tdm_error *err)
+{
+    if (!s->prefix) {
+        memset(layout, 0, sizeof(*layout));
+        *payload = NULL;
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "this verifier runs with prefix_cache off");
+    }
+    pthread_mutex_lock(&s->pmu);
+    const tdm_status rc =
+        tdm_prefix_cache_export(s->prefix, tdm_model_get_config(s->p.model), s->p.fingerprint,
+                                tokens, max_tokens, layout, payload, err);
+    pthread_mutex_unlock(&s->pmu);
+    return rc;
+}
+
+tdm_status vsched_prefix_import(vsched *s, const tdm_snap_layout *layout, const uint8_t *payload,
+                                int *covered, tdm_error *err)
+{
+    *covered = 0;
+    if (!s->prefix)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "this verifier runs with prefix_cache off");
+    int stored = 0;
+    pthread_mutex_lock(&s->pmu);
+    const tdm_status rc = tdm_prefix_cache_import(s->prefix, tdm_model_get_config(s->p.model),
+                                                  layout, payload, &stored, covered, err);
+    pthread_mutex_unlock(&s->pmu);
+    pthread_mutex_lock(&s->mu);
+    prefix_counters_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+double vsched_prefill_rate(vsched *s)
+{
+    return atomic_load(&s->prefill_tok_per_ms);
 }

@@ -40,7 +40,7 @@
  * plain decoding from their committed state, so no token is lost or repeated.
  *
  * Threading: vsched_submit / vsched_next / vsched_cancel / vsched_export /
- * vsched_import are called from RPC handler threads; everything else
+ * vsched_import / vsched_prefix_* are called from RPC handler threads; everything else
  * (including every engine call) runs on the scheduler thread.
  */
 #ifndef TANDEM_VERIFIER_VSCHED_H
@@ -244,5 +244,29 @@ tdm_status vsched_export(vsched *s, const char *request_id, bool detach, const c
  * (RESOURCE_EXHAUSTED). */
 tdm_status vsched_import(vsched *s, const char *snapshot_id, tdm_snap_layout *layout,
                          uint8_t *payload, const vsched_continuation *c, tdm_error *err);
+
+/* ---- the prefix cache between verifiers ------------------------------------ */
+
+/* These run on the caller's thread (an RPC handler's) under the cache's own
+ * lock, which the scheduler thread takes for each of its cache calls: host
+ * copies only, so a round waits at most for one of them. */
+
+/* prefix_cache_block, 0 with the cache off. */
+int vsched_prefix_block(const vsched *s);
+/* The tokens of the longest cached prefix of tokens within max_tokens (0
+ * with the cache off). */
+int vsched_prefix_cached(vsched *s, const int32_t *tokens, int max_tokens);
+/* tdm_prefix_cache_export of this verifier's cache (layout unsealed; the
+ * caller frees both). FAILED_PRECONDITION with the cache off. */
+tdm_status vsched_prefix_export(vsched *s, const int32_t *tokens, int max_tokens,
+                                tdm_snap_layout *layout, uint8_t **payload, tdm_error *err);
+/* tdm_prefix_cache_import into this verifier's cache (layout verified by
+ * the assembler; both stay the caller's): *covered gets the tokens of the
+ * prefix cached afterwards. */
+tdm_status vsched_prefix_import(vsched *s, const tdm_snap_layout *layout, const uint8_t *payload,
+                                int *covered, tdm_error *err);
+/* Measured prefill throughput, prompt tokens per ms (a moving average over
+ * prefill calls); 0 while none ran. */
+double vsched_prefill_rate(vsched *s);
 
 #endif

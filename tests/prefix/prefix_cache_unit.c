@@ -13,8 +13,14 @@
  *    on gives the logits of a sequence that prefilled everything, to the
  *    bit, under every state strategy, also from states taken inside a
  *    verified block before its commit (extra_buffer, replay; no_buffer
- *    refuses them).
+ *    refuses them);
+ *  - between replicas: a cache's prefix exported as chunks
+ *    (engine/snapshot.h's wire format, a prefix layout) and assembled and
+ *    imported into another cache restores the same logits; a corrupt chunk,
+ *    another block size, a sequence's assembler and a payload not checked
+ *    against its SHA-256 are refused.
  */
+#include "capacity.h"
 #include "prefix_cache.h"
 #include "util.h"
 
@@ -283,6 +289,148 @@ static void test_pending(tdm_model *m, tdm_state_strategy strat)
     tdm_prefix_cache_destroy(c);
 }
 
+/* Feeds an assembler the chunks of (layout, payload), chunk_bytes each,
+ * flipping a byte of data chunk `corrupt` (0: none). Returns the first
+ * refusal, else the finish's result (*l, *pl moved out). */
+static tdm_status send_chunks(tdm_snap_asm *a, const tdm_snap_layout *layout,
+                              const uint8_t *payload, uint32_t chunk_bytes, uint32_t corrupt,
+                              tdm_snap_layout *l, uint8_t **pl, tdm_error *err)
+{
+    const size_t nt = layout->n_tensors;
+    Tandem__V1__SnapshotTensor *pt = calloc(nt + 1, sizeof(*pt));
+    Tandem__V1__SnapshotTensor **pp = calloc(nt + 1, sizeof(*pp));
+    uint64_t(*shapes)[3] = calloc(nt + 1, sizeof(*shapes));
+    Tandem__V1__SnapshotLayout lp;
+    tdm_snap_layout_to_proto(layout, &lp, pt, pp, shapes);
+    const uint32_t n = tdm_snap_chunk_count(layout->total_bytes, chunk_bytes);
+    uint8_t *scratch = malloc(chunk_bytes);
+    tdm_status rc = TDM_OK;
+    for (uint32_t i = 0; i < n && rc == TDM_OK; i++) {
+        Tandem__V1__SnapshotChunk c = TANDEM__V1__SNAPSHOT_CHUNK__INIT;
+        c.snapshot_id = "test";
+        c.index = i;
+        c.last = i == n - 1;
+        if (i == 0) {
+            c.layout = &lp;
+        } else {
+            const uint64_t off = (uint64_t)(i - 1) * chunk_bytes, left = layout->total_bytes - off;
+            c.offset = off;
+            c.data.len = (size_t)(left < chunk_bytes ? left : chunk_bytes);
+            c.crc32c = tdm_crc32c(0, payload + off, c.data.len);
+            memcpy(scratch, payload + off, c.data.len);
+            if (i == corrupt)
+                scratch[c.data.len / 2] ^= 0x10;
+            c.data.data = scratch;
+        }
+        rc = tdm_snap_asm_add(a, &c, err);
+    }
+    if (rc == TDM_OK)
+        rc = tdm_snap_asm_finish(a, l, pl, err);
+    free(scratch);
+    free(pt);
+    free(pp);
+    free(shapes);
+    return rc;
+}
+
+/* A prefix moved from one cache to another as chunks restores the state a
+ * full prefill reaches. */
+static void test_between_caches(tdm_model *m)
+{
+    const tdm_model_config *cfg = tdm_model_get_config(m);
+    const int V = cfg->vocab_size, blk = 8, n = 29;
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++)
+        toks[i] = (i * 6151 + 3) % V;
+    tdm_error err = {0};
+    tdm_seq_params sp = {.strategy = TDM_STATE_EXTRA_BUFFER, .max_draft = 4};
+    tdm_prefix_params pp = {.block = blk, .budget = 64u << 20};
+    tdm_prefix_cache *src = tdm_prefix_cache_create(&pp), *dst = tdm_prefix_cache_create(&pp);
+    float *ref = malloc((size_t)n * V * sizeof(float)),
+          *got = malloc((size_t)n * V * sizeof(float));
+    tdm_seq *a = NULL, *f = NULL;
+    CHECK(tdm_seq_create(m, &sp, &a, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(a, toks, n, ref, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_create(m, &sp, &f, &err) == TDM_OK, "%s", err.msg);
+    for (int at = 0; at + blk <= n; at += blk) {
+        CHECK(tdm_seq_prefill(f, toks + at, blk, NULL, &err) == TDM_OK, "%s", err.msg);
+        tdm_prefix_put res;
+        CHECK(tdm_prefix_cache_put_seq(src, f, toks, &res, &err) == TDM_OK, "%s", err.msg);
+    }
+    tdm_seq_destroy(f);
+
+    tdm_snap_layout x, l;
+    uint8_t *payload = NULL, *pl = NULL;
+    CHECK(tdm_prefix_cache_export(src, cfg, "fp", toks, 7, &x, &payload, &err) == TDM_OK &&
+              x.committed == 0 && payload == NULL,
+          "less than a block exports nothing");
+    CHECK(tdm_prefix_cache_export(src, cfg, "fp", toks, n, &x, &payload, &err) == TDM_OK, "%s",
+          err.msg);
+    CHECK(x.committed == 24 && x.prefix_block == (uint32_t)blk, "exports 24 (%u)", x.committed);
+    CHECK(x.total_bytes == 3 * tdm_capacity_prefix_block_bytes(cfg, blk), "3 blocks of bytes");
+    tdm_snap_seal(&x, payload);
+
+    /* Refusals: a corrupt chunk, another block size, a sequence's
+     * assembler, another model. */
+    const uint32_t max = (uint32_t)cfg->max_position_embeddings;
+    tdm_snap_asm *as = tdm_snap_asm_create_prefix(cfg, "fp", max, (uint32_t)blk);
+    CHECK(send_chunks(as, &x, payload, 4096, 2, &l, &pl, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "crc32c"),
+          "a corrupt chunk is refused: %s", err.msg);
+    tdm_snap_asm_destroy(as);
+    as = tdm_snap_asm_create_prefix(cfg, "fp", max, 16);
+    CHECK(send_chunks(as, &x, payload, 4096, 0, &l, &pl, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "prefix_block"),
+          "another block size is refused: %s", err.msg);
+    tdm_snap_asm_destroy(as);
+    as = tdm_snap_asm_create(cfg, "fp", max);
+    CHECK(send_chunks(as, &x, payload, 4096, 0, &l, &pl, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "prefix_block"),
+          "a sequence's assembler refuses a prefix: %s", err.msg);
+    tdm_snap_asm_destroy(as);
+    as = tdm_snap_asm_create_prefix(cfg, "other", max, (uint32_t)blk);
+    CHECK(send_chunks(as, &x, payload, 4096, 0, &l, &pl, &err) == TDM_ERR_FAILED_PRECONDITION &&
+              strstr(err.msg, "model_fingerprint"),
+          "another model's prefix is refused: %s", err.msg);
+    tdm_snap_asm_destroy(as);
+    CHECK(tdm_prefix_cache_import(dst, cfg, &x, payload, &(int){0}, &(int){0}, &err) ==
+              TDM_ERR_INVALID_ARGUMENT,
+          "an unchecked payload is refused");
+    tdm_seq *h = NULL;
+    CHECK(tdm_seq_from_snapshot(m, &sp, "fp", &x, payload, &h, &err) ==
+                  TDM_ERR_FAILED_PRECONDITION &&
+              !h,
+          "a prefix is no sequence snapshot");
+
+    /* The good stream, then the import and a hit on it. */
+    as = tdm_snap_asm_create_prefix(cfg, "fp", max, (uint32_t)blk);
+    CHECK(send_chunks(as, &x, payload, 4096, 0, &l, &pl, &err) == TDM_OK, "%s", err.msg);
+    tdm_snap_asm_destroy(as);
+    int stored = 0, covered = 0;
+    CHECK(tdm_prefix_cache_import(dst, cfg, &l, pl, &stored, &covered, &err) == TDM_OK, "%s",
+          err.msg);
+    CHECK(stored == 3 && covered == 24, "3 blocks stored (%d), 24 covered (%d)", stored, covered);
+    CHECK(tdm_prefix_cache_import(dst, cfg, &l, pl, &stored, &covered, &err) == TDM_OK &&
+              stored == 0 && covered == 24,
+          "importing again stores nothing");
+    CHECK(tdm_prefix_cache_get_seq(dst, m, &sp, toks, n, &h, &covered, &err) == TDM_OK &&
+              covered == 24,
+          "a hit on the imported prefix: %s", err.msg);
+    CHECK(tdm_seq_prefill(h, toks + covered, n - covered, got, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(got, ref + (size_t)covered * V, (size_t)(n - covered) * V * sizeof(float)) == 0,
+          "logits after a hit on a fetched prefix are a full prefill's");
+    tdm_seq_destroy(h);
+    tdm_seq_destroy(a);
+    tdm_snap_layout_free(&x);
+    tdm_snap_layout_free(&l);
+    free(payload);
+    free(pl);
+    free(ref);
+    free(got);
+    tdm_prefix_cache_destroy(src);
+    tdm_prefix_cache_destroy(dst);
+}
+
 int main(void)
 {
     test_chain();
@@ -296,6 +444,7 @@ int main(void)
         test_states(m, kinds[i]);
         test_pending(m, kinds[i]);
     }
+    test_between_caches(m);
     tdm_model_destroy(m);
     be->destroy(be);
     printf("prefix cache: ok\n");

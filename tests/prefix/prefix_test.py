@@ -19,13 +19,25 @@ the prompt but its last token), not from the C code's output.
              verifier, and a prefix used again after others were stored
              is matched only as far as its blocks survived.
   off        prefix_cache off: nothing is looked up, stored or counted.
-  config     --check-config: the new settings with their sources, the bytes
+  config     --check-config: the new settings with their sources (the
+             prefix-fetch ones too), the bytes
              of a block (computed here from config.json), gpu_memory auto on
              the cpu backend less the cache's memory, no_buffer refused.
   routing    two cache-on verifiers: requests sharing a prefix go to the one
              that served it last while its load allows, an unrelated prompt
              to the least loaded; with the holder full, a request sharing its
-             prefix goes to the other.
+             prefix goes to the other, named the holder as its prefix source,
+             which fetches it or prefills it as the cost rule (computed here
+             from the rates it reports) says.
+  fetch      a verifier's Run with a prefix_source (a cache-on holder that ran
+             the prompt first): a fresh verifier fetches the prefix (counters:
+             one fetch, its blocks and bytes), starts from it, and its tokens
+             are a cache-off verifier's, greedy and seeded; a dead source, and
+             a source that lies (chunks replayed from the holder with other
+             tokens, a flipped byte, a wrong SHA-256, the last chunk
+             missing), fail the fetch and the request prefills instead with
+             the same tokens; prefix_fetch_bandwidth of 1 KiB/s makes the
+             cost rule prefill without fetching.
 
 usage: prefix_test.py CASE --cli PATH --gateway PATH --verifier PATH
                        --drafter PATH --source ROOT
@@ -440,15 +452,221 @@ def case_routing():
         wait_load(gw, holder, 1)
         b2 = Running(gw, shared[:40] + other[:20])
         wait_active(by_id[holder], 2)
+        peer = [v for k, v in by_id.items() if k != holder][0]
+        c0 = counters(peer)
+        want = min((len(ps[3]) - 1) // BLOCK, 10) * BLOCK
+        fetch = expect_fetch(c0, want, 0, block_bytes(e2e.TARGET, BLOCK), 5.0)
         _, s5 = generate(gw, ps[3], False)
         check(s5.get("verifier") != holder,
               "with the holder full, the prefix goes to the other: %s" % s5)
+        c1 = counters(peer)
+        d = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("prefix_fetches", "prefix_fetch_failures",
+                                                      "prefix_fetch_recomputed")}
+        check(d == {"prefix_fetches": 1 if fetch else 0, "prefix_fetch_failures": 0,
+                    "prefix_fetch_recomputed": 0 if fetch else 1},
+              "the other verifier, named the holder as the source, %s: %s (rates %s)" % (
+                  "fetches" if fetch else "prefills", d,
+                  {k: c0.get(k) for k in ("prefix_fetch_bandwidth_bytes_per_ms",
+                                          "prefill_tokens_per_ms")}))
+        if fetch:
+            check(int(s5.get("cached_prompt_tokens", 0)) == want,
+                  "and starts from the fetched prefix: %s" % s5)
         b2.cancel()
     b1.cancel()
     code, details, resp = st.unary(gw.addr(), "/tandem.v1.Gateway/GetStatus")
     gc = {c["name"]: float(c["value"]) for c in (resp or {}).get("counters", [])}
     check(gc.get("prefix_affinity_picks", 0) >= 2 and gc.get("prefix_affinity_passed", 0) >= 1,
           "gateway counters: %s" % {k: v for k, v in gc.items() if "affinity" in k})
+    stop_all()
+
+
+# ---- fetching a prefix from a peer ------------------------------------------------
+
+PREFILL_PRIOR = 4.0  # tokens per ms until a verifier measured its own (README)
+
+
+def run_direct(v, ids, sampling=None, source=None, max_tokens=12):
+    """The verifier's own Run (as a gateway calls it): tokens and stats."""
+    req = {"request_id": "r%d" % int(time.time() * 1e6), "prompt_ids": ids,
+           "max_tokens": max_tokens}
+    if sampling:
+        req["sampling"] = sampling
+    if source:
+        req["prefix_source"] = source
+    c = st.client()
+    ch = c.channel(v.addr())
+    try:
+        code, details, msgs = c.call_stream(ch, "/tandem.v1.Verifier/Run", req, 120.0)
+    finally:
+        ch.close()
+    check(code == "OK", "Run on %s: %s %s" % (v.name, code, details))
+    out, stats = [], {}
+    for m in msgs:
+        if "tokens" in m:
+            out += [int(x) for x in m["tokens"].get("ids", [])]
+        if "complete" in m:
+            stats = m["complete"].get("stats", {})
+    return out, stats
+
+
+def expect_fetch(c, want, have, bbytes, latency_ms):
+    """The cost rule as the README states it, from the rates a verifier
+    reports: fetch when latency + bytes / bandwidth < missing / prefill rate."""
+    fetch_ms = latency_ms + (want // BLOCK) * bbytes / c["prefix_fetch_bandwidth_bytes_per_ms"]
+    prefill_ms = (want - have) / c["prefill_tokens_per_ms"]
+    return fetch_ms < prefill_ms
+
+
+class FakeSource:
+    """A FetchPrefix server that replays `chunks` (messages), for a source
+    that lies."""
+
+    def __init__(self, chunks):
+        import grpc
+        from concurrent import futures
+        req_cls, resp_cls, _ = st.client()._method("/tandem.v1.Verifier/FetchPrefix")
+
+        def fetch(req, ctx):
+            for m in chunks:
+                yield m
+        h = grpc.method_handlers_generic_handler("tandem.v1.Verifier", {
+            "FetchPrefix": grpc.unary_stream_rpc_method_handler(
+                fetch, request_deserializer=req_cls.FromString,
+                response_serializer=resp_cls.SerializeToString)})
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.server.add_generic_rpc_handlers((h,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def addr(self):
+        return "127.0.0.1:%d" % self.port
+
+    def stop(self):
+        self.server.stop(0)
+
+
+def fetch_chunks(v, ids):
+    """The holder's FetchPrefix answer for ids, as messages."""
+    import grpc
+    from google.protobuf import json_format
+    req_cls, resp_cls, _ = st.client()._method("/tandem.v1.Verifier/FetchPrefix")
+    ch = grpc.insecure_channel(v.addr())
+    fn = ch.unary_stream("/tandem.v1.Verifier/FetchPrefix",
+                         request_serializer=req_cls.SerializeToString,
+                         response_deserializer=resp_cls.FromString)
+    req = json_format.ParseDict({"tokens": ids, "block": BLOCK, "chunk_bytes": 65536}, req_cls())
+    out = list(fn(req, timeout=30))
+    ch.close()
+    return out, resp_cls
+
+
+def case_fetch():
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    common = ("--model", e2e.TARGET, "--state-strategy", "extra_buffer", "--prefix-cache-block",
+              str(BLOCK))
+    holder = st.replica("verifier", gw, *common, "--prefix-cache", "on", "--replica-id", "vh")
+    ref = st.replica("verifier", gw, *common, "--prefix-cache", "off", "--replica-id", "vr")
+    ps = prompts(gw)
+    shared, sibling = ps[0], ps[1]
+    want = (len(sibling) - 1) // BLOCK * BLOCK
+    want = min(want, 160)  # the holder's cache covers the 165 shared tokens' 10 blocks
+    bbytes = block_bytes(e2e.TARGET, BLOCK)
+    run_direct(holder, shared)
+    check(counters(holder).get("prefix_cache_blocks", 0) >= want // BLOCK,
+          "the holder cached the shared prefix: %s" % counters(holder))
+    source = {"replica_id": "vh", "address": holder.addr(), "tokens": want}
+    n = [0]
+
+    def fresh(*extra):
+        n[0] += 1
+        return st.replica("verifier", gw, *common, "--prefix-cache", "on",
+                          "--replica-id", "vf%d" % n[0], *extra)
+
+    # Fetched: the counters, the hit, the tokens.
+    for sampling in SAMPLINGS:
+        f = fresh()
+        c0 = counters(f)
+        check(expect_fetch(c0, want, 0, bbytes, 5.0),
+              "the rule favours fetching on a fresh verifier: %s" % c0)
+        got, stats = run_direct(f, sibling, sampling, source)
+        exp, _ = run_direct(ref, sibling, sampling)
+        c = counters(f)
+        check(c.get("prefix_fetches") == 1 and c.get("prefix_fetch_failures") == 0 and
+              c.get("prefix_fetch_blocks") == want // BLOCK and
+              c.get("prefix_fetch_bytes") == want // BLOCK * bbytes and
+              c.get("prefix_fetch_ms", 0) > 0 and c.get("prefix_fetch_recomputed") == 0,
+              "one fetch of %d blocks of %d bytes: %s" % (
+                  want // BLOCK, bbytes, {k: v for k, v in c.items() if "fetch" in k}))
+        check(int(stats.get("cached_prompt_tokens", 0)) == want and
+              c.get("prefix_cache_hits") == 1,
+              "the request starts from the fetched prefix: %s" % stats)
+        check(got == exp and len(got) == 12,
+              "fetched prefix, %s: tokens are the cache-off verifier's\n%s\n%s" % (
+                  sampling, got, exp))
+        check(c.get("prefix_fetch_bandwidth_bytes_per_ms", 0) > 0 and
+              c.get("prefill_tokens_per_ms", 0) > 0, "the measured rates are reported")
+        f.stop()
+        st.PROCS.remove(f)
+
+    # Dead and lying sources: the fetch fails, the request prefills.
+    chunks, resp_cls = fetch_chunks(holder, sibling[:want])
+    check(len(chunks) >= 3 and chunks[0].layout.prefix_block == BLOCK,
+          "the holder's answer: %d chunks" % len(chunks))
+
+    def altered(fn):
+        out = []
+        for m in chunks:
+            x = resp_cls()
+            x.CopyFrom(m)
+            out.append(x)
+        fn(out)
+        return out
+
+    def other_tokens(cs):
+        cs[0].layout.tokens[3] = (cs[0].layout.tokens[3] + 1) % 1000
+
+    def flip(cs):
+        b = bytearray(cs[1].data)
+        b[len(b) // 2] ^= 0x10
+        cs[1].data = bytes(b)
+
+    def bad_sha(cs):
+        cs[0].layout.sha256 = bytes(32)
+
+    liars = {"other tokens": altered(other_tokens), "a flipped byte": altered(flip),
+             "a wrong SHA-256": altered(bad_sha), "no last chunk": altered(lambda cs: cs.pop())}
+    sources = [("dead", "127.0.0.1:1", None)]
+    for what, cs in liars.items():
+        fk = FakeSource(cs)
+        sources.append((what, fk.addr(), fk))
+    exp, _ = run_direct(ref, sibling, SAMPLINGS[1])
+    for what, addr, fk in sources:
+        f = fresh()
+        got, stats = run_direct(f, sibling, SAMPLINGS[1],
+                                {"replica_id": "liar", "address": addr, "tokens": want})
+        c = counters(f)
+        check(c.get("prefix_fetches") == 1 and c.get("prefix_fetch_failures") == 1 and
+              c.get("prefix_fetch_blocks") == 0 and c.get("prefix_cache_hits") == 0,
+              "%s source: the fetch fails: %s" % (what, {k: v for k, v in c.items()
+                                                         if "fetch" in k or "hits" in k}))
+        check(got == exp and int(stats.get("cached_prompt_tokens", 0)) == 0,
+              "%s source: the request prefills and its tokens are the same" % what)
+        f.stop()
+        st.PROCS.remove(f)
+        if fk:
+            fk.stop()
+
+    # Told fetching is slow (no measurement yet): prefill, no fetch.
+    f = fresh("--prefix-fetch-bandwidth", "1KiB")
+    c0 = counters(f)
+    check(c0.get("prefix_fetch_bandwidth_bytes_per_ms") == 1.024 and
+          not expect_fetch(c0, want, 0, bbytes, 5.0),
+          "1 KiB/s: the rule favours prefilling: %s" % c0)
+    got, stats = run_direct(f, sibling, SAMPLINGS[1], source)
+    c = counters(f)
+    check(c.get("prefix_fetches") == 0 and c.get("prefix_fetch_recomputed") == 1 and
+          int(stats.get("cached_prompt_tokens", 0)) == 0 and got == exp,
+          "slow fetching: the request prefills: %s" % {k: v for k, v in c.items() if "fetch" in k})
     stop_all()
 
 
@@ -479,6 +697,15 @@ def case_config():
     check(re.search(r"prefix_cache_block:\s+32\s+# flag:--prefix-cache-block", out) and
           re.search(r"prefix_cache_memory:\s+1GiB\s+# flag:--prefix-cache-memory", out),
           "both keys with their sources:\n" + out)
+    check(re.search(r"prefix_fetch_bandwidth:\s+100MiB\s+# default", out) and
+          re.search(r"prefix_fetch_latency:\s+5ms\s+# default", out) and
+          re.search(r"prefix_fetch_timeout:\s+2s\s+# default", out),
+          "the prefix-fetch settings with their defaults:\n" + out)
+    rc2, out2, err2 = st.run([v, "--model", e2e.TARGET, "--check-config", "--prefix-cache", "on",
+                              "--prefix-fetch-bandwidth", "1KiB", "--backend", "cpu"])
+    flag = r"prefix_fetch_bandwidth:\s+1KiB\s+# flag:--prefix-fetch-bandwidth"
+    check(rc2 == 0 and re.search(flag, out2),
+          "prefix_fetch_bandwidth from a flag:\n" + out2 + err2)
     want = "a block of 32 positions holds %d bytes" % block_bytes(e2e.TARGET, 32)
     check("prefix cache: up to 1.00 GiB of host memory" in out and want in out,
           "the capacity lines show the cache's memory (%s):\n%s" % (want, out))
