@@ -373,6 +373,26 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
  * logits rows and argmaxes the host gets (tdm_step_out). Advances every
  * n_past. On a backend with graphs the ops are one bracketed step (fwd_key);
  * argmax and logits come back after it. */
+/* Downloads the rows (width values each) of the sequences `want` flags
+ * (NULL: all) from src to dst: runs of consecutive wanted sequences, one
+ * copy each. */
+static void download_rows(tdm_backend *be, void *bx, float *dst, const float *src, size_t width,
+                          const uint8_t *want, const int *row0, const int *counts, int nseq)
+{
+    for (int i = 0; i < nseq;) {
+        if (want && !want[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < nseq && (!want || want[j]))
+            j++;
+        const size_t r0 = (size_t)row0[i], nr = (size_t)(row0[j - 1] + counts[j - 1]) - r0;
+        be->download(bx, dst + r0 * width, src + r0 * width, nr * width * sizeof(float));
+        i = j;
+    }
+}
+
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
                           const int *counts, int verify, int prefill, const tdm_step_out *out,
                           tdm_error *err)
@@ -424,26 +444,13 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
-    if (out && (out->logits || out->hidden))
-        /* Runs of consecutive sequences that want their rows: one copy each.
-         * ws.xn holds the final norm's output (fwd_ops). */
-        for (int i = 0; i < nseq;) {
-            if (out->want_logits && !out->want_logits[i]) {
-                i++;
-                continue;
-            }
-            int j = i;
-            while (j < nseq && (!out->want_logits || out->want_logits[j]))
-                j++;
-            const size_t r0 = (size_t)st.row0[i],
-                         nr = (size_t)(st.row0[j - 1] + counts[j - 1]) - r0;
-            if (out->logits)
-                be->download(bx, out->logits + r0 * V, m->ws.logits + r0 * V,
-                             nr * V * sizeof(float));
-            if (out->hidden)
-                be->download(bx, out->hidden + r0 * H, m->ws.xn + r0 * H, nr * H * sizeof(float));
-            i = j;
-        }
+    if (out && out->logits)
+        download_rows(be, bx, out->logits, m->ws.logits, V, out->want_logits, st.row0, counts,
+                      nseq);
+    if (out && out->hidden) /* ws.xn holds the final norm's output (fwd_ops) */
+        download_rows(be, bx, out->hidden, m->ws.xn, H,
+                      out->want_hidden ? out->want_hidden : out->want_logits, st.row0, counts,
+                      nseq);
     be->sync(bx);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
@@ -1123,5 +1130,5 @@ void tdm_step_buf_free(tdm_step_buf *b)
 
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b)
 {
-    return (tdm_step_out){b->logits, b->want, b->argmax, NULL};
+    return (tdm_step_out){b->logits, b->want, b->argmax, NULL, NULL};
 }

@@ -14,6 +14,7 @@
 #ifndef TANDEM_GATEWAY_REGISTRY_H
 #define TANDEM_GATEWAY_REGISTRY_H
 
+#include "feature_stream.h"
 #include "rpc.h"
 #include "service.h"
 #include "status.h"
@@ -51,6 +52,7 @@ typedef struct gw_pick {
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     uint32_t block_size;                     /* the drafter's draft_block_size */
+    tdm_feat_request features;               /* the hidden states it needs (n 0: none) */
     char no_drafter[1024];                   /* why there is none, when one was wanted */
 } gw_pick;
 
