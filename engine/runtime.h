@@ -15,8 +15,8 @@
 
 typedef struct tdm_runtime {
     tdm_backend *backend;
-    tdm_model *model; /* NULL when opened for the MTP head alone */
-    tdm_mtp *mtp;     /* tdm_runtime_open_mtp_cfg: the head; else NULL */
+    tdm_model *model;            /* NULL when opened for the MTP head alone */
+    tdm_mtp *mtp;                /* tdm_runtime_open_mtp_cfg: the head; else NULL */
     char backend_name[16];       /* the backend actually used: "cpu" or "cuda" */
     char why[160];               /* why that backend (for `auto`) */
     tdm_state_strategy strategy; /* tdm_runtime_open_cfg: how sequences commit */

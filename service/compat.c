@@ -174,8 +174,7 @@ static int rule_protocol(const Tandem__V1__Descriptor *a, const Tandem__V1__Desc
 }
 
 /* "final layer after the norm, layer 3" for a list of FeatureSpec messages. */
-static const char *spec_list(Tandem__V1__FeatureSpec *const *specs, size_t n, char *buf,
-                             size_t len)
+static const char *spec_list(Tandem__V1__FeatureSpec *const *specs, size_t n, char *buf, size_t len)
 {
     size_t used = 0;
     snprintf(buf, len, "none");
@@ -223,11 +222,11 @@ static int rule_features(const Tandem__V1__Descriptor *v, const Tandem__V1__Desc
     char miss[128];
     spec_list(&need->specs[missing], 1, miss, sizeof(miss));
     snprintf(out->message, sizeof(out->message),
-             "rule drafter-features: drafter %s needs the hidden states of the %s (it asks for: "
-             "%s) but verifier %s streams %s; a hidden-state drafter drafts only from states its "
-             "verifier can send.",
-             out->b_replica, miss, out->b_value, out->a_replica,
-             v->n_features_available ? out->a_value : "no hidden states");
+             "rule drafter-features: drafter %s needs hidden states the verifier cannot stream: "
+             "it asks for %s, and verifier %s streams %s (not the %s); a hidden-state drafter "
+             "drafts only from states its verifier sends.",
+             out->b_replica, out->b_value, out->a_replica,
+             v->n_features_available ? out->a_value : "no hidden states", miss);
     return 1;
 }
 
@@ -326,8 +325,7 @@ static const tdm_compat_rule g_rules[] = {
     {"protocol-major", TDM_COMPAT_PAIR, "both sides speak the same protocol major version",
      rule_protocol},
     {"drafter-features", TDM_COMPAT_PAIR,
-     "every hidden state a hidden-state drafter needs is one the verifier streams",
-     rule_features},
+     "every hidden state a hidden-state drafter needs is one the verifier streams", rule_features},
     {"drafter-target-model", TDM_COMPAT_PAIR,
      "a hidden-state drafter (mtp) runs with the target model it belongs to (same model "
      "fingerprint)",

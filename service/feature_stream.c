@@ -76,7 +76,8 @@ tdm_status tdm_feat_request_from_proto(const Tandem__V1__FeatureRequest *m, cons
         m->dtype != TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_BF16 &&
         m->dtype != TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s.dtype %d is not a FeatureDtype (bf16 or f32)", what, (int)m->dtype);
+                             "%s.dtype %d is not a FeatureDtype (bf16 or f32)", what,
+                             (int)m->dtype);
     if (m->dtype == TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32)
         out->dtype = m->dtype;
     for (size_t i = 0; i < m->n_specs; i++) {
@@ -237,8 +238,8 @@ tdm_status tdm_feat_in_append(tdm_feat_in *b, const Tandem__V1__Features *f, con
                              b->width);
     if (f->dtype != TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_BF16 &&
         f->dtype != TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s.dtype %d is not bf16 or f32", what, (int)f->dtype);
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s.dtype %d is not bf16 or f32", what,
+                             (int)f->dtype);
     const size_t vb = tdm_feat_dtype_bytes(f->dtype);
     const size_t nv = (size_t)f->rows * (size_t)b->width;
     if (f->rows > (1u << 24) || f->data.len != nv * vb)

@@ -697,10 +697,10 @@ static tdm_status rule_run_ahead(const tdm_cfg *cfg, char *value, size_t vlen, c
     snprintf(value, vlen, "%s", model && cuda ? "on" : "off");
     snprintf(reason, rlen, "%s, %s: %s", tdm_cfg_describe(cfg, "drafter_kind", d, sizeof(d)),
              tdm_cfg_describe(cfg, "backend", b, sizeof(b)),
-             mtp ? "an MTP head drafts from the hidden states that come with the verdict"
+             mtp      ? "an MTP head drafts from the hidden states that come with the verdict"
              : !model ? "a lookup costs nothing to redo after the verdict"
-             : cuda ? "a model's next block can be drafted while the verifier verifies"
-                    : "on the CPU the steps drafted ahead would take the verifier's cores");
+             : cuda   ? "a model's next block can be drafted while the verifier verifies"
+                      : "on the CPU the steps drafted ahead would take the verifier's cores");
     return TDM_OK;
 }
 
@@ -1021,11 +1021,10 @@ static const tdm_cfg_check verifier_checks[] = {
     {"max-context-within-model", check_max_context},
     {"memory-settings-positive", check_gpu_memory},
     {"max-sequences-within-capacity", check_max_sequences}};
-static const tdm_cfg_check drafter_checks[] = {
-    CHECKS_COMMON,
-    CHECKS_REPLICA,
-    {"model-drafter-needs-model", check_drafter_model},
-    {"mtp-drafts-after-verdicts", check_mtp_run_ahead}};
+static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON,
+                                               CHECKS_REPLICA,
+                                               {"model-drafter-needs-model", check_drafter_model},
+                                               {"mtp-drafts-after-verdicts", check_mtp_run_ahead}};
 
 const tdm_cfg_schema tdm_svc_gateway_schema = {
     "tandem-gateway",

@@ -284,7 +284,8 @@ static dseq *dseq_get(dstream *st, uint64_t id)
         return q;
     if (st->n_seqs >= d->max_sequences) {
         char m[120];
-        snprintf(m, sizeof(m), "this drafter serves at most %d sequences per stream (max_sequences)",
+        snprintf(m, sizeof(m),
+                 "this drafter serves at most %d sequences per stream (max_sequences)",
                  d->max_sequences);
         send_error(st, id, m);
         return NULL;
@@ -332,8 +333,8 @@ static tdm_status mtp_open(dstream *st, dseq *q, const Tandem__V1__SequenceOpen 
                              "SequenceOpen.features asks for %s; this MTP drafter drafts from the "
                              "final layer after the norm alone",
                              tdm_feat_request_str(&fr, want, sizeof(want)));
-    if (o->hidden && (rc = tdm_feat_in_append(&q->fin, o->hidden, "SequenceOpen.hidden", err)) !=
-                         TDM_OK)
+    if (o->hidden &&
+        (rc = tdm_feat_in_append(&q->fin, o->hidden, "SequenceOpen.hidden", err)) != TDM_OK)
         return rc;
     const bool fresh = q->fin.rows > 0 && q->fin.position == 0;
     if (fresh || lcp < q->primed + 1)
@@ -505,7 +506,8 @@ static void apply_chunk(dstream *st, const Tandem__V1__FeatureChunk *c)
         return;
     if (!c->hidden)
         tdm_error_set(&err, TDM_ERR_INVALID_ARGUMENT, "FeatureChunk.hidden is missing");
-    if (!c->hidden || tdm_feat_in_append(&q->fin, c->hidden, "FeatureChunk.hidden", &err) != TDM_OK) {
+    if (!c->hidden ||
+        tdm_feat_in_append(&q->fin, c->hidden, "FeatureChunk.hidden", &err) != TDM_OK) {
         send_error(st, q->id, err.msg);
         dseq_remove(st, q);
     }
@@ -697,8 +699,8 @@ static void mtp_pass(dstream *st, int nw)
         st->nrows[n] = q->fin.rows;
         n++;
     }
-    tdm_status rc = n > 0 ? tdm_mtp_prime_n(st->mseqs, n, st->mhid, st->tp, st->nrows, NULL, &err)
-                          : TDM_OK;
+    tdm_status rc =
+        n > 0 ? tdm_mtp_prime_n(st->mseqs, n, st->mhid, st->tp, st->nrows, NULL, &err) : TDM_OK;
     if (rc != TDM_OK)
         tdm_log_error(LOG, "MTP prime of %d sequences failed: %s", n, err.msg);
     n = 0;

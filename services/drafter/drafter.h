@@ -13,9 +13,9 @@
 #include <stdint.h>
 
 typedef struct drafter {
-    tdm_runtime *rt;   /* drafter_kind model: the draft model; else NULL */
-    tdm_runtime *head; /* drafter_kind mtp: the MTP head (rt->mtp); else NULL */
-    int hidden;        /* mtp: values per feature row (the target's hidden size) */
+    tdm_runtime *rt;        /* drafter_kind model: the draft model; else NULL */
+    tdm_runtime *head;      /* drafter_kind mtp: the MTP head (rt->mtp); else NULL */
+    int hidden;             /* mtp: values per feature row (the target's hidden size) */
     const tdm_trust *trust; /* the service's: who may open Draft streams */
     /* The engine serves one caller at a time: each Draft stream (one per
      * verifier) holds this while it runs the model. */

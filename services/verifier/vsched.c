@@ -142,12 +142,12 @@ typedef struct vround {
     int n_closes;
     vlink **drop; /* [2 * max_sequences + 1]: references to let go after the lock */
     int n_drop;
-    tdm_step_buf out; /* logits and argmaxes (grown on demand) */
+    tdm_step_buf out;     /* logits and argmaxes (grown on demand) */
     uint8_t *want_hidden; /* [max_sequences]: the sequence's drafter takes hidden states */
     float *hidden;        /* [hidden_rows, H]: the step's (or a prefill's) hidden states */
     size_t hidden_rows;
-    float *feat_row;      /* [TDM_FEAT_MAX_SPECS * H]: one row of several specs */
-    tdm_status rc;    /* the step's status; != OK fails every sequence in it */
+    float *feat_row; /* [TDM_FEAT_MAX_SPECS * H]: one row of several specs */
+    tdm_status rc;   /* the step's status; != OK fails every sequence in it */
     tdm_error err;
     double t_wait, t_step;
     double cost, fixed; /* per drafted token and per speculating sequence (adaptive.h) */
@@ -518,7 +518,8 @@ static void feat_keep(vsched *s, vreq *r, const float *hidden, int n)
     }
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < ns; j++)
-            memcpy(s->rd.feat_row + (size_t)j * H, hidden + (size_t)i * H, (size_t)H * sizeof(float));
+            memcpy(s->rd.feat_row + (size_t)j * H, hidden + (size_t)i * H,
+                   (size_t)H * sizeof(float));
         tdm_feat_out_append(&r->fout, s->rd.feat_row, 1);
     }
 }
@@ -1928,7 +1929,8 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
         s->p.prefill_chunk = 256;
     s->vocab = tdm_model_get_config(p->model)->vocab_size;
     s->hidden_size = tdm_model_get_config(p->model)->hidden_size;
-    s->rd.feat_row = tdm_xmalloc((size_t)TDM_FEAT_MAX_SPECS * (size_t)s->hidden_size * sizeof(float));
+    s->rd.feat_row =
+        tdm_xmalloc((size_t)TDM_FEAT_MAX_SPECS * (size_t)s->hidden_size * sizeof(float));
     snprintf(s->limits, sizeof(s->limits), "%s", p->limits ? p->limits : "max_sequences");
     s->p.limits = s->limits;
     s->active = tdm_xcalloc((size_t)s->p.max_sequences, sizeof(*s->active));
