@@ -153,8 +153,10 @@ typedef struct fwd_step {
     tdm_seq *const *seqs;
     const int *counts; /* [nseq] rows of each sequence */
     int nseq, R;
-    int prefill;            /* a prompt chunk: the delta rule may run chunked */
-    int logits;             /* final norm and LM head run, into ws.logits */
+    int prefill; /* a prompt chunk: the delta rule may run chunked */
+    /* 0: no output; 1: final norm (ws.xn) and LM head (ws.logits); 2: the
+     * final norm alone (hidden states wanted, no logits or argmax) */
+    int logits;
     int *row0;              /* [nseq] first row of each sequence */
     int *extra;             /* [nseq] a verify's rows keep per-position conv windows and
                                recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
@@ -213,7 +215,7 @@ static uint64_t fwd_key(const tdm_model *m, const fwd_step *st)
     uint64_t h = key_mix(0x243f6a8885a308d3ull, (uint64_t)(uintptr_t)m);
     h = key_mix(h, (uint64_t)(uintptr_t)m->ws.block);
     h = key_mix(h, (uint64_t)m->ws.rows);
-    h = key_mix(h, ((uint64_t)st->nseq << 2) | ((uint64_t)st->prefill << 1) | (uint64_t)st->logits);
+    h = key_mix(h, ((uint64_t)st->nseq << 3) | ((uint64_t)st->prefill << 2) | (uint64_t)st->logits);
     for (int i = 0; i < st->nseq; i++)
         h = key_mix(h, ((uint64_t)st->counts[i] << 2) | (uint64_t)st->extra[i]);
     return h;
@@ -362,7 +364,8 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
-        be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
+        if (st->logits == 1)
+            be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
     }
 }
 
@@ -416,7 +419,10 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         .nseq = nseq,
         .R = R,
         .prefill = prefill,
-        .logits = out && (out->logits || out->argmax || out->hidden),
+        .logits = !out                         ? 0
+                  : out->logits || out->argmax ? 1
+                  : out->hidden                ? 2
+                                               : 0,
     };
     step_scratch(&st, nseq, R);
     for (int i = 0, r = 0; i < nseq; i++) {

@@ -827,6 +827,32 @@ static tdm_status check_drafter_model(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "model", b, sizeof(b)));
 }
 
+/* An MTP drafter's model must carry the head: checked here by its first
+ * tensor's name in the checkpoint's headers (--check-config links no
+ * engine); the start loads the whole head and checks every tensor. */
+static tdm_status check_mtp_head(const tdm_cfg *cfg, tdm_error *err)
+{
+    const char *model = tdm_cfg_str(cfg, "model");
+    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) !=
+            TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP ||
+        !model[0])
+        return TDM_OK;
+    tdm_st_file *st = NULL;
+    if (tdm_st_open(model, &st, NULL) != TDM_OK)
+        return TDM_OK; /* the model's own checks say what is wrong with its files */
+    const bool has = tdm_st_find(st, "mtp.fc.weight") != NULL;
+    tdm_st_close(st);
+    if (has)
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s drafts with the MTP head of %s, but that checkpoint has no tensor "
+                         "mtp.fc.weight (no MTP head); set model to a Qwen3.5/3.6 checkpoint "
+                         "with its mtp.* tensors (the verifier's own), or another drafter_kind",
+                         tdm_cfg_describe(cfg, "drafter_kind", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "model", b, sizeof(b)));
+}
+
 /* An MTP head drafts from the hidden states of the verdict it answers: it
  * has nothing to draft ahead of that verdict with. */
 static tdm_status check_mtp_run_ahead(const tdm_cfg *cfg, tdm_error *err)
@@ -1024,7 +1050,8 @@ static const tdm_cfg_check verifier_checks[] = {
 static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON,
                                                CHECKS_REPLICA,
                                                {"model-drafter-needs-model", check_drafter_model},
-                                               {"mtp-drafts-after-verdicts", check_mtp_run_ahead}};
+                                               {"mtp-drafter-needs-head", check_mtp_head},
+    {"mtp-drafts-after-verdicts", check_mtp_run_ahead}};
 
 const tdm_cfg_schema tdm_svc_gateway_schema = {
     "tandem-gateway",

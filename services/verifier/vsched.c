@@ -228,6 +228,8 @@ struct vsched {
     staged_snap *staged;    /* imported snapshots waiting for their Run */
     pthread_cond_t jobs_cv; /* a job is done */
     vround rd;              /* scheduler thread */
+    /* Feature rows and bytes sent: the scheduler thread adds, Describe reads. */
+    _Atomic uint64_t feature_rows, feature_bytes;
     void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
 };
 
@@ -450,6 +452,9 @@ static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, Tandem__V1__Fe
     *last = m[n - 1];
     if (m != few)
         free(m);
+    atomic_fetch_add(&s->feature_rows, (uint64_t)r->fout.rows);
+    atomic_fetch_add(&s->feature_bytes, (uint64_t)r->fout.rows * (uint64_t)r->fout.width *
+                                            tdm_feat_dtype_bytes(r->fout.dtype));
     return last;
 }
 
@@ -2054,6 +2059,8 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     pthread_mutex_lock(&s->mu);
     *c = s->counters;
     c->reserved_bytes = s->reserved;
+    c->feature_rows = atomic_load(&s->feature_rows);
+    c->feature_bytes = atomic_load(&s->feature_bytes);
     size_t n = ring_len(s->n_overhead, RING);
     memcpy(v, s->overhead_us, n * sizeof(float));
     size_t nd = ring_len(s->n_draft_token, RING);

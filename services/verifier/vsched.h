@@ -175,6 +175,8 @@ typedef struct vsched_counters {
     uint64_t kv_bytes, recurrent_bytes, conv_bytes, strategy_bytes;
     /* Bytes reserved by admitted requests; requests refused for a full line. */
     uint64_t reserved_bytes, refused;
+    /* The feature stream: hidden-state rows sent to drafters, and their bytes. */
+    uint64_t feature_rows, feature_bytes;
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);

@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,29 @@ def set_tensor(model, name, value):
             fh.write(struct.pack("<H", bits) * ((b - a) // 2))
             return
     raise SystemExit("FAIL: no tensor %s in %s" % (name, model))
+
+
+def rename_tensor(model, name, new):
+    """Renames a tensor (same length: the offsets stay) in its shard's header
+    and in the index."""
+    import struct
+    assert len(name) == len(new)
+    for f in sorted(os.listdir(model)):
+        path = os.path.join(model, f)
+        if f.endswith(".safetensors"):
+            with open(path, "r+b") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                header = fh.read(n)
+                key = b'"' + name.encode() + b'"'
+                if key in header:
+                    fh.seek(8)
+                    fh.write(header.replace(key, b'"' + new.encode() + b'"'))
+        elif f.endswith(".index.json"):
+            with open(path) as fh:
+                index = json.load(fh)
+            index["weight_map"][new] = index["weight_map"].pop(name)
+            with open(path, "w") as fh:
+                json.dump(index, fh)
 
 
 def agreeing_model():
@@ -213,6 +237,12 @@ def case_greedy():
               c.get("drafted_tokens", 0) >= BLOCK, "blocks were proposed and verified: %s" % c)
         check(c.get("drafter_failures", 0) == 0 and c.get("malformed_blocks", 0) == 0,
               "no drafter failure: %s" % c)
+        # Every committed position's state went out once: the prompts' but
+        # their last token's at the opens, then one row per committed token.
+        width = 64 * (4 if dtype == "f32" else 2)
+        check(c.get("feature_rows_sent", 0) >= sum(len(p) - 1 for p in ps) and
+              c.get("feature_bytes_sent", 0) == c.get("feature_rows_sent", 0) * width,
+              "feature rows and bytes counted: %s" % c)
         check("SequenceError" not in d.text() and "WARN  drafter: sequence" not in d.text(),
               "the drafter answered no sequence with an error:\n" + d.text()[-3000:])
         if dtype == "f32":
@@ -333,9 +363,29 @@ def case_no_head():
     rc, out, err = st.run([st.ARGS.drafter, "--drafter-kind", "mtp", "--model", plain,
                            "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0",
                            "--gateway", "127.0.0.1:1"])
-    check(rc != 0 and "mtp.fc.weight" in err and plain in err and "drafter_kind mtp" in err,
+    check(rc == 2 and "no tensor mtp.fc.weight" in err and ("model=%s" % plain) in err and
+          "drafter_kind=mtp (flag:--drafter-kind)" in err,
           "a model without an MTP head: rc %d\n%s" % (rc, err))
     check("listening" not in err, "did not serve:\n" + err)
+    # An incomplete head passes the configuration's look at its first tensor;
+    # loading it names the missing one.
+    part = os.path.join(st.TMP, "mtp-incomplete")
+    shutil.copytree(mtp_model(), part)
+    rename_tensor(part, "mtp.norm.weight", "xtp.norm.weight")
+    rc, out, err = st.run([st.ARGS.drafter, "--drafter-kind", "mtp", "--model", part,
+                           "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0",
+                           "--gateway", "127.0.0.1:1"])
+    check(rc != 0 and "mtp.norm.weight" in err and part in err and "drafter_kind mtp" in err,
+          "an incomplete MTP head: rc %d\n%s" % (rc, err))
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp", "--model",
+                           plain])
+    check(rc != 0 and "no tensor mtp.fc.weight" in out and ("model=%s" % plain) in out and
+          "mtp-drafter-needs-head" in out, "--check-config finds no head:\n" + out)
+    d = st.write("d-nohead.yaml", "model: %s\ndrafter_kind: mtp\n" % plain)
+    v = st.write("v-nohead.yaml", "model: %s\n" % plain)
+    rc, out, err = st.run([st.ARGS.cli, "check-config", "--verifier", v, "--drafter", d])
+    check(rc != 0 and "no tensor mtp.fc.weight" in out + err,
+          "tandem check-config finds no head:\n" + out + err)
     rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp"])
     check(rc != 0 and "drafter_kind=mtp (flag:--drafter-kind)" in out and
           "MTP head" in out and "model='' (default)" in out, "mtp without a model:\n" + out)
