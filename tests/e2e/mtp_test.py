@@ -26,6 +26,7 @@ usage: mtp_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
                    --make-model PATH --source ROOT
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -118,8 +119,10 @@ def agreeing_model():
 
 
 def prompts(n, seed=7):
+    """n random prompts of distinct lengths (a sequence's first block, at
+    position length + 1, tells which prompt it is)."""
     rnd = random.Random(seed)
-    return [[rnd.randrange(320) for _ in range(rnd.randrange(5, 120))] for _ in range(n)]
+    return [[rnd.randrange(320) for _ in range(n_)] for n_ in rnd.sample(range(5, 120), n)]
 
 
 def generate(gw, ids, max_tokens=20, mode="SPECULATION_MODE_ON", sampling=None):
@@ -216,8 +219,12 @@ def case_greedy():
               "verifier's features_available: %s" % vd.get("features_available"))
         check(dd.get("target_model_fingerprint") == vd.get("model_fingerprint") and
               vd.get("model_fingerprint"), "drafter's target model is the verifier's")
-        plain = [generate(gw, p, mode="SPECULATION_MODE_OFF") for p in ps]
-        spec = [generate(gw, p) for p in ps]
+        # Plain and speculative requests at once: batches mix sequences whose
+        # drafter takes hidden states with sequences that take none.
+        jobs = [(p, "SPECULATION_MODE_OFF") for p in ps] + [(p, "SPECULATION_MODE_ON") for p in ps]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
+            res = list(ex.map(lambda j: generate(gw, j[0], mode=j[1]), jobs))
+        plain, spec = res[:len(ps)], res[len(ps):]
         rounds = 0
         for i, (a, b) in enumerate(zip(plain, spec)):
             if not check(a[0] == "OK" and b[0] == "OK" and a[3] and b[3],
@@ -246,23 +253,32 @@ def case_greedy():
         check("SequenceError" not in d.text() and "WARN  drafter: sequence" not in d.text(),
               "the drafter answered no sequence with an error:\n" + d.text()[-3000:])
         if dtype == "f32":
-            # The hidden states the verifier streamed are its model's: each of
-            # the last request's blocks is what the head drafts from the same
+            # The hidden states the verifier streamed are its model's: each
+            # request's first blocks are what the head drafts from the same
             # tokens run through the full model on the CPU.
-            last = max(b[0] for b in blocks_of(d)) if blocks_of(d) else None
-            toks = ps[-1] + spec[-1][2]
+            blocks = blocks_of(d)
+            first = {}
+            for b in blocks:
+                first.setdefault(b[0], b[2])
+            by_len = {len(p) + 1: i for i, p in enumerate(ps)}
             checked = 0
-            for (_, rnd, pos, drafts) in blocks_of(d, last)[:4]:
-                # The block continues from `pos` tokens: the head holds the
-                # states of the first pos - 1, and the newest is the target's
-                # greedy choice, which --mtp-draft takes as the last next token.
-                want = mtp_reference(model, toks[:pos - 1], BLOCK)
-                check(want is not None and drafts == want,
-                      "round %d block at position %d: drafter %s, tandem logits %s" %
-                      (rnd, pos, drafts, want))
-                checked += 1
-            check(checked >= 2, "blocks of the last request found in the drafter's log: %d" %
-                  checked)
+            for sid, pos0 in sorted(first.items()):
+                i = by_len.get(pos0)
+                if not check(i is not None, "sequence %d's first block at position %d is no "
+                             "prompt's" % (sid, pos0)):
+                    continue
+                toks = ps[i] + spec[i][2]
+                for (_, rnd, pos, drafts) in [b for b in blocks if b[0] == sid][:3]:
+                    # The block continues from `pos` tokens: the head holds
+                    # the states of the first pos - 1, and the newest is the
+                    # target's greedy choice, which --mtp-draft takes as the
+                    # last next token.
+                    want = mtp_reference(model, toks[:pos - 1], BLOCK)
+                    check(want is not None and drafts == want,
+                          "prompt %d round %d block at position %d: drafter %s, tandem logits "
+                          "%s" % (i, rnd, pos, drafts, want))
+                    checked += 1
+            check(checked >= 2 * len(ps), "blocks found in the drafter's log: %d" % checked)
         else:
             # Sampled requests: greedy drafts as one-hot distributions.
             samp = {"temperature": 0.8, "top_p": 0.95, "seed": "5"}
