@@ -125,10 +125,11 @@ def prompts(n, seed=7):
     return [[rnd.randrange(320) for _ in range(n_)] for n_ in rnd.sample(range(5, 120), n)]
 
 
-def generate(gw, ids, max_tokens=20, mode="SPECULATION_MODE_ON", sampling=None):
+def generate(gw, ids, max_tokens=20, mode="SPECULATION_MODE_ON", sampling=None, fixed=True):
+    spec = mode != "SPECULATION_MODE_OFF"
     req = {"token_ids": {"ids": ids}, "max_tokens": max_tokens, "ignore_eos": True,
-           "speculation": {"mode": mode, "block_size": BLOCK if mode != "SPECULATION_MODE_OFF"
-                           else 0, "fixed_block_size": mode != "SPECULATION_MODE_OFF"}}
+           "speculation": {"mode": mode, "block_size": BLOCK if spec else 0,
+                           "fixed_block_size": spec and fixed}}
     if sampling:
         req["sampling"] = sampling
     c = st.client()
@@ -252,6 +253,30 @@ def case_greedy():
               "feature rows and bytes counted: %s" % c)
         check("SequenceError" not in d.text() and "WARN  drafter: sequence" not in d.text(),
               "the drafter answered no sequence with an error:\n" + d.text()[-3000:])
+        # The adaptive rule: a random head's drafts are rejected, so it
+        # pauses speculation, then probes; the rows of the paused positions
+        # wait on the verifier and go with the reopen, which continues the
+        # head's cache. (A seed keeps the rule's own cost priors, so the
+        # pauses are short enough to probe within the request.)
+        before = c
+        seeded = {"temperature": 0, "seed": "3"}
+        long_plain = [generate(gw, p, max_tokens=120, mode="SPECULATION_MODE_OFF")
+                      for p in ps[:2]]
+        long_spec = [generate(gw, p, max_tokens=120, fixed=False, sampling=seeded)
+                     for p in ps[:2]]
+        c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+        for i, (a, b) in enumerate(zip(long_plain, long_spec)):
+            check(a[0] == "OK" and b[0] == "OK" and a[2] == b[2] and len(a[2]) == 120,
+                  "%s adaptive prompt %d: speculative %s, plain %s" % (dtype, i, b[2], a[2]))
+            print("%s adaptive prompt %d: %s" % (dtype, i, b[3]["stats"]["speculation"]
+                                                 if b[3] else None), flush=True)
+        probes = sum(int(re.search(r"\((\d+) probe", b[3]["stats"]["speculation"]).group(1))
+                     for b in long_spec if b[3] and "probe" in b[3]["stats"]["speculation"])
+        check(c.get("adaptive_switch_offs", 0) > before.get("adaptive_switch_offs", 0) and
+              probes > 0, "the adaptive rule paused speculation and probed again (%d probes): "
+              "%s" % (probes, c))
+        check(c.get("drafter_failures", 0) == 0 and "WARN  drafter: sequence" not in d.text(),
+              "reopens after pauses continue the head's cache:\n" + d.text()[-3000:])
         if dtype == "f32":
             # The hidden states the verifier streamed are its model's: each
             # request's first blocks are what the head drafts from the same
@@ -261,24 +286,32 @@ def case_greedy():
             for b in blocks:
                 first.setdefault(b[0], b[2])
             by_len = {len(p) + 1: i for i, p in enumerate(ps)}
-            checked = 0
+            # Each prompt's greedy continuation, as far as it was generated.
+            outs = [p + (long_plain[i][2] if i < len(long_plain) else spec[i][2])
+                    for i, p in enumerate(ps)]
+            checked = reopened = 0
             for sid, pos0 in sorted(first.items()):
                 i = by_len.get(pos0)
                 if not check(i is not None, "sequence %d's first block at position %d is no "
                              "prompt's" % (sid, pos0)):
                     continue
-                toks = ps[i] + spec[i][2]
-                for (_, rnd, pos, drafts) in [b for b in blocks if b[0] == sid][:3]:
+                mine = [b for b in blocks if b[0] == sid]
+                # Every block of the adaptive (paused and reopened) sequences,
+                # the first three of the others.
+                for (_, rnd, pos, drafts) in mine if i < len(long_plain) else mine[:3]:
                     # The block continues from `pos` tokens: the head holds
                     # the states of the first pos - 1, and the newest is the
                     # target's greedy choice, which --mtp-draft takes as the
-                    # last next token.
-                    want = mtp_reference(model, toks[:pos - 1], BLOCK)
-                    check(want is not None and drafts == want,
+                    # last next token. Greedy drafts are a chain: k drafts
+                    # are the first k of BLOCK.
+                    want = mtp_reference(model, outs[i][:pos - 1], BLOCK)
+                    check(want is not None and drafts == want[:len(drafts)],
                           "prompt %d round %d block at position %d: drafter %s, tandem logits "
                           "%s" % (i, rnd, pos, drafts, want))
                     checked += 1
-            check(checked >= 2 * len(ps), "blocks found in the drafter's log: %d" % checked)
+                    reopened += pos > mine[0][2] + 40
+            check(checked >= 2 * len(ps) and reopened > 0,
+                  "blocks found in the drafter's log: %d (%d after a pause)" % (checked, reopened))
         else:
             # Sampled requests: greedy drafts as one-hot distributions.
             samp = {"temperature": 0.8, "top_p": 0.95, "seed": "5"}
