@@ -393,6 +393,9 @@ def case_refusals():
     rc, out, err = st.run([st.ARGS.cli, "status", "--gateway", gw.addr()])
     check(rc == 0 and "rule drafter-target-model:" in out and "rule drafter-features:" in out,
           "tandem status prints both refusals:\n" + out + err)
+    check("streams hidden states: final layer after the norm" in out and
+          ("needs hidden states: final layer after the norm (bf16), of target model %s" %
+           fp_mtp[:12]) in out, "tandem status shows the feature stream's sides:\n" + out)
     # Offline, on the configuration files.
     vf = st.write("v.yaml", "model: %s\n" % other)
     vok = st.write("v-ok.yaml", "model: %s\n" % model)
