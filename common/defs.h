@@ -39,7 +39,7 @@
 #define TDM_DRAFTER_KINDS(X)                                                                       \
     X(MODEL, "model", 1)                                                                           \
     X(NGRAM, "ngram", 1)                                                                           \
-    X(MTP, "mtp", 0)                                                                               \
+    X(MTP, "mtp", 1)                                                                               \
     X(DFLASH, "dflash", 0)
 
 /* Compute backends (engine/runtime.h). */

@@ -132,8 +132,9 @@ typedef struct tdm_step_out {
     int32_t *argmax;
     /* NULL, or host [rows, H]: each row's hidden state after the final norm
      * (what the LM head reads, and what an MTP head takes: mtp.h), for the
-     * same sequences' rows as logits. */
+     * sequences want_hidden flags (NULL: the same sequences' rows as logits). */
     float *hidden;
+    const uint8_t *want_hidden;
 } tdm_step_out;
 
 /* tdm_seq_prefill with a choice of what comes back: logits, argmax and

@@ -98,6 +98,7 @@ void tdm_runtime_close(tdm_runtime *rt)
 {
     if (!rt)
         return;
+    tdm_mtp_destroy(rt->mtp);
     tdm_model_destroy(rt->model);
     if (rt->backend)
         rt->backend->destroy(rt->backend);
@@ -122,6 +123,32 @@ tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_r
     rt->strategy = (tdm_state_strategy)st;
     tdm_log_info(component, "model %s on %s (%s), state strategy %s", model, rt->backend_name,
                  rt->why, strategy);
+    *out = rt;
+    return TDM_OK;
+}
+
+tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
+                                    tdm_error *err)
+{
+    *out = NULL;
+    const char *model = tdm_cfg_str(cfg, "model");
+    tdm_runtime *rt = tdm_xcalloc(1, sizeof(*rt));
+    tdm_status rc = runtime_backend(rt, tdm_cfg_str(cfg, "backend"), 0, err);
+    if (rc != TDM_OK) {
+        free(rt);
+        return tdm_error_prefix(err, "model %s", model);
+    }
+    rc = tdm_mtp_open(model, rt->backend, &rt->mtp, err);
+    if (rc != TDM_OK) {
+        rt->backend->destroy(rt->backend);
+        free(rt);
+        return tdm_error_prefix(err,
+                                "drafter_kind mtp drafts with the MTP head of model %s, which it "
+                                "cannot load",
+                                model);
+    }
+    tdm_log_info(component, "MTP head of %s on %s (%s): %zu bytes of its own weights", model,
+                 rt->backend_name, rt->why, tdm_mtp_weight_bytes(rt->mtp));
     *out = rt;
     return TDM_OK;
 }

@@ -2,18 +2,21 @@
  * runtime.h - a model ready to run: a backend chosen by name and the model
  * loaded onto it. What the verifier, the drafter and the CLI open.
  *
- * Owns the backend and the model; tdm_runtime_close frees both.
+ * Owns the backend and the model (or, for an MTP drafter, the checkpoint's
+ * MTP head alone); tdm_runtime_close frees them.
  */
 #ifndef TANDEM_ENGINE_RUNTIME_H
 #define TANDEM_ENGINE_RUNTIME_H
 
 #include "config.h"
 #include "engine.h"
+#include "mtp.h"
 #include "status.h"
 
 typedef struct tdm_runtime {
     tdm_backend *backend;
-    tdm_model *model;
+    tdm_model *model;            /* NULL when opened for the MTP head alone */
+    tdm_mtp *mtp;                /* tdm_runtime_open_mtp_cfg: the head; else NULL */
     char backend_name[16];       /* the backend actually used: "cpu" or "cuda" */
     char why[160];               /* why that backend (for `auto`) */
     tdm_state_strategy strategy; /* tdm_runtime_open_cfg: how sequences commit */
@@ -33,5 +36,12 @@ void tdm_runtime_close(tdm_runtime *rt);
  * backend under `component`. Errors name the model directory. */
 tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
                                 tdm_error *err);
+
+/* The same for a drafter of drafter_kind mtp: the backend and the MTP head
+ * of the checkpoint `model` (tdm_mtp_open: the head, the embedding, the
+ * final norm and the LM head; no decoder layers). A checkpoint without the
+ * head is an error naming the model directory and the missing tensor. */
+tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
+                                    tdm_error *err);
 
 #endif

@@ -153,8 +153,10 @@ typedef struct fwd_step {
     tdm_seq *const *seqs;
     const int *counts; /* [nseq] rows of each sequence */
     int nseq, R;
-    int prefill;            /* a prompt chunk: the delta rule may run chunked */
-    int logits;             /* final norm and LM head run, into ws.logits */
+    int prefill; /* a prompt chunk: the delta rule may run chunked */
+    /* 0: no output; 1: final norm (ws.xn) and LM head (ws.logits); 2: the
+     * final norm alone (hidden states wanted, no logits or argmax) */
+    int logits;
     int *row0;              /* [nseq] first row of each sequence */
     int *extra;             /* [nseq] a verify's rows keep per-position conv windows and
                                recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
@@ -213,7 +215,7 @@ static uint64_t fwd_key(const tdm_model *m, const fwd_step *st)
     uint64_t h = key_mix(0x243f6a8885a308d3ull, (uint64_t)(uintptr_t)m);
     h = key_mix(h, (uint64_t)(uintptr_t)m->ws.block);
     h = key_mix(h, (uint64_t)m->ws.rows);
-    h = key_mix(h, ((uint64_t)st->nseq << 2) | ((uint64_t)st->prefill << 1) | (uint64_t)st->logits);
+    h = key_mix(h, ((uint64_t)st->nseq << 3) | ((uint64_t)st->prefill << 2) | (uint64_t)st->logits);
     for (int i = 0; i < st->nseq; i++)
         h = key_mix(h, ((uint64_t)st->counts[i] << 2) | (uint64_t)st->extra[i]);
     return h;
@@ -362,7 +364,8 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
-        be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
+        if (st->logits == 1)
+            be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
     }
 }
 
@@ -373,6 +376,26 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
  * logits rows and argmaxes the host gets (tdm_step_out). Advances every
  * n_past. On a backend with graphs the ops are one bracketed step (fwd_key);
  * argmax and logits come back after it. */
+/* Downloads the rows (width values each) of the sequences `want` flags
+ * (NULL: all) from src to dst: runs of consecutive wanted sequences, one
+ * copy each. */
+static void download_rows(tdm_backend *be, void *bx, float *dst, const float *src, size_t width,
+                          const uint8_t *want, const int *row0, const int *counts, int nseq)
+{
+    for (int i = 0; i < nseq;) {
+        if (want && !want[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < nseq && (!want || want[j]))
+            j++;
+        const size_t r0 = (size_t)row0[i], nr = (size_t)(row0[j - 1] + counts[j - 1]) - r0;
+        be->download(bx, dst + r0 * width, src + r0 * width, nr * width * sizeof(float));
+        i = j;
+    }
+}
+
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
                           const int *counts, int verify, int prefill, const tdm_step_out *out,
                           tdm_error *err)
@@ -396,7 +419,10 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         .nseq = nseq,
         .R = R,
         .prefill = prefill,
-        .logits = out && (out->logits || out->argmax || out->hidden),
+        .logits = !out                         ? 0
+                  : out->logits || out->argmax ? 1
+                  : out->hidden                ? 2
+                                               : 0,
     };
     step_scratch(&st, nseq, R);
     for (int i = 0, r = 0; i < nseq; i++) {
@@ -424,26 +450,13 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
-    if (out && (out->logits || out->hidden))
-        /* Runs of consecutive sequences that want their rows: one copy each.
-         * ws.xn holds the final norm's output (fwd_ops). */
-        for (int i = 0; i < nseq;) {
-            if (out->want_logits && !out->want_logits[i]) {
-                i++;
-                continue;
-            }
-            int j = i;
-            while (j < nseq && (!out->want_logits || out->want_logits[j]))
-                j++;
-            const size_t r0 = (size_t)st.row0[i],
-                         nr = (size_t)(st.row0[j - 1] + counts[j - 1]) - r0;
-            if (out->logits)
-                be->download(bx, out->logits + r0 * V, m->ws.logits + r0 * V,
-                             nr * V * sizeof(float));
-            if (out->hidden)
-                be->download(bx, out->hidden + r0 * H, m->ws.xn + r0 * H, nr * H * sizeof(float));
-            i = j;
-        }
+    if (out && out->logits)
+        download_rows(be, bx, out->logits, m->ws.logits, V, out->want_logits, st.row0, counts,
+                      nseq);
+    if (out && out->hidden) /* ws.xn holds the final norm's output (fwd_ops) */
+        download_rows(be, bx, out->hidden, m->ws.xn, H,
+                      out->want_hidden ? out->want_hidden : out->want_logits, st.row0, counts,
+                      nseq);
     be->sync(bx);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
@@ -1123,5 +1136,5 @@ void tdm_step_buf_free(tdm_step_buf *b)
 
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b)
 {
-    return (tdm_step_out){b->logits, b->want, b->argmax, NULL};
+    return (tdm_step_out){b->logits, b->want, b->argmax, NULL, NULL};
 }

@@ -5,6 +5,7 @@
 #include "defs.h"
 #include "alloc.h"
 #include "compat.h"
+#include "feature_stream.h"
 
 #include "file.h"
 
@@ -176,6 +177,85 @@ static int rule_protocol(const Tandem__V1__Descriptor *a, const Tandem__V1__Desc
     return 1;
 }
 
+/* "final layer after the norm, layer 3" for a list of FeatureSpec messages. */
+static const char *spec_list(Tandem__V1__FeatureSpec *const *specs, size_t n, char *buf, size_t len)
+{
+    size_t used = 0;
+    snprintf(buf, len, "none");
+    for (size_t i = 0; i < n && used < len; i++) {
+        tdm_feat_spec s = {.final_layer = specs[i]->final_layer,
+                           .layer = specs[i]->layer,
+                           .normed = specs[i]->normed};
+        char one[64];
+        int w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "",
+                         tdm_feat_spec_name(&s, one, sizeof(one)));
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+    return buf;
+}
+
+static bool spec_equal(const Tandem__V1__FeatureSpec *a, const Tandem__V1__FeatureSpec *b)
+{
+    return a->final_layer == b->final_layer && a->normed == b->normed &&
+           (a->final_layer || a->layer == b->layer);
+}
+
+/* A hidden-state drafter drafts from the states its verifier streams: every
+ * one it needs must be among those the verifier advertises. */
+static int rule_features(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                         tdm_compat_refusal *out)
+{
+    const Tandem__V1__FeatureRequest *need = d->features_needed;
+    if (!need || need->n_specs == 0)
+        return 0;
+    size_t missing = need->n_specs;
+    for (size_t i = 0; i < need->n_specs && missing == need->n_specs; i++) {
+        bool found = false;
+        for (size_t j = 0; j < v->n_features_available && !found; j++)
+            found = spec_equal(need->specs[i], v->features_available[j]);
+        if (!found)
+            missing = i;
+    }
+    if (missing == need->n_specs)
+        return 0;
+    fill_services(out, "drafter-features", v, d);
+    spec_list(v->features_available, v->n_features_available, out->a_value, sizeof(out->a_value));
+    spec_list(need->specs, need->n_specs, out->b_value, sizeof(out->b_value));
+    char miss[128];
+    spec_list(&need->specs[missing], 1, miss, sizeof(miss));
+    snprintf(out->message, sizeof(out->message),
+             "rule drafter-features: drafter %s needs hidden states the verifier cannot stream: "
+             "it asks for %s, and verifier %s streams %s (not the %s); a hidden-state drafter "
+             "drafts only from states its verifier sends.",
+             out->b_replica, out->b_value, out->a_replica,
+             v->n_features_available ? out->a_value : "no hidden states", miss);
+    return 1;
+}
+
+/* A hidden-state drafter belongs to one target: an MTP head shares its
+ * checkpoint's embedding and LM head and reads that model's states. */
+static int rule_target_model(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                             tdm_compat_refusal *out)
+{
+    const char *want = d->target_model_fingerprint ? d->target_model_fingerprint : "";
+    const char *have = v->model_fingerprint ? v->model_fingerprint : "";
+    if (!want[0] || strcmp(want, have) == 0)
+        return 0;
+    fill_services(out, "drafter-target-model", v, d);
+    snprintf(out->a_value, sizeof(out->a_value), "%s", fp_or_none(have));
+    snprintf(out->b_value, sizeof(out->b_value), "%s", want);
+    char sa[16], sb[16];
+    snprintf(out->message, sizeof(out->message),
+             "rule drafter-target-model: drafter %s (%s) belongs to target model %s but verifier "
+             "%s serves model %s; a hidden-state drafter runs only with the model it was built "
+             "for (an MTP head shares that checkpoint's embedding and LM head).",
+             out->b_replica, tdm_drafter_kind_name(d->drafter_kind), fp_short(want, sb, sizeof(sb)),
+             out->a_replica, fp_short(have, sa, sizeof(sa)));
+    return 1;
+}
+
 /* ---- gateway rules (a = gateway, b = verifier) --------------------------- */
 
 static int rule_gateway_tokenizer(const Tandem__V1__Descriptor *g, const Tandem__V1__Descriptor *v,
@@ -250,6 +330,12 @@ static const tdm_compat_rule g_rules[] = {
      rule_prefix_cache},
     {"protocol-major", TDM_COMPAT_PAIR, "both sides speak the same protocol major version",
      rule_protocol},
+    {"drafter-features", TDM_COMPAT_PAIR,
+     "every hidden state a hidden-state drafter needs is one the verifier streams", rule_features},
+    {"drafter-target-model", TDM_COMPAT_PAIR,
+     "a hidden-state drafter (mtp) runs with the target model it belongs to (same model "
+     "fingerprint)",
+     rule_target_model},
     {"gateway-tokenizer", TDM_COMPAT_GATEWAY,
      "the gateway's tokenizer (when it has one) is the verifier's (same fingerprint)",
      rule_gateway_tokenizer},

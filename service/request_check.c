@@ -5,6 +5,7 @@
 #include "request_check.h"
 
 #include "compat.h"
+#include "feature_stream.h"
 #include "tokenizer.h"
 
 #include <ctype.h>
@@ -220,7 +221,8 @@ tdm_status tdm_req_check_descriptor(const Tandem__V1__Descriptor *d, tdm_error *
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "descriptor.device_uuid may have at most 64 characters, got %zu",
                              strlen(d->device_uuid));
-    return TDM_OK;
+    tdm_feat_request fr;
+    return tdm_feat_request_from_proto(d->features_needed, "descriptor.features_needed", &fr, err);
 }
 
 tdm_sampling tdm_req_sampling(const Tandem__V1__SamplingParams *sp)

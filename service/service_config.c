@@ -11,6 +11,7 @@
 #include "defs.h"
 #include "model_config.h"
 #include "compat.h"
+#include "feature_stream.h"
 #include "log.h"
 
 #include <libgen.h>
@@ -365,8 +366,14 @@ static const tdm_cfg_key drafter_keys[] = {
      "Most sequences this replica holds state for at once."},
     {"drafter_kind", TDM_CFG_ENUM, "auto", TDM_DEFS_ALLOWED(TDM_DRAFTER_KINDS), 0, 0, TDM_CFG_AUTO,
      NULL, GRP_SPEC,
-     "model: a small model of the verifier's family; ngram: model-free prompt lookup; auto: "
-     "model when model is set, else ngram."},
+     "model: a small model of the verifier's family; ngram: model-free prompt lookup; mtp: the "
+     "multi-token-prediction head of model (a Qwen3.5/3.6 checkpoint with mtp.* tensors, the "
+     "verifier's own model), drafting from the hidden states the verifier streams; auto: model "
+     "when model is set, else ngram."},
+    {"feature_dtype", TDM_CFG_ENUM, "bf16", "bf16|f32", 0, 0, 0, NULL, GRP_SPEC,
+     "drafter_kind mtp: the dtype the verifier streams hidden states in (bf16: half the bytes, "
+     "rounded to nearest even; f32: the verifier's values to the bit). Other kinds stream "
+     "none and ignore it."},
     {"draft_block_size", TDM_CFG_INT, "4", NULL, 1, TDM_MAX_DRAFT_BLOCK, 0, NULL, GRP_SPEC,
      "Tokens proposed per round; at most the verifier's max_draft_tokens."},
     {"run_ahead", TDM_CFG_ENUM, "auto", "auto|on|off", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
@@ -733,12 +740,15 @@ static tdm_status rule_run_ahead(const tdm_cfg *cfg, char *value, size_t vlen, c
     bool model = tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) ==
                  TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL;
     bool cuda = tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) == TDM_BACKEND_CUDA;
+    bool mtp = tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) ==
+               TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP;
     snprintf(value, vlen, "%s", model && cuda ? "on" : "off");
     snprintf(reason, rlen, "%s, %s: %s", tdm_cfg_describe(cfg, "drafter_kind", d, sizeof(d)),
              tdm_cfg_describe(cfg, "backend", b, sizeof(b)),
-             !model ? "a lookup costs nothing to redo after the verdict"
-             : cuda ? "a model's next block can be drafted while the verifier verifies"
-                    : "on the CPU the steps drafted ahead would take the verifier's cores");
+             mtp      ? "an MTP head drafts from the hidden states that come with the verdict"
+             : !model ? "a lookup costs nothing to redo after the verdict"
+             : cuda   ? "a model's next block can be drafted while the verifier verifies"
+                      : "on the CPU the steps drafted ahead would take the verifier's cores");
     return TDM_OK;
 }
 
@@ -850,16 +860,63 @@ static tdm_status check_backend(const tdm_cfg *cfg, tdm_error *err)
 
 static tdm_status check_drafter_model(const tdm_cfg *cfg, tdm_error *err)
 {
-    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) !=
-            TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL ||
+    const int kind = tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind"));
+    if ((kind != TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL &&
+         kind != TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP) ||
         tdm_cfg_str(cfg, "model")[0])
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                         "%s needs a draft model, but %s; set model to a model directory or "
+                         "%s needs %s, but %s; set model to a model directory or "
                          "drafter_kind to ngram",
                          tdm_cfg_describe(cfg, "drafter_kind", a, sizeof(a)),
+                         kind == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP
+                             ? "the verifier's checkpoint with its MTP head"
+                             : "a draft model",
                          tdm_cfg_describe(cfg, "model", b, sizeof(b)));
+}
+
+/* An MTP drafter's model must carry the head: checked here by its first
+ * tensor's name in the checkpoint's headers (--check-config links no
+ * engine); the start loads the whole head and checks every tensor. */
+static tdm_status check_mtp_head(const tdm_cfg *cfg, tdm_error *err)
+{
+    const char *model = tdm_cfg_str(cfg, "model");
+    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) !=
+            TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP ||
+        !model[0])
+        return TDM_OK;
+    tdm_st_file *st = NULL;
+    if (tdm_st_open(model, &st, NULL) != TDM_OK)
+        return TDM_OK; /* the model's own checks say what is wrong with its files */
+    const bool has = tdm_st_find(st, "mtp.fc.weight") != NULL;
+    tdm_st_close(st);
+    if (has)
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s drafts with the MTP head of %s, but that checkpoint has no tensor "
+                         "mtp.fc.weight (no MTP head); set model to a Qwen3.5/3.6 checkpoint "
+                         "with its mtp.* tensors (the verifier's own), or another drafter_kind",
+                         tdm_cfg_describe(cfg, "drafter_kind", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "model", b, sizeof(b)));
+}
+
+/* An MTP head drafts from the hidden states of the verdict it answers: it
+ * has nothing to draft ahead of that verdict with. */
+static tdm_status check_mtp_run_ahead(const tdm_cfg *cfg, tdm_error *err)
+{
+    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) !=
+            TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP ||
+        strcmp(tdm_cfg_str(cfg, "run_ahead"), "on") != 0)
+        return TDM_OK;
+    char a[512], b[512];
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s conflicts with %s: an MTP head drafts from the verifier's hidden "
+                         "states, which come with the verdict it would draft ahead of; set "
+                         "run_ahead to off or auto",
+                         tdm_cfg_describe(cfg, "run_ahead", a, sizeof(a)),
+                         tdm_cfg_describe(cfg, "drafter_kind", b, sizeof(b)));
 }
 
 static tdm_status check_verifier_model(const tdm_cfg *cfg, tdm_error *err)
@@ -1061,8 +1118,11 @@ static const tdm_cfg_check verifier_checks[] = {
     {"max-context-within-model", check_max_context},
     {"memory-settings-positive", check_gpu_memory},
     {"max-sequences-within-capacity", check_max_sequences}};
-static const tdm_cfg_check drafter_checks[] = {
-    CHECKS_COMMON, CHECKS_REPLICA, {"model-drafter-needs-model", check_drafter_model}};
+static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON,
+                                               CHECKS_REPLICA,
+                                               {"model-drafter-needs-model", check_drafter_model},
+                                               {"mtp-drafter-needs-head", check_mtp_head},
+    {"mtp-drafts-after-verdicts", check_mtp_run_ahead}};
 
 const tdm_cfg_schema tdm_svc_gateway_schema = {
     "tandem-gateway",
@@ -1085,7 +1145,8 @@ const tdm_cfg_schema tdm_svc_verifier_schema = {
 
 const tdm_cfg_schema tdm_svc_drafter_schema = {
     "tandem-drafter",
-    "The tandem drafter: proposes draft blocks with a small model or by n-gram lookup.",
+    "The tandem drafter: proposes draft blocks with a small model, by n-gram lookup, or with "
+    "the target's MTP head from the hidden states the verifier streams.",
     drafter_keys,
     TDM_ARRAY_LEN(drafter_keys),
     drafter_rules,
@@ -1257,7 +1318,22 @@ Tandem__V1__Descriptor *tdm_svc_descriptor_of_build(Tandem__V1__Role role, const
     d->tokenizer_fingerprint = dup_str("");
     d->instance_id = dup_str("");
     d->device_uuid = dup_str("");
+    d->target_model_fingerprint = dup_str("");
     return d;
+}
+
+/* The specs into a Descriptor's repeated FeatureSpec (heap, freed with it). */
+static Tandem__V1__FeatureSpec **specs_dup(const tdm_feat_spec *s, int n)
+{
+    Tandem__V1__FeatureSpec **out = tdm_xcalloc((size_t)(n ? n : 1), sizeof(*out));
+    for (int i = 0; i < n; i++) {
+        out[i] = tdm_xmalloc(sizeof(**out));
+        tandem__v1__feature_spec__init(out[i]);
+        out[i]->final_layer = s[i].final_layer;
+        out[i]->layer = s[i].layer;
+        out[i]->normed = s[i].normed;
+    }
+    return out;
 }
 
 tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor **out,
@@ -1296,6 +1372,10 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
         d->max_context = (uint32_t)tdm_cfg_int(cfg, "max_context");
         if (d->prefix_cache)
             d->prefix_cache_block = (uint32_t)tdm_cfg_int(cfg, "prefix_cache_block");
+        tdm_feat_spec av[TDM_FEAT_MAX_SPECS];
+        int n = tdm_feat_available(av, TDM_FEAT_MAX_SPECS);
+        d->features_available = specs_dup(av, n);
+        d->n_features_available = (size_t)n;
     }
     if (role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
         d->draft_block_size = (uint32_t)tdm_cfg_int(cfg, "draft_block_size");
@@ -1319,6 +1399,21 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
         }
         free(d->model_fingerprint);
         d->model_fingerprint = dup_str(fp);
+        if (d->drafter_kind == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP) {
+            /* The head is its checkpoint's: it drafts only for that model,
+             * from the last layer's output after the final norm. */
+            free(d->target_model_fingerprint);
+            d->target_model_fingerprint = dup_str(fp);
+            Tandem__V1__FeatureRequest *fr = tdm_xmalloc(sizeof(*fr));
+            tandem__v1__feature_request__init(fr);
+            const tdm_feat_spec need = {.final_layer = true, .normed = true};
+            fr->specs = specs_dup(&need, 1);
+            fr->n_specs = 1;
+            fr->dtype = strcmp(tdm_cfg_str(cfg, "feature_dtype"), "f32") == 0
+                            ? TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32
+                            : TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_BF16;
+            d->features_needed = fr;
+        }
         tdm_model_config mc;
         if (tdm_model_config_load(model, &mc, err) != TDM_OK) {
             tdm_svc_descriptor_free(d);
@@ -1351,6 +1446,16 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     free(d->tokenizer_fingerprint);
     free(d->instance_id);
     free(d->device_uuid);
+    free(d->target_model_fingerprint);
+    for (size_t i = 0; i < d->n_features_available; i++)
+        free(d->features_available[i]);
+    free(d->features_available);
+    if (d->features_needed) {
+        for (size_t i = 0; i < d->features_needed->n_specs; i++)
+            free(d->features_needed->specs[i]);
+        free(d->features_needed->specs);
+        free(d->features_needed);
+    }
     free(d->protocol);
     if (d->build) {
         Tandem__V1__BuildInfo *b = d->build;

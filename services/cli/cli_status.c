@@ -5,6 +5,7 @@
  */
 #include "defs.h"
 #include "cli.h"
+#include "feature_stream.h"
 
 #include "cli_net.h"
 #include "config.h"
@@ -101,6 +102,29 @@ static void print_prefix_cache(const Tandem__V1__ReplicaStatus *r)
            counter(r, "prefix_fetch_bandwidth_bytes_per_ms"), counter(r, "prefill_tokens_per_ms"));
 }
 
+/* The feature stream: what a verifier streams, what a hidden-state drafter
+ * needs and the target model it belongs to. */
+static void print_features(const Tandem__V1__Descriptor *d)
+{
+    char buf[512], fp[16];
+    if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER && d->n_features_available > 0) {
+        tdm_feat_request av = {0};
+        for (size_t i = 0; i < d->n_features_available && i < TDM_FEAT_MAX_SPECS; i++, av.n++)
+            av.specs[i] = (tdm_feat_spec){.final_layer = d->features_available[i]->final_layer,
+                                          .layer = d->features_available[i]->layer,
+                                          .normed = d->features_available[i]->normed};
+        printf("           streams hidden states: %s\n",
+               tdm_feat_request_str(&av, buf, sizeof(buf)));
+    }
+    tdm_feat_request need;
+    if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER && d->features_needed &&
+        tdm_feat_request_from_proto(d->features_needed, "features_needed", &need, NULL) == TDM_OK &&
+        need.n > 0)
+        printf("           needs hidden states: %s (%s), of target model %s\n",
+               tdm_feat_request_str(&need, buf, sizeof(buf)), tdm_feat_dtype_name(need.dtype),
+               fp12(d->target_model_fingerprint, fp, sizeof(fp)));
+}
+
 static void print_replica(const Tandem__V1__ReplicaStatus *r)
 {
     const Tandem__V1__Descriptor *d = r->descriptor;
@@ -124,6 +148,7 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
            d->snapshot_layout_version, d->build ? d->build->version : "?",
            d->build ? d->build->git_revision : "?",
            d->build && d->build->backend[0] ? d->build->backend : "no backend");
+    print_features(d);
     printf("           heartbeat %.1fs ago", r->heartbeat_age_ms / 1000.0);
     if (r->load)
         printf(", %u active sequences, %u free slots", r->load->active_sequences,

@@ -18,6 +18,16 @@
  * dropped) run as the first step of the next block, all in one multi-row
  * step: a fully accepted block costs no extra step.
  *
+ * An MTP drafter (drafter_kind mtp) holds per sequence the head's KV cache
+ * primed with the verifier's hidden states of tokens[0..primed) (each row
+ * with the token after it: primed = n - 1 once the rows of a message are in)
+ * and the rows received but not yet primed (fin: an open's, a verdict's and
+ * the FeatureChunks before them). A verdict rolls the head back to `primed`
+ * (its draft rows go), then a pass primes the new rows and drafts k tokens
+ * greedily, all sequences of the pass batched (tdm_mtp_prime_n,
+ * tdm_mtp_draft_n). Sampled requests get the same greedy drafts, sent as
+ * one-hot distributions: the verifier's rejection sampling stays exact.
+ *
  * A malformed or inconsistent message for one sequence answers that sequence
  * with a SequenceError (the verifier then goes on without drafts for it); the
  * stream and its other sequences go on.
@@ -27,6 +37,7 @@
 
 #include "alloc.h"
 #include "defs.h"
+#include "feature_stream.h"
 #include "log.h"
 #include "ngram.h"
 #include "request_check.h"
@@ -66,6 +77,9 @@ typedef struct dseq {
     int held;          /* committed tokens in the model */
     int32_t prow[MAX_PENDING]; /* tokens of the pending rows, in order */
     int np;
+    tdm_mtp_seq *mseq; /* mtp: the head primed with the states of tokens[0..primed) */
+    int primed;
+    tdm_feat_in fin; /* mtp: states received, not yet primed */
     tdm_sampling sampling;
     uint64_t seed; /* the request's: draws are keyed by it and the position */
     bool greedy;
@@ -113,6 +127,11 @@ typedef struct dstream {
     int32_t *rows;
     const int32_t **tp;
     int *nrows;
+    /* an MTP pass's (max_sequences each) */
+    tdm_mtp_seq **mseqs;
+    const float **mhid;
+    int32_t **mdrafts;
+    int *mk;
 } dstream;
 
 static double now_us(void)
@@ -148,6 +167,8 @@ static void dseq_free(dstream *st, dseq *q)
     block_clear(&q->b);
     block_clear(&q->a);
     tdm_seq_destroy(q->seq);
+    tdm_mtp_seq_destroy(q->mseq);
+    tdm_feat_in_free(&q->fin);
     free(q->tokens);
     free(q);
     st->n_seqs--;
@@ -253,6 +274,78 @@ static tdm_status model_prepare(drafter *d, dseq *q, tdm_error *err)
     return TDM_OK;
 }
 
+/* The sequence of id `id`, created empty when the stream does not hold it;
+ * NULL (answered with a SequenceError) when max_sequences are held. */
+static dseq *dseq_get(dstream *st, uint64_t id)
+{
+    drafter *d = st->d;
+    dseq *q = dseq_find(st, id);
+    if (q)
+        return q;
+    if (st->n_seqs >= d->max_sequences) {
+        char m[120];
+        snprintf(m, sizeof(m),
+                 "this drafter serves at most %d sequences per stream (max_sequences)",
+                 d->max_sequences);
+        send_error(st, id, m);
+        return NULL;
+    }
+    q = tdm_xcalloc(1, sizeof(*q));
+    q->id = id;
+    tdm_feat_in_init(&q->fin, d->hidden);
+    q->next = st->seqs;
+    st->seqs = q;
+    st->n_seqs++;
+    __atomic_fetch_add(&d->open_sequences, 1, __ATOMIC_RELAXED);
+    return q;
+}
+
+/* After the rows of a message are in: the head must hold, or get with
+ * this pass's prime, the states of every token but the newest. */
+static tdm_status mtp_check_rows(const dseq *q, const char *what, tdm_error *err)
+{
+    if (q->fin.rows > 0 && q->fin.position != q->primed)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s.hidden starts at position %d, but this drafter holds the states "
+                             "of positions 0..%d",
+                             what, q->fin.position, q->primed - 1);
+    if (q->primed + q->fin.rows != q->n - 1)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "%s: the hidden states received cover positions 0..%d, but the "
+                             "sequence's %d tokens need 0..%d (every token but the newest)",
+                             what, q->primed + q->fin.rows - 1, q->n, q->n - 2);
+    return TDM_OK;
+}
+
+/* An open for the MTP head: what it streams, and where its rows start (0:
+ * from scratch; the primed length: a resume that keeps the head's cache,
+ * when the tokens it was primed with are still the sequence's). */
+static tdm_status mtp_open(dstream *st, dseq *q, const Tandem__V1__SequenceOpen *o, int lcp,
+                           tdm_error *err)
+{
+    tdm_feat_request fr;
+    tdm_status rc = tdm_feat_request_from_proto(o->features, "SequenceOpen.features", &fr, err);
+    if (rc != TDM_OK)
+        return rc;
+    char want[160];
+    if (fr.n != 1 || !fr.specs[0].final_layer || !fr.specs[0].normed)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "SequenceOpen.features asks for %s; this MTP drafter drafts from the "
+                             "final layer after the norm alone",
+                             tdm_feat_request_str(&fr, want, sizeof(want)));
+    if (o->hidden &&
+        (rc = tdm_feat_in_append(&q->fin, o->hidden, "SequenceOpen.hidden", err)) != TDM_OK)
+        return rc;
+    const bool fresh = q->fin.rows > 0 && q->fin.position == 0;
+    if (fresh || lcp < q->primed + 1)
+        q->primed = 0; /* the head's cache is rebuilt from position 0 */
+    if (!q->mseq && (rc = tdm_mtp_seq_create(st->d->head->mtp, 0, &q->mseq, err)) != TDM_OK)
+        return rc;
+    if ((rc = tdm_mtp_rollback(q->mseq, q->primed, err)) != TDM_OK)
+        return rc;
+    return mtp_check_rows(q, "SequenceOpen", err);
+}
+
 static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_arrived)
 {
     drafter *d = st->d;
@@ -261,23 +354,9 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
         send_error(st, o->sequence_id, err.msg);
         return;
     }
-    dseq *q = dseq_find(st, o->sequence_id);
-    if (!q) {
-        if (st->n_seqs >= d->max_sequences) {
-            char m[120];
-            snprintf(m, sizeof(m),
-                     "this drafter serves at most %d sequences per stream (max_sequences)",
-                     d->max_sequences);
-            send_error(st, o->sequence_id, m);
-            return;
-        }
-        q = tdm_xcalloc(1, sizeof(*q));
-        q->id = o->sequence_id;
-        q->next = st->seqs;
-        st->seqs = q;
-        st->n_seqs++;
-        __atomic_fetch_add(&d->open_sequences, 1, __ATOMIC_RELAXED);
-    }
+    dseq *q = dseq_get(st, o->sequence_id);
+    if (!q)
+        return;
     /* A resume keeps the model state of the common prefix (model_settle). */
     block_clear(&q->b);
     ahead_clear(q);
@@ -298,6 +377,11 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
         q->seq = NULL;
         q->held = 0;
         q->np = 0;
+    }
+    if (d->head && mtp_open(st, q, o, lcp, &err) != TDM_OK) {
+        send_error(st, q->id, err.msg);
+        dseq_remove(st, q);
+        return;
     }
     const Tandem__V1__SamplingParams *sp = o->sampling;
     q->sampling = tdm_req_sampling(sp);
@@ -351,6 +435,23 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_ar
     for (int j = 0; j < a; j++)
         q->tokens[q->n++] = q->b.drafts[j];
     q->tokens[q->n++] = (int32_t)v->next_token;
+    if (d->head) {
+        /* The head's draft rows go; the committed positions' states come. */
+        tdm_status rc = tdm_mtp_rollback(q->mseq, q->primed, &err);
+        if (rc == TDM_OK && !v->hidden)
+            rc = tdm_error_set(&err, TDM_ERR_INVALID_ARGUMENT,
+                               "Verdict.hidden is missing: an MTP drafter needs the hidden "
+                               "states of the positions a verdict commits");
+        if (rc == TDM_OK)
+            rc = tdm_feat_in_append(&q->fin, v->hidden, "Verdict.hidden", &err);
+        if (rc == TDM_OK)
+            rc = mtp_check_rows(q, "Verdict", &err);
+        if (rc != TDM_OK) {
+            send_error(st, q->id, err.msg);
+            dseq_remove(st, q);
+            return;
+        }
+    }
     /* The verifier takes the ahead block when its verdict bears the block's
      * assumption out and it wants another block at all (drafter.proto). */
     bool confirmed = q->ahead_sent && a == q->b.k && (int32_t)v->next_token == q->assumed &&
@@ -390,6 +491,28 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_ar
     q->t_msg = t_arrived;
 }
 
+/* Rows sent ahead of the open or verdict that completes them. */
+static void apply_chunk(dstream *st, const Tandem__V1__FeatureChunk *c)
+{
+    tdm_error err = {0};
+    if (!st->d->head) {
+        send_error(st, c->sequence_id,
+                   "FeatureChunk for a drafter that takes no hidden states (drafter_kind is "
+                   "not mtp)");
+        return;
+    }
+    dseq *q = dseq_get(st, c->sequence_id);
+    if (!q)
+        return;
+    if (!c->hidden)
+        tdm_error_set(&err, TDM_ERR_INVALID_ARGUMENT, "FeatureChunk.hidden is missing");
+    if (!c->hidden ||
+        tdm_feat_in_append(&q->fin, c->hidden, "FeatureChunk.hidden", &err) != TDM_OK) {
+        send_error(st, q->id, err.msg);
+        dseq_remove(st, q);
+    }
+}
+
 static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arrived)
 {
     switch (m->kind_case) {
@@ -398,6 +521,9 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arriv
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT:
         apply_verdict(st, m->verdict, t_arrived);
+        break;
+    case TANDEM__V1__DRAFT_REQUEST__KIND_FEATURES:
+        apply_chunk(st, m->features);
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_CLOSE: {
         dseq *q = dseq_find(st, m->close->sequence_id);
@@ -555,6 +681,51 @@ static bool message_waiting(dstream *st)
     return w;
 }
 
+/* The MTP head's pass over the nw sequences in st->bs: primes each one's
+ * new rows, then drafts its block, both batched over the sequences. A
+ * failure answers them with empty blocks; their next verdict then finds the
+ * rows missing and the verifier goes on without drafts for them. */
+static void mtp_pass(dstream *st, int nw)
+{
+    tdm_error err = {0};
+    int n = 0;
+    for (int i = 0; i < nw; i++) {
+        dseq *q = st->bs[i];
+        if (q->fin.rows == 0)
+            continue;
+        st->mseqs[n] = q->mseq;
+        st->mhid[n] = q->fin.data;
+        st->tp[n] = q->tokens + q->fin.position + 1; /* the token after each row's position */
+        st->nrows[n] = q->fin.rows;
+        n++;
+    }
+    tdm_status rc =
+        n > 0 ? tdm_mtp_prime_n(st->mseqs, n, st->mhid, st->tp, st->nrows, NULL, &err) : TDM_OK;
+    if (rc != TDM_OK)
+        tdm_log_error(LOG, "MTP prime of %d sequences failed: %s", n, err.msg);
+    n = 0;
+    for (int i = 0; i < nw; i++) {
+        dseq *q = st->bs[i];
+        if (rc == TDM_OK)
+            q->primed += q->fin.rows;
+        tdm_feat_in_clear(&q->fin);
+        if (rc != TDM_OK || q->primed == 0 || q->primed != q->n - 1)
+            continue;
+        st->mseqs[n] = q->mseq;
+        st->mk[n] = q->block_size;
+        st->mdrafts[n] = q->b.drafts;
+        st->bs[n++] = q;
+    }
+    if (n > 0 && (rc = tdm_mtp_draft_n(st->mseqs, n, st->mk, st->mdrafts, NULL, &err)) != TDM_OK)
+        tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", n, err.msg);
+    for (int i = 0; i < n && rc == TDM_OK; i++) {
+        dseq *q = st->bs[i];
+        for (int j = 0; j < st->mk[i]; j++)
+            q->b.probs[j] = 1.0f; /* greedy: a one-hot distribution */
+        q->b.k = st->mk[i];
+    }
+}
+
 /* Drafts for every sequence that wants a block (ahead: every sequence whose
  * verdict is out and that runs ahead): step s of all of them runs as one
  * batched pass. */
@@ -577,6 +748,10 @@ static void draft_pass(dstream *st, bool ahead)
     }
     if (nw == 0)
         return;
+    if (d->head) {
+        mtp_pass(st, nw);
+        return;
+    }
     if (!d->rt) {
         for (int i = 0; i < nw; i++) {
             dseq *q = st->bs[i];
@@ -741,6 +916,13 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
         blk.n_dists = (size_t)b->k;
         blk.dists = dp;
     }
+    if (tdm_log_get_level() <= TDM_LOG_DEBUG) {
+        char ids[MAX_BLOCK * 8 + 1] = "";
+        for (int j = 0, used = 0; j < b->k; j++)
+            used += snprintf(ids + used, sizeof(ids) - (size_t)used, " %d", (int)b->drafts[j]);
+        tdm_log_debug(LOG, "sequence %llu round %u: block at position %u:%s",
+                      (unsigned long long)q->id, round, position, ids);
+    }
     Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
     r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK;
     r.block = &blk;
@@ -844,6 +1026,10 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     st.rows = tdm_xcalloc(cap * MAX_PENDING, sizeof(*st.rows));
     st.tp = tdm_xcalloc(cap, sizeof(*st.tp));
     st.nrows = tdm_xcalloc(cap, sizeof(*st.nrows));
+    st.mseqs = tdm_xcalloc(cap, sizeof(*st.mseqs));
+    st.mhid = tdm_xcalloc(cap, sizeof(*st.mhid));
+    st.mdrafts = tdm_xcalloc(cap, sizeof(*st.mdrafts));
+    st.mk = tdm_xcalloc(cap, sizeof(*st.mk));
     pthread_t reader;
     if (pthread_create(&reader, NULL, reader_main, &st) != 0)
         TDM_ASSERT(!"cannot start a Draft stream reader");
@@ -937,6 +1123,10 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     free(st.rows);
     free(st.tp);
     free(st.nrows);
+    free(st.mseqs);
+    free(st.mhid);
+    free(st.mdrafts);
+    free(st.mk);
     pthread_mutex_destroy(&st.mu);
     pthread_cond_destroy(&st.cv);
     __atomic_fetch_sub(&d->streams, 1, __ATOMIC_RELAXED);
@@ -989,7 +1179,15 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     d->run_ahead = strcmp(tdm_cfg_str(cfg, "run_ahead"), "on") == 0;
     d->ngram_min = 1;
     d->ngram_max = 4;
-    if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL) {
+    if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP) {
+        tdm_status rc = tdm_runtime_open_mtp_cfg(cfg, LOG, &d->head, err);
+        if (rc != TDM_OK)
+            return rc;
+        const tdm_model_config *mc = tdm_mtp_get_config(d->head->mtp);
+        d->vocab = mc->vocab_size;
+        d->hidden = mc->hidden_size;
+        tdm_service_set_device_uuid(svc, d->head->device_uuid);
+    } else if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL) {
         tdm_status rc = tdm_runtime_open_cfg(cfg, LOG, &d->rt, err);
         if (rc != TDM_OK)
             return rc;

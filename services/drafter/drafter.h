@@ -1,6 +1,7 @@
 /*
- * drafter.h - the pieces of tandem-drafter: a draft model (or none, for the
- * n-gram drafter) and the Draft streams verifiers open.
+ * drafter.h - the pieces of tandem-drafter: a draft model, an MTP head fed
+ * with the verifier's hidden states, or none (the n-gram drafter), and the
+ * Draft streams verifiers open.
  */
 #ifndef TANDEM_DRAFTER_H
 #define TANDEM_DRAFTER_H
@@ -12,7 +13,9 @@
 #include <stdint.h>
 
 typedef struct drafter {
-    tdm_runtime *rt; /* NULL for the n-gram drafter */
+    tdm_runtime *rt;        /* drafter_kind model: the draft model; else NULL */
+    tdm_runtime *head;      /* drafter_kind mtp: the MTP head (rt->mtp); else NULL */
+    int hidden;             /* mtp: values per feature row (the target's hidden size) */
     const tdm_trust *trust; /* the service's: who may open Draft streams */
     /* The engine serves one caller at a time: each Draft stream (one per
      * verifier) holds this while it runs the model. */
@@ -32,8 +35,8 @@ typedef struct drafter {
     tdm_metric *block_time; /* time to draft a block (the service's registry) */
 } drafter;
 
-/* Loads the draft model (drafter_kind model) and registers Draft (the `setup`
- * step of tdm_service_replica_main). */
+/* Loads the draft model (drafter_kind model) or the MTP head (mtp) and
+ * registers Draft (the `setup` step of tdm_service_replica_main). */
 tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err);
 
 #endif

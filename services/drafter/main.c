@@ -2,7 +2,7 @@
  * main.c - tandem-drafter: proposes draft blocks for verifiers.
  *
  * Configuration (tables in service/service_config.c) -> --help / --check-config
- * -> load the draft model (or none, for the n-gram drafter), serve Draft,
+ * -> load the draft model (or the MTP head, or none for the n-gram drafter), serve Draft,
  * Describe and Health, register with the gateway and heartbeat, until
  * SIGTERM/SIGINT.
  */
@@ -21,6 +21,7 @@ int main(int argc, char **argv)
     rc = tdm_service_replica_main(cfg, "tandem.v1.Drafter", "/tandem.v1.Drafter/Describe",
                                   drafter_setup, &d);
     tdm_runtime_close(d.rt);
+    tdm_runtime_close(d.head);
     pthread_mutex_destroy(&d.model_mu);
     pthread_mutex_destroy(&d.streams_mu);
     return rc;

@@ -666,7 +666,13 @@ again:
         run.stop_token_ids = stop_ids;
     }
     Tandem__V1__DrafterAssignment da = TANDEM__V1__DRAFTER_ASSIGNMENT__INIT;
+    Tandem__V1__FeatureRequest da_feat;
+    Tandem__V1__FeatureSpec da_specs[TDM_FEAT_MAX_SPECS], *da_spec_ptrs[TDM_FEAT_MAX_SPECS];
     if (pick.drafter_id[0]) {
+        if (pick.features.n > 0) {
+            tdm_feat_request_to_proto(&pick.features, &da_feat, da_specs, da_spec_ptrs);
+            da.features = &da_feat;
+        }
         da.replica_id = pick.drafter_id;
         da.address = pick.drafter_addr;
         da.device_uuid = pick.drafter_device;

@@ -16,6 +16,7 @@
 #ifndef TANDEM_GATEWAY_REGISTRY_H
 #define TANDEM_GATEWAY_REGISTRY_H
 
+#include "feature_stream.h"
 #include "rpc.h"
 #include "service.h"
 #include "status.h"
@@ -57,6 +58,7 @@ typedef struct gw_pick {
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     uint32_t block_size;                     /* the drafter's draft_block_size */
+    tdm_feat_request features;               /* the hidden states it needs (n 0: none) */
     char no_drafter[1024];                   /* why there is none, when one was wanted */
     uint32_t affinity_tokens; /* picked for the prompt's first tokens, which it served last */
     /* The verifier that served the prompt's first source_tokens tokens last

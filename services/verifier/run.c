@@ -129,6 +129,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"scheduler_uptime_us", c.uptime_us},
         {"max_sequences", (double)v->max_sequences},
         {"speculative_steps", (double)c.speculative_steps},
+        {"feature_rows_sent", (double)c.feature_rows},
+        {"feature_bytes_sent", (double)c.feature_bytes},
         {"adaptive_off_rounds", (double)c.adaptive_off_rounds},
         {"adaptive_switch_offs", (double)c.adaptive_switch_offs},
         {"kv_cache_bytes", (double)c.kv_bytes},

@@ -14,6 +14,7 @@
 #include "alloc.h"
 #include "compat.h"
 #include "defs.h"
+#include "feature_stream.h"
 #include "log.h"
 #include "prefix_cache.h"
 #include "request_check.h"
@@ -81,6 +82,12 @@ struct vreq {
     uint32_t reached_at[TDM_MAX_DRAFT_BLOCK], accepted_at[TDM_MAX_DRAFT_BLOCK];
     int positions; /* draft positions reached so far */
     char spec_note[200];
+    /* Feature stream (drafter.proto), scheduler thread: what its drafter
+     * takes, and the rows of committed positions not yet sent to it. Only
+     * a sequence with feat set has hidden states brought back by its steps. */
+    bool feat;
+    tdm_feat_request feat_req;
+    tdm_feat_out fout;
     /* life cycle (under mu) */
     req_state state;
     bool cancelled;
@@ -137,8 +144,12 @@ typedef struct vround {
     int n_closes;
     vlink **drop; /* [2 * max_sequences + 1]: references to let go after the lock */
     int n_drop;
-    tdm_step_buf out; /* logits and argmaxes (grown on demand) */
-    tdm_status rc;    /* the step's status; != OK fails every sequence in it */
+    tdm_step_buf out;     /* logits and argmaxes (grown on demand) */
+    uint8_t *want_hidden; /* [max_sequences]: the sequence's drafter takes hidden states */
+    float *hidden;        /* [hidden_rows, H]: the step's (or a prefill's) hidden states */
+    size_t hidden_rows;
+    float *feat_row; /* [TDM_FEAT_MAX_SPECS * H]: one row of several specs */
+    tdm_status rc;   /* the step's status; != OK fails every sequence in it */
     tdm_error err;
     double t_wait, t_step;
     double cost, fixed; /* per drafted token and per speculating sequence (adaptive.h) */
@@ -179,6 +190,7 @@ typedef struct staged_snap {
 struct vsched {
     vsched_params p;
     int vocab;
+    int hidden_size; /* H: a feature spec's values per position */
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* new work, blocks, cancellations */
     _Atomic uint64_t wakes; /* bumped with every signal of cv, for pollers (spin.h) */
@@ -218,6 +230,8 @@ struct vsched {
     staged_snap *staged;    /* imported snapshots waiting for their Run */
     pthread_cond_t jobs_cv; /* a job is done */
     vround rd;              /* scheduler thread */
+    /* Feature rows and bytes sent: the scheduler thread adds, Describe reads. */
+    _Atomic uint64_t feature_rows, feature_bytes;
     void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
     /* NULL: prefix_cache off. Used by the scheduler thread and, for
      * FetchPrefix and a fetched prefix's import, by RPC handler threads:
@@ -273,6 +287,7 @@ static void req_free(vreq *r)
     free(r->tokens);
     free(r->stop_ids);
     free(r->out);
+    tdm_feat_out_free(&r->fout);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -414,7 +429,47 @@ static void on_link_broken(void *user, vlink *l, const char *why)
 
 /* ---- messages to drafters (scheduler thread, without mu) ------------------------ */
 
-static void send_open(vreq *r, int block)
+/* Room for the rows of a long prompt: messages of at most half the message
+ * size of feature data (the rest is the open's tokens and framing). */
+static size_t feat_message_bytes(const vsched *s)
+{
+    return s->p.max_message_bytes > 0 ? (size_t)s->p.max_message_bytes / 2 : (size_t)32 << 20;
+}
+
+/* Sends the feature rows r holds but the last message's worth as
+ * FeatureChunks, and puts the last message's into *last; NULL when r holds
+ * none. The data stays r's until tdm_feat_out_sent. */
+static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, Tandem__V1__Features *last)
+{
+    if (!r->feat || r->fout.rows == 0)
+        return NULL;
+    const size_t max = feat_message_bytes(s);
+    Tandem__V1__Features few[8];
+    size_t n = tdm_feat_out_messages(&r->fout, max, few, TDM_ARRAY_LEN(few));
+    Tandem__V1__Features *m = few;
+    if (n > TDM_ARRAY_LEN(few)) {
+        m = tdm_xmalloc(n * sizeof(*m));
+        tdm_feat_out_messages(&r->fout, max, m, n);
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        Tandem__V1__FeatureChunk c = TANDEM__V1__FEATURE_CHUNK__INIT;
+        c.sequence_id = r->id;
+        c.hidden = &m[i];
+        Tandem__V1__DraftRequest dr = TANDEM__V1__DRAFT_REQUEST__INIT;
+        dr.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_FEATURES;
+        dr.features = &c;
+        vlink_send(r->link, &dr);
+    }
+    *last = m[n - 1];
+    if (m != few)
+        free(m);
+    atomic_fetch_add(&s->feature_rows, (uint64_t)r->fout.rows);
+    atomic_fetch_add(&s->feature_bytes, (uint64_t)r->fout.rows * (uint64_t)r->fout.width *
+                                            tdm_feat_dtype_bytes(r->fout.dtype));
+    return last;
+}
+
+static void send_open(vsched *s, vreq *r, int block)
 {
     Tandem__V1__SequenceOpen open = TANDEM__V1__SEQUENCE_OPEN__INIT;
     Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
@@ -432,13 +487,23 @@ static void send_open(vreq *r, int block)
     open.sampling = &sp;
     open.round = r->round;
     open.run_ahead = r->run_ahead; /* this verifier takes blocks drafted ahead of its verdict */
+    Tandem__V1__FeatureRequest freq;
+    Tandem__V1__FeatureSpec specs[TDM_FEAT_MAX_SPECS], *sp_ptrs[TDM_FEAT_MAX_SPECS];
+    Tandem__V1__Features last;
+    if (r->feat) {
+        tdm_feat_request_to_proto(&r->feat_req, &freq, specs, sp_ptrs);
+        open.features = &freq;
+        open.hidden = feat_send_chunks(s, r, &last);
+    }
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
     m.open = &open;
     vlink_send(r->link, &m);
+    if (r->feat)
+        tdm_feat_out_sent(&r->fout);
 }
 
-static void send_verdict(vreq *r, int accepted, int32_t next, int block)
+static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int block)
 {
     Tandem__V1__Verdict v = TANDEM__V1__VERDICT__INIT;
     v.sequence_id = r->id;
@@ -447,10 +512,43 @@ static void send_verdict(vreq *r, int accepted, int32_t next, int block)
     v.next_token = (uint32_t)next;
     v.block_size = (uint32_t)block;
     v.position = (uint32_t)r->n_tokens + 1;
+    Tandem__V1__Features last;
+    v.hidden = feat_send_chunks(s, r, &last);
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT;
     m.verdict = &v;
     vlink_send(r->link, &m);
+    if (r->feat)
+        tdm_feat_out_sent(&r->fout);
+}
+
+/* Keeps n rows of hidden states (host [n, H]) for r's drafter, one value
+ * block per spec of its request (every spec available is the same state
+ * today: the last layer's output after the final norm). */
+static void feat_keep(vsched *s, vreq *r, const float *hidden, int n)
+{
+    const int H = s->hidden_size, ns = r->feat_req.n;
+    if (ns == 1) {
+        tdm_feat_out_append(&r->fout, hidden, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < ns; j++)
+            memcpy(s->rd.feat_row + (size_t)j * H, hidden + (size_t)i * H,
+                   (size_t)H * sizeof(float));
+        tdm_feat_out_append(&r->fout, s->rd.feat_row, 1);
+    }
+}
+
+/* Room in the round's hidden buffer for `rows` rows. */
+static void hidden_reserve(vsched *s, size_t rows)
+{
+    vround *rd = &s->rd;
+    if (rows <= rd->hidden_rows)
+        return;
+    free(rd->hidden);
+    rd->hidden = tdm_xmalloc(rows * (size_t)s->hidden_size * sizeof(float));
+    rd->hidden_rows = rows;
 }
 
 /* Sends the round's Closes and lets go of the references it collected. */
@@ -832,6 +930,36 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
         r->link = vlinks_get(s->links, da->address, &lerr);
+        if (r->link && da->features && da->features->n_specs > 0) {
+            /* A hidden-state drafter: the states of every committed
+             * position go to it (the gateway's rule drafter-features
+             * checked them; a direct caller is checked here). */
+            tdm_error ferr = {0};
+            char want[96];
+            int miss = -1;
+            if (tdm_feat_request_from_proto(da->features, "drafter.features", &r->feat_req,
+                                            &ferr) != TDM_OK) {
+                snprintf(r->spec_note, sizeof(r->spec_note), "off: %s", ferr.msg);
+            } else if ((miss = tdm_feat_request_missing(&r->feat_req)) >= 0) {
+                snprintf(r->spec_note, sizeof(r->spec_note),
+                         "off: drafter %s needs the hidden states of the %s, which this verifier "
+                         "cannot stream (it streams the final layer after the norm)",
+                         da->replica_id,
+                         tdm_feat_spec_name(&r->feat_req.specs[miss], want, sizeof(want)));
+            } else if (st) {
+                snprintf(r->spec_note, sizeof(r->spec_note),
+                         "off: drafter %s needs the hidden states of every position, which an "
+                         "imported snapshot does not carry",
+                         da->replica_id);
+            } else {
+                r->feat = true;
+                tdm_feat_out_init(&r->fout, r->feat_req.n * s->hidden_size, r->feat_req.dtype, 0);
+            }
+            if (!r->feat) {
+                vlink_unref(r->link);
+                r->link = NULL;
+            }
+        }
         if (r->link) {
             r->spec = true;
             /* A drafter on this verifier's own GPU would draft ahead in the
@@ -841,7 +969,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
             r->run_ahead = !same_gpu;
             snprintf(r->spec_note, sizeof(r->spec_note), "%s",
                      same_gpu ? "on (no run-ahead: the drafter shares this verifier's GPU)" : "on");
-        } else {
+        } else if (!r->spec_note[0]) {
             snprintf(r->spec_note, sizeof(r->spec_note), "off: cannot reach drafter %s (%s)",
                      da->address, lerr.msg);
         }
@@ -1158,7 +1286,9 @@ static tdm_status prefill_start(vsched *s, vreq *r, tdm_error *err)
     tdm_seq_params sp = {
         .strategy = s->p.strategy, .max_draft = s->p.max_draft, .max_positions = r->kv_positions};
     const int most = r->n_given - 1;
-    if (s->prefix && most >= tdm_prefix_cache_block(s->prefix)) {
+    /* A drafter fed hidden states needs the prompt's, which a cached state
+     * does not carry: such a request prefills its whole prompt. */
+    if (s->prefix && !r->feat && most >= tdm_prefix_cache_block(s->prefix)) {
         int covered = 0;
         pthread_mutex_lock(&s->pmu);
         tdm_status rc = tdm_prefix_cache_get_seq(s->prefix, s->p.model, &sp, r->tokens, most,
@@ -1244,7 +1374,16 @@ static void prefill_chunks(vsched *s, vround *rd)
         }
         if (rc == TDM_OK && n > 0) {
             const double t0 = now_ms();
-            rc = tdm_seq_prefill(r->seq, r->tokens + r->prefilled, n, NULL, &err);
+            if (r->feat) {
+                /* Its drafter takes the prompt's hidden states at its open. */
+                hidden_reserve(s, (size_t)n);
+                const tdm_step_out o = {.hidden = rd->hidden};
+                rc = tdm_seq_prefill_out(r->seq, r->tokens + r->prefilled, n, &o, &err);
+                if (rc == TDM_OK)
+                    feat_keep(s, r, rd->hidden, n);
+            } else {
+                rc = tdm_seq_prefill(r->seq, r->tokens + r->prefilled, n, NULL, &err);
+            }
             const double ms = now_ms() - t0;
             if (rc == TDM_OK && ms > 0) {
                 const double rate = n / ms, prev = atomic_load(&s->prefill_tok_per_ms);
@@ -1470,9 +1609,19 @@ static void run_step(vsched *s, vround *rd)
     rd->rc = tdm_step_buf_reserve(&rd->out, s->p.model, (size_t)rd->n_rows, &rd->err);
     if (rd->rc != TDM_OK)
         return;
-    for (int i = 0; i < rd->n; i++)
+    bool any_feat = false;
+    for (int i = 0; i < rd->n; i++) {
         rd->out.want[i] = !tdm_sampling_is_greedy(&rd->seqs[i].r->sampling);
+        rd->want_hidden[i] = rd->seqs[i].r->feat;
+        any_feat |= rd->seqs[i].r->feat;
+    }
     tdm_step_out o = tdm_step_buf_out(&rd->out);
+    if (any_feat) {
+        /* Only sequences whose drafter takes hidden states bring theirs back. */
+        hidden_reserve(s, (size_t)rd->n_rows);
+        o.hidden = rd->hidden;
+        o.want_hidden = rd->want_hidden;
+    }
     rd->rc = tdm_seq_step_out(rd->eseqs, rd->n, rd->toks, rd->ntok, &o, &rd->err);
     rd->t_step = now_ms() - t0;
     if (rd->rc != TDM_OK)
@@ -1669,6 +1818,10 @@ static void verify_commit_emit(vsched *s, vround *rd)
                 continue;
             }
         }
+        /* The committed positions' states: the row of the token it ran and
+         * of each accepted draft (the last one gave the next token). */
+        if (r->feat)
+            feat_keep(s, r, rd->hidden + (size_t)q->row * (size_t)s->hidden_size, v.accepted + 1);
         int32_t newt[TDM_MAX_DRAFT_BLOCK + 1];
         int nn = 0;
         for (int j = 0; j < v.accepted; j++)
@@ -1768,9 +1921,9 @@ static void send_messages(vsched *s, vround *rd)
             continue;
         q->r->t_asked = now_ms();
         if (q->msg == MSG_OPEN)
-            send_open(q->r, q->next_block);
+            send_open(s, q->r, q->next_block);
         else
-            send_verdict(q->r, q->accepted, q->next, q->next_block);
+            send_verdict(s, q->r, q->accepted, q->next, q->next_block);
     }
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_active; i++) {
@@ -1778,6 +1931,10 @@ static void send_messages(vsched *s, vround *rd)
         if (!r->spec && r->link) {
             rd->drop[rd->n_drop++] = r->link;
             r->link = NULL;
+        }
+        if (!r->link && r->feat) {
+            r->feat = false; /* no drafter takes its states any more */
+            tdm_feat_out_free(&r->fout);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -1826,7 +1983,7 @@ static void open_continued(vsched *s, vround *rd)
         }
         pthread_mutex_unlock(&s->mu);
         if (open)
-            send_open(r, r->ad.k_next);
+            send_open(s, r, r->ad.k_next);
     }
 }
 
@@ -1876,6 +2033,7 @@ static void round_init(vround *rd, int cap)
     rd->toks = tdm_xcalloc((size_t)cap, sizeof(*rd->toks));
     rd->ntok = tdm_xcalloc((size_t)cap, sizeof(*rd->ntok));
     rd->eseqs = tdm_xcalloc((size_t)cap, sizeof(*rd->eseqs));
+    rd->want_hidden = tdm_xcalloc((size_t)cap, sizeof(*rd->want_hidden));
     /* A sequence sends at most one Close a round, plus the waiting ones
      * retired at admission (at most cap: they are admitted as they retire). */
     rd->closes = tdm_xcalloc((size_t)cap * 2 + 1, sizeof(*rd->closes));
@@ -1889,6 +2047,9 @@ static void round_free(vround *rd)
     free(rd->toks);
     free(rd->ntok);
     free(rd->eseqs);
+    free(rd->want_hidden);
+    free(rd->hidden);
+    free(rd->feat_row);
     free(rd->closes);
     free(rd->drop);
     tdm_step_buf_free(&rd->out);
@@ -1911,6 +2072,9 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     if (s->p.prefill_chunk <= 0)
         s->p.prefill_chunk = 256;
     s->vocab = tdm_model_get_config(p->model)->vocab_size;
+    s->hidden_size = tdm_model_get_config(p->model)->hidden_size;
+    s->rd.feat_row =
+        tdm_xmalloc((size_t)TDM_FEAT_MAX_SPECS * (size_t)s->hidden_size * sizeof(float));
     snprintf(s->limits, sizeof(s->limits), "%s", p->limits ? p->limits : "max_sequences");
     s->p.limits = s->limits;
     s->active = tdm_xcalloc((size_t)s->p.max_sequences, sizeof(*s->active));
@@ -2044,6 +2208,8 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     pthread_mutex_lock(&s->mu);
     *c = s->counters;
     c->reserved_bytes = s->reserved;
+    c->feature_rows = atomic_load(&s->feature_rows);
+    c->feature_bytes = atomic_load(&s->feature_bytes);
     size_t n = ring_len(s->n_overhead, RING);
     memcpy(v, s->overhead_us, n * sizeof(float));
     size_t nd = ring_len(s->n_draft_token, RING);

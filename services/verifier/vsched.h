@@ -198,6 +198,8 @@ typedef struct vsched_counters {
      * their bytes. */
     uint64_t prefix_hits, prefix_misses, prefix_tokens_saved;
     uint64_t prefix_stored, prefix_evictions, prefix_blocks, prefix_bytes;
+    /* The feature stream: hidden-state rows sent to drafters, and their bytes. */
+    uint64_t feature_rows, feature_bytes;
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);

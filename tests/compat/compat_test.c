@@ -147,6 +147,66 @@ static void test_rules(void)
     CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 1, "missing protocol");
     make_drafter(&d);
 
+    /* Hidden-state drafters: the states they need must be streamed. */
+    {
+        Tandem__V1__FeatureSpec final_normed = TANDEM__V1__FEATURE_SPEC__INIT;
+        final_normed.final_layer = 1;
+        final_normed.normed = 1;
+        Tandem__V1__FeatureSpec layer3 = TANDEM__V1__FEATURE_SPEC__INIT;
+        layer3.layer = 3;
+        Tandem__V1__FeatureSpec *need[] = {&final_normed, &layer3}, *have[] = {&final_normed};
+        Tandem__V1__FeatureRequest fr = TANDEM__V1__FEATURE_REQUEST__INIT;
+        fr.specs = need;
+        fr.n_specs = 1;
+        d.d.drafter_kind = TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP;
+        d.d.features_needed = &fr;
+        {
+            const char *want[] = {"drafter-b (10.0.0.2:7720) needs hidden states",
+                                  "it asks for final layer after the norm, and verifier verifier-a "
+                                  "(10.0.0.1:7710) streams no hidden states (not the final "
+                                  "layer after the norm)",
+                                  NULL};
+            expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "drafter-features", want);
+            CHECK_STR(r[0].a_value, "none");
+            CHECK_STR(r[0].b_value, "final layer after the norm");
+        }
+        v.d.features_available = have;
+        v.d.n_features_available = 1;
+        CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "final normed streamed: %s",
+              r[0].message);
+        fr.n_specs = 2; /* an EAGLE-3-style drafter asking for layer 3 as well */
+        {
+            const char *want[] = {"it asks for final layer after the norm, layer 3",
+                                  "streams final layer after the norm (not the layer 3)", NULL};
+            expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "drafter-features", want);
+        }
+        fr.n_specs = 1;
+        Tandem__V1__FeatureSpec pre_norm = final_normed;
+        pre_norm.normed = 0; /* before the norm: not the same state */
+        need[0] = &pre_norm;
+        CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 1, "pre-norm state refused");
+        need[0] = &final_normed;
+
+        /* ... and the model they belong to must be the verifier's. */
+        v.d.model_fingerprint = (char *)FP_A;
+        d.d.target_model_fingerprint = (char *)FP_A;
+        CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "same target model");
+        d.d.target_model_fingerprint = (char *)FP_B;
+        {
+            const char *want[] = {"drafter-b (10.0.0.2:7720) (mtp) belongs to target model "
+                                  "bbbbbbbbbbbb",
+                                  "verifier-a (10.0.0.1:7710) serves model aaaaaaaaaaaa", NULL};
+            expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "drafter-target-model",
+                           want);
+            CHECK(strcmp(r[0].a_value, FP_A) == 0 && strcmp(r[0].b_value, FP_B) == 0,
+                  "full fingerprints as values");
+        }
+        d.d.target_model_fingerprint = ""; /* a drafter of any target */
+        CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "no target model");
+        make_verifier(&v);
+        make_drafter(&d);
+    }
+
     /* Several rules at once: all are reported, and max bounds the array. */
     d.d.draft_block_size = 20;
     d.d.tokenizer_fingerprint = (char *)FP_B;
@@ -207,9 +267,10 @@ static void test_rules(void)
     /* The table lists each rule once with a summary. */
     size_t nr = 0;
     const tdm_compat_rule *rules = tdm_compat_rules(&nr);
-    const char *ids[] = {"tokenizer-fingerprint", "draft-block-size", "prefix-cache-state",
-                         "protocol-major", "snapshot-layout", "snapshot-model"};
-    for (size_t i = 0; i < 6; i++) {
+    const char *ids[] = {"tokenizer-fingerprint", "draft-block-size",    "prefix-cache-state",
+                         "protocol-major",        "snapshot-layout",     "snapshot-model",
+                         "drafter-features",      "drafter-target-model"};
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
         int found = 0;
         for (size_t j = 0; j < nr; j++)
             found += strcmp(rules[j].id, ids[i]) == 0 && rules[j].summary[0];

@@ -18,6 +18,11 @@
  * draft with nothing primed, a rollback past the end) is refused. The
  * numbers themselves are checked against an independent implementation by
  * mtp_check.py.
+ *
+ * The target's hidden states as a verifier streams them to an MTP drafter:
+ * a prefill that wants hidden states alone (no LM head) gives the bits of
+ * one that wants argmaxes too; a step's want_hidden brings back the rows of
+ * the flagged sequences only, with the bits of a step that brings back all.
  */
 #include "bench_util.h"
 #include "capacity.h"
@@ -132,12 +137,75 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
     dir_remove(dir);
 }
 
+/* Two sequences stepped as a verifier would: 3 prompt tokens each, then
+ * sequence 0 one plain row and sequence 1 a block of 3; hidden [4, H] of the
+ * step, for the sequences want flags (NULL: all). */
+static void step_hidden(tdm_model *m, const uint8_t *want, float *hidden, int32_t *am)
+{
+    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 4, 0};
+    tdm_seq *s[2];
+    tdm_error err;
+    const int32_t prompt[2][3] = {{5, 17, 200}, {9, 3, 77}}, t0[] = {42}, t1[] = {7, 8, 9};
+    for (int i = 0; i < 2; i++) {
+        CHECK(tdm_seq_create(m, &p, &s[i], &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_seq_prefill(s[i], prompt[i], 3, NULL, &err) == TDM_OK, "%s", err.msg);
+    }
+    const int32_t *toks[] = {t0, t1};
+    const int n[] = {1, 3};
+    const tdm_step_out o = {.argmax = am, .hidden = hidden, .want_hidden = want};
+    CHECK(tdm_seq_step_out(s, 2, toks, n, &o, &err) == TDM_OK, "%s", err.msg);
+    tdm_seq_destroy(s[0]);
+    tdm_seq_destroy(s[1]);
+}
+
+static void hidden_rows(tdm_backend *be)
+{
+    char dir[] = "/tmp/tandem_mtp_hidden_XXXXXX";
+    write_model(dir, BENCH_LAYOUT_MTP, 0);
+    tdm_error err;
+    tdm_model *m;
+    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s", err.msg);
+    const size_t H = (size_t)tdm_model_get_config(m)->hidden_size;
+    /* Prefill: hidden alone = hidden with argmaxes. */
+    const int32_t toks[] = {1, 2, 3, 4, 5, 6, 7};
+    float a[7 * 64], b[7 * 64];
+    int32_t am[7];
+    CHECK(H == 64, "tiny hidden size %zu", H);
+    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 4, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        tdm_seq *s;
+        CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
+        const tdm_step_out o = {.hidden = pass ? b : a, .argmax = pass ? am : NULL};
+        CHECK(tdm_seq_prefill_out(s, toks, 7, &o, &err) == TDM_OK, "%s", err.msg);
+        tdm_seq_destroy(s);
+    }
+    CHECK(memcmp(a, b, sizeof(a)) == 0, "a prefill for hidden states alone differs");
+    /* A step: sequence 1's rows alone, to the bits of all rows. */
+    float all[4 * 64], some[4 * 64];
+    int32_t am_all[4], am_some[4];
+    for (size_t i = 0; i < 4 * H; i++)
+        some[i] = 12345.0f;
+    step_hidden(m, NULL, all, am_all);
+    const uint8_t want[] = {0, 1};
+    step_hidden(m, want, some, am_some);
+    CHECK(memcmp(some + H, all + H, 3 * H * sizeof(float)) == 0,
+          "the wanted sequence's hidden rows differ");
+    bool untouched = true;
+    for (size_t i = 0; i < H; i++)
+        untouched = untouched && some[i] == 12345.0f;
+    CHECK(untouched, "an unwanted sequence's hidden row was written");
+    CHECK(memcmp(am_all, am_some, sizeof(am_all)) == 0, "argmaxes differ");
+    tdm_model_destroy(m);
+    dir_remove(dir);
+}
+
 int main(void)
 {
     tdm_backend *be = test_backend();
     loading_errors(be);
     heads(be, "tied", BENCH_LAYOUT_MTP, 0);
     heads(be, "release", BENCH_LAYOUT_RELEASE, 64 * 1024);
+    hidden_rows(be);
     be->destroy(be);
     printf("engine_mtp: ok\n");
     return 0;

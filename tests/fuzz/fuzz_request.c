@@ -20,6 +20,7 @@
 
 #include "compat.h"
 #include "defs.h"
+#include "feature_stream.h"
 #include "request_check.h"
 #include "sampling.h"
 #include "tandem/v1/registry.pb-c.h"
@@ -128,9 +129,46 @@ static void run(const ProtobufCMessage *m, const uint8_t *data, size_t size)
     use_sampling(req->sampling, data, size);
 }
 
+/* The hidden states an MTP drafter takes from a message (feature_stream.h):
+ * decoded into its buffer of rows of FEAT_WIDTH values, or refused. */
+#define FEAT_WIDTH 4
+static void draft_features(const Tandem__V1__DraftRequest *req)
+{
+    const Tandem__V1__Features *f =
+        req->kind_case == TANDEM__V1__DRAFT_REQUEST__KIND_OPEN       ? req->open->hidden
+        : req->kind_case == TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT  ? req->verdict->hidden
+        : req->kind_case == TANDEM__V1__DRAFT_REQUEST__KIND_FEATURES ? req->features->hidden
+                                                                     : NULL;
+    tdm_error err;
+    if (req->kind_case == TANDEM__V1__DRAFT_REQUEST__KIND_OPEN) {
+        tdm_feat_request fr;
+        tdm_status rc =
+            tdm_feat_request_from_proto(req->open->features, "SequenceOpen.features", &fr, &err);
+        check_refusal(rc, &err);
+        FUZZ_CHECK(rc != TDM_OK || (fr.n >= 0 && fr.n <= TDM_FEAT_MAX_SPECS), "specs %d", fr.n);
+    }
+    if (!f)
+        return;
+    tdm_feat_in in;
+    tdm_feat_in_init(&in, FEAT_WIDTH);
+    tdm_status rc = tdm_feat_in_append(&in, f, "hidden", &err);
+    check_refusal(rc, &err);
+    FUZZ_CHECK(rc != TDM_OK ||
+                   (in.rows == (int)f->rows && (f->rows == 0 || in.position == (int)f->position)),
+               "rows %d of %u", in.rows, f->rows);
+    /* The same rows again overlap the ones held: refused, nothing changes. */
+    if (rc == TDM_OK && f->rows > 0) {
+        FUZZ_CHECK(tdm_feat_in_append(&in, f, "hidden", &err) == TDM_ERR_INVALID_ARGUMENT,
+                   "an overlap accepted");
+        FUZZ_CHECK(in.rows == (int)f->rows, "a refused append changed the rows");
+    }
+    tdm_feat_in_free(&in);
+}
+
 static void draft_request(const ProtobufCMessage *m, const uint8_t *data, size_t size)
 {
     const Tandem__V1__DraftRequest *req = (const Tandem__V1__DraftRequest *)m;
+    draft_features(req);
     if (req->kind_case != TANDEM__V1__DRAFT_REQUEST__KIND_OPEN)
         return;
     tdm_error err;

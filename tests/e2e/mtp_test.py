@@ -1,0 +1,482 @@
+#!/usr/bin/python3
+"""The MTP drafter (drafter_kind mtp) and the feature stream end to end:
+tandem-gateway, tandem-verifier and tandem-drafter as real processes on
+loopback with a tiny random checkpoint that carries an MTP head (written by
+bench_make_model --shape tiny --layout release, the layout Qwen3.5/3.6
+releases ship, into the test's temporary folder), driven by Python grpcio.
+
+Cases:
+  greedy     speculation with the MTP drafter gives exactly the plain greedy
+             tokens (hidden states streamed as f32 in messages cut small
+             enough that a prompt takes several FeatureChunks, then as bf16);
+             blocks are proposed and verified (speculative rounds > 0 in the
+             verifier's counters); the drafter's blocks equal the drafts of
+             `tandem logits --mtp-out --mtp-draft`, which runs the head on
+             the CPU from the full model, an independent path to the hidden
+             states; sampled requests complete with speculative rounds
+  refusals   an MTP drafter against a verifier of another model
+             (drafter-target-model) and against a verifier that streams no
+             hidden states (drafter-features), named in `tandem status`, in
+             a request that requires speculation and in `tandem check-config`
+  no_head    a drafter whose model has no mtp.* tensors refuses to start,
+             naming the model and the missing tensor; the configuration
+             checks of drafter_kind mtp
+
+usage: mtp_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
+                   --make-model PATH --source ROOT
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "services"))
+sys.path.insert(0, HERE)
+import services_test as st  # noqa: E402  (process and client helpers)
+
+check = st.check
+BLOCK = 4
+
+
+def make_model(name, *extra):
+    d = os.path.join(st.TMP, name)
+    if not os.path.isdir(d):
+        r = subprocess.run([st.ARGS.make_model, "--shape", "tiny", "--out", d] + list(extra),
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise SystemExit("FAIL: bench_make_model: %s%s" % (r.stdout, r.stderr))
+    return d
+
+
+def mtp_model():
+    return make_model("mtp-release", "--layout", "release")
+
+
+def set_tensor(model, name, value):
+    """Sets every element of a bf16 tensor of the checkpoint to `value`."""
+    import struct
+    for f in sorted(os.listdir(model)):
+        if not f.endswith(".safetensors"):
+            continue
+        path = os.path.join(model, f)
+        with open(path, "r+b") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+            if name not in header:
+                continue
+            t = header[name]
+            assert t["dtype"] == "BF16", t
+            a, b = t["data_offsets"]
+            bits = struct.unpack("<I", struct.pack("<f", value))[0] >> 16
+            fh.seek(8 + n + a)
+            fh.write(struct.pack("<H", bits) * ((b - a) // 2))
+            return
+    raise SystemExit("FAIL: no tensor %s in %s" % (name, model))
+
+
+def rename_tensor(model, name, new):
+    """Renames a tensor (same length: the offsets stay) in its shard's header
+    and in the index."""
+    import struct
+    assert len(name) == len(new)
+    for f in sorted(os.listdir(model)):
+        path = os.path.join(model, f)
+        if f.endswith(".safetensors"):
+            with open(path, "r+b") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                header = fh.read(n)
+                key = b'"' + name.encode() + b'"'
+                if key in header:
+                    fh.seek(8)
+                    fh.write(header.replace(key, b'"' + new.encode() + b'"'))
+        elif f.endswith(".index.json"):
+            with open(path) as fh:
+                index = json.load(fh)
+            index["weight_map"][new] = index["weight_map"].pop(name)
+            with open(path, "w") as fh:
+                json.dump(index, fh)
+
+
+def agreeing_model():
+    """A checkpoint whose target and MTP head agree on every token: their
+    final norms' weights are -1, so (1 + w) zeroes both outputs, every logit
+    is 0 and both take token 0 (the lowest id of a tie). Every draft is
+    accepted: verdicts carry the states of whole blocks."""
+    d = os.path.join(st.TMP, "mtp-agree")
+    if not os.path.isdir(d):
+        make_model("mtp-agree", "--layout", "release")
+        set_tensor(d, "model.language_model.norm.weight", -1.0)
+        set_tensor(d, "mtp.norm.weight", -1.0)
+    return d
+
+
+def prompts(n, seed=7):
+    """n random prompts of distinct lengths (a sequence's first block, at
+    position length + 1, tells which prompt it is)."""
+    rnd = random.Random(seed)
+    return [[rnd.randrange(320) for _ in range(n_)] for n_ in rnd.sample(range(5, 120), n)]
+
+
+def generate(gw, ids, max_tokens=20, mode="SPECULATION_MODE_ON", sampling=None, fixed=True):
+    spec = mode != "SPECULATION_MODE_OFF"
+    req = {"token_ids": {"ids": ids}, "max_tokens": max_tokens, "ignore_eos": True,
+           "speculation": {"mode": mode, "block_size": BLOCK if spec else 0,
+                           "fixed_block_size": spec and fixed}}
+    if sampling:
+        req["sampling"] = sampling
+    c = st.client()
+    ch = c.channel(gw.addr())
+    try:
+        code, details, msgs = c.call_stream(ch, "/tandem.v1.Gateway/Generate", req, 120)
+    finally:
+        ch.close()
+    out, done = [], None
+    for m in msgs:
+        if "tokens" in m:
+            out += [int(x) for x in m["tokens"]["ids"]]
+        if "complete" in m:
+            done = m["complete"]
+    return code, details, out, done
+
+
+def counters(target, path):
+    code, details, resp = st.unary(target, path)
+    check(code == "OK", "%s: %s %s" % (path, code, details))
+    return {c["name"]: float(c["value"]) for c in (resp or {}).get("counters", [])}
+
+
+def stack(model, dtype, verifier_args=()):
+    gw = st.gateway()
+    v = st.replica("verifier", gw, "--model", model, "--replica-id", "v1", "--max-draft-tokens",
+                   "8", *verifier_args)
+    d = st.replica("drafter", gw, "--model", model, "--drafter-kind", "mtp", "--replica-id",
+                   "d-mtp", "--draft-block-size", str(BLOCK), "--feature-dtype", dtype,
+                   "--log-level", "debug")
+    s = st.wait_status(gw, lambda s: st.pair(s, "v1", "d-mtp") is not None, "pair v1+d-mtp")
+    p = st.pair(s, "v1", "d-mtp")
+    check(p and p["compatible"], "v1 + d-mtp compatible: %s" % json.dumps(p))
+    return gw, v, d, s
+
+
+STOPPED = []  # processes stopped, for their logs on failure
+
+
+def stop_all():
+    for p in reversed(st.PROCS):
+        if p.p.poll() is None:
+            check(p.stop() == 0, "%s exits 0 on SIGTERM" % p.name)
+    STOPPED.extend(st.PROCS)
+    st.PROCS.clear()
+
+
+def mtp_reference(model, ids, k):
+    """The drafts of the checkpoint's head after `ids`, from `tandem logits`."""
+    out = os.path.join(st.TMP, "mtp-ref.npy")
+    rc, so, se = st.run([st.ARGS.cli, "logits", "--model", model, "--ids",
+                         ",".join(map(str, ids)), "--mtp-out", out, "--mtp-draft", str(k)])
+    m = re.search(r"^mtp drafts:((?: \d+)+)$", so, re.M)
+    if not check(rc == 0 and m, "tandem logits --mtp-draft: rc %d %s%s" % (rc, so, se)):
+        return None
+    return [int(x) for x in m.group(1).split()]
+
+
+def blocks_of(drafter, seq_id=None):
+    """(sequence, round, position, drafts) of every block the drafter logged."""
+    got = []
+    for m in re.finditer(r"sequence (\d+) round (\d+): block at position (\d+):((?: \d+)*)",
+                         drafter.text()):
+        got.append((int(m.group(1)), int(m.group(2)), int(m.group(3)),
+                    [int(x) for x in m.group(4).split()]))
+    return [b for b in got if seq_id is None or b[0] == seq_id]
+
+
+# ---- cases ---------------------------------------------------------------------
+
+def case_greedy():
+    model = mtp_model()
+    ps = prompts(4 if st.ARGS.quick else 8)
+    # f32 features in messages of at most 8 KiB of rows (32 rows of 64 values):
+    # the longer prompts go out as several FeatureChunks before their open.
+    for dtype, vargs in (("f32", ("--max-message-size", "16KiB")), ("bf16", ())):
+        gw, v, d, s = stack(model, dtype, vargs)
+        byid = {r["descriptor"]["replica_id"]: r["descriptor"] for r in s["replicas"]}
+        dd, vd = byid.get("d-mtp", {}), byid.get("v1", {})
+        check(dd.get("drafter_kind") == "DRAFTER_KIND_MTP", "drafter kind: %s" % dd)
+        need = dd.get("features_needed", {})
+        final_normed = [{"final_layer": True, "normed": True, "layer": 0}]
+        check(need.get("specs") == final_normed and
+              need.get("dtype", "FEATURE_DTYPE_UNSPECIFIED") ==
+              ("FEATURE_DTYPE_F32" if dtype == "f32" else "FEATURE_DTYPE_BF16"),
+              "drafter's features_needed: %s" % need)
+        check(vd.get("features_available") == final_normed,
+              "verifier's features_available: %s" % vd.get("features_available"))
+        check(dd.get("target_model_fingerprint") == vd.get("model_fingerprint") and
+              vd.get("model_fingerprint"), "drafter's target model is the verifier's")
+        # Plain and speculative requests at once: batches mix sequences whose
+        # drafter takes hidden states with sequences that take none.
+        jobs = [(p, "SPECULATION_MODE_OFF") for p in ps] + [(p, "SPECULATION_MODE_ON") for p in ps]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
+            res = list(ex.map(lambda j: generate(gw, j[0], mode=j[1]), jobs))
+        plain, spec = res[:len(ps)], res[len(ps):]
+        rounds = 0
+        for i, (a, b) in enumerate(zip(plain, spec)):
+            if not check(a[0] == "OK" and b[0] == "OK" and a[3] and b[3],
+                         "%s prompt %d: %s %s / %s %s" % (dtype, i, a[0], a[1], b[0], b[1])):
+                continue
+            check(b[2] == a[2], "%s prompt %d: speculative ids %s != plain ids %s" %
+                  (dtype, i, b[2], a[2]))
+            check(b[3]["stats"]["speculation"].startswith("on"),
+                  "%s prompt %d: speculation %s" % (dtype, i, b[3]["stats"]["speculation"]))
+            rounds += int(b[3]["stats"].get("speculative_rounds", 0))
+        c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+        print("%s: %d speculative rounds, verifier counters: speculative_rounds %s, "
+              "drafted %s, accepted %s" % (dtype, rounds, c.get("speculative_rounds"),
+                                           c.get("drafted_tokens"), c.get("accepted_tokens")),
+              flush=True)
+        check(rounds > 0 and c.get("speculative_rounds", 0) > 0 and
+              c.get("drafted_tokens", 0) >= BLOCK, "blocks were proposed and verified: %s" % c)
+        check(c.get("drafter_failures", 0) == 0 and c.get("malformed_blocks", 0) == 0,
+              "no drafter failure: %s" % c)
+        # Every committed position's state went out once: the prompts' but
+        # their last token's at the opens, then one row per committed token.
+        width = 64 * (4 if dtype == "f32" else 2)
+        check(c.get("feature_rows_sent", 0) >= sum(len(p) - 1 for p in ps) and
+              c.get("feature_bytes_sent", 0) == c.get("feature_rows_sent", 0) * width,
+              "feature rows and bytes counted: %s" % c)
+        check("SequenceError" not in d.text() and "WARN  drafter: sequence" not in d.text(),
+              "the drafter answered no sequence with an error:\n" + d.text()[-3000:])
+        # The adaptive rule: a random head's drafts are rejected, so it
+        # pauses speculation, then probes; the rows of the paused positions
+        # wait on the verifier and go with the reopen, which continues the
+        # head's cache. (A seed keeps the rule's own cost priors, so the
+        # pauses are short enough to probe within the request.)
+        before = c
+        seeded = {"temperature": 0, "seed": "3"}
+        long_plain = [generate(gw, p, max_tokens=120, mode="SPECULATION_MODE_OFF")
+                      for p in ps[:2]]
+        long_spec = [generate(gw, p, max_tokens=120, fixed=False, sampling=seeded)
+                     for p in ps[:2]]
+        c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+        for i, (a, b) in enumerate(zip(long_plain, long_spec)):
+            check(a[0] == "OK" and b[0] == "OK" and a[2] == b[2] and len(a[2]) == 120,
+                  "%s adaptive prompt %d: speculative %s, plain %s" % (dtype, i, b[2], a[2]))
+            print("%s adaptive prompt %d: %s" % (dtype, i, b[3]["stats"]["speculation"]
+                                                 if b[3] else None), flush=True)
+        probes = sum(int(re.search(r"\((\d+) probe", b[3]["stats"]["speculation"]).group(1))
+                     for b in long_spec if b[3] and "probe" in b[3]["stats"]["speculation"])
+        check(c.get("adaptive_switch_offs", 0) > before.get("adaptive_switch_offs", 0) and
+              probes > 0, "the adaptive rule paused speculation and probed again (%d probes): "
+              "%s" % (probes, c))
+        check(c.get("drafter_failures", 0) == 0 and "WARN  drafter: sequence" not in d.text(),
+              "reopens after pauses continue the head's cache:\n" + d.text()[-3000:])
+        if dtype == "f32":
+            # The hidden states the verifier streamed are its model's: each
+            # request's first blocks are what the head drafts from the same
+            # tokens run through the full model on the CPU.
+            blocks = blocks_of(d)
+            first = {}
+            for b in blocks:
+                first.setdefault(b[0], b[2])
+            by_len = {len(p) + 1: i for i, p in enumerate(ps)}
+            # Each prompt's greedy continuation, as far as it was generated.
+            outs = [p + (long_plain[i][2] if i < len(long_plain) else spec[i][2])
+                    for i, p in enumerate(ps)]
+            checked = reopened = 0
+            for sid, pos0 in sorted(first.items()):
+                i = by_len.get(pos0)
+                if not check(i is not None, "sequence %d's first block at position %d is no "
+                             "prompt's" % (sid, pos0)):
+                    continue
+                mine = [b for b in blocks if b[0] == sid]
+                # Every block of the adaptive (paused and reopened) sequences,
+                # the first three of the others.
+                for (_, rnd, pos, drafts) in mine if i < len(long_plain) else mine[:3]:
+                    # The block continues from `pos` tokens: the head holds
+                    # the states of the first pos - 1, and the newest is the
+                    # target's greedy choice, which --mtp-draft takes as the
+                    # last next token. Greedy drafts are a chain: k drafts
+                    # are the first k of BLOCK.
+                    want = mtp_reference(model, outs[i][:pos - 1], BLOCK)
+                    check(want is not None and drafts == want[:len(drafts)],
+                          "prompt %d round %d block at position %d: drafter %s, tandem logits "
+                          "%s" % (i, rnd, pos, drafts, want))
+                    checked += 1
+                    reopened += pos > mine[0][2] + 40
+            check(checked >= 2 * len(ps) and reopened > 0,
+                  "blocks found in the drafter's log: %d (%d after a pause)" % (checked, reopened))
+        else:
+            # Sampled requests: greedy drafts as one-hot distributions.
+            samp = {"temperature": 0.8, "top_p": 0.95, "seed": "5"}
+            r1 = generate(gw, ps[0], sampling=samp)
+            r2 = generate(gw, ps[0], sampling=samp)
+            check(r1[0] == "OK" and r1[3] and int(r1[3]["stats"]["speculative_rounds"]) > 0,
+                  "sampled request with the MTP drafter: %s %s %s" % (r1[0], r1[1], r1[3]))
+            check(r1[2] == r2[2], "same seed, same tokens: %s / %s" % (r1[2], r2[2]))
+        stop_all()
+    # Whole blocks accepted: a verdict carries the states of the token the
+    # verifier ran and of every draft (block + 1 rows), several messages' worth
+    # for long prompts.
+    gw, v, d, s = stack(agreeing_model(), "f32", ("--max-message-size", "16KiB"))
+    plain = [generate(gw, p, mode="SPECULATION_MODE_OFF") for p in ps[:3]]
+    spec = [generate(gw, p) for p in ps[:3]]
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        check(a[0] == "OK" and b[0] == "OK" and b[2] == a[2] and a[2] == [0] * 20,
+              "agreeing model, prompt %d: speculative %s, plain %s" % (i, b[2], a[2]))
+    c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+    print("agreeing model: verifier counters: speculative_rounds %s, drafted %s, accepted %s" %
+          (c.get("speculative_rounds"), c.get("drafted_tokens"), c.get("accepted_tokens")),
+          flush=True)
+    check(c.get("accepted_tokens", 0) > 0 and
+          c.get("accepted_tokens", 0) == c.get("drafted_tokens", -1),
+          "every draft accepted: %s" % c)
+    check(c.get("drafter_failures", 0) == 0 and "WARN  drafter: sequence" not in d.text(),
+          "no sequence error:\n" + d.text()[-3000:])
+    stop_all()
+
+
+def case_refusals():
+    model = mtp_model()
+    other = st.model("other-target", "f32_gqa", None)  # another model, no tokenizer either
+    gw = st.gateway("--replica-ttl", "60s")
+    v = st.replica("verifier", gw, "--model", other, "--replica-id", "v-other")
+    d = st.replica("drafter", gw, "--model", model, "--drafter-kind", "mtp", "--replica-id",
+                   "d-mtp")
+    s = st.wait_status(gw, lambda s: st.pair(s, "v-other", "d-mtp") is not None, "pair listed")
+    p = st.pair(s, "v-other", "d-mtp")
+    rules = [r["rule"] for r in p["refusals"]] if p else []
+    check(p and not p["compatible"] and rules == ["drafter-target-model"],
+          "v-other + d-mtp refused by drafter-target-model only: %s" % json.dumps(p))
+    ref = st.reference()
+    fp_other, fp_mtp = ref.model_fp(other), ref.model_fp(model)
+    if p and p["refusals"]:
+        r = p["refusals"][0]
+        msg = r["message"]
+        check(msg.startswith("rule drafter-target-model:") and
+              "v-other (%s)" % v.addr() in msg and "d-mtp (%s)" % d.addr() in msg and
+              fp_other[:12] in msg and fp_mtp[:12] in msg,
+              "the refusal names the rule, both services and both fingerprints: " + msg)
+        check(r["a_value"] == fp_other and r["b_value"] == fp_mtp, "both values: %s" % r)
+    # A request that requires speculation fails naming the rule.
+    code, details, _, _ = generate(gw, [1, 2, 3], max_tokens=4)
+    check(code == "FAILED_PRECONDITION" and "drafter-target-model" in details,
+          "spec required: %s %s" % (code, details))
+    code, details, out, _ = generate(gw, [1, 2, 3], max_tokens=4,
+                                     mode="SPECULATION_MODE_AUTO")
+    check(code == "OK" and len(out) == 4, "plain service otherwise: %s %s" % (code, details))
+    # A verifier of the drafter's model that streams no hidden states (an
+    # older build), registered from Python.
+    fake = {"role": "ROLE_VERIFIER", "replica_id": "v-old", "address": "10.9.9.9:1",
+            "protocol": {"major": 1}, "snapshot_layout_version": 1,
+            "state_strategy": "STATE_STRATEGY_EXTRA_BUFFER", "instance_id": "fake-v-old",
+            "max_draft_tokens": 8, "model_fingerprint": fp_mtp}
+    code, details, _ = st.unary(gw.addr(), "/tandem.v1.Registry/RegisterReplica",
+                                {"descriptor": fake})
+    check(code == "OK", "fake registration: %s %s" % (code, details))
+    s = st.wait_status(gw, lambda s: st.pair(s, "v-old", "d-mtp") is not None, "v-old listed")
+    p = st.pair(s, "v-old", "d-mtp")
+    rules = [r["rule"] for r in p["refusals"]] if p else []
+    check(p and rules == ["drafter-features"], "v-old + d-mtp refused by drafter-features only: "
+          "%s" % json.dumps(p))
+    if p and p["refusals"]:
+        msg = p["refusals"][0]["message"]
+        check("final layer after the norm" in msg and "no hidden states" in msg and
+              "v-old (10.9.9.9:1)" in msg and "d-mtp (" in msg,
+              "drafter-features names what is needed and what is streamed: " + msg)
+    rc, out, err = st.run([st.ARGS.cli, "status", "--gateway", gw.addr()])
+    check(rc == 0 and "rule drafter-target-model:" in out and "rule drafter-features:" in out,
+          "tandem status prints both refusals:\n" + out + err)
+    check("streams hidden states: final layer after the norm" in out and
+          ("needs hidden states: final layer after the norm (bf16), of target model %s" %
+           fp_mtp[:12]) in out, "tandem status shows the feature stream's sides:\n" + out)
+    # Offline, on the configuration files.
+    vf = st.write("v.yaml", "model: %s\n" % other)
+    vok = st.write("v-ok.yaml", "model: %s\n" % model)
+    df = st.write("d.yaml", "model: %s\ndrafter_kind: mtp\nfeature_dtype: f32\n" % model)
+    rc, out, err = st.run([st.ARGS.cli, "check-config", "--verifier", vf, "--drafter", df])
+    check(rc != 0 and "rule drafter-target-model" in out, "check-config refuses:\n" + out + err)
+    rc, out, err = st.run([st.ARGS.cli, "check-config", "--verifier", vok, "--drafter", df])
+    check(rc == 0 and "compatible" in out, "check-config passes the same model:\n" + out + err)
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--config", df])
+    check(rc == 0 and re.search(r"^feature_dtype: +f32 +# file:", out, re.M) and
+          re.search(r"^drafter_kind: +mtp +# file:", out, re.M),
+          "--check-config shows the keys:\n" + out + err)
+
+
+def case_no_head():
+    plain = st.model("no-head", "f32_gqa", None)
+    rc, out, err = st.run([st.ARGS.drafter, "--drafter-kind", "mtp", "--model", plain,
+                           "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0",
+                           "--gateway", "127.0.0.1:1"])
+    check(rc == 2 and "no tensor mtp.fc.weight" in err and ("model=%s" % plain) in err and
+          "drafter_kind=mtp (flag:--drafter-kind)" in err,
+          "a model without an MTP head: rc %d\n%s" % (rc, err))
+    check("listening" not in err, "did not serve:\n" + err)
+    # An incomplete head passes the configuration's look at its first tensor;
+    # loading it names the missing one.
+    part = os.path.join(st.TMP, "mtp-incomplete")
+    shutil.copytree(mtp_model(), part)
+    rename_tensor(part, "mtp.norm.weight", "xtp.norm.weight")
+    rc, out, err = st.run([st.ARGS.drafter, "--drafter-kind", "mtp", "--model", part,
+                           "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0",
+                           "--gateway", "127.0.0.1:1"])
+    check(rc != 0 and "mtp.norm.weight" in err and part in err and "drafter_kind mtp" in err,
+          "an incomplete MTP head: rc %d\n%s" % (rc, err))
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp", "--model",
+                           plain])
+    check(rc != 0 and "no tensor mtp.fc.weight" in out and ("model=%s" % plain) in out and
+          "mtp-drafter-needs-head" in out, "--check-config finds no head:\n" + out)
+    d = st.write("d-nohead.yaml", "model: %s\ndrafter_kind: mtp\n" % plain)
+    v = st.write("v-nohead.yaml", "model: %s\n" % plain)
+    rc, out, err = st.run([st.ARGS.cli, "check-config", "--verifier", v, "--drafter", d])
+    check(rc != 0 and "no tensor mtp.fc.weight" in out + err,
+          "tandem check-config finds no head:\n" + out + err)
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp"])
+    check(rc != 0 and "drafter_kind=mtp (flag:--drafter-kind)" in out and
+          "MTP head" in out and "model='' (default)" in out, "mtp without a model:\n" + out)
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp", "--model",
+                           mtp_model(), "--run-ahead", "on"])
+    check(rc != 0 and "run_ahead=on (flag:--run-ahead)" in out and
+          "drafter_kind=mtp (flag:--drafter-kind)" in out, "mtp with run_ahead on:\n" + out)
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp", "--model",
+                           mtp_model()])
+    check(rc == 0 and re.search(r"^run_ahead: +off +# auto", out, re.M) and
+          re.search(r"^feature_dtype: +bf16 +# default$", out, re.M),
+          "mtp drafter's effective configuration:\n" + out)
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp", "--model",
+                           mtp_model(), "--feature-dtype", "f16"])
+    check(rc != 0 and "bf16|f32" in out, "feature_dtype's values:\n" + out)
+
+
+CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    for a in ("cli", "gateway", "verifier", "drafter", "make_model", "source"):
+        ap.add_argument("--" + a.replace("_", "-"), required=True, dest=a)
+    ap.add_argument("--quick", action="store_true")
+    st.ARGS = ap.parse_args()
+    st.TMP = tempfile.mkdtemp(prefix="tandem-mtp-")
+    t0 = time.time()
+    try:
+        CASES[st.ARGS.case]()
+    finally:
+        stop_all()
+        if st.FAILURES:
+            for p in STOPPED:
+                print("---- log of %s\n%s" % (p.name, p.text()[-6000:]))
+    print("%s: %.1f s, %d failure(s)" % (st.ARGS.case, time.time() - t0, len(st.FAILURES)))
+    return 1 if st.FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
