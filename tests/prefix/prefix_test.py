@@ -430,6 +430,9 @@ def case_routing():
     b0.cancel()
     wait_active(vs[0], 0)
     wait_active(vs[1], 0)
+    # ... and the gateway has heard so (its view of load is the last heartbeat).
+    wait_load(gw, "v0", 0)
+    wait_load(gw, "v1", 0)
     # With both idle, the sibling goes to the holder and starts from its
     # cache; a request sharing nothing goes to the least loaded.
     _, s2 = generate(gw, sibling, False)
