@@ -5,6 +5,7 @@
 #include "feature_stream.h"
 
 #include "alloc.h"
+#include "feature_shm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +233,12 @@ void tdm_feat_in_clear(tdm_feat_in *b)
 tdm_status tdm_feat_in_append(tdm_feat_in *b, const Tandem__V1__Features *f, const char *what,
                               tdm_error *err)
 {
+    return tdm_feat_in_append_shm(b, f, NULL, what, err);
+}
+
+tdm_status tdm_feat_in_append_shm(tdm_feat_in *b, const Tandem__V1__Features *f,
+                                  struct tdm_feat_map *m, const char *what, tdm_error *err)
+{
     if (f->width != (uint32_t)b->width)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "%s.width %u: this drafter takes rows of %d values", what, f->width,
@@ -242,11 +249,26 @@ tdm_status tdm_feat_in_append(tdm_feat_in *b, const Tandem__V1__Features *f, con
                              (int)f->dtype);
     const size_t vb = tdm_feat_dtype_bytes(f->dtype);
     const size_t nv = (size_t)f->rows * (size_t)b->width;
-    if (f->rows > (1u << 24) || f->data.len != nv * vb)
+    if (f->rows > (1u << 24))
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s.rows %u: too many rows", what,
+                             f->rows);
+    const uint8_t *src = f->data.data;
+    uint64_t ring_end = 0;
+    if (f->shm) {
+        uint64_t pos = 0;
+        tdm_status rc = tdm_feat_shm_ref_check(m && m->map ? m->ring_bytes : 0,
+                                               m ? m->consumed : 0, f, (uint64_t)(nv * vb), what,
+                                               &pos, err);
+        if (rc != TDM_OK)
+            return rc;
+        src = m->ring + pos;
+        ring_end = f->shm->offset + f->shm->length;
+    } else if (f->data.len != nv * vb) {
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "%s.data holds %zu bytes, but %u rows of %d %s values take %zu", what,
                              f->data.len, f->rows, b->width, tdm_feat_dtype_name(f->dtype),
                              nv * vb);
+    }
     if (b->rows > 0 && f->position != (uint32_t)(b->position + b->rows))
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "%s.position %u: the rows held end at position %d (a gap or an "
@@ -264,7 +286,6 @@ tdm_status tdm_feat_in_append(tdm_feat_in *b, const Tandem__V1__Features *f, con
     if (b->rows == 0)
         b->position = (int)f->position;
     float *dst = b->data + (size_t)b->rows * (size_t)b->width;
-    const uint8_t *src = f->data.data;
     if (f->dtype == TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32) {
         memcpy(dst, src, nv * sizeof(float));
     } else {
@@ -272,5 +293,7 @@ tdm_status tdm_feat_in_append(tdm_feat_in *b, const Tandem__V1__Features *f, con
             dst[i] = tdm_feat_from_bf16((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
     }
     b->rows += (int)f->rows;
+    if (f->shm)
+        m->consumed = ring_end;
     return TDM_OK;
 }

@@ -97,6 +97,8 @@ void tdm_feat_out_sent(tdm_feat_out *b);
 
 /* ---- drafter: rows received, not yet used --------------------------------- */
 
+struct tdm_feat_map; /* feature_shm.h */
+
 typedef struct tdm_feat_in {
     int width;    /* values per row the drafter expects */
     int position; /* position of the first row held (-1: none received yet) */
@@ -114,6 +116,12 @@ void tdm_feat_in_free(tdm_feat_in *b);
  * error b is left as it was. */
 tdm_status tdm_feat_in_append(tdm_feat_in *b, const Tandem__V1__Features *f, const char *what,
                               tdm_error *err);
+/* The same, for a message whose rows may be in the stream's shared-memory
+ * ring (Features.shm): the reference is checked (tdm_feat_shm_ref_check;
+ * none accepted when m is NULL or maps nothing) and the rows read from m's
+ * ring, whose consumed offset then moves past them. */
+tdm_status tdm_feat_in_append_shm(tdm_feat_in *b, const Tandem__V1__Features *f,
+                                  struct tdm_feat_map *m, const char *what, tdm_error *err);
 /* Drops the held rows; the next ones may start anywhere. */
 void tdm_feat_in_clear(tdm_feat_in *b);
 

@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_COUNTERS 96
+#define MAX_COUNTERS 160
 
 struct tdm_service {
     tdm_cfg *cfg;

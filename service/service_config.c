@@ -11,6 +11,7 @@
 #include "defs.h"
 #include "model_config.h"
 #include "compat.h"
+#include "feature_shm.h"
 #include "feature_stream.h"
 #include "log.h"
 
@@ -243,6 +244,21 @@
             "round), 0ms on the cpu backend (whose cores compute)."                                \
     }
 
+/* How hidden-state rows travel between a verifier and an MTP drafter
+ * (feature_shm.h); decided per Draft stream by the shared-memory handshake. */
+#define KEY_FEATURE_TRANSPORT                                                                      \
+    {                                                                                              \
+        "feature_transport", TDM_CFG_ENUM, "auto", TDM_FEAT_TRANSPORTS, 0, 0, 0, NULL, GRP_SPEC,   \
+            "How the hidden states of a hidden-state drafter (drafter_kind mtp) travel: grpc: in " \
+            "the Draft stream's messages; shm: through a POSIX shared-memory ring in /dev/shm "    \
+            "(drafter and verifier on one host or in one pod), proved per Draft stream by a "      \
+            "handshake (the verifier offers a segment with a random nonce, the drafter maps it "   \
+            "and finds the nonce); a stream where that fails gets no feature stream at all (its " \
+            "sequences run without speculation, the error naming this setting), never a quiet "   \
+            "fallback; auto: shm where the handshake succeeds, else grpc (the choice is logged "   \
+            "and counted). Both sides must allow shm for it to be used."                          \
+    }
+
 static const tdm_cfg_key gateway_keys[] = {
     KEY_LISTEN("127.0.0.1:7700"),
     KEY_HEALTH_LISTEN("127.0.0.1:7701"),
@@ -353,6 +369,13 @@ static const tdm_cfg_key verifier_keys[] = {
     {"prefix_fetch_timeout", TDM_CFG_DURATION, "2s", NULL, 1, 600000, 0, NULL, GRP_MODEL,
      "With prefix_cache on: the longest a prefix fetch from a peer verifier may take; a fetch "
      "that fails or takes longer leaves the request to prefill the prompt here."},
+    KEY_FEATURE_TRANSPORT,
+    {"feature_shm_size", TDM_CFG_SIZE, "32MiB", NULL, (int64_t)TDM_FEAT_SHM_MIN,
+     (int64_t)TDM_FEAT_SHM_MAX, 0, NULL, GRP_SPEC,
+     "feature_transport auto or shm: the shared-memory ring of each Draft stream with a "
+     "hidden-state drafter (taken from /dev/shm at the stream's first sequence, reserved at "
+     "once). Rows that do not fit in its free space go inline in the stream's messages: size it "
+     "for a long prompt's rows (positions x hidden_size x 2 bytes in bf16)."},
     KEY_BUSY_POLL,
 };
 
@@ -381,6 +404,7 @@ static const tdm_cfg_key drafter_keys[] = {
      "whole (used only when the verdict bears that out; greedy requests); auto: on for a model "
      "drafter on the cuda backend, else off. A verifier never asks it of a drafter on its own "
      "GPU (the two would take turns on the device)."},
+    KEY_FEATURE_TRANSPORT,
     KEY_BUSY_POLL,
 };
 
@@ -1421,6 +1445,16 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
         }
         d->vocab_size = (uint32_t)mc.vocab_size;
     }
+    if (role == TANDEM__V1__ROLE__ROLE_VERIFIER || d->features_needed) {
+        /* How rows may travel (feature_transport): auto allows both. */
+        const tdm_feat_transport ft =
+            tdm_feat_transport_parse(tdm_cfg_str(cfg, "feature_transport"));
+        d->feature_transports = tdm_xcalloc(2, sizeof(char *));
+        if (ft != TDM_FEAT_TRANSPORT_SHM)
+            d->feature_transports[d->n_feature_transports++] = dup_str("grpc");
+        if (ft != TDM_FEAT_TRANSPORT_GRPC)
+            d->feature_transports[d->n_feature_transports++] = dup_str("shm");
+    }
     const char *tok = tdm_cfg_str(cfg, "tokenizer");
     if (tok[0]) {
         if (tdm_compat_tokenizer_fingerprint_file(tok, fp, err) != TDM_OK) {
@@ -1447,6 +1481,9 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     free(d->instance_id);
     free(d->device_uuid);
     free(d->target_model_fingerprint);
+    for (size_t i = 0; i < d->n_feature_transports; i++)
+        free(d->feature_transports[i]);
+    free(d->feature_transports);
     for (size_t i = 0; i < d->n_features_available; i++)
         free(d->features_available[i]);
     free(d->features_available);

@@ -28,6 +28,15 @@
  * tdm_mtp_draft_n). Sampled requests get the same greedy drafts, sent as
  * one-hot distributions: the verifier's rejection sampling stays exact.
  *
+ * Colocated, the rows come through the verifier's shared-memory ring
+ * (feature_shm.h): a FeatureShmOffer is answered once the segment is mapped
+ * and its nonce checked; a Features message may then reference rows in the
+ * ring, read (and checked) as its message is applied, and every response
+ * carries the ring offset read up to (shm_consumed) so the verifier reuses
+ * the space. With feature_transport shm set, a sequence with hidden states
+ * on a stream without a ring is answered with a SequenceError naming the
+ * setting; with grpc, an offer is refused.
+ *
  * A malformed or inconsistent message for one sequence answers that sequence
  * with a SequenceError (the verifier then goes on without drafts for it); the
  * stream and its other sequences go on.
@@ -132,6 +141,10 @@ typedef struct dstream {
     const float **mhid;
     int32_t **mdrafts;
     int *mk;
+    /* The verifier's shared-memory ring, mapped once its offer checked out
+     * (handler thread); shm_why: why there is none, when an offer failed. */
+    tdm_feat_map shm;
+    char shm_why[400];
 } dstream;
 
 static double now_us(void)
@@ -216,6 +229,7 @@ static tdm_status send_error(dstream *st, uint64_t id, const char *msg)
     Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
     r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR;
     r.error = &e;
+    r.shm_consumed = st->shm.consumed;
     tdm_log_warn(LOG, "sequence %llu: %s", (unsigned long long)id, msg);
     tdm_error err = {0};
     return tdm_rpc_call_write(st->call, &r.base, &err);
@@ -300,6 +314,39 @@ static dseq *dseq_get(dstream *st, uint64_t id)
     return q;
 }
 
+/* Appends a message's rows to q's (inline, or read from the stream's ring)
+ * and counts them by transport. */
+static tdm_status feat_take(dstream *st, dseq *q, const Tandem__V1__Features *f, const char *what,
+                            tdm_error *err)
+{
+    tdm_status rc = tdm_feat_in_append_shm(&q->fin, f, &st->shm, what, err);
+    if (rc != TDM_OK)
+        return rc;
+    const uint64_t bytes = (uint64_t)f->rows * (uint64_t)f->width * tdm_feat_dtype_bytes(f->dtype);
+    drafter *d = st->d;
+    __atomic_fetch_add(f->shm ? &d->feat_rows_shm : &d->feat_rows_grpc, (uint64_t)f->rows,
+                       __ATOMIC_RELAXED);
+    __atomic_fetch_add(f->shm ? &d->feat_bytes_shm : &d->feat_bytes_grpc, bytes,
+                       __ATOMIC_RELAXED);
+    return TDM_OK;
+}
+
+/* feature_transport shm on this drafter: a sequence with hidden states needs
+ * the stream's ring (no quiet fallback to rows in messages). */
+static tdm_status shm_required(const dstream *st, tdm_error *err)
+{
+    if (st->d->feat_transport != TDM_FEAT_TRANSPORT_SHM || st->shm.map)
+        return TDM_OK;
+    return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                         "%s on this drafter, but this Draft stream has no shared-memory ring: "
+                         "%s (run the verifier on this host or in this pod with /dev/shm shared, "
+                         "or set feature_transport auto or grpc)",
+                         st->d->feat_setting,
+                         st->shm_why[0] ? st->shm_why
+                                        : "the verifier offered none (its feature_transport is "
+                                          "grpc, or it predates the shared-memory transport)");
+}
+
 /* After the rows of a message are in: the head must hold, or get with
  * this pass's prime, the states of every token but the newest. */
 static tdm_status mtp_check_rows(const dseq *q, const char *what, tdm_error *err)
@@ -333,8 +380,9 @@ static tdm_status mtp_open(dstream *st, dseq *q, const Tandem__V1__SequenceOpen 
                              "SequenceOpen.features asks for %s; this MTP drafter drafts from the "
                              "final layer after the norm alone",
                              tdm_feat_request_str(&fr, want, sizeof(want)));
-    if (o->hidden &&
-        (rc = tdm_feat_in_append(&q->fin, o->hidden, "SequenceOpen.hidden", err)) != TDM_OK)
+    if ((rc = shm_required(st, err)) != TDM_OK)
+        return rc;
+    if (o->hidden && (rc = feat_take(st, q, o->hidden, "SequenceOpen.hidden", err)) != TDM_OK)
         return rc;
     const bool fresh = q->fin.rows > 0 && q->fin.position == 0;
     if (fresh || lcp < q->primed + 1)
@@ -443,7 +491,7 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_ar
                                "Verdict.hidden is missing: an MTP drafter needs the hidden "
                                "states of the positions a verdict commits");
         if (rc == TDM_OK)
-            rc = tdm_feat_in_append(&q->fin, v->hidden, "Verdict.hidden", &err);
+            rc = feat_take(st, q, v->hidden, "Verdict.hidden", &err);
         if (rc == TDM_OK)
             rc = mtp_check_rows(q, "Verdict", &err);
         if (rc != TDM_OK) {
@@ -506,11 +554,55 @@ static void apply_chunk(dstream *st, const Tandem__V1__FeatureChunk *c)
         return;
     if (!c->hidden)
         tdm_error_set(&err, TDM_ERR_INVALID_ARGUMENT, "FeatureChunk.hidden is missing");
-    if (!c->hidden ||
-        tdm_feat_in_append(&q->fin, c->hidden, "FeatureChunk.hidden", &err) != TDM_OK) {
+    if (!c->hidden || feat_take(st, q, c->hidden, "FeatureChunk.hidden", &err) != TDM_OK) {
         send_error(st, q->id, err.msg);
         dseq_remove(st, q);
     }
+}
+
+/* The verifier offers its shared-memory ring: mapped and its nonce checked,
+ * or refused (another host, feature_transport grpc here), and answered. */
+static void apply_shm_offer(dstream *st, const Tandem__V1__FeatureShmOffer *o)
+{
+    drafter *d = st->d;
+    tdm_error err = {0};
+    tdm_status rc = TDM_OK;
+    if (st->shm.map)
+        rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION,
+                           "this Draft stream has a shared-memory ring already");
+    else if (d->feat_transport == TDM_FEAT_TRANSPORT_GRPC)
+        rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION, "%s on the drafter",
+                           d->feat_setting);
+    else if (!d->head)
+        rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION,
+                           "this drafter takes no hidden states (drafter_kind is not mtp)");
+    else
+        rc = tdm_feat_map_open(o, &st->shm, &err);
+    Tandem__V1__FeatureShmAnswer a = TANDEM__V1__FEATURE_SHM_ANSWER__INIT;
+    a.accepted = rc == TDM_OK;
+    a.message = a.accepted ? "" : err.msg;
+    if (a.accepted) {
+        st->shm_why[0] = '\0';
+        __atomic_fetch_add(&d->shm_accepted, 1, __ATOMIC_RELAXED);
+        tdm_log_info(LOG,
+                     "Draft stream: feature rows by shared memory (the verifier's %llu-byte ring, "
+                     "nonce checked; %s)",
+                     (unsigned long long)st->shm.ring_bytes, d->feat_setting);
+    } else {
+        snprintf(st->shm_why, sizeof(st->shm_why), "its offer was refused: %s", err.msg);
+        __atomic_fetch_add(&d->shm_refused, 1, __ATOMIC_RELAXED);
+        if (d->feat_transport == TDM_FEAT_TRANSPORT_SHM)
+            tdm_log_error(LOG, "Draft stream: %s, but the verifier's shared-memory ring cannot be "
+                               "used: %s", d->feat_setting, err.msg);
+        else
+            tdm_log_info(LOG, "Draft stream: feature rows by grpc (the shared-memory ring "
+                              "offered is refused: %s)", err.msg);
+    }
+    Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
+    r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_SHM_ANSWER;
+    r.shm_answer = &a;
+    tdm_error werr = {0};
+    tdm_rpc_call_write(st->call, &r.base, &werr);
 }
 
 static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arrived)
@@ -524,6 +616,9 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arriv
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_FEATURES:
         apply_chunk(st, m->features);
+        break;
+    case TANDEM__V1__DRAFT_REQUEST__KIND_SHM_OFFER:
+        apply_shm_offer(st, m->shm_offer);
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_CLOSE: {
         dseq *q = dseq_find(st, m->close->sequence_id);
@@ -926,6 +1021,7 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
     Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
     r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK;
     r.block = &blk;
+    r.shm_consumed = st->shm.consumed;
     tdm_status rc = tdm_rpc_call_write(st->call, &r.base, err);
     if (rc == TDM_OK) {
         __atomic_fetch_add(&st->d->blocks, 1, __ATOMIC_RELAXED);
@@ -1113,6 +1209,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         it = next;
     }
     tdm_step_buf_free(&st.out);
+    tdm_feat_map_close(&st.shm);
     pthread_mutex_unlock(&d->model_mu);
     free(st.probs);
     free(st.order);
@@ -1144,6 +1241,12 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"ahead_blocks_used", (double)__atomic_load_n(&d->ahead_used, __ATOMIC_RELAXED)},
         {"ahead_blocks_dropped", (double)__atomic_load_n(&d->ahead_dropped, __ATOMIC_RELAXED)},
         {"max_sequences", (double)d->max_sequences},
+        {"feature_rows_shm", (double)__atomic_load_n(&d->feat_rows_shm, __ATOMIC_RELAXED)},
+        {"feature_bytes_shm", (double)__atomic_load_n(&d->feat_bytes_shm, __ATOMIC_RELAXED)},
+        {"feature_rows_grpc", (double)__atomic_load_n(&d->feat_rows_grpc, __ATOMIC_RELAXED)},
+        {"feature_bytes_grpc", (double)__atomic_load_n(&d->feat_bytes_grpc, __ATOMIC_RELAXED)},
+        {"feature_streams_shm", (double)__atomic_load_n(&d->shm_accepted, __ATOMIC_RELAXED)},
+        {"feature_shm_refused", (double)__atomic_load_n(&d->shm_refused, __ATOMIC_RELAXED)},
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }
@@ -1177,6 +1280,8 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     d->trust = tdm_service_trust(svc);
     d->max_sequences = (int)tdm_cfg_int(cfg, "max_sequences");
     d->run_ahead = strcmp(tdm_cfg_str(cfg, "run_ahead"), "on") == 0;
+    d->feat_transport = tdm_feat_transport_parse(tdm_cfg_str(cfg, "feature_transport"));
+    tdm_cfg_describe(cfg, "feature_transport", d->feat_setting, sizeof(d->feat_setting));
     d->ngram_min = 1;
     d->ngram_max = 4;
     if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP) {

@@ -6,6 +6,7 @@
 #ifndef TANDEM_DRAFTER_H
 #define TANDEM_DRAFTER_H
 
+#include "feature_shm.h"
 #include "runtime.h"
 #include "service.h"
 
@@ -25,6 +26,10 @@ typedef struct drafter {
     int max_sequences; /* open sequences per stream */
     int ngram_min, ngram_max;
     bool run_ahead; /* draft ahead of verdicts where the verifier takes it */
+    /* How hidden-state rows may come (feature_transport), and the setting
+     * with its source for messages. */
+    tdm_feat_transport feat_transport;
+    char feat_setting[256];
     /* The open Draft streams (under streams_mu), ended when the process drains. */
     pthread_mutex_t streams_mu;
     struct dstream *open_streams;
@@ -32,6 +37,10 @@ typedef struct drafter {
     /* counters (atomics) */
     int streams, open_sequences;
     uint64_t blocks, drafted, ahead_used, ahead_dropped;
+    /* the feature stream: rows and bytes received by transport; Draft
+     * streams whose shared-memory ring was accepted or refused */
+    uint64_t feat_rows_shm, feat_bytes_shm, feat_rows_grpc, feat_bytes_grpc;
+    uint64_t shm_accepted, shm_refused;
     tdm_metric *block_time; /* time to draft a block (the service's registry) */
 } drafter;
 

@@ -131,6 +131,17 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"speculative_steps", (double)c.speculative_steps},
         {"feature_rows_sent", (double)c.feature_rows},
         {"feature_bytes_sent", (double)c.feature_bytes},
+        {"feature_rows_shm", (double)c.feature_rows_shm},
+        {"feature_bytes_shm", (double)c.feature_bytes_shm},
+        {"feature_rows_grpc", (double)c.feature_rows_grpc},
+        {"feature_bytes_grpc", (double)c.feature_bytes_grpc},
+        {"feature_ring_full", (double)c.feature_ring_full},
+        {"feature_puts_shm", (double)c.feature_puts_shm},
+        {"feature_puts_grpc", (double)c.feature_puts_grpc},
+        {"feature_put_us_shm", c.feature_put_us_shm},
+        {"feature_put_us_grpc", c.feature_put_us_grpc},
+        {"feature_streams_shm", (double)c.feature_streams_shm},
+        {"feature_streams_grpc", (double)c.feature_streams_grpc},
         {"adaptive_off_rounds", (double)c.adaptive_off_rounds},
         {"adaptive_switch_offs", (double)c.adaptive_switch_offs},
         {"kv_cache_bytes", (double)c.kv_bytes},
@@ -334,7 +345,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     const size_t ws = tdm_capacity_workspace_bytes(
         &v->cap_params.cfg, tdm_capacity_step_rows(max_sequences, v->cap_params.max_draft), NULL);
     const size_t fixed = v->cap.weights + ws;
-    char limits[1200], a[512], b[512], c[512];
+    char limits[1200], a[512], b[512], c[512], ft[256];
     snprintf(limits, sizeof(limits), "%s, %s, %s",
              tdm_cfg_describe(cfg, "max_sequences", a, sizeof(a)),
              tdm_cfg_describe(cfg, "max_waiting", b, sizeof(b)),
@@ -364,6 +375,9 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .prefix_cache = tdm_cfg_bool(cfg, "prefix_cache"),
         .prefix_cache_block = (int)tdm_cfg_int(cfg, "prefix_cache_block"),
         .prefix_cache_memory = (size_t)tdm_cfg_int(cfg, "prefix_cache_memory"),
+        .feature_transport = tdm_feat_transport_parse(tdm_cfg_str(cfg, "feature_transport")),
+        .feature_shm_bytes = (uint64_t)tdm_cfg_int(cfg, "feature_shm_size"),
+        .feature_setting = tdm_cfg_describe(cfg, "feature_transport", ft, sizeof(ft)),
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;

@@ -8,8 +8,10 @@
 #include "log.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LOG "verifier"
 
@@ -23,6 +25,13 @@ typedef struct vlink_msg {
 /* Messages a link may hold for a drafter that does not read them before the
  * link is broken (a drafter that stalled: its sequences time out meanwhile). */
 #define VLINK_QUEUE_MAX 4096
+
+/* How long an offered ring waits for the drafter's answer before the link
+ * settles on grpc (a drafter that predates the offer ignores it). */
+#define VLINK_OFFER_WAIT_S 10.0
+
+/* A link's feature transport (vlink_feat_ring). */
+enum { FEAT_NONE, FEAT_OFFERED, FEAT_SHM, FEAT_GRPC };
 
 struct vlink {
     vlinks *t;
@@ -44,6 +53,14 @@ struct vlink {
     bool broken;   /* out of the table; its sequences fall back to plain */
     char why[300]; /* why it broke */
     struct vlink *next;
+    /* Feature transport: feat moves NONE -> OFFERED on the scheduler thread
+     * (ring set before, published by the store), OFFERED -> SHM or GRPC on
+     * the reader thread (the answer) or the scheduler's (no answer in time);
+     * NONE -> GRPC when no ring is tried. fnote (under t->mu) says why grpc. */
+    _Atomic int feat;
+    tdm_feat_ring *ring; /* freed with the link */
+    double offered_at;   /* CLOCK_MONOTONIC seconds */
+    char fnote[300];
 };
 
 struct vlinks {
@@ -55,12 +72,17 @@ struct vlinks {
     pthread_cond_t idle_cv; /* a reader exited */
     vlink *head;            /* live links */
     int readers;
+    vlinks_feat feat;       /* setting: a copy of the caller's */
+    _Atomic uint64_t feat_shm, feat_grpc;
 };
 
 vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t max_message_bytes,
-                      const vlinks_callbacks *cb)
+                      const vlinks_feat *feat, const vlinks_callbacks *cb)
 {
     vlinks *t = tdm_xcalloc(1, sizeof(*t));
+    t->feat.transport = feat ? feat->transport : TDM_FEAT_TRANSPORT_GRPC;
+    t->feat.shm_bytes = feat ? feat->shm_bytes : 0;
+    t->feat.setting = tdm_xstrdup(feat && feat->setting ? feat->setting : "feature_transport");
     t->tls = tls;
     t->trust = trust;
     t->max_message_bytes = max_message_bytes;
@@ -91,6 +113,7 @@ static void link_free(vlink *l)
         tdm_rpc_stream_destroy(l->stream);
     if (l->ch)
         tdm_rpc_channel_destroy(l->ch);
+    tdm_feat_ring_destroy(l->ring);
     free(l);
 }
 
@@ -192,6 +215,151 @@ static void *link_writer(void *arg)
     return NULL;
 }
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The link settled on grpc (l->feat is FEAT_GRPC now), for `why`; with
+ * feature_transport shm set explicitly that ends the link instead (never a
+ * quiet fallback). */
+static void feat_settle_grpc(vlink *l, const char *why)
+{
+    vlinks *t = l->t;
+    pthread_mutex_lock(&t->mu);
+    snprintf(l->fnote, sizeof(l->fnote), "%s", why);
+    pthread_mutex_unlock(&t->mu);
+    atomic_fetch_add(&t->feat_grpc, 1);
+    if (l->ring)
+        tdm_feat_ring_unlink(l->ring);
+    if (t->feat.transport == TDM_FEAT_TRANSPORT_SHM) {
+        char msg[700];
+        snprintf(msg, sizeof(msg),
+                 "%s, but the hidden states cannot go by shared memory to this drafter: %s "
+                 "(run it on this host or in this pod with /dev/shm shared, or set "
+                 "feature_transport auto or grpc)",
+                 t->feat.setting, why);
+        tdm_log_error(LOG, "drafter %s: %s", l->address, msg);
+        vlink_break(l, msg);
+        return;
+    }
+    tdm_log_info(LOG, "drafter %s: feature stream on grpc (%s: %s)", l->address, t->feat.setting,
+                 why);
+}
+
+/* Takes what the reader handles itself: the drafter's shm_consumed (frees
+ * ring space) and its answer to the offer (true: r is not for the
+ * scheduler). */
+static bool feat_take(vlink *l, const Tandem__V1__DraftResponse *r)
+{
+    const int st = atomic_load(&l->feat);
+    if (r->shm_consumed && (st == FEAT_OFFERED || st == FEAT_SHM) &&
+        !tdm_feat_ring_release(l->ring, r->shm_consumed))
+        tdm_log_warn(LOG,
+                     "drafter %s: shm_consumed %llu lies beyond the rows written to its feature "
+                     "ring; ignored",
+                     l->address, (unsigned long long)r->shm_consumed);
+    if (r->kind_case != TANDEM__V1__DRAFT_RESPONSE__KIND_SHM_ANSWER)
+        return false;
+    const Tandem__V1__FeatureShmAnswer *a = r->shm_answer;
+    if (st != FEAT_OFFERED) {
+        tdm_log_warn(LOG, "drafter %s: a FeatureShmAnswer to no offer; ignored", l->address);
+        return true;
+    }
+    int want = FEAT_OFFERED;
+    if (!atomic_compare_exchange_strong(&l->feat, &want, a->accepted ? FEAT_SHM : FEAT_GRPC))
+        return true; /* settled on grpc meanwhile (no answer in time) */
+    if (!a->accepted) {
+        char why[400];
+        snprintf(why, sizeof(why), "the drafter did not take the shared-memory ring: %s",
+                 a->message && a->message[0] ? a->message : "(no reason given)");
+        feat_settle_grpc(l, why);
+        return true;
+    }
+    /* Both sides hold it mapped: the name goes, so nothing is left in
+     * /dev/shm whichever process dies. */
+    tdm_feat_ring_unlink(l->ring);
+    atomic_fetch_add(&l->t->feat_shm, 1);
+    tdm_log_info(LOG, "drafter %s: feature stream on shm (%s; a %llu-byte ring, handshake done)",
+                 l->address, l->t->feat.setting,
+                 (unsigned long long)tdm_feat_ring_bytes(l->ring));
+    return true;
+}
+
+tdm_feat_ring *vlink_feat_ring(vlink *l)
+{
+    vlinks *t = l->t;
+    const int st = atomic_load(&l->feat);
+    if (st == FEAT_SHM)
+        return l->ring;
+    if (st == FEAT_GRPC)
+        return NULL;
+    if (st == FEAT_OFFERED) {
+        if (mono_s() - l->offered_at > VLINK_OFFER_WAIT_S) {
+            int want = FEAT_OFFERED;
+            if (atomic_compare_exchange_strong(&l->feat, &want, FEAT_GRPC))
+                feat_settle_grpc(l, "the drafter did not answer the offer of a shared-memory "
+                                    "ring (a drafter that predates it)");
+        }
+        return NULL;
+    }
+    if (t->feat.transport == TDM_FEAT_TRANSPORT_GRPC) {
+        atomic_store(&l->feat, FEAT_GRPC);
+        feat_settle_grpc(l, "the setting");
+        return NULL;
+    }
+    tdm_error err = {0};
+    if (tdm_feat_ring_create(t->feat.shm_bytes, &l->ring, &err) != TDM_OK) {
+        char why[400];
+        snprintf(why, sizeof(why), "no segment (%s)", err.msg);
+        atomic_store(&l->feat, FEAT_GRPC);
+        feat_settle_grpc(l, why);
+        return NULL;
+    }
+    Tandem__V1__FeatureShmOffer o = TANDEM__V1__FEATURE_SHM_OFFER__INIT;
+    o.name = (char *)tdm_feat_ring_name(l->ring);
+    o.nonce.data = (uint8_t *)tdm_feat_ring_nonce(l->ring);
+    o.nonce.len = TDM_FEAT_SHM_NONCE;
+    o.ring_bytes = tdm_feat_ring_bytes(l->ring);
+    Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
+    m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_SHM_OFFER;
+    m.shm_offer = &o;
+    l->offered_at = mono_s();
+    atomic_store(&l->feat, FEAT_OFFERED);
+    tdm_log_info(LOG, "drafter %s: offering a %llu-byte shared-memory feature ring %s (%s)",
+                 l->address, (unsigned long long)o.ring_bytes, o.name, t->feat.setting);
+    vlink_send(l, &m);
+    return NULL;
+}
+
+void vlink_feat_state(vlink *l, char *buf, size_t len)
+{
+    switch (atomic_load(&l->feat)) {
+    case FEAT_SHM:
+        snprintf(buf, len, "shm");
+        break;
+    case FEAT_OFFERED:
+        snprintf(buf, len, "shm offered");
+        break;
+    case FEAT_GRPC:
+        pthread_mutex_lock(&l->t->mu);
+        snprintf(buf, len, "grpc (%s)", l->fnote);
+        pthread_mutex_unlock(&l->t->mu);
+        break;
+    default:
+        snprintf(buf, len, "none yet");
+        break;
+    }
+}
+
+void vlinks_feat_counts(vlinks *t, uint64_t *shm, uint64_t *grpc)
+{
+    *shm = atomic_load(&t->feat_shm);
+    *grpc = atomic_load(&t->feat_grpc);
+}
+
 /* Reader thread: hands every message to the scheduler until the stream ends. */
 static void *link_reader(void *arg)
 {
@@ -210,7 +378,12 @@ static void *link_reader(void *arg)
             vlink_break(l, why);
             break;
         }
-        t->cb.deliver(t->cb.user, l, (Tandem__V1__DraftResponse *)m);
+        Tandem__V1__DraftResponse *r = (Tandem__V1__DraftResponse *)m;
+        if (feat_take(l, r)) {
+            protobuf_c_message_free_unpacked(m, NULL);
+            continue;
+        }
+        t->cb.deliver(t->cb.user, l, r);
     }
     vlink_unref(l);
     pthread_mutex_lock(&t->mu);
@@ -328,6 +501,7 @@ void vlinks_destroy(vlinks *t)
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->idle_cv);
+    free((char *)t->feat.setting);
     free(t);
 }
 

@@ -18,10 +18,18 @@
  * messages in order, so the scheduler never waits on a drafter's transport
  * (a stalled drafter costs its sequences their draft_timeout, nobody else
  * anything).
+ *
+ * Colocated feature stream (drafter.proto, feature_shm.h): with
+ * feature_transport auto or shm, the first sequence with hidden states on a
+ * link creates a shared-memory ring and offers it to the drafter; the reader
+ * thread takes the drafter's answer (then unlinks the segment's name: both
+ * sides hold it mapped) and the shm_consumed of every response (the ring's
+ * space the drafter has read). The ring is freed with the link.
  */
 #ifndef TANDEM_VERIFIER_VLINK_H
 #define TANDEM_VERIFIER_VLINK_H
 
+#include "feature_shm.h"
 #include "rpc.h"
 #include "status.h"
 #include "trust.h"
@@ -42,10 +50,18 @@ typedef struct vlinks_callbacks {
     void *user;
 } vlinks_callbacks;
 
+/* How the links carry hidden-state rows (feature_transport). */
+typedef struct vlinks_feat {
+    tdm_feat_transport transport;
+    uint64_t shm_bytes;  /* the ring's size (feature_shm_size) */
+    const char *setting; /* feature_transport with its source, for messages (copied) */
+} vlinks_feat;
+
 /* tls: for the Draft streams (NULL = plaintext); trust: the credential they
- * carry (NULL: none); both borrowed, outliving the table. */
+ * carry (NULL: none); both borrowed, outliving the table. feat: NULL is
+ * grpc. */
 vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t max_message_bytes,
-                      const vlinks_callbacks *cb);
+                      const vlinks_feat *feat, const vlinks_callbacks *cb);
 /* Breaks every link and waits until every reader has exited (their broken
  * callbacks run first). The callbacks' user must still be alive. */
 void vlinks_destroy(vlinks *t);
@@ -59,6 +75,10 @@ vlink *vlinks_get(vlinks *t, const char *address, tdm_error *err);
 void vlinks_break_address(vlinks *t, const char *address, const char *why);
 /* Draft streams open now. */
 int vlinks_count(vlinks *t);
+/* Draft streams whose feature transport was settled: on shm (the drafter
+ * accepted the ring) and on grpc (feature_transport grpc, no segment, the
+ * drafter refused or did not answer), since the start. */
+void vlinks_feat_counts(vlinks *t, uint64_t *shm, uint64_t *grpc);
 
 void vlink_ref(vlink *l);
 void vlink_unref(vlink *l); /* NULL is fine; see the lock rule above */
@@ -72,5 +92,17 @@ void vlink_break(vlink *l, const char *why);
  * breaks now because the drafter stopped reading). */
 bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg);
 bool vlink_send_close(vlink *l, uint64_t sequence_id, const char *reason);
+
+/* The ring to put hidden-state rows in, or NULL: they go inline. Call it
+ * from the thread that sends l's messages (the scheduler's), before the
+ * message that carries the rows. Its first call on a link (feature_transport
+ * auto or shm) creates the segment and queues the offer; rows go inline
+ * until the drafter accepts. With shm set explicitly, a segment that cannot
+ * be made, or a drafter that refuses it, breaks the link with an error
+ * naming the setting (its sequences go on without speculation). */
+tdm_feat_ring *vlink_feat_ring(vlink *l);
+/* The link's feature transport for logs and status: "shm", "grpc",
+ * "grpc (why)", "shm offered". */
+void vlink_feat_state(vlink *l, char *buf, size_t len);
 
 #endif

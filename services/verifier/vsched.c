@@ -88,6 +88,7 @@ struct vreq {
     bool feat;
     tdm_feat_request feat_req;
     tdm_feat_out fout;
+    double feat_encode_us; /* encoding the rows held, us (put out with them) */
     /* life cycle (under mu) */
     req_state state;
     bool cancelled;
@@ -230,8 +231,12 @@ struct vsched {
     staged_snap *staged;    /* imported snapshots waiting for their Run */
     pthread_cond_t jobs_cv; /* a job is done */
     vround rd;              /* scheduler thread */
-    /* Feature rows and bytes sent: the scheduler thread adds, Describe reads. */
+    /* Feature rows and bytes sent (vsched_counters): the scheduler thread
+     * adds, Describe reads. */
     _Atomic uint64_t feature_rows, feature_bytes;
+    _Atomic uint64_t feature_rows_shm, feature_bytes_shm, feature_ring_full;
+    _Atomic uint64_t feature_puts_shm, feature_puts_grpc;
+    _Atomic double feature_put_us_shm, feature_put_us_grpc;
     void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
     /* NULL: prefix_cache off. Used by the scheduler thread and, for
      * FetchPrefix and a fetched prefix's import, by RPC handler threads:
@@ -436,13 +441,51 @@ static size_t feat_message_bytes(const vsched *s)
     return s->p.max_message_bytes > 0 ? (size_t)s->p.max_message_bytes / 2 : (size_t)32 << 20;
 }
 
-/* Sends the feature rows r holds but the last message's worth as
- * FeatureChunks, and puts the last message's into *last; NULL when r holds
- * none. The data stays r's until tdm_feat_out_sent. */
-static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, Tandem__V1__Features *last)
+/* Where a message's rows went, and since when they are being put out. */
+typedef struct feat_put {
+    Tandem__V1__Features last; /* the rows the open or verdict carries */
+    Tandem__V1__FeatureShmRef ref;
+    bool shm;   /* by reference into the ring */
+    double t0;  /* us */
+} feat_put;
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static void atomic_add_double(_Atomic double *a, double v)
+{
+    double old = atomic_load(a);
+    while (!atomic_compare_exchange_weak(a, &old, old + v))
+        ;
+}
+
+/* Puts the feature rows r holds out: into its link's shared-memory ring
+ * when the link has one with room (then *p's `last` references them), else
+ * all but the last message's worth as FeatureChunks and the last
+ * message's into p->last. NULL when r holds none. The data stays r's until
+ * tdm_feat_out_sent. */
+static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, feat_put *p)
 {
     if (!r->feat || r->fout.rows == 0)
         return NULL;
+    p->t0 = now_us();
+    const uint64_t bytes =
+        (uint64_t)r->fout.rows * (uint64_t)r->fout.width * tdm_feat_dtype_bytes(r->fout.dtype);
+    atomic_fetch_add(&s->feature_rows, (uint64_t)r->fout.rows);
+    atomic_fetch_add(&s->feature_bytes, bytes);
+    tdm_feat_ring *ring = vlink_feat_ring(r->link);
+    p->shm = ring && tdm_feat_out_ring(&r->fout, ring, &p->last, &p->ref);
+    if (p->shm) {
+        atomic_fetch_add(&s->feature_rows_shm, (uint64_t)r->fout.rows);
+        atomic_fetch_add(&s->feature_bytes_shm, bytes);
+        return &p->last;
+    }
+    if (ring)
+        atomic_fetch_add(&s->feature_ring_full, 1);
     const size_t max = feat_message_bytes(s);
     Tandem__V1__Features few[8];
     size_t n = tdm_feat_out_messages(&r->fout, max, few, TDM_ARRAY_LEN(few));
@@ -460,13 +503,25 @@ static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, Tandem__V1__Fe
         dr.features = &c;
         vlink_send(r->link, &dr);
     }
-    *last = m[n - 1];
+    p->last = m[n - 1];
     if (m != few)
         free(m);
-    atomic_fetch_add(&s->feature_rows, (uint64_t)r->fout.rows);
-    atomic_fetch_add(&s->feature_bytes, (uint64_t)r->fout.rows * (uint64_t)r->fout.width *
-                                            tdm_feat_dtype_bytes(r->fout.dtype));
-    return last;
+    return &p->last;
+}
+
+/* The rows of p went out with the message just queued: counts the time
+ * spent putting them out, their encoding included. */
+static void feat_sent(vsched *s, vreq *r, const feat_put *p, bool had)
+{
+    if (!r->feat)
+        return;
+    if (had) {
+        const double us = r->feat_encode_us + (now_us() - p->t0);
+        atomic_add_double(p->shm ? &s->feature_put_us_shm : &s->feature_put_us_grpc, us);
+        atomic_fetch_add(p->shm ? &s->feature_puts_shm : &s->feature_puts_grpc, 1);
+        r->feat_encode_us = 0;
+    }
+    tdm_feat_out_sent(&r->fout);
 }
 
 static void send_open(vsched *s, vreq *r, int block)
@@ -489,18 +544,17 @@ static void send_open(vsched *s, vreq *r, int block)
     open.run_ahead = r->run_ahead; /* this verifier takes blocks drafted ahead of its verdict */
     Tandem__V1__FeatureRequest freq;
     Tandem__V1__FeatureSpec specs[TDM_FEAT_MAX_SPECS], *sp_ptrs[TDM_FEAT_MAX_SPECS];
-    Tandem__V1__Features last;
+    feat_put fp;
     if (r->feat) {
         tdm_feat_request_to_proto(&r->feat_req, &freq, specs, sp_ptrs);
         open.features = &freq;
-        open.hidden = feat_send_chunks(s, r, &last);
+        open.hidden = feat_send_chunks(s, r, &fp);
     }
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
     m.open = &open;
     vlink_send(r->link, &m);
-    if (r->feat)
-        tdm_feat_out_sent(&r->fout);
+    feat_sent(s, r, &fp, open.hidden != NULL);
 }
 
 static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int block)
@@ -512,14 +566,13 @@ static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int blo
     v.next_token = (uint32_t)next;
     v.block_size = (uint32_t)block;
     v.position = (uint32_t)r->n_tokens + 1;
-    Tandem__V1__Features last;
-    v.hidden = feat_send_chunks(s, r, &last);
+    feat_put fp;
+    v.hidden = feat_send_chunks(s, r, &fp);
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT;
     m.verdict = &v;
     vlink_send(r->link, &m);
-    if (r->feat)
-        tdm_feat_out_sent(&r->fout);
+    feat_sent(s, r, &fp, v.hidden != NULL);
 }
 
 /* Keeps n rows of hidden states (host [n, H]) for r's drafter, one value
@@ -528,16 +581,18 @@ static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int blo
 static void feat_keep(vsched *s, vreq *r, const float *hidden, int n)
 {
     const int H = s->hidden_size, ns = r->feat_req.n;
+    const double t0 = now_us();
     if (ns == 1) {
         tdm_feat_out_append(&r->fout, hidden, n);
-        return;
+    } else {
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < ns; j++)
+                memcpy(s->rd.feat_row + (size_t)j * H, hidden + (size_t)i * H,
+                       (size_t)H * sizeof(float));
+            tdm_feat_out_append(&r->fout, s->rd.feat_row, 1);
+        }
     }
-    for (int i = 0; i < n; i++) {
-        for (int j = 0; j < ns; j++)
-            memcpy(s->rd.feat_row + (size_t)j * H, hidden + (size_t)i * H,
-                   (size_t)H * sizeof(float));
-        tdm_feat_out_append(&r->fout, s->rd.feat_row, 1);
-    }
+    r->feat_encode_us += now_us() - t0;
 }
 
 /* Room in the round's hidden buffer for `rows` rows. */
@@ -2099,7 +2154,10 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
         s->prefix = tdm_prefix_cache_create(&pp);
     }
     vlinks_callbacks cb = {.deliver = on_draft_message, .broken = on_link_broken, .user = s};
-    s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &cb);
+    const vlinks_feat vf = {.transport = p->feature_transport,
+                            .shm_bytes = p->feature_shm_bytes,
+                            .setting = p->feature_setting};
+    s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &vf, &cb);
     s->t_started = now_ms();
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         tdm_prefix_cache_destroy(s->prefix);
@@ -2210,6 +2268,16 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     c->reserved_bytes = s->reserved;
     c->feature_rows = atomic_load(&s->feature_rows);
     c->feature_bytes = atomic_load(&s->feature_bytes);
+    c->feature_rows_shm = atomic_load(&s->feature_rows_shm);
+    c->feature_bytes_shm = atomic_load(&s->feature_bytes_shm);
+    c->feature_rows_grpc = c->feature_rows - c->feature_rows_shm;
+    c->feature_bytes_grpc = c->feature_bytes - c->feature_bytes_shm;
+    c->feature_ring_full = atomic_load(&s->feature_ring_full);
+    c->feature_puts_shm = atomic_load(&s->feature_puts_shm);
+    c->feature_puts_grpc = atomic_load(&s->feature_puts_grpc);
+    c->feature_put_us_shm = atomic_load(&s->feature_put_us_shm);
+    c->feature_put_us_grpc = atomic_load(&s->feature_put_us_grpc);
+    vlinks_feat_counts(s->links, &c->feature_streams_shm, &c->feature_streams_grpc);
     size_t n = ring_len(s->n_overhead, RING);
     memcpy(v, s->overhead_us, n * sizeof(float));
     size_t nd = ring_len(s->n_draft_token, RING);

@@ -48,6 +48,7 @@
 
 #include "defs.h"
 #include "engine.h"
+#include "feature_shm.h"
 #include "rpc.h"
 #include "sampling.h"
 #include "snapshot.h"
@@ -97,6 +98,11 @@ typedef struct vsched_params {
     bool prefix_cache;
     int prefix_cache_block;
     size_t prefix_cache_memory;
+    /* The feature stream's transport (feature_transport, feature_shm_size)
+     * and the setting with its source for messages (borrowed, copied). */
+    tdm_feat_transport feature_transport;
+    uint64_t feature_shm_bytes;
+    const char *feature_setting;
 } vsched_params;
 
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);
@@ -198,8 +204,20 @@ typedef struct vsched_counters {
      * their bytes. */
     uint64_t prefix_hits, prefix_misses, prefix_tokens_saved;
     uint64_t prefix_stored, prefix_evictions, prefix_blocks, prefix_bytes;
-    /* The feature stream: hidden-state rows sent to drafters, and their bytes. */
+    /* The feature stream: hidden-state rows sent to drafters, and their
+     * bytes, in all and by transport (shm: by reference into a Draft
+     * stream's shared-memory ring; grpc: inline in its messages); messages
+     * whose rows went inline because the ring lacked room; the messages
+     * that carried rows by transport with the time spent putting their rows
+     * out (encoding them at the round's end, then the ring copy or the
+     * message's serialisation: the verifier's cost of the feature stream);
+     * Draft streams settled on shm and on grpc. */
     uint64_t feature_rows, feature_bytes;
+    uint64_t feature_rows_shm, feature_bytes_shm, feature_rows_grpc, feature_bytes_grpc;
+    uint64_t feature_ring_full;
+    uint64_t feature_puts_shm, feature_puts_grpc;
+    double feature_put_us_shm, feature_put_us_grpc;
+    uint64_t feature_streams_shm, feature_streams_grpc;
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);
