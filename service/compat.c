@@ -234,6 +234,44 @@ static int rule_features(const Tandem__V1__Descriptor *v, const Tandem__V1__Desc
     return 1;
 }
 
+/* "grpc, shm" for a descriptor's feature_transports. */
+static const char *transport_list(const Tandem__V1__Descriptor *x, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < x->n_feature_transports && used < len; i++) {
+        int w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", x->feature_transports[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+    return buf;
+}
+
+/* A hidden-state drafter and its verifier need a transport for the rows in
+ * common (feature_transport): shm set on one side and grpc on the other
+ * leaves none. A side that lists none predates the setting: not judged. */
+static int rule_feature_transport(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                                  tdm_compat_refusal *out)
+{
+    if (!d->features_needed || d->features_needed->n_specs == 0 || v->n_feature_transports == 0 ||
+        d->n_feature_transports == 0)
+        return 0;
+    for (size_t i = 0; i < v->n_feature_transports; i++)
+        for (size_t j = 0; j < d->n_feature_transports; j++)
+            if (strcmp(v->feature_transports[i], d->feature_transports[j]) == 0)
+                return 0;
+    fill_services(out, "drafter-feature-transport", v, d);
+    transport_list(v, out->a_value, sizeof(out->a_value));
+    transport_list(d, out->b_value, sizeof(out->b_value));
+    snprintf(out->message, sizeof(out->message),
+             "rule drafter-feature-transport: verifier %s sends hidden states by %s and drafter "
+             "%s takes them by %s only (feature_transport): no transport in common; set "
+             "feature_transport auto on one side.",
+             out->a_replica, out->a_value, out->b_replica, out->b_value);
+    return 1;
+}
+
 /* A hidden-state drafter belongs to one target: an MTP head shares its
  * checkpoint's embedding and LM head and reads that model's states. */
 static int rule_target_model(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
@@ -332,6 +370,10 @@ static const tdm_compat_rule g_rules[] = {
      rule_protocol},
     {"drafter-features", TDM_COMPAT_PAIR,
      "every hidden state a hidden-state drafter needs is one the verifier streams", rule_features},
+    {"drafter-feature-transport", TDM_COMPAT_PAIR,
+     "a hidden-state drafter and its verifier allow a feature transport in common "
+     "(feature_transport: grpc, shm)",
+     rule_feature_transport},
     {"drafter-target-model", TDM_COMPAT_PAIR,
      "a hidden-state drafter (mtp) runs with the target model it belongs to (same model "
      "fingerprint)",

@@ -76,7 +76,7 @@ tdm_status tdm_feat_ring_create(uint64_t ring_bytes, tdm_feat_ring **out, tdm_er
         free(r);
         return tdm_error_set(err, TDM_ERR_INTERNAL, "no random bytes for a shared-memory name");
     }
-    int w = snprintf(r->name, sizeof(r->name), "%s", TDM_FEAT_SHM_PREFIX);
+    int w = snprintf(r->name, sizeof(r->name), "%s%ld-", TDM_FEAT_SHM_PREFIX, (long)getpid());
     for (int i = 0; i < 16; i++)
         w += snprintf(r->name + w, sizeof(r->name) - (size_t)w, "%02x", raw[i]);
     r->map_len = (size_t)(TDM_FEAT_SHM_HEADER + ring_bytes);
@@ -91,8 +91,7 @@ tdm_status tdm_feat_ring_create(uint64_t ring_bytes, tdm_feat_ring **out, tdm_er
     int e = 0;
     if (ftruncate(fd, (off_t)r->map_len) != 0)
         e = errno;
-    else if ((e = posix_fallocate(fd, 0, (off_t)r->map_len)) != 0 && e != EOPNOTSUPP &&
-             e != EINVAL)
+    else if ((e = posix_fallocate(fd, 0, (off_t)r->map_len)) != 0 && e != EOPNOTSUPP && e != EINVAL)
         ; /* e: the memory is not there (ENOSPC: /dev/shm is full) */
     else
         e = 0;
@@ -208,12 +207,19 @@ bool tdm_feat_out_ring(const struct tdm_feat_out *b, tdm_feat_ring *r, Tandem__V
 
 /* ---- drafter: the view it reads -------------------------------------------- */
 
+/* TDM_FEAT_SHM_PREFIX, a process id, '-', 32 lowercase hex digits. */
 static bool name_ok(const char *name)
 {
     const size_t np = strlen(TDM_FEAT_SHM_PREFIX);
-    if (strncmp(name, TDM_FEAT_SHM_PREFIX, np) != 0 || strlen(name) != np + 32)
+    if (strncmp(name, TDM_FEAT_SHM_PREFIX, np) != 0)
         return false;
-    for (const char *c = name + np; *c; c++)
+    const char *c = name + np;
+    int digits = 0;
+    for (; *c >= '0' && *c <= '9'; c++)
+        digits++;
+    if (digits < 1 || digits > 10 || *c++ != '-' || strlen(c) != 32)
+        return false;
+    for (; *c; c++)
         if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
             return false;
     return true;
@@ -226,18 +232,18 @@ tdm_status tdm_feat_map_open(const Tandem__V1__FeatureShmOffer *offer, tdm_feat_
     const char *name = offer->name ? offer->name : "";
     if (!name_ok(name))
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "FeatureShmOffer.name '%.80s' is not %s and 32 hex digits", name,
-                             TDM_FEAT_SHM_PREFIX);
+                             "FeatureShmOffer.name '%.80s' is not %s, a process id, '-' and 32 hex "
+                             "digits",
+                             name, TDM_FEAT_SHM_PREFIX);
     if (offer->nonce.len != TDM_FEAT_SHM_NONCE)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "FeatureShmOffer.nonce has %zu bytes, not %d", offer->nonce.len,
                              TDM_FEAT_SHM_NONCE);
     if (offer->ring_bytes < TDM_FEAT_SHM_MIN || offer->ring_bytes > TDM_FEAT_SHM_MAX)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "FeatureShmOffer.ring_bytes %llu is outside %llu..%llu",
-                             (unsigned long long)offer->ring_bytes,
-                             (unsigned long long)TDM_FEAT_SHM_MIN,
-                             (unsigned long long)TDM_FEAT_SHM_MAX);
+        return tdm_error_set(
+            err, TDM_ERR_INVALID_ARGUMENT, "FeatureShmOffer.ring_bytes %llu is outside %llu..%llu",
+            (unsigned long long)offer->ring_bytes, (unsigned long long)TDM_FEAT_SHM_MIN,
+            (unsigned long long)TDM_FEAT_SHM_MAX);
     int fd = shm_open(name, O_RDONLY, 0);
     if (fd < 0) {
         int e = errno;
@@ -258,8 +264,8 @@ tdm_status tdm_feat_map_open(const Tandem__V1__FeatureShmOffer *offer, tdm_feat_
     int e = errno;
     close(fd);
     if (map == MAP_FAILED)
-        return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "cannot map the shared-memory segment %s: %s",
-                             name, strerror(e));
+        return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
+                             "cannot map the shared-memory segment %s: %s", name, strerror(e));
     shm_header h;
     memcpy(&h, map, sizeof(h));
     if (memcmp(h.magic, shm_magic, sizeof(h.magic)) != 0 || h.ring_bytes != offer->ring_bytes ||
@@ -310,8 +316,8 @@ tdm_status tdm_feat_shm_ref_check(uint64_t ring_bytes, uint64_t consumed,
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "%s.shm (offset %llu, length %llu) runs past the end of the ring "
                              "(%llu bytes)",
-                             what, (unsigned long long)ref->offset,
-                             (unsigned long long)ref->length, (unsigned long long)ring_bytes);
+                             what, (unsigned long long)ref->offset, (unsigned long long)ref->length,
+                             (unsigned long long)ring_bytes);
     if (ref->offset < consumed)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "%s.shm.offset %llu lies before what was read (%llu): references "

@@ -9,6 +9,10 @@
  * peer sends: an offer's name, nonce and size, and a Features message's
  * FeatureShmRef.
  *
+ * Names: TDM_FEAT_SHM_PREFIX, the verifier's process id, '-', 128 random
+ * bits in hex ("/tandem-feat-4242-0f3c..."): unguessable, and an operator
+ * can tell whose a segment is.
+ *
  * Segment layout: one page of header (magic "TDMFEAT1", the ring's size,
  * the 32-byte nonce), then the ring. A message's rows lie contiguous in the
  * ring (a reservation that would wrap skips to the ring's start); offsets
@@ -92,7 +96,7 @@ bool tdm_feat_out_ring(const struct tdm_feat_out *b, tdm_feat_ring *r, Tandem__V
 /* ---- drafter: the view it reads -------------------------------------------- */
 
 typedef struct tdm_feat_map {
-    void *map;           /* the whole segment, read-only; NULL: none */
+    void *map; /* the whole segment, read-only; NULL: none */
     size_t map_len;
     const uint8_t *ring; /* map + TDM_FEAT_SHM_HEADER */
     uint64_t ring_bytes;
@@ -100,7 +104,7 @@ typedef struct tdm_feat_map {
 } tdm_feat_map;
 
 /* Maps the segment an offer names and checks it: the name has the tandem
- * form (TDM_FEAT_SHM_PREFIX and 32 lowercase hex digits), the segment's
+ * form (above), the segment's
  * size is the offer's ring size plus the header, the header's magic and
  * nonce are the offer's. The name is not unlinked (the verifier does it).
  * On error *out is empty and err says which check failed (NOT_FOUND: no

@@ -256,9 +256,8 @@ tdm_status tdm_feat_in_append_shm(tdm_feat_in *b, const Tandem__V1__Features *f,
     uint64_t ring_end = 0;
     if (f->shm) {
         uint64_t pos = 0;
-        tdm_status rc = tdm_feat_shm_ref_check(m && m->map ? m->ring_bytes : 0,
-                                               m ? m->consumed : 0, f, (uint64_t)(nv * vb), what,
-                                               &pos, err);
+        tdm_status rc = tdm_feat_shm_ref_check(m && m->map ? m->ring_bytes : 0, m ? m->consumed : 0,
+                                               f, (uint64_t)(nv * vb), what, &pos, err);
         if (rc != TDM_OK)
             return rc;
         src = m->ring + pos;

@@ -253,10 +253,10 @@
             "the Draft stream's messages; shm: through a POSIX shared-memory ring in /dev/shm "    \
             "(drafter and verifier on one host or in one pod), proved per Draft stream by a "      \
             "handshake (the verifier offers a segment with a random nonce, the drafter maps it "   \
-            "and finds the nonce); a stream where that fails gets no feature stream at all (its " \
-            "sequences run without speculation, the error naming this setting), never a quiet "   \
+            "and finds the nonce); a stream where that fails gets no feature stream at all (its "  \
+            "sequences run without speculation, the error naming this setting), never a quiet "    \
             "fallback; auto: shm where the handshake succeeds, else grpc (the choice is logged "   \
-            "and counted). Both sides must allow shm for it to be used."                          \
+            "and counted). Both sides must allow shm for it to be used."                           \
     }
 
 static const tdm_cfg_key gateway_keys[] = {

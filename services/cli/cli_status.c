@@ -103,9 +103,11 @@ static void print_prefix_cache(const Tandem__V1__ReplicaStatus *r)
 }
 
 /* The feature stream: what a verifier streams, what a hidden-state drafter
- * needs and the target model it belongs to. */
-static void print_features(const Tandem__V1__Descriptor *d)
+ * needs and the target model it belongs to, the transports it allows
+ * (feature_transport) and, from its counters, what its streams settled on. */
+static void print_features(const Tandem__V1__ReplicaStatus *r)
 {
+    const Tandem__V1__Descriptor *d = r->descriptor;
     char buf[512], fp[16];
     if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER && d->n_features_available > 0) {
         tdm_feat_request av = {0};
@@ -123,6 +125,31 @@ static void print_features(const Tandem__V1__Descriptor *d)
         printf("           needs hidden states: %s (%s), of target model %s\n",
                tdm_feat_request_str(&need, buf, sizeof(buf)), tdm_feat_dtype_name(need.dtype),
                fp12(d->target_model_fingerprint, fp, sizeof(fp)));
+    if (d->n_feature_transports > 0) {
+        printf("           feature transports: ");
+        for (size_t i = 0; i < d->n_feature_transports; i++)
+            printf("%s%s", i ? ", " : "", d->feature_transports[i]);
+        if (d->n_feature_transports > 1)
+            printf(" (auto: shm where the handshake proves colocation)");
+        printf("\n");
+    }
+    const double shm = counter(r, "feature_streams_shm"), grpc = counter(r, "feature_streams_grpc");
+    const double rows_shm = counter(r, "feature_rows_shm"),
+                 rows_grpc = counter(r, "feature_rows_grpc");
+    if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER && shm >= 0 && (shm > 0 || grpc > 0)) {
+        const double us_s = counter(r, "feature_put_us_shm"), n_s = counter(r, "feature_puts_shm");
+        const double us_g = counter(r, "feature_put_us_grpc"),
+                     n_g = counter(r, "feature_puts_grpc");
+        printf("           feature stream: %.0f Draft stream(s) on shm, %.0f on grpc; rows %.0f by "
+               "shm, %.0f by grpc (%.0f inline for a full ring); put out in %.1f us a message "
+               "by shm, %.1f by grpc\n",
+               shm, grpc > 0 ? grpc : 0, rows_shm, rows_grpc, counter(r, "feature_ring_full"),
+               n_s > 0 ? us_s / n_s : 0, n_g > 0 ? us_g / n_g : 0);
+    }
+    if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER && shm >= 0 && (rows_shm > 0 || rows_grpc > 0))
+        printf("           feature stream: %.0f ring(s) taken, %.0f refused; rows %.0f by shm, "
+               "%.0f by grpc\n",
+               shm, counter(r, "feature_shm_refused"), rows_shm, rows_grpc);
 }
 
 static void print_replica(const Tandem__V1__ReplicaStatus *r)
@@ -148,7 +175,7 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
            d->snapshot_layout_version, d->build ? d->build->version : "?",
            d->build ? d->build->git_revision : "?",
            d->build && d->build->backend[0] ? d->build->backend : "no backend");
-    print_features(d);
+    print_features(r);
     printf("           heartbeat %.1fs ago", r->heartbeat_age_ms / 1000.0);
     if (r->load)
         printf(", %u active sequences, %u free slots", r->load->active_sequences,

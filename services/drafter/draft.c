@@ -326,8 +326,7 @@ static tdm_status feat_take(dstream *st, dseq *q, const Tandem__V1__Features *f,
     drafter *d = st->d;
     __atomic_fetch_add(f->shm ? &d->feat_rows_shm : &d->feat_rows_grpc, (uint64_t)f->rows,
                        __ATOMIC_RELAXED);
-    __atomic_fetch_add(f->shm ? &d->feat_bytes_shm : &d->feat_bytes_grpc, bytes,
-                       __ATOMIC_RELAXED);
+    __atomic_fetch_add(f->shm ? &d->feat_bytes_shm : &d->feat_bytes_grpc, bytes, __ATOMIC_RELAXED);
     return TDM_OK;
 }
 
@@ -571,8 +570,7 @@ static void apply_shm_offer(dstream *st, const Tandem__V1__FeatureShmOffer *o)
         rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION,
                            "this Draft stream has a shared-memory ring already");
     else if (d->feat_transport == TDM_FEAT_TRANSPORT_GRPC)
-        rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION, "%s on the drafter",
-                           d->feat_setting);
+        rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION, "%s on the drafter", d->feat_setting);
     else if (!d->head)
         rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION,
                            "this drafter takes no hidden states (drafter_kind is not mtp)");
@@ -592,11 +590,15 @@ static void apply_shm_offer(dstream *st, const Tandem__V1__FeatureShmOffer *o)
         snprintf(st->shm_why, sizeof(st->shm_why), "its offer was refused: %s", err.msg);
         __atomic_fetch_add(&d->shm_refused, 1, __ATOMIC_RELAXED);
         if (d->feat_transport == TDM_FEAT_TRANSPORT_SHM)
-            tdm_log_error(LOG, "Draft stream: %s, but the verifier's shared-memory ring cannot be "
-                               "used: %s", d->feat_setting, err.msg);
+            tdm_log_error(LOG,
+                          "Draft stream: %s, but the verifier's shared-memory ring cannot be "
+                          "used: %s",
+                          d->feat_setting, err.msg);
         else
-            tdm_log_info(LOG, "Draft stream: feature rows by grpc (the shared-memory ring "
-                              "offered is refused: %s)", err.msg);
+            tdm_log_info(LOG,
+                         "Draft stream: feature rows by grpc (the shared-memory ring "
+                         "offered is refused: %s)",
+                         err.msg);
     }
     Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
     r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_SHM_ANSWER;

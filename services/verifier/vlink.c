@@ -72,7 +72,7 @@ struct vlinks {
     pthread_cond_t idle_cv; /* a reader exited */
     vlink *head;            /* live links */
     int readers;
-    vlinks_feat feat;       /* setting: a copy of the caller's */
+    vlinks_feat feat; /* setting: a copy of the caller's */
     _Atomic uint64_t feat_shm, feat_grpc;
 };
 
@@ -283,8 +283,7 @@ static bool feat_take(vlink *l, const Tandem__V1__DraftResponse *r)
     tdm_feat_ring_unlink(l->ring);
     atomic_fetch_add(&l->t->feat_shm, 1);
     tdm_log_info(LOG, "drafter %s: feature stream on shm (%s; a %llu-byte ring, handshake done)",
-                 l->address, l->t->feat.setting,
-                 (unsigned long long)tdm_feat_ring_bytes(l->ring));
+                 l->address, l->t->feat.setting, (unsigned long long)tdm_feat_ring_bytes(l->ring));
     return true;
 }
 

@@ -237,7 +237,7 @@ struct vsched {
     _Atomic uint64_t feature_rows_shm, feature_bytes_shm, feature_ring_full;
     _Atomic uint64_t feature_puts_shm, feature_puts_grpc;
     _Atomic double feature_put_us_shm, feature_put_us_grpc;
-    void *vscratch;         /* rejection sampling's scratch (scheduler thread) */
+    void *vscratch; /* rejection sampling's scratch (scheduler thread) */
     /* NULL: prefix_cache off. Used by the scheduler thread and, for
      * FetchPrefix and a fetched prefix's import, by RPC handler threads:
      * every use holds pmu, the innermost lock (taken under mu, never the
@@ -445,8 +445,8 @@ static size_t feat_message_bytes(const vsched *s)
 typedef struct feat_put {
     Tandem__V1__Features last; /* the rows the open or verdict carries */
     Tandem__V1__FeatureShmRef ref;
-    bool shm;   /* by reference into the ring */
-    double t0;  /* us */
+    bool shm;  /* by reference into the ring */
+    double t0; /* us */
 } feat_put;
 
 static double now_us(void)
