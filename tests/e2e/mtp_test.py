@@ -21,6 +21,17 @@ Cases:
   no_head    a drafter whose model has no mtp.* tensors refuses to start,
              naming the model and the missing tensor; the configuration
              checks of drafter_kind mtp
+  shm        the colocated feature stream (feature_transport): greedy
+             outputs with shm equal those with grpc and plain decoding over
+             many prompts, the rows really going by shared memory (counters,
+             logs, tandem status); a ring too small for long prompts sends
+             those rows inline with the same outputs; shm set where it
+             cannot work (a drafter with its own /dev/shm, as on another
+             host; a ring /dev/shm cannot hold; a drafter set to grpc) is an
+             error naming the setting, never a quiet fallback, while auto
+             falls back to grpc; no segment is left in /dev/shm after the
+             handshake, after the services exit, or after kill -9 of the
+             drafter
 
 usage: mtp_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
                    --make-model PATH --source ROOT
@@ -153,13 +164,24 @@ def counters(target, path):
     return {c["name"]: float(c["value"]) for c in (resp or {}).get("counters", [])}
 
 
-def stack(model, dtype, verifier_args=()):
+def stack(model, dtype, verifier_args=(), drafter_args=(), own_shm=False):
+    """Gateway, verifier v1 and MTP drafter d-mtp; own_shm: the drafter in a
+    mount namespace with its own /dev/shm (as on another host)."""
     gw = st.gateway()
     v = st.replica("verifier", gw, "--model", model, "--replica-id", "v1", "--max-draft-tokens",
                    "8", *verifier_args)
-    d = st.replica("drafter", gw, "--model", model, "--drafter-kind", "mtp", "--replica-id",
-                   "d-mtp", "--draft-block-size", str(BLOCK), "--feature-dtype", dtype,
-                   "--log-level", "debug")
+    dargs = ["--model", model, "--drafter-kind", "mtp", "--replica-id", "d-mtp",
+             "--draft-block-size", str(BLOCK), "--feature-dtype", dtype, "--log-level",
+             "debug"] + list(drafter_args)
+    if own_shm:
+        d = st.Proc("drafter", shutil.which("unshare"),
+                    ["-rm", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"',
+                     st.ARGS.drafter, "--listen", "127.0.0.1:0", "--health-listen",
+                     "127.0.0.1:0", "--gateway", gw.addr()] + dargs)
+        st.PROCS.append(d)
+        d.wait_ready()
+    else:
+        d = st.replica("drafter", gw, *dargs)
     s = st.wait_status(gw, lambda s: st.pair(s, "v1", "d-mtp") is not None, "pair v1+d-mtp")
     p = st.pair(s, "v1", "d-mtp")
     check(p and p["compatible"], "v1 + d-mtp compatible: %s" % json.dumps(p))
@@ -455,7 +477,207 @@ def case_no_head():
     check(rc != 0 and "bf16|f32" in out, "feature_dtype's values:\n" + out)
 
 
-CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head}
+def segments(pid):
+    """The feature-ring segments process pid has in /dev/shm."""
+    try:
+        names = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return []
+    return [n for n in names if n.startswith("tandem-feat-%d-" % pid)]
+
+
+def run_prompts(gw, ps, **kw):
+    """Plain and speculative requests for every prompt, at once: (plain, spec)."""
+    jobs = [(p, "SPECULATION_MODE_OFF") for p in ps] + [(p, "SPECULATION_MODE_ON") for p in ps]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
+        res = list(ex.map(lambda j: generate(gw, j[0], mode=j[1], **kw), jobs))
+    return res[:len(ps)], res[len(ps):]
+
+
+def same_outputs(what, plain, spec, need_spec=True):
+    ok = True
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        ok &= check(a[0] == "OK" and b[0] == "OK" and a[3] and b[3] and b[2] == a[2],
+                    "%s prompt %d: speculative %s %s %s != plain %s %s %s" %
+                    (what, i, b[0], b[1], b[2], a[0], a[1], a[2]))
+        if need_spec and b[3]:
+            ok &= check(b[3]["stats"]["speculation"].startswith("on"),
+                        "%s prompt %d: speculation %s" % (what, i, b[3]["stats"]["speculation"]))
+    return ok
+
+
+def case_shm():
+    model = mtp_model()
+    ps = prompts(6 if st.ARGS.quick else 16, seed=11)
+    pids, outs = [], {}
+    for transport in ("shm", "grpc"):
+        gw, v, d, s = stack(model, "bf16", ("--feature-transport", transport),
+                            ("--feature-transport", transport))
+        pids.append(v.p.pid)
+        plain, spec = run_prompts(gw, ps)
+        same_outputs(transport, plain, spec)
+        outs[transport] = [b[2] for b in spec]
+        outs["plain"] = [a[2] for a in plain]
+        c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+        dc = counters(d.addr(), "/tandem.v1.Drafter/Describe")
+        print("%s: verifier feature counters %s" %
+              (transport, {k: v_ for k, v_ in sorted(c.items()) if k.startswith("feature_")}),
+              flush=True)
+        check(c.get("speculative_rounds", 0) > 0 and c.get("drafter_failures", 0) == 0,
+              "%s: speculation ran without drafter failures: %s" % (transport, c))
+        check(c.get("feature_rows_shm", 0) + c.get("feature_rows_grpc", 0) ==
+              c.get("feature_rows_sent", -1) and
+              c.get("feature_bytes_shm", 0) + c.get("feature_bytes_grpc", 0) ==
+              c.get("feature_bytes_sent", -1), "%s: rows by transport add up: %s" % (transport, c))
+        if transport == "shm":
+            # The rows of the opens sent before the drafter's answer go
+            # inline; everything after by the ring.
+            check(c.get("feature_streams_shm") == 1 and c.get("feature_streams_grpc", 0) == 0 and
+                  c.get("feature_rows_shm", 0) > 0 and
+                  c.get("feature_rows_shm", 0) > 2 * c.get("feature_rows_grpc", 0) and
+                  c.get("feature_puts_shm", 0) > 0 and c.get("feature_put_us_shm", 0) > 0,
+                  "the stream went by shared memory: %s" % c)
+            check(dc.get("feature_rows_shm", 0) == c.get("feature_rows_shm", -1) and
+                  dc.get("feature_streams_shm") == 1,
+                  "the drafter read every ring row the verifier wrote: %s" % dc)
+            check("feature stream on shm" in v.text() and
+                  "feature rows by shared memory" in d.text(),
+                  "both sides log the transport:\n" + v.text()[-2000:] + d.text()[-2000:])
+            check(segments(v.p.pid) == [],
+                  "the segment left /dev/shm at the handshake: %s" % segments(v.p.pid))
+            # The counters reach the gateway with the next heartbeat.
+            deadline = time.time() + 10
+            while True:
+                rc, out, err = st.run([st.ARGS.cli, "status", "--gateway", gw.addr()])
+                ok = (rc == 0 and "feature transports: shm" in out and
+                      re.search(r"feature stream: 1 Draft stream\(s\) on shm, 0 on grpc; rows "
+                                r"\d+ by shm", out) and "ring(s) taken" in out)
+                if ok or time.time() > deadline:
+                    break
+                time.sleep(0.3)
+            check(ok, "tandem status shows the transport:\n" + out + err)
+        else:
+            check(c.get("feature_rows_shm", -1) == 0 and c.get("feature_streams_grpc") == 1 and
+                  c.get("feature_puts_grpc", 0) > 0 and dc.get("feature_rows_shm", -1) == 0,
+                  "grpc: no row by shared memory: %s / %s" % (c, dc))
+            check(segments(v.p.pid) == [], "grpc: no segment made")
+        stop_all()
+        check(segments(pids[-1]) == [], "%s: nothing left in /dev/shm after exit: %s" %
+              (transport, segments(pids[-1])))
+    check(outs.get("shm") == outs.get("grpc") == outs.get("plain"),
+          "shm, grpc and plain decoding give the same tokens")
+
+    # A ring too small for the long prompts' rows (f32: 256 bytes a row, a
+    # 64 KiB ring holds 255): their opens go inline, the verdicts by the ring.
+    rnd = random.Random(5)
+    longs = [[rnd.randrange(320) for _ in range(n)] for n in (300, 420, 560)]
+    gw, v, d, s = stack(model, "f32", ("--feature-transport", "shm", "--feature-shm-size",
+                                       "64KiB"))
+    pids.append(v.p.pid)
+    plain, spec = run_prompts(gw, longs + ps[:3])
+    same_outputs("small ring", plain, spec)
+    c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+    print("small ring: %d messages inline for a full ring, %d rows by shm, %d by grpc" %
+          (c.get("feature_ring_full", 0), c.get("feature_rows_shm", 0),
+           c.get("feature_rows_grpc", 0)), flush=True)
+    # (The first open may go inline before the handshake's answer.)
+    check(c.get("feature_ring_full", 0) >= len(longs) - 1 and
+          c.get("feature_puts_grpc", 0) >= len(longs) and c.get("feature_rows_shm", 0) > 0 and
+          c.get("feature_rows_grpc", 0) >= sum(len(p) - 1 for p in longs) and
+          c.get("drafter_failures", 0) == 0,
+          "a full ring sends the rows inline, the rest by the ring: %s" % c)
+    stop_all()
+
+    # shm set where it cannot work: an error naming the setting, not a
+    # quiet fallback. (1) The drafter has its own /dev/shm, as on another
+    # host: it cannot open the segment; with auto the stream stays on grpc.
+    if shutil.which("unshare") and subprocess.run(
+            ["unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"],
+            capture_output=True).returncode == 0:
+        for vt in ("shm", "auto"):
+            gw, v, d, s = stack(model, "bf16", ("--feature-transport", vt), own_shm=True)
+            pids.append(v.p.pid)
+            plain, spec = run_prompts(gw, ps[:3])
+            same_outputs("other host, verifier %s" % vt, plain, spec, need_spec=vt == "auto")
+            c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+            print("drafter with its own /dev/shm, verifier %s: %s" %
+                  (vt, [b[3]["stats"]["speculation"] for b in spec if b[3]]), flush=True)
+            if vt == "shm":
+                msg = "feature_transport=shm (flag:--feature-transport), but the hidden states " \
+                      "cannot go by shared memory to this drafter"
+                check(msg in v.text() and "cannot open the verifier's shared-memory segment" in
+                      v.text() and c.get("feature_rows_shm", -1) == 0,
+                      "verifier shm, drafter elsewhere: an error naming the setting:\n" +
+                      v.text()[-3000:])
+                check(all(b[3] and "feature_transport=shm" in b[3]["stats"]["speculation"]
+                          for b in spec), "the requests say why they ran without speculation: %s"
+                      % [b[3]["stats"]["speculation"] for b in spec if b[3]])
+            else:
+                check(c.get("feature_streams_grpc") == 1 and c.get("feature_rows_shm", -1) == 0 and
+                      c.get("feature_rows_grpc", 0) > 0 and c.get("drafter_failures", 0) == 0 and
+                      "feature stream on grpc" in v.text(),
+                      "auto, drafter elsewhere: grpc: %s\n%s" % (c, v.text()[-2000:]))
+            stop_all()
+    else:
+        print("unshare -rm unavailable: the other-host subcase is skipped", flush=True)
+    # (2) A ring /dev/shm cannot hold (64 GiB): the verifier cannot make it.
+    # With shm on the verifier its link breaks naming the setting; with shm
+    # on the drafter alone its sequences are refused naming its setting.
+    gw, v, d, s = stack(model, "bf16", ("--feature-transport", "shm", "--feature-shm-size",
+                                        "64GiB"))
+    pids.append(v.p.pid)
+    plain, spec = run_prompts(gw, ps[:2])
+    same_outputs("no room for the ring", plain, spec, need_spec=False)
+    print("no room for the ring: %s" % [b[3]["stats"]["speculation"] for b in spec if b[3]],
+          flush=True)
+    check("feature_transport=shm (flag:--feature-transport), but the hidden states cannot go by "
+          "shared memory" in v.text() and "cannot reserve" in v.text(),
+          "verifier shm without room: the error names the setting:\n" + v.text()[-3000:])
+    stop_all()
+    gw, v, d, s = stack(model, "bf16", ("--feature-shm-size", "64GiB"),
+                        ("--feature-transport", "shm"))
+    pids.append(v.p.pid)
+    plain, spec = run_prompts(gw, ps[:2])
+    same_outputs("drafter shm, no ring", plain, spec, need_spec=False)
+    check("feature_transport=shm (flag:--feature-transport) on this drafter, but this Draft "
+          "stream has no shared-memory ring" in d.text(),
+          "drafter shm without a ring: its sequences are refused naming the setting:\n" +
+          d.text()[-3000:])
+    stop_all()
+    # (3) shm on one side, grpc on the other: no pairing (the rule names both).
+    gw = st.gateway("--replica-ttl", "60s")
+    v = st.replica("verifier", gw, "--model", model, "--replica-id", "v1",
+                   "--feature-transport", "shm")
+    d = st.replica("drafter", gw, "--model", model, "--drafter-kind", "mtp", "--replica-id",
+                   "d-mtp", "--feature-transport", "grpc")
+    s = st.wait_status(gw, lambda s: st.pair(s, "v1", "d-mtp") is not None, "pair listed")
+    p = st.pair(s, "v1", "d-mtp")
+    check(p and not p["compatible"] and
+          [r["rule"] for r in p["refusals"]] == ["drafter-feature-transport"] and
+          "sends hidden states by shm and drafter d-mtp" in p["refusals"][0]["message"],
+          "shm against grpc is refused by drafter-feature-transport: %s" % json.dumps(p))
+    stop_all()
+
+    # kill -9 of the drafter: the verifier unlinked the segment at the
+    # handshake, so nothing is left; it goes on without the drafter.
+    gw, v, d, s = stack(model, "bf16")
+    pids.append(v.p.pid)
+    r = generate(gw, ps[0])
+    check(r[0] == "OK" and "feature stream on shm" in v.text(), "auto colocated: shm:\n" +
+          v.text()[-2000:])
+    d.p.kill()
+    d.p.wait()
+    check(segments(v.p.pid) == [], "after kill -9 of the drafter: %s" % segments(v.p.pid))
+    print("kill -9 of the drafter: no segment left", flush=True)
+    r = generate(gw, ps[1], mode="SPECULATION_MODE_AUTO")
+    check(r[0] == "OK" and r[2] == outs["plain"][1], "the verifier goes on: %s %s" % (r[0], r[1]))
+    stop_all()
+    check(all(segments(pid) == [] for pid in pids),
+          "no segment of this test's verifiers is left in /dev/shm")
+
+
+CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head,
+         "shm": case_shm}
 
 
 def main():
