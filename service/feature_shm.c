@@ -96,7 +96,8 @@ tdm_status tdm_feat_ring_create(uint64_t ring_bytes, tdm_feat_ring **out, tdm_er
     else
         e = 0;
     if (e == 0) {
-        r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        /* Populated now: a round's copy into the ring takes no page faults. */
+        r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (r->map == MAP_FAILED) {
             e = errno;
             r->map = NULL;
@@ -158,7 +159,17 @@ uint8_t *tdm_feat_ring_reserve(tdm_feat_ring *r, uint64_t len, uint64_t *offset)
 {
     if (len == 0 || len > r->size)
         return NULL;
-    const uint64_t head = atomic_load(&r->head), tail = atomic_load(&r->tail);
+    uint64_t head = atomic_load(&r->head), tail = atomic_load(&r->tail);
+    if (head == tail && head % r->size != 0) {
+        /* All read: start again at the ring's first bytes (still in the
+         * caches, where the last rounds' rows were), skipping the rest of
+         * this lap, which holds nothing. */
+        const uint64_t lap = head + (r->size - head % r->size);
+        if (atomic_compare_exchange_strong(&r->tail, &tail, lap)) {
+            head = tail = lap;
+            atomic_store(&r->head, lap);
+        }
+    }
     const uint64_t pos = head % r->size;
     const uint64_t start = pos + len > r->size ? head + (r->size - pos) : head;
     if (start + len - tail > r->size)
@@ -260,7 +271,7 @@ tdm_status tdm_feat_map_open(const Tandem__V1__FeatureShmOffer *offer, tdm_feat_
                              "the shared-memory segment %s holds %lld bytes, the offer says %zu",
                              name, (long long)sb.st_size, len);
     }
-    void *map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    void *map = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     int e = errno;
     close(fd);
     if (map == MAP_FAILED)
@@ -323,9 +334,9 @@ tdm_status tdm_feat_shm_ref_check(uint64_t ring_bytes, uint64_t consumed,
                              "%s.shm.offset %llu lies before what was read (%llu): references "
                              "go forward",
                              what, (unsigned long long)ref->offset, (unsigned long long)consumed);
-    if (ref->offset - consumed > ring_bytes - ref->length)
+    if (ref->offset - consumed >= ring_bytes)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "%s.shm.offset %llu is more than a ring (%llu bytes) ahead of what "
+                             "%s.shm.offset %llu is a ring (%llu bytes) or more ahead of what "
                              "was read (%llu)",
                              what, (unsigned long long)ref->offset, (unsigned long long)ring_bytes,
                              (unsigned long long)consumed);

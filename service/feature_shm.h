@@ -15,9 +15,11 @@
  *
  * Segment layout: one page of header (magic "TDMFEAT1", the ring's size,
  * the 32-byte nonce), then the ring. A message's rows lie contiguous in the
- * ring (a reservation that would wrap skips to the ring's start); offsets
- * are stream offsets (bytes reserved since creation, skips included), the
- * ring position being offset modulo the ring's size.
+ * ring (a reservation that would wrap skips to the ring's start, and one
+ * made when everything was read starts there too, where the caches still
+ * hold the ring); offsets are stream offsets (bytes reserved since
+ * creation, skips included), the ring position being offset modulo the
+ * ring's size.
  *
  * Threads: tdm_feat_ring_reserve from one thread (the one that sends the
  * messages, in the order it reserves), tdm_feat_ring_release from any
@@ -115,7 +117,7 @@ void tdm_feat_map_close(tdm_feat_map *m);
 
 /* Checks a Features message's ring reference against a ring of ring_bytes
  * read up to `consumed`: it must lie within the ring without wrapping, not
- * before what was read, at most a ring ahead of it, and hold exactly
+ * before what was read, less than a ring ahead of it, and hold exactly
  * `expect_len` bytes (rows x width x the dtype's size), with no inline data
  * beside it. Returns TDM_OK with the ring position in *pos, or
  * INVALID_ARGUMENT naming the field at fault (`what` names the message). */

@@ -177,9 +177,9 @@ static void test_ref_check(void)
         {1000, 63, "Verdict.hidden.shm.length 63: 2 rows of 8 values take 64 bytes"},
         {4090, 64, "runs past the end of the ring"}, /* wraps */
         {8192 + 4090, 64, "runs past the end of the ring"},
-        {936, 64, "lies before what was read"},            /* backwards */
-        {1000 + 4096, 64, "more than a ring"},             /* a lap ahead */
-        {UINT64_MAX - 10, 64, "past the end of the ring"}, /* overflow */
+        {936, 64, "lies before what was read"},                 /* backwards */
+        {1000 + 4096, 64, "a ring (4096 bytes) or more ahead"}, /* a lap ahead */
+        {UINT64_MAX - 10, 64, "past the end of the ring"},      /* overflow */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ref.offset = bad[i].offset;
