@@ -276,6 +276,12 @@ static bool feat_take(vlink *l, const Tandem__V1__DraftResponse *r)
         snprintf(why, sizeof(why), "the drafter did not take the shared-memory ring: %s",
                  a->message && a->message[0] ? a->message : "(no reason given)");
         feat_settle_grpc(l, why);
+        /* Its memory goes now, not with the link: only this thread touches
+         * the ring of a link settled on grpc (the scheduler's use needs
+         * FEAT_SHM; the timeout path, which may race with this thread,
+         * leaves it to link_free). */
+        tdm_feat_ring_destroy(l->ring);
+        l->ring = NULL;
         return true;
     }
     /* Both sides hold it mapped: the name goes, so nothing is left in

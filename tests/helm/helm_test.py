@@ -279,6 +279,34 @@ def case_render():
     check(pod_spec(ver).get("volumes", [])[-1].get("persistentVolumeClaim", {}).get(
         "claimName") == "qwen-models", "%s: models from the claim" % label)
 
+    check(not any(v_["name"] == "dshm" for v_ in pod_spec(ver).get("volumes", [])) and
+          "feature_transport" not in cfg["verifier.yaml"],
+          "%s: a model drafter gets no shared /dev/shm and no feature_transport" % label)
+
+    # A colocated MTP drafter: the feature stream goes by shared memory, in
+    # a memory-backed emptyDir both containers mount at /dev/shm.
+    label = "colocated-mtp"
+    objs = render(label, "--set", "drafter.mode=colocated,speculative.drafterKind=mtp")
+    cfg = check_common(label, objs, "colocated")
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    vols = {v_["name"]: v_ for v_ in pod_spec(ver).get("volumes", [])}
+    check(vols.get("dshm", {}).get("emptyDir") == {"medium": "Memory", "sizeLimit": "256Mi"},
+          "%s: a memory-backed emptyDir for /dev/shm: %s" % (label, vols.get("dshm")))
+    for name in ("verifier", "drafter"):
+        mounts = {m["name"]: m["mountPath"] for m in container(ver, name).get("volumeMounts", [])}
+        check(mounts.get("dshm") == "/dev/shm", "%s: the %s mounts it at /dev/shm: %s" %
+              (label, name, mounts))
+    check(cfg["verifier.yaml"].get("feature_transport") == "shm" and
+          cfg["drafter.yaml"].get("feature_transport") == "shm",
+          "%s: feature_transport shm in both files" % label)
+    objs = render("remote-mtp", "--set", "speculative.drafterKind=mtp")
+    cfg = check_common("remote-mtp", objs, "remote")
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    check(cfg["verifier.yaml"].get("feature_transport") == "grpc" and
+          cfg["drafter.yaml"].get("feature_transport") == "grpc" and
+          not any(v_["name"] == "dshm" for v_ in pod_spec(ver).get("volumes", [])),
+          "remote-mtp: feature_transport grpc, no shared /dev/shm")
+
     label = "gpu-remote-drafters"
     objs = render(label, "-f", os.path.join(CHART, "examples", "gpu-remote-drafters.yaml"))
     check_common(label, objs, "remote")

@@ -82,6 +82,9 @@ with the values keys in place of the config files.
 {{- if and $v.tls.certManager.enabled (not $v.tls.certManager.issuerRef.name) -}}
 {{- fail "tls.certManager.enabled needs tls.certManager.issuerRef.name (the Issuer or ClusterIssuer that signs the roles' certificates)" -}}
 {{- end -}}
+{{- if and (eq $s.featureTransport "shm") (ne $v.drafter.mode "colocated") -}}
+{{- fail "feature_transport=shm (values speculative.featureTransport) needs drafter.mode=colocated: a remote drafter's pod has its own /dev/shm, so the verifier's shared-memory ring cannot reach it; set featureTransport to grpc or auto (or empty: the chart picks), or drafter.mode to colocated" -}}
+{{- end -}}
 {{- if and (eq $v.drafter.mode "colocated") $v.drafter.autoscaling.enabled -}}
 {{- fail "drafter.autoscaling.enabled with drafter.mode=colocated: a colocated drafter is a container of each verifier pod and scales with verifier.autoscaling" -}}
 {{- end -}}
@@ -92,7 +95,7 @@ with the values keys in place of the config files.
 {{- fail "models.source=imageVolume needs models.imageVolume.reference" -}}
 {{- end -}}
 {{- /* Keys the chart sets from one place may not be set again per role. */ -}}
-{{- $owned := dict "state_strategy" "speculative.stateStrategy" "prefix_cache" "speculative.prefixCache" "draft_block_size" "speculative.blockSize" "max_draft_tokens" "speculative.maxDraftTokens" "drafter_kind" "speculative.drafterKind" "model" "models.target / models.draft" "tokenizer" "models.tokenizer" "gateway" "(the chart: the gateway Service)" "listen" "(the chart: the role's port)" "health_listen" "(the chart: the role's port + 1)" "metrics_listen" "common.metrics" "advertise" "(the chart: the pod's IP)" "tls_cert" "tls" "tls_key" "tls" "tls_ca" "tls" "tls_client_auth" "tls.mutual" "cluster_token_file" "clusterToken" "log_level" "common.logLevel" "shutdown_grace" "common.shutdownGraceSeconds" "max_sequences" "verifier/drafter.maxSequences" "backend" "verifier/drafter.backend" -}}
+{{- $owned := dict "state_strategy" "speculative.stateStrategy" "prefix_cache" "speculative.prefixCache" "draft_block_size" "speculative.blockSize" "max_draft_tokens" "speculative.maxDraftTokens" "drafter_kind" "speculative.drafterKind" "model" "models.target / models.draft" "tokenizer" "models.tokenizer" "gateway" "(the chart: the gateway Service)" "listen" "(the chart: the role's port)" "health_listen" "(the chart: the role's port + 1)" "metrics_listen" "common.metrics" "advertise" "(the chart: the pod's IP)" "tls_cert" "tls" "tls_key" "tls" "tls_ca" "tls" "tls_client_auth" "tls.mutual" "cluster_token_file" "clusterToken" "log_level" "common.logLevel" "shutdown_grace" "common.shutdownGraceSeconds" "max_sequences" "verifier/drafter.maxSequences" "backend" "verifier/drafter.backend" "feature_transport" "speculative.featureTransport" -}}
 {{- range $role := list "gateway" "verifier" "drafter" -}}
 {{- range $key, $_ := (get $v $role).config -}}
 {{- if hasKey $owned $key -}}
@@ -160,11 +163,41 @@ capabilities:
 {{- default (printf "%s-cluster-token" (include "tandem.fullname" .)) .Values.clusterToken.existingSecret -}}
 {{- end -}}
 
+{{/* The feature stream's transport for drafterKind mtp (feature_transport):
+speculative.featureTransport, or the chart's pick: shm for a colocated
+drafter (the pod shares a memory-backed /dev/shm), grpc for remote ones. ""
+for other kinds. */}}
+{{- define "tandem.featureTransport" -}}
+{{- $v := .Values -}}
+{{- if eq $v.speculative.drafterKind "mtp" -}}
+{{- if $v.speculative.featureTransport -}}
+{{- $v.speculative.featureTransport -}}
+{{- else -}}
+{{- ternary "shm" "grpc" (eq $v.drafter.mode "colocated") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the verifier pods mount a shared memory-backed /dev/shm:
+an MTP drafter colocated in them, with shm allowed. */}}
+{{- define "tandem.sharedShm" -}}
+{{- $t := include "tandem.featureTransport" . -}}
+{{- if and (eq .Values.drafter.mode "colocated") (or (eq $t "shm") (eq $t "auto")) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "tandem.volumes" -}}
 {{- $v := .root.Values -}}
 - name: config
   configMap:
     name: {{ include "tandem.fullname" .root }}-config
+{{- if and (eq .role "verifier") (include "tandem.sharedShm" .root) }}
+# The verifier's and its drafter's /dev/shm: one memory-backed emptyDir, so
+# the feature ring the verifier offers is the drafter's to map.
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ $v.drafter.shmSizeLimit }}
+{{- end }}
 {{- if $v.clusterToken.enabled }}
 - name: cluster-token
   secret:
@@ -353,4 +386,8 @@ checks what the service would see).
     {{- include "tandem.containerSecurityContext" . | nindent 4 }}
   volumeMounts:
     {{- include "tandem.volumeMounts" .root | nindent 4 }}
+    {{- if and (or (eq .role "verifier") (eq .role "drafter")) (include "tandem.sharedShm" .root) }}
+    - name: dshm
+      mountPath: /dev/shm
+    {{- end }}
 {{- end -}}
