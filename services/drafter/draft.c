@@ -604,6 +604,24 @@ static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int
 #endif
 }
 
+#ifdef TANDEM_BENCH_ORACLE
+/* The oracle's block of k proposals for q into f: false when no recorded
+ * run continues q's tokens. After a wrong proposal no run continues the
+ * context, and nothing past it can be accepted: the rest repeat it. */
+static bool oracle_block(const dstream *st, const dseq *q, int k, int32_t *f)
+{
+    for (int j = 0; j < k; j++) {
+        f[j] = propose(st, q, f, j, -1);
+        if (f[j] < 0) {
+            if (j == 0)
+                return false;
+            f[j] = f[j - 1];
+        }
+    }
+    return true;
+}
+#endif
+
 /* The greedy blocks of a pass drafted on the device (tdm_seq_draft: the k
  * steps of every sequence in one launch, each step's argmax fed to the
  * next without a trip to the host); those targets are marked done. In the
@@ -624,10 +642,7 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
             continue;
         int32_t *f = fbuf + (size_t)n * MAX_BLOCK;
 #ifdef TANDEM_BENCH_ORACLE
-        int j = 0;
-        while (j < t->k && (f[j] = propose(st, t->q, f, j, -1)) >= 0)
-            j++;
-        if (j < t->k)
+        if (!oracle_block(st, t->q, t->k, f))
             continue;
         forced = true;
 #else
@@ -724,10 +739,7 @@ static void mtp_pass(dstream *st, int nw)
 #ifdef TANDEM_BENCH_ORACLE
     for (int i = 0; i < n; i++) {
         int32_t *f = fbuf + (size_t)nf * MAX_BLOCK;
-        int j = 0;
-        while (j < st->mk[i] && (f[j] = propose(st, st->bs[i], f, j, -1)) >= 0)
-            j++;
-        if (j < st->mk[i])
+        if (!oracle_block(st, st->bs[i], st->mk[i], f))
             continue;
         /* Swap sequence i into the forced group's next place. */
         dseq *q = st->bs[i];
