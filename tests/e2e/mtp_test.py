@@ -8,7 +8,8 @@ releases ship, into the test's temporary folder), driven by Python grpcio.
 Cases:
   greedy     speculation with the MTP drafter gives exactly the plain greedy
              tokens (hidden states streamed as f32 in messages cut small
-             enough that a prompt takes several FeatureChunks, then as bf16);
+             enough that a prompt takes several FeatureChunks, then as bf16,
+             there over 50 more prompts);
              blocks are proposed and verified (speculative rounds > 0 in the
              verifier's counters); the drafter's blocks equal the drafts of
              `tandem logits --mtp-out --mtp-draft`, which runs the head on
@@ -313,6 +314,16 @@ def case_greedy():
             check(checked >= 2 * len(ps) and reopened > 0,
                   "blocks found in the drafter's log: %d (%d after a pause)" % (checked, reopened))
         else:
+            # Fifty prompts (twenty in the sanitizer builds), eight at a time:
+            # the speculative tokens are the plain ones.
+            many = prompts(20 if st.ARGS.quick else 50, seed=11)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
+                pl = list(ex.map(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), many))
+                sp = list(ex.map(lambda p: generate(gw, p), many))
+            same = sum(1 for a, b in zip(pl, sp)
+                       if a[0] == "OK" and b[0] == "OK" and a[2] == b[2] and len(a[2]) == 20)
+            check(same == len(many), "%d prompts: %d speculative outputs equal the plain ones" %
+                  (len(many), same))
             # Sampled requests: greedy drafts as one-hot distributions.
             samp = {"temperature": 0.8, "top_p": 0.95, "seed": "5"}
             r1 = generate(gw, ps[0], sampling=samp)
