@@ -470,22 +470,8 @@ typedef struct feat_put {
     Tandem__V1__Features last; /* the rows the open or verdict carries */
     Tandem__V1__FeatureShmRef ref;
     bool shm;  /* by reference into the ring */
-    double t0; /* us */
+    double t0; /* ms */
 } feat_put;
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static void atomic_add_double(_Atomic double *a, double v)
-{
-    double old = atomic_load(a);
-    while (!atomic_compare_exchange_weak(a, &old, old + v))
-        ;
-}
 
 /* Puts the feature rows r holds out: into its link's shared-memory ring
  * when the link has one with room (then *p's `last` references them), else
@@ -496,7 +482,7 @@ static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, feat_put *p)
 {
     if (!r->feat || r->fout.rows == 0)
         return NULL;
-    p->t0 = now_us();
+    p->t0 = now_ms();
     const uint64_t bytes =
         (uint64_t)r->fout.rows * (uint64_t)r->fout.width * tdm_feat_dtype_bytes(r->fout.dtype);
     atomic_fetch_add(&s->feature_rows, (uint64_t)r->fout.rows);
@@ -542,8 +528,10 @@ static void feat_sent(vsched *s, vreq *r, const feat_put *p, bool had)
     if (!r->feat)
         return;
     if (had) {
-        const double us = r->feat_encode_us + (now_us() - p->t0);
-        atomic_add_double(p->shm ? &s->feature_put_us_shm : &s->feature_put_us_grpc, us);
+        const double us = r->feat_encode_us + (now_ms() - p->t0) * 1e3;
+        /* One writer (this thread): a load and a store add. */
+        _Atomic double *total = p->shm ? &s->feature_put_us_shm : &s->feature_put_us_grpc;
+        atomic_store(total, atomic_load(total) + us);
         atomic_fetch_add(p->shm ? &s->feature_puts_shm : &s->feature_puts_grpc, 1);
         r->feat_encode_us = 0;
     }
@@ -610,7 +598,7 @@ static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int blo
 static void feat_keep(vsched *s, vreq *r, const float *hidden, int n)
 {
     const int H = s->hidden_size, ns = r->feat_req.n;
-    const double t0 = now_us();
+    const double t0 = now_ms();
     if (ns == 1) {
         tdm_feat_out_append(&r->fout, hidden, n);
     } else {
@@ -621,7 +609,7 @@ static void feat_keep(vsched *s, vreq *r, const float *hidden, int n)
             tdm_feat_out_append(&r->fout, s->rd.feat_row, 1);
         }
     }
-    r->feat_encode_us += now_us() - t0;
+    r->feat_encode_us += (now_ms() - t0) * 1e3;
 }
 
 /* Room in the round's hidden buffer for `rows` rows. */

@@ -20,6 +20,7 @@
 
 #include "compat.h"
 #include "defs.h"
+#include "feature_shm.h"
 #include "feature_stream.h"
 #include "request_check.h"
 #include "sampling.h"
@@ -132,6 +133,7 @@ static void run(const ProtobufCMessage *m, const uint8_t *data, size_t size)
 /* The hidden states an MTP drafter takes from a message (feature_stream.h):
  * decoded into its buffer of rows of FEAT_WIDTH values, or refused. */
 #define FEAT_WIDTH 4
+#define FEAT_RING 4096
 static void draft_features(const Tandem__V1__DraftRequest *req)
 {
     const Tandem__V1__Features *f =
@@ -162,6 +164,20 @@ static void draft_features(const Tandem__V1__DraftRequest *req)
                    "an overlap accepted");
         FUZZ_CHECK(in.rows == (int)f->rows, "a refused append changed the rows");
     }
+    tdm_feat_in_free(&in);
+    /* The same message on a stream with a shared-memory ring (feature_shm.h):
+     * a reference is read only within the ring, or refused. */
+    static uint8_t ring[FEAT_RING];
+    tdm_feat_map map = {
+        .map = ring, .map_len = sizeof(ring), .ring = ring, .ring_bytes = sizeof(ring)};
+    tdm_feat_in_init(&in, FEAT_WIDTH);
+    rc = tdm_feat_in_append_shm(&in, f, &map, "hidden", &err);
+    check_refusal(rc, &err);
+    FUZZ_CHECK(rc != TDM_OK || !f->shm ||
+                   (f->shm->offset % sizeof(ring) + f->shm->length <= sizeof(ring) &&
+                    map.consumed == f->shm->offset + f->shm->length),
+               "a reference outside the ring read");
+    FUZZ_CHECK(rc == TDM_OK || map.consumed == 0, "a refused reference moved consumed");
     tdm_feat_in_free(&in);
 }
 
