@@ -155,8 +155,9 @@ class MTPHead(nn.Module):
         return torch.cat([(r * cos + rh * sin).to(x.dtype), x[..., rot:]], -1)
 
     def _in(self, hidden, tokens, embed):
-        e = self.pre_fc_norm_embedding(F.embedding(tokens, embed))
-        g = self.pre_fc_norm_hidden(hidden.to(e.dtype))
+        dt = self.fc.weight.dtype   # the inputs in the head's dtype (autocast lowers it after)
+        e = self.pre_fc_norm_embedding(F.embedding(tokens, embed).to(dt))
+        g = self.pre_fc_norm_hidden(hidden.to(dt))
         return self.fc(torch.cat([e, g], -1))
 
     def _qkv(self, x, pos):
