@@ -366,7 +366,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=64,
                     help="held-out prompts for acceptance (64: the drafter's measurement)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
-    ap.add_argument("--expect-loss", default="1.5,2.5",
+    ap.add_argument("--expect-loss", default="1.0,3.0",
                     help="range the target's held-out CE must fall in (the demo target's: 1.93)")
     ap.add_argument("--device", default="cuda", help="cuda (the run) or cpu (a smoke test only)")
     ap.add_argument("--install", metavar="DIR", help="install a run's outputs into models/ and stop")
@@ -442,6 +442,10 @@ def main():
     tok = tokenizers.Tokenizer.from_file(tok_path)
     tok_sha = sha256_file(tok_path)
     M["tokenizer_sha256"] = tok_sha
+    want_tok = (ref_metrics.get("tokenizer") or {}).get("sha256")
+    log(f"tokenizer: {tok_path} sha256 {tok_sha[:16]}" +
+        ("" if not want_tok else " (as the demo training)" if want_tok == tok_sha else
+         f" (DIFFERENT from the demo training's {want_tok[:16]})"))
     eot = tok.token_to_id("<|endoftext|>")
     if eot is None:
         fail(f"{tok_path} has no <|endoftext|>")
