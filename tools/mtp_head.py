@@ -31,8 +31,6 @@ Two ways to run rows:
 Padding on the right of a batch is harmless: a primed row never attends to
 a later one, and a chain only to primed rows at or before its anchor.
 """
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -328,13 +326,14 @@ def combine(losses, weights, distill):
 def per_position(hist):
     """Acceptance per draft position from a histogram of accepted drafts per
     round (hist[a]: rounds that accepted a of k): position j's rate is
-    P(draft j accepted | drafts 1..j-1 accepted)."""
+    P(draft j accepted | drafts 1..j-1 accepted); None where no round got
+    that far."""
     k = len(hist) - 1
     out = []
     reach = sum(hist)
     for j in range(1, k + 1):
         ok = reach - hist[j - 1]
-        out.append(ok / reach if reach else math.nan)
+        out.append(ok / reach if reach else None)
         reach = ok
     return out
 
