@@ -386,7 +386,7 @@ def main():
     ap.add_argument("--install", metavar="DIR", help="install a run's outputs into models/ and stop")
     ap.add_argument("--models", default="models", help="for --install: the models folder")
     ap.add_argument("--engine-check", metavar="DIR", help="CPU check on engine hidden states and stop")
-    ap.add_argument("--engine-check-steps", type=int, default=200)
+    ap.add_argument("--engine-check-steps", type=int, default=40)
     args = ap.parse_args()
 
     if args.install:
