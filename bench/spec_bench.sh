@@ -26,12 +26,16 @@
 # steps under each strategy, the verifier's capacity, plain decoding through
 # the services), "drain" (32 sequences of the 4B shape moved to a second
 # verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
-# (tandem doctor on this machine), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
+# (tandem doctor on this machine), "mtp" (the 4B shape with a random MTP head
+# drafting for it: a = 0.6, 0.8, 1.0 at block 3, blocks 2 and 4 and batch 8
+# at a = 0.8, the feature stream's counters), "demomtp" (the demo target's
+# MTP head against plain decoding), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
 # exchange's floor) and "cudatests" (the CUDA tests).
 # Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
 # default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
-# DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length).
+# DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
+# MTP_SHAPE (the mtp part's target shape, default 4b) and MTP_ACCEPTS.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -196,6 +200,66 @@ run)
                         load "a=$a fixed 4 ahead=$ra b32" 32 64 on $V --block 4 --fixed
                         load "a=$a adaptive ahead=$ra b32" 32 64 auto $V
                     fi
+                done
+            done
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            ;;
+        mtp)
+            # The 4B shape with a random MTP head (bench_make_model --mtp):
+            # the drafter is the head itself (drafter_kind mtp), fed the
+            # verifier's hidden states; at controlled acceptance through the
+            # oracle build, which still runs the head for every draft.
+            echo "== 4B target with an MTP head" | tee -a "$SUM"
+            "$B/bench_make_model" --shape "${MTP_SHAPE:-4b}" --mtp --out "$W/t4bm" | tee -a "$SUM"
+            start_stack mtp "$W/t4bm" --max-context 8192 || continue
+            V="--vocab $(grep -o '"vocab_size": *[0-9]*' "$W/t4bm/config.json" | head -1 | grep -o '[0-9]*$')"
+            load "mtp: plain b1" 1 "$REQ1" off $V --record "$W/truth-m.txt"
+            load "mtp: plain b8" 8 32 off $V --record "$W/truth-m8.txt"
+            # the oracle looks runs up by their prompt; --check goes by request
+            cat "$W/truth-m.txt" "$W/truth-m8.txt" >"$W/truth-mall.txt"
+            DFLAGS="--drafter-kind mtp"
+            start_drafter mtp-real tandem-drafter "$W/t4bm" off 8 &&
+                load "mtp: real head adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
+            for a in ${MTP_ACCEPTS:-0.6 0.8 1.0}; do
+                start_drafter "mtp-$a" bench_drafter_oracle "$W/t4bm" off 8 \
+                    TANDEM_BENCH_ORACLE="$W/truth-mall.txt" TANDEM_BENCH_ACCEPT="$a" || continue
+                load "mtp: a=$a fixed 3 b1" 1 "$REQ1" on $V --block 3 --fixed \
+                    --check "$W/truth-m.txt"
+                if [ "$a" = 0.8 ]; then
+                    for k in 2 4; do
+                        load "mtp: a=$a fixed $k b1" 1 "$REQ1" on $V --block $k --fixed
+                    done
+                    load "mtp: a=$a adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
+                    load "mtp: a=$a fixed 3 b8" 8 32 on $V --block 3 --fixed \
+                        --check "$W/truth-m8.txt"
+                fi
+            done
+            curl -s 127.0.0.1:7712/metrics | grep -E '^tandem_spec_decode_feature' |
+                sed 's/^/mtp: /' | tee -a "$SUM"
+            DFLAGS=""
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            ;;
+        demomtp)
+            # The demo target's own MTP head against the demo drafter.
+            echo "== demo target, its MTP head" | tee -a "$SUM"
+            dv="$(grep -o '"vocab_size": *[0-9]*' models/demo-target/config.json | grep -o '[0-9]*$')"
+            start_stack demomtp "$root/models/demo-target" || continue
+            DFLAGS="--drafter-kind mtp"
+            start_drafter demomtp tandem-drafter "$root/models/demo-target" off 8 || {
+                DFLAGS=""
+                continue
+            }
+            DFLAGS=""
+            for c in 1 8 32; do
+                n=$((c == 1 ? 4 * REQ1 : 4 * c))
+                load "demo mtp: plain b$c" "$c" "$n" off --vocab "$dv" --record "$W/demom-b$c.txt"
+                load "demo mtp: adaptive b$c" "$c" "$n" auto --vocab "$dv" \
+                    --check "$W/demom-b$c.txt"
+                for k in 2 3 4; do
+                    load "demo mtp: fixed $k b$c" "$c" "$n" on --vocab "$dv" --block $k --fixed \
+                        --check "$W/demom-b$c.txt"
                 done
             done
             stop "$dpid" "$vpid" "$gpid"

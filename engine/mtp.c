@@ -9,7 +9,9 @@
  * The decoder layer is the target's own gated-attention layer code
  * (tdm_fwd_attention, tdm_fwd_mlp), on the model's workspace, with this
  * head's weights and the sequence's KV cache. Ops run eagerly (no graph
- * bracket). Every op computes a row the same way whatever the rows of the
+ * bracket); a greedy draft queues its k steps without waiting for the
+ * device in between (argmax_to, embed_dev) when the backend has them and
+ * no logits are asked for. Every op computes a row the same way whatever the rows of the
  * call (backend.h), so a prime in one call or in several gives the same
  * bits. Sizes come from capacity.c (tdm_capacity_mtp_seq_bytes).
  */
@@ -36,6 +38,8 @@ struct tdm_mtp {
     float *hid;              /* backend [rows, H]: a prime's hidden states, uploaded */
     float *hn;               /* backend [rows, H]: pre_fc_norm_hidden of a call's hidden states */
     int rows;                /* rows hid and hn hold */
+    int32_t *dids;           /* backend [dcap]: drafts on the device, [step, sequence] */
+    int dcap;
 };
 
 struct tdm_mtp_seq {
@@ -135,6 +139,7 @@ void tdm_mtp_destroy(tdm_mtp *h)
         tdm_weight_store_free(be, &h->store);
         be->free(be->ctx, h->hid);
         be->free(be->ctx, h->hn);
+        be->free(be->ctx, h->dids);
     }
     tdm_model_destroy(h->own);
     free(h);
@@ -262,11 +267,12 @@ static tdm_status rows_ensure(tdm_mtp *h, int rows, tdm_error *err)
 
 /* One forward of nseg segments: segment i is counts[i] rows of seqs[i] at
  * positions n_past .. n_past+counts[i]-1, rows in segment order; hid backend
- * [R, H] their hidden states, ids host [R] their tokens. Leaves y = norm(x)
+ * [R, H] their hidden states, ids host [R] their tokens (or, when ids_dev is
+ * not NULL, backend [R] written earlier in the queue: embed_dev). Leaves y = norm(x)
  * in ws.xn [R, H] and each segment's last y in its sequence's `last`;
  * advances every n_past. The caller has made room (rows_ensure, kv_ensure). */
 static void mtp_rows(tdm_mtp_seq *const *seqs, const int *counts, int nseg, const float *hid,
-                     const int32_t *ids, int R)
+                     const int32_t *ids, const int32_t *ids_dev, int R)
 {
     tdm_mtp *h = seqs[0]->h;
     tdm_model *m = h->m;
@@ -287,7 +293,10 @@ static void mtp_rows(tdm_mtp_seq *const *seqs, const int *counts, int nseg, cons
             pos[r] = seqs[i]->n_past + j;
     }
 
-    be->embed(bx, w->xn, m->embed, ids, R, H);                 /* [R, H] */
+    if (ids_dev)
+        be->embed_dev(bx, w->xn, m->embed, ids_dev, R, H); /* [R, H] */
+    else
+        be->embed(bx, w->xn, m->embed, ids, R, H);
     be->rmsnorm(bx, w->xn, w->xn, h->norm_e, R, H, eps, 1);    /* e */
     be->rmsnorm(bx, h->hn, hid, h->norm_h, R, H, eps, 1);      /* g */
     be->matmul(bx, w->x, w->xn, h->fc_e, R, H, H, 0);          /* x = e·fc_eᵀ */
@@ -377,7 +386,7 @@ tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *cons
                 at = 0;
             }
         }
-        mtp_rows(pseq, pcount, np, h->hid, ids, R);
+        mtp_rows(pseq, pcount, np, h->hid, ids, NULL, R);
         if (logits) {
             be->matmul(be->ctx, m->ws.logits, m->ws.xn, m->lm_head, R, (int)H, (int)V, 0);
             be->download(be->ctx, logits + g0 * V, m->ws.logits, (size_t)R * V * sizeof(float));
@@ -399,8 +408,25 @@ tdm_status tdm_mtp_prime(tdm_mtp_seq *s, const float *hidden, const int32_t *nex
     return tdm_mtp_prime_n(&s, 1, &hidden, &next, &n, logits, err);
 }
 
-tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k, int32_t *const *drafts,
-                           float *logits, tdm_error *err)
+/* Room for the device's drafts of a call: [kmax, nseq] ids. */
+static tdm_status dids_ensure(tdm_mtp *h, int n, tdm_error *err)
+{
+    if (n <= h->dcap)
+        return TDM_OK;
+    tdm_backend *be = h->m->be;
+    int32_t *ids = be->alloc(be->ctx, (size_t)n * sizeof(int32_t));
+    if (!ids)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "backend out of memory for %d MTP draft tokens", n);
+    be->free(be->ctx, h->dids);
+    h->dids = ids;
+    h->dcap = n;
+    return TDM_OK;
+}
+
+tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
+                           const int32_t *const *forced, int32_t *const *drafts, float *logits,
+                           tdm_error *err)
 {
     tdm_status rc = check_batch(seqs, nseq, err);
     if (rc != TDM_OK)
@@ -419,64 +445,95 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k, int
                                  "MTP sequence %d: nothing to draft from: prime it first (it is "
                                  "at position %d)",
                                  i, seqs[i]->n_past);
+        if (forced && (rc = tdm_model_check_tokens(m, forced[i], k[i], err)) != TDM_OK)
+            return tdm_error_prefix(err, "MTP sequence %d", i);
         kmax = k[i] > kmax ? k[i] : kmax;
     }
-    if ((rc = rows_ensure(h, nseq, err)) != TDM_OK)
+    /* On the device: each step's argmax stays there and feeds the next
+     * step's embedding; the drafts come back in one download at the end. */
+    const bool device = !logits && be->argmax_to && be->embed_dev;
+    if ((rc = rows_ensure(h, nseq, err)) != TDM_OK ||
+        (device && (rc = dids_ensure(h, kmax * nseq, err)) != TDM_OK))
         return rc;
     for (int i = 0; i < nseq; i++)
         if ((rc = kv_ensure(seqs[i], seqs[i]->n_past + k[i] - 1 + (seqs[i]->carry >= 0), err)) !=
             TDM_OK)
             return rc;
     const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    /* Longest chains first: step j runs a prefix of them, in the order of
+     * step j - 1's argmax rows, so a step's ids on the device line up. */
+    int *ord = tdm_xmalloc((size_t)nseq * sizeof(int));
+    for (int i = 0; i < nseq; i++) {
+        int x = i;
+        while (x > 0 && k[ord[x - 1]] < k[i]) {
+            ord[x] = ord[x - 1];
+            x--;
+        }
+        ord[x] = i;
+    }
     tdm_mtp_seq **run = tdm_xmalloc((size_t)nseq * sizeof(*run));
-    int *ones = tdm_xmalloc((size_t)nseq * sizeof(int)), *act = tdm_xmalloc((size_t)nseq * 4);
+    int *ones = tdm_xmalloc((size_t)nseq * sizeof(int));
     int32_t *ids = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
-    int32_t *am = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
+    int32_t *rows = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
+    int32_t *am = tdm_xmalloc((size_t)nseq * (size_t)kmax * sizeof(int32_t));
     size_t *out0 = tdm_xmalloc((size_t)nseq * sizeof(size_t)); /* each one's first logits row */
     for (int i = 0, o = 0; i < nseq; o += k[i], i++) {
         ones[i] = 1;
+        rows[i] = i;
         out0[i] = (size_t)o;
     }
     for (int j = 0; j < kmax; j++) {
         /* Rows: the sequences still drafting, after their first draft or
          * with a draft carried over, each with its last y and draft. */
-        int nr = 0, na = 0;
-        for (int i = 0; i < nseq; i++) {
+        int na = 0, nr = 0;
+        while (na < nseq && k[ord[na]] > j)
+            na++;
+        const bool dev_ids = device && j > 0 && !forced;
+        for (int x = 0; x < na; x++) {
+            const int i = ord[x];
             tdm_mtp_seq *s = seqs[i];
-            if (k[i] <= j)
-                continue;
-            act[na++] = i;
             if (j == 0 && s->carry < 0)
                 continue;
             be->copy(bx, h->hid + (size_t)nr * H, s->last, H * sizeof(float));
-            ids[nr] = j > 0 ? drafts[i][j - 1] : s->carry;
+            ids[nr] = j == 0 ? s->carry : forced ? forced[i][j - 1] : dev_ids ? 0 : drafts[i][j - 1];
             run[nr++] = s;
         }
         if (nr > 0) {
-            mtp_rows(run, ones, nr, h->hid, ids, nr);
+            mtp_rows(run, ones, nr, h->hid, ids, dev_ids ? h->dids + (size_t)(j - 1) * nseq : NULL,
+                     nr);
             for (int x = 0; x < nr; x++)
                 run[x]->drafted++;
         }
         /* Each drafting sequence's y, gathered, through the LM head. */
         for (int x = 0; x < na; x++)
-            be->copy(bx, h->hn + (size_t)x * H, seqs[act[x]]->last, H * sizeof(float));
+            be->copy(bx, h->hn + (size_t)x * H, seqs[ord[x]]->last, H * sizeof(float));
         be->matmul(bx, m->ws.logits, h->hn, m->lm_head, na, (int)H, (int)V, 0); /* [na, vocab] */
+        if (device) {
+            be->argmax_to(bx, h->dids + (size_t)j * nseq, m->ws.logits, rows, na, (int)V);
+            continue;
+        }
         be->argmax(bx, am, m->ws.logits, na, (int)V);
         for (int x = 0; x < na; x++) {
-            const int i = act[x];
-            drafts[i][j] = am[x];
+            const int i = ord[x];
+            drafts[i][j] = forced ? forced[i][j] : am[x];
             if (logits)
                 be->download(bx, logits + (out0[i] + (size_t)j) * V, m->ws.logits + (size_t)x * V,
                              V * sizeof(float));
         }
     }
+    if (device)
+        be->download(bx, am, h->dids, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
     be->sync(bx);
+    for (int x = 0; device && x < nseq; x++)
+        for (int j = 0; j < k[ord[x]]; j++)
+            drafts[ord[x]][j] = forced ? forced[ord[x]][j] : am[(size_t)j * nseq + (size_t)x];
     for (int i = 0; i < nseq; i++)
         seqs[i]->carry = drafts[i][k[i] - 1];
+    free(ord);
     free(run);
     free(ones);
-    free(act);
     free(ids);
+    free(rows);
     free(am);
     free(out0);
     return TDM_OK;
@@ -484,7 +541,7 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k, int
 
 tdm_status tdm_mtp_draft(tdm_mtp_seq *s, int k, int32_t *drafts, float *logits, tdm_error *err)
 {
-    return tdm_mtp_draft_n(&s, 1, &k, &drafts, logits, err);
+    return tdm_mtp_draft_n(&s, 1, &k, NULL, &drafts, logits, err);
 }
 
 tdm_status tdm_mtp_rollback(tdm_mtp_seq *s, int position, tdm_error *err)

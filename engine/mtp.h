@@ -95,9 +95,15 @@ tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *cons
 /* k[i] drafts of sequence i into drafts[i], one forward per draft step for
  * all the sequences still drafting; logits NULL or host [sum k, vocab],
  * sequence i's k[i] rows together, in sequence order. The bits of
- * tdm_mtp_draft on each alone. */
-tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k, int32_t *const *drafts,
-                           float *logits, tdm_error *err);
+ * tdm_mtp_draft on each alone. forced: NULL, or forced[i] [k[i]] the
+ * proposals to take instead of the argmax (each one still computed and fed
+ * to the next step as a draft would be: a benchmark's controlled
+ * acceptance). Without logits, on a backend with device drafting
+ * (backend.h: argmax_to, embed_dev), the steps run without a trip to the
+ * host between them. */
+tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
+                           const int32_t *const *forced, int32_t *const *drafts, float *logits,
+                           tdm_error *err);
 
 /* Keeps positions 0 .. position-1 of the cache (0 <= position <= length);
  * an attention cache needs nothing else. Unless position == length, the

@@ -206,6 +206,27 @@ void tdm_feat_out_sent(tdm_feat_out *b)
     b->rows = 0;
 }
 
+void tdm_feat_out_take(tdm_feat_out *dst, tdm_feat_out *src)
+{
+    TDM_ASSERT(dst->width == src->width && dst->dtype == src->dtype);
+    if (src->rows == 0)
+        return;
+    if (dst->rows == 0)
+        dst->position = src->position;
+    TDM_ASSERT(dst->position + dst->rows == src->position);
+    const size_t row = (size_t)src->width * tdm_feat_dtype_bytes(src->dtype);
+    if (dst->rows + src->rows > dst->cap) {
+        int cap = dst->cap ? dst->cap : 16;
+        while (cap < dst->rows + src->rows)
+            cap *= 2;
+        dst->data = tdm_xrealloc(dst->data, (size_t)cap * row);
+        dst->cap = cap;
+    }
+    memcpy(dst->data + (size_t)dst->rows * row, src->data, (size_t)src->rows * row);
+    dst->rows += src->rows;
+    tdm_feat_out_sent(src);
+}
+
 /* ---- drafter: rows received, not yet used --------------------------------- */
 
 void tdm_feat_in_init(tdm_feat_in *b, int width)

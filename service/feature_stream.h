@@ -94,6 +94,10 @@ size_t tdm_feat_out_messages(const tdm_feat_out *b, size_t max_bytes, Tandem__V1
                              size_t max_out);
 /* The held rows went out: the next row is at position + rows. */
 void tdm_feat_out_sent(tdm_feat_out *b);
+/* Moves src's rows to the end of dst (same width and dtype; an empty dst
+ * takes src's position): src is left empty at the position after them, as
+ * after tdm_feat_out_sent. */
+void tdm_feat_out_take(tdm_feat_out *dst, tdm_feat_out *src);
 
 /* ---- drafter: rows received, not yet used --------------------------------- */
 

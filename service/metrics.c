@@ -600,6 +600,8 @@ static const counter_row counter_rows[] = {
         "Bytes of hidden states streamed to hidden-state drafters (mtp)."),
     ROW("verifier", "drafter_failures", "tandem_spec_decode_drafter_failures_total", COUNTER,
         "Drafter failures (stream broken, late block) that turned speculation off."),
+    ROW("verifier", "drafter_reopens", "tandem_spec_decode_drafter_reopens_total", COUNTER,
+        "Sequences re-opened on their drafter's address after it failed (drafter_reopen_tries)."),
     ROW("verifier", "malformed_blocks", "tandem_spec_decode_malformed_blocks_total", COUNTER,
         "Draft blocks refused as malformed."),
     ROWL("verifier", "ahead_blocks_used", "tandem_spec_decode_ahead_blocks_total", COUNTER,

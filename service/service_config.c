@@ -312,6 +312,12 @@ static const tdm_cfg_key verifier_keys[] = {
     {"draft_timeout", TDM_CFG_DURATION, "2s", NULL, 1, 600000, 0, NULL, GRP_SPEC,
      "Longest wait for a drafter's block; a drafter slower than this is dropped for the "
      "sequence, which goes on without speculation."},
+    {"drafter_reopen_tries", TDM_CFG_INT, "6", NULL, 0, 30, 0, NULL, GRP_SPEC,
+     "Times a sequence opens again on its drafter's address after the drafter failed (a "
+     "restarted drafter takes it up with every token and, for a hidden-state drafter, the "
+     "states of every position), 250 ms after the failure, doubling; 0: never, the sequence "
+     "goes on without speculation. A sequence whose drafter takes hidden states keeps the rows "
+     "it sent in host memory for this (hidden_size x 2 bytes a position in bf16)."},
     {"max_context", TDM_CFG_INT, "auto", NULL, 2, 16777216, TDM_CFG_AUTO, NULL, GRP_MODEL,
      "Most positions (prompt and generated tokens) a sequence may reach: longer prompts are "
      "refused and generation stops there (finish reason CONTEXT); auto: the model's "

@@ -604,6 +604,24 @@ static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int
 #endif
 }
 
+#ifdef TANDEM_BENCH_ORACLE
+/* The oracle's block of k proposals for q into f: false when no recorded
+ * run continues q's tokens. After a wrong proposal no run continues the
+ * context, and nothing past it can be accepted: the rest repeat it. */
+static bool oracle_block(const dstream *st, const dseq *q, int k, int32_t *f)
+{
+    for (int j = 0; j < k; j++) {
+        f[j] = propose(st, q, f, j, -1);
+        if (f[j] < 0) {
+            if (j == 0)
+                return false;
+            f[j] = f[j - 1];
+        }
+    }
+    return true;
+}
+#endif
+
 /* The greedy blocks of a pass drafted on the device (tdm_seq_draft: the k
  * steps of every sequence in one launch, each step's argmax fed to the
  * next without a trip to the host); those targets are marked done. In the
@@ -624,10 +642,7 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
             continue;
         int32_t *f = fbuf + (size_t)n * MAX_BLOCK;
 #ifdef TANDEM_BENCH_ORACLE
-        int j = 0;
-        while (j < t->k && (f[j] = propose(st, t->q, f, j, -1)) >= 0)
-            j++;
-        if (j < t->k)
+        if (!oracle_block(st, t->q, t->k, f))
             continue;
         forced = true;
 #else
@@ -716,8 +731,42 @@ static void mtp_pass(dstream *st, int nw)
         st->mdrafts[n] = q->b.drafts;
         st->bs[n++] = q;
     }
-    if (n > 0 && (rc = tdm_mtp_draft_n(st->mseqs, n, st->mk, st->mdrafts, NULL, &err)) != TDM_OK)
-        tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", n, err.msg);
+    /* In the controlled-acceptance build, the sequences the oracle has
+     * proposals for draft first, forced to them; then the others. */
+    int nf = 0;
+    int32_t *fbuf = tdm_xmalloc((size_t)(n > 0 ? n : 1) * MAX_BLOCK * sizeof(int32_t));
+    const int32_t **fp = tdm_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(*fp));
+#ifdef TANDEM_BENCH_ORACLE
+    for (int i = 0; i < n; i++) {
+        int32_t *f = fbuf + (size_t)nf * MAX_BLOCK;
+        if (!oracle_block(st, st->bs[i], st->mk[i], f))
+            continue;
+        /* Swap sequence i into the forced group's next place. */
+        dseq *q = st->bs[i];
+        tdm_mtp_seq *ms = st->mseqs[i];
+        int32_t *dr = st->mdrafts[i];
+        int kk = st->mk[i];
+        st->bs[i] = st->bs[nf];
+        st->mseqs[i] = st->mseqs[nf];
+        st->mdrafts[i] = st->mdrafts[nf];
+        st->mk[i] = st->mk[nf];
+        st->bs[nf] = q;
+        st->mseqs[nf] = ms;
+        st->mdrafts[nf] = dr;
+        st->mk[nf] = kk;
+        fp[nf] = f;
+        nf++;
+    }
+#endif
+    if (nf > 0 &&
+        (rc = tdm_mtp_draft_n(st->mseqs, nf, st->mk, fp, st->mdrafts, NULL, &err)) != TDM_OK)
+        tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", nf, err.msg);
+    if (rc == TDM_OK && n > nf &&
+        (rc = tdm_mtp_draft_n(st->mseqs + nf, n - nf, st->mk + nf, NULL, st->mdrafts + nf, NULL,
+                              &err)) != TDM_OK)
+        tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", n - nf, err.msg);
+    free(fbuf);
+    free(fp);
     for (int i = 0; i < n && rc == TDM_OK; i++) {
         dseq *q = st->bs[i];
         for (int j = 0; j < st->mk[i]; j++)

@@ -88,6 +88,14 @@ struct vreq {
     bool feat;
     tdm_feat_request feat_req;
     tdm_feat_out fout;
+    tdm_feat_out fsent; /* the rows sent already: a re-open sends them again */
+    /* Re-opening on the drafter's address after it failed
+     * (drafter_reopen_tries), scheduler thread and on_link_broken under mu:
+     * whether a try is due, where, when, and the tries made. */
+    bool reopen;
+    char reopen_addr[256];
+    double reopen_at;
+    int reopen_tries;
     /* life cycle (under mu) */
     req_state state;
     bool cancelled;
@@ -288,6 +296,7 @@ static void req_free(vreq *r)
     free(r->stop_ids);
     free(r->out);
     tdm_feat_out_free(&r->fout);
+    tdm_feat_out_free(&r->fsent);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -412,14 +421,29 @@ static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *re
         protobuf_c_message_free_unpacked(&resp->base, NULL);
 }
 
+/* The wait before re-open try n (n >= 1): 250 ms, doubling. */
+static double reopen_backoff_ms(int n)
+{
+    return 250.0 * (double)(1 << (n < 8 ? n - 1 : 7));
+}
+
 static void on_link_broken(void *user, vlink *l, const char *why)
 {
     vsched *s = user;
     pthread_mutex_lock(&s->mu);
     s->counters.drafter_failures++;
-    for (int i = 0; i < s->n_active; i++)
-        if (s->active[i]->link == l)
-            req_drop_spec_locked(s->active[i], "off: drafter failed (%s)", why);
+    for (int i = 0; i < s->n_active; i++) {
+        vreq *r = s->active[i];
+        if (r->link != l)
+            continue;
+        if (r->spec && r->reopen_tries < s->p.drafter_reopen_tries) {
+            /* A drafter restarted on its address takes the sequence again. */
+            r->reopen = true;
+            r->reopen_at = now_ms() + reopen_backoff_ms(r->reopen_tries + 1);
+            snprintf(r->reopen_addr, sizeof(r->reopen_addr), "%s", vlink_address(l));
+        }
+        req_drop_spec_locked(r, "off: drafter failed (%s)", why);
+    }
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         if (r->link == l)
             req_drop_spec_locked(r, "off: drafter failed (%s)", why);
@@ -469,6 +493,18 @@ static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, Tandem__V1__Fe
     return last;
 }
 
+/* The rows of r's last message went out: kept while a drafter that fails
+ * may be re-opened (drafter_reopen_tries), else dropped. */
+static void feat_sent(vsched *s, vreq *r)
+{
+    if (!r->feat)
+        return;
+    if (s->p.drafter_reopen_tries > 0)
+        tdm_feat_out_take(&r->fsent, &r->fout);
+    else
+        tdm_feat_out_sent(&r->fout);
+}
+
 static void send_open(vsched *s, vreq *r, int block)
 {
     Tandem__V1__SequenceOpen open = TANDEM__V1__SEQUENCE_OPEN__INIT;
@@ -499,8 +535,7 @@ static void send_open(vsched *s, vreq *r, int block)
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
     m.open = &open;
     vlink_send(r->link, &m);
-    if (r->feat)
-        tdm_feat_out_sent(&r->fout);
+    feat_sent(s, r);
 }
 
 static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int block)
@@ -518,8 +553,7 @@ static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int blo
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT;
     m.verdict = &v;
     vlink_send(r->link, &m);
-    if (r->feat)
-        tdm_feat_out_sent(&r->fout);
+    feat_sent(s, r);
 }
 
 /* Keeps n rows of hidden states (host [n, H]) for r's drafter, one value
@@ -954,6 +988,8 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
             } else {
                 r->feat = true;
                 tdm_feat_out_init(&r->fout, r->feat_req.n * s->hidden_size, r->feat_req.dtype, 0);
+                tdm_feat_out_init(&r->fsent, r->feat_req.n * s->hidden_size, r->feat_req.dtype,
+                                  0);
             }
             if (!r->feat) {
                 vlink_unref(r->link);
@@ -1932,9 +1968,10 @@ static void send_messages(vsched *s, vround *rd)
             rd->drop[rd->n_drop++] = r->link;
             r->link = NULL;
         }
-        if (!r->link && r->feat) {
+        if (!r->link && r->feat && !r->reopen) {
             r->feat = false; /* no drafter takes its states any more */
             tdm_feat_out_free(&r->fout);
+            tdm_feat_out_free(&r->fsent);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -1987,6 +2024,63 @@ static void open_continued(vsched *s, vround *rd)
     }
 }
 
+/* 1c. A sequence whose drafter failed opens again on the drafter's address
+ * when its try is due (drafter_reopen_tries): with every committed token and,
+ * for a hidden-state drafter, the states of every position, so that a
+ * drafter restarted there starts the sequence afresh. A try that finds no
+ * drafter breaks at once and schedules the next, 250 ms doubling. */
+static void reopen_drafters(vsched *s, vround *rd)
+{
+    for (int i = 0; i < rd->n; i++) {
+        vreq *r = rd->seqs[i].r;
+        pthread_mutex_lock(&s->mu);
+        const bool due = r->reopen && now_ms() >= r->reopen_at && !r->link && !r->prefilling &&
+                         !r->cancelled && !r->finished;
+        if (due) {
+            r->reopen = false;
+            r->reopen_tries++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!due)
+            continue;
+        tdm_error lerr = {0};
+        vlink *l = vlinks_get(s->links, r->reopen_addr, &lerr); /* may connect: no lock */
+        pthread_mutex_lock(&s->mu);
+        if (!l) {
+            if (r->reopen_tries < s->p.drafter_reopen_tries) {
+                r->reopen = true;
+                r->reopen_at = now_ms() + reopen_backoff_ms(r->reopen_tries + 1);
+            }
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        r->link = l;
+        r->spec = true;
+        const tdm_adaptive_params ap = r->ad.p;
+        tdm_adaptive_init(&r->ad, &ap); /* a new drafter: its acceptance is not known */
+        r->opened = true;
+        r->after_open = true;
+        r->round++;
+        r->awaiting = r->ad.k_next > 0;
+        r->t_asked = now_ms();
+        snprintf(r->spec_note, sizeof(r->spec_note),
+                 "on: re-opened on drafter %s after it failed (try %d)", r->reopen_addr,
+                 r->reopen_tries);
+        s->counters.drafter_reopens++;
+        pthread_mutex_unlock(&s->mu);
+        if (r->feat) {
+            /* Every row again, from position 0: the sent ones, then the new. */
+            tdm_feat_out_take(&r->fsent, &r->fout);
+            tdm_feat_out t = r->fout;
+            r->fout = r->fsent;
+            r->fsent = t;
+        }
+        tdm_log_info(LOG, "request %s: re-opened on drafter %s at %d tokens (try %d)",
+                     r->request_id, r->reopen_addr, r->n_tokens + 1, r->reopen_tries);
+        send_open(s, r, r->ad.k_next);
+    }
+}
+
 /* One round. Returns false when the scheduler should stop. Every moment of
  * the scheduler thread falls in one phase of one round (vsched_phase). */
 static bool sched_round(vsched *s)
@@ -2001,6 +2095,7 @@ static bool sched_round(vsched *s)
     t[VSCHED_ADMIT + 1] = now_ms();
     prefill_chunks(s, rd);
     open_continued(s, rd);
+    reopen_drafters(s, rd);
     t[VSCHED_PREFILL + 1] = now_ms();
     await_blocks(s, rd);
     take_blocks(s, rd);

@@ -68,6 +68,7 @@ typedef struct vsched_params {
     int max_draft;               /* most draft tokens per round (max_draft_tokens) */
     int max_sequences;           /* active at once; more wait in line */
     int draft_timeout_ms;        /* longest wait for a drafter's block */
+    int drafter_reopen_tries;    /* re-opens of a sequence after its drafter failed; 0: none */
     int max_context;             /* most positions a sequence may reach (prompt + generated) */
     int prefill_chunk;           /* prompt tokens prefilled per round, over all new requests */
     const tdm_rpc_tls *tls;      /* for Draft streams; NULL = plaintext */
@@ -158,6 +159,7 @@ typedef enum {
 typedef struct vsched_counters {
     uint64_t requests, active, waiting, rounds, spec_rounds, drafted, accepted, tokens;
     uint64_t drafter_failures, cancelled;
+    uint64_t drafter_reopens;  /* sequences re-opened on a drafter's address after it failed */
     uint64_t malformed_blocks; /* blocks refused as malformed (speculation off for the sequence) */
     uint64_t draft_streams;    /* Draft streams open now */
     uint64_t ahead_used;       /* blocks drafted ahead of their verdict that stood */

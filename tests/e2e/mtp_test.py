@@ -8,7 +8,8 @@ releases ship, into the test's temporary folder), driven by Python grpcio.
 Cases:
   greedy     speculation with the MTP drafter gives exactly the plain greedy
              tokens (hidden states streamed as f32 in messages cut small
-             enough that a prompt takes several FeatureChunks, then as bf16);
+             enough that a prompt takes several FeatureChunks, then as bf16,
+             there over 50 more prompts);
              blocks are proposed and verified (speculative rounds > 0 in the
              verifier's counters); the drafter's blocks equal the drafts of
              `tandem logits --mtp-out --mtp-draft`, which runs the head on
@@ -18,6 +19,9 @@ Cases:
              (drafter-target-model) and against a verifier that streams no
              hidden states (drafter-features), named in `tandem status`, in
              a request that requires speculation and in `tandem check-config`
+  restart    a drafter killed and restarted on its address: the verifier
+             re-opens the running sequence there with every position's states
+             (drafter_reopen_tries); drafts from them, output the plain one
   no_head    a drafter whose model has no mtp.* tensors refuses to start,
              naming the model and the missing tensor; the configuration
              checks of drafter_kind mtp
@@ -32,6 +36,8 @@ import os
 import random
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -313,6 +319,16 @@ def case_greedy():
             check(checked >= 2 * len(ps) and reopened > 0,
                   "blocks found in the drafter's log: %d (%d after a pause)" % (checked, reopened))
         else:
+            # Fifty prompts (twenty in the sanitizer builds), eight at a time:
+            # the speculative tokens are the plain ones.
+            many = prompts(20 if st.ARGS.quick else 50, seed=11)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
+                pl = list(ex.map(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), many))
+                sp = list(ex.map(lambda p: generate(gw, p), many))
+            same = sum(1 for a, b in zip(pl, sp)
+                       if a[0] == "OK" and b[0] == "OK" and a[2] == b[2] and len(a[2]) == 20)
+            check(same == len(many), "%d prompts: %d speculative outputs equal the plain ones" %
+                  (len(many), same))
             # Sampled requests: greedy drafts as one-hot distributions.
             samp = {"temperature": 0.8, "top_p": 0.95, "seed": "5"}
             r1 = generate(gw, ps[0], sampling=samp)
@@ -455,7 +471,70 @@ def case_no_head():
     check(rc != 0 and "bf16|f32" in out, "feature_dtype's values:\n" + out)
 
 
-CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head}
+def free_port():
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def case_restart():
+    """A drafter killed and restarted on its address takes its running
+    sequences up again: the verifier re-opens each one there with every
+    token and the hidden states of every position, the new drafter's blocks
+    are the head's drafts from those states, and the output is the plain
+    one. (The verifier is stopped while the drafter is replaced, so that the
+    sequence is still running when it notices.)"""
+    model = mtp_model()
+    gw = st.gateway()
+    v = st.replica("verifier", gw, "--model", model, "--replica-id", "v1", "--max-draft-tokens",
+                   "8")
+    port = free_port()
+    dargs = ("--model", model, "--drafter-kind", "mtp", "--replica-id", "d-mtp",
+             "--draft-block-size", str(BLOCK), "--log-level", "debug",
+             "--listen", "127.0.0.1:%d" % port)
+    d = st.replica("drafter", gw, *dargs)
+    st.wait_status(gw, lambda s: st.pair(s, "v1", "d-mtp") is not None, "pair v1+d-mtp")
+    prompt = prompts(1, seed=5)[0]
+    n_tok = 3000
+    plain = generate(gw, prompt, max_tokens=n_tok, mode="SPECULATION_MODE_OFF")
+    check(plain[0] == "OK" and len(plain[2]) == n_tok, "plain run: %s %s" % plain[:2])
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as ex:
+        fut = ex.submit(generate, gw, prompt, n_tok)
+        deadline = time.time() + 30
+        while time.time() < deadline and not blocks_of(d):
+            time.sleep(0.01)
+        v.p.send_signal(signal.SIGSTOP)
+        first = blocks_of(d)
+        d.stop(signal.SIGKILL)
+        d2 = st.replica("drafter", gw, *dargs)
+        v.p.send_signal(signal.SIGCONT)
+        r = fut.result(timeout=120)
+    check(first, "the first drafter drafted before it was killed")
+    check(r[0] == "OK" and r[2] == plain[2],
+          "speculative output across the drafter's restart equals the plain one: %s %s" %
+          (r[0], r[1]))
+    note = r[3]["stats"]["speculation"] if r[3] else ""
+    check("re-opened on drafter" in note, "the request's speculation note: %s" % note)
+    c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+    check(c.get("drafter_reopens", 0) >= 1 and c.get("drafter_failures", 0) >= 1,
+          "verifier counters: %s" % c)
+    # The new drafter's first block continues the whole output so far: its
+    # head was primed from scratch with the states the verifier re-sent.
+    later = blocks_of(d2)
+    out = prompt + plain[2]
+    if check(later and later[0][2] > len(prompt) + 1 + (first[-1][2] - len(prompt) - 1 if first
+                                                          else 0),
+             "the restarted drafter's blocks (from position %s)" % (later and later[0][2])):
+        for (_, rnd, pos, drafts) in later[:3]:
+            want = mtp_reference(model, out[:pos - 1], BLOCK)
+            check(want is not None and drafts == want[:len(drafts)],
+                  "after the restart, round %d block at position %d: drafter %s, tandem logits "
+                  "%s" % (rnd, pos, drafts, want))
+    stop_all()
+
+
+CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head,
+         "restart": case_restart}
 
 
 def main():

@@ -68,15 +68,17 @@ static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t
             nx[i][r] = (int32_t)((r * 13 + 7 * i + 1) % (int)V);
         }
     }
-    tdm_mtp_seq *one[NB], *all[NB];
+    tdm_mtp_seq *one[NB], *all[NB], *dev[NB]; /* dev: drafts without logits, some forced */
     float *lone = malloc(165 * V * 4), *lall = malloc(165 * V * 4);
-    int32_t d1[NB][8], d2[NB][8];
-    int32_t *dp[NB];
+    int32_t d1[NB][8], d2[NB][8], d3[NB][8];
+    int32_t *dp[NB], *dq[NB];
     size_t at = 0;
     tdm_error err;
     for (int i = 0; i < NB; i++) {
         one[i] = mseq(h, 0);
         all[i] = mseq(h, 0);
+        dev[i] = mseq(h, 0);
+        dq[i] = d3[i];
         prime(one[i], hb[i], nx[i], n[i], lone + at * V);
         at += (size_t)n[i];
         dp[i] = d2[i];
@@ -85,6 +87,7 @@ static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t
     const int32_t *const np[NB] = {nx[0], nx[1], nx[2]};
     CHECK(tdm_mtp_prime_n(all, NB, hp, np, n, lall, &err) == TDM_OK, "%s", err.msg);
     CHECK(memcmp(lone, lall, 165 * V * 4) == 0, "%s: a batched prime differs", name);
+    CHECK(tdm_mtp_prime_n(dev, NB, hp, np, n, NULL, &err) == TDM_OK, "%s", err.msg);
     const int *ks[2] = {k1, k2};
     for (int round = 0; round < 2; round++) {
         at = 0;
@@ -92,12 +95,21 @@ static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t
             draft(one[i], ks[round][i], d1[i], lone + at * V);
             at += (size_t)ks[round][i];
         }
-        CHECK(tdm_mtp_draft_n(all, NB, ks[round], dp, lall, &err) == TDM_OK, "%s", err.msg);
+        CHECK(tdm_mtp_draft_n(all, NB, ks[round], NULL, dp, lall, &err) == TDM_OK, "%s", err.msg);
         for (int i = 0; i < NB; i++)
             CHECK(memcmp(d1[i], d2[i], (size_t)ks[round][i] * 4) == 0,
                   "%s: batched drafts differ (sequence %d, round %d)", name, i, round);
         CHECK(memcmp(lone, lall, at * V * 4) == 0, "%s: batched draft logits differ (round %d)",
               name, round);
+        /* Without logits (the steps on the device where the backend can),
+         * then forced to the very drafts: the same drafts, the same state. */
+        const int32_t *const fp[NB] = {d1[0], d1[1], d1[2]};
+        CHECK(tdm_mtp_draft_n(dev, NB, ks[round], round ? fp : NULL, dq, NULL, &err) == TDM_OK,
+              "%s", err.msg);
+        for (int i = 0; i < NB; i++)
+            CHECK(memcmp(d1[i], d3[i], (size_t)ks[round][i] * 4) == 0,
+                  "%s: drafts without logits differ (sequence %d, round %d%s)", name, i, round,
+                  round ? ", forced" : "");
     }
     const int32_t *const np1[NB] = {nx[0] + 1, nx[1] + 1, nx[2] + 1};
     const int ones[NB] = {1, 1, 1};
@@ -108,6 +120,21 @@ static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t
     }
     CHECK(tdm_mtp_prime_n(all, NB, hp, np1, ones, lall, &err) == TDM_OK, "%s", err.msg);
     CHECK(memcmp(lone, lall, NB * V * 4) == 0, "%s: a batched prime after rollback differs", name);
+    for (int i = 0; i < NB; i++)
+        CHECK(tdm_mtp_rollback(dev[i], n[i], &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_mtp_prime_n(dev, NB, hp, np1, ones, lall, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(lone, lall, NB * V * 4) == 0,
+          "%s: a prime after drafts without logits and forced drafts differs", name);
+    /* Forced proposals other than the argmax are what the call returns. */
+    int32_t fx[NB][4];
+    const int32_t *const fxp[NB] = {fx[0], fx[1], fx[2]};
+    const int four[NB] = {4, 4, 4};
+    for (int i = 0; i < NB; i++)
+        for (int j = 0; j < 4; j++)
+            fx[i][j] = (int32_t)((d1[i][0] + 1 + j + i) % (int)V);
+    CHECK(tdm_mtp_draft_n(dev, NB, four, fxp, dq, NULL, &err) == TDM_OK, "%s", err.msg);
+    for (int i = 0; i < NB; i++)
+        CHECK(memcmp(fx[i], d3[i], sizeof(fx[i])) == 0, "%s: forced drafts not returned", name);
     const int32_t *const twice[2] = {nx[0], nx[0]};
     tdm_mtp_seq *dup[2] = {all[0], all[0]};
     CHECK(tdm_mtp_prime_n(dup, 2, hp, twice, ones, NULL, &err) == TDM_ERR_INVALID_ARGUMENT,
@@ -115,6 +142,7 @@ static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t
     for (int i = 0; i < NB; i++) {
         tdm_mtp_seq_destroy(one[i]);
         tdm_mtp_seq_destroy(all[i]);
+        tdm_mtp_seq_destroy(dev[i]);
         free(hb[i]);
         free(nx[i]);
     }

@@ -216,6 +216,36 @@ static void test_requests(void)
           "this build streams the final layer after the norm");
 }
 
+/* tdm_feat_out_take: sent rows kept in order, then given back whole. */
+static void test_take(void)
+{
+    const int W = 8;
+    tdm_feat_out b, kept;
+    tdm_feat_out_init(&b, W, TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32, 0);
+    tdm_feat_out_init(&kept, W, TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32, 0);
+    float *p = rows_of(0, 50, W);
+    for (int at = 0; at < 50; at += 10) {
+        tdm_feat_out_append(&b, p + (size_t)at * W, 10);
+        tdm_feat_out_take(&kept, &b);
+        CHECK(b.rows == 0 && b.position == at + 10, "taken: %d held at %d", b.rows, b.position);
+    }
+    CHECK(kept.position == 0 && kept.rows == 50 &&
+              memcmp(kept.data, p, 50 * (size_t)W * sizeof(float)) == 0,
+          "kept rows %d..+%d in order", kept.position, kept.rows);
+    tdm_feat_out_append(&b, p, 3); /* three more, at 50 */
+    tdm_feat_out_take(&kept, &b);
+    CHECK(kept.rows == 53 && b.position == 53, "53 kept, next at %d", b.position);
+    tdm_feat_out empty;
+    tdm_feat_out_init(&empty, W, TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_F32, 0);
+    tdm_feat_out_take(&empty, &kept); /* an empty buffer takes the position */
+    CHECK(empty.position == 0 && empty.rows == 53 && kept.rows == 0 && kept.position == 53,
+          "moved whole: %d rows at %d", empty.rows, empty.position);
+    tdm_feat_out_free(&b);
+    tdm_feat_out_free(&kept);
+    tdm_feat_out_free(&empty);
+    free(p);
+}
+
 int main(void)
 {
     test_bf16();
@@ -223,6 +253,7 @@ int main(void)
     test_split(TANDEM__V1__FEATURE_DTYPE__FEATURE_DTYPE_BF16);
     test_refusals();
     test_requests();
+    test_take();
     if (g_failures) {
         fprintf(stderr, "%d check(s) failed\n", g_failures);
         return 1;
