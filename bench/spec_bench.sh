@@ -212,7 +212,7 @@ run)
             # oracle build, which still runs the head for every draft.
             echo "== 4B target with an MTP head" | tee -a "$SUM"
             "$B/bench_make_model" --shape "${MTP_SHAPE:-4b}" --mtp --out "$W/t4bm" | tee -a "$SUM"
-            start_stack mtp "$W/t4bm" || continue
+            start_stack mtp "$W/t4bm" --max-context 8192 || continue
             V="--vocab $(grep -o '"vocab_size": *[0-9]*' "$W/t4bm/config.json" | head -1 | grep -o '[0-9]*$')"
             load "mtp: plain b1" 1 "$REQ1" off $V --record "$W/truth-m.txt"
             load "mtp: plain b8" 8 32 off $V --record "$W/truth-m8.txt"

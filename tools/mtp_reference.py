@@ -5,8 +5,9 @@ engine's (engine/mtp.h, `tandem logits --mtp-out`).
 transformers (5.17) loads a Qwen3.5 checkpoint without its mtp.* tensors and
 never runs the head, so this script does it by hand: the target through
 transformers (Qwen3_5ForCausalLM, fp32, eager attention) for its hidden
-states, then the MTP math in plain torch from the mtp.* tensors read with
-`safetensors`:
+states, then the MTP math in plain torch (tools/mtp_head.py, the module that
+tools/train_mtp.py trains, so reference and trainer share one definition)
+from the mtp.* tensors read with `safetensors`:
 
     e = rmsnorm(embed(token[p+1])) * (1 + pre_fc_norm_embedding)
     g = rmsnorm(hidden[p]) * (1 + pre_fc_norm_hidden)
@@ -124,89 +125,38 @@ def target_states(model, ids, device):
     return logits, post, seen["pre"][0].float()
 
 
-class MTPHead:
-    """The head in plain torch, fp32; one row at a time, its own KV cache."""
-
-    def __init__(self, cfg, tensors, target, device):
-        import torch
-        self.t = {k[len("mtp."):]: v.to(device) for k, v in tensors.items() if k.startswith("mtp.")}
-        if "fc.weight" not in self.t:
-            sys.exit("the checkpoint has no mtp.fc.weight: no MTP head")
-        self.embed = target.model.embed_tokens.weight.float()
-        self.lm_head = target.lm_head.weight.float()
-        self.H, self.nH, self.nKV = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.D = getattr(cfg, "head_dim", None) or self.H // self.nH
-        rp = getattr(cfg, "rope_parameters", None) or {}
-        theta = rp.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        prf = rp.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 0.25))
-        self.rot = int(self.D * prf)
-        self.inv_freq = 1.0 / (float(theta) ** (
-            torch.arange(0, self.rot, 2, dtype=torch.float32, device=device) / self.rot))
-        self.eps = cfg.rms_norm_eps
-        self.k, self.v = [], []
-
-    def norm(self, x, w):
-        import torch
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + w)
-
-    def rope(self, x, pos):
-        import torch
-        f = pos * self.inv_freq
-        cos, sin = torch.cat([f, f]).cos(), torch.cat([f, f]).sin()
-        r = x[..., :self.rot]
-        half = self.rot // 2
-        rh = torch.cat([-r[..., half:], r[..., :half]], -1)
-        return torch.cat([r * cos + rh * sin, x[..., self.rot:]], -1)
-
-    def row(self, hidden, token):
-        """(y after mtp.norm, x before it) of the row at the next position."""
-        import torch
-        t, L, D, nH, nKV = self.t, "layers.0.", self.D, self.nH, self.nKV
-        pos = float(len(self.k))
-        e = self.norm(self.embed[token], t["pre_fc_norm_embedding.weight"])
-        g = self.norm(hidden, t["pre_fc_norm_hidden.weight"])
-        x = t["fc.weight"] @ torch.cat([e, g])
-        xn = self.norm(x, t[L + "input_layernorm.weight"])
-        qg = (t[L + "self_attn.q_proj.weight"] @ xn).view(nH, 2 * D)
-        q, gate = qg[:, :D], qg[:, D:]
-        q = self.rope(self.norm(q, t[L + "self_attn.q_norm.weight"]), pos)
-        k = (t[L + "self_attn.k_proj.weight"] @ xn).view(nKV, D)
-        k = self.rope(self.norm(k, t[L + "self_attn.k_norm.weight"]), pos)
-        self.k.append(k)
-        self.v.append((t[L + "self_attn.v_proj.weight"] @ xn).view(nKV, D))
-        K, V = torch.stack(self.k, 1), torch.stack(self.v, 1)  # [nKV, P, D]
-        rep = nH // nKV
-        K, V = K.repeat_interleave(rep, 0), V.repeat_interleave(rep, 0)
-        p = torch.softmax((K @ q.unsqueeze(-1)).squeeze(-1) * D ** -0.5, -1)  # [nH, P]
-        o = (p.unsqueeze(1) @ V).squeeze(1) * torch.sigmoid(gate)
-        x = x + t[L + "self_attn.o_proj.weight"] @ o.reshape(-1)
-        xn = self.norm(x, t[L + "post_attention_layernorm.weight"])
-        m = torch.nn.functional.silu(t[L + "mlp.gate_proj.weight"] @ xn) * \
-            (t[L + "mlp.up_proj.weight"] @ xn)
-        x = x + t[L + "mlp.down_proj.weight"] @ m
-        return self.norm(x, t["norm.weight"]), x
-
-    def logits(self, y):
-        return self.lm_head @ y
+def make_head(cfg, tensors, device):
+    """The checkpoint's head as tools/mtp_head.py's module (the math the
+    trainer uses too), fp32."""
+    import mtp_head
+    head = mtp_head.MTPHead(mtp_head.head_config(cfg))
+    try:
+        head.load_tensors(tensors)
+    except KeyError as e:
+        sys.exit(f"the checkpoint has no complete MTP head: {e}")
+    return head.float().to(device).eval()
 
 
-def run_head(make, hidden, follow, drafts_in, k, feedback):
+def run_head(head, target, hidden, follow, drafts_in, k, feedback):
     """Primed rows then k - 1 draft rows; drafts from drafts_in when given,
     else the head's own argmax. feedback: 'post' (y) or 'pre' (x)."""
-    head = make()
-    rows = []
-    y = x = None
-    for p in range(hidden.shape[0]):
-        y, x = head.row(hidden[p], follow[p])
-        rows.append(head.logits(y))
-    drafts = [int(rows[-1].argmax())]
+    import torch
+    embed = target.model.embed_tokens.weight.float()
+    lm_head = target.lm_head.weight.float()
+    dev = hidden.device
+    y, x, kv = head.prime(hidden[None].float(), torch.tensor([follow], device=dev), embed)
+    rows = [y[0] @ lm_head.t()]
+    last = y[:, -1:] if feedback == "post" else x[:, -1:]
+    drafts = [int(rows[-1][-1].argmax())]
+    anchor = torch.tensor([[hidden.shape[0] - 1]], device=dev)
+    past = []
     for j in range(1, k):
         tok = drafts_in[j - 1] if drafts_in else drafts[j - 1]
-        y, x = head.row(y if feedback == "post" else x, tok)
-        rows.append(head.logits(y))
-        drafts.append(int(rows[-1].argmax()))
-    import torch
-    return torch.stack(rows), drafts
+        y, x = head.chain(last, torch.tensor([[tok]], device=dev), anchor, embed, kv, past)
+        rows.append(y[0] @ lm_head.t())
+        drafts.append(int(rows[-1][-1].argmax()))
+        last = y if feedback == "post" else x
+    return torch.cat(rows), drafts
 
 
 def greedy(model, ids, n, device):
@@ -252,7 +202,7 @@ def main():
     logits, post, pre = target_states(target, ids, a.device)
     nxt = int(logits[-1].argmax())
     follow = ids[1:] + [nxt]
-    make = lambda: MTPHead(cfg, tensors, target, a.device)  # noqa: E731
+    head = make_head(cfg, tensors, a.device)
 
     engine = None
     if a.tandem:
@@ -268,13 +218,13 @@ def main():
 
     with torch.no_grad():
         follow_drafts = engine["drafts"] if engine else None
-        mtp, drafts = run_head(make, post, follow, follow_drafts, k, "post")
+        mtp, drafts = run_head(head, target, post, follow, follow_drafts, k, "post")
         # The readings scored against the target's own greedy choices.
         cont = greedy(target, ids, k + 1, a.device)[T:]  # x[T] .. x[T+k]
         scores = {}
         for hid_name, hid in (("post-norm hidden", post), ("pre-norm hidden", pre)):
             for fb in ("post", "pre"):
-                m, d = run_head(make, hid, follow, None, k, fb)
+                m, d = run_head(head, target, hid, follow, None, k, fb)
                 teacher = float((m[:T - 1].argmax(-1) == logits[1:].argmax(-1)).float().mean())
                 chain = 0
                 while chain < k and d[chain] == cont[chain + 1]:
@@ -282,7 +232,7 @@ def main():
                 scores[f"{hid_name}, y {'after' if fb == 'post' else 'before'} mtp.norm fed back"] = \
                     (teacher, chain)
         if engine:
-            mtp_on_engine, _ = run_head(make, torch.tensor(engine["hidden"], device=a.device),
+            mtp_on_engine, _ = run_head(head, target, torch.tensor(engine["hidden"], device=a.device),
                                         follow, engine["drafts"], k, "post")
 
     np.save(os.path.join(a.out, "ref_target_logits.npy"), logits.cpu().numpy())

@@ -375,6 +375,114 @@ def n_params(m):
     return sum(p.numel() for p in m.parameters())
 
 
+# ------------------------------------------ speculative acceptance (greedy) ---
+
+def acceptance_prompts(held_docs, n=64):
+    """The held-out prompts speculative acceptance is measured on: one window
+    of 64..128 tokens from each of n held-out files with room (at a
+    hash-chosen offset: file starts are mostly licence headers), the files
+    ordered by a SHA-1 of their tokens so the prompts mix all packages."""
+    cands = sorted((a for a in held_docs if a.size >= 320),
+                   key=lambda a: hashlib.sha1(a.tobytes()).hexdigest())
+    prompts = []
+    for a in cands[:min(n, len(cands))]:
+        h = int(hashlib.sha1(a[:32].tobytes()).hexdigest()[:8], 16)
+        plen = 64 + h % 65
+        off = (h // 65) % (a.size - plen - 1)
+        prompts.append(a[off:off + plen].tolist())
+    return prompts
+
+
+def padded_forward(m, seqs, pad, dev, hidden=False):
+    """m's logits [len(seqs), max len, V] for a batch of token lists, right
+    padded with `pad` (exact for a causal model: positions before the pad
+    never see it, and only those are read). hidden: also the states after
+    the final norm (what the LM head reads), as (logits, hidden)."""
+    import torch
+    Lmax = max(len(s) for s in seqs)
+    x = torch.full((len(seqs), Lmax), pad, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        x[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+    with torch.no_grad():
+        if not hidden:
+            return m(input_ids=x.to(dev), use_cache=False).logits
+        # The causal LM's own two halves: the base model's last_hidden_state
+        # (after the final norm) and the LM head on it.
+        h = m.model(input_ids=x.to(dev), use_cache=False).last_hidden_state
+        return m.lm_head(h), h
+
+
+def greedy_decode(m, prompts, n_new, pad, dev, stop=()):
+    """Greedy continuations (n_new tokens, or up to a stop token), recomputed
+    without a cache, batched."""
+    import torch
+    seqs = [list(p) for p in prompts]
+    live = list(range(len(seqs)))
+    for _ in range(n_new):
+        if not live:
+            break
+        lg = padded_forward(m, [seqs[i] for i in live], pad, dev)
+        pos = torch.tensor([len(seqs[i]) - 1 for i in live], device=dev)
+        nxt = lg[torch.arange(len(live), device=dev), pos].argmax(-1).tolist()
+        for i, tkn in zip(live, nxt):
+            seqs[i].append(tkn)
+        live = [i for i, tkn in zip(live, nxt) if tkn not in stop]
+    return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+def model_proposer(drf, pad, dev):
+    """Drafts by a drafter model: k greedy tokens after each sequence."""
+    import torch
+
+    def propose(cur, k):
+        drafts = [[] for _ in cur]
+        for _ in range(k):
+            ext = [c + d for c, d in zip(cur, drafts)]
+            lg = padded_forward(drf, ext, pad, dev)
+            pos = torch.tensor([len(e) - 1 for e in ext], device=dev)
+            nxt = lg[torch.arange(len(ext), device=dev), pos].argmax(-1).tolist()
+            for d, tkn in zip(drafts, nxt):
+                d.append(tkn)
+        return drafts
+    return propose
+
+
+def speculate_greedy(propose, tgt, prompts, k, n_new, pad, dev):
+    """Greedy speculative decoding, everything recomputed: each round
+    propose(sequences, k) gives k drafts per sequence, one target forward
+    over sequence + drafts checks them, the longest matching prefix is
+    accepted and the target's own next token appended. Returns the counts
+    (rounds, accepted, histogram of accepted per round) and the outputs."""
+    import torch
+    seqs = [list(p) for p in prompts]
+    made = [0] * len(seqs)
+    live = list(range(len(seqs)))
+    rounds = accepted = 0
+    hist = [0] * (k + 1)
+    while live:
+        cur = [seqs[i] for i in live]
+        drafts = propose(cur, k)
+        lg = padded_forward(tgt, [c + d for c, d in zip(cur, drafts)], pad, dev)
+        base = torch.tensor([len(c) - 1 for c in cur], device=dev)
+        idx = base[:, None] + torch.arange(k + 1, device=dev)[None, :]
+        preds = lg[torch.arange(len(cur), device=dev)[:, None], idx].argmax(-1).tolist()
+        for b, i in enumerate(live):
+            n = 0
+            while n < k and drafts[b][n] == preds[b][n]:
+                n += 1
+            seqs[i].extend(drafts[b][:n] + [preds[b][n]])
+            made[i] += n + 1
+            rounds += 1
+            accepted += n
+            hist[n] += 1
+        live = [i for i in live if made[i] < n_new]
+    outs = [s[len(p):len(p) + n_new] for s, p in zip(seqs, prompts)]
+    return {"block": k, "rounds": rounds, "accepted": accepted,
+            "mean_accepted": accepted / max(1, rounds),
+            "tokens_per_target_pass": (accepted + rounds) / max(1, rounds),
+            "histogram": hist}, outs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="models", help="output folder (gets demo-target/, demo-drafter/)")
@@ -766,80 +874,15 @@ def main():
     log(f"eval (bf16 reloaded): {json.dumps(losses)}")
 
     # ---- greedy speculative acceptance on held-out prompts (no cache: recompute)
-    @torch.no_grad()
-    def fwd(m, seqs):
-        Lmax = max(len(s) for s in seqs)
-        x = torch.full((len(seqs), Lmax), eot, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            x[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-        # Right padding is exact for a causal model: positions before the pad
-        # never see it, and we read logits only there.
-        return m(input_ids=x.to(dev), use_cache=False).logits
-
     def greedy(m, prompts, n_new, stop=()):
-        seqs = [list(p) for p in prompts]
-        live = list(range(len(seqs)))
-        for _ in range(n_new):
-            if not live:
-                break
-            lg = fwd(m, [seqs[i] for i in live])
-            pos = torch.tensor([len(seqs[i]) - 1 for i in live], device=dev)
-            nxt = lg[torch.arange(len(live), device=dev), pos].argmax(-1).tolist()
-            for i, tkn in zip(live, nxt):
-                seqs[i].append(tkn)
-            live = [i for i, tkn in zip(live, nxt) if tkn not in stop]
-        return [s[len(p):] for s, p in zip(seqs, prompts)]
+        return greedy_decode(m, prompts, n_new, eot, dev, stop)
 
     def speculate(prompts, k, n_new):
-        seqs = [list(p) for p in prompts]
-        made = [0] * len(seqs)
-        live = list(range(len(seqs)))
-        rounds = accepted = 0
-        hist = [0] * (k + 1)
-        while live:
-            cur = [seqs[i] for i in live]
-            drafts = [[] for _ in live]
-            for _ in range(k):
-                ext = [c + d for c, d in zip(cur, drafts)]
-                lg = fwd(drf, ext)
-                pos = torch.tensor([len(e) - 1 for e in ext], device=dev)
-                nxt = lg[torch.arange(len(ext), device=dev), pos].argmax(-1).tolist()
-                for d, tkn in zip(drafts, nxt):
-                    d.append(tkn)
-            lg = fwd(tgt, [c + d for c, d in zip(cur, drafts)])
-            base = torch.tensor([len(c) - 1 for c in cur], device=dev)
-            idx = base[:, None] + torch.arange(k + 1, device=dev)[None, :]
-            preds = lg[torch.arange(len(cur), device=dev)[:, None], idx].argmax(-1).tolist()
-            for b, i in enumerate(live):
-                n = 0
-                while n < k and drafts[b][n] == preds[b][n]:
-                    n += 1
-                seqs[i].extend(drafts[b][:n] + [preds[b][n]])
-                made[i] += n + 1
-                rounds += 1
-                accepted += n
-                hist[n] += 1
-            live = [i for i in live if made[i] < n_new]
-        outs = [s[len(p):len(p) + n_new] for s, p in zip(seqs, prompts)]
-        return {"block": k, "rounds": rounds, "accepted": accepted,
-                "mean_accepted": accepted / max(1, rounds),
-                "tokens_per_target_pass": (accepted + rounds) / max(1, rounds),
-                "histogram": hist}, outs
+        return speculate_greedy(model_proposer(drf, eot, dev), tgt, prompts, k, n_new, eot, dev)
 
     accept = {}
     try:
-        # Prompts: 64 held-out files with room, one window of 64..128 tokens
-        # each at a hash-chosen offset (file starts are mostly licence headers).
-        # Ordered by content hash so the prompts mix all packages.
-        cands = sorted((a for a in held_docs if a.size >= 320),
-                       key=lambda a: hashlib.sha1(a.tobytes()).hexdigest())
-        n_prompts = 64 if len(cands) >= 64 else len(cands)
-        prompts = []
-        for j, a in enumerate(cands[:n_prompts]):
-            h = int(hashlib.sha1(a[:32].tobytes()).hexdigest()[:8], 16)
-            plen = 64 + h % 65
-            off = (h // 65) % (a.size - plen - 1)
-            prompts.append(a[off:off + plen].tolist())
+        prompts = acceptance_prompts(held_docs)
         n_new = 128
         t = time.time()
         ref = greedy(tgt, prompts, n_new)
