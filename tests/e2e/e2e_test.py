@@ -463,10 +463,11 @@ def case_features():
     full = generate(gw, prompt, max_tokens=64, mode="SPECULATION_MODE_OFF")
     text = full[3]
     stop = None
-    for cand in ("\n", " ", "("):
-        at = text.find(cand, 5)
-        if at > 0:
-            stop, where = cand, at
+    # The output stops at the stop string's first place: a character that
+    # first comes 5 or more characters in.
+    for at in range(5, len(text)):
+        if text[at] not in text[:at]:
+            stop, where = text[at], at
             break
     if check(stop is not None, "no usable stop string in %r" % text):
         r = generate(gw, prompt, max_tokens=64, mode="SPECULATION_MODE_ON")
