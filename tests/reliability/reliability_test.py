@@ -759,10 +759,11 @@ def case_stop_strings():
     full = e2e.generate(gw, prompt, max_tokens=64, mode="SPECULATION_MODE_OFF")
     text = full[3]
     stop = None
-    for cand in ("\n", "(", " "):
-        at = text.find(cand, 8)
-        if at > 0:
-            stop, where = cand, at
+    # A character that first comes 5 or more characters in: the output stops
+    # at its first place.
+    for at in range(5, len(text)):
+        if text[at] not in text[:at]:
+            stop, where = text[at], at
             break
     if not check(stop is not None, "no usable stop string in %r" % text):
         return
