@@ -35,7 +35,9 @@
 # default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
-# MTP_SHAPE (the mtp part's target shape, default 4b) and MTP_ACCEPTS.
+# MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
+# MTP_TRANSPORTS (default "shm grpc"), REAL (0: the 4b part skips the real
+# drafter's rows) and RUNAHEAD (default "off on").
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -167,13 +169,13 @@ run)
             echo "== 4B target, 0.8B drafter" | tee -a "$SUM"
             "$B/bench_make_model" --shape 4b --out "$W/t4b" | tee -a "$SUM"
             "$B/bench_make_model" --shape 0.8b --out "$W/d08" | tee -a "$SUM"
-            start_stack 4b "$W/t4b" || continue
+            start_stack 4b "$W/t4b" --max-context 8192 || continue
             V="--vocab 248320"
             load "plain b1" 1 "$REQ1" off $V
             load "plain b8" 8 32 off $V
             load "plain b32" 32 64 off $V --record "$W/truth.txt"
             load "plain b1 (again)" 1 "$REQ1" off $V --check "$W/truth.txt"
-            start_drafter real tandem-drafter "$W/d08" on 8 &&
+            [ "${REAL:-1}" = 1 ] && start_drafter real tandem-drafter "$W/d08" on 8 &&
                 {
                     load "real adaptive b1" 1 "$REQ1" auto $V --check "$W/truth.txt"
                     load "real adaptive b8" 8 32 auto $V
@@ -183,7 +185,7 @@ run)
                     done
                 }
             for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
-                for ra in off on; do
+                for ra in ${RUNAHEAD:-off on}; do
                     # ahead=on: the drafter hides that it shares the verifier's GPU
                     # (which would turn run-ahead off), to measure what it does here
                     start_drafter "oracle-$a-$ra" bench_drafter_oracle "$W/d08" "$ra" 8 \
@@ -222,18 +224,22 @@ run)
             start_drafter mtp-real tandem-drafter "$W/t4bm" off 8 &&
                 load "mtp: real head adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
             for a in ${MTP_ACCEPTS:-0.6 0.8 1.0}; do
-                start_drafter "mtp-$a" bench_drafter_oracle "$W/t4bm" off 8 \
-                    TANDEM_BENCH_ORACLE="$W/truth-mall.txt" TANDEM_BENCH_ACCEPT="$a" || continue
-                load "mtp: a=$a fixed 3 b1" 1 "$REQ1" on $V --block 3 --fixed \
-                    --check "$W/truth-m.txt"
-                if [ "$a" = 0.8 ]; then
+                # the feature stream through shared memory (colocated: what
+                # auto picks on one host) and through gRPC messages
+                for tr in ${MTP_TRANSPORTS:-shm grpc}; do
+                    DFLAGS="--drafter-kind mtp --feature-transport $tr"
+                    start_drafter "mtp-$a-$tr" bench_drafter_oracle "$W/t4bm" off 8 \
+                        TANDEM_BENCH_ORACLE="$W/truth-mall.txt" TANDEM_BENCH_ACCEPT="$a" || continue
+                    load "mtp: a=$a fixed 3 $tr b1" 1 "$REQ1" on $V --block 3 --fixed \
+                        --check "$W/truth-m.txt"
+                    [ "$a" = 0.8 ] && [ "$tr" = shm ] || continue
                     for k in 2 4; do
-                        load "mtp: a=$a fixed $k b1" 1 "$REQ1" on $V --block $k --fixed
+                        load "mtp: a=$a fixed $k $tr b1" 1 "$REQ1" on $V --block $k --fixed
                     done
-                    load "mtp: a=$a adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
-                    load "mtp: a=$a fixed 3 b8" 8 32 on $V --block 3 --fixed \
+                    load "mtp: a=$a adaptive $tr b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
+                    load "mtp: a=$a fixed 3 $tr b8" 8 32 on $V --block 3 --fixed \
                         --check "$W/truth-m8.txt"
-                fi
+                done
             done
             curl -s 127.0.0.1:7712/metrics | grep -E '^tandem_spec_decode_feature' |
                 sed 's/^/mtp: /' | tee -a "$SUM"
@@ -270,7 +276,7 @@ run)
             echo "== 4B target, 0.8B drafter, busy_poll 0ms" | tee -a "$SUM"
             [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
             [ -d "$W/d08" ] || "$B/bench_make_model" --shape 0.8b --out "$W/d08" >/dev/null
-            start_stack nopoll "$W/t4b" --busy-poll 0ms || continue
+            start_stack nopoll "$W/t4b" --busy-poll 0ms --max-context 8192 || continue
             V="--vocab 248320"
             [ -f "$W/truth.txt" ] || load "plain b1" 1 "$REQ1" off $V --record "$W/truth.txt"
             DFLAGS="--busy-poll 0ms"
