@@ -22,6 +22,9 @@ Cases:
   restart    a drafter killed and restarted on its address: the verifier
              re-opens the running sequence there with every position's states
              (drafter_reopen_tries); drafts from them, output the plain one
+  malformed  malformed feature messages end speculation for their sequence
+             only: a SequenceError naming the field, the other sequences of
+             the stream go on drafting
   no_head    a drafter whose model has no mtp.* tensors refuses to start,
              naming the model and the missing tensor; the configuration
              checks of drafter_kind mtp
@@ -49,6 +52,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -754,8 +758,118 @@ def case_restart():
     stop_all()
 
 
+def case_malformed():
+    """Feature messages are input like any other: a Python client in the
+    verifier's place opens three sequences on one Draft stream to the MTP
+    drafter, one with well-formed hidden states and two with malformed ones
+    (data one value short; rows that do not start where the drafter is). The
+    drafter answers the malformed ones with a SequenceError naming the field
+    and goes on drafting for the good one, on the same stream, after a
+    verdict with its next row."""
+    import queue
+    model = mtp_model()
+    gw = st.gateway()
+    d = st.replica("drafter", gw, "--model", model, "--drafter-kind", "mtp", "--replica-id",
+                   "d-mtp", "--draft-block-size", str(BLOCK), "--feature-transport", "grpc")
+    c = st.client()
+    req_cls, _, _ = c._method("/tandem.v1.Drafter/Draft")
+    sym = __import__("google.protobuf.symbol_database", fromlist=["x"]).Default()
+    resp_cls = sym.GetSymbol("tandem.v1.DraftResponse")
+    H = 64
+    rnd = random.Random(3)
+    prompt = prompts(1, seed=9)[0]
+
+    def rows(n, short=False):
+        vals = [rnd.uniform(-1, 1) for _ in range(n * H)]
+        data = b"".join(struct.pack("<f", v) for v in vals)
+        return data[:-4] if short else data
+
+    def open_msg(sid, data, position=0, nrows=None):
+        m = req_cls()
+        o = m.open
+        o.sequence_id = sid
+        o.tokens.extend(prompt)
+        o.block_size = BLOCK
+        o.round = 1
+        spec = o.features.specs.add()
+        spec.final_layer = True
+        spec.normed = True
+        o.features.dtype = 2  # FEATURE_DTYPE_F32
+        h = o.hidden
+        h.position = position
+        h.rows = len(prompt) - 1 if nrows is None else nrows
+        h.width = H
+        h.dtype = 2
+        h.data = data
+        return m
+
+    q = queue.Queue()
+    n = len(prompt) - 1
+    q.put(open_msg(1, rows(n)))
+    q.put(open_msg(2, rows(n, short=True)))
+    q.put(open_msg(3, rows(n), position=5))
+    got = []
+
+    def gen():
+        while True:
+            m = q.get()
+            if m is None:
+                return
+            yield m
+
+    grpc = st.grpc_mod() if hasattr(st, "grpc_mod") else __import__("grpc")
+    ch = grpc.insecure_channel(d.addr())
+    call = ch.stream_stream("/tandem.v1.Drafter/Draft",
+                            request_serializer=lambda m: m.SerializeToString(),
+                            response_deserializer=resp_cls.FromString)(gen(), timeout=60)
+    sent_verdict = False
+    try:
+        for r in call:
+            got.append(r)
+            kind = r.WhichOneof("kind")
+            blocks = [x for x in got if x.WhichOneof("kind") == "block"]
+            if kind == "block" and r.block.sequence_id == 1 and not sent_verdict:
+                # Nothing accepted; the verifier's own next token, and the
+                # state of the position the drafter did not have yet.
+                v = req_cls()
+                v.verdict.sequence_id = 1
+                v.verdict.round = r.block.round
+                v.verdict.accepted = 0
+                v.verdict.next_token = (r.block.tokens[0] + 1) % 320
+                v.verdict.block_size = BLOCK
+                v.verdict.position = len(prompt) + 1
+                h = v.verdict.hidden
+                h.position = n
+                h.rows = 1
+                h.width = H
+                h.dtype = 2
+                h.data = rows(1)
+                q.put(v)
+                sent_verdict = True
+            errors = [x for x in got if x.WhichOneof("kind") == "error"]
+            if len([b for b in blocks if b.block.sequence_id == 1]) >= 2 and len(errors) >= 2:
+                break
+    finally:
+        q.put(None)
+        call.cancel()
+        ch.close()
+    errs = {x.error.sequence_id: x.error.message for x in got if x.WhichOneof("kind") == "error"}
+    good = [x.block for x in got if x.WhichOneof("kind") == "block" and x.block.sequence_id == 1]
+    bad_blocks = [x.block for x in got if x.WhichOneof("kind") == "block" and
+                  x.block.sequence_id in (2, 3) and len(x.block.tokens) > 0]
+    print("errors: %s; sequence 1's blocks: %s" % (errs, [list(b.tokens) for b in good]),
+          flush=True)
+    check(2 in errs and "hidden" in errs[2], "sequence 2 (data one value short): %s" % errs)
+    check(3 in errs and "position" in errs[3], "sequence 3 (rows from position 5): %s" % errs)
+    check(1 not in errs and len(good) >= 2 and all(len(b.tokens) == BLOCK for b in good),
+          "sequence 1 drafts on, before and after a verdict: %s, errors %s" % (good, errs))
+    check(not bad_blocks, "no drafts for the malformed sequences: %s" % bad_blocks)
+    check(d.p.poll() is None, "the drafter is still running")
+    stop_all()
+
+
 CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head,
-         "restart": case_restart, "shm": case_shm}
+         "restart": case_restart, "malformed": case_malformed, "shm": case_shm}
 
 
 def main():
