@@ -4,6 +4,11 @@
 #include <math.h>
 #include <stdbool.h>
 
+/* The acceptance estimate's weight: low enough that two rejected rounds in
+ * a row at a per-token acceptance of 0.8 do not read as a collapse (at 0.3
+ * a model drafter with a = 0.8 was paused in most rounds); the costs move
+ * faster, as they change with the batch. */
+#define ACCEPT_WEIGHT 0.1
 #define EMA_WEIGHT 0.3
 #define PRIOR_ACCEPT 0.7
 #define PRIOR_COST 0.1
@@ -73,7 +78,12 @@ static void choose(tdm_adaptive *a)
         }
     }
     bool probing = a->k_next == 1 && a->probes > 0 && a->since_start <= 1;
-    if (best_s < 1.0 + a->p.min_gain && (a->since_start >= a->p.min_rounds || probing)) {
+    /* Starting (a probe) asks for min_gain; once running, speculation stops
+     * only where it is expected to lose: stopping at a gain below min_gain
+     * throws the gain away, and the estimate's noise near the threshold
+     * would pause a drafter that pays. */
+    const double need = probing ? 1.0 + a->p.min_gain : 1.0;
+    if (best_s < need && (a->since_start >= a->p.min_rounds || probing)) {
         /* A probe that fails doubles the next pause (up to 32 times the
          * first), so that probing costs little where speculation never pays. */
         a->pause_len = probing ? (a->pause_len * 2 < a->p.pause_tokens * 32 ? a->pause_len * 2
@@ -97,8 +107,8 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
     if (drafted <= 0)
         return;
     const int trials = accepted + (accepted < drafted);
-    a->accepted_ema = (1.0 - EMA_WEIGHT) * a->accepted_ema + EMA_WEIGHT * accepted;
-    a->trials_ema = (1.0 - EMA_WEIGHT) * a->trials_ema + EMA_WEIGHT * trials;
+    a->accepted_ema = (1.0 - ACCEPT_WEIGHT) * a->accepted_ema + ACCEPT_WEIGHT * accepted;
+    a->trials_ema = (1.0 - ACCEPT_WEIGHT) * a->trials_ema + ACCEPT_WEIGHT * trials;
     a->accept_rate = a->trials_ema > 0 ? a->accepted_ema / a->trials_ema : PRIOR_ACCEPT;
     if (cost_per_draft >= 0.0 && isfinite(cost_per_draft))
         a->cost = (1.0 - EMA_WEIGHT) * a->cost + EMA_WEIGHT * cost_per_draft;
@@ -116,10 +126,16 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
     if (a->k_next > 0 || a->p.fixed)
         return;
     if (--a->paused_left <= 0) {
-        /* Probe: one cheap round tells whether acceptance has recovered. */
+        /* Probe: one cheap round tells whether acceptance has recovered. It
+         * starts from the prior, so that its outcome decides: one accepted
+         * draft cannot lift an estimate left low by the rounds before the
+         * pause, and one rejected draft takes it below the prior. */
         a->k_next = 1;
         a->probes++;
         a->since_start = 0;
+        a->accepted_ema = PRIOR_ACCEPT;
+        a->trials_ema = 1.0;
+        a->accept_rate = PRIOR_ACCEPT;
     }
 }
 

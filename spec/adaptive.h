@@ -6,7 +6,7 @@
  *  - a = the per-token acceptance rate: each drafted token up to the first
  *    rejected one is a trial (those after it are not seen), so a round
  *    that accepts n of k drafts adds n accepted out of n + (n < k) trials;
- *    both sums are exponential moving averages (weight 0.3), starting from
+ *    both sums are exponential moving averages (weight 0.1), starting from
  *    a prior of 0.7 (accepted/drafted would read 0.59 where every token is
  *    accepted with probability 0.8 and k = 4);
  *  - f = the measured cost of speculating at all in a round (the exchange
@@ -17,10 +17,12 @@
  *    costs 1 + f + c*k steps, so the expected speed-up is
  *    S(k) = E(k) / (1 + f + c*k);
  *  - the next block length is the k in [1, k_max] with the largest S(k);
- *  - if the best S(k) is below 1 + min_gain, and at least min_rounds rounds
- *    have been seen since speculation last (re)started, speculation is
+ *  - if the best S(k) is below 1 (speculation loses), and at least
+ *    min_rounds rounds have been seen since speculation last (re)started
+ *    (a probe: below 1 + min_gain, after its one round), speculation is
  *    switched off for this sequence for `pause_tokens` tokens, then probed
- *    again with k = 1 (acceptance can recover, e.g. entering boilerplate);
+ *    again with k = 1 (acceptance can recover, e.g. entering boilerplate)
+ *    from the prior acceptance, so that the probe's own outcome decides;
  *    a probe that pays restarts speculation, one that does not doubles the
  *    next pause (at most 32 x pause_tokens). A probe costs about f + c plain
  *    steps, so no pause is shorter than (f + c) / probe_share tokens: probing

@@ -286,21 +286,79 @@ static void test_adaptive(void)
     for (int i = 0; i < 20; i++)
         tdm_adaptive_on_round(&a, a.k_next, a.k_next, 0.05, 0.0);
     CHECK(a.k_next == 8, "full acceptance should draft k_max, got %d", a.k_next);
-    for (int i = 0; i < 20 && a.k_next > 0; i++)
+    for (int i = 0; i < 100 && a.k_next > 0; i++)
         tdm_adaptive_on_round(&a, a.k_next, 0, 0.05, 0.0);
     CHECK(a.k_next == 0 && a.pauses == 1, "zero acceptance should pause speculation");
     for (int i = 0; i < 10; i++)
         tdm_adaptive_on_plain_token(&a);
-    CHECK(a.k_next == 1 && a.probes == 1, "a probe should follow the pause, k=%d", a.k_next);
-    /* A failed probe pauses again, twice as long. */
-    tdm_adaptive_on_round(&a, 1, 0, 0.05, 0.0);
-    CHECK(a.k_next == 0 && a.paused_left == 20, "a failed probe should pause for 20, got %d",
-          a.paused_left);
-    for (int i = 0; i < 19; i++)
-        tdm_adaptive_on_plain_token(&a);
-    CHECK(a.k_next == 0, "the doubled pause ended early");
-    tdm_adaptive_on_plain_token(&a);
-    CHECK(a.k_next == 1 && a.probes == 2, "a second probe should follow the doubled pause");
+    CHECK(a.k_next == 1 && a.probes == 1 && a.accept_rate == 0.7,
+          "a probe from the prior acceptance should follow the pause, k=%d, a=%.2f", a.k_next,
+          a.accept_rate);
+    /* Where a draft costs half a plain step and a round a tenth, the prior
+     * acceptance (0.7) pays: a probe's outcome decides. A rejected probe
+     * pauses again, twice as long as the pause before (at least 60 tokens:
+     * a probe costs 0.6 plain steps, 1 % of 60); an accepted one restarts. */
+    tdm_adaptive_params pc = p;
+    pc.cost_prior = 0.5;
+    pc.fixed_prior = 0.1;
+    tdm_adaptive fails, wins;
+    tdm_adaptive_init(&fails, &pc);
+    CHECK(fails.k_next > 0, "a = 0.7 at c 0.5, f 0.1 pays: should start speculating");
+    for (int i = 0; i < 100 && fails.k_next > 0; i++)
+        tdm_adaptive_on_round(&fails, fails.k_next, 0, 0.5, 0.1);
+    CHECK(fails.k_next == 0 && fails.paused_left == 60, "paused for %d, not 60",
+          fails.paused_left);
+    wins = fails;
+    for (int i = 0; i < 60; i++) {
+        tdm_adaptive_on_plain_token(&fails);
+        tdm_adaptive_on_plain_token(&wins);
+    }
+    CHECK(fails.k_next == 1 && wins.k_next == 1, "probes after 60 tokens");
+    tdm_adaptive_on_round(&fails, 1, 0, 0.5, 0.1);
+    CHECK(fails.k_next == 0 && fails.paused_left == 120,
+          "a rejected probe should pause for 120, got %d (k %d)", fails.paused_left, fails.k_next);
+    for (int i = 0; i < 119; i++)
+        tdm_adaptive_on_plain_token(&fails);
+    CHECK(fails.k_next == 0, "the doubled pause ended early");
+    tdm_adaptive_on_plain_token(&fails);
+    CHECK(fails.k_next == 1 && fails.probes == 2, "a second probe should follow the doubled pause");
+    tdm_adaptive_on_round(&wins, 1, 1, 0.5, 0.1);
+    CHECK(wins.k_next > 0 && wins.pauses == 1, "an accepted probe should restart speculation");
+    /* Drafts accepted with probability 0.8 each, at c 0.46 and f 0.1 (a
+     * 0.8B-shaped drafter for a 4B-shaped target on one H200): every block
+     * length from 1 to 4 pays 1.13-1.2x, and the rule speculates in at least
+     * 85 % of the rounds of 128-token requests (the estimate's noise must
+     * not pause it). */
+    uint64_t y = 0x9e3779b97f4a7c15ull;
+    int spec_rounds = 0, all_rounds = 0;
+    for (int r = 0; r < 200; r++) {
+        tdm_adaptive_params pr = p;
+        pr.cost_prior = 0.46;
+        pr.fixed_prior = 0.1;
+        tdm_adaptive s;
+        tdm_adaptive_init(&s, &pr);
+        for (int n = 0; n < 128; all_rounds++) {
+            if (s.k_next == 0) {
+                tdm_adaptive_on_plain_token(&s);
+                n++;
+                continue;
+            }
+            int acc = 0;
+            for (;;) {
+                y ^= y << 13;
+                y ^= y >> 7;
+                y ^= y << 17;
+                if (acc == s.k_next || (double)(y >> 11) / 9007199254740992.0 >= 0.8)
+                    break;
+                acc++;
+            }
+            spec_rounds++;
+            n += acc + 1;
+            tdm_adaptive_on_round(&s, s.k_next, acc, 0.46, 0.1);
+        }
+    }
+    CHECK(spec_rounds >= 0.85 * all_rounds, "a = 0.8: speculated in %d of %d rounds", spec_rounds,
+          all_rounds);
     /* Expensive drafts pay less: the chosen k shrinks with cost. */
     tdm_adaptive b;
     tdm_adaptive_init(&b, &p);
