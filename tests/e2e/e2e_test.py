@@ -95,20 +95,7 @@ def generate(gw, prompt, max_tokens=24, mode="SPECULATION_MODE_AUTO", block=0, f
            "speculation": {"mode": mode, "block_size": block, "fixed_block_size": fixed}}
     if sampling:
         req["sampling"] = sampling
-    c = st.client()
-    ch = c.channel(gw.addr())
-    try:
-        code, details, msgs = c.call_stream(ch, "/tandem.v1.Gateway/Generate", req, timeout)
-    finally:
-        ch.close()
-    ids, text, done = [], "", None
-    for m in msgs:
-        if "tokens" in m:
-            ids += [int(x) for x in m["tokens"]["ids"]]
-            text += m["tokens"]["text"]
-        if "complete" in m:
-            done = m["complete"]
-    return code, details, ids, text, done
+    return st.generate(gw, req, timeout)
 
 
 def parallel(fn, items, workers=8):

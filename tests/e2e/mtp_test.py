@@ -153,18 +153,7 @@ def generate(gw, ids, max_tokens=20, mode="SPECULATION_MODE_ON", sampling=None, 
                            "fixed_block_size": spec and fixed}}
     if sampling:
         req["sampling"] = sampling
-    c = st.client()
-    ch = c.channel(gw.addr())
-    try:
-        code, details, msgs = c.call_stream(ch, "/tandem.v1.Gateway/Generate", req, 120)
-    finally:
-        ch.close()
-    out, done = [], None
-    for m in msgs:
-        if "tokens" in m:
-            out += [int(x) for x in m["tokens"]["ids"]]
-        if "complete" in m:
-            done = m["complete"]
+    code, details, out, _, done = st.generate(gw, req)
     return code, details, out, done
 
 

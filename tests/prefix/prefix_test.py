@@ -108,20 +108,9 @@ def generate(gw, ids, spec, sampling=None, max_tokens=20):
            "speculation": {"mode": "SPECULATION_MODE_ON" if spec else "SPECULATION_MODE_OFF"}}
     if sampling:
         req["sampling"] = sampling
-    c = st.client()
-    ch = c.channel(gw.addr())
-    try:
-        code, details, msgs = c.call_stream(ch, "/tandem.v1.Gateway/Generate", req, 120.0)
-    finally:
-        ch.close()
-    out, done = [], {}
-    for m in msgs:
-        if "tokens" in m:
-            out += [int(x) for x in m["tokens"]["ids"]]
-        if "complete" in m:
-            done = m["complete"]
+    code, details, out, _, done = st.generate(gw, req)
     check(code == "OK", "Generate: %s %s" % (code, details))
-    return out, done.get("stats", {})
+    return out, (done or {}).get("stats", {})
 
 
 class Model:

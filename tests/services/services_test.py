@@ -148,6 +148,25 @@ def unary(target, path, request=None, timeout=5.0):
     return code, details, (resp[0] if resp else None)
 
 
+def generate(gw, req, timeout=120.0):
+    """Gateway.Generate with the request dict req, to its end: (code, details,
+    ids, text, complete), complete None when no GenerateComplete came."""
+    c = client()
+    ch = c.channel(gw.addr())
+    try:
+        code, details, msgs = c.call_stream(ch, "/tandem.v1.Gateway/Generate", req, timeout)
+    finally:
+        ch.close()
+    ids, text, done = [], "", None
+    for m in msgs:
+        if "tokens" in m:
+            ids += [int(x) for x in m["tokens"]["ids"]]
+            text += m["tokens"].get("text", "")
+        if "complete" in m:
+            done = m["complete"]
+    return code, details, ids, text, done
+
+
 def status(gw):
     code, details, resp = unary(gw.addr(), "/tandem.v1.Gateway/GetStatus")
     if not check(code == "OK", "GetStatus: %s %s" % (code, details)):

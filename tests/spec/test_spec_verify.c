@@ -105,7 +105,8 @@ static int generate(const tdm_sampling *ts, const tdm_sampling *ds, int k, int s
         tdm_verdict v;
         if (mode == VERIFY_ALWAYS_ACCEPT) {
             v.accepted = k;
-            v.next_token = tdm_verify_sample_one(ts, seed, (uint32_t)(n + k), logits[k], V, scratch);
+            v.next_token =
+                tdm_verify_sample_one(ts, seed, (uint32_t)(n + k), logits[k], V, scratch);
         } else {
             int rc = tdm_verify_block(ts, seed, (uint32_t)n, &logits[0][0], V, drafts, k, dists,
                                       scratch, &v);
@@ -306,8 +307,7 @@ static void test_adaptive(void)
     CHECK(fails.k_next > 0, "a = 0.7 at c 0.5, f 0.1 pays: should start speculating");
     for (int i = 0; i < 100 && fails.k_next > 0; i++)
         tdm_adaptive_on_round(&fails, fails.k_next, 0, 0.5, 0.1);
-    CHECK(fails.k_next == 0 && fails.paused_left == 60, "paused for %d, not 60",
-          fails.paused_left);
+    CHECK(fails.k_next == 0 && fails.paused_left == 60, "paused for %d, not 60", fails.paused_left);
     wins = fails;
     for (int i = 0; i < 60; i++) {
         tdm_adaptive_on_plain_token(&fails);
@@ -419,8 +419,9 @@ static void test_adaptive(void)
     q.fixed_prior = 2.5;
     tdm_adaptive g;
     tdm_adaptive_init(&g, &q);
-    CHECK(g.k_next == 0 && g.paused_left >= 300, "a costly prior should start paused for >= 300 "
-                                                  "tokens, got k %d paused %d",
+    CHECK(g.k_next == 0 && g.paused_left >= 300,
+          "a costly prior should start paused for >= 300 "
+          "tokens, got k %d paused %d",
           g.k_next, g.paused_left);
 }
 
