@@ -495,7 +495,10 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
             if (j == 0 && s->carry < 0)
                 continue;
             be->copy(bx, h->hid + (size_t)nr * H, s->last, H * sizeof(float));
-            ids[nr] = j == 0 ? s->carry : forced ? forced[i][j - 1] : dev_ids ? 0 : drafts[i][j - 1];
+            ids[nr] = j == 0    ? s->carry
+                      : forced  ? forced[i][j - 1]
+                      : dev_ids ? 0
+                                : drafts[i][j - 1];
             run[nr++] = s;
         }
         if (nr > 0) {

@@ -1152,7 +1152,7 @@ static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON,
                                                CHECKS_REPLICA,
                                                {"model-drafter-needs-model", check_drafter_model},
                                                {"mtp-drafter-needs-head", check_mtp_head},
-    {"mtp-drafts-after-verdicts", check_mtp_run_ahead}};
+                                               {"mtp-drafts-after-verdicts", check_mtp_run_ahead}};
 
 const tdm_cfg_schema tdm_svc_gateway_schema = {
     "tandem-gateway",

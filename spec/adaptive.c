@@ -86,9 +86,10 @@ static void choose(tdm_adaptive *a)
     if (best_s < need && (a->since_start >= a->p.min_rounds || probing)) {
         /* A probe that fails doubles the next pause (up to 32 times the
          * first), so that probing costs little where speculation never pays. */
-        a->pause_len = probing ? (a->pause_len * 2 < a->p.pause_tokens * 32 ? a->pause_len * 2
-                                                                             : a->p.pause_tokens * 32)
-                               : a->p.pause_tokens;
+        a->pause_len = probing
+                           ? (a->pause_len * 2 < a->p.pause_tokens * 32 ? a->pause_len * 2
+                                                                        : a->p.pause_tokens * 32)
+                           : a->p.pause_tokens;
         a->pause_len = pause_floor(a, a->pause_len);
         a->k_next = 0;
         a->paused_left = a->pause_len;
@@ -179,8 +180,7 @@ bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out)
 }
 
 bool tdm_steptime_round_cost(const tdm_steptime *m, int seqs, int spec, int drafted,
-                             double round_ms, double exchange_ms, double *fixed,
-                             double *per_draft)
+                             double round_ms, double exchange_ms, double *fixed, double *per_draft)
 {
     *fixed = *per_draft = -1.0;
     double plain_round;

@@ -82,8 +82,8 @@ typedef struct dseq {
     uint64_t id;
     int32_t *tokens; /* [cap] every committed token */
     int n, cap;
-    tdm_seq *seq;      /* model drafter: tokens[0..held) committed, then prow pending */
-    int held;          /* committed tokens in the model */
+    tdm_seq *seq;              /* model drafter: tokens[0..held) committed, then prow pending */
+    int held;                  /* committed tokens in the model */
     int32_t prow[MAX_PENDING]; /* tokens of the pending rows, in order */
     int np;
     tdm_mtp_seq *mseq; /* mtp: the head primed with the states of tokens[0..primed) */
@@ -141,6 +141,10 @@ typedef struct dstream {
     const float **mhid;
     int32_t **mdrafts;
     int *mk;
+    /* the controlled-acceptance build's proposals ([max_sequences,
+     * MAX_BLOCK], and one pointer a sequence); NULL in tandem-drafter */
+    int32_t *mfbuf;
+    const int32_t **mforced;
     /* The verifier's shared-memory ring, mapped once its offer checked out
      * (handler thread); shm_why: why there is none, when an offer failed. */
     tdm_feat_map shm;
@@ -461,14 +465,13 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_ar
         return;
     }
     if (!q->sent || v->round != q->round || v->accepted > (uint32_t)q->b.k ||
-        v->next_token >= (uint32_t)d->vocab ||
-        v->position != (uint32_t)(q->n + v->accepted + 1) || v->block_size > MAX_BLOCK) {
+        v->next_token >= (uint32_t)d->vocab || v->position != (uint32_t)(q->n + v->accepted + 1) ||
+        v->block_size > MAX_BLOCK) {
         char m[200];
         snprintf(m, sizeof(m),
                  "Verdict does not match the outstanding block (round %u/%u, accepted %u of %d, "
                  "position %u/%d)",
-                 v->round, q->round, v->accepted, q->b.k, v->position,
-                 q->n + (int)v->accepted + 1);
+                 v->round, q->round, v->accepted, q->b.k, v->position, q->n + (int)v->accepted + 1);
         send_error(st, q->id, m);
         dseq_remove(st, q);
         return;
@@ -501,8 +504,8 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_ar
     }
     /* The verifier takes the ahead block when its verdict bears the block's
      * assumption out and it wants another block at all (drafter.proto). */
-    bool confirmed = q->ahead_sent && a == q->b.k && (int32_t)v->next_token == q->assumed &&
-                     v->block_size > 0;
+    bool confirmed =
+        q->ahead_sent && a == q->b.k && (int32_t)v->next_token == q->assumed && v->block_size > 0;
     block_clear(&q->b);
     if (confirmed) {
         /* The verifier takes the block drafted ahead: it is now the
@@ -687,8 +690,7 @@ typedef struct dtarget {
 /* The token the drafter proposes at position `pos` of q's tokens extended by
  * `ext` (n_ext of them): its own choice, or in the benchmark's
  * controlled-acceptance build the oracle's. */
-static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int n_ext,
-                       int32_t own)
+static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int n_ext, int32_t own)
 {
 #ifdef TANDEM_BENCH_ORACLE
     return tdm_bench_oracle(q->tokens, q->n, ext, n_ext, own, st->d->vocab);
@@ -717,6 +719,33 @@ static bool oracle_block(const dstream *st, const dseq *q, int k, int32_t *f)
     }
     return true;
 }
+
+/* Moves the MTP pass's sequences (st->bs, mseqs, mk, mdrafts [0, n)) that
+ * the oracle has proposals for to the front, their proposals in
+ * st->mforced; returns how many. */
+static int oracle_front(dstream *st, int n)
+{
+    int nf = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t *f = st->mfbuf + (size_t)nf * MAX_BLOCK;
+        if (!oracle_block(st, st->bs[i], st->mk[i], f))
+            continue;
+        dseq *q = st->bs[i];
+        tdm_mtp_seq *ms = st->mseqs[i];
+        int32_t *dr = st->mdrafts[i];
+        const int kk = st->mk[i];
+        st->bs[i] = st->bs[nf];
+        st->mseqs[i] = st->mseqs[nf];
+        st->mdrafts[i] = st->mdrafts[nf];
+        st->mk[i] = st->mk[nf];
+        st->bs[nf] = q;
+        st->mseqs[nf] = ms;
+        st->mdrafts[nf] = dr;
+        st->mk[nf] = kk;
+        st->mforced[nf++] = f;
+    }
+    return nf;
+}
 #endif
 
 /* The greedy blocks of a pass drafted on the device (tdm_seq_draft: the k
@@ -727,7 +756,8 @@ static bool oracle_block(const dstream *st, const dseq *q, int k, int32_t *f)
  * the model's own choice is left to the step-by-step loop. */
 static void draft_chains(dstream *st, dtarget *tg, int live)
 {
-    int *idx = tdm_xmalloc((size_t)live * sizeof(int)), *kk = tdm_xmalloc((size_t)live * sizeof(int));
+    int *idx = tdm_xmalloc((size_t)live * sizeof(int)),
+        *kk = tdm_xmalloc((size_t)live * sizeof(int));
     int32_t **dp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
     int32_t *fbuf = tdm_xmalloc((size_t)live * MAX_BLOCK * sizeof(int32_t));
     const int32_t **fp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
@@ -756,8 +786,8 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
     }
     if (n > 0) {
         tdm_error err = {0};
-        tdm_status rc = tdm_seq_draft(st->eseqs, n, st->tp, st->nrows, kk, forced ? fp : NULL, dp,
-                                      &err);
+        tdm_status rc =
+            tdm_seq_draft(st->eseqs, n, st->tp, st->nrows, kk, forced ? fp : NULL, dp, &err);
         if (rc != TDM_OK)
             tdm_log_error(LOG, "draft pass failed: %s", err.msg);
         for (int x = 0; x < n; x++) {
@@ -831,39 +861,16 @@ static void mtp_pass(dstream *st, int nw)
     /* In the controlled-acceptance build, the sequences the oracle has
      * proposals for draft first, forced to them; then the others. */
     int nf = 0;
-    int32_t *fbuf = tdm_xmalloc((size_t)(n > 0 ? n : 1) * MAX_BLOCK * sizeof(int32_t));
-    const int32_t **fp = tdm_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(*fp));
 #ifdef TANDEM_BENCH_ORACLE
-    for (int i = 0; i < n; i++) {
-        int32_t *f = fbuf + (size_t)nf * MAX_BLOCK;
-        if (!oracle_block(st, st->bs[i], st->mk[i], f))
-            continue;
-        /* Swap sequence i into the forced group's next place. */
-        dseq *q = st->bs[i];
-        tdm_mtp_seq *ms = st->mseqs[i];
-        int32_t *dr = st->mdrafts[i];
-        int kk = st->mk[i];
-        st->bs[i] = st->bs[nf];
-        st->mseqs[i] = st->mseqs[nf];
-        st->mdrafts[i] = st->mdrafts[nf];
-        st->mk[i] = st->mk[nf];
-        st->bs[nf] = q;
-        st->mseqs[nf] = ms;
-        st->mdrafts[nf] = dr;
-        st->mk[nf] = kk;
-        fp[nf] = f;
-        nf++;
-    }
+    nf = oracle_front(st, n);
 #endif
-    if (nf > 0 &&
-        (rc = tdm_mtp_draft_n(st->mseqs, nf, st->mk, fp, st->mdrafts, NULL, &err)) != TDM_OK)
+    if (nf > 0 && (rc = tdm_mtp_draft_n(st->mseqs, nf, st->mk, st->mforced, st->mdrafts, NULL,
+                                        &err)) != TDM_OK)
         tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", nf, err.msg);
     if (rc == TDM_OK && n > nf &&
         (rc = tdm_mtp_draft_n(st->mseqs + nf, n - nf, st->mk + nf, NULL, st->mdrafts + nf, NULL,
                               &err)) != TDM_OK)
         tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", n - nf, err.msg);
-    free(fbuf);
-    free(fp);
     for (int i = 0; i < n && rc == TDM_OK; i++) {
         dseq *q = st->bs[i];
         for (int j = 0; j < st->mk[i]; j++)
@@ -902,8 +909,8 @@ static void draft_pass(dstream *st, bool ahead)
         for (int i = 0; i < nw; i++) {
             dseq *q = st->bs[i];
             uint32_t out[MAX_BLOCK];
-            int k = tdm_ngram_propose((const uint32_t *)q->tokens, q->n, d->ngram_min,
-                                      d->ngram_max, q->block_size, out);
+            int k = tdm_ngram_propose((const uint32_t *)q->tokens, q->n, d->ngram_min, d->ngram_max,
+                                      q->block_size, out);
             for (int j = 0; j < k; j++) {
                 q->b.drafts[j] = (int32_t)out[j];
                 q->b.probs[j] = 1.0f;
@@ -1095,8 +1102,8 @@ static tdm_status send_blocks(dstream *st, bool ahead, tdm_error *err)
         } else if (ahead && q->ahead_want && q->a.k > 0) {
             q->ahead_want = false;
             q->ahead_sent = true;
-            rc = send_block(st, q, &q->a, q->round + 1, (uint32_t)(q->n + q->b.k + 1), true, 0,
-                            err);
+            rc =
+                send_block(st, q, &q->a, q->round + 1, (uint32_t)(q->n + q->b.k + 1), true, 0, err);
         } else if (ahead && q->ahead_want) {
             q->ahead_want = false;
         }
@@ -1177,6 +1184,10 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     st.mhid = tdm_xcalloc(cap, sizeof(*st.mhid));
     st.mdrafts = tdm_xcalloc(cap, sizeof(*st.mdrafts));
     st.mk = tdm_xcalloc(cap, sizeof(*st.mk));
+#ifdef TANDEM_BENCH_ORACLE
+    st.mfbuf = tdm_xcalloc(cap * MAX_BLOCK, sizeof(*st.mfbuf));
+    st.mforced = tdm_xcalloc(cap, sizeof(*st.mforced));
+#endif
     pthread_t reader;
     if (pthread_create(&reader, NULL, reader_main, &st) != 0)
         TDM_ASSERT(!"cannot start a Draft stream reader");
@@ -1275,6 +1286,8 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     free(st.mhid);
     free(st.mdrafts);
     free(st.mk);
+    free(st.mfbuf);
+    free(st.mforced);
     pthread_mutex_destroy(&st.mu);
     pthread_cond_destroy(&st.cv);
     __atomic_fetch_sub(&d->streams, 1, __ATOMIC_RELAXED);

@@ -306,8 +306,9 @@ static void drain(void *arg, int grace_ms)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const int before = vsched_in_flight(v->sched);
     vsched_drain(v->sched);
-    tdm_log_info("verifier", "draining: %d requests in flight; waiting up to %d ms for them to "
-                             "move or finish",
+    tdm_log_info("verifier",
+                 "draining: %d requests in flight; waiting up to %d ms for them to "
+                 "move or finish",
                  before, grace_ms);
     int left = before;
     double ms = 0;
@@ -320,8 +321,9 @@ static void drain(void *arg, int grace_ms)
     }
     vsched_counters c;
     vsched_get_counters(v->sched, &c);
-    tdm_log_info("verifier", "drained in %.0f ms: %d of %d requests left here (%llu snapshots "
-                             "exported since the start)",
+    tdm_log_info("verifier",
+                 "drained in %.0f ms: %d of %d requests left here (%llu snapshots "
+                 "exported since the start)",
                  ms, left, before, (unsigned long long)c.snapshots_exported);
 }
 

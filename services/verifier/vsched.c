@@ -42,7 +42,7 @@ struct vreq {
     /* what to generate */
     int32_t *tokens; /* [cap] prompt, then every committed generated token */
     int n_tokens, cap, prompt_len, max_tokens;
-    int n_given; /* tokens handed in: the prompt, then any generated elsewhere (prefilled) */
+    int n_given;      /* tokens handed in: the prompt, then any generated elsewhere (prefilled) */
     int kv_positions; /* the most positions it may reach: its KV, held from admission */
     size_t reserved;  /* bytes admission reserves for it */
     int32_t *stop_ids;
@@ -1026,8 +1026,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
             } else {
                 r->feat = true;
                 tdm_feat_out_init(&r->fout, r->feat_req.n * s->hidden_size, r->feat_req.dtype, 0);
-                tdm_feat_out_init(&r->fsent, r->feat_req.n * s->hidden_size, r->feat_req.dtype,
-                                  0);
+                tdm_feat_out_init(&r->fsent, r->feat_req.n * s->hidden_size, r->feat_req.dtype, 0);
             }
             if (!r->feat) {
                 vlink_unref(r->link);
@@ -1059,8 +1058,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         vlink_unref(r->link);
         req_free(r);
         return tdm_error_set(err, TDM_ERR_UNAVAILABLE, "the verifier is %s",
-                             draining ? "draining: it takes no new requests"
-                                      : "shutting down");
+                             draining ? "draining: it takes no new requests" : "shutting down");
     }
     /* The line holds max_waiting requests beyond those the next round
      * admits to the free places. */
@@ -1757,8 +1755,8 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     const uint32_t position = (uint32_t)(r->prompt_len + r->n_out);
     if (q->k == 0) {
         v.next_token = greedy ? am[0]
-                              : tdm_verify_sample_one(&r->sampling, r->seed, position, lg,
-                                                      s->vocab, s->vscratch);
+                              : tdm_verify_sample_one(&r->sampling, r->seed, position, lg, s->vocab,
+                                                      s->vscratch);
         return v;
     }
     const Tandem__V1__DraftBlock *b = q->block->block;
