@@ -116,6 +116,12 @@ tdm_status tdm_model_load_vector(tdm_model *m, const char *name, int64_t n, cons
  * f32. */
 tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t rows, int64_t cols,
                                       int64_t col0, int64_t ncols, tdm_weight *w, tdm_error *err);
+/* Rows ids[0..n) of a [rows, cols] matrix, in that order, as their own
+ * [n, cols] matrix (a copy, as tdm_model_load_matrix_cols makes);
+ * INVALID_ARGUMENT naming the tensor for an id outside 0..rows-1. */
+tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_prefix,
+                                      int64_t rows, int64_t cols, const int32_t *ids, int n,
+                                      tdm_weight *w, tdm_error *err);
 /* A model of `dir` with its embedding, final norm and LM head but no
  * decoder layers (an MTP head's own copy of what it shares; no sequences). */
 tdm_status tdm_model_load_head(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err);

@@ -202,6 +202,44 @@ tdm_status tdm_model_load_vector(tdm_model *m, const char *name, int64_t n, cons
     return load_vector(m, m->dir, name, 0, 1, shape, out, err);
 }
 
+/* n consecutive values of tensor t from src into dst: bf16 and f32 as they
+ * are, f16 as f32 (the dtypes load_matrix places). */
+static void copy_span(unsigned char *dst, const tdm_st_tensor *t, const unsigned char *src,
+                      int64_t n)
+{
+    if (t->dtype == TDM_ST_DTYPE_F16) {
+        tdm_st_tensor part = *t; /* the span, through to_f32 */
+        part.data = src;
+        part.numel = n;
+        to_f32((float *)(void *)dst, &part);
+    } else {
+        memcpy(dst, src, (size_t)n * (t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2));
+    }
+}
+
+/* A host block (malloc'ed, [rows, cols] of dt) made a backend weight; the
+ * block is freed or kept as the weight's alias, whatever happens. */
+static tdm_status place_block(tdm_model *m, const tdm_st_tensor *t, unsigned char *block, size_t nb,
+                              tdm_dtype dt, tdm_weight *w, tdm_error *err)
+{
+    int owned = 0;
+    const void *dev = m->be->weight_map(m->be->ctx, block, nb, &owned);
+    if (!dev) {
+        free(block);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "backend out of memory for %s",
+                             t->name);
+    }
+    if (owned) { /* the backend holds its own copy */
+        track(&m->into->owned, &m->into->nowned, &m->into->capowned, (void *)dev);
+        free(block);
+    } else { /* the backend's weight aliases the block */
+        track(&m->into->host, &m->into->nhost, &m->into->caphost, block);
+    }
+    w->data = dev;
+    w->dtype = dt;
+    return TDM_OK;
+}
+
 tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t rows, int64_t cols,
                                       int64_t col0, int64_t ncols, tdm_weight *w, tdm_error *err)
 {
@@ -224,34 +262,41 @@ tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t ro
         return tdm_error_oom(err, nb, "columns %lld..%lld of %s", (long long)col0,
                              (long long)(col0 + ncols - 1), t->name);
     const unsigned char *src = t->data;
-    for (int64_t r = 0; r < rows; r++) {
-        const unsigned char *row = src + ((size_t)r * (size_t)cols + (size_t)col0) * src_es;
-        unsigned char *dst = block + (size_t)r * (size_t)ncols * es;
-        if (t->dtype == TDM_ST_DTYPE_F16) {
-            tdm_st_tensor part = *t; /* one row of the column block, through to_f32 */
-            part.data = row;
-            part.numel = ncols;
-            to_f32((float *)(void *)dst, &part);
-        } else {
-            memcpy(dst, row, (size_t)ncols * es);
-        }
-    }
-    int owned = 0;
-    const void *dev = m->be->weight_map(m->be->ctx, block, nb, &owned);
-    if (!dev) {
-        free(block);
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "backend out of memory for %s",
-                             t->name);
-    }
-    if (owned) { /* the backend holds its own copy */
-        track(&m->into->owned, &m->into->nowned, &m->into->capowned, (void *)dev);
-        free(block);
-    } else { /* the backend's weight aliases the block */
-        track(&m->into->host, &m->into->nhost, &m->into->caphost, block);
-    }
-    w->data = dev;
-    w->dtype = dt;
-    return TDM_OK;
+    for (int64_t r = 0; r < rows; r++)
+        copy_span(block + (size_t)r * (size_t)ncols * es, t,
+                  src + ((size_t)r * (size_t)cols + (size_t)col0) * src_es, ncols);
+    return place_block(m, t, block, nb, dt, w, err);
+}
+
+tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_prefix, int64_t rows,
+                                      int64_t cols, const int32_t *ids, int n, tdm_weight *w,
+                                      tdm_error *err)
+{
+    TDM_ASSERT(n > 0);
+    const tdm_st_tensor *t = NULL;
+    const int64_t shape[2] = {rows, cols};
+    tdm_status rc = find(m, m->dir, name, with_prefix, 2, shape, &t, err);
+    if (rc != TDM_OK)
+        return rc;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= rows)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "row %d of %s: the tensor has rows 0..%lld", (int)ids[i], t->name,
+                                 (long long)(rows - 1));
+    const size_t src_es = t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2;
+    m->into->weight_bytes += (size_t)n * (size_t)cols * src_es;
+    if (!m->be)
+        return TDM_OK;
+    const tdm_dtype dt = t->dtype == TDM_ST_DTYPE_BF16 ? TDM_DTYPE_BF16 : TDM_DTYPE_F32;
+    const size_t es = dt == TDM_DTYPE_BF16 ? 2 : 4;
+    const size_t nb = (size_t)n * (size_t)cols * es;
+    unsigned char *block = malloc(nb);
+    if (!block)
+        return tdm_error_oom(err, nb, "%d rows of %s", n, t->name);
+    for (int i = 0; i < n; i++)
+        copy_span(block + (size_t)i * (size_t)cols * es, t,
+                  (const unsigned char *)t->data + (size_t)ids[i] * (size_t)cols * src_es, cols);
+    return place_block(m, t, block, nb, dt, w, err);
 }
 
 tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, tdm_layer_kind kind,

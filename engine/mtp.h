@@ -61,6 +61,18 @@ void tdm_mtp_destroy(tdm_mtp *h); /* NULL is fine; its sequences first */
 size_t tdm_mtp_weight_bytes(const tdm_mtp *h);
 const tdm_model_config *tdm_mtp_get_config(const tdm_mtp *h);
 
+/* Drafts from n token ids only (ascending, each once, within the model's
+ * vocabulary), as FR-Spec and SGLang's speculative token maps do: a draft
+ * step's LM head reads those rows alone (a copy, [n, H], loaded here), so
+ * it streams n/vocab of the head's bytes; a draft's logits are -inf
+ * outside them, and greedy drafts are the argmax among them (lowest id on
+ * ties). A prime's logits stay the whole vocabulary's. Once per head,
+ * before its first draft: FAILED_PRECONDITION the second time;
+ * INVALID_ARGUMENT naming the first entry out of order or range. */
+tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *err);
+/* Tokens a draft can be: the draft vocabulary's, or the model's. */
+int tdm_mtp_vocab_size(const tdm_mtp *h);
+
 /* A sequence of the head: an empty KV cache for max_positions positions (0:
  * it starts small and grows). */
 tdm_status tdm_mtp_seq_create(tdm_mtp *h, int max_positions, tdm_mtp_seq **out, tdm_error *err);

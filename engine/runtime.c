@@ -9,6 +9,7 @@
 #include "alloc.h"
 
 #include "log.h"
+#include "token_list.h"
 
 #ifdef TANDEM_HAVE_CUDA_BACKEND
 #include "cuda_backend.h"
@@ -146,6 +147,21 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
                                 "drafter_kind mtp drafts with the MTP head of model %s, which it "
                                 "cannot load",
                                 model);
+    }
+    const char *vocab = tdm_cfg_str(cfg, "draft_vocab");
+    if (vocab[0]) {
+        int32_t *ids = NULL;
+        int n = 0;
+        rc = tdm_token_list_read(vocab, tdm_mtp_get_config(rt->mtp)->vocab_size, &ids, &n, err);
+        if (rc == TDM_OK)
+            rc = tdm_mtp_set_vocab(rt->mtp, ids, n, err);
+        free(ids);
+        if (rc != TDM_OK) {
+            tdm_runtime_close(rt);
+            return tdm_error_prefix(err, "draft_vocab %s", vocab);
+        }
+        tdm_log_info(component, "drafting from the %d tokens of %s (of %d)", n, vocab,
+                     tdm_mtp_get_config(rt->mtp)->vocab_size);
     }
     tdm_log_info(component, "MTP head of %s on %s (%s): %zu bytes of its own weights", model,
                  rt->backend_name, rt->why, tdm_mtp_weight_bytes(rt->mtp));

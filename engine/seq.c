@@ -951,7 +951,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
             }
             st.R = R;
             fwd_ops(m, &st);
-            be->argmax_to(bx, m->draft_ids + (size_t)s * (size_t)nseq, m->ws.logits, rows, n, V);
+            be->argmax_to(bx, m->draft_ids + (size_t)s * (size_t)nseq, m->ws.logits, rows, n, V,
+                          NULL);
             for (int x = 0; x < n; x++) {
                 sq[x]->n_past += counts[x];
                 sq[x]->pending += counts[x];

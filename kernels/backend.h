@@ -255,10 +255,11 @@ struct tdm_backend {
      * Ops like the others (allowed inside a graph bracket; nothing comes
      * back to the host), so that a greedy drafter runs its k draft steps as
      * one launch, each step's argmax feeding the next step's embedding. */
-    /* out[i] = argmax of x[rows[i], 0..n) (first on ties) for i < nrows;
-     * out backend memory [nrows], rows host. */
+    /* out[i] = argmax of x[rows[i], 0..n) (first on ties) for i < nrows,
+     * or map[that argmax] when map is given (backend memory [n]: a draft
+     * vocabulary's token ids); out backend memory [nrows], rows host. */
     void (*argmax_to)(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows,
-                      int n);
+                      int n, const int32_t *map);
     /* y[r,:] = embed[ids[r], :] for r < R, ids backend memory [R] (written
      * by argmax_to earlier in the same step); embed [vocab, H]. */
     void (*embed_dev)(void *ctx, float *y, tdm_weight embed, const int32_t *ids, int R, int H);

@@ -543,10 +543,13 @@ static void cpu_argmax(void *ctx, int32_t *out, const float *x, int R, int n)
 }
 
 static void cpu_argmax_to(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows,
-                          int n)
+                          int n, const int32_t *map)
 {
-    for (int i = 0; i < nrows; i++)
+    for (int i = 0; i < nrows; i++) {
         cpu_argmax(ctx, out + i, x + (size_t)rows[i] * (size_t)n, 1, n);
+        if (map)
+            out[i] = map[out[i]];
+    }
 }
 
 /* Backend memory is host memory here: the ids are read as they are. */

@@ -38,9 +38,11 @@ __device__ __forceinline__ int sample_begin(int n, int s)
     return (int)((long long)n * s / SAMPLE_SPLITS);
 }
 
-/* The argmax of row xr [n] to *out, by the whole cluster (the result is
- * written by rank 0). Ends with a cluster barrier. */
-__device__ void argmax_row(cg::cluster_group &cluster, const float *xr, int n, int32_t *out)
+/* The argmax of row xr [n] to *out, or map[argmax] when map is given, by
+ * the whole cluster (the result is written by rank 0). Ends with a cluster
+ * barrier. */
+__device__ void argmax_row(cg::cluster_group &cluster, const float *xr, int n, int32_t *out,
+                           const int32_t *map)
 {
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -78,7 +80,7 @@ __device__ void argmax_row(cg::cluster_group &cluster, const float *xr, int n, i
             if (am_better(v, i, bv, bi))
                 bv = v, bi = i;
         }
-        *out = bi;
+        *out = map ? map[bi] : bi;
     }
     cluster.sync(); /* block 0 has read them: the others may exit */
 }
@@ -88,26 +90,27 @@ __global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_T
 {
     cuda_kernel_begin();
     cg::cluster_group cluster = cg::this_cluster();
-    argmax_row(cluster, x + (size_t)blockIdx.y * (size_t)n, n, &out[blockIdx.y]);
+    argmax_row(cluster, x + (size_t)blockIdx.y * (size_t)n, n, &out[blockIdx.y], NULL);
 }
 
 /* argmax_to: block row i of the grid takes row rows[i] of x. */
 __global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_THREADS)
-    argmax_to_kernel(int32_t *out, const float *x, const int32_t *rows, int n)
+    argmax_to_kernel(int32_t *out, const float *x, const int32_t *rows, int n, const int32_t *map)
 {
     cuda_kernel_begin();
     cg::cluster_group cluster = cg::this_cluster();
-    argmax_row(cluster, x + (size_t)rows[blockIdx.y] * (size_t)n, n, &out[blockIdx.y]);
+    argmax_row(cluster, x + (size_t)rows[blockIdx.y] * (size_t)n, n, &out[blockIdx.y], map);
 }
 
-void cuda_argmax_to(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows, int n)
+void cuda_argmax_to(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows, int n,
+                    const int32_t *map)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (nrows <= 0 || n <= 0)
         return;
     const int32_t *drows = (const int32_t *)cuda_stage(c, rows, (size_t)nrows * sizeof(int32_t));
     cuda_launch(c, argmax_to_kernel, dim3(SAMPLE_SPLITS, (unsigned)nrows), SAMPLE_THREADS, 0, out,
-                x, drows, n);
+                x, drows, n, map);
 }
 
 /* Device memory for the [R] token ids of an argmax or sample call, grown on
@@ -376,7 +379,7 @@ __global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_T
     const tdm_sample_row s = rows[blockIdx.y];
     const float *xr = x + (size_t)blockIdx.y * (size_t)n;
     if (!(s.temperature > 0.0f) || s.top_k == 1) {
-        argmax_row(cluster, xr, n, &out[blockIdx.y]);
+        argmax_row(cluster, xr, n, &out[blockIdx.y], NULL);
         return;
     }
     const int b0 = sample_begin(n, rank), len = sample_begin(n, rank + 1) - b0;

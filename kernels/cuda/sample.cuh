@@ -5,7 +5,8 @@
 #include "common.cuh"
 
 void cuda_argmax(void *ctx, int32_t *out, const float *x, int R, int n);
-void cuda_argmax_to(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows, int n);
+void cuda_argmax_to(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows, int n,
+                    const int32_t *map);
 void cuda_softmax(void *ctx, float *x, int R, int n);
 void cuda_sample(void *ctx, int32_t *out, const float *x, int R, int n, const tdm_sample_row *rows);
 

@@ -28,6 +28,11 @@ Cases:
   no_head    a drafter whose model has no mtp.* tensors refuses to start,
              naming the model and the missing tensor; the configuration
              checks of drafter_kind mtp
+  vocab      a draft vocabulary (draft_vocab): outputs unchanged, drafts
+             only from the listed tokens, each block's first draft the best
+             listed token of the head's row by `tandem logits --mtp-out`;
+             another drafter kind and malformed lists refused, naming the
+             file, the line and the token
   shm        the colocated feature stream (feature_transport): greedy
              outputs with shm equal those with grpc and plain decoding over
              many prompts, the rows really going by shared memory (counters,
@@ -486,6 +491,80 @@ def case_no_head():
     check(rc != 0 and "bf16|f32" in out, "feature_dtype's values:\n" + out)
 
 
+def case_vocab():
+    """A draft vocabulary (draft_vocab): every third token of the tiny model's
+    320 and the last, listed out of order with comments. Outputs stay the plain
+    ones; every drafted token is in the list; each block's first draft is the
+    best listed token of the head's row as `tandem logits --mtp-out` computes
+    it on the CPU with the whole vocabulary; bad lists and kinds are refused."""
+    import numpy as np
+    model = mtp_model()
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    V = cfg.get("text_config", cfg)["vocab_size"]
+    listed = sorted(set(range(0, V, 3)) | {V - 1})
+    shuffled = listed[:]
+    random.Random(5).shuffle(shuffled)
+    path = st.write("vocab.txt", "# every third token\n" +
+                    "\n".join("%d, %d  # pair" % (shuffled[i], shuffled[i + 1]) if i + 1 <
+                              len(shuffled) else str(shuffled[i])
+                              for i in range(0, len(shuffled), 2)) + "\n")
+    ps = prompts(4 if st.ARGS.quick else 10, seed=13)
+    gw, v, d, s = stack(model, "f32", drafter_args=("--draft-vocab", path))
+    check("drafting from the %d tokens of %s (of %d)" % (len(listed), path, V) in d.text(),
+          "the drafter logs its vocabulary:\n" + d.text()[-2000:])
+    plain, spec = run_prompts(gw, ps)
+    same_outputs("draft_vocab", plain, spec)
+    blocks = blocks_of(d)
+    check(len(blocks) >= len(ps), "blocks were drafted: %d" % len(blocks))
+    outside = [t for b in blocks for t in b[3] if t not in set(listed)]
+    check(not outside, "drafted tokens outside the vocabulary: %s" % outside[:10])
+    first = {}
+    for b in blocks:
+        first.setdefault(b[0], b)
+    by_len = {len(p) + 1: i for i, p in enumerate(ps)}
+    checked = 0
+    for sid, (_, rnd, pos, drafts) in sorted(first.items()):
+        i = by_len.get(pos)
+        if i is None or not drafts:
+            continue
+        ctx = ps[i] + spec[i][2]
+        if mtp_reference(model, ctx[:pos - 1], 1) is None:
+            continue
+        row = np.load(os.path.join(st.TMP, "mtp-ref.npy"))[pos - 2]
+        want = listed[int(np.argmax(row[listed]))]
+        check(drafts[0] == want, "prompt %d: first draft %d, the best listed token of the "
+              "head's row %d" % (i, drafts[0], want))
+        checked += 1
+    check(checked >= len(ps) // 2, "first drafts checked against tandem logits: %d" % checked)
+    print("draft_vocab: %d blocks, %d first drafts checked" % (len(blocks), checked), flush=True)
+    stop_all()
+    # Refusals: another drafter kind, lists that are no lists of this model's ids.
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "model",
+                           "--model", model, "--draft-vocab", path])
+    check(rc != 0 and "draft-vocab-for-mtp" in out and "drafter_kind=model (flag:--drafter-kind)"
+          in out and ("draft_vocab=%s (flag:--draft-vocab)" % path) in out,
+          "draft_vocab with a model drafter:\n" + out)
+    for name, text, want in (("v-word.txt", "3 6\n9 x12\n", ":2: 'x12' is not a token id"),
+                             ("v-range.txt", "1 %d\n" % V, "token %d is outside" % V),
+                             ("v-twice.txt", "4\n5\n4\n", "token 4 is listed twice (lines 1 "
+                              "and 3)"),
+                             ("v-empty.txt", "# nothing\n", "no token ids")):
+        bad = st.write(name, text)
+        rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp",
+                               "--model", model, "--draft-vocab", bad])
+        check(rc != 0 and want in out and bad in out, "%s: %s\n%s" % (name, want, out))
+        rc, out, err = st.run([st.ARGS.drafter, "--drafter-kind", "mtp", "--model", model,
+                               "--draft-vocab", bad, "--listen", "127.0.0.1:0",
+                               "--health-listen", "127.0.0.1:0", "--gateway", "127.0.0.1:1"])
+        check(rc != 0 and want in err and "listening" not in err,
+              "%s refused at start: rc %d\n%s" % (name, rc, err[-2000:]))
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "mtp", "--model",
+                           model, "--draft-vocab", path])
+    check(rc == 0 and re.search(r"^draft_vocab: +%s +# flag" % re.escape(path), out, re.M),
+          "a good list passes --check-config:\n" + out)
+
+
 def segments(pid):
     """The feature-ring segments process pid has in /dev/shm."""
     try:
@@ -858,7 +937,8 @@ def case_malformed():
 
 
 CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head,
-         "restart": case_restart, "malformed": case_malformed, "shm": case_shm}
+         "restart": case_restart, "malformed": case_malformed, "shm": case_shm,
+         "vocab": case_vocab}
 
 
 def main():

@@ -2,6 +2,8 @@
 #include "mtp_steps.h"
 #include "util.h"
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +152,88 @@ static void batch(const char *name, tdm_mtp *h, const float *hid, int nh, size_t
     free(lall);
 }
 
+/* A draft vocabulary (tdm_mtp_set_vocab) on a third head of m: every third
+ * token and the last. Drafts without logits, and with logits, against the
+ * whole head's logits for the same proposals (forced): each draft is the
+ * best of the vocabulary's tokens in that row, and the logits are the
+ * whole head's at those tokens and -inf elsewhere. Misuse refused. */
+static void vocab(const char *name, tdm_model *m, const float *hid, const int32_t *next, int n,
+                  size_t V)
+{
+    tdm_error err;
+    tdm_mtp *h, *w;
+    CHECK(tdm_mtp_create(m, &h, &err) == TDM_OK && tdm_mtp_create(m, &w, &err) == TDM_OK, "%s",
+          err.msg);
+    int32_t *ids = malloc((V / 3 + 2) * sizeof(int32_t));
+    int nv = 0;
+    for (int t = 0; t < (int)V; t += 3)
+        ids[nv++] = t;
+    if (ids[nv - 1] != (int32_t)V - 1)
+        ids[nv++] = (int32_t)V - 1;
+    const int32_t bad_order[3] = {1, 5, 5}, bad_range[2] = {0, (int32_t)V};
+    CHECK(tdm_mtp_set_vocab(h, bad_order, 3, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "entry 2"),
+          "%s: a vocabulary listing 5 twice: %s", name, err.msg);
+    CHECK(tdm_mtp_set_vocab(h, bad_range, 2, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "outside"),
+          "%s: a vocabulary past the model's: %s", name, err.msg);
+    CHECK(tdm_mtp_set_vocab(h, ids, nv, &err) == TDM_OK, "%s: %s", name, err.msg);
+    CHECK(tdm_mtp_vocab_size(h) == nv && tdm_mtp_vocab_size(w) == (int)V, "%s: vocabulary sizes",
+          name);
+    CHECK(tdm_mtp_set_vocab(h, ids, nv, &err) == TDM_ERR_FAILED_PRECONDITION, "%s: set twice",
+          name);
+    tdm_mtp_seq *a = mseq(h, 0), *b = mseq(h, 0), *f = mseq(w, 0);
+    prime(a, hid, next, n, NULL);
+    prime(b, hid, next, n, NULL);
+    prime(f, hid, next, n, NULL);
+    int32_t da[K], db[K], df[K];
+    float *lb = malloc(K * V * 4), *lf = malloc(K * V * 4);
+    draft(a, K, da, NULL); /* on the device where the backend can */
+    draft(b, K, db, lb);
+    const int32_t *fp = da;
+    const int k = K;
+    int32_t *dfp = df;
+    CHECK(tdm_mtp_draft_n(&f, 1, &k, &fp, &dfp, lf, &err) == TDM_OK, "%s", err.msg);
+    CHECK(memcmp(da, db, sizeof(da)) == 0, "%s: vocabulary drafts with and without logits differ",
+          name);
+    const double scale = max_abs(lf, K * V);
+    for (int j = 0; j < K; j++) {
+        const float *rb = lb + (size_t)j * V, *rf = lf + (size_t)j * V;
+        float best = -INFINITY;
+        int in = 0;
+        for (int t = 0, x = 0; t < (int)V; t++) {
+            const bool listed = x < nv && ids[x] == t;
+            x += listed;
+            if (!listed) {
+                CHECK(isinf(rb[t]) && rb[t] < 0,
+                      "%s: draft %d: token %d outside the vocabulary "
+                      "has logit %g",
+                      name, j, t, (double)rb[t]);
+                continue;
+            }
+            CHECK(fabs((double)rb[t] - (double)rf[t]) <= 1e-5 * scale,
+                  "%s: draft %d: token %d's logit %g, the whole head's %g", name, j, t,
+                  (double)rb[t], (double)rf[t]);
+            best = rf[t] > best ? rf[t] : best;
+            in += t == da[j];
+        }
+        CHECK(in == 1, "%s: draft %d is token %d, outside the vocabulary", name, j, da[j]);
+        CHECK((double)rf[da[j]] >= (double)best - 1e-5 * scale,
+              "%s: draft %d: token %d (logit %g) is not the vocabulary's best (%g)", name, j, da[j],
+              (double)rf[da[j]], (double)best);
+    }
+    printf("%s: drafts from %d of %zu tokens: %d %d %d %d\n", name, nv, V, da[0], da[1], da[2],
+           da[3]);
+    tdm_mtp_seq_destroy(a);
+    tdm_mtp_seq_destroy(b);
+    tdm_mtp_seq_destroy(f);
+    tdm_mtp_destroy(h);
+    tdm_mtp_destroy(w);
+    free(lb);
+    free(lf);
+    free(ids);
+}
+
 void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mtp_steps_out *out)
 {
     const tdm_model_config *c = tdm_model_get_config(m);
@@ -211,6 +295,7 @@ void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mt
           "%s: drafts after a rollback differ from a fresh sequence's", name);
 
     batch(name, h, hid, T0 + 3, H, V);
+    vocab(name, m, hid, next, T0 + 3, V);
 
     /* A head opened from the folder: the same bits. */
     tdm_mtp_seq *o = mseq(h2, 0);

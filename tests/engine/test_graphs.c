@@ -95,8 +95,10 @@ FK_OP(gdn_recurrent,
        int n, int Hk, int Hv, int Dk, int Dv),
       (ctx, out, qkv, st, gt, s, n, Hk, Hv, Dk, Dv))
 FK_OP(softmax, (void *ctx, float *x, int R, int n), (ctx, x, R, n))
-FK_OP(argmax_to, (void *ctx, int32_t *out, const float *x, const int32_t *rows, int nr, int n),
-      (ctx, out, x, rows, nr, n))
+FK_OP(argmax_to,
+      (void *ctx, int32_t *out, const float *x, const int32_t *rows, int nr, int n,
+       const int32_t *map),
+      (ctx, out, x, rows, nr, n, map))
 FK_OP(embed_dev, (void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H),
       (ctx, y, e, ids, R, H))
 #undef FK_OP
