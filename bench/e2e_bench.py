@@ -5,8 +5,12 @@ mean accepted draft tokens per round, and the drafter<->verifier exchange
 overhead per round on loopback (median and p99, from the verifier's
 counters), side by side.
 
+With --mtp-vocab FILE...: the demo target's MTP head at block 3 with the
+whole vocabulary and with each draft vocabulary (draft_vocab) instead, beside
+plain decoding: what a smaller draft vocabulary costs in acceptance.
+
 usage: bench/e2e_bench.py --build BUILD_DIR [--prompts N] [--tokens N] [--concurrency C ...]
-                          [--repeat R]
+                          [--repeat R] [--mtp-vocab FILE ...]
 """
 import argparse
 import concurrent.futures
@@ -59,6 +63,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mtp-vocab", nargs="+", default=[])
     a = ap.parse_args()
     b = os.path.abspath(a.build)
 
@@ -80,14 +85,23 @@ def main():
                ("model drafter, k=4 fixed", "model", "SPECULATION_MODE_ON", 4, True),
                ("model drafter, adaptive (k<=4)", "model", "SPECULATION_MODE_ON", 4, False),
                ("n-gram drafter, k=4 fixed", "ngram", "SPECULATION_MODE_ON", 4, True)]
+    if a.mtp_vocab:
+        configs = [("plain (no speculation)", "mtp", "SPECULATION_MODE_OFF", 0, False, ()),
+                   ("MTP head, k=3 fixed", "mtp", "SPECULATION_MODE_ON", 3, True, ())]
+        configs += [("MTP head, k=3 fixed, %s" % os.path.basename(f), "mtp",
+                     "SPECULATION_MODE_ON", 3, True, ("--draft-vocab", os.path.abspath(f)))
+                    for f in a.mtp_vocab]
+    else:
+        configs = [c + ((),) for c in configs]
     try:
         for conc in a.concurrency:
             # This machine's speed drifts from minute to minute: the
             # configurations take turns, --repeat times, and the median counts.
             results = {c[0]: [] for c in configs}
             for rep in range(a.repeat):
-                for label, drafter, mode, block, fixed in configs:
-                    gw, v, d = e2e.stack("extra_buffer", drafter, block=4)
+                for label, drafter, mode, block, fixed, dargs in configs:
+                    gw, v, d = e2e.stack("extra_buffer", drafter, block=4,
+                                         extra_drafter_args=dargs)
                     results[label].append(run(label, gw, v, ps, a.tokens, conc, mode, block,
                                               fixed, quiet=True))
                     e2e.stop_all()

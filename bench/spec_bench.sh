@@ -36,7 +36,8 @@
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
 # MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
-# MTP_TRANSPORTS (default "shm grpc"), REAL (0: the 4b part skips the real
+# MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
+# N lowest ids, default "0": the whole vocabulary), REAL (0: the 4b part skips the real
 # drafter's rows) and RUNAHEAD (default "off on").
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -223,23 +224,32 @@ run)
             DFLAGS="--drafter-kind mtp"
             start_drafter mtp-real tandem-drafter "$W/t4bm" off 8 &&
                 load "mtp: real head adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
+            # MTP_VOCABS: draft vocabularies (draft_vocab) of the N lowest ids
+            # (a byte-level BPE's merge order, roughly by frequency); 0: all.
+            for nv in ${MTP_VOCABS:-0}; do
+                vflag="" vt=""
+                if [ "$nv" != 0 ]; then
+                    seq 0 $((nv - 1)) >"$W/vocab-$nv.txt"
+                    vflag="--draft-vocab $W/vocab-$nv.txt" vt=" v$nv"
+                fi
             for a in ${MTP_ACCEPTS:-0.6 0.8 1.0}; do
                 # the feature stream through shared memory (colocated: what
                 # auto picks on one host) and through gRPC messages
                 for tr in ${MTP_TRANSPORTS:-shm grpc}; do
-                    DFLAGS="--drafter-kind mtp --feature-transport $tr"
-                    start_drafter "mtp-$a-$tr" bench_drafter_oracle "$W/t4bm" off 8 \
+                    DFLAGS="--drafter-kind mtp --feature-transport $tr $vflag"
+                    start_drafter "mtp-$a-$tr-$nv" bench_drafter_oracle "$W/t4bm" off 8 \
                         TANDEM_BENCH_ORACLE="$W/truth-mall.txt" TANDEM_BENCH_ACCEPT="$a" || continue
-                    load "mtp: a=$a fixed 3 $tr b1" 1 "$REQ1" on $V --block 3 --fixed \
+                    load "mtp: a=$a fixed 3 $tr$vt b1" 1 "$REQ1" on $V --block 3 --fixed \
                         --check "$W/truth-m.txt"
                     [ "$a" = 0.8 ] && [ "$tr" = shm ] || continue
                     for k in 2 4; do
-                        load "mtp: a=$a fixed $k $tr b1" 1 "$REQ1" on $V --block $k --fixed
+                        load "mtp: a=$a fixed $k $tr$vt b1" 1 "$REQ1" on $V --block $k --fixed
                     done
-                    load "mtp: a=$a adaptive $tr b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
-                    load "mtp: a=$a fixed 3 $tr b8" 8 32 on $V --block 3 --fixed \
+                    load "mtp: a=$a adaptive $tr$vt b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
+                    load "mtp: a=$a fixed 3 $tr$vt b8" 8 32 on $V --block 3 --fixed \
                         --check "$W/truth-m8.txt"
                 done
+            done
             done
             curl -s 127.0.0.1:7712/metrics | grep -E '^tandem_spec_decode_feature' |
                 sed 's/^/mtp: /' | tee -a "$SUM"

@@ -52,6 +52,8 @@ def stack(strategy="extra_buffer", drafter="model", block=8, extra_drafter_args=
                    "--max-draft-tokens", "8")
     if drafter == "model":
         dargs = ["--model", DRAFTER, "--state-strategy", strategy]
+    elif drafter == "mtp":  # the target's own MTP head
+        dargs = ["--model", TARGET, "--drafter-kind", "mtp"]
     else:
         dargs = ["--drafter-kind", "ngram", "--tokenizer", TOKENIZER]
     d = st.replica("drafter", gw, *dargs, "--draft-block-size", str(block),
