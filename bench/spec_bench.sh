@@ -51,7 +51,7 @@ pack)
         "$b"/services/drafter/tandem-drafter "$b"/services/cli/tandem \
         "$b"/bench/bench_spec_client "$b"/bench/bench_make_model "$b"/bench/bench_drafter_oracle \
         "$b"/bench/bench_cuda_bench "$b"/bench/bench_rpc_bench "$b"/bench/bench_cuda_matmul_bench \
-        "$b"/bench/bench_snapshot_bench .carry/bin/ || exit 1
+        "$b"/bench/bench_snapshot_bench "$b"/bench/bench_mtp_bench .carry/bin/ || exit 1
     cp "$b"/tests/cuda/cuda_test_* .carry/bin/ 2>/dev/null
     strip --strip-debug .carry/bin/*
     # the shared-library closure minus glibc, the loader, the C++ runtime and
@@ -215,6 +215,13 @@ run)
             # oracle build, which still runs the head for every draft.
             echo "== 4B target with an MTP head" | tee -a "$SUM"
             "$B/bench_make_model" --shape "${MTP_SHAPE:-4b}" --mtp --out "$W/t4bm" | tee -a "$SUM"
+            # the head's own steps first (prime 3 rows, draft 3), graphs on and off
+            vl="${MTP_VOCABS:-0}"
+            for g in on off; do
+                timeout 120 "$B/bench_mtp_bench" --model "$W/t4bm" --graphs $g --backend \
+                    "${BACKEND:-cuda}" --vocab "0,${vl// /,}" 2>&1 | sed 's/^/mtp head: /' |
+                    tee -a "$SUM"
+            done
             start_stack mtp "$W/t4bm" --max-context 8192 || continue
             V="--vocab $(grep -o '"vocab_size": *[0-9]*' "$W/t4bm/config.json" | head -1 | grep -o '[0-9]*$')"
             load "mtp: plain b1" 1 "$REQ1" off $V --record "$W/truth-m.txt"

@@ -102,6 +102,13 @@ struct tdm_seq {
     int32_t *pend_tokens;    /* [max_draft+1] its tokens (no_buffer recompute) */
 };
 
+/* One value folded into a graph key (backend.h: graph_begin). */
+static inline uint64_t tdm_key_mix(uint64_t h, uint64_t v)
+{
+    h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
+}
+
 /* Loading (model.c), for the MTP head (mtp.c). Tensors are looked up under
  * the checkpoint's prefixes when with_prefix is set, as named otherwise;
  * what is placed is recorded in m->into. */
@@ -119,9 +126,9 @@ tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t ro
 /* Rows ids[0..n) of a [rows, cols] matrix, in that order, as their own
  * [n, cols] matrix (a copy, as tdm_model_load_matrix_cols makes);
  * INVALID_ARGUMENT naming the tensor for an id outside 0..rows-1. */
-tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_prefix,
-                                      int64_t rows, int64_t cols, const int32_t *ids, int n,
-                                      tdm_weight *w, tdm_error *err);
+tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_prefix, int64_t rows,
+                                      int64_t cols, const int32_t *ids, int n, tdm_weight *w,
+                                      tdm_error *err);
 /* A model of `dir` with its embedding, final norm and LM head but no
  * decoder layers (an MTP head's own copy of what it shares; no sequences). */
 tdm_status tdm_model_load_head(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err);

@@ -38,7 +38,9 @@ struct tdm_mtp {
     tdm_layer_weights layer; /* mtp.layers.0: a full-attention decoder layer */
     float *hid;              /* backend [rows, H]: a prime's hidden states, uploaded */
     float *hn;               /* backend [rows, H]: pre_fc_norm_hidden of a call's hidden states */
-    int rows;                /* rows hid and hn hold */
+    float *y[2];             /* backend [rows, H]: a draft chain's y rows, step by step in turn */
+    int rows;                /* rows hid, hn and y hold */
+    int graphs;              /* draft chains through the backend's graph slots */
     int32_t *dids;           /* backend [dcap]: drafts on the device, [step, sequence] */
     int dcap;
     /* The draft vocabulary (tdm_mtp_set_vocab); vn 0: the whole one. */
@@ -145,6 +147,8 @@ void tdm_mtp_destroy(tdm_mtp *h)
         tdm_weight_store_free(be, &h->store);
         be->free(be->ctx, h->hid);
         be->free(be->ctx, h->hn);
+        be->free(be->ctx, h->y[0]);
+        be->free(be->ctx, h->y[1]);
         be->free(be->ctx, h->dids);
         be->free(be->ctx, h->vmap);
     }
@@ -207,6 +211,11 @@ tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *e
     h->vmap = map;
     h->vn = n;
     return TDM_OK;
+}
+
+void tdm_mtp_set_graphs(tdm_mtp *h, int on)
+{
+    h->graphs = on != 0;
 }
 
 int tdm_mtp_vocab_size(const tdm_mtp *h)
@@ -301,7 +310,7 @@ size_t tdm_mtp_seq_bytes(const tdm_mtp_seq *s)
 /* ---- the forward pass -------------------------------------------------- */
 
 /* Room for calls of `rows` rows: the model's workspace and the head's
- * hidden-state buffers. */
+ * row buffers. */
 static tdm_status rows_ensure(tdm_mtp *h, int rows, tdm_error *err)
 {
     tdm_status rc = tdm_model_reserve_workspace(h->m, rows, err);
@@ -309,17 +318,21 @@ static tdm_status rows_ensure(tdm_mtp *h, int rows, tdm_error *err)
         return rc;
     tdm_backend *be = h->m->be;
     const size_t nb = (size_t)rows * (size_t)h->m->cfg.hidden_size * sizeof(float);
-    float *hid = be->alloc(be->ctx, nb), *hn = be->alloc(be->ctx, nb);
-    if (!hid || !hn) {
-        be->free(be->ctx, hid);
-        be->free(be->ctx, hn);
+    float *b[4];
+    int ok = 1;
+    for (int i = 0; i < 4; i++)
+        ok &= (b[i] = be->alloc(be->ctx, nb)) != NULL;
+    if (!ok) {
+        for (int i = 0; i < 4; i++)
+            be->free(be->ctx, b[i]);
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
                              "backend out of memory for MTP calls of %d rows", rows);
     }
-    be->free(be->ctx, h->hid);
-    be->free(be->ctx, h->hn);
-    h->hid = hid;
-    h->hn = hn;
+    float **mine[4] = {&h->hid, &h->hn, &h->y[0], &h->y[1]};
+    for (int i = 0; i < 4; i++) {
+        be->free(be->ctx, *mine[i]);
+        *mine[i] = b[i];
+    }
     h->rows = rows;
     return TDM_OK;
 }
@@ -327,11 +340,13 @@ static tdm_status rows_ensure(tdm_mtp *h, int rows, tdm_error *err)
 /* One forward of nseg segments: segment i is counts[i] rows of seqs[i] at
  * positions n_past .. n_past+counts[i]-1, rows in segment order; hid backend
  * [R, H] their hidden states, ids host [R] their tokens (or, when ids_dev is
- * not NULL, backend [R] written earlier in the queue: embed_dev). Leaves y = norm(x)
- * in ws.xn [R, H] and each segment's last y in its sequence's `last`;
- * advances every n_past. The caller has made room (rows_ensure, kv_ensure). */
+ * not NULL, backend [R] written earlier in the queue: embed_dev). Leaves y =
+ * norm(x) in ws.xn [R, H] and each segment's last y in its sequence's
+ * `last` or, with yout, y in yout [R, H] alone (ops only: a graph bracket may
+ * hold it; the caller brings `last` up to date). Advances every n_past. The
+ * caller has made room (rows_ensure, kv_ensure). */
 static void mtp_rows(tdm_mtp_seq *const *seqs, const int *counts, int nseg, const float *hid,
-                     const int32_t *ids, const int32_t *ids_dev, int R)
+                     const int32_t *ids, const int32_t *ids_dev, float *yout, int R)
 {
     tdm_mtp *h = seqs[0]->h;
     tdm_model *m = h->m;
@@ -356,16 +371,17 @@ static void mtp_rows(tdm_mtp_seq *const *seqs, const int *counts, int nseg, cons
         be->embed_dev(bx, w->xn, m->embed, ids_dev, R, H); /* [R, H] */
     else
         be->embed(bx, w->xn, m->embed, ids, R, H);
-    be->rmsnorm(bx, w->xn, w->xn, h->norm_e, R, H, eps, 1);    /* e */
-    be->rmsnorm(bx, h->hn, hid, h->norm_h, R, H, eps, 1);      /* g */
-    be->matmul(bx, w->x, w->xn, h->fc_e, R, H, H, 0);          /* x = e·fc_eᵀ */
-    be->matmul(bx, w->x, h->hn, h->fc_h, R, H, H, 1);          /* x += g·fc_hᵀ */
-    tdm_fwd_attention(m, &h->layer, R, pos, as, kc, vc, nseg); /* x += attention */
-    tdm_fwd_mlp(m, &h->layer, R);                              /* x += MLP */
-    be->rmsnorm(bx, w->xn, w->x, h->norm, R, H, eps, 1);       /* y */
+    be->rmsnorm(bx, w->xn, w->xn, h->norm_e, R, H, eps, 1);            /* e */
+    be->rmsnorm(bx, h->hn, hid, h->norm_h, R, H, eps, 1);              /* g */
+    be->matmul(bx, w->x, w->xn, h->fc_e, R, H, H, 0);                  /* x = e·fc_eᵀ */
+    be->matmul(bx, w->x, h->hn, h->fc_h, R, H, H, 1);                  /* x += g·fc_hᵀ */
+    tdm_fwd_attention(m, &h->layer, R, pos, as, kc, vc, nseg);         /* x += attention */
+    tdm_fwd_mlp(m, &h->layer, R);                                      /* x += MLP */
+    be->rmsnorm(bx, yout ? yout : w->xn, w->x, h->norm, R, H, eps, 1); /* y */
     for (int i = 0; i < nseg; i++) {
         const size_t last = (size_t)(as[i].row0 + counts[i] - 1);
-        be->copy(bx, seqs[i]->last, w->xn + last * (size_t)H, (size_t)H * sizeof(float));
+        if (!yout)
+            be->copy(bx, seqs[i]->last, w->xn + last * (size_t)H, (size_t)H * sizeof(float));
         seqs[i]->n_past += counts[i];
         seqs[i]->has_last = 1;
     }
@@ -445,7 +461,7 @@ tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *cons
                 at = 0;
             }
         }
-        mtp_rows(pseq, pcount, np, h->hid, ids, NULL, R);
+        mtp_rows(pseq, pcount, np, h->hid, ids, NULL, NULL, R);
         if (logits) {
             be->matmul(be->ctx, m->ws.logits, m->ws.xn, m->lm_head, R, (int)H, (int)V, 0);
             be->download(be->ctx, logits + g0 * V, m->ws.logits, (size_t)R * V * sizeof(float));
@@ -533,8 +549,8 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     /* The head's rows a draft step reads: Vd of them, token vids[i] at i. */
     const size_t Vd = h->vn ? (size_t)h->vn : V;
     const tdm_weight head = h->vn ? h->vhead : m->lm_head;
-    /* Longest chains first: step j runs a prefix of them, in the order of
-     * step j - 1's argmax rows, so a step's ids on the device line up. */
+    /* Longest chains first: step j runs a prefix of them (x < na[j]), so
+     * sequence ord[x]'s rows are row x of every step. */
     int *ord = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++) {
         int x = i;
@@ -550,54 +566,100 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     int32_t *rows = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
     int32_t *am = tdm_xmalloc((size_t)nseq * (size_t)kmax * sizeof(int32_t));
     size_t *out0 = tdm_xmalloc((size_t)nseq * sizeof(size_t)); /* each one's first logits row */
+    int *na = tdm_xmalloc((size_t)kmax * sizeof(int));         /* sequences drafting at step j */
+    int *saved = tdm_xmalloc(2 * (size_t)nseq * sizeof(int));
     for (int i = 0, o = 0; i < nseq; o += k[i], i++) {
         ones[i] = 1;
         rows[i] = i;
         out0[i] = (size_t)o;
     }
     for (int j = 0; j < kmax; j++) {
-        /* Rows: the sequences still drafting, after their first draft or
-         * with a draft carried over, each with its last y and draft. */
-        int na = 0, nr = 0;
-        while (na < nseq && k[ord[na]] > j)
-            na++;
-        const bool dev_ids = device && j > 0 && !forced;
-        for (int x = 0; x < na; x++) {
-            const int i = ord[x];
-            tdm_mtp_seq *s = seqs[i];
-            if (j == 0 && s->carry < 0)
-                continue;
-            be->copy(bx, h->hid + (size_t)nr * H, s->last, H * sizeof(float));
-            ids[nr] = j == 0    ? s->carry
-                      : forced  ? forced[i][j - 1]
-                      : dev_ids ? 0
-                                : drafts[i][j - 1];
-            run[nr++] = s;
-        }
-        if (nr > 0) {
-            mtp_rows(run, ones, nr, h->hid, ids, dev_ids ? h->dids + (size_t)(j - 1) * nseq : NULL,
-                     nr);
-            for (int x = 0; x < nr; x++)
-                run[x]->drafted++;
-        }
-        /* Each drafting sequence's y, gathered, through the LM head. */
-        for (int x = 0; x < na; x++)
-            be->copy(bx, h->hn + (size_t)x * H, seqs[ord[x]]->last, H * sizeof(float));
-        be->matmul(bx, m->ws.logits, h->hn, head, na, (int)H, (int)Vd, 0); /* [na, Vd] */
-        if (device) {
-            be->argmax_to(bx, h->dids + (size_t)j * nseq, m->ws.logits, rows, na, (int)Vd,
-                          h->vn ? h->vmap : NULL);
+        na[j] = 0;
+        while (na[j] < nseq && k[ord[na[j]]] > j)
+            na[j]++;
+    }
+
+    /* Step 0: the carried drafts run, one row each; then every sequence's
+     * last y, gathered into y[0], gives its first draft. */
+    int nr = 0;
+    for (int x = 0; x < nseq; x++) {
+        tdm_mtp_seq *q = seqs[ord[x]];
+        if (q->carry < 0)
             continue;
+        be->copy(bx, h->hid + (size_t)nr * H, q->last, H * sizeof(float));
+        ids[nr] = q->carry;
+        run[nr++] = q;
+    }
+    if (nr > 0)
+        mtp_rows(run, ones, nr, h->hid, ids, NULL, NULL, nr);
+    for (int x = 0; x < nr; x++)
+        run[x]->drafted++;
+    for (int x = 0; x < nseq; x++)
+        be->copy(bx, h->y[0] + (size_t)x * H, seqs[ord[x]]->last, H * sizeof(float));
+    for (int x = 0; x < nseq; x++)
+        run[x] = seqs[ord[x]];
+
+    /* Steps 1 .. kmax-1 read the previous step's y rows and drafts and
+     * write their own y rows into the other buffer: only ops, so on the
+     * device the chain is one graph (after the step-0 head below). */
+    const bool graph = device && h->graphs && be->graph_begin && kmax > 1;
+    uint64_t key = tdm_key_mix(0x13198a2e03707344ull, (uint64_t)(uintptr_t)h);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->ws.block);
+    key = tdm_key_mix(key, (uint64_t)m->ws.rows);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)h->y[0]);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)h->dids);
+    key = tdm_key_mix(key, ((uint64_t)nseq << 1) | (forced != NULL));
+    for (int x = 0; x < nseq; x++)
+        key = tdm_key_mix(key, (uint64_t)k[ord[x]]);
+    for (int x = 0; x < nseq; x++) {
+        saved[2 * x] = run[x]->n_past;
+        saved[2 * x + 1] = run[x]->drafted;
+    }
+    for (int pass = 0;; pass++) {
+        for (int j = 0; j < kmax; j++) {
+            float *y = h->y[j % 2];
+            if (j == 1 && graph && pass == 0)
+                be->graph_begin(bx, key);
+            if (j > 0) {
+                const int32_t *dev = device && !forced ? h->dids + (size_t)(j - 1) * nseq : NULL;
+                for (int x = 0; x < na[j]; x++)
+                    ids[x] = forced ? forced[ord[x]][j - 1] : dev ? 0 : drafts[ord[x]][j - 1];
+                mtp_rows(run, ones, na[j], h->y[(j + 1) % 2], ids, dev, y, na[j]);
+                for (int x = 0; x < na[j]; x++)
+                    run[x]->drafted++;
+            }
+            /* The drafting sequences' y through the LM head (or its draft
+             * vocabulary's rows). */
+            be->matmul(bx, m->ws.logits, y, head, na[j], (int)H, (int)Vd, 0); /* [na, Vd] */
+            if (device) {
+                be->argmax_to(bx, h->dids + (size_t)j * nseq, m->ws.logits, rows, na[j], (int)Vd,
+                              h->vn ? h->vmap : NULL);
+                continue;
+            }
+            be->argmax(bx, am, m->ws.logits, na[j], (int)Vd);
+            for (int x = 0; x < na[j]; x++) {
+                const int i = ord[x];
+                drafts[i][j] = forced ? forced[i][j] : h->vn ? h->vids[am[x]] : am[x];
+                if (logits) /* the row's first Vd values; spread out below */
+                    be->download(bx, logits + (out0[i] + (size_t)j) * V,
+                                 m->ws.logits + (size_t)x * Vd, Vd * sizeof(float));
+            }
         }
-        be->argmax(bx, am, m->ws.logits, na, (int)Vd);
-        for (int x = 0; x < na; x++) {
-            const int i = ord[x];
-            drafts[i][j] = forced ? forced[i][j] : h->vn ? h->vids[am[x]] : am[x];
-            if (logits) /* the row's first Vd values; spread out below */
-                be->download(bx, logits + (out0[i] + (size_t)j) * V, m->ws.logits + (size_t)x * Vd,
-                             Vd * sizeof(float));
+        if (!graph || pass > 0 || be->graph_end(bx) == 0)
+            break;
+        /* The replay did not match its graph and nothing of steps 1.. ran:
+         * again, eagerly (step 0's work is queued already; it runs again,
+         * to the same bits). */
+        for (int x = 0; x < nseq; x++) {
+            run[x]->n_past = saved[2 * x];
+            run[x]->drafted = saved[2 * x + 1];
         }
     }
+    /* Each sequence's last y, from the buffer of its last step. */
+    for (int x = 0; x < nseq; x++)
+        if (k[ord[x]] > 1)
+            be->copy(bx, run[x]->last, h->y[(k[ord[x]] - 1) % 2] + (size_t)x * H,
+                     H * sizeof(float));
     if (device)
         be->download(bx, am, h->dids, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
     be->sync(bx);
@@ -616,6 +678,8 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     free(rows);
     free(am);
     free(out0);
+    free(na);
+    free(saved);
     return TDM_OK;
 }
 

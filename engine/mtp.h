@@ -72,6 +72,10 @@ const tdm_model_config *tdm_mtp_get_config(const tdm_mtp *h);
 tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *err);
 /* Tokens a draft can be: the draft vocabulary's, or the model's. */
 int tdm_mtp_vocab_size(const tdm_mtp *h);
+/* Whether a draft's steps after its first go through the backend's graph
+ * slots (backend.h: graph_begin), as one launch on a backend with graphs
+ * and device drafting; off by default. The same bits either way. */
+void tdm_mtp_set_graphs(tdm_mtp *h, int on);
 
 /* A sequence of the head: an empty KV cache for max_positions positions (0:
  * it starts small and grows). */

@@ -148,6 +148,7 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
                                 "cannot load",
                                 model);
     }
+    tdm_mtp_set_graphs(rt->mtp, tdm_cfg_bool(cfg, "cuda_graphs"));
     const char *vocab = tdm_cfg_str(cfg, "draft_vocab");
     if (vocab[0]) {
         int32_t *ids = NULL;

@@ -195,12 +195,6 @@ static void step_scratch_free(fwd_step *st)
     free(st->vc);
 }
 
-static uint64_t key_mix(uint64_t h, uint64_t v)
-{
-    h = (h ^ v) * 0x9e3779b97f4a7c15ull;
-    return h ^ (h >> 29);
-}
-
 /* The graph key of a step (backend.h: it must determine everything the ops
  * receive by value). The model fixes weights and sizes; the workspace block
  * and its row capacity fix every activation pointer; the rows per sequence,
@@ -212,12 +206,13 @@ static uint64_t key_mix(uint64_t h, uint64_t v)
  * the sequences are and whichever sequences fill the rows. */
 static uint64_t fwd_key(const tdm_model *m, const fwd_step *st)
 {
-    uint64_t h = key_mix(0x243f6a8885a308d3ull, (uint64_t)(uintptr_t)m);
-    h = key_mix(h, (uint64_t)(uintptr_t)m->ws.block);
-    h = key_mix(h, (uint64_t)m->ws.rows);
-    h = key_mix(h, ((uint64_t)st->nseq << 3) | ((uint64_t)st->prefill << 2) | (uint64_t)st->logits);
+    uint64_t h = tdm_key_mix(0x243f6a8885a308d3ull, (uint64_t)(uintptr_t)m);
+    h = tdm_key_mix(h, (uint64_t)(uintptr_t)m->ws.block);
+    h = tdm_key_mix(h, (uint64_t)m->ws.rows);
+    h = tdm_key_mix(h, ((uint64_t)st->nseq << 3) | ((uint64_t)st->prefill << 2) |
+                           (uint64_t)st->logits);
     for (int i = 0; i < st->nseq; i++)
-        h = key_mix(h, ((uint64_t)st->counts[i] << 2) | (uint64_t)st->extra[i]);
+        h = tdm_key_mix(h, ((uint64_t)st->counts[i] << 2) | (uint64_t)st->extra[i]);
     return h;
 }
 
@@ -918,14 +913,14 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     const int V = m->cfg.vocab_size;
     /* The key: the model, the workspace, where the tokens go, and per
      * chain its length, lead rows and strategy (backend.h). */
-    uint64_t key = key_mix(0x452821e638d01377ull, (uint64_t)(uintptr_t)m);
-    key = key_mix(key, (uint64_t)(uintptr_t)m->ws.block);
-    key = key_mix(key, (uint64_t)m->ws.rows);
-    key = key_mix(key, (uint64_t)(uintptr_t)m->draft_ids);
-    key = key_mix(key, ((uint64_t)nseq << 1) | (forced != NULL));
+    uint64_t key = tdm_key_mix(0x452821e638d01377ull, (uint64_t)(uintptr_t)m);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->ws.block);
+    key = tdm_key_mix(key, (uint64_t)m->ws.rows);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->draft_ids);
+    key = tdm_key_mix(key, ((uint64_t)nseq << 1) | (forced != NULL));
     for (int x = 0; x < nseq; x++)
-        key = key_mix(key, ((uint64_t)k[ord[x]] << 40) | ((uint64_t)nlead[ord[x]] << 8) |
-                               (uint64_t)sq[x]->p.strategy);
+        key = tdm_key_mix(key, ((uint64_t)k[ord[x]] << 40) | ((uint64_t)nlead[ord[x]] << 8) |
+                                   (uint64_t)sq[x]->p.strategy);
     for (int pass = 0;; pass++) {
         const bool graph = m->graphs && be->graph_begin && pass == 0;
         if (graph)

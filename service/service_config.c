@@ -205,9 +205,10 @@
          0,                                                                                        \
          NULL,                                                                                     \
          GRP_MODEL,                                                                                \
-         "On the cuda backend, run each decode or verify step as a CUDA graph: captured the "      \
-         "second time a step of its shape comes, then replayed as one launch instead of hundreds " \
-         "(same results to the bit). The cpu backend has no graphs; there it changes nothing."},   \
+         "On the cuda backend, run each decode or verify step (and an MTP head's draft steps) "    \
+         "as a CUDA graph: captured the second time a step of its shape comes, then replayed as "  \
+         "one launch instead of hundreds (same results to the bit). The cpu backend has no "       \
+         "graphs; there it changes nothing."},                                                     \
         {"state_strategy",                                                                         \
          TDM_CFG_ENUM,                                                                             \
          "auto",                                                                                   \

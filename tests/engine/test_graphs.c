@@ -13,8 +13,13 @@
  *    whichever sequences fill the rows, no_buffer verify rows, which run as
  *    decode rows do); different where the ops differ (rows, their split,
  *    extra_buffer verify rows, logits or not, a prompt chunk);
- *  - with tdm_model_set_graphs(m, 0) no graph slot is called.
+ *  - with tdm_model_set_graphs(m, 0) no graph slot is called;
+ *  - an MTP head's draft chain (tdm_mtp_set_graphs): steps after the first
+ *    bracketed, op slots only inside, refused chains run again, the drafts
+ *    and the next prime's logits those of the plain CPU backend.
  */
+#include "bench_util.h"
+#include "mtp.h"
 #include "steps.h"
 #include "util.h"
 
@@ -345,6 +350,84 @@ static void check_draft_forms(const char *name, tdm_backend *cpu)
     tdm_model_destroy(host);
 }
 
+/* Rounds of prime, draft k and rollback on an MTP head, the same on the
+ * plain CPU backend and on the dressed one with the head's graphs on. */
+static void check_mtp(tdm_backend *cpu, tdm_backend *fake)
+{
+    static const bench_shape tiny = {"tiny", 64, 8, 96, 2, 1, 32, 2, 4, 16, 16, 320};
+    char dir[] = "/tmp/tandem_graphs_mtp_XXXXXX", msg[512];
+    CHECK(mkdtemp(dir), "mkdtemp failed");
+    CHECK(bench_write_model_layout(dir, &tiny, BENCH_LAYOUT_MTP, 0, msg, sizeof(msg)) == 0, "%s",
+          msg);
+    tdm_error err;
+    tdm_mtp *h[2];
+    tdm_mtp_seq *q[2][2];
+    CHECK(tdm_mtp_open(dir, cpu, &h[0], &err) == TDM_OK &&
+              tdm_mtp_open(dir, fake, &h[1], &err) == TDM_OK,
+          "%s", err.msg);
+    tdm_mtp_set_graphs(h[1], 1);
+    enum { H = 64, T = 12, ROUNDS = 6 };
+    float hid[T * H];
+    int32_t next[T];
+    for (int i = 0; i < T * H; i++)
+        hid[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int i = 0; i < T; i++)
+        next[i] = (int32_t)((i * 29 + 5) % tiny.V);
+    float *logits[2];
+    for (int b = 0; b < 2; b++) {
+        logits[b] = malloc(2 * 3 * (size_t)tiny.V * sizeof(float));
+        for (int i = 0; i < 2; i++) {
+            CHECK(tdm_mtp_seq_create(h[b], 0, &q[b][i], &err) == TDM_OK, "%s", err.msg);
+            CHECK(tdm_mtp_prime(q[b][i], hid, next, 6 + i, NULL, &err) == TDM_OK, "%s", err.msg);
+        }
+    }
+    const long steps0 = fk.steps, refused0 = fk.refused;
+    fk.refuse_every = 3;
+    for (int r = 0; r < ROUNDS; r++) {
+        const int k[2] = {4, 2 + r % 3};
+        int32_t d[2][2][4];
+        for (int b = 0; b < 2; b++) {
+            int32_t *dp[2] = {d[b][0], d[b][1]};
+            CHECK(tdm_mtp_draft_n(q[b], 2, k, NULL, dp, NULL, &err) == TDM_OK, "%s", err.msg);
+            if (r % 2 == 1) /* a draft call continuing from the carried draft */
+                CHECK(tdm_mtp_draft_n(q[b], 2, k, NULL, dp, NULL, &err) == TDM_OK, "%s", err.msg);
+        }
+        for (int i = 0; i < 2; i++)
+            CHECK(memcmp(d[0][i], d[1][i], (size_t)k[i] * sizeof(int32_t)) == 0,
+                  "MTP round %d, sequence %d: drafts differ from the plain backend's", r, i);
+        /* The verdict: roll back to the primed prefix and prime a row or two;
+         * the primed rows' logits must match too. */
+        for (int b = 0; b < 2; b++)
+            for (int i = 0; i < 2; i++) {
+                const int at = tdm_mtp_seq_length(q[b][i]) - (r % 2 ? 2 * k[i] - 1 : k[i] - 1);
+                CHECK(tdm_mtp_rollback(q[b][i], at, &err) == TDM_OK, "%s", err.msg);
+                const int n = 1 + (r + i) % 2, p = (at + r) % (T - 2);
+                CHECK(tdm_mtp_prime(q[b][i], hid + (size_t)p * H, next + p, n,
+                                    logits[b] + (size_t)i * 3 * tiny.V, &err) == TDM_OK,
+                      "%s", err.msg);
+                if (b == 1)
+                    CHECK(memcmp(logits[0] + (size_t)i * 3 * tiny.V,
+                                 logits[1] + (size_t)i * 3 * tiny.V,
+                                 (size_t)n * tiny.V * sizeof(float)) == 0,
+                          "MTP round %d, sequence %d: primed logits differ", r, i);
+            }
+    }
+    fk.refuse_every = 0;
+    CHECK(fk.steps - steps0 >= ROUNDS, "MTP: %ld chains bracketed", fk.steps - steps0);
+    CHECK(fk.refused > refused0, "MTP: no chain was refused");
+    CHECK(fk.outside == 0, "MTP: %ld non-op slot calls inside a chain", fk.outside);
+    printf("MTP head: %ld draft chains bracketed, %ld refused and run again: drafts and primed "
+           "logits bit-identical\n",
+           fk.steps - steps0, fk.refused - refused0);
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; i < 2; i++)
+            tdm_mtp_seq_destroy(q[b][i]);
+        tdm_mtp_destroy(h[b]);
+        free(logits[b]);
+    }
+    dir_remove(dir);
+}
+
 int main(void)
 {
     tdm_backend *cpu = test_backend();
@@ -354,6 +437,7 @@ int main(void)
     check_script("bf16_alt", cpu, &fake, 2);
     check_script("f32_odd", cpu, &fake, 0);
     check_keys(&fake);
+    check_mtp(cpu, &fake);
     cpu->destroy(cpu);
     printf("engine graphs: all checks passed\n");
     return 0;
