@@ -149,12 +149,13 @@ int main(int argc, char **argv)
         }
         const double mp = median(tp, iters), md = median(td, iters);
         const size_t es = 2; /* bf16 */
-        const double head_mb = (double)tdm_mtp_weight_bytes(h) / 1e6;
         const double lm_mb = (double)(nv[v] ? (size_t)nv[v] : (size_t)V) * (size_t)H * es / 1e6;
+        /* the head's own weights count the vocabulary's rows it copied */
+        const double head_mb = (double)tdm_mtp_weight_bytes(h) / 1e6 - (nv[v] ? lm_mb : 0);
         printf("graphs %s, vocab %6d: prime %d rows %7.1f us, draft k=%d %7.1f us (%6.1f a token); "
                "a draft "
-               "step streams %.0f MB of head (own weights, the vocabulary's rows counted once) + "
-               "%.0f MB of LM head rows; prime + draft %.1f us\n",
+               "step streams %.0f MB of head layer and fc + %.0f MB of LM head rows; prime + draft "
+               "%.1f us\n",
                graphs ? "on" : "off", nv[v] ? nv[v] : V, rows, mp, k, md, md / k, head_mb, lm_mb,
                mp + md);
         fflush(stdout);

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #define MTP_KV_INITIAL_CAP 64
+#define MTP_GRAPH_ROWS 16 /* primes of at most this many rows run as a graph */
 
 struct tdm_mtp {
     tdm_model *m;            /* the target (borrowed), or `own` */
@@ -408,6 +409,39 @@ static tdm_status check_batch(tdm_mtp_seq *const *seqs, int nseq, tdm_error *err
     return TDM_OK;
 }
 
+/* mtp_rows of a prime (hidden states in h->hid) through the backend's graph
+ * slots: y rows into h->y[0], then each segment's last row into its
+ * sequence's `last`, after the bracket. */
+static void prime_graph(tdm_mtp_seq *const *seqs, const int *counts, int nseg, const int32_t *ids,
+                        int R)
+{
+    tdm_mtp *h = seqs[0]->h;
+    tdm_model *m = h->m;
+    tdm_backend *be = m->be;
+    const size_t H = (size_t)m->cfg.hidden_size;
+    uint64_t key = tdm_key_mix(0xa4093822299f31d0ull, (uint64_t)(uintptr_t)h);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->ws.block);
+    key = tdm_key_mix(key, (uint64_t)m->ws.rows);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)h->hid);
+    key = tdm_key_mix(key, (uint64_t)(uintptr_t)h->y[0]);
+    key = tdm_key_mix(key, (uint64_t)nseg);
+    int saved[MTP_GRAPH_ROWS];
+    for (int i = 0; i < nseg; i++) {
+        key = tdm_key_mix(key, (uint64_t)counts[i]);
+        saved[i] = seqs[i]->n_past;
+    }
+    be->graph_begin(be->ctx, key);
+    mtp_rows(seqs, counts, nseg, h->hid, ids, NULL, h->y[0], R);
+    if (be->graph_end(be->ctx) != 0) { /* refused: nothing ran; again, eagerly */
+        for (int i = 0; i < nseg; i++)
+            seqs[i]->n_past = saved[i];
+        mtp_rows(seqs, counts, nseg, h->hid, ids, NULL, h->y[0], R);
+    }
+    for (int i = 0, r = 0; i < nseg; r += counts[i], i++)
+        be->copy(be->ctx, seqs[i]->last, h->y[0] + (size_t)(r + counts[i] - 1) * H,
+                 H * sizeof(float));
+}
+
 tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *const *hidden,
                            const int32_t *const *next, const int *n, float *logits, tdm_error *err)
 {
@@ -441,6 +475,8 @@ tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *cons
         if ((rc = kv_ensure(seqs[i], seqs[i]->n_past + n[i], err)) != TDM_OK)
             return rc;
     const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    /* A verdict's few rows as one graph; a prompt's many, eagerly. */
+    const bool graph = !logits && h->graphs && be->graph_begin && total <= MTP_GRAPH_ROWS;
     tdm_mtp_seq **pseq = tdm_xmalloc((size_t)chunk * sizeof(*pseq));
     int *pcount = tdm_xmalloc((size_t)chunk * sizeof(int));
     int32_t *ids = tdm_xmalloc((size_t)chunk * sizeof(int32_t));
@@ -461,14 +497,20 @@ tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *cons
                 at = 0;
             }
         }
-        mtp_rows(pseq, pcount, np, h->hid, ids, NULL, NULL, R);
+        if (graph)
+            prime_graph(pseq, pcount, np, ids, R);
+        else
+            mtp_rows(pseq, pcount, np, h->hid, ids, NULL, NULL, R);
         if (logits) {
             be->matmul(be->ctx, m->ws.logits, m->ws.xn, m->lm_head, R, (int)H, (int)V, 0);
             be->download(be->ctx, logits + g0 * V, m->ws.logits, (size_t)R * V * sizeof(float));
         }
         g0 += (size_t)R;
     }
-    be->sync(be->ctx);
+    /* Without logits the rows stay queued: the next call (a draft) queues
+     * behind them and waits once, at its end. */
+    if (logits)
+        be->sync(be->ctx);
     for (int i = 0; i < nseq; i++)
         seqs[i]->carry = -1;
     free(pseq);
