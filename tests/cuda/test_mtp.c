@@ -9,6 +9,9 @@
  *  - GPU against the CPU backend: the primed rows' and the drafts' logits
  *    within normalised error 1e-5 (fp32 arithmetic over the same weights,
  *    the target's hidden states included), the same drafts.
+ *  - Graphs (tdm_mtp_set_graphs): rounds of a verdict's prime and a draft
+ *    chain of two sequences, with a draft vocabulary and without, replayed
+ *    as CUDA graphs, give the drafts of the same rounds run eagerly.
  */
 #include "bench_util.h"
 #include "cuda_test.h"
@@ -31,6 +34,69 @@ static void run(tdm_backend *be, const char *dir, const char *name, mtp_steps_ou
     tdm_mtp_destroy(h2);
     tdm_mtp_destroy(h);
     tdm_model_destroy(m);
+}
+
+/* Rounds of prime (1-3 rows, no logits) and draft (k 2-4) on two sequences,
+ * on a head with graphs and on one without: the same drafts every round. */
+static void graphs(tdm_backend *gpu, const char *dir, int vocab)
+{
+    tdm_error err;
+    tdm_mtp *h[2];
+    tdm_mtp_seq *q[2][2];
+    enum { T = 24, ROUNDS = 12 };
+    const int H = tiny.H;
+    float *hid = malloc((size_t)T * (size_t)H * sizeof(float));
+    int32_t next[T], ids[64];
+    for (int i = 0; i < T * H; i++)
+        hid[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int i = 0; i < T; i++)
+        next[i] = (int32_t)((i * 29 + 5) % tiny.V);
+    for (int i = 0; i < 64; i++)
+        ids[i] = (int32_t)(i * 5);
+    for (int b = 0; b < 2; b++) {
+        CHECK(tdm_mtp_open(dir, gpu, &h[b], &err) == TDM_OK, "%s", err.msg);
+        tdm_mtp_set_graphs(h[b], b);
+        CHECK(!vocab || tdm_mtp_set_vocab(h[b], ids, 64, &err) == TDM_OK, "%s", err.msg);
+        for (int i = 0; i < 2; i++) {
+            CHECK(tdm_mtp_seq_create(h[b], 0, &q[b][i], &err) == TDM_OK, "%s", err.msg);
+            CHECK(tdm_mtp_prime(q[b][i], hid, next, 8 + i, NULL, &err) == TDM_OK, "%s", err.msg);
+        }
+    }
+    tdm_cuda_graph_stats g0, g1;
+    tdm_cuda_graph_stats_get(gpu, &g0);
+    for (int r = 0; r < ROUNDS; r++) {
+        const int k[2] = {3, 2 + r % 3};
+        int32_t d[2][2][4];
+        for (int b = 0; b < 2; b++) {
+            int32_t *dp[2] = {d[b][0], d[b][1]};
+            CHECK(tdm_mtp_draft_n(q[b], 2, k, NULL, dp, NULL, &err) == TDM_OK, "%s", err.msg);
+            for (int i = 0; i < 2; i++) {
+                const int at = tdm_mtp_seq_length(q[b][i]) - (k[i] - 1);
+                CHECK(tdm_mtp_rollback(q[b][i], at, &err) == TDM_OK, "%s", err.msg);
+                const int n = 1 + (r + i) % 3, p = (at + r) % (T - 3);
+                CHECK(tdm_mtp_prime(q[b][i], hid + (size_t)p * H, next + p, n, NULL, &err) ==
+                          TDM_OK,
+                      "%s", err.msg);
+            }
+        }
+        for (int i = 0; i < 2; i++)
+            CHECK(memcmp(d[0][i], d[1][i], (size_t)k[i] * sizeof(int32_t)) == 0,
+                  "vocab %d, round %d, sequence %d: drafts with graphs differ from eager ones",
+                  vocab, r, i);
+    }
+    tdm_cuda_graph_stats_get(gpu, &g1);
+    CHECK(g1.replayed > g0.replayed, "no MTP graph was replayed");
+    printf("MTP graphs%s: %d rounds, drafts equal to eager ones; %llu graphs captured, %llu "
+           "replayed\n",
+           vocab ? " with a draft vocabulary" : "", ROUNDS,
+           (unsigned long long)(g1.captured - g0.captured),
+           (unsigned long long)(g1.replayed - g0.replayed));
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; i < 2; i++)
+            tdm_mtp_seq_destroy(q[b][i]);
+        tdm_mtp_destroy(h[b]);
+    }
+    free(hid);
 }
 
 int main(void)
@@ -62,6 +128,8 @@ int main(void)
               cases[i].name);
         mtp_steps_out_free(&g);
         mtp_steps_out_free(&c);
+        graphs(gpu, dir, 0);
+        graphs(gpu, dir, 1);
         dir_remove(dir);
     }
     gpu->destroy(gpu);
