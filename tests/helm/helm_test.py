@@ -299,6 +299,17 @@ def case_render():
     check(cfg["verifier.yaml"].get("feature_transport") == "shm" and
           cfg["drafter.yaml"].get("feature_transport") == "shm",
           "%s: feature_transport shm in both files" % label)
+    # A draft vocabulary: in the ConfigMap, named by the drafter's file.
+    ids = write("ids.txt", "# ranked\n11\n7, 3\n")
+    objs = render("mtp-vocab", "--set", "speculative.drafterKind=mtp", "--set-file",
+                  "speculative.draftVocab=" + ids)
+    cfg = check_common("mtp-vocab", objs, "remote")
+    cm = one(objs, "ConfigMap", "rel-tandem-config")
+    check(cm["data"].get("draft-vocab.txt") == "# ranked\n11\n7, 3\n" and
+          cfg["drafter.yaml"].get("draft_vocab") == "/etc/tandem/config/draft-vocab.txt" and
+          "draft_vocab" not in cfg["verifier.yaml"],
+          "mtp-vocab: the list in the ConfigMap, the drafter's draft_vocab names it: %s" %
+          cfg["drafter.yaml"])
     objs = render("remote-mtp", "--set", "speculative.drafterKind=mtp")
     cfg = check_common("remote-mtp", objs, "remote")
     ver = one(objs, "Deployment", "rel-tandem-verifier")
@@ -382,6 +393,29 @@ def case_check_config():
     check(r.returncode == 0 and "1 pair(s) compatible, 0 refused" in r.stdout,
           "tandem check-config on the rendered files: rc %d\n%s%s" % (r.returncode, r.stdout,
                                                                       r.stderr))
+    # A draft vocabulary rendered by the chart passes the MTP drafter's own
+    # check of the list against the model (the demo target carries a head).
+    r = template("--set", "models.target=%s/models/demo-target,speculative.drafterKind=mtp,"
+                 "speculative.draftVocab=5 9 4095" % src, "--show-only",
+                 "templates/configmap.yaml")
+    if check(r.returncode == 0, "render the ConfigMap with a draft vocabulary: %s" % r.stderr):
+        data = yaml.safe_load(r.stdout)["data"]
+        write("mounts/etc/tandem/config/draft-vocab.txt", data["draft-vocab.txt"])
+        dfile = write("cfg/drafter-vocab.yaml",
+                      data["drafter.yaml"].replace("/etc/tandem/", root + "/etc/tandem/"))
+        vfile = write("cfg/verifier-vocab.yaml",
+                      data["verifier.yaml"].replace("/etc/tandem/", root + "/etc/tandem/"))
+        r = sh([ARGS.cli, "check-config", "--verifier", vfile, "--drafter", dfile, "--verbose"])
+        check(r.returncode == 0 and re.search(r"^draft_vocab: +%s" % re.escape(
+            root + "/etc/tandem/config/draft-vocab.txt"), r.stdout, re.M) and
+              "1 pair(s) compatible" in r.stdout,
+              "tandem check-config on the chart's MTP drafter with a draft vocabulary: rc %d\n"
+              "%s%s" % (r.returncode, r.stdout, r.stderr))
+        # ... and an id past the model's vocabulary fails it, naming the file.
+        write("mounts/etc/tandem/config/draft-vocab.txt", "5 4096\n")
+        r = sh([ARGS.cli, "check-config", "--verifier", vfile, "--drafter", dfile])
+        check(r.returncode != 0 and "token 4096 is outside the model's vocabulary" in r.stdout,
+              "a list past the vocabulary: rc %d\n%s" % (r.returncode, r.stdout))
     # draft-block-size: the chart's message and the services' agree.
     v = write("cfg/v.yaml", "model: %s/models/demo-target\nmax_draft_tokens: 8\n" % src)
     dd = write("cfg/d.yaml", "model: %s/models/demo-drafter\ndraft_block_size: 12\n" % src)
