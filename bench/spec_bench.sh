@@ -248,6 +248,12 @@ run)
                         TANDEM_BENCH_ORACLE="$W/truth-mall.txt" TANDEM_BENCH_ACCEPT="$a" || continue
                     load "mtp: a=$a fixed 3 $tr$vt b1" 1 "$REQ1" on $V --block 3 --fixed \
                         --check "$W/truth-m.txt"
+                    # the drafter's side of those rounds (metrics above its health port): a block's time
+                    # against its draft pass's (the head's own work)
+                    curl -s "127.0.0.1:$((port + 2))/metrics" |
+                        grep -E '^tandem_drafter_(block|pass)_duration_seconds_(sum|count)' |
+                        tr '\n' ' ' | sed "s/^/mtp: drafter a=$a $tr$vt b1: /; s/\$/\n/" |
+                        tee -a "$SUM"
                     [ "$a" = 0.8 ] && [ "$tr" = shm ] || continue
                     for k in 2 4; do
                         load "mtp: a=$a fixed $k $tr$vt b1" 1 "$REQ1" on $V --block $k --fixed

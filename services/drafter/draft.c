@@ -1241,10 +1241,11 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
             ahead = !st.head && ahead_pending(&st);
             pthread_mutex_unlock(&st.mu);
         }
-        double t0 = now_us();
-        if (any || ahead)
+        if (any || ahead) {
+            const double t0 = now_us();
             draft_pass(&st, ahead);
-        (void)t0;
+            tdm_metric_observe(d->pass_time, NULL, (now_us() - t0) / 1e6);
+        }
         pthread_mutex_unlock(&d->model_mu);
         tdm_error werr = {0};
         if ((any || ahead) && send_blocks(&st, ahead, &werr) != TDM_OK) {
@@ -1387,6 +1388,11 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         tdm_metrics_histogram(tdm_service_metrics(svc), "tandem_drafter_block_duration_seconds",
                               "Time from a verdict (or open) to the block drafted for it.", NULL,
                               tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
+    d->pass_time = tdm_metrics_histogram(
+        tdm_service_metrics(svc), "tandem_drafter_pass_duration_seconds",
+        "Time of a draft pass: the drafter's model or head over the stream's sequences that want "
+        "a block (the rest of a block's duration is taking in the messages and sending).",
+        NULL, tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
     tdm_service_set_counters(svc, counters, d);
     tdm_service_set_load(svc, load, d);
     tdm_rpc_server_on_shutdown(tdm_service_server(svc), drafter_on_shutdown, d);

@@ -42,6 +42,7 @@ typedef struct drafter {
     uint64_t feat_rows_shm, feat_bytes_shm, feat_rows_grpc, feat_bytes_grpc;
     uint64_t shm_accepted, shm_refused;
     tdm_metric *block_time; /* time to draft a block (the service's registry) */
+    tdm_metric *pass_time;  /* time of a draft pass (the same) */
 } drafter;
 
 /* Loads the draft model (drafter_kind model) or the MTP head (mtp) and
