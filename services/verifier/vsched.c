@@ -52,11 +52,6 @@ struct vreq {
     bool seeded;   /* the client chose the seed */
     /* model state (scheduler thread only) */
     tdm_seq *seq;
-    /* The last verify's commit, not yet queued (commit_flush): it runs at
-     * the start of the sequence's next step, so the device is the drafter's
-     * while the drafter drafts from the verdict. */
-    bool commit_pending;
-    int commit_accepted;
     int32_t last;    /* newest token, not yet run through the model */
     bool fresh;      /* admitted; its first token not yet generated */
     bool prefilling; /* its prompt (but the last token) is not yet all in the model */
@@ -328,16 +323,6 @@ static void req_finish_locked(vreq *r, Tandem__V1__FinishReason reason, tdm_stat
     r->fail = fail;
     snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg ? msg : "");
     r->t_end = now_ms();
-}
-
-/* Queues the commit of r's last verify, if it waits: before anything else
- * uses r's model state (a step, a snapshot). */
-static tdm_status commit_flush(vreq *r, tdm_error *err)
-{
-    if (!r->commit_pending)
-        return TDM_OK;
-    r->commit_pending = false;
-    return tdm_seq_commit(r->seq, r->commit_accepted, err);
 }
 
 static void req_fail(vsched *s, vreq *r, tdm_status code, const char *msg)
@@ -829,8 +814,6 @@ static void job_export(vsched *s, snap_job *j)
         return;
     }
     vsched_snapshot *x = j->out;
-    if ((j->rc = commit_flush(r, &j->err)) != TDM_OK)
-        return;
     /* The digest is the caller's (vsched_export), off this thread. */
     j->rc = tdm_seq_snapshot_take(r->seq, s->p.fingerprint, r->tokens, r->n_tokens, &x->layout,
                                   &x->payload, &j->err);
@@ -1679,14 +1662,6 @@ static void run_step(vsched *s, vround *rd)
     rd->cost = rd->fixed = -1.0;
     rd->n_rows = 0;
     rd->drafted = 0;
-    /* Last round's commits first, on the device ahead of this step. */
-    for (int i = 0; i < rd->n; i++) {
-        tdm_error cerr = {0};
-        if (commit_flush(rd->seqs[i].r, &cerr) != TDM_OK) {
-            req_fail(s, rd->seqs[i].r, cerr.code, cerr.msg);
-            rd->seqs[i--] = rd->seqs[--rd->n]; /* out of this round */
-        }
-    }
     qsort(rd->seqs, (size_t)rd->n, sizeof(rd->seqs[0]), by_rows_desc);
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
@@ -1893,9 +1868,8 @@ static void round_store(vsched *s, vreq *r, const vround_seq *q, int accepted)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* 6. Verifies each sequence's block, marks the accepted prefix for commit
- * (queued by the next step, commit_flush), streams the new tokens and plans
- * what its drafter hears. */
+/* 6. Verifies each sequence's block, commits the accepted prefix, streams
+ * the new tokens and plans what its drafter hears. */
 static void verify_commit_emit(vsched *s, vround *rd)
 {
     bool any_spec = false;
@@ -1909,9 +1883,12 @@ static void verify_commit_emit(vsched *s, vround *rd)
         tdm_verdict v = verdict_of(s, rd, q);
         if (s->prefix)
             round_store(s, r, q, v.accepted);
-        if (q->k > 0) { /* queued by the next step (commit_flush) */
-            r->commit_pending = true;
-            r->commit_accepted = v.accepted;
+        if (q->k > 0) {
+            tdm_error cerr = {0};
+            if (tdm_seq_commit(r->seq, v.accepted, &cerr) != TDM_OK) {
+                req_fail(s, r, cerr.code, cerr.msg);
+                continue;
+            }
         }
         /* The committed positions' states: the row of the token it ran and
          * of each accepted draft (the last one gave the next token). */

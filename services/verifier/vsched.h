@@ -17,11 +17,8 @@
  * the others' tokens by a chunk, not by its whole prefill); wait for the
  * blocks asked for last round (each at most draft_timeout_ms after it was
  * asked for); run one batched forward pass over all decoding sequences (1
- * row for plain ones, 1 + k rows for those with a block); verify, stream the
- * new tokens, and send each drafter its verdict. The commit of the accepted
- * prefix is queued on the device at the start of the sequence's next step
- * (or before a snapshot of it), not before the verdict goes out: a drafter
- * on the same GPU then has the device to itself while it drafts.
+ * row for plain ones, 1 + k rows for those with a block); verify, commit the
+ * accepted prefix, stream the new tokens, and send each drafter its verdict.
  * Sequences join and leave between rounds; a request is cancelled between
  * chunks and rounds. A sequence ends at max_context positions (finish
  * reason CONTEXT).
