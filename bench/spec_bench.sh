@@ -37,7 +37,8 @@
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
 # MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
 # MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
-# N lowest ids, default "0": the whole vocabulary), REAL (0: the 4b part skips the real
+# N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
+# (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows) and RUNAHEAD (default "off on").
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -222,7 +223,7 @@ run)
                     "${BACKEND:-cuda}" --vocab "0,${vl// /,}" 2>&1 | sed 's/^/mtp head: /' |
                     tee -a "$SUM"
             done
-            start_stack mtp "$W/t4bm" --max-context 8192 || continue
+            start_stack mtp "$W/t4bm" --max-context 8192 ${MTP_VFLAGS:-} || continue
             V="--vocab $(grep -o '"vocab_size": *[0-9]*' "$W/t4bm/config.json" | head -1 | grep -o '[0-9]*$')"
             load "mtp: plain b1" 1 "$REQ1" off $V --record "$W/truth-m.txt"
             load "mtp: plain b8" 8 32 off $V --record "$W/truth-m8.txt"
@@ -243,7 +244,7 @@ run)
                 # the feature stream through shared memory (colocated: what
                 # auto picks on one host) and through gRPC messages
                 for tr in ${MTP_TRANSPORTS:-shm grpc}; do
-                    DFLAGS="--drafter-kind mtp --feature-transport $tr $vflag"
+                    DFLAGS="--drafter-kind mtp --feature-transport $tr $vflag ${MTP_DFLAGS:-}"
                     start_drafter "mtp-$a-$tr-$nv" bench_drafter_oracle "$W/t4bm" off 8 \
                         TANDEM_BENCH_ORACLE="$W/truth-mall.txt" TANDEM_BENCH_ACCEPT="$a" || continue
                     load "mtp: a=$a fixed 3 $tr$vt b1" 1 "$REQ1" on $V --block 3 --fixed \
