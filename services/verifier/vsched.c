@@ -1555,7 +1555,10 @@ static void await_blocks(vsched *s, vround *rd)
         pthread_mutex_unlock(&s->mu);
         bool woke = tdm_spin_changed(&s->wakes, seen);
         pthread_mutex_lock(&s->mu);
-        if (woke)
+        /* A block that landed while mu was free (its signal found no
+         * waiter: sched_wake bumps wakes under mu) is seen here, not at
+         * the deadline. */
+        if (woke || atomic_load(&s->wakes) != seen)
             continue;
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
