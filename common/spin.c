@@ -66,3 +66,15 @@ bool tdm_spin_flag(const bool *flag)
 {
     return spin_until(test_flag, flag);
 }
+
+bool tdm_spin_wait(pthread_mutex_t *mu, pthread_cond_t *cv, const _Atomic uint64_t *c,
+                   uint64_t seen, const struct timespec *until)
+{
+    pthread_mutex_unlock(mu);
+    const bool polled = tdm_spin_changed(c, seen);
+    pthread_mutex_lock(mu);
+    if (polled || atomic_load(c) != seen)
+        return true;
+    pthread_cond_timedwait(cv, mu, until);
+    return atomic_load(c) != seen;
+}

@@ -20,9 +20,11 @@
 #ifndef TANDEM_COMMON_SPIN_H
 #define TANDEM_COMMON_SPIN_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 /* Sets the process's busy-poll time in microseconds (0: never poll). */
 void tdm_busy_poll_set(int64_t us);
@@ -52,6 +54,15 @@ bool tdm_spin_changed(const _Atomic uint64_t *c, uint64_t seen);
  * __atomic_store_n or under a lock the reader does not hold) or the
  * busy-poll time has passed; true when it became true. */
 bool tdm_spin_flag(const bool *flag);
+
+/* The pattern above as one call: with mu held (and held again on return),
+ * waits until *c differs from `seen` or `until` (CLOCK_REALTIME) passes:
+ * polls with mu released for up to the busy-poll time, then, after looking
+ * at *c once more under mu, sleeps on cv. A bump made while mu was free
+ * (signallers bump under mu, so their signal found no waiter) is seen
+ * before sleeping. True: *c changed. */
+bool tdm_spin_wait(pthread_mutex_t *mu, pthread_cond_t *cv, const _Atomic uint64_t *c,
+                   uint64_t seen, const struct timespec *until);
 
 /* Microseconds on the monotonic clock. */
 int64_t tdm_spin_now_us(void);

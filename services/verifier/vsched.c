@@ -1550,16 +1550,10 @@ static void await_blocks(vsched *s, vround *rd)
         }
         if (!missing)
             break;
-        /* Busy polling (spin.h): the block is seen the moment it lands. */
+        /* Polled first (spin.h), so a block is seen the moment it lands;
+         * one that lands while mu is free is seen before sleeping, not at
+         * the deadline (sched_wake bumps wakes under mu). */
         const uint64_t seen = atomic_load(&s->wakes);
-        pthread_mutex_unlock(&s->mu);
-        bool woke = tdm_spin_changed(&s->wakes, seen);
-        pthread_mutex_lock(&s->mu);
-        /* A block that landed while mu was free (its signal found no
-         * waiter: sched_wake bumps wakes under mu) is seen here, not at
-         * the deadline. */
-        if (woke || atomic_load(&s->wakes) != seen)
-            continue;
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         double wait_ms = first - now_ms();
@@ -1568,7 +1562,7 @@ static void await_blocks(vsched *s, vround *rd)
         long long ns = (long long)until.tv_nsec + (long long)(wait_ms * 1e6);
         until.tv_sec += (time_t)(ns / 1000000000LL);
         until.tv_nsec = (long)(ns % 1000000000LL);
-        pthread_cond_timedwait(&s->cv, &s->mu, &until);
+        tdm_spin_wait(&s->mu, &s->cv, &s->wakes, seen, &until);
     }
     pthread_mutex_unlock(&s->mu);
     rd->t_wait = now_ms() - t0;
