@@ -240,63 +240,55 @@ static tdm_status place_block(tdm_model *m, const tdm_st_tensor *t, unsigned cha
     return TDM_OK;
 }
 
+/* Rows ids[0..n) (NULL: 0..n-1) and columns col0 .. col0+ncols-1 of the
+ * [rows, cols] matrix `name`, as their own [n, ncols] matrix: a copy in the
+ * storage dtype (bf16) or f32, as load_matrix places them. */
+static tdm_status load_gathered(tdm_model *m, const char *name, int with_prefix, int64_t rows,
+                                int64_t cols, const int32_t *ids, int64_t n, int64_t col0,
+                                int64_t ncols, tdm_weight *w, tdm_error *err)
+{
+    TDM_ASSERT(n > 0 && col0 >= 0 && ncols > 0 && col0 + ncols <= cols);
+    const tdm_st_tensor *t = NULL;
+    const int64_t shape[2] = {rows, cols};
+    tdm_status rc = find(m, m->dir, name, with_prefix, 2, shape, &t, err);
+    if (rc != TDM_OK)
+        return rc;
+    for (int64_t i = 0; ids && i < n; i++)
+        if (ids[i] < 0 || ids[i] >= rows)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "row %d of %s: the tensor has rows 0..%lld", (int)ids[i], t->name,
+                                 (long long)(rows - 1));
+    const size_t src_es = t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2;
+    m->into->weight_bytes += (size_t)n * (size_t)ncols * src_es;
+    if (!m->be)
+        return TDM_OK;
+    const tdm_dtype dt = t->dtype == TDM_ST_DTYPE_BF16 ? TDM_DTYPE_BF16 : TDM_DTYPE_F32;
+    const size_t es = dt == TDM_DTYPE_BF16 ? 2 : 4;
+    const size_t nb = (size_t)n * (size_t)ncols * es;
+    unsigned char *block = malloc(nb);
+    if (!block)
+        return tdm_error_oom(err, nb, "%lld rows, columns %lld..%lld of %s", (long long)n,
+                             (long long)col0, (long long)(col0 + ncols - 1), t->name);
+    const unsigned char *src = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        const size_t r = ids ? (size_t)ids[i] : (size_t)i;
+        copy_span(block + (size_t)i * (size_t)ncols * es, t,
+                  src + (r * (size_t)cols + (size_t)col0) * src_es, ncols);
+    }
+    return place_block(m, t, block, nb, dt, w, err);
+}
+
 tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t rows, int64_t cols,
                                       int64_t col0, int64_t ncols, tdm_weight *w, tdm_error *err)
 {
-    TDM_ASSERT(col0 >= 0 && ncols > 0 && col0 + ncols <= cols);
-    const tdm_st_tensor *t = NULL;
-    const int64_t shape[2] = {rows, cols};
-    tdm_status rc = find(m, m->dir, name, 0, 2, shape, &t, err);
-    if (rc != TDM_OK)
-        return rc;
-    const size_t src_es = t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2;
-    m->into->weight_bytes += (size_t)rows * (size_t)ncols * src_es;
-    if (!m->be)
-        return TDM_OK;
-    /* bf16 stays bf16; f32 and f16 become f32 (as load_matrix places them). */
-    const tdm_dtype dt = t->dtype == TDM_ST_DTYPE_BF16 ? TDM_DTYPE_BF16 : TDM_DTYPE_F32;
-    const size_t es = dt == TDM_DTYPE_BF16 ? 2 : 4;
-    const size_t nb = (size_t)rows * (size_t)ncols * es;
-    unsigned char *block = malloc(nb);
-    if (!block)
-        return tdm_error_oom(err, nb, "columns %lld..%lld of %s", (long long)col0,
-                             (long long)(col0 + ncols - 1), t->name);
-    const unsigned char *src = t->data;
-    for (int64_t r = 0; r < rows; r++)
-        copy_span(block + (size_t)r * (size_t)ncols * es, t,
-                  src + ((size_t)r * (size_t)cols + (size_t)col0) * src_es, ncols);
-    return place_block(m, t, block, nb, dt, w, err);
+    return load_gathered(m, name, 0, rows, cols, NULL, rows, col0, ncols, w, err);
 }
 
 tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_prefix, int64_t rows,
                                       int64_t cols, const int32_t *ids, int n, tdm_weight *w,
                                       tdm_error *err)
 {
-    TDM_ASSERT(n > 0);
-    const tdm_st_tensor *t = NULL;
-    const int64_t shape[2] = {rows, cols};
-    tdm_status rc = find(m, m->dir, name, with_prefix, 2, shape, &t, err);
-    if (rc != TDM_OK)
-        return rc;
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= rows)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "row %d of %s: the tensor has rows 0..%lld", (int)ids[i], t->name,
-                                 (long long)(rows - 1));
-    const size_t src_es = t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2;
-    m->into->weight_bytes += (size_t)n * (size_t)cols * src_es;
-    if (!m->be)
-        return TDM_OK;
-    const tdm_dtype dt = t->dtype == TDM_ST_DTYPE_BF16 ? TDM_DTYPE_BF16 : TDM_DTYPE_F32;
-    const size_t es = dt == TDM_DTYPE_BF16 ? 2 : 4;
-    const size_t nb = (size_t)n * (size_t)cols * es;
-    unsigned char *block = malloc(nb);
-    if (!block)
-        return tdm_error_oom(err, nb, "%d rows of %s", n, t->name);
-    for (int i = 0; i < n; i++)
-        copy_span(block + (size_t)i * (size_t)cols * es, t,
-                  (const unsigned char *)t->data + (size_t)ids[i] * (size_t)cols * src_es, cols);
-    return place_block(m, t, block, nb, dt, w, err);
+    return load_gathered(m, name, with_prefix, rows, cols, ids, n, 0, cols, w, err);
 }
 
 tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, tdm_layer_kind kind,
