@@ -72,6 +72,7 @@ static tdm_status cfg_parse(const char *path, const cJSON *root, tdm_model_confi
                              mt->valuestring);
     }
     memset(c, 0, sizeof(*c));
+    c->tp_size = 1;
     if ((rc = cfg_int(path, t, "vocab_size", 248320, 1, &c->vocab_size, err)) ||
         (rc = cfg_int(path, t, "hidden_size", 4096, 1, &c->hidden_size, err)) ||
         (rc = cfg_int(path, t, "intermediate_size", 12288, 1, &c->intermediate_size, err)) ||

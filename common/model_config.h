@@ -34,6 +34,10 @@ typedef struct tdm_model_config {
      * 0 when config.json names none. The engine reads the head from the
      * mtp.* tensors (engine/mtp.h). */
     int mtp_layers;
+    /* Ranks the model is split over: 1 for the whole model (what parsing
+     * gives); a tensor-parallel rank's config (engine/shard.h) has its
+     * slice's head counts and intermediate size and the whole vocabulary. */
+    int tp_size;
     tdm_layer_kind layer_types[TDM_MODEL_MAX_LAYERS];
 } tdm_model_config;
 

@@ -75,10 +75,13 @@ size_t tdm_capacity_workspace_bytes(const tdm_model_config *c, int rows, size_t 
     const size_t QD = (size_t)c->num_heads * (size_t)c->head_dim, KD = tdm_capacity_kv_width(c);
     const size_t Hv = (size_t)c->lin_v_heads, I = (size_t)c->intermediate_size;
     const size_t V = (size_t)c->vocab_size, OW = VD > QD ? VD : QD;
+    /* A tensor-parallel rank gathers the ranks' LM head slices before
+     * putting whole rows together (engine/shard.h). */
+    const size_t G = c->tp_size > 1 ? V : 0;
     /* Per row, in tdm_workspace's order: x, xn, qkv, qkvc, z, a, b, o, o2,
-     * qg, q, gate, k, v, h1, h2, logits. */
+     * qg, q, gate, k, v, h1, h2, logits, gathered. */
     const size_t per_row[TDM_WORKSPACE_PIECES] = {H,      H,  C,  C,  VD, Hv, Hv, OW, OW,
-                                                  2 * QD, QD, QD, KD, KD, I,  I,  V};
+                                                  2 * QD, QD, QD, KD, KD, I,  I,  V,  G};
     size_t total = 0;
     for (int i = 0; i < TDM_WORKSPACE_PIECES; i++) {
         const size_t n = (per_row[i] * (size_t)rows + 15) & ~(size_t)15;

@@ -55,10 +55,10 @@ size_t tdm_seq_bytes_total(const tdm_seq_bytes *b);
  * budget of backend memory. */
 size_t tdm_capacity_prefix_block_bytes(const tdm_model_config *c, int block);
 
-/* The workspace of a forward step of `rows` rows: 17 pieces, each rounded up
+/* The workspace of a forward step of `rows` rows: 18 pieces, each rounded up
  * to 16 floats (64-byte alignment). sizes: NULL, or the floats of each piece
  * in the order of tdm_workspace (engine_internal.h). Returns the bytes. */
-#define TDM_WORKSPACE_PIECES 17
+#define TDM_WORKSPACE_PIECES 18
 size_t tdm_capacity_workspace_bytes(const tdm_model_config *c, int rows, size_t *sizes);
 
 /* Rows of the largest forward step a verifier with n sequences runs: every

@@ -20,6 +20,7 @@
 #define TANDEM_ENGINE_ENGINE_H
 
 #include "backend.h"
+#include "comm.h"
 #include "defs.h"
 #include "model_config.h"
 #include "status.h"
@@ -34,6 +35,16 @@ typedef struct tdm_model tdm_model;
 /* Loads config and weights from a checkpoint folder onto `be` (borrowed: it
  * must outlive the model). On success the caller owns *out. */
 tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err);
+/* Rank comm->rank of a model split over comm->size ranks (tensor parallel,
+ * shard.h): reads only its slices of the checkpoint onto `be`. comm is
+ * borrowed and must outlive the model. Every rank runs the same calls on its
+ * own thread, in the same order, with the same sequences and tokens; each
+ * gets the whole model's logits and argmaxes. Its config
+ * (tdm_model_get_config) is the rank's: its slice's head counts and
+ * intermediate size, tp_size = comm->size. Drafting (tdm_seq_draft) and the
+ * MTP head need a whole model. */
+tdm_status tdm_model_load_rank(const char *dir, tdm_backend *be, tdm_comm *comm,
+                               tdm_model **out, tdm_error *err);
 void tdm_model_destroy(tdm_model *m);
 /* The checks of tdm_model_load without a backend: config.json, the
  * checkpoint's headers, and every tensor the config implies present with its

@@ -6,8 +6,10 @@
 #ifndef TANDEM_ENGINE_INTERNAL_H
 #define TANDEM_ENGINE_INTERNAL_H
 
+#include "comm.h"
 #include "engine.h"
 #include "safetensors.h"
+#include "shard.h"
 
 /* Weights of one decoder layer. Matrices are [out, in] in backend memory
  * (bf16 or f32); vectors are f32 in backend memory. */
@@ -47,6 +49,7 @@ typedef struct tdm_workspace {
     float *k, *v;      /* [R, nKV*D] */
     float *h1, *h2;    /* [R, I] */
     float *logits;     /* [R, vocab] */
+    float *gathered;   /* tensor parallel: [size, R, vocab / size], the ranks' LM head slices */
 } tdm_workspace;
 
 /* What loading placed on the backend for a model (or an MTP head, mtp.c):
@@ -64,7 +67,10 @@ typedef struct tdm_weight_store {
 void tdm_weight_store_free(tdm_backend *be, tdm_weight_store *s);
 
 struct tdm_model {
-    tdm_model_config cfg;
+    tdm_model_config cfg; /* what this model computes with: a rank's slice (shard.h) */
+    tdm_model_config full; /* the checkpoint's config (== cfg for a whole model) */
+    tdm_comm *comm;        /* a tensor-parallel rank's communicator (borrowed); NULL: whole */
+    tdm_shard shard;       /* where the rank's slices lie (rank 0 of 1 for a whole model) */
     tdm_backend *be;
     char *dir; /* the checkpoint folder */
     tdm_st_file *st;

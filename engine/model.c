@@ -291,57 +291,148 @@ tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_p
     return load_gathered(m, name, with_prefix, rows, cols, ids, n, 0, cols, w, err);
 }
 
+/* Rows start .. start+n-1 of a tensor. */
+typedef struct span {
+    int64_t start, n;
+} span;
+
+/* The rows sp[0..ns) of the [rows, cols] matrix `name`, in that order: on a
+ * tensor-parallel rank its slice (a copy); on a whole model (m->comm NULL)
+ * the whole matrix, as load_matrix places it. */
+static tdm_status load_rows(tdm_model *m, const char *name, int with_prefix, int64_t rows,
+                            int64_t cols, const span *sp, int ns, tdm_weight *w, tdm_error *err)
+{
+    if (!m->comm)
+        return load_matrix(m, m->dir, name, with_prefix, rows, cols, w, err);
+    int64_t n = 0;
+    for (int i = 0; i < ns; i++)
+        n += sp[i].n;
+    int32_t *ids = tdm_xmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0, k = 0; i < ns; i++)
+        for (int64_t j = 0; j < sp[i].n; j++)
+            ids[k++] = (int32_t)(sp[i].start + j);
+    tdm_status rc = load_gathered(m, name, with_prefix, rows, cols, ids, n, 0, cols, w, err);
+    free(ids);
+    return rc;
+}
+
+/* Columns col0 .. col0+ncols-1 of the [rows, cols] matrix `name` on a
+ * tensor-parallel rank; the whole matrix on a whole model. */
+static tdm_status load_cols(tdm_model *m, const char *name, int with_prefix, int64_t rows,
+                            int64_t cols, int64_t col0, int64_t ncols, tdm_weight *w,
+                            tdm_error *err)
+{
+    if (!m->comm)
+        return load_matrix(m, m->dir, name, with_prefix, rows, cols, w, err);
+    return load_gathered(m, name, with_prefix, rows, cols, NULL, rows, col0, ncols, w, err);
+}
+
+/* The rows sp[0..ns) (width values each) of a vector tensor of `shape` on a
+ * tensor-parallel rank, as f32; the whole vector on a whole model. */
+static tdm_status load_vector_rows(tdm_model *m, const char *name, int with_prefix, int ndim,
+                                   const int64_t *shape, int64_t width, const span *sp, int ns,
+                                   const float **out, tdm_error *err)
+{
+    if (!m->comm)
+        return load_vector(m, m->dir, name, with_prefix, ndim, shape, out, err);
+    const tdm_st_tensor *t = NULL;
+    tdm_status rc = find(m, m->dir, name, with_prefix, ndim, shape, &t, err);
+    if (rc != TDM_OK)
+        return rc;
+    int64_t n = 0;
+    for (int i = 0; i < ns; i++)
+        n += sp[i].n * width;
+    m->into->weight_bytes += (size_t)n * (t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2);
+    if (!m->be)
+        return TDM_OK;
+    float *whole = tdm_xmalloc((size_t)t->numel * sizeof(float)); /* a norm's or gate's vector */
+    float *slice = tdm_xmalloc((size_t)n * sizeof(float));
+    to_f32(whole, t);
+    for (int i = 0, k = 0; i < ns; i++) {
+        memcpy(slice + k, whole + sp[i].start * width, (size_t)(sp[i].n * width) * sizeof(float));
+        k += (int)(sp[i].n * width);
+    }
+    free(whole);
+    float *dev = m->be->alloc(m->be->ctx, (size_t)n * sizeof(float));
+    if (!dev) {
+        free(slice);
+        return tdm_error_oom(err, (size_t)n * sizeof(float), "%s on the %s backend", t->name,
+                             m->be->name);
+    }
+    track(&m->into->owned, &m->into->nowned, &m->into->capowned, dev);
+    m->be->upload(m->be->ctx, dev, slice, (size_t)n * sizeof(float));
+    free(slice);
+    *out = dev;
+    return TDM_OK;
+}
+
 tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, tdm_layer_kind kind,
                                 tdm_layer_weights *w, tdm_error *err)
 {
-    const tdm_model_config *c = &m->cfg;
+    /* Shapes are the checkpoint's (m->full); a tensor-parallel rank takes
+     * its slices of them (shard.h), a whole model all of each. */
+    const tdm_model_config *c = &m->full, *lc = &m->cfg;
+    const tdm_shard *sh = &m->shard;
     const char *dir = m->dir;
-    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    const int64_t H = c->hidden_size, I = c->intermediate_size, Il = lc->intermediate_size;
     char n[256];
     tdm_status rc;
     int64_t vh[1] = {H};
     const int P = with_prefix;
     w->kind = kind;
+    const span mlp[1] = {{sh->mlp0, Il}};
 #define NAME(suffix) (snprintf(n, sizeof(n), "%s%s", pre, suffix), n)
     if ((rc = load_vector(m, dir, NAME("input_layernorm.weight"), P, 1, vh, &w->input_norm, err)) ||
         (rc = load_vector(m, dir, NAME("post_attention_layernorm.weight"), P, 1, vh, &w->post_norm,
                           err)) ||
-        (rc = load_matrix(m, dir, NAME("mlp.gate_proj.weight"), P, I, H, &w->gate, err)) ||
-        (rc = load_matrix(m, dir, NAME("mlp.up_proj.weight"), P, I, H, &w->up, err)) ||
-        (rc = load_matrix(m, dir, NAME("mlp.down_proj.weight"), P, H, I, &w->down, err)))
+        (rc = load_rows(m, NAME("mlp.gate_proj.weight"), P, I, H, mlp, 1, &w->gate, err)) ||
+        (rc = load_rows(m, NAME("mlp.up_proj.weight"), P, I, H, mlp, 1, &w->up, err)) ||
+        (rc = load_cols(m, NAME("mlp.down_proj.weight"), P, H, I, sh->mlp0, Il, &w->down, err)))
         return rc;
     if (w->kind == TDM_LAYER_LINEAR_ATTENTION) {
-        const int64_t Hv = c->lin_v_heads, VD = (int64_t)c->lin_v_heads * c->lin_v_dim;
-        const int64_t C = m->conv_dim, K = c->conv_kernel;
+        const int64_t Hk = c->lin_k_heads, Hv = c->lin_v_heads, Dk = c->lin_k_dim,
+                      Dv = c->lin_v_dim, VD = Hv * Dv;
+        const int64_t Hkl = lc->lin_k_heads, Hvl = lc->lin_v_heads;
+        const int64_t C = tdm_capacity_conv_dim(c), K = c->conv_kernel;
         int64_t s_hv[1] = {Hv}, s_dv[1] = {c->lin_v_dim}, s_conv[3] = {C, 1, K};
-        if ((rc = load_matrix(m, dir, NAME("linear_attn.in_proj_qkv.weight"), P, C, H, &w->in_qkv,
-                              err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_z.weight"), P, VD, H, &w->in_z,
-                              err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_b.weight"), P, Hv, H, &w->in_b,
-                              err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.in_proj_a.weight"), P, Hv, H, &w->in_a,
-                              err)) ||
-            (rc = load_matrix(m, dir, NAME("linear_attn.out_proj.weight"), P, H, VD, &w->out_proj,
-                              err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.conv1d.weight"), P, 3, s_conv, &w->conv_w,
-                              err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.A_log"), P, 1, s_hv, &w->A_log, err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.dt_bias"), P, 1, s_hv, &w->dt_bias, err)) ||
+        /* the conv's channels and in_proj_qkv's rows: q, k (key heads), v */
+        const span qkv[3] = {{sh->k_head0 * Dk, Hkl * Dk},
+                             {Hk * Dk + sh->k_head0 * Dk, Hkl * Dk},
+                             {2 * Hk * Dk + sh->v_head0 * Dv, Hvl * Dv}};
+        const span vrows[1] = {{sh->v_head0 * Dv, Hvl * Dv}}, heads[1] = {{sh->v_head0, Hvl}};
+        if ((rc = load_rows(m, NAME("linear_attn.in_proj_qkv.weight"), P, C, H, qkv, 3,
+                            &w->in_qkv, err)) ||
+            (rc = load_rows(m, NAME("linear_attn.in_proj_z.weight"), P, VD, H, vrows, 1, &w->in_z,
+                            err)) ||
+            (rc = load_rows(m, NAME("linear_attn.in_proj_b.weight"), P, Hv, H, heads, 1, &w->in_b,
+                            err)) ||
+            (rc = load_rows(m, NAME("linear_attn.in_proj_a.weight"), P, Hv, H, heads, 1, &w->in_a,
+                            err)) ||
+            (rc = load_cols(m, NAME("linear_attn.out_proj.weight"), P, H, VD, sh->v_head0 * Dv,
+                            Hvl * Dv, &w->out_proj, err)) ||
+            (rc = load_vector_rows(m, NAME("linear_attn.conv1d.weight"), P, 3, s_conv, K, qkv, 3,
+                                   &w->conv_w, err)) ||
+            (rc = load_vector_rows(m, NAME("linear_attn.A_log"), P, 1, s_hv, 1, heads, 1,
+                                   &w->A_log, err)) ||
+            (rc = load_vector_rows(m, NAME("linear_attn.dt_bias"), P, 1, s_hv, 1, heads, 1,
+                                   &w->dt_bias, err)) ||
             (rc = load_vector(m, dir, NAME("linear_attn.norm.weight"), P, 1, s_dv, &w->gnorm, err)))
             return rc;
     } else {
         const int64_t D = c->head_dim, QD = (int64_t)c->num_heads * D,
                       KD = (int64_t)c->num_kv_heads * D;
         int64_t s_d[1] = {D};
-        if ((rc = load_matrix(m, dir, NAME("self_attn.q_proj.weight"), P, 2 * QD, H, &w->q_proj,
-                              err)) ||
-            (rc =
-                 load_matrix(m, dir, NAME("self_attn.k_proj.weight"), P, KD, H, &w->k_proj, err)) ||
-            (rc =
-                 load_matrix(m, dir, NAME("self_attn.v_proj.weight"), P, KD, H, &w->v_proj, err)) ||
-            (rc =
-                 load_matrix(m, dir, NAME("self_attn.o_proj.weight"), P, H, QD, &w->o_proj, err)) ||
+        /* q_proj: per head D query rows then D gate rows */
+        const span q[1] = {{sh->q_head0 * 2 * D, (int64_t)lc->num_heads * 2 * D}};
+        const span kv[1] = {{sh->kv_head0 * D, (int64_t)lc->num_kv_heads * D}};
+        if ((rc = load_rows(m, NAME("self_attn.q_proj.weight"), P, 2 * QD, H, q, 1, &w->q_proj,
+                            err)) ||
+            (rc = load_rows(m, NAME("self_attn.k_proj.weight"), P, KD, H, kv, 1, &w->k_proj,
+                            err)) ||
+            (rc = load_rows(m, NAME("self_attn.v_proj.weight"), P, KD, H, kv, 1, &w->v_proj,
+                            err)) ||
+            (rc = load_cols(m, NAME("self_attn.o_proj.weight"), P, H, QD, sh->q_head0 * D,
+                            (int64_t)lc->num_heads * D, &w->o_proj, err)) ||
             (rc = load_vector(m, dir, NAME("self_attn.q_norm.weight"), P, 1, s_d, &w->q_norm,
                               err)) ||
             (rc = load_vector(m, dir, NAME("self_attn.k_norm.weight"), P, 1, s_d, &w->k_norm, err)))
@@ -354,8 +445,8 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
 /* The walk of tdm_model_load; with be NULL it only finds and checks every
  * tensor (tdm_model_check). layers 0: the embedding, final norm and LM head
  * only (tdm_model_load_head). */
-static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_model **out,
-                             tdm_error *err)
+static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_comm *comm,
+                             tdm_model **out, tdm_error *err)
 {
     *out = NULL;
     tdm_model *m = tdm_xcalloc(1, sizeof(*m));
@@ -363,13 +454,17 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_m
     m->graphs = 1;
     m->into = &m->store;
     m->dir = tdm_xstrdup(dir);
-    tdm_status rc = tdm_model_config_load(dir, &m->cfg, err);
+    tdm_status rc = tdm_model_config_load(dir, &m->full, err);
+    if (rc == TDM_OK)
+        rc = tdm_shard_config(&m->full, comm ? comm->rank : 0, comm ? comm->size : 1, &m->cfg,
+                              &m->shard, err);
     if (rc == TDM_OK)
         rc = tdm_st_open(dir, &m->st, err);
     if (rc != TDM_OK) {
         tdm_model_destroy(m);
         return rc;
     }
+    m->comm = comm;
     const tdm_model_config *c = &m->cfg;
     m->conv_dim = (int)tdm_capacity_conv_dim(c);
     m->layers = tdm_xcalloc((size_t)c->num_layers, sizeof(tdm_layer_weights));
@@ -380,8 +475,9 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_m
         m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, e);
     }
     int64_t hv[1] = {c->hidden_size};
-    rc = load_matrix(m, dir, "embed_tokens.weight", 1, c->vocab_size, c->hidden_size, &m->embed,
-                     err);
+    const span vocab[1] = {{m->shard.vocab0, m->shard.vocab_n}};
+    rc = load_rows(m, "embed_tokens.weight", 1, c->vocab_size, c->hidden_size, vocab, 1, &m->embed,
+                   err);
     /* Decoding reads one embedding row, so an untied table is not streamed. */
     size_t embed_bytes = m->store.weight_bytes;
     if (rc == TDM_OK)
@@ -390,8 +486,8 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_m
         if (c->tie_word_embeddings)
             m->lm_head = m->embed;
         else
-            rc = load_matrix(m, dir, "lm_head.weight", 0, c->vocab_size, c->hidden_size,
-                             &m->lm_head, err);
+            rc = load_rows(m, "lm_head.weight", 0, c->vocab_size, c->hidden_size, vocab, 1,
+                           &m->lm_head, err);
     }
     for (int L = 0; rc == TDM_OK && layers && L < c->num_layers; L++) {
         char pre[64];
@@ -411,18 +507,25 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_m
 tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
 {
     TDM_ASSERT(be);
-    return model_walk(dir, be, 1, out, err);
+    return model_walk(dir, be, 1, NULL, out, err);
+}
+
+tdm_status tdm_model_load_rank(const char *dir, tdm_backend *be, tdm_comm *comm, tdm_model **out,
+                               tdm_error *err)
+{
+    TDM_ASSERT(be && comm);
+    return model_walk(dir, be, 1, comm, out, err);
 }
 
 tdm_status tdm_model_load_head(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err)
 {
-    return model_walk(dir, be, 0, out, err);
+    return model_walk(dir, be, 0, NULL, out, err);
 }
 
 tdm_status tdm_model_check(const char *dir, size_t *weight_bytes, tdm_error *err)
 {
     tdm_model *m = NULL;
-    tdm_status rc = model_walk(dir, NULL, 1, &m, err);
+    tdm_status rc = model_walk(dir, NULL, 1, NULL, &m, err);
     if (rc == TDM_OK && weight_bytes)
         *weight_bytes = m->store.weight_bytes;
     tdm_model_destroy(m);

@@ -79,8 +79,8 @@ static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
         rows = 2 * w->rows;
     size_t sizes[TDM_WORKSPACE_PIECES];
     const size_t total = tdm_capacity_workspace_bytes(&m->cfg, rows, sizes) / sizeof(float);
-    float **dst[] = {&w->x,  &w->xn, &w->qkv,  &w->qkvc, &w->z, &w->a,  &w->b,  &w->o,     &w->o2,
-                     &w->qg, &w->q,  &w->gate, &w->k,    &w->v, &w->h1, &w->h2, &w->logits};
+    float **dst[] = {&w->x, &w->xn, &w->qkv, &w->qkvc, &w->z,  &w->a,  &w->b,      &w->o,       &w->o2,
+                     &w->qg, &w->q, &w->gate, &w->k,  &w->v,    &w->h1, &w->h2, &w->logits, &w->gathered};
     _Static_assert(sizeof(dst) / sizeof(dst[0]) == TDM_WORKSPACE_PIECES,
                    "capacity.c sizes every workspace piece");
     void *block = m->be->alloc(m->be->ctx, total * sizeof(float));
@@ -161,6 +161,10 @@ typedef struct fwd_step {
     int *extra;             /* [nseq] a verify's rows keep per-position conv windows and
                                recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
     int32_t *ids, *pos;     /* [R] host */
+    int32_t *ids_local;     /* [R] host, tensor parallel: ids in the rank's vocabulary slice, or -1 */
+    void **cdst;            /* [size * R] host, tensor parallel: gather_logits's copies */
+    const void **csrc;
+    size_t *cbytes;
     const int32_t *ids_dev; /* NULL, or the ids in backend memory (embed_dev; ids unused) */
     tdm_conv_seg *cs;       /* [nseq] host scratch */
     tdm_gdn_seg *gs;        /* [nseq] host scratch */
@@ -169,8 +173,14 @@ typedef struct fwd_step {
 } fwd_step;
 
 /* Host scratch of a step for up to nseq sequences and R rows. */
-static void step_scratch(fwd_step *st, int nseq, int R)
+static void step_scratch(fwd_step *st, int nseq, int R, int tp)
 {
+    if (tp > 1) {
+        st->ids_local = tdm_xmalloc((size_t)R * sizeof(int32_t));
+        st->cdst = tdm_xmalloc((size_t)tp * (size_t)R * sizeof(void *));
+        st->csrc = tdm_xmalloc((size_t)tp * (size_t)R * sizeof(void *));
+        st->cbytes = tdm_xmalloc((size_t)tp * (size_t)R * sizeof(size_t));
+    }
     st->row0 = tdm_xmalloc((size_t)nseq * sizeof(int));
     st->extra = tdm_xmalloc((size_t)nseq * sizeof(int));
     st->ids = tdm_xmalloc((size_t)R * sizeof(int32_t));
@@ -184,6 +194,10 @@ static void step_scratch(fwd_step *st, int nseq, int R)
 
 static void step_scratch_free(fwd_step *st)
 {
+    free(st->ids_local);
+    free(st->cdst);
+    free((void *)st->csrc);
+    free(st->cbytes);
     free(st->row0);
     free(st->extra);
     free(st->ids);
@@ -229,6 +243,23 @@ static void project(tdm_backend *be, const float *x, int R, int in, int n, float
         be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
 }
 
+/* x += y · wᵀ for an output projection (o_proj, out_proj, down). On a
+ * tensor-parallel rank y · wᵀ is the rank's part of the update: rank 0 adds
+ * its part to x, the others put theirs in x's place, and the all-reduce
+ * leaves x + the sum of the parts on every rank. */
+static void residual_add(tdm_model *m, const float *y, tdm_weight w, int R, int in)
+{
+    tdm_backend *be = m->be;
+    const int H = m->cfg.hidden_size;
+    float *x = m->ws.x;
+    if (!m->comm) {
+        be->matmul(be->ctx, x, y, w, R, in, H, 1);
+        return;
+    }
+    be->matmul(be->ctx, x, y, w, R, in, H, m->comm->rank == 0);
+    m->comm->all_reduce_sum(m->comm->ctx, x, (size_t)R * (size_t)H);
+}
+
 /* See engine_internal.h. */
 void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const int32_t *pos,
                        tdm_attn_seg *as, float *const *k_cache, float *const *v_cache, int nseg)
@@ -260,7 +291,7 @@ void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const i
     }
     be->attention(bx, w->o, w->q, as, nseg, nH, nKV, D); /* [R, nH, D] */
     be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
-    be->matmul(bx, w->x, w->o, lw->o_proj, R, QD, H, 1); /* x += */
+    residual_add(m, w->o, lw->o_proj, R, QD); /* x += */
 }
 
 void tdm_fwd_mlp(tdm_model *m, const tdm_layer_weights *lw, int R)
@@ -280,7 +311,7 @@ void tdm_fwd_mlp(tdm_model *m, const tdm_layer_weights *lw, int R)
         project(be, w->xn, R, H, 2, ys, ws, outs);
         be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
     }
-    be->matmul(bx, w->x, w->h1, lw->down, R, I, H, 1); /* x += */
+    residual_add(m, w->h1, lw->down, R, I); /* x += */
 }
 
 /* The ops of one step, in order; logits (when asked) end in ws.logits. Op
@@ -298,10 +329,15 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     const float eps = (float)c->rms_norm_eps;
     tdm_workspace *w = &m->ws;
 
-    if (st->ids_dev)
+    if (st->ids_dev) {
         be->embed_dev(bx, w->x, m->embed, st->ids_dev, R, H); /* x [R, H] */
-    else
+    } else if (m->comm) {
+        /* the rank's tokens; zeros for the others' (shard.h), summed */
+        be->embed(bx, w->x, m->embed, st->ids_local, R, H);
+        m->comm->all_reduce_sum(m->comm->ctx, w->x, (size_t)R * (size_t)H);
+    } else {
         be->embed(bx, w->x, m->embed, st->ids, R, H);
+    }
     for (int L = 0; L < c->num_layers; L++) {
         const tdm_layer_weights *lw = &m->layers[L];
         if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
@@ -344,7 +380,7 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             be->gdn_recurrent(bx, w->o, w->qkvc, C, gt, st->gs, nseq, Hk, Hv, Dk,
                               Dv); /* o [R, Hv, Dv] */
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
-            be->matmul(bx, w->x, w->o2, lw->out_proj, R, VD, H, 1); /* x += */
+            residual_add(m, w->o2, lw->out_proj, R, VD); /* x += */
         } else {
             for (int i = 0; i < nseq; i++) {
                 tdm_seq *s = st->seqs[i];
@@ -359,9 +395,37 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
-        if (st->logits == 1)
+        if (st->logits == 1 && m->comm) /* the rank's slice, in its place among the ranks' */
+            be->matmul(bx, w->gathered + (size_t)m->comm->rank * (size_t)R * (size_t)m->shard.vocab_n,
+                       w->xn, m->lm_head, R, H, m->shard.vocab_n, 0);
+        else if (st->logits == 1)
             be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
     }
+}
+
+/* A tensor-parallel rank's logits after fwd_ops: the ranks' slices of every
+ * row ([size, R, vocab / size] in ws.gathered, each rank's own in place)
+ * gathered, then put together into whole rows in ws.logits. Copies, so not in
+ * a graph bracket. */
+static void gather_logits(tdm_model *m, int R, fwd_step *st)
+{
+    tdm_backend *be = m->be;
+    const int N = m->comm->size;
+    const size_t Vl = (size_t)m->shard.vocab_n, part = (size_t)R * Vl;
+    float *g = m->ws.gathered;
+    m->comm->all_gather(m->comm->ctx, g + (size_t)m->comm->rank * part, g, part);
+    for (int j = 0, i = 0; j < N; j++)
+        for (int r = 0; r < R; r++, i++) {
+            st->cdst[i] = m->ws.logits + (size_t)r * (size_t)N * Vl + (size_t)j * Vl;
+            st->csrc[i] = g + (size_t)j * part + (size_t)r * Vl;
+            st->cbytes[i] = Vl * sizeof(float);
+        }
+    if (be->copy_n) {
+        be->copy_n(be->ctx, N * R, st->cdst, st->csrc, st->cbytes);
+        return;
+    }
+    for (int i = 0; i < N * R; i++)
+        be->copy(be->ctx, st->cdst[i], st->csrc[i], st->cbytes[i]);
 }
 
 /* Runs counts[i] tokens of seqs[i] for all i as one batch of rows. verify:
@@ -419,7 +483,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
                   : out->hidden                ? 2
                                                : 0,
     };
-    step_scratch(&st, nseq, R);
+    step_scratch(&st, nseq, R, m->comm ? m->comm->size : 1);
     for (int i = 0, r = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         st.row0[i] = r;
@@ -432,8 +496,14 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
             st.pos[r] = s->n_past + j;
         }
     }
+    for (int r = 0; m->comm && r < R; r++) {
+        const int32_t t = st.ids[r] - m->shard.vocab0;
+        st.ids_local[r] = t >= 0 && t < m->shard.vocab_n ? t : -1;
+    }
 
-    if (m->graphs && be->graph_begin) {
+    /* A tensor-parallel rank's collectives are not backend ops, so a
+     * backend's recording would not hold them: such steps run eagerly. */
+    if (m->graphs && be->graph_begin && !m->comm) {
         /* Recorded, replayed or eager: graph_end queues or has done the work. */
         be->graph_begin(bx, fwd_key(m, &st));
         fwd_ops(m, &st);
@@ -443,6 +513,8 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         fwd_ops(m, &st);
     }
     const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
+    if (m->comm && st.logits == 1)
+        gather_logits(m, R, &st);
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
     if (out && out->logits)
@@ -840,7 +912,9 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     tdm_model *m = seqs[0]->m;
     tdm_backend *be = m->be;
     void *bx = be->ctx;
-    bool device = be->argmax_to && be->embed_dev;
+    /* A tensor-parallel rank gathers its logits between steps (copies):
+     * separate verify calls. */
+    bool device = be->argmax_to && be->embed_dev && !m->comm;
     int kmax = 0, R0 = 0;
     for (int i = 0; i < nseq; i++) {
         const tdm_seq *s = seqs[i];
@@ -909,7 +983,7 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
         .counts = counts,
         .logits = 1,
     };
-    step_scratch(&st, nseq, Rmax);
+    step_scratch(&st, nseq, Rmax, 1);
     const int V = m->cfg.vocab_size;
     /* The key: the model, the workspace, where the tokens go, and per
      * chain its length, lead rows and strategy (backend.h). */

@@ -187,7 +187,9 @@ struct tdm_backend {
     int (*graph_end)(void *ctx);
 
     /* --- ops ------------------------------------------------------------ */
-    /* y[r,:] = embed[ids[r], :] for r < R; embed [vocab, H]. ids: host. */
+    /* y[r,:] = embed[ids[r], :] for r < R; embed [vocab, H]. ids: host. A
+     * negative id gives a row of zeros (a tensor-parallel rank's embedding
+     * holds a slice of the vocabulary; engine/shard.h). */
     void (*embed)(void *ctx, float *y, tdm_weight embed, const int32_t *ids, int R, int H);
     /* y [R,out] (+)= x [R,in] · wᵀ, w [out,in]; accumulate adds into y. */
     void (*matmul)(void *ctx, float *y, const float *x, tdm_weight w, int R, int in, int out,

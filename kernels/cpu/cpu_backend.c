@@ -105,7 +105,9 @@ static void cpu_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int
     for (int r = 0; r < R; r++) {
         size_t off = (size_t)ids[r] * (size_t)H;
         float *yr = y + (size_t)r * (size_t)H;
-        if (e.dtype == TDM_DTYPE_BF16) {
+        if (ids[r] < 0) { /* a token another rank's slice holds */
+            memset(yr, 0, (size_t)H * sizeof(float));
+        } else if (e.dtype == TDM_DTYPE_BF16) {
             const uint16_t *w = (const uint16_t *)e.data + off;
             for (int i = 0; i < H; i++)
                 yr[i] = cpu_bf16_to_f32(w[i]);

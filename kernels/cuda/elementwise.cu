@@ -27,7 +27,7 @@ __global__ void embed_kernel(float *y, const void *e, tdm_dtype dt, const int32_
     if (i >= (size_t)R * (size_t)H)
         return;
     const size_t r = i / (size_t)H, c = i % (size_t)H;
-    y[i] = cuda_wload(e, dt, (size_t)ids[r] * (size_t)H + c);
+    y[i] = ids[r] < 0 ? 0.0f : cuda_wload(e, dt, (size_t)ids[r] * (size_t)H + c);
 }
 
 void cuda_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)

@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t steps_rng;
+/* Per thread: the ranks of a split model run the script side by side. */
+static _Thread_local uint64_t steps_rng;
 
 static int32_t tok(int V)
 {
@@ -39,7 +40,7 @@ static void keep(tdm_model *m, steps_run *r, float *lg, int rows)
     tdm_model_host_free(m, lg);
 }
 
-static tdm_error err;
+static _Thread_local tdm_error err;
 
 #define OK(call) CHECK((call) == TDM_OK, "%s: %s", #call, err.msg)
 

@@ -1,0 +1,223 @@
+/*
+ * test_tp.c - a model split over ranks (tensor parallel, engine/shard.h),
+ * each rank a CPU backend on its own thread joined by the in-process
+ * communicator (kernels/comm.h), against the whole model and transformers.
+ *
+ *  - Fixtures split in two: rank 0's logits of the fixture's calls against
+ *    transformers' with test_fixtures.c's tolerances, and the verify path
+ *    giving the cached path's bits.
+ *  - The step script (steps.c: prompt chunks, decode past the KV growth,
+ *    verify and commit under all three strategies, drafting, changing
+ *    batches): every rank's logits the same bits as every other rank's,
+ *    and within 1e-4 relative of the whole model's (the partial sums add up
+ *    in another order) with the same argmax on every row.
+ *  - The demo target split in 2 and in 4 (4 ranks: its 2 KV heads
+ *    replicated over pairs of ranks).
+ *  - Splits the model's counts do not allow are refused, naming the count.
+ *  - A rank reads only its slices: its weight bytes are the whole model's
+ *    divided by the ranks (the norms excepted).
+ */
+#include "comm.h"
+#include "steps.h"
+#include "util.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_RANKS 8
+
+typedef struct rank_job {
+    const char *dir;
+    tdm_comm *comm;
+    const fixture *f; /* NULL: the step script only */
+    steps_run run;
+    float *fixture_logits; /* the fixture's calls (extra_buffer) */
+    size_t weight_bytes;
+    int vocab;
+} rank_job;
+
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    tdm_backend *be = tdm_backend_cpu_create(1);
+    CHECK(be, "cannot create the CPU backend");
+    tdm_model *m;
+    tdm_error err;
+    CHECK(tdm_model_load_rank(j->dir, be, j->comm, &m, &err) == TDM_OK, "rank %d of %s: %s",
+          j->comm->rank, j->dir, err.msg);
+    const tdm_model_config *c = tdm_model_get_config(m);
+    CHECK(c->tp_size == j->comm->size, "rank config: tp_size %d", c->tp_size);
+    j->vocab = c->vocab_size;
+    j->weight_bytes = tdm_model_weight_bytes(m);
+    if (j->f) {
+        j->fixture_logits = fixture_run(m, j->f, TDM_STATE_EXTRA_BUFFER);
+        fixture_check_verify_path(m, j->f, j->fixture_logits);
+    }
+    steps_run_script(m, &j->run);
+    for (int i = 0; i < STEPS_NSEQ; i++) { /* the logits outlive the model, the sequences not */
+        tdm_seq_destroy(j->run.seqs[i]);
+        j->run.seqs[i] = NULL;
+    }
+    tdm_model_destroy(m);
+    be->destroy(be);
+    return NULL;
+}
+
+/* Runs every rank of `dir` split in n; jobs[r] holds rank r's results. */
+static void run_ranks(const char *dir, int n, const fixture *f, rank_job *jobs)
+{
+    tdm_comm *comms[MAX_RANKS];
+    tdm_error err;
+    CHECK(tdm_comm_local_group(n, comms, &err) == TDM_OK, "%s", err.msg);
+    pthread_t th[MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        jobs[r] = (rank_job){.dir = dir, .comm = comms[r], .f = f};
+        CHECK(pthread_create(&th[r], NULL, rank_main, &jobs[r]) == 0, "pthread_create");
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++)
+        comms[r]->destroy(comms[r]);
+}
+
+static void jobs_free(rank_job *jobs, int n)
+{
+    for (int r = 0; r < n; r++) {
+        steps_run_free(&jobs[r].run);
+        free(jobs[r].fixture_logits);
+    }
+}
+
+/* The whole model's step script, and its weight bytes. */
+static void run_whole(const char *dir, steps_run *run, size_t *weight_bytes)
+{
+    tdm_backend *be = tdm_backend_cpu_create(1);
+    CHECK(be, "cannot create the CPU backend");
+    tdm_model *m;
+    tdm_error err;
+    CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", dir, err.msg);
+    *weight_bytes = tdm_model_weight_bytes(m);
+    steps_run_script(m, run);
+    for (int i = 0; i < STEPS_NSEQ; i++) {
+        tdm_seq_destroy(run->seqs[i]);
+        run->seqs[i] = NULL;
+    }
+    tdm_model_destroy(m);
+    be->destroy(be);
+}
+
+/* The ranks' step scripts against each other (bits) and the whole model's. */
+static void check_against_whole(const char *name, const char *dir, int n, rank_job *jobs)
+{
+    steps_run whole;
+    size_t whole_bytes;
+    run_whole(dir, &whole, &whole_bytes);
+    for (int r = 1; r < n; r++) {
+        CHECK(jobs[r].run.n == jobs[0].run.n, "%s/%d: rank %d made %zu logits, rank 0 %zu", name,
+              n, r, jobs[r].run.n, jobs[0].run.n);
+        CHECK(memcmp(jobs[r].run.logits, jobs[0].run.logits, jobs[0].run.n * sizeof(float)) == 0,
+              "%s/%d: rank %d's logits differ from rank 0's", name, n, r);
+    }
+    CHECK(jobs[0].run.n == whole.n, "%s/%d: %zu logits against the whole model's %zu", name, n,
+          jobs[0].run.n, whole.n);
+    const int V = jobs[0].vocab;
+    const float scale = max_abs(whole.logits, whole.n);
+    const float d = max_abs_diff(jobs[0].run.logits, whole.logits, whole.n);
+    int bad = 0;
+    const size_t rows = whole.n / (size_t)V;
+    for (size_t i = 0; i < rows; i++)
+        bad += argmax_row(jobs[0].run.logits + i * (size_t)V, V) !=
+               argmax_row(whole.logits + i * (size_t)V, V);
+    printf("%-14s tp %d: step script %zu rows, max|d| against whole = %.3g (tol %.3g), argmax "
+           "mismatches %d\n",
+           name, n, rows, (double)d, (double)(1e-4f * scale), bad);
+    CHECK(d <= 1e-4f * scale, "%s/%d: max|tp - whole| = %g > 1e-4 x %g", name, n, (double)d,
+          (double)scale);
+    CHECK(bad == 0, "%s/%d: argmax differs from the whole model's on %d rows", name, n, bad);
+    /* A rank reads only its slices: every matrix splits in n (the norms,
+     * A_log and dt_bias vectors aside, which are ~1/H of a layer). */
+    size_t sum = 0;
+    for (int r = 0; r < n; r++)
+        sum += jobs[r].weight_bytes;
+    CHECK(jobs[0].weight_bytes < whole_bytes / (size_t)n + whole_bytes / 20,
+          "%s/%d: rank 0 holds %zu of the whole model's %zu weight bytes", name, n,
+          jobs[0].weight_bytes, whole_bytes);
+    CHECK(sum >= whole_bytes, "%s/%d: the ranks hold %zu bytes, less than the whole %zu", name, n,
+          sum, whole_bytes);
+    steps_run_free(&whole);
+}
+
+static void check_fixture(const char *name)
+{
+    fixture f;
+    fixture_load(&f, name);
+    rank_job jobs[2];
+    run_ranks(f.model, 2, &f, jobs);
+    const int V = jobs[0].vocab;
+    const size_t n = (size_t)f.total * (size_t)V;
+    char p[700];
+    int64_t rows, cols;
+    /* fp32 arithmetic: against the fp32 reference (f32up for bf16). */
+    snprintf(p, sizeof(p), "%s/%s.npy", f.dir, strcmp(f.dtype, "bfloat16") == 0 ? "f32up" : "cached");
+    float *ref = npy_load2(p, &rows, &cols);
+    CHECK(rows == f.total && cols == V, "%s: reference shape", name);
+    const float scale = max_abs(ref, n), d = max_abs_diff(jobs[0].fixture_logits, ref, n);
+    int bad = 0;
+    for (int r = 0; r < f.total; r++)
+        bad += argmax_row(jobs[0].fixture_logits + (size_t)r * V, V) !=
+               argmax_row(ref + (size_t)r * V, V);
+    printf("%-14s tp 2: against transformers max|d|=%.3g tol=%.3g argmax mismatches=%d/%d\n", name,
+           (double)d, (double)(1e-4f * scale), bad, f.total);
+    CHECK(d <= 1e-4f * scale, "%s: max|tp - transformers| = %g > %g", name, (double)d,
+          (double)(1e-4f * scale));
+    CHECK(bad == 0, "%s: argmax differs from transformers at %d positions", name, bad);
+    CHECK(memcmp(jobs[1].fixture_logits, jobs[0].fixture_logits, n * sizeof(float)) == 0,
+          "%s: rank 1's fixture logits differ from rank 0's", name);
+    free(ref);
+    check_against_whole(name, f.model, 2, jobs);
+    jobs_free(jobs, 2);
+    fixture_free(&f);
+}
+
+static void check_refused(const char *dir, int n, const char *names)
+{
+    tdm_comm *comms[MAX_RANKS];
+    tdm_error err;
+    CHECK(tdm_comm_local_group(n, comms, &err) == TDM_OK, "%s", err.msg);
+    tdm_backend *be = tdm_backend_cpu_create(1);
+    tdm_model *m = NULL;
+    /* The refusal comes from the config, before any collective. */
+    tdm_status rc = tdm_model_load_rank(dir, be, comms[0], &m, &err);
+    CHECK(rc == TDM_ERR_INVALID_ARGUMENT && m == NULL, "%s split in %d: not refused", dir, n);
+    CHECK(strstr(err.msg, names) != NULL, "%s split in %d: '%s' does not name %s", dir, n, err.msg,
+          names);
+    printf("refused: %s\n", err.msg);
+    be->destroy(be);
+    for (int r = 0; r < n; r++)
+        comms[r]->destroy(comms[r]);
+}
+
+int main(void)
+{
+    const char *fixtures[] = {"f32_gqa", "f32_tied", "f32_odd", "f32_sharded", "bf16_alt",
+                              "f16_store"};
+    for (size_t i = 0; i < sizeof(fixtures) / sizeof(fixtures[0]); i++)
+        check_fixture(fixtures[i]);
+    for (int n = 2; n <= 4; n += 2) {
+        rank_job jobs[4];
+        run_ranks(TANDEM_DEMO_MODEL, n, NULL, jobs);
+        check_against_whole("demo-target", TANDEM_DEMO_MODEL, n, jobs);
+        jobs_free(jobs, n);
+    }
+    char p[600];
+    snprintf(p, sizeof(p), "%s/f32_gqa/model", TANDEM_ENGINE_FIXTURES);
+    check_refused(p, 4, "linear_num_key_heads (2)");
+    check_refused(TANDEM_DEMO_MODEL, 3, "num_attention_heads (4)");
+    snprintf(p, sizeof(p), "%s/bf16_alt/model", TANDEM_ENGINE_FIXTURES);
+    check_refused(p, 3, "num_attention_heads (2)");
+    printf("tensor parallel: OK\n");
+    return 0;
+}
