@@ -44,10 +44,15 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->pauses = 0;
     a->probes = 0;
     if (!a->p.fixed) {
+        /* The block the priors say is best: a sequence's first blocks see
+         * only the prior acceptance, so k_initial is the longest it starts
+         * with, not what it starts with. */
         double best = 0;
-        for (int k = 1; k <= a->p.k_max; k++)
-            if (tdm_adaptive_speedup(a, k) > best)
+        for (int k = 1; k <= a->p.k_initial; k++)
+            if (tdm_adaptive_speedup(a, k) > best) {
                 best = tdm_adaptive_speedup(a, k);
+                a->k_next = k;
+            }
         if (best < 1.0 + a->p.min_gain) {
             /* Not worth it here even if this sequence drafts well: start
              * paused and let the probes find out. */

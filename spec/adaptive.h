@@ -10,7 +10,9 @@
  *    a prior of 0.7 (accepted/drafted would read 0.59 where every token is
  *    accepted with probability 0.8 and k = 4);
  *  - f = the measured cost of speculating at all in a round (the exchange
- *    with the drafter: wire and hand-offs, whatever k), and c = the measured
+ *    with the drafter: wire and hand-offs, whatever k; and the verifier's
+ *    work after the step that a verify block adds: its commit and verdict),
+ *    and c = the measured
  *    cost of one drafted token (drafter time plus the extra verify work),
  *    both relative to one plain decoding step of the sequence and averaged;
  *  - with k drafts a round yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
@@ -38,7 +40,7 @@
 
 typedef struct tdm_adaptive_params {
     int k_max;          /* most drafts per round (verifier and drafter limits) */
-    int k_initial;      /* first block length */
+    int k_initial;      /* longest first block (the priors pick it up to this); fixed: every block */
     double min_gain;    /* required expected speed-up over plain decoding, e.g. 0.05 */
     int pause_tokens;   /* plain tokens before probing again */
     int min_rounds;     /* rounds observed before speculation may be switched off */

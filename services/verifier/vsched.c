@@ -162,6 +162,7 @@ typedef struct vround {
     tdm_error err;
     double t_wait, t_step;
     double cost, fixed; /* per drafted token and per speculating sequence (adaptive.h) */
+    int n_stepped, n_spec; /* sequences of the step, and those with drafts */
     double t_idle_end;  /* when admit_and_retire found work */
 } vround;
 
@@ -221,6 +222,11 @@ struct vsched {
     _Atomic double cost_ms_ema, fixed_ms_ema;
     _Atomic double plain_seq_ms; /* a plain step's time per sequence at the current batch */
     double exchange_ms;          /* moving average of the exchange (scheduler thread, under mu) */
+    /* What a round costs after its step (commits, verdicts, tokens out, the
+     * drafters' messages), scheduler thread: moving averages of a plain
+     * round's per sequence, and of what a speculating sequence adds to it
+     * (a verify block's commit and its verdict); ms, 0 = not seen yet. */
+    double post_plain_ms, post_spec_ms;
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
@@ -1658,6 +1664,8 @@ static void run_step(vsched *s, vround *rd)
     rd->t_step = 0;
     rd->cost = rd->fixed = -1.0;
     rd->n_rows = 0;
+    rd->n_stepped = rd->n;
+    rd->n_spec = 0;
     rd->drafted = 0;
     qsort(rd->seqs, (size_t)rd->n, sizeof(rd->seqs[0]), by_rows_desc);
     for (int i = 0; i < rd->n; i++) {
@@ -1703,12 +1711,16 @@ static void run_step(vsched *s, vround *rd)
     int spec = 0;
     for (int i = 0; i < rd->n; i++)
         spec += rd->seqs[i].k > 0;
+    rd->n_spec = spec;
     double plain_round;
     if (tdm_steptime_plain(&s->st, rd->n, &plain_round))
         atomic_store(&s->plain_seq_ms, plain_round / rd->n);
     if (tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
                                 s->exchange_ms, &rd->fixed, &rd->cost)) {
         const double seq_ms = plain_round / rd->n;
+        /* and what speculating adds after the step, as measured on the
+         * rounds before (post_cost) */
+        rd->fixed += s->post_spec_ms / seq_ms;
         ema_ms(&s->cost_ms_ema, rd->cost * seq_ms);
         ema_ms(&s->fixed_ms_ema, rd->fixed * seq_ms);
     }
@@ -2018,6 +2030,25 @@ static void send_messages(vsched *s, vround *rd)
 
 /* Adds one round's timeline (t[0] its start, t[i + 1] the end of phase i)
  * to the counters. */
+/* After a round: what its work after the step took (post_ms), as a plain
+ * round's per sequence or, with drafts, as the part a speculating sequence
+ * adds, for the adaptive rule's fixed cost (run_step). */
+static void post_cost(vsched *s, const vround *rd, double post_ms)
+{
+    const int n = rd->n_stepped;
+    if (n <= 0 || rd->rc != TDM_OK)
+        return;
+    if (rd->n_spec == 0) {
+        const double per_seq = post_ms / n;
+        s->post_plain_ms = s->post_plain_ms > 0 ? 0.9 * s->post_plain_ms + 0.1 * per_seq : per_seq;
+    } else if (s->post_plain_ms > 0) {
+        double extra = (post_ms - n * s->post_plain_ms) / rd->n_spec;
+        if (extra < 0)
+            extra = 0;
+        s->post_spec_ms = 0.9 * s->post_spec_ms + 0.1 * extra;
+    }
+}
+
 static void record_timeline(vsched *s, const double *t)
 {
     pthread_mutex_lock(&s->mu);
@@ -2141,6 +2172,7 @@ static bool sched_round(vsched *s)
     send_messages(s, rd);
     t[VSCHED_SEND + 1] = now_ms();
     record_timeline(s, t);
+    post_cost(s, rd, t[VSCHED_SEND + 1] - t[VSCHED_STEP + 1]);
     return true;
 }
 

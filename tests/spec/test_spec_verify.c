@@ -283,7 +283,15 @@ static void test_adaptive(void)
     tdm_adaptive_params p = {
         .k_max = 8, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 10, .min_rounds = 4};
     tdm_adaptive a;
+    /* The first block is the one the priors favour: at a = 0.7 and a draft
+     * costing 0.3 of a plain step, S(1..4) = 1.31, 1.37, 1.33, 1.26. */
+    tdm_adaptive_params costly = p;
+    costly.cost_prior = 0.3;
+    tdm_adaptive_init(&a, &costly);
+    CHECK(a.k_next == 2, "the priors favour a first block of 2, got %d", a.k_next);
     tdm_adaptive_init(&a, &p);
+    CHECK(a.k_next == 4, "at the default cost prior the first block is k_initial, got %d",
+          a.k_next);
     for (int i = 0; i < 20; i++)
         tdm_adaptive_on_round(&a, a.k_next, a.k_next, 0.05, 0.0);
     CHECK(a.k_next == 8, "full acceptance should draft k_max, got %d", a.k_next);
