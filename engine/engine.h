@@ -45,6 +45,19 @@ tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm
  * MTP head need a whole model. */
 tdm_status tdm_model_load_rank(const char *dir, tdm_backend *be, tdm_comm *comm,
                                tdm_model **out, tdm_error *err);
+/* A model split over n ranks (tensor parallel, shard.h) behind the API of
+ * one model: rank r loads its slices onto bes[r] and meets the others through
+ * comms[r] (a group: kernels/comm.h); both are borrowed and must outlive the
+ * model. Each rank runs on a thread of its own, which first calls bind(r,
+ * bind_ctx) when bind is not NULL (the CUDA backend's ops need their device
+ * current on the calling thread). Every call on the model and its sequences
+ * runs on all ranks and returns rank 0's results: the whole model's logits
+ * and argmaxes. The config (tdm_model_get_config) and weight bytes are one
+ * rank's, what one device holds; the backend is rank 0's. State snapshots
+ * and prefix caching need a single model. */
+tdm_status tdm_model_load_group(const char *dir, int n, tdm_backend *const *bes,
+                                tdm_comm *const *comms, void (*bind)(int rank, void *ctx),
+                                void *bind_ctx, tdm_model **out, tdm_error *err);
 void tdm_model_destroy(tdm_model *m);
 /* The checks of tdm_model_load without a backend: config.json, the
  * checkpoint's headers, and every tensor the config implies present with its

@@ -11,6 +11,8 @@
 #include "safetensors.h"
 #include "shard.h"
 
+typedef struct tdm_group tdm_group; /* group.c */
+
 /* Weights of one decoder layer. Matrices are [out, in] in backend memory
  * (bf16 or f32); vectors are f32 in backend memory. */
 typedef struct tdm_layer_weights {
@@ -86,6 +88,7 @@ struct tdm_model {
     int32_t *draft_ids; /* backend memory [draft_cap]: tdm_seq_draft's tokens */
     int draft_cap;
     int graphs; /* steps go through the backend's graph slots (tdm_model_set_graphs) */
+    tdm_group *group; /* a tensor-parallel model's ranks (group.c); NULL for one model */
 };
 
 /* A sequence's state in backend memory (seq.c). */
@@ -106,7 +109,33 @@ struct tdm_seq {
     int base;                /* n_past before that verify */
     int verifying;           /* set for the duration of a forward: rows join the pending ones */
     int32_t *pend_tokens;    /* [max_draft+1] its tokens (no_buffer recompute) */
+    tdm_seq **ranks;         /* a tensor-parallel model's sequence: the ranks' (group.c);
+                                nothing else above is set */
 };
+
+/* A tensor-parallel model's ranks behind the whole model's API (group.c):
+ * each call below runs the same call on every rank's model or sequences, on
+ * the ranks' threads, and returns rank 0's results. */
+void tdm_group_destroy(tdm_group *g);
+int tdm_group_size(const tdm_group *g);
+void tdm_group_set_graphs(tdm_group *g, int on);
+tdm_status tdm_group_reserve_workspace(tdm_group *g, int rows, tdm_error *err);
+tdm_status tdm_group_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out,
+                                tdm_error *err);
+tdm_status tdm_group_seq_fork(const tdm_seq *src, tdm_seq **out, tdm_error *err);
+void tdm_group_seq_destroy(tdm_seq *s);
+tdm_status tdm_group_prefill(tdm_seq *s, const int32_t *tokens, int n, const tdm_step_out *out,
+                             tdm_error *err);
+tdm_status tdm_group_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
+                          const int *ntokens, int verify, const tdm_step_out *out,
+                          tdm_error *err);
+tdm_status tdm_group_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens, float *logits,
+                            tdm_error *err);
+tdm_status tdm_group_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                           const int *nlead, const int *k, const int32_t *const *forced,
+                           int32_t *const *drafts, tdm_error *err);
+tdm_status tdm_group_commit(tdm_seq *s, int n_accepted, tdm_error *err);
+tdm_status tdm_group_reserve_kv(tdm_seq *s, int n, tdm_error *err);
 
 /* One value folded into a graph key (backend.h: graph_begin). */
 static inline uint64_t tdm_key_mix(uint64_t h, uint64_t v)

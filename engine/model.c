@@ -536,6 +536,12 @@ void tdm_model_destroy(tdm_model *m)
 {
     if (!m)
         return;
+    if (m->group) { /* the ranks' models, on their threads */
+        tdm_group_destroy(m->group);
+        free(m->dir);
+        free(m);
+        return;
+    }
     tdm_weight_store_free(m->be, &m->store);
     if (m->ws.block)
         m->be->free(m->be->ctx, m->ws.block);
@@ -566,6 +572,8 @@ size_t tdm_model_weight_bytes(const tdm_model *m)
 void tdm_model_set_graphs(tdm_model *m, int on)
 {
     m->graphs = on != 0;
+    if (m->group)
+        tdm_group_set_graphs(m->group, on);
 }
 
 void *tdm_model_host_alloc(tdm_model *m, size_t nbytes)

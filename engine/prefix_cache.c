@@ -348,6 +348,9 @@ tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const
                                     tdm_prefix_put *result, tdm_error *err)
 {
     const int n = tdm_seq_length(s);
+    if (s->ranks)
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "prefix caching of a tensor-parallel model is not supported");
     TDM_ASSERT(!s->pending && n > 0 && n % c->p.block == 0);
     return put_state(c, s, tokens, n, -1, result, err);
 }
@@ -357,6 +360,9 @@ tdm_status tdm_prefix_cache_put_pending(tdm_prefix_cache *c, const tdm_seq *s,
                                         tdm_error *err)
 {
     *result = TDM_PREFIX_PUT_NO_PARENT;
+    if (s->ranks)
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "prefix caching of a tensor-parallel model is not supported");
     if (s->p.strategy == TDM_STATE_NO_BUFFER)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "state_strategy no_buffer keeps no state inside a verified block "
@@ -375,6 +381,8 @@ tdm_status tdm_prefix_cache_get_seq(tdm_prefix_cache *c, tdm_model *m, const tdm
 {
     *out = NULL;
     *covered = 0;
+    if (m->group) /* nothing cached for it (put_seq refuses): a miss */
+        return TDM_OK;
     const int B = c->p.block, nblocks = max_tokens > 0 ? max_tokens / B : 0;
     if (nblocks == 0)
         return TDM_OK;

@@ -101,6 +101,8 @@ static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
 
 tdm_status tdm_model_reserve_workspace(tdm_model *m, int rows, tdm_error *err)
 {
+    if (m->group)
+        return tdm_group_reserve_workspace(m->group, rows, err);
     return ws_ensure(m, rows, err);
 }
 
@@ -143,6 +145,8 @@ static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)
 
 tdm_status tdm_seq_reserve_kv(tdm_seq *s, int n, tdm_error *err)
 {
+    if (s->ranks)
+        return tdm_group_reserve_kv(s, n, err);
     return kv_ensure(s, n, err);
 }
 
@@ -555,6 +559,8 @@ tdm_status tdm_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out, 
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "state strategy replay: the %s backend cannot replay a delta rule",
                              m->be->name);
+    if (m->group)
+        return tdm_group_seq_create(m, p, out, err);
     const int NL = m->cfg.num_layers;
     tdm_seq *s = tdm_xcalloc(1, sizeof(*s));
     s->m = m;
@@ -603,6 +609,10 @@ void tdm_seq_destroy(tdm_seq *s)
 {
     if (!s)
         return;
+    if (s->ranks) {
+        tdm_group_seq_destroy(s);
+        return;
+    }
     tdm_backend *be = s->m->be;
     float **arrs[] = {s->k, s->v, s->conv, s->rec, s->conv_x, s->rec_x};
     for (size_t a = 0; a < TDM_ARRAY_LEN(arrs); a++) {
@@ -619,12 +629,16 @@ void tdm_seq_destroy(tdm_seq *s)
 
 int tdm_seq_length(const tdm_seq *s)
 {
+    if (s->ranks)
+        return tdm_seq_length(s->ranks[0]);
     return s->n_past - s->pending;
 }
 
 tdm_status tdm_seq_fork(const tdm_seq *src, tdm_seq **out, tdm_error *err)
 {
     *out = NULL;
+    if (src->ranks)
+        return tdm_group_seq_fork(src, out, err);
     if (src->pending)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "cannot fork a sequence with an uncommitted verify");
@@ -698,6 +712,8 @@ tdm_status tdm_seq_prefill(tdm_seq *s, const int32_t *tokens, int n, float *logi
 tdm_status tdm_seq_prefill_out(tdm_seq *s, const int32_t *tokens, int n, const tdm_step_out *out,
                                tdm_error *err)
 {
+    if (s->ranks)
+        return tdm_group_prefill(s, tokens, n, out, err);
     tdm_status rc;
     if ((rc = check_idle(s, err)) || (rc = tdm_model_check_tokens(s->m, tokens, n, err)))
         return rc;
@@ -746,6 +762,8 @@ tdm_status tdm_seq_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens,
     if ((rc = check_batch(seqs, nseq, 0, err)) ||
         (rc = tdm_model_check_tokens(seqs[0]->m, tokens, nseq, err)))
         return rc;
+    if (seqs[0]->ranks)
+        return tdm_group_decode(seqs, nseq, tokens, logits, err);
     const int32_t **t = tdm_xmalloc((size_t)nseq * sizeof(*t));
     int *cnt = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++) {
@@ -839,6 +857,8 @@ tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *con
     tdm_status rc = check_batch(seqs, nseq, 1, err);
     if (rc != TDM_OK)
         return rc;
+    if (seqs[0]->ranks)
+        return tdm_group_step(seqs, nseq, tokens, ntokens, 1, out, err);
     int *vr = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++)
         vr[i] = 1;
@@ -909,6 +929,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     tdm_status rc = check_batch(seqs, nseq, 1, err);
     if (rc != TDM_OK)
         return rc;
+    if (seqs[0]->ranks)
+        return tdm_group_draft(seqs, nseq, lead, nlead, k, forced, drafts, err);
     tdm_model *m = seqs[0]->m;
     tdm_backend *be = m->be;
     void *bx = be->ctx;
@@ -1072,6 +1094,8 @@ tdm_status tdm_seq_step_out(tdm_seq *const *seqs, int nseq, const int32_t *const
     tdm_status rc = check_batch(seqs, nseq, 0, err);
     if (rc != TDM_OK)
         return rc;
+    if (seqs[0]->ranks)
+        return tdm_group_step(seqs, nseq, tokens, ntokens, 0, out, err);
     int *vr = tdm_xmalloc((size_t)nseq * sizeof(int));
     for (int i = 0; i < nseq; i++)
         vr[i] = ntokens[i] > 1;
@@ -1095,6 +1119,8 @@ static void copy_n(tdm_backend *be, int n, void *const *dst, const void *const *
 
 tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
 {
+    if (s->ranks)
+        return tdm_group_commit(s, n_accepted, err);
     if (!s->pending)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "commit without a pending verify");
     if (n_accepted < 0 || n_accepted >= s->pending)
@@ -1163,6 +1189,10 @@ tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
 
 void tdm_seq_memory_usage(const tdm_seq *s, tdm_seq_memory *mem)
 {
+    if (s->ranks) { /* one rank's: what one device holds */
+        tdm_seq_memory_usage(s->ranks[0], mem);
+        return;
+    }
     const tdm_model *m = s->m;
     memset(mem, 0, sizeof(*mem));
     for (int L = 0; L < m->cfg.num_layers; L++) {

@@ -221,6 +221,9 @@ tdm_status tdm_seq_snapshot_take(const tdm_seq *s, const char *fingerprint, cons
 {
     memset(layout, 0, sizeof(*layout));
     *payload = NULL;
+    if (s->ranks)
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "state snapshots of a tensor-parallel model are not supported");
     if (s->pending)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "a snapshot is taken at the committed position: the sequence has "
@@ -257,6 +260,9 @@ tdm_status tdm_seq_from_snapshot(tdm_model *m, const tdm_seq_params *p, const ch
                                  tdm_error *err)
 {
     *out = NULL;
+    if (m->group)
+        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                             "state snapshots of a tensor-parallel model are not supported");
     if (l->prefix_block)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "layout.prefix_block: %u; a prefix's cached blocks go into a prefix "

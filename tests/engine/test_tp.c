@@ -18,6 +18,7 @@
  *    divided by the ranks (the norms excepted).
  */
 #include "comm.h"
+#include "snapshot.h"
 #include "steps.h"
 #include "util.h"
 
@@ -150,6 +151,56 @@ static void check_against_whole(const char *name, const char *dir, int n, rank_j
     steps_run_free(&whole);
 }
 
+/* The same split behind one model's API (tdm_model_load_group), driven
+ * from this thread: the step script's logits are the bits the ranks made on
+ * their own threads; what a group cannot do yet is refused. */
+static void check_group(const char *name, const char *dir, int n, const rank_job *jobs)
+{
+    tdm_comm *comms[MAX_RANKS];
+    tdm_backend *bes[MAX_RANKS];
+    tdm_error err;
+    CHECK(tdm_comm_local_group(n, comms, &err) == TDM_OK, "%s", err.msg);
+    for (int r = 0; r < n; r++)
+        bes[r] = tdm_backend_cpu_create(1);
+    tdm_model *m;
+    CHECK(tdm_model_load_group(dir, n, bes, comms, NULL, NULL, &m, &err) == TDM_OK, "%s: %s",
+          name, err.msg);
+    CHECK(tdm_model_get_config(m)->tp_size == n, "%s: the group's config is not a rank's", name);
+    CHECK(tdm_model_weight_bytes(m) == jobs[0].weight_bytes,
+          "%s: the group's weight bytes are not a rank's", name);
+    steps_run g;
+    steps_run_script(m, &g);
+    CHECK(g.n == jobs[0].run.n && g.calls == jobs[0].run.calls &&
+              memcmp(g.logits, jobs[0].run.logits, g.n * sizeof(float)) == 0,
+          "%s/%d: the group's logits differ from the ranks' own", name, n);
+    tdm_seq_memory mem;
+    tdm_seq_memory_usage(g.seqs[0], &mem);
+    CHECK(mem.recurrent_bytes > 0 && mem.kv_bytes > 0, "%s: a group sequence's memory", name);
+    tdm_snap_layout l;
+    uint8_t *payload = NULL;
+    int32_t toks[1] = {0};
+    CHECK(tdm_seq_snapshot(g.seqs[0], "fp", toks, tdm_seq_length(g.seqs[0]), &l, &payload,
+                           &err) == TDM_ERR_UNIMPLEMENTED,
+          "%s: a group sequence's snapshot is not refused", name);
+    char why[sizeof(err.msg)];
+    snprintf(why, sizeof(why), "%s", err.msg);
+    /* a refused call leaves the group usable */
+    int32_t bad = 1 << 30;
+    tdm_seq *s1[1] = {g.seqs[0]};
+    CHECK(tdm_seq_decode(s1, 1, &bad, NULL, &err) == TDM_ERR_INVALID_ARGUMENT,
+          "%s: a bad token id is not refused", name);
+    int32_t ok = 1;
+    CHECK(tdm_seq_decode(s1, 1, &ok, NULL, &err) == TDM_OK, "%s: %s", name, err.msg);
+    printf("%-14s tp %d: the group's step script matches the ranks' bits; snapshot refused: %s\n",
+           name, n, why);
+    steps_run_free(&g);
+    tdm_model_destroy(m);
+    for (int r = 0; r < n; r++) {
+        comms[r]->destroy(comms[r]);
+        bes[r]->destroy(bes[r]);
+    }
+}
+
 static void check_fixture(const char *name)
 {
     fixture f;
@@ -178,6 +229,7 @@ static void check_fixture(const char *name)
           "%s: rank 1's fixture logits differ from rank 0's", name);
     free(ref);
     check_against_whole(name, f.model, 2, jobs);
+    check_group(name, f.model, 2, jobs);
     jobs_free(jobs, 2);
     fixture_free(&f);
 }
@@ -210,6 +262,7 @@ int main(void)
         rank_job jobs[4];
         run_ranks(TANDEM_DEMO_MODEL, n, NULL, jobs);
         check_against_whole("demo-target", TANDEM_DEMO_MODEL, n, jobs);
+        check_group("demo-target", TANDEM_DEMO_MODEL, n, jobs);
         jobs_free(jobs, n);
     }
     char p[600];
