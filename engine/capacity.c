@@ -105,7 +105,10 @@ size_t tdm_capacity_weight_bytes(const tdm_model_config *c, size_t matrix_elem_b
     const size_t Hv = (size_t)c->lin_v_heads, VD = Hv * (size_t)c->lin_v_dim;
     const size_t D = (size_t)c->head_dim, QD = (size_t)c->num_heads * D;
     const size_t KD = tdm_capacity_kv_width(c);
-    size_t mat = V * H * (c->tie_word_embeddings ? 1 : 2); /* embedding, LM head */
+    /* embedding and LM head (a tensor-parallel rank's: its slice of the
+     * vocabulary) */
+    const size_t Vr = V / (size_t)(c->tp_size > 1 ? c->tp_size : 1);
+    size_t mat = Vr * H * (c->tie_word_embeddings ? 1 : 2);
     size_t vec = H;                                        /* final norm */
     for (int L = 0; L < c->num_layers; L++) {
         mat += 3 * I * H; /* gate, up, down */

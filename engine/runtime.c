@@ -14,10 +14,14 @@
 #ifdef TANDEM_HAVE_CUDA_BACKEND
 #include "cuda_backend.h"
 #endif
+#ifdef TANDEM_HAVE_NCCL
+#include "comm_nccl.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Picks and creates the backend; fills backend_name and why. */
 static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int threads, tdm_error *err)
@@ -80,6 +84,7 @@ tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int thre
     if (!backend || !backend[0])
         backend = "auto";
     tdm_runtime *rt = tdm_xcalloc(1, sizeof(*rt));
+    rt->tp = 1;
     tdm_status rc = runtime_backend(rt, backend, threads, err);
     if (rc != TDM_OK) {
         free(rt);
@@ -95,15 +100,111 @@ tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int thre
     return TDM_OK;
 }
 
+/* Frees a tensor-parallel runtime's communicators and the backends of
+ * ranks 1.. (rank 0's is rt->backend). */
+static void ranks_free(tdm_runtime *rt)
+{
+    for (int r = 0; rt->comms && r < rt->tp; r++)
+        if (rt->comms[r])
+            rt->comms[r]->destroy(rt->comms[r]);
+    for (int r = 1; rt->rank_backends && r < rt->tp; r++)
+        if (rt->rank_backends[r])
+            rt->rank_backends[r]->destroy(rt->rank_backends[r]);
+    free(rt->comms);
+    free(rt->rank_backends);
+    rt->comms = NULL;
+    rt->rank_backends = NULL;
+}
+
 void tdm_runtime_close(tdm_runtime *rt)
 {
     if (!rt)
         return;
     tdm_mtp_destroy(rt->mtp);
     tdm_model_destroy(rt->model);
+    ranks_free(rt);
     if (rt->backend)
         rt->backend->destroy(rt->backend);
     free(rt);
+}
+
+#if defined(TANDEM_HAVE_CUDA_BACKEND) && defined(TANDEM_HAVE_NCCL)
+/* A rank's thread: its device current (the CUDA backend's ops need it). */
+static void bind_device(int rank, void *ctx)
+{
+    (void)ctx;
+    tdm_cuda_use_device(rank);
+}
+#endif
+
+/* A model split over n ranks: rank 0 on the backend runtime_backend picks
+ * (CUDA device 0, or the CPU), rank r on CUDA device r or a CPU backend of
+ * its own; the cores are shared among CPU ranks. */
+static tdm_status open_group(const char *model_dir, const char *backend, int n, tdm_runtime **out,
+                             tdm_error *err)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = cores / n >= 1 ? (int)(cores / n) : 1;
+    tdm_runtime *rt = tdm_xcalloc(1, sizeof(*rt));
+    rt->tp = n;
+    tdm_status rc = runtime_backend(rt, backend, threads, err);
+    if (rc != TDM_OK) {
+        free(rt);
+        return rc;
+    }
+    rt->rank_backends = tdm_xcalloc((size_t)n, sizeof(*rt->rank_backends));
+    rt->comms = tdm_xcalloc((size_t)n, sizeof(*rt->comms));
+    rt->rank_backends[0] = rt->backend;
+    const int cuda = strcmp(rt->backend_name, tdm_backend_kind_name(TDM_BACKEND_CUDA)) == 0;
+    void (*bind)(int, void *) = NULL;
+    if (cuda) {
+#if defined(TANDEM_HAVE_CUDA_BACKEND) && defined(TANDEM_HAVE_NCCL)
+        const int devices = tdm_cuda_device_count(NULL, 0);
+        if (devices < n) {
+            rc = tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                               "tensor_parallel %d needs %d CUDA devices, one a rank; %d found",
+                               n, n, devices);
+        }
+        for (int r = 1; rc == TDM_OK && r < n; r++) {
+            rt->rank_backends[r] = tdm_backend_cuda_create(r, err);
+            if (!rt->rank_backends[r])
+                rc = tdm_error_prefix(err, "tensor_parallel %d: rank %d on CUDA device %d", n, r,
+                                      r);
+        }
+        tdm_cuda_use_device(0); /* creating them moved this thread's device */
+        if (rc == TDM_OK)
+            rc = tdm_comm_nccl_group(rt->rank_backends, n, rt->comms, err);
+        bind = bind_device;
+        snprintf(rt->why + strlen(rt->why), sizeof(rt->why) - strlen(rt->why),
+                 "; tensor parallel over CUDA devices 0..%d (NCCL %d)", n - 1,
+                 tdm_comm_nccl_version());
+#else
+        rc = tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
+                           "tensor_parallel %d on the cuda backend needs NCCL, which this build "
+                           "lacks",
+                           n);
+#endif
+    } else {
+        for (int r = 1; rc == TDM_OK && r < n; r++) {
+            rt->rank_backends[r] = tdm_backend_cpu_create(threads);
+            if (!rt->rank_backends[r])
+                rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                                   "cannot create the CPU backend of rank %d", r);
+        }
+        if (rc == TDM_OK)
+            rc = tdm_comm_local_group(n, rt->comms, err);
+        snprintf(rt->why + strlen(rt->why), sizeof(rt->why) - strlen(rt->why),
+                 "; tensor parallel over %d CPU ranks of %d threads", n, threads);
+    }
+    if (rc == TDM_OK)
+        rc = tdm_model_load_group(model_dir, n, rt->rank_backends, rt->comms, bind, NULL,
+                                  &rt->model, err);
+    if (rc != TDM_OK) {
+        tdm_runtime_close(rt);
+        return rc;
+    }
+    *out = rt;
+    return TDM_OK;
 }
 
 tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
@@ -117,7 +218,10 @@ tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_r
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "state_strategy %s is not supported by the engine", strategy);
     tdm_runtime *rt = NULL;
-    tdm_status rc = tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &rt, err);
+    const int tp = tdm_cfg_has(cfg, "tensor_parallel") ? (int)tdm_cfg_int(cfg, "tensor_parallel")
+                                                         : 1;
+    tdm_status rc = tp > 1 ? open_group(model, tdm_cfg_str(cfg, "backend"), tp, &rt, err)
+                           : tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &rt, err);
     if (rc != TDM_OK)
         return tdm_error_prefix(err, "model %s", model);
     tdm_model_set_graphs(rt->model, tdm_cfg_bool(cfg, "cuda_graphs"));
@@ -134,6 +238,7 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
     *out = NULL;
     const char *model = tdm_cfg_str(cfg, "model");
     tdm_runtime *rt = tdm_xcalloc(1, sizeof(*rt));
+    rt->tp = 1;
     tdm_status rc = runtime_backend(rt, tdm_cfg_str(cfg, "backend"), 0, err);
     if (rc != TDM_OK) {
         free(rt);

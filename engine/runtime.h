@@ -21,6 +21,11 @@ typedef struct tdm_runtime {
     char why[160];               /* why that backend (for `auto`) */
     tdm_state_strategy strategy; /* tdm_runtime_open_cfg: how sequences commit */
     char device_uuid[48];        /* the GPU's UUID (tdm_cuda_device_uuid); "" on the CPU */
+    /* tensor_parallel > 1: the ranks' backends (backend is rank 0's) and
+     * communicators; tp = 1 otherwise, with both NULL. */
+    int tp;
+    tdm_backend **rank_backends;
+    tdm_comm **comms;
 } tdm_runtime;
 
 /* backend: "auto", "cpu" or "cuda". threads: CPU worker threads, 0 = one per
@@ -31,9 +36,13 @@ tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int thre
 void tdm_runtime_close(tdm_runtime *rt);
 
 /* A service's model from its effective configuration (the keys every
- * replica has: model, backend, cuda_graphs, state_strategy, resolved): opens
- * the runtime, sets graphs and strategy, and logs what was loaded on which
- * backend under `component`. Errors name the model directory. */
+ * replica has: model, backend, cuda_graphs, state_strategy, resolved; and
+ * the verifier's tensor_parallel): opens the runtime, sets graphs and
+ * strategy, and logs what was loaded on which backend under `component`.
+ * tensor_parallel N > 1 splits the model over N ranks (engine/shard.h): on
+ * the cuda backend CUDA devices 0..N-1 joined by NCCL, on the cpu backend N
+ * CPU backends sharing the cores, joined in-process; the model is a group
+ * (tdm_model_load_group). Errors name the model directory. */
 tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
                                 tdm_error *err);
 

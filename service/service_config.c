@@ -6,6 +6,7 @@
 #include "service_config.h"
 #include "alloc.h"
 #include "safetensors.h"
+#include "shard.h"
 #include "token_list.h"
 
 #include "buildinfo.h"
@@ -320,6 +321,13 @@ static const tdm_cfg_key verifier_keys[] = {
      "the cuda backend the weights plus 90% of the device memory free once they are loaded "
      "(measured at start); on the cpu backend 90% of the host's MemAvailable (free + buffer memory "
      "without /proc)."},
+    {"tensor_parallel", TDM_CFG_INT, "1", NULL, 1, 8, 0, NULL, GRP_MODEL,
+     "Ranks the model is split over (tensor parallel): attention and linear-attention heads, MLP "
+     "columns and the vocabulary divided among them, partial sums added by one all-reduce a "
+     "sublayer. On the cuda backend CUDA devices 0..N-1 joined by NCCL; on the cpu backend N "
+     "ranks sharing the cores. The model's head counts, intermediate size and vocabulary must "
+     "divide by it (--check-config says which does not). gpu_memory and the capacity are one "
+     "rank's. State snapshots (moves, drains) and prefix_cache need 1."},
     {"max_waiting", TDM_CFG_INT, "256", NULL, 0, 1048576, 0, NULL, GRP_MODEL,
      "Most requests waiting for a place in the batch (max_sequences, or memory reserved for "
      "running requests); more are refused with RESOURCE_EXHAUSTED naming this limit. 0: "
@@ -659,6 +667,13 @@ tdm_status tdm_svc_verifier_capacity(const tdm_cfg *cfg, tdm_capacity_params *p,
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "no model: nothing to account");
     if (tdm_model_config_load(model, &p->cfg, err) != TDM_OK)
         return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+    const int tp = (int)tdm_cfg_int(cfg, "tensor_parallel");
+    if (tp > 1) { /* what one rank, one device, holds */
+        const tdm_model_config whole = p->cfg;
+        tdm_shard shard;
+        if (tdm_shard_config(&whole, 0, tp, &p->cfg, &shard, err) != TDM_OK)
+            return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+    }
     char why[128];
     p->strategy = tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy"));
     p->max_draft = (int)tdm_cfg_int(cfg, "max_draft_tokens");
@@ -824,6 +839,30 @@ static tdm_status check_prefix_cache(const tdm_cfg *cfg, tdm_error *err)
                          "to extra_buffer or replay (or auto), or prefix_cache to off",
                          tdm_cfg_describe(cfg, "prefix_cache", a, sizeof(a)),
                          tdm_cfg_describe(cfg, "state_strategy", b, sizeof(b)));
+}
+
+/* tensor_parallel: the model splits that way, and nothing asks for what a
+ * split model cannot do yet (prefix caching takes one model's state). */
+static tdm_status check_tensor_parallel(const tdm_cfg *cfg, tdm_error *err)
+{
+    const int tp = (int)tdm_cfg_int(cfg, "tensor_parallel");
+    if (tp <= 1)
+        return TDM_OK;
+    char a[512], b[512];
+    tdm_cfg_describe(cfg, "tensor_parallel", a, sizeof(a));
+    if (tdm_cfg_bool(cfg, "prefix_cache"))
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "%s conflicts with %s: the prefix cache keeps one model's state; set "
+                             "prefix_cache to off or tensor_parallel to 1",
+                             a, tdm_cfg_describe(cfg, "prefix_cache", b, sizeof(b)));
+    const char *model = tdm_cfg_str(cfg, "model");
+    tdm_model_config whole, rank;
+    tdm_shard shard;
+    if (!model[0] || tdm_model_config_load(model, &whole, NULL) != TDM_OK)
+        return TDM_OK; /* the model's own checks say what is wrong with it */
+    if (tdm_shard_config(&whole, 0, tp, &rank, &shard, err) != TDM_OK)
+        return tdm_error_prefix(err, "%s, %s", a, tdm_cfg_describe(cfg, "model", b, sizeof(b)));
+    return TDM_OK;
 }
 
 static tdm_status check_tls(const tdm_cfg *cfg, tdm_error *err)
@@ -1183,6 +1222,7 @@ static const tdm_cfg_check verifier_checks[] = {
     {"verifier-needs-model", check_verifier_model},
     {"max-context-within-model", check_max_context},
     {"memory-settings-positive", check_gpu_memory},
+    {"tensor-parallel-split", check_tensor_parallel},
     {"max-sequences-within-capacity", check_max_sequences}};
 static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON,
                                                CHECKS_REPLICA,

@@ -450,6 +450,11 @@ static void cu_destroy(tdm_backend *be)
     free(be);
 }
 
+extern "C" int tdm_cuda_use_device(int device)
+{
+    return cudaSetDevice(device) == cudaSuccess ? 0 : -1;
+}
+
 extern "C" int tdm_cuda_device_count(char *why, size_t why_len)
 {
     int n = 0;

@@ -43,7 +43,12 @@ int tdm_cuda_device_count(char *why, size_t why_len);
  * their devices' UUIDs are equal. */
 int tdm_cuda_device_uuid(int device, char *out, size_t len);
 
-/* A backend on CUDA device `device`. NULL on failure with err (may be NULL)
+/* Makes `device` the calling thread's current device (the one a backend's
+ * ops on that device need); 0, or -1 when it cannot. */
+int tdm_cuda_use_device(int device);
+
+/* A backend on CUDA device `device` (which it also makes the calling
+ * thread's current device). NULL on failure with err (may be NULL)
  * naming why (no such device, out of memory, ...). The caller destroys it
  * with be->destroy(be). */
 tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err);

@@ -46,10 +46,11 @@ def setup_paths():
     TOKENIZER = os.path.join(TARGET, "tokenizer.json")
 
 
-def stack(strategy="extra_buffer", drafter="model", block=8, extra_drafter_args=()):
+def stack(strategy="extra_buffer", drafter="model", block=8, extra_drafter_args=(),
+          extra_verifier_args=()):
     gw = st.gateway("--tokenizer", TOKENIZER)
     v = st.replica("verifier", gw, "--model", TARGET, "--state-strategy", strategy,
-                   "--max-draft-tokens", "8")
+                   "--max-draft-tokens", "8", *extra_verifier_args)
     if drafter == "model":
         dargs = ["--model", DRAFTER, "--state-strategy", strategy]
     elif drafter == "mtp":  # the target's own MTP head
@@ -157,6 +158,42 @@ def case_greedy():
                 check(accepted > 0, "%s/%s block %d: no draft token was ever accepted" %
                       (drafter, strategy, block))
         stop_all()
+
+
+def case_tensor_parallel():
+    """A verifier whose model is split over 2 and 4 CPU ranks (tensor_parallel)
+    gives the single verifier's greedy tokens, plain and speculative, under
+    each strategy; splits the model does not allow, and prefix caching, are
+    refused at start naming why."""
+    ps = prompts(8 if st.ARGS.quick else 24)
+    gw, v, d = stack("extra_buffer", None)
+    baseline = [r[2] for r in parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)]
+    stop_all()
+    for tp, strategy in ((2, "extra_buffer"), (2, "no_buffer"), (4, "replay")):
+        gw, v, d = stack(strategy, "model", extra_verifier_args=("--tensor-parallel", str(tp)))
+        for mode, block in (("SPECULATION_MODE_OFF", 0), ("SPECULATION_MODE_ON", 4)):
+            res = parallel(lambda p: generate(gw, p, mode=mode, block=block or 4,
+                                              fixed=block > 0), ps)
+            rounds = 0
+            for i, r in enumerate(res):
+                if check(r[0] == "OK" and r[4], "tp %d %s %s prompt %d: %s %s" %
+                         (tp, strategy, mode, i, r[0], r[1])):
+                    check(r[2] == baseline[i], "tp %d %s %s prompt %d: ids %s != one verifier's %s"
+                          % (tp, strategy, mode, i, r[2], baseline[i]))
+                    rounds += int(r[4]["stats"].get("speculative_rounds", 0))
+            print("tensor_parallel %d, %s, %s: %d prompts as one verifier, %d speculative rounds" %
+                  (tp, strategy, mode, len(ps), rounds), flush=True)
+            if block:
+                check(rounds > 0, "tp %d: no speculative round ran" % tp)
+        stop_all()
+    # refusals at start, naming the cause
+    for args, want in ((("--tensor-parallel", "3"), "num_attention_heads (4) is not a multiple of 3"),
+                       (("--tensor-parallel", "2", "--prefix-cache", "on"), "prefix_cache")):
+        rc, out, err = st.run([st.binary("tandem-verifier"), "--check-config", "--model", TARGET,
+                               *args])
+        check(rc != 0 and want in out + err, "tensor_parallel %s: not refused as %r: %s" %
+              (" ".join(args), want, (out + err)[-300:]))
+        print("refused: %s" % " ".join(args), flush=True)
 
 
 def softmax_topk(logits, k, temperature=1.0):
@@ -561,7 +598,8 @@ def case_shared_drafter():
 
 
 CASES = {"shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
-         "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline}
+         "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline,
+         "tensor_parallel": case_tensor_parallel}
 
 
 def main():
