@@ -111,6 +111,17 @@ void cuda_graphs_destroy(cuda_ctx *c)
     c->graphs = NULL;
 }
 
+void cuda_graphs_drop_all(cuda_ctx *c)
+{
+    struct cuda_graphs *G = c->graphs;
+    TDM_ASSERT(!c->in_step);
+    if (!G)
+        return;
+    for (int i = 0; i < GR_GRAPHS; i++)
+        if (G->graph[i].used)
+            gr_release(&G->graph[i]);
+}
+
 static gr_graph *gr_find(struct cuda_graphs *G, uint64_t key)
 {
     for (int i = 0; i < GR_GRAPHS; i++)

@@ -10,6 +10,11 @@ struct cuda_graphs *cuda_graphs_create(void);
 /* Frees c->graphs and every graph in it; the stream must be idle. */
 void cuda_graphs_destroy(cuda_ctx *c);
 
+/* Frees every recorded graph of c (its keys are captured anew when they
+ * come back); the stream must be idle and no step open. For when something
+ * the graphs hold goes away: a communicator's collectives (comm_nccl.cu). */
+void cuda_graphs_drop_all(cuda_ctx *c);
+
 int cuda_graph_begin(void *ctx, uint64_t key);
 int cuda_graph_end(void *ctx);
 
