@@ -31,10 +31,11 @@ pack)
     cp "$b"/tests/cuda/cuda_test_* "$b"/bench/bench_cuda_* .carry/bin/ || exit 1
     strip --strip-debug .carry/bin/* # the device's working tree is size-limited
     # the shared-library closure minus glibc, the loader, the C++ runtime
-    # (Debian 12's libstdc++ needs glibc 2.36; the GPU machine's own works)
-    # and cuBLAS (hundreds of MB; the GPU machine's CUDA has it)
+    # (Debian 12's libstdc++ needs glibc 2.36; the GPU machine's own works),
+    # cuBLAS (hundreds of MB; the GPU machine's CUDA has it) and NCCL (as big;
+    # the GPU machine has its own in the system's library folder)
     ldd .carry/bin/* | awk '$3 ~ /^\// {print $3}' | sort -u |
-        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
+        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas|libcublasLt|libnccl|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" .carry/lib/; done
     du -sh .carry
     ;;

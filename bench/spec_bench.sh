@@ -55,10 +55,10 @@ pack)
         "$b"/bench/bench_snapshot_bench "$b"/bench/bench_mtp_bench .carry/bin/ || exit 1
     cp "$b"/tests/cuda/cuda_test_* .carry/bin/ 2>/dev/null
     strip --strip-debug .carry/bin/*
-    # the shared-library closure minus glibc, the loader, the C++ runtime and
-    # cuBLAS (bench/cuda_bench.sh says why)
+    # the shared-library closure minus glibc, the loader, the C++ runtime,
+    # cuBLAS and NCCL (bench/cuda_bench.sh says why)
     ldd .carry/bin/* | awk '$3 ~ /^\// {print $3}' | sort -u |
-        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
+        grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas|libcublasLt|libnccl|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" .carry/lib/; done
     # compressed: the device's working tree is size-limited (the CUDA code in
     # every binary compresses about 7:1)
