@@ -283,6 +283,16 @@ def case_render():
           "feature_transport" not in cfg["verifier.yaml"],
           "%s: a model drafter gets no shared /dev/shm and no feature_transport" % label)
 
+    # A tensor-parallel verifier on GPUs requests one GPU a rank.
+    label = "tensor-parallel"
+    objs = render(label, "--set", "verifier.tensorParallel=2,verifier.backend=cuda")
+    cfg = check_common(label, objs, "remote")
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    check(gpu_limit(container(ver, "verifier")) == 2, "%s: two GPUs for two ranks: %s" %
+          (label, container(ver, "verifier").get("resources")))
+    check(str(cfg["verifier.yaml"].get("tensor_parallel")) == "2", "%s: tensor_parallel in the "
+          "config: %s" % (label, cfg["verifier.yaml"].get("tensor_parallel")))
+
     # A colocated MTP drafter: the feature stream goes by shared memory, in
     # a memory-backed emptyDir both containers mount at /dev/shm.
     label = "colocated-mtp"

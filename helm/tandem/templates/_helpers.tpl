@@ -91,6 +91,16 @@ with the values keys in place of the config files.
 {{- if and (eq $v.drafter.mode "colocated") $v.drafter.autoscaling.enabled -}}
 {{- fail "drafter.autoscaling.enabled with drafter.mode=colocated: a colocated drafter is a container of each verifier pod and scales with verifier.autoscaling" -}}
 {{- end -}}
+{{- $tp := int $v.verifier.tensorParallel -}}
+{{- if or (lt $tp 1) (gt $tp 8) -}}
+{{- fail (printf "verifier.tensorParallel=%d: tensor_parallel takes 1 to 8 ranks" $tp) -}}
+{{- end -}}
+{{- if and (gt $tp 1) $s.prefixCache -}}
+{{- fail (printf "tensor_parallel=%d (values verifier.tensorParallel) conflicts with prefix_cache=on (values speculative.prefixCache): the prefix cache keeps one model's state; set prefix_cache to off or tensor_parallel to 1 (check tensor-parallel-split)" $tp) -}}
+{{- end -}}
+{{- if and (gt $tp 1) (gt (int $v.verifier.gpus) 0) (ne (int $v.verifier.gpus) $tp) -}}
+{{- fail (printf "verifier.gpus=%d with verifier.tensorParallel=%d: a tensor-parallel verifier on GPUs runs one rank a GPU; set gpus to %d, or to 0 with backend cuda (the chart then requests %d)" (int $v.verifier.gpus) $tp $tp $tp) -}}
+{{- end -}}
 {{- if and (eq $v.models.source "pvc") (not $v.models.pvc.claimName) -}}
 {{- fail "models.source=pvc needs models.pvc.claimName" -}}
 {{- end -}}
@@ -98,7 +108,7 @@ with the values keys in place of the config files.
 {{- fail "models.source=imageVolume needs models.imageVolume.reference" -}}
 {{- end -}}
 {{- /* Keys the chart sets from one place may not be set again per role. */ -}}
-{{- $owned := dict "state_strategy" "speculative.stateStrategy" "prefix_cache" "speculative.prefixCache" "draft_block_size" "speculative.blockSize" "max_draft_tokens" "speculative.maxDraftTokens" "drafter_kind" "speculative.drafterKind" "model" "models.target / models.draft" "tokenizer" "models.tokenizer" "gateway" "(the chart: the gateway Service)" "listen" "(the chart: the role's port)" "health_listen" "(the chart: the role's port + 1)" "metrics_listen" "common.metrics" "advertise" "(the chart: the pod's IP)" "tls_cert" "tls" "tls_key" "tls" "tls_ca" "tls" "tls_client_auth" "tls.mutual" "cluster_token_file" "clusterToken" "log_level" "common.logLevel" "shutdown_grace" "common.shutdownGraceSeconds" "max_sequences" "verifier/drafter.maxSequences" "backend" "verifier/drafter.backend" "feature_transport" "speculative.featureTransport" -}}
+{{- $owned := dict "state_strategy" "speculative.stateStrategy" "prefix_cache" "speculative.prefixCache" "draft_block_size" "speculative.blockSize" "max_draft_tokens" "speculative.maxDraftTokens" "drafter_kind" "speculative.drafterKind" "model" "models.target / models.draft" "tokenizer" "models.tokenizer" "gateway" "(the chart: the gateway Service)" "listen" "(the chart: the role's port)" "health_listen" "(the chart: the role's port + 1)" "metrics_listen" "common.metrics" "advertise" "(the chart: the pod's IP)" "tls_cert" "tls" "tls_key" "tls" "tls_ca" "tls" "tls_client_auth" "tls.mutual" "cluster_token_file" "clusterToken" "log_level" "common.logLevel" "shutdown_grace" "common.shutdownGraceSeconds" "max_sequences" "verifier/drafter.maxSequences" "tensor_parallel" "verifier.tensorParallel" "backend" "verifier/drafter.backend" "feature_transport" "speculative.featureTransport" -}}
 {{- range $role := list "gateway" "verifier" "drafter" -}}
 {{- range $key, $_ := (get $v $role).config -}}
 {{- if hasKey $owned $key -}}
