@@ -176,10 +176,11 @@ typedef struct fwd_step {
     float **kc, **vc;       /* [nseq] host scratch: one layer's KV caches per sequence */
 } fwd_step;
 
-/* Host scratch of a step for up to nseq sequences and R rows. */
+/* Host scratch of a step for up to nseq sequences and R rows; tp: the
+ * ranks of a tensor-parallel model, 0 for a whole one. */
 static void step_scratch(fwd_step *st, int nseq, int R, int tp)
 {
-    if (tp > 1) {
+    if (tp > 0) {
         st->ids_local = tdm_xmalloc((size_t)R * sizeof(int32_t));
         st->cdst = tdm_xmalloc((size_t)tp * (size_t)R * sizeof(void *));
         st->csrc = tdm_xmalloc((size_t)tp * (size_t)R * sizeof(void *));
@@ -245,6 +246,13 @@ static void project(tdm_backend *be, const float *x, int R, int in, int n, float
     }
     for (int i = 0; i < n; i++)
         be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
+}
+
+/* Whether the LM head's rows come from several ranks' slices (a rank of one
+ * computes whole rows in place). */
+static int gathers(const tdm_model *m)
+{
+    return m->comm && m->comm->size > 1;
 }
 
 /* x += y · wᵀ for an output projection (o_proj, out_proj, down). On a
@@ -399,7 +407,7 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     }
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
-        if (st->logits == 1 && m->comm) /* the rank's slice, in its place among the ranks' */
+        if (st->logits == 1 && gathers(m)) /* the rank's slice, in its place among the ranks' */
             be->matmul(bx, w->gathered + (size_t)m->comm->rank * (size_t)R * (size_t)m->shard.vocab_n,
                        w->xn, m->lm_head, R, H, m->shard.vocab_n, 0);
         else if (st->logits == 1)
@@ -487,7 +495,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
                   : out->hidden                ? 2
                                                : 0,
     };
-    step_scratch(&st, nseq, R, m->comm ? m->comm->size : 1);
+    step_scratch(&st, nseq, R, m->comm ? m->comm->size : 0);
     for (int i = 0, r = 0; i < nseq; i++) {
         tdm_seq *s = seqs[i];
         st.row0[i] = r;
@@ -517,7 +525,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         fwd_ops(m, &st);
     }
     const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
-    if (m->comm && st.logits == 1)
+    if (gathers(m) && st.logits == 1)
         gather_logits(m, R, &st);
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
@@ -1005,7 +1013,7 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
         .counts = counts,
         .logits = 1,
     };
-    step_scratch(&st, nseq, Rmax, 1);
+    step_scratch(&st, nseq, Rmax, 0);
     const int V = m->cfg.vocab_size;
     /* The key: the model, the workspace, where the tokens go, and per
      * chain its length, lead rows and strategy (backend.h). */

@@ -12,7 +12,8 @@
  *    and within 1e-4 relative of the whole model's (the partial sums add up
  *    in another order) with the same argmax on every row.
  *  - The demo target split in 2 and in 4 (4 ranks: its 2 KV heads
- *    replicated over pairs of ranks).
+ *    replicated over pairs of ranks), and as rank 0 of 1 (the whole
+ *    model's bits).
  *  - Splits the model's counts do not allow are refused, naming the count.
  *  - A rank reads only its slices: its weight bytes are the whole model's
  *    divided by the ranks (the norms excepted).
@@ -124,6 +125,10 @@ static void check_against_whole(const char *name, const char *dir, int n, rank_j
     }
     CHECK(jobs[0].run.n == whole.n, "%s/%d: %zu logits against the whole model's %zu", name, n,
           jobs[0].run.n, whole.n);
+    /* A rank of one adds its update in place and sums over itself: the
+     * whole model's bits. */
+    CHECK(n > 1 || memcmp(jobs[0].run.logits, whole.logits, whole.n * sizeof(float)) == 0,
+          "%s: rank 0 of 1 differs from the whole model", name);
     const int V = jobs[0].vocab;
     const float scale = max_abs(whole.logits, whole.n);
     const float d = max_abs_diff(jobs[0].run.logits, whole.logits, whole.n);
@@ -258,7 +263,7 @@ int main(void)
                               "f16_store"};
     for (size_t i = 0; i < sizeof(fixtures) / sizeof(fixtures[0]); i++)
         check_fixture(fixtures[i]);
-    for (int n = 2; n <= 4; n += 2) {
+    for (int n = 1; n <= 4; n *= 2) {
         rank_job jobs[4];
         run_ranks(TANDEM_DEMO_MODEL, n, NULL, jobs);
         check_against_whole("demo-target", TANDEM_DEMO_MODEL, n, jobs);
