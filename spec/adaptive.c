@@ -18,7 +18,8 @@
  * (about f + c plain steps) costs at most PROBE_SHARE of them. */
 static int pause_floor(const tdm_adaptive *a, int n)
 {
-    double need = (a->fixed + a->cost) / PROBE_SHARE;
+    const double open = a->p.open_cost > 0 ? a->p.open_cost : 0;
+    double need = (a->fixed + a->cost + open) / PROBE_SHARE;
     if (need > 1e6)
         need = 1e6;
     return need > n ? (int)ceil(need) : n;
@@ -53,7 +54,11 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
                 best = tdm_adaptive_speedup(a, k);
                 a->k_next = k;
             }
-        if (best < 1.0 + a->p.min_gain) {
+        /* What the request's tokens can win back at that speed-up, against
+         * what opening it on the drafter costs. */
+        const bool repays = a->p.open_cost <= 0 || a->p.tokens_left <= 0 || best <= 0 ||
+                            a->p.tokens_left * (1.0 - 1.0 / best) > a->p.open_cost;
+        if (best < 1.0 + a->p.min_gain || !repays) {
             /* Not worth it here even if this sequence drafts well: start
              * paused and let the probes find out. */
             a->k_next = 0;

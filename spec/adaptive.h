@@ -30,7 +30,11 @@
  *    steps, so no pause is shorter than (f + c) / probe_share tokens: probing
  *    never costs more than probe_share (1 %) of plain decoding's speed.
  * A sequence starts from cost_prior; if speculation would not pay even at
- * the prior acceptance, it starts paused (and probes like any pause).
+ * the prior acceptance, it starts paused (and probes like any pause). It
+ * also starts paused where the tokens it may still generate cannot win back
+ * what opening it on the drafter costs (open_cost: tokens_left x (1 - 1/S)
+ * must exceed it), and a pause ending in a probe (an open too) is long
+ * enough that the open costs at most probe_share as well.
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
@@ -47,6 +51,11 @@ typedef struct tdm_adaptive_params {
     double cost_prior;  /* starting estimate of c (e.g. measured on earlier requests); <= 0: 0.1 */
     double fixed_prior; /* starting estimate of f; < 0: 0 */
     bool fixed;         /* true: always k_initial, never switch off (benchmarks, tests) */
+    /* Tokens the sequence loses while its drafter opens it (catches up on
+     * its tokens before the first block; the sequence waits meanwhile),
+     * measured on earlier opens; <= 0: none known. */
+    double open_cost;
+    int tokens_left; /* tokens the request may still generate; <= 0: unknown */
 } tdm_adaptive_params;
 
 typedef struct tdm_adaptive {

@@ -221,7 +221,11 @@ struct vsched {
      * drafted token, and the exchange per speculating sequence; 0 = none. */
     _Atomic double cost_ms_ema, fixed_ms_ema;
     _Atomic double plain_seq_ms; /* a plain step's time per sequence at the current batch */
+    _Atomic double plain_round_ms; /* and the whole step's */
     double exchange_ms;          /* moving average of the exchange (scheduler thread, under mu) */
+    /* How long a sequence waits for its first block after an open (the
+     * drafter catching up on its tokens), moving average in ms; 0: none seen. */
+    _Atomic double open_ms;
     /* What a round costs after its step (commits, verdicts, tokens out, the
      * drafters' messages), scheduler thread: moving averages of a plain
      * round's per sequence, and of what a speculating sequence adds to it
@@ -277,6 +281,15 @@ static double prior(vsched *s, _Atomic double *cost_ms)
 {
     const double ms = atomic_load(cost_ms), seq = atomic_load(&s->plain_seq_ms);
     return ms > 0 && seq > 0 ? ms / seq : -1.0;
+}
+
+/* Tokens a sequence loses while its drafter opens it: the open's wait in
+ * rounds of the batch it joins (a plain round: one token of each sequence);
+ * -1 when not measured yet. */
+static double open_cost(vsched *s)
+{
+    const double ms = atomic_load(&s->open_ms), round = atomic_load(&s->plain_round_ms);
+    return ms > 0 && round > 0 ? ms / round : -1.0;
 }
 
 /* Signals cv (under mu) and tells pollers (await_blocks). */
@@ -1003,7 +1016,9 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                    * requests; seeded ones keep the fixed prior. */
                                   .cost_prior = r->seeded ? -1.0 : prior(s, &s->cost_ms_ema),
                                   .fixed_prior = r->seeded ? -1.0 : prior(s, &s->fixed_ms_ema),
-                                  .fixed = da->fixed_block_size};
+                                  .fixed = da->fixed_block_size,
+                                  .open_cost = r->seeded ? -1.0 : open_cost(s),
+                                  .tokens_left = r->max_tokens - r->n_out};
         tdm_adaptive_init(&r->ad, &ap);
         /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
@@ -1621,7 +1636,12 @@ static void take_blocks(vsched *s, vround *rd)
                 int room = s->p.max_context - (r->n_tokens + 1) - 1;
                 q->k = (int)b->n_tokens < room ? (int)b->n_tokens : (room > 0 ? room : 0);
                 q->got = true;
-                /* After an open the wait includes the drafter's prefill. */
+                /* After an open the wait includes the drafter's prefill:
+                 * the open's cost, for the adaptive rule of requests to come. */
+                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
+                    const double ms = r->t_got - r->t_asked, was = atomic_load(&s->open_ms);
+                    atomic_store(&s->open_ms, was > 0 ? 0.9 * was + 0.1 * ms : ms);
+                }
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
@@ -1713,8 +1733,10 @@ static void run_step(vsched *s, vround *rd)
         spec += rd->seqs[i].k > 0;
     rd->n_spec = spec;
     double plain_round;
-    if (tdm_steptime_plain(&s->st, rd->n, &plain_round))
+    if (tdm_steptime_plain(&s->st, rd->n, &plain_round)) {
         atomic_store(&s->plain_seq_ms, plain_round / rd->n);
+        atomic_store(&s->plain_round_ms, plain_round);
+    }
     if (tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
                                 s->exchange_ms, &rd->fixed, &rd->cost)) {
         const double seq_ms = plain_round / rd->n;
@@ -2120,7 +2142,8 @@ static void reopen_drafters(vsched *s, vround *rd)
         }
         r->link = l;
         r->spec = true;
-        const tdm_adaptive_params ap = r->ad.p;
+        tdm_adaptive_params ap = r->ad.p;
+        ap.tokens_left = r->max_tokens - r->n_out;
         tdm_adaptive_init(&r->ad, &ap); /* a new drafter: its acceptance is not known */
         r->opened = true;
         r->after_open = true;
