@@ -33,8 +33,8 @@
  * the prior acceptance, it starts paused (and probes like any pause). It
  * also starts paused where the tokens it may still generate cannot win back
  * what opening it on the drafter costs (open_cost: tokens_left x (1 - 1/S)
- * must exceed it), and a pause ending in a probe (an open too) is long
- * enough that the open costs at most probe_share as well.
+ * must exceed it). (A probe's open costs less: the drafter catches up on the
+ * tokens of the pause alone.)
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
