@@ -54,7 +54,8 @@ tdm_status tdm_model_load_rank(const char *dir, tdm_backend *be, tdm_comm *comm,
  * runs on all ranks and returns rank 0's results: the whole model's logits
  * and argmaxes. The config (tdm_model_get_config) and weight bytes are one
  * rank's, what one device holds; the backend is rank 0's. State snapshots
- * and prefix caching need a single model. */
+ * are in the whole model's layout (snapshot.h); prefix caching needs a
+ * single model. */
 tdm_status tdm_model_load_group(const char *dir, int n, tdm_backend *const *bes,
                                 tdm_comm *const *comms, void (*bind)(int rank, void *ctx),
                                 void *bind_ctx, tdm_model **out, tdm_error *err);
@@ -66,6 +67,9 @@ void tdm_model_destroy(tdm_model *m);
  * step would stream (tdm_model_weight_bytes). */
 tdm_status tdm_model_check(const char *dir, size_t *weight_bytes, tdm_error *err);
 const tdm_model_config *tdm_model_get_config(const tdm_model *m);
+/* The checkpoint's config: the whole model's also where it is split over
+ * ranks (tensor parallel), the one state snapshots are laid out by. */
+const tdm_model_config *tdm_model_checkpoint_config(const tdm_model *m);
 tdm_backend *tdm_model_backend(const tdm_model *m);
 /* Bytes of weights one decode step streams, as stored (every layer, the final
  * norm and the LM head; an untied embedding table is only indexed). */

@@ -136,6 +136,15 @@ tdm_status tdm_group_draft(tdm_seq *const *seqs, int nseq, const int32_t *const 
                            int32_t *const *drafts, tdm_error *err);
 tdm_status tdm_group_commit(tdm_seq *s, int n_accepted, tdm_error *err);
 tdm_status tdm_group_reserve_kv(tdm_seq *s, int n, tdm_error *err);
+/* A group's sequence's committed state in the whole model's snapshot layout
+ * (l: tdm_snap_layout_expected of the checkpoint's config), out of the
+ * ranks' slices into payload, or from payload into a new sequence's
+ * (committed positions set). */
+struct tdm_snap_layout;
+tdm_status tdm_group_seq_export(const tdm_seq *s, const struct tdm_snap_layout *l,
+                                uint8_t *payload, tdm_error *err);
+tdm_status tdm_group_seq_import(tdm_seq *s, const struct tdm_snap_layout *l,
+                                const uint8_t *payload, tdm_error *err);
 
 /* One value folded into a graph key (backend.h: graph_begin). */
 static inline uint64_t tdm_key_mix(uint64_t h, uint64_t v)

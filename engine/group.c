@@ -18,6 +18,8 @@
  */
 #include "engine_internal.h"
 #include "alloc.h"
+#include "capacity.h"
+#include "snapshot.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -486,4 +488,145 @@ tdm_status tdm_group_reserve_kv(tdm_seq *s, int n, tdm_error *err)
     tdm_seq *const seqs[1] = {s};
     call_args a = {.call = CALL_RESERVE_KV, .seqs = seqs, .nseq = 1, .n = n};
     return group_run(s->m->group, call_rank, &a, err);
+}
+
+/* ---- state snapshots -------------------------------------------------------- */
+
+/* A group's snapshot is in the whole model's layout (snapshot.h, from the
+ * checkpoint's config), so that it moves between verifiers split any way:
+ * each rank writes its slices of each tensor into their places (export), or
+ * reads them from there (import). A KV head replicated over several ranks is
+ * written by the first of them. */
+
+typedef struct snap_args {
+    tdm_seq *s;
+    const tdm_snap_layout *l;
+    uint8_t *out;      /* export */
+    const uint8_t *in; /* import */
+} snap_args;
+
+/* Where rank r's slice of a state tensor lies in the whole one: `runs` runs
+ * per row of `width` whole floats; run i takes n[i] floats of the rank's row
+ * from its offset loc[i] to whole[i]. */
+typedef struct slice_map {
+    int rows;
+    size_t local_width, width;
+    int runs;
+    size_t loc[3], whole[3], n[3];
+} slice_map;
+
+static slice_map map_of(const tdm_model *rm, const tdm_snap_tensor *t, bool *writes)
+{
+    const tdm_model_config *c = &rm->cfg, *f = &rm->full;
+    const tdm_shard *sh = &rm->shard;
+    const char *kind = strrchr(t->name, '.') + 1;
+    slice_map m = {0};
+    *writes = true;
+    if (strcmp(kind, "conv") == 0) {
+        const size_t Dk = (size_t)f->lin_k_dim, Dv = (size_t)f->lin_v_dim;
+        const size_t Hk = (size_t)f->lin_k_heads, Hkl = (size_t)c->lin_k_heads;
+        const size_t Hvl = (size_t)c->lin_v_heads;
+        m.rows = f->conv_kernel - 1;
+        m.width = tdm_capacity_conv_dim(f);
+        m.local_width = tdm_capacity_conv_dim(c);
+        m.runs = 3; /* q, k, v channels */
+        m.loc[0] = 0, m.whole[0] = (size_t)sh->k_head0 * Dk, m.n[0] = Hkl * Dk;
+        m.loc[1] = Hkl * Dk, m.whole[1] = Hk * Dk + (size_t)sh->k_head0 * Dk, m.n[1] = Hkl * Dk;
+        m.loc[2] = 2 * Hkl * Dk, m.whole[2] = 2 * Hk * Dk + (size_t)sh->v_head0 * Dv;
+        m.n[2] = Hvl * Dv;
+    } else if (strcmp(kind, "recurrent") == 0) {
+        const size_t head = (size_t)f->lin_k_dim * (size_t)f->lin_v_dim;
+        m.rows = 1;
+        m.width = (size_t)f->lin_v_heads * head;
+        m.local_width = (size_t)c->lin_v_heads * head;
+        m.runs = 1;
+        m.whole[0] = (size_t)sh->v_head0 * head, m.n[0] = m.local_width;
+    } else { /* key, value: [committed, nKV, D] */
+        const size_t D = (size_t)f->head_dim;
+        m.rows = (int)t->shape[0];
+        m.width = (size_t)f->num_kv_heads * D;
+        m.local_width = (size_t)c->num_kv_heads * D;
+        m.runs = 1;
+        m.whole[0] = (size_t)sh->kv_head0 * D, m.n[0] = m.local_width;
+        /* replicated: size / num_kv_heads ranks in a row hold one head,
+         * and the first of them writes it */
+        const int nkv = f->num_kv_heads;
+        *writes = nkv % sh->size == 0 || sh->rank % (sh->size / nkv) == 0;
+    }
+    return m;
+}
+
+static float *rank_buf(const tdm_seq *rs, const tdm_snap_tensor *t)
+{
+    const char *kind = strrchr(t->name, '.') + 1;
+    const int L = (int)t->layer;
+    if (strcmp(kind, "conv") == 0)
+        return rs->conv[L];
+    if (strcmp(kind, "recurrent") == 0)
+        return rs->rec[L];
+    return strcmp(kind, "key") == 0 ? rs->k[L] : rs->v[L];
+}
+
+static tdm_status snap_rank(tdm_group *g, int r, void *arg, tdm_error *err)
+{
+    snap_args *a = arg;
+    tdm_model *rm = g->ranks[r];
+    tdm_seq *rs = a->s->ranks[r];
+    tdm_backend *be = rm->be;
+    if (a->in) { /* KV for the committed positions, as a forward would grow it */
+        tdm_status rc = tdm_seq_reserve_kv(rs, (int)a->l->committed, err);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    float *tmp = NULL;
+    size_t cap = 0;
+    for (size_t i = 0; i < a->l->n_tensors; i++) {
+        const tdm_snap_tensor *t = &a->l->tensors[i];
+        bool writes;
+        const slice_map m = map_of(rm, t, &writes);
+        const size_t n = (size_t)m.rows * m.local_width;
+        if (n == 0 || (!a->in && !writes))
+            continue;
+        if (n > cap) {
+            free(tmp);
+            tmp = tdm_xmalloc(n * sizeof(float));
+            cap = n;
+        }
+        float *whole = (float *)(void *)((a->in ? (uint8_t *)(uintptr_t)a->in : a->out) +
+                                         t->offset);
+        if (!a->in) {
+            be->download(be->ctx, tmp, rank_buf(rs, t), n * sizeof(float));
+            be->sync(be->ctx);
+        }
+        for (int row = 0; row < m.rows; row++)
+            for (int k = 0; k < m.runs; k++) {
+                float *w = whole + (size_t)row * m.width + m.whole[k];
+                float *l = tmp + (size_t)row * m.local_width + m.loc[k];
+                if (a->in)
+                    memcpy(l, w, m.n[k] * sizeof(float));
+                else
+                    memcpy(w, l, m.n[k] * sizeof(float));
+            }
+        if (a->in)
+            be->upload(be->ctx, rank_buf(rs, t), tmp, n * sizeof(float));
+    }
+    be->sync(be->ctx);
+    free(tmp);
+    if (a->in)
+        rs->n_past = (int)a->l->committed;
+    return TDM_OK;
+}
+
+tdm_status tdm_group_seq_export(const tdm_seq *s, const tdm_snap_layout *l, uint8_t *payload,
+                                tdm_error *err)
+{
+    snap_args a = {.s = (tdm_seq *)(uintptr_t)s, .l = l, .out = payload};
+    return group_run(s->m->group, snap_rank, &a, err);
+}
+
+tdm_status tdm_group_seq_import(tdm_seq *s, const tdm_snap_layout *l, const uint8_t *payload,
+                                tdm_error *err)
+{
+    snap_args a = {.s = s, .l = l, .in = payload};
+    return group_run(s->m->group, snap_rank, &a, err);
 }

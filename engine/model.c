@@ -559,6 +559,11 @@ const tdm_model_config *tdm_model_get_config(const tdm_model *m)
     return &m->cfg;
 }
 
+const tdm_model_config *tdm_model_checkpoint_config(const tdm_model *m)
+{
+    return &m->full;
+}
+
 tdm_backend *tdm_model_backend(const tdm_model *m)
 {
     return m->be;

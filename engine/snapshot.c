@@ -221,21 +221,23 @@ tdm_status tdm_seq_snapshot_take(const tdm_seq *s, const char *fingerprint, cons
 {
     memset(layout, 0, sizeof(*layout));
     *payload = NULL;
-    if (s->ranks)
-        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
-                             "state snapshots of a tensor-parallel model are not supported");
-    if (s->pending)
+    if (!s->ranks && s->m->comm)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "a snapshot is of a whole model or a group of ranks, not of one rank");
+    const int pending = s->ranks ? s->ranks[0]->pending : s->pending;
+    if (pending)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "a snapshot is taken at the committed position: the sequence has "
                              "an uncommitted verify of %d rows",
-                             s->pending);
+                             pending);
     const int n = tdm_seq_length(s);
     if (n_tokens != n)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "a snapshot needs the %d committed tokens of the sequence, got %d", n,
                              n_tokens);
+    /* The whole model's layout, however the model is split (group.c). */
     tdm_snap_layout l;
-    tdm_snap_layout_expected(&s->m->cfg, fingerprint, (uint32_t)n, &l);
+    tdm_snap_layout_expected(&s->m->full, fingerprint, (uint32_t)n, &l);
     uint8_t *p = malloc(l.total_bytes ? l.total_bytes : 1);
     if (!p) {
         uint64_t total = l.total_bytes;
@@ -245,6 +247,17 @@ tdm_status tdm_seq_snapshot_take(const tdm_seq *s, const char *fingerprint, cons
     l.tokens = tdm_xmalloc(((size_t)n + 1) * sizeof(int32_t));
     if (n > 0)
         memcpy(l.tokens, tokens, (size_t)n * sizeof(int32_t));
+    if (s->ranks) {
+        tdm_status rc = tdm_group_seq_export(s, &l, p, err);
+        if (rc != TDM_OK) {
+            free(p);
+            tdm_snap_layout_free(&l);
+            return rc;
+        }
+        *layout = l;
+        *payload = p;
+        return TDM_OK;
+    }
     tdm_backend *be = s->m->be;
     for (size_t i = 0; i < l.n_tensors; i++)
         be->download(be->ctx, p + l.tensors[i].offset, tensor_buf(s, &l.tensors[i]),
@@ -260,15 +273,16 @@ tdm_status tdm_seq_from_snapshot(tdm_model *m, const tdm_seq_params *p, const ch
                                  tdm_error *err)
 {
     *out = NULL;
-    if (m->group)
-        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
-                             "state snapshots of a tensor-parallel model are not supported");
+    if (!m->group && m->comm)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "a snapshot goes into a whole model or a group of ranks, not into "
+                             "one rank");
     if (l->prefix_block)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "layout.prefix_block: %u; a prefix's cached blocks go into a prefix "
                              "cache, not a sequence",
                              l->prefix_block);
-    tdm_status rc = tdm_snap_layout_check(l, &m->cfg, fingerprint,
+    tdm_status rc = tdm_snap_layout_check(l, &m->full, fingerprint,
                                           (uint32_t)m->cfg.max_position_embeddings, err);
     if (rc != TDM_OK)
         return rc;
@@ -281,6 +295,14 @@ tdm_status tdm_seq_from_snapshot(tdm_model *m, const tdm_seq_params *p, const ch
     tdm_seq *s;
     if ((rc = tdm_seq_create(m, p, &s, err)) != TDM_OK)
         return rc;
+    if (m->group) {
+        if ((rc = tdm_group_seq_import(s, l, payload, err)) != TDM_OK) {
+            tdm_seq_destroy(s);
+            return rc;
+        }
+        *out = s;
+        return TDM_OK;
+    }
     /* A forward of the committed length sizes the KV caches (kv_ensure)
      * without running: grow them the way the first forward would. */
     if ((rc = tdm_seq_reserve_kv(s, (int)l->committed, err)) != TDM_OK) {

@@ -327,7 +327,8 @@ static const tdm_cfg_key verifier_keys[] = {
      "sublayer. On the cuda backend CUDA devices 0..N-1 joined by NCCL; on the cpu backend N "
      "ranks sharing the cores. The model's head counts, intermediate size and vocabulary must "
      "divide by it (--check-config says which does not). gpu_memory and the capacity are one "
-     "rank's. State snapshots (moves, drains) and prefix_cache need 1."},
+     "rank's. State snapshots (moves, drains) are in the whole model's layout, so they move "
+     "between verifiers split any way; prefix_cache needs 1."},
     {"max_waiting", TDM_CFG_INT, "256", NULL, 0, 1048576, 0, NULL, GRP_MODEL,
      "Most requests waiting for a place in the batch (max_sequences, or memory reserved for "
      "running requests); more are refused with RESOURCE_EXHAUSTED naming this limit. 0: "

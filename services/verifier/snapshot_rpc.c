@@ -188,7 +188,7 @@ static tdm_status import_handler(tdm_rpc_call *call, tdm_error *err, void *user)
     tdm_status rc = check_peer(v, call, err);
     if (rc != TDM_OK)
         return rc;
-    const tdm_model_config *cfg = tdm_model_get_config(v->rt->model);
+    const tdm_model_config *cfg = tdm_model_checkpoint_config(v->rt->model);
     tdm_snap_asm *a = tdm_snap_asm_create(cfg, v->fingerprint, (uint32_t)v->max_context);
     vsched_continuation cont;
     bool have_cont = false;

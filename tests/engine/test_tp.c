@@ -18,6 +18,7 @@
  *  - A rank reads only its slices: its weight bytes are the whole model's
  *    divided by the ranks (the norms excepted).
  */
+#include "alloc.h"
 #include "comm.h"
 #include "snapshot.h"
 #include "steps.h"
@@ -156,6 +157,82 @@ static void check_against_whole(const char *name, const char *dir, int n, rank_j
     steps_run_free(&whole);
 }
 
+/* One decode step of token t on s: its logits (malloc). */
+static float *decode_one(tdm_seq *s, int V, int32_t t)
+{
+    float *lg = tdm_xmalloc((size_t)V * sizeof(float));
+    tdm_error err;
+    tdm_seq *one[1] = {s};
+    CHECK(tdm_seq_decode(one, 1, &t, lg, &err) == TDM_OK, "decode: %s", err.msg);
+    return lg;
+}
+
+static tdm_seq *imported(tdm_model *m, const tdm_snap_layout *l, const uint8_t *payload)
+{
+    tdm_seq_params p = {TDM_STATE_EXTRA_BUFFER, 4, 0};
+    tdm_seq *s;
+    tdm_error err;
+    CHECK(tdm_seq_from_snapshot(m, &p, "fp", l, payload, &s, &err) == TDM_OK, "import: %s",
+          err.msg);
+    CHECK(tdm_seq_length(s) == (int)l->committed, "import: length %d, not %u",
+          tdm_seq_length(s), l->committed);
+    return s;
+}
+
+/* Snapshots of a split model are in the whole model's layout, so they move
+ * between it and the whole model both ways: a group's sequence taken and put
+ * back into the group decodes to the same bits, and into the whole model (or
+ * the whole model's into the group) within the split's rounding. */
+static void check_snapshots(const char *name, const char *dir, tdm_model *gm, tdm_seq *gs)
+{
+    tdm_backend *be = tdm_backend_cpu_create(1);
+    tdm_model *wm;
+    tdm_error err;
+    CHECK(tdm_model_load(dir, be, &wm, &err) == TDM_OK, "%s", err.msg);
+    const int V = tdm_model_get_config(wm)->vocab_size, n = tdm_seq_length(gs);
+    int32_t *toks = tdm_xcalloc((size_t)n + 1, sizeof(int32_t));
+    tdm_snap_layout l;
+    uint8_t *payload;
+    CHECK(tdm_seq_snapshot(gs, "fp", toks, n, &l, &payload, &err) == TDM_OK, "%s: %s", name,
+          err.msg);
+    tdm_seq *back = imported(gm, &l, payload), *whole = imported(wm, &l, payload);
+    const int32_t t = 7 % V;
+    float *a = decode_one(gs, V, t), *b = decode_one(back, V, t), *c = decode_one(whole, V, t);
+    CHECK(memcmp(a, b, (size_t)V * sizeof(float)) == 0,
+          "%s: a group's snapshot put back decodes to other logits", name);
+    const float tol = 1e-4f * max_abs(c, (size_t)V);
+    CHECK(max_abs_diff(a, c, (size_t)V) <= tol && argmax_row(a, V) == argmax_row(c, V),
+          "%s: the group's snapshot in the whole model: max|d| %g > %g", name,
+          (double)max_abs_diff(a, c, (size_t)V), (double)tol);
+    /* the whole model's snapshot into the group */
+    tdm_snap_layout l2;
+    uint8_t *p2;
+    CHECK(tdm_seq_snapshot(whole, "fp", toks, n, &l2, &p2, &err) != TDM_OK,
+          "%s: a snapshot needs all the committed tokens", name);
+    int32_t *toks2 = tdm_xcalloc((size_t)n + 2, sizeof(int32_t));
+    CHECK(tdm_seq_snapshot(whole, "fp", toks2, n + 1, &l2, &p2, &err) == TDM_OK, "%s", err.msg);
+    tdm_seq *into = imported(gm, &l2, p2);
+    float *d = decode_one(whole, V, t), *e = decode_one(into, V, t);
+    CHECK(max_abs_diff(d, e, (size_t)V) <= 1e-4f * max_abs(d, (size_t)V) &&
+              argmax_row(d, V) == argmax_row(e, V),
+          "%s: the whole model's snapshot in the group: max|d| %g", name,
+          (double)max_abs_diff(d, e, (size_t)V));
+    printf("%-14s tp %d: snapshots %u positions, %llu bytes: group -> group the same bits, "
+           "group <-> whole max|d| %.3g / %.3g\n",
+           name, tdm_model_get_config(gm)->tp_size, l.committed, (unsigned long long)l.total_bytes,
+           (double)max_abs_diff(a, c, (size_t)V), (double)max_abs_diff(d, e, (size_t)V));
+    free(a), free(b), free(c), free(d), free(e);
+    free(toks), free(toks2);
+    free(payload), free(p2);
+    tdm_snap_layout_free(&l);
+    tdm_snap_layout_free(&l2);
+    tdm_seq_destroy(back);
+    tdm_seq_destroy(into);
+    tdm_seq_destroy(whole);
+    tdm_model_destroy(wm);
+    be->destroy(be);
+}
+
 /* The same split behind one model's API (tdm_model_load_group), driven
  * from this thread: the step script's logits are the bits the ranks made on
  * their own threads; what a group cannot do yet is refused. */
@@ -181,14 +258,7 @@ static void check_group(const char *name, const char *dir, int n, const rank_job
     tdm_seq_memory mem;
     tdm_seq_memory_usage(g.seqs[0], &mem);
     CHECK(mem.recurrent_bytes > 0 && mem.kv_bytes > 0, "%s: a group sequence's memory", name);
-    tdm_snap_layout l;
-    uint8_t *payload = NULL;
-    int32_t toks[1] = {0};
-    CHECK(tdm_seq_snapshot(g.seqs[0], "fp", toks, tdm_seq_length(g.seqs[0]), &l, &payload,
-                           &err) == TDM_ERR_UNIMPLEMENTED,
-          "%s: a group sequence's snapshot is not refused", name);
-    char why[sizeof(err.msg)];
-    snprintf(why, sizeof(why), "%s", err.msg);
+    check_snapshots(name, dir, m, g.seqs[0]);
     /* a refused call leaves the group usable */
     int32_t bad = 1 << 30;
     tdm_seq *s1[1] = {g.seqs[0]};
@@ -196,8 +266,7 @@ static void check_group(const char *name, const char *dir, int n, const rank_job
           "%s: a bad token id is not refused", name);
     int32_t ok = 1;
     CHECK(tdm_seq_decode(s1, 1, &ok, NULL, &err) == TDM_OK, "%s: %s", name, err.msg);
-    printf("%-14s tp %d: the group's step script matches the ranks' bits; snapshot refused: %s\n",
-           name, n, why);
+    printf("%-14s tp %d: the group's step script matches the ranks' bits\n", name, n);
     steps_run_free(&g);
     tdm_model_destroy(m);
     for (int r = 0; r < n; r++) {
