@@ -256,6 +256,50 @@ def case_move():
     e2e.stop_all()
 
 
+def case_tensor_parallel():
+    """Snapshots of a split verifier are in the whole model's layout: a request
+    moves from a verifier split over 2 ranks to a whole one, and from there to
+    one split over 4, each time continuing with the tokens of an unmoved run."""
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    a = verifier(gw, "replay", "--tensor-parallel", "2")
+    b = verifier(gw, "extra_buffer")
+    c = verifier(gw, "no_buffer", "--tensor-parallel", "4")
+    st.wait_status(gw, lambda s: len(s.get("replicas", [])) >= 3, "three verifiers")
+    N = 300
+    base = {"prompt_ids": prompt(40), "max_tokens": N, "sampling": {"temperature": 0}}
+    ref = run_all(b, dict(base, request_id="unmoved"))
+    check(ref.code == "OK" and len(ref.tokens) == N, "the unmoved run: %s %s" %
+          (ref.code, ref.details))
+    r, chunks = export_mid_run(a, dict(base, request_id="moved"), 8, detach=True)
+    r.wait()
+    if not check(chunks, "no snapshot from the split verifier"):
+        return
+    g = chunks[0].continuation.generated
+    check(r.tokens == ref.tokens[:g], "tp 2: the tokens before the snapshot")
+    code, details, resp = import_(b, chunks)
+    if not check(code == "OK", "tp 2 -> whole: ImportSnapshot: %s %s" % (code, details)):
+        return
+    # B continues it; midway it moves on to C (split over 4).
+    r2, chunks2 = export_mid_run(b, {"request_id": "moved", "snapshot_id": resp.snapshot_id},
+                                 20, detach=True)
+    r2.wait()
+    if not check(chunks2, "no snapshot from the whole verifier"):
+        return
+    g2 = chunks2[0].continuation.generated
+    code, details, resp2 = import_(c, chunks2)
+    if not check(code == "OK", "whole -> tp 4: ImportSnapshot: %s %s" % (code, details)):
+        return
+    cont = run_all(c, {"request_id": "moved", "snapshot_id": resp2.snapshot_id})
+    got = r.tokens + r2.tokens + cont.tokens
+    check(cont.code == "OK" and cont.first_index == g2 and got == ref.tokens,
+          "tp 2 -> whole -> tp 4: moved tokens == unmoved (%s %s; diverge at %s)" %
+          (cont.code, cont.details, next((i for i, (x, y) in enumerate(zip(got, ref.tokens))
+                                          if x != y), min(len(got), len(ref.tokens)))))
+    print("moved at %d and %d generated tokens: tp 2 -> whole -> tp 4, %d bytes a snapshot" %
+          (g, g2, chunks2[0].layout.total_bytes), flush=True)
+    e2e.stop_all()
+
+
 def case_spec():
     gw = st.gateway("--tokenizer", e2e.TOKENIZER)
     a = verifier(gw, "replay")
