@@ -1478,6 +1478,7 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
     if (role == TANDEM__V1__ROLE__ROLE_VERIFIER) {
         d->max_draft_tokens = (uint32_t)tdm_cfg_int(cfg, "max_draft_tokens");
         d->max_context = (uint32_t)tdm_cfg_int(cfg, "max_context");
+        d->tensor_parallel = (uint32_t)tdm_cfg_int(cfg, "tensor_parallel");
         if (d->prefix_cache)
             d->prefix_cache_block = (uint32_t)tdm_cfg_int(cfg, "prefix_cache_block");
         tdm_feat_spec av[TDM_FEAT_MAX_SPECS];

@@ -164,6 +164,8 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
     printf("           ");
     if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER)
         printf("max_draft_tokens %u, ", d->max_draft_tokens);
+    if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER && d->tensor_parallel > 1)
+        printf("tensor_parallel %u, ", d->tensor_parallel);
     if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER)
         printf("%s drafter, draft_block_size %u, ", tdm_drafter_kind_name(d->drafter_kind),
                d->draft_block_size);

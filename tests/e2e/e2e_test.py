@@ -171,6 +171,11 @@ def case_tensor_parallel():
     stop_all()
     for tp, strategy in ((2, "extra_buffer"), (2, "no_buffer"), (4, "replay")):
         gw, v, d = stack(strategy, "model", extra_verifier_args=("--tensor-parallel", str(tp)))
+        desc = [r["descriptor"] for r in st.status(gw).get("replicas", [])
+                if r["descriptor"].get("role") == "ROLE_VERIFIER"]
+        check(desc and int(desc[0].get("tensor_parallel", 0)) == tp,
+              "tp %d: the verifier's descriptor says %s" % (tp, desc and desc[0].get(
+                  "tensor_parallel")))
         for mode, block in (("SPECULATION_MODE_OFF", 0), ("SPECULATION_MODE_ON", 4)):
             res = parallel(lambda p: generate(gw, p, mode=mode, block=block or 4,
                                               fixed=block > 0), ps)
