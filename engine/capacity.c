@@ -194,18 +194,20 @@ const char *tdm_capacity_bytes_str(size_t bytes, char *buf, size_t len)
 int tdm_capacity_format(const tdm_capacity_params *p, const tdm_capacity *c, const char *prefix,
                         char *buf, size_t len)
 {
-    char a[32], b[32], d[32], e[32], f[32], g[32], h[32], k[32];
+    char a[32], b[32], d[32], e[32], f[32], g[32], h[32], k[32], rank[96] = "";
     const int n = c->max_sequences > 0 ? c->max_sequences : 1;
+    if (p->cfg.tp_size > 1) /* a tensor-parallel rank's: what each of its devices holds */
+        snprintf(rank, sizeof(rank), "one rank of %d (tensor_parallel), ", p->cfg.tp_size);
     return snprintf(
         buf, len,
-        "%sper sequence (%s, max_draft_tokens %d, max_context %d): kv %zu (%s) + recurrent %zu "
+        "%s%sper sequence (%s, max_draft_tokens %d, max_context %d): kv %zu (%s) + recurrent %zu "
         "(%s) + conv %zu (%s) + strategy %zu (%s) = %zu bytes (%s)\n"
         "%sweights: %zu bytes (%s; matrices at %zu bytes an element)\n"
         "%sworkspace of the largest step (%d rows): %zu bytes (%s)\n"
         "%sbudget: %zu bytes (%s)\n"
         "%smax sequences: %d = the most n with weights + workspace(n) + n x %zu <= budget "
         "(%zu bytes used at n = %d)%s\n",
-        prefix, tdm_state_strategy_name(p->strategy), p->max_draft, p->max_context, c->seq.kv,
+        prefix, rank, tdm_state_strategy_name(p->strategy), p->max_draft, p->max_context, c->seq.kv,
         tdm_capacity_bytes_str(c->seq.kv, a, sizeof(a)), c->seq.recurrent,
         tdm_capacity_bytes_str(c->seq.recurrent, b, sizeof(b)), c->seq.conv,
         tdm_capacity_bytes_str(c->seq.conv, d, sizeof(d)), c->seq.strategy,
