@@ -513,9 +513,9 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         st.ids_local[r] = t >= 0 && t < m->shard.vocab_n ? t : -1;
     }
 
-    /* A tensor-parallel rank's collectives are not backend ops, so a
-     * backend's recording would not hold them: such steps run eagerly. */
-    if (m->graphs && be->graph_begin && !m->comm) {
+    /* A tensor-parallel rank's collectives go into a graph only where the
+     * communicator records them with the backend's step (comm.h). */
+    if (m->graphs && be->graph_begin && (!m->comm || m->comm->in_graphs)) {
         /* Recorded, replayed or eager: graph_end queues or has done the work. */
         be->graph_begin(bx, fwd_key(m, &st));
         fwd_ops(m, &st);

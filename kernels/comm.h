@@ -33,6 +33,11 @@ typedef struct tdm_comm tdm_comm;
 struct tdm_comm {
     const char *name; /* "local", "nccl" */
     int rank, size;
+    /* 1: a collective called between a backend's graph_begin and graph_end
+     * is recorded with the step and replayed with it (nccl: a node of the
+     * CUDA graph); 0: it runs as it is called, so steps with collectives run
+     * outside graph brackets (local). */
+    int in_graphs;
     void *ctx;
     /* buf[0..n) := the sum over ranks of every rank's buf[0..n). */
     void (*all_reduce_sum)(void *ctx, float *buf, size_t n);

@@ -192,6 +192,7 @@ tdm_status tdm_comm_local_group(int n, tdm_comm **out, tdm_error *err)
         local_comm *lc = cs[r];
         lc->g = g;
         lc->pub.name = "local";
+        lc->pub.in_graphs = 0;
         lc->pub.rank = r;
         lc->pub.size = n;
         lc->pub.ctx = lc;

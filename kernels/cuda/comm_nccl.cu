@@ -172,6 +172,7 @@ extern "C" tdm_status tdm_comm_nccl_group(tdm_backend *const *bes, int n, tdm_co
         nc->comm = comms[r];
         nc->cu = (cuda_ctx *)bes[r]->ctx;
         nc->pub.name = "nccl";
+        nc->pub.in_graphs = 1;
         nc->pub.rank = r;
         nc->pub.size = n;
         nc->pub.ctx = nc;

@@ -6,7 +6,8 @@
  *     communicator runs the step script (tests/engine/steps.c) to the bits
  *     and final states of the whole model (the all-reduces and the gather
  *     of one rank move nothing, so any difference is the rank's own code
- *     path or the collectives' ordering on the stream).
+ *     path or the collectives' ordering on the stream), its steps recorded
+ *     and replayed as CUDA graphs with the collectives in them.
  *  2. Every visible GPU the model splits over (two, where lent): one rank a
  *     device, each on its own thread; every rank's logits the same bits,
  *     within 1e-4 relative of the whole model's, the same argmax.
@@ -48,9 +49,15 @@ static void part_one(const char *name)
           "%s: rank 0 of 1 gives other logits than the whole model", name);
     for (int i = 0; i < STEPS_NSEQ; i++)
         CHECK(steps_same_state(a.seqs[i], b.seqs[i]), "%s: sequence %d: states differ", name, i);
-    printf("%-12s rank 0 of 1 over NCCL: %d calls, logits and states identical to the whole "
-           "model's\n",
-           name, a.calls);
+    /* the rank's steps, collectives and all, went through CUDA graphs */
+    tdm_cuda_graph_stats gs;
+    tdm_cuda_graph_stats_get(rb, &gs);
+    CHECK(gs.captured > 0 && gs.replayed > 0, "%s: the rank's steps were not recorded as graphs "
+          "(%llu captured, %llu replayed)", name, (unsigned long long)gs.captured,
+          (unsigned long long)gs.replayed);
+    printf("%-12s rank 0 of 1 over NCCL: %d calls (%llu steps captured as graphs, %llu "
+           "replayed), logits and states identical to the whole model's\n",
+           name, a.calls, (unsigned long long)gs.captured, (unsigned long long)gs.replayed);
     steps_run_free(&a);
     steps_run_free(&b);
     tdm_model_destroy(rank);
