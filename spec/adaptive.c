@@ -18,8 +18,7 @@
  * (about f + c plain steps) costs at most PROBE_SHARE of them. */
 static int pause_floor(const tdm_adaptive *a, int n)
 {
-    const double open = a->p.probe_cost > 0 ? a->p.probe_cost : 0;
-    double need = (a->fixed + a->cost + open) / PROBE_SHARE;
+    double need = (a->fixed + a->cost) / PROBE_SHARE;
     if (need > 1e6)
         need = 1e6;
     return need > n ? (int)ceil(need) : n;

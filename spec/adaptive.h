@@ -33,9 +33,8 @@
  * the prior acceptance, it starts paused (and probes like any pause). It
  * also starts paused where the tokens it may still generate cannot win back
  * what opening it on the drafter costs (open_cost: tokens_left x (1 - 1/S)
- * must exceed it), and a pause ending in a probe is long enough that the
- * probe's own open (probe_cost, measured apart: the drafter catches up on
- * the pause's tokens alone) costs at most probe_share as well.
+ * must exceed it). (A probe's open costs less: the drafter catches up on the
+ * tokens of the pause alone.)
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
@@ -56,9 +55,6 @@ typedef struct tdm_adaptive_params {
      * its tokens before the first block; the sequence waits meanwhile),
      * measured on earlier opens; <= 0: none known. */
     double open_cost;
-    /* The same for the open of a probe (the drafter catches up on the
-     * pause's tokens); <= 0: none known. */
-    double probe_cost;
     int tokens_left; /* tokens the request may still generate; <= 0: unknown */
 } tdm_adaptive_params;
 

@@ -67,7 +67,6 @@ struct vreq {
     bool opened;           /* the drafter knows this sequence */
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
-    bool probe_open;       /* that open ends a pause (the drafter catches up on the pause's tokens) */
     double t_asked, t_got; /* when the awaited block was asked for and arrived */
     uint32_t round;        /* the round number the awaited block must carry */
     tdm_adaptive ad;
@@ -225,9 +224,8 @@ struct vsched {
     _Atomic double plain_round_ms; /* and the whole step's */
     double exchange_ms;          /* moving average of the exchange (scheduler thread, under mu) */
     /* How long a sequence waits for its first block after an open (the
-     * drafter catching up on its tokens), moving averages in ms of a
-     * request's first open and of opens that end a pause; 0: none seen. */
-    _Atomic double open_ms, probe_ms;
+     * drafter catching up on its tokens), moving average in ms; 0: none seen. */
+    _Atomic double open_ms;
     /* What a round costs after its step (commits, verdicts, tokens out, the
      * drafters' messages), scheduler thread: moving averages of a plain
      * round's per sequence, and of what a speculating sequence adds to it
@@ -285,13 +283,12 @@ static double prior(vsched *s, _Atomic double *cost_ms)
     return ms > 0 && seq > 0 ? ms / seq : -1.0;
 }
 
-/* Tokens a sequence loses while its drafter opens it (*avg: a request's
- * first open, or one that ends a pause): the open's wait in rounds of the
- * batch (a plain round: one token of each sequence); -1 when not measured
- * yet. */
-static double open_cost(vsched *s, _Atomic double *avg)
+/* Tokens a sequence loses while its drafter opens it: the open's wait in
+ * rounds of the batch it joins (a plain round: one token of each sequence);
+ * -1 when not measured yet. */
+static double open_cost(vsched *s)
 {
-    const double ms = atomic_load(avg), round = atomic_load(&s->plain_round_ms);
+    const double ms = atomic_load(&s->open_ms), round = atomic_load(&s->plain_round_ms);
     return ms > 0 && round > 0 ? ms / round : -1.0;
 }
 
@@ -1020,8 +1017,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   .cost_prior = r->seeded ? -1.0 : prior(s, &s->cost_ms_ema),
                                   .fixed_prior = r->seeded ? -1.0 : prior(s, &s->fixed_ms_ema),
                                   .fixed = da->fixed_block_size,
-                                  .open_cost = r->seeded ? -1.0 : open_cost(s, &s->open_ms),
-                                  .probe_cost = r->seeded ? -1.0 : open_cost(s, &s->probe_ms),
+                                  .open_cost = r->seeded ? -1.0 : open_cost(s),
                                   .tokens_left = r->max_tokens - r->n_out};
         tdm_adaptive_init(&r->ad, &ap);
         /* The Draft stream is opened here, before the lock: it may connect. */
@@ -1643,9 +1639,8 @@ static void take_blocks(vsched *s, vround *rd)
                 /* After an open the wait includes the drafter's prefill:
                  * the open's cost, for the adaptive rule of requests to come. */
                 if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
-                    _Atomic double *avg = r->probe_open ? &s->probe_ms : &s->open_ms;
-                    const double ms = r->t_got - r->t_asked, was = atomic_load(avg);
-                    atomic_store(avg, was > 0 ? 0.9 * was + 0.1 * ms : ms);
+                    const double ms = r->t_got - r->t_asked, was = atomic_load(&s->open_ms);
+                    atomic_store(&s->open_ms, was > 0 ? 0.9 * was + 0.1 * ms : ms);
                 }
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
@@ -1829,8 +1824,6 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
      * its block lengths follow acceptance only (the cost stays at its prior),
      * so wall-clock timing never shifts its random stream. */
     const int pauses = r->ad.pauses;
-    if (!r->seeded) /* what a probe's open costs now */
-        r->ad.p.probe_cost = open_cost(s, &s->probe_ms);
     if (q->got)
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
@@ -1846,7 +1839,6 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
         q->msg = MSG_VERDICT; /* on its block; block 0 pauses it */
     } else if (r->ad.k_next > 0) {
         q->msg = MSG_OPEN; /* (re)open: the drafter syncs to our tokens */
-        r->probe_open = r->opened; /* opened before: a pause ends */
         r->opened = true;
         r->after_open = true;
     }

@@ -303,15 +303,6 @@ static void test_adaptive(void)
     opens.tokens_left = 200;
     tdm_adaptive_init(&a, &opens);
     CHECK(a.k_next == 4, "an open the request repays: k %d", a.k_next);
-    /* a probe whose open costs 20 tokens: no pause shorter than
-     * (0 + 0.1 + 20) / 0.01 */
-    opens.probe_cost = 20;
-    opens.fixed_prior = 0;
-    tdm_adaptive_init(&a, &opens);
-    for (int i = 0; i < 100 && a.k_next > 0; i++)
-        tdm_adaptive_on_round(&a, a.k_next, 0, 0.1, 0.0);
-    CHECK(a.k_next == 0 && a.paused_left >= 2010, "a pause before a costly probe: %d tokens",
-          a.paused_left);
     tdm_adaptive_init(&a, &p);
     for (int i = 0; i < 20; i++)
         tdm_adaptive_on_round(&a, a.k_next, a.k_next, 0.05, 0.0);
