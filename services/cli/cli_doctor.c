@@ -57,6 +57,7 @@ typedef struct doctor {
     finding *findings;
     size_t n, cap;
     bool need_gpu; /* the configuration resolves backend to cuda */
+    int need_gpus; /* and the devices it splits the model over (tensor_parallel) */
     const char *models[MAX_MODELS + 1];
     size_t n_models;
 } doctor;
@@ -213,6 +214,13 @@ static void check_gpu(doctor *d, const cli_gpu_probe *p)
     }
     add(d, "driver", DOCTOR_SEVERITY_OK, NULL, "NVIDIA driver supports CUDA %s, %d device(s)", v,
         p->device_count);
+    if (d->need_gpus > p->device_count)
+        add(d, "gpu", DOCTOR_SEVERITY_ERROR,
+            "run it where that many GPUs are visible (Helm: verifier.tensorParallel requests "
+            "them), or lower tensor_parallel",
+            "tensor_parallel %d splits the model over CUDA devices 0..%d, one a rank; %d "
+            "visible",
+            d->need_gpus, d->need_gpus - 1, p->device_count);
     check_devices(d, p);
     if (!cuda_build)
         return;
@@ -334,8 +342,11 @@ static void check_config(doctor *d, const tdm_cfg_schema *schema, const char *pa
             backend[0] ? " with backend " : "", backend, schema->program, path);
     }
     if (tdm_cfg_has(c->cfg, "backend") &&
-        tdm_backend_kind_parse(tdm_cfg_str(c->cfg, "backend")) == TDM_BACKEND_CUDA)
+        tdm_backend_kind_parse(tdm_cfg_str(c->cfg, "backend")) == TDM_BACKEND_CUDA) {
         d->need_gpu = true;
+        if (tdm_cfg_has(c->cfg, "tensor_parallel"))
+            d->need_gpus = (int)tdm_cfg_int(c->cfg, "tensor_parallel");
+    }
 }
 
 /* ---- models ----------------------------------------------------------------- */

@@ -226,6 +226,15 @@ def case_fake_driver():
     rc, findings, text = doctor(env=fake(devices=0))
     check(any("shows no device" in f["message"] for f in findings if f["check"] == "gpu"),
           "no device:\n" + text)
+    # tensor_parallel on cuda needs a GPU a rank
+    tp = write("v-tp.yaml", "model: %s\nbackend: cuda\ntensor_parallel: 2\n" % model)
+    rc, findings, text = doctor("--config", tp, "--role", "verifier", env=fake())
+    check(rc == 1 and any("tensor_parallel 2 splits the model over CUDA devices 0..1, one a "
+                          "rank; 1 visible" in f["message"] for f in errors(findings, "gpu")),
+          "tensor_parallel 2 on one GPU:\n" + text)
+    rc, findings, text = doctor("--config", tp, "--role", "verifier", env=fake(devices=2))
+    check(not any("tensor_parallel" in f["message"] for f in errors(findings, "gpu")),
+          "tensor_parallel 2 on two GPUs:\n" + text)
     if not build["cuda_runtime"]:
         return
     # A CUDA build: capability and driver version against what it carries.
