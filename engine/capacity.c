@@ -109,7 +109,7 @@ size_t tdm_capacity_weight_bytes(const tdm_model_config *c, size_t matrix_elem_b
      * vocabulary) */
     const size_t Vr = V / (size_t)(c->tp_size > 1 ? c->tp_size : 1);
     size_t mat = Vr * H * (c->tie_word_embeddings ? 1 : 2);
-    size_t vec = H;                                        /* final norm */
+    size_t vec = H; /* final norm */
     for (int L = 0; L < c->num_layers; L++) {
         mat += 3 * I * H; /* gate, up, down */
         vec += 2 * H;     /* input and post-attention norms */

@@ -43,8 +43,8 @@ tdm_status tdm_model_load(const char *dir, tdm_backend *be, tdm_model **out, tdm
  * (tdm_model_get_config) is the rank's: its slice's head counts and
  * intermediate size, tp_size = comm->size. Drafting (tdm_seq_draft) and the
  * MTP head need a whole model. */
-tdm_status tdm_model_load_rank(const char *dir, tdm_backend *be, tdm_comm *comm,
-                               tdm_model **out, tdm_error *err);
+tdm_status tdm_model_load_rank(const char *dir, tdm_backend *be, tdm_comm *comm, tdm_model **out,
+                               tdm_error *err);
 /* A model split over n ranks (tensor parallel, shard.h) behind the API of
  * one model: rank r loads its slices onto bes[r] and meets the others through
  * comms[r] (a group: kernels/comm.h); both are borrowed and must outlive the

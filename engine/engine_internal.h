@@ -69,7 +69,7 @@ typedef struct tdm_weight_store {
 void tdm_weight_store_free(tdm_backend *be, tdm_weight_store *s);
 
 struct tdm_model {
-    tdm_model_config cfg; /* what this model computes with: a rank's slice (shard.h) */
+    tdm_model_config cfg;  /* what this model computes with: a rank's slice (shard.h) */
     tdm_model_config full; /* the checkpoint's config (== cfg for a whole model) */
     tdm_comm *comm;        /* a tensor-parallel rank's communicator (borrowed); NULL: whole */
     tdm_shard shard;       /* where the rank's slices lie (rank 0 of 1 for a whole model) */
@@ -87,7 +87,7 @@ struct tdm_model {
     tdm_workspace ws;
     int32_t *draft_ids; /* backend memory [draft_cap]: tdm_seq_draft's tokens */
     int draft_cap;
-    int graphs; /* steps go through the backend's graph slots (tdm_model_set_graphs) */
+    int graphs;       /* steps go through the backend's graph slots (tdm_model_set_graphs) */
     tdm_group *group; /* a tensor-parallel model's ranks (group.c); NULL for one model */
 };
 
@@ -127,8 +127,7 @@ void tdm_group_seq_destroy(tdm_seq *s);
 tdm_status tdm_group_prefill(tdm_seq *s, const int32_t *tokens, int n, const tdm_step_out *out,
                              tdm_error *err);
 tdm_status tdm_group_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
-                          const int *ntokens, int verify, const tdm_step_out *out,
-                          tdm_error *err);
+                          const int *ntokens, int verify, const tdm_step_out *out, tdm_error *err);
 tdm_status tdm_group_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens, float *logits,
                             tdm_error *err);
 tdm_status tdm_group_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
@@ -141,10 +140,10 @@ tdm_status tdm_group_reserve_kv(tdm_seq *s, int n, tdm_error *err);
  * ranks' slices into payload, or from payload into a new sequence's
  * (committed positions set). */
 struct tdm_snap_layout;
-tdm_status tdm_group_seq_export(const tdm_seq *s, const struct tdm_snap_layout *l,
-                                uint8_t *payload, tdm_error *err);
-tdm_status tdm_group_seq_import(tdm_seq *s, const struct tdm_snap_layout *l,
-                                const uint8_t *payload, tdm_error *err);
+tdm_status tdm_group_seq_export(const tdm_seq *s, const struct tdm_snap_layout *l, uint8_t *payload,
+                                tdm_error *err);
+tdm_status tdm_group_seq_import(tdm_seq *s, const struct tdm_snap_layout *l, const uint8_t *payload,
+                                tdm_error *err);
 
 /* One value folded into a graph key (backend.h: graph_begin). */
 static inline uint64_t tdm_key_mix(uint64_t h, uint64_t v)

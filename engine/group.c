@@ -30,9 +30,9 @@ typedef tdm_status (*group_fn)(tdm_group *g, int rank, void *arg, tdm_error *err
 struct tdm_group {
     int n;
     tdm_model **ranks;
-    const char *dir;                 /* while loading */
-    tdm_backend *const *bes;         /* while loading */
-    tdm_comm *const *comms;          /* while loading */
+    const char *dir;         /* while loading */
+    tdm_backend *const *bes; /* while loading */
+    tdm_comm *const *comms;  /* while loading */
     void (*bind)(int rank, void *ctx);
     void *bind_ctx;
     pthread_t *th;
@@ -280,8 +280,8 @@ static const tdm_step_out *rank_out(tdm_group *g, int r, const tdm_step_out *out
         mine->argmax = g->argmax[r];
     } else if (out->hidden) {
         if (!g->hidden[r])
-            g->hidden[r] = tdm_xmalloc(g->rows[r] * (size_t)g->ranks[r]->cfg.hidden_size *
-                                       sizeof(float));
+            g->hidden[r] =
+                tdm_xmalloc(g->rows[r] * (size_t)g->ranks[r]->cfg.hidden_size * sizeof(float));
         mine->hidden = g->hidden[r];
     }
     return mine;
@@ -289,7 +289,7 @@ static const tdm_step_out *rank_out(tdm_group *g, int r, const tdm_step_out *out
 
 typedef struct create_args {
     const tdm_seq_params *p;
-    tdm_seq *s;      /* create: the group's new sequence */
+    tdm_seq *s;         /* create: the group's new sequence */
     const tdm_seq *src; /* fork */
 } create_args;
 
@@ -361,16 +361,16 @@ typedef struct call_args {
     seq_call call;
     tdm_seq *const *seqs;
     int nseq;
-    int verify; /* CALL_STEP: tdm_seq_verify_out (1) or tdm_seq_step_out (0) */
-    const int32_t *tokens;          /* prefill, decode */
-    int n;                          /* prefill: tokens; commit: accepted; reserve_kv: positions */
-    const int32_t *const *toks;     /* step, draft (lead) */
-    const int *ntok;                /* step, draft (nlead) */
-    const int *k;                   /* draft */
-    const int32_t *const *forced;   /* draft */
-    int32_t *const *drafts;         /* draft (rank 0's) */
+    int verify;                   /* CALL_STEP: tdm_seq_verify_out (1) or tdm_seq_step_out (0) */
+    const int32_t *tokens;        /* prefill, decode */
+    int n;                        /* prefill: tokens; commit: accepted; reserve_kv: positions */
+    const int32_t *const *toks;   /* step, draft (lead) */
+    const int *ntok;              /* step, draft (nlead) */
+    const int *k;                 /* draft */
+    const int32_t *const *forced; /* draft */
+    int32_t *const *drafts;       /* draft (rank 0's) */
     const tdm_step_out *out;
-    float *logits;                  /* decode */
+    float *logits; /* decode */
     size_t rows;
 } call_args;
 
@@ -442,28 +442,42 @@ tdm_status tdm_group_prefill(tdm_seq *s, const int32_t *tokens, int n, const tdm
                              tdm_error *err)
 {
     tdm_seq *const seqs[1] = {s};
-    call_args a = {.call = CALL_PREFILL, .seqs = seqs, .nseq = 1, .tokens = tokens, .n = n,
-                   .out = out, .rows = (size_t)(n > 0 ? n : 0)};
+    call_args a = {.call = CALL_PREFILL,
+                   .seqs = seqs,
+                   .nseq = 1,
+                   .tokens = tokens,
+                   .n = n,
+                   .out = out,
+                   .rows = (size_t)(n > 0 ? n : 0)};
     return group_run(s->m->group, call_rank, &a, err);
 }
 
 tdm_status tdm_group_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,
-                          const int *ntokens, int verify, const tdm_step_out *out,
-                          tdm_error *err)
+                          const int *ntokens, int verify, const tdm_step_out *out, tdm_error *err)
 {
     size_t rows = 0;
     for (int i = 0; i < nseq; i++)
         rows += ntokens[i] > 0 ? (size_t)ntokens[i] : 0;
-    call_args a = {.call = CALL_STEP, .seqs = seqs, .nseq = nseq, .verify = verify,
-                   .toks = tokens, .ntok = ntokens, .out = out, .rows = rows};
+    call_args a = {.call = CALL_STEP,
+                   .seqs = seqs,
+                   .nseq = nseq,
+                   .verify = verify,
+                   .toks = tokens,
+                   .ntok = ntokens,
+                   .out = out,
+                   .rows = rows};
     return group_run(seqs[0]->m->group, call_rank, &a, err);
 }
 
 tdm_status tdm_group_decode(tdm_seq *const *seqs, int nseq, const int32_t *tokens, float *logits,
                             tdm_error *err)
 {
-    call_args a = {.call = CALL_DECODE, .seqs = seqs, .nseq = nseq, .tokens = tokens,
-                   .logits = logits, .rows = (size_t)nseq};
+    call_args a = {.call = CALL_DECODE,
+                   .seqs = seqs,
+                   .nseq = nseq,
+                   .tokens = tokens,
+                   .logits = logits,
+                   .rows = (size_t)nseq};
     return group_run(seqs[0]->m->group, call_rank, &a, err);
 }
 
@@ -471,8 +485,14 @@ tdm_status tdm_group_draft(tdm_seq *const *seqs, int nseq, const int32_t *const 
                            const int *nlead, const int *k, const int32_t *const *forced,
                            int32_t *const *drafts, tdm_error *err)
 {
-    call_args a = {.call = CALL_DRAFT, .seqs = seqs, .nseq = nseq, .toks = lead, .ntok = nlead,
-                   .k = k, .forced = forced, .drafts = drafts};
+    call_args a = {.call = CALL_DRAFT,
+                   .seqs = seqs,
+                   .nseq = nseq,
+                   .toks = lead,
+                   .ntok = nlead,
+                   .k = k,
+                   .forced = forced,
+                   .drafts = drafts};
     return group_run(seqs[0]->m->group, call_rank, &a, err);
 }
 
@@ -592,8 +612,8 @@ static tdm_status snap_rank(tdm_group *g, int r, void *arg, tdm_error *err)
             tmp = tdm_xmalloc(n * sizeof(float));
             cap = n;
         }
-        float *whole = (float *)(void *)((a->in ? (uint8_t *)(uintptr_t)a->in : a->out) +
-                                         t->offset);
+        float *whole =
+            (float *)(void *)((a->in ? (uint8_t *)(uintptr_t)a->in : a->out) + t->offset);
         if (!a->in) {
             be->download(be->ctx, tmp, rank_buf(rs, t), n * sizeof(float));
             be->sync(be->ctx);

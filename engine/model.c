@@ -400,8 +400,8 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
                              {Hk * Dk + sh->k_head0 * Dk, Hkl * Dk},
                              {2 * Hk * Dk + sh->v_head0 * Dv, Hvl * Dv}};
         const span vrows[1] = {{sh->v_head0 * Dv, Hvl * Dv}}, heads[1] = {{sh->v_head0, Hvl}};
-        if ((rc = load_rows(m, NAME("linear_attn.in_proj_qkv.weight"), P, C, H, qkv, 3,
-                            &w->in_qkv, err)) ||
+        if ((rc = load_rows(m, NAME("linear_attn.in_proj_qkv.weight"), P, C, H, qkv, 3, &w->in_qkv,
+                            err)) ||
             (rc = load_rows(m, NAME("linear_attn.in_proj_z.weight"), P, VD, H, vrows, 1, &w->in_z,
                             err)) ||
             (rc = load_rows(m, NAME("linear_attn.in_proj_b.weight"), P, Hv, H, heads, 1, &w->in_b,
@@ -412,8 +412,8 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
                             Hvl * Dv, &w->out_proj, err)) ||
             (rc = load_vector_rows(m, NAME("linear_attn.conv1d.weight"), P, 3, s_conv, K, qkv, 3,
                                    &w->conv_w, err)) ||
-            (rc = load_vector_rows(m, NAME("linear_attn.A_log"), P, 1, s_hv, 1, heads, 1,
-                                   &w->A_log, err)) ||
+            (rc = load_vector_rows(m, NAME("linear_attn.A_log"), P, 1, s_hv, 1, heads, 1, &w->A_log,
+                                   err)) ||
             (rc = load_vector_rows(m, NAME("linear_attn.dt_bias"), P, 1, s_hv, 1, heads, 1,
                                    &w->dt_bias, err)) ||
             (rc = load_vector(m, dir, NAME("linear_attn.norm.weight"), P, 1, s_dv, &w->gnorm, err)))
@@ -427,10 +427,10 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
         const span kv[1] = {{sh->kv_head0 * D, (int64_t)lc->num_kv_heads * D}};
         if ((rc = load_rows(m, NAME("self_attn.q_proj.weight"), P, 2 * QD, H, q, 1, &w->q_proj,
                             err)) ||
-            (rc = load_rows(m, NAME("self_attn.k_proj.weight"), P, KD, H, kv, 1, &w->k_proj,
-                            err)) ||
-            (rc = load_rows(m, NAME("self_attn.v_proj.weight"), P, KD, H, kv, 1, &w->v_proj,
-                            err)) ||
+            (rc =
+                 load_rows(m, NAME("self_attn.k_proj.weight"), P, KD, H, kv, 1, &w->k_proj, err)) ||
+            (rc =
+                 load_rows(m, NAME("self_attn.v_proj.weight"), P, KD, H, kv, 1, &w->v_proj, err)) ||
             (rc = load_cols(m, NAME("self_attn.o_proj.weight"), P, H, QD, sh->q_head0 * D,
                             (int64_t)lc->num_heads * D, &w->o_proj, err)) ||
             (rc = load_vector(m, dir, NAME("self_attn.q_norm.weight"), P, 1, s_d, &w->q_norm,

@@ -162,14 +162,14 @@ static tdm_status open_group(const char *model_dir, const char *backend, int n, 
         const int devices = tdm_cuda_device_count(NULL, 0);
         if (devices < n) {
             rc = tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                               "tensor_parallel %d needs %d CUDA devices, one a rank; %d found",
-                               n, n, devices);
+                               "tensor_parallel %d needs %d CUDA devices, one a rank; %d found", n,
+                               n, devices);
         }
         for (int r = 1; rc == TDM_OK && r < n; r++) {
             rt->rank_backends[r] = tdm_backend_cuda_create(r, err);
             if (!rt->rank_backends[r])
-                rc = tdm_error_prefix(err, "tensor_parallel %d: rank %d on CUDA device %d", n, r,
-                                      r);
+                rc =
+                    tdm_error_prefix(err, "tensor_parallel %d: rank %d on CUDA device %d", n, r, r);
         }
         tdm_cuda_use_device(0); /* creating them moved this thread's device */
         if (rc == TDM_OK)
@@ -218,8 +218,8 @@ tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_r
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "state_strategy %s is not supported by the engine", strategy);
     tdm_runtime *rt = NULL;
-    const int tp = tdm_cfg_has(cfg, "tensor_parallel") ? (int)tdm_cfg_int(cfg, "tensor_parallel")
-                                                         : 1;
+    const int tp =
+        tdm_cfg_has(cfg, "tensor_parallel") ? (int)tdm_cfg_int(cfg, "tensor_parallel") : 1;
     tdm_status rc = tp > 1 ? open_group(model, tdm_cfg_str(cfg, "backend"), tp, &rt, err)
                            : tdm_runtime_open(model, tdm_cfg_str(cfg, "backend"), 0, &rt, err);
     if (rc != TDM_OK)

@@ -79,8 +79,9 @@ static tdm_status ws_ensure(tdm_model *m, int rows, tdm_error *err)
         rows = 2 * w->rows;
     size_t sizes[TDM_WORKSPACE_PIECES];
     const size_t total = tdm_capacity_workspace_bytes(&m->cfg, rows, sizes) / sizeof(float);
-    float **dst[] = {&w->x, &w->xn, &w->qkv, &w->qkvc, &w->z,  &w->a,  &w->b,      &w->o,       &w->o2,
-                     &w->qg, &w->q, &w->gate, &w->k,  &w->v,    &w->h1, &w->h2, &w->logits, &w->gathered};
+    float **dst[] = {&w->x, &w->xn, &w->qkv, &w->qkvc, &w->z,      &w->a,
+                     &w->b, &w->o,  &w->o2,  &w->qg,   &w->q,      &w->gate,
+                     &w->k, &w->v,  &w->h1,  &w->h2,   &w->logits, &w->gathered};
     _Static_assert(sizeof(dst) / sizeof(dst[0]) == TDM_WORKSPACE_PIECES,
                    "capacity.c sizes every workspace piece");
     void *block = m->be->alloc(m->be->ctx, total * sizeof(float));
@@ -161,12 +162,12 @@ typedef struct fwd_step {
     /* 0: no output; 1: final norm (ws.xn) and LM head (ws.logits); 2: the
      * final norm alone (hidden states wanted, no logits or argmax) */
     int logits;
-    int *row0;              /* [nseq] first row of each sequence */
-    int *extra;             /* [nseq] a verify's rows keep per-position conv windows and
-                               recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
-    int32_t *ids, *pos;     /* [R] host */
-    int32_t *ids_local;     /* [R] host, tensor parallel: ids in the rank's vocabulary slice, or -1 */
-    void **cdst;            /* [size * R] host, tensor parallel: gather_logits's copies */
+    int *row0;          /* [nseq] first row of each sequence */
+    int *extra;         /* [nseq] a verify's rows keep per-position conv windows and
+                           recurrent states (1: extra_buffer) or recurrence inputs (2: replay) */
+    int32_t *ids, *pos; /* [R] host */
+    int32_t *ids_local; /* [R] host, tensor parallel: ids in the rank's vocabulary slice, or -1 */
+    void **cdst;        /* [size * R] host, tensor parallel: gather_logits's copies */
     const void **csrc;
     size_t *cbytes;
     const int32_t *ids_dev; /* NULL, or the ids in backend memory (embed_dev; ids unused) */
@@ -408,7 +409,8 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
         if (st->logits == 1 && gathers(m)) /* the rank's slice, in its place among the ranks' */
-            be->matmul(bx, w->gathered + (size_t)m->comm->rank * (size_t)R * (size_t)m->shard.vocab_n,
+            be->matmul(bx,
+                       w->gathered + (size_t)m->comm->rank * (size_t)R * (size_t)m->shard.vocab_n,
                        w->xn, m->lm_head, R, H, m->shard.vocab_n, 0);
         else if (st->logits == 1)
             be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */

@@ -31,13 +31,13 @@
 /* Where rank `rank` of `size` finds its slices in the whole model's tensors. */
 typedef struct tdm_shard {
     int rank, size;
-    int q_head0;   /* first query head (num_heads / size of them) */
-    int kv_head0;  /* first KV head (the local config's num_kv_heads of them) */
-    int k_head0;   /* first linear-attention key head */
-    int v_head0;   /* first linear-attention value head */
-    int mlp0;      /* first intermediate column */
-    int vocab0;    /* first token of the embedding's and LM head's slice */
-    int vocab_n;   /* tokens in the slice: vocab_size / size */
+    int q_head0;  /* first query head (num_heads / size of them) */
+    int kv_head0; /* first KV head (the local config's num_kv_heads of them) */
+    int k_head0;  /* first linear-attention key head */
+    int v_head0;  /* first linear-attention value head */
+    int mlp0;     /* first intermediate column */
+    int vocab0;   /* first token of the embedding's and LM head's slice */
+    int vocab_n;  /* tokens in the slice: vocab_size / size */
 } tdm_shard;
 
 /* The config rank `rank` of `size` computes with (*local: the head counts

@@ -161,9 +161,9 @@ typedef struct vround {
     tdm_status rc;   /* the step's status; != OK fails every sequence in it */
     tdm_error err;
     double t_wait, t_step;
-    double cost, fixed; /* per drafted token and per speculating sequence (adaptive.h) */
+    double cost, fixed;    /* per drafted token and per speculating sequence (adaptive.h) */
     int n_stepped, n_spec; /* sequences of the step, and those with drafts */
-    double t_idle_end;  /* when admit_and_retire found work */
+    double t_idle_end;     /* when admit_and_retire found work */
 } vround;
 
 _Static_assert(TDM_MAX_DRAFT_BLOCK + 1 <= 1 << 16, "rows of one sequence fit an int");
@@ -220,9 +220,9 @@ struct vsched {
      * priors, converted to plain steps of the batch a request joins): per
      * drafted token, and the exchange per speculating sequence; 0 = none. */
     _Atomic double cost_ms_ema, fixed_ms_ema;
-    _Atomic double plain_seq_ms; /* a plain step's time per sequence at the current batch */
+    _Atomic double plain_seq_ms;   /* a plain step's time per sequence at the current batch */
     _Atomic double plain_round_ms; /* and the whole step's */
-    double exchange_ms;          /* moving average of the exchange (scheduler thread, under mu) */
+    double exchange_ms;            /* moving average of the exchange (scheduler thread, under mu) */
     /* How long a sequence waits for its first block after an open (the
      * drafter catching up on its tokens), moving average in ms; 0: none seen. */
     _Atomic double open_ms;

@@ -52,9 +52,10 @@ static void part_one(const char *name)
     /* the rank's steps, collectives and all, went through CUDA graphs */
     tdm_cuda_graph_stats gs;
     tdm_cuda_graph_stats_get(rb, &gs);
-    CHECK(gs.captured > 0 && gs.replayed > 0, "%s: the rank's steps were not recorded as graphs "
-          "(%llu captured, %llu replayed)", name, (unsigned long long)gs.captured,
-          (unsigned long long)gs.replayed);
+    CHECK(gs.captured > 0 && gs.replayed > 0,
+          "%s: the rank's steps were not recorded as graphs "
+          "(%llu captured, %llu replayed)",
+          name, (unsigned long long)gs.captured, (unsigned long long)gs.replayed);
     printf("%-12s rank 0 of 1 over NCCL: %d calls (%llu steps captured as graphs, %llu "
            "replayed), logits and states identical to the whole model's\n",
            name, a.calls, (unsigned long long)gs.captured, (unsigned long long)gs.replayed);

@@ -119,8 +119,8 @@ static void check_against_whole(const char *name, const char *dir, int n, rank_j
     size_t whole_bytes;
     run_whole(dir, &whole, &whole_bytes);
     for (int r = 1; r < n; r++) {
-        CHECK(jobs[r].run.n == jobs[0].run.n, "%s/%d: rank %d made %zu logits, rank 0 %zu", name,
-              n, r, jobs[r].run.n, jobs[0].run.n);
+        CHECK(jobs[r].run.n == jobs[0].run.n, "%s/%d: rank %d made %zu logits, rank 0 %zu", name, n,
+              r, jobs[r].run.n, jobs[0].run.n);
         CHECK(memcmp(jobs[r].run.logits, jobs[0].run.logits, jobs[0].run.n * sizeof(float)) == 0,
               "%s/%d: rank %d's logits differ from rank 0's", name, n, r);
     }
@@ -174,8 +174,8 @@ static tdm_seq *imported(tdm_model *m, const tdm_snap_layout *l, const uint8_t *
     tdm_error err;
     CHECK(tdm_seq_from_snapshot(m, &p, "fp", l, payload, &s, &err) == TDM_OK, "import: %s",
           err.msg);
-    CHECK(tdm_seq_length(s) == (int)l->committed, "import: length %d, not %u",
-          tdm_seq_length(s), l->committed);
+    CHECK(tdm_seq_length(s) == (int)l->committed, "import: length %d, not %u", tdm_seq_length(s),
+          l->committed);
     return s;
 }
 
@@ -245,8 +245,8 @@ static void check_group(const char *name, const char *dir, int n, const rank_job
     for (int r = 0; r < n; r++)
         bes[r] = tdm_backend_cpu_create(1);
     tdm_model *m;
-    CHECK(tdm_model_load_group(dir, n, bes, comms, NULL, NULL, &m, &err) == TDM_OK, "%s: %s",
-          name, err.msg);
+    CHECK(tdm_model_load_group(dir, n, bes, comms, NULL, NULL, &m, &err) == TDM_OK, "%s: %s", name,
+          err.msg);
     CHECK(tdm_model_get_config(m)->tp_size == n, "%s: the group's config is not a rank's", name);
     CHECK(tdm_model_weight_bytes(m) == jobs[0].weight_bytes,
           "%s: the group's weight bytes are not a rank's", name);
@@ -286,7 +286,8 @@ static void check_fixture(const char *name)
     char p[700];
     int64_t rows, cols;
     /* fp32 arithmetic: against the fp32 reference (f32up for bf16). */
-    snprintf(p, sizeof(p), "%s/%s.npy", f.dir, strcmp(f.dtype, "bfloat16") == 0 ? "f32up" : "cached");
+    snprintf(p, sizeof(p), "%s/%s.npy", f.dir,
+             strcmp(f.dtype, "bfloat16") == 0 ? "f32up" : "cached");
     float *ref = npy_load2(p, &rows, &cols);
     CHECK(rows == f.total && cols == V, "%s: reference shape", name);
     const float scale = max_abs(ref, n), d = max_abs_diff(jobs[0].fixture_logits, ref, n);
@@ -328,8 +329,8 @@ static void check_refused(const char *dir, int n, const char *names)
 
 int main(void)
 {
-    const char *fixtures[] = {"f32_gqa", "f32_tied", "f32_odd", "f32_sharded", "bf16_alt",
-                              "f16_store"};
+    const char *fixtures[] = {"f32_gqa",     "f32_tied", "f32_odd",
+                              "f32_sharded", "bf16_alt", "f16_store"};
     for (size_t i = 0; i < sizeof(fixtures) / sizeof(fixtures[0]); i++)
         check_fixture(fixtures[i]);
     for (int n = 1; n <= 4; n *= 2) {
