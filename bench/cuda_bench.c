@@ -4,7 +4,7 @@
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--k 0,4,8,16] [--steps N]
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
- *                    [--context N] [--model DIR]
+ *                    [--context N] [--model DIR] [--tp N]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -38,12 +38,23 @@
  * a step that grows the cache would time the copy). --model DIR loads an
  * existing checkpoint (bench_make_model's, any layout) instead of writing
  * one; its load time and read rate are printed, and it is left in place.
+ * --tp N splits the model over CUDA devices 0..N-1 (tensor parallel, one
+ * rank a device, NCCL between them; tdm_model_load_group): the floor is then
+ * a rank's weight bytes ÷ one device's bandwidth, and after the table the
+ * NCCL all-reduce of a step's residual (rows x hidden floats) is timed on
+ * its own, beside the bus bandwidth it reaches. N = 1 runs the group
+ * machinery on one device (a rank of one), against which plain runs show
+ * its overhead.
  */
 #include "bench_util.h"
 #include "engine.h"
 
 #ifdef TANDEM_HAVE_CUDA_BACKEND
 #include "cuda_backend.h"
+#endif
+#ifdef TANDEM_HAVE_NCCL
+#include "comm_nccl.h"
+#include <pthread.h>
 #endif
 
 #include <stdio.h>
@@ -177,6 +188,72 @@ static double time_step(tdm_backend *be, tdm_model *m, int batch, int k, int ste
     return med;
 }
 
+#ifdef TANDEM_HAVE_NCCL
+/* --tp: the group's backends and communicators. */
+static int tp;
+static tdm_backend *tp_bes[8];
+static tdm_comm *tp_comms[8];
+
+static void bind_device(int rank, void *ctx)
+{
+    (void)ctx;
+    tdm_cuda_use_device(rank);
+}
+
+typedef struct ar_job {
+    int rank, n, iters;
+    double ms; /* wall ms per call */
+} ar_job;
+
+/* One rank's share of the all-reduce timing: warm-up, then iters calls. */
+static void *ar_rank(void *arg)
+{
+    ar_job *j = arg;
+    tdm_cuda_use_device(j->rank);
+    tdm_backend *be = tp_bes[j->rank];
+    float *buf = be->alloc(be->ctx, (size_t)j->n * sizeof(float));
+    if (!buf)
+        die("all-reduce buffer", "out of device memory");
+    for (int i = 0; i < 5; i++)
+        tp_comms[j->rank]->all_reduce_sum(tp_comms[j->rank]->ctx, buf, (size_t)j->n);
+    be->sync(be->ctx);
+    double t0 = bench_now();
+    for (int i = 0; i < j->iters; i++)
+        tp_comms[j->rank]->all_reduce_sum(tp_comms[j->rank]->ctx, buf, (size_t)j->n);
+    be->sync(be->ctx);
+    j->ms = (bench_now() - t0) * 1e3 / j->iters;
+    be->free(be->ctx, buf);
+    return NULL;
+}
+
+/* The all-reduce of a step's residual (rows x hidden floats), each rank on
+ * its thread; NCCL's bus bandwidth convention: 2 (N-1)/N x bytes / time. */
+static void time_all_reduce(int hidden, const int *rows, int nrows)
+{
+    printf("\nNCCL all-reduce of a step's residual over %d rank(s) (a step makes one a "
+           "sublayer and one for the embedding):\n\n| rows | floats | µs a call | bus GB/s "
+           "|\n|---|---|---|---|\n",
+           tp);
+    for (int i = 0; i < nrows; i++) {
+        const int n = rows[i] * hidden;
+        ar_job jobs[8];
+        pthread_t th[8];
+        for (int r = 0; r < tp; r++) {
+            jobs[r] = (ar_job){r, n, 200, 0};
+            pthread_create(&th[r], NULL, ar_rank, &jobs[r]);
+        }
+        double ms = 0;
+        for (int r = 0; r < tp; r++) {
+            pthread_join(th[r], NULL);
+            ms = jobs[r].ms > ms ? jobs[r].ms : ms;
+        }
+        const double bytes = (double)n * sizeof(float) * 2.0 * (tp - 1) / tp;
+        printf("| %d | %d | %.1f | %.1f |\n", rows[i], n, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+    }
+    tdm_cuda_use_device(0);
+}
+#endif
+
 /* Sets the environment of one variant: space-separated KEY=VALUE pairs. */
 static void set_variant(const char *v)
 {
@@ -232,6 +309,14 @@ int main(int argc, char **argv)
             if (strcmp(argv[i + 1], "on") != 0 && strcmp(argv[i + 1], "off") != 0)
                 die("--graphs takes on or off, not", argv[i + 1]);
             graphs = !strcmp(argv[i + 1], "on");
+        } else if (!strcmp(argv[i], "--tp")) {
+#ifdef TANDEM_HAVE_NCCL
+            tp = atoi(argv[i + 1]);
+            if (tp < 1 || tp > 8)
+                die("--tp takes 1 to 8 ranks, not", argv[i + 1]);
+#else
+            die("--tp needs a build with NCCL", NULL);
+#endif
         } else if (!strcmp(argv[i], "--out")) {
             if (strcmp(argv[i + 1], "logits") != 0 && strcmp(argv[i + 1], "argmax") != 0 &&
                 strcmp(argv[i + 1], "logits,argmax") != 0)
@@ -240,6 +325,10 @@ int main(int argc, char **argv)
         } else
             die("unknown option", argv[i]);
     }
+#ifdef TANDEM_HAVE_NCCL
+    if (tp > 0 && variants[0])
+        die("--tp runs one configuration: drop --variants", NULL);
+#endif
     int ks[8], bs[8];
     const int nks = bench_ints(ks_arg, ks, 8, 0, 16), nbs = bench_ints(batches, bs, 8, 1, 64);
     if (nks < 0 || nbs < 0)
@@ -282,7 +371,24 @@ int main(int argc, char **argv)
         if (!(be = tdm_backend_cuda_create(0, &err)))
             die("CUDA backend", err.msg);
         t0 = bench_now();
-        if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
+#ifdef TANDEM_HAVE_NCCL
+        if (tp > 0) { /* a group: rank r on device r */
+            if (tdm_cuda_device_count(NULL, 0) < tp)
+                die("--tp: fewer CUDA devices than ranks", NULL);
+            tp_bes[0] = be;
+            for (int r = 1; r < tp; r++)
+                if (!(tp_bes[r] = tdm_backend_cuda_create(r, &err)))
+                    die("CUDA backend of a rank", err.msg);
+            tdm_cuda_use_device(0);
+            if (tdm_comm_nccl_group(tp_bes, tp, tp_comms, &err) != TDM_OK ||
+                tdm_model_load_group(dir, tp, tp_bes, tp_comms, bind_device, NULL, &m, &err) !=
+                    TDM_OK)
+                die("tensor-parallel group", err.msg);
+            printf("tensor parallel over %d CUDA device(s), NCCL %d\n", tp,
+                   tdm_comm_nccl_version());
+        } else
+#endif
+            if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
             die("load", err.msg);
         tdm_model_set_graphs(m, graphs);
         if (floor_ms == 0) {
@@ -329,6 +435,12 @@ int main(int argc, char **argv)
             be->destroy(be);
         }
     } while (variant);
+#ifdef TANDEM_HAVE_NCCL
+    if (tp > 0) {
+        const int rows[] = {1, 8, 9, 72, 128};
+        time_all_reduce(s->H, rows, 5);
+    }
+#endif
     tdm_cuda_graph_stats gs;
     tdm_cuda_graph_stats_get(be, &gs);
     printf("\ngraphs: %llu captured, %llu replayed, %llu refused (ran eagerly), %llu eager "
@@ -337,6 +449,13 @@ int main(int argc, char **argv)
            (unsigned long long)gs.refused, (unsigned long long)gs.eager,
            (unsigned long long)gs.evicted);
     tdm_model_destroy(m);
+#ifdef TANDEM_HAVE_NCCL
+    for (int r = 0; r < tp; r++) { /* a rank's communicator before its backend */
+        tp_comms[r]->destroy(tp_comms[r]);
+        if (r > 0)
+            tp_bes[r]->destroy(tp_bes[r]);
+    }
+#endif
     be->destroy(be);
     if (stats) {
         /* Where a batch-1 step's time goes: GPU time per op kind over a
