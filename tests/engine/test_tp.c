@@ -20,6 +20,7 @@
  */
 #include "alloc.h"
 #include "comm.h"
+#include "shard.h"
 #include "snapshot.h"
 #include "steps.h"
 #include "util.h"
@@ -327,8 +328,76 @@ static void check_refused(const char *dir, int n, const char *names)
         comms[r]->destroy(comms[r]);
 }
 
+/* The split of the released shapes the services would run at scale
+ * (hybrid-model-notes.md): Qwen3.5-4B and Qwen3.6-27B over 2, 4 and 8 ranks,
+ * the slices every rank gets, and the counts that refuse. */
+static void check_shapes(void)
+{
+    tdm_model_config c27 = {.vocab_size = 248320,
+                            .hidden_size = 5120,
+                            .intermediate_size = 17408,
+                            .num_layers = 64,
+                            .num_heads = 24,
+                            .num_kv_heads = 4,
+                            .head_dim = 256,
+                            .lin_k_heads = 16,
+                            .lin_v_heads = 48,
+                            .lin_k_dim = 128,
+                            .lin_v_dim = 128,
+                            .conv_kernel = 4,
+                            .tp_size = 1};
+    tdm_model_config c4 = c27;
+    c4.hidden_size = 2560, c4.intermediate_size = 9216, c4.num_layers = 32;
+    c4.num_heads = 16, c4.lin_v_heads = 32;
+    const struct {
+        const tdm_model_config *c;
+        int n, heads, kv, k, v, mlp, vocab;
+    } want[] = {
+        {&c27, 2, 12, 2, 8, 24, 8704, 124160}, {&c27, 4, 6, 1, 4, 12, 4352, 62080},
+        {&c27, 8, 3, 1, 2, 6, 2176, 31040},    {&c4, 2, 8, 2, 8, 16, 4608, 124160},
+        {&c4, 8, 2, 1, 2, 4, 1152, 31040},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        for (int r = 0; r < want[i].n; r++) {
+            tdm_model_config l;
+            tdm_shard sh;
+            tdm_error err;
+            CHECK(tdm_shard_config(want[i].c, r, want[i].n, &l, &sh, &err) == TDM_OK, "%s",
+                  err.msg);
+            CHECK(l.num_heads == want[i].heads && l.num_kv_heads == want[i].kv &&
+                      l.lin_k_heads == want[i].k && l.lin_v_heads == want[i].v &&
+                      l.intermediate_size == want[i].mlp && sh.vocab_n == want[i].vocab &&
+                      l.tp_size == want[i].n && l.vocab_size == want[i].c->vocab_size,
+                  "shape %zu rank %d of %d: heads %d kv %d k %d v %d mlp %d vocab %d", i, r,
+                  want[i].n, l.num_heads, l.num_kv_heads, l.lin_k_heads, l.lin_v_heads,
+                  l.intermediate_size, sh.vocab_n);
+            /* each rank's slices start where the ranks before it end; a
+             * replicated KV head is the one its query heads read */
+            const int nkv = want[i].c->num_kv_heads;
+            CHECK(sh.q_head0 == r * l.num_heads && sh.k_head0 == r * l.lin_k_heads &&
+                      sh.v_head0 == r * l.lin_v_heads && sh.mlp0 == r * l.intermediate_size &&
+                      sh.vocab0 == r * sh.vocab_n &&
+                      sh.kv_head0 == sh.q_head0 / (want[i].c->num_heads / nkv),
+                  "shape %zu rank %d of %d: slice starts q %d kv %d k %d v %d mlp %d vocab %d", i,
+                  r, want[i].n, sh.q_head0, sh.kv_head0, sh.k_head0, sh.v_head0, sh.mlp0,
+                  sh.vocab0);
+        }
+    }
+    tdm_model_config l;
+    tdm_shard sh;
+    tdm_error err;
+    CHECK(tdm_shard_config(&c27, 0, 3, &l, &sh, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "linear_num_key_heads (16) is not a multiple of 3"),
+          "27B over 3 ranks: %s", err.msg);
+    CHECK(tdm_shard_config(&c27, 0, 16, &l, &sh, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "num_attention_heads (24) is not a multiple of 16"),
+          "27B over 16 ranks: %s", err.msg);
+    printf("released shapes: 4B and 27B split over 2, 4 and 8 ranks as expected\n");
+}
+
 int main(void)
 {
+    check_shapes();
     const char *fixtures[] = {"f32_gqa",     "f32_tied", "f32_odd",
                               "f32_sharded", "bf16_alt", "f16_store"};
     for (size_t i = 0; i < sizeof(fixtures) / sizeof(fixtures[0]); i++)
