@@ -231,7 +231,11 @@ def case_greedy():
     ps = prompts(4 if st.ARGS.quick else 8)
     # f32 features in messages of at most 8 KiB of rows (32 rows of 64 values):
     # the longer prompts go out as several FeatureChunks before their open.
-    for dtype, vargs in (("f32", ("--max-message-size", "16KiB")), ("bf16", ())):
+    # The last stack's verifier splits the model over 2 ranks (tensor_parallel):
+    # the hidden states it streams are rank 0's, whole rows like the rest.
+    first_plain = None
+    for dtype, vargs in (("f32", ("--max-message-size", "16KiB")), ("bf16", ()),
+                         ("bf16", ("--tensor-parallel", "2"))):
         gw, v, d, s = stack(model, dtype, vargs)
         byid = {r["descriptor"]["replica_id"]: r["descriptor"] for r in s["replicas"]}
         dd, vd = byid.get("d-mtp", {}), byid.get("v1", {})
@@ -252,6 +256,10 @@ def case_greedy():
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
             res = list(ex.map(lambda j: generate(gw, j[0], mode=j[1]), jobs))
         plain, spec = res[:len(ps)], res[len(ps):]
+        if first_plain is None:
+            first_plain = [a[2] for a in plain]
+        check([a[2] for a in plain] == first_plain,
+              "%s %s: plain ids differ from the first verifier's" % (dtype, " ".join(vargs)))
         rounds = 0
         for i, (a, b) in enumerate(zip(plain, spec)):
             if not check(a[0] == "OK" and b[0] == "OK" and a[3] and b[3],
