@@ -140,6 +140,10 @@ tdm_status tdm_group_reserve_kv(tdm_seq *s, int n, tdm_error *err);
  * ranks' slices into payload, or from payload into a new sequence's
  * (committed positions set). */
 struct tdm_snap_layout;
+struct tdm_snap_tensor;
+/* The backend buffer of s's committed state a snapshot layout tensor
+ * (snapshot.h) is: a layer's conv window, recurrent state, K or V cache. */
+float *tdm_seq_state_buf(const tdm_seq *s, const struct tdm_snap_tensor *t);
 tdm_status tdm_group_seq_export(const tdm_seq *s, const struct tdm_snap_layout *l, uint8_t *payload,
                                 tdm_error *err);
 tdm_status tdm_group_seq_import(tdm_seq *s, const struct tdm_snap_layout *l, const uint8_t *payload,

@@ -576,17 +576,6 @@ static slice_map map_of(const tdm_model *rm, const tdm_snap_tensor *t, bool *wri
     return m;
 }
 
-static float *rank_buf(const tdm_seq *rs, const tdm_snap_tensor *t)
-{
-    const char *kind = strrchr(t->name, '.') + 1;
-    const int L = (int)t->layer;
-    if (strcmp(kind, "conv") == 0)
-        return rs->conv[L];
-    if (strcmp(kind, "recurrent") == 0)
-        return rs->rec[L];
-    return strcmp(kind, "key") == 0 ? rs->k[L] : rs->v[L];
-}
-
 static tdm_status snap_rank(tdm_group *g, int r, void *arg, tdm_error *err)
 {
     snap_args *a = arg;
@@ -615,7 +604,7 @@ static tdm_status snap_rank(tdm_group *g, int r, void *arg, tdm_error *err)
         float *whole =
             (float *)(void *)((a->in ? (uint8_t *)(uintptr_t)a->in : a->out) + t->offset);
         if (!a->in) {
-            be->download(be->ctx, tmp, rank_buf(rs, t), n * sizeof(float));
+            be->download(be->ctx, tmp, tdm_seq_state_buf(rs, t), n * sizeof(float));
             be->sync(be->ctx);
         }
         for (int row = 0; row < m.rows; row++)
@@ -628,7 +617,7 @@ static tdm_status snap_rank(tdm_group *g, int r, void *arg, tdm_error *err)
                     memcpy(w, l, m.n[k] * sizeof(float));
             }
         if (a->in)
-            be->upload(be->ctx, rank_buf(rs, t), tmp, n * sizeof(float));
+            be->upload(be->ctx, tdm_seq_state_buf(rs, t), tmp, n * sizeof(float));
     }
     be->sync(be->ctx);
     free(tmp);

@@ -170,36 +170,61 @@ static tdm_status load_matrix(tdm_model *m, const char *dir, const char *name, i
     return TDM_OK;
 }
 
-static tdm_status load_vector(tdm_model *m, const char *dir, const char *name, int with_prefix,
-                              int ndim, const int64_t *shape, const float **out, tdm_error *err)
+/* A span of rows (engine/shard.h: a rank's slice), for the loaders below. */
+typedef struct span {
+    int64_t start, n;
+} span;
+
+/* The rows sp[0..ns) (width values each) of a vector tensor of `shape` on a
+ * tensor-parallel rank, as f32 in backend memory; the whole vector on a
+ * whole model (m->comm NULL) or where sp is NULL. */
+static tdm_status load_vector_rows(tdm_model *m, const char *name, int with_prefix, int ndim,
+                                   const int64_t *shape, int64_t width, const span *sp, int ns,
+                                   const float **out, tdm_error *err)
 {
+    if (!m->comm)
+        sp = NULL;
     const tdm_st_tensor *t = NULL;
-    tdm_status rc = find(m, dir, name, with_prefix, ndim, shape, &t, err);
+    tdm_status rc = find(m, m->dir, name, with_prefix, ndim, shape, &t, err);
     if (rc != TDM_OK)
         return rc;
-    m->into->weight_bytes += t->nbytes;
+    int64_t n = sp ? 0 : t->numel;
+    for (int i = 0; sp && i < ns; i++)
+        n += sp[i].n * width;
+    m->into->weight_bytes += (size_t)n * (t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2);
     if (!m->be) /* tdm_model_check */
         return TDM_OK;
-    float *host = tdm_xmalloc((size_t)t->numel * sizeof(float)); /* a norm's vector */
-    float *dev = m->be->alloc(m->be->ctx, (size_t)t->numel * sizeof(float));
+    float *vals = tdm_xmalloc((size_t)t->numel * sizeof(float)); /* a norm's or gate's vector */
+    to_f32(vals, t);
+    if (sp) { /* the slice, in place at the front */
+        for (int i = 0, k = 0; i < ns; k += (int)(sp[i].n * width), i++)
+            memmove(vals + k, vals + sp[i].start * width,
+                    (size_t)(sp[i].n * width) * sizeof(float));
+    }
+    float *dev = m->be->alloc(m->be->ctx, (size_t)n * sizeof(float));
     if (!dev) {
-        free(host);
-        return tdm_error_oom(err, (size_t)t->numel * sizeof(float), "%s on the %s backend", t->name,
+        free(vals);
+        return tdm_error_oom(err, (size_t)n * sizeof(float), "%s on the %s backend", t->name,
                              m->be->name);
     }
     track(&m->into->owned, &m->into->nowned, &m->into->capowned, dev);
-    to_f32(host, t);
-    m->be->upload(m->be->ctx, dev, host, (size_t)t->numel * sizeof(float));
-    free(host);
+    m->be->upload(m->be->ctx, dev, vals, (size_t)n * sizeof(float));
+    free(vals);
     *out = dev;
     return TDM_OK;
+}
+
+static tdm_status load_vector(tdm_model *m, const char *name, int with_prefix, int ndim,
+                              const int64_t *shape, const float **out, tdm_error *err)
+{
+    return load_vector_rows(m, name, with_prefix, ndim, shape, 0, NULL, 0, out, err);
 }
 
 tdm_status tdm_model_load_vector(tdm_model *m, const char *name, int64_t n, const float **out,
                                  tdm_error *err)
 {
     const int64_t shape[1] = {n};
-    return load_vector(m, m->dir, name, 0, 1, shape, out, err);
+    return load_vector(m, name, 0, 1, shape, out, err);
 }
 
 /* n consecutive values of tensor t from src into dst: bf16 and f32 as they
@@ -291,11 +316,6 @@ tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_p
     return load_gathered(m, name, with_prefix, rows, cols, ids, n, 0, cols, w, err);
 }
 
-/* Rows start .. start+n-1 of a tensor. */
-typedef struct span {
-    int64_t start, n;
-} span;
-
 /* The rows sp[0..ns) of the [rows, cols] matrix `name`, in that order: on a
  * tensor-parallel rank its slice (a copy); on a whole model (m->comm NULL)
  * the whole matrix, as load_matrix places it. */
@@ -327,45 +347,6 @@ static tdm_status load_cols(tdm_model *m, const char *name, int with_prefix, int
     return load_gathered(m, name, with_prefix, rows, cols, NULL, rows, col0, ncols, w, err);
 }
 
-/* The rows sp[0..ns) (width values each) of a vector tensor of `shape` on a
- * tensor-parallel rank, as f32; the whole vector on a whole model. */
-static tdm_status load_vector_rows(tdm_model *m, const char *name, int with_prefix, int ndim,
-                                   const int64_t *shape, int64_t width, const span *sp, int ns,
-                                   const float **out, tdm_error *err)
-{
-    if (!m->comm)
-        return load_vector(m, m->dir, name, with_prefix, ndim, shape, out, err);
-    const tdm_st_tensor *t = NULL;
-    tdm_status rc = find(m, m->dir, name, with_prefix, ndim, shape, &t, err);
-    if (rc != TDM_OK)
-        return rc;
-    int64_t n = 0;
-    for (int i = 0; i < ns; i++)
-        n += sp[i].n * width;
-    m->into->weight_bytes += (size_t)n * (t->dtype == TDM_ST_DTYPE_F32 ? 4 : 2);
-    if (!m->be)
-        return TDM_OK;
-    float *whole = tdm_xmalloc((size_t)t->numel * sizeof(float)); /* a norm's or gate's vector */
-    float *slice = tdm_xmalloc((size_t)n * sizeof(float));
-    to_f32(whole, t);
-    for (int i = 0, k = 0; i < ns; i++) {
-        memcpy(slice + k, whole + sp[i].start * width, (size_t)(sp[i].n * width) * sizeof(float));
-        k += (int)(sp[i].n * width);
-    }
-    free(whole);
-    float *dev = m->be->alloc(m->be->ctx, (size_t)n * sizeof(float));
-    if (!dev) {
-        free(slice);
-        return tdm_error_oom(err, (size_t)n * sizeof(float), "%s on the %s backend", t->name,
-                             m->be->name);
-    }
-    track(&m->into->owned, &m->into->nowned, &m->into->capowned, dev);
-    m->be->upload(m->be->ctx, dev, slice, (size_t)n * sizeof(float));
-    free(slice);
-    *out = dev;
-    return TDM_OK;
-}
-
 tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, tdm_layer_kind kind,
                                 tdm_layer_weights *w, tdm_error *err)
 {
@@ -373,7 +354,6 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
      * its slices of them (shard.h), a whole model all of each. */
     const tdm_model_config *c = &m->full, *lc = &m->cfg;
     const tdm_shard *sh = &m->shard;
-    const char *dir = m->dir;
     const int64_t H = c->hidden_size, I = c->intermediate_size, Il = lc->intermediate_size;
     char n[256];
     tdm_status rc;
@@ -382,8 +362,8 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
     w->kind = kind;
     const span mlp[1] = {{sh->mlp0, Il}};
 #define NAME(suffix) (snprintf(n, sizeof(n), "%s%s", pre, suffix), n)
-    if ((rc = load_vector(m, dir, NAME("input_layernorm.weight"), P, 1, vh, &w->input_norm, err)) ||
-        (rc = load_vector(m, dir, NAME("post_attention_layernorm.weight"), P, 1, vh, &w->post_norm,
+    if ((rc = load_vector(m, NAME("input_layernorm.weight"), P, 1, vh, &w->input_norm, err)) ||
+        (rc = load_vector(m, NAME("post_attention_layernorm.weight"), P, 1, vh, &w->post_norm,
                           err)) ||
         (rc = load_rows(m, NAME("mlp.gate_proj.weight"), P, I, H, mlp, 1, &w->gate, err)) ||
         (rc = load_rows(m, NAME("mlp.up_proj.weight"), P, I, H, mlp, 1, &w->up, err)) ||
@@ -416,7 +396,7 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
                                    err)) ||
             (rc = load_vector_rows(m, NAME("linear_attn.dt_bias"), P, 1, s_hv, 1, heads, 1,
                                    &w->dt_bias, err)) ||
-            (rc = load_vector(m, dir, NAME("linear_attn.norm.weight"), P, 1, s_dv, &w->gnorm, err)))
+            (rc = load_vector(m, NAME("linear_attn.norm.weight"), P, 1, s_dv, &w->gnorm, err)))
             return rc;
     } else {
         const int64_t D = c->head_dim, QD = (int64_t)c->num_heads * D,
@@ -433,9 +413,8 @@ tdm_status tdm_model_load_layer(tdm_model *m, const char *pre, int with_prefix, 
                  load_rows(m, NAME("self_attn.v_proj.weight"), P, KD, H, kv, 1, &w->v_proj, err)) ||
             (rc = load_cols(m, NAME("self_attn.o_proj.weight"), P, H, QD, sh->q_head0 * D,
                             (int64_t)lc->num_heads * D, &w->o_proj, err)) ||
-            (rc = load_vector(m, dir, NAME("self_attn.q_norm.weight"), P, 1, s_d, &w->q_norm,
-                              err)) ||
-            (rc = load_vector(m, dir, NAME("self_attn.k_norm.weight"), P, 1, s_d, &w->k_norm, err)))
+            (rc = load_vector(m, NAME("self_attn.q_norm.weight"), P, 1, s_d, &w->q_norm, err)) ||
+            (rc = load_vector(m, NAME("self_attn.k_norm.weight"), P, 1, s_d, &w->k_norm, err)))
             return rc;
     }
 #undef NAME
@@ -481,7 +460,7 @@ static tdm_status model_walk(const char *dir, tdm_backend *be, int layers, tdm_c
     /* Decoding reads one embedding row, so an untied table is not streamed. */
     size_t embed_bytes = m->store.weight_bytes;
     if (rc == TDM_OK)
-        rc = load_vector(m, dir, "norm.weight", 1, 1, hv, &m->final_norm, err);
+        rc = load_vector(m, "norm.weight", 1, 1, hv, &m->final_norm, err);
     if (rc == TDM_OK) {
         if (c->tie_word_embeddings)
             m->lm_head = m->embed;

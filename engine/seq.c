@@ -265,12 +265,9 @@ static void residual_add(tdm_model *m, const float *y, tdm_weight w, int R, int 
     tdm_backend *be = m->be;
     const int H = m->cfg.hidden_size;
     float *x = m->ws.x;
-    if (!m->comm) {
-        be->matmul(be->ctx, x, y, w, R, in, H, 1);
-        return;
-    }
-    be->matmul(be->ctx, x, y, w, R, in, H, m->comm->rank == 0);
-    m->comm->all_reduce_sum(m->comm->ctx, x, (size_t)R * (size_t)H);
+    be->matmul(be->ctx, x, y, w, R, in, H, !m->comm || m->comm->rank == 0);
+    if (m->comm)
+        m->comm->all_reduce_sum(m->comm->ctx, x, (size_t)R * (size_t)H);
 }
 
 /* See engine_internal.h. */

@@ -186,8 +186,8 @@ out:
 
 /* ---- sequences ------------------------------------------------------------ */
 
-/* The backend buffer a layout tensor lives in (committed state only). */
-static float *tensor_buf(const tdm_seq *s, const tdm_snap_tensor *t)
+/* See engine_internal.h. */
+float *tdm_seq_state_buf(const tdm_seq *s, const tdm_snap_tensor *t)
 {
     const char *kind = strrchr(t->name, '.') + 1;
     const int L = (int)t->layer;
@@ -260,7 +260,7 @@ tdm_status tdm_seq_snapshot_take(const tdm_seq *s, const char *fingerprint, cons
     }
     tdm_backend *be = s->m->be;
     for (size_t i = 0; i < l.n_tensors; i++)
-        be->download(be->ctx, p + l.tensors[i].offset, tensor_buf(s, &l.tensors[i]),
+        be->download(be->ctx, p + l.tensors[i].offset, tdm_seq_state_buf(s, &l.tensors[i]),
                      (size_t)l.tensors[i].nbytes);
     be->sync(be->ctx);
     *layout = l;
@@ -310,8 +310,8 @@ tdm_status tdm_seq_from_snapshot(tdm_model *m, const tdm_seq_params *p, const ch
         return rc;
     }
     for (size_t i = 0; i < l->n_tensors; i++)
-        m->be->upload(m->be->ctx, tensor_buf(s, &l->tensors[i]), payload + l->tensors[i].offset,
-                      (size_t)l->tensors[i].nbytes);
+        m->be->upload(m->be->ctx, tdm_seq_state_buf(s, &l->tensors[i]),
+                      payload + l->tensors[i].offset, (size_t)l->tensors[i].nbytes);
     m->be->sync(m->be->ctx);
     s->n_past = (int)l->committed;
     *out = s;
