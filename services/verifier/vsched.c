@@ -230,7 +230,7 @@ struct vsched {
      * drafters' messages), scheduler thread: moving averages of a plain
      * round's per sequence, and of what a speculating sequence adds to it
      * (a verify block's commit and its verdict); ms, 0 = not seen yet. */
-    double post_plain_ms, post_spec_ms;
+    _Atomic double post_plain_ms, post_spec_ms;
     /* Exchange overhead per block (wait minus the drafter's own time), us. */
     float overhead_us[4096];
     uint64_t n_overhead;
@@ -1638,10 +1638,8 @@ static void take_blocks(vsched *s, vround *rd)
                 q->got = true;
                 /* After an open the wait includes the drafter's prefill:
                  * the open's cost, for the adaptive rule of requests to come. */
-                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
-                    const double ms = r->t_got - r->t_asked, was = atomic_load(&s->open_ms);
-                    atomic_store(&s->open_ms, was > 0 ? 0.9 * was + 0.1 * ms : ms);
-                }
+                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked)
+                    ema_ms(&s->open_ms, r->t_got - r->t_asked);
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
@@ -1742,7 +1740,7 @@ static void run_step(vsched *s, vround *rd)
         const double seq_ms = plain_round / rd->n;
         /* and what speculating adds after the step, as measured on the
          * rounds before (post_cost) */
-        rd->fixed += s->post_spec_ms / seq_ms;
+        rd->fixed += atomic_load(&s->post_spec_ms) / seq_ms;
         ema_ms(&s->cost_ms_ema, rd->cost * seq_ms);
         ema_ms(&s->fixed_ms_ema, rd->fixed * seq_ms);
     }
@@ -2050,8 +2048,6 @@ static void send_messages(vsched *s, vround *rd)
         }
 }
 
-/* Adds one round's timeline (t[0] its start, t[i + 1] the end of phase i)
- * to the counters. */
 /* After a round: what its work after the step took (post_ms), as a plain
  * round's per sequence or, with drafts, as the part a speculating sequence
  * adds, for the adaptive rule's fixed cost (run_step). */
@@ -2060,17 +2056,17 @@ static void post_cost(vsched *s, const vround *rd, double post_ms)
     const int n = rd->n_stepped;
     if (n <= 0 || rd->rc != TDM_OK)
         return;
+    const double plain = atomic_load(&s->post_plain_ms);
     if (rd->n_spec == 0) {
-        const double per_seq = post_ms / n;
-        s->post_plain_ms = s->post_plain_ms > 0 ? 0.9 * s->post_plain_ms + 0.1 * per_seq : per_seq;
-    } else if (s->post_plain_ms > 0) {
-        double extra = (post_ms - n * s->post_plain_ms) / rd->n_spec;
-        if (extra < 0)
-            extra = 0;
-        s->post_spec_ms = 0.9 * s->post_spec_ms + 0.1 * extra;
+        ema_ms(&s->post_plain_ms, post_ms / n);
+    } else if (plain > 0) {
+        const double extra = (post_ms - n * plain) / rd->n_spec;
+        ema_ms(&s->post_spec_ms, extra > 0 ? extra : 0);
     }
 }
 
+/* Adds one round's timeline (t[0] its start, t[i + 1] the end of phase i)
+ * to the counters. */
 static void record_timeline(vsched *s, const double *t)
 {
     pthread_mutex_lock(&s->mu);
