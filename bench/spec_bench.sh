@@ -39,7 +39,11 @@
 # MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
-# drafter's rows) and RUNAHEAD (default "off on").
+# drafter's rows), RUNAHEAD (default "off on"), MPS (1: every process of the
+# run joins one CUDA MPS server started for it, so the verifier's and the
+# drafter's kernels share the GPU at once instead of taking turns as two
+# contexts) and TAG (names this run's summary-TAG.txt and logs-TAG.txz, so
+# that several runs of one call come back side by side).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -85,8 +89,20 @@ run)
     rm -rf "$LOGS"
     mkdir -p "$LOGS"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$LOGS/env.log"
-    SUM="$OUT/summary.txt"
+    SUM="$OUT/summary${TAG:+-$TAG}.txt"
     : >"$SUM"
+    mps_quit() { :; }
+    if [ "${MPS:-0}" = 1 ]; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/tandem-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/tandem-mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if nvidia-cuda-mps-control -d 2>&1 | tee -a "$SUM"; then
+            echo "MPS: control daemon started" | tee -a "$SUM"
+            mps_quit() { echo quit | nvidia-cuda-mps-control; sleep 1; cp -r "$CUDA_MPS_LOG_DIRECTORY" "$LOGS/mps"; }
+        else
+            echo "MPS: no control daemon; the run goes on without it" | tee -a "$SUM"
+            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        fi
+    fi
     REQ1="${REQ1:-12}"
     TOKENS="${TOKENS:-128}"
     GW=127.0.0.1:7700
@@ -97,7 +113,10 @@ run)
     stop() { # pid... (in order: drafter, verifier, gateway deregister cleanly)
         for p in "$@"; do [ -n "$p" ] && { kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; }; done
     }
-    cleanup() { stop "$dpid" "$vpid" "$gpid"; }
+    cleanup() {
+        stop "$dpid" "$vpid" "$gpid"
+        mps_quit
+    }
     trap cleanup EXIT
     # one line per run on stdout too, shortened
     short() { sed -E 's/ (request_tps_p50|spec_round_share|requests|failed|wall_s|admit_us|send_us|draft_token_p99_us|step_p99_us)=[^ ]*//g'; }
@@ -232,6 +251,11 @@ run)
             DFLAGS="--drafter-kind mtp"
             start_drafter mtp-real tandem-drafter "$W/t4bm" off 8 &&
                 load "mtp: real head adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
+            # how the pair shares the GPU, as status and doctor see it
+            "$B/tandem" status --gateway "$GW" >"$LOGS/status-mtp.log" 2>&1
+            grep -E 'GPU' "$LOGS/status-mtp.log" | sed 's/^ */mtp: status: /' | tee -a "$SUM"
+            "$B/tandem" doctor --gateway "$GW" 2>&1 | grep -E 'GPU|MPS' | sed 's/^/mtp: doctor: /' |
+                tee -a "$SUM"
             # MTP_VOCABS: draft vocabularies (draft_vocab) of the N lowest ids
             # (a byte-level BPE's merge order, roughly by frequency); 0: all.
             for nv in ${MTP_VOCABS:-0}; do
@@ -267,6 +291,8 @@ run)
             done
             curl -s 127.0.0.1:7712/metrics | grep -E '^tandem_spec_decode_feature' |
                 sed 's/^/mtp: /' | tee -a "$SUM"
+            grep -E "MPS server|shares this verifier's GPU" "$LOGS/verifier-mtp.log" "$LOGS"/drafter-mtp-*.log |
+                head -4 | sed 's/^/mtp: log: /' | tee -a "$SUM"
             DFLAGS=""
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
@@ -460,9 +486,11 @@ run)
         esac
     done
     rm -rf "$W"
+    mps_quit
+    mps_quit() { :; }
     # what comes back from the GPU machine is a few files: the summary and
     # every log in one archive
-    tar -C "$LOGS" -cJf "$OUT/logs.txz" .
+    tar -C "$LOGS" -cJf "$OUT/logs${TAG:+-$TAG}.txz" .
     rm -rf "$LOGS"
     ;;
 *)

@@ -45,9 +45,11 @@ static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int thre
             if (rt->backend) {
                 snprintf(rt->backend_name, sizeof(rt->backend_name), "%s",
                          tdm_backend_kind_name(TDM_BACKEND_CUDA));
-                snprintf(rt->why, sizeof(rt->why), "%s: CUDA device 0 of %d",
-                         want_cuda ? "set explicitly" : "auto", n);
                 tdm_cuda_device_uuid(0, rt->device_uuid, sizeof(rt->device_uuid));
+                rt->device_mps = tdm_cuda_device_mps(0) == 1;
+                snprintf(rt->why, sizeof(rt->why), "%s: CUDA device 0 of %d%s",
+                         want_cuda ? "set explicitly" : "auto", n,
+                         rt->device_mps ? ", through an MPS server" : "");
                 return TDM_OK;
             }
             if (want_cuda)

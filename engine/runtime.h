@@ -21,6 +21,7 @@ typedef struct tdm_runtime {
     char why[160];               /* why that backend (for `auto`) */
     tdm_state_strategy strategy; /* tdm_runtime_open_cfg: how sequences commit */
     char device_uuid[48];        /* the GPU's UUID (tdm_cuda_device_uuid); "" on the CPU */
+    bool device_mps; /* its work there goes through an MPS server (tdm_cuda_device_mps) */
     /* tensor_parallel > 1: the ranks' backends (backend is rank 0's) and
      * communicators; tp = 1 otherwise, with both NULL. */
     int tp;

@@ -16,6 +16,10 @@
 # --once          stop right after the sample generation (for tests and CI).
 # --prompt TEXT   the sample prompt (default: the start of a Python class).
 # Logs go to BUILD_DIR/run/<service>.log.
+# On a machine with an NVIDIA GPU the verifier and the drafter share GPU 0;
+# they run as clients of one MPS server (started for the stack and stopped
+# with it, or the one already serving), so that their kernels run at once
+# instead of taking turns. TANDEM_MPS=0 leaves MPS alone.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build_dir="$root/build"
@@ -32,7 +36,7 @@ while [ $# -gt 0 ]; do
     --once) once=1 ;;
     --prompt) prompt="$2"; shift ;;
     --max-tokens) max_tokens="$2"; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -73,6 +77,26 @@ start() { # name, then the command
   echo "started $name (pid $!, log $logs/$name.log)"
 }
 
+# One MPS server for the verifier and the drafter on a GPU (see the head).
+mps_dir=""
+if [ "${TANDEM_MPS:-1}" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1 &&
+  nvidia-smi -L >/dev/null 2>&1; then
+  if [ -S "${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control" ]; then
+    echo "== MPS: the control daemon at ${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps} serves the GPU"
+  else
+    mps_dir="$(mktemp -d /tmp/tandem-mps.XXXXXX)"
+    export CUDA_MPS_PIPE_DIRECTORY="$mps_dir" CUDA_MPS_LOG_DIRECTORY="$logs"
+    if nvidia-cuda-mps-control -d; then
+      echo "== MPS: control daemon started for this stack (pipe $mps_dir, log $logs/control.log)"
+    else
+      echo "== MPS: the control daemon did not start; the services take turns on the GPU"
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+      rm -rf "$mps_dir"
+      mps_dir=""
+    fi
+  fi
+fi
+
 stop_all() {
   local rc=0
   # Replicas first (they deregister), then the gateway.
@@ -83,6 +107,11 @@ stop_all() {
     local r=$?
     [ $r -eq 0 ] || { echo "${names[$i]} exited with status $r (see $logs/${names[$i]}.log)"; rc=1; }
   done
+  if [ -n "$mps_dir" ]; then
+    echo quit | nvidia-cuda-mps-control
+    rm -rf "$mps_dir"
+    mps_dir=""
+  fi
   return $rc
 }
 

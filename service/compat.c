@@ -657,3 +657,10 @@ tdm_status tdm_compat_model_fingerprint_dir(const char *dir, char out[65], tdm_e
     cJSON_Delete(config);
     return st;
 }
+
+tdm_gpu_share tdm_gpu_sharing(const char *uuid_a, bool mps_a, const char *uuid_b, bool mps_b)
+{
+    if (!uuid_a || !uuid_a[0] || !uuid_b || !uuid_b[0] || strcmp(uuid_a, uuid_b) != 0)
+        return TDM_GPU_APART;
+    return mps_a && mps_b ? TDM_GPU_SHARED_MPS : TDM_GPU_SHARED_TURNS;
+}

@@ -22,6 +22,7 @@
 #include "status.h"
 #include "tandem/v1/common.pb-c.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef enum tdm_compat_scope {
@@ -47,6 +48,23 @@ typedef struct tdm_compat_rule {
     int (*check)(const Tandem__V1__Descriptor *a, const Tandem__V1__Descriptor *b,
                  tdm_compat_refusal *out);
 } tdm_compat_rule;
+
+/* How two replicas' devices relate (Descriptor.device_uuid, device_mps).
+ * Not a refusal: a drafter on its verifier's GPU works, but unless both are
+ * clients of an MPS server their contexts take turns on the GPU, so the
+ * drafter's steps wait behind the verifier's and the other way round. */
+typedef enum tdm_gpu_share {
+    TDM_GPU_APART = 0,    /* different GPUs, or either on the CPU */
+    TDM_GPU_SHARED_MPS,   /* one GPU, both through MPS: their kernels run at once */
+    TDM_GPU_SHARED_TURNS, /* one GPU, a context each: they take turns */
+} tdm_gpu_share;
+
+tdm_gpu_share tdm_gpu_sharing(const char *uuid_a, bool mps_a, const char *uuid_b, bool mps_b);
+
+/* What to do about TDM_GPU_SHARED_TURNS, one sentence. */
+#define TDM_GPU_TURNS_FIX                                                                          \
+    "run both under one MPS control daemon (nvidia-cuda-mps-control -d, with the same "            \
+    "CUDA_MPS_PIPE_DIRECTORY for both), or give the drafter a GPU of its own"
 
 /* The rule table, in the order rules are applied. */
 const tdm_compat_rule *tdm_compat_rules(size_t *n);

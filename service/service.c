@@ -260,10 +260,11 @@ const tdm_cfg *tdm_service_config(const tdm_service *s)
     return s->cfg;
 }
 
-void tdm_service_set_device_uuid(tdm_service *s, const char *uuid)
+void tdm_service_set_device(tdm_service *s, const char *uuid, bool mps)
 {
     free(s->desc->device_uuid);
     s->desc->device_uuid = tdm_xstrdup(uuid ? uuid : "");
+    s->desc->device_mps = uuid && uuid[0] && mps;
 }
 
 tdm_status tdm_service_set_resolved(tdm_service *s, const char *key, const char *value,

@@ -59,9 +59,10 @@ void tdm_service_destroy(tdm_service *s);
 tdm_rpc_server *tdm_service_server(tdm_service *s);
 const tdm_cfg *tdm_service_config(const tdm_service *s);
 const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s);
-/* Sets the descriptor's device_uuid (the GPU the replica's model runs on);
- * call from the setup callback, before the service starts. */
-void tdm_service_set_device_uuid(tdm_service *s, const char *uuid);
+/* Sets the descriptor's device_uuid (the GPU the replica's model runs on)
+ * and device_mps (its work there goes through an MPS server); call from the
+ * setup callback, before the service starts. */
+void tdm_service_set_device(tdm_service *s, const char *uuid, bool mps);
 /* A value a rule left to be measured at start (tdm_cfg_set_resolved),
  * reflected in the descriptor where it appears there (max_sequences); call
  * from the setup callback. Refuses an explicitly set value. */

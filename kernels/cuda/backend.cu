@@ -481,6 +481,16 @@ extern "C" int tdm_cuda_device_count(char *why, size_t why_len)
     return n;
 }
 
+extern "C" int tdm_cuda_device_mps(int device)
+{
+    int on = 0;
+    if (cudaDeviceGetAttribute(&on, cudaDevAttrMpsEnabled, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return on != 0;
+}
+
 extern "C" int tdm_cuda_device_uuid(int device, char *out, size_t len)
 {
     if (!len)

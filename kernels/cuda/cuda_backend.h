@@ -43,6 +43,13 @@ int tdm_cuda_device_count(char *why, size_t why_len);
  * their devices' UUIDs are equal. */
 int tdm_cuda_device_uuid(int device, char *out, size_t len);
 
+/* 1 when this process's work on CUDA device `device` goes through an MPS
+ * server (cudaDevAttrMpsEnabled: an MPS control daemon answered at the
+ * process's CUDA_MPS_PIPE_DIRECTORY), 0 when it runs in a context of its own
+ * or that cannot be read. Processes that share a GPU as contexts of their
+ * own take turns on it; MPS clients of one server run at once. */
+int tdm_cuda_device_mps(int device);
+
 /* Makes `device` the calling thread's current device (the one a backend's
  * ops on that device need); 0, or -1 when it cannot. */
 int tdm_cuda_use_device(int device);

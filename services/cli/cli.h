@@ -24,4 +24,11 @@ int cli_tokenize(int argc, char **argv);
 int cli_detokenize(int argc, char **argv);
 int cli_logits(int argc, char **argv);
 
+/* The descriptor of the replica registered as `id` in a gateway's status
+ * (cli_status.c); NULL when none is. */
+struct Tandem__V1__StatusResponse;
+struct Tandem__V1__Descriptor;
+const struct Tandem__V1__Descriptor *cli_status_replica(const struct Tandem__V1__StatusResponse *s,
+                                                        const char *id);
+
 #endif

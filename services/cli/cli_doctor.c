@@ -144,9 +144,12 @@ static void check_devices(doctor *d, const cli_gpu_probe *p)
     for (int i = 0; i < p->device_count && i < CLI_GPU_MAX_DEVICES; i++) {
         const cli_gpu_device *g = &p->devices[i];
         int cc = g->cc_major * 10 + g->cc_minor;
-        char what[512];
-        snprintf(what, sizeof(what), "GPU %d: %s, compute capability %d.%d, %.1f GiB", i, g->name,
-                 g->cc_major, g->cc_minor, (double)g->total_mem / (1024.0 * 1024 * 1024));
+        char what[640];
+        snprintf(what, sizeof(what), "GPU %d: %s, compute capability %d.%d, %.1f GiB%s", i, g->name,
+                 g->cc_major, g->cc_minor, (double)g->total_mem / (1024.0 * 1024 * 1024),
+                 g->mps == 1   ? ", work goes through an MPS server"
+                 : g->mps == 0 ? ", no MPS server (processes on it take turns)"
+                               : "");
         if (!b->cuda_runtime[0]) {
             add(d, "gpu", DOCTOR_SEVERITY_WARNING,
                 "build tandem with CUDA (scripts/build.sh with nvcc on PATH) to use the GPU",
@@ -544,6 +547,31 @@ static void check_replica(doctor *d, const Tandem__V1__Descriptor *r, Tandem__V1
             configured ? "configuration" : "build");
 }
 
+/* A formed pair on one GPU whose contexts take turns on it: it works, but
+ * the drafter's steps wait behind the verifier's (bench/RESULTS.md, MPS). */
+static void check_gpu_sharing(doctor *d, const Tandem__V1__StatusResponse *s,
+                              const Tandem__V1__PairStatus *p)
+{
+    const Tandem__V1__Descriptor *v = cli_status_replica(s, p->verifier),
+                                 *dr = cli_status_replica(s, p->drafter);
+    if (!v || !dr)
+        return;
+    const tdm_gpu_share share =
+        tdm_gpu_sharing(v->device_uuid, v->device_mps, dr->device_uuid, dr->device_mps);
+    if (share == TDM_GPU_SHARED_TURNS)
+        add(d, "gateway", DOCTOR_SEVERITY_WARNING, TDM_GPU_TURNS_FIX,
+            "verifier %s + drafter %s share GPU %s as two contexts (%s through an MPS server): "
+            "they take turns on it, so the drafter's steps wait behind the verifier's",
+            p->verifier, p->drafter, v->device_uuid,
+            v->device_mps    ? "the drafter not"
+            : dr->device_mps ? "the verifier not"
+                             : "neither");
+    else if (share == TDM_GPU_SHARED_MPS)
+        add(d, "gateway", DOCTOR_SEVERITY_OK, NULL,
+            "verifier %s + drafter %s share GPU %s, both through an MPS server", p->verifier,
+            p->drafter, v->device_uuid);
+}
+
 static void check_gateway(doctor *d, cli_net *net, int64_t timeout_ms, tdm_svc_check *c)
 {
     tdm_rpc_channel *ch = NULL;
@@ -591,13 +619,16 @@ static void check_gateway(doctor *d, cli_net *net, int64_t timeout_ms, tdm_svc_c
     for (size_t i = 0; i < s->n_replicas; i++)
         if (s->replicas[i]->descriptor)
             check_replica(d, s->replicas[i]->descriptor, self, configured);
-    /* What the gateway itself refuses among its replicas. */
+    /* What the gateway itself refuses among its replicas, and pairs that
+     * take turns on one GPU. */
     for (size_t i = 0; i < s->n_pairs; i++) {
         const Tandem__V1__PairStatus *p = s->pairs[i];
         for (size_t k = 0; !p->compatible && k < p->n_refusals; k++)
             add(d, "gateway", DOCTOR_SEVERITY_ERROR, rule_fix(p->refusals[k]->rule),
                 "the gateway refuses verifier %s + drafter %s: %s", p->verifier, p->drafter,
                 p->refusals[k]->message);
+        if (p->compatible)
+            check_gpu_sharing(d, s, p);
     }
     for (size_t k = 0; k < s->n_replica_refusals; k++)
         add(d, "gateway", DOCTOR_SEVERITY_ERROR, rule_fix(s->replica_refusals[k]->rule),

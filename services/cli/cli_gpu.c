@@ -13,6 +13,7 @@
 /* CUdevice_attribute values (cuda.h). */
 #define CU_ATTR_CC_MAJOR 75
 #define CU_ATTR_CC_MINOR 76
+#define CU_ATTR_MPS_ENABLED 133
 
 typedef int (*fn_int_ptr)(int *);
 typedef int (*fn_cu_init)(unsigned);
@@ -105,6 +106,10 @@ static void probe_driver(cli_gpu_probe *p)
             snprintf(d->name, sizeof(d->name), "device %d", i);
         if (total_mem && total_mem(&d->total_mem, dev) != 0)
             d->total_mem = 0;
+        if (get_attr(&d->mps, CU_ATTR_MPS_ENABLED, dev) != 0)
+            d->mps = -1;
+        else
+            d->mps = d->mps != 0;
     }
 }
 

@@ -20,6 +20,8 @@ typedef struct cli_gpu_device {
     char name[256];
     int cc_major, cc_minor; /* compute capability */
     size_t total_mem;       /* bytes; 0 when unknown */
+    int mps;                /* 1: this process's work here would go through an MPS server
+                               (CU_DEVICE_ATTRIBUTE_MPS_ENABLED); 0: not; -1: unknown */
 } cli_gpu_device;
 
 typedef struct cli_gpu_lib {

@@ -8,6 +8,7 @@
 #include "feature_stream.h"
 
 #include "cli_net.h"
+#include "compat.h"
 #include "config.h"
 #include "pbjson.h"
 #include "rpc.h"
@@ -178,6 +179,9 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
            d->build ? d->build->git_revision : "?",
            d->build && d->build->backend[0] ? d->build->backend : "no backend");
     print_features(r);
+    if (d->device_uuid[0])
+        printf("           GPU %s%s\n", d->device_uuid,
+               d->device_mps ? ", through an MPS server" : "");
     printf("           heartbeat %.1fs ago", r->heartbeat_age_ms / 1000.0);
     if (r->load)
         printf(", %u active sequences, %u free slots", r->load->active_sequences,
@@ -204,6 +208,42 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
     }
 }
 
+const Tandem__V1__Descriptor *cli_status_replica(const Tandem__V1__StatusResponse *s,
+                                                 const char *id)
+{
+    for (size_t i = 0; i < s->n_replicas; i++)
+        if (s->replicas[i]->descriptor && strcmp(s->replicas[i]->descriptor->replica_id, id) == 0)
+            return s->replicas[i]->descriptor;
+    return NULL;
+}
+
+/* A formed pair's line: the two, and the GPU they share, if they do. */
+static void print_pair(const Tandem__V1__StatusResponse *s, const Tandem__V1__PairStatus *p)
+{
+    printf("  verifier %s + drafter %s\n", p->verifier, p->drafter);
+    const Tandem__V1__Descriptor *v = cli_status_replica(s, p->verifier),
+                                 *d = cli_status_replica(s, p->drafter);
+    if (!v || !d)
+        return;
+    switch (tdm_gpu_sharing(v->device_uuid, v->device_mps, d->device_uuid, d->device_mps)) {
+    case TDM_GPU_APART:
+        break;
+    case TDM_GPU_SHARED_MPS:
+        printf("    on one GPU (%s), both through an MPS server: their kernels run at once\n",
+               v->device_uuid);
+        break;
+    case TDM_GPU_SHARED_TURNS:
+        printf("    on one GPU (%s) as two contexts, which take turns on it (%s through an MPS "
+               "server); %s\n",
+               v->device_uuid,
+               v->device_mps   ? "the drafter not"
+               : d->device_mps ? "the verifier not"
+                               : "neither",
+               TDM_GPU_TURNS_FIX);
+        break;
+    }
+}
+
 static void print_status(const Tandem__V1__StatusResponse *s)
 {
     if (s->gateway) {
@@ -227,7 +267,7 @@ static void print_status(const Tandem__V1__StatusResponse *s)
         printf("  (none)\n");
     for (size_t i = 0; i < s->n_pairs; i++)
         if (s->pairs[i]->compatible)
-            printf("  verifier %s + drafter %s\n", s->pairs[i]->verifier, s->pairs[i]->drafter);
+            print_pair(s, s->pairs[i]);
     printf("\npairs refused (%zu):\n", refused);
     if (refused == 0)
         printf("  (none)\n");

@@ -1356,7 +1356,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         const tdm_model_config *mc = tdm_mtp_get_config(d->head->mtp);
         d->vocab = mc->vocab_size;
         d->hidden = mc->hidden_size;
-        tdm_service_set_device_uuid(svc, d->head->device_uuid);
+        tdm_service_set_device(svc, d->head->device_uuid, d->head->device_mps);
     } else if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL) {
         tdm_status rc = tdm_runtime_open_cfg(cfg, LOG, &d->rt, err);
         if (rc != TDM_OK)
@@ -1370,7 +1370,7 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         if (getenv("TANDEM_BENCH_HIDE_DEVICE"))
             uuid = "";
 #endif
-        tdm_service_set_device_uuid(svc, uuid);
+        tdm_service_set_device(svc, uuid, d->rt->device_mps);
     } else {
         /* Token ids are only compared: any id a verifier sends is valid. */
         const Tandem__V1__Descriptor *desc = tdm_service_descriptor(svc);

@@ -676,6 +676,7 @@ again:
         da.replica_id = pick.drafter_id;
         da.address = pick.drafter_addr;
         da.device_uuid = pick.drafter_device;
+        da.device_mps = pick.drafter_mps;
         da.block_size = block;
         da.fixed_block_size = req->speculation && req->speculation->fixed_block_size;
         run.drafter = &da;

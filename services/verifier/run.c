@@ -341,7 +341,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     tdm_status rc = tdm_runtime_open_cfg(cfg, "verifier", &v->rt, err);
     if (rc != TDM_OK)
         return rc;
-    tdm_service_set_device_uuid(svc, v->rt->device_uuid);
+    tdm_service_set_device(svc, v->rt->device_uuid, v->rt->device_mps);
     if ((rc = account_memory(v, svc, err)) != TDM_OK)
         return rc;
     const int max_sequences = (int)tdm_cfg_int(cfg, "max_sequences");
@@ -367,6 +367,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .trust = tdm_service_trust(svc),
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
         .device_uuid = v->rt->device_uuid,
+        .device_mps = v->rt->device_mps,
         .seq_fixed_bytes = v->cap.seq_total - v->cap.seq.kv,
         .kv_bytes_per_position = v->cap.seq.kv / (size_t)v->cap_params.max_context,
         .seq_budget_bytes = v->cap.budget > fixed ? v->cap.budget - fixed : 0,

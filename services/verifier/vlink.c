@@ -61,6 +61,7 @@ struct vlink {
     tdm_feat_ring *ring; /* freed with the link */
     double offered_at;   /* CLOCK_MONOTONIC seconds */
     char fnote[300];
+    atomic_flag gpu_noted; /* vlink_note_once: the GPU it shares was logged */
 };
 
 struct vlinks {
@@ -138,6 +139,11 @@ void vlink_unref(vlink *l)
 const char *vlink_address(const vlink *l)
 {
     return l->address;
+}
+
+bool vlink_note_once(vlink *l)
+{
+    return !atomic_flag_test_and_set(&l->gpu_noted);
 }
 
 bool vlink_is_broken(vlink *l, char *why, size_t why_len)

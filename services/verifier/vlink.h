@@ -85,6 +85,9 @@ void vlink_unref(vlink *l); /* NULL is fine; see the lock rule above */
 const char *vlink_address(const vlink *l);
 /* Whether the link broke; why (optional) gets the reason. */
 bool vlink_is_broken(vlink *l, char *why, size_t why_len);
+/* true the first time it is called on l, false after: for what is logged
+ * once per link (the GPU its drafter shares with this verifier). */
+bool vlink_note_once(vlink *l);
 /* Marks l broken, cancels its stream and calls the broken callback (once). */
 void vlink_break(vlink *l, const char *why);
 

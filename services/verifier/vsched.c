@@ -1057,12 +1057,27 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         if (r->link) {
             r->spec = true;
             /* A drafter on this verifier's own GPU would draft ahead in the
-             * verifier's time: the two take turns on the device. */
-            const bool same_gpu = da->device_uuid && da->device_uuid[0] && s->p.device_uuid &&
-                                  strcmp(da->device_uuid, s->p.device_uuid) == 0;
-            r->run_ahead = !same_gpu;
+             * verifier's time (through MPS too: the two then share its
+             * bandwidth, bench/RESULTS.md). */
+            const tdm_gpu_share share =
+                tdm_gpu_sharing(s->p.device_uuid, s->p.device_mps, da->device_uuid, da->device_mps);
+            r->run_ahead = share == TDM_GPU_APART;
             snprintf(r->spec_note, sizeof(r->spec_note), "%s",
-                     same_gpu ? "on (no run-ahead: the drafter shares this verifier's GPU)" : "on");
+                     share == TDM_GPU_APART ? "on"
+                     : share == TDM_GPU_SHARED_MPS
+                         ? "on (no run-ahead: the drafter shares this verifier's GPU, through MPS)"
+                         : "on (no run-ahead: the drafter shares this verifier's GPU as a context "
+                           "of its own, and the two take turns on it)");
+            if (share == TDM_GPU_SHARED_TURNS && vlink_note_once(r->link))
+                tdm_log_warn(LOG,
+                             "drafter %s (%s) shares this verifier's GPU %s, and %s runs "
+                             "through an MPS server: their contexts take turns on the GPU, so "
+                             "each waits for the other's kernels; %s",
+                             da->replica_id, da->address, s->p.device_uuid,
+                             s->p.device_mps  ? "the drafter not"
+                             : da->device_mps ? "this verifier not"
+                                              : "neither",
+                             TDM_GPU_TURNS_FIX);
         } else if (!r->spec_note[0]) {
             snprintf(r->spec_note, sizeof(r->spec_note), "off: cannot reach drafter %s (%s)",
                      da->address, lerr.msg);

@@ -76,8 +76,10 @@ typedef struct vsched_params {
     const tdm_trust *trust;      /* the credential Draft streams carry; may be NULL */
     int64_t max_message_bytes;
     /* The GPU the model runs on ("" on the CPU; borrowed): a drafter on the
-     * same one gets no run-ahead, whose steps would take this verifier's time. */
+     * same one gets no run-ahead, whose steps would take this verifier's time.
+     * device_mps: this verifier's work there goes through an MPS server. */
     const char *device_uuid;
+    bool device_mps;
     /* Memory (capacity.h). Admission reserves each request's state: the
      * bytes a sequence holds besides KV, plus KV for its most positions
      * (prompt + max_tokens + a block, at most max_context), which the

@@ -69,6 +69,36 @@ static void expect_refusal(size_t n, const tdm_compat_refusal *r, const char *ru
     CHECK(r->a_value[0] && r->b_value[0], "both values filled");
 }
 
+/* How a pair's devices relate: apart unless both name the same GPU; on one
+ * GPU they run at once only when both go through MPS. */
+static void test_gpu_sharing(void)
+{
+    const char *a = "GPU-11111111-2222-3333-4444-555555555555";
+    const char *b = "GPU-66666666-7777-8888-9999-000000000000";
+    static const struct {
+        const char *ua;
+        bool ma;
+        const char *ub;
+        bool mb;
+        tdm_gpu_share want;
+    } cases[] = {
+        {"", false, "", false, TDM_GPU_APART}, /* both on the CPU */
+        {"", true, "", true, TDM_GPU_APART},   /* no GPU, whatever mps says */
+        {NULL, false, NULL, false, TDM_GPU_APART},
+        {"", false, NULL, false, TDM_GPU_APART},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        CHECK(tdm_gpu_sharing(cases[i].ua, cases[i].ma, cases[i].ub, cases[i].mb) == cases[i].want,
+              "case %zu", i);
+    CHECK(tdm_gpu_sharing(a, false, "", false) == TDM_GPU_APART, "GPU and CPU");
+    CHECK(tdm_gpu_sharing(a, true, b, true) == TDM_GPU_APART, "two GPUs");
+    CHECK(tdm_gpu_sharing(a, false, b, false) == TDM_GPU_APART, "two GPUs, no MPS");
+    CHECK(tdm_gpu_sharing(a, true, a, true) == TDM_GPU_SHARED_MPS, "one GPU through MPS");
+    CHECK(tdm_gpu_sharing(a, false, a, false) == TDM_GPU_SHARED_TURNS, "one GPU, no MPS");
+    CHECK(tdm_gpu_sharing(a, true, a, false) == TDM_GPU_SHARED_TURNS, "one GPU, MPS on one side");
+    CHECK(tdm_gpu_sharing(a, false, a, true) == TDM_GPU_SHARED_TURNS, "the other side");
+}
+
 static void test_rules(void)
 {
     desc_store v, d;
@@ -446,9 +476,10 @@ int main(int argc, char **argv)
         printf("%s\n", fp);
         return 0;
     }
-    if (argc == 2 && strcmp(argv[1], "rules") == 0)
+    if (argc == 2 && strcmp(argv[1], "rules") == 0) {
         test_rules();
-    else if (argc == 2 && strcmp(argv[1], "fingerprints") == 0)
+        test_gpu_sharing();
+    } else if (argc == 2 && strcmp(argv[1], "fingerprints") == 0)
         test_fingerprints();
     else {
         fprintf(stderr, "usage: compat_test rules|fingerprints|tokenizer-fp FILE|model-fp DIR\n");

@@ -226,6 +226,15 @@ def case_fake_driver():
     rc, findings, text = doctor(env=fake(devices=0))
     check(any("shows no device" in f["message"] for f in findings if f["check"] == "gpu"),
           "no device:\n" + text)
+    # Whether work on the device goes through an MPS server, where the
+    # driver says (CU_DEVICE_ATTRIBUTE_MPS_ENABLED), and nothing where not.
+    for mps, says in (("1", "work goes through an MPS server"),
+                      ("0", "no MPS server (processes on it take turns)"), (None, None)):
+        rc, findings, text = doctor(env=fake(mps=mps) if mps else fake())
+        gpu = [f for f in findings if f["check"] == "gpu"]
+        check(len(gpu) == 1 and (says in gpu[0]["message"] if says else
+                                 "MPS" not in gpu[0]["message"]),
+              "MPS %s: %s" % (mps, gpu))
     # tensor_parallel on cuda needs a GPU a rank
     tp = write("v-tp.yaml", "model: %s\nbackend: cuda\ntensor_parallel: 2\n" % model)
     rc, findings, text = doctor("--config", tp, "--role", "verifier", env=fake())
@@ -397,6 +406,34 @@ def case_replicas():
           "draft-block-size against both verifiers: %s\n%s" % (block, text))
     tok = [f for f in errors(findings, "replica") if "rule tokenizer-fingerprint:" in f["message"]]
     check(len(tok) == 2, "tokenizer-fingerprint against both verifiers:\n" + text)
+
+    # Pairs on one GPU: through MPS, or as two contexts that take turns.
+    gw2 = st.gateway("--replica-ttl", "60s")
+    gx, gy = "GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"
+    register(gw2, desc("v-x", "ROLE_VERIFIER", max_draft_tokens=8, device_uuid=gx))
+    register(gw2, desc("d-x", "ROLE_DRAFTER", draft_block_size=4, drafter_kind="DRAFTER_KIND_MODEL",
+                       device_uuid=gx, device_mps=True))
+    register(gw2, desc("v-y", "ROLE_VERIFIER", max_draft_tokens=8, device_uuid=gy,
+                       device_mps=True))
+    register(gw2, desc("d-y", "ROLE_DRAFTER", draft_block_size=4, drafter_kind="DRAFTER_KIND_MODEL",
+                       device_uuid=gy, device_mps=True))
+    rc, findings, text = doctor("--gateway", gw2.addr())
+    turns = [f for f in findings if f["check"] == "gateway" and "two contexts" in f["message"]]
+    check(len(turns) == 1 and turns[0]["severity"] == "warning" and
+          "verifier v-x + drafter d-x share GPU %s" % gx in turns[0]["message"] and
+          "the verifier not through an MPS server" in turns[0]["message"] and
+          "nvidia-cuda-mps-control -d" in turns[0]["fix"],
+          "v-x + d-x take turns on one GPU: %s\n%s" % (turns, text))
+    mps = [f for f in findings if "both through an MPS server" in f["message"]]
+    check(len(mps) == 1 and mps[0]["severity"] == "ok" and "v-y + drafter d-y" in mps[0]["message"],
+          "v-y + d-y share through MPS: %s\n%s" % (mps, text))
+    check(rc == 0, "GPU sharing is a warning, not an error: rc %d\n%s" % (rc, text))
+    r = subprocess.run([ARGS.cli, "status", "--gateway", gw2.addr()], capture_output=True,
+                       text=True, env=clean_env(), timeout=60)
+    check(r.returncode == 0 and "GPU %s, through an MPS server" % gy in r.stdout and
+          "on one GPU (%s) as two contexts, which take turns on it (the verifier not" % gx
+          in r.stdout and "on one GPU (%s), both through an MPS server" % gy in r.stdout,
+          "tandem status shows the GPUs and how pairs share them:\n" + r.stdout + r.stderr)
 
     # A gateway that is not there.
     rc, findings, text = doctor("--gateway", "127.0.0.1:1", "--timeout", "1s")

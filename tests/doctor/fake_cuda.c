@@ -7,6 +7,8 @@
  *   FAKE_CUDA_INIT     cuInit's result (default 0; 100 is CUDA_ERROR_NO_DEVICE)
  *   FAKE_CUDA_DEVICES  cuDeviceGetCount (default 1)
  *   FAKE_CUDA_CC       compute capability of every device (default "9.0")
+ *   FAKE_CUDA_MPS      CU_DEVICE_ATTRIBUTE_MPS_ENABLED (unset: the attribute is
+ *                      unknown, as to a driver older than CUDA 12.1)
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -62,6 +64,8 @@ int cuDeviceGetAttribute(int *v, int attr, int dev)
         *v = major;
     else if (attr == 76) /* ..._MINOR */
         *v = minor;
+    else if (attr == 133 && getenv("FAKE_CUDA_MPS")) /* ..._MPS_ENABLED */
+        *v = env_int("FAKE_CUDA_MPS", 0);
     else
         return 1; /* CUDA_ERROR_INVALID_VALUE */
     return 0;
