@@ -54,8 +54,8 @@ tdm_status tdm_model_load_rank(const char *dir, tdm_backend *be, tdm_comm *comm,
  * runs on all ranks and returns rank 0's results: the whole model's logits
  * and argmaxes. The config (tdm_model_get_config) and weight bytes are one
  * rank's, what one device holds; the backend is rank 0's. State snapshots
- * are in the whole model's layout (snapshot.h); prefix caching needs a
- * single model. */
+ * are in the whole model's layout (snapshot.h), and so are its prefix
+ * cache's blocks (prefix_cache.h). */
 tdm_status tdm_model_load_group(const char *dir, int n, tdm_backend *const *bes,
                                 tdm_comm *const *comms, void (*bind)(int rank, void *ctx),
                                 void *bind_ctx, tdm_model **out, tdm_error *err);

@@ -120,6 +120,23 @@ void tdm_group_destroy(tdm_group *g);
 int tdm_group_size(const tdm_group *g);
 void tdm_group_set_graphs(tdm_group *g, int on);
 tdm_status tdm_group_reserve_workspace(tdm_group *g, int rows, tdm_error *err);
+/* A prefix-cache block of a group's sequence in the checkpoint's layout
+ * (prefix_cache.c): every rank takes its slices (tdm_prefix_block_take) and
+ * writes them into their places in p; give reads every rank's slices of the
+ * prefix's nblocks blocks from their places and uploads them, leaving the
+ * sequence at nblocks·B positions. */
+tdm_status tdm_group_prefix_take(const tdm_seq *s, int n, int j, int B, uint8_t *p,
+                                 tdm_error *err);
+tdm_status tdm_group_prefix_give(tdm_seq *s, const void *const *blocks, int nblocks, int B,
+                                 tdm_error *err);
+/* One model's (or one rank's) prefix-cache block in its own layout, the
+ * sizes of its own config (prefix_cache.c): take copies the state at
+ * position n, the end of a block of B positions (row j of a pending verify
+ * when j >= 0), into p; give queues block i of a prefix from p into s (K and
+ * V always, the linear layers' states when `last`); the caller syncs. */
+tdm_status tdm_prefix_block_take(const tdm_seq *s, int n, int j, int B, uint8_t *p,
+                                 tdm_error *err);
+void tdm_prefix_block_give(tdm_seq *s, int i, bool last, int B, const uint8_t *p);
 tdm_status tdm_group_seq_create(tdm_model *m, const tdm_seq_params *p, tdm_seq **out,
                                 tdm_error *err);
 tdm_status tdm_group_seq_fork(const tdm_seq *src, tdm_seq **out, tdm_error *err);

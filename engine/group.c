@@ -576,6 +576,20 @@ static slice_map map_of(const tdm_model *rm, const tdm_snap_tensor *t, bool *wri
     return m;
 }
 
+/* A rank's slice between its own rows (local) and the whole tensor's. */
+static void slice_copy(const slice_map *m, float *whole, float *local, bool to_local)
+{
+    for (int row = 0; row < m->rows; row++)
+        for (int k = 0; k < m->runs; k++) {
+            float *w = whole + (size_t)row * m->width + m->whole[k];
+            float *l = local + (size_t)row * m->local_width + m->loc[k];
+            if (to_local)
+                memcpy(l, w, m->n[k] * sizeof(float));
+            else
+                memcpy(w, l, m->n[k] * sizeof(float));
+        }
+}
+
 static tdm_status snap_rank(tdm_group *g, int r, void *arg, tdm_error *err)
 {
     snap_args *a = arg;
@@ -607,15 +621,7 @@ static tdm_status snap_rank(tdm_group *g, int r, void *arg, tdm_error *err)
             be->download(be->ctx, tmp, tdm_seq_state_buf(rs, t), n * sizeof(float));
             be->sync(be->ctx);
         }
-        for (int row = 0; row < m.rows; row++)
-            for (int k = 0; k < m.runs; k++) {
-                float *w = whole + (size_t)row * m.width + m.whole[k];
-                float *l = tmp + (size_t)row * m.local_width + m.loc[k];
-                if (a->in)
-                    memcpy(l, w, m.n[k] * sizeof(float));
-                else
-                    memcpy(w, l, m.n[k] * sizeof(float));
-            }
+        slice_copy(&m, whole, tmp, a->in != NULL);
         if (a->in)
             be->upload(be->ctx, tdm_seq_state_buf(rs, t), tmp, n * sizeof(float));
     }
@@ -638,4 +644,79 @@ tdm_status tdm_group_seq_import(tdm_seq *s, const tdm_snap_layout *l, const uint
 {
     snap_args a = {.s = s, .l = l, .in = payload};
     return group_run(s->m->group, snap_rank, &a, err);
+}
+
+/* ---- prefix-cache blocks ----------------------------------------------------- */
+
+/* A group's prefix-cache blocks are in the checkpoint's layout, like its
+ * snapshots: a block's pieces in prefix_cache.c's order (per linear layer
+ * its conv window, then its recurrent state; per attention layer K, then V
+ * of the block's positions), each rank's slice of each piece in its place. */
+
+typedef struct prefix_args {
+    tdm_seq *s;
+    int n, j, B;
+    uint8_t *out;              /* take: one block */
+    const void *const *blocks; /* give: the prefix's blocks */
+    int nblocks;
+} prefix_args;
+
+static tdm_status prefix_rank(tdm_group *g, int r, void *arg, tdm_error *err)
+{
+    prefix_args *a = arg;
+    tdm_model *rm = g->ranks[r];
+    tdm_seq *rs = a->s->ranks[r];
+    const size_t local_bytes = tdm_capacity_prefix_block_bytes(&rm->cfg, a->B);
+    uint8_t *loc = malloc(local_bytes ? local_bytes : 1);
+    if (!loc)
+        return tdm_error_oom(err, local_bytes, "a rank's prefix-cache block");
+    const int nb = a->out ? 1 : a->nblocks;
+    tdm_status rc = TDM_OK;
+    for (int i = 0; i < nb && rc == TDM_OK; i++) {
+        if (a->out && (rc = tdm_prefix_block_take(rs, a->n, a->j, a->B, loc, err)) != TDM_OK)
+            break;
+        uint8_t *whole = a->out ? a->out : (uint8_t *)(uintptr_t)a->blocks[i];
+        size_t at_local = 0, at_whole = 0;
+        for (int L = 0; L < rm->full.num_layers; L++) {
+            const bool linear = rm->full.layer_types[L] == TDM_LAYER_LINEAR_ATTENTION;
+            for (int k = 0; k < 2; k++) {
+                tdm_snap_tensor t = {.layer = (uint32_t)L, .shape = {(uint64_t)a->B}};
+                snprintf(t.name, sizeof(t.name), "layers.%d.%s", L,
+                         linear ? (k ? "recurrent" : "conv") : (k ? "value" : "key"));
+                bool writes;
+                const slice_map m = map_of(rm, &t, &writes);
+                float *w = (float *)(void *)(whole + at_whole);
+                float *l = (float *)(void *)(loc + at_local);
+                if (!a->out)
+                    slice_copy(&m, w, l, true);
+                else if (writes)
+                    slice_copy(&m, w, l, false);
+                at_whole += (size_t)m.rows * m.width * sizeof(float);
+                at_local += (size_t)m.rows * m.local_width * sizeof(float);
+            }
+        }
+        TDM_ASSERT(at_local == local_bytes &&
+                   at_whole == tdm_capacity_prefix_block_bytes(&rm->full, a->B));
+        if (!a->out) {
+            tdm_prefix_block_give(rs, i, i == nb - 1, a->B, loc);
+            rm->be->sync(rm->be->ctx); /* loc is reused by the next block */
+        }
+    }
+    if (rc == TDM_OK && !a->out)
+        rs->n_past = a->nblocks * a->B;
+    free(loc);
+    return rc;
+}
+
+tdm_status tdm_group_prefix_take(const tdm_seq *s, int n, int j, int B, uint8_t *p, tdm_error *err)
+{
+    prefix_args a = {.s = (tdm_seq *)(uintptr_t)s, .n = n, .j = j, .B = B, .out = p};
+    return group_run(s->m->group, prefix_rank, &a, err);
+}
+
+tdm_status tdm_group_prefix_give(tdm_seq *s, const void *const *blocks, int nblocks, int B,
+                                 tdm_error *err)
+{
+    prefix_args a = {.s = s, .B = B, .blocks = blocks, .nblocks = nblocks};
+    return group_run(s->m->group, prefix_rank, &a, err);
 }

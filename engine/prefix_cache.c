@@ -277,37 +277,16 @@ static void sizes(const tdm_model_config *cfg, size_t *conv, size_t *rec, size_t
     *kv_row = tdm_capacity_kv_width(cfg);
 }
 
-/* Copies the state at position n (a block's end) into a new entry: the
- * linear layers' conv windows and recurrent states from conv[L] / rec[L]
- * (or the pending verify's row j: see tdm_prefix_cache_put_pending), the
- * attention layers' K and V of the block's positions. */
-static tdm_status put_state(tdm_prefix_cache *c, const tdm_seq *s, const int32_t *tokens, int n,
-                            int j, tdm_prefix_put *result, tdm_error *err)
+tdm_status tdm_prefix_block_take(const tdm_seq *s, int n, int j, int B, uint8_t *p, tdm_error *err)
 {
-    const int B = c->p.block;
-    *result = TDM_PREFIX_PUT_PRESENT;
-    if (tdm_prefix_cache_contains(c, tokens, n)) {
-        tdm_prefix_cache_match(c, tokens, n, NULL); /* now the most recently used */
-        return TDM_OK;
-    }
-    if (n > B && !tdm_prefix_cache_contains(c, tokens, n - B)) {
-        *result = tdm_prefix_cache_insert(c, tokens, n, NULL, 0); /* counted as refused */
-        return TDM_OK;
-    }
     const tdm_model_config *cfg = &s->m->cfg;
-    const size_t bytes = tdm_capacity_prefix_block_bytes(cfg, B);
-    uint8_t *p = malloc(bytes ? bytes : 1);
-    if (!p)
-        return tdm_error_oom(err, bytes, "a prefix-cache block of %d positions", B);
     size_t conv, rec, kv_row, at = 0;
     sizes(cfg, &conv, &rec, &kv_row);
     tdm_backend *be = s->m->be;
     const bool replay = j >= 0 && s->p.strategy == TDM_STATE_REPLAY;
     float *tmp = replay ? be->alloc(be->ctx, rec * sizeof(float)) : NULL;
-    if (replay && !tmp) {
-        free(p);
+    if (replay && !tmp)
         return tdm_error_oom(err, rec * sizeof(float), "a recurrent state to replay into");
-    }
     /* Layer order: conv then recurrent per linear layer, K then V of the
      * block's positions per attention layer. */
     const size_t kv_off = (size_t)(n - B) * kv_row, kv_bytes = (size_t)B * kv_row * sizeof(float);
@@ -339,7 +318,62 @@ static tdm_status put_state(tdm_prefix_cache *c, const tdm_seq *s, const int32_t
     }
     be->sync(be->ctx);
     be->free(be->ctx, tmp);
-    TDM_ASSERT(at == bytes);
+    TDM_ASSERT(at == tdm_capacity_prefix_block_bytes(cfg, B));
+    return TDM_OK;
+}
+
+void tdm_prefix_block_give(tdm_seq *s, int i, bool last, int B, const uint8_t *p)
+{
+    const tdm_model_config *cfg = &s->m->cfg;
+    size_t conv, rec, kv_row, at = 0;
+    sizes(cfg, &conv, &rec, &kv_row);
+    const size_t kv_bytes = (size_t)B * kv_row * sizeof(float);
+    tdm_backend *be = s->m->be;
+    for (int L = 0; L < cfg->num_layers; L++) {
+        if (cfg->layer_types[L] == TDM_LAYER_LINEAR_ATTENTION) {
+            /* Only the deepest block's states are the prefix's. */
+            if (last) {
+                be->upload(be->ctx, s->conv[L], p + at, conv * sizeof(float));
+                be->upload(be->ctx, s->rec[L], p + at + conv * sizeof(float), rec * sizeof(float));
+            }
+            at += (conv + rec) * sizeof(float);
+        } else {
+            const size_t off = (size_t)i * (size_t)B * kv_row;
+            be->upload(be->ctx, s->k[L] + off, p + at, kv_bytes);
+            at += kv_bytes;
+            be->upload(be->ctx, s->v[L] + off, p + at, kv_bytes);
+            at += kv_bytes;
+        }
+    }
+}
+
+/* Copies the state at position n (a block's end) into a new entry, in the
+ * checkpoint's layout (a tensor-parallel model's ranks each write their
+ * slices into place: group.c), so that entries move between verifiers
+ * split any way. */
+static tdm_status put_state(tdm_prefix_cache *c, const tdm_seq *s, const int32_t *tokens, int n,
+                            int j, tdm_prefix_put *result, tdm_error *err)
+{
+    const int B = c->p.block;
+    *result = TDM_PREFIX_PUT_PRESENT;
+    if (tdm_prefix_cache_contains(c, tokens, n)) {
+        tdm_prefix_cache_match(c, tokens, n, NULL); /* now the most recently used */
+        return TDM_OK;
+    }
+    if (n > B && !tdm_prefix_cache_contains(c, tokens, n - B)) {
+        *result = tdm_prefix_cache_insert(c, tokens, n, NULL, 0); /* counted as refused */
+        return TDM_OK;
+    }
+    const size_t bytes = tdm_capacity_prefix_block_bytes(tdm_model_checkpoint_config(s->m), B);
+    uint8_t *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        return tdm_error_oom(err, bytes, "a prefix-cache block of %d positions", B);
+    const tdm_status rc = s->ranks ? tdm_group_prefix_take(s, n, j, B, p, err)
+                                   : tdm_prefix_block_take(s, n, j, B, p, err);
+    if (rc != TDM_OK) {
+        free(p);
+        return rc;
+    }
     *result = tdm_prefix_cache_insert(c, tokens, n, p, bytes);
     return TDM_OK;
 }
@@ -348,10 +382,7 @@ tdm_status tdm_prefix_cache_put_seq(tdm_prefix_cache *c, const tdm_seq *s, const
                                     tdm_prefix_put *result, tdm_error *err)
 {
     const int n = tdm_seq_length(s);
-    if (s->ranks)
-        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
-                             "prefix caching of a tensor-parallel model is not supported");
-    TDM_ASSERT(!s->pending && n > 0 && n % c->p.block == 0);
+    TDM_ASSERT(!(s->ranks ? s->ranks[0] : s)->pending && n > 0 && n % c->p.block == 0);
     return put_state(c, s, tokens, n, -1, result, err);
 }
 
@@ -360,17 +391,15 @@ tdm_status tdm_prefix_cache_put_pending(tdm_prefix_cache *c, const tdm_seq *s,
                                         tdm_error *err)
 {
     *result = TDM_PREFIX_PUT_NO_PARENT;
-    if (s->ranks)
-        return tdm_error_set(err, TDM_ERR_UNIMPLEMENTED,
-                             "prefix caching of a tensor-parallel model is not supported");
+    const tdm_seq *s0 = s->ranks ? s->ranks[0] : s; /* where a group keeps its positions */
     if (s->p.strategy == TDM_STATE_NO_BUFFER)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "state_strategy no_buffer keeps no state inside a verified block "
                              "(only a checkpoint from before it)");
-    if (j < 0 || j >= s->pending)
+    if (j < 0 || j >= s0->pending)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "row %d of a pending verify of %d rows", j, s->pending);
-    const int n = s->base + j + 1;
+                             "row %d of a pending verify of %d rows", j, s0->pending);
+    const int n = s0->base + j + 1;
     TDM_ASSERT(n % c->p.block == 0);
     return put_state(c, s, tokens, n, j, result, err);
 }
@@ -381,8 +410,6 @@ tdm_status tdm_prefix_cache_get_seq(tdm_prefix_cache *c, tdm_model *m, const tdm
 {
     *out = NULL;
     *covered = 0;
-    if (m->group) /* nothing cached for it (put_seq refuses): a miss */
-        return TDM_OK;
     const int B = c->p.block, nblocks = max_tokens > 0 ? max_tokens / B : 0;
     if (nblocks == 0)
         return TDM_OK;
@@ -396,41 +423,20 @@ tdm_status tdm_prefix_cache_get_seq(tdm_prefix_cache *c, tdm_model *m, const tdm
     tdm_status rc = tdm_seq_create(m, p, &s, err);
     if (rc == TDM_OK)
         rc = tdm_seq_reserve_kv(s, n, err);
+    if (rc == TDM_OK && m->group)
+        rc = tdm_group_prefix_give(s, (const void *const *)payloads, n / B, B, err);
     if (rc != TDM_OK) {
         tdm_seq_destroy(s);
         free(payloads);
         return rc;
     }
-    const tdm_model_config *cfg = &m->cfg;
-    size_t conv, rec, kv_row;
-    sizes(cfg, &conv, &rec, &kv_row);
-    const size_t kv_bytes = (size_t)B * kv_row * sizeof(float);
-    tdm_backend *be = m->be;
-    for (int i = 0; i < n / B; i++) {
-        const uint8_t *pl = payloads[i];
-        size_t at = 0;
-        const bool last = i == n / B - 1;
-        for (int L = 0; L < cfg->num_layers; L++) {
-            if (cfg->layer_types[L] == TDM_LAYER_LINEAR_ATTENTION) {
-                /* Only the deepest block's states are the prefix's. */
-                if (last) {
-                    be->upload(be->ctx, s->conv[L], pl + at, conv * sizeof(float));
-                    be->upload(be->ctx, s->rec[L], pl + at + conv * sizeof(float),
-                               rec * sizeof(float));
-                }
-                at += (conv + rec) * sizeof(float);
-            } else {
-                const size_t off = (size_t)i * (size_t)B * kv_row;
-                be->upload(be->ctx, s->k[L] + off, pl + at, kv_bytes);
-                at += kv_bytes;
-                be->upload(be->ctx, s->v[L] + off, pl + at, kv_bytes);
-                at += kv_bytes;
-            }
-        }
+    if (!m->group) {
+        for (int i = 0; i < n / B; i++)
+            tdm_prefix_block_give(s, i, i == n / B - 1, B, payloads[i]);
+        m->be->sync(m->be->ctx);
+        s->n_past = n;
     }
-    be->sync(be->ctx);
     free(payloads);
-    s->n_past = n;
     *out = s;
     *covered = n;
     return TDM_OK;

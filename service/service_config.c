@@ -842,8 +842,7 @@ static tdm_status check_prefix_cache(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "state_strategy", b, sizeof(b)));
 }
 
-/* tensor_parallel: the model splits that way, and nothing asks for what a
- * split model cannot do yet (prefix caching takes one model's state). */
+/* tensor_parallel: the model splits that way. */
 static tdm_status check_tensor_parallel(const tdm_cfg *cfg, tdm_error *err)
 {
     const int tp = (int)tdm_cfg_int(cfg, "tensor_parallel");
@@ -851,11 +850,6 @@ static tdm_status check_tensor_parallel(const tdm_cfg *cfg, tdm_error *err)
         return TDM_OK;
     char a[512], b[512];
     tdm_cfg_describe(cfg, "tensor_parallel", a, sizeof(a));
-    if (tdm_cfg_bool(cfg, "prefix_cache"))
-        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "%s conflicts with %s: the prefix cache keeps one model's state; set "
-                             "prefix_cache to off or tensor_parallel to 1",
-                             a, tdm_cfg_describe(cfg, "prefix_cache", b, sizeof(b)));
     const char *model = tdm_cfg_str(cfg, "model");
     tdm_model_config whole, rank;
     tdm_shard shard;

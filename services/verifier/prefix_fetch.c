@@ -164,7 +164,7 @@ static tdm_status fetch_stream(verifier *v, const Tandem__V1__PrefixSource *src,
     tdm_rpc_stream *st = NULL;
     rc = tdm_rpc_stream_open(ch, "/tandem.v1.Verifier/FetchPrefix", &req.base,
                              &tandem__v1__snapshot_chunk__descriptor, &so, &st, err);
-    tdm_snap_asm *a = tdm_snap_asm_create_prefix(tdm_model_get_config(v->rt->model), v->fingerprint,
+    tdm_snap_asm *a = tdm_snap_asm_create_prefix(tdm_model_checkpoint_config(v->rt->model), v->fingerprint,
                                                  (uint32_t)v->max_context, (uint32_t)block);
     while (rc == TDM_OK) {
         ProtobufCMessage *m = NULL;
@@ -229,7 +229,7 @@ void verifier_prefix_fetch(verifier *v, const Tandem__V1__RunRequest *req)
         return;
     }
     const size_t block_bytes =
-        tdm_capacity_prefix_block_bytes(tdm_model_get_config(v->rt->model), block);
+        tdm_capacity_prefix_block_bytes(tdm_model_checkpoint_config(v->rt->model), block);
     const double rate = verifier_fetch_prefill_rate(v), bw = verifier_fetch_bandwidth(v);
     const double prefill_ms = (want - have) / rate;
     const double fetch_ms =

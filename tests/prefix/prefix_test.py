@@ -662,6 +662,82 @@ def case_fetch():
     stop_all()
 
 
+def case_tensor_parallel():
+    """A verifier split over 2 and 4 ranks keeps its prefix cache in the
+    whole model's layout: its requests give the cache-off single verifier's
+    tokens with the cache model's hits (blocks stored from prompts, from
+    generated text and from inside verified draft blocks, under replay and
+    extra_buffer), and prefixes move by FetchPrefix between a whole verifier
+    and a split one, both ways."""
+    gw_off, v_off, _ = stack(False)
+    ps = prompts(gw_off)
+    want = {}
+    for si, smp in enumerate(SAMPLINGS):
+        for spec in (False, True):
+            want[si, spec] = [ids for ids, _ in run_all(gw_off, ps, spec, smp)]
+    stop_all()
+    for tp, strategy in ((2, "replay"), (4, "extra_buffer")):
+        gw, v, _ = stack(True, "--tensor-parallel", str(tp), "--state-strategy", strategy)
+        model = Model()
+        for si, smp in enumerate(SAMPLINGS):
+            for spec in (False, True):
+                got = run_all(gw, ps, spec, smp)
+                for i, (ids, stats) in enumerate(got):
+                    expect = model.run(ps[i], ids)
+                    cached = int(stats.get("cached_prompt_tokens", 0))
+                    check(cached == expect,
+                          "tp %d %s sampling %d spec %s prompt %d: %d prompt tokens from the "
+                          "cache, the model says %d" % (tp, strategy, si, spec, i, cached, expect))
+                    check(ids == want[si, spec][i],
+                          "tp %d %s sampling %d spec %s prompt %d (%d cached): %s, one verifier "
+                          "without the cache %s" % (tp, strategy, si, spec, i, cached, ids,
+                                                    want[si, spec][i]))
+        c = counters(v)
+        check(model.hits > 0 and c.get("prefix_cache_hits", 0) == model.hits,
+              "tp %d: %d hits, the model says %d" % (tp, c.get("prefix_cache_hits", 0),
+                                                     model.hits))
+        print("tensor_parallel %d, %s: %d requests as one verifier, %d hits" %
+              (tp, strategy, 4 * len(ps), model.hits), flush=True)
+        stop_all()
+
+    # FetchPrefix between a whole verifier and a split one, both ways: the
+    # fetched blocks are in the whole model's layout.
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    common = ("--model", e2e.TARGET, "--state-strategy", "extra_buffer", "--prefix-cache-block",
+              str(BLOCK), "--prefix-cache", "on")
+    shared, sibling = ps[0], ps[1]
+    n = min((len(sibling) - 1) // BLOCK * BLOCK, 160)
+    ref = st.replica("verifier", gw, *common[:-2], "--prefix-cache", "off", "--replica-id", "vr")
+    for holder_tp, taker_tp in ((1, 2), (2, 1), (2, 4)):
+        holder = st.replica("verifier", gw, *common, "--tensor-parallel", str(holder_tp),
+                            "--replica-id", "vh%d%d" % (holder_tp, taker_tp))
+        taker = st.replica("verifier", gw, *common, "--tensor-parallel", str(taker_tp),
+                           "--replica-id", "vt%d%d" % (holder_tp, taker_tp))
+        run_direct(holder, shared)
+        source = {"replica_id": "vh%d%d" % (holder_tp, taker_tp), "address": holder.addr(),
+                  "tokens": n}
+        for k, sampling in enumerate(SAMPLINGS):
+            got, stats = run_direct(taker, sibling, sampling, source)
+            exp, _ = run_direct(ref, sibling, sampling)
+            # the first request fetches; the next also finds what the first stored
+            cached = int(stats.get("cached_prompt_tokens", 0))
+            check(cached == n if k == 0 else cached >= n,
+                  "tp %d -> tp %d, request %d: the request starts from the fetched %d tokens: "
+                  "%s" % (holder_tp, taker_tp, k, n, stats))
+            check(got == exp, "tp %d -> tp %d, %s: %s, one verifier without the cache %s" %
+                  (holder_tp, taker_tp, sampling, got, exp))
+        c = counters(taker)
+        check(c.get("prefix_fetches") == 1 and c.get("prefix_fetch_failures") == 0,
+              "tp %d -> tp %d: one fetch: %s" % (holder_tp, taker_tp,
+                                                 {k: v for k, v in c.items() if "fetch" in k}))
+        print("prefix fetched from tensor_parallel %d into %d" % (holder_tp, taker_tp),
+              flush=True)
+        for p in (taker, holder):
+            p.stop()
+            st.PROCS.remove(p)
+    stop_all()
+
+
 def block_bytes(model_dir, block):
     """One cache block's bytes from config.json, as the README describes it:
     per linear layer its conv window (K-1) x conv_dim and recurrent state

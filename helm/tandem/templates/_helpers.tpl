@@ -95,9 +95,6 @@ with the values keys in place of the config files.
 {{- if or (lt $tp 1) (gt $tp 8) -}}
 {{- fail (printf "verifier.tensorParallel=%d: tensor_parallel takes 1 to 8 ranks" $tp) -}}
 {{- end -}}
-{{- if and (gt $tp 1) $s.prefixCache -}}
-{{- fail (printf "tensor_parallel=%d (values verifier.tensorParallel) conflicts with prefix_cache=on (values speculative.prefixCache): the prefix cache keeps one model's state; set prefix_cache to off or tensor_parallel to 1 (check tensor-parallel-split)" $tp) -}}
-{{- end -}}
 {{- if and (gt $tp 1) (gt (int $v.verifier.gpus) 0) (ne (int $v.verifier.gpus) $tp) -}}
 {{- fail (printf "verifier.gpus=%d with verifier.tensorParallel=%d: a tensor-parallel verifier on GPUs runs one rank a GPU; set gpus to %d, or to 0 with backend cuda (the chart then requests %d)" (int $v.verifier.gpus) $tp $tp $tp) -}}
 {{- end -}}
