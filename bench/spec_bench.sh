@@ -276,7 +276,7 @@ run)
                     # the drafter's side of those rounds (metrics above its health port): a block's time
                     # against its draft pass's (the head's own work)
                     curl -s "127.0.0.1:$((port + 2))/metrics" |
-                        grep -E '^tandem_drafter_(block|pass)_duration_seconds_(sum|count)' |
+                        grep -E '^tandem_drafter_(block|pass|block_write)_duration_seconds_(sum|count)' |
                         tr '\n' ' ' | sed "s/^/mtp: drafter a=$a $tr$vt b1: /; s/\$/\n/" |
                         tee -a "$SUM"
                     [ "$a" = 0.8 ] && [ "$tr" = shm ] || continue

@@ -54,8 +54,14 @@ static struct {
     job *jobs;
     int next;
     pthread_mutex_t mu;
-} g = {.gateway = "127.0.0.1:7700", .requests = 10, .concurrency = 1, .prompt_len = 64,
-       .tokens = 128, .seed = 1, .vocab = 200010, .mode = TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO,
+} g = {.gateway = "127.0.0.1:7700",
+       .requests = 10,
+       .concurrency = 1,
+       .prompt_len = 64,
+       .tokens = 128,
+       .seed = 1,
+       .vocab = 200010,
+       .mode = TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO,
        .mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void run_job(tdm_rpc_channel *ch, job *j)
@@ -173,7 +179,7 @@ static int describe(counters *c)
 
 static void print_timeline(const counters *a, const counters *b)
 {
-    static const char *const phases[] = {"idle", "admit", "prefill", "wait",
+    static const char *const phases[] = {"idle", "admit",  "prefill", "wait",
                                          "step", "commit", "send"};
     double rounds = counter(b, "rounds") - counter(a, "rounds");
     if (rounds <= 0)
@@ -190,10 +196,24 @@ static void print_timeline(const counters *a, const counters *b)
     const double xb = counter(b, "draft_exchange_blocks") - counter(a, "draft_exchange_blocks");
     const double dtk = counter(b, "draft_tokens_timed") - counter(a, "draft_tokens_timed");
     printf(" exchange_mean_us=%.0f draft_token_mean_us=%.0f",
-           xb > 0 ? (counter(b, "draft_exchange_us_total") - counter(a, "draft_exchange_us_total")) / xb
-                  : 0.0,
+           xb > 0
+               ? (counter(b, "draft_exchange_us_total") - counter(a, "draft_exchange_us_total")) /
+                     xb
+               : 0.0,
            dtk > 0 ? (counter(b, "draft_time_us_total") - counter(a, "draft_time_us_total")) / dtk
                    : 0.0);
+    /* the verifier's parts of the exchange, a message's mean (vlink.h) */
+    static const char *const parts[][2] = {
+        {"send", "sends"}, {"queue", "writes"}, {"write", "writes"}, {"deliver", "delivers"}};
+    printf(" xparts_us");
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        char t[64], n[64];
+        snprintf(t, sizeof(t), "draft_exchange_%s_us_total", parts[i][0]);
+        snprintf(n, sizeof(n), "draft_exchange_%s", parts[i][1]);
+        const double events = counter(b, n) - counter(a, n);
+        printf("%s%s:%.1f", i ? "," : "=", parts[i][0],
+               events > 0 ? (counter(b, t) - counter(a, t)) / events : 0.0);
+    }
     printf(" round_us=%.1f exchange_p50_us=%.0f exchange_p99_us=%.0f draft_token_p50_us=%.0f "
            "draft_token_p99_us=%.0f step_p50_us=%.0f step_p99_us=%.0f\n",
            sum, counter(b, "draft_exchange_overhead_p50_us"),
@@ -273,8 +293,10 @@ int main(int argc, char **argv)
                                         : TANDEM__V1__SPECULATION_MODE__SPECULATION_MODE_AUTO;
             i++;
         } else {
-            fprintf(stderr, "bench_spec_client: unknown option %s (see the head of "
-                            "bench/spec_client.c)\n", a);
+            fprintf(stderr,
+                    "bench_spec_client: unknown option %s (see the head of "
+                    "bench/spec_client.c)\n",
+                    a);
             return 2;
         }
     }

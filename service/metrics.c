@@ -715,6 +715,28 @@ static const counter_row counter_rows[] = {
      "tandem_spec_decode_exchange_blocks_total: its mean over any interval)."},
     ROW("verifier", "draft_exchange_blocks", "tandem_spec_decode_exchange_blocks_total", COUNTER,
         "Blocks whose exchange was timed."),
+    {"verifier", "draft_exchange_send_us_total", "tandem_spec_decode_exchange_part_seconds_total",
+     TDM_METRIC_COUNTER, "", US, "part", "send", NULL, NULL,
+     "The verifier's side of the exchange, summed since the start, by part: building and "
+     "queueing verdicts and opens (send), their wait for the link's writer thread (queue), its "
+     "gRPC writes (write), and drafters' messages from their read to the scheduler (deliver). "
+     "The rest of the exchange is the transport both ways and the drafter's own reads and "
+     "writes."},
+    {"verifier", "draft_exchange_queue_us_total", "tandem_spec_decode_exchange_part_seconds_total",
+     TDM_METRIC_COUNTER, "", US, "part", "queue", NULL, NULL, NULL},
+    {"verifier", "draft_exchange_write_us_total", "tandem_spec_decode_exchange_part_seconds_total",
+     TDM_METRIC_COUNTER, "", US, "part", "write", NULL, NULL, NULL},
+    {"verifier", "draft_exchange_deliver_us_total",
+     "tandem_spec_decode_exchange_part_seconds_total", TDM_METRIC_COUNTER, "", US, "part",
+     "deliver", NULL, NULL, NULL},
+    ROWL("verifier", "draft_exchange_sends", "tandem_spec_decode_exchange_part_events_total",
+         COUNTER, "part", "send", "Messages timed in each part of the exchange (with "
+         "tandem_spec_decode_exchange_part_seconds_total: a part's mean over any interval; "
+         "queue's are write's)."),
+    ROWL("verifier", "draft_exchange_writes", "tandem_spec_decode_exchange_part_events_total",
+         COUNTER, "part", "write", NULL),
+    ROWL("verifier", "draft_exchange_delivers", "tandem_spec_decode_exchange_part_events_total",
+         COUNTER, "part", "deliver", NULL),
     {"verifier", "draft_time_us_total", "tandem_spec_decode_drafter_seconds_total",
      TDM_METRIC_COUNTER, "", US, NULL, NULL, NULL, NULL,
      "The drafters' own drafting time summed over every block since the start."},

@@ -1080,7 +1080,9 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
     r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK;
     r.block = &blk;
     r.shm_consumed = st->shm.consumed;
+    const double t_write = now_us();
     tdm_status rc = tdm_rpc_call_write(st->call, &r.base, err);
+    tdm_metric_observe(st->d->write_time, NULL, (now_us() - t_write) / 1e6);
     if (rc == TDM_OK) {
         __atomic_fetch_add(&st->d->blocks, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&st->d->drafted, (uint64_t)b->k, __ATOMIC_RELAXED);
@@ -1393,6 +1395,10 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         "Time of a draft pass: the drafter's model or head over the stream's sequences that want "
         "a block (the rest of a block's duration is taking in the messages and sending).",
         NULL, tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
+    d->write_time = tdm_metrics_histogram(
+        tdm_service_metrics(svc), "tandem_drafter_block_write_duration_seconds",
+        "Time of a block's gRPC write to its verifier (after its block duration).", NULL,
+        tdm_metrics_latency_buckets, tdm_metrics_n_latency_buckets);
     tdm_service_set_counters(svc, counters, d);
     tdm_service_set_load(svc, load, d);
     tdm_rpc_server_on_shutdown(tdm_service_server(svc), drafter_on_shutdown, d);

@@ -43,6 +43,7 @@ typedef struct drafter {
     uint64_t shm_accepted, shm_refused;
     tdm_metric *block_time; /* time to draft a block (the service's registry) */
     tdm_metric *pass_time;  /* time of a draft pass (the same) */
+    tdm_metric *write_time; /* time of a block's gRPC write (the same) */
 } drafter;
 
 /* Loads the draft model (drafter_kind model) or the MTP head (mtp) and

@@ -18,6 +18,7 @@
 /* A message waiting for the writer, serialised. */
 typedef struct vlink_msg {
     struct vlink_msg *next;
+    uint64_t t_queued; /* ns (now_ns) */
     size_t len;
     uint8_t data[];
 } vlink_msg;
@@ -75,7 +76,16 @@ struct vlinks {
     int readers;
     vlinks_feat feat; /* setting: a copy of the caller's */
     _Atomic uint64_t feat_shm, feat_grpc;
+    /* The verifier's parts of the exchange (vlinks_exchange_parts), ns. */
+    _Atomic uint64_t queue_ns, write_ns, deliver_ns, writes, delivers;
 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t max_message_bytes,
                       const vlinks_feat *feat, const vlinks_callbacks *cb)
@@ -208,7 +218,11 @@ static void *link_writer(void *arg)
         l->queued--;
         pthread_mutex_unlock(&l->wmu);
         tdm_error err = {0};
+        const uint64_t t_take = now_ns();
         tdm_status rc = tdm_rpc_stream_write_raw(l->stream, m->data, m->len, &err);
+        atomic_fetch_add(&l->t->queue_ns, t_take - m->t_queued);
+        atomic_fetch_add(&l->t->write_ns, now_ns() - t_take);
+        atomic_fetch_add(&l->t->writes, 1);
         free(m);
         if (rc != TDM_OK) {
             char why[300];
@@ -371,6 +385,15 @@ void vlinks_feat_counts(vlinks *t, uint64_t *shm, uint64_t *grpc)
     *grpc = atomic_load(&t->feat_grpc);
 }
 
+void vlinks_exchange_parts(vlinks *t, vlinks_parts *out)
+{
+    out->queue_us = (double)atomic_load(&t->queue_ns) * 1e-3;
+    out->write_us = (double)atomic_load(&t->write_ns) * 1e-3;
+    out->deliver_us = (double)atomic_load(&t->deliver_ns) * 1e-3;
+    out->writes = atomic_load(&t->writes);
+    out->delivers = atomic_load(&t->delivers);
+}
+
 /* Reader thread: hands every message to the scheduler until the stream ends. */
 static void *link_reader(void *arg)
 {
@@ -394,7 +417,10 @@ static void *link_reader(void *arg)
             protobuf_c_message_free_unpacked(m, NULL);
             continue;
         }
+        const uint64_t t_read = now_ns();
         t->cb.deliver(t->cb.user, l, r);
+        atomic_fetch_add(&t->deliver_ns, now_ns() - t_read);
+        atomic_fetch_add(&t->delivers, 1);
     }
     vlink_unref(l);
     pthread_mutex_lock(&t->mu);
@@ -533,6 +559,7 @@ bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg)
             l->qhead = m;
         l->qtail = m;
         l->queued++;
+        m->t_queued = now_ns();
         tdm_spin_bump(&l->wgen);
         pthread_cond_signal(&l->wcv);
     }

@@ -80,6 +80,16 @@ int vlinks_count(vlinks *t);
  * drafter refused or did not answer), since the start. */
 void vlinks_feat_counts(vlinks *t, uint64_t *shm, uint64_t *grpc);
 
+/* Where the verifier's side of the exchange goes, summed over every message
+ * since the start: a message's wait in its link's queue until the writer
+ * takes it (queue), the writer's gRPC write of it (write), and a drafter's
+ * message from its read to the scheduler's having it (deliver). */
+typedef struct vlinks_parts {
+    double queue_us, write_us, deliver_us;
+    uint64_t writes, delivers;
+} vlinks_parts;
+void vlinks_exchange_parts(vlinks *t, vlinks_parts *out);
+
 void vlink_ref(vlink *l);
 void vlink_unref(vlink *l); /* NULL is fine; see the lock rule above */
 const char *vlink_address(const vlink *l);

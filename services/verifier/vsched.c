@@ -235,6 +235,8 @@ struct vsched {
     float overhead_us[4096];
     uint64_t n_overhead;
     double exchange_us_total, draft_us_total; /* and their sums since the start */
+    double send_us_total;                     /* send_messages: building and queueing them */
+    uint64_t sends;
     uint64_t draft_tokens_total;
     /* The drafter's own time per draft token, per block, us. */
     float draft_token_us[4096];
@@ -2029,6 +2031,8 @@ static void retire_finished(vsched *s, vround *rd)
  * of the links of sequences that stopped speculating. */
 static void send_messages(vsched *s, vround *rd)
 {
+    double send_us = 0;
+    uint64_t sends = 0;
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
         /* The link cannot go away under us: r holds a reference until it is
@@ -2040,8 +2044,12 @@ static void send_messages(vsched *s, vround *rd)
             send_open(s, q->r, q->next_block);
         else
             send_verdict(s, q->r, q->accepted, q->next, q->next_block);
+        send_us += (now_ms() - q->r->t_asked) * 1e3;
+        sends++;
     }
     pthread_mutex_lock(&s->mu);
+    s->send_us_total += send_us;
+    s->sends += sends;
     for (int i = 0; i < s->n_active; i++) {
         vreq *r = s->active[i];
         if (!r->spec && r->link) {
@@ -2426,6 +2434,8 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
         for (int p = 0; p < VSCHED_PHASES; p++)
             ph[(size_t)p * RING + i] = s->phase_us[i][p];
     c->active = (uint64_t)s->n_active;
+    c->send_us_total = s->send_us_total;
+    c->sends = s->sends;
     c->waiting = 0;
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         c->waiting++;
@@ -2441,6 +2451,13 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     percentiles(dt, nd, &c->draft_token_p50_us, &c->draft_token_p99_us);
     c->exchange_us_total = s->exchange_us_total;
     c->exchange_blocks = s->n_overhead;
+    vlinks_parts parts;
+    vlinks_exchange_parts(s->links, &parts);
+    c->queue_us_total = parts.queue_us;
+    c->write_us_total = parts.write_us;
+    c->deliver_us_total = parts.deliver_us;
+    c->writes = parts.writes;
+    c->delivers = parts.delivers;
     c->draft_us_total = s->draft_us_total;
     c->draft_tokens_total = s->draft_tokens_total;
     for (int p = 0; p < VSCHED_PHASES; p++)

@@ -183,6 +183,13 @@ typedef struct vsched_counters {
      * its draft tokens. */
     double exchange_us_total, draft_us_total;
     uint64_t exchange_blocks, draft_tokens_total;
+    /* The verifier's parts of the exchange, summed since the start: building
+     * and queueing verdicts and opens (sends), their wait for the link's
+     * writer, its gRPC writes (writes), and drafters' messages from their
+     * read to the scheduler (delivers). What is left of the exchange is the
+     * transport both ways and the drafter's own reading and writing. */
+    double send_us_total, queue_us_total, write_us_total, deliver_us_total;
+    uint64_t sends, writes, delivers;
     /* The round's timeline: total time in each phase since the start, and
      * each phase's median and 99th percentile over the last 4096 rounds.
      * The totals add up to uptime_us but for the round in progress. */
