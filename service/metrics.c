@@ -730,7 +730,8 @@ static const counter_row counter_rows[] = {
      "tandem_spec_decode_exchange_part_seconds_total", TDM_METRIC_COUNTER, "", US, "part",
      "deliver", NULL, NULL, NULL},
     ROWL("verifier", "draft_exchange_sends", "tandem_spec_decode_exchange_part_events_total",
-         COUNTER, "part", "send", "Messages timed in each part of the exchange (with "
+         COUNTER, "part", "send",
+         "Messages timed in each part of the exchange (with "
          "tandem_spec_decode_exchange_part_seconds_total: a part's mean over any interval; "
          "queue's are write's)."),
     ROWL("verifier", "draft_exchange_writes", "tandem_spec_decode_exchange_part_events_total",

@@ -164,8 +164,9 @@ static tdm_status fetch_stream(verifier *v, const Tandem__V1__PrefixSource *src,
     tdm_rpc_stream *st = NULL;
     rc = tdm_rpc_stream_open(ch, "/tandem.v1.Verifier/FetchPrefix", &req.base,
                              &tandem__v1__snapshot_chunk__descriptor, &so, &st, err);
-    tdm_snap_asm *a = tdm_snap_asm_create_prefix(tdm_model_checkpoint_config(v->rt->model), v->fingerprint,
-                                                 (uint32_t)v->max_context, (uint32_t)block);
+    tdm_snap_asm *a =
+        tdm_snap_asm_create_prefix(tdm_model_checkpoint_config(v->rt->model), v->fingerprint,
+                                   (uint32_t)v->max_context, (uint32_t)block);
     while (rc == TDM_OK) {
         ProtobufCMessage *m = NULL;
         tdm_error rerr = {0};

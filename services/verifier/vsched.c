@@ -2494,8 +2494,8 @@ tdm_status vsched_prefix_export(vsched *s, const int32_t *tokens, int max_tokens
     }
     pthread_mutex_lock(&s->pmu);
     const tdm_status rc =
-        tdm_prefix_cache_export(s->prefix, tdm_model_checkpoint_config(s->p.model), s->p.fingerprint,
-                                tokens, max_tokens, layout, payload, err);
+        tdm_prefix_cache_export(s->prefix, tdm_model_checkpoint_config(s->p.model),
+                                s->p.fingerprint, tokens, max_tokens, layout, payload, err);
     pthread_mutex_unlock(&s->pmu);
     return rc;
 }
@@ -2509,8 +2509,8 @@ tdm_status vsched_prefix_import(vsched *s, const tdm_snap_layout *layout, const 
                              "this verifier runs with prefix_cache off");
     int stored = 0;
     pthread_mutex_lock(&s->pmu);
-    const tdm_status rc = tdm_prefix_cache_import(s->prefix, tdm_model_checkpoint_config(s->p.model),
-                                                  layout, payload, &stored, covered, err);
+    const tdm_status rc = tdm_prefix_cache_import(
+        s->prefix, tdm_model_checkpoint_config(s->p.model), layout, payload, &stored, covered, err);
     pthread_mutex_unlock(&s->pmu);
     pthread_mutex_lock(&s->mu);
     prefix_counters_locked(s);
