@@ -22,6 +22,11 @@
  * token of the prefix: a hash collision can cost a miss, never a wrong
  * state.
  *
+ * Layout: a block is in the checkpoint's layout (tdm_model_checkpoint_config):
+ * a tensor-parallel model's ranks each write their slices of it into place
+ * and read them back from there (group.c), so a block serves, and moves
+ * between, whole models and groups of any size.
+ *
  * Where states live: host memory (malloc), not the backend's. A hit costs
  * one upload of the prefix's state, far less than its prefill; the
  * sequences' device memory stays as capacity.h accounts it, so turning the
