@@ -292,6 +292,13 @@ def case_render():
           (label, container(ver, "verifier").get("resources")))
     check(str(cfg["verifier.yaml"].get("tensor_parallel")) == "2", "%s: tensor_parallel in the "
           "config: %s" % (label, cfg["verifier.yaml"].get("tensor_parallel")))
+    # ... with the prefix cache, whose blocks a split verifier keeps in the whole model's layout
+    label = "tensor-parallel-prefix-cache"
+    objs = render(label, "--set", "verifier.tensorParallel=2,speculative.prefixCache=true")
+    cfg = check_common(label, objs, "remote")
+    check(str(cfg["verifier.yaml"].get("tensor_parallel")) == "2" and
+          cfg["verifier.yaml"].get("prefix_cache") in ("on", True),
+          "%s: both in the config: %s" % (label, cfg["verifier.yaml"]))
 
     # A colocated MTP drafter: the feature stream goes by shared memory, in
     # a memory-backed emptyDir both containers mount at /dev/shm.
