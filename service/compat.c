@@ -664,3 +664,8 @@ tdm_gpu_share tdm_gpu_sharing(const char *uuid_a, bool mps_a, const char *uuid_b
         return TDM_GPU_APART;
     return mps_a && mps_b ? TDM_GPU_SHARED_MPS : TDM_GPU_SHARED_TURNS;
 }
+
+const char *tdm_gpu_turns_without(bool verifier_mps, bool drafter_mps)
+{
+    return verifier_mps ? "the drafter not" : drafter_mps ? "the verifier not" : "neither";
+}

@@ -61,6 +61,11 @@ typedef enum tdm_gpu_share {
 
 tdm_gpu_share tdm_gpu_sharing(const char *uuid_a, bool mps_a, const char *uuid_b, bool mps_b);
 
+/* For TDM_GPU_SHARED_TURNS of a pair: which side lacks MPS, as the subject of
+ * "... through an MPS server": "the drafter not", "the verifier not" or
+ * "neither". */
+const char *tdm_gpu_turns_without(bool verifier_mps, bool drafter_mps);
+
 /* What to do about TDM_GPU_SHARED_TURNS, one sentence. */
 #define TDM_GPU_TURNS_FIX                                                                          \
     "run both under one MPS control daemon (nvidia-cuda-mps-control -d, with the same "            \

@@ -563,9 +563,7 @@ static void check_gpu_sharing(doctor *d, const Tandem__V1__StatusResponse *s,
             "verifier %s + drafter %s share GPU %s as two contexts (%s through an MPS server): "
             "they take turns on it, so the drafter's steps wait behind the verifier's",
             p->verifier, p->drafter, v->device_uuid,
-            v->device_mps    ? "the drafter not"
-            : dr->device_mps ? "the verifier not"
-                             : "neither");
+            tdm_gpu_turns_without(v->device_mps, dr->device_mps));
     else if (share == TDM_GPU_SHARED_MPS)
         add(d, "gateway", DOCTOR_SEVERITY_OK, NULL,
             "verifier %s + drafter %s share GPU %s, both through an MPS server", p->verifier,

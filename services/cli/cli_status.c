@@ -235,10 +235,7 @@ static void print_pair(const Tandem__V1__StatusResponse *s, const Tandem__V1__Pa
     case TDM_GPU_SHARED_TURNS:
         printf("    on one GPU (%s) as two contexts, which take turns on it (%s through an MPS "
                "server); %s\n",
-               v->device_uuid,
-               v->device_mps   ? "the drafter not"
-               : d->device_mps ? "the verifier not"
-                               : "neither",
+               v->device_uuid, tdm_gpu_turns_without(v->device_mps, d->device_mps),
                TDM_GPU_TURNS_FIX);
         break;
     }

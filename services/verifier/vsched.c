@@ -1076,9 +1076,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                              "through an MPS server: their contexts take turns on the GPU, so "
                              "each waits for the other's kernels; %s",
                              da->replica_id, da->address, s->p.device_uuid,
-                             s->p.device_mps  ? "the drafter not"
-                             : da->device_mps ? "this verifier not"
-                                              : "neither",
+                             tdm_gpu_turns_without(s->p.device_mps, da->device_mps),
                              TDM_GPU_TURNS_FIX);
         } else if (!r->spec_note[0]) {
             snprintf(r->spec_note, sizeof(r->spec_note), "off: cannot reach drafter %s (%s)",

@@ -97,6 +97,10 @@ static void test_gpu_sharing(void)
     CHECK(tdm_gpu_sharing(a, false, a, false) == TDM_GPU_SHARED_TURNS, "one GPU, no MPS");
     CHECK(tdm_gpu_sharing(a, true, a, false) == TDM_GPU_SHARED_TURNS, "one GPU, MPS on one side");
     CHECK(tdm_gpu_sharing(a, false, a, true) == TDM_GPU_SHARED_TURNS, "the other side");
+    CHECK(strcmp(tdm_gpu_turns_without(true, false), "the drafter not") == 0 &&
+              strcmp(tdm_gpu_turns_without(false, true), "the verifier not") == 0 &&
+              strcmp(tdm_gpu_turns_without(false, false), "neither") == 0,
+          "which side lacks MPS");
 }
 
 static void test_rules(void)

@@ -162,36 +162,48 @@ def run_all(gw, ps, spec, sampling):
     return [generate(gw, p, spec, sampling) for p in ps]
 
 
+def cache_off_tokens(gw_off, ps):
+    """Every prompt's tokens from a verifier without the cache, by (sampling,
+    speculation)."""
+    want = {}
+    for si, smp in enumerate(SAMPLINGS):
+        for spec in (False, True):
+            want[si, spec] = [ids for ids, _ in run_all(gw_off, ps, spec, smp)]
+    return want
+
+
+def check_cached_runs(gw, ps, want, model, what):
+    """Every prompt through gw under each sampling, plain and speculative: the
+    cache-off tokens (want), with the prompt tokens the cache model says."""
+    for si, smp in enumerate(SAMPLINGS):
+        for spec in (False, True):
+            for i, (ids, stats) in enumerate(run_all(gw, ps, spec, smp)):
+                expect = model.run(ps[i], ids)
+                cached = int(stats.get("cached_prompt_tokens", 0))
+                check(cached == expect,
+                      "%ssampling %d spec %s prompt %d (%d tokens): %d prompt tokens from the "
+                      "cache, the model says %d" % (what, si, spec, i, len(ps[i]), cached, expect))
+                check(ids == want[si, spec][i],
+                      "%ssampling %d spec %s prompt %d (%d cached): tokens %s, cache off %s" %
+                      (what, si, spec, i, cached, ids, want[si, spec][i]))
+                if spec:
+                    check("on" in stats.get("speculation", ""),
+                          "%sa drafter speculated: %s" % (what, stats.get("speculation")))
+
+
 # ---- cases --------------------------------------------------------------------------
 
 def case_identical():
     gw_off, v_off, _ = stack(False)
     ps = prompts(gw_off)
-    want = {}
-    for si, smp in enumerate(SAMPLINGS):
-        for spec in (False, True):
-            want[si, spec] = [ids for ids, _ in run_all(gw_off, ps, spec, smp)]
+    want = cache_off_tokens(gw_off, ps)
     c = counters(v_off)
     check(c.get("prefix_cache_hits", -1) == 0 and c.get("prefix_cache_blocks", -1) == 0,
           "the cache-off verifier counts no hit and holds no block: %s" % c)
 
     gw, v, _ = stack(True)
     model = Model()
-    for si, smp in enumerate(SAMPLINGS):
-        for spec in (False, True):
-            got = run_all(gw, ps, spec, smp)
-            for i, (ids, stats) in enumerate(got):
-                expect = model.run(ps[i], ids)
-                cached = int(stats.get("cached_prompt_tokens", 0))
-                check(cached == expect,
-                      "sampling %d spec %s prompt %d (%d tokens): %d prompt tokens from the "
-                      "cache, the model says %d" % (si, spec, i, len(ps[i]), cached, expect))
-                check(ids == want[si, spec][i],
-                      "sampling %d spec %s prompt %d (%d cached): tokens %s, cache off %s" %
-                      (si, spec, i, cached, ids, want[si, spec][i]))
-                if spec:
-                    check("on" in stats.get("speculation", ""),
-                          "a drafter speculated: %s" % stats.get("speculation"))
+    check_cached_runs(gw, ps, want, model, "")
     check(model.hits > 0, "the workload hits the cache")
     # A conversation's next turn: the prompt holds the last answer; the
     # cache covers it too (its blocks were stored as it was generated).
@@ -671,27 +683,12 @@ def case_tensor_parallel():
     and a split one, both ways."""
     gw_off, v_off, _ = stack(False)
     ps = prompts(gw_off)
-    want = {}
-    for si, smp in enumerate(SAMPLINGS):
-        for spec in (False, True):
-            want[si, spec] = [ids for ids, _ in run_all(gw_off, ps, spec, smp)]
+    want = cache_off_tokens(gw_off, ps)
     stop_all()
     for tp, strategy in ((2, "replay"), (4, "extra_buffer")):
         gw, v, _ = stack(True, "--tensor-parallel", str(tp), "--state-strategy", strategy)
         model = Model()
-        for si, smp in enumerate(SAMPLINGS):
-            for spec in (False, True):
-                got = run_all(gw, ps, spec, smp)
-                for i, (ids, stats) in enumerate(got):
-                    expect = model.run(ps[i], ids)
-                    cached = int(stats.get("cached_prompt_tokens", 0))
-                    check(cached == expect,
-                          "tp %d %s sampling %d spec %s prompt %d: %d prompt tokens from the "
-                          "cache, the model says %d" % (tp, strategy, si, spec, i, cached, expect))
-                    check(ids == want[si, spec][i],
-                          "tp %d %s sampling %d spec %s prompt %d (%d cached): %s, one verifier "
-                          "without the cache %s" % (tp, strategy, si, spec, i, cached, ids,
-                                                    want[si, spec][i]))
+        check_cached_runs(gw, ps, want, model, "tp %d %s " % (tp, strategy))
         c = counters(v)
         check(model.hits > 0 and c.get("prefix_cache_hits", 0) == model.hits,
               "tp %d: %d hits, the model says %d" % (tp, c.get("prefix_cache_hits", 0),
