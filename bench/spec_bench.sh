@@ -55,7 +55,8 @@ pack)
     cp "$b"/services/gateway/tandem-gateway "$b"/services/verifier/tandem-verifier \
         "$b"/services/drafter/tandem-drafter "$b"/services/cli/tandem \
         "$b"/bench/bench_spec_client "$b"/bench/bench_make_model "$b"/bench/bench_drafter_oracle \
-        "$b"/bench/bench_cuda_bench "$b"/bench/bench_rpc_bench "$b"/bench/bench_cuda_matmul_bench \
+        "$b"/bench/bench_cuda_bench "$b"/bench/bench_rpc_bench "$b"/bench/bench_exchange_bench \
+        "$b"/bench/bench_cuda_matmul_bench \
         "$b"/bench/bench_snapshot_bench "$b"/bench/bench_mtp_bench .carry/bin/ || exit 1
     cp "$b"/tests/cuda/cuda_test_* .carry/bin/ 2>/dev/null
     strip --strip-debug .carry/bin/*
@@ -475,6 +476,16 @@ run)
             # the transport's own round trip on this host: the floor of the exchange
             echo "== gRPC layer over loopback" | tee -a "$SUM"
             timeout 120 "$B/bench_rpc_bench" --iters 3000 2>/dev/null | tee -a "$SUM"
+            # the exchange's transport alone, threaded as the services thread
+            # it (bench/exchange_bench.c): idle rounds, then rounds shaped as
+            # the 4B pair's (4 drafts of the 0.8B model, a verify step)
+            for busy in 0 50000; do
+                for shape in "0 0" "4000 3300"; do
+                    set -- $shape
+                    timeout 120 "$B/bench_exchange_bench" --iters "${XITERS:-1500}" --busy-us "$busy" \
+                        --draft-us "$1" --verify-us "$2" 2>/dev/null | tee -a "$SUM"
+                done
+            done
             ;;
         cudatests)
             for t in "$B"/cuda_test_*; do

@@ -251,6 +251,11 @@ gpr_timespec tdm_rpc__deadline(int64_t timeout_ms)
                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
 }
 
+gpr_timespec tdm_rpc__poll_once(void)
+{
+    return gpr_inf_past(GPR_CLOCK_MONOTONIC);
+}
+
 void tdm_rpc__init(void)
 {
     /* Name resolution through getaddrinfo rather than c-ares: service

@@ -99,13 +99,15 @@ typedef struct tdm_rpc_call tdm_rpc_call;
 typedef struct tdm_rpc_server_options {
     const char *listen;        /* "host:port"; port 0 picks a free one */
     const tdm_rpc_tls *tls;    /* NULL = plaintext */
-    int workers;               /* completion-queue threads; 0 = 2 */
+    int workers;               /* completion-queue threads; 0 = 2, or 1 when
+                                  busy polling (two polling workers contend) */
     int max_streams;           /* streaming calls at once (one thread each);
                                   more get RESOURCE_EXHAUSTED; 0 = 1024 */
     int64_t max_message_bytes; /* send and receive limit; 0 = default */
     const char *name;          /* used in log lines; NULL = "rpc" */
     bool busy_poll;            /* workers and handlers poll for the process's busy-poll
-                                  time (common/spin.h) before they sleep */
+                                  time (common/spin.h, set before the server is
+                                  created) before they sleep */
 } tdm_rpc_server_options;
 
 /* Unary: fill *resp (memory from tdm_rpc_call_alloc or static, or free it in a

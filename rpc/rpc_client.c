@@ -174,7 +174,7 @@ static grpc_event pluck(grpc_completion_queue *cq, void *tag)
     if (busy > 0) {
         const int64_t t0 = tdm_spin_now_us();
         do {
-            grpc_event ev = grpc_completion_queue_pluck(cq, tag, gpr_now(GPR_CLOCK_MONOTONIC), NULL);
+            grpc_event ev = grpc_completion_queue_pluck(cq, tag, tdm_rpc__poll_once(), NULL);
             if (ev.type != GRPC_QUEUE_TIMEOUT)
                 return ev;
         } while (tdm_spin_now_us() - t0 < busy);

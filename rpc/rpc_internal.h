@@ -35,6 +35,12 @@ void tdm_rpc__size_args(grpc_arg *args, grpc_channel_args *out, int64_t max_byte
 
 /* Absolute deadline for a timeout (infinite when timeout_ms <= 0). */
 gpr_timespec tdm_rpc__deadline(int64_t timeout_ms);
+/* The deadline of one poll of a completion queue that must not sleep (busy
+ * polling, spin.h). Not gpr_now(): the core rounds a deadline up to the next
+ * millisecond, so "now" lets epoll_wait sleep for up to 1 ms, and the poller
+ * is then woken by the kernel when a message lands (tens to hundreds of
+ * microseconds on an idle core). A deadline in the past polls once. */
+gpr_timespec tdm_rpc__poll_once(void);
 
 /* The i-th registered method path of a server, NULL past the end. */
 const char *tdm_rpc__server_method(const tdm_rpc_server *server, size_t i);

@@ -574,7 +574,7 @@ static void *worker_main(void *arg)
         const int64_t busy = w->server->busy_poll ? tdm_busy_poll_us() : 0;
         const bool hot = busy > 0 && tdm_spin_now_us() - last < busy;
         grpc_event ev = grpc_completion_queue_next(
-            w->cq, hot ? gpr_now(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+            w->cq, hot ? tdm_rpc__poll_once() : gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_TIMEOUT)
             continue;
         if (busy > 0)
@@ -648,7 +648,11 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     grpc_channel_args cargs;
     tdm_rpc__size_args(args, &cargs, opt->max_message_bytes, NULL);
     s->srv = grpc_server_create(&cargs, NULL);
-    s->n_workers = opt->workers > 0 ? opt->workers : DEFAULT_WORKERS;
+    /* Polling workers of one process contend for gRPC's one poller and make
+     * each other's messages wait: one polls. */
+    s->n_workers = opt->workers > 0                            ? opt->workers
+                   : opt->busy_poll && tdm_busy_poll_us() > 0 ? 1
+                                                               : DEFAULT_WORKERS;
     s->max_streams = opt->max_streams > 0 ? opt->max_streams : DEFAULT_MAX_STREAMS;
     s->busy_poll = opt->busy_poll;
     s->workers = tdm_xcalloc((size_t)s->n_workers, sizeof(*s->workers));

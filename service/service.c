@@ -171,13 +171,18 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
     tdm_cfg_log(cfg, component(s));
 
     s->health = tdm_health_create();
+    /* Before the server: its worker count depends on it (rpc.h). */
+    if (tdm_cfg_has(cfg, "busy_poll"))
+        tdm_busy_poll_set(tdm_cfg_int(cfg, "busy_poll") * 1000); /* ms -> us */
     tdm_rpc_server_options so = {
         .listen = tdm_cfg_str(cfg, "listen"),
         .tls = s->use_tls && cert[0] ? &s->tls : NULL,
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
         .name = s->program,
         /* A drafter's server carries the Draft streams: the exchange's far
-         * side (a verifier's carries Run streams, which gain nothing). */
+         * side. A verifier's carries Run streams, and its polling costs more
+         * than it gains: measured, its batch of 32 Run streams' writes then
+         * spin on 16 cores (bench/RESULTS.md, "The exchange's polls"). */
         .busy_poll = strcmp(service_name, "tandem.v1.Drafter") == 0,
     };
     tdm_status st = TDM_OK;
@@ -205,8 +210,6 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
             tdm_cfg_set_resolved(cfg, "advertise", addr, reason, NULL);
         }
     }
-    if (tdm_cfg_has(cfg, "busy_poll"))
-        tdm_busy_poll_set(tdm_cfg_int(cfg, "busy_poll") * 1000); /* ms -> us */
     if ((st = tdm_svc_descriptor_build(cfg, &s->desc, err)) != TDM_OK) {
         tdm_service_destroy(s);
         return st;

@@ -2,7 +2,7 @@
  * rpc_test.c - the gRPC layer over real loopback sockets: each call type,
  * concurrency, cancellation from both sides, deadlines, metadata, message
  * size limits, malformed requests, shutdown with calls in flight, health and
- * TLS. One subcommand per ctest test: rpc_test <name>.
+ * TLS, busy polling. One subcommand per ctest test: rpc_test <name>.
  *
  * Expected values come from the requests the tests make (texts, counts, the
  * gRPC status codes the spec prescribes), never from the layer's own output.
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "health.h"
 #include "rpc.h"
+#include "spin.h"
 
 static int failures;
 
@@ -1329,6 +1331,61 @@ static void test_wait_for_ready(void)
         tdm_rpc_server_destroy(l.s);
 }
 
+/* ---- busy polling ---------------------------------------------------------------------- */
+
+/* How often this thread went to sleep so far. */
+static long thread_sleeps(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_nvcsw;
+}
+
+/* With busy polling on, a client's wait for a stream's next message polls
+ * without sleeping: gRPC rounds a poll's deadline up to the next
+ * millisecond, so a poll "until now" would let epoll_wait sleep up to 1 ms
+ * each time, and a wait of 30 ms would sleep some 30 times. */
+static void test_busy_poll(void)
+{
+    fixture f;
+    fixture_start(&f, 0, 0, 1);
+    tdm_busy_poll_set(2000000); /* 2 s: the whole wait polls */
+    tdm_error err;
+    tdm_rpc_stream *s = NULL;
+    CHECK_ST(tdm_rpc_stream_open(f.ch, ECHO_CHAT, NULL, &tandem__test__echo_response__descriptor,
+                                 NULL, &s, &err),
+             TDM_OK, &err);
+    Tandem__Test__EchoRequest req = TANDEM__TEST__ECHO_REQUEST__INIT;
+    req.text = "warm";
+    req.delay_ms = 0;
+    ProtobufCMessage *m = NULL;
+    CHECK_ST(tdm_rpc_stream_write(s, &req.base, &err), TDM_OK, &err);
+    CHECK_ST(tdm_rpc_stream_read(s, &m, &err), TDM_OK, &err);
+    free_msg(m);
+    m = NULL;
+    req.text = "late";
+    req.delay_ms = 30; /* the server waits before it answers */
+    CHECK_ST(tdm_rpc_stream_write(s, &req.base, &err), TDM_OK, &err);
+    const long before = thread_sleeps();
+    const double t0 = now_s();
+    CHECK_ST(tdm_rpc_stream_read(s, &m, &err), TDM_OK, &err);
+    const double waited = now_s() - t0;
+    const long slept = thread_sleeps() - before;
+    CHECK(m && strcmp(((Tandem__Test__EchoResponse *)m)->text, "late") == 0);
+    free_msg(m);
+    /* The wait lasted (the server's pause), and this thread stayed awake
+     * through it: a few sleeps on locks that gRPC's own threads hold are
+     * allowed, not one per millisecond. */
+    CHECK(waited >= 0.025);
+    if (slept > 5)
+        fprintf(stderr, "busy_poll: the read slept %ld times in %.1f ms\n", slept, waited * 1e3);
+    CHECK(slept <= 5);
+    tdm_busy_poll_set(0);
+    CHECK_ST(tdm_rpc_stream_close_send(s, &err), TDM_OK, &err);
+    tdm_rpc_stream_destroy(s);
+    fixture_stop(&f);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1342,6 +1399,7 @@ int main(int argc, char **argv)
         {"shutdown", test_shutdown},   {"health", test_health},
         {"tls", test_tls},             {"propagation", test_propagation},
         {"max_streams", test_max_streams}, {"wait_for_ready", test_wait_for_ready},
+        {"busy_poll", test_busy_poll},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: rpc_test NAME\n");
