@@ -30,7 +30,8 @@
 # drafting for it: a = 0.6, 0.8, 1.0 at block 3, blocks 2 and 4 and batch 8
 # at a = 0.8, the feature stream's counters), "demomtp" (the demo target's
 # MTP head against plain decoding), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
-# exchange's floor) and "cudatests" (the CUDA tests).
+# exchange's floor; bench_exchange_bench: the exchange's transport by part, threaded as the
+# services thread it) and "cudatests" (the CUDA tests).
 # Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
 # default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
