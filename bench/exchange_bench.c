@@ -20,7 +20,8 @@
  *   exchange the round less the drafting, as the verifier counts it
  *
  *   bench_exchange_bench [--iters N] [--busy-us N] [--draft-us N]
- *                        [--verify-us N] [--payload N]
+ *                        [--verify-us N] [--payload N] [--workers N]
+ *                        [--client std|raw] [--vserver N]
  * --busy-us is both processes' busy-poll time (the services' busy_poll;
  * 0 = off); --verify-us is the scheduler's time between a block and the
  * next verdict (the verify step); --payload pads each message (bytes).
@@ -433,7 +434,7 @@ int main(int argc, char **argv)
 {
     int iters = 2000;
     int64_t busy_us = 0, draft_us = 0, verify_us = 0;
-    int workers = 0;
+    int workers = 0, vserver = 0;
     bool raw = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--iters") == 0)
@@ -446,6 +447,8 @@ int main(int argc, char **argv)
             verify_us = atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--workers") == 0)
             workers = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--vserver") == 0)
+            vserver = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--client") == 0)
             raw = strcmp(argv[i + 1], "raw") == 0;
         else if (strcmp(argv[i], "--payload") == 0)
@@ -477,6 +480,24 @@ int main(int argc, char **argv)
     }
     close(fds[0]);
     tdm_busy_poll_set(busy_us);
+    /* --vserver N: this process also serves, as a verifier does (its Run
+     * streams), with N idle workers that do not poll (-N: that poll while
+     * this process's waits poll, as a verifier's do). */
+    tdm_rpc_server *vs = NULL;
+    if (vserver != 0) {
+        tdm_error verr;
+        tdm_rpc_server_options vo = {.listen = "127.0.0.1:0",
+                                     .name = "verifier",
+                                     .workers = vserver > 0 ? vserver : -vserver,
+                                     .busy_poll_workers = vserver < 0};
+        if (tdm_rpc_server_create(&vo, &vs, &verr) != TDM_OK ||
+            tdm_rpc_server_add_bidi(vs, "/bench.X/Draft", MSG_DESC, d_stream, &draft_us, &verr) !=
+                TDM_OK ||
+            tdm_rpc_server_start(vs, &verr) != TDM_OK) {
+            fprintf(stderr, "exchange_bench: verifier's server: %s\n", verr.msg);
+            return 1;
+        }
+    }
     char target[64];
     snprintf(target, sizeof(target), "127.0.0.1:%d", port);
     tdm_error err;
@@ -547,9 +568,10 @@ int main(int argc, char **argv)
         spin_for_us(verify_us);
     }
     printf("exchange: %d rounds, busy poll %lld us, draft %lld us, verify %lld us, payload %d, "
-           "drafter workers %d (0: the server's default), verifier %s\n",
+           "drafter workers %d (0: the server's default), verifier %s, its own server's workers %d "
+           "(< 0: polling)\n",
            iters, (long long)busy_us, (long long)draft_us, (long long)verify_us, g_payload, workers,
-           raw ? "one thread owning the call" : "reader + writer threads");
+           raw ? "one thread owning the call" : "reader + writer threads", vserver);
     thread_sleeps("verifier", getpid());
     thread_sleeps("drafter", pid);
     if (raw) {
@@ -576,6 +598,10 @@ int main(int argc, char **argv)
     if (!raw) {
         tdm_rpc_stream_destroy(v.st);
         tdm_rpc_channel_destroy(ch);
+    }
+    if (vs) {
+        tdm_rpc_server_shutdown(vs, 100);
+        tdm_rpc_server_destroy(vs);
     }
     kill(pid, SIGTERM);
     int ws = 0;

@@ -4,6 +4,7 @@
 #include <time.h>
 
 static _Atomic int64_t g_busy_us;
+static _Atomic int64_t g_last_poll_us; /* when a wait last started polling */
 
 void tdm_busy_poll_set(int64_t us)
 {
@@ -22,6 +23,16 @@ int64_t tdm_spin_now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+void tdm_spin_note_poll(int64_t now_us)
+{
+    atomic_store_explicit(&g_last_poll_us, now_us, memory_order_relaxed);
+}
+
+int64_t tdm_spin_last_poll_us(void)
+{
+    return atomic_load_explicit(&g_last_poll_us, memory_order_relaxed);
+}
+
 /* Polls test(arg) for up to the busy-poll time; its last answer. */
 static bool spin_until(bool (*test)(const void *), const void *arg)
 {
@@ -29,6 +40,7 @@ static bool spin_until(bool (*test)(const void *), const void *arg)
     if (budget <= 0)
         return false;
     const int64_t t0 = tdm_spin_now_us();
+    tdm_spin_note_poll(t0);
     for (;;) {
         for (int i = 0; i < 64; i++) {
             if (test(arg))

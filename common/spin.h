@@ -67,4 +67,10 @@ bool tdm_spin_wait(pthread_mutex_t *mu, pthread_cond_t *cv, const _Atomic uint64
 /* Microseconds on the monotonic clock. */
 int64_t tdm_spin_now_us(void);
 
+/* The process's last busy-polled wait: every polling wait notes when it
+ * started (those above, and the gRPC layer's), so that the gRPC layer's
+ * server workers keep polling while the process's exchange does (rpc.h). */
+void tdm_spin_note_poll(int64_t now_us);
+int64_t tdm_spin_last_poll_us(void);
+
 #endif

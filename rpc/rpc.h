@@ -108,6 +108,11 @@ typedef struct tdm_rpc_server_options {
     bool busy_poll;            /* workers and handlers poll for the process's busy-poll
                                   time (common/spin.h, set before the server is
                                   created) before they sleep */
+    bool busy_poll_workers;    /* only the workers poll: gRPC polls a process's sockets
+                                  from one thread at a time, and a worker asleep in
+                                  that role makes another thread's polled call wait
+                                  for its wake-up; they poll while any wait of the
+                                  process polls (tdm_spin_last_poll_us) */
 } tdm_rpc_server_options;
 
 /* Unary: fill *resp (memory from tdm_rpc_call_alloc or static, or free it in a

@@ -173,6 +173,7 @@ static grpc_event pluck(grpc_completion_queue *cq, void *tag)
     const int64_t busy = tdm_busy_poll_us();
     if (busy > 0) {
         const int64_t t0 = tdm_spin_now_us();
+        tdm_spin_note_poll(t0);
         do {
             grpc_event ev = grpc_completion_queue_pluck(cq, tag, tdm_rpc__poll_once(), NULL);
             if (ev.type != GRPC_QUEUE_TIMEOUT)

@@ -75,7 +75,8 @@ struct tdm_rpc_server {
     rpc_worker *workers; /* (n_workers) */
     int n_workers;
     int max_streams;
-    bool busy_poll; /* options.busy_poll */
+    bool busy_poll;         /* options.busy_poll */
+    bool busy_poll_workers; /* options.busy_poll or busy_poll_workers */
     rpc_method *methods; /* (n_methods) */
     size_t n_methods;
     rpc_hook *hooks; /* (n_hooks) */
@@ -569,12 +570,24 @@ static void *worker_main(void *arg)
     rpc_worker *w = arg;
     int64_t last = 0; /* when the last event came (us) */
     for (;;) {
-        /* Busy polling (spin.h): for a while after an event the queue is
-         * polled without sleeping, so the next message is seen at once. */
-        const int64_t busy = w->server->busy_poll ? tdm_busy_poll_us() : 0;
-        const bool hot = busy > 0 && tdm_spin_now_us() - last < busy;
-        grpc_event ev = grpc_completion_queue_next(
-            w->cq, hot ? tdm_rpc__poll_once() : gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        /* Busy polling (spin.h): for a while after an event, or after a
+         * wait of this process started polling, the queue is polled without
+         * sleeping, so the next message is seen at once, and gRPC's one
+         * poller of the process is never a worker asleep in epoll while
+         * another thread polls for its own call's messages. */
+        const int64_t busy = w->server->busy_poll_workers ? tdm_busy_poll_us() : 0;
+        const int64_t recent = last > tdm_spin_last_poll_us() ? last : tdm_spin_last_poll_us();
+        const bool hot = busy > 0 && tdm_spin_now_us() - recent < busy;
+        /* Not hot, it sleeps; with busy polling set, for 5 ms at a time, so
+         * that a wait of the process that starts polling finds it polling
+         * soon (a wait cannot wake it). */
+        gpr_timespec until = gpr_inf_future(GPR_CLOCK_REALTIME);
+        if (hot)
+            until = tdm_rpc__poll_once();
+        else if (busy > 0)
+            until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                 gpr_time_from_millis(5, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(w->cq, until, NULL);
         if (ev.type == GRPC_QUEUE_TIMEOUT)
             continue;
         if (busy > 0)
@@ -651,10 +664,11 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     /* Polling workers of one process contend for gRPC's one poller and make
      * each other's messages wait: one polls. */
     s->n_workers = opt->workers > 0                            ? opt->workers
-                   : opt->busy_poll && tdm_busy_poll_us() > 0 ? 1
+                   : (opt->busy_poll || opt->busy_poll_workers) && tdm_busy_poll_us() > 0 ? 1
                                                                : DEFAULT_WORKERS;
     s->max_streams = opt->max_streams > 0 ? opt->max_streams : DEFAULT_MAX_STREAMS;
     s->busy_poll = opt->busy_poll;
+    s->busy_poll_workers = opt->busy_poll || opt->busy_poll_workers;
     s->workers = tdm_xcalloc((size_t)s->n_workers, sizeof(*s->workers));
     for (int i = 0; i < s->n_workers; i++) {
         s->workers[i].server = s;

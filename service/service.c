@@ -180,10 +180,13 @@ tdm_status tdm_service_create(tdm_cfg *cfg, const char *service_name, tdm_servic
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
         .name = s->program,
         /* A drafter's server carries the Draft streams: the exchange's far
-         * side. A verifier's carries Run streams, and its polling costs more
-         * than it gains: measured, its batch of 32 Run streams' writes then
-         * spin on 16 cores (bench/RESULTS.md, "The exchange's polls"). */
+         * side. A verifier's Run streams gain nothing from polling (a batch
+         * of 32 of them spinning on their writes costs throughput), but its
+         * worker must poll while its Draft streams' threads do, or the
+         * blocks wait for that worker's wake-up (bench/RESULTS.md, "The
+         * exchange's polls"). */
         .busy_poll = strcmp(service_name, "tandem.v1.Drafter") == 0,
+        .busy_poll_workers = strcmp(service_name, "tandem.v1.Verifier") == 0,
     };
     tdm_status st = TDM_OK;
     if ((st = tdm_trust_create(cfg, s->tls.require_client_cert, &s->trust, err)) != TDM_OK ||
