@@ -585,8 +585,8 @@ static void *worker_main(void *arg)
         if (hot)
             until = tdm_rpc__poll_once();
         else if (busy > 0)
-            until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                 gpr_time_from_millis(5, GPR_TIMESPAN));
+            until =
+                gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(5, GPR_TIMESPAN));
         grpc_event ev = grpc_completion_queue_next(w->cq, until, NULL);
         if (ev.type == GRPC_QUEUE_TIMEOUT)
             continue;
@@ -663,9 +663,10 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     s->srv = grpc_server_create(&cargs, NULL);
     /* Polling workers of one process contend for gRPC's one poller and make
      * each other's messages wait: one polls. */
-    s->n_workers = opt->workers > 0                            ? opt->workers
-                   : (opt->busy_poll || opt->busy_poll_workers) && tdm_busy_poll_us() > 0 ? 1
-                                                               : DEFAULT_WORKERS;
+    s->n_workers = opt->workers > 0 ? opt->workers
+                   : (opt->busy_poll || opt->busy_poll_workers) && tdm_busy_poll_us() > 0
+                       ? 1
+                       : DEFAULT_WORKERS;
     s->max_streams = opt->max_streams > 0 ? opt->max_streams : DEFAULT_MAX_STREAMS;
     s->busy_poll = opt->busy_poll;
     s->busy_poll_workers = opt->busy_poll || opt->busy_poll_workers;

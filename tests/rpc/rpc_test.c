@@ -1392,13 +1392,20 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(void);
     } tests[] = {
-        {"unary", test_unary},         {"server_stream", test_server_stream},
-        {"bidi", test_bidi},           {"concurrent", test_concurrent},
-        {"cancel_client", test_cancel_client}, {"deadline", test_deadline},
-        {"size_limit", test_size_limit}, {"malformed", test_malformed},
-        {"shutdown", test_shutdown},   {"health", test_health},
-        {"tls", test_tls},             {"propagation", test_propagation},
-        {"max_streams", test_max_streams}, {"wait_for_ready", test_wait_for_ready},
+        {"unary", test_unary},
+        {"server_stream", test_server_stream},
+        {"bidi", test_bidi},
+        {"concurrent", test_concurrent},
+        {"cancel_client", test_cancel_client},
+        {"deadline", test_deadline},
+        {"size_limit", test_size_limit},
+        {"malformed", test_malformed},
+        {"shutdown", test_shutdown},
+        {"health", test_health},
+        {"tls", test_tls},
+        {"propagation", test_propagation},
+        {"max_streams", test_max_streams},
+        {"wait_for_ready", test_wait_for_ready},
         {"busy_poll", test_busy_poll},
     };
     if (argc != 2) {
