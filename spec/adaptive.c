@@ -13,6 +13,9 @@
 #define PRIOR_ACCEPT 0.7
 #define PRIOR_COST 0.1
 #define PROBE_SHARE 0.01 /* of plain decoding's speed that probing may cost */
+/* A probe's prior, in trials: so light that the probe's own draft decides
+ * (rejected: a reads 0.06, accepted: 0.97). */
+#define PROBE_PRIOR_TRIALS 0.01
 
 /* A pause of at least n tokens, and long enough that the probe ending it
  * (about f + c plain steps) costs at most PROBE_SHARE of them. */
@@ -40,6 +43,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->paused_left = 0;
     a->rounds = 0;
     a->since_start = 0;
+    a->accepted_since_start = 0;
     a->pause_len = a->p.pause_tokens;
     a->pauses = 0;
     a->probes = 0;
@@ -92,7 +96,13 @@ static void choose(tdm_adaptive *a)
      * throws the gain away, and the estimate's noise near the threshold
      * would pause a drafter that pays. */
     const double need = probing ? 1.0 + a->p.min_gain : 1.0;
-    if (best_s < need && (a->since_start >= a->p.min_rounds || probing)) {
+    /* Not one draft accepted in min_rounds rounds stops it too, whatever
+     * the estimate (still near the prior after so few rounds) says: a
+     * drafter whose drafts are accepted with probability 0.7 has its first
+     * draft rejected four times in a row in under 1 % of starts, and one
+     * that never fits the text would otherwise lose some ten rounds. */
+    const bool none = a->since_start >= a->p.min_rounds && a->accepted_since_start == 0;
+    if ((best_s < need && (a->since_start >= a->p.min_rounds || probing)) || none) {
         /* A probe that fails doubles the next pause (up to 32 times the
          * first), so that probing costs little where speculation never pays. */
         a->pause_len = probing
@@ -104,6 +114,7 @@ static void choose(tdm_adaptive *a)
         a->paused_left = a->pause_len;
         a->pauses++;
         a->since_start = 0;
+        a->accepted_since_start = 0;
         return;
     }
     a->k_next = best;
@@ -116,6 +127,7 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
     a->since_start++;
     if (drafted <= 0)
         return;
+    a->accepted_since_start += accepted;
     const int trials = accepted + (accepted < drafted);
     a->accepted_ema = (1.0 - ACCEPT_WEIGHT) * a->accepted_ema + ACCEPT_WEIGHT * accepted;
     a->trials_ema = (1.0 - ACCEPT_WEIGHT) * a->trials_ema + ACCEPT_WEIGHT * trials;
@@ -137,14 +149,17 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
         return;
     if (--a->paused_left <= 0) {
         /* Probe: one cheap round tells whether acceptance has recovered. It
-         * starts from the prior, so that its outcome decides: one accepted
-         * draft cannot lift an estimate left low by the rounds before the
-         * pause, and one rejected draft takes it below the prior. */
+         * starts from the prior acceptance held so lightly that its outcome
+         * decides: one accepted draft is not outweighed by the rounds before
+         * the pause, and one rejected draft pauses again (held as firmly as
+         * a sequence's first prior, a rejected draft would leave 0.63, and
+         * where drafts are cheap that starts some ten losing rounds). */
         a->k_next = 1;
         a->probes++;
         a->since_start = 0;
-        a->accepted_ema = PRIOR_ACCEPT;
-        a->trials_ema = 1.0;
+        a->accepted_since_start = 0;
+        a->accepted_ema = PRIOR_ACCEPT * PROBE_PRIOR_TRIALS;
+        a->trials_ema = PROBE_PRIOR_TRIALS;
         a->accept_rate = PRIOR_ACCEPT;
     }
 }

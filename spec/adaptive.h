@@ -21,10 +21,12 @@
  *  - the next block length is the k in [1, k_max] with the largest S(k);
  *  - if the best S(k) is below 1 (speculation loses), and at least
  *    min_rounds rounds have been seen since speculation last (re)started
- *    (a probe: below 1 + min_gain, after its one round), speculation is
+ *    (a probe: below 1 + min_gain, after its one round), or if those
+ *    min_rounds rounds accepted no draft at all, speculation is
  *    switched off for this sequence for `pause_tokens` tokens, then probed
  *    again with k = 1 (acceptance can recover, e.g. entering boilerplate)
- *    from the prior acceptance, so that the probe's own outcome decides;
+ *    from the prior acceptance held so lightly (0.01 trials) that the
+ *    probe's own outcome decides;
  *    a probe that pays restarts speculation, one that does not doubles the
  *    next pause (at most 32 x pause_tokens). A probe costs about f + c plain
  *    steps, so no pause is shorter than (f + c) / probe_share tokens: probing
@@ -69,6 +71,7 @@ typedef struct tdm_adaptive {
     int pause_len;      /* length of the current pause */
     int rounds;
     int since_start;    /* rounds since speculation last (re)started */
+    int accepted_since_start; /* drafts accepted in those rounds */
     int pauses;         /* times speculation was switched off */
     int probes;         /* rounds run to test whether it pays again */
 } tdm_adaptive;
