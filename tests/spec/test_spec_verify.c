@@ -281,8 +281,8 @@ static void test_ngram(void)
 /* One request of `tokens` tokens under the adaptive rule, drafts accepted
  * with probability `acc` each, at a draft cost c and a round cost f (both
  * in plain steps, as the rule measures them): its time in plain steps. */
-static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, double acc,
-                                    double c, double f, uint64_t *y)
+static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, double acc, double c,
+                                    double f, uint64_t *y)
 {
     tdm_adaptive s;
     tdm_adaptive_init(&s, p);
@@ -333,7 +333,8 @@ static void test_adaptive_never_loses(void)
             for (int r = 0; r < 50; r++)
                 sum += adaptive_request_cost(&p, tokens, 0.0, costs[i][0], costs[i][1], &y);
             const double rel = sum / 50;
-            printf("adaptive, acceptance 0, c %.2f f %.2f, %d tokens: %.3f x plain's time\n", costs[i][0], costs[i][1], tokens, rel);
+            printf("adaptive, acceptance 0, c %.2f f %.2f, %d tokens: %.3f x plain's time\n",
+                   costs[i][0], costs[i][1], tokens, rel);
             CHECK(rel <= 1.03, "acceptance 0, c %.2f f %.2f, %d tokens: %.3f x plain's time",
                   costs[i][0], costs[i][1], tokens, rel);
         }
