@@ -568,6 +568,7 @@ static void post_request(rpc_worker *w)
 static void *worker_main(void *arg)
 {
     rpc_worker *w = arg;
+    pthread_setname_np(pthread_self(), "rpc-worker"); /* top -H, /proc/<pid>/task */
     int64_t last = 0; /* when the last event came (us) */
     for (;;) {
         /* Busy polling (spin.h): for a while after an event, or after a

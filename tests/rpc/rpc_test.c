@@ -7,6 +7,7 @@
  * Expected values come from the requests the tests make (texts, counts, the
  * gRPC status codes the spec prescribes), never from the layer's own output.
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1386,6 +1387,105 @@ static void test_busy_poll(void)
     fixture_stop(&f);
 }
 
+/* CPU time (clock ticks) of this process's thread named `name`; -1 when
+ * there is none. */
+static long thread_ticks(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long ticks = -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && ticks < 0) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], comm[64] = "", stat[1024];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (!fgets(comm, sizeof(comm), f))
+            comm[0] = 0;
+        fclose(f);
+        comm[strcspn(comm, "\n")] = 0;
+        if (strcmp(comm, name) != 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+        f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(stat, 1, sizeof(stat) - 1, f);
+        fclose(f);
+        stat[n] = 0;
+        /* after "(comm) ": state is field 3, utime 14, stime 15 */
+        const char *p = strrchr(stat, ')');
+        unsigned long ut = 0, st = 0;
+        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+            ticks = (long)(ut + st);
+    }
+    closedir(d);
+    return ticks;
+}
+
+/* The CPU time a server's worker spends while a client's read on this
+ * thread polls (busy polling 100 ms), its own calls quiet for longer. */
+static long worker_ticks_during_wait(bool poll_workers)
+{
+    tdm_error err;
+    tdm_rpc_server *srv = NULL;
+    tdm_rpc_server_options so = {
+        .listen = "127.0.0.1:0", .name = "test", .busy_poll_workers = poll_workers};
+    TDM_ASSERT(tdm_rpc_server_create(&so, &srv, &err) == TDM_OK);
+    TDM_ASSERT(echo_register(srv, &err) == TDM_OK);
+    TDM_ASSERT(tdm_rpc_server_start(srv, &err) == TDM_OK);
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", tdm_rpc_server_port(srv));
+    tdm_rpc_channel *ch = NULL;
+    tdm_rpc_channel_options co = {.target = target};
+    TDM_ASSERT(tdm_rpc_channel_create(&co, &ch, &err) == TDM_OK);
+    tdm_rpc_stream *s = NULL;
+    CHECK_ST(tdm_rpc_stream_open(ch, ECHO_CHAT, NULL, &tandem__test__echo_response__descriptor,
+                                 NULL, &s, &err),
+             TDM_OK, &err);
+    Tandem__Test__EchoRequest req = TANDEM__TEST__ECHO_REQUEST__INIT;
+    req.text = "late";
+    req.delay_ms = 400;
+    CHECK_ST(tdm_rpc_stream_write(s, &req.base, &err), TDM_OK, &err);
+    sleep_ms(150); /* the worker's last event is older than the busy-poll time */
+    const long before = thread_ticks("rpc-worker");
+    ProtobufCMessage *m = NULL;
+    CHECK_ST(tdm_rpc_stream_read(s, &m, &err), TDM_OK, &err);
+    const long after = thread_ticks("rpc-worker");
+    free_msg(m);
+    CHECK_ST(tdm_rpc_stream_close_send(s, &err), TDM_OK, &err);
+    tdm_rpc_stream_destroy(s);
+    tdm_rpc_channel_destroy(ch);
+    tdm_rpc_server_shutdown(srv, 1000);
+    tdm_rpc_server_destroy(srv);
+    CHECK(before >= 0 && after >= before);
+    return after - before;
+}
+
+/* A server whose workers poll while the process's waits poll (a
+ * verifier's, busy_poll_workers) keeps its one worker polling while a
+ * client's read of this process polls, though the worker's own calls are
+ * quiet: asleep in epoll, it would hold gRPC's one poller role of the
+ * process and the read's message would wait for its wake-up. A server
+ * without it lets its worker sleep. */
+static void test_busy_poll_workers(void)
+{
+    tdm_busy_poll_set(100000); /* before the servers: one worker each */
+    const long hz = sysconf(_SC_CLK_TCK);
+    const long polling = worker_ticks_during_wait(true);
+    const long sleeping = worker_ticks_during_wait(false);
+    tdm_busy_poll_set(0);
+    fprintf(stderr, "busy_poll_workers: worker CPU while a read polls 100 ms: %ld ticks polling, "
+                    "%ld asleep (%ld ticks/s)\n",
+            polling, sleeping, hz);
+    CHECK(polling >= hz * 100 / 1000 / 4); /* a quarter of the polled wait, on a busy host */
+    CHECK(sleeping <= 2);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1406,7 +1506,7 @@ int main(int argc, char **argv)
         {"propagation", test_propagation},
         {"max_streams", test_max_streams},
         {"wait_for_ready", test_wait_for_ready},
-        {"busy_poll", test_busy_poll},
+        {"busy_poll", test_busy_poll},  {"busy_poll_workers", test_busy_poll_workers},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: rpc_test NAME\n");
