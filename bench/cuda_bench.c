@@ -78,15 +78,9 @@ static void die(const char *what, const char *msg)
 
 /* ---- timing ----------------------------------------------------------------- */
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
+    bench_sort(v, n);
     return v[n / 2];
 }
 

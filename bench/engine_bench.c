@@ -99,15 +99,9 @@ static void gen_model(const char *dir)
 
 /* Medians, because other processes on a small shared machine inflate some
  * steps a lot; the median step is what an undisturbed engine does. */
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    bench_sort(v, n);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 

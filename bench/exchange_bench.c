@@ -43,6 +43,7 @@
 #include <grpc/support/time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "bench_util.h"
 #include "rpc.h"
 #include "spin.h"
 
@@ -414,15 +415,9 @@ static void raw_open(rawlink *r, const char *target)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void report(const char *what, double *us, int n)
 {
-    qsort(us, (size_t)n, sizeof(*us), cmp_double);
+    bench_sort(us, n);
     double sum = 0;
     for (int i = 0; i < n; i++)
         sum += us[i];

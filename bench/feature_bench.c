@@ -80,12 +80,6 @@ typedef struct result {
     double put_us, e2e_us, drafter_us, wire_bytes;
 } result;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* `rounds` messages of `rows` rows each over one transport (shm: a ring of
  * ring_bytes per run, as each Draft stream gets its own). */
 static result run(tdm_rpc_channel *ch, int width, int rows, int rounds,
@@ -182,8 +176,8 @@ static result run(tdm_rpc_channel *ch, int width, int rows, int rounds,
         m = NULL;
     }
     tdm_rpc_stream_destroy(st);
-    qsort(put, (size_t)rounds, sizeof(double), cmp_double);
-    qsort(e2e, (size_t)rounds, sizeof(double), cmp_double);
+    bench_sort(put, rounds);
+    bench_sort(e2e, rounds);
     result res = {.put_us = put[rounds / 2],
                   .e2e_us = e2e[rounds / 2],
                   .drafter_us = g_side.decode_s * 1e6 / rounds,

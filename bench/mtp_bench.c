@@ -36,15 +36,9 @@ static void die(const char *what, const char *msg)
     exit(1);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double median(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    bench_sort(v, n);
     return v[n / 2];
 }
 

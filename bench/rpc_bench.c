@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "bench_util.h"
 #include "rpc.h"
 
 #define REQ_DESC (&grpc__health__v1__health_check_request__descriptor)
@@ -24,15 +25,9 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void report(const char *what, double *us, int n)
 {
-    qsort(us, (size_t)n, sizeof(*us), cmp_double);
+    bench_sort(us, n);
     printf("%-28s n=%-6d median %7.1f us   p99 %7.1f us\n", what, n, us[n / 2],
            us[(int)(n * 0.99)]);
 }

@@ -577,7 +577,8 @@ static void *worker_main(void *arg)
          * poller of the process is never a worker asleep in epoll while
          * another thread polls for its own call's messages. */
         const int64_t busy = w->server->busy_poll_workers ? tdm_busy_poll_us() : 0;
-        const int64_t recent = last > tdm_spin_last_poll_us() ? last : tdm_spin_last_poll_us();
+        const int64_t polled = tdm_spin_last_poll_us();
+        const int64_t recent = last > polled ? last : polled;
         const bool hot = busy > 0 && tdm_spin_now_us() - recent < busy;
         /* Not hot, it sleeps; with busy polling set, for 5 ms at a time, so
          * that a wait of the process that starts polling finds it polling

@@ -15,6 +15,18 @@ double bench_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void bench_sort(double *v, int n)
+{
+    if (n > 1)
+        qsort(v, (size_t)n, sizeof(*v), cmp_double);
+}
+
 static uint64_t rs = 88172645463325252ull;
 
 float bench_urand(void)

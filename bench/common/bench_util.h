@@ -15,6 +15,8 @@ extern "C" {
 
 /* Seconds on the monotonic clock. */
 double bench_now(void);
+/* Sorts v[0..n) ascending (for medians and percentiles). */
+void bench_sort(double *v, int n);
 
 /* Uniform in [-1, 1) from a fixed-seed xorshift stream. */
 float bench_urand(void);
