@@ -79,6 +79,17 @@ size_t tdm_model_weight_bytes(const tdm_model *m);
  * On by default; no effect on a backend without graphs. Results are the
  * same bits either way. */
 void tdm_model_set_graphs(tdm_model *m, int on);
+/* A drafter's model drafting from n token ids only (ascending, each once,
+ * within the vocabulary), as FR-Spec and SGLang's speculative token maps do:
+ * every step's LM head then reads those rows alone (a copy, [n, H], loaded
+ * here), so a step streams n/vocab of the head's bytes; its logits come back
+ * -inf outside them, and argmaxes and greedy drafts are the best among them
+ * (lowest id on ties). Once per model, before its first step:
+ * FAILED_PRECONDITION the second time and on a tensor-parallel model;
+ * INVALID_ARGUMENT naming the first entry out of order or range. */
+tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err);
+/* Tokens the model's logits cover: its draft vocabulary's, or all. */
+int tdm_model_draft_vocab_size(const tdm_model *m);
 /* Sizes the workspace for forward steps of up to `rows` rows now
  * (tdm_capacity_workspace_bytes), so that such steps allocate nothing;
  * RESOURCE_EXHAUSTED when the backend cannot hold it. */

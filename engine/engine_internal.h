@@ -68,6 +68,16 @@ typedef struct tdm_weight_store {
 
 void tdm_weight_store_free(tdm_backend *be, tdm_weight_store *s);
 
+/* A draft vocabulary (tdm_model_set_draft_vocab, tdm_mtp_set_vocab): the LM
+ * head's rows of n token ids, which draft steps read instead of the whole
+ * head; n 0: none. */
+typedef struct tdm_draft_vocab {
+    int n;
+    tdm_weight head; /* [n, H], placed in m->into's store */
+    int32_t *ids;    /* host [n]: the token ids, ascending */
+    int32_t *map;    /* backend [n]: the same, for argmax_to */
+} tdm_draft_vocab;
+
 struct tdm_model {
     tdm_model_config cfg;  /* what this model computes with: a rank's slice (shard.h) */
     tdm_model_config full; /* the checkpoint's config (== cfg for a whole model) */
@@ -85,6 +95,7 @@ struct tdm_model {
     tdm_weight_store store; /* the model's weights, freed at destroy */
     tdm_weight_store *into; /* where loaders record what they place: &store, or an MTP head's */
     tdm_workspace ws;
+    tdm_draft_vocab dv; /* every logits row over these ids alone (drafters) */
     int32_t *draft_ids; /* backend memory [draft_cap]: tdm_seq_draft's tokens */
     int draft_cap;
     int graphs;       /* steps go through the backend's graph slots (tdm_model_set_graphs) */
@@ -193,6 +204,16 @@ tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t ro
 tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_prefix, int64_t rows,
                                       int64_t cols, const int32_t *ids, int n, tdm_weight *w,
                                       tdm_error *err);
+/* Checks ids (ascending, each once, within the vocabulary: INVALID_ARGUMENT
+ * naming the first that is not) and loads their LM-head rows into
+ * m->into's store; FAILED_PRECONDITION when dv holds a vocabulary already. */
+tdm_status tdm_draft_vocab_load(tdm_model *m, const int32_t *ids, int n, tdm_draft_vocab *dv,
+                                tdm_error *err);
+/* Frees dv's ids and map (its rows go with their store). */
+void tdm_draft_vocab_free(tdm_backend *be, tdm_draft_vocab *dv);
+/* A row of dv's logits, row[i] for token ids[i] (i < n), spread out in place
+ * to the whole vocabulary [V], -inf for the tokens outside it. */
+void tdm_draft_vocab_spread(const tdm_draft_vocab *dv, float *row, int V);
 /* A model of `dir` with its embedding, final norm and LM head but no
  * decoder layers (an MTP head's own copy of what it shares; no sequences). */
 tdm_status tdm_model_load_head(const char *dir, tdm_backend *be, tdm_model **out, tdm_error *err);

@@ -521,6 +521,7 @@ void tdm_model_destroy(tdm_model *m)
         free(m);
         return;
     }
+    tdm_draft_vocab_free(m->be, &m->dv);
     tdm_weight_store_free(m->be, &m->store);
     if (m->ws.block)
         m->be->free(m->be->ctx, m->ws.block);
@@ -531,6 +532,20 @@ void tdm_model_destroy(tdm_model *m)
     free(m->inv_freq);
     tdm_st_close(m->st);
     free(m);
+}
+
+tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err)
+{
+    if (m->group || m->comm)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "a draft vocabulary on a tensor-parallel model: its LM head is "
+                             "split over ranks");
+    return tdm_draft_vocab_load(m, ids, n, &m->dv, err);
+}
+
+int tdm_model_draft_vocab_size(const tdm_model *m)
+{
+    return m->dv.n ? m->dv.n : m->cfg.vocab_size;
 }
 
 const tdm_model_config *tdm_model_get_config(const tdm_model *m)

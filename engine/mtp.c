@@ -44,11 +44,7 @@ struct tdm_mtp {
     int graphs;              /* draft chains through the backend's graph slots */
     int32_t *dids;           /* backend [dcap]: drafts on the device, [step, sequence] */
     int dcap;
-    /* The draft vocabulary (tdm_mtp_set_vocab); vn 0: the whole one. */
-    int vn;
-    tdm_weight vhead; /* [vn, H]: the LM head's rows of its ids */
-    int32_t *vids;    /* host [vn]: its token ids, ascending */
-    int32_t *vmap;    /* backend [vn]: the same, for argmax_to */
+    tdm_draft_vocab dv; /* the draft vocabulary (tdm_mtp_set_vocab); n 0: the whole one */
 };
 
 struct tdm_mtp_seq {
@@ -151,9 +147,8 @@ void tdm_mtp_destroy(tdm_mtp *h)
         be->free(be->ctx, h->y[0]);
         be->free(be->ctx, h->y[1]);
         be->free(be->ctx, h->dids);
-        be->free(be->ctx, h->vmap);
+        tdm_draft_vocab_free(be, &h->dv);
     }
-    free(h->vids);
     tdm_model_destroy(h->own);
     free(h);
 }
@@ -171,47 +166,11 @@ const tdm_model_config *tdm_mtp_get_config(const tdm_mtp *h)
 tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *err)
 {
     tdm_model *m = h->m;
-    const int V = m->cfg.vocab_size;
-    if (h->vn)
-        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "the MTP head already drafts from a vocabulary of %d tokens", h->vn);
-    if (n < 1 || n > V)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "a draft vocabulary of %d tokens: the model's has %d", n, V);
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= V)
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "draft vocabulary entry %d: token %d is outside the model's "
-                                 "vocabulary 0..%d",
-                                 i, (int)ids[i], V - 1);
-        if (i > 0 && ids[i] <= ids[i - 1])
-            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                                 "draft vocabulary entry %d: token %d after %d (the ids must "
-                                 "ascend, each once)",
-                                 i, (int)ids[i], (int)ids[i - 1]);
-    }
-    tdm_backend *be = m->be;
-    int32_t *map = be->alloc(be->ctx, (size_t)n * sizeof(int32_t));
-    if (!map)
-        return tdm_error_oom(err, (size_t)n * sizeof(int32_t), "a draft vocabulary's ids");
-    /* The LM head's rows: those of the embedding when tied. */
-    const bool tied = m->cfg.tie_word_embeddings;
     tdm_weight_store *saved = m->into;
     m->into = &h->store;
-    tdm_status rc = tdm_model_load_matrix_rows(m, tied ? "embed_tokens.weight" : "lm_head.weight",
-                                               tied, V, m->cfg.hidden_size, ids, n, &h->vhead, err);
+    tdm_status rc = tdm_draft_vocab_load(m, ids, n, &h->dv, err);
     m->into = saved;
-    if (rc != TDM_OK) {
-        be->free(be->ctx, map);
-        return tdm_error_prefix(err, "draft vocabulary");
-    }
-    be->upload(be->ctx, map, ids, (size_t)n * sizeof(int32_t));
-    be->sync(be->ctx);
-    h->vids = tdm_xmalloc((size_t)n * sizeof(int32_t));
-    memcpy(h->vids, ids, (size_t)n * sizeof(int32_t));
-    h->vmap = map;
-    h->vn = n;
-    return TDM_OK;
+    return rc;
 }
 
 void tdm_mtp_set_graphs(tdm_mtp *h, int on)
@@ -221,7 +180,7 @@ void tdm_mtp_set_graphs(tdm_mtp *h, int on)
 
 int tdm_mtp_vocab_size(const tdm_mtp *h)
 {
-    return h->vn ? h->vn : h->m->cfg.vocab_size;
+    return h->dv.n ? h->dv.n : h->m->cfg.vocab_size;
 }
 
 /* ---- sequences --------------------------------------------------------- */
@@ -541,17 +500,6 @@ static tdm_status dids_ensure(tdm_mtp *h, int n, tdm_error *err)
     return TDM_OK;
 }
 
-/* A row of a draft vocabulary's logits, row[i] for token ids[i] (i < n),
- * spread out in place to the whole vocabulary [V], -inf for the tokens
- * outside it. From the last id down, so an entry moves only up, onto a
- * place already read (ids ascend: ids[i] >= i). */
-static void spread_row(float *row, const int32_t *ids, int n, int V)
-{
-    int j = n - 1;
-    for (int p = V - 1; p >= 0; p--)
-        row[p] = j >= 0 && ids[j] == p ? row[j--] : -INFINITY;
-}
-
 tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
                            const int32_t *const *forced, int32_t *const *drafts, float *logits,
                            tdm_error *err)
@@ -588,9 +536,9 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
             TDM_OK)
             return rc;
     const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
-    /* The head's rows a draft step reads: Vd of them, token vids[i] at i. */
-    const size_t Vd = h->vn ? (size_t)h->vn : V;
-    const tdm_weight head = h->vn ? h->vhead : m->lm_head;
+    /* The head's rows a draft step reads: Vd of them, token dv.ids[i] at i. */
+    const size_t Vd = h->dv.n ? (size_t)h->dv.n : V;
+    const tdm_weight head = h->dv.n ? h->dv.head : m->lm_head;
     /* Longest chains first: step j runs a prefix of them (x < na[j]), so
      * sequence ord[x]'s rows are row x of every step. */
     int *ord = tdm_xmalloc((size_t)nseq * sizeof(int));
@@ -675,13 +623,13 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
             be->matmul(bx, m->ws.logits, y, head, na[j], (int)H, (int)Vd, 0); /* [na, Vd] */
             if (device) {
                 be->argmax_to(bx, h->dids + (size_t)j * nseq, m->ws.logits, rows, na[j], (int)Vd,
-                              h->vn ? h->vmap : NULL);
+                              h->dv.n ? h->dv.map : NULL);
                 continue;
             }
             be->argmax(bx, am, m->ws.logits, na[j], (int)Vd);
             for (int x = 0; x < na[j]; x++) {
                 const int i = ord[x];
-                drafts[i][j] = forced ? forced[i][j] : h->vn ? h->vids[am[x]] : am[x];
+                drafts[i][j] = forced ? forced[i][j] : h->dv.n ? h->dv.ids[am[x]] : am[x];
                 if (logits) /* the row's first Vd values; spread out below */
                     be->download(bx, logits + (out0[i] + (size_t)j) * V,
                                  m->ws.logits + (size_t)x * Vd, Vd * sizeof(float));
@@ -708,9 +656,9 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     for (int x = 0; device && x < nseq; x++)
         for (int j = 0; j < k[ord[x]]; j++)
             drafts[ord[x]][j] = forced ? forced[ord[x]][j] : am[(size_t)j * nseq + (size_t)x];
-    if (logits && h->vn)
+    if (logits && h->dv.n)
         for (size_t r = 0; r < (size_t)out0[nseq - 1] + (size_t)k[nseq - 1]; r++)
-            spread_row(logits + r * V, h->vids, h->vn, (int)V);
+            tdm_draft_vocab_spread(&h->dv, logits + r * V, (int)V);
     for (int i = 0; i < nseq; i++)
         seqs[i]->carry = drafts[i][k[i] - 1];
     free(ord);

@@ -256,23 +256,33 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
                                 model);
     }
     tdm_mtp_set_graphs(rt->mtp, tdm_cfg_bool(cfg, "cuda_graphs"));
-    const char *vocab = tdm_cfg_str(cfg, "draft_vocab");
-    if (vocab[0]) {
-        int32_t *ids = NULL;
-        int n = 0;
-        rc = tdm_token_list_read(vocab, tdm_mtp_get_config(rt->mtp)->vocab_size, &ids, &n, err);
-        if (rc == TDM_OK)
-            rc = tdm_mtp_set_vocab(rt->mtp, ids, n, err);
-        free(ids);
-        if (rc != TDM_OK) {
-            tdm_runtime_close(rt);
-            return tdm_error_prefix(err, "draft_vocab %s", vocab);
-        }
-        tdm_log_info(component, "drafting from the %d tokens of %s (of %d)", n, vocab,
-                     tdm_mtp_get_config(rt->mtp)->vocab_size);
+    if ((rc = tdm_runtime_set_draft_vocab(rt, tdm_cfg_str(cfg, "draft_vocab"), component, err)) !=
+        TDM_OK) {
+        tdm_runtime_close(rt);
+        return rc;
     }
     tdm_log_info(component, "MTP head of %s on %s (%s): %zu bytes of its own weights", model,
                  rt->backend_name, rt->why, tdm_mtp_weight_bytes(rt->mtp));
     *out = rt;
+    return TDM_OK;
+}
+
+tdm_status tdm_runtime_set_draft_vocab(tdm_runtime *rt, const char *path, const char *component,
+                                       tdm_error *err)
+{
+    if (!path[0])
+        return TDM_OK;
+    const int V = rt->mtp ? tdm_mtp_get_config(rt->mtp)->vocab_size
+                          : tdm_model_get_config(rt->model)->vocab_size;
+    int32_t *ids = NULL;
+    int n = 0;
+    tdm_status rc = tdm_token_list_read(path, V, &ids, &n, err);
+    if (rc == TDM_OK)
+        rc = rt->mtp ? tdm_mtp_set_vocab(rt->mtp, ids, n, err)
+                     : tdm_model_set_draft_vocab(rt->model, ids, n, err);
+    free(ids);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, "draft_vocab %s", path);
+    tdm_log_info(component, "drafting from the %d tokens of %s (of %d)", n, path, V);
     return TDM_OK;
 }

@@ -53,5 +53,11 @@ tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_r
  * head is an error naming the model directory and the missing tensor. */
 tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
                                     tdm_error *err);
+/* A drafter's draft vocabulary: the token ids of the file at path
+ * (tdm_token_list_read) for its MTP head (tdm_mtp_set_vocab) or its model
+ * (tdm_model_set_draft_vocab); "" leaves the whole vocabulary. Errors name
+ * the file; the choice is logged under component. */
+tdm_status tdm_runtime_set_draft_vocab(tdm_runtime *rt, const char *path, const char *component,
+                                       tdm_error *err);
 
 #endif

@@ -229,6 +229,7 @@ static uint64_t fwd_key(const tdm_model *m, const fwd_step *st)
     uint64_t h = tdm_key_mix(0x243f6a8885a308d3ull, (uint64_t)(uintptr_t)m);
     h = tdm_key_mix(h, (uint64_t)(uintptr_t)m->ws.block);
     h = tdm_key_mix(h, (uint64_t)m->ws.rows);
+    h = tdm_key_mix(h, (uint64_t)m->dv.n);
     h = tdm_key_mix(h, ((uint64_t)st->nseq << 3) | ((uint64_t)st->prefill << 2) |
                            (uint64_t)st->logits);
     for (int i = 0; i < st->nseq; i++)
@@ -409,6 +410,8 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
             be->matmul(bx,
                        w->gathered + (size_t)m->comm->rank * (size_t)R * (size_t)m->shard.vocab_n,
                        w->xn, m->lm_head, R, H, m->shard.vocab_n, 0);
+        else if (st->logits == 1 && m->dv.n) /* [R, draft vocabulary] */
+            be->matmul(bx, w->logits, w->xn, m->dv.head, R, H, m->dv.n, 0);
         else if (st->logits == 1)
             be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
     }
@@ -446,11 +449,12 @@ static void gather_logits(tdm_model *m, int R, fwd_step *st)
  * logits rows and argmaxes the host gets (tdm_step_out). Advances every
  * n_past. On a backend with graphs the ops are one bracketed step (fwd_key);
  * argmax and logits come back after it. */
-/* Downloads the rows (width values each) of the sequences `want` flags
- * (NULL: all) from src to dst: runs of consecutive wanted sequences, one
- * copy each. */
+/* Downloads the rows of the sequences `want` flags (NULL: all) from src
+ * (src_width values a row) to dst (width a row): runs of consecutive wanted
+ * sequences, one copy each where the widths agree, else one a row. */
 static void download_rows(tdm_backend *be, void *bx, float *dst, const float *src, size_t width,
-                          const uint8_t *want, const int *row0, const int *counts, int nseq)
+                          size_t src_width, const uint8_t *want, const int *row0,
+                          const int *counts, int nseq)
 {
     for (int i = 0; i < nseq;) {
         if (want && !want[i]) {
@@ -461,9 +465,24 @@ static void download_rows(tdm_backend *be, void *bx, float *dst, const float *sr
         while (j < nseq && (!want || want[j]))
             j++;
         const size_t r0 = (size_t)row0[i], nr = (size_t)(row0[j - 1] + counts[j - 1]) - r0;
-        be->download(bx, dst + r0 * width, src + r0 * width, nr * width * sizeof(float));
+        if (src_width == width)
+            be->download(bx, dst + r0 * width, src + r0 * width, nr * width * sizeof(float));
+        else
+            for (size_t r = r0; r < r0 + nr; r++)
+                be->download(bx, dst + r * width, src + r * src_width, src_width * sizeof(float));
         i = j;
     }
+}
+
+/* Host logits rows of a model with a draft vocabulary, downloaded at its
+ * width: spread out to the whole vocabulary (after the sync). */
+static void spread_rows(const tdm_model *m, float *logits, const uint8_t *want, const int *row0,
+                        const int *counts, int nseq)
+{
+    for (int i = 0; i < nseq; i++)
+        for (int r = row0[i]; (!want || want[i]) && r < row0[i] + counts[i]; r++)
+            tdm_draft_vocab_spread(&m->dv, logits + (size_t)r * (size_t)m->cfg.vocab_size,
+                                   m->cfg.vocab_size);
 }
 
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
@@ -524,18 +543,24 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         fwd_ops(m, &st);
     }
     const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
+    const size_t Vl = (size_t)tdm_model_draft_vocab_size(m); /* a logits row's width */
     if (gathers(m) && st.logits == 1)
         gather_logits(m, R, &st);
     if (out && out->argmax)
-        be->argmax(bx, out->argmax, m->ws.logits, R, (int)V);
+        be->argmax(bx, out->argmax, m->ws.logits, R, (int)Vl);
     if (out && out->logits)
-        download_rows(be, bx, out->logits, m->ws.logits, V, out->want_logits, st.row0, counts,
+        download_rows(be, bx, out->logits, m->ws.logits, V, Vl, out->want_logits, st.row0, counts,
                       nseq);
     if (out && out->hidden) /* ws.xn holds the final norm's output (fwd_ops) */
-        download_rows(be, bx, out->hidden, m->ws.xn, H,
+        download_rows(be, bx, out->hidden, m->ws.xn, H, H,
                       out->want_hidden ? out->want_hidden : out->want_logits, st.row0, counts,
                       nseq);
     be->sync(bx);
+    if (m->dv.n && out && out->argmax)
+        for (int r = 0; r < R; r++)
+            out->argmax[r] = m->dv.ids[out->argmax[r]];
+    if (m->dv.n && out && out->logits)
+        spread_rows(m, out->logits, out->want_logits, st.row0, counts, nseq);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
     step_scratch_free(&st);
@@ -1013,13 +1038,13 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
         .logits = 1,
     };
     step_scratch(&st, nseq, Rmax, 0);
-    const int V = m->cfg.vocab_size;
     /* The key: the model, the workspace, where the tokens go, and per
      * chain its length, lead rows and strategy (backend.h). */
     uint64_t key = tdm_key_mix(0x452821e638d01377ull, (uint64_t)(uintptr_t)m);
     key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->ws.block);
     key = tdm_key_mix(key, (uint64_t)m->ws.rows);
     key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->draft_ids);
+    key = tdm_key_mix(key, (uint64_t)m->dv.n);
     key = tdm_key_mix(key, ((uint64_t)nseq << 1) | (forced != NULL));
     for (int x = 0; x < nseq; x++)
         key = tdm_key_mix(key, ((uint64_t)k[ord[x]] << 40) | ((uint64_t)nlead[ord[x]] << 8) |
@@ -1049,8 +1074,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
             }
             st.R = R;
             fwd_ops(m, &st);
-            be->argmax_to(bx, m->draft_ids + (size_t)s * (size_t)nseq, m->ws.logits, rows, n, V,
-                          NULL);
+            be->argmax_to(bx, m->draft_ids + (size_t)s * (size_t)nseq, m->ws.logits, rows, n,
+                          tdm_model_draft_vocab_size(m), m->dv.n ? m->dv.map : NULL);
             for (int x = 0; x < n; x++) {
                 sq[x]->n_past += counts[x];
                 sq[x]->pending += counts[x];

@@ -418,11 +418,12 @@ static const tdm_cfg_key drafter_keys[] = {
      "Tokens proposed per round; at most the verifier's max_draft_tokens."},
     {"draft_vocab", TDM_CFG_PATH, "", NULL, 0, 0, TDM_CFG_EMPTY_OK | TDM_CFG_PATH_FILE, NULL,
      GRP_SPEC,
-     "drafter_kind mtp: a file of token ids (decimal, any order; tools/draft_vocab.py ranks a "
-     "corpus's tokens into one) that the head drafts from instead of the whole vocabulary: a "
-     "draft step's LM head reads only their rows (32768 of Qwen3.5's 248320 are an eighth of "
-     "its bytes), and a token outside them is never proposed. Outputs are the same either way; "
-     "acceptance is what it costs. Empty: the whole vocabulary."},
+     "drafter_kind model or mtp: a file of token ids (decimal, any order; tools/draft_vocab.py "
+     "ranks a corpus's tokens into one) that the drafter drafts from instead of the whole "
+     "vocabulary: a draft step's LM head reads only their rows (32768 of Qwen3.5's 248320 are an "
+     "eighth of its bytes; a third of a 0.8B drafter's step streams its LM head), and a token "
+     "outside them is never proposed. Outputs are the same either way; acceptance is what it "
+     "costs. Empty: the whole vocabulary."},
     {"run_ahead", TDM_CFG_ENUM, "auto", "auto|on|off", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
      "Draft the next block while the verifier verifies this one, assuming it is accepted "
      "whole (used only when the verdict bears that out; greedy requests); auto: on for a model "
@@ -992,19 +993,20 @@ static tdm_status check_mtp_run_ahead(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "drafter_kind", b, sizeof(b)));
 }
 
-/* A draft vocabulary belongs to an MTP head, and its ids to the model's
- * vocabulary: read here as the start would read it. */
+/* A draft vocabulary restricts an LM head (a drafter model's or an MTP
+ * head's), and its ids belong to the model's vocabulary: read here as the
+ * start would read it. */
 static tdm_status check_draft_vocab(const tdm_cfg *cfg, tdm_error *err)
 {
     const char *path = tdm_cfg_str(cfg, "draft_vocab");
     if (!path[0])
         return TDM_OK;
     char a[512], b[512];
-    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) !=
-        TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP)
+    if (tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) ==
+        TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                             "%s is set, but %s drafts without an MTP head's LM head to restrict; "
-                             "unset draft_vocab or set drafter_kind to mtp",
+                             "%s is set, but %s drafts without an LM head to restrict; unset "
+                             "draft_vocab or set drafter_kind to model or mtp",
                              tdm_cfg_describe(cfg, "draft_vocab", a, sizeof(a)),
                              tdm_cfg_describe(cfg, "drafter_kind", b, sizeof(b)));
     tdm_model_config mc;
@@ -1224,7 +1226,7 @@ static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON,
                                                {"model-drafter-needs-model", check_drafter_model},
                                                {"mtp-drafter-needs-head", check_mtp_head},
                                                {"mtp-drafts-after-verdicts", check_mtp_run_ahead},
-                                               {"draft-vocab-for-mtp", check_draft_vocab}};
+                                               {"draft-vocab-needs-lm-head", check_draft_vocab}};
 
 const tdm_cfg_schema tdm_svc_gateway_schema = {
     "tandem-gateway",

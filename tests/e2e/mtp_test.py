@@ -28,11 +28,12 @@ Cases:
   no_head    a drafter whose model has no mtp.* tensors refuses to start,
              naming the model and the missing tensor; the configuration
              checks of drafter_kind mtp
-  vocab      a draft vocabulary (draft_vocab): outputs unchanged, drafts
-             only from the listed tokens, each block's first draft the best
-             listed token of the head's row by `tandem logits --mtp-out`;
-             another drafter kind and malformed lists refused, naming the
-             file, the line and the token
+  vocab      a draft vocabulary (draft_vocab), on the MTP head and on a model
+             drafter: outputs unchanged, drafts only from the listed tokens,
+             each block's first draft the best listed token of the head's row
+             by `tandem logits --mtp-out` (of the model's row by `tandem
+             logits`); an n-gram drafter and malformed lists refused, naming
+             the file, the line and the token
   shm        the colocated feature stream (feature_transport): greedy
              outputs with shm equal those with grpc and plain decoding over
              many prompts, the rows really going by shared memory (counters,
@@ -168,15 +169,17 @@ def counters(target, path):
     return {c["name"]: float(c["value"]) for c in (resp or {}).get("counters", [])}
 
 
-def stack(model, dtype, verifier_args=(), drafter_args=(), own_shm=False):
-    """Gateway, verifier v1 and MTP drafter d-mtp; own_shm: the drafter in a
-    mount namespace with its own /dev/shm (as on another host)."""
+def stack(model, dtype, verifier_args=(), drafter_args=(), own_shm=False, kind="mtp"):
+    """Gateway, verifier v1 and MTP drafter d-mtp (kind "model": the model
+    drafting for itself, still named d-mtp); own_shm: the drafter in a mount
+    namespace with its own /dev/shm (as on another host)."""
     gw = st.gateway()
     v = st.replica("verifier", gw, "--model", model, "--replica-id", "v1", "--max-draft-tokens",
                    "8", *verifier_args)
-    dargs = ["--model", model, "--drafter-kind", "mtp", "--replica-id", "d-mtp",
-             "--draft-block-size", str(BLOCK), "--feature-dtype", dtype, "--log-level",
-             "debug"] + list(drafter_args)
+    dargs = ["--model", model, "--drafter-kind", kind, "--replica-id", "d-mtp",
+             "--draft-block-size", str(BLOCK), "--log-level", "debug"] + list(drafter_args)
+    if kind == "mtp":
+        dargs += ["--feature-dtype", dtype]
     if own_shm:
         d = st.Proc("drafter", shutil.which("unshare"),
                     ["-rm", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"',
@@ -547,12 +550,14 @@ def case_vocab():
     check(checked >= len(ps) // 2, "first drafts checked against tandem logits: %d" % checked)
     print("draft_vocab: %d blocks, %d first drafts checked" % (len(blocks), checked), flush=True)
     stop_all()
-    # Refusals: another drafter kind, lists that are no lists of this model's ids.
-    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "model",
-                           "--model", model, "--draft-vocab", path])
-    check(rc != 0 and "draft-vocab-for-mtp" in out and "drafter_kind=model (flag:--drafter-kind)"
-          in out and ("draft_vocab=%s (flag:--draft-vocab)" % path) in out,
-          "draft_vocab with a model drafter:\n" + out)
+    vocab_model_drafter(model, path, listed, V, ps)
+    # Refusals: a drafter without an LM head, lists that are no lists of this model's ids.
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "ngram",
+                           "--draft-vocab", path])
+    check(rc != 0 and "draft-vocab-needs-lm-head" in out and
+          "drafter_kind=ngram (flag:--drafter-kind)" in out and
+          ("draft_vocab=%s (flag:--draft-vocab)" % path) in out,
+          "draft_vocab with an n-gram drafter:\n" + out)
     for name, text, want in (("v-word.txt", "3 6\n9 x12\n", ":2: 'x12' is not a token id"),
                              ("v-range.txt", "1 %d\n" % V, "token %d is outside" % V),
                              ("v-twice.txt", "4\n5\n4\n", "token 4 is listed twice (lines 1 "
@@ -571,6 +576,52 @@ def case_vocab():
                            model, "--draft-vocab", path])
     check(rc == 0 and re.search(r"^draft_vocab: +%s +# flag" % re.escape(path), out, re.M),
           "a good list passes --check-config:\n" + out)
+
+
+def vocab_model_drafter(model, path, listed, V, ps):
+    """The same list on a model drafter (the model drafting for itself):
+    greedy outputs the plain ones, drafts only listed tokens, each block's
+    first draft the best listed token of the model's row by `tandem logits`
+    (the CPU, the whole vocabulary); sampled requests complete speculating."""
+    import numpy as np
+    gw, v, d, s = stack(model, "f32", drafter_args=("--draft-vocab", path), kind="model")
+    check("drafting from the %d tokens of %s (of %d)" % (len(listed), path, V) in d.text(),
+          "the model drafter logs its vocabulary:\n" + d.text()[-2000:])
+    plain, spec = run_prompts(gw, ps)
+    same_outputs("draft_vocab, model drafter", plain, spec)
+    blocks = blocks_of(d)
+    check(len(blocks) >= len(ps), "model drafter: blocks were drafted: %d" % len(blocks))
+    outside = [t for b in blocks for t in b[3] if t not in set(listed)]
+    check(not outside, "model drafter: drafted tokens outside the vocabulary: %s" % outside[:10])
+    first = {}
+    for b in blocks:
+        first.setdefault(b[0], b)
+    by_len = {len(p) + 1: i for i, p in enumerate(ps)}
+    checked = 0
+    ref = os.path.join(st.TMP, "model-ref.npy")
+    for sid, (_, rnd, pos, drafts) in sorted(first.items()):
+        i = by_len.get(pos)
+        if i is None or not drafts:
+            continue
+        # the block follows the prompt and the first generated token
+        ctx = ps[i] + spec[i][2]
+        rc, so, se = st.run([st.ARGS.cli, "logits", "--model", model, "--ids",
+                             ",".join(map(str, ctx[:pos])), "--out", ref])
+        if not check(rc == 0, "tandem logits: rc %d %s%s" % (rc, so, se)):
+            continue
+        row = np.load(ref)[pos - 1]
+        want = listed[int(np.argmax(row[listed]))]
+        check(drafts[0] == want, "model drafter, prompt %d: first draft %d, the best listed "
+              "token of the model's row %d" % (i, drafts[0], want))
+        checked += 1
+    check(checked >= len(ps) // 2, "model drafter: first drafts checked: %d" % checked)
+    sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
+    res = [generate(gw, p, sampling=sampling) for p in ps[:3]]
+    check(all(r[0] == "OK" and r[3] and r[3]["stats"]["speculation"].startswith("on")
+              for r in res), "model drafter, sampled: %s" % [r[:2] for r in res])
+    print("draft_vocab, model drafter: %d blocks, %d first drafts checked, %d sampled requests"
+          % (len(blocks), checked, len(res)), flush=True)
+    stop_all()
 
 
 def segments(pid):

@@ -19,6 +19,7 @@
  *    again, the drafts and the primed logits those of the plain CPU backend.
  */
 #include "bench_util.h"
+#include "draft_vocab_steps.h"
 #include "mtp.h"
 #include "steps.h"
 #include "util.h"
@@ -435,6 +436,8 @@ int main(void)
     tdm_backend *cpu = test_backend();
     tdm_backend fake = fake_backend(cpu);
     check_draft_forms("f32_gqa", cpu);
+    draft_vocab_check("f32_gqa", cpu);
+    draft_vocab_check("bf16_alt", cpu);
     check_script("f32_gqa", cpu, &fake, 3);
     check_script("bf16_alt", cpu, &fake, 2);
     check_script("f32_odd", cpu, &fake, 0);

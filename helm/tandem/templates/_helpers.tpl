@@ -82,8 +82,8 @@ with the values keys in place of the config files.
 {{- if and $v.tls.certManager.enabled (not $v.tls.certManager.issuerRef.name) -}}
 {{- fail "tls.certManager.enabled needs tls.certManager.issuerRef.name (the Issuer or ClusterIssuer that signs the roles' certificates)" -}}
 {{- end -}}
-{{- if and $s.draftVocab (ne $s.drafterKind "mtp") -}}
-{{- fail (printf "draft_vocab (values speculative.draftVocab) is set, but drafter_kind=%s (values speculative.drafterKind) drafts without an MTP head's LM head to restrict; unset draft_vocab or set drafter_kind to mtp (check draft-vocab-for-mtp)" $s.drafterKind) -}}
+{{- if and $s.draftVocab (eq $s.drafterKind "ngram") -}}
+{{- fail (printf "draft_vocab (values speculative.draftVocab) is set, but drafter_kind=%s (values speculative.drafterKind) drafts without an LM head to restrict; unset draft_vocab or set drafter_kind to model or mtp (check draft-vocab-needs-lm-head)" $s.drafterKind) -}}
 {{- end -}}
 {{- if and (eq $s.featureTransport "shm") (ne $v.drafter.mode "colocated") -}}
 {{- fail "feature_transport=shm (values speculative.featureTransport) needs drafter.mode=colocated: a remote drafter's pod has its own /dev/shm, so the verifier's shared-memory ring cannot reach it; set featureTransport to grpc or auto (or empty: the chart picks), or drafter.mode to colocated" -}}
