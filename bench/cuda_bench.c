@@ -4,7 +4,7 @@
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--k 0,4,8,16] [--steps N]
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
- *                    [--context N] [--model DIR] [--tp N]
+ *                    [--context N] [--model DIR] [--tp N] [--draft 2,4] [--draft-vocab N]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -38,6 +38,12 @@
  * a step that grows the cache would time the copy). --model DIR loads an
  * existing checkpoint (bench_make_model's, any layout) instead of writing
  * one; its load time and read rate are printed, and it is left in place.
+ * --draft K,... adds, per batch size, a drafter's round: a greedy draft
+ * chain of K tokens after one lead token (tdm_seq_draft: on the device, one
+ * graph) and the commit of all its rows, what a drafter runs for a block
+ * that was accepted whole. --draft-vocab N makes the model draft from the
+ * token ids 0..N-1 alone (tdm_model_set_draft_vocab: every step's LM head
+ * reads N rows), as a drafter with draft_vocab does.
  * --tp N splits the model over CUDA devices 0..N-1 (tensor parallel, one
  * rank a device, NCCL between them; tdm_model_load_group): the floor is then
  * a rank's weight bytes ÷ one device's bandwidth, and after the table the
@@ -85,6 +91,52 @@ static double median(double *v, int n)
 }
 
 static tdm_state_strategy strategy = TDM_STATE_EXTRA_BUFFER; /* --strategy */
+
+/* A drafter's round (--draft): median ms of a greedy chain of k drafts after
+ * one lead token, and the commit of its k rows, for `batch` sequences
+ * continuing from a 32-token prompt. */
+static double time_draft(tdm_model *m, int batch, int k, int steps)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    tdm_seq_params p = {strategy, k, 0};
+    tdm_seq *seqs[64];
+    tdm_error err;
+    int32_t prompt[32];
+    for (int i = 0; i < 32; i++)
+        prompt[i] = (i * 7919 + 13) % V;
+    for (int b = 0; b < batch; b++)
+        if (tdm_seq_create(m, &p, &seqs[b], &err) != TDM_OK ||
+            tdm_seq_prefill(seqs[b], prompt, 32, NULL, &err) != TDM_OK)
+            die("prefill", err.msg);
+    int32_t lead[64], drafts[64][16];
+    const int32_t *lp[64];
+    int32_t *dp[64];
+    int one[64], ks[64];
+    double *t = malloc((size_t)(steps + 2) * sizeof(double));
+    for (int s = 0; s < steps + 2; s++) { /* two warm-up rounds */
+        for (int b = 0; b < batch; b++) {
+            lead[b] = (s * 31 + b * 17 + 1) % V;
+            lp[b] = &lead[b];
+            dp[b] = drafts[b];
+            one[b] = 1;
+            ks[b] = k;
+        }
+        double t0 = bench_now();
+        if (tdm_seq_draft(seqs, batch, lp, one, ks, NULL, dp, &err) != TDM_OK)
+            die("draft", err.msg);
+        for (int b = 0; b < batch; b++)
+            if (tdm_seq_commit(seqs[b], k - 1, &err) != TDM_OK)
+                die("commit", err.msg);
+        tdm_model_backend(m)->sync(tdm_model_backend(m)->ctx);
+        if (s >= 2)
+            t[s - 2] = (bench_now() - t0) * 1e3;
+    }
+    double med = median(t, steps);
+    free(t);
+    for (int b = 0; b < batch; b++)
+        tdm_seq_destroy(seqs[b]);
+    return med;
+}
 
 /* --context: 0, every step continues the sequences (a verify commits 1 + k
  * positions, so its steps reach further into the cache than decode's); N,
@@ -265,9 +317,9 @@ static void set_variant(const char *v)
 int main(int argc, char **argv)
 {
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8",
-               *ks_arg = "0,4,8,16";
+               *ks_arg = "0,4,8,16", *drafts_arg = "";
     const char *outs = "logits", *variants = "", *model_dir = NULL;
-    int steps = 20, stats = 0, graphs = 1;
+    int steps = 20, stats = 0, graphs = 1, draft_vocab = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
             stats = 1;
@@ -284,6 +336,10 @@ int main(int argc, char **argv)
             model_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--batch"))
             batches = argv[i + 1];
+        else if (!strcmp(argv[i], "--draft"))
+            drafts_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--draft-vocab"))
+            draft_vocab = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--k"))
             ks_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--steps"))
@@ -323,10 +379,11 @@ int main(int argc, char **argv)
     if (tp > 0 && variants[0])
         die("--tp runs one configuration: drop --variants", NULL);
 #endif
-    int ks[8], bs[8];
+    int ks[8], bs[8], dks[8];
     const int nks = bench_ints(ks_arg, ks, 8, 0, 16), nbs = bench_ints(batches, bs, 8, 1, 64);
-    if (nks < 0 || nbs < 0)
-        die("--k takes 0 (decode) to 16, --batch 1 to 64", NULL);
+    const int ndk = drafts_arg[0] ? bench_ints(drafts_arg, dks, 8, 1, 16) : 0;
+    if (nks < 0 || nbs < 0 || ndk < 0)
+        die("--k takes 0 (decode) to 16, --draft 1 to 16, --batch 1 to 64", NULL);
     const bench_shape *s = NULL;
     s = bench_shape_find(sh);
     if (!s)
@@ -385,6 +442,18 @@ int main(int argc, char **argv)
             if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
             die("load", err.msg);
         tdm_model_set_graphs(m, graphs);
+        if (draft_vocab > 0) {
+            const int V = tdm_model_get_config(m)->vocab_size;
+            int32_t *ids = malloc((size_t)V * sizeof(int32_t));
+            for (int t = 0; t < V; t++)
+                ids[t] = t;
+            if (tdm_model_set_draft_vocab(m, ids, draft_vocab, &err) != TDM_OK)
+                die("--draft-vocab", err.msg);
+            free(ids);
+            if (floor_ms == 0)
+                printf("drafting from the token ids 0..%d (of %d): the LM head streams %d rows\n",
+                       draft_vocab - 1, V, draft_vocab);
+        }
         if (floor_ms == 0) {
             const double load_s = bench_now() - t0;
             printf("loaded onto the GPU in %.1f s (%.2f GB/s of weights); CUDA graphs %s\n", load_s,
@@ -418,6 +487,14 @@ int main(int argc, char **argv)
                     printf("| %s | %s | %s | %d | %s | %.3f | %.2f | %.0f |\n", vname,
                            argmax_only ? "argmax" : "logits", s->name, batch, step, ms,
                            ms / floor_ms, batch * (ks[i] + 1) / ms * 1e3);
+                    fflush(stdout);
+                }
+                for (int i = 0; argmax_only && i < ndk; i++) {
+                    double ms = time_draft(m, batch, dks[i], steps);
+                    printf("| %s | drafts | %s | %d | draft k=%d + commit | %.3f (%.3f a draft) | "
+                           "%.2f a draft | %.0f |\n",
+                           vname, s->name, batch, dks[i], ms, ms / dks[i], ms / dks[i] / floor_ms,
+                           batch * dks[i] / ms * 1e3);
                     fflush(stdout);
                 }
             }

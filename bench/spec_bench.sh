@@ -26,7 +26,9 @@
 # steps under each strategy, the verifier's capacity, plain decoding through
 # the services), "drain" (32 sequences of the 4B shape moved to a second
 # verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
-# (tandem doctor on this machine), "mtp" (the 4B shape with a random MTP head
+# (tandem doctor on this machine), DRAFT_VOCABS (the 4b part's drafter, and
+# the engine part's 0.8B draft rounds, with draft vocabularies of the N lowest
+# ids too; 0: the whole vocabulary), "mtp" (the 4B shape with a random MTP head
 # drafting for it: a = 0.6, 0.8, 1.0 at block 3, blocks 2 and 4 and batch 8
 # at a = 0.8, the feature stream's counters), "demomtp" (the demo target's
 # MTP head against plain decoding), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
@@ -184,9 +186,15 @@ run)
             timeout 300 "$B/bench_cuda_bench" --shape 4b --batch 1 --k 0,2,4,8 --steps 20 \
                 --out argmax --strategy replay --dir "$W" 2>&1 | tee "$LOGS/engine_4b.log" |
                 tee -a "$SUM" | tail -12
-            timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --steps 20 \
-                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$LOGS/engine_0.8b.log" |
-                tee -a "$SUM" | tail -12
+            timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --draft 2,4 \
+                --steps 20 --out argmax --strategy replay --dir "$W" 2>&1 |
+                tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -12
+            for nv in ${DRAFT_VOCABS:-}; do
+                [ "$nv" = 0 ] && continue
+                timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
+                    --draft-vocab "$nv" --steps 20 --out argmax --strategy replay --dir "$W" 2>&1 |
+                    tee "$LOGS/engine_0.8b_v$nv.log" | tee -a "$SUM" | tail -6
+            done
             ;;
         4b)
             echo "== 4B target, 0.8B drafter" | tee -a "$SUM"
@@ -207,26 +215,37 @@ run)
                         load "real fixed $k b1" 1 "$REQ1" on $V --block $k --fixed
                     done
                 }
+            # DRAFT_VOCABS: the drafter's draft vocabularies (draft_vocab) of the
+            # N lowest ids; 0: the whole vocabulary.
+            for nv in ${DRAFT_VOCABS:-0}; do
+            DFLAGS="" vt=""
+            if [ "$nv" != 0 ]; then
+                seq 0 $((nv - 1)) >"$W/dvocab-$nv.txt"
+                DFLAGS="--draft-vocab $W/dvocab-$nv.txt" vt=" v$nv"
+            fi
             for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
                 for ra in ${RUNAHEAD:-off on}; do
                     # ahead=on: the drafter hides that it shares the verifier's GPU
                     # (which would turn run-ahead off), to measure what it does here
-                    start_drafter "oracle-$a-$ra" bench_drafter_oracle "$W/d08" "$ra" 8 \
+                    start_drafter "oracle-$a-$ra-$nv" bench_drafter_oracle "$W/d08" "$ra" 8 \
                         TANDEM_BENCH_ORACLE="$W/truth.txt" TANDEM_BENCH_ACCEPT="$a" \
                         $([ "$ra" = on ] && echo TANDEM_BENCH_HIDE_DEVICE=1) || continue
-                    load "a=$a fixed 4 ahead=$ra b1" 1 "$REQ1" on $V --block 4 --fixed \
+                    load "a=$a fixed 4 ahead=$ra$vt b1" 1 "$REQ1" on $V --block 4 --fixed \
                         --check "$W/truth.txt"
                     if [ "$a" = 0.8 ]; then
-                        load "a=$a adaptive ahead=$ra b1" 1 "$REQ1" auto $V --check "$W/truth.txt"
+                        load "a=$a adaptive ahead=$ra$vt b1" 1 "$REQ1" auto $V --check "$W/truth.txt"
                         for k in 2 8; do
-                            load "a=$a fixed $k ahead=$ra b1" 1 "$REQ1" on $V --block $k --fixed
+                            load "a=$a fixed $k ahead=$ra$vt b1" 1 "$REQ1" on $V --block $k --fixed
                         done
+                        [ "$nv" = 0 ] || continue
                         load "a=$a fixed 4 ahead=$ra b8" 8 32 on $V --block 4 --fixed
                         load "a=$a fixed 4 ahead=$ra b32" 32 64 on $V --block 4 --fixed
                         load "a=$a adaptive ahead=$ra b32" 32 64 auto $V
                     fi
                 done
             done
+            done
+            DFLAGS=""
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
             ;;
