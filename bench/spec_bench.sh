@@ -39,7 +39,7 @@
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
 # MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
-# MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
+# VFLAGS (more verifier flags for the 4b part), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows), RUNAHEAD (default "off on"), MPS (1: every process of the
@@ -200,7 +200,7 @@ run)
             echo "== 4B target, 0.8B drafter" | tee -a "$SUM"
             "$B/bench_make_model" --shape 4b --out "$W/t4b" | tee -a "$SUM"
             "$B/bench_make_model" --shape 0.8b --out "$W/d08" | tee -a "$SUM"
-            start_stack 4b "$W/t4b" --max-context 8192 || continue
+            start_stack 4b "$W/t4b" --max-context 8192 ${VFLAGS:-} || continue
             V="--vocab 248320"
             load "plain b1" 1 "$REQ1" off $V
             load "plain b8" 8 32 off $V

@@ -13,9 +13,6 @@
 #define PRIOR_ACCEPT 0.7
 #define PRIOR_COST 0.1
 #define PROBE_SHARE 0.01 /* of plain decoding's speed that probing may cost */
-/* A probe's prior, in trials: so light that the probe's own draft decides
- * (rejected: a reads 0.06, accepted: 0.97). */
-#define PROBE_PRIOR_TRIALS 0.01
 
 /* A pause of at least n tokens, and long enough that the probe ending it
  * (about f + c plain steps) costs at most PROBE_SHARE of them. */
@@ -47,6 +44,9 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->pause_len = a->p.pause_tokens;
     a->pauses = 0;
     a->probes = 0;
+    a->probing = false;
+    a->below = 0;
+    a->cost_win = a->fixed_win = (tdm_cost_window){{0}, 0};
     if (!a->p.fixed) {
         /* The block the priors say is best: a sequence's first blocks see
          * only the prior acceptance, so k_initial is the longest it starts
@@ -79,6 +79,22 @@ double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
     return expected / (1.0 + a->fixed + a->cost * k);
 }
 
+static void switch_off(tdm_adaptive *a, bool probing)
+{
+    /* A probe that fails doubles the next pause (up to 32 times the first),
+     * so that probing costs little where speculation never pays. */
+    a->pause_len = probing ? (a->pause_len * 2 < a->p.pause_tokens * 32 ? a->pause_len * 2
+                                                                        : a->p.pause_tokens * 32)
+                           : a->p.pause_tokens;
+    a->pause_len = pause_floor(a, a->pause_len);
+    a->k_next = 0;
+    a->paused_left = a->pause_len;
+    a->pauses++;
+    a->since_start = 0;
+    a->accepted_since_start = 0;
+    a->below = 0;
+}
+
 static void choose(tdm_adaptive *a)
 {
     int best = 1;
@@ -90,34 +106,61 @@ static void choose(tdm_adaptive *a)
             best = k;
         }
     }
-    bool probing = a->k_next == 1 && a->probes > 0 && a->since_start <= 1;
-    /* Starting (a probe) asks for min_gain; once running, speculation stops
-     * only where it is expected to lose: stopping at a gain below min_gain
-     * throws the gain away, and the estimate's noise near the threshold
-     * would pause a drafter that pays. */
-    const double need = probing ? 1.0 + a->p.min_gain : 1.0;
-    /* Not one draft accepted in min_rounds rounds stops it too, whatever
+    if (a->probing) {
+        /* The probe's own outcome decides: its one draft rejected pauses
+         * again (an estimate still near the prior would call a rejected
+         * draft a = 0.63 and, where drafts are cheap, start some ten losing
+         * rounds); accepted, speculation restarts where the estimate says
+         * it pays by min_gain, from the block the estimate favours, and
+         * runs min_rounds rounds before it may stop again. */
+        a->probing = false;
+        if (a->accepted_since_start == 0 || best_s < 1.0 + a->p.min_gain) {
+            switch_off(a, true);
+            return;
+        }
+        a->since_start = 0;
+        a->accepted_since_start = 0;
+        a->k_next = best;
+        return;
+    }
+    /* Once running, speculation stops only where it is expected to lose,
+     * min_rounds rounds in a row: stopping at a gain below min_gain throws
+     * the gain away, and the estimates' noise near the threshold (two
+     * rejected blocks in a row, a slow round) would pause a drafter that
+     * pays.
+     * Not one draft accepted in min_rounds rounds stops it too, whatever
      * the estimate (still near the prior after so few rounds) says: a
      * drafter whose drafts are accepted with probability 0.7 has its first
      * draft rejected four times in a row in under 1 % of starts, and one
      * that never fits the text would otherwise lose some ten rounds. */
     const bool none = a->since_start >= a->p.min_rounds && a->accepted_since_start == 0;
-    if ((best_s < need && (a->since_start >= a->p.min_rounds || probing)) || none) {
-        /* A probe that fails doubles the next pause (up to 32 times the
-         * first), so that probing costs little where speculation never pays. */
-        a->pause_len = probing
-                           ? (a->pause_len * 2 < a->p.pause_tokens * 32 ? a->pause_len * 2
-                                                                        : a->p.pause_tokens * 32)
-                           : a->p.pause_tokens;
-        a->pause_len = pause_floor(a, a->pause_len);
-        a->k_next = 0;
-        a->paused_left = a->pause_len;
-        a->pauses++;
-        a->since_start = 0;
-        a->accepted_since_start = 0;
+    a->below = best_s < 1.0 ? a->below + 1 : 0;
+    if ((a->below >= a->p.min_rounds && a->since_start >= a->p.min_rounds) || none) {
+        switch_off(a, false);
         return;
     }
     a->k_next = best;
+}
+
+/* An EMA step towards the median of the last three rounds' measured costs
+ * (the lower of the first two): one slow round (a block length the drafter
+ * runs for the first time, a step that waited for the GPU; at one draft a
+ * round, a step 1 ms slow doubles its cost) must not read as drafts that
+ * stopped paying, while a real change shows in two rounds. x < 0 or not
+ * finite: unknown, kept. */
+static void cost_step(double *est, tdm_cost_window *w, double x)
+{
+    if (!(x >= 0.0) || !isfinite(x))
+        return;
+    w->x[w->n++ % 3] = x;
+    double m = x;
+    if (w->n == 2) {
+        m = w->x[0] < w->x[1] ? w->x[0] : w->x[1];
+    } else if (w->n >= 3) {
+        const double a = w->x[0], b = w->x[1], c = w->x[2];
+        m = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+    }
+    *est = (1.0 - EMA_WEIGHT) * *est + EMA_WEIGHT * m;
 }
 
 void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft,
@@ -132,10 +175,8 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
     a->accepted_ema = (1.0 - ACCEPT_WEIGHT) * a->accepted_ema + ACCEPT_WEIGHT * accepted;
     a->trials_ema = (1.0 - ACCEPT_WEIGHT) * a->trials_ema + ACCEPT_WEIGHT * trials;
     a->accept_rate = a->trials_ema > 0 ? a->accepted_ema / a->trials_ema : PRIOR_ACCEPT;
-    if (cost_per_draft >= 0.0 && isfinite(cost_per_draft))
-        a->cost = (1.0 - EMA_WEIGHT) * a->cost + EMA_WEIGHT * cost_per_draft;
-    if (fixed_cost >= 0.0 && isfinite(fixed_cost))
-        a->fixed = (1.0 - EMA_WEIGHT) * a->fixed + EMA_WEIGHT * fixed_cost;
+    cost_step(&a->cost, &a->cost_win, cost_per_draft);
+    cost_step(&a->fixed, &a->fixed_win, fixed_cost);
     if (a->p.fixed) {
         a->k_next = a->p.k_initial;
         return;
@@ -148,18 +189,19 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
     if (a->k_next > 0 || a->p.fixed)
         return;
     if (--a->paused_left <= 0) {
-        /* Probe: one cheap round tells whether acceptance has recovered. It
-         * starts from the prior acceptance held so lightly that its outcome
-         * decides: one accepted draft is not outweighed by the rounds before
-         * the pause, and one rejected draft pauses again (held as firmly as
-         * a sequence's first prior, a rejected draft would leave 0.63, and
-         * where drafts are cheap that starts some ten losing rounds). */
+        /* Probe: one cheap round tells whether acceptance has recovered
+         * (choose: its outcome decides). The estimate starts over from the
+         * prior, as a new sequence's: the rounds before the pause do not
+         * outweigh the probe, and one accepted draft does not read as
+         * every draft accepted (held at 0.01 trials, it would, and the
+         * next block would be k_max long). */
         a->k_next = 1;
         a->probes++;
+        a->probing = true;
         a->since_start = 0;
         a->accepted_since_start = 0;
-        a->accepted_ema = PRIOR_ACCEPT * PROBE_PRIOR_TRIALS;
-        a->trials_ema = PROBE_PRIOR_TRIALS;
+        a->accepted_ema = PRIOR_ACCEPT;
+        a->trials_ema = 1.0;
         a->accept_rate = PRIOR_ACCEPT;
     }
 }

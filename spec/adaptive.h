@@ -14,21 +14,23 @@
  *    work after the step that a verify block adds: its commit and verdict),
  *    and c = the measured
  *    cost of one drafted token (drafter time plus the extra verify work),
- *    both relative to one plain decoding step of the sequence and averaged;
+ *    both relative to one plain decoding step of the sequence and averaged
+ *    (EMA weight 0.3, towards the median of the last three rounds'
+ *    measurements, so that one slow round does not pause a drafter that
+ *    pays);
  *  - with k drafts a round yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
  *    costs 1 + f + c*k steps, so the expected speed-up is
  *    S(k) = E(k) / (1 + f + c*k);
  *  - the next block length is the k in [1, k_max] with the largest S(k);
- *  - if the best S(k) is below 1 (speculation loses), and at least
- *    min_rounds rounds have been seen since speculation last (re)started
- *    (a probe: below 1 + min_gain, after its one round), or if those
- *    min_rounds rounds accepted no draft at all, speculation is
+ *  - if the best S(k) has been below 1 (speculation loses) for min_rounds
+ *    rounds in a row since speculation last (re)started, or if min_rounds
+ *    rounds since then accepted no draft at all, speculation is
  *    switched off for this sequence for `pause_tokens` tokens, then probed
  *    again with k = 1 (acceptance can recover, e.g. entering boilerplate)
- *    from the prior acceptance held so lightly (0.01 trials) that the
- *    probe's own outcome decides;
- *    a probe that pays restarts speculation, one that does not doubles the
- *    next pause (at most 32 x pause_tokens). A probe costs about f + c plain
+ *    from the prior acceptance, as a new sequence starts;
+ *    the probe's own outcome decides: its draft accepted (and the estimate
+ *    paying by min_gain) restarts speculation, rejected doubles the next
+ *    pause (at most 32 x pause_tokens). A probe costs about f + c plain
  *    steps, so no pause is shorter than (f + c) / probe_share tokens: probing
  *    never costs more than probe_share (1 %) of plain decoding's speed.
  * A sequence starts from cost_prior; if speculation would not pay even at
@@ -60,6 +62,12 @@ typedef struct tdm_adaptive_params {
     int tokens_left; /* tokens the request may still generate; <= 0: unknown */
 } tdm_adaptive_params;
 
+/* A cost's last three measurements (their median moves the estimate). */
+typedef struct tdm_cost_window {
+    double x[3];
+    int n;
+} tdm_cost_window;
+
 typedef struct tdm_adaptive {
     tdm_adaptive_params p;
     double accept_rate; /* accepted / trials */
@@ -74,6 +82,9 @@ typedef struct tdm_adaptive {
     int accepted_since_start; /* drafts accepted in those rounds */
     int pauses;         /* times speculation was switched off */
     int probes;         /* rounds run to test whether it pays again */
+    bool probing;       /* the next round is a probe, whose outcome decides */
+    int below;          /* rounds in a row whose estimates say speculation loses */
+    tdm_cost_window cost_win, fixed_win;
 } tdm_adaptive;
 
 void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p);
