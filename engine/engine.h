@@ -84,7 +84,8 @@ void tdm_model_set_graphs(tdm_model *m, int on);
  * every step's LM head then reads those rows alone (a copy, [n, H], loaded
  * here), so a step streams n/vocab of the head's bytes; its logits come back
  * -inf outside them, and argmaxes and greedy drafts are the best among them
- * (lowest id on ties). Once per model, before its first step:
+ * (lowest id on ties); tdm_model_weight_bytes then counts those rows for
+ * the LM head. Once per model, before its first step:
  * FAILED_PRECONDITION the second time and on a tensor-parallel model;
  * INVALID_ARGUMENT naming the first entry out of order or range. */
 tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err);

@@ -540,7 +540,16 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
                              "a draft vocabulary on a tensor-parallel model: its LM head is "
                              "split over ranks");
-    return tdm_draft_vocab_load(m, ids, n, &m->dv, err);
+    const size_t before = m->store.weight_bytes;
+    tdm_status rc = tdm_draft_vocab_load(m, ids, n, &m->dv, err);
+    if (rc != TDM_OK)
+        return rc;
+    /* A step streams the vocabulary's rows instead of the whole LM head
+     * (of the same width and dtype; the embedding, when tied, is then only
+     * indexed). */
+    const size_t rows = m->store.weight_bytes - before;
+    m->store.weight_bytes = before - rows / (size_t)n * (size_t)m->cfg.vocab_size + rows;
+    return TDM_OK;
 }
 
 int tdm_model_draft_vocab_size(const tdm_model *m)

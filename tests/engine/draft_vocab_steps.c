@@ -70,6 +70,12 @@ void draft_vocab_check(const char *name, tdm_backend *be)
     CHECK(tdm_model_draft_vocab_size(dv) == n && tdm_model_draft_vocab_size(whole) == V,
           "%s: vocabulary sizes %d and %d", name, tdm_model_draft_vocab_size(dv),
           tdm_model_draft_vocab_size(whole));
+    /* A step streams the listed rows instead of the whole LM head. */
+    const size_t H = (size_t)tdm_model_get_config(whole)->hidden_size,
+                 wb = tdm_model_weight_bytes(whole), db = tdm_model_weight_bytes(dv);
+    CHECK(wb > db && (wb - db) % (H * (size_t)(V - n)) == 0 &&
+              ((wb - db) / (H * (size_t)(V - n)) == 2 || (wb - db) / (H * (size_t)(V - n)) == 4),
+          "%s: weight bytes a step streams: %zu with the vocabulary, %zu without", name, db, wb);
     CHECK(tdm_model_set_draft_vocab(dv, ids, n, &err) == TDM_ERR_FAILED_PRECONDITION,
           "%s: a second vocabulary accepted", name);
 
