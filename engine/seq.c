@@ -453,8 +453,8 @@ static void gather_logits(tdm_model *m, int R, fwd_step *st)
  * (src_width values a row) to dst (width a row): runs of consecutive wanted
  * sequences, one copy each where the widths agree, else one a row. */
 static void download_rows(tdm_backend *be, void *bx, float *dst, const float *src, size_t width,
-                          size_t src_width, const uint8_t *want, const int *row0,
-                          const int *counts, int nseq)
+                          size_t src_width, const uint8_t *want, const int *row0, const int *counts,
+                          int nseq)
 {
     for (int i = 0; i < nseq;) {
         if (want && !want[i]) {

@@ -14,9 +14,9 @@ enum { PROMPT = 11, BLOCK = 3, K = 4 };
 static tdm_seq *seq_of(tdm_model *m, const int32_t *prompt)
 {
     tdm_error err;
-    const tdm_seq_params p = {
-        .strategy = tdm_model_backend(m)->gdn_replay ? TDM_STATE_REPLAY : TDM_STATE_EXTRA_BUFFER,
-        .max_draft = 8};
+    const tdm_seq_params p = {.strategy = tdm_model_backend(m)->gdn_replay ? TDM_STATE_REPLAY
+                                                                           : TDM_STATE_EXTRA_BUFFER,
+                              .max_draft = 8};
     tdm_seq *s;
     CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
     CHECK(tdm_seq_prefill(s, prompt, PROMPT, NULL, &err) == TDM_OK, "%s", err.msg);
