@@ -24,6 +24,27 @@ static int pause_floor(const tdm_adaptive *a, int n)
     return need > n ? (int)ceil(need) : n;
 }
 
+/* Whether the tokens the request may still generate win back an open on
+ * the drafter (open_cost tokens) at speed-up `best`; true where either is
+ * unknown. */
+static bool open_repays(const tdm_adaptive *a, double best)
+{
+    return a->p.open_cost <= 0 || a->left < 0 || best <= 0 ||
+           a->left * (1.0 - 1.0 / best) > a->p.open_cost;
+}
+
+/* The best S(k), k <= kmax, and its k. */
+static double best_speedup(const tdm_adaptive *a, int kmax, int *k_best)
+{
+    double best = 0;
+    for (int k = 1; k <= kmax; k++)
+        if (tdm_adaptive_speedup(a, k) > best) {
+            best = tdm_adaptive_speedup(a, k);
+            *k_best = k;
+        }
+    return best;
+}
+
 void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
 {
     a->p = *p;
@@ -31,8 +52,10 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
         a->p.k_max = 1;
     if (a->p.k_initial < 1 || a->p.k_initial > a->p.k_max)
         a->p.k_initial = a->p.k_max;
-    a->accept_rate = PRIOR_ACCEPT;
-    a->accepted_ema = PRIOR_ACCEPT;
+    if (!(a->p.accept_prior > 0 && a->p.accept_prior < 1))
+        a->p.accept_prior = PRIOR_ACCEPT;
+    a->accept_rate = a->p.accept_prior;
+    a->accepted_ema = a->p.accept_prior;
     a->trials_ema = 1.0;
     a->cost = a->p.cost_prior > 0 ? a->p.cost_prior : PRIOR_COST;
     a->fixed = a->p.fixed_prior > 0 ? a->p.fixed_prior : 0.0;
@@ -47,21 +70,15 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->probing = false;
     a->below = 0;
     a->cost_win = a->fixed_win = (tdm_cost_window){{0}, 0};
+    a->left = a->p.tokens_left > 0 ? a->p.tokens_left : -1;
     if (!a->p.fixed) {
         /* The block the priors say is best: a sequence's first blocks see
          * only the prior acceptance, so k_initial is the longest it starts
-         * with, not what it starts with. */
-        double best = 0;
-        for (int k = 1; k <= a->p.k_initial; k++)
-            if (tdm_adaptive_speedup(a, k) > best) {
-                best = tdm_adaptive_speedup(a, k);
-                a->k_next = k;
-            }
-        /* What the request's tokens can win back at that speed-up, against
-         * what opening it on the drafter costs. */
-        const bool repays = a->p.open_cost <= 0 || a->p.tokens_left <= 0 || best <= 0 ||
-                            a->p.tokens_left * (1.0 - 1.0 / best) > a->p.open_cost;
-        if (best < 1.0 + a->p.min_gain || !repays) {
+         * with, not what it starts with. What the request's tokens can win
+         * back at that speed-up must exceed what opening it on the drafter
+         * costs. */
+        const double best = best_speedup(a, a->p.k_initial, &a->k_next);
+        if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
             /* Not worth it here even if this sequence drafts well: start
              * paused and let the probes find out. */
             a->k_next = 0;
@@ -168,6 +185,8 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
 {
     a->rounds++;
     a->since_start++;
+    if (a->left >= 0)
+        a->left = a->left > accepted ? a->left - accepted - 1 : 0;
     if (drafted <= 0)
         return;
     a->accepted_since_start += accepted;
@@ -186,6 +205,8 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
 
 void tdm_adaptive_on_plain_token(tdm_adaptive *a)
 {
+    if (a->left > 0)
+        a->left--;
     if (a->k_next > 0 || a->p.fixed)
         return;
     if (--a->paused_left <= 0) {
@@ -194,16 +215,49 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
          * prior, as a new sequence's: the rounds before the pause do not
          * outweigh the probe, and one accepted draft does not read as
          * every draft accepted (held at 0.01 trials, it would, and the
-         * next block would be k_max long). */
+         * next block would be k_max long). A probe re-opens the sequence
+         * on the drafter, which catches up on the pause's tokens (a cost
+         * like a first open's, open_cost): where the tokens left cannot
+         * win that back even at the prior's speed-up, the request stays
+         * paused to its end. */
+        const double saved[3] = {a->accepted_ema, a->trials_ema, a->accept_rate};
+        a->accepted_ema = a->p.accept_prior;
+        a->trials_ema = 1.0;
+        a->accept_rate = a->p.accept_prior;
+        int k;
+        if (!open_repays(a, best_speedup(a, a->p.k_max, &k))) {
+            a->accepted_ema = saved[0];
+            a->trials_ema = saved[1];
+            a->accept_rate = saved[2];
+            a->paused_left = a->left > 0 ? a->left + 1 : a->pause_len;
+            return;
+        }
         a->k_next = 1;
         a->probes++;
         a->probing = true;
         a->since_start = 0;
         a->accepted_since_start = 0;
-        a->accepted_ema = PRIOR_ACCEPT;
-        a->trials_ema = 1.0;
-        a->accept_rate = PRIOR_ACCEPT;
     }
+}
+
+/* ---- a drafter's acceptance across requests --------------------------------- */
+
+void tdm_accept_memory_note(tdm_accept_memory *m, int k, int n)
+{
+    if (k <= 0)
+        return;
+    m->accepted = (1.0 - ACCEPT_WEIGHT) * m->accepted + ACCEPT_WEIGHT * n;
+    m->trials = (1.0 - ACCEPT_WEIGHT) * m->trials + ACCEPT_WEIGHT * (n + (n < k));
+}
+
+double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge)
+{
+    if (m->trials < 0.4)
+        return -1.0;
+    const double a = m->accepted / m->trials;
+    if (nudge && a < PRIOR_ACCEPT)
+        m->accepted = 0.9 * m->accepted + 0.1 * PRIOR_ACCEPT * m->trials;
+    return a < 0.02 ? 0.02 : a > 0.98 ? 0.98 : a;
 }
 
 /* ---- the cost model -------------------------------------------------------- */

@@ -37,8 +37,10 @@
  * the prior acceptance, it starts paused (and probes like any pause). It
  * also starts paused where the tokens it may still generate cannot win back
  * what opening it on the drafter costs (open_cost: tokens_left x (1 - 1/S)
- * must exceed it). (A probe's open costs less: the drafter catches up on the
- * tokens of the pause alone.)
+ * must exceed it). A probe re-opens the sequence on the drafter, which
+ * catches up on the pause's tokens, about what a first open costs: a pause
+ * ends in a probe only where the tokens left win open_cost back at the
+ * prior's speed-up; otherwise the request stays paused to its end.
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
@@ -53,6 +55,10 @@ typedef struct tdm_adaptive_params {
     int pause_tokens;   /* plain tokens before probing again */
     int min_rounds;     /* rounds observed before speculation may be switched off */
     double cost_prior;  /* starting estimate of c (e.g. measured on earlier requests); <= 0: 0.1 */
+    /* Starting acceptance (a new sequence's, and every probe's): e.g. what
+     * this drafter's drafts were accepted at on earlier requests; outside
+     * (0, 1): 0.7. */
+    double accept_prior;
     double fixed_prior; /* starting estimate of f; < 0: 0 */
     bool fixed;         /* true: always k_initial, never switch off (benchmarks, tests) */
     /* Tokens the sequence loses while its drafter opens it (catches up on
@@ -80,6 +86,7 @@ typedef struct tdm_adaptive {
     int rounds;
     int since_start;    /* rounds since speculation last (re)started */
     int accepted_since_start; /* drafts accepted in those rounds */
+    int left;           /* tokens the request may still generate; -1: unknown */
     int pauses;         /* times speculation was switched off */
     int probes;         /* rounds run to test whether it pays again */
     bool probing;       /* the next round is a probe, whose outcome decides */
@@ -100,6 +107,25 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a);
 
 /* Expected speed-up S(k) under the current estimates. */
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k);
+
+/* ---- a drafter's acceptance across requests --------------------------------
+ *
+ * Moving averages (weight 0.1 a round) of a drafter's accepted drafts and
+ * trials over its speculative rounds, kept by the verifier per drafter: the
+ * starting acceptance (accept_prior) of its next requests. Without it every
+ * request of a drafter that is never right pays an open and min_rounds
+ * losing rounds. */
+typedef struct tdm_accept_memory {
+    double accepted, trials;
+} tdm_accept_memory;
+
+/* A speculative round: k drafts, n accepted. */
+void tdm_accept_memory_note(tdm_accept_memory *m, int k, int n);
+/* The acceptance, within [0.02, 0.98]; -1 until some five rounds are known.
+ * nudge (a request starts paused): a low acceptance moves a tenth of the way
+ * back to the rule's prior (0.7), so that after a dozen requests without
+ * speculation one tries again, instead of never. */
+double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge);
 
 /* ---- the cost model: what a drafted token costs ----------------------------
  *

@@ -197,6 +197,14 @@ typedef struct staged_snap {
     struct staged_snap *next;
 } staged_snap;
 
+/* A drafter's acceptance over its recent speculative rounds, by replica id
+ * (adaptive.h: tdm_accept_memory). */
+#define DACC_MAX 64
+typedef struct dacc {
+    char id[128];
+    tdm_accept_memory m;
+} dacc;
+
 struct vsched {
     vsched_params p;
     int vocab;
@@ -220,6 +228,11 @@ struct vsched {
      * priors, converted to plain steps of the batch a request joins): per
      * drafted token, and the exchange per speculating sequence; 0 = none. */
     _Atomic double cost_ms_ema, fixed_ms_ema;
+    /* What each drafter's drafts were accepted at (dacc_*): the starting
+     * acceptance of its next requests. */
+    pthread_mutex_t dacc_mu;
+    dacc dacc[DACC_MAX];
+    int n_dacc;
     _Atomic double plain_seq_ms;   /* a plain step's time per sequence at the current batch */
     _Atomic double plain_round_ms; /* and the whole step's */
     double exchange_ms;            /* moving average of the exchange (scheduler thread, under mu) */
@@ -283,6 +296,44 @@ static double prior(vsched *s, _Atomic double *cost_ms)
 {
     const double ms = atomic_load(cost_ms), seq = atomic_load(&s->plain_seq_ms);
     return ms > 0 && seq > 0 ? ms / seq : -1.0;
+}
+
+/* The entry of drafter `id` (under dacc_mu); a new one (the oldest's slot
+ * when the table is full) when add is set, else NULL. */
+static dacc *dacc_find_locked(vsched *s, const char *id, bool add)
+{
+    for (int i = 0; i < s->n_dacc; i++)
+        if (strcmp(s->dacc[i].id, id) == 0)
+            return &s->dacc[i];
+    if (!add)
+        return NULL;
+    if (s->n_dacc == DACC_MAX) /* the oldest goes */
+        memmove(&s->dacc[0], &s->dacc[1], (size_t)--s->n_dacc * sizeof(dacc));
+    dacc *d = &s->dacc[s->n_dacc++];
+    *d = (dacc){0};
+    snprintf(d->id, sizeof(d->id), "%s", id);
+    return d;
+}
+
+/* A speculative round of drafter id: k drafts, n accepted. */
+static void dacc_note(vsched *s, const char *id, int k, int n)
+{
+    if (k <= 0)
+        return;
+    pthread_mutex_lock(&s->dacc_mu);
+    tdm_accept_memory_note(&dacc_find_locked(s, id, true)->m, k, n);
+    pthread_mutex_unlock(&s->dacc_mu);
+}
+
+/* Drafter id's acceptance on earlier requests (tdm_accept_memory_prior;
+ * nudge: a request starts paused); -1 where not known. */
+static double dacc_prior(vsched *s, const char *id, bool nudge)
+{
+    pthread_mutex_lock(&s->dacc_mu);
+    dacc *d = dacc_find_locked(s, id, false);
+    const double a = d ? tdm_accept_memory_prior(&d->m, nudge) : -1.0;
+    pthread_mutex_unlock(&s->dacc_mu);
+    return a;
 }
 
 /* Tokens a sequence loses while its drafter opens it: the open's wait in
@@ -1017,11 +1068,15 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   /* What speculation costs here is known from earlier
                                    * requests; seeded ones keep the fixed prior. */
                                   .cost_prior = r->seeded ? -1.0 : prior(s, &s->cost_ms_ema),
+                                  .accept_prior =
+                                      r->seeded ? -1.0 : dacc_prior(s, da->replica_id, false),
                                   .fixed_prior = r->seeded ? -1.0 : prior(s, &s->fixed_ms_ema),
                                   .fixed = da->fixed_block_size,
                                   .open_cost = r->seeded ? -1.0 : open_cost(s),
                                   .tokens_left = r->max_tokens - r->n_out};
         tdm_adaptive_init(&r->ad, &ap);
+        if (!r->seeded && r->ad.k_next == 0)
+            dacc_prior(s, da->replica_id, true); /* one more request without speculation */
         /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
         r->link = vlinks_get(s->links, da->address, &lerr);
@@ -1837,11 +1892,12 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
      * its block lengths follow acceptance only (the cost stays at its prior),
      * so wall-clock timing never shifts its random stream. */
     const int pauses = r->ad.pauses;
-    if (q->got)
+    if (q->got) {
+        dacc_note(s, r->drafter_id, q->k, v->accepted);
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
                               r->after_open || r->seeded ? -1.0 : rd->fixed);
-    else
+    } else
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
     s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
     r->after_open = false;
@@ -2161,7 +2217,8 @@ static void reopen_drafters(vsched *s, vround *rd)
         r->spec = true;
         tdm_adaptive_params ap = r->ad.p;
         ap.tokens_left = r->max_tokens - r->n_out;
-        tdm_adaptive_init(&r->ad, &ap); /* a new drafter: its acceptance is not known */
+        ap.accept_prior = -1.0;         /* a new drafter: its acceptance is not known */
+        tdm_adaptive_init(&r->ad, &ap);
         r->opened = true;
         r->after_open = true;
         r->round++;
@@ -2281,6 +2338,7 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     s->vscratch = tdm_xmalloc(tdm_verify_scratch_bytes(s->vocab));
     round_init(&s->rd, s->p.max_sequences);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->dacc_mu, NULL);
     pthread_mutex_init(&s->pmu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->jobs_cv, NULL);
@@ -2370,6 +2428,7 @@ void vsched_destroy(vsched *s)
     }
     vlinks_destroy(s->links);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->dacc_mu);
     pthread_mutex_destroy(&s->pmu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->jobs_cv);

@@ -280,20 +280,32 @@ static void test_ngram(void)
 
 /* One request of `tokens` tokens under the adaptive rule, drafts accepted
  * with probability `acc` each, at a draft cost c and a round cost f (both
- * in plain steps, as the rule measures them): its time in plain steps. */
+ * in plain steps, as the rule measures them), and p->open_cost plain steps
+ * each time the drafter opens the sequence (its start and every probe): its
+ * time in plain steps. mem: the drafter's acceptance on earlier requests,
+ * kept as the verifier keeps it (the request's prior; its rounds noted). */
 static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, double acc, double c,
-                                    double f, uint64_t *y)
+                                    double f, uint64_t *y, tdm_accept_memory *mem)
 {
     tdm_adaptive s;
-    tdm_adaptive_init(&s, p);
+    tdm_adaptive_params pp = *p;
+    pp.accept_prior = tdm_accept_memory_prior(mem, false);
+    tdm_adaptive_init(&s, &pp);
+    if (s.k_next == 0)
+        tdm_accept_memory_prior(mem, true);
     double cost = 0;
+    bool open = false;
     for (int n = 0; n < tokens;) {
         if (s.k_next == 0) {
             tdm_adaptive_on_plain_token(&s);
             cost += 1;
             n++;
+            open = false;
             continue;
         }
+        if (!open && p->open_cost > 0)
+            cost += p->open_cost;
+        open = true;
         int got = 0;
         for (;;) {
             *y ^= *y << 13;
@@ -305,6 +317,7 @@ static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, do
         }
         cost += 1 + f + c * s.k_next;
         n += got + 1;
+        tdm_accept_memory_note(mem, s.k_next, got);
         tdm_adaptive_on_round(&s, s.k_next, got, c, f);
     }
     return cost / tokens;
@@ -313,12 +326,18 @@ static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, do
 /* The rule never loses more than 3 % against plain decoding: drafts that
  * are never accepted (a drafter with random weights, or one that does not
  * fit the text), at the costs measured on one H200 for the MTP head (c
- * 0.16, f 0.07) and the 0.8B drafter (c 0.38, f 0.07), in requests of 128
- * and 512 tokens, starting from those costs as priors (as the verifier
- * passes them on from earlier requests). */
+ * 0.16, f 0.07) and the 0.8B drafter (c 0.38, f 0.07), and where drafts
+ * cost more than they can win even at the prior acceptance (a batch of
+ * 32: c 0.6, f 0.4), in requests of 128 and 512 tokens, starting from those
+ * costs as priors (as the verifier passes them on from earlier requests);
+ * each open on the drafter (the start and every probe) costs as many
+ * plain steps as the third number (its prefill of the sequence's tokens,
+ * measured on the H200 for the 0.8B drafter: about 5 rounds). 50 requests
+ * one after another, the drafter's acceptance remembered between them. */
 static void test_adaptive_never_loses(void)
 {
-    static const double costs[][2] = {{0.16, 0.07}, {0.38, 0.07}, {0.05, 0.02}};
+    static const double costs[][3] = {{0.16, 0.07, 0}, {0.38, 0.07, 0}, {0.05, 0.02, 0},
+                                      {0.38, 0.07, 5}, {0.6, 0.4, 10}};
     uint64_t y = 0x2545f4914f6cdd1dull;
     for (size_t i = 0; i < sizeof(costs) / sizeof(costs[0]); i++)
         for (int tokens = 128; tokens <= 512; tokens *= 4) {
@@ -328,16 +347,55 @@ static void test_adaptive_never_loses(void)
                                      .pause_tokens = 32,
                                      .min_rounds = 4,
                                      .cost_prior = costs[i][0],
-                                     .fixed_prior = costs[i][1]};
+                                     .fixed_prior = costs[i][1],
+                                     .open_cost = costs[i][2],
+                                     .tokens_left = tokens};
             double sum = 0;
+            tdm_accept_memory mem = {0};
             for (int r = 0; r < 50; r++)
-                sum += adaptive_request_cost(&p, tokens, 0.0, costs[i][0], costs[i][1], &y);
+                sum += adaptive_request_cost(&p, tokens, 0.0, costs[i][0], costs[i][1], &y, &mem);
             const double rel = sum / 50;
-            printf("adaptive, acceptance 0, c %.2f f %.2f, %d tokens: %.3f x plain's time\n",
-                   costs[i][0], costs[i][1], tokens, rel);
-            CHECK(rel <= 1.03, "acceptance 0, c %.2f f %.2f, %d tokens: %.3f x plain's time",
-                  costs[i][0], costs[i][1], tokens, rel);
+            printf("adaptive, acceptance 0, c %.2f f %.2f open %.0f, %d tokens: %.3f x plain's "
+                   "time\n",
+                   costs[i][0], costs[i][1], costs[i][2], tokens, rel);
+            CHECK(rel <= 1.03, "acceptance 0, c %.2f f %.2f open %.0f, %d tokens: %.3f x plain's time",
+                  costs[i][0], costs[i][1], costs[i][2], tokens, rel);
         }
+}
+
+/* The drafter's acceptance remembered across requests does not shut a
+ * drafter out for good: after 30 requests whose drafts are never accepted
+ * (later ones start paused), drafts accepted with probability 0.8 again
+ * bring speculation back within 20 requests, and the 20 after those run at
+ * least 1.1x plain (c 0.38, f 0.07, open 5). */
+static void test_adaptive_memory_recovers(void)
+{
+    tdm_adaptive_params p = {.k_max = 8,
+                             .k_initial = 4,
+                             .min_gain = 0.05,
+                             .pause_tokens = 32,
+                             .min_rounds = 4,
+                             .cost_prior = 0.38,
+                             .fixed_prior = 0.07,
+                             .open_cost = 5,
+                             .tokens_left = 128};
+    uint64_t y = 0x51ed270b27c3a5f1ull;
+    tdm_accept_memory mem = {0};
+    double lost = 0;
+    for (int r = 0; r < 30; r++)
+        lost += adaptive_request_cost(&p, 128, 0.0, 0.38, 0.07, &y, &mem);
+    lost /= 30;
+    for (int r = 0; r < 20; r++)
+        adaptive_request_cost(&p, 128, 0.8, 0.38, 0.07, &y, &mem);
+    double sum = 0;
+    for (int r = 0; r < 20; r++)
+        sum += adaptive_request_cost(&p, 128, 0.8, 0.38, 0.07, &y, &mem);
+    const double speed = 20 / sum;
+    printf("adaptive memory: 30 requests at acceptance 0 %.3f x plain's time; acceptance read "
+           "%.2f after 20 more at 0.8; the 20 after those %.3f x plain\n",
+           lost, tdm_accept_memory_prior(&mem, false), speed);
+    CHECK(lost <= 1.03, "acceptance 0: %.3f x plain's time", lost);
+    CHECK(speed >= 1.1, "after the drafter is right again: %.3f x plain", speed);
 }
 
 static void test_adaptive(void)
@@ -553,6 +611,7 @@ int main(void)
     test_ngram();
     test_adaptive();
     test_adaptive_never_loses();
+    test_adaptive_memory_recovers();
     test_lossless();
     if (failures) {
         printf("%d check(s) failed\n", failures);
