@@ -86,7 +86,7 @@ typedef struct tdm_adaptive {
     int rounds;
     int since_start;    /* rounds since speculation last (re)started */
     int accepted_since_start; /* drafts accepted in those rounds */
-    int left;           /* tokens the request may still generate; -1: unknown */
+    int left;                 /* tokens the request may still generate; -1: unknown */
     int pauses;         /* times speculation was switched off */
     int probes;         /* rounds run to test whether it pays again */
     bool probing;       /* the next round is a probe, whose outcome decides */

@@ -2217,7 +2217,7 @@ static void reopen_drafters(vsched *s, vround *rd)
         r->spec = true;
         tdm_adaptive_params ap = r->ad.p;
         ap.tokens_left = r->max_tokens - r->n_out;
-        ap.accept_prior = -1.0;         /* a new drafter: its acceptance is not known */
+        ap.accept_prior = -1.0; /* a new drafter: its acceptance is not known */
         tdm_adaptive_init(&r->ad, &ap);
         r->opened = true;
         r->after_open = true;

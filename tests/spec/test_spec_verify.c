@@ -336,8 +336,8 @@ static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, do
  * one after another, the drafter's acceptance remembered between them. */
 static void test_adaptive_never_loses(void)
 {
-    static const double costs[][3] = {{0.16, 0.07, 0}, {0.38, 0.07, 0}, {0.05, 0.02, 0},
-                                      {0.38, 0.07, 5}, {0.6, 0.4, 10}};
+    static const double costs[][3] = {
+        {0.16, 0.07, 0}, {0.38, 0.07, 0}, {0.05, 0.02, 0}, {0.38, 0.07, 5}, {0.6, 0.4, 10}};
     uint64_t y = 0x2545f4914f6cdd1dull;
     for (size_t i = 0; i < sizeof(costs) / sizeof(costs[0]); i++)
         for (int tokens = 128; tokens <= 512; tokens *= 4) {
@@ -358,7 +358,8 @@ static void test_adaptive_never_loses(void)
             printf("adaptive, acceptance 0, c %.2f f %.2f open %.0f, %d tokens: %.3f x plain's "
                    "time\n",
                    costs[i][0], costs[i][1], costs[i][2], tokens, rel);
-            CHECK(rel <= 1.03, "acceptance 0, c %.2f f %.2f open %.0f, %d tokens: %.3f x plain's time",
+            CHECK(rel <= 1.03,
+                  "acceptance 0, c %.2f f %.2f open %.0f, %d tokens: %.3f x plain's time",
                   costs[i][0], costs[i][1], costs[i][2], tokens, rel);
         }
 }
