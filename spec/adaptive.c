@@ -29,8 +29,8 @@ static int pause_floor(const tdm_adaptive *a, int n)
  * unknown. */
 static bool open_repays(const tdm_adaptive *a, double best)
 {
-    return a->p.open_cost <= 0 || a->left < 0 || best <= 0 ||
-           a->left * (1.0 - 1.0 / best) > a->p.open_cost;
+    return a->p.open_cost <= 0 || a->p.tokens_left <= 0 || best <= 0 ||
+           a->p.tokens_left * (1.0 - 1.0 / best) > a->p.open_cost;
 }
 
 /* The best S(k), k <= kmax, and its k. */
@@ -70,7 +70,6 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->probing = false;
     a->below = 0;
     a->cost_win = a->fixed_win = (tdm_cost_window){{0}, 0};
-    a->left = a->p.tokens_left > 0 ? a->p.tokens_left : -1;
     if (!a->p.fixed) {
         /* The block the priors say is best: a sequence's first blocks see
          * only the prior acceptance, so k_initial is the longest it starts
@@ -185,8 +184,6 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
 {
     a->rounds++;
     a->since_start++;
-    if (a->left >= 0)
-        a->left = a->left > accepted ? a->left - accepted - 1 : 0;
     if (drafted <= 0)
         return;
     a->accepted_since_start += accepted;
@@ -205,8 +202,6 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
 
 void tdm_adaptive_on_plain_token(tdm_adaptive *a)
 {
-    if (a->left > 0)
-        a->left--;
     if (a->k_next > 0 || a->p.fixed)
         return;
     if (--a->paused_left <= 0) {
@@ -215,21 +210,20 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
          * prior, as a new sequence's: the rounds before the pause do not
          * outweigh the probe, and one accepted draft does not read as
          * every draft accepted (held at 0.01 trials, it would, and the
-         * next block would be k_max long). A probe re-opens the sequence
-         * on the drafter, which catches up on the pause's tokens (a cost
-         * like a first open's, open_cost): where the tokens left cannot
-         * win that back even at the prior's speed-up, the request stays
-         * paused to its end. */
-        const double saved[3] = {a->accepted_ema, a->trials_ema, a->accept_rate};
+         * next block would be k_max long). Where the drafter's acceptance
+         * on earlier requests is below the prior and says speculation does
+         * not pay, the pause goes on instead: a probe re-opens the sequence
+         * on the drafter, which catches up on the pause's tokens, a cost
+         * the rule does not see (the remembered acceptance moves back
+         * towards the prior as requests start paused, so a later request
+         * tries again). */
         a->accepted_ema = a->p.accept_prior;
         a->trials_ema = 1.0;
         a->accept_rate = a->p.accept_prior;
         int k;
-        if (!open_repays(a, best_speedup(a, a->p.k_max, &k))) {
-            a->accepted_ema = saved[0];
-            a->trials_ema = saved[1];
-            a->accept_rate = saved[2];
-            a->paused_left = a->left > 0 ? a->left + 1 : a->pause_len;
+        if (a->p.accept_prior < PRIOR_ACCEPT &&
+            best_speedup(a, a->p.k_max, &k) < 1.0 + a->p.min_gain) {
+            a->paused_left = a->pause_len;
             return;
         }
         a->k_next = 1;

@@ -37,10 +37,8 @@
  * the prior acceptance, it starts paused (and probes like any pause). It
  * also starts paused where the tokens it may still generate cannot win back
  * what opening it on the drafter costs (open_cost: tokens_left x (1 - 1/S)
- * must exceed it). A probe re-opens the sequence on the drafter, which
- * catches up on the pause's tokens, about what a first open costs: a pause
- * ends in a probe only where the tokens left win open_cost back at the
- * prior's speed-up; otherwise the request stays paused to its end.
+ * must exceed it). (A probe's open costs less: the drafter catches up on the
+ * tokens of the pause alone.)
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
@@ -86,7 +84,6 @@ typedef struct tdm_adaptive {
     int rounds;
     int since_start;    /* rounds since speculation last (re)started */
     int accepted_since_start; /* drafts accepted in those rounds */
-    int left;                 /* tokens the request may still generate; -1: unknown */
     int pauses;         /* times speculation was switched off */
     int probes;         /* rounds run to test whether it pays again */
     bool probing;       /* the next round is a probe, whose outcome decides */
