@@ -251,7 +251,7 @@ double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge)
     const double a = m->accepted / m->trials;
     if (nudge && a < PRIOR_ACCEPT)
         m->accepted = 0.9 * m->accepted + 0.1 * PRIOR_ACCEPT * m->trials;
-    return a < 0.02 ? 0.02 : a > 0.98 ? 0.98 : a;
+    return a < 0.02 ? 0.02 : a > PRIOR_ACCEPT ? PRIOR_ACCEPT : a;
 }
 
 /* ---- the cost model -------------------------------------------------------- */

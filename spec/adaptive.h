@@ -118,7 +118,11 @@ typedef struct tdm_accept_memory {
 
 /* A speculative round: k drafts, n accepted. */
 void tdm_accept_memory_note(tdm_accept_memory *m, int k, int n);
-/* The acceptance, within [0.02, 0.98]; -1 until some five rounds are known.
+/* The acceptance, within [0.02, 0.7]; -1 until some five rounds are known.
+ * Capped at the rule's prior: history only makes a drafter's requests more
+ * careful (measured on one H200, a higher prior from a drafter that is right
+ * opened more requests at batch 8 on the demo pair, 0.83-0.86x plain, where
+ * what an open costs the batch is not counted).
  * nudge (a request starts paused): a low acceptance moves a tenth of the way
  * back to the rule's prior (0.7), so that after a dozen requests without
  * speculation one tries again, instead of never. */

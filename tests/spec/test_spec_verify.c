@@ -396,6 +396,8 @@ static void test_adaptive_memory_recovers(void)
            "%.2f after 20 more at 0.8; the 20 after those %.3f x plain\n",
            lost, tdm_accept_memory_prior(&mem, false), speed);
     CHECK(lost <= 1.03, "acceptance 0: %.3f x plain's time", lost);
+    CHECK(tdm_accept_memory_prior(&mem, false) <= 0.7,
+          "a remembered acceptance above the prior: %.2f", tdm_accept_memory_prior(&mem, false));
     CHECK(speed >= 1.1, "after the drafter is right again: %.3f x plain", speed);
 }
 
