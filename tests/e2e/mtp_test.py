@@ -521,36 +521,21 @@ def case_vocab():
                               len(shuffled) else str(shuffled[i])
                               for i in range(0, len(shuffled), 2)) + "\n")
     ps = prompts(4 if st.ARGS.quick else 10, seed=13)
-    gw, v, d, s = stack(model, "f32", drafter_args=("--draft-vocab", path))
-    check("drafting from the %d tokens of %s (of %d)" % (len(listed), path, V) in d.text(),
-          "the drafter logs its vocabulary:\n" + d.text()[-2000:])
-    plain, spec = run_prompts(gw, ps)
-    same_outputs("draft_vocab", plain, spec)
-    blocks = blocks_of(d)
-    check(len(blocks) >= len(ps), "blocks were drafted: %d" % len(blocks))
-    outside = [t for b in blocks for t in b[3] if t not in set(listed)]
-    check(not outside, "drafted tokens outside the vocabulary: %s" % outside[:10])
-    first = {}
-    for b in blocks:
-        first.setdefault(b[0], b)
-    by_len = {len(p) + 1: i for i, p in enumerate(ps)}
-    checked = 0
-    for sid, (_, rnd, pos, drafts) in sorted(first.items()):
-        i = by_len.get(pos)
-        if i is None or not drafts:
-            continue
-        ctx = ps[i] + spec[i][2]
+
+    def head_row(ctx, pos):  # the MTP head's row predicting position pos
         if mtp_reference(model, ctx[:pos - 1], 1) is None:
-            continue
-        row = np.load(os.path.join(st.TMP, "mtp-ref.npy"))[pos - 2]
-        want = listed[int(np.argmax(row[listed]))]
-        check(drafts[0] == want, "prompt %d: first draft %d, the best listed token of the "
-              "head's row %d" % (i, drafts[0], want))
-        checked += 1
-    check(checked >= len(ps) // 2, "first drafts checked against tandem logits: %d" % checked)
-    print("draft_vocab: %d blocks, %d first drafts checked" % (len(blocks), checked), flush=True)
-    stop_all()
-    vocab_model_drafter(model, path, listed, V, ps)
+            return None
+        return np.load(os.path.join(st.TMP, "mtp-ref.npy"))[pos - 2]
+
+    def model_row(ctx, pos):  # the model's own row predicting position pos
+        ref = os.path.join(st.TMP, "model-ref.npy")
+        rc, so, se = st.run([st.ARGS.cli, "logits", "--model", model, "--ids",
+                             ",".join(map(str, ctx[:pos])), "--out", ref])
+        return np.load(ref)[pos - 1] if check(rc == 0, "tandem logits: rc %d %s%s" %
+                                              (rc, so, se)) else None
+
+    vocab_drafts("mtp", model, path, listed, V, ps, head_row)
+    vocab_drafts("model", model, path, listed, V, ps, model_row)
     # Refusals: a drafter without an LM head, lists that are no lists of this model's ids.
     rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "ngram",
                            "--draft-vocab", path])
@@ -578,49 +563,47 @@ def case_vocab():
           "a good list passes --check-config:\n" + out)
 
 
-def vocab_model_drafter(model, path, listed, V, ps):
-    """The same list on a model drafter (the model drafting for itself):
-    greedy outputs the plain ones, drafts only listed tokens, each block's
-    first draft the best listed token of the model's row by `tandem logits`
-    (the CPU, the whole vocabulary); sampled requests complete speculating."""
+def vocab_drafts(kind, model, path, listed, V, ps, row_of):
+    """A drafter of `kind` (the MTP head, or the model drafting for itself)
+    with the list: greedy outputs the plain ones, drafts only listed tokens,
+    each block's first draft the best listed token of row_of(context,
+    position) (the head's or the model's row by `tandem logits` on the CPU
+    with the whole vocabulary; None: not checked); sampled requests complete
+    speculating."""
     import numpy as np
-    gw, v, d, s = stack(model, "f32", drafter_args=("--draft-vocab", path), kind="model")
+    gw, v, d, s = stack(model, "f32", drafter_args=("--draft-vocab", path), kind=kind)
     check("drafting from the %d tokens of %s (of %d)" % (len(listed), path, V) in d.text(),
-          "the model drafter logs its vocabulary:\n" + d.text()[-2000:])
+          "%s: the drafter logs its vocabulary:\n%s" % (kind, d.text()[-2000:]))
     plain, spec = run_prompts(gw, ps)
-    same_outputs("draft_vocab, model drafter", plain, spec)
+    same_outputs("draft_vocab, %s" % kind, plain, spec)
     blocks = blocks_of(d)
-    check(len(blocks) >= len(ps), "model drafter: blocks were drafted: %d" % len(blocks))
+    check(len(blocks) >= len(ps), "%s: blocks were drafted: %d" % (kind, len(blocks)))
     outside = [t for b in blocks for t in b[3] if t not in set(listed)]
-    check(not outside, "model drafter: drafted tokens outside the vocabulary: %s" % outside[:10])
+    check(not outside, "%s: drafted tokens outside the vocabulary: %s" % (kind, outside[:10]))
     first = {}
     for b in blocks:
         first.setdefault(b[0], b)
     by_len = {len(p) + 1: i for i, p in enumerate(ps)}
     checked = 0
-    ref = os.path.join(st.TMP, "model-ref.npy")
     for sid, (_, rnd, pos, drafts) in sorted(first.items()):
         i = by_len.get(pos)
         if i is None or not drafts:
             continue
         # the block follows the prompt and the first generated token
-        ctx = ps[i] + spec[i][2]
-        rc, so, se = st.run([st.ARGS.cli, "logits", "--model", model, "--ids",
-                             ",".join(map(str, ctx[:pos])), "--out", ref])
-        if not check(rc == 0, "tandem logits: rc %d %s%s" % (rc, so, se)):
+        row = row_of(ps[i] + spec[i][2], pos)
+        if row is None:
             continue
-        row = np.load(ref)[pos - 1]
         want = listed[int(np.argmax(row[listed]))]
-        check(drafts[0] == want, "model drafter, prompt %d: first draft %d, the best listed "
-              "token of the model's row %d" % (i, drafts[0], want))
+        check(drafts[0] == want, "%s, prompt %d: first draft %d, the best listed token of the "
+              "row %d" % (kind, i, drafts[0], want))
         checked += 1
-    check(checked >= len(ps) // 2, "model drafter: first drafts checked: %d" % checked)
+    check(checked >= len(ps) // 2, "%s: first drafts checked: %d" % (kind, checked))
     sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
     res = [generate(gw, p, sampling=sampling) for p in ps[:3]]
     check(all(r[0] == "OK" and r[3] and r[3]["stats"]["speculation"].startswith("on")
-              for r in res), "model drafter, sampled: %s" % [r[:2] for r in res])
-    print("draft_vocab, model drafter: %d blocks, %d first drafts checked, %d sampled requests"
-          % (len(blocks), checked, len(res)), flush=True)
+              for r in res), "%s, sampled: %s" % (kind, [r[:2] for r in res]))
+    print("draft_vocab, %s: %d blocks, %d first drafts checked, %d sampled requests"
+          % (kind, len(blocks), checked, len(res)), flush=True)
     stop_all()
 
 

@@ -51,12 +51,8 @@ void draft_vocab_check(const char *name, tdm_backend *be)
     tdm_model *whole = fixture_model(name, be), *dv = fixture_model(name, be),
               *dvc = fixture_model(name, &calls);
     const int V = tdm_model_get_config(whole)->vocab_size;
-    int32_t *ids = malloc(((size_t)V / 3 + 2) * sizeof(int32_t));
-    int n = 0;
-    for (int t = 0; t < V; t += 3)
-        ids[n++] = t;
-    if (ids[n - 1] != V - 1)
-        ids[n++] = V - 1;
+    int n;
+    int32_t *ids = every_third_ids(V, &n);
     const int32_t twice[3] = {1, 5, 5}, past[2] = {0, V};
     CHECK(tdm_model_set_draft_vocab(dv, twice, 3, &err) == TDM_ERR_INVALID_ARGUMENT &&
               strstr(err.msg, "entry 2"),

@@ -164,12 +164,8 @@ static void vocab(const char *name, tdm_model *m, const float *hid, const int32_
     tdm_mtp *h, *w;
     CHECK(tdm_mtp_create(m, &h, &err) == TDM_OK && tdm_mtp_create(m, &w, &err) == TDM_OK, "%s",
           err.msg);
-    int32_t *ids = malloc((V / 3 + 2) * sizeof(int32_t));
-    int nv = 0;
-    for (int t = 0; t < (int)V; t += 3)
-        ids[nv++] = t;
-    if (ids[nv - 1] != (int32_t)V - 1)
-        ids[nv++] = (int32_t)V - 1;
+    int nv;
+    int32_t *ids = every_third_ids((int)V, &nv);
     const int32_t bad_order[3] = {1, 5, 5}, bad_range[2] = {0, (int32_t)V};
     CHECK(tdm_mtp_set_vocab(h, bad_order, 3, &err) == TDM_ERR_INVALID_ARGUMENT &&
               strstr(err.msg, "entry 2"),

@@ -227,3 +227,15 @@ void tracked_verify(tracked *t, const int32_t *blk, int nt, int acc, float *logi
     for (int i = 0; i <= acc; i++)
         t->toks[t->n++] = blk[i];
 }
+
+int32_t *every_third_ids(int V, int *n)
+{
+    int32_t *ids = malloc(((size_t)V / 3 + 2) * sizeof(int32_t));
+    CHECK(ids, "out of memory for %d ids", V);
+    *n = 0;
+    for (int t = 0; t < V; t += 3)
+        ids[(*n)++] = t;
+    if (ids[*n - 1] != V - 1)
+        ids[(*n)++] = V - 1;
+    return ids;
+}

@@ -44,6 +44,9 @@ void fixture_check_verify_path(tdm_model *m, const fixture *f, const float *cach
 /* Reads an .npy of [rows, cols] float32; exits on error. */
 float *npy_load2(const char *path, int64_t *rows, int64_t *cols);
 float max_abs(const float *x, size_t n);
+/* A draft vocabulary for tests: every third token id of V and the last
+ * (ascending; caller frees), *n of them. */
+int32_t *every_third_ids(int V, int *n);
 float max_abs_diff(const float *a, const float *b, size_t n);
 int argmax_row(const float *x, int n);
 /* Whole file into memory (caller frees); exits on error. */

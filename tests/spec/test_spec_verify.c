@@ -278,6 +278,25 @@ static void test_ngram(void)
     CHECK(tdm_ngram_propose(none, 4, 1, 3, 4, out) == 0, "ngram proposed without a match");
 }
 
+/* A uniform draw in [0, 1) from the xorshift state *y. */
+static double u01(uint64_t *y)
+{
+    *y ^= *y << 13;
+    *y ^= *y >> 7;
+    *y ^= *y << 17;
+    return (double)(*y >> 11) / 9007199254740992.0;
+}
+
+/* Drafts accepted of a block of k, each with probability a up to the first
+ * rejected one. */
+static int accepted_of(uint64_t *y, int k, double a)
+{
+    int n = 0;
+    while (n < k && u01(y) < a)
+        n++;
+    return n;
+}
+
 /* One request of `tokens` tokens under the adaptive rule, drafts accepted
  * with probability `acc` each, at a draft cost c and a round cost f (both
  * in plain steps, as the rule measures them), and p->open_cost plain steps
@@ -306,15 +325,7 @@ static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, do
         if (!open && p->open_cost > 0)
             cost += p->open_cost;
         open = true;
-        int got = 0;
-        for (;;) {
-            *y ^= *y << 13;
-            *y ^= *y >> 7;
-            *y ^= *y << 17;
-            if (got == s.k_next || (double)(*y >> 11) / 9007199254740992.0 >= acc)
-                break;
-            got++;
-        }
+        const int got = accepted_of(y, s.k_next, acc);
         cost += 1 + f + c * s.k_next;
         n += got + 1;
         tdm_accept_memory_note(mem, s.k_next, got);
@@ -505,21 +516,10 @@ static void test_adaptive(void)
                 n++;
                 continue;
             }
-            int acc = 0;
-            for (;;) {
-                y ^= y << 13;
-                y ^= y >> 7;
-                y ^= y << 17;
-                if (acc == s.k_next || (double)(y >> 11) / 9007199254740992.0 >= 0.8)
-                    break;
-                acc++;
-            }
+            const int acc = accepted_of(&y, s.k_next, 0.8);
             spec_rounds++;
             n += acc + 1;
-            y ^= y << 13;
-            y ^= y >> 7;
-            y ^= y << 17;
-            const double u = (double)(y >> 11) / 9007199254740992.0;
+            const double u = u01(&y);
             const double noise = u < 0.05 ? 2.0 : 0.9 + 0.2 * (u - 0.05) / 0.95;
             steps += 1 + (0.1 + 0.46 * s.k_next) * noise;
             tdm_adaptive_on_round(&s, s.k_next, acc, 0.46 * noise, 0.1 * noise);
@@ -581,15 +581,7 @@ static void test_adaptive(void)
     uint64_t x = 88172645463325252ull;
     double sum = 0;
     for (int i = 0; i < 4000; i++) {
-        int n = 0;
-        for (;;) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            if (n == 4 || (double)(x >> 11) / 9007199254740992.0 >= 0.8)
-                break;
-            n++;
-        }
+        const int n = accepted_of(&x, 4, 0.8);
         tdm_adaptive_on_round(&h, 4, n, 0.1, 0.0);
         if (i >= 1000)
             sum += h.accept_rate;
