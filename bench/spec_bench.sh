@@ -363,7 +363,7 @@ run)
         demo)
             echo "== demo pair" | tee -a "$SUM"
             dv="$(grep -o '"vocab_size": *[0-9]*' models/demo-target/config.json | grep -o '[0-9]*$')"
-            start_stack demo "$root/models/demo-target" || continue
+            start_stack demo "$root/models/demo-target" ${VFLAGS:-} || continue
             start_drafter demo tandem-drafter "$root/models/demo-drafter" on 8 || continue
             # the demo pair is fast: more requests, for steadier numbers
             for c in 1 8 32; do

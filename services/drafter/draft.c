@@ -94,7 +94,9 @@ typedef struct dseq {
     bool greedy;
     bool run_ahead; /* the verifier takes ahead blocks and this drafter drafts them */
     /* the outstanding block (round `round`, continuing from position n) */
-    bool want;      /* a block should be drafted in this pass */
+    bool want;      /* a block should be drafted */
+    bool picked;    /* drafted by the pass under way: its block goes out with it */
+    bool stuck;     /* catching up failed: answered with an empty block */
     bool sent;      /* it went out; its verdict is awaited */
     int block_size; /* drafts asked for */
     uint32_t round;
@@ -290,6 +292,50 @@ static tdm_status model_prepare(drafter *d, dseq *q, tdm_error *err)
         q->held = want;
     }
     return TDM_OK;
+}
+
+/* Whether a model drafter must first catch up on this sequence's tokens
+ * (a prompt after an open, the tokens of a pause) before its block's first
+ * step: model_prepare's prefill. */
+static bool catching_up(const drafter *d, const dseq *q)
+{
+    if (!d->rt || d->head || q->stuck)
+        return false;
+    if (!q->seq)
+        return true;
+    int lag_max = MAX_PENDING - q->block_size;
+    if (lag_max < 1)
+        lag_max = 1;
+    return q->n - lag_max > q->held;
+}
+
+/* Catches up on the sequences that want a block and lag behind, one at a
+ * time, until none is left or a message waits: a verdict's block must not
+ * wait for other sequences' prefills (an open's prompt of thousands of
+ * tokens, or 32 opens at once, would hold every round of the verifier's
+ * batch that waits for it). The sequences caught up draft with the next
+ * pass. */
+static bool message_waiting(dstream *st)
+{
+    pthread_mutex_lock(&st->mu);
+    bool w = st->head != NULL || st->ended;
+    pthread_mutex_unlock(&st->mu);
+    return w;
+}
+
+static void catch_up(dstream *st)
+{
+    for (dseq *q = st->seqs; q; q = q->next) {
+        if (!q->want || !catching_up(st->d, q))
+            continue;
+        tdm_error err = {0};
+        if (model_prepare(st->d, q, &err) != TDM_OK) {
+            tdm_log_error(LOG, "sequence %llu: %s", (unsigned long long)q->id, err.msg);
+            q->stuck = true;
+        }
+        if (message_waiting(st))
+            return;
+    }
 }
 
 /* The sequence of id `id`, created empty when the stream does not hold it;
@@ -815,14 +861,6 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
     free(fp);
 }
 
-static bool message_waiting(dstream *st)
-{
-    pthread_mutex_lock(&st->mu);
-    bool w = st->head != NULL || st->ended;
-    pthread_mutex_unlock(&st->mu);
-    return w;
-}
-
 /* The MTP head's pass over the nw sequences in st->bs: primes each one's
  * new rows, then drafts its block, both batched over the sequences. A
  * failure answers them with empty blocks; their next verdict then finds the
@@ -890,6 +928,9 @@ static void draft_pass(dstream *st, bool ahead)
         if (!(ahead ? q->ahead_want : q->want))
             continue;
         if (!ahead) {
+            if (catching_up(d, q))
+                continue; /* catch_up first; it drafts with a later pass */
+            q->picked = true;
             tdm_error err = {0};
             block_clear(&q->b);
             if (model_prepare(d, q, &err) != TDM_OK) {
@@ -1095,8 +1136,8 @@ static tdm_status send_blocks(dstream *st, bool ahead, tdm_error *err)
 {
     for (dseq *q = st->seqs; q; q = q->next) {
         tdm_status rc = TDM_OK;
-        if (!ahead && q->want) {
-            q->want = false;
+        if (!ahead && q->want && q->picked) {
+            q->want = q->picked = q->stuck = false;
             q->sent = true;
             rc = send_block(st, q, &q->b, q->round, (uint32_t)q->n, false, q->t_msg, err);
             /* Its verdict is out now: the next block may be drafted ahead. */
@@ -1154,11 +1195,12 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
-/* Whether some sequence would draft ahead in an idle moment. */
-static bool ahead_pending(const dstream *st)
+/* Whether some sequence wants a block (one left by a catch-up that a
+ * message cut short), or would draft ahead in an idle moment. */
+static bool work_pending(const dstream *st)
 {
     for (const dseq *q = st->seqs; q; q = q->next)
-        if (q->ahead_want)
+        if (q->want || q->ahead_want)
             return true;
     return false;
 }
@@ -1208,13 +1250,13 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         pthread_mutex_lock(&st.mu);
         /* Wait for messages, unless there is a block to draft ahead;
          * polled first (spin.h), so a verdict is taken the moment it lands. */
-        if (!st.head && !st.ended && !ahead_pending(&st)) {
+        if (!st.head && !st.ended && !work_pending(&st)) {
             const uint64_t seen = atomic_load(&st.gen);
             pthread_mutex_unlock(&st.mu);
             tdm_spin_changed(&st.gen, seen);
             pthread_mutex_lock(&st.mu);
         }
-        while (!st.head && !st.ended && !ahead_pending(&st))
+        while (!st.head && !st.ended && !work_pending(&st))
             pthread_cond_wait(&st.cv, &st.mu);
         dqueue_item *items = st.head;
         st.head = st.tail = NULL;
@@ -1232,15 +1274,25 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
             pthread_mutex_unlock(&d->model_mu);
             break;
         }
-        /* Blocks that answer a verdict first; the ahead ones only when no
-         * message waits (a verdict may make them moot). */
+        /* Blocks that answer a verdict first, then the sequences that
+         * catch up (each of them in turn, as long as no message waits);
+         * the ahead blocks only when no message waits (a verdict may make
+         * them moot). */
         bool ahead = false;
-        bool any = false;
-        for (dseq *q = st.seqs; q; q = q->next)
-            any |= q->want;
+        bool any = false, behind = false;
+        for (dseq *q = st.seqs; q; q = q->next) {
+            const bool late = q->want && catching_up(d, q);
+            any |= q->want && !late;
+            behind |= late;
+        }
+        if (!any && behind) {
+            catch_up(&st);
+            for (dseq *q = st.seqs; q; q = q->next)
+                any |= q->want && !catching_up(d, q);
+        }
         if (!any) {
             pthread_mutex_lock(&st.mu);
-            ahead = !st.head && ahead_pending(&st);
+            ahead = !st.head && !behind && work_pending(&st);
             pthread_mutex_unlock(&st.mu);
         }
         if (any || ahead) {

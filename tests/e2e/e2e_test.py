@@ -15,6 +15,8 @@ Cases:
                 within 100 ms; 32 concurrent streams all complete correctly
   incompatible  drafters refused by a rule: FAILED_PRECONDITION naming the
                 rule when speculation is required, plain service otherwise
+  catch_up      a verdict's block is answered while the drafter catches up on
+                other sequences' long prompts
 
 usage: e2e_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
                    --source ROOT [--quick]
@@ -601,9 +603,100 @@ def case_shared_drafter():
     check(all(n and n > 0 for n in served), "both verifiers should serve requests: %s" % served)
 
 
+def case_catch_up():
+    """A verdict's block does not wait for other sequences' catch-up. A Python
+    client in the verifier's place holds sequence 1 in rounds on one Draft
+    stream to the model drafter, and opens three sequences with prompts of
+    3000 tokens beside it, which the drafter must prefill before drafting
+    for them. Sequence 1's verdicts, each sent when its block lands, must be
+    answered while those prefills go on: it gets its next blocks before the
+    last long sequence gets its first (a drafter that prefills every opened
+    sequence in the pass that answers a verdict answers sequence 1 only
+    after all three prefills, after the last long sequence's first block)."""
+    import queue
+    import random
+    gw = st.gateway("--tokenizer", TOKENIZER)
+    d = st.replica("drafter", gw, "--model", DRAFTER, "--draft-block-size", "4")
+    c = st.client()
+    req_cls, _, _ = c._method("/tandem.v1.Drafter/Draft")
+    sym = __import__("google.protobuf.symbol_database", fromlist=["x"]).Default()
+    resp_cls = sym.GetSymbol("tandem.v1.DraftResponse")
+    rnd = random.Random(5)
+    short = [rnd.randrange(1, 4000) for _ in range(16)]
+    longs = {sid: [rnd.randrange(1, 4000) for _ in range(3000)] for sid in (2, 3, 4)}
+
+    def open_msg(sid, toks):
+        m = req_cls()
+        m.open.sequence_id = sid
+        m.open.tokens.extend(toks)
+        m.open.block_size = 4
+        m.open.round = 1
+        return m
+
+    q = queue.Queue()
+    q.put(open_msg(1, short))
+
+    def gen():
+        while True:
+            m = q.get()
+            if m is None:
+                return
+            yield m
+
+    grpc = __import__("grpc")
+    ch = grpc.insecure_channel(d.addr())
+    call = ch.stream_stream("/tandem.v1.Drafter/Draft",
+                            request_serializer=lambda m: m.SerializeToString(),
+                            response_deserializer=resp_cls.FromString)(gen(), timeout=120)
+    order = []  # (sequence, round) of each block, as it landed
+    n1 = len(short)
+    errors = []
+    try:
+        for r in call:
+            kind = r.WhichOneof("kind")
+            if kind == "error":
+                errors.append(r.error.message)
+                break
+            if kind != "block":
+                continue
+            b = r.block
+            order.append((b.sequence_id, b.round))
+            if b.sequence_id == 1:
+                if b.round == 1:
+                    # the long sequences open beside it, then its verdict
+                    for sid, toks in longs.items():
+                        q.put(open_msg(sid, toks))
+                if b.round < 6:
+                    v = req_cls()
+                    v.verdict.sequence_id = 1
+                    v.verdict.round = b.round
+                    v.verdict.accepted = 0
+                    v.verdict.next_token = (b.tokens[0] + 1) % 4000 if b.tokens else 7
+                    v.verdict.block_size = 4
+                    v.verdict.position = n1 + 1
+                    n1 += 1
+                    q.put(v)
+            if all(any(o[0] == sid for o in order) for sid in longs) and \
+                    sum(1 for o in order if o[0] == 1) >= 4:
+                break
+    finally:
+        q.put(None)
+        call.cancel()
+        ch.close()
+    print("blocks in the order they landed: %s" % order, flush=True)
+    check(not errors, "the drafter answered with an error: %s" % errors)
+    firsts = [order.index(next(o for o in order if o[0] == sid)) for sid in longs
+              if any(o[0] == sid for o in order)]
+    check(len(firsts) == 3, "every long sequence got a block: %s" % order)
+    ones = [i for i, o in enumerate(order) if o[0] == 1]
+    check(len(ones) >= 3 and firsts and ones[2] < max(firsts),
+          "sequence 1's third block landed after the last long sequence's first: %s" % order)
+    check(d.p.poll() is None, "the drafter is still running")
+
+
 CASES = {"shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline,
-         "tensor_parallel": case_tensor_parallel}
+         "tensor_parallel": case_tensor_parallel, "catch_up": case_catch_up}
 
 
 def main():
