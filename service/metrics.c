@@ -635,9 +635,6 @@ static const counter_row counter_rows[] = {
         "Sequences re-opened on their drafter's address after it failed (drafter_reopen_tries)."),
     ROW("verifier", "malformed_blocks", "tandem_spec_decode_malformed_blocks_total", COUNTER,
         "Draft blocks refused as malformed."),
-    ROW("verifier", "late_blocks", "tandem_spec_decode_late_blocks_total", COUNTER,
-        "Rounds a speculating sequence sat out because its draft block had not come when waiting "
-        "longer would have cost the rest of the batch more than the block was worth."),
     ROWL("verifier", "ahead_blocks_used", "tandem_spec_decode_ahead_blocks_total", COUNTER,
          "outcome", "used", "Blocks drafted ahead of their verdict, by whether they stood."),
     ROWL("verifier", "ahead_blocks_dropped", "tandem_spec_decode_ahead_blocks_total", COUNTER,

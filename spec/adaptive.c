@@ -88,15 +88,11 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     }
 }
 
-double tdm_adaptive_expected(const tdm_adaptive *a, int k)
-{
-    const double al = a->accept_rate;
-    return al >= 1.0 ? (double)(k + 1) : (1.0 - pow(al, k + 1)) / (1.0 - al);
-}
-
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
 {
-    return tdm_adaptive_expected(a, k) / (1.0 + a->fixed + a->cost * k);
+    double al = a->accept_rate;
+    double expected = al >= 1.0 ? (double)(k + 1) : (1.0 - pow(al, k + 1)) / (1.0 - al);
+    return expected / (1.0 + a->fixed + a->cost * k);
 }
 
 static void switch_off(tdm_adaptive *a, bool probing)

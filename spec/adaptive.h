@@ -102,9 +102,6 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
 /* After a plain (non-speculative) step while paused. */
 void tdm_adaptive_on_plain_token(tdm_adaptive *a);
 
-/* Expected tokens E(k) of a round with k drafts under the current estimate. */
-double tdm_adaptive_expected(const tdm_adaptive *a, int k);
-
 /* Expected speed-up S(k) under the current estimates. */
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k);
 

@@ -116,7 +116,6 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"drafter_reopens", (double)c.drafter_reopens},
         {"cancelled", (double)c.cancelled},
         {"malformed_blocks", (double)c.malformed_blocks},
-        {"late_blocks", (double)c.late_blocks},
         {"draft_streams", (double)c.draft_streams},
         {"ahead_blocks_used", (double)c.ahead_used},
         {"ahead_blocks_dropped", (double)c.ahead_dropped},

@@ -68,7 +68,6 @@ struct vreq {
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
     double t_asked, t_got; /* when the awaited block was asked for and arrived */
-    int sat_out;           /* rounds sat out since, its block late (a cost of speculating) */
     uint32_t round;        /* the round number the awaited block must carry */
     tdm_adaptive ad;
     Tandem__V1__DraftResponse *block; /* delivered by the reader, under mu */
@@ -1587,17 +1586,9 @@ static bool awaits_block(const vreq *r)
 }
 
 /* 3. Waits for the blocks asked for in the previous round, each at most
- * draft_timeout after it was asked for, and no longer than it is worth to
- * the batch. A block that follows an open costs the drafter a prefill of the
- * sequence so far: its sequence sits the round out instead of holding the
- * batch (within its own timeout). Any other late block is waited for while
- * the rest of the round loses less than the block would bring: each
- * sequence ready to step loses its round's expected tokens E (1 for a plain
- * one) for every round-time R (the last step's) it waits, and the late
- * blocks would bring their sequences' E; once the ready ones have lost
- * more than that, the late sequences sit the round out and verify their
- * blocks in the next one (a cost their adaptive rule is told: sat_out).
- * With no sequence ready (batch 1), the round waits. */
+ * draft_timeout after it was asked for. A block that follows an open costs
+ * the drafter a prefill of the sequence so far: its sequence sits the round
+ * out instead of holding the batch (within its own timeout). */
 static void await_blocks(vsched *s, vround *rd)
 {
     const double timeout = s->p.draft_timeout_ms;
@@ -1624,24 +1615,14 @@ static void await_blocks(vsched *s, vround *rd)
         }
         pthread_cond_timedwait(&s->cv, &s->mu, &soon);
     }
-    const double plain_round = atomic_load(&s->plain_round_ms);
-    const double round_ms = rd->t_step > plain_round ? rd->t_step : plain_round;
-    double lost = 0, t_prev = now_ms(), ready = 0; /* tokens the ready ones lost waiting */
     while (!s->stop) {
-        const double now = now_ms();
-        if (round_ms > 0)
-            lost += ready * (now - t_prev) / round_ms;
-        t_prev = now;
         /* The earliest deadline of the blocks still missing. */
-        double first = 0, worth = 0;
+        double first = 0;
         bool missing = false;
-        ready = 0;
         for (int i = 0; i < rd->n; i++) {
             vreq *r = rd->seqs[i].r;
-            if (!awaits_block(r)) {
-                ready += r->spec ? tdm_adaptive_expected(&r->ad, r->ad.k_next) : 1.0;
+            if (!awaits_block(r))
                 continue;
-            }
             double due = r->t_asked + timeout;
             if (due <= now_ms()) {
                 char d[64];
@@ -1652,34 +1633,14 @@ static void await_blocks(vsched *s, vround *rd)
                     vlink_ref(r->link);
                     rd->closes[rd->n_closes++] = (pending_close){r->link, r->id, "timeout"};
                 }
-                ready += 1.0;
                 continue;
             }
-            worth += tdm_adaptive_expected(&r->ad, r->ad.k_next);
             if (!missing || due < first)
                 first = due;
             missing = true;
         }
         if (!missing)
             break;
-        if (ready > 0 && round_ms > 0) {
-            const double until = now + (worth - lost) * round_ms / ready;
-            if (lost >= worth) {
-                for (int i = 0; i < rd->n;) {
-                    vreq *r = rd->seqs[i].r;
-                    if (awaits_block(r)) {
-                        r->sat_out++;
-                        s->counters.late_blocks++;
-                        rd->seqs[i] = rd->seqs[--rd->n];
-                        continue;
-                    }
-                    i++;
-                }
-                break;
-            }
-            if (until < first)
-                first = until;
-        }
         /* Polled first (spin.h), so a block is seen the moment it lands;
          * one that lands while mu is free is seen before sleeping, not at
          * the deadline (sched_wake bumps wakes under mu). */
@@ -1933,13 +1894,9 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     const int pauses = r->ad.pauses;
     if (q->got) {
         dacc_note(s, r->drafter_id, q->k, v->accepted);
-        /* Rounds sat out for a late block are rounds this sequence lost:
-         * a plain step each. */
-        const double fixed = rd->fixed >= 0 ? rd->fixed + r->sat_out : -1.0;
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
-                              r->after_open || r->seeded ? -1.0 : fixed);
-        r->sat_out = 0;
+                              r->after_open || r->seeded ? -1.0 : rd->fixed);
     } else
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
     s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);

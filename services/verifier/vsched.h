@@ -169,7 +169,6 @@ typedef struct vsched_counters {
     uint64_t drafter_failures, cancelled;
     uint64_t drafter_reopens;  /* sequences re-opened on a drafter's address after it failed */
     uint64_t malformed_blocks; /* blocks refused as malformed (speculation off for the sequence) */
-    uint64_t late_blocks;      /* rounds a sequence sat out: its block came too late for them */
     uint64_t draft_streams;    /* Draft streams open now */
     uint64_t ahead_used;       /* blocks drafted ahead of their verdict that stood */
     uint64_t ahead_dropped;    /* ... that the verdict did not bear out */
