@@ -172,7 +172,9 @@ run)
         local tag="$1" c="$2" n="$3" mode="$4"
         shift 4
         local line
-        line="$(timeout 300 "$B/bench_spec_client" --gateway "$GW" --verifier "$VER" \
+        local dr=""
+        [ -n "$dpid" ] && dr="--drafter 127.0.0.1:$port"
+        line="$(timeout 300 "$B/bench_spec_client" --gateway "$GW" --verifier "$VER" $dr \
             --concurrency "$c" --requests "$n" --tokens "$TOKENS" --prompt-len 64 --mode "$mode" \
             "$@" 2>>"$LOGS/client.log" | tr '\n' ' ')"
         printf '%-34s %s\n' "$tag" "$line" >>"$SUM"

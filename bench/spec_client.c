@@ -6,7 +6,7 @@
  *   bench_spec_client --gateway HOST:PORT [--requests N] [--concurrency C]
  *       [--prompt-len L] [--tokens T] [--seed S] [--mode off|auto|on]
  *       [--block K] [--fixed] [--record FILE] [--check FILE]
- *       [--vocab V] [--verifier HOST:PORT]
+ *       [--vocab V] [--verifier HOST:PORT] [--drafter HOST:PORT]
  *
  * Prints one line, "key=value ..." : tokens/s over the wall time of the
  * whole load, the median of the requests' own decode rates, mean accepted
@@ -20,7 +20,9 @@
  * time per round in each phase (from its counters' growth), the exchange's
  * median and 99th percentile and the drafter's time per draft token (over
  * the verifier's last 4096 blocks: they mix in earlier loads), and the means
- * of the exchange and of the drafter's time per token over this load alone.
+ * of the exchange and of the drafter's time per token over this load alone,
+ * after the CUDA graph slots' outcomes over the load on the verifier (and,
+ * with --drafter, on the drafter): captured/replayed/refused/eager/evicted.
  */
 #include "bench_util.h"
 #include "rpc.h"
@@ -45,7 +47,7 @@ typedef struct job {
 } job;
 
 static struct {
-    const char *gateway, *verifier;
+    const char *gateway, *verifier, *drafter;
     uint32_t vocab;
     int requests, concurrency, prompt_len, tokens;
     uint64_t seed;
@@ -138,8 +140,8 @@ static void *worker(void *arg)
 /* The verifier's counters, by name. */
 typedef struct counters {
     int n;
-    char name[128][64];
-    double value[128];
+    char name[256][64];
+    double value[256];
 } counters;
 
 static double counter(const counters *c, const char *name)
@@ -150,26 +152,26 @@ static double counter(const counters *c, const char *name)
     return 0;
 }
 
-static int describe(counters *c)
+static int describe(counters *c, const char *target, const char *method)
 {
     c->n = 0;
     tdm_rpc_channel *ch = NULL;
     tdm_error err = {0};
-    tdm_rpc_channel_options co = {.target = g.verifier};
+    tdm_rpc_channel_options co = {.target = target};
     if (tdm_rpc_channel_create(&co, &ch, &err) != TDM_OK)
         return -1;
     Tandem__V1__DescribeRequest req = TANDEM__V1__DESCRIBE_REQUEST__INIT;
     ProtobufCMessage *m = NULL;
     tdm_rpc_call_options opt = {.timeout_ms = 10000};
-    tdm_status rc = tdm_rpc_unary(ch, "/tandem.v1.Verifier/Describe", &req.base,
+    tdm_status rc = tdm_rpc_unary(ch, method, &req.base,
                                   &tandem__v1__describe_response__descriptor, &m, &opt, &err);
     tdm_rpc_channel_destroy(ch);
     if (rc != TDM_OK) {
-        fprintf(stderr, "bench_spec_client: Describe %s: %s\n", g.verifier, err.msg);
+        fprintf(stderr, "bench_spec_client: Describe %s: %s\n", target, err.msg);
         return -1;
     }
     const Tandem__V1__DescribeResponse *d = (const Tandem__V1__DescribeResponse *)m;
-    for (size_t i = 0; i < d->n_counters && c->n < 128; i++) {
+    for (size_t i = 0; i < d->n_counters && c->n < 256; i++) {
         snprintf(c->name[c->n], sizeof(c->name[0]), "%s", d->counters[i]->name);
         c->value[c->n++] = d->counters[i]->value;
     }
@@ -220,6 +222,17 @@ static void print_timeline(const counters *a, const counters *b)
            counter(b, "draft_exchange_overhead_p99_us"), counter(b, "draft_time_per_token_p50_us"),
            counter(b, "draft_time_per_token_p99_us"), counter(b, "round_step_p50_us"),
            counter(b, "round_step_p99_us"));
+}
+
+/* The CUDA graph slots' outcomes over the load (graph_steps_*, graphs_evicted). */
+static void print_graphs(const char *who, const counters *a, const counters *b)
+{
+    static const char *const k[] = {"graph_steps_captured", "graph_steps_replayed",
+                                    "graph_steps_refused", "graph_steps_eager", "graphs_evicted"};
+    printf("%s_graphs=", who);
+    for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++)
+        printf("%s%.0f", i ? "/" : "", counter(b, k[i]) - counter(a, k[i]));
+    printf(" ");
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -279,6 +292,8 @@ int main(int argc, char **argv)
             g.block = atoi(v), i++;
         else if (!strcmp(a, "--verifier"))
             g.verifier = v, i++;
+        else if (!strcmp(a, "--drafter"))
+            g.drafter = v, i++;
         else if (!strcmp(a, "--vocab"))
             g.vocab = (uint32_t)strtoul(v, NULL, 10), i++;
         else if (!strcmp(a, "--fixed"))
@@ -322,8 +337,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_spec_client: %s\n", err.msg);
         return 1;
     }
-    static counters before, after;
-    if (g.verifier && describe(&before) != 0)
+    static counters before, after, dbefore, dafter;
+    if (g.verifier && describe(&before, g.verifier, "/tandem.v1.Verifier/Describe") != 0)
+        return 1;
+    if (g.drafter && describe(&dbefore, g.drafter, "/tandem.v1.Drafter/Describe") != 0)
         return 1;
     pthread_t th[512];
     int nt = g.concurrency < 512 ? g.concurrency : 512;
@@ -394,8 +411,12 @@ int main(int argc, char **argv)
         as += accepted_at[i];
     }
     printf(" token_acceptance=%.3f\n", rs ? (double)as / (double)rs : 0.0);
-    if (g.verifier && describe(&after) == 0)
+    if (g.verifier && describe(&after, g.verifier, "/tandem.v1.Verifier/Describe") == 0) {
+        print_graphs("verifier", &before, &after);
+        if (g.drafter && describe(&dafter, g.drafter, "/tandem.v1.Drafter/Describe") == 0)
+            print_graphs("drafter", &dbefore, &dafter);
         print_timeline(&before, &after);
+    }
     tdm_rpc_channel_destroy(ch);
     return failed || mismatched ? 1 : 0;
 }

@@ -118,6 +118,24 @@ static void ranks_free(tdm_runtime *rt)
     rt->rank_backends = NULL;
 }
 
+void tdm_runtime_graph_stats_get(const tdm_runtime *rt, tdm_runtime_graph_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+#ifdef TANDEM_HAVE_CUDA_BACKEND
+    if (rt && rt->backend && strcmp(rt->backend_name, "cuda") == 0) {
+        tdm_cuda_graph_stats g;
+        tdm_cuda_graph_stats_get(rt->backend, &g);
+        *out = (tdm_runtime_graph_stats){.captured = g.captured,
+                                         .replayed = g.replayed,
+                                         .refused = g.refused,
+                                         .eager = g.eager,
+                                         .evicted = g.evicted};
+    }
+#else
+    (void)rt;
+#endif
+}
+
 void tdm_runtime_close(tdm_runtime *rt)
 {
     if (!rt)

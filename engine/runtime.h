@@ -53,6 +53,15 @@ tdm_status tdm_runtime_open_cfg(const tdm_cfg *cfg, const char *component, tdm_r
  * head is an error naming the model directory and the missing tensor. */
 tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, tdm_runtime **out,
                                     tdm_error *err);
+/* What the CUDA backend's graph slots did since the runtime opened
+ * (kernels/cuda/cuda_backend.h: tdm_cuda_graph_stats): steps captured,
+ * replayed, refused (run again eagerly), run eagerly, and graphs evicted.
+ * All zeros on the CPU backend, with graphs off, or for rt NULL. */
+typedef struct tdm_runtime_graph_stats {
+    uint64_t captured, replayed, refused, eager, evicted;
+} tdm_runtime_graph_stats;
+void tdm_runtime_graph_stats_get(const tdm_runtime *rt, tdm_runtime_graph_stats *out);
+
 /* A drafter's draft vocabulary: the token ids of the file at path
  * (tdm_token_list_read) for its MTP head (tdm_mtp_set_vocab) or its model
  * (tdm_model_set_draft_vocab); "" leaves the whole vocabulary. Errors name

@@ -1352,6 +1352,8 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
 static size_t counters(void *arg, tdm_service_counter *out, size_t max)
 {
     drafter *d = arg;
+    tdm_runtime_graph_stats gs;
+    tdm_runtime_graph_stats_get(d->rt ? d->rt : d->head, &gs);
     tdm_service_counter all[] = {
         {"draft_streams", (double)__atomic_load_n(&d->streams, __ATOMIC_RELAXED)},
         {"open_sequences", (double)__atomic_load_n(&d->open_sequences, __ATOMIC_RELAXED)},
@@ -1366,6 +1368,11 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"feature_bytes_grpc", (double)__atomic_load_n(&d->feat_bytes_grpc, __ATOMIC_RELAXED)},
         {"feature_streams_shm", (double)__atomic_load_n(&d->shm_accepted, __ATOMIC_RELAXED)},
         {"feature_shm_refused", (double)__atomic_load_n(&d->shm_refused, __ATOMIC_RELAXED)},
+        {"graph_steps_captured", (double)gs.captured},
+        {"graph_steps_replayed", (double)gs.replayed},
+        {"graph_steps_refused", (double)gs.refused},
+        {"graph_steps_eager", (double)gs.eager},
+        {"graphs_evicted", (double)gs.evicted},
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }

@@ -102,6 +102,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
     verifier *v = arg;
     vsched_counters c;
     vsched_get_counters(v->sched, &c);
+    tdm_runtime_graph_stats gs;
+    tdm_runtime_graph_stats_get(v->rt, &gs);
     tdm_service_counter all[] = {
         {"requests", (double)c.requests},
         {"active_sequences", (double)c.active},
@@ -116,6 +118,11 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"drafter_reopens", (double)c.drafter_reopens},
         {"cancelled", (double)c.cancelled},
         {"malformed_blocks", (double)c.malformed_blocks},
+        {"graph_steps_captured", (double)gs.captured},
+        {"graph_steps_replayed", (double)gs.replayed},
+        {"graph_steps_refused", (double)gs.refused},
+        {"graph_steps_eager", (double)gs.eager},
+        {"graphs_evicted", (double)gs.evicted},
         {"draft_streams", (double)c.draft_streams},
         {"ahead_blocks_used", (double)c.ahead_used},
         {"ahead_blocks_dropped", (double)c.ahead_dropped},
