@@ -163,8 +163,8 @@ static int describe(counters *c, const char *target, const char *method)
     Tandem__V1__DescribeRequest req = TANDEM__V1__DESCRIBE_REQUEST__INIT;
     ProtobufCMessage *m = NULL;
     tdm_rpc_call_options opt = {.timeout_ms = 10000};
-    tdm_status rc = tdm_rpc_unary(ch, method, &req.base,
-                                  &tandem__v1__describe_response__descriptor, &m, &opt, &err);
+    tdm_status rc = tdm_rpc_unary(ch, method, &req.base, &tandem__v1__describe_response__descriptor,
+                                  &m, &opt, &err);
     tdm_rpc_channel_destroy(ch);
     if (rc != TDM_OK) {
         fprintf(stderr, "bench_spec_client: Describe %s: %s\n", target, err.msg);
