@@ -1082,19 +1082,17 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
         const int cls = cost_class(atomic_load(&s->batch_n) + 1); /* the batch it joins */
-        tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
+        tdm_adaptive_params ap = {.k_max = (int)da->block_size,   /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
                                   .pause_tokens = 32,
                                   .min_rounds = 4,
                                   /* What speculation costs here is known from earlier
                                    * requests; seeded ones keep the fixed prior. */
-                                  .cost_prior =
-                                      r->seeded ? -1.0 : prior(s, s->cost_ms_ema, cls),
+                                  .cost_prior = r->seeded ? -1.0 : prior(s, s->cost_ms_ema, cls),
                                   .accept_prior =
                                       r->seeded ? -1.0 : dacc_prior(s, da->replica_id, false),
-                                  .fixed_prior =
-                                      r->seeded ? -1.0 : prior(s, s->fixed_ms_ema, cls),
+                                  .fixed_prior = r->seeded ? -1.0 : prior(s, s->fixed_ms_ema, cls),
                                   .fixed = da->fixed_block_size,
                                   .open_cost = r->seeded ? -1.0 : open_cost(s),
                                   .tokens_left = r->max_tokens - r->n_out};
