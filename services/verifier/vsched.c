@@ -67,7 +67,8 @@ struct vreq {
     bool opened;           /* the drafter knows this sequence */
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
-    bool deferred; /* held plain while others explore its batch class (defer_or_start_locked) */
+    bool started;  /* its adaptive rule started from its batch's priors (defer_or_start_locked) */
+    bool deferred; /* held plain while others explore its batch class */
     bool explorer; /* speculates from priors its batch class had not measured */
     double t_asked, t_got; /* when the awaited block was asked for and arrived */
     uint32_t round;        /* the round number the awaited block must carry */
@@ -1081,7 +1082,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
-        const int cls = cost_class(atomic_load(&s->batch_n) + 1); /* the batch it joins */
+        const int cls = cost_class(atomic_load(&s->batch_n)); /* (defer_or_start_locked) */
         tdm_adaptive_params ap = {.k_max = (int)da->block_size,   /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
@@ -1919,10 +1920,10 @@ static int explorers_locked(const vsched *s)
     return n;
 }
 
-/* A sequence about to open on its drafter for the first time, or deferred
- * (under mu): it starts as a new request does, from the costs measured at
- * the batch it runs in now (its class; the request was created against
- * the batch it expected to join). Where no round of that class has
+/* A sequence after its first token, or deferred (under mu): it starts as
+ * a new request does, from the costs measured at the batch it runs in now
+ * (its class; the request was created against the batch before it
+ * joined). Where no round of that class has
  * measured them, at most EXPLORERS sequences find out; the others stay
  * plain (deferred, no open) until a round has, then start from what was
  * measured (which may say speculation does not pay here: a batch of 32
@@ -1964,14 +1965,12 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
                               r->after_open || r->seeded ? -1.0 : rd->fixed);
-    } else if (r->deferred) {
-        defer_or_start_locked(s, rd, r);
+    } else if (r->deferred || (!r->started && !r->seeded && !r->ad.p.fixed)) {
+        defer_or_start_locked(s, rd, r); /* its first token, or held back */
     } else {
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
     }
-    if (!q->got && !r->opened && !r->deferred && r->ad.k_next > 0 && r->ad.pauses == 0 &&
-        !r->seeded && !r->ad.p.fixed)
-        defer_or_start_locked(s, rd, r); /* its first open */
+    r->started = true;
     if (r->ad.pauses > pauses)
         s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
     r->after_open = false;
