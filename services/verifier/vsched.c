@@ -1082,7 +1082,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
-        const int cls = cost_class(atomic_load(&s->batch_n)); /* (defer_or_start_locked) */
+        const int cls = cost_class(atomic_load(&s->batch_n));     /* (defer_or_start_locked) */
         tdm_adaptive_params ap = {.k_max = (int)da->block_size,   /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
