@@ -591,9 +591,6 @@ static const counter_row counter_rows[] = {
     ROW("verifier", "adaptive_off_rounds", "tandem_spec_decode_adaptive_off_rounds_total", COUNTER,
         "Sequence rounds decoded plainly because the adaptive rule had switched speculation "
         "off."),
-    ROW("verifier", "adaptive_deferred", "tandem_spec_decode_adaptive_deferred_total", COUNTER,
-        "Requests held plain at their first open while at most two others found out what "
-        "speculating costs at a batch size no round had measured yet."),
     ROW("verifier", "adaptive_switch_offs", "tandem_spec_decode_adaptive_switch_offs_total",
         COUNTER, "Times the adaptive rule switched speculation off for a sequence."),
     ROW("verifier", "mean_accepted_per_round", NULL, GAUGE, NULL),

@@ -158,7 +158,6 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"feature_streams_shm", (double)c.feature_streams_shm},
         {"feature_streams_grpc", (double)c.feature_streams_grpc},
         {"adaptive_off_rounds", (double)c.adaptive_off_rounds},
-        {"adaptive_deferred", (double)c.adaptive_deferred},
         {"adaptive_switch_offs", (double)c.adaptive_switch_offs},
         {"kv_cache_bytes", (double)c.kv_bytes},
         {"recurrent_state_bytes", (double)c.recurrent_bytes},

@@ -67,9 +67,6 @@ struct vreq {
     bool opened;           /* the drafter knows this sequence */
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
-    bool started;  /* its adaptive rule started from its batch's priors (defer_or_start_locked) */
-    bool deferred; /* held plain while others explore its batch class */
-    bool explorer; /* speculates from priors its batch class had not measured */
     double t_asked, t_got; /* when the awaited block was asked for and arrived */
     uint32_t round;        /* the round number the awaited block must carry */
     tdm_adaptive ad;
@@ -203,10 +200,6 @@ typedef struct staged_snap {
 /* A drafter's acceptance over its recent speculative rounds, by replica id
  * (adaptive.h: tdm_accept_memory). */
 #define DACC_MAX 64
-#define COST_CLASSES 6 /* batch classes of the cost priors (cost_class) */
-/* Sequences that may explore a batch class whose costs are not measured
- * yet; others wait (deferred) until those measured them. */
-#define EXPLORERS 2
 typedef struct dacc {
     char id[128];
     tdm_accept_memory m;
@@ -231,13 +224,10 @@ struct vsched {
     vlinks *links;
     vsched_counters counters;
     tdm_steptime st; /* how a step's time grows with its rows (scheduler thread) */
-    /* What speculation costs on this verifier, in ms, by batch class
-     * (cost_class: a drafter's time and a verify block's rows cost more or
-     * less at other batches); the adaptive rule's priors, converted to plain
-     * steps of the batch a request joins: per drafted token, and the
-     * exchange per speculating sequence; 0 = none measured in that class. */
-    _Atomic double cost_ms_ema[COST_CLASSES], fixed_ms_ema[COST_CLASSES];
-    _Atomic int batch_n; /* sequences in the last step */
+    /* What speculation costs on this verifier, in ms (the adaptive rule's
+     * priors, converted to plain steps of the batch a request joins): per
+     * drafted token, and the exchange per speculating sequence; 0 = none. */
+    _Atomic double cost_ms_ema, fixed_ms_ema;
     /* What each drafter's drafts were accepted at (dacc_*): the starting
      * acceptance of its next requests. */
     pthread_mutex_t dacc_mu;
@@ -299,24 +289,12 @@ static void ema_ms(_Atomic double *e, double v)
     atomic_store(e, prev > 0 ? 0.9 * prev + 0.1 * v : v);
 }
 
-/* The batch class of a step of n sequences: 1, 2-3, 4-7, 8-15, 16-31, 32
- * and more. */
-static int cost_class(int n)
+/* An adaptive prior from a cost in ms: in plain steps per sequence at the
+ * current batch (what the request's rounds will be measured against);
+ * -1 (the rule's own prior) while nothing is measured. */
+static double prior(vsched *s, _Atomic double *cost_ms)
 {
-    int c = 0;
-    while (n > 1 && c < COST_CLASSES - 1) {
-        n >>= 1;
-        c++;
-    }
-    return c;
-}
-
-/* An adaptive prior from a cost in ms of batch class c: in plain steps per
- * sequence at the current batch (what the request's rounds will be
- * measured against); -1 (the rule's own prior) while nothing is measured. */
-static double prior(vsched *s, _Atomic double *cost_ms, int c)
-{
-    const double ms = atomic_load(&cost_ms[c]), seq = atomic_load(&s->plain_seq_ms);
+    const double ms = atomic_load(cost_ms), seq = atomic_load(&s->plain_seq_ms);
     return ms > 0 && seq > 0 ? ms / seq : -1.0;
 }
 
@@ -1082,18 +1060,17 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
-        const int cls = cost_class(atomic_load(&s->batch_n));     /* (defer_or_start_locked) */
-        tdm_adaptive_params ap = {.k_max = (int)da->block_size,   /* the drafter's limit too */
+        tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
                                   .pause_tokens = 32,
                                   .min_rounds = 4,
                                   /* What speculation costs here is known from earlier
                                    * requests; seeded ones keep the fixed prior. */
-                                  .cost_prior = r->seeded ? -1.0 : prior(s, s->cost_ms_ema, cls),
+                                  .cost_prior = r->seeded ? -1.0 : prior(s, &s->cost_ms_ema),
                                   .accept_prior =
                                       r->seeded ? -1.0 : dacc_prior(s, da->replica_id, false),
-                                  .fixed_prior = r->seeded ? -1.0 : prior(s, s->fixed_ms_ema, cls),
+                                  .fixed_prior = r->seeded ? -1.0 : prior(s, &s->fixed_ms_ema),
                                   .fixed = da->fixed_block_size,
                                   .open_cost = r->seeded ? -1.0 : open_cost(s),
                                   .tokens_left = r->max_tokens - r->n_out};
@@ -1826,7 +1803,6 @@ static void run_step(vsched *s, vround *rd)
     double plain_round;
     if (tdm_steptime_plain(&s->st, rd->n, &plain_round)) {
         atomic_store(&s->plain_seq_ms, plain_round / rd->n);
-        atomic_store(&s->batch_n, rd->n);
         atomic_store(&s->plain_round_ms, plain_round);
     }
     if (tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
@@ -1835,9 +1811,8 @@ static void run_step(vsched *s, vround *rd)
         /* and what speculating adds after the step, as measured on the
          * rounds before (post_cost) */
         rd->fixed += atomic_load(&s->post_spec_ms) / seq_ms;
-        const int c = cost_class(rd->n);
-        ema_ms(&s->cost_ms_ema[c], rd->cost * seq_ms);
-        ema_ms(&s->fixed_ms_ema[c], rd->fixed * seq_ms);
+        ema_ms(&s->cost_ms_ema, rd->cost * seq_ms);
+        ema_ms(&s->fixed_ms_ema, rd->fixed * seq_ms);
     }
 }
 
@@ -1908,49 +1883,6 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     return v;
 }
 
-/* Sequences speculating from priors that no round of their batch class has
- * measured (under mu). */
-static int explorers_locked(const vsched *s)
-{
-    int n = 0;
-    for (int i = 0; i < s->n_active; i++) {
-        const vreq *r = s->active[i];
-        n += r->explorer && r->spec && r->ad.k_next > 0 && !r->finished && !r->cancelled;
-    }
-    return n;
-}
-
-/* A sequence after its first token, or deferred (under mu): it starts as
- * a new request does, from the costs measured at the batch it runs in now
- * (its class; the request was created against the batch before it
- * joined). Where no round of that class has
- * measured them, at most EXPLORERS sequences find out; the others stay
- * plain (deferred, no open) until a round has, then start from what was
- * measured (which may say speculation does not pay here: a batch of 32
- * opening at once on a fresh verifier, or a CPU whose verify rows cost
- * nearly a step each, would pay every sequence's prefill on the drafter
- * and min_rounds losing rounds). */
-static void defer_or_start_locked(vsched *s, const vround *rd, vreq *r)
-{
-    const int c = cost_class(rd->n);
-    const bool known = atomic_load(&s->cost_ms_ema[c]) > 0;
-    if (!known && explorers_locked(s) >= EXPLORERS) {
-        if (!r->deferred)
-            s->counters.adaptive_deferred++;
-        r->deferred = true;
-        r->ad.k_next = 0;
-        return;
-    }
-    r->deferred = false;
-    tdm_adaptive_params p = r->ad.p;
-    p.cost_prior = prior(s, s->cost_ms_ema, c);
-    p.fixed_prior = prior(s, s->fixed_ms_ema, c);
-    p.open_cost = open_cost(s);
-    p.tokens_left = r->max_tokens - r->n_out;
-    tdm_adaptive_init(&r->ad, &p);
-    r->explorer = !known && r->ad.k_next > 0;
-}
-
 /* What the sequence's drafter hears next (under mu): a verdict on its block,
  * or an open after a pause; its adaptive state moves on first. */
 static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_verdict *v)
@@ -1965,14 +1897,9 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
                               r->after_open || r->seeded ? -1.0 : rd->fixed);
-    } else if (r->deferred || (!r->started && !r->seeded && !r->ad.p.fixed)) {
-        defer_or_start_locked(s, rd, r); /* its first token, or held back */
-    } else {
+    } else
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
-    }
-    r->started = true;
-    if (r->ad.pauses > pauses)
-        s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
+    s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
     r->after_open = false;
     q->accepted = v->accepted;
     q->next = v->next_token;

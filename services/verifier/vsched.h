@@ -201,7 +201,6 @@ typedef struct vsched_counters {
      * times it switched it off; how often the draft at each position was
      * accepted (accepted_at[j]: blocks that accepted more than j drafts). */
     uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs;
-    uint64_t adaptive_deferred; /* requests held plain while others explored their batch class */
     uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
     /* State snapshots: exported, imported, dropped unused after
      * snapshot_ttl, and imported ones waiting for their Run now. */
