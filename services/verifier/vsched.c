@@ -1075,6 +1075,13 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   .open_cost = r->seeded ? -1.0 : open_cost(s),
                                   .tokens_left = r->max_tokens - r->n_out};
         tdm_adaptive_init(&r->ad, &ap);
+        if (tdm_log_get_level() <= TDM_LOG_DEBUG)
+            tdm_log_debug(LOG,
+                          "request %s: speculation starts %s, block %d; priors: acceptance %.2f, "
+                          "cost %.2f + %.2f a draft, open %.1f tokens, %d tokens left",
+                          r->request_id, r->ad.k_next > 0 ? "on" : "paused", r->ad.k_next,
+                          r->ad.accept_rate, r->ad.fixed, r->ad.cost, ap.open_cost,
+                          ap.tokens_left);
         if (!r->seeded && r->ad.k_next == 0)
             dacc_prior(s, da->replica_id, true); /* one more request without speculation */
         /* The Draft stream is opened here, before the lock: it may connect. */
@@ -1904,6 +1911,14 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     q->accepted = v->accepted;
     q->next = v->next_token;
     q->next_block = r->ad.k_next;
+    if (q->got && tdm_log_get_level() <= TDM_LOG_DEBUG)
+        tdm_log_debug(LOG,
+                      "request %s: next block %d (expected speed-up %.2f at block %d), "
+                      "paused for %d tokens, %d pause(s), %d probe(s)",
+                      r->request_id, r->ad.k_next,
+                      tdm_adaptive_speedup(&r->ad, r->ad.k_next > 0 ? r->ad.k_next : 1),
+                      r->ad.k_next > 0 ? r->ad.k_next : 1, r->ad.paused_left, r->ad.pauses,
+                      r->ad.probes);
     if (q->got) {
         q->msg = MSG_VERDICT; /* on its block; block 0 pauses it */
     } else if (r->ad.k_next > 0) {
