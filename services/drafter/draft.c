@@ -309,12 +309,7 @@ static bool catching_up(const drafter *d, const dseq *q)
     return q->n - lag_max > q->held;
 }
 
-/* Catches up on the sequences that want a block and lag behind, one at a
- * time, until none is left or a message waits: a verdict's block must not
- * wait for other sequences' prefills (an open's prompt of thousands of
- * tokens, or 32 opens at once, would hold every round of the verifier's
- * batch that waits for it). The sequences caught up draft with the next
- * pass. */
+/* Whether a message (or the stream's end) waits for the stream thread. */
 static bool message_waiting(dstream *st)
 {
     pthread_mutex_lock(&st->mu);
@@ -323,6 +318,12 @@ static bool message_waiting(dstream *st)
     return w;
 }
 
+/* Catches up on the sequences that want a block and lag behind, one at a
+ * time, until none is left or a message waits: a verdict's block must not
+ * wait for other sequences' prefills (an open's prompt of thousands of
+ * tokens, or 32 opens at once, would hold every round of the verifier's
+ * batch that waits for it). The sequences caught up draft with the next
+ * pass. */
 static void catch_up(dstream *st)
 {
     for (dseq *q = st->seqs; q; q = q->next) {
