@@ -265,10 +265,16 @@ static tdm_status model_settle(dseq *q, tdm_error *err)
     return rc;
 }
 
+/* Tokens a catch-up prefills between looks for waiting messages: the
+ * verifier's own prefill chunk (prefill_chunk's default), so that a verdict
+ * waits for at most one chunk of another sequence's prompt. */
+#define CATCH_UP_CHUNK 256
+
 /* Before a block's first step: the model holds all but the last few
  * committed tokens (at most MAX_PENDING - MAX_BLOCK of them are left to the
- * first step). Nothing may be pending. */
-static tdm_status model_prepare(drafter *d, dseq *q, tdm_error *err)
+ * first step), prefilled at most `max` at a time (0: all; catch_up). Nothing
+ * may be pending. */
+static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
 {
     if (!d->rt)
         return TDM_OK;
@@ -285,6 +291,8 @@ static tdm_status model_prepare(drafter *d, dseq *q, tdm_error *err)
     if (lag_max < 1)
         lag_max = 1;
     int want = q->n - lag_max;
+    if (max > 0 && want > q->held + max)
+        want = q->held + max;
     if (want > q->held) {
         tdm_status rc = tdm_seq_prefill(q->seq, q->tokens + q->held, want - q->held, NULL, err);
         if (rc != TDM_OK)
@@ -319,23 +327,23 @@ static bool message_waiting(dstream *st)
 }
 
 /* Catches up on the sequences that want a block and lag behind, one at a
- * time, until none is left or a message waits: a verdict's block must not
- * wait for other sequences' prefills (an open's prompt of thousands of
- * tokens, or 32 opens at once, would hold every round of the verifier's
- * batch that waits for it). The sequences caught up draft with the next
- * pass. */
+ * time and CATCH_UP_CHUNK tokens at a time, until none is left or a message
+ * waits: a verdict's block must not wait for other sequences' prefills (an
+ * open's prompt of thousands of tokens, or 32 opens at once, would hold
+ * every round of the verifier's batch that waits for it). The sequences
+ * caught up draft with the next pass. */
 static void catch_up(dstream *st)
 {
     for (dseq *q = st->seqs; q; q = q->next) {
-        if (!q->want || !catching_up(st->d, q))
-            continue;
-        tdm_error err = {0};
-        if (model_prepare(st->d, q, &err) != TDM_OK) {
-            tdm_log_error(LOG, "sequence %llu: %s", (unsigned long long)q->id, err.msg);
-            q->stuck = true;
+        while (q->want && catching_up(st->d, q)) {
+            tdm_error err = {0};
+            if (model_prepare(st->d, q, CATCH_UP_CHUNK, &err) != TDM_OK) {
+                tdm_log_error(LOG, "sequence %llu: %s", (unsigned long long)q->id, err.msg);
+                q->stuck = true;
+            }
+            if (message_waiting(st))
+                return;
         }
-        if (message_waiting(st))
-            return;
     }
 }
 
@@ -934,7 +942,7 @@ static void draft_pass(dstream *st, bool ahead)
             q->picked = true;
             tdm_error err = {0};
             block_clear(&q->b);
-            if (model_prepare(d, q, &err) != TDM_OK) {
+            if (model_prepare(d, q, 0, &err) != TDM_OK) {
                 tdm_log_error(LOG, "sequence %llu: %s", (unsigned long long)q->id, err.msg);
                 continue; /* answered with an empty block */
             }
