@@ -39,7 +39,7 @@
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
 # MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
-# VFLAGS (more verifier flags for the 4b part), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
+# VFLAGS (more verifier flags for the 4b and demo parts), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows), RUNAHEAD (default "off on"), MPS (1: every process of the
