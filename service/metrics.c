@@ -466,6 +466,22 @@ typedef struct counter_row {
         role, counter, family, TDM_METRIC_##type, "", 1.0, l, v, NULL, NULL, help                  \
     }
 /* A phase of the verifier's round: quantiles, total and count. */
+/* A runtime's CUDA graph outcomes (service.h: TDM_GRAPH_COUNTERS), for the
+ * verifier and the drafter alike. */
+#define GRAPH_ROWS(role)                                                                           \
+    ROWL(role, "graph_steps_captured", "tandem_cuda_graph_steps_total", COUNTER, "outcome",         \
+         "captured",                                                                               \
+         "Forward steps on the CUDA backend by how they ran: captured into a CUDA graph, "         \
+         "replayed from one, refused (the graph did not match; run again eagerly) or eager (a "    \
+         "step shape seen for the first time, or given up on)."),                                  \
+        ROWL(role, "graph_steps_replayed", "tandem_cuda_graph_steps_total", COUNTER, "outcome",    \
+             "replayed", NULL),                                                                    \
+        ROWL(role, "graph_steps_refused", "tandem_cuda_graph_steps_total", COUNTER, "outcome",     \
+             "refused", NULL),                                                                     \
+        ROWL(role, "graph_steps_eager", "tandem_cuda_graph_steps_total", COUNTER, "outcome",       \
+             "eager", NULL),                                                                       \
+        ROW(role, "graphs_evicted", "tandem_cuda_graphs_evicted_total", COUNTER,                   \
+            "CUDA graphs dropped to make room for another step shape's (least recently used).")
 #define PHASE(p, help)                                                                             \
     {"verifier",                                                                                   \
      "round_" p "_p50_us",                                                                         \
@@ -639,19 +655,7 @@ static const counter_row counter_rows[] = {
          "outcome", "used", "Blocks drafted ahead of their verdict, by whether they stood."),
     ROWL("verifier", "ahead_blocks_dropped", "tandem_spec_decode_ahead_blocks_total", COUNTER,
          "outcome", "dropped", NULL),
-    ROWL("verifier", "graph_steps_captured", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "captured",
-         "Forward steps on the CUDA backend by how they ran: captured into a CUDA graph, "
-         "replayed from one, refused (the graph did not match; run again eagerly) or eager (a "
-         "step shape seen for the first time, or given up on)."),
-    ROWL("verifier", "graph_steps_replayed", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "replayed", NULL),
-    ROWL("verifier", "graph_steps_refused", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "refused", NULL),
-    ROWL("verifier", "graph_steps_eager", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "eager", NULL),
-    ROW("verifier", "graphs_evicted", "tandem_cuda_graphs_evicted_total", COUNTER,
-        "CUDA graphs dropped to make room for another step shape's (least recently used)."),
+    GRAPH_ROWS("verifier"),
     ROW("verifier", "generated_tokens", "tandem_verifier_generation_tokens_total", COUNTER,
         "Tokens generated."),
     ROW("verifier", "cancelled", "tandem_verifier_sequences_cancelled_total", COUNTER,
@@ -776,19 +780,7 @@ static const counter_row counter_rows[] = {
     ROW("drafter", "max_sequences", "tandem_drafter_sequences_max", GAUGE,
         "Most sequences per Draft stream (max_sequences): the capacity."),
     ROW("drafter", "blocks", "tandem_drafter_blocks_total", COUNTER, "Draft blocks sent."),
-    ROWL("drafter", "graph_steps_captured", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "captured",
-         "Forward steps on the CUDA backend by how they ran: captured into a CUDA graph, "
-         "replayed from one, refused (the graph did not match; run again eagerly) or eager (a "
-         "step shape seen for the first time, or given up on)."),
-    ROWL("drafter", "graph_steps_replayed", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "replayed", NULL),
-    ROWL("drafter", "graph_steps_refused", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "refused", NULL),
-    ROWL("drafter", "graph_steps_eager", "tandem_cuda_graph_steps_total", COUNTER, "outcome",
-         "eager", NULL),
-    ROW("drafter", "graphs_evicted", "tandem_cuda_graphs_evicted_total", COUNTER,
-        "CUDA graphs dropped to make room for another step shape's (least recently used)."),
+    GRAPH_ROWS("drafter"),
     ROW("drafter", "drafted_tokens", "tandem_drafter_draft_tokens_total", COUNTER,
         "Draft tokens proposed."),
     ROWL("drafter", "ahead_blocks_used", "tandem_drafter_ahead_blocks_total", COUNTER, "outcome",

@@ -1377,11 +1377,7 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"feature_bytes_grpc", (double)__atomic_load_n(&d->feat_bytes_grpc, __ATOMIC_RELAXED)},
         {"feature_streams_shm", (double)__atomic_load_n(&d->shm_accepted, __ATOMIC_RELAXED)},
         {"feature_shm_refused", (double)__atomic_load_n(&d->shm_refused, __ATOMIC_RELAXED)},
-        {"graph_steps_captured", (double)gs.captured},
-        {"graph_steps_replayed", (double)gs.replayed},
-        {"graph_steps_refused", (double)gs.refused},
-        {"graph_steps_eager", (double)gs.eager},
-        {"graphs_evicted", (double)gs.evicted},
+        TDM_GRAPH_COUNTERS(gs),
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }

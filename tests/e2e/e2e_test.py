@@ -613,14 +613,11 @@ def case_catch_up():
     first four blocks land before any long sequence's first (a drafter that
     prefills the opened sequences in the pass that answers a verdict, or
     each in one piece, answers sequence 1 only after a whole prompt)."""
-    import queue
     import random
     gw = st.gateway("--tokenizer", TOKENIZER)
     d = st.replica("drafter", gw, "--model", DRAFTER, "--draft-block-size", "4")
-    c = st.client()
-    req_cls, _, _ = c._method("/tandem.v1.Drafter/Draft")
-    sym = __import__("google.protobuf.symbol_database", fromlist=["x"]).Default()
-    resp_cls = sym.GetSymbol("tandem.v1.DraftResponse")
+    ds = st.DraftStream(d.addr(), timeout=120)
+    req_cls = ds.req_cls
     rnd = random.Random(5)
     short = [rnd.randrange(1, 4000) for _ in range(16)]
     longs = {sid: [rnd.randrange(1, 4000) for _ in range(3000)] for sid in (2, 3, 4)}
@@ -633,26 +630,12 @@ def case_catch_up():
         m.open.round = 1
         return m
 
-    q = queue.Queue()
-    q.put(open_msg(1, short))
-
-    def gen():
-        while True:
-            m = q.get()
-            if m is None:
-                return
-            yield m
-
-    grpc = __import__("grpc")
-    ch = grpc.insecure_channel(d.addr())
-    call = ch.stream_stream("/tandem.v1.Drafter/Draft",
-                            request_serializer=lambda m: m.SerializeToString(),
-                            response_deserializer=resp_cls.FromString)(gen(), timeout=120)
+    ds.put(open_msg(1, short))
     order = []  # (sequence, round) of each block, as it landed
     n1 = len(short)
     errors = []
-    try:
-        for r in call:
+    with ds:
+        for r in ds.responses:
             kind = r.WhichOneof("kind")
             if kind == "error":
                 errors.append(r.error.message)
@@ -665,7 +648,7 @@ def case_catch_up():
                 if b.round == 1:
                     # the long sequences open beside it, then its verdict
                     for sid, toks in longs.items():
-                        q.put(open_msg(sid, toks))
+                        ds.put(open_msg(sid, toks))
                 if b.round < 6:
                     v = req_cls()
                     v.verdict.sequence_id = 1
@@ -675,14 +658,10 @@ def case_catch_up():
                     v.verdict.block_size = 4
                     v.verdict.position = n1 + 1
                     n1 += 1
-                    q.put(v)
+                    ds.put(v)
             if all(any(o[0] == sid for o in order) for sid in longs) and \
                     sum(1 for o in order if o[0] == 1) >= 4:
                 break
-    finally:
-        q.put(None)
-        call.cancel()
-        ch.close()
     print("blocks in the order they landed: %s" % order, flush=True)
     check(not errors, "the drafter answered with an error: %s" % errors)
     firsts = [order.index(next(o for o in order if o[0] == sid)) for sid in longs

@@ -876,15 +876,12 @@ def case_malformed():
     drafter answers the malformed ones with a SequenceError naming the field
     and goes on drafting for the good one, on the same stream, after a
     verdict with its next row."""
-    import queue
     model = mtp_model()
     gw = st.gateway()
     d = st.replica("drafter", gw, "--model", model, "--drafter-kind", "mtp", "--replica-id",
                    "d-mtp", "--draft-block-size", str(BLOCK), "--feature-transport", "grpc")
-    c = st.client()
-    req_cls, _, _ = c._method("/tandem.v1.Drafter/Draft")
-    sym = __import__("google.protobuf.symbol_database", fromlist=["x"]).Default()
-    resp_cls = sym.GetSymbol("tandem.v1.DraftResponse")
+    ds = st.DraftStream(d.addr())
+    req_cls = ds.req_cls
     H = 64
     rnd = random.Random(3)
     prompt = prompts(1, seed=9)[0]
@@ -913,28 +910,14 @@ def case_malformed():
         h.data = data
         return m
 
-    q = queue.Queue()
     n = len(prompt) - 1
-    q.put(open_msg(1, rows(n)))
-    q.put(open_msg(2, rows(n, short=True)))
-    q.put(open_msg(3, rows(n), position=5))
+    ds.put(open_msg(1, rows(n)))
+    ds.put(open_msg(2, rows(n, short=True)))
+    ds.put(open_msg(3, rows(n), position=5))
     got = []
-
-    def gen():
-        while True:
-            m = q.get()
-            if m is None:
-                return
-            yield m
-
-    grpc = st.grpc_mod() if hasattr(st, "grpc_mod") else __import__("grpc")
-    ch = grpc.insecure_channel(d.addr())
-    call = ch.stream_stream("/tandem.v1.Drafter/Draft",
-                            request_serializer=lambda m: m.SerializeToString(),
-                            response_deserializer=resp_cls.FromString)(gen(), timeout=60)
     sent_verdict = False
-    try:
-        for r in call:
+    with ds:
+        for r in ds.responses:
             got.append(r)
             kind = r.WhichOneof("kind")
             blocks = [x for x in got if x.WhichOneof("kind") == "block"]
@@ -954,15 +937,11 @@ def case_malformed():
                 h.width = H
                 h.dtype = 2
                 h.data = rows(1)
-                q.put(v)
+                ds.put(v)
                 sent_verdict = True
             errors = [x for x in got if x.WhichOneof("kind") == "error"]
             if len([b for b in blocks if b.block.sequence_id == 1]) >= 2 and len(errors) >= 2:
                 break
-    finally:
-        q.put(None)
-        call.cancel()
-        ch.close()
     errs = {x.error.sequence_id: x.error.message for x in got if x.WhichOneof("kind") == "error"}
     good = [x.block for x in got if x.WhichOneof("kind") == "block" and x.block.sequence_id == 1]
     bad_blocks = [x.block for x in got if x.WhichOneof("kind") == "block" and

@@ -138,6 +138,47 @@ def client():
     return _CLIENT[0]
 
 
+class DraftStream:
+    """A Draft stream to the drafter at addr with this client in the
+    verifier's place: put() sends a DraftRequest (req_cls builds them),
+    iterating `responses` reads the DraftResponses as they come; close()
+    (or leaving a with block) ends the stream."""
+
+    def __init__(self, addr, timeout=60):
+        import queue
+        import grpc
+        self.req_cls, _, _ = client()._method("/tandem.v1.Drafter/Draft")
+        sym = __import__("google.protobuf.symbol_database", fromlist=["x"]).Default()
+        resp_cls = sym.GetSymbol("tandem.v1.DraftResponse")
+        self._q = queue.Queue()
+
+        def gen():
+            while True:
+                m = self._q.get()
+                if m is None:
+                    return
+                yield m
+
+        self._ch = grpc.insecure_channel(addr)
+        self.responses = self._ch.stream_stream(
+            "/tandem.v1.Drafter/Draft", request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=resp_cls.FromString)(gen(), timeout=timeout)
+
+    def put(self, m):
+        self._q.put(m)
+
+    def close(self):
+        self._q.put(None)
+        self.responses.cancel()
+        self._ch.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def unary(target, path, request=None, timeout=5.0):
     c = client()
     ch = c.channel(target)
