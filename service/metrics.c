@@ -469,7 +469,7 @@ typedef struct counter_row {
 /* A runtime's CUDA graph outcomes (service.h: TDM_GRAPH_COUNTERS), for the
  * verifier and the drafter alike. */
 #define GRAPH_ROWS(role)                                                                           \
-    ROWL(role, "graph_steps_captured", "tandem_cuda_graph_steps_total", COUNTER, "outcome",         \
+    ROWL(role, "graph_steps_captured", "tandem_cuda_graph_steps_total", COUNTER, "outcome",        \
          "captured",                                                                               \
          "Forward steps on the CUDA backend by how they ran: captured into a CUDA graph, "         \
          "replayed from one, refused (the graph did not match; run again eagerly) or eager (a "    \

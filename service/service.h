@@ -45,7 +45,9 @@ typedef struct tdm_service_counter {
     {"graph_steps_captured", (double)(gs).captured},                                               \
         {"graph_steps_replayed", (double)(gs).replayed},                                           \
         {"graph_steps_refused", (double)(gs).refused}, {"graph_steps_eager", (double)(gs).eager},  \
-        {"graphs_evicted", (double)(gs).evicted}
+    {                                                                                              \
+        "graphs_evicted", (double)(gs).evicted                                                     \
+    }
 
 /* Fills up to max counters and returns how many. Called on RPC threads. */
 typedef size_t (*tdm_service_counters_fn)(void *arg, tdm_service_counter *out, size_t max);
