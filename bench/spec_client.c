@@ -22,7 +22,9 @@
  * the verifier's last 4096 blocks: they mix in earlier loads), and the means
  * of the exchange and of the drafter's time per token over this load alone,
  * after the CUDA graph slots' outcomes over the load on the verifier (and,
- * with --drafter, on the drafter): captured/replayed/refused/eager/evicted.
+ * with --drafter, on the drafter): captured/replayed/refused/eager/evicted,
+ * and the drafter's stages of a block that answers a verdict, means over
+ * the load (drafter_block_us: wait, apply, chain, pass, send; draft.c).
  */
 #include "bench_util.h"
 #include "rpc.h"
@@ -235,6 +237,23 @@ static void print_graphs(const char *who, const counters *a, const counters *b)
     printf(" ");
 }
 
+/* The drafter's stages of a block that answers a verdict, means over the
+ * load (draft.c: block_<stage>_us_total over timed_blocks). */
+static void print_stages(const counters *a, const counters *b)
+{
+    static const char *const k[] = {"wait", "apply", "chain", "pass", "send"};
+    const double n = counter(b, "timed_blocks") - counter(a, "timed_blocks");
+    if (n <= 0)
+        return;
+    printf("drafter_block_us=");
+    for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+        char t[64];
+        snprintf(t, sizeof(t), "block_%s_us_total", k[i]);
+        printf("%s%s:%.1f", i ? "," : "", k[i], (counter(b, t) - counter(a, t)) / n);
+    }
+    printf(" ");
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -414,7 +433,10 @@ int main(int argc, char **argv)
     if (g.verifier && describe(&after, g.verifier, "/tandem.v1.Verifier/Describe") == 0) {
         print_graphs("verifier", &before, &after);
         if (g.drafter && describe(&dafter, g.drafter, "/tandem.v1.Drafter/Describe") == 0)
+        {
             print_graphs("drafter", &dbefore, &dafter);
+            print_stages(&dbefore, &dafter);
+        }
         print_timeline(&before, &after);
     }
     tdm_rpc_channel_destroy(ch);

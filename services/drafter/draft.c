@@ -106,6 +106,10 @@ typedef struct dseq {
     int32_t assumed;
     dblock a;
     double t_msg; /* arrival of the message the outstanding block answers (us) */
+    /* A block that answers a verdict: when the handler took the verdict,
+     * and the stages of the pass that drafted it (block_stages) */
+    bool timed;
+    double t_taken, t_pass0, t_chain, t_pass1;
     struct dseq *next;
 } dseq;
 
@@ -151,7 +155,19 @@ typedef struct dstream {
      * (handler thread); shm_why: why there is none, when an offer failed. */
     tdm_feat_map shm;
     char shm_why[400];
+    double t_taken; /* when the handler took the messages it applies (us) */
 } dstream;
+
+/* The stages of a block that answers a verdict, as the drafter's counters
+ * block_<stage>_us_total sum them: the verdict waiting for the handler
+ * (arrival to taken), applied and waiting for its pass (taken to the pass's
+ * start: the settle's commit, other messages, catch-ups), the draft chain
+ * on the device (tdm_seq_draft, graph launch to drafts on the host), the
+ * rest of its pass, and the block's building and write. */
+enum { STAGE_WAIT, STAGE_APPLY, STAGE_CHAIN, STAGE_PASS, STAGE_SEND, STAGES };
+static const char *const stage_keys[STAGES] = {
+    "block_wait_us_total", "block_apply_us_total", "block_chain_us_total", "block_pass_us_total",
+    "block_send_us_total"};
 
 static double now_us(void)
 {
@@ -501,6 +517,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
     q->round = o->round;
     q->block_size = (int)o->block_size;
     q->t_msg = t_arrived;
+    q->timed = false;
     if (model_settle(q, &err) != TDM_OK) {
         send_error(st, q->id, err.msg);
         dseq_remove(st, q);
@@ -594,6 +611,9 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_ar
     q->want = v->block_size > 0;
     q->sent = false;
     q->t_msg = t_arrived;
+    q->timed = true;
+    q->t_taken = st->t_taken;
+    q->t_chain = 0;
 }
 
 /* Rows sent ahead of the open or verdict that completes them. */
@@ -841,13 +861,16 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
     }
     if (n > 0) {
         tdm_error err = {0};
+        const double t0 = now_us();
         tdm_status rc =
             tdm_seq_draft(st->eseqs, n, st->tp, st->nrows, kk, forced ? fp : NULL, dp, &err);
+        const double chain = now_us() - t0;
         if (rc != TDM_OK)
             tdm_log_error(LOG, "draft pass failed: %s", err.msg);
         for (int x = 0; x < n; x++) {
             dtarget *t = &tg[idx[x]];
             dseq *q = t->q;
+            q->t_chain += chain;
             t->stop = true;
             if (rc != TDM_OK) {
                 q->np = 0; /* left at its committed position: answered with no drafts */
@@ -1119,6 +1142,14 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
         blk.n_dists = (size_t)b->k;
         blk.dists = dp;
     }
+    if (!ahead && q->timed && b->k > 0) {
+        /* the block's stages; its send ends with the write below */
+        const double us[STAGES] = {q->t_taken - t_msg, q->t_pass0 - q->t_taken, q->t_chain,
+                                   q->t_pass1 - q->t_pass0 - q->t_chain};
+        for (int i = 0; i < STAGE_SEND; i++)
+            __atomic_fetch_add(&st->d->stage_us[i], (uint64_t)(us[i] > 0 ? us[i] : 0),
+                               __ATOMIC_RELAXED);
+    }
     if (tdm_log_get_level() <= TDM_LOG_DEBUG) {
         char ids[MAX_BLOCK * 8 + 1] = "";
         for (int j = 0, used = 0; j < b->k; j++)
@@ -1136,6 +1167,13 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
     if (rc == TDM_OK) {
         __atomic_fetch_add(&st->d->blocks, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&st->d->drafted, (uint64_t)b->k, __ATOMIC_RELAXED);
+    }
+    if (!ahead && q->timed && b->k > 0) {
+        const double send = now_us() - q->t_pass1;
+        __atomic_fetch_add(&st->d->stage_us[STAGE_SEND], (uint64_t)(send > 0 ? send : 0),
+                           __ATOMIC_RELAXED);
+        __atomic_fetch_add(&st->d->timed_blocks, 1, __ATOMIC_RELAXED);
+        q->timed = false;
     }
     return rc;
 }
@@ -1271,6 +1309,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         st.head = st.tail = NULL;
         bool ended = st.ended;
         pthread_mutex_unlock(&st.mu);
+        st.t_taken = now_us();
         pthread_mutex_lock(&d->model_mu);
         while (items) {
             dqueue_item *next = items->next;
@@ -1307,7 +1346,13 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         if (any || ahead) {
             const double t0 = now_us();
             draft_pass(&st, ahead);
-            tdm_metric_observe(d->pass_time, NULL, (now_us() - t0) / 1e6);
+            const double t1 = now_us();
+            tdm_metric_observe(d->pass_time, NULL, (t1 - t0) / 1e6);
+            for (dseq *q = st.seqs; q && !ahead; q = q->next)
+                if (q->picked && q->timed) {
+                    q->t_pass0 = t0;
+                    q->t_pass1 = t1;
+                }
         }
         pthread_mutex_unlock(&d->model_mu);
         tdm_error werr = {0};
@@ -1378,6 +1423,11 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"feature_streams_shm", (double)__atomic_load_n(&d->shm_accepted, __ATOMIC_RELAXED)},
         {"feature_shm_refused", (double)__atomic_load_n(&d->shm_refused, __ATOMIC_RELAXED)},
         TDM_GRAPH_COUNTERS(gs),
+        {"timed_blocks", (double)__atomic_load_n(&d->timed_blocks, __ATOMIC_RELAXED)},
+#define STAGE_COUNTER(i)                                                                           \
+    {stage_keys[i], (double)__atomic_load_n(&d->stage_us[i], __ATOMIC_RELAXED)}
+        STAGE_COUNTER(0), STAGE_COUNTER(1), STAGE_COUNTER(2), STAGE_COUNTER(3), STAGE_COUNTER(4),
+#undef STAGE_COUNTER
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);
 }

@@ -37,6 +37,9 @@ typedef struct drafter {
     /* counters (atomics) */
     int streams, open_sequences;
     uint64_t blocks, drafted, ahead_used, ahead_dropped;
+    /* Where the blocks that answer verdicts spent their time, microseconds
+     * summed over timed_blocks (block_stage_us_total: draft.c's stages). */
+    uint64_t timed_blocks, stage_us[5];
     /* the feature stream: rows and bytes received by transport; Draft
      * streams whose shared-memory ring was accepted or refused */
     uint64_t feat_rows_shm, feat_bytes_shm, feat_rows_grpc, feat_bytes_grpc;
