@@ -129,11 +129,19 @@ void tdm_runtime_graph_stats_get(const tdm_runtime *rt, tdm_runtime_graph_stats 
                                          .replayed = g.replayed,
                                          .refused = g.refused,
                                          .eager = g.eager,
+                                         .measured = g.measured,
                                          .evicted = g.evicted};
     }
 #else
     (void)rt;
 #endif
+}
+
+uint64_t tdm_runtime_graph_first_sights(const tdm_runtime *rt)
+{
+    tdm_runtime_graph_stats g;
+    tdm_runtime_graph_stats_get(rt, &g);
+    return g.captured + g.refused + g.measured;
 }
 
 void tdm_runtime_close(tdm_runtime *rt)

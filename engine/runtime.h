@@ -55,12 +55,19 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
                                     tdm_error *err);
 /* What the CUDA backend's graph slots did since the runtime opened
  * (kernels/cuda/cuda_backend.h: tdm_cuda_graph_stats): steps captured,
- * replayed, refused (run again eagerly), run eagerly, and graphs evicted.
+ * replayed, refused (run again eagerly), run eagerly (measured: of those,
+ * the runs of a new key), and graphs evicted.
  * All zeros on the CPU backend, with graphs off, or for rt NULL. */
 typedef struct tdm_runtime_graph_stats {
-    uint64_t captured, replayed, refused, eager, evicted;
+    uint64_t captured, replayed, refused, eager, measured, evicted;
 } tdm_runtime_graph_stats;
 void tdm_runtime_graph_stats_get(const tdm_runtime *rt, tdm_runtime_graph_stats *out);
+/* Steps that ran a shape for the first time (run eagerly to measure a new
+ * key, or captured) or whose graph was refused: a count that moves when a
+ * step's time is not what that shape costs from then on, so that timing
+ * models skip it. (Keys given up on run eagerly every time: that is their
+ * cost, and not counted.) */
+uint64_t tdm_runtime_graph_first_sights(const tdm_runtime *rt);
 
 /* A drafter's draft vocabulary: the token ids of the file at path
  * (tdm_token_list_read) for its MTP head (tdm_mtp_set_vocab) or its model

@@ -67,6 +67,7 @@ typedef struct tdm_cuda_graph_stats {
     uint64_t refused;  /* graph_end returned 1: the calls differed from the capture
                           (or, capturing, from the run measured before); run again eagerly */
     uint64_t eager;    /* steps run eagerly inside a bracket (key new, or given up) */
+    uint64_t measured; /* of those, the runs of a key new (or forgotten) */
     uint64_t evicted;  /* graphs dropped to make room for another */
 } tdm_cuda_graph_stats;
 

@@ -239,6 +239,7 @@ int cuda_graph_begin(void *ctx, uint64_t key)
     }
     G->stats.eager++;
     G->mode = s->misses < GR_MAX_MISSES ? GR_MEASURE : GR_EAGER;
+    G->stats.measured += G->mode == GR_MEASURE;
     G->meas = s;
     return 0;
 }

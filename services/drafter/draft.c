@@ -110,6 +110,7 @@ typedef struct dseq {
      * and the stages of the pass that drafted it (block_stages) */
     bool timed;
     double t_taken, t_pass0, t_chain, t_pass1;
+    bool first_sight; /* its pass ran a step shape for the first time (DraftBlock) */
     struct dseq *next;
 } dseq;
 
@@ -1126,6 +1127,7 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
     blk.ahead = ahead;
     blk.assumed_token = ahead ? (uint32_t)q->assumed : 0;
     blk.draft_micros = t_msg > 0 ? (uint32_t)(now_us() - t_msg) : 0;
+    blk.first_sight = !ahead && q->first_sight;
     if (t_msg > 0 && b->k > 0)
         tdm_metric_observe(st->d->block_time, NULL, blk.draft_micros / 1e6);
     Tandem__V1__DraftDistribution dd[MAX_BLOCK];
@@ -1344,12 +1346,15 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
             pthread_mutex_unlock(&st.mu);
         }
         if (any || ahead) {
+            const uint64_t fs = tdm_runtime_graph_first_sights(d->rt ? d->rt : d->head);
             const double t0 = now_us();
             draft_pass(&st, ahead);
             const double t1 = now_us();
             tdm_metric_observe(d->pass_time, NULL, (t1 - t0) / 1e6);
+            const bool first = tdm_runtime_graph_first_sights(d->rt ? d->rt : d->head) != fs;
             for (dseq *q = st.seqs; q && !ahead; q = q->next)
-                if (q->picked && q->timed) {
+                if (q->picked) {
+                    q->first_sight = first;
                     q->t_pass0 = t0;
                     q->t_pass1 = t1;
                 }

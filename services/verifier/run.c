@@ -366,6 +366,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     snprintf(v->fingerprint, sizeof(v->fingerprint), "%s", d->model_fingerprint);
     vsched_params p = {
         .model = v->rt->model,
+        .runtime = v->rt,
         .strategy = v->rt->strategy,
         .max_draft = (int)tdm_cfg_int(cfg, "max_draft_tokens"),
         .max_sequences = (int)tdm_cfg_int(cfg, "max_sequences"),

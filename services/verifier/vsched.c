@@ -18,6 +18,7 @@
 #include "log.h"
 #include "prefix_cache.h"
 #include "request_check.h"
+#include "runtime.h"
 #include "sampling.h"
 #include "verify.h"
 #include "vlink.h"
@@ -162,6 +163,10 @@ typedef struct vround {
     tdm_error err;
     double t_wait, t_step;
     double cost, fixed;    /* per drafted token and per speculating sequence (adaptive.h) */
+    /* The step, or a drafter for a block of it, ran a shape for the first
+     * time (a CUDA graph captured, steps run eagerly): the round's time says
+     * nothing of what such rounds cost, so no timing model learns from it. */
+    bool first_sight;
     int n_stepped, n_spec; /* sequences of the step, and those with drafts */
     double t_idle_end;     /* when admit_and_retire found work */
 } vround;
@@ -1683,6 +1688,7 @@ static const char *block_fault(const vsched *s, const vreq *r, const Tandem__V1_
  * a malformed block turns speculation off for its sequence only. */
 static void take_blocks(vsched *s, vround *rd)
 {
+    rd->first_sight = false;
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
@@ -1713,9 +1719,11 @@ static void take_blocks(vsched *s, vround *rd)
                 int room = s->p.max_context - (r->n_tokens + 1) - 1;
                 q->k = (int)b->n_tokens < room ? (int)b->n_tokens : (room > 0 ? room : 0);
                 q->got = true;
+                rd->first_sight |= b->first_sight;
                 /* After an open the wait includes the drafter's prefill:
                  * the open's cost, for the adaptive rule of requests to come. */
-                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked)
+                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked &&
+                    !b->first_sight)
                     ema_ms(&s->open_ms, r->t_got - r->t_asked);
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
@@ -1794,11 +1802,15 @@ static void run_step(vsched *s, vround *rd)
         o.hidden = rd->hidden;
         o.want_hidden = rd->want_hidden;
     }
+    const uint64_t fs = tdm_runtime_graph_first_sights(s->p.runtime);
     rd->rc = tdm_seq_step_out(rd->eseqs, rd->n, rd->toks, rd->ntok, &o, &rd->err);
     rd->t_step = now_ms() - t0;
     if (rd->rc != TDM_OK)
         return;
-    tdm_steptime_add(&s->st, rd->n_rows, rd->t_step);
+    const bool step_first = tdm_runtime_graph_first_sights(s->p.runtime) != fs;
+    rd->first_sight |= step_first;
+    if (!step_first)
+        tdm_steptime_add(&s->st, rd->n_rows, rd->t_step);
     tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", rd->n, rd->n_rows, rd->t_step);
     /* What speculating and each drafted token cost, against the plain round
      * the model predicts; the exchange is the part that does not grow with
@@ -1812,7 +1824,8 @@ static void run_step(vsched *s, vround *rd)
         atomic_store(&s->plain_seq_ms, plain_round / rd->n);
         atomic_store(&s->plain_round_ms, plain_round);
     }
-    if (tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
+    if (!rd->first_sight &&
+        tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
                                 s->exchange_ms, &rd->fixed, &rd->cost)) {
         const double seq_ms = plain_round / rd->n;
         /* and what speculating adds after the step, as measured on the
@@ -2146,7 +2159,7 @@ static void send_messages(vsched *s, vround *rd)
 static void post_cost(vsched *s, const vround *rd, double post_ms)
 {
     const int n = rd->n_stepped;
-    if (n <= 0 || rd->rc != TDM_OK)
+    if (n <= 0 || rd->rc != TDM_OK || rd->first_sight)
         return;
     const double plain = atomic_load(&s->post_plain_ms);
     if (rd->n_spec == 0) {

@@ -65,6 +65,10 @@ typedef struct vreq vreq;
 
 typedef struct vsched_params {
     tdm_model *model;            /* borrowed; outlives the scheduler */
+    /* The runtime that runs it (borrowed; NULL: none to ask): its CUDA
+     * graph outcomes say which steps ran a shape for the first time, whose
+     * time the timing models leave out. */
+    const struct tdm_runtime *runtime;
     tdm_state_strategy strategy; /* how sequences commit */
     int max_draft;               /* most draft tokens per round (max_draft_tokens) */
     int max_sequences;           /* active at once; more wait in line */

@@ -510,6 +510,7 @@ class FakeDrafter:
         elif self.fault == "toomany":
             toks = list(range(10, 30))
         blk.tokens.extend(toks)
+        blk.first_sight = self.fault == "first_sight"
         if self.fault == "nanprob":
             blk.token_probs.extend([float("nan")] * len(toks))
         if self.fault == "dists":
@@ -551,7 +552,10 @@ class FakeDrafter:
                     continue
             else:
                 continue
-            blk = self.truth(toks[sid], 4) if self.fault.startswith("ahead") else None
+            right = self.fault.startswith("ahead") or self.fault in ("slow", "first_sight")
+            blk = self.truth(toks[sid], 4) if right else None
+            if self.fault in ("slow", "first_sight"):
+                time.sleep(0.2)  # a drafter capturing a graph for every block
             self.last[sid] = blk if blk is not None else [5, 6, 7, 8]
             yield self.block(sid, rnd, len(toks[sid]), blk)
             if self.fault.startswith("ahead"):
@@ -610,6 +614,47 @@ def case_bad_drafter():
         else:
             check(used == 0 and dropped >= 3,
                   "ahead blocks on a wrong assumption: used %d, dropped %d" % (used, dropped))
+        call(gw.addr(), "/tandem.v1.Registry/DeregisterReplica",
+             {"replica_id": "d-" + fault, "instance_id": "fake-d-" + fault})
+        fd.stop()
+    e2e.stop_all()
+
+
+def case_first_sight():
+    """Rounds whose drafter ran a step shape for the first time (DraftBlock
+    first_sight: a CUDA graph captured) teach the adaptive rule nothing: a
+    drafter that is right but slow only in such rounds keeps speculating,
+    where the same drafter without the flag is paused as too slow."""
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER, "--replica-ttl", "60s")
+    v = st.replica("verifier", gw, "--model", e2e.TARGET, "--replica-id", "v1", "--log-level",
+                   "debug")
+    s = st.wait_status(gw, lambda s: len(s.get("replicas", [])) >= 1, "verifier")
+    fp = s["replicas"][0]["descriptor"]["tokenizer_fingerprint"]
+    prompt = e2e.prompts(3)[1]
+    plain = e2e.generate(gw, prompt, max_tokens=48, mode="SPECULATION_MODE_OFF", ignore_eos=True)
+    check(plain[0] == "OK" and len(plain[2]) == 48, "plain: %s %s" % (plain[0], plain[1]))
+    ids = [int(x) for x in call(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": prompt})[2][0]
+           ["ids"]]
+    # the flagged drafter first: the slow one's rounds would raise the
+    # verifier's cost prior for the requests after it
+    for fault in ("first_sight", "slow"):
+        fd = FakeDrafter(gw, fault, fp)
+        fd.reference = ids + plain[2]
+        offs = counter(v.addr(), "adaptive_switch_offs") or 0
+        spec0 = counter(v.addr(), "speculative_rounds") or 0
+        r = e2e.generate(gw, prompt, max_tokens=48, mode="SPECULATION_MODE_AUTO", block=4,
+                         ignore_eos=True)
+        check(r[0] == "OK" and r[2] == plain[2], "%s: %s %s" % (fault, r[0], r[1]))
+        offs = (counter(v.addr(), "adaptive_switch_offs") or 0) - offs
+        spec = (counter(v.addr(), "speculative_rounds") or 0) - spec0
+        if fault == "first_sight":
+            check(offs == 0 and spec >= 9,
+                  "first-sight rounds left out of the costs: %d switch-off(s), %d speculative "
+                  "round(s) for 48 tokens" % (offs, spec))
+        else:
+            check(offs >= 1 and spec <= 6,
+                  "a drafter slow in every round is paused: %d switch-off(s), %d speculative "
+                  "round(s)" % (offs, spec))
         call(gw.addr(), "/tandem.v1.Registry/DeregisterReplica",
              {"replica_id": "d-" + fault, "instance_id": "fake-d-" + fault})
         fd.stop()
