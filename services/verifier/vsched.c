@@ -65,6 +65,7 @@ struct vreq {
     char drafter_id[128];
     bool spec;             /* speculating with link */
     bool run_ahead;        /* its drafter may draft ahead of verdicts (not on this GPU) */
+    bool primes;           /* its drafter takes primes (DrafterAssignment.primes) */
     bool opened;           /* the drafter knows this sequence */
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
@@ -651,6 +652,27 @@ static void send_open(vsched *s, vreq *r, int block)
     feat_sent(s, r, &fp, open.hidden != NULL);
 }
 
+/* A prime: the prompt this verifier starts to prefill, for the drafter to
+ * catch up on meanwhile (SequenceOpen.block_size 0); its first block comes
+ * with the open after the first step, which then finds the prompt done. */
+static void send_prime(vsched *s, vreq *r)
+{
+    Tandem__V1__SequenceOpen open = TANDEM__V1__SEQUENCE_OPEN__INIT;
+    open.sequence_id = r->id;
+    open.n_tokens = (size_t)r->n_given;
+    open.tokens = (uint32_t *)r->tokens; /* ids are non-negative: same bits */
+    open.block_size = 0;
+    open.round = r->round;
+    Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
+    m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
+    m.open = &open;
+    vlink_send(r->link, &m);
+    r->opened = true;
+    pthread_mutex_lock(&s->mu);
+    s->counters.primes++;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int block)
 {
     Tandem__V1__Verdict v = TANDEM__V1__VERDICT__INIT;
@@ -1092,6 +1114,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
         r->link = vlinks_get(s->links, da->address, &lerr);
+        r->primes = da->primes;
         if (r->link && da->features && da->features->n_specs > 0) {
             /* A hidden-state drafter: the states of every committed
              * position go to it (the gateway's rule drafter-features
@@ -1529,6 +1552,11 @@ static void prefill_chunks(vsched *s, vround *rd)
             break;
         tdm_error err = {0};
         tdm_status rc = TDM_OK;
+        /* A drafter that speaks primes prefills the prompt beside this one
+         * (a fresh request of a model drafter that starts speculating). */
+        if (!r->seq && r->link && r->spec && r->primes && !r->feat && !r->continued &&
+            !r->opened && r->ad.k_next > 0 && r->n_given > 1)
+            send_prime(s, r);
         if (!r->seq)
             rc = prefill_start(s, r, &err);
         const int want = r->n_given - 1 - r->prefilled;
