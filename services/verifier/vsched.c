@@ -133,6 +133,8 @@ typedef struct vround_seq {
     int accepted;
     int32_t next;
     int next_block; /* block length asked for next; 0 pauses drafting */
+    int commit;     /* drafts its verdict keeps, committed once the messages are out;
+                       -1: nothing to commit (no drafts, or the request failed) */
 } vround_seq;
 
 /* A Close to send, with the link reference it holds until sent. */
@@ -2024,14 +2026,15 @@ static void round_store(vsched *s, vreq *r, const vround_seq *q, int accepted)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* 6. Verifies each sequence's block, commits the accepted prefix, streams
- * the new tokens and plans what its drafter hears. */
-static void verify_commit_emit(vsched *s, vround *rd)
+/* 6. Verifies each sequence's block, notes the accepted prefix for
+ * commit_round, streams the new tokens and plans what its drafter hears. */
+static void verify_emit(vsched *s, vround *rd)
 {
     bool any_spec = false;
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
         vreq *r = q->r;
+        q->commit = -1;
         if (rd->rc != TDM_OK) {
             req_fail(s, r, rd->rc, rd->err.msg);
             continue;
@@ -2039,13 +2042,7 @@ static void verify_commit_emit(vsched *s, vround *rd)
         tdm_verdict v = verdict_of(s, rd, q);
         if (s->prefix)
             round_store(s, r, q, v.accepted);
-        if (q->k > 0) {
-            tdm_error cerr = {0};
-            if (tdm_seq_commit(r->seq, v.accepted, &cerr) != TDM_OK) {
-                req_fail(s, r, cerr.code, cerr.msg);
-                continue;
-            }
-        }
+        q->commit = q->k > 0 ? v.accepted : -1;
         /* The committed positions' states: the row of the token it ran and
          * of each accepted draft (the last one gave the next token). */
         if (r->feat)
@@ -2100,6 +2097,24 @@ static void verify_commit_emit(vsched *s, vround *rd)
     }
 }
 
+/* 9. Commits each sequence's accepted drafts, after its verdict went out:
+ * the drafter drafts while the commit's work is queued and runs. A commit
+ * that fails ends its request (its tokens are out; the verdict's block is
+ * dropped with the Close). Retired requests are not touched (commit -1:
+ * their handler may have let go of them). */
+static void commit_round(vsched *s, vround *rd)
+{
+    for (int i = 0; i < rd->n; i++) {
+        vround_seq *q = &rd->seqs[i];
+        vreq *r = q->r;
+        if (q->commit < 0)
+            continue;
+        tdm_error cerr = {0};
+        if (tdm_seq_commit(r->seq, q->commit, &cerr) != TDM_OK)
+            req_fail(s, r, cerr.code, cerr.msg);
+    }
+}
+
 /* 7. Retires the sequences that finished (or failed) this round. */
 static void retire_finished(vsched *s, vround *rd)
 {
@@ -2111,8 +2126,10 @@ static void retire_finished(vsched *s, vround *rd)
             s->reserved -= r->reserved;
             s->active[i] = s->active[--s->n_active];
             for (int j = 0; j < rd->n; j++)
-                if (rd->seqs[j].r == r)
+                if (rd->seqs[j].r == r) {
                     rd->seqs[j].msg = MSG_NONE;
+                    rd->seqs[j].commit = -1;
+                }
             continue;
         }
         i++;
@@ -2319,11 +2336,17 @@ static bool sched_round(vsched *s)
     t[VSCHED_WAIT + 1] = now_ms();
     run_step(s, rd);
     t[VSCHED_STEP + 1] = now_ms();
-    verify_commit_emit(s, rd);
+    /* The verdicts go out before the commits (the drafters draft while this
+     * thread queues them); the commit phase counts both sides of the send. */
+    verify_emit(s, rd);
     retire_finished(s, rd);
-    t[VSCHED_COMMIT + 1] = now_ms();
+    const double t_sending = now_ms();
     send_messages(s, rd);
-    t[VSCHED_SEND + 1] = now_ms();
+    const double t_sent = now_ms();
+    commit_round(s, rd);
+    t[VSCHED_COMMIT + 1] = t[VSCHED_STEP + 1] + (t_sending - t[VSCHED_STEP + 1]) +
+                           (now_ms() - t_sent);
+    t[VSCHED_SEND + 1] = t[VSCHED_COMMIT + 1] + (t_sent - t_sending);
     record_timeline(s, t);
     post_cost(s, rd, t[VSCHED_SEND + 1] - t[VSCHED_STEP + 1]);
     return true;

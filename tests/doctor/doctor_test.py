@@ -379,7 +379,8 @@ def case_replicas():
               for f in findings), "the gateway is reached:\n" + text)
     proto = [f for f in errors(findings, "replica") if "d-proto (10.9.9.9:1)" in f["message"]]
     check(len(proto) == 1 and proto[0]["message"].startswith("rule protocol-major:") and
-          "protocol 1.1" in proto[0]["message"] and "protocol 2.0" in proto[0]["message"],
+          "protocol " + st.build_protocol() in proto[0]["message"] and
+          "protocol 2.0" in proto[0]["message"],
           "d-proto refused against this build by protocol-major: %s" % proto)
     layout = [f for f in errors(findings, "replica") if "v-layout (10.9.9.9:1)" in f["message"]]
     check(len(layout) == 1 and layout[0]["message"].startswith("rule snapshot-layout:"),

@@ -342,6 +342,14 @@ def case_pair_formed():
     check(gw.text().count("pair formed: verifier v1 + drafter d1") == 1, "pair formed logged once")
 
 
+def build_protocol():
+    """'major.minor' of the protocol this tree speaks (common/buildinfo.h)."""
+    with open(os.path.join(ARGS.source, "common", "buildinfo.h")) as f:
+        text = f.read()
+    return "%s.%s" % (re.search(r"TDM_PROTOCOL_MAJOR (\d+)", text).group(1),
+                      re.search(r"TDM_PROTOCOL_MINOR (\d+)", text).group(1))
+
+
 def fake_descriptor(rid, role, **kw):
     d = {"role": role, "replica_id": rid, "address": "10.9.9.9:1", "protocol": {"major": 1},
          "snapshot_layout_version": 1, "state_strategy": "STATE_STRATEGY_EXTRA_BUFFER",
@@ -385,7 +393,7 @@ def case_refusals():
                                             reference().tokenizer_fp(tokenizer("gpt2_bpe2000"))[:12]]),
         "d-block": ("draft-block-size", ["blocks of 12 tokens", "at most 8 draft tokens"]),
         "d-prefix": ("prefix-cache-state", ["prefix_cache=on, state_strategy=no_buffer"]),
-        "d-proto": ("protocol-major", ["protocol 1.1", "protocol 2.0"]),
+        "d-proto": ("protocol-major", ["protocol " + build_protocol(), "protocol 2.0"]),
     }
     for did, (rule, words) in expect.items():
         p = pair(s, "v1", did)
