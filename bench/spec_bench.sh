@@ -186,15 +186,15 @@ run)
         engine)
             echo "== engine upper bound" | tee -a "$SUM"
             timeout 300 "$B/bench_cuda_bench" --shape 4b --batch 1 --k 0,2,4,8 --steps 20 \
-                --out argmax --strategy replay --dir "$W" 2>&1 | tee "$LOGS/engine_4b.log" |
+                --out argmax --strategy replay --dir "$W/engine" 2>&1 | tee "$LOGS/engine_4b.log" |
                 tee -a "$SUM" | tail -12
             timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --draft 2,4 \
-                --steps 20 --out argmax --strategy replay --dir "$W" 2>&1 |
+                --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                 tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -12
             for nv in ${DRAFT_VOCABS:-}; do
                 [ "$nv" = 0 ] && continue
                 timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
-                    --draft-vocab "$nv" --steps 20 --out argmax --strategy replay --dir "$W" 2>&1 |
+                    --draft-vocab "$nv" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                     tee "$LOGS/engine_0.8b_v$nv.log" | tee -a "$SUM" | tail -6
             done
             ;;
