@@ -432,8 +432,7 @@ int main(int argc, char **argv)
     printf(" token_acceptance=%.3f\n", rs ? (double)as / (double)rs : 0.0);
     if (g.verifier && describe(&after, g.verifier, "/tandem.v1.Verifier/Describe") == 0) {
         print_graphs("verifier", &before, &after);
-        if (g.drafter && describe(&dafter, g.drafter, "/tandem.v1.Drafter/Describe") == 0)
-        {
+        if (g.drafter && describe(&dafter, g.drafter, "/tandem.v1.Drafter/Describe") == 0) {
             print_graphs("drafter", &dbefore, &dafter);
             print_stages(&dbefore, &dafter);
         }

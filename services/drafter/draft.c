@@ -167,9 +167,9 @@ typedef struct dstream {
  * on the device (tdm_seq_draft, graph launch to drafts on the host), the
  * rest of its pass, and the block's building and write. */
 enum { STAGE_WAIT, STAGE_APPLY, STAGE_CHAIN, STAGE_PASS, STAGE_SEND, STAGES };
-static const char *const stage_keys[STAGES] = {
-    "block_wait_us_total", "block_apply_us_total", "block_chain_us_total", "block_pass_us_total",
-    "block_send_us_total"};
+static const char *const stage_keys[STAGES] = {"block_wait_us_total", "block_apply_us_total",
+                                               "block_chain_us_total", "block_pass_us_total",
+                                               "block_send_us_total"};
 
 static double now_us(void)
 {
@@ -1445,9 +1445,12 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"feature_shm_refused", (double)__atomic_load_n(&d->shm_refused, __ATOMIC_RELAXED)},
         TDM_GRAPH_COUNTERS(gs),
         {"timed_blocks", (double)__atomic_load_n(&d->timed_blocks, __ATOMIC_RELAXED)},
-#define STAGE_COUNTER(i)                                                                           \
-    {stage_keys[i], (double)__atomic_load_n(&d->stage_us[i], __ATOMIC_RELAXED)}
-        STAGE_COUNTER(0), STAGE_COUNTER(1), STAGE_COUNTER(2), STAGE_COUNTER(3), STAGE_COUNTER(4),
+#define STAGE_COUNTER(i) {stage_keys[i], (double)__atomic_load_n(&d->stage_us[i], __ATOMIC_RELAXED)}
+        STAGE_COUNTER(0),
+        STAGE_COUNTER(1),
+        STAGE_COUNTER(2),
+        STAGE_COUNTER(3),
+        STAGE_COUNTER(4),
 #undef STAGE_COUNTER
     };
     return tdm_service_counters_copy(all, TDM_ARRAY_LEN(all), out, max);

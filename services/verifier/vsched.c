@@ -1556,8 +1556,8 @@ static void prefill_chunks(vsched *s, vround *rd)
         tdm_status rc = TDM_OK;
         /* A drafter that speaks primes prefills the prompt beside this one
          * (a fresh request of a model drafter that starts speculating). */
-        if (!r->seq && r->link && r->spec && r->primes && !r->feat && !r->continued &&
-            !r->opened && r->ad.k_next > 0 && r->n_given > 1)
+        if (!r->seq && r->link && r->spec && r->primes && !r->feat && !r->continued && !r->opened &&
+            r->ad.k_next > 0 && r->n_given > 1)
             send_prime(s, r);
         if (!r->seq)
             rc = prefill_start(s, r, &err);
@@ -1752,8 +1752,7 @@ static void take_blocks(vsched *s, vround *rd)
                 rd->first_sight |= b->first_sight;
                 /* After an open the wait includes the drafter's prefill:
                  * the open's cost, for the adaptive rule of requests to come. */
-                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked &&
-                    !b->first_sight)
+                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked && !b->first_sight)
                     ema_ms(&s->open_ms, r->t_got - r->t_asked);
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
@@ -2344,8 +2343,8 @@ static bool sched_round(vsched *s)
     send_messages(s, rd);
     const double t_sent = now_ms();
     commit_round(s, rd);
-    t[VSCHED_COMMIT + 1] = t[VSCHED_STEP + 1] + (t_sending - t[VSCHED_STEP + 1]) +
-                           (now_ms() - t_sent);
+    t[VSCHED_COMMIT + 1] =
+        t[VSCHED_STEP + 1] + (t_sending - t[VSCHED_STEP + 1]) + (now_ms() - t_sent);
     t[VSCHED_SEND + 1] = t[VSCHED_COMMIT + 1] + (t_sent - t_sending);
     record_timeline(s, t);
     post_cost(s, rd, t[VSCHED_SEND + 1] - t[VSCHED_STEP + 1]);
