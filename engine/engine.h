@@ -183,21 +183,26 @@ tdm_status tdm_seq_prefill_out(tdm_seq *s, const int32_t *tokens, int n, const t
                                tdm_error *err);
 
 /* Host buffers a caller keeps for its steps' outputs: logits in the model's
- * fastest host memory (tdm_model_host_alloc), every row's argmax, and the
- * per-sequence want_logits flags. Grown on demand without a copy (a step
- * reads only what it wrote). Zero-initialise, then reserve before each step;
- * free before the model is destroyed. */
+ * fastest host memory (tdm_model_host_alloc; a vocabulary of floats a row,
+ * so only as many rows as a step brings back logits for), every row's
+ * argmax, and the per-sequence want_logits flags. Grown on demand without a
+ * copy (a step reads only what it wrote). Zero-initialise, then reserve
+ * before each step; free before the model is destroyed. */
 typedef struct tdm_step_buf {
     tdm_model *m;
-    float *logits;   /* [rows, vocab] */
+    float *logits;   /* [logits_cap, vocab]; NULL until a step wants logits */
     int32_t *argmax; /* [rows] */
     uint8_t *want;   /* [rows]: per sequence of a step, its logits are wanted */
-    size_t rows;
+    size_t rows, logits_cap;
+    size_t logit_rows; /* the reserved step's: 0, no logits (tdm_step_buf_out) */
 } tdm_step_buf;
 
-/* Room for `rows` rows; RESOURCE_EXHAUSTED naming the size when the host
- * cannot hold them (the buffer is left as it was). */
-tdm_status tdm_step_buf_reserve(tdm_step_buf *b, tdm_model *m, size_t rows, tdm_error *err);
+/* Room for a step of `rows` rows whose rows below logit_rows may bring back
+ * their logits (the sequences whose want flag is set lie there; 0: none, the
+ * step's tdm_step_out has no logits); RESOURCE_EXHAUSTED naming the size
+ * when the host cannot hold them (the buffer is left as it was). */
+tdm_status tdm_step_buf_reserve(tdm_step_buf *b, tdm_model *m, size_t rows, size_t logit_rows,
+                                tdm_error *err);
 void tdm_step_buf_free(tdm_step_buf *b);
 /* The tdm_step_out that writes into b. */
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b);

@@ -1240,26 +1240,38 @@ void tdm_seq_memory_usage(const tdm_seq *s, tdm_seq_memory *mem)
 
 /* ---- step buffers ------------------------------------------------------ */
 
-tdm_status tdm_step_buf_reserve(tdm_step_buf *b, tdm_model *m, size_t rows, tdm_error *err)
+tdm_status tdm_step_buf_reserve(tdm_step_buf *b, tdm_model *m, size_t rows, size_t logit_rows,
+                                tdm_error *err)
 {
-    if (rows <= b->rows && b->m == m)
-        return TDM_OK;
-    const size_t V = (size_t)m->cfg.vocab_size;
-    float *p = tdm_model_host_alloc(m, rows * V * sizeof(float));
-    if (!p)
-        return tdm_error_oom(err, rows * V * sizeof(float), "the logits of %zu rows", rows);
-    tdm_step_buf_free(b);
+    TDM_ASSERT(logit_rows <= rows);
+    if (b->m && b->m != m)
+        tdm_step_buf_free(b);
+    if (logit_rows > b->logits_cap) {
+        const size_t V = (size_t)m->cfg.vocab_size;
+        float *p = tdm_model_host_alloc(m, logit_rows * V * sizeof(float));
+        if (!p)
+            return tdm_error_oom(err, logit_rows * V * sizeof(float), "the logits of %zu rows",
+                                 logit_rows);
+        if (b->logits)
+            tdm_model_host_free(m, b->logits);
+        b->logits = p;
+        b->logits_cap = logit_rows;
+    }
+    if (rows > b->rows) {
+        free(b->argmax);
+        free(b->want);
+        b->argmax = tdm_xmalloc(rows * sizeof(int32_t));
+        b->want = tdm_xmalloc(rows);
+        b->rows = rows;
+    }
     b->m = m;
-    b->logits = p;
-    b->argmax = tdm_xmalloc(rows * sizeof(int32_t));
-    b->want = tdm_xmalloc(rows);
-    b->rows = rows;
+    b->logit_rows = logit_rows;
     return TDM_OK;
 }
 
 void tdm_step_buf_free(tdm_step_buf *b)
 {
-    if (b->m)
+    if (b->m && b->logits)
         tdm_model_host_free(b->m, b->logits);
     free(b->argmax);
     free(b->want);
@@ -1268,5 +1280,5 @@ void tdm_step_buf_free(tdm_step_buf *b)
 
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b)
 {
-    return (tdm_step_out){b->logits, b->want, b->argmax, NULL, NULL};
+    return (tdm_step_out){b->logit_rows ? b->logits : NULL, b->want, b->argmax, NULL, NULL};
 }

@@ -1038,13 +1038,27 @@ static void draft_pass(dstream *st, bool ahead)
         }
         live++;
     }
-    tdm_error err = {0};
-    if (tdm_step_buf_reserve(&st->out, d->rt->model, (size_t)live * MAX_PENDING, &err) != TDM_OK) {
-        tdm_log_error(LOG, "draft pass: %s", err.msg);
-        return;
-    }
     if (!ahead)
         draft_chains(st, tg, live);
+    /* The rest go step by step, their rows' logits or argmaxes through the
+     * step buffer (pinned host memory of vocab floats a row, grown as the
+     * rows grow: a pass the chains served reserves none). */
+    int rest = 0, sampled = 0;
+    for (int i = 0; i < live; i++) {
+        rest += !tg[i].stop;
+        sampled += !tg[i].stop && !tg[i].q->greedy;
+    }
+    if (rest == 0)
+        return;
+    tdm_error err = {0};
+    const size_t rows = (size_t)rest * MAX_PENDING;
+    if (tdm_step_buf_reserve(&st->out, d->rt->model, rows, sampled ? rows : 0, &err) != TDM_OK) {
+        tdm_log_error(LOG, "draft pass: %s", err.msg);
+        for (int i = 0; i < live; i++)
+            if (!tg[i].stop && ahead)
+                tg[i].q->ahead_want = false;
+        return;
+    }
     for (int s = 0;; s++) {
         if (ahead && s > 0 && message_waiting(st)) {
             /* A verdict came: it goes first; the ahead blocks not done are
@@ -1109,7 +1123,8 @@ static void draft_pass(dstream *st, bool ahead)
                 continue;
             }
             const int j = s - off;
-            draw(st, q, t->b, st->out.logits + (size_t)last * (size_t)d->vocab, am, j,
+            draw(st, q, t->b,
+                 q->greedy ? NULL : st->out.logits + (size_t)last * (size_t)d->vocab, am, j,
                  q->n + (ahead ? q->b.k + 1 : 0) + j);
             /* The tokens this draft follows, beyond the committed ones. */
             int32_t ext[2 * MAX_BLOCK + 1];

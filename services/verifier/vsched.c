@@ -1815,7 +1815,13 @@ static void run_step(vsched *s, vround *rd)
     }
     if (rd->n == 0)
         return;
-    rd->rc = tdm_step_buf_reserve(&rd->out, s->p.model, (size_t)rd->n_rows, &rd->err);
+    /* Logits come back for sampled sequences alone: rows up to the last of theirs. */
+    int logit_rows = 0;
+    for (int i = 0; i < rd->n; i++)
+        if (!tdm_sampling_is_greedy(&rd->seqs[i].r->sampling))
+            logit_rows = rd->seqs[i].row + 1 + rd->seqs[i].k;
+    rd->rc = tdm_step_buf_reserve(&rd->out, s->p.model, (size_t)rd->n_rows, (size_t)logit_rows,
+                                  &rd->err);
     if (rd->rc != TDM_OK)
         return;
     bool any_feat = false;
@@ -1895,9 +1901,9 @@ static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n, int max_cont
 static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
 {
     vreq *r = q->r;
-    const float *lg = rd->out.logits + (size_t)q->row * (size_t)s->vocab;
-    const int32_t *am = rd->out.argmax + q->row;
     const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
+    const float *lg = greedy ? NULL : rd->out.logits + (size_t)q->row * (size_t)s->vocab;
+    const int32_t *am = rd->out.argmax + q->row;
     tdm_verdict v = {0};
     /* The first row decides the token at this position of the sequence. */
     const uint32_t position = (uint32_t)(r->prompt_len + r->n_out);
