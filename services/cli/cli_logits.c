@@ -36,14 +36,15 @@ static void logits_usage(FILE *out)
         out,
         "usage: tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]\n"
         "                     [--strategy extra_buffer|no_buffer|replay] [--threads N]\n"
-        "                     [--hidden-out FILE.npy] [--mtp-out FILE.npy [--mtp-draft K]]\n\n"
+        "                     [--hidden-out FILE.npy]\n"
+        "                     [--mtp-out FILE.npy [--mtp-draft K] [--mtp-next ID]]\n\n"
         "Runs the ids as a prefill, then each --then as a continuation through the cache,\n"
         "and writes the float32 logits of every position as one .npy [positions, vocab]\n"
         "(--out) or prints the top K tokens of each position (--top, default 5).\n"
         "--hidden-out writes the hidden states after the final norm [positions, hidden].\n"
         "--mtp-out runs the checkpoint's MTP head on them (each position with the next\n"
-        "token; the target's argmax after the last), drafts K tokens (default 1), writes\n"
-        "its logits [positions + K - 1, vocab] and prints the drafts.\n");
+        "token; after the last, the target's argmax or --mtp-next), drafts K tokens\n"
+        "(default 1), writes its logits [positions + K - 1, vocab] and prints the drafts.\n");
 }
 
 /* Parses "1,2,3" into a new array; returns its length or -1. */
@@ -101,10 +102,12 @@ static void print_top(const float *row, int V, int k, int pos)
 }
 
 /* --mtp-out: the MTP head primed at every position (hidden [total, H], the
- * next token of each; the target's argmax after the last), then k - 1 draft
- * rows; writes [total + k - 1, vocab] to path and prints the drafts. 0 or 1. */
+ * next token of each; after the last, `last_next`, or the target's argmax
+ * there when it is negative), then k - 1 draft rows; writes [total + k - 1,
+ * vocab] to path and prints the drafts. 0 or 1. */
 static int logits_mtp(tdm_model *m, int32_t *const *ids, const int *nids, int ncalls, int total,
-                      const float *logits, const float *hidden, int k, const char *path)
+                      const float *logits, const float *hidden, int k, int32_t last_next,
+                      const char *path)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
     int rc = 1;
@@ -127,6 +130,8 @@ static int logits_mtp(tdm_model *m, int32_t *const *ids, const int *nids, int nc
     for (int i = 1; i < V; i++)
         if (lastrow[i] > lastrow[next[total - 1]])
             next[total - 1] = i;
+    if (last_next >= 0)
+        next[total - 1] = last_next;
     if (tdm_mtp_create(m, &h, &err) != TDM_OK || tdm_mtp_seq_create(h, 0, &q, &err) != TDM_OK ||
         tdm_mtp_prime(q, hidden, next, total, out, &err) != TDM_OK ||
         tdm_mtp_draft(q, k, drafts, dl, &err) != TDM_OK) {
@@ -161,6 +166,7 @@ int cli_logits(int argc, char **argv)
     const char *model = NULL, *out = NULL, *strategy = NULL, *hidden_out = NULL, *mtp_out = NULL;
     const char *calls_s[LOGITS_MAX_CALLS];
     int ncalls = 0, top = 5, threads = 0, mtp_draft = 1;
+    long mtp_next = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) {
@@ -208,6 +214,13 @@ int cli_logits(int argc, char **argv)
             hidden_out = val;
         } else if (strcmp(a, "--mtp-out") == 0) {
             mtp_out = val;
+        } else if (strcmp(a, "--mtp-next") == 0) {
+            char *end;
+            mtp_next = strtol(val, &end, 10);
+            if (*end || end == val || mtp_next < 0 || mtp_next > INT32_MAX) {
+                fprintf(stderr, "tandem logits: --mtp-next needs a token id, got '%s'\n", val);
+                return 2;
+            }
         } else if (strcmp(a, "--mtp-draft") == 0) {
             mtp_draft = atoi(val);
             if (mtp_draft < 1 || mtp_draft > TDM_MAX_DRAFT_BLOCK) {
@@ -306,7 +319,13 @@ int cli_logits(int argc, char **argv)
             goto done;
         }
     }
-    if (mtp_out && logits_mtp(m, ids, nids, ncalls, total, logits, hidden, mtp_draft, mtp_out) != 0)
+    if (mtp_next >= V) {
+        fprintf(stderr, "tandem logits: --mtp-next %ld is outside the vocabulary (0..%d)\n",
+                mtp_next, V - 1);
+        goto done;
+    }
+    if (mtp_out && logits_mtp(m, ids, nids, ncalls, total, logits, hidden, mtp_draft,
+                              (int32_t)mtp_next, mtp_out) != 0)
         goto done;
     rc = 0;
 done:

@@ -58,6 +58,8 @@ struct vreq {
     bool prefilling; /* its prompt (but the last token) is not yet all in the model */
     bool imported;   /* continues an imported snapshot: its state came with it */
     bool continued;  /* continues a run begun elsewhere (imported, or recomputed) */
+    bool open_first; /* its prefill's end is yet to come: then its drafter opens
+                        (open_first_blocks) and its first step verifies a block */
     int prefilled;   /* prompt tokens in the model */
     int cached;      /* prompt tokens restored from the prefix cache */
     /* speculation (scheduler thread, except the block fields: under mu) */
@@ -1178,6 +1180,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         snprintf(r->spec_note, sizeof(r->spec_note), "off: no drafter assigned");
     }
     r->t_submit = now_ms();
+    r->open_first = true;
 
     pthread_mutex_lock(&s->mu);
     if (s->stop || s->draining) {
@@ -2235,19 +2238,25 @@ static void record_timeline(vsched *s, const double *t)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* 1b. A sequence that continues (an imported snapshot, or a run recomputed
- * from its tokens) opens its drafter
- * before its first step, which then verifies the drafter's first block: the
- * position it decides first is decided as it would have been where the
- * request came from (a round with drafts, not a plain step), so that a
- * seeded request draws the same tokens after a move. */
-static void open_continued(vsched *s, vround *rd)
+/* 1b. A sequence that speculates from its start opens its drafter as its
+ * prefill ends, before its first step, which then verifies the drafter's
+ * first block: its first round speculates (a fresh request's drafter has
+ * caught up on the prompt meanwhile where it took a prime), and a sequence
+ * that continues (an imported snapshot, or a run recomputed from its tokens)
+ * decides its first position as it would have been decided where it came
+ * from (a round with drafts, not a plain step), so that a seeded request
+ * draws the same tokens after a move. Decided once, when the prefill ends;
+ * later opens are the rounds' (plan_message_locked). */
+static void open_first_blocks(vsched *s, vround *rd)
 {
     for (int i = 0; i < rd->n; i++) {
         vreq *r = rd->seqs[i].r;
         pthread_mutex_lock(&s->mu);
-        const bool open = r->continued && r->spec && r->link && !r->opened && !r->prefilling &&
-                          r->ad.k_next > 0 && !r->cancelled && !r->finished;
+        const bool now = r->open_first && !r->prefilling;
+        const bool open = now && r->spec && r->link && r->ad.k_next > 0 && !r->cancelled &&
+                          !r->finished;
+        if (now)
+            r->open_first = false;
         if (open) {
             r->opened = true;
             r->after_open = true;
@@ -2333,7 +2342,7 @@ static bool sched_round(vsched *s)
     snapshot_jobs(s);
     t[VSCHED_ADMIT + 1] = now_ms();
     prefill_chunks(s, rd);
-    open_continued(s, rd);
+    open_first_blocks(s, rd);
     reopen_drafters(s, rd);
     t[VSCHED_PREFILL + 1] = now_ms();
     await_blocks(s, rd);

@@ -206,11 +206,13 @@ def stop_all():
     st.PROCS.clear()
 
 
-def mtp_reference(model, ids, k):
-    """The drafts of the checkpoint's head after `ids`, from `tandem logits`."""
+def mtp_reference(model, ids, k, nxt=None):
+    """The drafts of the checkpoint's head after `ids` and then `nxt` (None:
+    the target's greedy token there), from `tandem logits`."""
     out = os.path.join(st.TMP, "mtp-ref.npy")
     rc, so, se = st.run([st.ARGS.cli, "logits", "--model", model, "--ids",
-                         ",".join(map(str, ids)), "--mtp-out", out, "--mtp-draft", str(k)])
+                         ",".join(map(str, ids)), "--mtp-out", out, "--mtp-draft", str(k)] +
+                        (["--mtp-next", str(nxt)] if nxt is not None else []))
     m = re.search(r"^mtp drafts:((?: \d+)+)$", so, re.M)
     if not check(rc == 0 and m, "tandem logits --mtp-draft: rc %d %s%s" % (rc, so, se)):
         return None
@@ -322,7 +324,8 @@ def case_greedy():
             first = {}
             for b in blocks:
                 first.setdefault(b[0], b[2])
-            by_len = {len(p) + 1: i for i, p in enumerate(ps)}
+            # a request's first step verifies its first block: at the prompt's end
+            by_len = {len(p): i for i, p in enumerate(ps)}
             # Each prompt's greedy continuation, as far as it was generated.
             outs = [p + (long_plain[i][2] if i < len(long_plain) else spec[i][2])
                     for i, p in enumerate(ps)]
@@ -337,11 +340,11 @@ def case_greedy():
                 # the first three of the others.
                 for (_, rnd, pos, drafts) in mine if i < len(long_plain) else mine[:3]:
                     # The block continues from `pos` tokens: the head holds
-                    # the states of the first pos - 1, and the newest is the
-                    # target's greedy choice, which --mtp-draft takes as the
+                    # the states of the first pos - 1, and the newest (the
+                    # prompt's last, or the target's greedy choice) is the
                     # last next token. Greedy drafts are a chain: k drafts
                     # are the first k of BLOCK.
-                    want = mtp_reference(model, outs[i][:pos - 1], BLOCK)
+                    want = mtp_reference(model, outs[i][:pos - 1], BLOCK, outs[i][pos - 1])
                     check(want is not None and drafts == want[:len(drafts)],
                           "prompt %d round %d block at position %d: drafter %s, tandem logits "
                           "%s" % (i, rnd, pos, drafts, want))
@@ -523,7 +526,7 @@ def case_vocab():
     ps = prompts(4 if st.ARGS.quick else 10, seed=13)
 
     def head_row(ctx, pos):  # the MTP head's row predicting position pos
-        if mtp_reference(model, ctx[:pos - 1], 1) is None:
+        if mtp_reference(model, ctx[:pos - 1], 1, ctx[pos - 1]) is None:
             return None
         return np.load(os.path.join(st.TMP, "mtp-ref.npy"))[pos - 2]
 
@@ -583,13 +586,13 @@ def vocab_drafts(kind, model, path, listed, V, ps, row_of):
     first = {}
     for b in blocks:
         first.setdefault(b[0], b)
-    by_len = {len(p) + 1: i for i, p in enumerate(ps)}
+    by_len = {len(p): i for i, p in enumerate(ps)}  # first blocks: at the prompt's end
     checked = 0
     for sid, (_, rnd, pos, drafts) in sorted(first.items()):
         i = by_len.get(pos)
         if i is None or not drafts:
             continue
-        # the block follows the prompt and the first generated token
+        # the block follows the prompt: its first draft guesses the first generated token
         row = row_of(ps[i] + spec[i][2], pos)
         if row is None:
             continue
