@@ -238,6 +238,12 @@ struct vsched {
      * priors, converted to plain steps of the batch a request joins): per
      * drafted token, and the exchange per speculating sequence; 0 = none. */
     _Atomic double cost_ms_ema, fixed_ms_ema;
+    /* The share of recent rounds that ran a shape for the first time
+     * (moving average, scheduler thread): below FIRST_SIGHT_ONE_OFF such
+     * rounds are one-offs the timing models leave out; above it, new shapes
+     * are what rounds here are (a batch whose mix of block lengths keeps
+     * changing), and their time is learnt like any other. */
+    double first_share;
     /* What each drafter's drafts were accepted at (dacc_*): the starting
      * acceptance of its next requests. */
     pthread_mutex_t dacc_mu;
@@ -354,6 +360,10 @@ static double open_cost(vsched *s)
     const double ms = atomic_load(&s->open_ms), round = atomic_load(&s->plain_round_ms);
     return ms > 0 && round > 0 ? ms / round : -1.0;
 }
+
+/* The share of rounds with a first sight up to which they are one-offs
+ * (vsched.first_share). */
+#define FIRST_SIGHT_ONE_OFF 0.5
 
 /* Signals cv (under mu) and tells pollers (await_blocks). */
 static void sched_wake(vsched *s)
@@ -1755,7 +1765,8 @@ static void take_blocks(vsched *s, vround *rd)
                 rd->first_sight |= b->first_sight;
                 /* After an open the wait includes the drafter's prefill:
                  * the open's cost, for the adaptive rule of requests to come. */
-                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked && !b->first_sight)
+                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked &&
+                    !(b->first_sight && s->first_share < FIRST_SIGHT_ONE_OFF))
                     ema_ms(&s->open_ms, r->t_got - r->t_asked);
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
@@ -1847,7 +1858,9 @@ static void run_step(vsched *s, vround *rd)
         return;
     const bool step_first = tdm_runtime_graph_first_sights(s->p.runtime) != fs;
     rd->first_sight |= step_first;
-    if (!step_first)
+    s->first_share = 0.95 * s->first_share + 0.05 * (rd->first_sight ? 1.0 : 0.0);
+    rd->first_sight = rd->first_sight && s->first_share < FIRST_SIGHT_ONE_OFF;
+    if (!(step_first && rd->first_sight))
         tdm_steptime_add(&s->st, rd->n_rows, rd->t_step);
     tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", rd->n, rd->n_rows, rd->t_step);
     /* What speculating and each drafted token cost, against the plain round
