@@ -649,9 +649,6 @@ static const counter_row counter_rows[] = {
         "Drafter failures (stream broken, late block) that turned speculation off."),
     ROW("verifier", "drafter_reopens", "tandem_spec_decode_drafter_reopens_total", COUNTER,
         "Sequences re-opened on their drafter's address after it failed (drafter_reopen_tries)."),
-    ROW("verifier", "drafter_primes", "tandem_spec_decode_drafter_primes_total", COUNTER,
-        "Prompts sent to a drafter as their prefill started here (primes: it prefills them "
-        "alongside)."),
     ROW("verifier", "malformed_blocks", "tandem_spec_decode_malformed_blocks_total", COUNTER,
         "Draft blocks refused as malformed."),
     ROWL("verifier", "ahead_blocks_used", "tandem_spec_decode_ahead_blocks_total", COUNTER,
@@ -805,11 +802,6 @@ static const counter_row counter_rows[] = {
          "Shared-memory rings verifiers offered, by whether this drafter took them."),
     ROWL("drafter", "feature_shm_refused", "tandem_drafter_feature_shm_offers_total", COUNTER,
          "outcome", "refused", NULL),
-    ROWL("drafter", "primes", "tandem_drafter_primes_total", COUNTER, "outcome", "taken",
-         "Primes (a prompt a verifier starts to prefill, opened with no block wanted): taken, "
-         "and caught up on before their sequence's block was wanted (ready)."),
-    ROWL("drafter", "primes_ready", "tandem_drafter_primes_total", COUNTER, "outcome", "ready",
-         NULL),
     ROW("drafter", "timed_blocks", "tandem_drafter_timed_blocks_total", COUNTER,
         "Blocks that answered a verdict, whose time is split by stage."),
     {"drafter", "block_wait_us_total", "tandem_drafter_block_stage_seconds_total",

@@ -142,9 +142,9 @@ tdm_status tdm_req_check_sequence_open(const Tandem__V1__SequenceOpen *o, int vo
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "SequenceOpen.tokens[%zu] = %u is outside the vocabulary (0..%d)",
                                  i, o->tokens[i], vocab - 1);
-    if (o->block_size > (uint32_t)max_block) /* 0: a prime */
+    if (o->block_size < 1 || o->block_size > (uint32_t)max_block)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "SequenceOpen.block_size %u is outside 0..%d", o->block_size,
+                             "SequenceOpen.block_size %u is outside 1..%d", o->block_size,
                              max_block);
     if (tdm_req_check_sampling(o->sampling, err) != TDM_OK)
         return tdm_error_prefix(err, "SequenceOpen");

@@ -95,7 +95,6 @@ typedef struct dseq {
     bool run_ahead; /* the verifier takes ahead blocks and this drafter drafts them */
     /* the outstanding block (round `round`, continuing from position n) */
     bool want;      /* a block should be drafted */
-    bool priming;   /* opened as a prime (block_size 0): catch up, draft nothing */
     bool picked;    /* drafted by the pass under way: its block goes out with it */
     bool stuck;     /* catching up failed: answered with an empty block */
     bool sent;      /* it went out; its verdict is awaited */
@@ -288,16 +287,6 @@ static tdm_status model_settle(dseq *q, tdm_error *err)
  * waits for at most one chunk of another sequence's prompt. */
 #define CATCH_UP_CHUNK 256
 
-/* Committed tokens a model drafter leaves to a block's first step, which
- * runs them before its drafts: together at most MAX_PENDING rows. A prime
- * (no block yet) holds all but the last token, which the next open's first
- * step runs with the token after it. */
-static int lag_of(const dseq *q)
-{
-    const int lag = q->priming ? 1 : MAX_PENDING - q->block_size;
-    return lag < 1 ? 1 : lag;
-}
-
 /* Before a block's first step: the model holds all but the last few
  * committed tokens (at most MAX_PENDING - MAX_BLOCK of them are left to the
  * first step), prefilled at most `max` at a time (0: all; catch_up). Nothing
@@ -313,7 +302,12 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
             return rc;
         q->held = 0;
     }
-    int want = q->n - lag_of(q);
+    /* The first step of a block runs the tokens the model lacks, then its
+     * drafts follow: together at most MAX_PENDING rows. */
+    int lag_max = MAX_PENDING - q->block_size;
+    if (lag_max < 1)
+        lag_max = 1;
+    int want = q->n - lag_max;
     if (max > 0 && want > q->held + max)
         want = q->held + max;
     if (want > q->held) {
@@ -334,7 +328,10 @@ static bool catching_up(const drafter *d, const dseq *q)
         return false;
     if (!q->seq)
         return true;
-    return q->n - lag_of(q) > q->held;
+    int lag_max = MAX_PENDING - q->block_size;
+    if (lag_max < 1)
+        lag_max = 1;
+    return q->n - lag_max > q->held;
 }
 
 /* Whether a message (or the stream's end) waits for the stream thread. */
@@ -355,7 +352,7 @@ static bool message_waiting(dstream *st)
 static void catch_up(dstream *st)
 {
     for (dseq *q = st->seqs; q; q = q->next) {
-        while ((q->want || q->priming) && catching_up(st->d, q)) {
+        while (q->want && catching_up(st->d, q)) {
             tdm_error err = {0};
             if (model_prepare(st->d, q, CATCH_UP_CHUNK, &err) != TDM_OK) {
                 tdm_log_error(LOG, "sequence %llu: %s", (unsigned long long)q->id, err.msg);
@@ -363,10 +360,6 @@ static void catch_up(dstream *st)
             }
             if (message_waiting(st))
                 return;
-        }
-        if (q->priming && !catching_up(st->d, q)) {
-            q->priming = false; /* primed: the open that follows wants the block */
-            __atomic_fetch_add(&st->d->primes_ready, 1, __ATOMIC_RELAXED);
         }
     }
 }
@@ -531,14 +524,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
         dseq_remove(st, q);
         return;
     }
-    /* A prime (block_size 0): the prompt the verifier starts to prefill,
-     * caught up on in idle moments (catch_up), no block (a model drafter's
-     * alone: the others hold nothing they could prepare). */
-    q->priming = o->block_size == 0;
-    if (q->priming)
-        __atomic_fetch_add(&d->primes, 1, __ATOMIC_RELAXED);
-    q->priming = q->priming && catching_up(d, q);
-    q->want = o->block_size > 0;
+    q->want = true;
     q->sent = false;
 }
 
@@ -1274,11 +1260,11 @@ static void *reader_main(void *arg)
 }
 
 /* Whether some sequence wants a block (one left by a catch-up that a
- * message cut short) or primes, or would draft ahead in an idle moment. */
+ * message cut short), or would draft ahead in an idle moment. */
 static bool work_pending(const dstream *st)
 {
     for (const dseq *q = st->seqs; q; q = q->next)
-        if (q->want || q->ahead_want || (q->priming && catching_up(st->d, q)))
+        if (q->want || q->ahead_want)
             return true;
     return false;
 }
@@ -1360,7 +1346,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         bool ahead = false;
         bool any = false, behind = false;
         for (dseq *q = st.seqs; q; q = q->next) {
-            const bool late = (q->want || q->priming) && catching_up(d, q);
+            const bool late = q->want && catching_up(d, q);
             any |= q->want && !late;
             behind |= late;
         }
@@ -1449,8 +1435,6 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"drafted_tokens", (double)__atomic_load_n(&d->drafted, __ATOMIC_RELAXED)},
         {"ahead_blocks_used", (double)__atomic_load_n(&d->ahead_used, __ATOMIC_RELAXED)},
         {"ahead_blocks_dropped", (double)__atomic_load_n(&d->ahead_dropped, __ATOMIC_RELAXED)},
-        {"primes", (double)__atomic_load_n(&d->primes, __ATOMIC_RELAXED)},
-        {"primes_ready", (double)__atomic_load_n(&d->primes_ready, __ATOMIC_RELAXED)},
         {"max_sequences", (double)d->max_sequences},
         {"feature_rows_shm", (double)__atomic_load_n(&d->feat_rows_shm, __ATOMIC_RELAXED)},
         {"feature_bytes_shm", (double)__atomic_load_n(&d->feat_bytes_shm, __ATOMIC_RELAXED)},

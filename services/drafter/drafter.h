@@ -37,9 +37,6 @@ typedef struct drafter {
     /* counters (atomics) */
     int streams, open_sequences;
     uint64_t blocks, drafted, ahead_used, ahead_dropped;
-    /* primes taken, and those caught up on before their sequence's block
-     * was wanted */
-    uint64_t primes, primes_ready;
     /* Where the blocks that answer verdicts spent their time, microseconds
      * summed over timed_blocks (block_stage_us_total: draft.c's stages). */
     uint64_t timed_blocks, stage_us[5];

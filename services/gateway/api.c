@@ -677,7 +677,6 @@ again:
         da.address = pick.drafter_addr;
         da.device_uuid = pick.drafter_device;
         da.device_mps = pick.drafter_mps;
-        da.primes = pick.drafter_primes;
         da.block_size = block;
         da.fixed_block_size = req->speculation && req->speculation->fixed_block_size;
         run.drafter = &da;

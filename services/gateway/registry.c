@@ -792,8 +792,6 @@ static void take_drafter_locked(gw_registry *r, const gw_replica *v, gw_pick *ou
         snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
         snprintf(out->drafter_device, sizeof(out->drafter_device), "%s", dr->desc->device_uuid);
         out->drafter_mps = dr->desc->device_mps;
-        const Tandem__V1__ProtocolVersion *pv = dr->desc->protocol;
-        out->drafter_primes = pv && pv->major == 1 && pv->minor >= 2;
         out->block_size = dr->desc->draft_block_size;
         /* Registration checked it (tdm_req_check_descriptor). */
         tdm_feat_request_from_proto(dr->desc->features_needed, "features_needed", &out->features,

@@ -58,7 +58,6 @@ typedef struct gw_pick {
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     bool drafter_mps;                        /* its device_mps */
-    bool drafter_primes;                     /* it speaks protocol 1.2 or later (primes) */
     uint32_t block_size;                     /* the drafter's draft_block_size */
     tdm_feat_request features;               /* the hidden states it needs (n 0: none) */
     char no_drafter[1024];                   /* why there is none, when one was wanted */

@@ -121,7 +121,6 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         TDM_GRAPH_COUNTERS(gs),
         {"draft_streams", (double)c.draft_streams},
         {"ahead_blocks_used", (double)c.ahead_used},
-        {"drafter_primes", (double)c.primes},
         {"ahead_blocks_dropped", (double)c.ahead_dropped},
         {"draft_exchange_overhead_p50_us", c.overhead_p50_us},
         {"draft_exchange_overhead_p99_us", c.overhead_p99_us},

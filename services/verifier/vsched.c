@@ -67,7 +67,6 @@ struct vreq {
     char drafter_id[128];
     bool spec;             /* speculating with link */
     bool run_ahead;        /* its drafter may draft ahead of verdicts (not on this GPU) */
-    bool primes;           /* its drafter takes primes (DrafterAssignment.primes) */
     bool opened;           /* the drafter knows this sequence */
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
@@ -633,14 +632,14 @@ static void feat_sent(vsched *s, vreq *r, const feat_put *p, bool had)
         tdm_feat_out_sent(&r->fout);
 }
 
-static void send_open(vsched *s, vreq *r, int block)
+/* An open of r's first n tokens (send_open: every committed token and
+ * `last`; before a fresh request's prefill: its prompt). */
+static void send_open_n(vsched *s, vreq *r, int block, int n)
 {
     Tandem__V1__SequenceOpen open = TANDEM__V1__SEQUENCE_OPEN__INIT;
     Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
     open.sequence_id = r->id;
-    /* Every committed token, `last` included (it sits right after them). */
-    r->tokens[r->n_tokens] = r->last;
-    open.n_tokens = (size_t)r->n_tokens + 1;
+    open.n_tokens = (size_t)n;
     open.tokens = (uint32_t *)r->tokens; /* ids are non-negative: same bits */
     open.block_size = (uint32_t)block;
     sp.temperature = r->sampling.temperature;
@@ -666,25 +665,11 @@ static void send_open(vsched *s, vreq *r, int block)
     feat_sent(s, r, &fp, open.hidden != NULL);
 }
 
-/* A prime: the prompt this verifier starts to prefill, for the drafter to
- * catch up on meanwhile (SequenceOpen.block_size 0); its first block comes
- * with the open after the first step, which then finds the prompt done. */
-static void send_prime(vsched *s, vreq *r)
+static void send_open(vsched *s, vreq *r, int block)
 {
-    Tandem__V1__SequenceOpen open = TANDEM__V1__SEQUENCE_OPEN__INIT;
-    open.sequence_id = r->id;
-    open.n_tokens = (size_t)r->n_given;
-    open.tokens = (uint32_t *)r->tokens; /* ids are non-negative: same bits */
-    open.block_size = 0;
-    open.round = r->round;
-    Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
-    m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
-    m.open = &open;
-    vlink_send(r->link, &m);
-    r->opened = true;
-    pthread_mutex_lock(&s->mu);
-    s->counters.primes++;
-    pthread_mutex_unlock(&s->mu);
+    /* Every committed token, `last` included (it sits right after them). */
+    r->tokens[r->n_tokens] = r->last;
+    send_open_n(s, r, block, r->n_tokens + 1);
 }
 
 static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int block)
@@ -1128,7 +1113,6 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
         r->link = vlinks_get(s->links, da->address, &lerr);
-        r->primes = da->primes;
         if (r->link && da->features && da->features->n_specs > 0) {
             /* A hidden-state drafter: the states of every committed
              * position go to it (the gateway's rule drafter-features
@@ -1544,6 +1528,8 @@ static void prefill_store(vsched *s, vreq *r)
     pthread_mutex_unlock(&s->mu);
 }
 
+static void open_first(vsched *s, vreq *r, bool at_start);
+
 /* 2. Prefills prompts, prefill_chunk tokens a round over all of them in the
  * order they were admitted: every prompt token but the last, which runs in
  * the batched step and yields the first generated token. A sequence joins
@@ -1567,11 +1553,12 @@ static void prefill_chunks(vsched *s, vround *rd)
             break;
         tdm_error err = {0};
         tdm_status rc = TDM_OK;
-        /* A drafter that speaks primes prefills the prompt beside this one
-         * (a fresh request of a model drafter that starts speculating). */
-        if (!r->seq && r->link && r->spec && r->primes && !r->feat && !r->continued && !r->opened &&
-            r->ad.k_next > 0 && r->n_given > 1)
-            send_prime(s, r);
+        /* A fresh request of a model drafter opens its sequence on the
+         * drafter as its prefill starts: the drafter prefills the prompt
+         * beside this one, in its idle moments, and drafts the first block,
+         * which the request's first step verifies (open_first_blocks). */
+        if (!r->seq && !r->feat && !r->continued)
+            open_first(s, r, true);
         if (!r->seq)
             rc = prefill_start(s, r, &err);
         const int want = r->n_given - 1 - r->prefilled;
@@ -1622,6 +1609,13 @@ static void prefill_chunks(vsched *s, vround *rd)
             r->prefilling = false;
             r->last = r->tokens[r->n_given - 1];
             r->n_tokens = r->n_given - 1; /* `last` is committed after the step */
+            /* Opened as its prefill started: the block it waits for is due
+             * from now (draft_timeout_ms), and the open costs what it makes
+             * the request wait beyond its prefill. */
+            pthread_mutex_lock(&s->mu);
+            if (r->after_open && r->awaiting)
+                r->t_asked = r->block ? r->t_got : now_ms();
+            pthread_mutex_unlock(&s->mu);
         }
     }
     /* Only the sequences done prefilling (and not failed) take part in the step. */
@@ -2251,36 +2245,44 @@ static void record_timeline(vsched *s, const double *t)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* 1b. A sequence that speculates from its start opens its drafter as its
- * prefill ends, before its first step, which then verifies the drafter's
- * first block: its first round speculates (a fresh request's drafter has
- * caught up on the prompt meanwhile where it took a prime), and a sequence
- * that continues (an imported snapshot, or a run recomputed from its tokens)
- * decides its first position as it would have been decided where it came
- * from (a round with drafts, not a plain step), so that a seeded request
- * draws the same tokens after a move. Decided once, when the prefill ends;
- * later opens are the rounds' (plan_message_locked). */
+/* 1b. A sequence that speculates from its start opens its drafter before its
+ * first step, which then verifies the drafter's first block: its first round
+ * speculates, and a sequence that continues (an imported snapshot, or a run
+ * recomputed from its tokens) decides its first position as it would have
+ * been decided where it came from (a round with drafts, not a plain step), so
+ * that a seeded request draws the same tokens after a move. A fresh request
+ * of a model drafter opens as its prefill starts (prefill_chunks: the drafter
+ * catches up on the prompt beside the prefill), the others as it ends (an
+ * MTP drafter needs the prompt's hidden states). Decided once; later opens
+ * are the rounds' (plan_message_locked). */
+static void open_first(vsched *s, vreq *r, bool at_start)
+{
+    pthread_mutex_lock(&s->mu);
+    const bool now = r->open_first && (at_start || !r->prefilling);
+    const bool open =
+        now && r->spec && r->link && r->ad.k_next > 0 && !r->cancelled && !r->finished;
+    if (now)
+        r->open_first = false;
+    if (open) {
+        r->opened = true;
+        r->after_open = true;
+        r->round++;
+        r->awaiting = true;
+        r->t_asked = now_ms();
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!open)
+        return;
+    if (at_start)
+        send_open_n(s, r, r->ad.k_next, r->n_given); /* the prompt */
+    else
+        send_open(s, r, r->ad.k_next);
+}
+
 static void open_first_blocks(vsched *s, vround *rd)
 {
-    for (int i = 0; i < rd->n; i++) {
-        vreq *r = rd->seqs[i].r;
-        pthread_mutex_lock(&s->mu);
-        const bool now = r->open_first && !r->prefilling;
-        const bool open = now && r->spec && r->link && r->ad.k_next > 0 && !r->cancelled &&
-                          !r->finished;
-        if (now)
-            r->open_first = false;
-        if (open) {
-            r->opened = true;
-            r->after_open = true;
-            r->round++;
-            r->awaiting = true;
-            r->t_asked = now_ms();
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (open)
-            send_open(s, r, r->ad.k_next);
-    }
+    for (int i = 0; i < rd->n; i++)
+        open_first(s, rd->seqs[i].r, false);
 }
 
 /* 1c. A sequence whose drafter failed opens again on the drafter's address

@@ -175,7 +175,6 @@ typedef struct vsched_counters {
     uint64_t malformed_blocks; /* blocks refused as malformed (speculation off for the sequence) */
     uint64_t draft_streams;    /* Draft streams open now */
     uint64_t ahead_used;       /* blocks drafted ahead of their verdict that stood */
-    uint64_t primes;           /* prompts sent to drafters as their prefill started (primes) */
     uint64_t ahead_dropped;    /* ... that the verdict did not bear out */
     /* Drafter exchange overhead per block over the last 4096 blocks: time
      * from asking to receiving, minus the drafter's own drafting time. */

@@ -673,82 +673,32 @@ def case_catch_up():
     check(d.p.poll() is None, "the drafter is still running")
 
 
-def case_primes():
-    """A prime (SequenceOpen.block_size 0): the drafter catches up on a prompt
-    the verifier starts to prefill, sends nothing for it, and the open that
-    follows drafts at once what a drafter opened on the whole sequence
-    drafts. Through the services, each fresh speculating request primes its
-    drafter and outputs stay the plain ones."""
-    import random
-    gw = st.gateway("--tokenizer", TOKENIZER)
-    d = st.replica("drafter", gw, "--model", DRAFTER, "--draft-block-size", "4")
-    dpath = "/tandem.v1.Drafter/Describe"
-    ds = st.DraftStream(d.addr(), timeout=120)
-    req_cls = ds.req_cls
-    rnd = random.Random(9)
-    prompt = [rnd.randrange(1, 4000) for _ in range(1500)]
-    nxt = 77
-
-    def open_msg(sid, toks, block):
-        m = req_cls()
-        m.open.sequence_id = sid
-        m.open.tokens.extend(toks)
-        m.open.block_size = block
-        m.open.round = 1
-        return m
-
-    blocks, errors = {}, []
-    with ds:
-        ds.put(open_msg(1, prompt, 0))                # the prime
-        ds.put(open_msg(2, prompt + [nxt], 4))        # the same sequence, opened whole
-        it = iter(ds.responses)
-
-        def until_block(sid):
-            for r in it:
-                kind = r.WhichOneof("kind")
-                if kind == "error":
-                    errors.append((r.error.sequence_id, r.error.message))
-                    return
-                if kind == "block":
-                    blocks.setdefault(r.block.sequence_id, []).append(list(r.block.tokens))
-                    if r.block.sequence_id == sid:
-                        return
-
-        until_block(2)
-        check(1 not in blocks, "the prime drew a block: %s" % blocks.get(1))
-        deadline = time.time() + 60
-        while (counter(d.addr(), dpath, "primes_ready") or 0) < 1 and time.time() < deadline:
-            time.sleep(0.05)
-        check(counter(d.addr(), dpath, "primes") == 1 and
-              counter(d.addr(), dpath, "primes_ready") == 1,
-              "the drafter took the prime and caught up on it: primes %s, ready %s" %
-              (counter(d.addr(), dpath, "primes"), counter(d.addr(), dpath, "primes_ready")))
-        ds.put(open_msg(1, prompt + [nxt], 4))        # its first step: the prompt is done
-        until_block(1)
-    check(not errors, "the drafter answered with an error: %s" % errors)
-    check(blocks.get(1) == blocks.get(2) and len(blocks.get(1, [[]])[0]) == 4,
-          "the primed sequence drafts what the sequence opened whole drafts: %s against %s" %
-          (blocks.get(1), blocks.get(2)))
-    stop_all()
-
-    gw, v, d = stack("replay", "model", block=4)
-    ps = prompts(8)
-    plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
-    before = counter(v.addr(), "/tandem.v1.Verifier/Describe", "drafter_primes") or 0
-    spec = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_ON", block=4, fixed=True),
-                    ps)
+def case_first_round():
+    """A request that speculates from its start verifies the drafter's first
+    block in its first step: every round of a fixed-block request speculates,
+    the first included (a fresh request opens its drafter as its prefill
+    starts, so the block is there when the prefill ends), and outputs stay the
+    plain ones, also for prompts whose prefill takes several rounds."""
+    gw, v, d = stack("replay", "model", block=4, extra_verifier_args=("--prefill-chunk", "32"))
+    ps = prompts(6)
+    ps.append(" ".join(ps))  # a prompt of several prefill chunks
+    plain = [generate(gw, p, max_tokens=24, mode="SPECULATION_MODE_OFF", ignore_eos=True)
+             for p in ps]
+    spec = [generate(gw, p, max_tokens=24, mode="SPECULATION_MODE_ON", block=4, fixed=True,
+                     ignore_eos=True) for p in ps]
     for i, (a, b) in enumerate(zip(plain, spec)):
-        check(a[0] == "OK" and b[0] == "OK" and a[2] == b[2],
-              "prompt %d: plain %s %s, speculative %s %s" % (i, a[0], a[2], b[0], b[2]))
-    sent = (counter(v.addr(), "/tandem.v1.Verifier/Describe", "drafter_primes") or 0) - before
-    took = counter(d.addr(), dpath, "primes") or 0
-    check(sent == len(ps) and took == len(ps),
-          "each request primed its drafter: the verifier sent %d, the drafter took %d, of %d" %
-          (sent, took, len(ps)))
+        if not check(a[0] == "OK" and b[0] == "OK" and b[4], "prompt %d: %s %s / %s %s" %
+                     (i, a[0], a[1], b[0], b[1])):
+            continue
+        check(a[2] == b[2], "prompt %d: speculative %s, plain %s" % (i, b[2], a[2]))
+        stats = b[4]["stats"]
+        check(int(stats["rounds"]) == int(stats["speculative_rounds"]) and
+              int(stats["speculative_rounds"]) > 0,
+              "prompt %d: every round speculated, the first included: %s" % (i, stats))
     stop_all()
 
 
-CASES = {"primes": case_primes, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
+CASES = {"first_round": case_first_round, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline,
          "tensor_parallel": case_tensor_parallel, "catch_up": case_catch_up}
 
