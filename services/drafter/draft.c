@@ -1109,9 +1109,8 @@ static void draft_pass(dstream *st, bool ahead)
                 continue;
             }
             const int j = s - off;
-            draw(st, q, t->b,
-                 q->greedy ? NULL : st->out.logits + (size_t)last * (size_t)d->vocab, am, j,
-                 q->n + (ahead ? q->b.k + 1 : 0) + j);
+            draw(st, q, t->b, q->greedy ? NULL : st->out.logits + (size_t)last * (size_t)d->vocab,
+                 am, j, q->n + (ahead ? q->b.k + 1 : 0) + j);
             /* The tokens this draft follows, beyond the committed ones. */
             int32_t ext[2 * MAX_BLOCK + 1];
             int ne = 0;
