@@ -465,6 +465,11 @@ typedef struct counter_row {
     {                                                                                              \
         role, counter, family, TDM_METRIC_##type, "", 1.0, l, v, NULL, NULL, help                  \
     }
+/* A counter of microseconds as a counter of seconds, with one label. */
+#define ROWL_US(role, counter, family, l, v, help)                                                 \
+    {                                                                                              \
+        role, counter, family, TDM_METRIC_COUNTER, "", US, l, v, NULL, NULL, help                  \
+    }
 /* A phase of the verifier's round: quantiles, total and count. */
 /* A runtime's CUDA graph outcomes (service.h: TDM_GRAPH_COUNTERS), for the
  * verifier and the drafter alike. */
@@ -732,20 +737,20 @@ static const counter_row counter_rows[] = {
      "tandem_spec_decode_exchange_blocks_total: its mean over any interval)."},
     ROW("verifier", "draft_exchange_blocks", "tandem_spec_decode_exchange_blocks_total", COUNTER,
         "Blocks whose exchange was timed."),
-    {"verifier", "draft_exchange_send_us_total", "tandem_spec_decode_exchange_part_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "part", "send", NULL, NULL,
-     "The verifier's side of the exchange, summed since the start, by part: building and "
-     "queueing verdicts and opens (send), their wait for the link's writer thread (queue), its "
-     "gRPC writes (write), and drafters' messages from their read to the scheduler (deliver). "
-     "The rest of the exchange is the transport both ways and the drafter's own reads and "
-     "writes."},
-    {"verifier", "draft_exchange_queue_us_total", "tandem_spec_decode_exchange_part_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "part", "queue", NULL, NULL, NULL},
-    {"verifier", "draft_exchange_write_us_total", "tandem_spec_decode_exchange_part_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "part", "write", NULL, NULL, NULL},
-    {"verifier", "draft_exchange_deliver_us_total",
-     "tandem_spec_decode_exchange_part_seconds_total", TDM_METRIC_COUNTER, "", US, "part",
-     "deliver", NULL, NULL, NULL},
+    ROWL_US(
+        "verifier", "draft_exchange_send_us_total",
+        "tandem_spec_decode_exchange_part_seconds_total", "part", "send",
+        "The verifier's side of the exchange, summed since the start, by part: building and "
+        "queueing verdicts and opens (send), their wait for the link's writer thread (queue), its "
+        "gRPC writes (write), and drafters' messages from their read to the scheduler (deliver). "
+        "The rest of the exchange is the transport both ways and the drafter's own reads and "
+        "writes."),
+    ROWL_US("verifier", "draft_exchange_queue_us_total",
+            "tandem_spec_decode_exchange_part_seconds_total", "part", "queue", NULL),
+    ROWL_US("verifier", "draft_exchange_write_us_total",
+            "tandem_spec_decode_exchange_part_seconds_total", "part", "write", NULL),
+    ROWL_US("verifier", "draft_exchange_deliver_us_total",
+            "tandem_spec_decode_exchange_part_seconds_total", "part", "deliver", NULL),
     ROWL("verifier", "draft_exchange_sends", "tandem_spec_decode_exchange_part_events_total",
          COUNTER, "part", "send",
          "Messages timed in each part of the exchange (with "
@@ -804,20 +809,18 @@ static const counter_row counter_rows[] = {
          "outcome", "refused", NULL),
     ROW("drafter", "timed_blocks", "tandem_drafter_timed_blocks_total", COUNTER,
         "Blocks that answered a verdict, whose time is split by stage."),
-    {"drafter", "block_wait_us_total", "tandem_drafter_block_stage_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "stage", "wait", NULL, NULL,
-     "Where the blocks that answered verdicts spent their time, summed by stage: wait (the "
-     "verdict waiting for the stream's thread), apply (applied, its commit launched, waiting "
-     "for the pass), chain (the device draft chain), pass (the rest of the pass), send "
-     "(building and writing the block)."},
-    {"drafter", "block_apply_us_total", "tandem_drafter_block_stage_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "stage", "apply", NULL, NULL, NULL},
-    {"drafter", "block_chain_us_total", "tandem_drafter_block_stage_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "stage", "chain", NULL, NULL, NULL},
-    {"drafter", "block_pass_us_total", "tandem_drafter_block_stage_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "stage", "pass", NULL, NULL, NULL},
-    {"drafter", "block_send_us_total", "tandem_drafter_block_stage_seconds_total",
-     TDM_METRIC_COUNTER, "", US, "stage", "send", NULL, NULL, NULL},
+#define STAGE_ROW(st, help)                                                                        \
+    ROWL_US("drafter", "block_" st "_us_total", "tandem_drafter_block_stage_seconds_total",        \
+            "stage", st, help)
+    STAGE_ROW("wait", "Where the blocks that answered verdicts spent their time, summed by stage: "
+                      "wait (the verdict waiting for the stream's thread), apply (applied, its "
+                      "commit launched, waiting for the pass), chain (the device draft chain), "
+                      "pass (the rest of the pass), send (building and writing the block)."),
+    STAGE_ROW("apply", NULL),
+    STAGE_ROW("chain", NULL),
+    STAGE_ROW("pass", NULL),
+    STAGE_ROW("send", NULL),
+#undef STAGE_ROW
 };
 
 /* Whether row applies to counter `name` of a process in `role`. */

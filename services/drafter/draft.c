@@ -1040,9 +1040,8 @@ static void draft_pass(dstream *st, bool ahead)
     const size_t rows = (size_t)rest * MAX_PENDING;
     if (tdm_step_buf_reserve(&st->out, d->rt->model, rows, sampled ? rows : 0, &err) != TDM_OK) {
         tdm_log_error(LOG, "draft pass: %s", err.msg);
-        for (int i = 0; i < live; i++)
-            if (!tg[i].stop && ahead)
-                tg[i].q->ahead_want = false;
+        for (int i = 0; ahead && i < live; i++)
+            tg[i].q->ahead_want = false; /* an ahead pass has no chains: none stopped */
         return;
     }
     for (int s = 0;; s++) {
@@ -1158,14 +1157,6 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
         blk.n_dists = (size_t)b->k;
         blk.dists = dp;
     }
-    if (!ahead && q->timed && b->k > 0) {
-        /* the block's stages; its send ends with the write below */
-        const double us[STAGES] = {q->t_taken - t_msg, q->t_pass0 - q->t_taken, q->t_chain,
-                                   q->t_pass1 - q->t_pass0 - q->t_chain};
-        for (int i = 0; i < STAGE_SEND; i++)
-            __atomic_fetch_add(&st->d->stage_us[i], (uint64_t)(us[i] > 0 ? us[i] : 0),
-                               __ATOMIC_RELAXED);
-    }
     if (tdm_log_get_level() <= TDM_LOG_DEBUG) {
         char ids[MAX_BLOCK * 8 + 1] = "";
         for (int j = 0, used = 0; j < b->k; j++)
@@ -1185,9 +1176,12 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
         __atomic_fetch_add(&st->d->drafted, (uint64_t)b->k, __ATOMIC_RELAXED);
     }
     if (!ahead && q->timed && b->k > 0) {
-        const double send = now_us() - q->t_pass1;
-        __atomic_fetch_add(&st->d->stage_us[STAGE_SEND], (uint64_t)(send > 0 ? send : 0),
-                           __ATOMIC_RELAXED);
+        /* the block's stages, its send ending with the write */
+        const double us[STAGES] = {q->t_taken - t_msg, q->t_pass0 - q->t_taken, q->t_chain,
+                                   q->t_pass1 - q->t_pass0 - q->t_chain, now_us() - q->t_pass1};
+        for (int i = 0; i < STAGES; i++)
+            __atomic_fetch_add(&st->d->stage_us[i], (uint64_t)(us[i] > 0 ? us[i] : 0),
+                               __ATOMIC_RELAXED);
         __atomic_fetch_add(&st->d->timed_blocks, 1, __ATOMIC_RELAXED);
         q->timed = false;
     }
