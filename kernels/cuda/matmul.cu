@@ -548,7 +548,9 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
  * fit at once at 3 a multiprocessor runs best with the registers the
  * kernel likes (more loads in flight per block); a longer one (the LM head,
  * gate + up, verify blocks of several row groups) with at most 128, so that
- * 4 fit (measurements in NOTES.md). */
+ * 4 fit, unless its waves are fuller at 3 (mmt_fill; groups of 2 rows use
+ * fewer than 128 registers either way, so 4 fit whatever MINB says).
+ * Measurements in NOTES.md. */
 template <int G, int MINB, bool PAIR>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
@@ -756,6 +758,17 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         *cnt = 0; /* ready for the next call */
 }
 
+/* How full a call's waves are when `slots` blocks run at once: blocks over
+ * the slots of its whole waves (1: the last wave as full as the others). A
+ * call of many waves whose last one runs a few blocks streams most of a
+ * block's time below the bandwidth (the Qwen3.6-27B gate/up pair, 1088
+ * blocks: 2.06 waves at 4 a multiprocessor, 2.75 at 3). */
+static double mmt_fill(size_t blocks, int slots)
+{
+    const size_t waves = (blocks + (size_t)slots - 1) / (size_t)slots;
+    return (double)blocks / ((double)waves * (double)slots);
+}
+
 /* k-blocks: enough blocks to fill the GPU when `out` is small, each warp
  * keeping at least two steps; a function of (in, out) alone. */
 static int mmt_kblocks(int in, int out)
@@ -843,6 +856,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         jobs.j[0].ys = (uint32_t *)cuda_grow(c, (void **)&c->mm_ys, &c->mm_ys_cap,
                                              (size_t)R * (size_t)outs[0] / 16 * 24 * 4);
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
+    const bool three =
+        one_wave || mmt_fill(blocks, 3 * c->sm_count) > mmt_fill(blocks, 4 * c->sm_count);
     const bool pair = ups && ups[0];
     for (int i = 0; i < n; i++)
         TDM_ASSERT(!ups || !ups[i] == !pair); /* pairs launch apart from single weights */
@@ -853,9 +868,9 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     if (G == 2)
         one_wave ? MMT_LAUNCH(2, 1) : MMT_LAUNCH(2, 4);
     else if (G == 5)
-        one_wave ? MMT_LAUNCH(5, 3) : MMT_LAUNCH(5, 4);
+        three ? MMT_LAUNCH(5, 3) : MMT_LAUNCH(5, 4);
     else
-        one_wave ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
+        three ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
 #undef MMT_LAUNCH
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
