@@ -1,6 +1,6 @@
 /*
- * config_test.c - configuration without ghosts, as DESIGN.md section 5 and
- * issue 2 specify it: sources in precedence order with provenance, `auto`
+ * config_test.c - configuration without ghosts, as DESIGN.md section 5
+ * specifies it: sources in precedence order with provenance, `auto`
  * resolved by named rules that say why, explicit values never changed,
  * conflicts naming both settings with values and sources, errors naming the
  * file and line. Expected values come from the specification, not from the
@@ -198,7 +198,7 @@ static void test_auto_rules(void)
 {
     tdm_status st;
     tdm_error err;
-    /* The issue's example: --prefix-cache on --state-strategy auto. */
+    /* --prefix-cache on --state-strategy auto. */
     tdm_cfg *cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--prefix-cache", "on",
                         "--state-strategy", "auto", NULL);
     CHECK(st == TDM_OK, "%s", err.msg);
@@ -305,7 +305,7 @@ static void test_conflicts(void)
 {
     tdm_status st;
     tdm_error err;
-    /* The issue's example: both settings, values and sources named. */
+    /* A conflict: both settings, values and sources named. */
     tdm_cfg *cfg = load(&tdm_svc_verifier_schema, &st, NULL, &err, "--prefix-cache", "on",
                         "--state-strategy", "no_buffer", NULL);
     CHECK(st != TDM_OK, "conflict must fail");
@@ -604,7 +604,7 @@ static void test_help(void)
         }
         free(buf);
     }
-    /* Spot checks of the derived names against the issue's spelling. */
+    /* Spot checks of the derived names against their documented spelling. */
     char b[64];
     tdm_cfg_flag_name("state_strategy", b, sizeof(b));
     CHECK_STR(b, "--state-strategy");

@@ -543,7 +543,7 @@ def case_sigterm():
 def case_check_config():
     v = binary("tandem-verifier")
     m = model("target", "f32_gqa", "qwen2_bpe1000")
-    # The two examples (a verifier also needs its model).
+    # A refused conflict and a resolved auto (a verifier also needs its model).
     rc, out, err = run([v, "--check-config", "--prefix-cache", "on", "--state-strategy",
                         "no_buffer", "--model", m])
     check(rc != 0, "conflict exits non-zero")
