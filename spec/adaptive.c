@@ -69,7 +69,9 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->probes = 0;
     a->probing = false;
     a->below = 0;
-    a->cost_win = a->fixed_win = (tdm_cost_window){{0}, 0};
+    a->lost = 0;
+    a->cost_win = (tdm_cost_window){{0}, 0, !(a->p.cost_prior > 0)};
+    a->fixed_win = (tdm_cost_window){{0}, 0, !(a->p.fixed_prior > 0)};
     if (!a->p.fixed) {
         /* The block the priors say is best: a sequence's first blocks see
          * only the prior acceptance, so k_initial is the longest it starts
@@ -109,6 +111,7 @@ static void switch_off(tdm_adaptive *a, bool probing)
     a->since_start = 0;
     a->accepted_since_start = 0;
     a->below = 0;
+    a->lost = 0;
 }
 
 static void choose(tdm_adaptive *a)
@@ -150,6 +153,20 @@ static void choose(tdm_adaptive *a)
      * draft rejected four times in a row in under 1 % of starts, and one
      * that never fits the text would otherwise lose some ten rounds. */
     const bool none = a->since_start >= a->p.min_rounds && a->accepted_since_start == 0;
+    /* The costs alone lose: the best block pays less than plain decoding
+     * even if every draft were accepted. The acceptance estimate's noise,
+     * which min_rounds waits out, cannot change that; two rounds in a row
+     * (one slow round is not a cost) switch it off. */
+    double ceiling = 0;
+    for (int k = 1; k <= a->p.k_max; k++) {
+        const double s = (double)(k + 1) / (1.0 + a->fixed + a->cost * k);
+        ceiling = s > ceiling ? s : ceiling;
+    }
+    a->lost = ceiling < 1.0 ? a->lost + 1 : 0;
+    if (a->lost >= 2) {
+        switch_off(a, false);
+        return;
+    }
     a->below = best_s < 1.0 ? a->below + 1 : 0;
     if ((a->below >= a->p.min_rounds && a->since_start >= a->p.min_rounds) || none) {
         switch_off(a, false);
@@ -162,8 +179,9 @@ static void choose(tdm_adaptive *a)
  * (the lower of the first two): one slow round (a block length the drafter
  * runs for the first time, a step that waited for the GPU; at one draft a
  * round, a step 1 ms slow doubles its cost) must not read as drafts that
- * stopped paying, while a real change shows in two rounds. x < 0 or not
- * finite: unknown, kept. */
+ * stopped paying, while a real change shows in two rounds. While the
+ * estimate is the rule's guess (w->guess), the median itself, until three
+ * measurements are in. x < 0 or not finite: unknown, kept. */
 static void cost_step(double *est, tdm_cost_window *w, double x)
 {
     if (!(x >= 0.0) || !isfinite(x))
@@ -175,6 +193,11 @@ static void cost_step(double *est, tdm_cost_window *w, double x)
     } else if (w->n >= 3) {
         const double a = w->x[0], b = w->x[1], c = w->x[2];
         m = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+    }
+    if (w->guess) {
+        *est = m;
+        w->guess = w->n < 3;
+        return;
     }
     *est = (1.0 - EMA_WEIGHT) * *est + EMA_WEIGHT * m;
 }

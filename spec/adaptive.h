@@ -17,7 +17,11 @@
  *    both relative to one plain decoding step of the sequence and averaged
  *    (EMA weight 0.3, towards the median of the last three rounds'
  *    measurements, so that one slow round does not pause a drafter that
- *    pays);
+ *    pays); where no earlier request measured them (no cost_prior or
+ *    fixed_prior), the median of the first rounds' measurements replaces
+ *    the rule's guess until three are in: a guess is not a measurement (EMA
+ *    steps away from it kept requests speculating some eight rounds where a
+ *    draft costs more than a plain step, the CPU at eight streams);
  *  - with k drafts a round yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
  *    costs 1 + f + c*k steps, so the expected speed-up is
  *    S(k) = E(k) / (1 + f + c*k);
@@ -30,9 +34,12 @@
  *    from the prior acceptance, as a new sequence starts;
  *    the probe's own outcome decides: its draft accepted (and the estimate
  *    paying by min_gain) restarts speculation, rejected doubles the next
- *    pause (at most 32 x pause_tokens). A probe costs about f + c plain
- *    steps, so no pause is shorter than (f + c) / probe_share tokens: probing
- *    never costs more than probe_share (1 %) of plain decoding's speed.
+ *    pause (at most 32 x pause_tokens). Where the costs alone lose (S(k) < 1
+ *    for every k even with every draft accepted) two rounds in a row, it is
+ *    switched off without waiting for min_rounds: no acceptance pays. A
+ *    probe costs about f + c plain steps, so no pause is shorter than
+ *    (f + c) / probe_share tokens: probing never costs more than
+ *    probe_share (1 %) of plain decoding's speed.
  * A sequence starts from cost_prior; if speculation would not pay even at
  * the prior acceptance, it starts paused (and probes like any pause). It
  * also starts paused where the tokens it may still generate cannot win back
@@ -66,10 +73,14 @@ typedef struct tdm_adaptive_params {
     int tokens_left; /* tokens the request may still generate; <= 0: unknown */
 } tdm_adaptive_params;
 
-/* A cost's last three measurements (their median moves the estimate). */
+/* A cost's last three measurements (their median moves the estimate).
+ * guess: the estimate is still the rule's own prior, not a measurement of
+ * this deployment; the first measurements replace it (their median) instead
+ * of moving it by EMA steps. */
 typedef struct tdm_cost_window {
     double x[3];
     int n;
+    bool guess;
 } tdm_cost_window;
 
 typedef struct tdm_adaptive {
@@ -88,6 +99,7 @@ typedef struct tdm_adaptive {
     int probes;         /* rounds run to test whether it pays again */
     bool probing;       /* the next round is a probe, whose outcome decides */
     int below;          /* rounds in a row whose estimates say speculation loses */
+    int lost;           /* rounds in a row whose costs lose even with every draft accepted */
     tdm_cost_window cost_win, fixed_win;
 } tdm_adaptive;
 

@@ -412,6 +412,51 @@ static void test_adaptive_memory_recovers(void)
     CHECK(speed >= 1.1, "after the drafter is right again: %.3f x plain", speed);
 }
 
+/* Where nothing measured the costs yet (the first requests of a verifier:
+ * no cost or fixed prior) and a draft costs more than a plain step
+ * (measured on the 2-core CPU at eight streams: c 1.44, f 1.61), a drafter
+ * whose drafts are accepted at 0.8 speculates two rounds, the first at the
+ * block the rule's guess (c 0.1, f 0) favours: its first measurements
+ * replace the guess instead of moving it by EMA steps, and costs that lose
+ * even at full acceptance switch it off after two rounds. A 128-token
+ * request then takes at most 1.06x plain's time (1.106x when the
+ * measurements moved the guess by EMA steps and only min_rounds losing
+ * rounds paused it); the requests after it start paused (their priors
+ * measured). A single slow first round (c 2.4, then 0.38) does not pause a
+ * drafter that pays. */
+static void test_adaptive_unmeasured_costs(void)
+{
+    tdm_adaptive_params p = {
+        .k_max = 4, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 32, .min_rounds = 4,
+        .cost_prior = -1, .fixed_prior = -1, .tokens_left = 128};
+    uint64_t y = 0x9e3779b97f4a7c15ull;
+    double sum = 0;
+    for (int r = 0; r < 50; r++) {
+        tdm_accept_memory mem = {0}; /* every request the first of its verifier */
+        sum += adaptive_request_cost(&p, 128, 0.8, 1.44, 1.61, &y, &mem);
+    }
+    printf("adaptive, costs unmeasured, c 1.44 f 1.61 at acceptance 0.8: %.3f x plain's time\n",
+           sum / 50);
+    CHECK(sum / 50 <= 1.06, "costs unmeasured, c 1.44 f 1.61: %.3f x plain's time", sum / 50);
+    tdm_adaptive a;
+    tdm_adaptive_init(&a, &p);
+    CHECK(a.k_next == 4, "no costs known: the first block is k_initial, got %d", a.k_next);
+    tdm_adaptive_on_round(&a, 4, 3, 1.44, 1.61);
+    CHECK(a.cost == 1.44 && a.fixed == 1.61 && a.k_next > 0 && a.pauses == 0,
+          "the first measurement replaces the guess: c %.2f f %.2f, k %d", a.cost, a.fixed,
+          a.k_next);
+    tdm_adaptive_on_round(&a, a.k_next, 1, 1.44, 1.61);
+    CHECK(a.k_next == 0 && a.pauses == 1, "costs that lose at full acceptance, twice: k %d",
+          a.k_next);
+    tdm_adaptive_init(&a, &p);
+    tdm_adaptive_on_round(&a, 4, 3, 2.4, 0.1);
+    for (int i = 0; i < 12; i++)
+        tdm_adaptive_on_round(&a, a.k_next, a.k_next > 2 ? 3 : a.k_next, 0.38, 0.1);
+    CHECK(a.k_next > 0 && a.pauses == 0 && a.cost < 0.5,
+          "one slow first round paused a drafter that pays: k %d, pauses %d, c %.2f", a.k_next,
+          a.pauses, a.cost);
+}
+
 static void test_adaptive(void)
 {
     tdm_adaptive_params p = {
@@ -606,6 +651,7 @@ int main(void)
     test_ngram();
     test_adaptive();
     test_adaptive_never_loses();
+    test_adaptive_unmeasured_costs();
     test_adaptive_memory_recovers();
     test_lossless();
     if (failures) {
