@@ -287,6 +287,14 @@ static tdm_status model_settle(dseq *q, tdm_error *err)
  * waits for at most one chunk of another sequence's prompt. */
 #define CATCH_UP_CHUNK 256
 
+/* Committed tokens a model drafter leaves to a block's first step, which
+ * runs them before its drafts: together at most MAX_PENDING rows. */
+static int lag_of(const dseq *q)
+{
+    const int lag = MAX_PENDING - q->block_size;
+    return lag < 1 ? 1 : lag;
+}
+
 /* Before a block's first step: the model holds all but the last few
  * committed tokens (at most MAX_PENDING - MAX_BLOCK of them are left to the
  * first step), prefilled at most `max` at a time (0: all; catch_up). Nothing
@@ -302,12 +310,7 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
             return rc;
         q->held = 0;
     }
-    /* The first step of a block runs the tokens the model lacks, then its
-     * drafts follow: together at most MAX_PENDING rows. */
-    int lag_max = MAX_PENDING - q->block_size;
-    if (lag_max < 1)
-        lag_max = 1;
-    int want = q->n - lag_max;
+    int want = q->n - lag_of(q);
     if (max > 0 && want > q->held + max)
         want = q->held + max;
     if (want > q->held) {
@@ -328,10 +331,7 @@ static bool catching_up(const drafter *d, const dseq *q)
         return false;
     if (!q->seq)
         return true;
-    int lag_max = MAX_PENDING - q->block_size;
-    if (lag_max < 1)
-        lag_max = 1;
-    return q->n - lag_max > q->held;
+    return q->n - lag_of(q) > q->held;
 }
 
 /* Whether a message (or the stream's end) waits for the stream thread. */

@@ -2257,6 +2257,10 @@ static void record_timeline(vsched *s, const double *t)
  * are the rounds' (plan_message_locked). */
 static void open_first(vsched *s, vreq *r, bool at_start)
 {
+    /* Set before the request was queued, cleared only by this thread: once
+     * decided, no lock a round. */
+    if (!r->open_first)
+        return;
     pthread_mutex_lock(&s->mu);
     const bool now = r->open_first && (at_start || !r->prefilling);
     const bool open =
@@ -2373,8 +2377,7 @@ static bool sched_round(vsched *s)
     send_messages(s, rd);
     const double t_sent = now_ms();
     commit_round(s, rd);
-    t[VSCHED_COMMIT + 1] =
-        t[VSCHED_STEP + 1] + (t_sending - t[VSCHED_STEP + 1]) + (now_ms() - t_sent);
+    t[VSCHED_COMMIT + 1] = t_sending + (now_ms() - t_sent);
     t[VSCHED_SEND + 1] = t[VSCHED_COMMIT + 1] + (t_sent - t_sending);
     record_timeline(s, t);
     post_cost(s, rd, t[VSCHED_SEND + 1] - t[VSCHED_STEP + 1]);
