@@ -39,7 +39,8 @@
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
 # MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
-# VFLAGS (more verifier flags for the 4b and demo parts), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
+# VFLAGS (more verifier flags for the 4b and demo parts), DEMO_SCALE (the demo
+# part's requests a load, as a multiple of its batch; default 4), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows), RUNAHEAD (default "off on"), MPS (1: every process of the
@@ -368,8 +369,10 @@ run)
             start_stack demo "$root/models/demo-target" ${VFLAGS:-} || continue
             start_drafter demo tandem-drafter "$root/models/demo-drafter" on 8 || continue
             # the demo pair is fast: more requests, for steadier numbers
+            # (DEMO_SCALE times the batch, default 4)
+            ds="${DEMO_SCALE:-4}"
             for c in 1 8 32; do
-                n=$((c == 1 ? 4 * REQ1 : 4 * c))
+                n=$((c == 1 ? ds * REQ1 : ds * c))
                 load "demo plain b$c" "$c" "$n" off --vocab "$dv" --record "$W/demo-b$c.txt"
                 load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" --check "$W/demo-b$c.txt"
                 load "demo fixed 4 b$c" "$c" "$n" on --vocab "$dv" --block 4 --fixed \

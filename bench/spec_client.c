@@ -218,6 +218,8 @@ static void print_timeline(const counters *a, const counters *b)
         printf("%s%s:%.1f", i ? "," : "=", parts[i][0],
                events > 0 ? (counter(b, t) - counter(a, t)) / events : 0.0);
     }
+    printf(" plain_measured=%.0f",
+           counter(b, "plain_measure_rounds") - counter(a, "plain_measure_rounds"));
     printf(" round_us=%.1f exchange_p50_us=%.0f exchange_p99_us=%.0f draft_token_p50_us=%.0f "
            "draft_token_p99_us=%.0f step_p50_us=%.0f step_p99_us=%.0f\n",
            sum, counter(b, "draft_exchange_overhead_p50_us"),

@@ -614,6 +614,10 @@ static const counter_row counter_rows[] = {
         "off."),
     ROW("verifier", "adaptive_switch_offs", "tandem_spec_decode_adaptive_switch_offs_total",
         COUNTER, "Times the adaptive rule switched speculation off for a sequence."),
+    ROW("verifier", "plain_measure_rounds", "tandem_spec_decode_plain_measure_rounds_total",
+        COUNTER,
+        "Rounds run plainly, their draft blocks unverified, to measure the plain round that "
+        "the adaptive rule judges speculation against."),
     ROW("verifier", "mean_accepted_per_round", NULL, GAUGE, NULL),
     ROW("verifier", "feature_rows_sent", "tandem_spec_decode_feature_rows_total", COUNTER,
         "Hidden-state rows (one a position) streamed to hidden-state drafters (mtp)."),

@@ -290,8 +290,33 @@ void tdm_steptime_add(tdm_steptime *m, int rows, double ms)
     m->t1 = keep * m->t1 + R * ms;
 }
 
+void tdm_steptime_tick(tdm_steptime *m)
+{
+    m->round++;
+}
+
+void tdm_steptime_add_plain(tdm_steptime *m, int n, double ms)
+{
+    if (n < 1 || n > TDM_STEPTIME_PLAIN_MAX || !(ms > 0) || !isfinite(ms))
+        return;
+    /* A measurement older than it may stand for is replaced, not averaged. */
+    const bool fresh = !tdm_steptime_wants_plain(m, n);
+    m->plain_ms[n] = fresh ? (1.0 - EMA_WEIGHT) * m->plain_ms[n] + EMA_WEIGHT * ms : ms;
+    m->plain_at[n] = m->round + 1; /* 0 means never */
+}
+
+bool tdm_steptime_wants_plain(const tdm_steptime *m, int n)
+{
+    return n >= 1 && n <= TDM_STEPTIME_PLAIN_MAX &&
+           (m->plain_at[n] == 0 || m->round + 1 - m->plain_at[n] >= TDM_STEPTIME_PLAIN_FRESH);
+}
+
 bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out)
 {
+    if (!tdm_steptime_wants_plain(m, n) && n >= 1 && n <= TDM_STEPTIME_PLAIN_MAX) {
+        *out = m->plain_ms[n];
+        return true;
+    }
     if (m->s0 < 1.0)
         return false;
     double det = m->s0 * m->s2 - m->s1 * m->s1;

@@ -52,6 +52,7 @@
 #define TANDEM_SPEC_ADAPTIVE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 typedef struct tdm_adaptive_params {
     int k_max;          /* most drafts per round (verifier and drafter limits) */
@@ -146,15 +147,37 @@ double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge);
  * fitted by least squares with exponential forgetting. A GPU streaming
  * weights has a large a (rows are nearly free); a compute-bound CPU has a
  * small a. The cost c of one drafted token that the rule above weighs is
- * (round time - predicted plain round) / (drafted tokens * plain step per
- * sequence): judged against the plain step this predicts, measured on the
- * very rounds speculation runs, so no plain round is needed. */
+ * (round time - plain round) / (drafted tokens * plain step per sequence),
+ * judged on the very rounds speculation runs.
+ * The plain round of n sequences is the one measured as such (a round in
+ * which none of them verified drafts) within the last
+ * TDM_STEPTIME_PLAIN_FRESH rounds, where there is one; else the fit's. The
+ * fit alone is not enough: it extrapolates from the speculative rounds' rows
+ * to n rows, and where a step's time is not a line in its rows (a CPU's
+ * row tiles) or the drafter computed beside those steps (two processes on
+ * two cores), it put a plain 8-row step at 5.9 ms where one takes 3.0: the
+ * drafts looked cheap, and speculation that lost went on. */
+#define TDM_STEPTIME_PLAIN_MAX 256     /* batch sizes whose plain rounds are kept */
+#define TDM_STEPTIME_PLAIN_FRESH 1024u /* rounds a plain round's time stands for */
+
 typedef struct tdm_steptime {
     double s0, s1, s2, t0, t1; /* sums of w, w*R, w*R^2, w*t, w*R*t */
+    uint64_t round;            /* rounds seen (tdm_steptime_tick) */
+    /* per batch size n: the plain rounds' time (EMA) and the round it was
+     * last measured at (0: never) */
+    double plain_ms[TDM_STEPTIME_PLAIN_MAX + 1];
+    uint64_t plain_at[TDM_STEPTIME_PLAIN_MAX + 1];
 } tdm_steptime;
 
+/* A round passed (measured or not). */
+void tdm_steptime_tick(tdm_steptime *m);
 /* A step of `rows` rows took `ms`. */
 void tdm_steptime_add(tdm_steptime *m, int rows, double ms);
+/* A plain round of n sequences (one row each, no drafts) took `ms`. */
+void tdm_steptime_add_plain(tdm_steptime *m, int n, double ms);
+/* Whether the plain round of n sequences lacks a measurement within the
+ * last TDM_STEPTIME_PLAIN_FRESH rounds (n within TDM_STEPTIME_PLAIN_MAX). */
+bool tdm_steptime_wants_plain(const tdm_steptime *m, int n);
 /* Predicted time of a plain round of n rows; false until there is data. */
 bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out);
 /* The costs of a round of `seqs` sequences, `spec` of them speculating, that

@@ -85,6 +85,10 @@ struct vreq {
     uint32_t reached_at[TDM_MAX_DRAFT_BLOCK], accepted_at[TDM_MAX_DRAFT_BLOCK];
     int positions; /* draft positions reached so far */
     char spec_note[200];
+    /* What the adaptive rule did, for the stats while it speculates with
+     * pauses (fill_stats), and the pauses, probes and rounds it says. */
+    char ad_note[200];
+    int noted[3];
     /* Feature stream (drafter.proto), scheduler thread: what its drafter
      * takes, and the rows of committed positions not yet sent to it. Only
      * a sequence with feat set has hidden states brought back by its steps. */
@@ -134,6 +138,7 @@ typedef struct vround_seq {
     int accepted;
     int32_t next;
     int next_block; /* block length asked for next; 0 pauses drafting */
+    bool unverified; /* its block came and went unverified (plain_measure) */
     int commit;     /* drafts its verdict keeps, committed once the messages are out;
                        -1: nothing to commit (no drafts, or the request failed) */
 } vround_seq;
@@ -173,6 +178,13 @@ typedef struct vround {
     bool first_sight;
     int n_stepped, n_spec; /* sequences of the step, and those with drafts */
     double t_idle_end;     /* when admit_and_retire found work */
+    /* Drafters at work while the step runs: blocks still awaited after the
+     * round took its own (a sequence sat out for its open's prefill, a
+     * prompt's catch-up); a plain step beside them is not a plain step. */
+    bool drafting;
+    /* The round runs plainly to measure a plain round (plain_round_due):
+     * its blocks are not verified, each drafter hears "none accepted". */
+    bool plain_measure;
 } vround;
 
 _Static_assert(TDM_MAX_DRAFT_BLOCK + 1 <= 1 << 16, "rows of one sequence fit an int");
@@ -1233,13 +1245,19 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->tokens_per_second = decode_ms > 0 && r->n_out > 1 ? (r->n_out - 1) * 1e3 / decode_ms : 0.0;
     st->total_ms = r->t_end - r->t_submit;
     st->drafter = r->drafter_id;
-    if (r->spec && r->ad.pauses > 0)
-        snprintf(r->spec_note, sizeof(r->spec_note),
+    /* Written when its numbers change, not at every token's stats: a Run
+     * takes them under mu, which the round's emit takes per sequence. */
+    const int noted[3] = {r->ad.pauses, r->ad.probes, r->ad.rounds};
+    const bool ad = r->spec && r->ad.pauses > 0;
+    if (ad && (!r->ad_note[0] || memcmp(noted, r->noted, sizeof(noted)) != 0)) {
+        memcpy(r->noted, noted, sizeof(noted));
+        snprintf(r->ad_note, sizeof(r->ad_note),
                  "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
                  "rounds)",
                  r->run_ahead ? "" : " (no run-ahead: the drafter shares this verifier's GPU)",
                  r->ad.pauses, r->ad.probes, r->ad.rounds);
-    st->speculation = r->spec_note;
+    }
+    st->speculation = ad ? r->ad_note : r->spec_note;
     st->seed = r->seed;
     st->ahead_blocks = r->ahead_used;
     st->cached_prompt_tokens = (uint32_t)r->cached;
@@ -1780,7 +1798,41 @@ static void take_blocks(vsched *s, vround *rd)
         }
         r->awaiting = false;
     }
+    rd->drafting = false;
+    for (int i = 0; i < s->n_active; i++)
+        rd->drafting |= awaits_block(s->active[i]);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* 4b. Whether this round runs plainly to measure what a plain round of its
+ * sequences takes (tdm_steptime_wants_plain: none within the last
+ * TDM_STEPTIME_PLAIN_FRESH rounds), the baseline every speculative round's
+ * cost is judged against (adaptive.h). Only where every block it would set
+ * aside is an adaptive request's own, after its first block, without a
+ * seed (whose output must not depend on timing), and no drafter computes
+ * beside the step. It costs one round's accepted drafts. */
+static void plain_round_due(vsched *s, vround *rd)
+{
+    rd->plain_measure = false;
+    if (rd->drafting || !tdm_steptime_wants_plain(&s->st, rd->n))
+        return;
+    bool any = false;
+    for (int i = 0; i < rd->n; i++) {
+        const vround_seq *q = &rd->seqs[i];
+        if (q->k == 0)
+            continue;
+        if (q->r->ad.p.fixed || q->r->seeded || q->r->after_open)
+            return;
+        any = true;
+    }
+    if (!any)
+        return; /* plain already */
+    rd->plain_measure = true;
+    for (int i = 0; i < rd->n; i++) {
+        vround_seq *q = &rd->seqs[i];
+        q->unverified = q->k > 0;
+        q->k = 0;
+    }
 }
 
 /* Longest blocks first, then by arrival: the step's shape (rows per
@@ -1854,8 +1906,12 @@ static void run_step(vsched *s, vround *rd)
     rd->first_sight |= step_first;
     s->first_share = 0.95 * s->first_share + 0.05 * (rd->first_sight ? 1.0 : 0.0);
     rd->first_sight = rd->first_sight && s->first_share < FIRST_SIGHT_ONE_OFF;
-    if (!(step_first && rd->first_sight))
+    tdm_steptime_tick(&s->st);
+    if (!(step_first && rd->first_sight)) {
         tdm_steptime_add(&s->st, rd->n_rows, rd->t_step);
+        if (rd->n_rows == rd->n && !rd->drafting)
+            tdm_steptime_add_plain(&s->st, rd->n, rd->t_step);
+    }
     tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", rd->n, rd->n_rows, rd->t_step);
     /* What speculating and each drafted token cost, against the plain round
      * the model predicts; the exchange is the part that does not grow with
@@ -1957,7 +2013,9 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
      * its block lengths follow acceptance only (the cost stays at its prior),
      * so wall-clock timing never shifts its random stream. */
     const int pauses = r->ad.pauses;
-    if (q->got) {
+    if (q->unverified) {
+        /* Its block said nothing: the rule goes on as it was. */
+    } else if (q->got) {
         dacc_note(s, r->drafter_id, q->k, v->accepted);
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
@@ -1969,7 +2027,7 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     q->accepted = v->accepted;
     q->next = v->next_token;
     q->next_block = r->ad.k_next;
-    if (q->got && tdm_log_get_level() <= TDM_LOG_DEBUG)
+    if (q->got && !q->unverified && tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s: next block %d (expected speed-up %.2f at block %d), "
                       "paused for %d tokens, %d pause(s), %d probe(s)",
@@ -2151,6 +2209,7 @@ static void retire_finished(vsched *s, vround *rd)
     }
     if (rd->n > 0)
         s->counters.rounds++;
+    s->counters.plain_measure_rounds += rd->plain_measure;
     /* What the batch holds now (metrics). */
     uint64_t mem[4] = {0};
     for (int i = 0; i < s->n_active; i++)
@@ -2219,7 +2278,7 @@ static void send_messages(vsched *s, vround *rd)
 static void post_cost(vsched *s, const vround *rd, double post_ms)
 {
     const int n = rd->n_stepped;
-    if (n <= 0 || rd->rc != TDM_OK || rd->first_sight)
+    if (n <= 0 || rd->rc != TDM_OK || rd->first_sight || rd->plain_measure)
         return;
     const double plain = atomic_load(&s->post_plain_ms);
     if (rd->n_spec == 0) {
@@ -2366,6 +2425,7 @@ static bool sched_round(vsched *s)
     t[VSCHED_PREFILL + 1] = now_ms();
     await_blocks(s, rd);
     take_blocks(s, rd);
+    plain_round_due(s, rd);
     t[VSCHED_WAIT + 1] = now_ms();
     run_step(s, rd);
     t[VSCHED_STEP + 1] = now_ms();

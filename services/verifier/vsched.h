@@ -203,8 +203,10 @@ typedef struct vsched_counters {
     /* For metrics: rounds that verified at least one block; sequence rounds
      * decoded plainly while the adaptive rule had speculation off, and the
      * times it switched it off; how often the draft at each position was
-     * accepted (accepted_at[j]: blocks that accepted more than j drafts). */
-    uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs;
+     * accepted (accepted_at[j]: blocks that accepted more than j drafts);
+     * rounds run plainly to measure a plain round (the adaptive rule's
+     * baseline), their blocks unverified. */
+    uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs, plain_measure_rounds;
     uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
     /* State snapshots: exported, imported, dropped unused after
      * snapshot_ttl, and imported ones waiting for their Run now. */

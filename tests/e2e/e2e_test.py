@@ -698,9 +698,50 @@ def case_first_round():
     stop_all()
 
 
+def case_plain_measure():
+    """The adaptive rule's baseline is a plain round measured as such: a fresh
+    verifier whose requests all speculate runs some rounds plainly, their
+    blocks unverified and their drafters told none was accepted
+    (tandem_spec_decode_plain_measure_rounds_total), and outputs stay the
+    plain ones; a seeded request's are the same with or without them."""
+    gw, v, d = stack("extra_buffer", "model", block=4)
+    path = "/tandem.v1.Verifier/Describe"
+    ps = prompts(8)
+    seeded = {"temperature": 0.8, "top_p": 0.95, "seed": 1234}
+
+    def adaptive(p):
+        return generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_ON", block=4,
+                        ignore_eos=True)
+
+    def seeded_run(p):
+        return generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_ON", block=4,
+                        sampling=seeded, ignore_eos=True)
+
+    spec = parallel(adaptive, ps, workers=4)
+    first = seeded_run(ps[0])
+    measured = counters(v.addr(), path).get("plain_measure_rounds", 0)
+    again = parallel(lambda i: adaptive(ps[i]) if i else seeded_run(ps[0]), range(4), workers=4)[0]
+    plain = parallel(lambda p: generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_OFF",
+                                        ignore_eos=True), ps, workers=4)
+    rounds = 0
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if not check(a[0] == "OK" and b[0] == "OK" and b[4], "prompt %d: %s %s / %s %s" %
+                     (i, a[0], a[1], b[0], b[1])):
+            continue
+        check(a[2] == b[2], "prompt %d: adaptive %s, plain %s" % (i, b[2], a[2]))
+        rounds += int(b[4]["stats"]["speculative_rounds"])
+    print("plain rounds measured: %d; speculative rounds %d" % (measured, rounds), flush=True)
+    check(measured > 0, "no round ran plainly to measure the plain round")
+    check(rounds > 0, "no speculative round ran")
+    check(first[0] == "OK" and again[0] == "OK" and first[2] == again[2],
+          "a seeded request's output moved: %s / %s" % (first[2], again[2]))
+    stop_all()
+
+
 CASES = {"first_round": case_first_round, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline,
-         "tensor_parallel": case_tensor_parallel, "catch_up": case_catch_up}
+         "tensor_parallel": case_tensor_parallel, "catch_up": case_catch_up,
+         "plain_measure": case_plain_measure}
 
 
 def main():

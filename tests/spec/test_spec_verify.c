@@ -457,6 +457,69 @@ static void test_adaptive_unmeasured_costs(void)
           a.pauses, a.cost);
 }
 
+/* The plain round a speculative round is judged against: measured where a
+ * round of that batch size ran plainly within TDM_STEPTIME_PLAIN_FRESH
+ * rounds, else the line fitted to every step. Shaped as the 2-core CPU at
+ * eight streams: speculative rounds of 36 and 40 rows took 13 and 14 ms,
+ * whose line puts a plain 8-row round at 6 ms where it takes 3. At a = 0.8
+ * and block 4 speculation then loses (3.36 tokens in 14 ms against 3 ms a
+ * token plainly): judged against the line the rule goes on (S(4) 1.4),
+ * against the measured round it pauses. */
+static void test_steptime_plain(void)
+{
+    tdm_steptime m = {0};
+    double t = 0, f, c;
+    CHECK(!tdm_steptime_plain(&m, 8, &t) && tdm_steptime_wants_plain(&m, 8),
+          "nothing measured: no plain round, one wanted");
+    for (int i = 0; i < 20; i++) {
+        tdm_steptime_add(&m, i % 2 ? 36 : 40, i % 2 ? 13.0 : 14.0);
+        tdm_steptime_tick(&m);
+    }
+    CHECK(tdm_steptime_plain(&m, 8, &t) && fabs(t - 6.0) < 1e-6,
+          "the line's plain 8-row round: %.3f", t);
+    tdm_steptime_round_cost(&m, 8, 8, 32, 14.0, 0.0, &f, &c);
+    tdm_adaptive_params p = {
+        .k_max = 4, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 32, .min_rounds = 4};
+    tdm_adaptive line, measured;
+    tdm_adaptive_init(&line, &p);
+    tdm_adaptive_init(&measured, &p);
+    uint64_t y = 0x2545f4914f6cdd1dull;
+    for (int r = 0; r < 8 && line.k_next > 0; r++) {
+        tdm_adaptive_on_round(&line, line.k_next, accepted_of(&y, line.k_next, 0.8), c, f);
+    }
+    CHECK(line.k_next > 0 && line.pauses == 0,
+          "judged against the line (c %.2f) the rule should go on: k %d, %d pauses", c, line.k_next,
+          line.pauses);
+    tdm_steptime_add_plain(&m, 8, 3.0);
+    CHECK(!tdm_steptime_wants_plain(&m, 8) && tdm_steptime_wants_plain(&m, 7),
+          "measured at 8 sequences: wanted %d at 8, %d at 7", tdm_steptime_wants_plain(&m, 8),
+          tdm_steptime_wants_plain(&m, 7));
+    CHECK(tdm_steptime_plain(&m, 8, &t) && t == 3.0, "the measured plain round: %.3f", t);
+    tdm_steptime_round_cost(&m, 8, 8, 32, 14.0, 0.0, &f, &c);
+    CHECK(fabs(c - 11.0 / (32 * 0.375)) < 1e-9, "a draft against the measured round: %.3f", c);
+    for (int r = 0; r < 8 && measured.k_next > 0; r++) {
+        tdm_adaptive_on_round(&measured, measured.k_next, accepted_of(&y, measured.k_next, 0.8), c,
+                              f);
+    }
+    CHECK(measured.k_next == 0 && measured.pauses == 1,
+          "judged against the measured round (c %.2f) the rule should pause: k %d", c,
+          measured.k_next);
+    /* A later measurement moves it; an old one stands no more and the next
+     * replaces it; sizes beyond the table are the line's. */
+    tdm_steptime_add_plain(&m, 8, 4.0);
+    CHECK(tdm_steptime_plain(&m, 8, &t) && t > 3.0 && t < 4.0, "moved to %.3f", t);
+    for (unsigned i = 0; i < TDM_STEPTIME_PLAIN_FRESH; i++)
+        tdm_steptime_tick(&m);
+    CHECK(tdm_steptime_wants_plain(&m, 8) && tdm_steptime_plain(&m, 8, &t) && fabs(t - 6.0) < 1e-6,
+          "a stale plain round: wanted again, the line's %.3f stands", t);
+    tdm_steptime_add_plain(&m, 8, 2.5);
+    CHECK(tdm_steptime_plain(&m, 8, &t) && t == 2.5, "a stale round replaced: %.3f", t);
+    tdm_steptime_add_plain(&m, TDM_STEPTIME_PLAIN_MAX + 1, 1.0);
+    CHECK(!tdm_steptime_wants_plain(&m, TDM_STEPTIME_PLAIN_MAX + 1) &&
+              tdm_steptime_plain(&m, TDM_STEPTIME_PLAIN_MAX + 1, &t) && t > 60,
+          "beyond the table: the line's %.3f", t);
+}
+
 static void test_adaptive(void)
 {
     tdm_adaptive_params p = {
@@ -652,6 +715,7 @@ int main(void)
     test_adaptive();
     test_adaptive_never_loses();
     test_adaptive_unmeasured_costs();
+    test_steptime_plain();
     test_adaptive_memory_recovers();
     test_lossless();
     if (failures) {
