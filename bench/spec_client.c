@@ -46,6 +46,7 @@ typedef struct job {
     uint32_t reached_at[64], accepted_at[64]; /* per draft position */
     int failed;
     char why[256];
+    char note[400]; /* the stats' speculation note */
 } job;
 
 static struct {
@@ -116,6 +117,7 @@ static void run_job(tdm_rpc_channel *ch, job *j)
             j->drafted = s->drafted_tokens;
             j->accepted = s->accepted_tokens;
             j->ahead = s->ahead_blocks;
+            snprintf(j->note, sizeof(j->note), "%s", s->speculation ? s->speculation : "");
             for (size_t i = 0; i < s->n_reached_at_position && i < 64; i++)
                 j->reached_at[i] = s->reached_at_position[i];
             for (size_t i = 0; i < s->n_accepted_at_position && i < 64; i++)
@@ -399,6 +401,9 @@ int main(int argc, char **argv)
             accepted_at[i] += j->accepted_at[i];
         }
         tps[ntps++] = j->tps;
+        /* why the adaptive rule last paused it, where it did (client log) */
+        if (strstr(j->note, "switched off"))
+            fprintf(stderr, "bench_spec_client: request %d: %s\n", r, j->note);
         if (rec) {
             for (int i = 0; i < j->n_prompt; i++)
                 fprintf(rec, "%u ", j->prompt[i]);

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* The acceptance estimate's weight: low enough that two rejected rounds in
  * a row at a per-token acceptance of 0.8 do not read as a collapse (at 0.3
@@ -22,6 +23,16 @@ static int pause_floor(const tdm_adaptive *a, int n)
     if (need > 1e6)
         need = 1e6;
     return need > n ? (int)ceil(need) : n;
+}
+
+/* Notes why speculation stops now, and the estimates it stops on. */
+static void note_pause(tdm_adaptive *a, const char *why)
+{
+    a->pauses++;
+    a->pause_why = why;
+    a->pause_at[0] = a->accept_rate;
+    a->pause_at[1] = a->cost;
+    a->pause_at[2] = a->fixed;
 }
 
 /* Whether the tokens the request may still generate win back an open on
@@ -70,6 +81,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->probing = false;
     a->below = 0;
     a->lost = 0;
+    a->pause_why = NULL;
     a->cost_win = (tdm_cost_window){{0}, 0, !(a->p.cost_prior > 0)};
     a->fixed_win = (tdm_cost_window){{0}, 0, !(a->p.fixed_prior > 0)};
     if (!a->p.fixed) {
@@ -85,7 +97,8 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
             a->k_next = 0;
             a->pause_len = pause_floor(a, a->pause_len);
             a->paused_left = a->pause_len;
-            a->pauses++;
+            note_pause(a, best < 1.0 + a->p.min_gain ? "would not pay at the starting estimates"
+                                                     : "its tokens would not repay the open");
         }
     }
 }
@@ -97,7 +110,7 @@ double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
     return expected / (1.0 + a->fixed + a->cost * k);
 }
 
-static void switch_off(tdm_adaptive *a, bool probing)
+static void switch_off(tdm_adaptive *a, bool probing, const char *why)
 {
     /* A probe that fails doubles the next pause (up to 32 times the first),
      * so that probing costs little where speculation never pays. */
@@ -107,7 +120,7 @@ static void switch_off(tdm_adaptive *a, bool probing)
     a->pause_len = pause_floor(a, a->pause_len);
     a->k_next = 0;
     a->paused_left = a->pause_len;
-    a->pauses++;
+    note_pause(a, why);
     a->since_start = 0;
     a->accepted_since_start = 0;
     a->below = 0;
@@ -134,7 +147,9 @@ static void choose(tdm_adaptive *a)
          * runs min_rounds rounds before it may stop again. */
         a->probing = false;
         if (a->accepted_since_start == 0 || best_s < 1.0 + a->p.min_gain) {
-            switch_off(a, true);
+            switch_off(a, true,
+                       a->accepted_since_start == 0 ? "the probe's draft was rejected"
+                                                    : "the probe's estimates would not pay");
             return;
         }
         a->since_start = 0;
@@ -164,12 +179,12 @@ static void choose(tdm_adaptive *a)
     }
     a->lost = ceiling < 1.0 ? a->lost + 1 : 0;
     if (a->lost >= 2) {
-        switch_off(a, false);
+        switch_off(a, false, "costs lose even with every draft accepted");
         return;
     }
     a->below = best_s < 1.0 ? a->below + 1 : 0;
     if ((a->below >= a->p.min_rounds && a->since_start >= a->p.min_rounds) || none) {
-        switch_off(a, false);
+        switch_off(a, false, none ? "no draft accepted" : "expected to lose");
         return;
     }
     a->k_next = best;

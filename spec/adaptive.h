@@ -102,6 +102,10 @@ typedef struct tdm_adaptive {
     int below;          /* rounds in a row whose estimates say speculation loses */
     int lost;           /* rounds in a row whose costs lose even with every draft accepted */
     tdm_cost_window cost_win, fixed_win;
+    /* Why speculation was last switched off (a static string; NULL: never)
+     * and the estimates then: acceptance, c and f. */
+    const char *pause_why;
+    double pause_at[3];
 } tdm_adaptive;
 
 void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p);

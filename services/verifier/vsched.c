@@ -87,7 +87,7 @@ struct vreq {
     char spec_note[200];
     /* What the adaptive rule did, for the stats while it speculates with
      * pauses (fill_stats), and the pauses, probes and rounds it says. */
-    char ad_note[200];
+    char ad_note[320];
     int noted[3];
     /* Feature stream (drafter.proto), scheduler thread: what its drafter
      * takes, and the rows of committed positions not yet sent to it. Only
@@ -1253,9 +1253,10 @@ static void fill_stats(vreq *r, vsched_output *o)
         memcpy(r->noted, noted, sizeof(noted));
         snprintf(r->ad_note, sizeof(r->ad_note),
                  "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
-                 "rounds)",
+                 "rounds; last: %s, at acceptance %.2f, %.2f + %.2f a draft)",
                  r->run_ahead ? "" : " (no run-ahead: the drafter shares this verifier's GPU)",
-                 r->ad.pauses, r->ad.probes, r->ad.rounds);
+                 r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.pause_why, r->ad.pause_at[0],
+                 r->ad.pause_at[2], r->ad.pause_at[1]);
     }
     st->speculation = ad ? r->ad_note : r->spec_note;
     st->seed = r->seed;

@@ -446,8 +446,11 @@ static void test_adaptive_unmeasured_costs(void)
           "the first measurement replaces the guess: c %.2f f %.2f, k %d", a.cost, a.fixed,
           a.k_next);
     tdm_adaptive_on_round(&a, a.k_next, 1, 1.44, 1.61);
-    CHECK(a.k_next == 0 && a.pauses == 1, "costs that lose at full acceptance, twice: k %d",
-          a.k_next);
+    CHECK(a.k_next == 0 && a.pauses == 1 && a.pause_why &&
+              !strcmp(a.pause_why, "costs lose even with every draft accepted") &&
+              a.pause_at[1] == 1.44 && a.pause_at[2] == 1.61,
+          "costs that lose at full acceptance, twice: k %d, why %s (c %.2f f %.2f)", a.k_next,
+          a.pause_why ? a.pause_why : "-", a.pause_at[1], a.pause_at[2]);
     tdm_adaptive_init(&a, &p);
     tdm_adaptive_on_round(&a, 4, 3, 2.4, 0.1);
     for (int i = 0; i < 12; i++)
@@ -501,9 +504,10 @@ static void test_steptime_plain(void)
         tdm_adaptive_on_round(&measured, measured.k_next, accepted_of(&y, measured.k_next, 0.8), c,
                               f);
     }
-    CHECK(measured.k_next == 0 && measured.pauses == 1,
-          "judged against the measured round (c %.2f) the rule should pause: k %d", c,
-          measured.k_next);
+    CHECK(measured.k_next == 0 && measured.pauses == 1 && measured.pause_why &&
+              !strcmp(measured.pause_why, "expected to lose"),
+          "judged against the measured round (c %.2f) the rule should pause: k %d (%s)", c,
+          measured.k_next, measured.pause_why ? measured.pause_why : "-");
     /* A later measurement moves it; an old one stands no more and the next
      * replaces it; sizes beyond the table are the line's. */
     tdm_steptime_add_plain(&m, 8, 4.0);
@@ -541,7 +545,9 @@ static void test_adaptive(void)
     opens.open_cost = 50;
     opens.tokens_left = 100;
     tdm_adaptive_init(&a, &opens);
-    CHECK(a.k_next == 0 && a.pauses == 1, "an open the request cannot repay: k %d", a.k_next);
+    CHECK(a.k_next == 0 && a.pauses == 1 && a.pause_why &&
+              !strcmp(a.pause_why, "its tokens would not repay the open"),
+          "an open the request cannot repay: k %d (%s)", a.k_next, a.pause_why ? a.pause_why : "-");
     opens.tokens_left = 200;
     tdm_adaptive_init(&a, &opens);
     CHECK(a.k_next == 4, "an open the request repays: k %d", a.k_next);
@@ -551,7 +557,8 @@ static void test_adaptive(void)
     CHECK(a.k_next == 8, "full acceptance should draft k_max, got %d", a.k_next);
     for (int i = 0; i < 100 && a.k_next > 0; i++)
         tdm_adaptive_on_round(&a, a.k_next, 0, 0.05, 0.0);
-    CHECK(a.k_next == 0 && a.pauses == 1, "zero acceptance should pause speculation");
+    CHECK(a.k_next == 0 && a.pauses == 1 && a.pause_why && !strcmp(a.pause_why, "expected to lose"),
+          "zero acceptance should pause speculation (%s)", a.pause_why ? a.pause_why : "-");
     for (int i = 0; i < 10; i++)
         tdm_adaptive_on_plain_token(&a);
     CHECK(a.k_next == 1 && a.probes == 1 && a.accept_rate == 0.7,
