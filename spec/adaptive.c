@@ -310,25 +310,31 @@ void tdm_steptime_tick(tdm_steptime *m)
     m->round++;
 }
 
+/* Whether n sequences' plain round was measured within the last
+ * TDM_STEPTIME_PLAIN_FRESH rounds. */
+static bool plain_fresh(const tdm_steptime *m, int n)
+{
+    return n >= 1 && n <= TDM_STEPTIME_PLAIN_MAX && m->plain_at[n] != 0 &&
+           m->round + 1 - m->plain_at[n] < TDM_STEPTIME_PLAIN_FRESH;
+}
+
 void tdm_steptime_add_plain(tdm_steptime *m, int n, double ms)
 {
     if (n < 1 || n > TDM_STEPTIME_PLAIN_MAX || !(ms > 0) || !isfinite(ms))
         return;
     /* A measurement older than it may stand for is replaced, not averaged. */
-    const bool fresh = !tdm_steptime_wants_plain(m, n);
-    m->plain_ms[n] = fresh ? (1.0 - EMA_WEIGHT) * m->plain_ms[n] + EMA_WEIGHT * ms : ms;
+    m->plain_ms[n] = plain_fresh(m, n) ? (1.0 - EMA_WEIGHT) * m->plain_ms[n] + EMA_WEIGHT * ms : ms;
     m->plain_at[n] = m->round + 1; /* 0 means never */
 }
 
 bool tdm_steptime_wants_plain(const tdm_steptime *m, int n)
 {
-    return n >= 1 && n <= TDM_STEPTIME_PLAIN_MAX &&
-           (m->plain_at[n] == 0 || m->round + 1 - m->plain_at[n] >= TDM_STEPTIME_PLAIN_FRESH);
+    return n >= 1 && n <= TDM_STEPTIME_PLAIN_MAX && !plain_fresh(m, n);
 }
 
 bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out)
 {
-    if (!tdm_steptime_wants_plain(m, n) && n >= 1 && n <= TDM_STEPTIME_PLAIN_MAX) {
+    if (plain_fresh(m, n)) {
         *out = m->plain_ms[n];
         return true;
     }

@@ -1497,20 +1497,19 @@ static tdm_status warm_chains(drafter *d, int block, tdm_error *err)
         return rc;
     const int32_t tok[2] = {0, 0};
     int32_t drafts[MAX_BLOCK];
-    const int32_t forced[MAX_BLOCK] = {0};
+#ifdef TANDEM_BENCH_ORACLE
+    /* its chains are forced (another graph key) */
+    const int32_t forced[MAX_BLOCK] = {0}, *fp = forced, *const *fpp = &fp;
+#else
+    const int32_t *const *fpp = NULL;
+#endif
     int chains = 0;
     rc = tdm_seq_prefill(s, tok, 1, NULL, err);
     for (int lead = 1; lead <= 2 && rc == TDM_OK; lead++)
         for (int k = 1; k <= block && rc == TDM_OK; k++)
             for (int sight = 0; sight < 2 && rc == TDM_OK; sight++) {
-                const int32_t *lp = tok, *fp = forced;
+                const int32_t *lp = tok;
                 int32_t *dp = drafts;
-#ifdef TANDEM_BENCH_ORACLE
-                const int32_t *const *fpp = &fp; /* its chains are forced */
-#else
-                const int32_t *const *fpp = NULL;
-                (void)fp;
-#endif
                 rc = tdm_seq_draft(&s, 1, &lp, &lead, &k, fpp, &dp, err);
                 if (rc == TDM_OK)
                     rc = tdm_seq_commit(s, 0, err);
