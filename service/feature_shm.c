@@ -6,26 +6,12 @@
 #include "alloc.h"
 #include "feature_stream.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <openssl/rand.h>
-#include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static const char shm_magic[8] = {'T', 'D', 'M', 'F', 'E', 'A', 'T', '1'};
-
-/* The segment's first bytes. */
-typedef struct shm_header {
-    char magic[8];
-    uint64_t ring_bytes;
-    uint8_t nonce[TDM_FEAT_SHM_NONCE];
-} shm_header;
 
 tdm_feat_transport tdm_feat_transport_parse(const char *s)
 {
@@ -51,11 +37,7 @@ const char *tdm_feat_transport_name(tdm_feat_transport t)
 /* ---- verifier: the ring it writes ------------------------------------------ */
 
 struct tdm_feat_ring {
-    char name[64];
-    bool linked;
-    uint8_t nonce[TDM_FEAT_SHM_NONCE];
-    void *map;
-    size_t map_len;
+    tdm_shm seg;
     uint8_t *ring;
     uint64_t size;
     _Atomic uint64_t head; /* stream offset of the next reservation's end (writer) */
@@ -70,53 +52,12 @@ tdm_status tdm_feat_ring_create(uint64_t ring_bytes, tdm_feat_ring **out, tdm_er
                              "a feature ring of %llu bytes: it takes %llu to %llu",
                              (unsigned long long)ring_bytes, (unsigned long long)TDM_FEAT_SHM_MIN,
                              (unsigned long long)TDM_FEAT_SHM_MAX);
-    uint8_t raw[16];
     tdm_feat_ring *r = tdm_xcalloc(1, sizeof(*r));
-    if (RAND_bytes(raw, sizeof(raw)) != 1 || RAND_bytes(r->nonce, sizeof(r->nonce)) != 1) {
+    if (tdm_shm_create(TDM_FEAT_SHM_PREFIX, shm_magic, ring_bytes, &r->seg, err) != TDM_OK) {
         free(r);
-        return tdm_error_set(err, TDM_ERR_INTERNAL, "no random bytes for a shared-memory name");
+        return err ? err->code : TDM_ERR_UNAVAILABLE;
     }
-    int w = snprintf(r->name, sizeof(r->name), "%s%ld-", TDM_FEAT_SHM_PREFIX, (long)getpid());
-    for (int i = 0; i < 16; i++)
-        w += snprintf(r->name + w, sizeof(r->name) - (size_t)w, "%02x", raw[i]);
-    r->map_len = (size_t)(TDM_FEAT_SHM_HEADER + ring_bytes);
-    int fd = shm_open(r->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-        int e = errno;
-        free(r);
-        return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
-                             "cannot create a shared-memory segment in /dev/shm: %s", strerror(e));
-    }
-    r->linked = true;
-    int e = 0;
-    if (ftruncate(fd, (off_t)r->map_len) != 0)
-        e = errno;
-    else if ((e = posix_fallocate(fd, 0, (off_t)r->map_len)) != 0 && e != EOPNOTSUPP && e != EINVAL)
-        ; /* e: the memory is not there (ENOSPC: /dev/shm is full) */
-    else
-        e = 0;
-    if (e == 0) {
-        /* Populated now: a round's copy into the ring takes no page faults. */
-        r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-        if (r->map == MAP_FAILED) {
-            e = errno;
-            r->map = NULL;
-        }
-    }
-    close(fd);
-    if (e != 0) {
-        tdm_feat_ring_destroy(r);
-        return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
-                             "cannot reserve %zu bytes of shared memory in /dev/shm: %s",
-                             (size_t)(TDM_FEAT_SHM_HEADER + ring_bytes), strerror(e));
-    }
-    shm_header h;
-    memset(&h, 0, sizeof(h));
-    memcpy(h.magic, shm_magic, sizeof(h.magic));
-    h.ring_bytes = ring_bytes;
-    memcpy(h.nonce, r->nonce, sizeof(h.nonce));
-    memcpy(r->map, &h, sizeof(h));
-    r->ring = (uint8_t *)r->map + TDM_FEAT_SHM_HEADER;
+    r->ring = r->seg.body;
     r->size = ring_bytes;
     *out = r;
     return TDM_OK;
@@ -126,20 +67,18 @@ void tdm_feat_ring_destroy(tdm_feat_ring *r)
 {
     if (!r)
         return;
-    tdm_feat_ring_unlink(r);
-    if (r->map)
-        munmap(r->map, r->map_len);
+    tdm_shm_close(&r->seg);
     free(r);
 }
 
 const char *tdm_feat_ring_name(const tdm_feat_ring *r)
 {
-    return r->name;
+    return r->seg.name;
 }
 
 const uint8_t *tdm_feat_ring_nonce(const tdm_feat_ring *r)
 {
-    return r->nonce;
+    return r->seg.nonce;
 }
 
 uint64_t tdm_feat_ring_bytes(const tdm_feat_ring *r)
@@ -149,10 +88,7 @@ uint64_t tdm_feat_ring_bytes(const tdm_feat_ring *r)
 
 void tdm_feat_ring_unlink(tdm_feat_ring *r)
 {
-    if (r->linked) {
-        shm_unlink(r->name);
-        r->linked = false;
-    }
+    tdm_shm_unlink(&r->seg);
 }
 
 uint8_t *tdm_feat_ring_reserve(tdm_feat_ring *r, uint64_t len, uint64_t *offset)
@@ -218,78 +154,24 @@ bool tdm_feat_out_ring(const struct tdm_feat_out *b, tdm_feat_ring *r, Tandem__V
 
 /* ---- drafter: the view it reads -------------------------------------------- */
 
-/* TDM_FEAT_SHM_PREFIX, a process id, '-', 32 lowercase hex digits. */
-static bool name_ok(const char *name)
-{
-    const size_t np = strlen(TDM_FEAT_SHM_PREFIX);
-    if (strncmp(name, TDM_FEAT_SHM_PREFIX, np) != 0)
-        return false;
-    const char *c = name + np;
-    int digits = 0;
-    for (; *c >= '0' && *c <= '9'; c++)
-        digits++;
-    if (digits < 1 || digits > 10 || *c++ != '-' || strlen(c) != 32)
-        return false;
-    for (; *c; c++)
-        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
-            return false;
-    return true;
-}
-
 tdm_status tdm_feat_map_open(const Tandem__V1__FeatureShmOffer *offer, tdm_feat_map *out,
                              tdm_error *err)
 {
     memset(out, 0, sizeof(*out));
-    const char *name = offer->name ? offer->name : "";
-    if (!name_ok(name))
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "FeatureShmOffer.name '%.80s' is not %s, a process id, '-' and 32 hex "
-                             "digits",
-                             name, TDM_FEAT_SHM_PREFIX);
-    if (offer->nonce.len != TDM_FEAT_SHM_NONCE)
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "FeatureShmOffer.nonce has %zu bytes, not %d", offer->nonce.len,
-                             TDM_FEAT_SHM_NONCE);
     if (offer->ring_bytes < TDM_FEAT_SHM_MIN || offer->ring_bytes > TDM_FEAT_SHM_MAX)
         return tdm_error_set(
             err, TDM_ERR_INVALID_ARGUMENT, "FeatureShmOffer.ring_bytes %llu is outside %llu..%llu",
             (unsigned long long)offer->ring_bytes, (unsigned long long)TDM_FEAT_SHM_MIN,
             (unsigned long long)TDM_FEAT_SHM_MAX);
-    int fd = shm_open(name, O_RDONLY, 0);
-    if (fd < 0) {
-        int e = errno;
-        return tdm_error_set(err, e == ENOENT ? TDM_ERR_NOT_FOUND : TDM_ERR_UNAVAILABLE,
-                             "cannot open the verifier's shared-memory segment %s: %s (another "
-                             "host, another /dev/shm, or another user)",
-                             name, strerror(e));
-    }
-    struct stat sb;
-    const size_t len = (size_t)(TDM_FEAT_SHM_HEADER + offer->ring_bytes);
-    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != (uint64_t)len) {
-        close(fd);
-        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "the shared-memory segment %s holds %lld bytes, the offer says %zu",
-                             name, (long long)sb.st_size, len);
-    }
-    void *map = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (map == MAP_FAILED)
-        return tdm_error_set(err, TDM_ERR_UNAVAILABLE,
-                             "cannot map the shared-memory segment %s: %s", name, strerror(e));
-    shm_header h;
-    memcpy(&h, map, sizeof(h));
-    if (memcmp(h.magic, shm_magic, sizeof(h.magic)) != 0 || h.ring_bytes != offer->ring_bytes ||
-        memcmp(h.nonce, offer->nonce.data, TDM_FEAT_SHM_NONCE) != 0) {
-        munmap(map, len);
-        return tdm_error_set(err, TDM_ERR_PERMISSION_DENIED,
-                             "the shared-memory segment %s does not hold the offer's nonce (not "
-                             "the verifier's segment)",
-                             name);
-    }
-    out->map = map;
-    out->map_len = len;
-    out->ring = (const uint8_t *)map + TDM_FEAT_SHM_HEADER;
+    tdm_shm seg;
+    tdm_status rc =
+        tdm_shm_open("FeatureShmOffer", TDM_FEAT_SHM_PREFIX, shm_magic, offer->name,
+                     offer->nonce.data, offer->nonce.len, offer->ring_bytes, false, &seg, err);
+    if (rc != TDM_OK)
+        return rc;
+    out->map = seg.map;
+    out->map_len = seg.map_len;
+    out->ring = seg.body;
     out->ring_bytes = offer->ring_bytes;
     return TDM_OK;
 }

@@ -9,12 +9,9 @@
  * peer sends: an offer's name, nonce and size, and a Features message's
  * FeatureShmRef.
  *
- * Names: TDM_FEAT_SHM_PREFIX, the verifier's process id, '-', 128 random
- * bits in hex ("/tandem-feat-4242-0f3c..."): unguessable, and an operator
- * can tell whose a segment is.
- *
- * Segment layout: one page of header (magic "TDMFEAT1", the ring's size,
- * the 32-byte nonce), then the ring. A message's rows lie contiguous in the
+ * The segment (shm_segment.h): named TDM_FEAT_SHM_PREFIX, the verifier's
+ * process id, '-', 128 random bits; one page of header (magic "TDMFEAT1",
+ * the ring's size, the 32-byte nonce), then the ring. A message's rows lie contiguous in the
  * ring (a reservation that would wrap skips to the ring's start, and one
  * made when everything was read starts there too, where the caches still
  * hold the ring); offsets are stream offsets (bytes reserved since
@@ -32,6 +29,7 @@
 #ifndef TANDEM_SERVICE_FEATURE_SHM_H
 #define TANDEM_SERVICE_FEATURE_SHM_H
 
+#include "shm_segment.h"
 #include "status.h"
 #include "tandem/v1/drafter.pb-c.h"
 
@@ -39,8 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TDM_FEAT_SHM_NONCE 32
-#define TDM_FEAT_SHM_HEADER 4096
+#define TDM_FEAT_SHM_NONCE TDM_SHM_NONCE
+#define TDM_FEAT_SHM_HEADER TDM_SHM_HEADER
 #define TDM_FEAT_SHM_PREFIX "/tandem-feat-"
 /* Bounds of a ring's size (feature_shm_size). */
 #define TDM_FEAT_SHM_MIN ((uint64_t)64 << 10)
