@@ -112,6 +112,11 @@ void tdm_lane_destroy(tdm_lane *l)
     free(l);
 }
 
+const char *tdm_lane_name(const tdm_lane *l)
+{
+    return l->seg.name;
+}
+
 void tdm_lane_offer(tdm_lane *l, Tandem__V1__LaneOffer *out)
 {
     tandem__v1__lane_offer__init(out);

@@ -63,6 +63,8 @@ tdm_status tdm_lane_open(const Tandem__V1__LaneOffer *offer, tdm_lane **out, tdm
 /* Unmaps; NULL is fine. No sender or receiver may still be in the lane. */
 void tdm_lane_destroy(tdm_lane *l);
 
+/* The segment's name. */
+const char *tdm_lane_name(const tdm_lane *l);
 /* The offer of a created lane (pointers into l). */
 void tdm_lane_offer(tdm_lane *l, Tandem__V1__LaneOffer *out);
 /* Removes the name from /dev/shm (both sides hold it mapped); idempotent. */

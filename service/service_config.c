@@ -15,6 +15,7 @@
 #include "compat.h"
 #include "feature_shm.h"
 #include "feature_stream.h"
+#include "lane.h"
 #include "log.h"
 
 #include <libgen.h>
@@ -262,6 +263,22 @@
             "and counted). Both sides must allow shm for it to be used."                           \
     }
 
+/* How a Draft stream's messages travel (lane.h); decided per stream by the
+ * shared-memory handshake. */
+#define KEY_EXCHANGE_TRANSPORT                                                                     \
+    {                                                                                              \
+        "exchange_transport", TDM_CFG_ENUM, "auto", TDM_LANE_TRANSPORTS, 0, 0, 0, NULL, GRP_SPEC,  \
+            "How the messages of a Draft stream (opens, verdicts, blocks) travel between a "       \
+            "verifier and its drafter: grpc: on the stream; shm: through a pair of POSIX "         \
+            "shared-memory pipes in /dev/shm (drafter and verifier on one host or in one pod), "   \
+            "proved per stream by a handshake (the verifier offers a segment with a random "       \
+            "nonce, the drafter maps it and finds the nonce), with the stream kept for its end; "  \
+            "a stream where that fails carries no speculation (its sequences run plain, the "      \
+            "error naming this setting), never a quiet fallback; auto: shm where the handshake "   \
+            "succeeds, else grpc (the choice is logged and counted). Both sides must allow shm "   \
+            "for it to be used."                                                                   \
+    }
+
 static const tdm_cfg_key gateway_keys[] = {
     KEY_LISTEN("127.0.0.1:7700"),
     KEY_HEALTH_LISTEN("127.0.0.1:7701"),
@@ -393,6 +410,7 @@ static const tdm_cfg_key verifier_keys[] = {
      "hidden-state drafter (taken from /dev/shm at the stream's first sequence, reserved at "
      "once). Rows that do not fit in its free space go inline in the stream's messages: size it "
      "for a long prompt's rows (positions x hidden_size x 2 bytes in bf16)."},
+    KEY_EXCHANGE_TRANSPORT,
     KEY_BUSY_POLL,
 };
 
@@ -430,6 +448,7 @@ static const tdm_cfg_key drafter_keys[] = {
      "drafter on the cuda backend, else off. A verifier never asks it of a drafter on its own "
      "GPU (the two would take turns on the device)."},
     KEY_FEATURE_TRANSPORT,
+    KEY_EXCHANGE_TRANSPORT,
     KEY_BUSY_POLL,
 };
 

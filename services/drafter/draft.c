@@ -158,6 +158,17 @@ typedef struct dstream {
     tdm_feat_map shm;
     char shm_why[400];
     double t_taken; /* when the handler took the messages it applies (us) */
+    /* The exchange lane (lane.h): mapped by the handler when it takes the
+     * offer (published to the reader, which starts lane_reader at the
+     * verifier's LaneSwitch); lane_tx: the handler's writes go into it (from
+     * its answer on). wbuf: a response serialised for the lane. */
+    tdm_lane *lane;
+    bool lane_tx;
+    pthread_t lane_th;
+    bool has_lane_th;
+    uint8_t *wbuf;
+    size_t wbuf_cap;
+    char end_msg[300]; /* why the stream ends with end_status, when not OK */
 } dstream;
 
 /* The stages of a block that answers a verdict, as the drafter's counters
@@ -245,6 +256,22 @@ static bool dseq_reserve(dseq *q, int need)
     return true;
 }
 
+/* Writes one response on the stream, or into the lane once the answer to its
+ * offer went out. */
+static tdm_status dstream_write(dstream *st, const Tandem__V1__DraftResponse *r, tdm_error *err)
+{
+    if (!st->lane_tx)
+        return tdm_rpc_call_write(st->call, &r->base, err);
+    const size_t len = tandem__v1__draft_response__get_packed_size(r);
+    if (len > st->wbuf_cap) {
+        free(st->wbuf);
+        st->wbuf_cap = len + 4096;
+        st->wbuf = tdm_xmalloc(st->wbuf_cap);
+    }
+    const size_t n = tandem__v1__draft_response__pack(r, st->wbuf);
+    return tdm_lane_send(st->lane, st->wbuf, n, err);
+}
+
 static tdm_status send_error(dstream *st, uint64_t id, const char *msg)
 {
     Tandem__V1__SequenceError e = TANDEM__V1__SEQUENCE_ERROR__INIT;
@@ -256,7 +283,7 @@ static tdm_status send_error(dstream *st, uint64_t id, const char *msg)
     r.shm_consumed = st->shm.consumed;
     tdm_log_warn(LOG, "sequence %llu: %s", (unsigned long long)id, msg);
     tdm_error err = {0};
-    return tdm_rpc_call_write(st->call, &r.base, &err);
+    return dstream_write(st, &r, &err);
 }
 
 /* Lets go of the pending rows that disagree with the committed tokens: one
@@ -684,7 +711,53 @@ static void apply_shm_offer(dstream *st, const Tandem__V1__FeatureShmOffer *o)
     r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_SHM_ANSWER;
     r.shm_answer = &a;
     tdm_error werr = {0};
-    tdm_rpc_call_write(st->call, &r.base, &werr);
+    dstream_write(st, &r, &werr);
+}
+
+/* The verifier offers an exchange lane: mapped and its nonce checked, or
+ * refused (another host, exchange_transport grpc here), and answered on the
+ * stream; accepted, every later response goes into the lane. */
+static void apply_lane_offer(dstream *st, const Tandem__V1__LaneOffer *o)
+{
+    drafter *d = st->d;
+    tdm_error err = {0};
+    tdm_status rc = TDM_OK;
+    tdm_lane *lane = NULL;
+    if (st->lane)
+        rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION,
+                           "this Draft stream has an exchange lane already");
+    else if (d->lane_transport == TDM_LANE_TRANSPORT_GRPC)
+        rc = tdm_error_set(&err, TDM_ERR_FAILED_PRECONDITION, "%s on the drafter", d->lane_setting);
+    else
+        rc = tdm_lane_open(o, &lane, &err);
+    Tandem__V1__LaneAnswer a = TANDEM__V1__LANE_ANSWER__INIT;
+    a.accepted = rc == TDM_OK;
+    a.message = a.accepted ? "" : err.msg;
+    if (a.accepted) {
+        __atomic_store_n(&st->lane, lane, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&d->lane_accepted, 1, __ATOMIC_RELAXED);
+        tdm_log_info(LOG,
+                     "Draft stream: exchange by shared memory (the verifier's lane, nonce "
+                     "checked; %s)",
+                     d->lane_setting);
+    } else {
+        __atomic_fetch_add(&d->lane_refused, 1, __ATOMIC_RELAXED);
+        if (d->lane_transport == TDM_LANE_TRANSPORT_SHM)
+            tdm_log_error(LOG,
+                          "Draft stream: %s, but the verifier's shared-memory lane cannot be "
+                          "used: %s",
+                          d->lane_setting, err.msg);
+        else
+            tdm_log_info(LOG, "Draft stream: exchange by grpc (the lane offered is refused: %s)",
+                         err.msg);
+    }
+    Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
+    r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_LANE_ANSWER;
+    r.lane_answer = &a;
+    r.shm_consumed = st->shm.consumed;
+    tdm_error werr = {0};
+    dstream_write(st, &r, &werr);
+    st->lane_tx = a.accepted; /* the answer was the last response on the stream */
 }
 
 static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arrived)
@@ -701,6 +774,9 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arriv
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_SHM_OFFER:
         apply_shm_offer(st, m->shm_offer);
+        break;
+    case TANDEM__V1__DRAFT_REQUEST__KIND_LANE_OFFER:
+        apply_lane_offer(st, m->lane_offer);
         break;
     case TANDEM__V1__DRAFT_REQUEST__KIND_CLOSE: {
         dseq *q = dseq_find(st, m->close->sequence_id);
@@ -1170,7 +1246,7 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
     r.block = &blk;
     r.shm_consumed = st->shm.consumed;
     const double t_write = now_us();
-    tdm_status rc = tdm_rpc_call_write(st->call, &r.base, err);
+    tdm_status rc = dstream_write(st, &r, err);
     tdm_metric_observe(st->d->write_time, NULL, (now_us() - t_write) / 1e6);
     if (rc == TDM_OK) {
         __atomic_fetch_add(&st->d->blocks, 1, __ATOMIC_RELAXED);
@@ -1216,6 +1292,93 @@ static tdm_status send_blocks(dstream *st, bool ahead, tdm_error *err)
 
 /* ---- the stream ----------------------------------------------------------- */
 
+/* Queues a verifier's message for the handler (under st->mu). */
+static void enqueue_locked(dstream *st, Tandem__V1__DraftRequest *m)
+{
+    dqueue_item *it = tdm_xmalloc(sizeof(*it));
+    it->msg = m;
+    it->t_arrived = now_us();
+    it->next = NULL;
+    if (st->tail)
+        st->tail->next = it;
+    else
+        st->head = it;
+    st->tail = it;
+}
+
+/* Ends the stream for the handler (under st->mu): rc, and msg where rc is
+ * not OK. */
+static void end_locked(dstream *st, tdm_status rc, const char *msg)
+{
+    if (st->ended)
+        return;
+    st->ended = true;
+    st->end_status = rc;
+    snprintf(st->end_msg, sizeof(st->end_msg), "%s", msg ? msg : "");
+}
+
+/* The verifier's messages from its lane pipe (after its LaneSwitch), queued
+ * as the stream's are, until the lane closes or fails. */
+static void *lane_main(void *arg)
+{
+    dstream *st = arg;
+    const size_t max = st->d->max_message_bytes > 0 ? (size_t)st->d->max_message_bytes
+                                                    : (size_t)TDM_RPC_DEFAULT_MAX_MESSAGE_BYTES;
+    for (;;) {
+        uint8_t *b = NULL;
+        size_t n = 0;
+        tdm_error err = {0};
+        tdm_status rc = tdm_lane_recv(st->lane, max, &b, &n, &err);
+        if (rc == TDM_ERR_UNAVAILABLE)
+            break; /* closed: the stream ended */
+        if (rc != TDM_OK) {
+            char msg[400];
+            snprintf(msg, sizeof(msg), "exchange lane: %s", err.msg);
+            tdm_log_error(LOG, "Draft stream: %s", msg);
+            pthread_mutex_lock(&st->mu);
+            end_locked(st, rc, msg);
+            tdm_spin_bump(&st->gen);
+            pthread_cond_broadcast(&st->cv);
+            pthread_mutex_unlock(&st->mu);
+            break;
+        }
+        Tandem__V1__DraftRequest *m = tandem__v1__draft_request__unpack(NULL, n, b);
+        free(b);
+        if (!m) {
+            /* Bytes that do not decode: say so, keep the stream (as on it). */
+            tdm_log_warn(LOG, "Draft stream: a message on the exchange lane that does not decode "
+                              "as a DraftRequest; ignored");
+            continue;
+        }
+        pthread_mutex_lock(&st->mu);
+        enqueue_locked(st, m);
+        tdm_spin_bump(&st->gen);
+        pthread_cond_broadcast(&st->cv);
+        pthread_mutex_unlock(&st->mu);
+    }
+    return NULL;
+}
+
+/* The verifier's LaneSwitch, its last message on the stream: the lane's
+ * reader starts (every message before it is queued already). */
+static void lane_switch(dstream *st)
+{
+    tdm_lane *lane = __atomic_load_n(&st->lane, __ATOMIC_ACQUIRE);
+    if (!lane || st->has_lane_th) {
+        tdm_log_warn(LOG, "Draft stream: a LaneSwitch %s; ignored",
+                     lane ? "after the lane's start" : "with no lane accepted");
+        return;
+    }
+    st->has_lane_th = pthread_create(&st->lane_th, NULL, lane_main, st) == 0;
+    if (!st->has_lane_th) {
+        pthread_mutex_lock(&st->mu);
+        end_locked(st, TDM_ERR_RESOURCE_EXHAUSTED, "cannot start the exchange lane's reader");
+        tdm_spin_bump(&st->gen);
+        pthread_cond_broadcast(&st->cv);
+        pthread_mutex_unlock(&st->mu);
+    }
+}
+
 static void *reader_main(void *arg)
 {
     dstream *st = arg;
@@ -1228,24 +1391,26 @@ static void *reader_main(void *arg)
             tdm_log_warn(LOG, "Draft stream: %s", err.msg);
             continue;
         }
+        if (rc == TDM_OK && m &&
+            ((Tandem__V1__DraftRequest *)m)->kind_case ==
+                TANDEM__V1__DRAFT_REQUEST__KIND_LANE_SWITCH) {
+            protobuf_c_message_free_unpacked(m, NULL);
+            lane_switch(st);
+            continue;
+        }
         pthread_mutex_lock(&st->mu);
         if (rc != TDM_OK || !m) {
-            st->ended = true;
-            st->end_status = rc;
+            end_locked(st, rc, NULL);
+            /* a handler waiting for room in the lane, and the lane's reader, return */
+            tdm_lane *lane = __atomic_load_n(&st->lane, __ATOMIC_ACQUIRE);
+            if (lane)
+                tdm_lane_close(lane);
         } else {
-            dqueue_item *it = tdm_xmalloc(sizeof(*it));
-            it->msg = (Tandem__V1__DraftRequest *)m;
-            it->t_arrived = now_us();
-            it->next = NULL;
-            if (st->tail)
-                st->tail->next = it;
-            else
-                st->head = it;
-            st->tail = it;
+            enqueue_locked(st, (Tandem__V1__DraftRequest *)m);
         }
         tdm_spin_bump(&st->gen);
         pthread_cond_broadcast(&st->cv);
-        bool end = st->ended;
+        bool end = st->ended && (rc != TDM_OK || !m);
         pthread_mutex_unlock(&st->mu);
         if (end)
             break;
@@ -1319,6 +1484,8 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         dqueue_item *items = st.head;
         st.head = st.tail = NULL;
         bool ended = st.ended;
+        if (ended && st.end_status != TDM_OK && st.end_msg[0])
+            rc = tdm_error_set(err, st.end_status, "%s", st.end_msg);
         pthread_mutex_unlock(&st.mu);
         st.t_taken = now_us();
         pthread_mutex_lock(&d->model_mu);
@@ -1376,7 +1543,15 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
             break;
         }
     }
+    if (st.lane)
+        tdm_lane_close(st.lane); /* its reader returns */
+    if (rc != TDM_OK) /* the reader's read returns (a lane that failed leaves the stream up) */
+        tdm_rpc_call_abort(call, rc, err ? err->msg : "the Draft stream failed");
     pthread_join(reader, NULL);
+    if (st.has_lane_th)
+        pthread_join(st.lane_th, NULL);
+    tdm_lane_destroy(st.lane);
+    free(st.wbuf);
     pthread_mutex_lock(&d->streams_mu);
     for (dstream **pp = &d->open_streams; *pp; pp = &(*pp)->next_open)
         if (*pp == &st) {
@@ -1436,6 +1611,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"feature_bytes_grpc", (double)__atomic_load_n(&d->feat_bytes_grpc, __ATOMIC_RELAXED)},
         {"feature_streams_shm", (double)__atomic_load_n(&d->shm_accepted, __ATOMIC_RELAXED)},
         {"feature_shm_refused", (double)__atomic_load_n(&d->shm_refused, __ATOMIC_RELAXED)},
+        {"exchange_streams_shm", (double)__atomic_load_n(&d->lane_accepted, __ATOMIC_RELAXED)},
+        {"exchange_lane_refused", (double)__atomic_load_n(&d->lane_refused, __ATOMIC_RELAXED)},
         TDM_GRAPH_COUNTERS(gs),
         {"timed_blocks", (double)__atomic_load_n(&d->timed_blocks, __ATOMIC_RELAXED)},
 #define STAGE_COUNTER(i) {stage_keys[i], (double)__atomic_load_n(&d->stage_us[i], __ATOMIC_RELAXED)}
@@ -1534,6 +1711,9 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     d->run_ahead = strcmp(tdm_cfg_str(cfg, "run_ahead"), "on") == 0;
     d->feat_transport = tdm_feat_transport_parse(tdm_cfg_str(cfg, "feature_transport"));
     tdm_cfg_describe(cfg, "feature_transport", d->feat_setting, sizeof(d->feat_setting));
+    d->lane_transport = tdm_lane_transport_parse(tdm_cfg_str(cfg, "exchange_transport"));
+    tdm_cfg_describe(cfg, "exchange_transport", d->lane_setting, sizeof(d->lane_setting));
+    d->max_message_bytes = tdm_cfg_int(cfg, "max_message_size");
     d->ngram_min = 1;
     d->ngram_max = 4;
     if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP) {

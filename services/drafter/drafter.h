@@ -7,6 +7,7 @@
 #define TANDEM_DRAFTER_H
 
 #include "feature_shm.h"
+#include "lane.h"
 #include "runtime.h"
 #include "service.h"
 
@@ -30,6 +31,11 @@ typedef struct drafter {
      * with its source for messages. */
     tdm_feat_transport feat_transport;
     char feat_setting[256];
+    /* How a Draft stream's messages may travel (exchange_transport), and
+     * the setting with its source. */
+    tdm_lane_transport lane_transport;
+    char lane_setting[256];
+    int64_t max_message_bytes; /* max_message_size: a lane message's limit too */
     /* The open Draft streams (under streams_mu), ended when the process drains. */
     pthread_mutex_t streams_mu;
     struct dstream *open_streams;
@@ -44,9 +50,11 @@ typedef struct drafter {
      * streams whose shared-memory ring was accepted or refused */
     uint64_t feat_rows_shm, feat_bytes_shm, feat_rows_grpc, feat_bytes_grpc;
     uint64_t shm_accepted, shm_refused;
+    /* Draft streams whose exchange lane was accepted or refused */
+    uint64_t lane_accepted, lane_refused;
     tdm_metric *block_time; /* time to draft a block (the service's registry) */
     tdm_metric *pass_time;  /* time of a draft pass (the same) */
-    tdm_metric *write_time; /* time of a block's gRPC write (the same) */
+    tdm_metric *write_time; /* time of a block's write (the same) */
 } drafter;
 
 /* Loads the draft model (drafter_kind model) or the MTP head (mtp) and

@@ -153,6 +153,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"feature_put_us_grpc", c.feature_put_us_grpc},
         {"feature_streams_shm", (double)c.feature_streams_shm},
         {"feature_streams_grpc", (double)c.feature_streams_grpc},
+        {"exchange_streams_shm", (double)c.exchange_streams_shm},
+        {"exchange_streams_grpc", (double)c.exchange_streams_grpc},
         {"adaptive_off_rounds", (double)c.adaptive_off_rounds},
         {"adaptive_switch_offs", (double)c.adaptive_switch_offs},
         {"plain_measure_rounds", (double)c.plain_measure_rounds},
@@ -359,7 +361,7 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
     const size_t ws = tdm_capacity_workspace_bytes(
         &v->cap_params.cfg, tdm_capacity_step_rows(max_sequences, v->cap_params.max_draft), NULL);
     const size_t fixed = v->cap.weights + ws;
-    char limits[1200], a[512], b[512], c[512], ft[256];
+    char limits[1200], a[512], b[512], c[512], ft[256], et[256];
     snprintf(limits, sizeof(limits), "%s, %s, %s",
              tdm_cfg_describe(cfg, "max_sequences", a, sizeof(a)),
              tdm_cfg_describe(cfg, "max_waiting", b, sizeof(b)),
@@ -395,6 +397,8 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .feature_transport = tdm_feat_transport_parse(tdm_cfg_str(cfg, "feature_transport")),
         .feature_shm_bytes = (uint64_t)tdm_cfg_int(cfg, "feature_shm_size"),
         .feature_setting = tdm_cfg_describe(cfg, "feature_transport", ft, sizeof(ft)),
+        .exchange_transport = tdm_lane_transport_parse(tdm_cfg_str(cfg, "exchange_transport")),
+        .exchange_setting = tdm_cfg_describe(cfg, "exchange_transport", et, sizeof(et)),
     };
     if ((rc = vsched_create(&p, &v->sched, err)) != TDM_OK)
         return rc;

@@ -2,6 +2,7 @@
  * vlink.c - the verifier's Draft streams (see vlink.h).
  */
 #include "vlink.h"
+#include "lane.h"
 #include "spin.h"
 
 #include "alloc.h"
@@ -19,6 +20,7 @@
 typedef struct vlink_msg {
     struct vlink_msg *next;
     uint64_t t_queued; /* ns (now_ns) */
+    bool lane_switch;  /* the LaneSwitch: the writer's last message on the stream */
     size_t len;
     uint8_t data[];
 } vlink_msg;
@@ -33,6 +35,9 @@ typedef struct vlink_msg {
 
 /* A link's feature transport (vlink_feat_ring). */
 enum { FEAT_NONE, FEAT_OFFERED, FEAT_SHM, FEAT_GRPC };
+
+/* A link's exchange transport (lane.h). */
+enum { LANE_OFFERED = 1, LANE_ON, LANE_GRPC };
 
 struct vlink {
     vlinks *t;
@@ -62,6 +67,18 @@ struct vlink {
     tdm_feat_ring *ring; /* freed with the link */
     double offered_at;   /* CLOCK_MONOTONIC seconds */
     char fnote[300];
+    /* Exchange transport: lane_state is LANE_OFFERED from the open (the
+     * offer is the stream's first message) until the reader takes the
+     * drafter's answer: LANE_ON (a lane reader thread reads the drafter's
+     * pipe from then on, and the writer, after it wrote the LaneSwitch,
+     * writes into the lane: lane_tx, the writer's alone) or LANE_GRPC;
+     * LANE_GRPC at once when no lane is tried. lnote (under t->mu) says why
+     * grpc. */
+    _Atomic int lane_state;
+    tdm_lane *lane; /* freed with the link */
+    bool lane_tx;
+    double lane_offered_at; /* CLOCK_MONOTONIC seconds */
+    char lnote[300];
     atomic_flag gpu_noted; /* vlink_note_once: the GPU it shares was logged */
 };
 
@@ -76,6 +93,8 @@ struct vlinks {
     int readers;
     vlinks_feat feat; /* setting: a copy of the caller's */
     _Atomic uint64_t feat_shm, feat_grpc;
+    vlinks_lane lane; /* setting: a copy of the caller's */
+    _Atomic uint64_t lane_shm, lane_grpc;
     /* The verifier's parts of the exchange (vlinks_exchange_parts), ns. */
     _Atomic uint64_t queue_ns, write_ns, deliver_ns, writes, delivers;
 };
@@ -88,9 +107,11 @@ static uint64_t now_ns(void)
 }
 
 vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t max_message_bytes,
-                      const vlinks_feat *feat, const vlinks_callbacks *cb)
+                      const vlinks_feat *feat, const vlinks_lane *lane, const vlinks_callbacks *cb)
 {
     vlinks *t = tdm_xcalloc(1, sizeof(*t));
+    t->lane.transport = lane ? lane->transport : TDM_LANE_TRANSPORT_GRPC;
+    t->lane.setting = tdm_xstrdup(lane && lane->setting ? lane->setting : "exchange_transport");
     t->feat.transport = feat ? feat->transport : TDM_FEAT_TRANSPORT_GRPC;
     t->feat.shm_bytes = feat ? feat->shm_bytes : 0;
     t->feat.setting = tdm_xstrdup(feat && feat->setting ? feat->setting : "feature_transport");
@@ -105,6 +126,8 @@ vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t ma
 
 static void link_free(vlink *l)
 {
+    if (l->lane)
+        tdm_lane_close(l->lane); /* a writer waiting for room in it returns */
     if (l->has_writer) {
         pthread_mutex_lock(&l->wmu);
         l->wstop = true;
@@ -125,6 +148,7 @@ static void link_free(vlink *l)
     if (l->ch)
         tdm_rpc_channel_destroy(l->ch);
     tdm_feat_ring_destroy(l->ring);
+    tdm_lane_destroy(l->lane);
     free(l);
 }
 
@@ -189,6 +213,8 @@ void vlink_break(vlink *l, const char *why)
     pthread_mutex_unlock(&t->mu);
     tdm_log_warn(LOG, "drafter %s: %s; its sequences continue without speculation", l->address,
                  why);
+    if (l->lane)
+        tdm_lane_close(l->lane);
     tdm_rpc_stream_cancel(l->stream);
     t->cb.broken(t->cb.user, l, why);
 }
@@ -219,7 +245,10 @@ static void *link_writer(void *arg)
         pthread_mutex_unlock(&l->wmu);
         tdm_error err = {0};
         const uint64_t t_take = now_ns();
-        tdm_status rc = tdm_rpc_stream_write_raw(l->stream, m->data, m->len, &err);
+        tdm_status rc = l->lane_tx ? tdm_lane_send(l->lane, m->data, m->len, &err)
+                                   : tdm_rpc_stream_write_raw(l->stream, m->data, m->len, &err);
+        if (rc == TDM_OK && m->lane_switch)
+            l->lane_tx = true; /* the drafter reads its pipe after this message */
         atomic_fetch_add(&l->t->queue_ns, t_take - m->t_queued);
         atomic_fetch_add(&l->t->write_ns, now_ns() - t_take);
         atomic_fetch_add(&l->t->writes, 1);
@@ -394,11 +423,156 @@ void vlinks_exchange_parts(vlinks *t, vlinks_parts *out)
     out->delivers = atomic_load(&t->delivers);
 }
 
+/* ---- the exchange lane ------------------------------------------------------ */
+
+/* The link's exchange settled on grpc (lane_state LANE_GRPC), for `why`;
+ * with exchange_transport shm set explicitly that ends the link instead
+ * (never a quiet fallback). */
+static void lane_settle_grpc(vlink *l, const char *why)
+{
+    vlinks *t = l->t;
+    atomic_store(&l->lane_state, LANE_GRPC);
+    pthread_mutex_lock(&t->mu);
+    snprintf(l->lnote, sizeof(l->lnote), "%s", why);
+    pthread_mutex_unlock(&t->mu);
+    atomic_fetch_add(&t->lane_grpc, 1);
+    if (l->lane)
+        tdm_lane_unlink(l->lane);
+    if (t->lane.transport == TDM_LANE_TRANSPORT_SHM) {
+        char msg[700];
+        snprintf(msg, sizeof(msg),
+                 "%s, but this Draft stream's messages cannot go by shared memory: %s (run the "
+                 "drafter on this host or in this pod with /dev/shm shared, or set "
+                 "exchange_transport auto or grpc)",
+                 t->lane.setting, why);
+        tdm_log_error(LOG, "drafter %s: %s", l->address, msg);
+        vlink_break(l, msg);
+        return;
+    }
+    tdm_log_info(LOG, "drafter %s: exchange on grpc (%s: %s)", l->address, t->lane.setting, why);
+}
+
+static bool queue_msg(vlink *l, const Tandem__V1__DraftRequest *msg, bool lane_switch);
+static void *lane_reader(void *arg);
+
+/* Takes the drafter's answer to the lane's offer (true: r is not for the
+ * scheduler). Accepted: the lane reader starts on the drafter's pipe (the
+ * drafter writes nothing more on the stream) and the LaneSwitch is queued
+ * behind whatever the writer has yet to write on the stream. */
+static bool lane_take(vlink *l, const Tandem__V1__DraftResponse *r)
+{
+    if (r->kind_case != TANDEM__V1__DRAFT_RESPONSE__KIND_LANE_ANSWER)
+        return false;
+    vlinks *t = l->t;
+    const Tandem__V1__LaneAnswer *a = r->lane_answer;
+    int want = LANE_OFFERED;
+    if (!atomic_compare_exchange_strong(&l->lane_state, &want, a->accepted ? LANE_ON : LANE_GRPC)) {
+        tdm_log_warn(LOG, "drafter %s: a LaneAnswer to no offer; ignored", l->address);
+        return true;
+    }
+    if (!a->accepted) {
+        char why[400];
+        snprintf(why, sizeof(why), "the drafter did not take the shared-memory lane: %s",
+                 a->message && a->message[0] ? a->message : "(no reason given)");
+        lane_settle_grpc(l, why);
+        return true;
+    }
+    /* Both sides hold it mapped: the name goes, so nothing is left in
+     * /dev/shm whichever process dies. */
+    tdm_lane_unlink(l->lane);
+    pthread_mutex_lock(&t->mu);
+    l->refs++;
+    t->readers++;
+    pthread_mutex_unlock(&t->mu);
+    pthread_t th;
+    if (pthread_create(&th, NULL, lane_reader, l) != 0) {
+        pthread_mutex_lock(&t->mu);
+        l->refs--; /* never the last: this thread holds one */
+        t->readers--;
+        pthread_mutex_unlock(&t->mu);
+        vlink_break(l, "cannot start the exchange lane's reader");
+        return true;
+    }
+    pthread_detach(th);
+    atomic_fetch_add(&t->lane_shm, 1);
+    tdm_log_info(LOG, "drafter %s: exchange on shm (%s; two %llu-byte pipes, handshake done)",
+                 l->address, t->lane.setting, (unsigned long long)TDM_LANE_PIPE_BYTES);
+    Tandem__V1__LaneSwitch sw = TANDEM__V1__LANE_SWITCH__INIT;
+    Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
+    m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_LANE_SWITCH;
+    m.lane_switch = &sw;
+    queue_msg(l, &m, true);
+    return true;
+}
+
+/* A drafter's message, from either reader: what the link takes itself, or
+ * the scheduler's. */
+static void take_response(vlink *l, Tandem__V1__DraftResponse *r)
+{
+    vlinks *t = l->t;
+    if (feat_take(l, r) || lane_take(l, r)) {
+        protobuf_c_message_free_unpacked(&r->base, NULL);
+        return;
+    }
+    const uint64_t t_read = now_ns();
+    t->cb.deliver(t->cb.user, l, r);
+    atomic_fetch_add(&t->deliver_ns, now_ns() - t_read);
+    atomic_fetch_add(&t->delivers, 1);
+}
+
+static void reader_exit(vlink *l)
+{
+    vlinks *t = l->t;
+    vlink_unref(l);
+    pthread_mutex_lock(&t->mu);
+    t->readers--;
+    pthread_cond_broadcast(&t->idle_cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Lane reader thread: the drafter's messages from its pipe, until the link
+ * breaks (which closes the lane). */
+static void *lane_reader(void *arg)
+{
+    vlink *l = arg;
+    const size_t max = l->t->max_message_bytes > 0 ? (size_t)l->t->max_message_bytes
+                                                   : (size_t)TDM_RPC_DEFAULT_MAX_MESSAGE_BYTES;
+    for (;;) {
+        uint8_t *b = NULL;
+        size_t n = 0;
+        tdm_error err = {0};
+        tdm_status rc = tdm_lane_recv(l->lane, max, &b, &n, &err);
+        if (rc != TDM_OK) {
+            if (rc != TDM_ERR_UNAVAILABLE) {
+                char why[400];
+                snprintf(why, sizeof(why), "exchange lane: %s", err.msg);
+                vlink_break(l, why);
+            }
+            break;
+        }
+        Tandem__V1__DraftResponse *r = tandem__v1__draft_response__unpack(NULL, n, b);
+        free(b);
+        if (!r) {
+            vlink_break(l, "the drafter sent a message on the exchange lane that does not decode "
+                           "as a DraftResponse");
+            break;
+        }
+        take_response(l, r);
+    }
+    reader_exit(l);
+    return NULL;
+}
+
+void vlinks_lane_counts(vlinks *t, uint64_t *shm, uint64_t *grpc)
+{
+    *shm = atomic_load(&t->lane_shm);
+    *grpc = atomic_load(&t->lane_grpc);
+}
+
 /* Reader thread: hands every message to the scheduler until the stream ends. */
 static void *link_reader(void *arg)
 {
     vlink *l = arg;
-    vlinks *t = l->t;
     for (;;) {
         ProtobufCMessage *m = NULL;
         tdm_error err = {0};
@@ -412,22 +586,50 @@ static void *link_reader(void *arg)
             vlink_break(l, why);
             break;
         }
-        Tandem__V1__DraftResponse *r = (Tandem__V1__DraftResponse *)m;
-        if (feat_take(l, r)) {
-            protobuf_c_message_free_unpacked(m, NULL);
-            continue;
-        }
-        const uint64_t t_read = now_ns();
-        t->cb.deliver(t->cb.user, l, r);
-        atomic_fetch_add(&t->deliver_ns, now_ns() - t_read);
-        atomic_fetch_add(&t->delivers, 1);
+        take_response(l, (Tandem__V1__DraftResponse *)m);
     }
-    vlink_unref(l);
-    pthread_mutex_lock(&t->mu);
-    t->readers--;
-    pthread_cond_broadcast(&t->idle_cv);
-    pthread_mutex_unlock(&t->mu);
+    reader_exit(l);
     return NULL;
+}
+
+/* Before a new link is published: its lane's segment, where the setting
+ * allows one (*why: why not, for lane_publish); false (err set) where
+ * exchange_transport shm cannot be had. */
+static bool lane_prepare(vlink *l, char *why, size_t why_len, tdm_error *err)
+{
+    vlinks *t = l->t;
+    why[0] = '\0';
+    if (t->lane.transport == TDM_LANE_TRANSPORT_GRPC) {
+        snprintf(why, why_len, "the setting");
+        return true;
+    }
+    tdm_error lerr = {0};
+    if (tdm_lane_create(&l->lane, &lerr) == TDM_OK)
+        return true;
+    if (t->lane.transport == TDM_LANE_TRANSPORT_SHM) {
+        tdm_error_set(err, TDM_ERR_UNAVAILABLE,
+                      "%s, but no shared-memory lane can be made for drafter %s: %s",
+                      t->lane.setting, l->address, lerr.msg);
+        return false;
+    }
+    snprintf(why, why_len, "no segment (%s)", lerr.msg);
+    return true;
+}
+
+/* The lane's offer, the stream's first message (under t->mu, before the
+ * link is published). */
+static void lane_offer_locked(vlink *l)
+{
+    if (!l->lane)
+        return;
+    Tandem__V1__LaneOffer o;
+    tdm_lane_offer(l->lane, &o);
+    Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
+    m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_LANE_OFFER;
+    m.lane_offer = &o;
+    l->lane_offered_at = mono_s();
+    atomic_store(&l->lane_state, LANE_OFFERED);
+    queue_msg(l, &m, false);
 }
 
 static vlink *find_live_locked(vlinks *t, const char *address)
@@ -466,6 +668,12 @@ vlink *vlinks_get(vlinks *t, const char *address, tdm_error *err)
         link_free(l);
         return NULL;
     }
+    char lwhy[400];
+    if (!lane_prepare(l, lwhy, sizeof(lwhy), err)) {
+        tdm_rpc_stream_cancel(l->stream);
+        link_free(l);
+        return NULL;
+    }
     pthread_mutex_lock(&t->mu);
     vlink *other = find_live_locked(t, address);
     if (other) {
@@ -487,10 +695,16 @@ vlink *vlinks_get(vlinks *t, const char *address, tdm_error *err)
     }
     pthread_detach(th);
     t->readers++;
+    lane_offer_locked(l);
     l->next = t->head;
     t->head = l;
     pthread_mutex_unlock(&t->mu);
     tdm_log_info(LOG, "opened a Draft stream to drafter %s", address);
+    if (l->lane)
+        tdm_log_info(LOG, "drafter %s: offering a shared-memory exchange lane %s (%s)", address,
+                     tdm_lane_name(l->lane), t->lane.setting);
+    else
+        lane_settle_grpc(l, lwhy);
     return l;
 }
 
@@ -539,16 +753,18 @@ void vlinks_destroy(vlinks *t)
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->idle_cv);
     free((char *)t->feat.setting);
+    free((char *)t->lane.setting);
     free(t);
 }
 
-bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg)
+/* Queues msg for the writer (lane_switch: the LaneSwitch, after which the
+ * writer writes into the lane). */
+static bool queue_msg(vlink *l, const Tandem__V1__DraftRequest *msg, bool lane_switch)
 {
-    if (vlink_is_broken(l, NULL, 0))
-        return false;
     size_t len = tandem__v1__draft_request__get_packed_size(msg);
     vlink_msg *m = tdm_xmalloc(sizeof(*m) + (len ? len : 1));
     m->next = NULL;
+    m->lane_switch = lane_switch;
     m->len = tandem__v1__draft_request__pack(msg, m->data);
     pthread_mutex_lock(&l->wmu);
     bool full = l->queued >= VLINK_QUEUE_MAX;
@@ -570,6 +786,22 @@ bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg)
         return false;
     }
     return true;
+}
+
+bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg)
+{
+    if (vlink_is_broken(l, NULL, 0))
+        return false;
+    if (atomic_load(&l->lane_state) == LANE_OFFERED &&
+        mono_s() - l->lane_offered_at > VLINK_OFFER_WAIT_S) {
+        int want = LANE_OFFERED;
+        if (atomic_compare_exchange_strong(&l->lane_state, &want, LANE_GRPC))
+            lane_settle_grpc(l, "the drafter did not answer the offer of a shared-memory lane (a "
+                                "drafter that predates it)");
+        if (vlink_is_broken(l, NULL, 0))
+            return false;
+    }
+    return queue_msg(l, msg, false);
 }
 
 bool vlink_send_close(vlink *l, uint64_t sequence_id, const char *reason)

@@ -25,11 +25,21 @@
  * thread takes the drafter's answer (then unlinks the segment's name: both
  * sides hold it mapped) and the shm_consumed of every response (the ring's
  * space the drafter has read). The ring is freed with the link.
+ *
+ * Exchange lane (drafter.proto, lane.h): with exchange_transport auto or
+ * shm, a link's first message offers a shared-memory lane. The reader takes
+ * the drafter's answer: accepted, a lane reader thread reads the drafter's
+ * pipe from then on (the drafter writes nothing more on the stream), and
+ * the writer, after writing LaneSwitch last on the stream, writes every
+ * later message into the lane; refused (another host) or unanswered for
+ * 10 s, the messages stay on the stream. The stream stays open either way:
+ * its end breaks the link, and a broken link closes its lane.
  */
 #ifndef TANDEM_VERIFIER_VLINK_H
 #define TANDEM_VERIFIER_VLINK_H
 
 #include "feature_shm.h"
+#include "lane.h"
 #include "rpc.h"
 #include "status.h"
 #include "trust.h"
@@ -57,11 +67,17 @@ typedef struct vlinks_feat {
     const char *setting; /* feature_transport with its source, for messages (copied) */
 } vlinks_feat;
 
+/* How the links carry their messages (exchange_transport). */
+typedef struct vlinks_lane {
+    tdm_lane_transport transport;
+    const char *setting; /* exchange_transport with its source, for messages (copied) */
+} vlinks_lane;
+
 /* tls: for the Draft streams (NULL = plaintext); trust: the credential they
- * carry (NULL: none); both borrowed, outliving the table. feat: NULL is
- * grpc. */
+ * carry (NULL: none); both borrowed, outliving the table. feat, lane: NULL
+ * is grpc. */
 vlinks *vlinks_create(const tdm_rpc_tls *tls, const tdm_trust *trust, int64_t max_message_bytes,
-                      const vlinks_feat *feat, const vlinks_callbacks *cb);
+                      const vlinks_feat *feat, const vlinks_lane *lane, const vlinks_callbacks *cb);
 /* Breaks every link and waits until every reader has exited (their broken
  * callbacks run first). The callbacks' user must still be alive. */
 void vlinks_destroy(vlinks *t);
@@ -79,6 +95,10 @@ int vlinks_count(vlinks *t);
  * accepted the ring) and on grpc (feature_transport grpc, no segment, the
  * drafter refused or did not answer), since the start. */
 void vlinks_feat_counts(vlinks *t, uint64_t *shm, uint64_t *grpc);
+/* Draft streams whose exchange settled on the lane (shm) and on the stream
+ * (grpc: the setting, no segment, the drafter refused or did not answer),
+ * since the start. */
+void vlinks_lane_counts(vlinks *t, uint64_t *shm, uint64_t *grpc);
 
 /* Where the verifier's side of the exchange goes, summed over every message
  * since the start: a message's wait in its link's queue until the writer

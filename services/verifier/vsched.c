@@ -2532,7 +2532,8 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     const vlinks_feat vf = {.transport = p->feature_transport,
                             .shm_bytes = p->feature_shm_bytes,
                             .setting = p->feature_setting};
-    s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &vf, &cb);
+    const vlinks_lane vl = {.transport = p->exchange_transport, .setting = p->exchange_setting};
+    s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &vf, &vl, &cb);
     s->t_started = now_ms();
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         tdm_prefix_cache_destroy(s->prefix);
@@ -2654,6 +2655,7 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     c->feature_put_us_shm = atomic_load(&s->feature_put_us_shm);
     c->feature_put_us_grpc = atomic_load(&s->feature_put_us_grpc);
     vlinks_feat_counts(s->links, &c->feature_streams_shm, &c->feature_streams_grpc);
+    vlinks_lane_counts(s->links, &c->exchange_streams_shm, &c->exchange_streams_grpc);
     size_t n = ring_len(s->n_overhead, RING);
     memcpy(v, s->overhead_us, n * sizeof(float));
     size_t nd = ring_len(s->n_draft_token, RING);

@@ -49,6 +49,7 @@
 #include "defs.h"
 #include "engine.h"
 #include "feature_shm.h"
+#include "lane.h"
 #include "rpc.h"
 #include "sampling.h"
 #include "snapshot.h"
@@ -110,6 +111,10 @@ typedef struct vsched_params {
     tdm_feat_transport feature_transport;
     uint64_t feature_shm_bytes;
     const char *feature_setting;
+    /* The Draft streams' transport (exchange_transport) and the setting
+     * with its source (borrowed, copied). */
+    tdm_lane_transport exchange_transport;
+    const char *exchange_setting;
 } vsched_params;
 
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err);
@@ -235,6 +240,7 @@ typedef struct vsched_counters {
     uint64_t feature_puts_shm, feature_puts_grpc;
     double feature_put_us_shm, feature_put_us_grpc;
     uint64_t feature_streams_shm, feature_streams_grpc;
+    uint64_t exchange_streams_shm, exchange_streams_grpc;
 } vsched_counters;
 
 void vsched_get_counters(vsched *s, vsched_counters *c);

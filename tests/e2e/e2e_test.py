@@ -26,6 +26,7 @@ import concurrent.futures
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -738,10 +739,104 @@ def case_plain_measure():
     stop_all()
 
 
+def lane_segments(pid):
+    """The exchange-lane segments process pid has in /dev/shm."""
+    try:
+        return [n for n in os.listdir("/dev/shm") if n.startswith("tandem-lane-%d-" % pid)]
+    except FileNotFoundError:
+        return []
+
+
+def case_lane():
+    """The exchange lane (exchange_transport): with both sides on one host a
+    Draft stream's messages go through the shared-memory lane (both sides
+    log and count it, no segment is left in /dev/shm), with grpc they stay
+    on the stream, and greedy and seeded outputs are the plain ones and the
+    same on both; a drafter that cannot map the segment (its own /dev/shm, as
+    on another host) refuses it: under auto the stream keeps its messages,
+    with shm set on the verifier the stream breaks with an error naming the
+    setting and its requests finish plain."""
+    ps = prompts(6 if st.ARGS.quick else 16)
+    seeded = {"temperature": 0.8, "top_p": 0.95, "seed": 99}
+    path, dpath = "/tandem.v1.Verifier/Describe", "/tandem.v1.Drafter/Describe"
+    outs = {}
+    for mode in ("shm", "grpc", "auto-apart", "shm-apart"):
+        transport, apart = mode.split("-")[0], mode.endswith("apart")
+        gw = st.gateway("--tokenizer", TOKENIZER)
+        v = st.replica("verifier", gw, "--model", TARGET, "--max-draft-tokens", "8",
+                       "--exchange-transport", transport)
+        dargs = ["--model", DRAFTER, "--draft-block-size", "4"]
+        if apart:
+            d = st.Proc("drafter", shutil.which("unshare"),
+                        ["-rm", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"',
+                         st.ARGS.drafter, "--listen", "127.0.0.1:0", "--health-listen",
+                         "127.0.0.1:0", "--gateway", gw.addr()] + dargs)
+            st.PROCS.append(d)
+            d.wait_ready()
+        else:
+            d = st.replica("drafter", gw, *dargs, "--exchange-transport", transport)
+        st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")
+        plain = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_OFF",
+                                            ignore_eos=True), ps, workers=4)
+        spec = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_ON",
+                                           block=4, fixed=True, ignore_eos=True), ps, workers=4)
+        sampled = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_ON",
+                                              block=4, fixed=True, sampling=seeded,
+                                              ignore_eos=True), ps, workers=4)
+        for i, (a, b, c) in enumerate(zip(plain, spec, sampled)):
+            check(a[0] == "OK" and b[0] == "OK" and c[0] == "OK",
+                  "%s prompt %d: %s %s / %s %s / %s %s" % (mode, i, a[0], a[1], b[0], b[1], c[0],
+                                                           c[1]))
+            check(a[2] == b[2], "%s prompt %d: speculative %s, plain %s" % (mode, i, b[2], a[2]))
+        outs[mode] = ([r[2] for r in spec], [r[2] for r in sampled])
+        c = counters(v.addr(), path)
+        dc = counters(d.addr(), dpath)
+        lane = {k: c.get(k) for k in ("exchange_streams_shm", "exchange_streams_grpc",
+                                      "speculative_rounds", "drafter_failures")}
+        print("%s: %s; exchange p50 %.0f us, p99 %.0f us" %
+              (mode, lane, c.get("draft_exchange_overhead_p50_us", -1),
+               c.get("draft_exchange_overhead_p99_us", -1)), flush=True)
+        if mode == "shm":
+            check(c.get("exchange_streams_shm") == 1 and c.get("exchange_streams_grpc", 0) == 0
+                  and dc.get("exchange_streams_shm") == 1 and c.get("speculative_rounds", 0) > 0
+                  and c.get("drafter_failures", 0) == 0,
+                  "the stream went by the lane: %s / %s" % (c, dc))
+            check("exchange on shm" in v.text() and "exchange by shared memory" in d.text(),
+                  "both sides log the lane:\n" + v.text()[-2000:] + d.text()[-2000:])
+            check(lane_segments(v.p.pid) == [],
+                  "the segment left /dev/shm at the handshake: %s" % lane_segments(v.p.pid))
+        elif mode == "grpc":
+            check(c.get("exchange_streams_grpc") == 1 and c.get("exchange_streams_shm", 0) == 0
+                  and dc.get("exchange_streams_shm", 0) == 0 and
+                  c.get("speculative_rounds", 0) > 0, "grpc: no lane: %s / %s" % (c, dc))
+            check(lane_segments(v.p.pid) == [], "grpc: no segment made")
+        elif mode == "auto-apart":
+            check(c.get("exchange_streams_grpc") == 1 and dc.get("exchange_lane_refused") == 1 and
+                  c.get("speculative_rounds", 0) > 0 and c.get("drafter_failures", 0) == 0,
+                  "auto, apart: refused, the stream kept its messages: %s / %s" % (c, dc))
+            check("exchange on grpc" in v.text() and "another host" in v.text(),
+                  "the verifier says why grpc:\n" + v.text()[-2000:])
+        else:
+            check(c.get("exchange_streams_shm", 0) == 0 and c.get("speculative_rounds", -1) == 0,
+                  "shm, apart: nothing speculated: %s" % c)
+            check("exchange_transport=shm" in v.text() and
+                  "cannot go by shared memory" in v.text(),
+                  "the error names the setting:\n" + v.text()[-2000:])
+            stats = spec[0][4]["stats"] if spec[0][4] else {}
+            check("exchange_transport" in stats.get("speculation", ""),
+                  "the request's speculation stat says why: %s" % stats)
+        pid = v.p.pid
+        stop_all()
+        check(lane_segments(pid) == [], "%s: nothing left in /dev/shm after exit: %s" %
+              (mode, lane_segments(pid)))
+    check(outs["shm"] == outs["grpc"] == outs["auto-apart"],
+          "greedy and seeded outputs are the same by lane and by stream")
+
+
 CASES = {"first_round": case_first_round, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline,
          "tensor_parallel": case_tensor_parallel, "catch_up": case_catch_up,
-         "plain_measure": case_plain_measure}
+         "plain_measure": case_plain_measure, "lane": case_lane}
 
 
 def main():
