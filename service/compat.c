@@ -234,18 +234,31 @@ static int rule_features(const Tandem__V1__Descriptor *v, const Tandem__V1__Desc
     return 1;
 }
 
-/* "grpc, shm" for a descriptor's feature_transports. */
-static const char *transport_list(const Tandem__V1__Descriptor *x, char *buf, size_t len)
+/* "grpc, shm" for a list of transports. */
+static const char *transport_list(char *const *list, size_t n, char *buf, size_t len)
 {
     size_t used = 0;
     buf[0] = '\0';
-    for (size_t i = 0; i < x->n_feature_transports && used < len; i++) {
-        int w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", x->feature_transports[i]);
+    for (size_t i = 0; i < n && used < len; i++) {
+        int w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", list[i]);
         if (w < 0)
             break;
         used += (size_t)w;
     }
     return buf;
+}
+
+/* Whether two lists of transports share one; lists that are empty (a side
+ * that predates the setting) are not judged. */
+static bool transports_meet(char *const *a, size_t na, char *const *b, size_t nb)
+{
+    if (na == 0 || nb == 0)
+        return true;
+    for (size_t i = 0; i < na; i++)
+        for (size_t j = 0; j < nb; j++)
+            if (strcmp(a[i], b[j]) == 0)
+                return true;
+    return false;
 }
 
 /* A hidden-state drafter and its verifier need a transport for the rows in
@@ -254,20 +267,42 @@ static const char *transport_list(const Tandem__V1__Descriptor *x, char *buf, si
 static int rule_feature_transport(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
                                   tdm_compat_refusal *out)
 {
-    if (!d->features_needed || d->features_needed->n_specs == 0 || v->n_feature_transports == 0 ||
-        d->n_feature_transports == 0)
+    if (!d->features_needed || d->features_needed->n_specs == 0 ||
+        transports_meet(v->feature_transports, v->n_feature_transports, d->feature_transports,
+                        d->n_feature_transports))
         return 0;
-    for (size_t i = 0; i < v->n_feature_transports; i++)
-        for (size_t j = 0; j < d->n_feature_transports; j++)
-            if (strcmp(v->feature_transports[i], d->feature_transports[j]) == 0)
-                return 0;
     fill_services(out, "drafter-feature-transport", v, d);
-    transport_list(v, out->a_value, sizeof(out->a_value));
-    transport_list(d, out->b_value, sizeof(out->b_value));
+    transport_list(v->feature_transports, v->n_feature_transports, out->a_value,
+                   sizeof(out->a_value));
+    transport_list(d->feature_transports, d->n_feature_transports, out->b_value,
+                   sizeof(out->b_value));
     snprintf(out->message, sizeof(out->message),
              "rule drafter-feature-transport: verifier %s sends hidden states by %s and drafter "
              "%s takes them by %s only (feature_transport): no transport in common; set "
              "feature_transport auto on one side.",
+             out->a_replica, out->a_value, out->b_replica, out->b_value);
+    return 1;
+}
+
+/* A drafter and its verifier need a transport for the Draft stream's
+ * messages in common (exchange_transport): shm set on one side and grpc on
+ * the other leaves none. A side that lists none predates the setting: not
+ * judged. */
+static int rule_exchange_transport(const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                                   tdm_compat_refusal *out)
+{
+    if (transports_meet(v->exchange_transports, v->n_exchange_transports, d->exchange_transports,
+                        d->n_exchange_transports))
+        return 0;
+    fill_services(out, "drafter-exchange-transport", v, d);
+    transport_list(v->exchange_transports, v->n_exchange_transports, out->a_value,
+                   sizeof(out->a_value));
+    transport_list(d->exchange_transports, d->n_exchange_transports, out->b_value,
+                   sizeof(out->b_value));
+    snprintf(out->message, sizeof(out->message),
+             "rule drafter-exchange-transport: verifier %s exchanges by %s and drafter %s by %s "
+             "only (exchange_transport): no transport in common; set exchange_transport auto on "
+             "one side.",
              out->a_replica, out->a_value, out->b_replica, out->b_value);
     return 1;
 }
@@ -374,6 +409,10 @@ static const tdm_compat_rule g_rules[] = {
      "a hidden-state drafter and its verifier allow a feature transport in common "
      "(feature_transport: grpc, shm)",
      rule_feature_transport},
+    {"drafter-exchange-transport", TDM_COMPAT_PAIR,
+     "a drafter and its verifier allow an exchange transport in common (exchange_transport: "
+     "grpc, shm)",
+     rule_exchange_transport},
     {"drafter-target-model", TDM_COMPAT_PAIR,
      "a hidden-state drafter (mtp) runs with the target model it belongs to (same model "
      "fingerprint)",

@@ -1555,6 +1555,17 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
         if (ft != TDM_FEAT_TRANSPORT_GRPC)
             d->feature_transports[d->n_feature_transports++] = dup_str("shm");
     }
+    if (role == TANDEM__V1__ROLE__ROLE_VERIFIER || role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
+        /* How a Draft stream's messages may travel (exchange_transport):
+         * auto allows both. */
+        const tdm_lane_transport lt =
+            tdm_lane_transport_parse(tdm_cfg_str(cfg, "exchange_transport"));
+        d->exchange_transports = tdm_xcalloc(2, sizeof(char *));
+        if (lt != TDM_LANE_TRANSPORT_SHM)
+            d->exchange_transports[d->n_exchange_transports++] = dup_str("grpc");
+        if (lt != TDM_LANE_TRANSPORT_GRPC)
+            d->exchange_transports[d->n_exchange_transports++] = dup_str("shm");
+    }
     const char *tok = tdm_cfg_str(cfg, "tokenizer");
     if (tok[0]) {
         if (tdm_compat_tokenizer_fingerprint_file(tok, fp, err) != TDM_OK) {
@@ -1584,6 +1595,9 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     for (size_t i = 0; i < d->n_feature_transports; i++)
         free(d->feature_transports[i]);
     free(d->feature_transports);
+    for (size_t i = 0; i < d->n_exchange_transports; i++)
+        free(d->exchange_transports[i]);
+    free(d->exchange_transports);
     for (size_t i = 0; i < d->n_features_available; i++)
         free(d->features_available[i]);
     free(d->features_available);

@@ -246,6 +246,32 @@ static void test_rules(void)
             d.d.n_feature_transports = 0;
         }
 
+        /* Any drafter and its verifier: an exchange transport in common
+         * (exchange_transport). */
+        {
+            char *grpc_only[] = {"grpc"}, *shm_only[] = {"shm"}, *both[] = {"grpc", "shm"};
+            v.d.exchange_transports = shm_only;
+            v.d.n_exchange_transports = 1;
+            CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "drafter lists none: not judged");
+            d.d.exchange_transports = grpc_only;
+            d.d.n_exchange_transports = 1;
+            const char *want[] = {"verifier verifier-a (10.0.0.1:7710) exchanges by shm and "
+                                  "drafter drafter-b (10.0.0.2:7720) by grpc only "
+                                  "(exchange_transport)",
+                                  NULL};
+            expect_refusal(tdm_compat_check_pair(&v.d, &d.d, r, 8), r, "drafter-exchange-transport",
+                           want);
+            CHECK_STR(r[0].a_value, "shm");
+            CHECK_STR(r[0].b_value, "grpc");
+            d.d.exchange_transports = both;
+            d.d.n_exchange_transports = 2;
+            CHECK(tdm_compat_check_pair(&v.d, &d.d, r, 8) == 0, "auto meets shm: %s", r[0].message);
+            v.d.exchange_transports = NULL;
+            v.d.n_exchange_transports = 0;
+            d.d.exchange_transports = NULL;
+            d.d.n_exchange_transports = 0;
+        }
+
         /* ... and the model they belong to must be the verifier's. */
         v.d.model_fingerprint = (char *)FP_A;
         d.d.target_model_fingerprint = (char *)FP_A;
@@ -326,10 +352,11 @@ static void test_rules(void)
     /* The table lists each rule once with a summary. */
     size_t nr = 0;
     const tdm_compat_rule *rules = tdm_compat_rules(&nr);
-    const char *ids[] = {
-        "tokenizer-fingerprint", "draft-block-size",     "prefix-cache-state",
-        "protocol-major",        "snapshot-layout",      "snapshot-model",
-        "drafter-features",      "drafter-target-model", "drafter-feature-transport"};
+    const char *ids[] = {"tokenizer-fingerprint",     "draft-block-size",
+                         "prefix-cache-state",        "protocol-major",
+                         "snapshot-layout",           "snapshot-model",
+                         "drafter-features",          "drafter-target-model",
+                         "drafter-feature-transport", "drafter-exchange-transport"};
     for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
         int found = 0;
         for (size_t j = 0; j < nr; j++)
