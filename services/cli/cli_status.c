@@ -153,6 +153,35 @@ static void print_features(const Tandem__V1__ReplicaStatus *r)
                shm, counter(r, "feature_shm_refused"), rows_shm, rows_grpc);
 }
 
+/* The exchange transport: what a side allows (exchange_transport) and, from
+ * its counters, what its Draft streams settled on. */
+static void print_exchange(const Tandem__V1__ReplicaStatus *r)
+{
+    const Tandem__V1__Descriptor *d = r->descriptor;
+    if (d->n_exchange_transports > 0) {
+        printf("           exchange transports: ");
+        for (size_t i = 0; i < d->n_exchange_transports; i++)
+            printf("%s%s", i ? ", " : "", d->exchange_transports[i]);
+        if (d->n_exchange_transports > 1)
+            printf(" (auto: shm where the handshake proves colocation)");
+        printf("\n");
+    }
+    const double shm = counter(r, "exchange_streams_shm");
+    if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER && shm >= 0) {
+        const double grpc = counter(r, "exchange_streams_grpc");
+        if (shm > 0 || grpc > 0)
+            printf("           exchange: %.0f Draft stream(s) on the shared-memory lane, %.0f on "
+                   "grpc\n",
+                   shm, grpc > 0 ? grpc : 0);
+    }
+    if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER && shm >= 0) {
+        const double refused = counter(r, "exchange_lane_refused");
+        if (shm > 0 || refused > 0)
+            printf("           exchange: %.0f shared-memory lane(s) taken, %.0f refused\n", shm,
+                   refused > 0 ? refused : 0);
+    }
+}
+
 static void print_replica(const Tandem__V1__ReplicaStatus *r)
 {
     const Tandem__V1__Descriptor *d = r->descriptor;
@@ -179,6 +208,7 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
            d->build ? d->build->git_revision : "?",
            d->build && d->build->backend[0] ? d->build->backend : "no backend");
     print_features(r);
+    print_exchange(r);
     if (d->device_uuid[0])
         printf("           GPU %s%s\n", d->device_uuid,
                d->device_mps ? ", through an MPS server" : "");

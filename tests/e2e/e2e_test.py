@@ -805,6 +805,17 @@ def case_lane():
                   "both sides log the lane:\n" + v.text()[-2000:] + d.text()[-2000:])
             check(lane_segments(v.p.pid) == [],
                   "the segment left /dev/shm at the handshake: %s" % lane_segments(v.p.pid))
+            # The counters reach the gateway with the next heartbeat.
+            deadline = time.time() + 10
+            while True:
+                rc, out, err = st.run([st.ARGS.cli, "status", "--gateway", gw.addr()])
+                ok = rc == 0 and "exchange transports: shm" in out and \
+                    "exchange: 1 Draft stream(s) on the shared-memory lane, 0 on grpc" in out and \
+                    "exchange: 1 shared-memory lane(s) taken, 0 refused" in out
+                if ok or time.time() > deadline:
+                    break
+                time.sleep(0.3)
+            check(ok, "tandem status shows the lane:\n" + out + err)
         elif mode == "grpc":
             check(c.get("exchange_streams_grpc") == 1 and c.get("exchange_streams_shm", 0) == 0
                   and dc.get("exchange_streams_shm", 0) == 0 and
@@ -831,6 +842,20 @@ def case_lane():
               (mode, lane_segments(pid)))
     check(outs["shm"] == outs["grpc"] == outs["auto-apart"],
           "greedy and seeded outputs are the same by lane and by stream")
+    # shm on one side, grpc on the other: no pairing (the rule names both).
+    gw = st.gateway("--tokenizer", TOKENIZER)
+    st.replica("verifier", gw, "--model", TARGET, "--replica-id", "v1", "--exchange-transport",
+               "shm")
+    st.replica("drafter", gw, "--model", DRAFTER, "--replica-id", "d1", "--exchange-transport",
+               "grpc")
+    s = st.wait_status(gw, lambda s: st.pair(s, "v1", "d1") is not None, "pair listed")
+    p = st.pair(s, "v1", "d1")
+    check(p and not p["compatible"] and
+          [r["rule"] for r in p["refusals"]] == ["drafter-exchange-transport"] and
+          "exchanges by shm and drafter d1 (" in p["refusals"][0]["message"] and
+          "by grpc only (exchange_transport)" in p["refusals"][0]["message"],
+          "shm against grpc is refused by drafter-exchange-transport: %s" % json.dumps(p))
+    stop_all()
 
 
 CASES = {"first_round": case_first_round, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
