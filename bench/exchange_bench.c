@@ -21,10 +21,13 @@
  *
  *   bench_exchange_bench [--iters N] [--busy-us N] [--draft-us N]
  *                        [--verify-us N] [--payload N] [--workers N]
- *                        [--client std|raw] [--vserver N]
+ *                        [--client std|raw] [--vserver N] [--transport grpc|lane]
  * --busy-us is both processes' busy-poll time (the services' busy_poll;
  * 0 = off); --verify-us is the scheduler's time between a block and the
  * next verdict (the verify step); --payload pads each message (bytes).
+ * --transport lane carries the messages through the exchange lane's
+ * shared-memory pipes (service/lane.h) instead of the gRPC stream, with the
+ * same threads (the writers' "write" is then the copy into the pipe).
  */
 #include <dirent.h>
 #include <pthread.h>
@@ -44,6 +47,7 @@
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "bench_util.h"
+#include "lane.h"
 #include "rpc.h"
 #include "spin.h"
 
@@ -117,6 +121,27 @@ static bool mb_take(mailbox *b, char *text, size_t len, int64_t *stamp)
 }
 
 static int g_payload;
+/* --transport lane: this process's side of the lane (NULL: gRPC). */
+static tdm_lane *g_lane;
+
+/* A message's text from the lane: false at its end. */
+static bool lane_read(char *text, size_t len)
+{
+    uint8_t *b = NULL;
+    size_t n = 0;
+    tdm_error err = {0};
+    if (tdm_lane_recv(g_lane, 4096, &b, &n, &err) != TDM_OK)
+        return false;
+    snprintf(text, len, "%.*s", (int)n, (const char *)b);
+    free(b);
+    return true;
+}
+
+static bool lane_write(const char *text)
+{
+    tdm_error err = {0};
+    return tdm_lane_send(g_lane, (const uint8_t *)text, strlen(text), &err) == TDM_OK;
+}
 
 static void message_text(char *out, size_t len, const char *stamps)
 {
@@ -134,6 +159,13 @@ typedef struct dside {
 static void *d_reader(void *arg)
 {
     dside *d = arg;
+    for (char text[1024]; g_lane;) {
+        if (!lane_read(text, sizeof(text))) {
+            mb_put(&d->in, NULL, 0, true);
+            return NULL;
+        }
+        mb_put(&d->in, text, now_ns(), false);
+    }
     for (;;) {
         ProtobufCMessage *m = NULL;
         tdm_error err = {0};
@@ -167,7 +199,7 @@ static tdm_status d_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         message_text(out, sizeof(out), stamps);
         Grpc__Health__V1__HealthCheckRequest r = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
         r.service = out;
-        if ((rc = tdm_rpc_call_write(call, &r.base, err)) != TDM_OK)
+        if (g_lane ? !lane_write(out) : (rc = tdm_rpc_call_write(call, &r.base, err)) != TDM_OK)
             break;
         last_write = now_ns() - t_write;
     }
@@ -175,10 +207,25 @@ static tdm_status d_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     return rc;
 }
 
-static int drafter_main(int fd, int64_t busy_us, int64_t draft_us, int workers)
+static int drafter_main(int fd, int64_t busy_us, int64_t draft_us, int workers,
+                        const Tandem__V1__LaneOffer *offer)
 {
     tdm_busy_poll_set(busy_us);
     tdm_error err;
+    if (offer) {
+        /* The lane: no server, the stream's threads on the pipes. */
+        if (tdm_lane_open(offer, &g_lane, &err) != TDM_OK) {
+            fprintf(stderr, "exchange_bench: drafter: %s\n", err.msg);
+            return 1;
+        }
+        int ready = 0;
+        if (write(fd, &ready, sizeof(ready)) != sizeof(ready))
+            return 1;
+        close(fd);
+        d_stream(NULL, &err, &draft_us);
+        tdm_lane_destroy(g_lane);
+        return 0;
+    }
     tdm_rpc_server *s = NULL;
     tdm_rpc_server_options so = {
         .listen = "127.0.0.1:0", .name = "drafter", .busy_poll = busy_us > 0, .workers = workers};
@@ -224,7 +271,7 @@ static void *v_writer(void *arg)
         q.service = out;
         tdm_error err = {0};
         __atomic_store_n(&v->take_ns[i], t_take, __ATOMIC_RELEASE); /* before the reply */
-        if (tdm_rpc_stream_write(v->st, &q.base, &err) != TDM_OK) {
+        if (g_lane ? !lane_write(out) : tdm_rpc_stream_write(v->st, &q.base, &err) != TDM_OK) {
             fprintf(stderr, "exchange_bench: write: %s\n", err.msg);
             exit(1);
         }
@@ -236,6 +283,13 @@ static void *v_writer(void *arg)
 static void *v_reader(void *arg)
 {
     vside *v = arg;
+    for (char text[1024]; g_lane;) {
+        if (!lane_read(text, sizeof(text))) {
+            mb_put(&v->in, NULL, 0, true);
+            return NULL;
+        }
+        mb_put(&v->in, text, now_ns(), false);
+    }
     for (;;) {
         ProtobufCMessage *m = NULL;
         tdm_error err = {0};
@@ -430,7 +484,7 @@ int main(int argc, char **argv)
     int iters = 2000;
     int64_t busy_us = 0, draft_us = 0, verify_us = 0;
     int workers = 0, vserver = 0;
-    bool raw = false;
+    bool raw = false, lane = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--iters") == 0)
             iters = atoi(argv[i + 1]);
@@ -448,6 +502,8 @@ int main(int argc, char **argv)
             raw = strcmp(argv[i + 1], "raw") == 0;
         else if (strcmp(argv[i], "--payload") == 0)
             g_payload = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--transport") == 0)
+            lane = strcmp(argv[i + 1], "lane") == 0;
         else {
             fprintf(stderr, "exchange_bench: unknown option %s\n", argv[i]);
             return 2;
@@ -462,10 +518,21 @@ int main(int argc, char **argv)
     int fds[2];
     if (pipe(fds) != 0)
         return 1;
+    Tandem__V1__LaneOffer offer;
+    if (lane) {
+        tdm_error lerr;
+        if (raw || vserver != 0 || tdm_lane_create(&g_lane, &lerr) != TDM_OK) {
+            fprintf(stderr, "exchange_bench: --transport lane: %s\n",
+                    raw || vserver ? "not with --client raw or --vserver" : lerr.msg);
+            return 2;
+        }
+        tdm_lane_offer(g_lane, &offer);
+    }
     pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
-        _exit(drafter_main(fds[1], busy_us, draft_us, workers));
+        g_lane = NULL; /* the child opens its side from the offer */
+        _exit(drafter_main(fds[1], busy_us, draft_us, workers, lane ? &offer : NULL));
     }
     close(fds[1]);
     int port = 0;
@@ -508,6 +575,10 @@ int main(int argc, char **argv)
     if (raw) {
         raw_open(&rl, target);
         pthread_create(&rt, NULL, raw_link, &rl);
+    } else if (lane) {
+        tdm_lane_unlink(g_lane);
+        pthread_create(&wt, NULL, v_writer, &v);
+        pthread_create(&rt, NULL, v_reader, &v);
     } else {
         if (tdm_rpc_channel_create(&co, &ch, &err) != TDM_OK ||
             tdm_rpc_stream_open(ch, "/bench.X/Draft", NULL, MSG_DESC, NULL, &v.st, &err) !=
@@ -566,12 +637,17 @@ int main(int argc, char **argv)
            "drafter workers %d (0: the server's default), verifier %s, its own server's workers %d "
            "(< 0: polling)\n",
            iters, (long long)busy_us, (long long)draft_us, (long long)verify_us, g_payload, workers,
-           raw ? "one thread owning the call" : "reader + writer threads", vserver);
+           raw    ? "one thread owning the call"
+           : lane ? "reader + writer threads on the exchange lane"
+                  : "reader + writer threads",
+           vserver);
     thread_sleeps("verifier", getpid());
     thread_sleeps("drafter", pid);
     if (raw) {
         pthread_join(rt, NULL);
         grpc_call_cancel(rl.call, NULL);
+    } else if (lane) {
+        pthread_join(wt, NULL);
     } else {
         tdm_rpc_stream_close_send(v.st, &err);
         pthread_join(wt, NULL);
@@ -581,16 +657,21 @@ int main(int argc, char **argv)
         part[4][k] = (double)ds[k + 100 - 1][3] / 1e3;
     }
     ProtobufCMessage *m = NULL;
-    while (!raw && tdm_rpc_stream_read(v.st, &m, &err) == TDM_OK && m) {
+    while (!raw && !lane && tdm_rpc_stream_read(v.st, &m, &err) == TDM_OK && m) {
         protobuf_c_message_free_unpacked(m, NULL);
         m = NULL;
     }
-    if (!raw)
+    if (!raw && !lane)
         pthread_join(rt, NULL);
     for (int p = 0; p < NP; p++)
         report(names[p], part[p], iters);
 
-    if (!raw) {
+    if (lane) {
+        kill(pid, SIGKILL);
+        tdm_lane_close(g_lane);
+        pthread_join(rt, NULL);
+        tdm_lane_destroy(g_lane);
+    } else if (!raw) {
         tdm_rpc_stream_destroy(v.st);
         tdm_rpc_channel_destroy(ch);
     }

@@ -158,6 +158,41 @@ def config_files(objs):
     return out
 
 
+def transports(cfg, key):
+    """key (exchange_transport, feature_transport) in the verifier's and the
+    drafter's config files (None where absent)."""
+    return cfg.get("verifier.yaml", {}).get(key), cfg.get("drafter.yaml", {}).get(key)
+
+
+def shared_shm(objs):
+    """The verifier pod's dshm volume (None: none) and where each of its
+    containers, init containers included, mounts it."""
+    ver = one(objs, "Deployment", "rel-tandem-verifier")
+    ps = pod_spec(ver)
+    vol = next((v_ for v_ in ps.get("volumes", []) if v_["name"] == "dshm"), None)
+    mounts = {}
+    for c in ps.get("containers", []) + ps.get("initContainers", []):
+        mounts[c["name"]] = next((m["mountPath"] for m in c.get("volumeMounts", [])
+                                  if m["name"] == "dshm"), None)
+    return vol, mounts
+
+
+def check_shared_shm(label, objs, want):
+    """want: the verifier pod shares one memory-backed /dev/shm between all its
+    containers (drafter.shmSizeLimit), or mounts none at all."""
+    vol, mounts = shared_shm(objs)
+    if want:
+        check(vol is not None and vol.get("emptyDir") == {"medium": "Memory",
+                                                          "sizeLimit": "256Mi"},
+              "%s: a memory-backed emptyDir for /dev/shm: %s" % (label, vol))
+        check(mounts and all(m == "/dev/shm" for m in mounts.values()),
+              "%s: every container of the verifier pod mounts it at /dev/shm: %s" %
+              (label, mounts))
+    else:
+        check(vol is None and not any(mounts.values()),
+              "%s: no shared /dev/shm: %s %s" % (label, vol, mounts))
+
+
 # ---- cases -------------------------------------------------------------------------
 
 def case_lint():
@@ -244,6 +279,12 @@ def case_render():
           "default: verifiers roll without a surge pod: %s" % ver["spec"].get("strategy"))
     check(one(objs, "Deployment", "rel-tandem-gateway")["spec"].get("strategy", {}).get(
         "type") == "Recreate", "default: the gateway is recreated (one registry)")
+    # Remote drafters have their own /dev/shm: the Draft stream goes by gRPC.
+    check(transports(cfg, "exchange_transport") == ("grpc", "grpc") and
+          transports(cfg, "feature_transport") == (None, None),
+          "default: exchange_transport grpc in both files, no feature_transport: %s" %
+          (transports(cfg, "exchange_transport"),))
+    check_shared_shm("default", objs, False)
 
     objs = render("cpu-demo", "-f", os.path.join(CHART, "examples", "cpu-demo.yaml"))
     check_common("cpu-demo", objs, "remote")
@@ -279,9 +320,15 @@ def case_render():
     check(pod_spec(ver).get("volumes", [])[-1].get("persistentVolumeClaim", {}).get(
         "claimName") == "qwen-models", "%s: models from the claim" % label)
 
-    check(not any(v_["name"] == "dshm" for v_ in pod_spec(ver).get("volumes", [])) and
-          "feature_transport" not in cfg["verifier.yaml"],
-          "%s: a model drafter gets no shared /dev/shm and no feature_transport" % label)
+    # A colocated model drafter: no feature stream, but the Draft stream's
+    # messages go by the exchange lane, in the pod's shared /dev/shm.
+    check(transports(cfg, "feature_transport") == (None, None),
+          "%s: a model drafter gets no feature_transport: %s" %
+          (label, transports(cfg, "feature_transport")))
+    check(transports(cfg, "exchange_transport") == ("shm", "shm"),
+          "%s: exchange_transport shm in both files: %s" %
+          (label, transports(cfg, "exchange_transport")))
+    check_shared_shm(label, objs, True)
 
     # A tensor-parallel verifier on GPUs requests one GPU a rank.
     label = "tensor-parallel"
@@ -316,6 +363,9 @@ def case_render():
     check(cfg["verifier.yaml"].get("feature_transport") == "shm" and
           cfg["drafter.yaml"].get("feature_transport") == "shm",
           "%s: feature_transport shm in both files" % label)
+    check(transports(cfg, "exchange_transport") == ("shm", "shm"),
+          "%s: exchange_transport shm in both files: %s" %
+          (label, transports(cfg, "exchange_transport")))
     # A draft vocabulary: in the ConfigMap, named by the drafter's file.
     ids = write("ids.txt", "# ranked\n11\n7, 3\n")
     objs = render("mtp-vocab", "--set", "speculative.drafterKind=mtp", "--set-file",
@@ -334,6 +384,10 @@ def case_render():
           cfg["drafter.yaml"].get("feature_transport") == "grpc" and
           not any(v_["name"] == "dshm" for v_ in pod_spec(ver).get("volumes", [])),
           "remote-mtp: feature_transport grpc, no shared /dev/shm")
+    check(transports(cfg, "exchange_transport") == ("grpc", "grpc"),
+          "remote-mtp: exchange_transport grpc in both files: %s" %
+          (transports(cfg, "exchange_transport"),))
+    case_exchange_transport()
 
     label = "gpu-remote-drafters"
     objs = render(label, "-f", os.path.join(CHART, "examples", "gpu-remote-drafters.yaml"))
@@ -367,6 +421,58 @@ def case_render():
           "cluster_token_file" not in cfg["verifier.yaml"],
           "no-metrics-mtls: no metrics port, no token: %s" % cfg["gateway.yaml"])
     check(one(objs, "HorizontalPodAutoscaler", "rel-tandem-drafter"), "drafter HPA")
+
+
+def case_exchange_transport():
+    """speculative.exchangeTransport: every drafter kind; the chart's pick,
+    explicit values passed through to both files, the shared /dev/shm mounted
+    exactly when a colocated pair may use shared memory for the exchange lane
+    or the feature ring, the key owned by the chart, shm refused for remote
+    drafters."""
+    # (values, drafter mode, exchange_transport, feature_transport, shared /dev/shm)
+    cases = [
+        ("drafter.mode=colocated,speculative.drafterKind=ngram", "colocated", "shm", None, True),
+        ("drafter.mode=colocated,speculative.exchangeTransport=auto", "colocated", "auto", None,
+         True),
+        ("drafter.mode=colocated,speculative.exchangeTransport=shm", "colocated", "shm", None,
+         True),
+        ("drafter.mode=colocated,speculative.exchangeTransport=grpc", "colocated", "grpc", None,
+         False),
+        ("drafter.mode=colocated,speculative.drafterKind=mtp,speculative.exchangeTransport=grpc",
+         "colocated", "grpc", "shm", True),
+        ("drafter.mode=colocated,speculative.drafterKind=mtp,speculative.featureTransport=grpc",
+         "colocated", "shm", "grpc", True),
+        ("drafter.mode=colocated,speculative.drafterKind=mtp,speculative.featureTransport=grpc,"
+         "speculative.exchangeTransport=grpc", "colocated", "grpc", "grpc", False),
+        ("speculative.exchangeTransport=auto", "remote", "auto", None, False),
+        ("speculative.exchangeTransport=grpc,speculative.drafterKind=ngram", "remote", "grpc",
+         None, False),
+    ]
+    for values, mode, ex, feat, shm in cases:
+        label = "exchange " + values
+        objs = render(label, "--set", values)
+        cfg = check_common(label, objs, mode)
+        check(transports(cfg, "exchange_transport") == (ex, ex),
+              "%s: exchange_transport %s in both files: %s" %
+              (label, ex, transports(cfg, "exchange_transport")))
+        check(transports(cfg, "feature_transport") == (feat, feat),
+              "%s: feature_transport %s in both files: %s" %
+              (label, feat, transports(cfg, "feature_transport")))
+        check_shared_shm(label, objs, shm)
+    # The chart owns the key: neither role's config map may set it.
+    for role in ("verifier", "drafter"):
+        r = template("--set", "drafter.mode=colocated,%s.config.exchange_transport=grpc" % role)
+        check(r.returncode != 0 and ("%s.config.exchange_transport: exchange_transport is set by "
+                                     "the chart from speculative.exchangeTransport" % role)
+              in r.stderr, "%s.config.exchange_transport must fail the render: rc %d: %s" %
+              (role, r.returncode, r.stderr.strip()))
+    # shm cannot reach a remote drafter's pod: the render fails, for every kind.
+    for kind in ("model", "ngram", "mtp"):
+        r = template("--set", "speculative.exchangeTransport=shm,speculative.drafterKind=%s" % kind)
+        check(r.returncode != 0 and "exchange_transport=shm (values speculative.exchangeTransport) "
+              "needs drafter.mode=colocated" in r.stderr,
+              "exchangeTransport shm with a remote %s drafter must fail the render: rc %d: %s" %
+              (kind, r.returncode, r.stderr.strip()))
 
 
 def case_bad():
@@ -410,6 +516,33 @@ def case_check_config():
     check(r.returncode == 0 and "1 pair(s) compatible, 0 refused" in r.stdout,
           "tandem check-config on the rendered files: rc %d\n%s%s" % (r.returncode, r.stdout,
                                                                       r.stderr))
+    # The exchange transport: the pair of files the chart renders for each
+    # drafter mode is compatible and reads the value rendered (the services
+    # take the key); the pairing rule refuses the pair once one side's file
+    # says otherwise, which the chart's one value for both files rules out.
+    for mode, ex in (("remote", "grpc"), ("colocated", "shm")):
+        r = template("--set", "drafter.mode=%s,models.target=%s/models/demo-target,"
+                     "models.draft=%s/models/demo-drafter" % (mode, src, src),
+                     "--show-only", "templates/configmap.yaml")
+        if not check(r.returncode == 0, "render the %s ConfigMap: %s" % (mode, r.stderr)):
+            continue
+        data = yaml.safe_load(r.stdout)["data"]
+        vfile = write("cfg/verifier-%s.yaml" % mode,
+                      data["verifier.yaml"].replace("/etc/tandem/", root + "/etc/tandem/"))
+        dtext = data["drafter.yaml"].replace("/etc/tandem/", root + "/etc/tandem/")
+        dfile = write("cfg/drafter-%s.yaml" % mode, dtext)
+        r = sh([ARGS.cli, "check-config", "--verifier", vfile, "--drafter", dfile, "--verbose"])
+        check(r.returncode == 0 and "1 pair(s) compatible, 0 refused" in r.stdout and
+              len(re.findall(r"^exchange_transport: +%s +# file:" % ex, r.stdout, re.M)) == 2,
+              "tandem check-config on the chart's %s files, exchange_transport %s on both "
+              "sides: rc %d\n%s%s" % (mode, ex, r.returncode, r.stdout, r.stderr))
+        other = "grpc" if ex == "shm" else "shm"
+        dfile = write("cfg/drafter-%s-mixed.yaml" % mode, dtext.replace(
+            'exchange_transport: "%s"' % ex, 'exchange_transport: "%s"' % other))
+        r = sh([ARGS.cli, "check-config", "--verifier", vfile, "--drafter", dfile])
+        check(r.returncode != 0 and "refused by rule drafter-exchange-transport" in r.stdout,
+              "check-config refuses the %s verifier's file with a drafter on exchange_transport "
+              "%s: rc %d\n%s" % (mode, other, r.returncode, r.stdout))
     # A draft vocabulary rendered by the chart passes the MTP drafter's own
     # check of the list against the model (the demo target carries a head).
     r = template("--set", "models.target=%s/models/demo-target,speculative.drafterKind=mtp,"

@@ -51,8 +51,12 @@ class Pod:
         cms = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
         secrets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Secret"}
         self.volumes = {}
+        self.empty_dirs = {}
         for v in self.spec.get("volumes", []):
             files = None
+            if "emptyDir" in v:
+                self.empty_dirs[v["name"]] = v["emptyDir"]
+                continue
             if "configMap" in v:
                 files = cms[v["configMap"]["name"]].get("data", {})
             elif "secret" in v:
@@ -67,6 +71,9 @@ class Pod:
         path rewriting that stands for the mounts."""
         rewrite = {}
         for m in c.get("volumeMounts", []):
+            if m["name"] in self.empty_dirs:
+                self.mount_empty_dir(c, m)
+                continue
             files = self.volumes.get(m["name"])
             if files is None:
                 check(False, "%s/%s: volume %s cannot be provided here" % (self.name, c["name"],
@@ -76,6 +83,8 @@ class Pod:
             os.makedirs(d, exist_ok=True)
             rewrite[m["mountPath"].rstrip("/") + "/"] = d + "/"
         for m in c.get("volumeMounts", []):
+            if m["name"] in self.empty_dirs:
+                continue
             files = self.volumes.get(m["name"]) or {}
             d = self.root + m["mountPath"]
             for k, text in files.items():
@@ -84,6 +93,29 @@ class Pod:
                 with open(os.path.join(d, k), "w") as f:
                     f.write(text)
         return rewrite
+
+    def mount_empty_dir(self, c, m):
+        """The one emptyDir the chart renders: memory-backed, at /dev/shm,
+        shared by the verifier and its colocated drafter. It becomes a tmpfs
+        of its sizeLimit on /dev/shm in this mount namespace, where both
+        processes map what the other offers (shm_open names /dev/shm, so the
+        path is not rewritten)."""
+        ed = self.empty_dirs[m["name"]]
+        if not check(m["mountPath"] == "/dev/shm" and ed.get("medium") == "Memory",
+                     "%s/%s: emptyDir %s %s at %s cannot be provided here" %
+                     (self.name, c["name"], m["name"], ed, m["mountPath"])):
+            return
+        if m["name"] in SHM_MOUNTED:
+            return
+        size = str(ed.get("sizeLimit", "64Mi"))
+        mm = re.match(r"^(\d+)([KMG]i)?$", size)
+        if not check(mm is not None, "%s: sizeLimit %s" % (m["name"], size)):
+            return
+        opt = mm.group(1) + {"Ki": "k", "Mi": "m", "Gi": "g", None: ""}[mm.group(2)]
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s,mode=1777" % opt, "tmpfs",
+                        "/dev/shm"], check=True)
+        SHM_MOUNTED.add(m["name"])
+        print("%s: emptyDir %s: a %s tmpfs on /dev/shm" % (self.name, m["name"], size))
 
     def env(self, c):
         env = {"PATH": os.environ["PATH"], "HOME": self.root}
@@ -149,6 +181,9 @@ class Pod:
                 out += "---- %s/%s\n%s\n" % (self.name, c["name"],
                                              f.read().decode("utf-8", "replace")[-3000:])
         return out
+
+
+SHM_MOUNTED = set()
 
 
 def health(port):
@@ -241,12 +276,37 @@ def inside():
               "the verifier pod runs %s" % want_c)
         print(r.stdout[-1200:])
         print(r.stderr[-600:])
+        check_exchange(vpod, objs)
     finally:
         for p in reversed(pods):
             p.stop()
+        if SHM_MOUNTED:
+            left = [f for f in os.listdir("/dev/shm") if f.startswith("tandem-lane-")]
+            check(not left, "exchange lanes left in /dev/shm after the pods stopped: %s" % left)
         if ht.FAILURES:
             for p in pods:
                 print(p.logs())
+
+
+def check_exchange(vpod, objs):
+    """The Draft stream went the way the chart's exchange_transport says: by
+    the shared-memory lane in a colocated pod (both processes say so), by
+    gRPC to a remote drafter (no lane offered)."""
+    cm = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith(
+        "-config")][0]
+    want = yaml.safe_load(cm["data"]["verifier.yaml"]).get("exchange_transport")
+    logs = {}
+    for c, _, _ in vpod.procs:
+        with open(os.path.join(vpod.root, c["name"] + ".log"), "rb") as f:
+            logs[c["name"]] = f.read().decode("utf-8", "replace")
+    if ARGS.mode == "colocated":
+        check(want == "shm" and "exchange on shm" in logs.get("verifier", "") and
+              "exchange by shared memory" in logs.get("drafter", ""),
+              "colocated: exchange_transport %s, the Draft stream on the shared-memory lane" %
+              want)
+    else:
+        check(want == "grpc" and "exchange on shm" not in logs.get("verifier", ""),
+              "remote: exchange_transport %s, the Draft stream on gRPC" % want)
 
 
 ARGS = None

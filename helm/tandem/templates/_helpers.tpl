@@ -88,6 +88,9 @@ with the values keys in place of the config files.
 {{- if and (eq $s.featureTransport "shm") (ne $v.drafter.mode "colocated") -}}
 {{- fail "feature_transport=shm (values speculative.featureTransport) needs drafter.mode=colocated: a remote drafter's pod has its own /dev/shm, so the verifier's shared-memory ring cannot reach it; set featureTransport to grpc or auto (or empty: the chart picks), or drafter.mode to colocated" -}}
 {{- end -}}
+{{- if and (eq $s.exchangeTransport "shm") (ne $v.drafter.mode "colocated") -}}
+{{- fail "exchange_transport=shm (values speculative.exchangeTransport) needs drafter.mode=colocated: a remote drafter's pod has its own /dev/shm, so the verifier's shared-memory exchange lane cannot reach it and every Draft stream would break; set exchangeTransport to grpc or auto (or empty: the chart picks), or drafter.mode to colocated" -}}
+{{- end -}}
 {{- if and (eq $v.drafter.mode "colocated") $v.drafter.autoscaling.enabled -}}
 {{- fail "drafter.autoscaling.enabled with drafter.mode=colocated: a colocated drafter is a container of each verifier pod and scales with verifier.autoscaling" -}}
 {{- end -}}
@@ -105,7 +108,7 @@ with the values keys in place of the config files.
 {{- fail "models.source=imageVolume needs models.imageVolume.reference" -}}
 {{- end -}}
 {{- /* Keys the chart sets from one place may not be set again per role. */ -}}
-{{- $owned := dict "state_strategy" "speculative.stateStrategy" "prefix_cache" "speculative.prefixCache" "draft_block_size" "speculative.blockSize" "max_draft_tokens" "speculative.maxDraftTokens" "drafter_kind" "speculative.drafterKind" "model" "models.target / models.draft" "tokenizer" "models.tokenizer" "gateway" "(the chart: the gateway Service)" "listen" "(the chart: the role's port)" "health_listen" "(the chart: the role's port + 1)" "metrics_listen" "common.metrics" "advertise" "(the chart: the pod's IP)" "tls_cert" "tls" "tls_key" "tls" "tls_ca" "tls" "tls_client_auth" "tls.mutual" "cluster_token_file" "clusterToken" "log_level" "common.logLevel" "shutdown_grace" "common.shutdownGraceSeconds" "max_sequences" "verifier/drafter.maxSequences" "tensor_parallel" "verifier.tensorParallel" "backend" "verifier/drafter.backend" "feature_transport" "speculative.featureTransport" -}}
+{{- $owned := dict "state_strategy" "speculative.stateStrategy" "prefix_cache" "speculative.prefixCache" "draft_block_size" "speculative.blockSize" "max_draft_tokens" "speculative.maxDraftTokens" "drafter_kind" "speculative.drafterKind" "model" "models.target / models.draft" "tokenizer" "models.tokenizer" "gateway" "(the chart: the gateway Service)" "listen" "(the chart: the role's port)" "health_listen" "(the chart: the role's port + 1)" "metrics_listen" "common.metrics" "advertise" "(the chart: the pod's IP)" "tls_cert" "tls" "tls_key" "tls" "tls_ca" "tls" "tls_client_auth" "tls.mutual" "cluster_token_file" "clusterToken" "log_level" "common.logLevel" "shutdown_grace" "common.shutdownGraceSeconds" "max_sequences" "verifier/drafter.maxSequences" "tensor_parallel" "verifier.tensorParallel" "backend" "verifier/drafter.backend" "feature_transport" "speculative.featureTransport" "exchange_transport" "speculative.exchangeTransport" -}}
 {{- range $role := list "gateway" "verifier" "drafter" -}}
 {{- range $key, $_ := (get $v $role).config -}}
 {{- if hasKey $owned $key -}}
@@ -188,11 +191,27 @@ for other kinds. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the verifier pods mount a shared memory-backed /dev/shm:
-an MTP drafter colocated in them, with shm allowed. */}}
+{{/* The Draft stream's transport (exchange_transport), for every drafter
+kind: speculative.exchangeTransport, or the chart's pick: shm for a colocated
+drafter (the pod shares a memory-backed /dev/shm), grpc for remote ones (their
+pods have their own /dev/shm: shm could never work there, and auto would only
+log a refused lane per stream). */}}
+{{- define "tandem.exchangeTransport" -}}
+{{- $v := .Values -}}
+{{- if $v.speculative.exchangeTransport -}}
+{{- $v.speculative.exchangeTransport -}}
+{{- else -}}
+{{- ternary "shm" "grpc" (eq $v.drafter.mode "colocated") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the verifier pods mount a shared memory-backed /dev/shm: a
+drafter colocated in them, with shm allowed for the exchange lane or (MTP)
+the feature ring. */}}
 {{- define "tandem.sharedShm" -}}
-{{- $t := include "tandem.featureTransport" . -}}
-{{- if and (eq .Values.drafter.mode "colocated") (or (eq $t "shm") (eq $t "auto")) -}}true{{- end -}}
+{{- $f := include "tandem.featureTransport" . -}}
+{{- $x := include "tandem.exchangeTransport" . -}}
+{{- if and (eq .Values.drafter.mode "colocated") (or (eq $f "shm") (eq $f "auto") (eq $x "shm") (eq $x "auto")) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "tandem.volumes" -}}
@@ -202,7 +221,8 @@ an MTP drafter colocated in them, with shm allowed. */}}
     name: {{ include "tandem.fullname" .root }}-config
 {{- if and (eq .role "verifier") (include "tandem.sharedShm" .root) }}
 # The verifier's and its drafter's /dev/shm: one memory-backed emptyDir, so
-# the feature ring the verifier offers is the drafter's to map.
+# the exchange lanes (and, MTP, the feature ring) the verifier offers are the
+# drafter's to map.
 - name: dshm
   emptyDir:
     medium: Memory
