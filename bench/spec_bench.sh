@@ -46,7 +46,9 @@
 # drafter's rows), RUNAHEAD (default "off on"), MPS (1: every process of the
 # run joins one CUDA MPS server started for it, so the verifier's and the
 # drafter's kernels share the GPU at once instead of taking turns as two
-# contexts) and TAG (names this run's summary-TAG.txt and logs-TAG.txz, so
+# contexts), TANDEM_EXCHANGE_TRANSPORT (every service's exchange_transport:
+# the default auto puts a Draft stream's messages on the shared-memory lane;
+# grpc keeps them on the stream; the client prints exchange_streams) and TAG (names this run's summary-TAG.txt and logs-TAG.txz, so
 # that several runs of one call come back side by side).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -222,6 +222,9 @@ static void print_timeline(const counters *a, const counters *b)
     }
     printf(" plain_measured=%.0f",
            counter(b, "plain_measure_rounds") - counter(a, "plain_measure_rounds"));
+    /* the Draft streams by exchange transport, since the verifier started */
+    printf(" exchange_streams=shm:%.0f,grpc:%.0f", counter(b, "exchange_streams_shm"),
+           counter(b, "exchange_streams_grpc"));
     printf(" round_us=%.1f exchange_p50_us=%.0f exchange_p99_us=%.0f draft_token_p50_us=%.0f "
            "draft_token_p99_us=%.0f step_p50_us=%.0f step_p99_us=%.0f\n",
            sum, counter(b, "draft_exchange_overhead_p50_us"),
