@@ -75,8 +75,9 @@ struct vlink {
      * LANE_GRPC at once when no lane is tried. lnote (under t->mu) says why
      * grpc. */
     _Atomic int lane_state;
-    tdm_lane *lane; /* freed with the link */
+    tdm_lane *lane; /* freed with the link, or (under t->mu) once refused */
     bool lane_tx;
+    _Atomic bool lane_late; /* settled on grpc for want of an answer: a late one still counts */
     double lane_offered_at; /* CLOCK_MONOTONIC seconds */
     char lnote[300];
     atomic_flag gpu_noted; /* vlink_note_once: the GPU it shares was logged */
@@ -210,11 +211,11 @@ void vlink_break(vlink *l, const char *why)
     /* The table's reference: never the last, the caller holds one. */
     if (in_table)
         l->refs--;
+    if (l->lane)
+        tdm_lane_close(l->lane); /* under t->mu: a refused lane is freed under it */
     pthread_mutex_unlock(&t->mu);
     tdm_log_warn(LOG, "drafter %s: %s; its sequences continue without speculation", l->address,
                  why);
-    if (l->lane)
-        tdm_lane_close(l->lane);
     tdm_rpc_stream_cancel(l->stream);
     t->cb.broken(t->cb.user, l, why);
 }
@@ -467,14 +468,29 @@ static bool lane_take(vlink *l, const Tandem__V1__DraftResponse *r)
     const Tandem__V1__LaneAnswer *a = r->lane_answer;
     int want = LANE_OFFERED;
     if (!atomic_compare_exchange_strong(&l->lane_state, &want, a->accepted ? LANE_ON : LANE_GRPC)) {
-        tdm_log_warn(LOG, "drafter %s: a LaneAnswer to no offer; ignored", l->address);
-        return true;
+        /* An answer after the verifier stopped waiting (auto): the drafter
+         * that took the lane writes into it from now on, so the lane is
+         * taken even so. */
+        want = LANE_GRPC;
+        if (!(a->accepted && atomic_load(&l->lane_late) &&
+              atomic_compare_exchange_strong(&l->lane_state, &want, LANE_ON))) {
+            tdm_log_warn(LOG, "drafter %s: a LaneAnswer to no offer; ignored", l->address);
+            return true;
+        }
+        atomic_fetch_sub(&t->lane_grpc, 1);
     }
     if (!a->accepted) {
         char why[400];
         snprintf(why, sizeof(why), "the drafter did not take the shared-memory lane: %s",
                  a->message && a->message[0] ? a->message : "(no reason given)");
         lane_settle_grpc(l, why);
+        /* Its memory goes now: nothing but vlink_break (under t->mu) and
+         * link_free touch a lane that was never taken. */
+        pthread_mutex_lock(&t->mu);
+        tdm_lane *gone = l->lane;
+        l->lane = NULL;
+        pthread_mutex_unlock(&t->mu);
+        tdm_lane_destroy(gone);
         return true;
     }
     /* Both sides hold it mapped: the name goes, so nothing is left in
@@ -795,9 +811,10 @@ bool vlink_send(vlink *l, const Tandem__V1__DraftRequest *msg)
     if (atomic_load(&l->lane_state) == LANE_OFFERED &&
         mono_s() - l->lane_offered_at > VLINK_OFFER_WAIT_S) {
         int want = LANE_OFFERED;
+        atomic_store(&l->lane_late, l->t->lane.transport == TDM_LANE_TRANSPORT_AUTO);
         if (atomic_compare_exchange_strong(&l->lane_state, &want, LANE_GRPC))
-            lane_settle_grpc(l, "the drafter did not answer the offer of a shared-memory lane (a "
-                                "drafter that predates it)");
+            lane_settle_grpc(l, "the drafter did not answer the offer of a shared-memory lane in "
+                                "10 s (a drafter that predates it)");
         if (vlink_is_broken(l, NULL, 0))
             return false;
     }
