@@ -72,14 +72,12 @@ struct vlink {
      * drafter's answer: LANE_ON (a lane reader thread reads the drafter's
      * pipe from then on, and the writer, after it wrote the LaneSwitch,
      * writes into the lane: lane_tx, the writer's alone) or LANE_GRPC;
-     * LANE_GRPC at once when no lane is tried. lnote (under t->mu) says why
-     * grpc. */
+     * LANE_GRPC at once when no lane is tried (the log says why). */
     _Atomic int lane_state;
     tdm_lane *lane; /* freed with the link, or (under t->mu) once refused */
     bool lane_tx;
     _Atomic bool lane_late; /* settled on grpc for want of an answer: a late one still counts */
     double lane_offered_at; /* CLOCK_MONOTONIC seconds */
-    char lnote[300];
     atomic_flag gpu_noted; /* vlink_note_once: the GPU it shares was logged */
 };
 
@@ -433,9 +431,6 @@ static void lane_settle_grpc(vlink *l, const char *why)
 {
     vlinks *t = l->t;
     atomic_store(&l->lane_state, LANE_GRPC);
-    pthread_mutex_lock(&t->mu);
-    snprintf(l->lnote, sizeof(l->lnote), "%s", why);
-    pthread_mutex_unlock(&t->mu);
     atomic_fetch_add(&t->lane_grpc, 1);
     if (l->lane)
         tdm_lane_unlink(l->lane);
@@ -609,8 +604,8 @@ static void *link_reader(void *arg)
 }
 
 /* Before a new link is published: its lane's segment, where the setting
- * allows one (*why: why not, for lane_publish); false (err set) where
- * exchange_transport shm cannot be had. */
+ * allows one (else *why says why not, for lane_settle_grpc once published);
+ * false (err set) where exchange_transport shm cannot be had. */
 static bool lane_prepare(vlink *l, char *why, size_t why_len, tdm_error *err)
 {
     vlinks *t = l->t;
