@@ -446,6 +446,9 @@ static const char *rule_fix(const char *rule)
          "run replicas of one role from builds with the same snapshot layout version"},
         {"snapshot-model",
          "register verifiers of one model with a gateway (one gateway per served model)"},
+        {"drafter-feature-transport", "set feature_transport auto on one side"},
+        {"drafter-exchange-transport",
+         "set exchange_transport auto on one side (grpc where the drafter is on another host)"},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(fixes); i++)
         if (strcmp(fixes[i].rule, rule) == 0)
