@@ -32,7 +32,8 @@
 # drafting for it: a = 0.6, 0.8, 1.0 at block 3, blocks 2 and 4 and batch 8
 # at a = 0.8, the feature stream's counters), "demomtp" (the demo target's
 # MTP head against plain decoding), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
-# exchange's floor; bench_exchange_bench: the exchange's transport by part, threaded as the
+# exchange's floor; bench_exchange_bench: the exchange's transport by part, on gRPC and on
+# the exchange lane, threaded as the
 # services thread it) and "cudatests" (the CUDA tests).
 # Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
 # default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
@@ -505,12 +506,16 @@ run)
             timeout 120 "$B/bench_rpc_bench" --iters 3000 2>/dev/null | tee -a "$SUM"
             # the exchange's transport alone, threaded as the services thread
             # it (bench/exchange_bench.c): idle rounds, then rounds shaped as
-            # the 4B pair's (4 drafts of the 0.8B model, a verify step)
-            for busy in 0 50000; do
-                for shape in "0 0" "4000 3300"; do
-                    set -- $shape
-                    timeout 120 "$B/bench_exchange_bench" --iters "${XITERS:-1500}" --busy-us "$busy" \
-                        --draft-us "$1" --verify-us "$2" 2>/dev/null | tee -a "$SUM"
+            # the 4B pair's (4 drafts of the 0.8B model, a verify step), on
+            # the gRPC stream and on the exchange lane (shared memory)
+            for transport in grpc lane; do
+                for busy in 0 50000; do
+                    for shape in "0 0" "4000 3300"; do
+                        set -- $shape
+                        timeout 120 "$B/bench_exchange_bench" --iters "${XITERS:-1500}" \
+                            --busy-us "$busy" --draft-us "$1" --verify-us "$2" \
+                            --transport "$transport" 2>/dev/null | tee -a "$SUM"
+                    done
                 done
             done
             ;;
