@@ -248,6 +248,17 @@ static const char *transport_list(char *const *list, size_t n, char *buf, size_t
     return buf;
 }
 
+/* A refusal by `rule` of verifier v (transports va) and drafter d (da): the
+ * services and both lists as its values; the caller writes the message. */
+static void transports_refused(tdm_compat_refusal *out, const char *rule,
+                               const Tandem__V1__Descriptor *v, const Tandem__V1__Descriptor *d,
+                               char *const *va, size_t vn, char *const *da, size_t dn)
+{
+    fill_services(out, rule, v, d);
+    transport_list(va, vn, out->a_value, sizeof(out->a_value));
+    transport_list(da, dn, out->b_value, sizeof(out->b_value));
+}
+
 /* Whether two lists of transports share one; lists that are empty (a side
  * that predates the setting) are not judged. */
 static bool transports_meet(char *const *a, size_t na, char *const *b, size_t nb)
@@ -271,11 +282,8 @@ static int rule_feature_transport(const Tandem__V1__Descriptor *v, const Tandem_
         transports_meet(v->feature_transports, v->n_feature_transports, d->feature_transports,
                         d->n_feature_transports))
         return 0;
-    fill_services(out, "drafter-feature-transport", v, d);
-    transport_list(v->feature_transports, v->n_feature_transports, out->a_value,
-                   sizeof(out->a_value));
-    transport_list(d->feature_transports, d->n_feature_transports, out->b_value,
-                   sizeof(out->b_value));
+    transports_refused(out, "drafter-feature-transport", v, d, v->feature_transports,
+                       v->n_feature_transports, d->feature_transports, d->n_feature_transports);
     snprintf(out->message, sizeof(out->message),
              "rule drafter-feature-transport: verifier %s sends hidden states by %s and drafter "
              "%s takes them by %s only (feature_transport): no transport in common; set "
@@ -294,11 +302,8 @@ static int rule_exchange_transport(const Tandem__V1__Descriptor *v, const Tandem
     if (transports_meet(v->exchange_transports, v->n_exchange_transports, d->exchange_transports,
                         d->n_exchange_transports))
         return 0;
-    fill_services(out, "drafter-exchange-transport", v, d);
-    transport_list(v->exchange_transports, v->n_exchange_transports, out->a_value,
-                   sizeof(out->a_value));
-    transport_list(d->exchange_transports, d->n_exchange_transports, out->b_value,
-                   sizeof(out->b_value));
+    transports_refused(out, "drafter-exchange-transport", v, d, v->exchange_transports,
+                       v->n_exchange_transports, d->exchange_transports, d->n_exchange_transports);
     snprintf(out->message, sizeof(out->message),
              "rule drafter-exchange-transport: verifier %s exchanges by %s and drafter %s by %s "
              "only (exchange_transport): no transport in common; set exchange_transport auto on "

@@ -4,6 +4,7 @@
 #include "lane.h"
 
 #include "alloc.h"
+#include "rpc.h"
 #include "spin.h"
 
 #include <limits.h>
@@ -337,5 +338,20 @@ tdm_status tdm_lane_recv(tdm_lane *l, size_t max_len, uint8_t **data, size_t *le
     publish(&l->in_ctl->tail, l->tail, &l->in_ctl->tseq, &l->in_ctl->wwait);
     *data = buf;
     *len = n;
+    return TDM_OK;
+}
+
+tdm_status tdm_lane_recv_msg(tdm_lane *l, int64_t max_len, const ProtobufCMessageDescriptor *desc,
+                             ProtobufCMessage **msg, tdm_error *err)
+{
+    *msg = NULL;
+    uint8_t *b = NULL;
+    size_t n = 0;
+    tdm_status rc = tdm_lane_recv(
+        l, max_len > 0 ? (size_t)max_len : (size_t)TDM_RPC_DEFAULT_MAX_MESSAGE_BYTES, &b, &n, err);
+    if (rc != TDM_OK)
+        return rc;
+    *msg = protobuf_c_message_unpack(desc, NULL, n, b);
+    free(b);
     return TDM_OK;
 }

@@ -80,6 +80,12 @@ tdm_status tdm_lane_send(tdm_lane *l, const uint8_t *data, size_t len, tdm_error
  * INTERNAL when the peer's count is out of the pipe: the lane cannot be read
  * any further then. */
 tdm_status tdm_lane_recv(tdm_lane *l, size_t max_len, uint8_t **data, size_t *len, tdm_error *err);
+/* The next message, decoded as `desc` (a DraftRequest or a DraftResponse):
+ * tdm_lane_recv's statuses, with max_len <= 0 the gRPC layer's default
+ * limit; TDM_OK with *msg NULL when its bytes do not decode (the lane goes
+ * on: the frames are intact). */
+tdm_status tdm_lane_recv_msg(tdm_lane *l, int64_t max_len, const ProtobufCMessageDescriptor *desc,
+                             ProtobufCMessage **msg, tdm_error *err);
 /* Ends this side's use: waits in progress and to come return UNAVAILABLE. */
 void tdm_lane_close(tdm_lane *l);
 

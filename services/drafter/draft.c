@@ -1306,6 +1306,14 @@ static void enqueue_locked(dstream *st, Tandem__V1__DraftRequest *m)
     st->tail = it;
 }
 
+/* Tells the handler that something changed (under st->mu): it polls gen,
+ * then sleeps on cv. */
+static void wake_locked(dstream *st)
+{
+    tdm_spin_bump(&st->gen);
+    pthread_cond_broadcast(&st->cv);
+}
+
 /* Ends the stream for the handler (under st->mu): rc, and msg where rc is
  * not OK. */
 static void end_locked(dstream *st, tdm_status rc, const char *msg)
@@ -1322,13 +1330,11 @@ static void end_locked(dstream *st, tdm_status rc, const char *msg)
 static void *lane_main(void *arg)
 {
     dstream *st = arg;
-    const size_t max = st->d->max_message_bytes > 0 ? (size_t)st->d->max_message_bytes
-                                                    : (size_t)TDM_RPC_DEFAULT_MAX_MESSAGE_BYTES;
     for (;;) {
-        uint8_t *b = NULL;
-        size_t n = 0;
+        ProtobufCMessage *m = NULL;
         tdm_error err = {0};
-        tdm_status rc = tdm_lane_recv(st->lane, max, &b, &n, &err);
+        tdm_status rc = tdm_lane_recv_msg(st->lane, st->d->max_message_bytes,
+                                          &tandem__v1__draft_request__descriptor, &m, &err);
         if (rc == TDM_ERR_UNAVAILABLE)
             break; /* closed: the stream ended */
         if (rc != TDM_OK) {
@@ -1337,13 +1343,10 @@ static void *lane_main(void *arg)
             tdm_log_error(LOG, "Draft stream: %s", msg);
             pthread_mutex_lock(&st->mu);
             end_locked(st, rc, msg);
-            tdm_spin_bump(&st->gen);
-            pthread_cond_broadcast(&st->cv);
+            wake_locked(st);
             pthread_mutex_unlock(&st->mu);
             break;
         }
-        Tandem__V1__DraftRequest *m = tandem__v1__draft_request__unpack(NULL, n, b);
-        free(b);
         if (!m) {
             /* Bytes that do not decode: say so, keep the stream (as on it). */
             tdm_log_warn(LOG, "Draft stream: a message on the exchange lane that does not decode "
@@ -1351,9 +1354,8 @@ static void *lane_main(void *arg)
             continue;
         }
         pthread_mutex_lock(&st->mu);
-        enqueue_locked(st, m);
-        tdm_spin_bump(&st->gen);
-        pthread_cond_broadcast(&st->cv);
+        enqueue_locked(st, (Tandem__V1__DraftRequest *)m);
+        wake_locked(st);
         pthread_mutex_unlock(&st->mu);
     }
     return NULL;
@@ -1373,8 +1375,7 @@ static void lane_switch(dstream *st)
     if (!st->has_lane_th) {
         pthread_mutex_lock(&st->mu);
         end_locked(st, TDM_ERR_RESOURCE_EXHAUSTED, "cannot start the exchange lane's reader");
-        tdm_spin_bump(&st->gen);
-        pthread_cond_broadcast(&st->cv);
+        wake_locked(st);
         pthread_mutex_unlock(&st->mu);
     }
 }
@@ -1408,8 +1409,7 @@ static void *reader_main(void *arg)
         } else {
             enqueue_locked(st, (Tandem__V1__DraftRequest *)m);
         }
-        tdm_spin_bump(&st->gen);
-        pthread_cond_broadcast(&st->cv);
+        wake_locked(st);
         bool end = st->ended && (rc != TDM_OK || !m);
         pthread_mutex_unlock(&st->mu);
         if (end)

@@ -270,6 +270,27 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A shared-memory transport that a link cannot have (`cannot` says what
+ * cannot go by it), for `why`: with its setting shm set explicitly
+ * (`required`) the link ends with an error naming the setting (never a
+ * quiet fallback); else it goes on over grpc, which the log says (`on`:
+ * what is on grpc). */
+static void shm_fallback(vlink *l, bool required, const char *setting, const char *key,
+                         const char *cannot, const char *on, const char *why)
+{
+    if (required) {
+        char msg[700];
+        snprintf(msg, sizeof(msg),
+                 "%s, but %s: %s (run the drafter on this host or in this pod with /dev/shm "
+                 "shared, or set %s auto or grpc)",
+                 setting, cannot, why, key);
+        tdm_log_error(LOG, "drafter %s: %s", l->address, msg);
+        vlink_break(l, msg);
+        return;
+    }
+    tdm_log_info(LOG, "drafter %s: %s on grpc (%s: %s)", l->address, on, setting, why);
+}
+
 /* The link settled on grpc (l->feat is FEAT_GRPC now), for `why`; with
  * feature_transport shm set explicitly that ends the link instead (never a
  * quiet fallback). */
@@ -282,19 +303,9 @@ static void feat_settle_grpc(vlink *l, const char *why)
     atomic_fetch_add(&t->feat_grpc, 1);
     if (l->ring)
         tdm_feat_ring_unlink(l->ring);
-    if (t->feat.transport == TDM_FEAT_TRANSPORT_SHM) {
-        char msg[700];
-        snprintf(msg, sizeof(msg),
-                 "%s, but the hidden states cannot go by shared memory to this drafter: %s "
-                 "(run it on this host or in this pod with /dev/shm shared, or set "
-                 "feature_transport auto or grpc)",
-                 t->feat.setting, why);
-        tdm_log_error(LOG, "drafter %s: %s", l->address, msg);
-        vlink_break(l, msg);
-        return;
-    }
-    tdm_log_info(LOG, "drafter %s: feature stream on grpc (%s: %s)", l->address, t->feat.setting,
-                 why);
+    shm_fallback(
+        l, t->feat.transport == TDM_FEAT_TRANSPORT_SHM, t->feat.setting, "feature_transport",
+        "the hidden states cannot go by shared memory to this drafter", "feature stream", why);
 }
 
 /* Takes what the reader handles itself: the drafter's shm_consumed (frees
@@ -434,18 +445,9 @@ static void lane_settle_grpc(vlink *l, const char *why)
     atomic_fetch_add(&t->lane_grpc, 1);
     if (l->lane)
         tdm_lane_unlink(l->lane);
-    if (t->lane.transport == TDM_LANE_TRANSPORT_SHM) {
-        char msg[700];
-        snprintf(msg, sizeof(msg),
-                 "%s, but this Draft stream's messages cannot go by shared memory: %s (run the "
-                 "drafter on this host or in this pod with /dev/shm shared, or set "
-                 "exchange_transport auto or grpc)",
-                 t->lane.setting, why);
-        tdm_log_error(LOG, "drafter %s: %s", l->address, msg);
-        vlink_break(l, msg);
-        return;
-    }
-    tdm_log_info(LOG, "drafter %s: exchange on grpc (%s: %s)", l->address, t->lane.setting, why);
+    shm_fallback(l, t->lane.transport == TDM_LANE_TRANSPORT_SHM, t->lane.setting,
+                 "exchange_transport", "this Draft stream's messages cannot go by shared memory",
+                 "exchange", why);
 }
 
 static bool queue_msg(vlink *l, const Tandem__V1__DraftRequest *msg, bool lane_switch);
@@ -546,13 +548,11 @@ static void reader_exit(vlink *l)
 static void *lane_reader(void *arg)
 {
     vlink *l = arg;
-    const size_t max = l->t->max_message_bytes > 0 ? (size_t)l->t->max_message_bytes
-                                                   : (size_t)TDM_RPC_DEFAULT_MAX_MESSAGE_BYTES;
     for (;;) {
-        uint8_t *b = NULL;
-        size_t n = 0;
+        ProtobufCMessage *m = NULL;
         tdm_error err = {0};
-        tdm_status rc = tdm_lane_recv(l->lane, max, &b, &n, &err);
+        tdm_status rc = tdm_lane_recv_msg(l->lane, l->t->max_message_bytes,
+                                          &tandem__v1__draft_response__descriptor, &m, &err);
         if (rc != TDM_OK) {
             if (rc != TDM_ERR_UNAVAILABLE) {
                 char why[400];
@@ -561,14 +561,12 @@ static void *lane_reader(void *arg)
             }
             break;
         }
-        Tandem__V1__DraftResponse *r = tandem__v1__draft_response__unpack(NULL, n, b);
-        free(b);
-        if (!r) {
+        if (!m) {
             vlink_break(l, "the drafter sent a message on the exchange lane that does not decode "
                            "as a DraftResponse");
             break;
         }
-        take_response(l, r);
+        take_response(l, (Tandem__V1__DraftResponse *)m);
     }
     reader_exit(l);
     return NULL;

@@ -26,7 +26,6 @@ import concurrent.futures
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -767,12 +766,7 @@ def case_lane():
                        "--exchange-transport", transport)
         dargs = ["--model", DRAFTER, "--draft-block-size", "4"]
         if apart:
-            d = st.Proc("drafter", shutil.which("unshare"),
-                        ["-rm", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"',
-                         st.ARGS.drafter, "--listen", "127.0.0.1:0", "--health-listen",
-                         "127.0.0.1:0", "--gateway", gw.addr()] + dargs)
-            st.PROCS.append(d)
-            d.wait_ready()
+            d = st.drafter_apart(gw, *dargs)
         else:
             d = st.replica("drafter", gw, *dargs, "--exchange-transport", transport)
         st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")

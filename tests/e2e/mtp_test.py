@@ -181,12 +181,7 @@ def stack(model, dtype, verifier_args=(), drafter_args=(), own_shm=False, kind="
     if kind == "mtp":
         dargs += ["--feature-dtype", dtype]
     if own_shm:
-        d = st.Proc("drafter", shutil.which("unshare"),
-                    ["-rm", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"',
-                     st.ARGS.drafter, "--listen", "127.0.0.1:0", "--health-listen",
-                     "127.0.0.1:0", "--gateway", gw.addr()] + dargs)
-        st.PROCS.append(d)
-        d.wait_ready()
+        d = st.drafter_apart(gw, *dargs)
     else:
         d = st.replica("drafter", gw, *dargs)
     s = st.wait_status(gw, lambda s: st.pair(s, "v1", "d-mtp") is not None, "pair v1+d-mtp")

@@ -52,6 +52,24 @@ static void peer_unmap(uint8_t *body)
         munmap(body - TDM_SHM_HEADER, peer_len());
 }
 
+/* A lane as the verifier creates it (*v, its offer *o) and the drafter's side
+ * opened from the offer (*d); false (nothing left) when either fails. */
+static bool lane_pair(tdm_lane **v, tdm_lane **d, Tandem__V1__LaneOffer *o)
+{
+    tdm_error err = {0};
+    *v = *d = NULL;
+    CHECK(tdm_lane_create(v, &err) == TDM_OK, "create: %s", err.msg);
+    if (!*v)
+        return false;
+    tdm_lane_offer(*v, o);
+    CHECK(tdm_lane_open(o, d, &err) == TDM_OK, "open: %s", err.msg);
+    if (!*d) {
+        tdm_lane_destroy(*v);
+        return false;
+    }
+    return true;
+}
+
 /* Message i: its length and bytes, from i alone. */
 static size_t msg_len(int i)
 {
@@ -121,24 +139,16 @@ static void *receiver(void *arg)
 static void test_both_ways(int64_t busy_poll_us)
 {
     tdm_busy_poll_set(busy_poll_us);
-    tdm_lane *v = NULL, *d = NULL;
-    tdm_error err = {0};
-    CHECK(tdm_lane_create(&v, &err) == TDM_OK, "create: %s", err.msg);
-    if (!v)
-        return;
+    tdm_lane *v, *d;
     Tandem__V1__LaneOffer o;
-    tdm_lane_offer(v, &o);
+    if (!lane_pair(&v, &d, &o))
+        return;
     CHECK(strncmp(o.name, TDM_LANE_PREFIX, strlen(TDM_LANE_PREFIX)) == 0, "name %s", o.name);
     CHECK(in_dev_shm(o.name), "the segment is in /dev/shm");
-    CHECK(tdm_lane_open(&o, &d, &err) == TDM_OK, "open: %s", err.msg);
     char name[64];
     snprintf(name, sizeof(name), "%s", o.name);
     tdm_lane_unlink(v);
     CHECK(!in_dev_shm(name), "unlinked: gone from /dev/shm, both still mapped");
-    if (!d) {
-        tdm_lane_destroy(v);
-        return;
-    }
     side vs = {v, 0, 0, TDM_OK}, dr = {d, 0, 0, TDM_OK}, ds = {d, 1, 0, TDM_OK},
          vr = {v, 1, 0, TDM_OK};
     pthread_t th[4];
@@ -218,18 +228,11 @@ static void *wait_recv(void *arg)
 static void test_bad_peer(void)
 {
     tdm_busy_poll_set(0);
-    tdm_lane *v = NULL, *d = NULL;
+    tdm_lane *v, *d;
     tdm_error err = {0};
-    CHECK(tdm_lane_create(&v, &err) == TDM_OK, "create: %s", err.msg);
-    if (!v)
-        return;
     Tandem__V1__LaneOffer o;
-    tdm_lane_offer(v, &o);
-    CHECK(tdm_lane_open(&o, &d, &err) == TDM_OK, "open: %s", err.msg);
-    if (!d) {
-        tdm_lane_destroy(v);
+    if (!lane_pair(&v, &d, &o))
         return;
-    }
     /* over the reader's limit */
     uint8_t big[2000] = {0};
     CHECK(tdm_lane_send(d, big, sizeof(big), &err) == TDM_OK, "send: %s", err.msg);
@@ -242,10 +245,7 @@ static void test_bad_peer(void)
     tdm_lane_destroy(v);
 
     /* a corrupt frame, then a count outside the pipe */
-    CHECK(tdm_lane_create(&v, &err) == TDM_OK, "create: %s", err.msg);
-    tdm_lane_offer(v, &o);
-    CHECK(tdm_lane_open(&o, &d, &err) == TDM_OK, "open: %s", err.msg);
-    if (!v || !d)
+    if (!lane_pair(&v, &d, &o))
         return;
     uint8_t msg[5] = {1, 2, 3, 4, 5};
     CHECK(tdm_lane_send(d, msg, sizeof(msg), &err) == TDM_OK, "send: %s", err.msg);
@@ -260,10 +260,7 @@ static void test_bad_peer(void)
     tdm_lane_destroy(d);
     tdm_lane_destroy(v);
 
-    CHECK(tdm_lane_create(&v, &err) == TDM_OK, "create: %s", err.msg);
-    tdm_lane_offer(v, &o);
-    CHECK(tdm_lane_open(&o, &d, &err) == TDM_OK, "open: %s", err.msg);
-    if (!v || !d)
+    if (!lane_pair(&v, &d, &o))
         return;
     body = peer_map(o.name);
     /* the d2v pipe's head: second counter block, first word */

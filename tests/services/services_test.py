@@ -113,6 +113,18 @@ def replica(role, gw, *args, **kw):
     return start(role, "--gateway", gw.addr(), *args, **kw)
 
 
+def drafter_apart(gw, *args):
+    """A drafter registered with gw in a mount namespace of its own with its
+    own /dev/shm: on this host, but where a verifier's shared-memory segments
+    cannot reach it, as on another host (needs unshare)."""
+    p = Proc("drafter", shutil.which("unshare"),
+             ["-rm", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"',
+              ARGS.drafter, "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0",
+              "--gateway", gw.addr()] + list(args))
+    PROCS.append(p)
+    return p.wait_ready()
+
+
 def run(cmd, env=None):
     e = dict(os.environ)
     for k in list(e):
