@@ -1437,8 +1437,12 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
     dstream st = {.d = d, .call = call};
     pthread_mutex_init(&st.mu, NULL);
     pthread_cond_init(&st.cv, NULL);
-    st.probs = tdm_xmalloc((size_t)d->vocab * sizeof(float));
-    st.order = tdm_xmalloc((size_t)d->vocab * sizeof(int));
+    if (d->rt || d->head) {
+        /* a model's sampled drafts; an n-gram drafter draws none (and its
+         * vocabulary may be every id, 1 << 30) */
+        st.probs = tdm_xmalloc((size_t)d->vocab * sizeof(float));
+        st.order = tdm_xmalloc((size_t)d->vocab * sizeof(int));
+    }
     size_t cap = (size_t)d->max_sequences;
     st.bs = tdm_xcalloc(cap, sizeof(*st.bs));
     st.targets = tdm_xcalloc(cap, sizeof(*st.targets));

@@ -150,8 +150,9 @@ def case_greedy():
             print("%s drafter, %s, block %d: %d speculative rounds, %.2f accepted per round" %
                   (drafter, strategy, block, spec_rounds,
                    accepted / spec_rounds if spec_rounds else 0.0), flush=True)
-            check(spec_rounds > 0, "%s/%s block %d: no speculative round ran" %
-                  (drafter, strategy, block))
+            check(spec_rounds > 0, "%s/%s block %d: no speculative round ran; the requests' "
+                  "speculation stats: %s" % (drafter, strategy, block, sorted(
+                      {r[4]["stats"].get("speculation", "") for r in res if r[4]})))
             if extra:
                 used = sum(int(r[4]["stats"].get("ahead_blocks", 0)) for r in res if r[4])
                 print("  blocks drafted ahead that stood: %d" % used, flush=True)
