@@ -2,7 +2,7 @@
 # The test command: installs what it needs, builds tandem twice (plain, and
 # with AddressSanitizer + UndefinedBehaviorSanitizer) and runs every test in
 # both builds, runs every libFuzzer harness for a bounded time
-# (TANDEM_TEST_FUZZ_SECONDS each, default 60; 0 skips them; each harness
+# (TANDEM_TEST_FUZZ_SECONDS each, default 30; 0 skips them; each harness
 # counts as one test), then builds the Release and Debug configurations
 # (warnings are errors in every one). Ends with one summary line over all of
 # it.
@@ -40,7 +40,7 @@ for variant in plain asan; do
   fi
 done
 # Bounded fuzzing: every harness from its committed corpus, under ASan+UBSan.
-fuzz_secs="${TANDEM_TEST_FUZZ_SECONDS:-60}"
+fuzz_secs="${TANDEM_TEST_FUZZ_SECONDS:-30}"
 if [ "$fuzz_secs" -gt 0 ]; then
   echo "== fuzz (${fuzz_secs} s a harness)"
   log="$root/build-fuzz.log"
