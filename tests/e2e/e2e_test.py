@@ -104,6 +104,15 @@ def generate(gw, prompt, max_tokens=24, mode="SPECULATION_MODE_AUTO", block=0, f
     return st.generate(gw, req, timeout)
 
 
+def vm_peak_kib(pid):
+    """A process's peak virtual memory (VmPeak, KiB)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1])
+    return -1
+
+
 def parallel(fn, items, workers=8):
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as ex:
         return list(ex.map(fn, items))
@@ -164,6 +173,14 @@ def case_greedy():
             if drafter == "model":
                 check(accepted > 0, "%s/%s block %d: no draft token was ever accepted" %
                       (drafter, strategy, block))
+        if drafter == "ngram" and not st.ARGS.quick:
+            # A lookup needs no per-vocabulary buffers (an n-gram drafter's
+            # vocabulary is every id: they took 8 GiB a stream); threads and
+            # malloc arenas take ~1.3 GiB of address space. A sanitizer
+            # build's address space is its shadow, so only the plain build
+            # checks.
+            peak = vm_peak_kib(d.p.pid)
+            check(peak < 4 << 20, "the n-gram drafter's address space peaked at %d KiB" % peak)
         stop_all()
 
 
