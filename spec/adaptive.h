@@ -39,7 +39,11 @@
  *    switched off without waiting for min_rounds: no acceptance pays. A
  *    probe costs about f + c plain steps, so no pause is shorter than
  *    (f + c) / probe_share tokens: probing never costs more than
- *    probe_share (1 %) of plain decoding's speed.
+ *    probe_share (1 %) of plain decoding's speed. A probe is run only
+ *    where its best outcome (its draft accepted) would restart speculation:
+ *    the speed-up at the acceptance that outcome gives pays by min_gain,
+ *    at the costs of now (tdm_adaptive_set_costs, while paused), and the
+ *    tokens left repay its open as below; else the pause goes on.
  * A sequence starts from cost_prior; if speculation would not pay even at
  * the prior acceptance, it starts paused (and probes like any pause). It
  * also starts paused where the tokens it may still generate cannot win back
@@ -71,7 +75,7 @@ typedef struct tdm_adaptive_params {
      * its tokens before the first block; the sequence waits meanwhile),
      * measured on earlier opens; <= 0: none known. */
     double open_cost;
-    int tokens_left; /* tokens the request may still generate; <= 0: unknown */
+    int tokens_left; /* tokens the request may still generate (counted down); <= 0: unknown */
 } tdm_adaptive_params;
 
 /* A cost's last three measurements (their median moves the estimate).
@@ -118,6 +122,11 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
 
 /* After a plain (non-speculative) step while paused. */
 void tdm_adaptive_on_plain_token(tdm_adaptive *a);
+
+/* While paused: what speculating would cost now, relative to a plain step
+ * (< = 0: keep the estimate), e.g. as measured on other requests at the
+ * verifier's current batch; the next probe is judged on them. */
+void tdm_adaptive_set_costs(tdm_adaptive *a, double cost, double fixed);
 
 /* Expected speed-up S(k) under the current estimates. */
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k);

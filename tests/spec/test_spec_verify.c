@@ -715,6 +715,67 @@ static void test_adaptive(void)
           g.k_next, g.paused_left);
 }
 
+/* A probe runs only where its best outcome, its one draft accepted, would
+ * restart speculation. Measured on two CPU cores at eight streams: drafts
+ * accepted at 0.73, c 0.76 and f 0.15 a plain step, where the acceptance a
+ * probe can show (0.73) never pays, and every request probed once, re-opened
+ * on the drafter, and paused again. At those costs no probe runs, and the
+ * pause says why; when the costs of the moment fall (the batch shrank:
+ * c 0.2, f 0.1), the next one does. Nor does a probe run where the tokens
+ * left cannot repay its open, as at a start: an open of 45 tokens, repaid
+ * by 150 tokens at the start (S 1.46), not by the 114 left after four
+ * rejected blocks and a pause of 32 (S 1.53 after an accepted probe). */
+static void test_adaptive_probe_worth(void)
+{
+    tdm_adaptive_params p = {.k_max = 4,
+                             .k_initial = 4,
+                             .min_gain = 0.05,
+                             .pause_tokens = 32,
+                             .min_rounds = 4,
+                             .cost_prior = 0.76,
+                             .fixed_prior = 0.15,
+                             .tokens_left = 1000};
+    tdm_adaptive a;
+    tdm_adaptive_init(&a, &p);
+    CHECK(a.k_next == 0, "c 0.76, f 0.15 at a = 0.7: should start paused, k %d", a.k_next);
+    for (int i = 0; i < 600; i++)
+        tdm_adaptive_on_plain_token(&a);
+    CHECK(a.k_next == 0 && a.probes == 0 && a.pause_why &&
+              !strcmp(a.pause_why, "a probe could not restart it"),
+          "a probe that cannot restart speculation ran: k %d, %d probe(s) (%s)", a.k_next, a.probes,
+          a.pause_why ? a.pause_why : "-");
+    int waited = 0;
+    for (; waited < 600 && a.k_next == 0; waited++) {
+        tdm_adaptive_set_costs(&a, 0.2, 0.1);
+        tdm_adaptive_on_plain_token(&a);
+    }
+    CHECK(a.k_next == 1 && a.probes == 1 && waited <= a.pause_len,
+          "at c 0.2, f 0.1 a probe should follow within a pause (%d): k %d after %d tokens",
+          a.pause_len, a.k_next, waited);
+    tdm_adaptive_on_round(&a, 1, 1, 0.2, 0.1);
+    CHECK(a.k_next > 0, "an accepted probe at c 0.2, f 0.1 should restart speculation");
+    /* the open */
+    tdm_adaptive_params po = p;
+    po.cost_prior = 0.2;
+    po.fixed_prior = 0.1;
+    po.open_cost = 45;
+    po.tokens_left = 150;
+    tdm_adaptive b;
+    tdm_adaptive_init(&b, &po);
+    CHECK(b.k_next > 0, "150 tokens to go repay an open of 45 at c 0.2, f 0.1 (S 1.46): k %d",
+          b.k_next);
+    for (int i = 0; i < 20 && b.k_next > 0; i++)
+        tdm_adaptive_on_round(&b, b.k_next, 0, 0.2, 0.1);
+    CHECK(b.k_next == 0, "never accepted: should pause");
+    int tokens = 0;
+    for (; tokens < 1000 && b.k_next == 0; tokens++)
+        tdm_adaptive_on_plain_token(&b);
+    CHECK(b.k_next == 0 && b.probes == 0 && b.pause_why &&
+              !strcmp(b.pause_why, "its tokens would not repay a probe's open"),
+          "a probe whose open the tokens left cannot repay ran: k %d, %d probe(s) (%s)", b.k_next,
+          b.probes, b.pause_why ? b.pause_why : "-");
+}
+
 int main(void)
 {
     test_greedy();
@@ -724,6 +785,7 @@ int main(void)
     test_adaptive_unmeasured_costs();
     test_steptime_plain();
     test_adaptive_memory_recovers();
+    test_adaptive_probe_worth();
     test_lossless();
     if (failures) {
         printf("%d check(s) failed\n", failures);
