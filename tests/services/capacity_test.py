@@ -122,11 +122,20 @@ def case_capacity():
         n = sum(len(x["tokens"]["ids"]) for x in msgs if "tokens" in x)
         results[i] = (code, details, n)
 
+    def load():
+        code, _, resp = st.unary(ver.addr(), "/tandem.v1.Verifier/Describe")
+        c = {x["name"]: float(x["value"]) for x in (resp or {}).get("counters", [])}
+        return c.get("active_sequences", 0) + c.get("waiting_sequences", 0)
+
+    # Each request starts once the ones before it are in (a thread that
+    # starts late must not change who is refused).
     for i in range(4):
         th = threading.Thread(target=one, args=(i,))
         th.start()
         started.append(th)
-        time.sleep(0.05)
+        deadline = time.time() + 10
+        while i < 3 and load() < i + 1 and time.time() < deadline and th.is_alive():
+            time.sleep(0.005)
     for th in started:
         th.join(150)
     codes = sorted(r[0] for r in results.values())
