@@ -124,7 +124,7 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
 void tdm_adaptive_on_plain_token(tdm_adaptive *a);
 
 /* While paused: what speculating would cost now, relative to a plain step
- * (< = 0: keep the estimate), e.g. as measured on other requests at the
+ * (<= 0: keep the estimate), e.g. as measured on other requests at the
  * verifier's current batch; the next probe is judged on them. */
 void tdm_adaptive_set_costs(tdm_adaptive *a, double cost, double fixed);
 

@@ -2022,8 +2022,9 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
                               r->after_open || r->seeded ? -1.0 : rd->cost,
                               r->after_open || r->seeded ? -1.0 : rd->fixed);
     } else {
-        /* A pause is judged at the end on what speculating costs at the
-         * batch of then, as other requests measure it. */
+        /* Whether a pause ends in a probe is judged on what speculating
+         * costs at the verifier's current batch, as other requests
+         * measure it. */
         if (!r->seeded)
             tdm_adaptive_set_costs(&r->ad, prior(s, &s->cost_ms_ema), prior(s, &s->fixed_ms_ema));
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
