@@ -268,38 +268,30 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
          * prior, as a new sequence's: the rounds before the pause do not
          * outweigh the probe, and one accepted draft does not read as
          * every draft accepted (held at 0.01 trials, it would, and the
-         * next block would be k_max long). Where the drafter's acceptance
-         * on earlier requests is below the prior and says speculation does
-         * not pay, the pause goes on instead: a probe re-opens the sequence
-         * on the drafter, which catches up on the pause's tokens, a cost
-         * the rule does not see (the remembered acceptance moves back
-         * towards the prior as requests start paused, so a later request
-         * tries again). */
+         * next block would be k_max long).
+         * A probe is run only where it could restart speculation: its best
+         * outcome, its draft accepted, moves the estimate to `hit`, and
+         * choose() restarts only where that pays by min_gain; and (as at a
+         * start) the tokens left must repay the open it costs (the drafter
+         * catches up on the sequence). Measured on two CPU cores at eight
+         * streams, probes that could only pause again cost a load 10-25 %
+         * of its speed. Where the drafter's acceptance on earlier requests
+         * is below the prior, it is judged at that acceptance instead (the
+         * remembered acceptance moves back towards the prior as requests
+         * start paused, so a later request tries again). */
         a->accepted_ema = a->p.accept_prior;
         a->trials_ema = 1.0;
-        a->accept_rate = a->p.accept_prior;
-        int k;
-        if (a->p.accept_prior < PRIOR_ACCEPT &&
-            best_speedup(a, a->p.k_max, &k) < 1.0 + a->p.min_gain) {
-            a->paused_left = a->pause_len;
-            return;
-        }
-        /* Nor is a probe run that cannot restart speculation: its best
-         * outcome, its draft accepted, moves the estimate to `hit`, and
-         * choose() restarts only where that pays by min_gain and (as at a
-         * start) the tokens left repay the open that the probe costs (the
-         * drafter catches up on the sequence). Measured on two CPU cores at
-         * eight streams, probes that could only pause again cost a load
-         * 10-25 % of its speed. */
         const double hit = (1.0 - ACCEPT_WEIGHT) * a->p.accept_prior + ACCEPT_WEIGHT;
-        a->accept_rate = hit;
+        a->accept_rate = a->p.accept_prior < PRIOR_ACCEPT ? a->p.accept_prior : hit;
+        int k;
         const double best = best_speedup(a, a->p.k_max, &k);
+        const double judged = a->accept_rate;
         a->accept_rate = a->p.accept_prior;
         if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
             a->paused_left = a->pause_len;
             a->pause_why = best < 1.0 + a->p.min_gain ? "a probe could not restart it"
                                                       : "its tokens would not repay a probe's open";
-            a->pause_at[0] = hit;
+            a->pause_at[0] = judged;
             a->pause_at[1] = a->cost;
             a->pause_at[2] = a->fixed;
             return;

@@ -43,7 +43,9 @@
  *    where its best outcome (its draft accepted) would restart speculation:
  *    the speed-up at the acceptance that outcome gives pays by min_gain,
  *    at the costs of now (tdm_adaptive_set_costs, while paused), and the
- *    tokens left repay its open as below; else the pause goes on.
+ *    tokens left repay its open as below (judged at the drafter's
+ *    remembered acceptance instead where that is below the prior); else
+ *    the pause goes on.
  * A sequence starts from cost_prior; if speculation would not pay even at
  * the prior acceptance, it starts paused (and probes like any pause). It
  * also starts paused where the tokens it may still generate cannot win back
