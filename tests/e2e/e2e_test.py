@@ -400,12 +400,6 @@ def case_cancel():
     stop_all()
 
 
-def counters(target, path):
-    code, details, resp = st.unary(target, path)
-    check(code == "OK", "%s: %s %s" % (path, code, details))
-    return {c["name"]: float(c["value"]) for c in resp.get("counters", [])}
-
-
 PHASES = ["idle", "admit", "prefill", "wait", "step", "commit", "send"]
 
 
@@ -424,14 +418,14 @@ def case_timeline():
         check(code == "OK" and len(ids) == 48, "request: %s %s" % (code, details))
         return done
 
-    a = counters(v.addr(), path)
+    a = st.counters(v.addr(), path)
     t0 = time.time()
     # Half the time busy, half idle between bursts: idle must be counted too.
     for burst in range(2):
         parallel(run, ps, workers=4)
         time.sleep(0.5)
     wall = (time.time() - t0) * 1e6
-    b = counters(v.addr(), path)
+    b = st.counters(v.addr(), path)
     t1 = (time.time() - t0) * 1e6
     d_phase = {ph: b["round_%s_us_total" % ph] - a["round_%s_us_total" % ph] for ph in PHASES}
     total = sum(d_phase.values())
@@ -741,7 +735,7 @@ def case_plain_measure():
 
     spec = parallel(adaptive, ps, workers=4)
     first = seeded_run(ps[0])
-    measured = counters(v.addr(), path).get("plain_measure_rounds", 0)
+    measured = st.counters(v.addr(), path).get("plain_measure_rounds", 0)
     again = parallel(lambda i: adaptive(ps[i]) if i else seeded_run(ps[0]), range(4), workers=4)[0]
     plain = parallel(lambda p: generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_OFF",
                                         ignore_eos=True), ps, workers=4)
@@ -805,8 +799,8 @@ def case_lane():
                                                            c[1]))
             check(a[2] == b[2], "%s prompt %d: speculative %s, plain %s" % (mode, i, b[2], a[2]))
         outs[mode] = ([r[2] for r in spec], [r[2] for r in sampled])
-        c = counters(v.addr(), path)
-        dc = counters(d.addr(), dpath)
+        c = st.counters(v.addr(), path)
+        dc = st.counters(d.addr(), dpath)
         lane = {k: c.get(k) for k in ("exchange_streams_shm", "exchange_streams_grpc",
                                       "speculative_rounds", "drafter_failures")}
         print("%s: %s; exchange p50 %.0f us, p99 %.0f us" %

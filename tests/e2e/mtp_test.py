@@ -163,12 +163,6 @@ def generate(gw, ids, max_tokens=20, mode="SPECULATION_MODE_ON", sampling=None, 
     return code, details, out, done
 
 
-def counters(target, path):
-    code, details, resp = st.unary(target, path)
-    check(code == "OK", "%s: %s %s" % (path, code, details))
-    return {c["name"]: float(c["value"]) for c in (resp or {}).get("counters", [])}
-
-
 def stack(model, dtype, verifier_args=(), drafter_args=(), own_shm=False, kind="mtp"):
     """Gateway, verifier v1 and MTP drafter d-mtp (kind "model": the model
     drafting for itself, still named d-mtp); own_shm: the drafter in a mount
@@ -270,7 +264,7 @@ def case_greedy():
             check(b[3]["stats"]["speculation"].startswith("on"),
                   "%s prompt %d: speculation %s" % (dtype, i, b[3]["stats"]["speculation"]))
             rounds += int(b[3]["stats"].get("speculative_rounds", 0))
-        c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+        c = st.counters(v.addr(), "/tandem.v1.Verifier/Describe")
         print("%s: %d speculative rounds, verifier counters: speculative_rounds %s, "
               "drafted %s, accepted %s" % (dtype, rounds, c.get("speculative_rounds"),
                                            c.get("drafted_tokens"), c.get("accepted_tokens")),
@@ -298,7 +292,7 @@ def case_greedy():
                       for p in ps[:2]]
         long_spec = [generate(gw, p, max_tokens=120, fixed=False, sampling=seeded)
                      for p in ps[:2]]
-        c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+        c = st.counters(v.addr(), "/tandem.v1.Verifier/Describe")
         for i, (a, b) in enumerate(zip(long_plain, long_spec)):
             check(a[0] == "OK" and b[0] == "OK" and a[2] == b[2] and len(a[2]) == 120,
                   "%s adaptive prompt %d: speculative %s, plain %s" % (dtype, i, b[2], a[2]))
@@ -375,7 +369,7 @@ def case_greedy():
     for i, (a, b) in enumerate(zip(plain, spec)):
         check(a[0] == "OK" and b[0] == "OK" and b[2] == a[2] and a[2] == [0] * 20,
               "agreeing model, prompt %d: speculative %s, plain %s" % (i, b[2], a[2]))
-    c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+    c = st.counters(v.addr(), "/tandem.v1.Verifier/Describe")
     print("agreeing model: verifier counters: speculative_rounds %s, drafted %s, accepted %s" %
           (c.get("speculative_rounds"), c.get("drafted_tokens"), c.get("accepted_tokens")),
           flush=True)
@@ -646,8 +640,8 @@ def case_shm():
         same_outputs(transport, plain, spec)
         outs[transport] = [b[2] for b in spec]
         outs["plain"] = [a[2] for a in plain]
-        c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
-        dc = counters(d.addr(), "/tandem.v1.Drafter/Describe")
+        c = st.counters(v.addr(), "/tandem.v1.Verifier/Describe")
+        dc = st.counters(d.addr(), "/tandem.v1.Drafter/Describe")
         print("%s: verifier feature counters %s" %
               (transport, {k: v_ for k, v_ in sorted(c.items()) if k.startswith("feature_")}),
               flush=True)
@@ -704,7 +698,7 @@ def case_shm():
     pids.append(v.p.pid)
     plain, spec = run_prompts(gw, longs + ps[:3])
     same_outputs("small ring", plain, spec)
-    c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+    c = st.counters(v.addr(), "/tandem.v1.Verifier/Describe")
     print("small ring: %d messages inline for a full ring, %d rows by shm, %d by grpc" %
           (c.get("feature_ring_full", 0), c.get("feature_rows_shm", 0),
            c.get("feature_rows_grpc", 0)), flush=True)
@@ -727,7 +721,7 @@ def case_shm():
             pids.append(v.p.pid)
             plain, spec = run_prompts(gw, ps[:3])
             same_outputs("other host, verifier %s" % vt, plain, spec, need_spec=vt == "auto")
-            c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+            c = st.counters(v.addr(), "/tandem.v1.Verifier/Describe")
             print("drafter with its own /dev/shm, verifier %s: %s" %
                   (vt, [b[3]["stats"]["speculation"] for b in spec if b[3]]), flush=True)
             if vt == "shm":
@@ -848,7 +842,7 @@ def case_restart():
           (r[0], r[1]))
     note = r[3]["stats"]["speculation"] if r[3] else ""
     check("re-opened on drafter" in note, "the request's speculation note: %s" % note)
-    c = counters(v.addr(), "/tandem.v1.Verifier/Describe")
+    c = st.counters(v.addr(), "/tandem.v1.Verifier/Describe")
     check(c.get("drafter_reopens", 0) >= 1 and c.get("drafter_failures", 0) >= 1,
           "verifier counters: %s" % c)
     # The new drafter's first block continues the whole output so far: its

@@ -142,7 +142,7 @@ class Model:
 
 
 def counters(v):
-    return e2e.counters(v.addr(), DESCRIBE)
+    return st.counters(v.addr(), DESCRIBE)
 
 
 def stop_all():

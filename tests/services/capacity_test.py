@@ -123,8 +123,7 @@ def case_capacity():
         results[i] = (code, details, n)
 
     def load():
-        code, _, resp = st.unary(ver.addr(), "/tandem.v1.Verifier/Describe")
-        c = {x["name"]: float(x["value"]) for x in (resp or {}).get("counters", [])}
+        c = st.counters(ver.addr(), "/tandem.v1.Verifier/Describe")
         return c.get("active_sequences", 0) + c.get("waiting_sequences", 0)
 
     # Each request starts once the ones before it are in (a thread that

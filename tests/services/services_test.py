@@ -201,6 +201,13 @@ def unary(target, path, request=None, timeout=5.0):
     return code, details, (resp[0] if resp else None)
 
 
+def counters(target, path):
+    """A Describe's counters (path: the service's Describe method), by name."""
+    code, details, resp = unary(target, path)
+    check(code == "OK", "%s: %s %s" % (path, code, details))
+    return {c["name"]: float(c["value"]) for c in (resp or {}).get("counters", [])}
+
+
 def generate(gw, req, timeout=120.0):
     """Gateway.Generate with the request dict req, to its end: (code, details,
     ids, text, complete), complete None when no GenerateComplete came."""
