@@ -50,7 +50,9 @@
 # contexts), TANDEM_EXCHANGE_TRANSPORT (every service's exchange_transport:
 # the default auto puts a Draft stream's messages on the shared-memory lane;
 # grpc keeps them on the stream; the client prints exchange_streams) and TAG (names this run's summary-TAG.txt and logs-TAG.txz, so
-# that several runs of one call come back side by side).
+# that several runs of one call come back side by side) and PACK (the packed
+# binaries' archive under .carry/, without .txz; default spec-bench: one
+# call may compare two trees packed and renamed beside each other).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -83,7 +85,7 @@ run)
     C=/tmp/tandem-spec-bench-bin
     rm -rf "$C"
     mkdir -p "$C"
-    xz -dc "$root/.carry/spec-bench.txz" | tar -C "$C" -xf - || exit 1
+    xz -dc "$root/.carry/${PACK:-spec-bench}.txz" | tar -C "$C" -xf - || exit 1
     export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     B="$C/bin"
     mkdir -p /work && { [ -e /work/main ] || ln -s "$root" /work/main; }

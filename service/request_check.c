@@ -5,6 +5,7 @@
 #include "request_check.h"
 
 #include "compat.h"
+#include "defs.h"
 #include "feature_stream.h"
 #include "tokenizer.h"
 
@@ -79,6 +80,37 @@ tdm_status tdm_req_check_generate(const Tandem__V1__GenerateRequest *req, tdm_er
     return TDM_OK;
 }
 
+/* A drafter's draft_pass_costs (field: where they came in, for the error). */
+static tdm_status check_draft_costs(Tandem__V1__DraftPassCost *const *c, size_t n,
+                                    const char *field, tdm_error *err)
+{
+    if (n > TDM_REQ_MAX_DRAFT_COSTS)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "%s has %zu entries, at most %d", field,
+                             n, TDM_REQ_MAX_DRAFT_COSTS);
+    for (size_t i = 0; i < n; i++)
+        if (c[i]->sequences < 1 || c[i]->sequences > 65536 || c[i]->block < 1 ||
+            c[i]->block > TDM_MAX_DRAFT_BLOCK || !(c[i]->millis > 0 && c[i]->millis < 600000))
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "%s[%zu]: %u sequences, block %u, %g ms is out of range "
+                                 "(1..65536 sequences, block 1..%d, 0..600000 ms)",
+                                 field, i, c[i]->sequences, c[i]->block, (double)c[i]->millis,
+                                 TDM_MAX_DRAFT_BLOCK);
+    return TDM_OK;
+}
+
+/* A Run's drafter assignment, where it has one. */
+static tdm_status check_drafter(const Tandem__V1__DrafterAssignment *da, int max_draft,
+                                tdm_error *err)
+{
+    if (!da || !da->address[0])
+        return TDM_OK;
+    if (tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
+                                       (uint32_t)max_draft, err) != TDM_OK)
+        return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+    return check_draft_costs(da->draft_pass_costs, da->n_draft_pass_costs,
+                             "drafter.draft_pass_costs", err);
+}
+
 tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int max_context,
                              int max_draft, tdm_error *err)
 {
@@ -94,11 +126,7 @@ tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int m
                                  "snapshot; got %zu prompt ids, %u generated",
                                  req->n_prompt_ids ? "prompt_ids" : "generated", req->snapshot_id,
                                  req->n_prompt_ids, req->generated);
-        if (da && da->address[0] &&
-            tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
-                                           (uint32_t)max_draft, err) != TDM_OK)
-            return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
-        return TDM_OK;
+        return check_drafter(da, max_draft, err);
     }
     if (req->n_prompt_ids == 0)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "prompt_ids is empty");
@@ -125,11 +153,7 @@ tdm_status tdm_req_check_run(const Tandem__V1__RunRequest *req, int vocab, int m
         rc = tdm_req_check_sampling(req->sampling, err);
     if (rc != TDM_OK)
         return rc;
-    if (da && da->address[0] &&
-        tdm_compat_check_request_block(da->block_size, "drafter.block_size", "(this verifier)",
-                                       (uint32_t)max_draft, err) != TDM_OK)
-        return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
-    return TDM_OK;
+    return check_drafter(da, max_draft, err);
 }
 
 tdm_status tdm_req_check_sequence_open(const Tandem__V1__SequenceOpen *o, int vocab, int max_block,
@@ -221,6 +245,10 @@ tdm_status tdm_req_check_descriptor(const Tandem__V1__Descriptor *d, tdm_error *
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "descriptor.device_uuid may have at most 64 characters, got %zu",
                              strlen(d->device_uuid));
+    tdm_status rc = check_draft_costs(d->draft_pass_costs, d->n_draft_pass_costs,
+                                      "descriptor.draft_pass_costs", err);
+    if (rc != TDM_OK)
+        return rc;
     tdm_feat_request fr;
     return tdm_feat_request_from_proto(d->features_needed, "descriptor.features_needed", &fr, err);
 }

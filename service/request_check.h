@@ -70,11 +70,14 @@ tdm_status tdm_req_check_draft_block(const Tandem__V1__DraftBlock *b, uint32_t p
 
 /* Longest replica_id a replica may register under. */
 #define TDM_REQ_MAX_REPLICA_ID 128
+/* Most draft_pass_costs a drafter reports (it times batches of 1, 2, 4, 8, 16). */
+#define TDM_REQ_MAX_DRAFT_COSTS 8
 
 /* What the gateway checks in the Descriptor of a RegisterRequest (d may be
  * NULL: missing): role verifier or drafter, replica_id of 1..128 printable
  * characters without spaces, an address of at most 256 characters and an
- * instance_id of 1..64. INVALID_ARGUMENT naming the field. */
+ * instance_id of 1..64, draft_pass_costs of at most TDM_REQ_MAX_DRAFT_COSTS
+ * entries in range. INVALID_ARGUMENT naming the field. */
 tdm_status tdm_req_check_descriptor(const Tandem__V1__Descriptor *d, tdm_error *err);
 
 /* The sampling settings of sp (NULL: greedy defaults). */

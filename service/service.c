@@ -273,6 +273,25 @@ void tdm_service_set_device(tdm_service *s, const char *uuid, bool mps)
     s->desc->device_mps = uuid && uuid[0] && mps;
 }
 
+void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, int block, const double *ms,
+                                 int n)
+{
+    Tandem__V1__Descriptor *d = s->desc;
+    for (size_t i = 0; i < d->n_draft_pass_costs; i++)
+        free(d->draft_pass_costs[i]);
+    free(d->draft_pass_costs);
+    d->draft_pass_costs = n > 0 ? tdm_xcalloc((size_t)n, sizeof(*d->draft_pass_costs)) : NULL;
+    d->n_draft_pass_costs = n > 0 ? (size_t)n : 0;
+    for (int i = 0; i < n; i++) {
+        Tandem__V1__DraftPassCost *c = tdm_xmalloc(sizeof(*c));
+        tandem__v1__draft_pass_cost__init(c);
+        c->sequences = (uint32_t)sequences[i];
+        c->block = (uint32_t)block;
+        c->millis = (float)ms[i];
+        d->draft_pass_costs[i] = c;
+    }
+}
+
 tdm_status tdm_service_set_resolved(tdm_service *s, const char *key, const char *value,
                                     const char *reason, tdm_error *err)
 {

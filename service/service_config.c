@@ -1601,6 +1601,9 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     for (size_t i = 0; i < d->n_features_available; i++)
         free(d->features_available[i]);
     free(d->features_available);
+    for (size_t i = 0; i < d->n_draft_pass_costs; i++)
+        free(d->draft_pass_costs[i]);
+    free(d->draft_pass_costs);
     if (d->features_needed) {
         for (size_t i = 0; i < d->features_needed->n_specs; i++)
             free(d->features_needed->specs[i]);

@@ -90,7 +90,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->below = 0;
     a->lost = 0;
     a->pause_why = NULL;
-    a->cost_win = (tdm_cost_window){{0}, 0, !(a->p.cost_prior > 0)};
+    a->cost_win = (tdm_cost_window){{0}, 0, !(a->p.cost_prior > 0) || a->p.cost_guessed};
     a->fixed_win = (tdm_cost_window){{0}, 0, !(a->p.fixed_prior > 0)};
     if (!a->p.fixed) {
         /* The block the priors say is best: a sequence's first blocks see

@@ -67,6 +67,11 @@ typedef struct tdm_adaptive_params {
     int pause_tokens;   /* plain tokens before probing again */
     int min_rounds;     /* rounds observed before speculation may be switched off */
     double cost_prior;  /* starting estimate of c (e.g. measured on earlier requests); <= 0: 0.1 */
+    /* cost_prior is a guess, not a measurement of this deployment's rounds
+     * (e.g. what the verify step's extra rows alone cost, timed before the
+     * verifier served, without the drafter's part): the first rounds'
+     * measurements replace it, as they replace the rule's own guess. */
+    bool cost_guessed;
     /* Starting acceptance (a new sequence's, and every probe's): e.g. what
      * this drafter's drafts were accepted at on earlier requests; outside
      * (0, 1): 0.7. */

@@ -212,6 +212,15 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
     if (d->device_uuid[0])
         printf("           GPU %s%s\n", d->device_uuid,
                d->device_mps ? ", through an MPS server" : "");
+    if (d->n_draft_pass_costs > 0) {
+        printf("           a draft pass of %u tokens (timed before serving):",
+               d->draft_pass_costs[0]->block);
+        for (size_t i = 0; i < d->n_draft_pass_costs; i++)
+            printf("%s %u sequence%s %.3f ms", i ? "," : "", d->draft_pass_costs[i]->sequences,
+                   d->draft_pass_costs[i]->sequences == 1 ? "" : "s",
+                   (double)d->draft_pass_costs[i]->millis);
+        printf("\n");
+    }
     printf("           heartbeat %.1fs ago", r->heartbeat_age_ms / 1000.0);
     if (r->load)
         printf(", %u active sequences, %u free slots", r->load->active_sequences,

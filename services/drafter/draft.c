@@ -1705,6 +1705,90 @@ static tdm_status warm_chains(drafter *d, int block, tdm_error *err)
     return rc;
 }
 
+static double median3(const double *x)
+{
+    const double lo = x[0] < x[1] ? x[0] : x[1], hi = x[0] < x[1] ? x[1] : x[0];
+    return x[2] < lo ? lo : x[2] > hi ? hi : x[2];
+}
+
+/* Times the model drafter's draft passes before it serves, for its
+ * Descriptor's draft_pass_costs: a block of `block` tokens for each of n = 1,
+ * 2, 4, 8, 16 throwaway sequences (at most max_sequences), after one lead
+ * row; each shape runs until it runs without a first sight (on CUDA graphs
+ * a chain runs eagerly, then is captured), then the median of three is
+ * kept. A verifier's adaptive rule starts from them until its rounds measure
+ * what a draft costs: without them, a fresh verifier's first requests all
+ * open on the drafter to find out. A failure reports nothing (not an error:
+ * the rule then starts from its own guess). */
+static void time_passes(drafter *d, tdm_service *svc, int block)
+{
+    enum { MOST = 16 };
+    tdm_model *m = d->rt->model;
+    const double t_start = now_us();
+    tdm_seq *seqs[MOST] = {0};
+    const int32_t tok = 0, *leads[MOST];
+    int32_t drafts[MOST][MAX_BLOCK], *dps[MOST];
+    int nlead[MOST], ks[MOST], made = 0, sizes[MOST], n_sizes = 0;
+    double ms[MOST];
+#ifdef TANDEM_BENCH_ORACLE
+    const int32_t forced[MAX_BLOCK] = {0};
+    const int32_t *fps[MOST];
+    for (int i = 0; i < MOST; i++)
+        fps[i] = forced;
+    const int32_t *const *fpp = fps;
+#else
+    const int32_t *const *fpp = NULL;
+#endif
+    for (int i = 0; i < MOST; i++) {
+        leads[i] = &tok;
+        nlead[i] = 1;
+        ks[i] = block;
+        dps[i] = drafts[i];
+    }
+    tdm_error err = {0};
+    tdm_status rc = TDM_OK;
+    for (int n = 1; n <= MOST && n <= d->max_sequences && rc == TDM_OK; n *= 2) {
+        for (; made < n && rc == TDM_OK; made++) {
+            tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
+            rc = tdm_seq_create(m, &p, &seqs[made], &err);
+            if (rc == TDM_OK)
+                rc = tdm_seq_prefill(seqs[made], &tok, 1, NULL, &err);
+        }
+        double t[3];
+        for (int j = 0, timed = 0; timed < 3 && rc == TDM_OK; j++) {
+            const uint64_t fs = tdm_runtime_graph_first_sights(d->rt);
+            const double t0 = now_us();
+            rc = tdm_seq_draft(seqs, n, leads, nlead, ks, fpp, dps, &err);
+            for (int i = 0; i < n && rc == TDM_OK; i++)
+                rc = tdm_seq_commit(seqs[i], 0, &err);
+            if (timed == 0 && tdm_runtime_graph_first_sights(d->rt) != fs && j < 3)
+                continue;
+            t[timed++] = (now_us() - t0) * 1e-3;
+        }
+        if (rc == TDM_OK) {
+            sizes[n_sizes] = n;
+            ms[n_sizes++] = median3(t);
+        }
+    }
+    for (int i = 0; i < made; i++)
+        tdm_seq_destroy(seqs[i]);
+    if (rc != TDM_OK) {
+        tdm_log_warn(LOG,
+                     "draft passes could not be timed before serving (%s); verifiers start "
+                     "from their own guess of what a draft costs",
+                     err.msg);
+        return;
+    }
+    tdm_service_set_draft_costs(svc, sizes, block, ms, n_sizes);
+    char line[256];
+    size_t used = 0;
+    for (int i = 0; i < n_sizes && used < sizeof(line); i++)
+        used += (size_t)snprintf(line + used, sizeof(line) - used, "%s%d: %.3f ms", i ? ", " : "",
+                                 sizes[i], ms[i]);
+    tdm_log_info(LOG, "draft passes of %d tokens timed in %.0f ms (sequences: a pass): %s", block,
+                 (now_us() - t_start) * 1e-3, line);
+}
+
 tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
 {
     drafter *d = arg;
@@ -1763,6 +1847,8 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         if (wrc != TDM_OK)
             return wrc;
     }
+    if (d->rt)
+        time_passes(d, svc, (int)tdm_cfg_int(cfg, "draft_block_size"));
     d->block_time =
         tdm_metrics_histogram(tdm_service_metrics(svc), "tandem_drafter_block_duration_seconds",
                               "Time from a verdict (or open) to the block drafted for it.", NULL,

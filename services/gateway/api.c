@@ -668,6 +668,7 @@ again:
     Tandem__V1__DrafterAssignment da = TANDEM__V1__DRAFTER_ASSIGNMENT__INIT;
     Tandem__V1__FeatureRequest da_feat;
     Tandem__V1__FeatureSpec da_specs[TDM_FEAT_MAX_SPECS], *da_spec_ptrs[TDM_FEAT_MAX_SPECS];
+    Tandem__V1__DraftPassCost *da_costs[TDM_REQ_MAX_DRAFT_COSTS];
     if (pick.drafter_id[0]) {
         if (pick.features.n > 0) {
             tdm_feat_request_to_proto(&pick.features, &da_feat, da_specs, da_spec_ptrs);
@@ -677,6 +678,10 @@ again:
         da.address = pick.drafter_addr;
         da.device_uuid = pick.drafter_device;
         da.device_mps = pick.drafter_mps;
+        for (size_t c = 0; c < pick.n_drafter_costs; c++)
+            da_costs[c] = &pick.drafter_costs[c];
+        da.n_draft_pass_costs = pick.n_drafter_costs;
+        da.draft_pass_costs = da_costs;
         da.block_size = block;
         da.fixed_block_size = req->speculation && req->speculation->fixed_block_size;
         run.drafter = &da;

@@ -792,6 +792,10 @@ static void take_drafter_locked(gw_registry *r, const gw_replica *v, gw_pick *ou
         snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
         snprintf(out->drafter_device, sizeof(out->drafter_device), "%s", dr->desc->device_uuid);
         out->drafter_mps = dr->desc->device_mps;
+        /* Registration checked their number (tdm_req_check_descriptor). */
+        out->n_drafter_costs = dr->desc->n_draft_pass_costs;
+        for (size_t c = 0; c < out->n_drafter_costs; c++)
+            out->drafter_costs[c] = *dr->desc->draft_pass_costs[c];
         out->block_size = dr->desc->draft_block_size;
         /* Registration checked it (tdm_req_check_descriptor). */
         tdm_feat_request_from_proto(dr->desc->features_needed, "features_needed", &out->features,

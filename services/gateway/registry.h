@@ -17,6 +17,7 @@
 #define TANDEM_GATEWAY_REGISTRY_H
 
 #include "feature_stream.h"
+#include "request_check.h"
 #include "rpc.h"
 #include "service.h"
 #include "status.h"
@@ -58,6 +59,9 @@ typedef struct gw_pick {
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     bool drafter_mps;                        /* its device_mps */
+    /* its draft_pass_costs */
+    Tandem__V1__DraftPassCost drafter_costs[TDM_REQ_MAX_DRAFT_COSTS];
+    size_t n_drafter_costs;
     uint32_t block_size;                     /* the drafter's draft_block_size */
     tdm_feat_request features;               /* the hidden states it needs (n 0: none) */
     char no_drafter[1024];                   /* why there is none, when one was wanted */

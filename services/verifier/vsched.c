@@ -65,6 +65,11 @@ struct vreq {
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
+    /* What its drafter reported a draft costs it (draft_pass_costs), ms a
+     * drafted token in passes of dcost_n[i] sequences; n_dcost 0: nothing. */
+    int n_dcost;
+    int dcost_n[TDM_REQ_MAX_DRAFT_COSTS];
+    double dcost_ms[TDM_REQ_MAX_DRAFT_COSTS];
     bool spec;             /* speculating with link */
     bool run_ahead;        /* its drafter may draft ahead of verdicts (not on this GPU) */
     bool opened;           /* the drafter knows this sequence */
@@ -221,6 +226,8 @@ typedef struct staged_snap {
 /* A drafter's acceptance over its recent speculative rounds, by replica id
  * (adaptive.h: tdm_accept_memory). */
 #define DACC_MAX 64
+#define WARM_MAX 5   /* batch sizes warm_steps times: 1, 2, 4, 8, 16 */
+#define WARM_SEQS 16 /* the largest */
 typedef struct dacc {
     char id[128];
     tdm_accept_memory m;
@@ -249,6 +256,13 @@ struct vsched {
      * priors, converted to plain steps of the batch a request joins): per
      * drafted token, and the exchange per speculating sequence; 0 = none. */
     _Atomic double cost_ms_ema, fixed_ms_ema;
+    /* What steps cost on this verifier, timed before it served (warm_steps;
+     * read-only after): plain steps of warm_n[i] sequences, and what a
+     * verify step adds a drafted token. A fresh verifier's first requests
+     * start from it (warm_cost) until rounds measure what a draft costs. */
+    int n_warm;
+    int warm_n[WARM_MAX];
+    double warm_plain_ms[WARM_MAX], warm_draft_ms[WARM_MAX];
     /* The share of recent rounds that ran a shape for the first time
      * (moving average, scheduler thread): below FIRST_SIGHT_ONE_OFF such
      * rounds are one-offs the timing models leave out; above it, new shapes
@@ -323,6 +337,43 @@ static double prior(vsched *s, _Atomic double *cost_ms)
 {
     const double ms = atomic_load(cost_ms), seq = atomic_load(&s->plain_seq_ms);
     return ms > 0 && seq > 0 ? ms / seq : -1.0;
+}
+
+/* y at x from the points (xs[i], ys[i]), xs ascending: linear between them;
+ * outside them, the nearest point's y, or where extend is set, the line
+ * through the last two. */
+static double interp(const int *xs, const double *ys, int m, int x, bool extend)
+{
+    if (m == 1 || x <= xs[0])
+        return ys[0];
+    if (x >= xs[m - 1] && !extend)
+        return ys[m - 1];
+    int i = 0;
+    while (i + 2 < m && xs[i + 1] < x)
+        i++;
+    const double w = (double)(x - xs[i]) / (xs[i + 1] - xs[i]);
+    return ys[i] + w * (ys[i + 1] - ys[i]);
+}
+
+/* The starting guess of what a drafted token costs a sequence of r's in a
+ * batch of n, in plain steps of it, from what was timed before serving: the
+ * verifier's own steps (warm_steps: a plain step, and what a verify adds a
+ * draft) and the drafter's passes (its Descriptor's draft_pass_costs, where
+ * it reported them); -1 where the verifier's steps were not timed. The
+ * exchange is not in it. On two CPU cores a verified row and a draft cost
+ * more than a plain step per sequence of eight, so speculation that cannot
+ * pay starts paused instead of opening every first request on the drafter
+ * to find out; on a GPU both are cheap, and the guess is about the rule's
+ * own. */
+static double warm_cost(const vsched *s, const vreq *r, int n)
+{
+    if (s->n_warm == 0)
+        return -1.0;
+    const double plain = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true);
+    double draft = interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false);
+    if (r->n_dcost > 0)
+        draft += interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
+    return plain > 0 ? draft / (plain / n) : -1.0;
 }
 
 /* The entry of drafter `id` (under dacc_mu); a new one (the oldest's slot
@@ -1098,6 +1149,14 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
+        /* Checked (tdm_req_check_run); ascending by sequences, as reported. */
+        for (size_t i = 0; i < da->n_draft_pass_costs; i++) {
+            const Tandem__V1__DraftPassCost *c = da->draft_pass_costs[i];
+            if (r->n_dcost > 0 && (int)c->sequences <= r->dcost_n[r->n_dcost - 1])
+                break;
+            r->dcost_n[r->n_dcost] = (int)c->sequences;
+            r->dcost_ms[r->n_dcost++] = c->millis / ((double)c->sequences * c->block);
+        }
         tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
@@ -2311,6 +2370,32 @@ static void record_timeline(vsched *s, const double *t)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* A fresh request that was queued on a guess of what a draft costs (none
+ * measured then) decides its start again before its first step, at the batch
+ * it joined: from what earlier requests have measured since, or else from
+ * the steps timed before serving (warm_cost). On a fresh verifier a burst of
+ * requests is admitted at once, so each sees the batch it runs in, not the
+ * empty one it was queued beside. Under mu. */
+static void judge_start_locked(vsched *s, vreq *r)
+{
+    double c = prior(s, &s->cost_ms_ema);
+    const bool guessed = !(c > 0);
+    if (guessed)
+        c = warm_cost(s, r, s->n_active);
+    if (!(c > 0))
+        return;
+    tdm_adaptive_params p = r->ad.p;
+    p.cost_prior = c;
+    p.cost_guessed = guessed;
+    p.fixed_prior = prior(s, &s->fixed_ms_ema);
+    tdm_adaptive_init(&r->ad, &p);
+    tdm_log_debug(LOG,
+                  "request %s: speculation starts %s at a batch of %d, block %d; cost %.2f + "
+                  "%.2f a draft (%s)",
+                  r->request_id, r->ad.k_next > 0 ? "on" : "paused", s->n_active, r->ad.k_next,
+                  r->ad.fixed, r->ad.cost, guessed ? "timed before serving" : "measured");
+}
+
 /* 1b. A sequence that speculates from its start opens its drafter before its
  * first step, which then verifies the drafter's first block: its first round
  * speculates, and a sequence that continues (an imported snapshot, or a run
@@ -2329,6 +2414,9 @@ static void open_first(vsched *s, vreq *r, bool at_start)
         return;
     pthread_mutex_lock(&s->mu);
     const bool now = r->open_first && (at_start || !r->prefilling);
+    if (now && r->spec && !r->seeded && !r->continued && r->ad.rounds == 0 &&
+        r->ad.cost_win.guess && !r->ad.p.fixed)
+        judge_start_locked(s, r);
     const bool open =
         now && r->spec && r->link && r->ad.k_next > 0 && !r->cancelled && !r->finished;
     if (now)
@@ -2490,6 +2578,95 @@ static void round_free(vround *rd)
     tdm_step_buf_free(&rd->out);
 }
 
+static double median3(const double *x)
+{
+    const double lo = x[0] < x[1] ? x[0] : x[1], hi = x[0] < x[1] ? x[1] : x[0];
+    return x[2] < lo ? lo : x[2] > hi ? hi : x[2];
+}
+
+/* Times steps on throwaway sequences before the verifier serves: for n = 1,
+ * 2, 4, 8, 16 sequences (at most max_sequences; larger batches are
+ * extrapolated), a plain step (one row each) and a verify step (1 + 4 rows
+ * each, or 1 + max_draft, then committed with nothing accepted). Each pair
+ * runs until it runs without a first sight (on CUDA graphs a shape runs
+ * eagerly, then is captured), then the median of three is kept. A failure
+ * leaves the table empty: the rule starts from its own guess, as before any
+ * request measured a cost. */
+static void warm_steps(vsched *s)
+{
+    const int k = s->p.max_draft < 4 ? s->p.max_draft : 4;
+    const double t_start = now_ms();
+    int32_t toks[TDM_MAX_DRAFT_BLOCK + 1] = {0};
+    const int32_t *rows[WARM_SEQS];
+    int plain_n[WARM_SEQS], verify_n[WARM_SEQS];
+    tdm_seq *seqs[WARM_SEQS] = {0};
+    tdm_step_buf out = {0};
+    tdm_error err = {0};
+    tdm_status rc = TDM_OK;
+    int made = 0;
+    for (int i = 0; i < WARM_SEQS; i++) {
+        rows[i] = toks;
+        plain_n[i] = 1;
+        verify_n[i] = k + 1;
+    }
+    for (int n = 1; n <= WARM_SEQS && n <= s->p.max_sequences && rc == TDM_OK; n *= 2) {
+        for (; made < n && rc == TDM_OK; made++) {
+            tdm_seq_params sp = {.strategy = s->p.strategy, .max_draft = k};
+            rc = tdm_seq_create(s->p.model, &sp, &seqs[made], &err);
+            if (rc == TDM_OK)
+                rc = tdm_seq_prefill(seqs[made], toks, 1, NULL, &err);
+        }
+        if (rc == TDM_OK)
+            rc = tdm_step_buf_reserve(&out, s->p.model, (size_t)(n * (k + 1)), 0, &err);
+        const tdm_step_out o = tdm_step_buf_out(&out);
+        double plain[3], verify[3];
+        for (int j = 0, timed = 0, warm = 0; timed < 3 && rc == TDM_OK; j++) {
+            const uint64_t fs = tdm_runtime_graph_first_sights(s->p.runtime);
+            double t0 = now_ms();
+            rc = tdm_seq_step_out(seqs, n, rows, plain_n, &o, &err);
+            const double tp = now_ms() - t0;
+            t0 = now_ms();
+            if (rc == TDM_OK)
+                rc = tdm_seq_step_out(seqs, n, rows, verify_n, &o, &err);
+            for (int i = 0; i < n && rc == TDM_OK; i++)
+                rc = tdm_seq_commit(seqs[i], 0, &err);
+            const double tv = now_ms() - t0;
+            if (!warm && tdm_runtime_graph_first_sights(s->p.runtime) != fs && j < 3)
+                continue;
+            warm = 1;
+            plain[timed] = tp;
+            verify[timed++] = tv;
+        }
+        if (rc != TDM_OK)
+            break;
+        const double p3 = median3(plain), extra = median3(verify) - p3;
+        s->warm_n[s->n_warm] = n;
+        s->warm_plain_ms[s->n_warm] = p3;
+        s->warm_draft_ms[s->n_warm] = extra > 0 ? extra / (n * k) : 0.0;
+        s->n_warm++;
+    }
+    for (int i = 0; i < made; i++)
+        tdm_seq_destroy(seqs[i]);
+    tdm_step_buf_free(&out);
+    if (rc != TDM_OK) {
+        s->n_warm = 0;
+        tdm_log_warn(LOG,
+                     "steps could not be timed before serving (%s); the adaptive rule starts "
+                     "from its own guess of a draft's cost",
+                     err.msg);
+        return;
+    }
+    char line[512];
+    size_t used = 0;
+    for (int i = 0; i < s->n_warm && used < sizeof(line); i++)
+        used +=
+            (size_t)snprintf(line + used, sizeof(line) - used, "%s%d: %.3f ms + %.3f a draft",
+                             i ? ", " : "", s->warm_n[i], s->warm_plain_ms[i], s->warm_draft_ms[i]);
+    tdm_log_info(LOG,
+                 "steps timed in %.0f ms (sequences: plain step + what a verify adds a draft): %s",
+                 now_ms() - t_start, line);
+}
+
 tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
 {
     *out = NULL;
@@ -2540,6 +2717,7 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
                             .setting = p->feature_setting};
     const vlinks_lane vl = {.transport = p->exchange_transport, .setting = p->exchange_setting};
     s->links = vlinks_create(p->tls, p->trust, p->max_message_bytes, &vf, &vl, &cb);
+    warm_steps(s);
     s->t_started = now_ms();
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         tdm_prefix_cache_destroy(s->prefix);

@@ -714,15 +714,60 @@ def case_first_round():
     stop_all()
 
 
+def case_fresh_start():
+    """A fresh verifier's first requests start from what was timed before
+    serving: the model drafter reports its draft passes in its descriptor
+    (draft_pass_costs, by batch), the verifier logs its own steps' times, and
+    on these CPU cores, where a verified row and a draft cost more than a
+    plain step per sequence of a batch of eight, a burst of eight adaptive
+    requests starts paused: no request opens on the drafter to find out, and
+    outputs are the plain ones."""
+    gw, v, d = stack("extra_buffer", "model", block=4)
+    desc = [r["descriptor"] for r in st.status(gw).get("replicas", [])
+            if r["descriptor"].get("role") == "ROLE_DRAFTER"]
+    costs = desc[0].get("draft_pass_costs", []) if desc else []
+    print("drafter's draft passes: %s" % costs, flush=True)
+    check([c.get("sequences") for c in costs] == [1, 2, 4, 8, 16] and
+          all(c.get("block") == 4 and c.get("millis", 0) > 0 for c in costs),
+          "the drafter reports passes of block 4 at 1..16 sequences: %s" % costs)
+    check(costs and costs[-1]["millis"] > costs[0]["millis"],
+          "a pass of 16 sequences costs more than one of 1 on the CPU: %s" % costs)
+    check("steps timed in" in v.text(), "the verifier logs its steps' times")
+    rc, out, _ = st.run([st.binary("tandem"), "status", "--gateway", gw.addr()])
+    check(rc == 0 and "a draft pass of 4 tokens (timed before serving): 1 sequence " in out,
+          "tandem status prints the drafter's draft passes:\n" + out)
+    ps = prompts(8)
+    spec = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_ON", block=4,
+                                       ignore_eos=True), ps, workers=8)
+    plain = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_OFF",
+                                        ignore_eos=True), ps, workers=8)
+    blocks = counter(d.addr(), "/tandem.v1.Drafter/Describe", "blocks")
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if not check(a[0] == "OK" and b[0] == "OK" and b[4], "prompt %d: %s %s / %s %s" %
+                     (i, a[0], a[1], b[0], b[1])):
+            continue
+        check(a[2] == b[2], "prompt %d: adaptive %s, plain %s" % (i, b[2], a[2]))
+        stats = b[4]["stats"]
+        check(int(stats.get("speculative_rounds", 0)) == 0 and
+              "would not pay at the starting estimates" in stats.get("speculation", ""),
+              "prompt %d: started paused on the times taken before serving: %s" % (i, stats))
+    check(blocks == 0, "the drafter drafted no block: %s" % blocks)
+    stop_all()
+
+
 def case_plain_measure():
     """The adaptive rule's baseline is a plain round measured as such: a fresh
     verifier whose requests all speculate runs some rounds plainly, their
     blocks unverified and their drafters told none was accepted
     (tandem_spec_decode_plain_measure_rounds_total), and outputs stay the
-    plain ones; a seeded request's are the same with or without them."""
-    gw, v, d = stack("extra_buffer", "model", block=4)
+    plain ones; a seeded request's are the same with or without them. The
+    n-gram drafter, two requests at a time: its drafts cost nothing to make,
+    so the verifier's own steps, timed before it served, say speculation may
+    pay (a model drafter's passes on these cores say it cannot, and its
+    requests start paused)."""
+    gw, v, d = stack("extra_buffer", "ngram", block=4)
     path = "/tandem.v1.Verifier/Describe"
-    ps = prompts(8)
+    ps = [p[:40] * 6 for p in prompts(8)]  # repeats: the n-gram drafter proposes every round
     seeded = {"temperature": 0.8, "top_p": 0.95, "seed": 1234}
 
     def adaptive(p):
@@ -733,7 +778,7 @@ def case_plain_measure():
         return generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_ON", block=4,
                         sampling=seeded, ignore_eos=True)
 
-    spec = parallel(adaptive, ps, workers=4)
+    spec = parallel(adaptive, ps, workers=2)
     first = seeded_run(ps[0])
     measured = st.counters(v.addr(), path).get("plain_measure_rounds", 0)
     again = parallel(lambda i: adaptive(ps[i]) if i else seeded_run(ps[0]), range(4), workers=4)[0]
@@ -871,7 +916,7 @@ def case_lane():
 CASES = {"first_round": case_first_round, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline,
          "tensor_parallel": case_tensor_parallel, "catch_up": case_catch_up,
-         "plain_measure": case_plain_measure, "lane": case_lane}
+         "plain_measure": case_plain_measure, "fresh_start": case_fresh_start, "lane": case_lane}
 
 
 def main():

@@ -132,6 +132,14 @@ def case_context():
                             {"prompt_ids": ids_of(64), "max_tokens": 1}, stream=True)
     check(code == "INVALID_ARGUMENT" and "64" in details, "Run with 64 prompt ids: %s %s" %
           (code, details))
+    # and a drafter assignment whose draft costs no pass could take
+    code, details, _ = call(v.addr(), "/tandem.v1.Verifier/Run",
+                            {"prompt_ids": ids_of(4), "max_tokens": 1, "drafter": {
+                                "replica_id": "d", "address": "127.0.0.1:1", "block_size": 4,
+                                "draft_pass_costs": [{"sequences": 1, "block": 4,
+                                                      "millis": "Infinity"}]}}, stream=True)
+    check(code == "INVALID_ARGUMENT" and "drafter.draft_pass_costs[0]" in details,
+          "Run with an infinite draft pass: %s %s" % (code, details))
     e2e.stop_all()
     # Without a setting the context is the model's (demo: 4096).
     gw = st.gateway("--tokenizer", e2e.TOKENIZER)
@@ -744,7 +752,10 @@ def case_stalled_drafter():
     plain = e2e.generate(gw, prompt, max_tokens=8, mode="SPECULATION_MODE_OFF")
     d.p.send_signal(signal.SIGSTOP)
     t0 = time.time()
-    r = e2e.generate(gw, prompt, max_tokens=8, mode="SPECULATION_MODE_ON", timeout=30)
+    # fixed blocks: an adaptive request would start paused on these cores
+    # (what a draft costs here, timed before serving, does not pay)
+    r = e2e.generate(gw, prompt, max_tokens=8, mode="SPECULATION_MODE_ON", block=4, fixed=True,
+                     timeout=30)
     took = time.time() - t0
     d.p.send_signal(signal.SIGCONT)
     check(r[0] == "OK" and r[2] == plain[2], "request on a stalled drafter: %s" % r[0])

@@ -456,7 +456,21 @@ def case_refusals():
                        "address"),
                       # A C string would have cut the id to "d1" without a word.
                       ({"descriptor": fake_descriptor("d1\0x", "ROLE_DRAFTER")},
-                       "tandem.v1.Descriptor.replica_id holds a NUL character")]:
+                       "tandem.v1.Descriptor.replica_id holds a NUL character"),
+                      # what a draft costs the drafter, which verifiers' rules start from
+                      ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", draft_pass_costs=[
+                          {"sequences": 1, "block": 4, "millis": 0.5},
+                          {"sequences": 2, "block": 4, "millis": -1}])},
+                       "descriptor.draft_pass_costs[1]: 2 sequences, block 4, -1 ms is out of range"),
+                      ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", draft_pass_costs=[
+                          {"sequences": 1, "block": 4, "millis": "NaN"}])},
+                       "descriptor.draft_pass_costs[0]"),
+                      ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", draft_pass_costs=[
+                          {"sequences": 0, "block": 4, "millis": 1}])},
+                       "descriptor.draft_pass_costs[0]: 0 sequences"),
+                      ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", draft_pass_costs=[
+                          {"sequences": 1, "block": 4, "millis": 1}] * 9)},
+                       "descriptor.draft_pass_costs has 9 entries, at most 8")]:
         code, details, _ = unary(gw.addr(), "/tandem.v1.Registry/RegisterReplica", bad)
         check(code == "INVALID_ARGUMENT" and word in details,
               "bad registration %s -> %s %s" % (bad, code, details))

@@ -614,7 +614,8 @@ def case_drain():
 
     # `tandem drain` through the gateway: B's two requests move to C.
     c = verifier(gw, "no_buffer")
-    two = [gen_req(i, N, kind="greedy" if i == 0 else "spec") for i in range(2)]
+    # long enough to still run when C, started after them, has paired
+    two = [gen_req(i, 3 * N, kind="greedy" if i == 0 else "spec") for i in range(2)]
     refs2 = references(gw, two)
     # Both on B: C must not take them; it joins after they started.
     c.stop(signal.SIGTERM)
