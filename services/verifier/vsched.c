@@ -2413,9 +2413,14 @@ static void open_first(vsched *s, vreq *r, bool at_start)
     if (!r->open_first)
         return;
     pthread_mutex_lock(&s->mu);
-    const bool now = r->open_first && (at_start || !r->prefilling);
-    if (now && r->spec && !r->seeded && !r->continued && r->ad.rounds == 0 &&
-        r->ad.cost_win.guess && !r->ad.p.fixed)
+    const bool guess = r->spec && !r->seeded && !r->continued && r->ad.rounds == 0 &&
+                       r->ad.cost_win.guess && !r->ad.p.fixed;
+    /* A start on a guess of the costs (a fresh verifier) waits for the
+     * prompt's prefill to end: a burst of requests is admitted by then, and
+     * each judges its start at the batch it runs in, not at the batch of one
+     * that the first of them was admitted to. */
+    const bool now = r->open_first && (at_start ? !(guess && s->n_warm > 0) : !r->prefilling);
+    if (now && guess)
         judge_start_locked(s, r);
     const bool open =
         now && r->spec && r->link && r->ad.k_next > 0 && !r->cancelled && !r->finished;
