@@ -362,8 +362,11 @@ def counter(target, path, name):
 
 def case_cancel():
     gw, v, d = stack("extra_buffer", "model", block=4)
+    # fixed blocks: the drafter holds the sequence too (an adaptive request
+    # could start paused on these cores and never open it there)
     req = {"text": prompts(2)[0], "max_tokens": 4000, "ignore_eos": True,
-           "speculation": {"mode": "SPECULATION_MODE_ON"}}
+           "speculation": {"mode": "SPECULATION_MODE_ON", "block_size": 4,
+                           "fixed_block_size": True}}
     t_cancel = []
 
     def cancel(call):

@@ -589,8 +589,10 @@ def case_bad_drafter():
     for fault in ("oov", "position", "toomany", "nanprob", "dists"):
         fd = FakeDrafter(gw, fault, fp)
         before = counter(v.addr(), "malformed_blocks") or 0
+        # fixed blocks: adaptive requests could start paused on these cores
         res = e2e.parallel(lambda _: e2e.generate(gw, prompt, max_tokens=30,
-                                                  mode="SPECULATION_MODE_ON", block=4),
+                                                  mode="SPECULATION_MODE_ON", block=4,
+                                                  fixed=True),
                            range(3), workers=3)
         for r in res:
             check(r[0] == "OK" and r[2] == plain[2],
