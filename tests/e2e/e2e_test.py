@@ -770,10 +770,11 @@ def case_plain_measure():
     blocks unverified and their drafters told none was accepted
     (tandem_spec_decode_plain_measure_rounds_total), and outputs stay the
     plain ones; a seeded request's are the same with or without them. The
-    n-gram drafter, two requests at a time: its drafts cost nothing to make,
-    so the verifier's own steps, timed before it served, say speculation may
-    pay (a model drafter's passes on these cores say it cannot, and its
-    requests start paused)."""
+    n-gram drafter (its drafts cost nothing to make), two requests at a time,
+    the second started once the first speculates: alone, the verifier's own
+    steps, timed before it served, say a draft may pay on these cores (at a
+    batch of two they may not, and a model drafter's passes say it cannot),
+    and its rounds beside the second request need a plain round of two."""
     gw, v, d = stack("extra_buffer", "ngram", block=4)
     path = "/tandem.v1.Verifier/Describe"
     ps = [p[:40] * 6 for p in prompts(8)]  # repeats: the n-gram drafter proposes every round
@@ -787,7 +788,18 @@ def case_plain_measure():
         return generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_ON", block=4,
                         sampling=seeded, ignore_eos=True)
 
-    spec = parallel(adaptive, ps, workers=2)
+    def pair(i):
+        before = st.counters(v.addr(), path).get("speculative_rounds", 0)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as ex:
+            a = ex.submit(adaptive, ps[i])
+            t0 = time.time()
+            while (time.time() - t0 < 10 and not a.done() and
+                   st.counters(v.addr(), path).get("speculative_rounds", 0) == before):
+                time.sleep(0.01)
+            b = ex.submit(adaptive, ps[i + 1])
+            return [a.result(), b.result()]
+
+    spec = [r for i in range(0, len(ps), 2) for r in pair(i)]
     first = seeded_run(ps[0])
     measured = st.counters(v.addr(), path).get("plain_measure_rounds", 0)
     again = parallel(lambda i: adaptive(ps[i]) if i else seeded_run(ps[0]), range(4), workers=4)[0]
