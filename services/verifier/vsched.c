@@ -2371,11 +2371,10 @@ static void record_timeline(vsched *s, const double *t)
 }
 
 /* A fresh request that was queued on a guess of what a draft costs (none
- * measured then) decides its start again before its first step, at the batch
- * it joined: from what earlier requests have measured since, or else from
- * the steps timed before serving (warm_cost). On a fresh verifier a burst of
- * requests is admitted at once, so each sees the batch it runs in, not the
- * empty one it was queued beside. Under mu. */
+ * measured then) decides its start again as its prompt's prefill ends (its
+ * open waits for that: open_first), at the batch it then runs in: from what
+ * earlier requests have measured since, or else from the steps timed before
+ * serving (warm_cost). Under mu. */
 static void judge_start_locked(vsched *s, vreq *r)
 {
     double c = prior(s, &s->cost_ms_ema);
