@@ -358,21 +358,21 @@ static double interp(const int *xs, const double *ys, int m, int x, bool extend)
 /* The starting guess of what a drafted token costs a sequence of r's in a
  * batch of n, in plain steps of it, from what was timed before serving: the
  * verifier's own steps (warm_steps: a plain step, and what a verify adds a
- * draft) and the drafter's passes (its Descriptor's draft_pass_costs, where
- * it reported them); -1 where the verifier's steps were not timed. The
- * exchange is not in it. On two CPU cores a verified row and a draft cost
+ * draft) and the drafter's passes (its Descriptor's draft_pass_costs); -1
+ * where either is missing (an n-gram or MTP drafter reports none: without
+ * its part the guess would say only what verifying costs, and the rule keeps
+ * its own). The exchange is not in it. On two CPU cores a verified row and a draft cost
  * more than a plain step per sequence of eight, so speculation that cannot
  * pay starts paused instead of opening every first request on the drafter
  * to find out; on a GPU both are cheap, and the guess is about the rule's
  * own. */
 static double warm_cost(const vsched *s, const vreq *r, int n)
 {
-    if (s->n_warm == 0)
+    if (s->n_warm == 0 || r->n_dcost == 0)
         return -1.0;
     const double plain = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true);
-    double draft = interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false);
-    if (r->n_dcost > 0)
-        draft += interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
+    const double draft = interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false) +
+                         interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
     return plain > 0 ? draft / (plain / n) : -1.0;
 }
 
@@ -2418,7 +2418,8 @@ static void open_first(vsched *s, vreq *r, bool at_start)
      * prompt's prefill to end: a burst of requests is admitted by then, and
      * each judges its start at the batch it runs in, not at the batch of one
      * that the first of them was admitted to. */
-    const bool now = r->open_first && (at_start ? !(guess && s->n_warm > 0) : !r->prefilling);
+    const bool now =
+        r->open_first && (at_start ? !(guess && warm_cost(s, r, 1) > 0) : !r->prefilling);
     if (now && guess)
         judge_start_locked(s, r);
     const bool open =

@@ -770,11 +770,10 @@ def case_plain_measure():
     blocks unverified and their drafters told none was accepted
     (tandem_spec_decode_plain_measure_rounds_total), and outputs stay the
     plain ones; a seeded request's are the same with or without them. The
-    n-gram drafter (its drafts cost nothing to make), two requests at a time,
-    the second started once the first speculates: alone, the verifier's own
-    steps, timed before it served, say a draft may pay on these cores (at a
-    batch of two they may not, and a model drafter's passes say it cannot),
-    and its rounds beside the second request need a plain round of two."""
+    n-gram drafter (it reports no draft passes, so its requests start from
+    the rule's own guess: a model drafter's passes say a draft cannot pay on
+    these cores), two requests at a time, the second started once the first
+    speculates, so that rounds of two need a plain round of two."""
     gw, v, d = stack("extra_buffer", "ngram", block=4)
     path = "/tandem.v1.Verifier/Describe"
     ps = [p[:40] * 6 for p in prompts(8)]  # repeats: the n-gram drafter proposes every round
