@@ -843,8 +843,10 @@ def case_lane():
     for mode in ("shm", "grpc", "auto-apart", "shm-apart"):
         transport, apart = mode.split("-")[0], mode.endswith("apart")
         gw = st.gateway("--tokenizer", TOKENIZER)
+        # a long draft_timeout: under load the lane's refusal (shm, apart) may
+        # take seconds, and the stat must name it, not the timeout
         v = st.replica("verifier", gw, "--model", TARGET, "--max-draft-tokens", "8",
-                       "--exchange-transport", transport)
+                       "--exchange-transport", transport, "--draft-timeout", "10s")
         dargs = ["--model", DRAFTER, "--draft-block-size", "4"]
         if apart:
             d = st.drafter_apart(gw, *dargs)
