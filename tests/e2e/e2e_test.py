@@ -717,6 +717,20 @@ def case_first_round():
     stop_all()
 
 
+def matched_stats(plain, spec):
+    """The stats of each speculative request whose output is the plain one's
+    (a check per prompt), in prompt order; None where it failed."""
+    out = []
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if not check(a[0] == "OK" and b[0] == "OK" and b[4], "prompt %d: %s %s / %s %s" %
+                     (i, a[0], a[1], b[0], b[1])):
+            out.append(None)
+            continue
+        check(a[2] == b[2], "prompt %d: adaptive %s, plain %s" % (i, b[2], a[2]))
+        out.append(b[4]["stats"])
+    return out
+
+
 def case_fresh_start():
     """A fresh verifier's first requests start from what was timed before
     serving: the model drafter reports its draft passes in its descriptor
@@ -746,12 +760,9 @@ def case_fresh_start():
     plain = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_OFF",
                                         ignore_eos=True), ps, workers=8)
     paused = 0
-    for i, (a, b) in enumerate(zip(plain, spec)):
-        if not check(a[0] == "OK" and b[0] == "OK" and b[4], "prompt %d: %s %s / %s %s" %
-                     (i, a[0], a[1], b[0], b[1])):
+    for i, stats in enumerate(matched_stats(plain, spec)):
+        if stats is None:
             continue
-        check(a[2] == b[2], "prompt %d: adaptive %s, plain %s" % (i, b[2], a[2]))
-        stats = b[4]["stats"]
         print("prompt %d: %s speculative rounds; %s" % (
             i, stats.get("speculative_rounds", 0), stats.get("speculation", "")), flush=True)
         paused += (int(stats.get("speculative_rounds", 0)) == 0 and
@@ -804,13 +815,7 @@ def case_plain_measure():
     again = parallel(lambda i: adaptive(ps[i]) if i else seeded_run(ps[0]), range(4), workers=4)[0]
     plain = parallel(lambda p: generate(gw, p, max_tokens=48, mode="SPECULATION_MODE_OFF",
                                         ignore_eos=True), ps, workers=4)
-    rounds = 0
-    for i, (a, b) in enumerate(zip(plain, spec)):
-        if not check(a[0] == "OK" and b[0] == "OK" and b[4], "prompt %d: %s %s / %s %s" %
-                     (i, a[0], a[1], b[0], b[1])):
-            continue
-        check(a[2] == b[2], "prompt %d: adaptive %s, plain %s" % (i, b[2], a[2]))
-        rounds += int(b[4]["stats"]["speculative_rounds"])
+    rounds = sum(int(s["speculative_rounds"]) for s in matched_stats(plain, spec) if s)
     print("plain rounds measured: %d; speculative rounds %d" % (measured, rounds), flush=True)
     check(measured > 0, "no round ran plainly to measure the plain round")
     check(rounds > 0, "no speculative round ran")
