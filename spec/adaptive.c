@@ -198,6 +198,12 @@ static void choose(tdm_adaptive *a)
     a->k_next = best;
 }
 
+double tdm_median3(const double *x)
+{
+    const double lo = x[0] < x[1] ? x[0] : x[1], hi = x[0] < x[1] ? x[1] : x[0];
+    return x[2] < lo ? lo : x[2] > hi ? hi : x[2];
+}
+
 /* An EMA step towards the median of the last three rounds' measured costs
  * (the lower of the first two): one slow round (a block length the drafter
  * runs for the first time, a step that waited for the GPU; at one draft a
@@ -214,8 +220,7 @@ static void cost_step(double *est, tdm_cost_window *w, double x)
     if (w->n == 2) {
         m = w->x[0] < w->x[1] ? w->x[0] : w->x[1];
     } else if (w->n >= 3) {
-        const double a = w->x[0], b = w->x[1], c = w->x[2];
-        m = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        m = tdm_median3(w->x);
     }
     if (w->guess) {
         *est = m;

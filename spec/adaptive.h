@@ -138,6 +138,9 @@ void tdm_adaptive_set_costs(tdm_adaptive *a, double cost, double fixed);
 /* Expected speed-up S(k) under the current estimates. */
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k);
 
+/* The median of x[0..2] (the cost window's, and timings taken thrice). */
+double tdm_median3(const double *x);
+
 /* ---- a drafter's acceptance across requests --------------------------------
  *
  * Moving averages (weight 0.1 a round) of a drafter's accepted drafts and

@@ -51,6 +51,7 @@
 #include "log.h"
 #include "ngram.h"
 #include "request_check.h"
+#include "adaptive.h"
 #include "sampling.h"
 #include "tandem/v1/drafter.pb-c.h"
 
@@ -1705,12 +1706,6 @@ static tdm_status warm_chains(drafter *d, int block, tdm_error *err)
     return rc;
 }
 
-static double median3(const double *x)
-{
-    const double lo = x[0] < x[1] ? x[0] : x[1], hi = x[0] < x[1] ? x[1] : x[0];
-    return x[2] < lo ? lo : x[2] > hi ? hi : x[2];
-}
-
 /* Times the model drafter's draft passes before it serves, for its
  * Descriptor's draft_pass_costs: a block of `block` tokens for each of n = 1,
  * 2, 4, 8, 16 throwaway sequences (at most max_sequences), after one lead
@@ -1767,7 +1762,7 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
         }
         if (rc == TDM_OK) {
             sizes[n_sizes] = n;
-            ms[n_sizes++] = median3(t);
+            ms[n_sizes++] = tdm_median3(t);
         }
     }
     for (int i = 0; i < made; i++)

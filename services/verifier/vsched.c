@@ -2583,12 +2583,6 @@ static void round_free(vround *rd)
     tdm_step_buf_free(&rd->out);
 }
 
-static double median3(const double *x)
-{
-    const double lo = x[0] < x[1] ? x[0] : x[1], hi = x[0] < x[1] ? x[1] : x[0];
-    return x[2] < lo ? lo : x[2] > hi ? hi : x[2];
-}
-
 /* Times steps on throwaway sequences before the verifier serves: for n = 1,
  * 2, 4, 8, 16 sequences (at most max_sequences; larger batches are
  * extrapolated), a plain step (one row each) and a verify step (1 + 4 rows
@@ -2644,7 +2638,7 @@ static void warm_steps(vsched *s)
         }
         if (rc != TDM_OK)
             break;
-        const double p3 = median3(plain), extra = median3(verify) - p3;
+        const double p3 = tdm_median3(plain), extra = tdm_median3(verify) - p3;
         s->warm_n[s->n_warm] = n;
         s->warm_plain_ms[s->n_warm] = p3;
         s->warm_draft_ms[s->n_warm] = extra > 0 ? extra / (n * k) : 0.0;
