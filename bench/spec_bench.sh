@@ -22,7 +22,10 @@
 #    batch 1, 8 and 32;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
 #    0.8B decode at batch 1), the upper bound of a round.
-# PARTS may add "27b" (the Qwen3.6-27B shape in the release layout: engine
+# PARTS may add "demoahead" (the demo pair at controlled acceptance, block
+# 4 at batch 1, run-ahead off and on: what drafting ahead of verdicts buys;
+# on the CPU with VCORES and DCORES, the cores of the verifier and of the
+# drafter, as taskset lists), "27b" (the Qwen3.6-27B shape in the release layout: engine
 # steps under each strategy, the verifier's capacity, plain decoding through
 # the services), "drain" (32 sequences of the 4B shape moved to a second
 # verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
@@ -153,7 +156,7 @@ run)
             >"$LOGS/gateway-$tag.log" 2>&1 &
         gpid=$!
         sleep 0.5
-        "$B/tandem-verifier" --backend "${BACKEND:-cuda}" --model "$dir" --listen "$VER" \
+        $VPIN "$B/tandem-verifier" --backend "${BACKEND:-cuda}" --model "$dir" --listen "$VER" \
             --health-listen 127.0.0.1:7711 --gateway "$GW" --max-sequences 40 \
             --max-draft-tokens 8 "$@" >"$LOGS/verifier-$tag.log" 2>&1 &
         vpid=$!
@@ -167,7 +170,7 @@ run)
         dpid=""
         sleep 0.3
         port=$((port + 2))
-        env "$@" "$B/$bin" --backend "${BACKEND:-cuda}" --model "$model" --listen "127.0.0.1:$port" \
+        env "$@" $DPIN "$B/$bin" --backend "${BACKEND:-cuda}" --model "$model" --listen "127.0.0.1:$port" \
             --health-listen "127.0.0.1:$((port + 1))" --gateway "$GW" --max-sequences 40 \
             --run-ahead "$ra" --draft-block-size "$blk" $DFLAGS >"$LOGS/drafter-$tag.log" 2>&1 &
         dpid=$!
@@ -186,6 +189,11 @@ run)
         printf '%-34s %s\n' "$tag" "$line" >>"$SUM"
         printf '%-30s %s\n' "$tag" "$line" | short
     }
+    # VCORES, DCORES: the cores the verifier and the drafter run on (taskset
+    # lists); on the CPU backend, a drafter on cores of its own is what a
+    # drafter on its own GPU is on the GPU machine
+    VPIN="${VCORES:+taskset -c $VCORES}"
+    DPIN="${DCORES:+taskset -c $DCORES}"
     PARTS="${PARTS:-engine 4b demo}"
     for part in $PARTS; do
         case "$part" in
@@ -383,6 +391,29 @@ run)
                 load "demo fixed 4 b$c" "$c" "$n" on --vocab "$dv" --block 4 --fixed \
                     --check "$W/demo-b$c.txt"
             done
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            ;;
+        demoahead)
+            # The demo pair at controlled acceptance (the oracle build of the
+            # demo drafter), block 4 at batch 1, run-ahead off and on: what
+            # drafting ahead of verdicts buys where the drafter has a device
+            # (or, on the CPU, cores: VCORES, DCORES) of its own.
+            echo "== demo pair, run-ahead" | tee -a "$SUM"
+            dv="$(grep -o '"vocab_size": *[0-9]*' models/demo-target/config.json | grep -o '[0-9]*$')"
+            start_stack demoahead "$root/models/demo-target" ${VFLAGS:-} || continue
+            n=$((${DEMO_SCALE:-4} * REQ1))
+            load "demo plain b1" 1 "$n" off --vocab "$dv" --record "$W/demo-ahead.txt"
+            for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
+                for ra in ${RUNAHEAD:-off on}; do
+                    start_drafter "demo-oracle-$a-$ra" bench_drafter_oracle \
+                        "$root/models/demo-drafter" "$ra" 8 TANDEM_BENCH_ORACLE="$W/demo-ahead.txt" \
+                        TANDEM_BENCH_ACCEPT="$a" || continue
+                    load "demo a=$a fixed 4 ahead=$ra b1" 1 "$n" on --vocab "$dv" --block 4 --fixed \
+                        --check "$W/demo-ahead.txt"
+                done
+            done
+            load "demo plain b1 (again)" 1 "$n" off --vocab "$dv" --check "$W/demo-ahead.txt"
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
             ;;

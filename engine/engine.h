@@ -229,9 +229,9 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
                          const int *nlead, const int *k, const int32_t *const *forced,
                          int32_t *const *drafts, tdm_error *err);
 
-/* Keeps the first n_accepted + 1 positions of the pending verify (0 <=
+/* Keeps the first n_accepted + 1 positions of the pending verify (-1 <=
  * n_accepted < ntokens) and leaves the sequence exactly as if only those had
- * been run. */
+ * been run; -1 drops them all (back to the committed position). */
 tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err);
 
 typedef struct tdm_seq_memory {

@@ -1155,12 +1155,18 @@ tdm_status tdm_seq_commit(tdm_seq *s, int n_accepted, tdm_error *err)
         return tdm_group_commit(s, n_accepted, err);
     if (!s->pending)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "commit without a pending verify");
-    if (n_accepted < 0 || n_accepted >= s->pending)
+    if (n_accepted < -1 || n_accepted >= s->pending)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
-                             "n_accepted %d is outside 0..%d (the verify carried %d drafts)",
+                             "n_accepted %d is outside -1..%d (the verify carried %d drafts)",
                              n_accepted, s->pending - 1, s->pending - 1);
     tdm_model *m = s->m;
     int keep = n_accepted + 1, ran = s->pending;
+    if (keep == 0) {
+        /* Every pending row dropped: the committed states stayed put
+         * (extra_buffer, replay) or come back from the checkpoint. */
+        pending_abort(s);
+        return TDM_OK;
+    }
     s->pending = 0;
     if (s->p.strategy != TDM_STATE_NO_BUFFER) {
         /* Every linear layer's conv window after the last accepted row, and

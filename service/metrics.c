@@ -802,6 +802,9 @@ static const counter_row counter_rows[] = {
          "used", "Blocks drafted ahead of their verdict, by whether they stood."),
     ROWL("drafter", "ahead_blocks_dropped", "tandem_drafter_ahead_blocks_total", COUNTER, "outcome",
          "dropped", NULL),
+    ROW("drafter", "prefilled_tokens", "tandem_drafter_prefilled_tokens_total", COUNTER,
+        "Tokens a model drafter ran outside its draft passes: prompts and catch-ups (about the "
+        "prompts' sum while its sequences' states hold)."),
     ROWL("drafter", "feature_rows_shm", "tandem_drafter_feature_rows_total", COUNTER, "transport",
          "shm",
          "Hidden-state rows received, by transport (shm: read from the verifier's "

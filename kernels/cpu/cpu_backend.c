@@ -7,6 +7,7 @@
 #include "alloc.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -589,12 +590,22 @@ static void cpu_destroy(tdm_backend *be)
     free(be);
 }
 
+/* One worker per CPU this process may run on: its affinity mask (taskset, a
+ * container's cpuset, Kubernetes' static CPU manager), not the host's count,
+ * or workers would take turns on the same cores. */
+static int cpus_usable(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 tdm_backend *tdm_backend_cpu_create(int nthreads)
 {
-    if (nthreads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        nthreads = n > 0 ? (int)n : 1;
-    }
+    if (nthreads <= 0)
+        nthreads = cpus_usable();
     tdm_backend *be = calloc(1, sizeof(*be));
     cpu_ctx *c = calloc(1, sizeof(*c));
     if (!be || !c || !(c->pool = tdm_pool_create(nthreads))) {

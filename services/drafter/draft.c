@@ -297,16 +297,11 @@ static tdm_status model_settle(dseq *q, tdm_error *err)
     int keep = 0;
     while (keep < q->np && q->held + keep < q->n && q->prow[keep] == q->tokens[q->held + keep])
         keep++;
-    tdm_status rc = TDM_OK;
-    if (keep == 0) {
-        /* Nothing agrees (a resume that went back further): start over. */
-        tdm_seq_destroy(q->seq);
-        q->seq = NULL;
-        q->held = 0;
-    } else {
-        rc = tdm_seq_commit(q->seq, keep - 1, err);
-        q->held += keep;
-    }
+    /* The committed tokens are the verifier's (an open that went back
+     * further dropped the model first); keep may be 0: a block drafted ahead
+     * whose first draft was rejected. */
+    tdm_status rc = tdm_seq_commit(q->seq, keep - 1, err);
+    q->held += keep;
     q->np = 0;
     return rc;
 }
@@ -346,6 +341,7 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
         tdm_status rc = tdm_seq_prefill(q->seq, q->tokens + q->held, want - q->held, NULL, err);
         if (rc != TDM_OK)
             return rc;
+        __atomic_fetch_add(&d->prefilled, (uint64_t)(want - q->held), __ATOMIC_RELAXED);
         q->held = want;
     }
     return TDM_OK;
@@ -1609,6 +1605,7 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"drafted_tokens", (double)__atomic_load_n(&d->drafted, __ATOMIC_RELAXED)},
         {"ahead_blocks_used", (double)__atomic_load_n(&d->ahead_used, __ATOMIC_RELAXED)},
         {"ahead_blocks_dropped", (double)__atomic_load_n(&d->ahead_dropped, __ATOMIC_RELAXED)},
+        {"prefilled_tokens", (double)__atomic_load_n(&d->prefilled, __ATOMIC_RELAXED)},
         {"max_sequences", (double)d->max_sequences},
         {"feature_rows_shm", (double)__atomic_load_n(&d->feat_rows_shm, __ATOMIC_RELAXED)},
         {"feature_bytes_shm", (double)__atomic_load_n(&d->feat_bytes_shm, __ATOMIC_RELAXED)},

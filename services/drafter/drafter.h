@@ -43,6 +43,9 @@ typedef struct drafter {
     /* counters (atomics) */
     int streams, open_sequences;
     uint64_t blocks, drafted, ahead_used, ahead_dropped;
+    /* tokens a model drafter prefilled outside its draft passes (prompts,
+     * catch-ups): about the prompts' sum while its sequences' states hold */
+    uint64_t prefilled;
     /* Where the blocks that answer verdicts spent their time, microseconds
      * summed over timed_blocks (block_stage_us_total: draft.c's stages). */
     uint64_t timed_blocks, stage_us[5];

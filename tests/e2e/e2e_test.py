@@ -128,6 +128,7 @@ def case_greedy():
     blocks_first = (1, 3, 8) if st.ARGS.quick else range(1, 9)
     blocks_rest = (1, 3, 8) if st.ARGS.quick else (1, 3, 4, 8)
     baseline = None
+    prefill_ref = {}  # block -> tokens the model drafter prefilled without run-ahead
     # Every drafter and strategy, and the model drafter drafting ahead of its
     # verdicts (run-ahead) under two strategies.
     runs = [(dr, strat, ()) for dr in ("model", "ngram")
@@ -144,6 +145,8 @@ def case_greedy():
         first = baseline is None
         if first:
             baseline = ids
+        prefilled_before = counter(d.addr(), "/tandem.v1.Drafter/Describe",
+                                   "prefilled_tokens") if drafter == "model" else 0
         check(ids == baseline, "plain outputs differ between stacks (%s, %s)" %
               (drafter, strategy))
         for block in blocks_first if first else blocks_rest:
@@ -171,6 +174,21 @@ def case_greedy():
                 print("  blocks drafted ahead that stood: %d" % used, flush=True)
                 check(used > 0 or block == 1, "run-ahead: no ahead block ever stood")
             if drafter == "model":
+                # What the drafter prefilled outside its draft passes: the
+                # prompts, as without run-ahead. A verdict that rejects the
+                # first draft of a block drafted ahead keeps its state; it
+                # never rebuilds a sequence from its whole context.
+                total = counter(d.addr(), "/tandem.v1.Drafter/Describe", "prefilled_tokens")
+                prefilled, prefilled_before = total - prefilled_before, total
+                if not extra:
+                    prefill_ref.setdefault(block, prefilled)
+                elif block in prefill_ref:
+                    print("  drafter prefilled %d tokens (%d without run-ahead)" %
+                          (prefilled, prefill_ref[block]), flush=True)
+                    check(prefilled <= prefill_ref[block],
+                          "run-ahead, block %d: the drafter prefilled %d tokens, %d without "
+                          "run-ahead (it rebuilt sequences' states)" %
+                          (block, prefilled, prefill_ref[block]))
                 check(accepted > 0, "%s/%s block %d: no draft token was ever accepted" %
                       (drafter, strategy, block))
         if drafter == "ngram" and not st.ARGS.quick:

@@ -41,7 +41,7 @@ static tdm_seq *make(tdm_model *m, tdm_state_strategy s)
 
 /* Random prompts, random draft blocks, random acceptance: after each commit,
  * extra_buffer, no_buffer, replay and sequential decode must agree to the
- * bit. */
+ * bit (a commit may keep no row at all). */
 static void strategies(tdm_model *m, const char *name)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
@@ -65,7 +65,9 @@ static void strategies(tdm_model *m, const char *name)
             l[j] = malloc((size_t)(MAXK + 1) * V * 4);
         float *ls = malloc((size_t)V * 4);
         for (int round = 0; round < 8; round++) {
-            int k = rnd(MAXK + 1), ntok = k + 1, acc = rnd(k + 1);
+            /* acc -1: every row dropped (a drafter's block drafted ahead
+             * whose first draft the verifier rejected) */
+            int k = rnd(MAXK + 1), ntok = k + 1, acc = rnd(k + 2) - 1;
             int32_t blk[MAXK + 1];
             for (int i = 0; i < ntok; i++)
                 blk[i] = rnd(V);
@@ -184,6 +186,7 @@ static void batching(tdm_model *m, const char *name)
     CHECK(tdm_seq_decode(&b[0], 1, &t, lb, &err) == TDM_ERR_FAILED_PRECONDITION,
           "decode while a verify is pending");
     CHECK(tdm_seq_commit(b[0], 1, &err) == TDM_ERR_INVALID_ARGUMENT, "accept more than ran");
+    CHECK(tdm_seq_commit(b[0], -2, &err) == TDM_ERR_INVALID_ARGUMENT, "keep fewer than none");
     CHECK(tdm_seq_commit(b[0], 0, &err) == TDM_OK, "%s", err.msg);
     t = V;
     CHECK(tdm_seq_decode(&b[0], 1, &t, lb, &err) == TDM_ERR_INVALID_ARGUMENT &&
