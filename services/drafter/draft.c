@@ -820,16 +820,19 @@ static void draw(dstream *st, dseq *q, dblock *b, const float *logits, int32_t a
 }
 
 /* What a sequence drafts in a pass: its block (first step: the tokens the
- * model lacks, then one draft a step), or the one ahead (first step: the
- * block's last draft, whose row predicts the verifier's next token, the
- * guess; then the guess; then one draft a step). */
+ * model lacks, then one draft a step), or the one ahead (first step: what
+ * the model lacks up to the block's last draft, whose row predicts the
+ * verifier's next token; the chain's first token is that guess, the ones
+ * after it the block drafted ahead). */
 typedef struct dtarget {
     dseq *q;
     dblock *b;
+    bool ahead;
     int k;     /* drafts wanted */
     int nlead; /* rows of the first step */
     const int32_t *lead;
     int32_t leadbuf[MAX_PENDING];
+    int32_t chain[MAX_BLOCK + 1]; /* ahead: the guess, then the drafts */
     bool stop;
 } dtarget;
 
@@ -854,18 +857,28 @@ static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int
 }
 
 #ifdef TANDEM_BENCH_ORACLE
-/* The oracle's block of k proposals for q into f: false when no recorded
+/* The oracle's chain of k proposals for q into f: false when no recorded
  * run continues q's tokens. After a wrong proposal no run continues the
- * context, and nothing past it can be accepted: the rest repeat it. */
-static bool oracle_block(const dstream *st, const dseq *q, int k, int32_t *f)
+ * context, and nothing past it can be accepted: the rest repeat it. An
+ * ahead chain (after the block's drafts) is always forced: when its
+ * context has no recorded run, the block holds a wrong draft and the chain
+ * cannot stand, but the model still runs its rows. */
+static bool oracle_block(const dstream *st, const dseq *q, bool ahead, int k, int32_t *f)
 {
+    int32_t ext[2 * MAX_BLOCK + 2];
+    int ne = 0;
+    if (ahead) {
+        memcpy(ext, q->b.drafts, (size_t)q->b.k * sizeof(int32_t));
+        ne = q->b.k;
+    }
     for (int j = 0; j < k; j++) {
-        f[j] = propose(st, q, f, j, -1);
+        f[j] = propose(st, q, ext, ne, -1);
         if (f[j] < 0) {
-            if (j == 0)
+            if (j == 0 && !ahead)
                 return false;
-            f[j] = f[j - 1];
+            f[j] = j > 0 ? f[j - 1] : q->b.drafts[q->b.k - 1];
         }
+        ext[ne++] = f[j];
     }
     return true;
 }
@@ -878,7 +891,7 @@ static int oracle_front(dstream *st, int n)
     int nf = 0;
     for (int i = 0; i < n; i++) {
         int32_t *f = st->mfbuf + (size_t)nf * MAX_BLOCK;
-        if (!oracle_block(st, st->bs[i], st->mk[i], f))
+        if (!oracle_block(st, st->bs[i], false, st->mk[i], f))
             continue;
         dseq *q = st->bs[i];
         tdm_mtp_seq *ms = st->mseqs[i];
@@ -900,26 +913,29 @@ static int oracle_front(dstream *st, int n)
 
 /* The greedy blocks of a pass drafted on the device (tdm_seq_draft: the k
  * steps of every sequence in one launch, each step's argmax fed to the
- * next without a trip to the host); those targets are marked done. In the
- * controlled-acceptance build the proposals are worked out first and
- * forced, so the model still runs every row; a target whose proposals need
- * the model's own choice is left to the step-by-step loop. */
+ * next without a trip to the host); those targets are marked done. An
+ * ahead block's chain is one longer: its first token is the guess of the
+ * verifier's next token. In the controlled-acceptance build the proposals
+ * are worked out first and forced, so the model still runs every row; a
+ * target whose proposals need the model's own choice is left to the
+ * step-by-step loop. */
 static void draft_chains(dstream *st, dtarget *tg, int live)
 {
     int *idx = tdm_xmalloc((size_t)live * sizeof(int)),
         *kk = tdm_xmalloc((size_t)live * sizeof(int));
     int32_t **dp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
-    int32_t *fbuf = tdm_xmalloc((size_t)live * MAX_BLOCK * sizeof(int32_t));
+    int32_t *fbuf = tdm_xmalloc((size_t)live * (MAX_BLOCK + 1) * sizeof(int32_t));
     const int32_t **fp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
     bool forced = false;
     int n = 0;
     for (int i = 0; i < live; i++) {
         dtarget *t = &tg[i];
+        const int len = t->k + t->ahead; /* the chain's tokens */
         if (!t->q->greedy || t->stop || t->k < 1)
             continue;
-        int32_t *f = fbuf + (size_t)n * MAX_BLOCK;
+        int32_t *f = fbuf + (size_t)n * (MAX_BLOCK + 1);
 #ifdef TANDEM_BENCH_ORACLE
-        if (!oracle_block(st, t->q, t->k, f))
+        if (!oracle_block(st, t->q, t->ahead, len, f))
             continue;
         forced = true;
 #else
@@ -929,8 +945,8 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
         st->eseqs[n] = t->q->seq;
         st->tp[n] = t->lead;
         st->nrows[n] = t->nlead;
-        kk[n] = t->k;
-        dp[n] = t->b->drafts;
+        kk[n] = len;
+        dp[n] = t->ahead ? t->chain : t->b->drafts;
         fp[n] = f;
         n++;
     }
@@ -945,19 +961,29 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
         for (int x = 0; x < n; x++) {
             dtarget *t = &tg[idx[x]];
             dseq *q = t->q;
-            q->t_chain += chain;
             t->stop = true;
-            if (rc != TDM_OK) {
-                q->np = 0; /* left at its committed position: answered with no drafts */
-                continue;
+            if (t->ahead) {
+                if (rc != TDM_OK) {
+                    q->ahead_want = false; /* its block's rows stay pending, as before */
+                    continue;
+                }
+                q->assumed = t->chain[0];
+                memcpy(t->b->drafts, t->chain + 1, (size_t)t->k * sizeof(int32_t));
+            } else {
+                q->t_chain += chain;
+                if (rc != TDM_OK) {
+                    q->np = 0; /* left at its committed position: answered with no drafts */
+                    continue;
+                }
             }
+            /* the rows run: the lead, then every chain token but the last */
+            const int len = t->k + t->ahead;
             memcpy(q->prow + q->np, t->lead, (size_t)t->nlead * sizeof(int32_t));
             q->np += t->nlead;
-            for (int j = 0; j < t->k; j++) {
-                if (j + 1 < t->k)
-                    q->prow[q->np++] = t->b->drafts[j];
+            for (int j = 0; j + 1 < len; j++)
+                q->prow[q->np++] = t->ahead ? t->chain[j] : t->b->drafts[j];
+            for (int j = 0; j < t->k; j++)
                 t->b->probs[j] = 1.0f;
-            }
             t->b->k = t->k;
         }
     }
@@ -1067,13 +1093,12 @@ static void draft_pass(dstream *st, bool ahead)
         }
         return;
     }
-    const int off = ahead ? 1 : 0; /* steps before the first draft */
     dtarget *tg = st->targets;
     int live = 0;
     for (int i = 0; i < nw; i++) {
         dseq *q = st->bs[i];
         dtarget *t = &tg[live];
-        *t = (dtarget){.q = q, .k = q->block_size};
+        *t = (dtarget){.q = q, .k = q->block_size, .ahead = ahead};
         if (!ahead) {
             t->b = &q->b;
             t->nlead = q->n - q->held; /* 1, or more after a fully accepted block */
@@ -1098,8 +1123,10 @@ static void draft_pass(dstream *st, bool ahead)
         }
         live++;
     }
-    if (!ahead)
-        draft_chains(st, tg, live);
+    /* Greedy blocks, and every ahead block (greedy requests only), as
+     * chains on the device; sampled blocks, and in the controlled-acceptance
+     * build blocks the oracle has no proposals for, step by step below. */
+    draft_chains(st, tg, live);
     /* The rest go step by step, their rows' logits or argmaxes through the
      * step buffer (pinned host memory of vocab floats a row, grown as the
      * rows grow: a pass the chains served reserves none). */
@@ -1114,35 +1141,21 @@ static void draft_pass(dstream *st, bool ahead)
     const size_t rows = (size_t)rest * MAX_PENDING;
     if (tdm_step_buf_reserve(&st->out, d->rt->model, rows, sampled ? rows : 0, &err) != TDM_OK) {
         tdm_log_error(LOG, "draft pass: %s", err.msg);
-        for (int i = 0; ahead && i < live; i++)
-            tg[i].q->ahead_want = false; /* an ahead pass has no chains: none stopped */
         return;
     }
     for (int s = 0;; s++) {
-        if (ahead && s > 0 && message_waiting(st)) {
-            /* A verdict came: it goes first; the ahead blocks not done are
-             * left (the rows they ran are dropped by the verdict's settle). */
-            for (int i = 0; i < live; i++)
-                if (tg[i].q->ahead_want) {
-                    tg[i].q->ahead_want = false;
-                    block_clear(&tg[i].q->a);
-                }
-            return;
-        }
         int n = 0, r = 0;
         for (int i = 0; i < live; i++) {
             dtarget *t = &tg[i];
-            if (t->stop || s >= t->k + off)
+            if (t->stop || s >= t->k)
                 continue;
             int32_t *row = st->rows + r;
             int nr = 1;
             if (s == 0) {
                 memcpy(row, t->lead, (size_t)t->nlead * sizeof(int32_t));
                 nr = t->nlead;
-            } else if (ahead && s == 1) {
-                row[0] = t->q->assumed;
             } else {
-                row[0] = t->b->drafts[s - off - 1];
+                row[0] = t->b->drafts[s - 1];
             }
             st->stepped[n] = i;
             st->eseqs[n] = t->q->seq;
@@ -1163,8 +1176,6 @@ static void draft_pass(dstream *st, bool ahead)
                 dtarget *t = &tg[st->stepped[x]];
                 t->q->np = 0;
                 t->stop = true;
-                if (ahead)
-                    t->q->ahead_want = false;
             }
             break;
         }
@@ -1176,26 +1187,11 @@ static void draft_pass(dstream *st, bool ahead)
             q->np += st->nrows[x];
             row += st->nrows[x];
             const int32_t am = st->out.argmax[last];
-            if (ahead && s == 0) {
-                /* The verifier's next token, as this drafter guesses it. */
-                q->assumed = propose(st, q, q->b.drafts, q->b.k, am);
-                continue;
-            }
-            const int j = s - off;
             draw(st, q, t->b, q->greedy ? NULL : st->out.logits + (size_t)last * (size_t)d->vocab,
-                 am, j, q->n + (ahead ? q->b.k + 1 : 0) + j);
-            /* The tokens this draft follows, beyond the committed ones. */
-            int32_t ext[2 * MAX_BLOCK + 1];
-            int ne = 0;
-            if (ahead) {
-                memcpy(ext, q->b.drafts, (size_t)q->b.k * sizeof(int32_t));
-                ne = q->b.k;
-                ext[ne++] = q->assumed;
-            }
-            memcpy(ext + ne, t->b->drafts, (size_t)j * sizeof(int32_t));
-            ne += j;
-            t->b->drafts[j] = propose(st, q, ext, ne, t->b->drafts[j]);
-            t->b->k = j + 1;
+                 am, s, q->n + s);
+            /* the tokens this draft follows, beyond the committed ones */
+            t->b->drafts[s] = propose(st, q, t->b->drafts, s, t->b->drafts[s]);
+            t->b->k = s + 1;
         }
     }
 }

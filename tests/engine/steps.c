@@ -154,6 +154,31 @@ void steps_run_script(tdm_model *m, steps_run *r)
         OK(tdm_seq_commit(B, (round + 1) % 2, &err));
     }
 
+    /* A block drafted ahead of its verdict: a second chain on top of the
+     * first one's pending rows (its lead the first chain's last draft),
+     * then commits that keep some of the rows, or none (the ahead block's
+     * first draft and the block's own rejected). */
+    for (int round = 0; round < 3; round++) {
+        tdm_seq *b[] = {D, B};
+        int32_t ld[1] = {tok(V)}, lb[1] = {tok(V)};
+        const int32_t *lead[] = {ld, lb};
+        const int nlead[] = {1, 1}, k[] = {2, 2};
+        int32_t dd[2], db[2], ad[2], ab[2];
+        int32_t *const drafts[] = {dd, db}, *const ahead[] = {ad, ab};
+        OK(tdm_seq_draft(b, 2, lead, nlead, k, NULL, drafts, &err));
+        const int32_t *lead2[] = {&dd[1], &db[1]};
+        OK(tdm_seq_draft(b, 2, lead2, nlead, k, NULL, ahead, &err));
+        float *lg = lbuf(m, 1);
+        for (int j = 0; j < V; j++)
+            lg[j] = -1.0f;
+        const int32_t *all[] = {dd, db, ad, ab};
+        for (int j = 0; j < 8; j++)
+            lg[j] = (float)all[j / 2][j % 2];
+        keep(m, r, lg, 1);
+        OK(tdm_seq_commit(D, round - 1, &err));
+        OK(tdm_seq_commit(B, (round * 2 + 1) % 4, &err));
+    }
+
     /* All four decode, twice. */
     for (int round = 0; round < 2; round++) {
         int32_t t[4] = {tok(V), tok(V), tok(V), tok(V)};
