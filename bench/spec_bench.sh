@@ -25,7 +25,7 @@
 # PARTS may add "demoahead" (the demo pair at controlled acceptance, block
 # 4 at batch 1, run-ahead off and on: what drafting ahead of verdicts buys;
 # on the CPU with VCORES and DCORES, the cores of the verifier and of the
-# drafter, as taskset lists), "27b" (the Qwen3.6-27B shape in the release layout: engine
+# drafter, as taskset lists; on two GPUs with VGPU and DGPU), "27b" (the Qwen3.6-27B shape in the release layout: engine
 # steps under each strategy, the verifier's capacity, plain decoding through
 # the services), "drain" (32 sequences of the 4B shape moved to a second
 # verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
@@ -192,8 +192,16 @@ run)
     # VCORES, DCORES: the cores the verifier and the drafter run on (taskset
     # lists); on the CPU backend, a drafter on cores of its own is what a
     # drafter on its own GPU is on the GPU machine
-    VPIN="${VCORES:+taskset -c $VCORES}"
-    DPIN="${DCORES:+taskset -c $DCORES}"
+    # VGPU, DGPU: the GPUs (CUDA_VISIBLE_DEVICES) of the verifier and of
+    # the drafter, on a machine with two: the drafter on its own device, where
+    # run-ahead is meant to pay
+    VPIN="${VCORES:+taskset -c $VCORES}${VGPU:+ env CUDA_VISIBLE_DEVICES=$VGPU}"
+    DPIN="${DCORES:+taskset -c $DCORES}${DGPU:+ env CUDA_VISIBLE_DEVICES=$DGPU}"
+    # ahead=on on one GPU: the oracle drafter hides that it shares the
+    # verifier's GPU (which would turn run-ahead off), to measure what it does
+    # there; on a GPU of its own it has nothing to hide
+    HIDE=TANDEM_BENCH_HIDE_DEVICE=1
+    [ -n "${DGPU:-}" ] && [ "${DGPU:-}" != "${VGPU:-}" ] && HIDE=""
     PARTS="${PARTS:-engine 4b demo}"
     for part in $PARTS; do
         case "$part" in
@@ -241,11 +249,9 @@ run)
             fi
             for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
                 for ra in ${RUNAHEAD:-off on}; do
-                    # ahead=on: the drafter hides that it shares the verifier's GPU
-                    # (which would turn run-ahead off), to measure what it does here
                     start_drafter "oracle-$a-$ra-$nv" bench_drafter_oracle "$W/d08" "$ra" 8 \
                         TANDEM_BENCH_ORACLE="$W/truth.txt" TANDEM_BENCH_ACCEPT="$a" \
-                        $([ "$ra" = on ] && echo TANDEM_BENCH_HIDE_DEVICE=1) || continue
+                        $([ "$ra" = on ] && echo $HIDE) || continue
                     load "a=$a fixed 4 ahead=$ra$vt b1" 1 "$REQ1" on $V --block 4 --fixed \
                         --check "$W/truth.txt"
                     if [ "$a" = 0.8 ]; then
@@ -408,7 +414,7 @@ run)
                 for ra in ${RUNAHEAD:-off on}; do
                     start_drafter "demo-oracle-$a-$ra" bench_drafter_oracle \
                         "$root/models/demo-drafter" "$ra" 8 TANDEM_BENCH_ORACLE="$W/demo-ahead.txt" \
-                        TANDEM_BENCH_ACCEPT="$a" || continue
+                        TANDEM_BENCH_ACCEPT="$a" $([ "$ra" = on ] && echo $HIDE) || continue
                     load "demo a=$a fixed 4 ahead=$ra b1" 1 "$n" on --vocab "$dv" --block 4 --fixed \
                         --check "$W/demo-ahead.txt"
                 done
