@@ -786,9 +786,12 @@ def case_fresh_start():
         paused += (int(stats.get("speculative_rounds", 0)) == 0 and
                    "would not pay at the starting estimates" in stats.get("speculation", ""))
     # The first of the burst may run alone for its first step (admitted
-    # before the others arrived): at a batch of one the times say a draft
-    # may pay here. Every request that joined the others starts paused.
-    check(paused >= len(ps) - 1, "%d of %d requests started paused on the times taken before "
+    # before the others arrived), and on cores that other tests keep busy a
+    # second may come before the rest: at a batch of one or two the times
+    # say a draft may pay here. The requests that joined the others start
+    # paused (without the times taken before serving, every one opened on
+    # the drafter).
+    check(paused >= len(ps) - 2, "%d of %d requests started paused on the times taken before "
           "serving" % (paused, len(ps)))
     stop_all()
 
