@@ -30,8 +30,8 @@ typedef struct tdm_runtime {
 } tdm_runtime;
 
 /* backend: "auto", "cpu" or "cuda". threads: CPU worker threads, 0 = one per
- * core it may run on (its affinity mask). A backend this build or machine cannot provide is an
- * error naming it, never a silent switch. */
+ * core it may run on (its affinity mask). A backend this build or machine
+ * cannot provide is an error naming it, never a silent switch. */
 tdm_status tdm_runtime_open(const char *model_dir, const char *backend, int threads,
                             tdm_runtime **out, tdm_error *err);
 void tdm_runtime_close(tdm_runtime *rt);
