@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* Picks and creates the backend; fills backend_name and why. */
 static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int threads, tdm_error *err)
@@ -72,7 +71,10 @@ static tdm_status runtime_backend(tdm_runtime *rt, const char *backend, int thre
 #endif
     snprintf(rt->backend_name, sizeof(rt->backend_name), "%s",
              tdm_backend_kind_name(TDM_BACKEND_CPU));
-    snprintf(rt->why, sizeof(rt->why), "%s", cpu_why);
+    if (threads <= 0)
+        threads = tdm_cpu_count();
+    snprintf(rt->why, sizeof(rt->why), "%s; %d worker%s", cpu_why, threads,
+             threads == 1 ? "" : "s");
     rt->backend = tdm_backend_cpu_create(threads);
     if (!rt->backend)
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot create the CPU backend");
@@ -171,8 +173,8 @@ static void bind_device(int rank, void *ctx)
 static tdm_status open_group(const char *model_dir, const char *backend, int n, tdm_runtime **out,
                              tdm_error *err)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int threads = cores / n >= 1 ? (int)(cores / n) : 1;
+    const int cores = tdm_cpu_count();
+    const int threads = cores / n >= 1 ? cores / n : 1;
     tdm_runtime *rt = tdm_xcalloc(1, sizeof(*rt));
     rt->tp = n;
     tdm_status rc = runtime_backend(rt, backend, threads, err);

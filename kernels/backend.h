@@ -277,8 +277,13 @@ struct tdm_backend {
 };
 
 /* The CPU backend: fp32 compute, nthreads workers in a persistent pool
- * (0 = one per online core). Returns NULL when out of memory. The caller
+ * (0 = tdm_cpu_count()). Returns NULL when out of memory. The caller
  * destroys it with be->destroy(be). */
 tdm_backend *tdm_backend_cpu_create(int nthreads);
+
+/* The CPUs this process may run on: its affinity mask (taskset, a
+ * container's cpuset, Kubernetes' static CPU manager), not the host's
+ * count, or workers would take turns on the same cores. */
+int tdm_cpu_count(void);
 
 #endif

@@ -590,10 +590,7 @@ static void cpu_destroy(tdm_backend *be)
     free(be);
 }
 
-/* One worker per CPU this process may run on: its affinity mask (taskset, a
- * container's cpuset, Kubernetes' static CPU manager), not the host's count,
- * or workers would take turns on the same cores. */
-static int cpus_usable(void)
+int tdm_cpu_count(void)
 {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
@@ -605,7 +602,7 @@ static int cpus_usable(void)
 tdm_backend *tdm_backend_cpu_create(int nthreads)
 {
     if (nthreads <= 0)
-        nthreads = cpus_usable();
+        nthreads = tdm_cpu_count();
     tdm_backend *be = calloc(1, sizeof(*be));
     cpu_ctx *c = calloc(1, sizeof(*c));
     if (!be || !c || !(c->pool = tdm_pool_create(nthreads))) {

@@ -359,6 +359,20 @@ def case_pair_formed():
     # Logs: pair formed once.
     time.sleep(0.5)
     check(gw.text().count("pair formed: verifier v1 + drafter d1") == 1, "pair formed logged once")
+    # The CPU backend starts one worker per CPU the process may run on (its
+    # affinity mask: taskset, a container's cpuset), not the host's count.
+    cpus = sorted(os.sched_getaffinity(0))
+    n = len(cpus)
+    check("%d worker%s" % (n, "" if n == 1 else "s") in v.text(),
+          "the verifier runs %d CPU workers:\n%s" % (n, v.text()[-2000:]))
+    pinned = Proc("verifier", shutil.which("taskset"),
+                  ["-c", str(cpus[0]), ARGS.verifier, "--listen", "127.0.0.1:0",
+                   "--health-listen", "127.0.0.1:0", "--gateway", gw.addr(), "--model", vm,
+                   "--replica-id", "v-pinned"])
+    PROCS.append(pinned)
+    pinned.wait_ready()
+    check("; 1 worker)" in pinned.text(),
+          "a verifier pinned to one CPU runs one worker:\n%s" % pinned.text()[-2000:])
 
 
 def build_protocol():
