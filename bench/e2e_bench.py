@@ -15,15 +15,9 @@ usage: bench/e2e_bench.py --build BUILD_DIR [--prompts N] [--tokens N] [--concur
 import argparse
 import concurrent.futures
 import os
-import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "services"))
-import services_test as st  # noqa: E402
-import e2e_test as e2e  # noqa: E402
+from harness import e2e, st, use_build
 
 
 def counter(target, path, name):
@@ -65,18 +59,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mtp-vocab", nargs="+", default=[])
     a = ap.parse_args()
-    b = os.path.abspath(a.build)
-
-    class Args:
-        cli = os.path.join(b, "services/cli/tandem")
-        gateway = os.path.join(b, "services/gateway/tandem-gateway")
-        verifier = os.path.join(b, "services/verifier/tandem-verifier")
-        drafter = os.path.join(b, "services/drafter/tandem-drafter")
-        source = ROOT
-
-    st.ARGS = Args
-    st.TMP = tempfile.mkdtemp(prefix="tandem-bench-")
-    e2e.setup_paths()
+    use_build(a.build, "tandem-bench-")
     ps = e2e.prompts(a.prompts)
     print("| configuration | conc | tokens/s median (min-max) | accepted/round | spec rounds | "
           "exchange p50 us | exchange p99 us | errors |")

@@ -13,13 +13,9 @@ import json
 import os
 import re
 import statistics
-import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "services"))
-import services_test as st  # noqa: E402
+from harness import ROOT, st, use_build
 
 PROMPT = "def fibonacci(n):\n    "
 
@@ -81,16 +77,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--speculation", default="off", choices=["off", "on"])
     a = ap.parse_args()
-    b = os.path.abspath(a.build)
-
-    class Args:
-        cli = os.path.join(b, "services/cli/tandem")
-        gateway = os.path.join(b, "services/gateway/tandem-gateway")
-        verifier = os.path.join(b, "services/verifier/tandem-verifier")
-        drafter = os.path.join(b, "services/drafter/tandem-drafter")
-        source = ROOT
-    st.ARGS = Args
-    st.TMP = tempfile.mkdtemp(prefix="tandem-openai-bench-")
+    use_build(a.build, "tandem-openai-bench-")
     models = os.path.join(ROOT, "models")
     try:
         gw = st.gateway("--tokenizer", os.path.join(models, "demo-target", "tokenizer.json"),

@@ -29,16 +29,10 @@ usage: bench/outcomes.py --build BUILD_DIR [--prompts N] [--tokens N] [--block K
 import argparse
 import os
 import subprocess
-import sys
-import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "services"))
-import services_test as st  # noqa: E402
-import e2e_test as e2e  # noqa: E402
+from harness import e2e, st, use_build
 
 
 def continuations(ps, tokens):
@@ -99,18 +93,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--block", type=int, nargs="+", default=[2, 4, 8])
     a = ap.parse_args()
-    b = os.path.abspath(a.build)
-
-    class Args:
-        cli = os.path.join(b, "services/cli/tandem")
-        gateway = os.path.join(b, "services/gateway/tandem-gateway")
-        verifier = os.path.join(b, "services/verifier/tandem-verifier")
-        drafter = os.path.join(b, "services/drafter/tandem-drafter")
-        source = ROOT
-
-    st.ARGS = Args
-    st.TMP = tempfile.mkdtemp(prefix="tandem-outcomes-")
-    e2e.setup_paths()
+    cli = use_build(a.build, "tandem-outcomes-").cli
     try:
         pairs = continuations(e2e.prompts(a.prompts), a.tokens)
     finally:
@@ -118,7 +101,7 @@ def main():
     seqs = []
     for ids, gen in pairs:
         full = ids + gen
-        first, second = top2(Args.cli, e2e.DRAFTER, full, st.TMP)
+        first, second = top2(cli, e2e.DRAFTER, full, st.TMP)
         seqs.append((len(ids), full, first, second))
     print("%d prompts, %d greedy tokens each (%s drafting for %s)" %
           (len(pairs), a.tokens, os.path.basename(e2e.DRAFTER), os.path.basename(e2e.TARGET)))

@@ -17,14 +17,10 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "services"))
+from harness import ROOT, e2e, st, use_build
+
 sys.path.insert(0, os.path.join(ROOT, "tests", "prefix"))
-import services_test as st  # noqa: E402
-import e2e_test as e2e  # noqa: E402
 import prefix_test as pt  # noqa: E402  (its Generate by token ids)
 
 
@@ -44,18 +40,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--block", type=int, default=256)
     a = ap.parse_args()
-    b = os.path.abspath(a.build)
-
-    class Args:
-        cli = os.path.join(b, "services/cli/tandem")
-        gateway = os.path.join(b, "services/gateway/tandem-gateway")
-        verifier = os.path.join(b, "services/verifier/tandem-verifier")
-        drafter = os.path.join(b, "services/drafter/tandem-drafter")
-        source = ROOT
-
-    st.ARGS = Args
-    st.TMP = tempfile.mkdtemp(prefix="tandem-bench-")
-    e2e.setup_paths()
+    use_build(a.build, "tandem-bench-")
     rng = random.Random(7)
     vocab = 4000
     rounds = []
