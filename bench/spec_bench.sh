@@ -26,8 +26,9 @@
 # 4 at batch 1, run-ahead off and on: what drafting ahead of verdicts buys;
 # on the CPU with VCORES and DCORES, the cores of the verifier and of the
 # drafter, as taskset lists; on two GPUs with VGPU and DGPU), "27b" (the
-# Qwen3.6-27B shape in the release layout: engine steps under each strategy, the verifier's capacity, plain decoding through
-# the services), "drain" (32 sequences of the 4B shape moved to a second
+# Qwen3.6-27B shape in the release layout: engine steps under each
+# strategy, the verifier's capacity, plain decoding through the services),
+# "drain" (32 sequences of the 4B shape moved to a second
 # verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
 # (tandem doctor on this machine), DRAFT_VOCABS (the 4b part's drafter, and
 # the engine part's 0.8B draft rounds, with draft vocabularies of the N lowest
