@@ -586,23 +586,26 @@ static double reopen_backoff_ms(int n)
     return 250.0 * (double)(1 << (n < 8 ? n - 1 : 7));
 }
 
+/* An active request's drafter failed (under mu). */
+static void req_link_failed_locked(vsched *s, vreq *r, const char *why)
+{
+    if (r->spec && r->reopen_tries < s->p.drafter_reopen_tries) {
+        /* A drafter restarted on its address takes the sequence again. */
+        r->reopen = true;
+        r->reopen_at = now_ms() + reopen_backoff_ms(r->reopen_tries + 1);
+        snprintf(r->reopen_addr, sizeof(r->reopen_addr), "%s", vlink_address(r->link));
+    }
+    req_drop_spec_locked(r, "off: drafter failed (%s)", why);
+}
+
 static void on_link_broken(void *user, vlink *l, const char *why)
 {
     vsched *s = user;
     pthread_mutex_lock(&s->mu);
     s->counters.drafter_failures++;
-    for (int i = 0; i < s->n_active; i++) {
-        vreq *r = s->active[i];
-        if (r->link != l)
-            continue;
-        if (r->spec && r->reopen_tries < s->p.drafter_reopen_tries) {
-            /* A drafter restarted on its address takes the sequence again. */
-            r->reopen = true;
-            r->reopen_at = now_ms() + reopen_backoff_ms(r->reopen_tries + 1);
-            snprintf(r->reopen_addr, sizeof(r->reopen_addr), "%s", vlink_address(l));
-        }
-        req_drop_spec_locked(r, "off: drafter failed (%s)", why);
-    }
+    for (int i = 0; i < s->n_active; i++)
+        if (s->active[i]->link == l)
+            req_link_failed_locked(s, s->active[i], why);
     for (vreq *r = s->wait_head; r; r = r->next_waiting)
         if (r->link == l)
             req_drop_spec_locked(r, "off: drafter failed (%s)", why);
@@ -611,6 +614,22 @@ static void on_link_broken(void *user, vlink *l, const char *why)
 }
 
 /* ---- messages to drafters (scheduler thread, without mu) ------------------------ */
+
+/* Sends m on r's Draft stream. A stream that broke is a drafter failure
+ * for r here too: a request that took the link before it broke, and was
+ * listed only after on_link_broken looked, would otherwise wait its whole
+ * draft_timeout for a block. */
+static void send_msg(vsched *s, vreq *r, const Tandem__V1__DraftRequest *m)
+{
+    if (vlink_send(r->link, m))
+        return;
+    char why[300] = "";
+    vlink_is_broken(r->link, why, sizeof(why));
+    pthread_mutex_lock(&s->mu);
+    req_link_failed_locked(s, r, why[0] ? why : "its Draft stream ended");
+    sched_wake(s);
+    pthread_mutex_unlock(&s->mu);
+}
 
 /* Room for the rows of a long prompt: messages of at most half the message
  * size of feature data (the rest is the open's tokens and framing). */
@@ -665,7 +684,7 @@ static Tandem__V1__Features *feat_send_chunks(vsched *s, vreq *r, feat_put *p)
         Tandem__V1__DraftRequest dr = TANDEM__V1__DRAFT_REQUEST__INIT;
         dr.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_FEATURES;
         dr.features = &c;
-        vlink_send(r->link, &dr);
+        send_msg(s, r, &dr);
     }
     p->last = m[n - 1];
     if (m != few)
@@ -724,7 +743,7 @@ static void send_open_n(vsched *s, vreq *r, int block, int n)
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
     m.open = &open;
-    vlink_send(r->link, &m);
+    send_msg(s, r, &m);
     feat_sent(s, r, &fp, open.hidden != NULL);
 }
 
@@ -749,7 +768,7 @@ static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int blo
     Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
     m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_VERDICT;
     m.verdict = &v;
-    vlink_send(r->link, &m);
+    send_msg(s, r, &m);
     feat_sent(s, r, &fp, v.hidden != NULL);
 }
 
