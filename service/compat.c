@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <openssl/evp.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -712,4 +713,101 @@ tdm_gpu_share tdm_gpu_sharing(const char *uuid_a, bool mps_a, const char *uuid_b
 const char *tdm_gpu_turns_without(bool verifier_mps, bool drafter_mps)
 {
     return verifier_mps ? "the drafter not" : drafter_mps ? "the verifier not" : "neither";
+}
+
+/* A CPU number at *p (digits, at most TDM_CPULIST_MAX), moving *p past it; -1
+ * where none starts there. */
+static long cpu_number(const char **p)
+{
+    long v = -1;
+    while (**p >= '0' && **p <= '9' && v <= TDM_CPULIST_MAX) {
+        v = (v < 0 ? 0 : v * 10) + (**p - '0');
+        (*p)++;
+    }
+    return v;
+}
+
+tdm_status tdm_cpulist_parse(const char *s, tdm_cpulist *out, tdm_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    if (!s || !s[0])
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT, "an empty CPU list");
+    const char *p = s;
+    for (;;) {
+        long lo = cpu_number(&p), hi = lo;
+        if (lo >= 0 && *p == '-') {
+            p++;
+            hi = cpu_number(&p);
+        }
+        if (lo < 0 || hi < lo || hi >= TDM_CPULIST_MAX)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "CPU list \"%.64s\": at character %ld, expected a CPU number "
+                                 "or a range N-M (N <= M < %d), separated by commas",
+                                 s, (long)(p - s) + 1, TDM_CPULIST_MAX);
+        for (long c = lo; c <= hi; c++)
+            out->bits[c / 64] |= (uint64_t)1 << (c % 64);
+        if (*p == '\0')
+            return TDM_OK;
+        if (*p != ',')
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "CPU list \"%.64s\": unexpected '%c' at character %ld", s, *p,
+                                 (long)(p - s) + 1);
+        p++;
+    }
+}
+
+void tdm_cpulist_self(char *buf, size_t len)
+{
+    buf[0] = '\0';
+    cpu_set_t set;
+    if (len == 0 || sched_getaffinity(0, sizeof(set), &set) != 0)
+        return;
+    size_t w = 0;
+    for (int c = 0; c < CPU_SETSIZE && c < TDM_CPULIST_MAX; c++) {
+        if (!CPU_ISSET(c, &set))
+            continue;
+        int e = c;
+        while (e + 1 < CPU_SETSIZE && e + 1 < TDM_CPULIST_MAX && CPU_ISSET(e + 1, &set))
+            e++;
+        int n = e > c ? snprintf(buf + w, len - w, "%s%d-%d", w ? "," : "", c, e)
+                      : snprintf(buf + w, len - w, "%s%d", w ? "," : "", c);
+        if (n < 0 || (size_t)n >= len - w) {
+            buf[0] = '\0'; /* does not fit: not known, rather than a wrong list */
+            return;
+        }
+        w += (size_t)n;
+        c = e;
+    }
+}
+
+void tdm_host_id_self(char *buf, size_t len)
+{
+    if (len == 0)
+        return;
+    buf[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f)
+        return;
+    if (!fgets(buf, (int)len, f))
+        buf[0] = '\0';
+    fclose(f);
+    buf[strcspn(buf, "\r\n")] = '\0';
+}
+
+bool tdm_cores_shared(const char *host_a, const char *cpus_a, const char *host_b,
+                      const char *cpus_b)
+{
+    if (!host_a || !host_a[0] || !host_b || !host_b[0])
+        return true;
+    if (strcmp(host_a, host_b) != 0)
+        return false;
+    tdm_cpulist a, b;
+    tdm_error err;
+    if (tdm_cpulist_parse(cpus_a, &a, &err) != TDM_OK ||
+        tdm_cpulist_parse(cpus_b, &b, &err) != TDM_OK)
+        return true;
+    for (size_t i = 0; i < sizeof(a.bits) / sizeof(a.bits[0]); i++)
+        if (a.bits[i] & b.bits[i])
+            return true;
+    return false;
 }

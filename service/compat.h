@@ -24,6 +24,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum tdm_compat_scope {
     TDM_COMPAT_PAIR = 0,     /* a verifier with a drafter */
@@ -65,6 +66,38 @@ tdm_gpu_share tdm_gpu_sharing(const char *uuid_a, bool mps_a, const char *uuid_b
  * "... through an MPS server": "the drafter not", "the verifier not" or
  * "neither". */
 const char *tdm_gpu_turns_without(bool verifier_mps, bool drafter_mps);
+
+/* CPU lists (Descriptor.cpus): a Linux CPU list ("0-3,8,10-11") as bits of
+ * CPUs 0 .. TDM_CPULIST_MAX - 1. */
+#define TDM_CPULIST_MAX 1024
+/* The longest CPU list a Descriptor carries, in characters; a longer
+ * affinity mask goes out as "" (not known). */
+#define TDM_CPULIST_TEXT_MAX 256
+typedef struct tdm_cpulist {
+    uint64_t bits[TDM_CPULIST_MAX / 64];
+} tdm_cpulist;
+
+/* Parses a CPU list; an error names what is wrong with it. */
+tdm_status tdm_cpulist_parse(const char *s, tdm_cpulist *out, tdm_error *err);
+
+/* The calling process's affinity mask as a CPU list ("" if it cannot be read). */
+void tdm_cpulist_self(char *buf, size_t len);
+
+/* The host this process runs on: the kernel's boot_id, the same in every
+ * container of one host ("" if it cannot be read). */
+void tdm_host_id_self(char *buf, size_t len);
+
+/* Whether two replicas on the CPU backend compute on the same cores
+ * (Descriptor.host_id and cpus): one host and CPU lists that meet. Where
+ * either side is not known (a host_id or a list that is "" or does not
+ * parse) they are taken to share. */
+bool tdm_cores_shared(const char *host_a, const char *cpus_a, const char *host_b,
+                      const char *cpus_b);
+
+/* What to do about a drafter on its verifier's CPU cores, one sentence. */
+#define TDM_CORES_FIX                                                                              \
+    "give each CPUs of its own (taskset, a container's cpuset) or the drafter a host of its "      \
+    "own, for it to draft ahead while the verifier verifies"
 
 /* What to do about TDM_GPU_SHARED_TURNS, one sentence. */
 #define TDM_GPU_TURNS_FIX                                                                          \

@@ -245,6 +245,17 @@ tdm_status tdm_req_check_descriptor(const Tandem__V1__Descriptor *d, tdm_error *
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "descriptor.device_uuid may have at most 64 characters, got %zu",
                              strlen(d->device_uuid));
+    if (strlen(d->host_id) > 64)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.host_id may have at most 64 characters, got %zu",
+                             strlen(d->host_id));
+    if (strlen(d->cpus) > TDM_CPULIST_TEXT_MAX)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.cpus may have at most %d characters, got %zu",
+                             TDM_CPULIST_TEXT_MAX, strlen(d->cpus));
+    tdm_cpulist cpus;
+    if (d->cpus[0] && tdm_cpulist_parse(d->cpus, &cpus, err) != TDM_OK)
+        return tdm_error_prefix(err, "descriptor.cpus");
     tdm_status rc = check_draft_costs(d->draft_pass_costs, d->n_draft_pass_costs,
                                       "descriptor.draft_pass_costs", err);
     if (rc != TDM_OK)

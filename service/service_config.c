@@ -445,8 +445,9 @@ static const tdm_cfg_key drafter_keys[] = {
     {"run_ahead", TDM_CFG_ENUM, "auto", "auto|on|off", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
      "Draft the next block while the verifier verifies this one, assuming it is accepted "
      "whole (used only when the verdict bears that out; greedy requests); auto: on for a model "
-     "drafter on the cuda backend, else off. A verifier never asks it of a drafter on its own "
-     "GPU (the two would take turns on the device)."},
+     "drafter, else off. A verifier asks it only of a drafter that computes apart from it: never "
+     "of one on its own GPU, nor on the CPU of one on its host whose CPUs (affinity mask) meet "
+     "its own."},
     KEY_FEATURE_TRANSPORT,
     KEY_EXCHANGE_TRANSPORT,
     KEY_BUSY_POLL,
@@ -811,19 +812,18 @@ static tdm_status rule_run_ahead(const tdm_cfg *cfg, char *value, size_t vlen, c
                                  size_t rlen, tdm_error *err)
 {
     (void)err;
-    char d[512], b[512];
+    char d[512];
     bool model = tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) ==
                  TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    bool cuda = tdm_backend_kind_parse(tdm_cfg_str(cfg, "backend")) == TDM_BACKEND_CUDA;
     bool mtp = tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) ==
                TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP;
-    snprintf(value, vlen, "%s", model && cuda ? "on" : "off");
-    snprintf(reason, rlen, "%s, %s: %s", tdm_cfg_describe(cfg, "drafter_kind", d, sizeof(d)),
-             tdm_cfg_describe(cfg, "backend", b, sizeof(b)),
+    snprintf(value, vlen, "%s", model ? "on" : "off");
+    snprintf(reason, rlen, "%s: %s", tdm_cfg_describe(cfg, "drafter_kind", d, sizeof(d)),
              mtp      ? "an MTP head drafts from the hidden states that come with the verdict"
              : !model ? "a lookup costs nothing to redo after the verdict"
-             : cuda   ? "a model's next block can be drafted while the verifier verifies"
-                      : "on the CPU the steps drafted ahead would take the verifier's cores");
+                      : "a model's next block can be drafted while the verifier verifies; a "
+                        "verifier asks for it only where this drafter computes apart from it "
+                        "(another GPU, or on the CPU another host or other cores)");
     return TDM_OK;
 }
 
@@ -1442,6 +1442,8 @@ Tandem__V1__Descriptor *tdm_svc_descriptor_of_build(Tandem__V1__Role role, const
     d->instance_id = dup_str("");
     d->device_uuid = dup_str("");
     d->target_model_fingerprint = dup_str("");
+    d->host_id = dup_str("");
+    d->cpus = dup_str("");
     return d;
 }
 
@@ -1486,6 +1488,14 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
             snprintf(hex + 2 * i, 3, "%02x", raw[i]);
         free(d->instance_id);
         d->instance_id = dup_str(hex);
+        /* where it computes, when on the CPU: the host and its cores */
+        char place[TDM_CPULIST_TEXT_MAX + 1];
+        tdm_host_id_self(place, sizeof(place));
+        free(d->host_id);
+        d->host_id = dup_str(place);
+        tdm_cpulist_self(place, sizeof(place));
+        free(d->cpus);
+        d->cpus = dup_str(place);
         d->state_strategy = tdm_state_strategy_parse(tdm_cfg_str(cfg, "state_strategy")) + 1;
         d->prefix_cache = tdm_cfg_bool(cfg, "prefix_cache");
         d->max_sequences = (uint32_t)tdm_cfg_int(cfg, "max_sequences");
@@ -1592,6 +1602,8 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     free(d->instance_id);
     free(d->device_uuid);
     free(d->target_model_fingerprint);
+    free(d->host_id);
+    free(d->cpus);
     for (size_t i = 0; i < d->n_feature_transports; i++)
         free(d->feature_transports[i]);
     free(d->feature_transports);

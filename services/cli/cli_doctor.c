@@ -571,6 +571,12 @@ static void check_gpu_sharing(doctor *d, const Tandem__V1__StatusResponse *s,
         add(d, "gateway", DOCTOR_SEVERITY_OK, NULL,
             "verifier %s + drafter %s share GPU %s, both through an MPS server", p->verifier,
             p->drafter, v->device_uuid);
+    else if (!v->device_uuid[0] && !dr->device_uuid[0] &&
+             tdm_cores_shared(v->host_id, v->cpus, dr->host_id, dr->cpus))
+        add(d, "gateway", DOCTOR_SEVERITY_OK, TDM_CORES_FIX,
+            "verifier %s + drafter %s may share CPU cores (CPUs %s and %s): the drafter is not "
+            "asked to draft ahead of verdicts",
+            p->verifier, p->drafter, v->cpus[0] ? v->cpus : "?", dr->cpus[0] ? dr->cpus : "?");
 }
 
 static void check_gateway(doctor *d, cli_net *net, int64_t timeout_ms, tdm_svc_check *c)

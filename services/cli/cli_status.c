@@ -212,6 +212,8 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
     if (d->device_uuid[0])
         printf("           GPU %s%s\n", d->device_uuid,
                d->device_mps ? ", through an MPS server" : "");
+    else if (d->cpus[0])
+        printf("           CPUs %s of host %s\n", d->cpus, d->host_id[0] ? d->host_id : "?");
     if (d->n_draft_pass_costs > 0) {
         printf("           a draft pass of %u tokens (timed before serving):",
                d->draft_pass_costs[0]->block);
@@ -266,6 +268,11 @@ static void print_pair(const Tandem__V1__StatusResponse *s, const Tandem__V1__Pa
         return;
     switch (tdm_gpu_sharing(v->device_uuid, v->device_mps, d->device_uuid, d->device_mps)) {
     case TDM_GPU_APART:
+        if (!v->device_uuid[0] && !d->device_uuid[0] &&
+            tdm_cores_shared(v->host_id, v->cpus, d->host_id, d->cpus))
+            printf("    on CPU cores they may share (CPUs %s and %s): no drafting ahead of "
+                   "verdicts; %s\n",
+                   v->cpus[0] ? v->cpus : "?", d->cpus[0] ? d->cpus : "?", TDM_CORES_FIX);
         break;
     case TDM_GPU_SHARED_MPS:
         printf("    on one GPU (%s), both through an MPS server: their kernels run at once\n",

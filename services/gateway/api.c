@@ -678,6 +678,8 @@ again:
         da.address = pick.drafter_addr;
         da.device_uuid = pick.drafter_device;
         da.device_mps = pick.drafter_mps;
+        da.host_id = pick.drafter_host;
+        da.cpus = pick.drafter_cpus;
         for (size_t c = 0; c < pick.n_drafter_costs; c++)
             da_costs[c] = &pick.drafter_costs[c];
         da.n_draft_pass_costs = pick.n_drafter_costs;

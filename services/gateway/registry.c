@@ -792,6 +792,8 @@ static void take_drafter_locked(gw_registry *r, const gw_replica *v, gw_pick *ou
         snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
         snprintf(out->drafter_device, sizeof(out->drafter_device), "%s", dr->desc->device_uuid);
         out->drafter_mps = dr->desc->device_mps;
+        snprintf(out->drafter_host, sizeof(out->drafter_host), "%s", dr->desc->host_id);
+        snprintf(out->drafter_cpus, sizeof(out->drafter_cpus), "%s", dr->desc->cpus);
         /* Registration checked their number (tdm_req_check_descriptor). */
         out->n_drafter_costs = dr->desc->n_draft_pass_costs;
         for (size_t c = 0; c < out->n_drafter_costs; c++)

@@ -16,6 +16,7 @@
 #ifndef TANDEM_GATEWAY_REGISTRY_H
 #define TANDEM_GATEWAY_REGISTRY_H
 
+#include "compat.h"
 #include "feature_stream.h"
 #include "request_check.h"
 #include "rpc.h"
@@ -59,6 +60,8 @@ typedef struct gw_pick {
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     bool drafter_mps;                        /* its device_mps */
+    char drafter_host[72];                   /* its host_id */
+    char drafter_cpus[TDM_CPULIST_TEXT_MAX + 1]; /* its cpus */
     /* its draft_pass_costs */
     Tandem__V1__DraftPassCost drafter_costs[TDM_REQ_MAX_DRAFT_COSTS];
     size_t n_drafter_costs;

@@ -382,6 +382,8 @@ tdm_status verifier_setup(tdm_service *svc, void *arg, tdm_error *err)
         .max_message_bytes = tdm_cfg_int(cfg, "max_message_size"),
         .device_uuid = v->rt->device_uuid,
         .device_mps = v->rt->device_mps,
+        .host_id = tdm_service_descriptor(svc)->host_id,
+        .cpus = tdm_service_descriptor(svc)->cpus,
         .seq_fixed_bytes = v->cap.seq_total - v->cap.seq.kv,
         .kv_bytes_per_position = v->cap.seq.kv / (size_t)v->cap_params.max_context,
         .seq_budget_bytes = v->cap.budget > fixed ? v->cap.budget - fixed : 0,

@@ -1238,16 +1238,21 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
             r->spec = true;
             /* A drafter on this verifier's own GPU would draft ahead in the
              * verifier's time (through MPS too: the two then share its
-             * bandwidth, bench/RESULTS.md). */
+             * bandwidth, bench/RESULTS.md); so would one on its CPU cores. */
             const tdm_gpu_share share =
                 tdm_gpu_sharing(s->p.device_uuid, s->p.device_mps, da->device_uuid, da->device_mps);
-            r->run_ahead = share == TDM_GPU_APART;
+            const bool cores = (!s->p.device_uuid || !s->p.device_uuid[0]) && !da->device_uuid[0] &&
+                               tdm_cores_shared(s->p.host_id, s->p.cpus, da->host_id, da->cpus);
+            r->run_ahead = share == TDM_GPU_APART && !cores;
             snprintf(r->spec_note, sizeof(r->spec_note), "%s",
-                     share == TDM_GPU_APART ? "on"
-                     : share == TDM_GPU_SHARED_MPS
+                     share == TDM_GPU_SHARED_MPS
                          ? "on (no run-ahead: the drafter shares this verifier's GPU, through MPS)"
-                         : "on (no run-ahead: the drafter shares this verifier's GPU as a context "
-                           "of its own, and the two take turns on it)");
+                     : share == TDM_GPU_SHARED_TURNS
+                         ? "on (no run-ahead: the drafter shares this verifier's GPU as a context "
+                           "of its own, and the two take turns on it)"
+                     : cores ? "on (no run-ahead: the drafter may run on this verifier's CPU "
+                               "cores)"
+                             : "on");
             if (share == TDM_GPU_SHARED_TURNS && vlink_note_once(r->link))
                 tdm_log_warn(LOG,
                              "drafter %s (%s) shares this verifier's GPU %s, and %s runs "

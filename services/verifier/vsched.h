@@ -85,6 +85,9 @@ typedef struct vsched_params {
      * device_mps: this verifier's work there goes through an MPS server. */
     const char *device_uuid;
     bool device_mps;
+    /* On the CPU: its host and its process's CPUs (Descriptor.host_id, cpus;
+     * borrowed): a drafter on the same cores gets no run-ahead either. */
+    const char *host_id, *cpus;
     /* Memory (capacity.h). Admission reserves each request's state: the
      * bytes a sequence holds besides KV, plus KV for its most positions
      * (prompt + max_tokens + a block, at most max_context), which the

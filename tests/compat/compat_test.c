@@ -11,6 +11,7 @@
 #include "../config/check.h"
 #include "compat.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,47 @@ static void test_gpu_sharing(void)
               strcmp(tdm_gpu_turns_without(false, true), "the verifier not") == 0 &&
               strcmp(tdm_gpu_turns_without(false, false), "neither") == 0,
           "which side lacks MPS");
+}
+
+/* CPU lists (Descriptor.cpus) and whether two replicas on the CPU share cores. */
+static void test_cores(void)
+{
+    tdm_cpulist l;
+    tdm_error err;
+    CHECK(tdm_cpulist_parse("0-3,8,10-11", &l, &err) == TDM_OK, "parse: %s", err.msg);
+    CHECK(l.bits[0] == 0xD0Full && l.bits[1] == 0, "0-3,8,10-11 -> %llx",
+          (unsigned long long)l.bits[0]);
+    CHECK(tdm_cpulist_parse("1023", &l, &err) == TDM_OK && l.bits[15] == 1ull << 63, "cpu 1023");
+    static const char *const bad[] = {"",     "1024", "0-", "-3",   "3-1",
+                                      "0,,2", "0 1",  "a",  "0-3,", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK(tdm_cpulist_parse(bad[i], &l, &err) != TDM_OK, "'%s' refused", bad[i]);
+        CHECK(bad[i][0] == '\0' || strstr(err.msg, "CPU list"), "'%s': %s", bad[i], err.msg);
+    }
+    /* this process's own mask, as the kernel gives it */
+    char self[TDM_CPULIST_TEXT_MAX + 1];
+    tdm_cpulist_self(self, sizeof(self));
+    cpu_set_t set;
+    CHECK(sched_getaffinity(0, sizeof(set), &set) == 0, "sched_getaffinity");
+    CHECK(tdm_cpulist_parse(self, &l, &err) == TDM_OK, "own list '%s': %s", self, err.msg);
+    for (int c = 0; c < TDM_CPULIST_MAX; c++)
+        CHECK(((l.bits[c / 64] >> (c % 64)) & 1) == (uint64_t)(CPU_ISSET(c, &set) != 0),
+              "cpu %d in '%s'", c, self);
+    char tiny[4];
+    tdm_cpulist_self(tiny, sizeof(tiny));
+    CHECK(tiny[0] == '\0' || strlen(self) < sizeof(tiny), "a list that does not fit is ''");
+    char host[80];
+    tdm_host_id_self(host, sizeof(host));
+    CHECK(strlen(host) == 36, "boot_id '%s'", host);
+    /* sharing */
+    CHECK(tdm_cores_shared("h", "0-3", "h", "3-5"), "meet at 3");
+    CHECK(!tdm_cores_shared("h", "0-3", "h", "4-5"), "apart");
+    CHECK(!tdm_cores_shared("h", "0-3", "g", "0-3"), "other hosts");
+    CHECK(tdm_cores_shared("", "0", "h", "1"), "a host not known");
+    CHECK(tdm_cores_shared("h", "", "h", "1"), "a list not known");
+    CHECK(tdm_cores_shared("h", "0-x", "h", "1"), "a list that does not parse");
+    CHECK(!tdm_cores_shared("h", "0,64", "h", "1-63,65"), "apart across words");
+    CHECK(tdm_cores_shared("h", "0,900", "h", "900"), "meet at 900");
 }
 
 static void test_rules(void)
@@ -510,6 +552,7 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "rules") == 0) {
         test_rules();
         test_gpu_sharing();
+        test_cores();
     } else if (argc == 2 && strcmp(argv[1], "fingerprints") == 0)
         test_fingerprints();
     else {

@@ -50,10 +50,11 @@ def setup_paths():
 
 
 def stack(strategy="extra_buffer", drafter="model", block=8, extra_drafter_args=(),
-          extra_verifier_args=()):
+          extra_verifier_args=(), cpus=(None, None)):
+    """cpus: the verifier's and the drafter's CPUs (affinity masks; None: all)."""
     gw = st.gateway("--tokenizer", TOKENIZER)
     v = st.replica("verifier", gw, "--model", TARGET, "--state-strategy", strategy,
-                   "--max-draft-tokens", "8", *extra_verifier_args)
+                   "--max-draft-tokens", "8", *extra_verifier_args, cpus=cpus[0])
     if drafter == "model":
         dargs = ["--model", DRAFTER, "--state-strategy", strategy]
     elif drafter == "mtp":  # the target's own MTP head
@@ -61,12 +62,22 @@ def stack(strategy="extra_buffer", drafter="model", block=8, extra_drafter_args=
     else:
         dargs = ["--drafter-kind", "ngram", "--tokenizer", TOKENIZER]
     d = st.replica("drafter", gw, *dargs, "--draft-block-size", str(block),
-                   *extra_drafter_args) if drafter else None
+                   *extra_drafter_args, cpus=cpus[1]) if drafter else None
     if d:
         st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")
     else:
         st.wait_status(gw, lambda s: len(s.get("replicas", [])) >= 1, "verifier registered")
     return gw, v, d
+
+
+def cores_apart():
+    """This process's CPUs in two halves: a verifier's and a drafter's cores of
+    their own, where a verifier asks its drafter to draft ahead. None on one
+    CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return cpus[:len(cpus) // 2], cpus[len(cpus) // 2:]
 
 
 def stop_all():
@@ -133,9 +144,15 @@ def case_greedy():
     # verdicts (run-ahead) under two strategies.
     runs = [(dr, strat, ()) for dr in ("model", "ngram")
             for strat in ("extra_buffer", "no_buffer") + (("replay",) if dr == "model" else ())]
-    runs += [("model", strat, ("--run-ahead", "on")) for strat in ("extra_buffer", "replay")]
+    # A verifier asks for run-ahead only of a drafter on cores of its own.
+    apart = cores_apart()
+    if apart:
+        runs += [("model", strat, ("--run-ahead", "on")) for strat in ("extra_buffer", "replay")]
+    else:
+        print("one CPU: no drafter on cores of its own, so no run-ahead stacks", flush=True)
     for drafter, strategy, extra in runs:
-        gw, v, d = stack(strategy, drafter, extra_drafter_args=extra)
+        gw, v, d = stack(strategy, drafter, extra_drafter_args=extra,
+                         cpus=apart if extra else (None, None))
         if extra:
             strategy += " run-ahead"
         plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
@@ -200,6 +217,19 @@ def case_greedy():
             peak = vm_peak_kib(d.p.pid)
             check(peak < 4 << 20, "the n-gram drafter's address space peaked at %d KiB" % peak)
         stop_all()
+    # A drafter set to draft ahead on the verifier's own cores is not asked
+    # to: its steps would take the verifier's time. Its request says why.
+    gw, v, d = stack("extra_buffer", "model", extra_drafter_args=("--run-ahead", "on"))
+    res = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_ON", block=4, fixed=True),
+                   ps[:4])
+    for i, r in enumerate(res):
+        if check(r[0] == "OK" and r[4], "shared cores, prompt %d: %s %s" % (i, r[0], r[1])):
+            check(r[2] == baseline[i], "shared cores, prompt %d: ids differ from plain" % i)
+            check(int(r[4]["stats"].get("ahead_blocks", 0)) == 0 and
+                  "no run-ahead: the drafter may run on this verifier's CPU cores" in
+                  r[4]["stats"].get("speculation", ""),
+                  "shared cores, prompt %d: run-ahead asked for; stats %s" % (i, r[4]["stats"]))
+    stop_all()
 
 
 def case_tensor_parallel():

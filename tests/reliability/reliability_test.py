@@ -494,9 +494,11 @@ class FakeDrafter:
         self.server.add_generic_rpc_handlers((handler,))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
+        # It computes nothing: as a drafter on another host, a verifier may
+        # ask it to draft ahead.
         d = st.fake_descriptor("d-" + fault, "ROLE_DRAFTER", draft_block_size=4,
                                tokenizer_fingerprint=tokenizer_fp,
-                               drafter_kind="DRAFTER_KIND_MODEL")
+                               drafter_kind="DRAFTER_KIND_MODEL", host_id="another-host")
         d["address"] = "127.0.0.1:%d" % self.port
         code, details, _ = call(gw.addr(), "/tandem.v1.Registry/RegisterReplica",
                                 {"descriptor": d})

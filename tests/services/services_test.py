@@ -42,7 +42,7 @@ def check(cond, what):
 class Proc:
     """A service process with its stderr in a file."""
 
-    def __init__(self, name, binary, args, env=None):
+    def __init__(self, name, binary, args, env=None, cpus=None):
         self.name = name
         self.log_path = os.path.join(TMP, "%s-%d.log" % (name, int(time.time() * 1e6)))
         self.log = open(self.log_path, "wb")
@@ -51,7 +51,10 @@ class Proc:
             if k.startswith("TANDEM_"):
                 del e[k]
         e.update(env or {})
-        self.p = subprocess.Popen([binary] + args, stdout=self.log, stderr=self.log, env=e)
+        # cpus: the CPUs it may run on (its affinity mask, as taskset sets it)
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        self.p = subprocess.Popen([binary] + args, stdout=self.log, stderr=self.log, env=e,
+                                  preexec_fn=pin)
         self.port = None
         self.health_port = None
 
@@ -96,9 +99,10 @@ def binary(name):
             "tandem-drafter": ARGS.drafter}[name]
 
 
-def start(role, *args, env=None, ready=True):
+def start(role, *args, env=None, ready=True, cpus=None):
     p = Proc(role, binary("tandem-" + role),
-             ["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"] + list(args), env)
+             ["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"] + list(args), env,
+             cpus)
     PROCS.append(p)
     return p.wait_ready() if ready else p
 
@@ -304,7 +308,9 @@ def case_pair_formed():
     dm = model("draft", "f32_tied", tok)
     gw = gateway("--heartbeat-interval", "200ms")
     v = replica("verifier", gw, "--model", vm, "--replica-id", "v1", "--max-draft-tokens", "6")
-    d = replica("drafter", gw, "--model", dm, "--replica-id", "d1", "--draft-block-size", "6")
+    # the drafter on one of the verifier's CPUs: they share cores
+    d = replica("drafter", gw, "--model", dm, "--replica-id", "d1", "--draft-block-size", "6",
+                cpus=[sorted(os.sched_getaffinity(0))[-1]])
     s = wait_status(gw, lambda s: pair(s, "v1", "d1") is not None, "pair v1+d1")
     p = pair(s, "v1", "d1")
     check(p is not None and p["compatible"] and not p["refusals"],
@@ -336,6 +342,22 @@ def case_pair_formed():
     check(byid["v1"]["model_name"] == "target" and byid["v1"]["vocab_size"] == want_vocab,
           "model name and vocab size from config.json: %s" % byid["v1"])
     check(byid["v1"]["state_strategy"] == "STATE_STRATEGY_EXTRA_BUFFER", "state strategy")
+    # Where each computes: the host (the kernel's boot_id) and its process's
+    # CPUs, the affinity mask as a CPU list.
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot_id = f.read().strip()
+    for rid, proc in (("v1", v), ("d1", d)):
+        mask = sorted(os.sched_getaffinity(proc.p.pid))
+        runs = []
+        for c in mask:
+            if runs and runs[-1][1] == c - 1:
+                runs[-1][1] = c
+            else:
+                runs.append([c, c])
+        want = ",".join("%d" % a if a == b else "%d-%d" % (a, b) for a, b in runs)
+        check(byid[rid].get("host_id") == boot_id and byid[rid].get("cpus") == want,
+              "%s: host_id %s cpus %s, want %s and %s" % (rid, byid[rid].get("host_id"),
+                                                        byid[rid].get("cpus"), boot_id, want))
     # The gateway's effective configuration with provenance.
     cfg = {e["key"]: e for e in s["config"]["entries"]}
     check(cfg["heartbeat_interval"]["value"] == "200ms" and
@@ -349,6 +371,10 @@ def case_pair_formed():
     check("pairs formed (1):" in out and "verifier v1 + drafter d1" in out,
           "tandem status shows the pair:\n" + out)
     check("pairs refused (0):" in out, "no refusals:\n" + out)
+    check("on CPU cores they may share (CPUs %s and %s)" % (byid["v1"]["cpus"],
+                                                           byid["d1"]["cpus"]) in out and
+          "CPUs %s of host %s" % (byid["d1"]["cpus"], boot_id) in out,
+          "tandem status says where they compute:\n" + out)
     rc, out, err = run([binary("tandem"), "status", "--gateway", gw.addr(), "--json"])
     j = json.loads(out) if rc == 0 else {}
     check(rc == 0 and len(j.get("replicas", [])) == 2 and j["pairs"][0]["compatible"] is True,
