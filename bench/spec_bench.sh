@@ -48,7 +48,8 @@
 # part's requests a load, as a multiple of its batch; default 4), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
-# drafter's rows), RUNAHEAD (default "off on"), MPS (1: every process of the
+# drafter's rows), RUNAHEAD (default "off on"; "auto": the verifier decides whether
+# the drafter drafts ahead, as in serving; "on" makes it), MPS (1: every process of the
 # run joins one CUDA MPS server started for it, so the verifier's and the
 # drafter's kernels share the GPU at once instead of taking turns as two
 # contexts), TANDEM_EXCHANGE_TRANSPORT (every service's exchange_transport:
@@ -198,11 +199,12 @@ run)
     # run-ahead is meant to pay
     VPIN="${VCORES:+taskset -c $VCORES}${VGPU:+ env CUDA_VISIBLE_DEVICES=$VGPU}"
     DPIN="${DCORES:+taskset -c $DCORES}${DGPU:+ env CUDA_VISIBLE_DEVICES=$DGPU}"
-    # ahead=on on one GPU: the oracle drafter hides that it shares the
-    # verifier's GPU (which would turn run-ahead off), to measure what it does
-    # there; on a GPU of its own it has nothing to hide
+    # ahead=on: the oracle drafter hides its GPU and its passes' times, so
+    # that the verifier, which could tell neither that it shares its GPU nor
+    # whether drafting ahead pays, always asks for it (what drafting ahead
+    # does where the verifier would not ask); ahead=auto: the drafter hides
+    # nothing and the verifier decides, as in serving
     HIDE=TANDEM_BENCH_HIDE_DEVICE=1
-    [ -n "${DGPU:-}" ] && [ "${DGPU:-}" != "${VGPU:-}" ] && HIDE=""
     PARTS="${PARTS:-engine 4b demo}"
     for part in $PARTS; do
         case "$part" in

@@ -329,6 +329,20 @@ double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge)
     return a < 0.02 ? 0.02 : a > PRIOR_ACCEPT ? PRIOR_ACCEPT : a;
 }
 
+double tdm_accept_memory_rate(const tdm_accept_memory *m)
+{
+    return m->trials < 0.4 ? -1.0 : m->accepted / m->trials;
+}
+
+double tdm_run_ahead_gain(double accept, int k, double chain_ms, double verify_ms)
+{
+    if (k <= 0 || !(chain_ms >= 0) || !(verify_ms >= 0))
+        return 0.0;
+    const double a = accept < 0 ? 0 : accept > 1 ? 1 : accept;
+    const double ahead_ms = chain_ms * (k + 1) / k;
+    return pow(a, k + 1) * chain_ms - (ahead_ms > verify_ms ? ahead_ms - verify_ms : 0.0);
+}
+
 /* ---- the cost model -------------------------------------------------------- */
 
 void tdm_steptime_add(tdm_steptime *m, int rows, double ms)

@@ -163,6 +163,25 @@ void tdm_accept_memory_note(tdm_accept_memory *m, int k, int n);
  * back to the rule's prior (0.7), so that after a dozen requests without
  * speculation one tries again, instead of never. */
 double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge);
+/* The acceptance per draft as measured (accepted / trials, where a round's
+ * trials are its accepted drafts and the rejected one), uncapped; -1 until
+ * some five rounds are known. */
+double tdm_accept_memory_rate(const tdm_accept_memory *m);
+
+/* ---- drafting ahead of verdicts (run-ahead) --------------------------------
+ *
+ * A drafter on a device of its own may draft the block of round r + 1 while
+ * round r is verified, assuming block r is accepted whole and its own guess
+ * of the verifier's next token: a chain of k + 1 drafts. That block stands
+ * with probability accept^(k + 1), and then the round does without the
+ * drafter's chain of k drafts after the verdict (chain_ms). Every round pays
+ * the time by which the chain ahead outlasts the verify step (verify_ms): a
+ * verdict that refutes it waits for it to end. The expected ms a round
+ * saves (negative: a loss):
+ *     accept^(k + 1) * chain_ms - max(0, chain_ms * (k + 1) / k - verify_ms).
+ * So it always pays where the chain ahead fits in the verify step, and where
+ * it does not, only for a drafter that is right often enough. */
+double tdm_run_ahead_gain(double accept, int k, double chain_ms, double verify_ms);
 
 /* ---- the cost model: what a drafted token costs ----------------------------
  *

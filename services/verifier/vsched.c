@@ -89,10 +89,11 @@ struct vreq {
     uint32_t ahead_used;
     uint32_t reached_at[TDM_MAX_DRAFT_BLOCK], accepted_at[TDM_MAX_DRAFT_BLOCK];
     int positions; /* draft positions reached so far */
-    char spec_note[200];
+    char spec_note[320];
+    char ahead_off[240]; /* " (no run-ahead: why)" where it is not asked for; "" */
     /* What the adaptive rule did, for the stats while it speculates with
      * pauses (fill_stats), and the pauses, probes and rounds it says. */
-    char ad_note[320];
+    char ad_note[560];
     int noted[3];
     /* Feature stream (drafter.proto), scheduler thread: what its drafter
      * takes, and the rows of committed positions not yet sent to it. Only
@@ -412,6 +413,43 @@ static double dacc_prior(vsched *s, const char *id, bool nudge)
     const double a = d ? tdm_accept_memory_prior(&d->m, nudge) : -1.0;
     pthread_mutex_unlock(&s->dacc_mu);
     return a;
+}
+
+/* Drafter id's acceptance per draft on earlier requests, as measured
+ * (tdm_accept_memory_rate); -1 where not known. */
+static double dacc_rate(vsched *s, const char *id)
+{
+    pthread_mutex_lock(&s->dacc_mu);
+    dacc *d = dacc_find_locked(s, id, false);
+    const double a = d ? tdm_accept_memory_rate(&d->m) : -1.0;
+    pthread_mutex_unlock(&s->dacc_mu);
+    return a;
+}
+
+/* Whether r's drafter, computing apart from this verifier, should draft
+ * ahead of verdicts with blocks of k (tdm_run_ahead_gain): at the batch r
+ * joins, from this verifier's steps timed before serving, the passes its
+ * drafter reported and the drafter's acceptance on earlier requests (the
+ * rule's prior, 0.7, where none). Where a time is not known the gain cannot
+ * be judged, and it is asked to. Where not, why says so with the numbers. */
+static bool ahead_pays(vsched *s, const vreq *r, int k, char *why, size_t len)
+{
+    if (s->n_warm == 0 || r->n_dcost == 0 || k <= 0)
+        return true;
+    const int n = s->n_active + 1;
+    const double verify = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true) +
+                          n * k * interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false);
+    const double chain = n * k * interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
+    double a = dacc_rate(s, r->drafter_id);
+    if (a < 0)
+        a = 0.7;
+    if (tdm_run_ahead_gain(a, k, chain, verify) > 0)
+        return true;
+    snprintf(why, len,
+             "it would not pay: %d drafts ahead take %.2f ms against a %.2f ms verify step, "
+             "and stand in %.0f %% of rounds at acceptance %.2f",
+             k + 1, chain * (k + 1) / k, verify, 100 * pow(a, k + 1), a);
+    return false;
 }
 
 /* Tokens a sequence loses while its drafter opens it: the open's wait in
@@ -1243,16 +1281,21 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                 tdm_gpu_sharing(s->p.device_uuid, s->p.device_mps, da->device_uuid, da->device_mps);
             const bool cores = (!s->p.device_uuid || !s->p.device_uuid[0]) && !da->device_uuid[0] &&
                                tdm_cores_shared(s->p.host_id, s->p.cpus, da->host_id, da->cpus);
-            r->run_ahead = share == TDM_GPU_APART && !cores;
-            snprintf(r->spec_note, sizeof(r->spec_note), "%s",
-                     share == TDM_GPU_SHARED_MPS
-                         ? "on (no run-ahead: the drafter shares this verifier's GPU, through MPS)"
+            char loss[160] = "";
+            r->run_ahead = share == TDM_GPU_APART && !cores &&
+                           ahead_pays(s, r, (int)da->block_size, loss, sizeof(loss));
+            snprintf(r->ahead_off, sizeof(r->ahead_off), "%s",
+                     r->run_ahead ? ""
+                     : share == TDM_GPU_SHARED_MPS
+                         ? " (no run-ahead: the drafter shares this verifier's GPU, through MPS)"
                      : share == TDM_GPU_SHARED_TURNS
-                         ? "on (no run-ahead: the drafter shares this verifier's GPU as a context "
+                         ? " (no run-ahead: the drafter shares this verifier's GPU as a context "
                            "of its own, and the two take turns on it)"
-                     : cores ? "on (no run-ahead: the drafter may run on this verifier's CPU "
-                               "cores)"
-                             : "on");
+                     : cores ? " (no run-ahead: the drafter may run on this verifier's CPU cores)"
+                             : "");
+            if (!r->ahead_off[0] && !r->run_ahead)
+                snprintf(r->ahead_off, sizeof(r->ahead_off), " (no run-ahead: %s)", loss);
+            snprintf(r->spec_note, sizeof(r->spec_note), "on%s", r->ahead_off);
             if (share == TDM_GPU_SHARED_TURNS && vlink_note_once(r->link))
                 tdm_log_warn(LOG,
                              "drafter %s (%s) shares this verifier's GPU %s, and %s runs "
@@ -1337,9 +1380,8 @@ static void fill_stats(vreq *r, vsched_output *o)
         snprintf(r->ad_note, sizeof(r->ad_note),
                  "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
                  "rounds; last: %s, at acceptance %.2f, %.2f + %.2f a draft)",
-                 r->run_ahead ? "" : " (no run-ahead: the drafter shares this verifier's GPU)",
-                 r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.pause_why, r->ad.pause_at[0],
-                 r->ad.pause_at[2], r->ad.pause_at[1]);
+                 r->ahead_off, r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.pause_why,
+                 r->ad.pause_at[0], r->ad.pause_at[2], r->ad.pause_at[1]);
     }
     st->speculation = ad ? r->ad_note : r->spec_note;
     st->seed = r->seed;

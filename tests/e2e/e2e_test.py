@@ -27,6 +27,7 @@ import concurrent.futures
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -229,6 +230,25 @@ def case_greedy():
                   "no run-ahead: the drafter may run on this verifier's CPU cores" in
                   r[4]["stats"].get("speculation", ""),
                   "shared cores, prompt %d: run-ahead asked for; stats %s" % (i, r[4]["stats"]))
+    stop_all()
+    if not apart:
+        return
+    # On cores of its own, a drafter whose chain ahead would outlast the
+    # verify step by more than it saves is not asked to either: here the
+    # demo target drafts for the demo drafter (a slow drafter, a fast
+    # verifier), at the starting acceptance of 0.7.
+    gw = st.gateway("--tokenizer", TOKENIZER)
+    st.replica("verifier", gw, "--model", DRAFTER, "--max-draft-tokens", "8", cpus=apart[0])
+    st.replica("drafter", gw, "--model", TARGET, "--draft-block-size", "4", "--run-ahead", "on",
+               cpus=apart[1])
+    st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")
+    r = generate(gw, ps[0], mode="SPECULATION_MODE_ON", block=4, fixed=True)
+    why = r[4]["stats"].get("speculation", "") if r[4] else ""
+    print("a slow drafter for a fast verifier: %s" % why, flush=True)
+    check(r[0] == "OK" and int(r[4]["stats"].get("ahead_blocks", 0)) == 0 and
+          re.search(r"no run-ahead: it would not pay: 5 drafts ahead take [0-9.]+ ms against a "
+                    r"[0-9.]+ ms verify step", why),
+          "a slow drafter on cores of its own: %s %s; stats %s" % (r[0], r[1], r[4]))
     stop_all()
 
 

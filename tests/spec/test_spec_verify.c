@@ -776,6 +776,69 @@ static void test_adaptive_probe_worth(void)
           b.probes, b.pause_why ? b.pause_why : "-");
 }
 
+/* Drafting ahead: tdm_run_ahead_gain against a simulation of the rounds'
+ * timeline (the drafter's chain and the verify step at once, a draft per
+ * position accepted with probability a, the guess of the next token right
+ * with probability a), and the measured acceptance it is given. */
+static double sim_round_ms(double a, int k, double draft_ms, double verify_ms, bool ahead,
+                           uint64_t *y)
+{
+    const int rounds = 200000;
+    double total = 0;
+    for (int r = 0; r < rounds; r++) {
+        int run = 0; /* positions right in a row, the guess the last */
+        while (run < k + 1 && u01(y) < a)
+            run++;
+        if (!ahead) {
+            total += k * draft_ms + verify_ms;
+            continue;
+        }
+        /* the chain ahead (k + 1 drafts) runs beside the verify step */
+        const double ready = fmax(verify_ms, (k + 1) * draft_ms);
+        total += run == k + 1 ? ready : ready + k * draft_ms;
+    }
+    return total / rounds;
+}
+
+static void test_run_ahead_gain(void)
+{
+    uint64_t y = 88172645463325252ull;
+    static const struct {
+        double a;
+        int k;
+        double draft_ms, verify_ms;
+    } cases[] = {
+        {0.8, 4, 0.96, 3.3}, /* a 0.8B drafter's chain outlasts the 4B verify step */
+        {0.95, 4, 0.96, 3.3}, {0.6, 4, 0.15, 2.0}, /* a chain within the verify step */
+        {0.8, 4, 1.0, 0.2},                        /* a slow drafter for a fast verifier */
+        {1.0, 2, 0.5, 0.5},   {0.3, 8, 0.2, 1.0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const double a = cases[i].a, D = cases[i].draft_ms, VS = cases[i].verify_ms;
+        const int k = cases[i].k;
+        const double saved =
+            sim_round_ms(a, k, D, VS, false, &y) - sim_round_ms(a, k, D, VS, true, &y);
+        const double gain = tdm_run_ahead_gain(a, k, k * D, VS);
+        CHECK(fabs(saved - gain) < 0.01 * (k * D + VS), "case %zu: simulated %.4f ms, formula %.4f",
+              i, saved, gain);
+    }
+    CHECK(tdm_run_ahead_gain(0.8, 4, 3.85, 3.3) < 0 && tdm_run_ahead_gain(0.95, 4, 3.85, 3.3) > 0,
+          "a chain that outlasts the verify step pays only for a drafter that is right often");
+    CHECK(tdm_run_ahead_gain(0.05, 4, 0.6, 2.0) > 0, "a chain within the verify step always pays");
+    CHECK(tdm_run_ahead_gain(1.0, 4, 4.0, 0.2) < 0, "a drafter much slower than the verifier");
+    CHECK(tdm_run_ahead_gain(0.8, 0, 1, 1) == 0 && tdm_run_ahead_gain(0.8, 4, NAN, 1) == 0,
+          "no block, no time: no gain");
+    tdm_accept_memory m = {0};
+    CHECK(tdm_accept_memory_rate(&m) < 0, "nothing measured");
+    for (int r = 0; r < 100; r++)
+        tdm_accept_memory_note(&m, 4, r % 5 == 4 ? 4 : 3); /* 3 of 4, then all 4 */
+    /* per round: accepted 3.2 a round over trials 4.0 (3 + the rejected one, or 4) */
+    CHECK(fabs(tdm_accept_memory_rate(&m) - 0.8) < 0.03 &&
+              tdm_accept_memory_prior(&m, false) <= 0.7,
+          "measured acceptance %.3f (0.8), uncapped; the prior stays capped",
+          tdm_accept_memory_rate(&m));
+}
+
 int main(void)
 {
     test_greedy();
@@ -786,6 +849,7 @@ int main(void)
     test_steptime_plain();
     test_adaptive_memory_recovers();
     test_adaptive_probe_worth();
+    test_run_ahead_gain();
     test_lossless();
     if (failures) {
         printf("%d check(s) failed\n", failures);
