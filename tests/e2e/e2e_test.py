@@ -313,9 +313,10 @@ def target_logits(ids):
 
 
 def case_sampling():
-    # The drafter may draft ahead (greedy requests only): sampled ones must
-    # follow the target's distribution all the same.
-    gw, v, d = stack("extra_buffer", "model", block=2, extra_drafter_args=("--run-ahead", "on"))
+    # The drafter may draft ahead (on cores of its own; greedy requests
+    # only): sampled ones must follow the target's distribution all the same.
+    gw, v, d = stack("extra_buffer", "model", block=2, extra_drafter_args=("--run-ahead", "on"),
+                     cpus=cores_apart() or (None, None))
     prompt = "def forward(self, x):\n    "
     code, details, resp = st.unary(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": prompt})
     check(code == "OK", "Tokenize: %s %s" % (code, details))
