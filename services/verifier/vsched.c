@@ -436,7 +436,9 @@ static bool ahead_pays(vsched *s, const vreq *r, int k, char *why, size_t len)
 {
     if (s->n_warm == 0 || r->n_dcost == 0 || k <= 0)
         return true;
+    pthread_mutex_lock(&s->mu);
     const int n = s->n_active + 1;
+    pthread_mutex_unlock(&s->mu);
     const double verify = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true) +
                           n * k * interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false);
     const double chain = n * k * interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
