@@ -220,6 +220,13 @@ static void print_timeline(const counters *a, const counters *b)
         printf("%s%s:%.1f", i ? "," : "=", parts[i][0],
                events > 0 ? (counter(b, t) - counter(a, t)) / events : 0.0);
     }
+    /* each request's first block beyond its prefill (not in the exchange) */
+    const double ow = counter(b, "draft_open_waits") - counter(a, "draft_open_waits");
+    printf(" open_waits=%.0f open_wait_mean_us=%.0f", ow,
+           ow > 0
+               ? (counter(b, "draft_open_wait_us_total") - counter(a, "draft_open_wait_us_total")) /
+                     ow
+               : 0.0);
     printf(" plain_measured=%.0f",
            counter(b, "plain_measure_rounds") - counter(a, "plain_measure_rounds"));
     /* the Draft streams by exchange transport, since the verifier started */

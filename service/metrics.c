@@ -747,6 +747,13 @@ static const counter_row counter_rows[] = {
      "tandem_spec_decode_exchange_blocks_total: its mean over any interval)."},
     ROW("verifier", "draft_exchange_blocks", "tandem_spec_decode_exchange_blocks_total", COUNTER,
         "Blocks whose exchange was timed."),
+    {"verifier", "draft_open_wait_us_total", "tandem_spec_decode_open_wait_seconds_total",
+     TDM_METRIC_COUNTER, "", US, NULL, NULL, NULL, NULL,
+     "What requests' first blocks, asked for with their opens (as the prefill starts, or on a "
+     "resume), kept them waiting beyond their prefill, summed since the start (not in the "
+     "exchange)."},
+    ROW("verifier", "draft_open_waits", "tandem_spec_decode_open_waits_total", COUNTER,
+        "First blocks after an open whose wait was timed."),
     ROWL_US(
         "verifier", "draft_exchange_send_us_total",
         "tandem_spec_decode_exchange_part_seconds_total", "part", "send",

@@ -128,6 +128,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"draft_time_per_token_p99_us", c.draft_token_p99_us},
         {"draft_exchange_us_total", c.exchange_us_total},
         {"draft_exchange_blocks", (double)c.exchange_blocks},
+        {"draft_open_wait_us_total", c.open_wait_us_total},
+        {"draft_open_waits", (double)c.open_waits},
         {"draft_exchange_send_us_total", c.send_us_total},
         {"draft_exchange_sends", (double)c.sends},
         {"draft_exchange_queue_us_total", c.queue_us_total},

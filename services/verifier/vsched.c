@@ -290,6 +290,8 @@ struct vsched {
     float overhead_us[4096];
     uint64_t n_overhead;
     double exchange_us_total, draft_us_total; /* and their sums since the start */
+    double open_wait_us_total;                /* first blocks' waits beyond the prefill */
+    uint64_t open_waits;
     double send_us_total;                     /* send_messages: building and queueing them */
     uint64_t sends;
     uint64_t draft_tokens_total;
@@ -1905,9 +1907,12 @@ static void take_blocks(vsched *s, vround *rd)
                 rd->first_sight |= b->first_sight;
                 /* After an open the wait includes the drafter's prefill:
                  * the open's cost, for the adaptive rule of requests to come. */
-                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked &&
-                    !(b->first_sight && s->first_share < FIRST_SIGHT_ONE_OFF))
-                    ema_ms(&s->open_ms, r->t_got - r->t_asked);
+                if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
+                    s->open_wait_us_total += (r->t_got - r->t_asked) * 1e3;
+                    s->open_waits++;
+                    if (!(b->first_sight && s->first_share < FIRST_SIGHT_ONE_OFF))
+                        ema_ms(&s->open_ms, r->t_got - r->t_asked);
+                }
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
                     s->overhead_us[s->n_overhead++ % TDM_ARRAY_LEN(s->overhead_us)] =
@@ -2928,6 +2933,8 @@ void vsched_get_counters(vsched *s, vsched_counters *c)
     c->uptime_us = s->t_started > 0 ? (now - s->t_started) * 1e3 : 0;
     if (s->idle_since > 0)
         c->phase_total_us[VSCHED_IDLE] += (now - s->idle_since) * 1e3;
+    c->open_wait_us_total = s->open_wait_us_total;
+    c->open_waits = s->open_waits;
     pthread_mutex_unlock(&s->mu);
     percentiles(v, n, &c->overhead_p50_us, &c->overhead_p99_us);
     percentiles(dt, nd, &c->draft_token_p50_us, &c->draft_token_p99_us);

@@ -195,6 +195,11 @@ typedef struct vsched_counters {
      * its draft tokens. */
     double exchange_us_total, draft_us_total;
     uint64_t exchange_blocks, draft_tokens_total;
+    /* A request's first block, asked for with its open as its prefill
+     * started: what it kept the request waiting beyond its prefill, summed
+     * over open_waits such blocks since the start (not in the exchange). */
+    double open_wait_us_total;
+    uint64_t open_waits;
     /* The verifier's parts of the exchange, summed since the start: building
      * and queueing verdicts and opens (sends), their wait for the link's
      * writer, its gRPC writes (writes), and drafters' messages from their

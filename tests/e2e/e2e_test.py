@@ -772,8 +772,17 @@ def case_first_round():
     ps.append(" ".join(ps))  # a prompt of several prefill chunks
     plain = [generate(gw, p, max_tokens=24, mode="SPECULATION_MODE_OFF", ignore_eos=True)
              for p in ps]
+    path = "/tandem.v1.Verifier/Describe"
+    waits0 = counter(v.addr(), path, "draft_open_waits")
     spec = [generate(gw, p, max_tokens=24, mode="SPECULATION_MODE_ON", block=4, fixed=True,
                      ignore_eos=True) for p in ps]
+    # Each request's first block, asked for with its open, is timed apart
+    # from the exchange: what it kept the request waiting beyond its prefill.
+    waits = counter(v.addr(), path, "draft_open_waits") - waits0
+    wait_us = counter(v.addr(), path, "draft_open_wait_us_total")
+    print("first blocks: %d, %.0f us beyond the prefill in all" % (waits, wait_us), flush=True)
+    check(waits == len(ps) and wait_us >= 0,
+          "the verifier timed %s first blocks of %d requests (%s us)" % (waits, len(ps), wait_us))
     for i, (a, b) in enumerate(zip(plain, spec)):
         if not check(a[0] == "OK" and b[0] == "OK" and b[4], "prompt %d: %s %s / %s %s" %
                      (i, a[0], a[1], b[0], b[1])):
