@@ -44,7 +44,9 @@
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
 # MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
-# VFLAGS (more verifier flags for the 4b and demo parts), DEMO_SCALE (the demo
+# VFLAGS (more verifier flags for the 4b and demo parts), DRAFTER_FLAGS (more
+# flags for every drafter, e.g. "--log-level debug": its sequences' model state
+# created, prefilled and freed, timed), DEMO_SCALE (the demo
 # part's requests a load, as a multiple of its batch; default 4), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
@@ -174,7 +176,8 @@ run)
         port=$((port + 2))
         env "$@" $DPIN "$B/$bin" --backend "${BACKEND:-cuda}" --model "$model" --listen "127.0.0.1:$port" \
             --health-listen "127.0.0.1:$((port + 1))" --gateway "$GW" --max-sequences 40 \
-            --run-ahead "$ra" --draft-block-size "$blk" $DFLAGS >"$LOGS/drafter-$tag.log" 2>&1 &
+            --run-ahead "$ra" --draft-block-size "$blk" $DFLAGS ${DRAFTER_FLAGS:-} \
+            >"$LOGS/drafter-$tag.log" 2>&1 &
         dpid=$!
         wait_ready "$dpid" "127.0.0.1:$port" "drafter $tag"
     }

@@ -215,7 +215,11 @@ static void dseq_free(dstream *st, dseq *q)
 {
     block_clear(&q->b);
     block_clear(&q->a);
+    const double t0 = q->seq && tdm_log_get_level() <= TDM_LOG_DEBUG ? now_us() : 0;
     tdm_seq_destroy(q->seq);
+    if (t0 > 0)
+        tdm_log_debug(LOG, "sequence %llu: its model state freed in %.2f ms",
+                      (unsigned long long)q->id, (now_us() - t0) * 1e-3);
     tdm_mtp_seq_destroy(q->mseq);
     tdm_feat_in_free(&q->fin);
     free(q->tokens);
@@ -327,12 +331,16 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
 {
     if (!d->rt)
         return TDM_OK;
+    const bool timed = tdm_log_get_level() <= TDM_LOG_DEBUG;
+    const double t0 = timed ? now_us() : 0;
+    double t_created = t0;
     if (!q->seq) {
         tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
         tdm_status rc = tdm_seq_create(d->rt->model, &p, &q->seq, err);
         if (rc != TDM_OK)
             return rc;
         q->held = 0;
+        t_created = timed ? now_us() : 0;
     }
     int want = q->n - lag_of(q);
     if (max > 0 && want > q->held + max)
@@ -342,6 +350,10 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
         if (rc != TDM_OK)
             return rc;
         __atomic_fetch_add(&d->prefilled, (uint64_t)(want - q->held), __ATOMIC_RELAXED);
+        if (timed)
+            tdm_log_debug(LOG, "sequence %llu: created in %.2f ms, %d tokens prefilled in %.2f ms",
+                          (unsigned long long)q->id, (t_created - t0) * 1e-3, want - q->held,
+                          (now_us() - t_created) * 1e-3);
         q->held = want;
     }
     return TDM_OK;
