@@ -227,6 +227,8 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
     if (r->load)
         printf(", %u active sequences, %u free slots", r->load->active_sequences,
                r->load->free_slots);
+    if (r->requests_in_flight)
+        printf("; %u requests in flight from this gateway", r->requests_in_flight);
     printf("\n");
     print_capacity(r);
     print_prefix_cache(r);

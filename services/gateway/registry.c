@@ -513,6 +513,7 @@ void gw_registry_status(gw_registry *r, Tandem__V1__StatusResponse *out, bool de
             blank(&rs->descriptor->instance_id);
         }
         rs->heartbeat_age_ms = (double)(now - rep->last_seen_ms);
+        rs->requests_in_flight = rep->inflight;
         rs->load = load;
         out->replicas[out->n_replicas++] = rs;
     }
@@ -737,6 +738,15 @@ static ssize_t affinity_pick(gw_registry *r, ssize_t best, const Tandem__V1__Des
         return holder;
     }
     r->affinity_passed++; /* the holder is busy: the least loaded takes it */
+    tdm_log_debug(COMPONENT,
+                  "prefix affinity: %s holds %u of the prompt's tokens but is passed for %s: %s "
+                  "(last heartbeat %lld ms ago, load %u of max_sequences %u, %s's load %u)",
+                  h->desc->replica_id, most, b->desc->replica_id,
+                  !fresh(r, h, now) ? "not heard from lately"
+                  : !room           ? "it is full"
+                                    : "it is busier than prefix_affinity_slack allows",
+                  (long long)(now - h->last_seen_ms), load_of(h), h->desc->max_sequences,
+                  b->desc->replica_id, load_of(b));
     /* ... and may fetch the prefix from the holder: same model and layout,
      * blocks of one size. */
     tdm_compat_refusal ref;

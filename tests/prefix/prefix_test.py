@@ -396,18 +396,33 @@ def wait_active(v, n, timeout=30.0):
 
 
 def wait_load(gw, rid, n):
-    """Until the gateway's view of replica rid (its last heartbeat) has n
-    active sequences."""
+    """Until the gateway's view of replica rid has n active sequences (its
+    last heartbeat's, and the requests it has in flight there), from a
+    heartbeat recent enough that the replica stays fresh (2 intervals +
+    250 ms) for a while yet."""
     def seen(s):
         for r in s.get("replicas", []):
             if r["descriptor"]["replica_id"] == rid:
-                return int((r.get("load") or {}).get("active_sequences", -1)) == n
+                return (int((r.get("load") or {}).get("active_sequences", -1)) == n and
+                        int(r.get("requests_in_flight", 0)) <= n and
+                        float(r.get("heartbeat_age_ms", 1e9)) < 800)
         return False
     st.wait_status(gw, seen, "%s reports %d active sequences" % (rid, n))
 
 
+def routing_view(gw):
+    """The gateway's view of its replicas and its prefix affinity log, for a
+    failed routing check."""
+    s = st.status(gw)
+    view = [(r["descriptor"]["replica_id"], r.get("heartbeat_age_ms"),
+             (r.get("load") or {}).get("active_sequences"), r.get("requests_in_flight", 0))
+            for r in s.get("replicas", [])]
+    log = [ln for ln in gw.text().splitlines() if "prefix affinity" in ln]
+    return "gateway view (id, heartbeat age ms, active, in flight): %s; log: %s" % (view, log[-4:])
+
+
 def case_routing():
-    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER, "--log-level", "debug")
     vs = [st.replica("verifier", gw, "--model", e2e.TARGET, "--prefix-cache", "on",
                      "--prefix-cache-block", str(BLOCK), "--max-sequences", "2",
                      "--replica-id", "v%d" % i) for i in range(2)]
@@ -438,7 +453,7 @@ def case_routing():
     # cache; a request sharing nothing goes to the least loaded.
     _, s2 = generate(gw, sibling, False)
     check(s2.get("verifier") == holder and int(s2.get("cached_prompt_tokens", 0)) >= 160,
-          "the sibling goes to the holder %s and hits: %s" % (holder, s2))
+          "the sibling goes to the holder %s and hits: %s; %s" % (holder, s2, routing_view(gw)))
     # The holder one request busier than the other: still the holder
     # (prefix_affinity_slack 4), and a hit.
     b1 = Running(gw, shared[:40] + other[:30])
@@ -446,7 +461,7 @@ def case_routing():
     if check(active(by_id[holder]) == 1, "the second blocker shares the prefix: on the holder"):
         _, s3 = generate(gw, ps[2], False)
         check(s3.get("verifier") == holder and int(s3.get("cached_prompt_tokens", 0)) >= 160,
-              "one request busier, the holder still takes the prefix: %s" % s3)
+              "one request busier, the holder still takes the prefix: %s; %s" % (s3, routing_view(gw)))
         # An unrelated prompt goes to the least loaded.
         _, s4 = generate(gw, ps[7][:3] + other[5:60], False)
         check(s4.get("verifier") != holder, "an unrelated prompt goes to the idle one: %s" % s4)
@@ -462,7 +477,11 @@ def case_routing():
         fetch = expect_fetch(c0, want, 0, block_bytes(e2e.TARGET, BLOCK), 5.0)
         _, s5 = generate(gw, ps[3], False)
         check(s5.get("verifier") != holder,
-              "with the holder full, the prefix goes to the other: %s" % s5)
+              "with the holder full, the prefix goes to the other: %s; %s" % (s5, routing_view(gw)))
+        check(re.search(r"prefix affinity: %s holds \d+ of the prompt's tokens but is passed "
+                        r"for v\d: it is full \(last heartbeat \d+ ms ago, load 2 of "
+                        r"max_sequences 2" % holder, gw.text()),
+              "the gateway's debug log says why it passed the holder: %s" % routing_view(gw))
         c1 = counters(peer)
         d = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("prefix_fetches", "prefix_fetch_failures",
                                                       "prefix_fetch_recomputed")}
