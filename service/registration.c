@@ -51,6 +51,13 @@ static bool wait_or_stop(tdm_reg *r, int64_t ms)
     return stop;
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static tdm_status do_register(tdm_reg *r, tdm_error *err)
 {
     Tandem__V1__RegisterRequest req = TANDEM__V1__REGISTER_REQUEST__INIT;
@@ -113,6 +120,11 @@ static void *reg_main(void *arg)
     tdm_reg *r = arg;
     int64_t backoff = REG_BACKOFF_MIN_MS;
     bool warned_down = false, warned_hb = false;
+    /* Heartbeats keep their cadence: each is due an interval after the
+     * previous one started, whatever that one's call took, and a first
+     * failure is tried again soon, so that a slow or lost call does not make the
+     * gateway see the replica as gone (it waits two intervals + 250 ms). */
+    int64_t due = 0;
     for (;;) {
         pthread_mutex_lock(&r->mu);
         bool stop = r->stop, registered = r->registered;
@@ -125,6 +137,7 @@ static void *reg_main(void *arg)
             if (do_register(r, &err) == TDM_OK) {
                 backoff = REG_BACKOFF_MIN_MS;
                 warned_down = false;
+                due = mono_ms() + interval;
                 continue;
             }
             /* Once per outage, not once per retry. */
@@ -137,10 +150,19 @@ static void *reg_main(void *arg)
             backoff = backoff * 2 > REG_BACKOFF_MAX_MS ? REG_BACKOFF_MAX_MS : backoff * 2;
             continue;
         }
-        if (wait_or_stop(r, interval))
+        const int64_t now = mono_ms();
+        if (due > now + interval) /* the interval was shortened */
+            due = now + interval;
+        if (due > now && wait_or_stop(r, due - now))
             break;
+        due = mono_ms() + interval;
         bool known = true;
         if (do_heartbeat(r, &known, &err) != TDM_OK) {
+            /* The first failure of a run is tried again soon; the rest keep
+             * the interval. */
+            const int64_t retry = mono_ms() + (interval < 1000 ? interval / 4 : 250);
+            if (!warned_hb && retry < due)
+                due = retry;
             pthread_mutex_lock(&r->mu);
             r->counters.heartbeat_failures++;
             pthread_mutex_unlock(&r->mu);

@@ -542,6 +542,73 @@ def case_ttl():
           "dropped counter")
 
 
+def case_heartbeat_cadence():
+    """Heartbeats keep their cadence against a slow gateway: each starts an
+    interval after the previous one started (not after it returned), and a
+    failed one is tried again a quarter second later, not a whole interval
+    later. A Python registry asks for one a second, answers each after
+    600 ms, and fails the 3rd at once (UNAVAILABLE, as a restarting gateway
+    does)."""
+    import grpc
+    from concurrent import futures
+    c = client()
+    arrivals = []
+    handlers = {}
+    for meth in ("RegisterReplica", "Heartbeat", "DeregisterReplica"):
+        req_cls, resp_cls, _ = c._method("/tandem.v1.Registry/" + meth)
+
+        def handle(req, ctx, meth=meth, resp_cls=resp_cls):
+            resp = resp_cls()
+            if meth == "RegisterReplica":
+                resp.replica_id = req.descriptor.replica_id
+                resp.heartbeat_interval_ms = 1000
+                resp.ttl_ms = 10000
+            elif meth == "Heartbeat":
+                arrivals.append(time.monotonic())
+                if len(arrivals) == 3:
+                    ctx.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
+                time.sleep(0.6)
+                resp.known = True
+            return resp
+        handlers[meth] = grpc.unary_unary_rpc_method_handler(
+            handle, request_deserializer=req_cls.FromString,
+            response_serializer=resp_cls.SerializeToString)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("tandem.v1.Registry",
+                                                                          handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        v = replica("verifier", Fake("127.0.0.1:%d" % port), "--replica-id", "v1")
+        deadline = time.time() + 20
+        while len(arrivals) < 7 and time.time() < deadline:
+            time.sleep(0.05)
+        gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
+        check(len(gaps) >= 6, "heartbeats arrived: %s" % gaps)
+        # An interval between starts, whatever the answer took; 250 ms after
+        # the failed 3rd.
+        want = [1.0, 1.0, 0.25, 1.0, 1.0, 1.0]
+        check(all(abs(g - w) < 0.2 for g, w in zip(gaps, want)),
+              "heartbeat gaps %s s, expected about %s" % (gaps[:6], want))
+        check("heartbeat to gateway" in v.text() and "failed" in v.text(),
+              "the failed heartbeat is logged")
+    finally:
+        for p in PROCS:
+            if p.p.poll() is None:
+                p.stop(signal.SIGKILL)
+        server.stop(0)
+
+
+class Fake:
+    """An address that replica() can register with."""
+
+    def __init__(self, addr):
+        self._addr = addr
+
+    def addr(self):
+        return self._addr
+
+
 def case_reregister():
     # A replica started before its gateway retries until the gateway is up.
     import socket
@@ -836,6 +903,7 @@ CASES = {
     "refusals": case_refusals,
     "ttl": case_ttl,
     "reregister": case_reregister,
+    "heartbeat_cadence": case_heartbeat_cadence,
     "sigterm": case_sigterm,
     "check_config": case_check_config,
     "check_config_offline": case_check_config_offline,
