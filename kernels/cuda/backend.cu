@@ -13,6 +13,7 @@
 extern "C" {
 #include "alloc.h"
 #include "cuda_backend.h"
+#include "log.h"
 }
 
 #include <string.h>
@@ -242,25 +243,109 @@ ST_WRAP(sample, ST_SAMPLE,
  * None of these may run inside a step (backend.h): they allocate, free or
  * wait, which a capture must not see and a replay would run out of order. */
 
+/* Device memory for be->alloc and be->weight_map, NULL when exhausted.
+ *
+ * Sequences come and go with requests, each with a few hundred buffers
+ * (every layer's states and KV caches): through cudaMalloc and cudaFree
+ * that cost milliseconds a sequence, and cudaFree waits for the whole
+ * device. The pool keeps what is freed (its release threshold is
+ * unlimited) and hands it out again in stream order, in microseconds: all
+ * of the backend's work is on its one stream, so memory freed there is
+ * reused only after the work queued before the free. What the pool keeps
+ * is at most the peak the process held, which admission bounds
+ * (capacity.h). When the device cannot give more, the pool first returns
+ * what it keeps (freed pieces too small for the request) and tries once
+ * more. */
+static void *dev_alloc(cuda_ctx *c, size_t nbytes)
+{
+    void *p = NULL;
+    const size_t n = nbytes ? nbytes : 16;
+    if (!c->pooled) {
+        if (cudaMalloc(&p, n) != cudaSuccess) {
+            (void)cudaGetLastError(); /* out of memory is an answer, not a sticky error */
+            return NULL;
+        }
+        return p;
+    }
+    cudaError_t e = cudaMallocFromPoolAsync(&p, n, c->pool, c->stream);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* every free queued so far is done */
+        CUDA_CHECK(cudaMemPoolTrimTo(c->pool, 0));
+        e = cudaMallocFromPoolAsync(&p, n, c->pool, c->stream);
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
 static void *cu_alloc(void *ctx, size_t nbytes)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     TDM_ASSERT(!c->in_step);
     c->xs_src = NULL; /* a split of x left by a kernel may be stale now */
-    void *p = NULL;
-    if (cudaMalloc(&p, nbytes ? nbytes : 16) != cudaSuccess) {
-        (void)cudaGetLastError(); /* out of memory is an answer, not a sticky error */
-        return NULL;
-    }
-    CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes ? nbytes : 16, c->stream));
+    void *p = dev_alloc(c, nbytes);
+    if (p)
+        CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes ? nbytes : 16, c->stream));
     return p;
 }
 
 static void cu_free(void *ctx, void *p)
 {
-    TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
-    if (p)
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(!c->in_step);
+    if (!p)
+        return;
+    if (c->pooled)
+        CUDA_CHECK(cudaFreeAsync(p, c->stream)); /* after the work queued before it */
+    else
         CUDA_CHECK(cudaFree(p)); /* waits for work that may still use p */
+}
+
+/* The pool dev_alloc takes from, where the device has pools and one can
+ * allocate (a trial allocation; an MPS client of an old server may be
+ * refused); else allocations go through cudaMalloc. */
+static void pool_open(cuda_ctx *c)
+{
+    int supported = 0;
+    if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, c->device) !=
+            cudaSuccess ||
+        !supported) {
+        (void)cudaGetLastError();
+        tdm_log_info("cuda", "device %d has no memory pools: sequences' memory through cudaMalloc",
+                     c->device);
+        return;
+    }
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = c->device;
+    uint64_t keep = UINT64_MAX;
+    void *p = NULL;
+    cudaError_t e = cudaMemPoolCreate(&c->pool, &props);
+    if (e == cudaSuccess)
+        e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (e == cudaSuccess)
+        e = cudaMallocFromPoolAsync(&p, 1 << 20, c->pool, c->stream);
+    if (e == cudaSuccess)
+        e = cudaFreeAsync(p, c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        tdm_log_info("cuda",
+                     "device %d: a memory pool cannot allocate (%s): sequences' memory through "
+                     "cudaMalloc",
+                     c->device, cudaGetErrorString(e));
+        if (c->pool)
+            (void)cudaMemPoolDestroy(c->pool);
+        c->pool = NULL;
+        return;
+    }
+    c->pooled = 1;
 }
 
 static void cu_upload(void *ctx, void *dst, const void *src, size_t n)
@@ -350,12 +435,10 @@ static void cu_copy_n(void *ctx, int n, void *const *dst, const void *const *src
 static const void *cu_weight_map(void *ctx, const void *host, size_t nbytes, int *owned)
 {
     TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
-    void *p = NULL;
     *owned = 0;
-    if (cudaMalloc(&p, nbytes ? nbytes : 16) != cudaSuccess) {
-        (void)cudaGetLastError();
+    void *p = dev_alloc((cuda_ctx *)ctx, nbytes);
+    if (!p)
         return NULL;
-    }
     cu_upload(ctx, p, host, nbytes);
     *owned = 1;
     return p;
@@ -393,8 +476,19 @@ static void cu_host_free(void *ctx, void *p)
 static int cu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
 {
     TDM_ASSERT(!((cuda_ctx *)ctx)->in_step);
+    const cuda_ctx *c = (const cuda_ctx *)ctx;
     *free_bytes = *total_bytes = 0;
-    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -1;
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess)
+        return -1;
+    /* What the pool keeps from freed buffers is free to this process. */
+    uint64_t reserved = 0, used = 0;
+    if (c->pooled &&
+        cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemCurrent, &reserved) ==
+            cudaSuccess &&
+        cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess &&
+        reserved > used)
+        *free_bytes += (size_t)(reserved - used);
+    return 0;
 }
 
 /* argmax reads its result back and waits: never inside a step. */
@@ -437,6 +531,10 @@ static void cu_destroy(tdm_backend *be)
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);
+        if (c->pool) {
+            cudaStreamSynchronize(c->stream);
+            cudaMemPoolDestroy(c->pool); /* with what it holds */
+        }
         if (c->stats) {
             st_print(c);
             for (int i = 0; i < 2 * ST_MAXEV; i++)
@@ -555,6 +653,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     }
     c->stage_cap = STAGE_INITIAL;
     c->argmax_cap = 64;
+    pool_open(c);
     const char *st = getenv("TANDEM_CUDA_OPSTATS");
     if (st && strcmp(st, "1") == 0) {
         c->stats = (cuda_stats *)calloc(1, sizeof(cuda_stats));

@@ -42,6 +42,11 @@ typedef struct cuda_ctx {
     int smem_optin; /* shared memory a block may opt in to, bytes (a device constant) */
     int sm_count;   /* multiprocessors */
     cudaStream_t stream;
+    /* Where cu_alloc takes device memory from (backend.cu): a stream-ordered
+     * pool of the backend's own that keeps what is freed for the next
+     * allocation (pooled), or cudaMalloc where the device has no pools. */
+    cudaMemPool_t pool;
+    int pooled;
     /* Staging ring for host-side op arguments: host bytes are written to the
      * pinned ring and copied to the device ring on the stream, so the caller's
      * arrays may change as soon as the op returns. Wrapping waits for the
