@@ -13,6 +13,8 @@ jobs="$(nproc)"
 status=0
 pass=0
 fail=0
+# Each section's start, with the minutes and seconds since the command began.
+mark() { printf '== %s (at %dm%02ds)\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
 for variant in plain asan; do
   dir="$root/build"
   args=()
@@ -20,10 +22,10 @@ for variant in plain asan; do
     dir="$root/build-asan"
     args=(-DTANDEM_SANITIZE=ON)
   fi
-  echo "== build ($variant)"
+  mark "build ($variant)"
   mkdir -p "$dir"
   "$root/scripts/build.sh" "$dir" "${args[@]}" || { echo "build ($variant) failed"; exit 1; }
-  echo "== tests ($variant)"
+  mark "tests ($variant)"
   log="$dir/ctest.log"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$dir" --output-on-failure -j"$jobs" --timeout 600 2>&1 | tee "$log"
@@ -42,7 +44,7 @@ done
 # Bounded fuzzing: every harness from its committed corpus, under ASan+UBSan.
 fuzz_secs="${TANDEM_TEST_FUZZ_SECONDS:-30}"
 if [ "$fuzz_secs" -gt 0 ]; then
-  echo "== fuzz (${fuzz_secs} s a harness)"
+  mark "fuzz (${fuzz_secs} s a harness)"
   log="$root/build-fuzz.log"
   FUZZ_JOBS="$jobs" "$root/scripts/fuzz.sh" "$fuzz_secs" 2>&1 | tee "$log"
   [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
@@ -59,10 +61,11 @@ fi
 # The other build types users pick compile too (-O3 and -O0 warn differently).
 for type in Release Debug; do
   dir="$root/build-$(echo "$type" | tr 'A-Z' 'a-z')"
-  echo "== build ($type)"
+  mark "build ($type)"
   mkdir -p "$dir"
   "$root/scripts/build.sh" "$dir" -DCMAKE_BUILD_TYPE="$type" || { echo "build ($type) failed"; status=1; }
 done
+mark "done"
 echo
 echo "all: $pass passed, $fail failed"
 exit $status

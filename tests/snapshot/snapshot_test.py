@@ -580,7 +580,7 @@ def case_drain():
                    "--draft-block-size", "4")
     a = verifier(gw, "replay", "--shutdown-grace", "20s")
     st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier A paired")
-    N = 800
+    N = 400 if st.ARGS.quick else 800
     reqs = [gen_req(i, N) for i in range(8)]
     refs = references(gw, reqs)
 
@@ -670,7 +670,7 @@ def case_failover():
                    "--draft-block-size", "4")
     a = verifier(gw, "replay")
     st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier A paired")
-    N = 800
+    N = 400 if st.ARGS.quick else 800
     reqs = [gen_req(i, N) for i in range(4)]
     refs = references(gw, reqs)
     streams = [Stream(gw, r) for r in reqs]
@@ -713,6 +713,8 @@ def main():
     ap.add_argument("case", choices=sorted(CASES))
     for a in ("cli", "gateway", "verifier", "drafter", "source"):
         ap.add_argument("--" + a, required=True)
+    ap.add_argument("--quick", action="store_true",
+                    help="shorter requests to move (sanitizer builds, several times slower)")
     a = ap.parse_args()
     st.ARGS = a
     st.TMP = tempfile.mkdtemp(prefix="tandem-snapshot-")
