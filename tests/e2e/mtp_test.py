@@ -822,7 +822,7 @@ def case_restart():
     d = st.replica("drafter", gw, *dargs)
     st.wait_status(gw, lambda s: st.pair(s, "v1", "d-mtp") is not None, "pair v1+d-mtp")
     prompt = prompts(1, seed=5)[0]
-    n_tok = 3000
+    n_tok = 1200 if st.ARGS.quick else 3000
     plain = generate(gw, prompt, max_tokens=n_tok, mode="SPECULATION_MODE_OFF")
     check(plain[0] == "OK" and len(plain[2]) == n_tok, "plain run: %s %s" % plain[:2])
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as ex:
