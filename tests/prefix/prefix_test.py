@@ -459,6 +459,10 @@ def case_routing():
     b1 = Running(gw, shared[:40] + other[:30])
     wait_active(by_id[holder], 1)
     if check(active(by_id[holder]) == 1, "the second blocker shares the prefix: on the holder"):
+        inflight = {r["descriptor"]["replica_id"]: int(r.get("requests_in_flight", 0))
+                    for r in st.status(gw).get("replicas", [])}
+        check(inflight == {holder: 1, [k for k in by_id if k != holder][0]: 0},
+              "the gateway's status counts the request in flight on the holder: %s" % inflight)
         _, s3 = generate(gw, ps[2], False)
         check(s3.get("verifier") == holder and int(s3.get("cached_prompt_tokens", 0)) >= 160,
               "one request busier, the holder still takes the prefix: %s; %s" % (s3, routing_view(gw)))
