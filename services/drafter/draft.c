@@ -49,6 +49,7 @@
 #include "defs.h"
 #include "feature_stream.h"
 #include "log.h"
+#include "timing_lock.h"
 #include "ngram.h"
 #include "request_check.h"
 #include "adaptive.h"
@@ -1747,6 +1748,7 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     }
     tdm_error err = {0};
     tdm_status rc = TDM_OK;
+    const int lock = tdm_timing_lock_acquire(d->rt->device_uuid, TDM_TIMING_LOCK_WAIT_MS, LOG);
     for (int n = 1; n <= MOST && n <= d->max_sequences && rc == TDM_OK; n *= 2) {
         for (; made < n && rc == TDM_OK; made++) {
             tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
@@ -1772,6 +1774,7 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     }
     for (int i = 0; i < made; i++)
         tdm_seq_destroy(seqs[i]);
+    tdm_timing_lock_release(lock);
     if (rc != TDM_OK) {
         tdm_log_warn(LOG,
                      "draft passes could not be timed before serving (%s); verifiers start "

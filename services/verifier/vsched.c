@@ -16,6 +16,7 @@
 #include "defs.h"
 #include "feature_stream.h"
 #include "log.h"
+#include "timing_lock.h"
 #include "prefix_cache.h"
 #include "request_check.h"
 #include "runtime.h"
@@ -2667,6 +2668,8 @@ static void round_free(vround *rd)
 static void warm_steps(vsched *s)
 {
     const int k = s->p.max_draft < 4 ? s->p.max_draft : 4;
+    const int lock = tdm_timing_lock_acquire(s->p.runtime ? s->p.runtime->device_uuid : "",
+                                             TDM_TIMING_LOCK_WAIT_MS, LOG);
     const double t_start = now_ms();
     int32_t toks[TDM_MAX_DRAFT_BLOCK + 1] = {0};
     const int32_t *rows[WARM_SEQS];
@@ -2720,6 +2723,7 @@ static void warm_steps(vsched *s)
     for (int i = 0; i < made; i++)
         tdm_seq_destroy(seqs[i]);
     tdm_step_buf_free(&out);
+    tdm_timing_lock_release(lock);
     if (rc != TDM_OK) {
         s->n_warm = 0;
         tdm_log_warn(LOG,

@@ -599,6 +599,47 @@ def case_heartbeat_cadence():
         server.stop(0)
 
 
+def case_timing_lock():
+    """Replicas of one host time their steps one at a time: a verifier and a
+    model drafter started while another process holds the host's timing lock
+    (/dev/shm/tandem-timing-cpu.lock, as a replica holds it while it times)
+    wait for it, say so, and time after it is released; the lock file is one
+    every user of the host can take."""
+    import fcntl
+    path = "/dev/shm/tandem-timing-cpu.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    gw = gateway()
+    m = model("target", "f32_gqa", "qwen2_bpe1000")
+    v = start("verifier", "--gateway", gw.addr(), "--replica-id", "v1", "--model", m,
+              ready=False)
+    d = start("drafter", "--gateway", gw.addr(), "--replica-id", "d1", "--model", m,
+              ready=False)
+    time.sleep(1.5)
+    held = [p.name for p in (v, d) if re.search(r"steps timed|draft passes of \d+ tokens timed",
+                                                 p.text())]
+    check(not held, "nothing times while the lock is held: %s timed" % held)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    v.wait_ready()
+    d.wait_ready()
+    wait_status(gw, lambda s: replica_ids(s) == ["d1", "v1"], "both registered")
+    for p, what in ((v, r"steps timed in"), (d, r"draft passes of \d+ tokens timed in")):
+        waited = re.search(r"INFO  (verifier|drafter): waited (\d+) ms for another process on "
+                           r"this host to finish timing \(%s\)" % re.escape(path), p.text())
+        check(waited and int(waited.group(2)) >= 1000,
+              "%s says it waited for the lock: %s" % (p.name, waited and waited.group(0)))
+        check(re.search(what, p.text()), "%s timed after the release" % p.name)
+    check(oct(os.stat(path).st_mode & 0o777) == "0o666", "the lock file is 0666: %s" %
+          oct(os.stat(path).st_mode & 0o777))
+    # Unheld, nobody waits long: a third replica starts and times at once.
+    v2 = replica("verifier", gw, "--replica-id", "v2", "--model", m)
+    wait_status(gw, lambda s: "v2" in replica_ids(s), "v2 registered")
+    w = re.search(r"waited (\d+) ms for another process", v2.text())
+    check(not w or int(w.group(1)) < 1000, "an unheld lock is taken at once: %s" %
+          (w and w.group(0)))
+
+
 class Fake:
     """An address that replica() can register with."""
 
@@ -904,6 +945,7 @@ CASES = {
     "ttl": case_ttl,
     "reregister": case_reregister,
     "heartbeat_cadence": case_heartbeat_cadence,
+    "timing_lock": case_timing_lock,
     "sigterm": case_sigterm,
     "check_config": case_check_config,
     "check_config_offline": case_check_config_offline,
