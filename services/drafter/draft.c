@@ -1725,7 +1725,6 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
 {
     enum { MOST = 16 };
     tdm_model *m = d->rt->model;
-    const double t_start = now_us();
     tdm_seq *seqs[MOST] = {0};
     const int32_t tok = 0, *leads[MOST];
     int32_t drafts[MOST][MAX_BLOCK], *dps[MOST];
@@ -1749,6 +1748,7 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     tdm_error err = {0};
     tdm_status rc = TDM_OK;
     const int lock = tdm_timing_lock_acquire(d->rt->device_uuid, TDM_TIMING_LOCK_WAIT_MS, LOG);
+    const double t_start = now_us();
     for (int n = 1; n <= MOST && n <= d->max_sequences && rc == TDM_OK; n *= 2) {
         for (; made < n && rc == TDM_OK; made++) {
             tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
