@@ -42,13 +42,18 @@ int tdm_timing_lock_acquire(const char *device_uuid, int wait_ms, const char *co
 {
     char path[128];
     tdm_timing_lock_path(device_uuid, path, sizeof(path));
-    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
+    /* /dev/shm is everyone's: never through a link, only a plain file. */
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         tdm_log_debug(component, "timing without the host's timing lock: %s: %s", path,
-                      strerror(errno));
+                      fd < 0 ? strerror(errno) : "not a plain file");
+        if (fd >= 0)
+            close(fd);
         return -1;
     }
-    (void)fchmod(fd, 0666); /* replicas of other users on the host take it too */
+    if (st.st_uid == geteuid())
+        (void)fchmod(fd, 0666); /* replicas of other users on the host take it too */
     const double t0 = mono_ms();
     for (;;) {
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)

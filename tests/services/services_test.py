@@ -638,6 +638,23 @@ def case_timing_lock():
     w = re.search(r"waited (\d+) ms for another process", v2.text())
     check(not w or int(w.group(1)) < 1000, "an unheld lock is taken at once: %s" %
           (w and w.group(0)))
+    # A link in its place (/dev/shm is everyone's) is not followed: the
+    # replica times without the lock and leaves the link's target alone.
+    target = os.path.join(TMP, "not-a-lock")
+    with open(target, "w") as f:
+        f.write("keep")
+    os.chmod(target, 0o600)
+    os.unlink(path)
+    os.symlink(target, path)
+    try:
+        v3 = replica("verifier", gw, "--replica-id", "v3", "--model", m, "--log-level", "debug")
+        wait_status(gw, lambda s: "v3" in replica_ids(s), "v3 registered")
+        check(re.search(r"timing without the host's timing lock: %s: " % re.escape(path),
+                        v3.text()), "a link at the lock's path is not followed")
+        check(oct(os.stat(target).st_mode & 0o777) == "0o600" and open(target).read() == "keep",
+              "the link's target is left as it was")
+    finally:
+        os.unlink(path)
 
 
 class Fake:
