@@ -34,7 +34,7 @@ static void stage_grow(cuda_ctx *c, size_t need)
     c->stage_host = NULL;
     c->stage_dev = NULL;
     CUDA_CHECK(cudaMallocHost((void **)&c->stage_host, cap));
-    CUDA_CHECK(cudaMalloc((void **)&c->stage_dev, cap));
+    CUDA_CHECK(cuda_malloc(c, (void **)&c->stage_dev, cap));
     c->stage_cap = cap;
     c->stage_off = 0;
 }
@@ -64,6 +64,23 @@ void *cuda_stage(cuda_ctx *c, const void *host, size_t n)
     return d;
 }
 
+cudaError_t cuda_malloc(cuda_ctx *c, void **p, size_t n)
+{
+    cudaError_t e = cudaMalloc(p, n);
+    if (e == cudaErrorMemoryAllocation && c->pooled) {
+        (void)cudaGetLastError();
+        /* Frees still queued are given back once the stream passes them;
+         * a capture must not wait. */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusActive;
+        if (cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess &&
+            cs == cudaStreamCaptureStatusNone)
+            CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        CUDA_CHECK(cudaMemPoolTrimTo(c->pool, 0));
+        e = cudaMalloc(p, n);
+    }
+    return e;
+}
+
 void cuda_retire(cuda_ctx *c, void *p)
 {
     if (!p)
@@ -85,7 +102,7 @@ void *cuda_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
         while (n < bytes)
             n *= 2;
         void *p = NULL;
-        CUDA_CHECK(cudaMalloc(&p, n));
+        CUDA_CHECK(cuda_malloc(c, &p, n));
         CUDA_CHECK(cudaMemsetAsync(p, 0, n, c->stream));
         cuda_retire(c, *buf);
         *buf = p;

@@ -98,6 +98,11 @@ typedef struct cuda_ctx {
 /* Keeps p (device memory, or NULL) until the backend is destroyed. */
 void cuda_retire(cuda_ctx *c, void *p);
 
+/* cudaMalloc for the backend's own buffers (staging, scratch, graphs): where
+ * the device is full, the memory the pool keeps from freed buffers is given
+ * back first and the allocation tried once more (backend.cu). */
+cudaError_t cuda_malloc(cuda_ctx *c, void **p, size_t n);
+
 /* Device scratch *buf of at least `bytes` (capacity *cap): grown, never
  * shrunk, and a replaced buffer stays allocated until the backend goes (a
  * captured graph may still name it). New bytes are zero. Ops that grow

@@ -187,7 +187,7 @@ static gr_graph *gr_capture_begin(cuda_ctx *c, uint64_t key, size_t bytes)
     }
     const size_t cap = bytes ? bytes : 16;
     if (cudaMallocHost((void **)&g->host, cap) != cudaSuccess ||
-        cudaMalloc((void **)&g->dev, cap) != cudaSuccess ||
+        cuda_malloc(c, (void **)&g->dev, cap) != cudaSuccess ||
         cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming) != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is an answer, not a sticky error */
         gr_release(g);

@@ -121,7 +121,7 @@ static int32_t *sample_ids(cuda_ctx *c, int R)
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         CUDA_CHECK(cudaFree(c->argmax_dev));
         c->argmax_dev = NULL;
-        CUDA_CHECK(cudaMalloc((void **)&c->argmax_dev, (size_t)R * sizeof(int32_t)));
+        CUDA_CHECK(cuda_malloc(c, (void **)&c->argmax_dev, (size_t)R * sizeof(int32_t)));
         c->argmax_cap = R;
     }
     return c->argmax_dev;
@@ -627,7 +627,7 @@ void cuda_sample(void *ctx, int32_t *out, const float *x, int R, int n, const td
             CUDA_CHECK(cudaStreamSynchronize(c->stream));
             CUDA_CHECK(cudaFree(c->sample_spill));
             c->sample_spill = NULL;
-            CUDA_CHECK(cudaMalloc((void **)&c->sample_spill, need * sizeof(float)));
+            CUDA_CHECK(cuda_malloc(c, (void **)&c->sample_spill, need * sizeof(float)));
             c->sample_spill_cap = need;
         }
         spill = c->sample_spill;
