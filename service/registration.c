@@ -121,9 +121,10 @@ static void *reg_main(void *arg)
     int64_t backoff = REG_BACKOFF_MIN_MS;
     bool warned_down = false, warned_hb = false;
     /* Heartbeats keep their cadence: each is due an interval after the
-     * previous one started, whatever that one's call took, and a first
-     * failure is tried again soon, so that a slow or lost call does not make the
-     * gateway see the replica as gone (it waits two intervals + 250 ms). */
+     * previous one started (or after the registration), whatever that one's
+     * call took, and a first failure is tried again soon, so that a slow or
+     * lost call does not make the gateway see the replica as gone (it waits
+     * two intervals + 250 ms). */
     int64_t due = 0;
     for (;;) {
         pthread_mutex_lock(&r->mu);
@@ -151,8 +152,6 @@ static void *reg_main(void *arg)
             continue;
         }
         const int64_t now = mono_ms();
-        if (due > now + interval) /* the interval was shortened */
-            due = now + interval;
         if (due > now && wait_or_stop(r, due - now))
             break;
         due = mono_ms() + interval;

@@ -23,7 +23,7 @@ static double mono_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-void tdm_timing_lock_path(const char *device_uuid, char *out, unsigned long len)
+static void lock_path(const char *device_uuid, char *out, size_t len)
 {
     /* The UUID as a file name: letters, digits and '-' kept, the rest '_'. */
     char key[64] = "cpu";
@@ -41,7 +41,7 @@ void tdm_timing_lock_path(const char *device_uuid, char *out, unsigned long len)
 int tdm_timing_lock_acquire(const char *device_uuid, int wait_ms, const char *component)
 {
     char path[128];
-    tdm_timing_lock_path(device_uuid, path, sizeof(path));
+    lock_path(device_uuid, path, sizeof(path));
     /* /dev/shm is everyone's: never through a link, only a plain file. */
     const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
     struct stat st;

@@ -17,7 +17,9 @@
 /* How long a replica waits for another to finish timing. */
 #define TDM_TIMING_LOCK_WAIT_MS 15000
 
-/* Takes the lock for `device_uuid` ("" or NULL: the host's CPUs), waiting at
+/* Takes the lock for `device_uuid` ("" or NULL: the host's CPUs), the file
+ * /dev/shm/tandem-timing-<UUID>.lock (characters other than letters, digits
+ * and '-' as '_') or /dev/shm/tandem-timing-cpu.lock, waiting at
  * most wait_ms for another process to finish timing. Returns the lock's file
  * descriptor (release with tdm_timing_lock_release), or -1 when it cannot be
  * had: no /dev/shm, or still held after wait_ms (a stuck holder delays a
@@ -25,8 +27,5 @@
  * gave up (warn). */
 int tdm_timing_lock_acquire(const char *device_uuid, int wait_ms, const char *component);
 void tdm_timing_lock_release(int fd); /* -1 is fine */
-
-/* The lock file's path for device_uuid (what the tests hold). */
-void tdm_timing_lock_path(const char *device_uuid, char *out, unsigned long len);
 
 #endif

@@ -64,18 +64,24 @@ void *cuda_stage(cuda_ctx *c, const void *host, size_t n)
     return d;
 }
 
+/* Gives the device what the pool keeps from freed buffers, after an
+ * allocation found the device full. Frees still queued are given back once
+ * the stream passes them, so it waits for the stream first (not inside a
+ * capture, which must not wait). */
+static void pool_give_back(cuda_ctx *c)
+{
+    (void)cudaGetLastError(); /* the allocation's out of memory */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusActive;
+    if (cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaMemPoolTrimTo(c->pool, 0));
+}
+
 cudaError_t cuda_malloc(cuda_ctx *c, void **p, size_t n)
 {
     cudaError_t e = cudaMalloc(p, n);
     if (e == cudaErrorMemoryAllocation && c->pooled) {
-        (void)cudaGetLastError();
-        /* Frees still queued are given back once the stream passes them;
-         * a capture must not wait. */
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusActive;
-        if (cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess &&
-            cs == cudaStreamCaptureStatusNone)
-            CUDA_CHECK(cudaStreamSynchronize(c->stream));
-        CUDA_CHECK(cudaMemPoolTrimTo(c->pool, 0));
+        pool_give_back(c);
         e = cudaMalloc(p, n);
     }
     return e;
@@ -286,9 +292,7 @@ static void *dev_alloc(cuda_ctx *c, size_t nbytes)
     }
     cudaError_t e = cudaMallocFromPoolAsync(&p, n, c->pool, c->stream);
     if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* every free queued so far is done */
-        CUDA_CHECK(cudaMemPoolTrimTo(c->pool, 0));
+        pool_give_back(c);
         e = cudaMallocFromPoolAsync(&p, n, c->pool, c->stream);
     }
     if (e != cudaSuccess) {
