@@ -5,6 +5,7 @@
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
  *                    [--context N] [--model DIR] [--tp N] [--draft 2,4] [--draft-vocab N]
+ *                    [--prefill 64,512]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
  * (vocab 248320, tied embeddings, layers 3:1 linear:full; shapes from
@@ -44,6 +45,10 @@
  * that was accepted whole. --draft-vocab N makes the model draft from the
  * token ids 0..N-1 alone (tdm_model_set_draft_vocab: every step's LM head
  * reads N rows), as a drafter with draft_vocab does.
+ * --prefill N,... adds, before the table, a request's life on one sequence:
+ * its creation, the prefill of an N-token prompt with the last row's argmax
+ * brought back (what the verifier does for a greedy request), and its
+ * destruction, each timed to an idle device (median of --steps).
  * --tp N splits the model over CUDA devices 0..N-1 (tensor parallel, one
  * rank a device, NCCL between them; tdm_model_load_group): the floor is then
  * a rank's weight bytes ÷ one device's bandwidth, and after the table the
@@ -136,6 +141,53 @@ static double time_draft(tdm_model *m, int batch, int k, int steps)
     for (int b = 0; b < batch; b++)
         tdm_seq_destroy(seqs[b]);
     return med;
+}
+
+/* --prefill: medians of a fresh sequence's creation, an n-token prompt's
+ * prefill with the last row's argmax, and its destruction, each timed from an
+ * idle device to an idle device. */
+static void time_prefill(tdm_backend *be, tdm_model *m, int n, int steps)
+{
+    const int V = tdm_model_get_config(m)->vocab_size;
+    tdm_seq_params p = {strategy, 8, 0};
+    tdm_error err;
+    int32_t *prompt = malloc((size_t)n * sizeof(int32_t));
+    double *t = malloc((size_t)(steps + 2) * 3 * sizeof(double));
+    if (!prompt || !t)
+        die("out of host memory for the prompt", NULL);
+    for (int s = 0; s < steps + 2; s++) { /* two warm-up requests */
+        for (int i = 0; i < n; i++)
+            prompt[i] = (i * 7919 + s * 104729 + 13) % V;
+        tdm_seq *q;
+        int32_t id;
+        const tdm_step_out o = {.argmax = &id};
+        be->sync(be->ctx);
+        double t0 = bench_now();
+        if (tdm_seq_create(m, &p, &q, &err) != TDM_OK)
+            die("create", err.msg);
+        be->sync(be->ctx);
+        double t1 = bench_now();
+        if (tdm_seq_prefill_out(q, prompt, n, &o, &err) != TDM_OK)
+            die("prefill", err.msg);
+        be->sync(be->ctx);
+        double t2 = bench_now();
+        tdm_seq_destroy(q);
+        be->sync(be->ctx);
+        double t3 = bench_now();
+        if (s >= 2) {
+            t[s - 2] = (t1 - t0) * 1e3;
+            t[steps + s - 2] = (t2 - t1) * 1e3;
+            t[2 * steps + s - 2] = (t3 - t2) * 1e3;
+        }
+    }
+    const double c = median(t, steps), f = median(t + steps, steps),
+                 d = median(t + 2 * steps, steps);
+    printf("a request of %d prompt tokens on one sequence: create %.3f ms, prefill %.3f ms "
+           "(%.0f tokens/s), destroy %.3f ms\n",
+           n, c, f, n / f * 1e3, d);
+    fflush(stdout);
+    free(t);
+    free(prompt);
 }
 
 /* --context: 0, every step continues the sequences (a verify commits 1 + k
@@ -317,7 +369,7 @@ static void set_variant(const char *v)
 int main(int argc, char **argv)
 {
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8",
-               *ks_arg = "0,4,8,16", *drafts_arg = "";
+               *ks_arg = "0,4,8,16", *drafts_arg = "", *prefill_arg = "";
     const char *outs = "logits", *variants = "", *model_dir = NULL;
     int steps = 20, stats = 0, graphs = 1, draft_vocab = 0;
     for (int i = 1; i < argc; i += 2) {
@@ -342,6 +394,8 @@ int main(int argc, char **argv)
             draft_vocab = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--k"))
             ks_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--prefill"))
+            prefill_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--steps"))
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--context")) {
@@ -382,8 +436,11 @@ int main(int argc, char **argv)
     int ks[8], bs[8], dks[8];
     const int nks = bench_ints(ks_arg, ks, 8, 0, 16), nbs = bench_ints(batches, bs, 8, 1, 64);
     const int ndk = drafts_arg[0] ? bench_ints(drafts_arg, dks, 8, 1, 16) : 0;
-    if (nks < 0 || nbs < 0 || ndk < 0)
-        die("--k takes 0 (decode) to 16, --draft 1 to 16, --batch 1 to 64", NULL);
+    int pns[8];
+    const int npn = prefill_arg[0] ? bench_ints(prefill_arg, pns, 8, 1, 65536) : 0;
+    if (nks < 0 || nbs < 0 || ndk < 0 || npn < 0)
+        die("--k takes 0 (decode) to 16, --draft 1 to 16, --batch 1 to 64, --prefill 1 to 65536",
+            NULL);
     const bench_shape *s = NULL;
     s = bench_shape_find(sh);
     if (!s)
@@ -468,6 +525,8 @@ int main(int argc, char **argv)
                 printf("every timed step starts from %d positions (forks of prefilled "
                        "sequences), timed from an idle device to the end of its commit\n",
                        context);
+            for (int i = 0; i < npn; i++)
+                time_prefill(be, m, pns[i], steps);
             printf("\n");
             printf("| variant | to host | shape | batch | step | median ms | x floor | tokens/s "
                    "(rows) |\n|---|---|---|---|---|---|---|---|\n");

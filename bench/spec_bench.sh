@@ -21,7 +21,9 @@
 #  - the demo pair (models/demo-*): plain, adaptive and fixed block 4 at
 #    batch 1, 8 and 32;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
-#    0.8B decode at batch 1), the upper bound of a round.
+#    0.8B decode at batch 1), the upper bound of a round, and a request's
+#    sequence created, prefilled (4B: 64 and 512 tokens; 0.8B: 3 and 64) and
+#    destroyed.
 # PARTS may add "demoahead" (the demo pair at controlled acceptance, block
 # 4 at batch 1, run-ahead off and on: what drafting ahead of verdicts buys;
 # on the CPU with VCORES and DCORES, the cores of the verifier and of the
@@ -214,11 +216,11 @@ run)
         engine)
             echo "== engine upper bound" | tee -a "$SUM"
             timeout 300 "$B/bench_cuda_bench" --shape 4b --batch 1 --k 0,2,4,8 --steps 20 \
-                --out argmax --strategy replay --dir "$W/engine" 2>&1 | tee "$LOGS/engine_4b.log" |
-                tee -a "$SUM" | tail -12
+                --prefill 64,512 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
+                tee "$LOGS/engine_4b.log" | tee -a "$SUM" | tail -14
             timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --draft 2,4 \
-                --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
-                tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -12
+                --prefill 3,64 --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
+                tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -14
             for nv in ${DRAFT_VOCABS:-}; do
                 [ "$nv" = 0 ] && continue
                 timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
