@@ -139,7 +139,7 @@ def case_greedy():
     # rounds of the 8 clients a load (their lengths vary: 120-319 characters).
     ps = prompts(12 if st.ARGS.quick else 24)
     blocks_first = (1, 3, 8) if st.ARGS.quick else range(1, 9)
-    blocks_rest = (1, 3, 8) if st.ARGS.quick else (1, 3, 4, 8)
+    blocks_rest = (3, 8) if st.ARGS.quick else (1, 3, 4, 8)
     baseline = None
     prefill_ref = {}  # block -> tokens the model drafter prefilled without run-ahead
     # Every drafter and strategy, and the model drafter drafting ahead of its
