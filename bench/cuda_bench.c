@@ -45,10 +45,10 @@
  * that was accepted whole. --draft-vocab N makes the model draft from the
  * token ids 0..N-1 alone (tdm_model_set_draft_vocab: every step's LM head
  * reads N rows), as a drafter with draft_vocab does.
- * --prefill N,... adds, before the table, a request's life on one sequence:
- * its creation, the prefill of an N-token prompt with the last row's argmax
- * brought back (what the verifier does for a greedy request), and its
- * destruction, each timed to an idle device (median of --steps).
+ * --prefill N,... adds, before each variant's rows, a request's life on one
+ * sequence: its creation, the prefill of an N-token prompt with nothing
+ * brought back (as the verifier prefills), and its destruction, each timed
+ * to an idle device (median of --steps).
  * --tp N splits the model over CUDA devices 0..N-1 (tensor parallel, one
  * rank a device, NCCL between them; tdm_model_load_group): the floor is then
  * a rank's weight bytes ÷ one device's bandwidth, and after the table the
@@ -144,9 +144,10 @@ static double time_draft(tdm_model *m, int batch, int k, int steps)
 }
 
 /* --prefill: medians of a fresh sequence's creation, an n-token prompt's
- * prefill with the last row's argmax, and its destruction, each timed from an
- * idle device to an idle device. */
-static void time_prefill(tdm_backend *be, tdm_model *m, int n, int steps)
+ * prefill (nothing brought back: the verifier's prefill leaves the prompt's
+ * last token to the first step) and its destruction, each timed from an idle
+ * device to an idle device. */
+static void time_prefill(tdm_backend *be, tdm_model *m, int n, int steps, const char *vname)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
     tdm_seq_params p = {strategy, 8, 0};
@@ -159,15 +160,13 @@ static void time_prefill(tdm_backend *be, tdm_model *m, int n, int steps)
         for (int i = 0; i < n; i++)
             prompt[i] = (i * 7919 + s * 104729 + 13) % V;
         tdm_seq *q;
-        int32_t id;
-        const tdm_step_out o = {.argmax = &id};
         be->sync(be->ctx);
         double t0 = bench_now();
         if (tdm_seq_create(m, &p, &q, &err) != TDM_OK)
             die("create", err.msg);
         be->sync(be->ctx);
         double t1 = bench_now();
-        if (tdm_seq_prefill_out(q, prompt, n, &o, &err) != TDM_OK)
+        if (tdm_seq_prefill(q, prompt, n, NULL, &err) != TDM_OK)
             die("prefill", err.msg);
         be->sync(be->ctx);
         double t2 = bench_now();
@@ -182,9 +181,9 @@ static void time_prefill(tdm_backend *be, tdm_model *m, int n, int steps)
     }
     const double c = median(t, steps), f = median(t + steps, steps),
                  d = median(t + 2 * steps, steps);
-    printf("a request of %d prompt tokens on one sequence: create %.3f ms, prefill %.3f ms "
+    printf("%s: a request of %d prompt tokens on one sequence: create %.3f ms, prefill %.3f ms "
            "(%.0f tokens/s), destroy %.3f ms\n",
-           n, c, f, n / f * 1e3, d);
+           vname, n, c, f, n / f * 1e3, d);
     fflush(stdout);
     free(t);
     free(prompt);
@@ -371,7 +370,7 @@ int main(int argc, char **argv)
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8",
                *ks_arg = "0,4,8,16", *drafts_arg = "", *prefill_arg = "";
     const char *outs = "logits", *variants = "", *model_dir = NULL;
-    int steps = 20, stats = 0, graphs = 1, draft_vocab = 0;
+    int steps = 20, stats = 0, graphs = 1, draft_vocab = 0, header = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
             stats = 1;
@@ -525,10 +524,12 @@ int main(int argc, char **argv)
                 printf("every timed step starts from %d positions (forks of prefilled "
                        "sequences), timed from an idle device to the end of its commit\n",
                        context);
-            for (int i = 0; i < npn; i++)
-                time_prefill(be, m, pns[i], steps);
-            printf("\n");
-            printf("| variant | to host | shape | batch | step | median ms | x floor | tokens/s "
+        }
+        for (int i = 0; i < npn; i++)
+            time_prefill(be, m, pns[i], steps, vname);
+        if (!header) {
+            header = 1;
+            printf("\n| variant | to host | shape | batch | step | median ms | x floor | tokens/s "
                    "(rows) |\n|---|---|---|---|---|---|---|---|\n");
         }
         for (int argmax_only = 0; argmax_only < 2; argmax_only++) {

@@ -22,8 +22,8 @@
 #    batch 1, 8 and 32;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
 #    0.8B decode at batch 1), the upper bound of a round, and a request's
-#    sequence created, prefilled (4B: 64 and 512 tokens; 0.8B: 3 and 64) and
-#    destroyed.
+#    sequence created, prefilled (4B: 64 and 512 tokens, with prompt
+#    prefill's cuBLAS matmuls off and on; 0.8B: 3 and 64) and destroyed.
 # PARTS may add "demoahead" (the demo pair at controlled acceptance, block
 # 4 at batch 1, run-ahead off and on: what drafting ahead of verdicts buys;
 # on the CPU with VCORES and DCORES, the cores of the verifier and of the
@@ -42,7 +42,7 @@
 # the exchange lane, threaded as the
 # services thread it) and "cudatests" (the CUDA tests).
 # Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
-# default 12), TOKENS (default 128), ACCEPTS (default "0.6 0.8 0.9 1.0"),
+# default 12), TOKENS (default 128), PROMPT_LEN (default 64), ACCEPTS (default "0.6 0.8 0.9 1.0"),
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
 # DRAIN_MODEL and DRAIN_TOKENS (the drain part's model and request length),
 # MTP_SHAPE (the mtp part's target shape, default 4b), MTP_ACCEPTS and
@@ -191,7 +191,7 @@ run)
         local dr=""
         [ -n "$dpid" ] && dr="--drafter 127.0.0.1:$port"
         line="$(timeout 300 "$B/bench_spec_client" --gateway "$GW" --verifier "$VER" $dr \
-            --concurrency "$c" --requests "$n" --tokens "$TOKENS" --prompt-len 64 --mode "$mode" \
+            --concurrency "$c" --requests "$n" --tokens "$TOKENS" --prompt-len "${PROMPT_LEN:-64}" --mode "$mode" \
             "$@" 2>>"$LOGS/client.log" | tr '\n' ' ')"
         printf '%-34s %s\n' "$tag" "$line" >>"$SUM"
         printf '%-30s %s\n' "$tag" "$line" | short
@@ -216,8 +216,9 @@ run)
         engine)
             echo "== engine upper bound" | tee -a "$SUM"
             timeout 300 "$B/bench_cuda_bench" --shape 4b --batch 1 --k 0,2,4,8 --steps 20 \
-                --prefill 64,512 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
-                tee "$LOGS/engine_4b.log" | tee -a "$SUM" | tail -14
+                --prefill 64,512 --variants "TANDEM_CUDA_BULK=0;TANDEM_CUDA_BULK=1" \
+                --out argmax --strategy replay --dir "$W/engine" 2>&1 |
+                tee "$LOGS/engine_4b.log" | tee -a "$SUM" | tail -20
             timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --draft 2,4 \
                 --prefill 3,64 --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                 tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -14

@@ -14,8 +14,10 @@
  * the same bits as the same position decoded alone: that is what makes the
  * commit strategies bit-identical to sequential decoding. A prompt chunk
  * lets the backend run the delta rule in its chunked form
- * (tdm_gdn_seg.chunked), which equals the recurrent form to rounding (the
- * CUDA backend takes it for long chunks; the CPU backend never does).
+ * (tdm_gdn_seg.chunked), which equals the recurrent form to rounding, and
+ * its matmuls on faster paths equal to rounding (backend.h: bulk). The CUDA
+ * backend takes both for chunks of 64 rows or more; the CPU backend never
+ * does.
  */
 #include "engine_internal.h"
 #include "alloc.h"
@@ -531,9 +533,15 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         st.ids_local[r] = t >= 0 && t < m->shard.vocab_n ? t : -1;
     }
 
-    /* A tensor-parallel rank's collectives go into a graph only where the
-     * communicator records them with the backend's step (comm.h). */
-    if (m->graphs && be->graph_begin && (!m->comm || m->comm->in_graphs)) {
+    /* A prompt's prefill may take the backend's faster matmuls (backend.h:
+     * bulk), and then runs outside graphs. A tensor-parallel rank's
+     * collectives go into a graph only where the communicator records them
+     * with the backend's step (comm.h). */
+    const int bulk = prefill && be->bulk && be->bulk(bx, R);
+    if (bulk) {
+        fwd_ops(m, &st);
+        be->bulk(bx, 0);
+    } else if (m->graphs && be->graph_begin && (!m->comm || m->comm->in_graphs)) {
         /* Recorded, replayed or eager: graph_end queues or has done the work. */
         be->graph_begin(bx, fwd_key(m, &st));
         fwd_ops(m, &st);

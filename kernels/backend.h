@@ -186,6 +186,18 @@ struct tdm_backend {
      * a bracket. */
     int (*graph_end)(void *ctx);
 
+    /* --- a prompt's prefill (optional: NULL where the backend has none) --
+     * The engine calls bulk(ctx, R) before the ops of a prompt-prefill call
+     * of R rows (one sequence; no states_out, no record), and bulk(ctx, 0)
+     * after them. A nonzero answer says the backend takes faster paths for
+     * that call's matmuls, equal to the exact ones up to rounding but not
+     * bit for bit (as the chunked delta rule is: the exactness contract
+     * holds for the rows that follow the prefill, not for its own rows).
+     * The engine then runs the call's ops outside any graph bracket. A
+     * backend answers from R alone, so the same prompt split the same way
+     * gives the same bits. */
+    int (*bulk)(void *ctx, int R);
+
     /* --- ops ------------------------------------------------------------ */
     /* y[r,:] = embed[ids[r], :] for r < R; embed [vocab, H]. ids: host. A
      * negative id gives a row of zeros (a tensor-parallel rank's embedding

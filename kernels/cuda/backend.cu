@@ -549,6 +549,7 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->mm_ys);
         cudaFree(c->mm_up);
         cudaFree(c->gdn_gb);
+        cuda_bulk_destroy(c);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);
@@ -705,6 +706,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->matmul = cuda_matmul;
     be->matmul_n = cuda_matmul_n;
     be->matmul_silu = cuda_matmul_silu;
+    be->bulk = cuda_bulk;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
     be->split_qgate = cuda_split_qgate;

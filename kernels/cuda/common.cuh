@@ -89,6 +89,15 @@ typedef struct cuda_ctx {
     const float *xs_src;
     uint32_t *xs_parts;
     size_t xs_n;
+    /* bulk.cu: a prompt prefill's matmuls on cuBLAS. bulk is set between
+     * bulk calls that take it; bulk_off where TANDEM_CUDA_BULK=0 or cuBLAS
+     * did not start; the handle (a cublasHandle_t) and its workspace are
+     * made at the first bulk call; x's parts and the GEMM's output. */
+    int bulk, bulk_off;
+    void *cublas, *bulk_ws;
+    uint16_t *bulk_x;
+    float *bulk_c;
+    size_t bulk_x_cap, bulk_c_cap;
     /* Device buffers replaced while graphs may still name them: freed with
      * the backend. */
     void **retired;

@@ -904,6 +904,11 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || out <= 0)
         return;
+    if (cuda_bulk_takes(c, x, w.data, w.dtype, in)) {
+        const uint16_t *wd = (const uint16_t *)w.data;
+        cuda_bulk_matmul_n(c, x, R, in, 1, &y, &wd, &out, accumulate);
+        return;
+    }
     /* The vector paths need every row of w and x 16-byte aligned. */
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
     if (vec && w.dtype == TDM_DTYPE_BF16) {
@@ -935,6 +940,25 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
                    const tdm_weight *ws, const int *outs)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
+    if (c->bulk && R > 0) { /* x split once for every weight cuBLAS takes */
+        float *by[MMT_MAXJOBS];
+        const uint16_t *bw[MMT_MAXJOBS];
+        int bo[MMT_MAXJOBS], nb = 0;
+        for (int i = 0; i < n; i++) {
+            if (outs[i] <= 0)
+                continue;
+            if (nb < MMT_MAXJOBS && cuda_bulk_takes(c, x, ws[i].data, ws[i].dtype, in)) {
+                by[nb] = ys[i];
+                bw[nb] = (const uint16_t *)ws[i].data;
+                bo[nb++] = outs[i];
+            } else {
+                cuda_matmul(ctx, ys[i], x, ws[i], R, in, outs[i], 0);
+            }
+        }
+        if (nb)
+            cuda_bulk_matmul_n(c, x, R, in, nb, by, bw, bo, 0);
+        return;
+    }
     /* Tensor-core weights in groups of up to MMT_MAXJOBS per launch; any
      * other weight alone. Each output gets exactly what cuda_matmul gives. */
     float *gy[MMT_MAXJOBS];
@@ -966,6 +990,12 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || out <= 0)
         return;
+    if (cuda_bulk_takes(c, x, gate.data, gate.dtype, in) &&
+        cuda_bulk_takes(c, x, up.data, up.dtype, in)) {
+        cuda_bulk_matmul_silu(c, y, x, (const uint16_t *)gate.data, (const uint16_t *)up.data, R,
+                              in, out);
+        return;
+    }
     const int xvec = in % 8 == 0 && ((uintptr_t)x % 16) == 0;
     if (xvec && gate.dtype == TDM_DTYPE_BF16 && up.dtype == TDM_DTYPE_BF16 &&
         (uintptr_t)gate.data % 16 == 0 && (uintptr_t)up.data % 16 == 0) {

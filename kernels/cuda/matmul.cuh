@@ -18,6 +18,21 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
 void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
                       int in, int out);
 
+/* ---- a prompt prefill's matmuls on cuBLAS (bulk.cu) ----------------------- */
+
+/* backend.h's bulk slot. */
+int cuda_bulk(void *ctx, int R);
+void cuda_bulk_destroy(cuda_ctx *c);
+/* Whether a matmul of these operands goes to cuBLAS now (inside a bulk
+ * call, bf16 weights, the vector paths' alignment). */
+int cuda_bulk_takes(const cuda_ctx *c, const float *x, const void *w, tdm_dtype dt, int in);
+/* cuda_matmul_n (with accumulate) and cuda_matmul_silu on cuBLAS: equal to
+ * them up to rounding. */
+void cuda_bulk_matmul_n(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
+                        const uint16_t *const *ws, const int *outs, int accumulate);
+void cuda_bulk_matmul_silu(cuda_ctx *c, float *y, const float *x, const uint16_t *gate,
+                           const uint16_t *up, int R, int in, int out);
+
 /* ---- activations split for the tensor-core path --------------------------
  *
  * Three rows or more of fp32 x reach the tensor cores as bf16 parts hi +

@@ -286,6 +286,108 @@ static void test_fused_matmuls(void)
     }
 }
 
+/* A prompt prefill's matmuls (backend.h: bulk): inside a bulk call of 64
+ * rows or more, bf16 matmuls take cuBLAS on x's exact bf16 parts. Against
+ * the CPU backend to fp32 rounding; the same inputs give the same bits
+ * twice; fewer rows are refused; other weights stay on the exact path, bit
+ * for bit; an output wider than one scratch slice (100000 columns at 130
+ * rows) is done in slices. */
+static void test_bulk(void)
+{
+    const int shapes[][3] = {{64, 2560, 520}, {72, 1024, 66}, {130, 64, 100000}, {96, 136, 300}};
+    int took = G->bulk(G->ctx, 63);
+    G->bulk(G->ctx, 0);
+    printf("%-14s %-44s %s\n", "bulk", "63 rows: refused", took ? "FAIL (taken)" : "ok");
+    failures += took != 0;
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+        for (int d = 0; d < 2; d++)
+            for (int acc = 0; acc < 2; acc++) {
+                const tdm_dtype dt = d ? TDM_DTYPE_F32 : TDM_DTYPE_BF16;
+                const int R = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+                size_t nw = (size_t)out * in, wb;
+                float *wv = malloc(nw * 4), *wref = malloc(nw * 4);
+                float *x = malloc((size_t)R * in * 4), *y0 = malloc((size_t)R * out * 4);
+                ct_fill(wv, nw, 0.5f);
+                ct_fill(x, (size_t)R * in, 1.0f);
+                ct_fill(y0, (size_t)R * out, 1.0f);
+                void *wh = make_weight(wv, nw, dt, wref, &wb);
+                float *yc = run_matmul(CPU, x, wh, wref, dt, wb, y0, R, in, out, acc, 0);
+                float *ye = run_matmul(G, x, wh, wref, dt, wb, y0, R, in, out, acc, 0);
+                float *yb[2];
+                for (int t = 0; t < 2; t++) {
+                    if (!G->bulk(G->ctx, R)) {
+                        printf("bulk           %d rows refused: FAIL\n", R);
+                        failures++;
+                    }
+                    yb[t] = run_matmul(G, x, wh, wref, dt, wb, y0, R, in, out, acc, 0);
+                    G->bulk(G->ctx, 0);
+                }
+                char cas[96];
+                snprintf(cas, sizeof(cas), "R=%d in=%d out=%d %s%s", R, in, out, tdm_dtype_name(dt),
+                         acc ? " accumulate" : "");
+                report("bulk matmul", cas, ct_nerr(yb[0], yc, (size_t)R * out), 1e-5);
+                report_same("bulk matmul", "  twice: the same bits", yb[0], yb[1],
+                            (size_t)R * out * 4);
+                if (dt != TDM_DTYPE_BF16)
+                    report_same("bulk matmul", "  not bf16: the exact path", yb[0], ye,
+                                (size_t)R * out * 4);
+                free(yb[0]);
+                free(yb[1]);
+                free(yc);
+                free(ye);
+                free(wh);
+                free(wv);
+                free(wref);
+                free(x);
+                free(y0);
+            }
+    /* matmul_n over three bf16 weights and one fp32, and matmul_silu */
+    const fuse_case cases[] = {
+        {80,
+         1024,
+         4,
+         {520, 66, 64, 33},
+         {TDM_DTYPE_BF16, TDM_DTYPE_BF16, TDM_DTYPE_F32, TDM_DTYPE_BF16},
+         0},
+        {64, 2560, 2, {1040, 1040}, {TDM_DTYPE_BF16, TDM_DTYPE_BF16}, 1},
+    };
+    for (size_t k = 0; k < TDM_ARRAY_LEN(cases); k++) {
+        const fuse_case *fc = &cases[k];
+        fuse_in fi = {0};
+        float *x = malloc((size_t)fc->R * fc->in * 4);
+        ct_fill(x, (size_t)fc->R * fc->in, 1.0f);
+        fi.x = x;
+        float *wv[4];
+        for (int j = 0; j < fc->n; j++) {
+            const size_t nw = (size_t)fc->outs[j] * fc->in;
+            wv[j] = malloc(nw * 4);
+            fi.wref[j] = malloc(nw * 4);
+            ct_fill(wv[j], nw, 0.5f);
+            fi.wh[j] = make_weight(wv[j], nw, fc->dt[j], fi.wref[j], &fi.wb[j]);
+        }
+        float *yc[4] = {0}, *yb[4] = {0};
+        run_fused(CPU, fc, &fi, 2, yc);
+        G->bulk(G->ctx, fc->R);
+        run_fused(G, fc, &fi, 0, yb);
+        G->bulk(G->ctx, 0);
+        for (int j = 0; j < (fc->silu ? 1 : fc->n); j++) {
+            char cas[96];
+            snprintf(cas, sizeof(cas), "R=%d in=%d %s, output %d (%d)", fc->R, fc->in,
+                     fc->silu ? "silu" : "n", j, fc->outs[j]);
+            report(fc->silu ? "bulk silu" : "bulk matmul_n", cas,
+                   ct_nerr(yb[j], yc[j], (size_t)fc->R * fc->outs[j]), 1e-5);
+            free(yb[j]);
+            free(yc[j]);
+        }
+        for (int j = 0; j < fc->n; j++) {
+            free(wv[j]);
+            free(fi.wref[j]);
+            free(fi.wh[j]);
+        }
+        free(x);
+    }
+}
+
 /* A norm, the attention gate or a gate/up pair writing its output's bf16
  * parts as it writes the output, for the matmul that reads it next (three
  * rows or more): the same bits as the matmul splitting a copy of that
@@ -1362,6 +1464,7 @@ int main(void)
     CPU = ct_cpu();
     test_matmul();
     test_fused_matmuls();
+    test_bulk();
     test_producer_split();
     test_copy_n();
     test_embed();
