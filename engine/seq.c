@@ -16,8 +16,8 @@
  * lets the backend run the delta rule in its chunked form
  * (tdm_gdn_seg.chunked), which equals the recurrent form to rounding, and
  * its matmuls on faster paths equal to rounding (backend.h: bulk). The CUDA
- * backend takes both for chunks of 64 rows or more; the CPU backend never
- * does.
+ * backend takes the first for chunks of 64 rows or more and the second from
+ * 16 rows; the CPU backend takes neither.
  */
 #include "engine_internal.h"
 #include "alloc.h"

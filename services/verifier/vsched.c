@@ -1710,22 +1710,24 @@ static void prefill_chunks(vsched *s, vround *rd)
             open_first(s, r, true);
         if (!r->seq)
             rc = prefill_start(s, r, &err);
+        /* A call covers one segment of a fixed grid, whole: multiples of
+         * prefill_chunk and, with the prefix cache, its block boundaries.
+         * On CUDA a prompt chunk's rounding depends on its length (its
+         * matmuls from 16 rows and its delta rule from 64 take faster
+         * forms: backend.h), so a prompt is prefilled in the same calls
+         * whatever else the round prefills, and gets the same tokens at any
+         * load; a prefix-cache hit runs the very calls a miss ran from its
+         * boundary on. A segment the round's budget cannot hold waits for
+         * the next round (a fresh round's budget holds any segment). */
         const int want = r->n_given - 1 - r->prefilled;
-        int n = want < budget ? want : budget;
+        const int C = s->p.prefill_chunk, to_chunk = C - r->prefilled % C;
+        int n = want < to_chunk ? want : to_chunk;
         if (s->prefix) {
-            /* A call covers one segment of a fixed grid (block boundaries
-             * and multiples of prefill_chunk), whole: a hit then runs the
-             * very calls a miss ran from its boundary on, whatever else the
-             * round prefills (on CUDA, where a long chunk's delta rule runs
-             * in chunked form, the split changes the rounding). A segment
-             * the round's budget cannot hold waits for the next round. */
-            const int B = tdm_prefix_cache_block(s->prefix), C = s->p.prefill_chunk;
-            const int to_block = B - r->prefilled % B, to_chunk = C - r->prefilled % C;
-            n = want < to_block ? want : to_block;
-            n = n < to_chunk ? n : to_chunk;
-            if (rc == TDM_OK && n > budget)
-                break;
+            const int B = tdm_prefix_cache_block(s->prefix), to_block = B - r->prefilled % B;
+            n = n < to_block ? n : to_block;
         }
+        if (rc == TDM_OK && n > budget)
+            break;
         if (rc == TDM_OK && n > 0) {
             const double t0 = now_ms();
             if (r->feat) {
