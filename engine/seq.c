@@ -534,14 +534,11 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     }
 
     /* A prompt's prefill may take the backend's faster matmuls (backend.h:
-     * bulk), and then runs outside graphs. A tensor-parallel rank's
-     * collectives go into a graph only where the communicator records them
-     * with the backend's step (comm.h). */
+     * bulk; the key's row counts say whether it does). A tensor-parallel
+     * rank's collectives go into a graph only where the communicator records
+     * them with the backend's step (comm.h). */
     const int bulk = prefill && be->bulk && be->bulk(bx, R);
-    if (bulk) {
-        fwd_ops(m, &st);
-        be->bulk(bx, 0);
-    } else if (m->graphs && be->graph_begin && (!m->comm || m->comm->in_graphs)) {
+    if (m->graphs && be->graph_begin && (!m->comm || m->comm->in_graphs)) {
         /* Recorded, replayed or eager: graph_end queues or has done the work. */
         be->graph_begin(bx, fwd_key(m, &st));
         fwd_ops(m, &st);
@@ -550,6 +547,8 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
     } else {
         fwd_ops(m, &st);
     }
+    if (bulk)
+        be->bulk(bx, 0);
     const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size;
     const size_t Vl = (size_t)tdm_model_draft_vocab_size(m); /* a logits row's width */
     if (gathers(m) && st.logits == 1)

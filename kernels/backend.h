@@ -193,9 +193,9 @@ struct tdm_backend {
      * that call's matmuls, equal to the exact ones up to rounding but not
      * bit for bit (as the chunked delta rule is: the exactness contract
      * holds for the rows that follow the prefill, not for its own rows).
-     * The engine then runs the call's ops outside any graph bracket. A
-     * backend answers from R alone, so the same prompt split the same way
-     * gives the same bits. */
+     * A backend answers from R alone, so the same prompt split the same way
+     * gives the same bits, and a graph key (which fixes R) fixes the
+     * answer; the ops in between may be bracketed by graph_begin/end. */
     int (*bulk)(void *ctx, int R);
 
     /* --- ops ------------------------------------------------------------ */

@@ -8,9 +8,10 @@
  * stacks them as 3R rows, runs one cuBLAS GEMM with fp32 accumulation (cublasGemmEx,
  * CUBLAS_COMPUTE_32F) and adds the three row blocks: the same products, summed in cuBLAS's
  * order instead of matmul.cu's. So a prefill's rows equal the exact ones up to rounding, not bit
- * for bit, which backend.h allows for a prompt's prefill; the engine runs such a call outside
- * graphs. Everything else (decode, verify, drafts, short prefills, other weight types) keeps
- * matmul.cu.
+ * for bit, which backend.h allows for a prompt's prefill. In a recorded step the GEMMs are
+ * captured into the step's graph with the kernels around them (the workspace is set, so cuBLAS
+ * allocates nothing there) and a replay launches none of them. Everything else (decode, verify,
+ * drafts, short prefills, other weight types) keeps matmul.cu.
  *
  * The answer depends on R alone, so a prompt split the same way gets the same bits every time
  * (cuBLAS picks its algorithm from the shapes; the prefix cache's fixed grid relies on that).
@@ -160,6 +161,8 @@ static const uint16_t *bulk_split(cuda_ctx *c, const float *x, int R, int in)
 static void bulk_gemm(cuda_ctx *c, float *C, const uint16_t *xs, const uint16_t *w, int R, int in,
                       int o0, int oc)
 {
+    if (c->replaying) /* the step's graph holds the GEMM (captured with it) */
+        return;
     const float one = 1.0f, zero = 0.0f;
     const cublasStatus_t st =
         cublasGemmEx((cublasHandle_t)c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, oc, 3 * R, in, &one,
