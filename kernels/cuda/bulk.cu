@@ -16,7 +16,8 @@
  * The answer depends on R alone, so a prompt split the same way gets the same bits every time
  * (cuBLAS picks its algorithm from the shapes; the prefix cache's fixed grid relies on that).
  * TANDEM_CUDA_BULK=0 in the environment keeps every matmul exact (bench, tests). Where cuBLAS
- * cannot start (no library, no memory) the backend says so once and stays exact.
+ * cannot start (no device memory for its handle or workspace) the backend says so once and
+ * stays exact.
  *
  * Scratch: x's parts [3R, in] bf16 and the GEMM's output [3R, columns] fp32, the columns taken
  * in slices of at most BULK_C_BYTES (an LM head's 248320 columns do not fit at once).
