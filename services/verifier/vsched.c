@@ -1745,6 +1745,9 @@ static void prefill_chunks(vsched *s, vround *rd)
                 const double rate = n / ms, prev = atomic_load(&s->prefill_tok_per_ms);
                 atomic_store(&s->prefill_tok_per_ms, prev > 0 ? 0.8 * prev + 0.2 * rate : rate);
             }
+            if (rc == TDM_OK)
+                tdm_log_debug(LOG, "request %s: prompt rows %d..%d of %d prefilled in %.2f ms",
+                              r->request_id, r->prefilled, r->prefilled + n, r->n_given - 1, ms);
         }
         if (rc != TDM_OK) {
             tdm_log_error(LOG, "request %s: %s", r->request_id, err.msg);

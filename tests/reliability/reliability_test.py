@@ -15,6 +15,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -151,6 +152,38 @@ def case_context():
     check(code == "INVALID_ARGUMENT" and "5000" in details and "4095" in details,
           "5000-token prompt: %s %s" % (code, details))
     e2e.stop_all()
+
+
+def case_prefill_grid():
+    """Prompts that arrive together are prefilled in calls on the grid of
+    prefill_chunk (each call's rows start on a multiple of it and end on the
+    next one or at the prompt's end), whatever else the round prefills: on
+    CUDA a chunk's rounding depends on its length, so the split must not
+    depend on the load."""
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER)
+    v = st.replica("verifier", gw, "--model", e2e.TARGET, "--prefill-chunk", "32",
+                   "--log-level", "debug")
+    st.wait_status(gw, lambda s: len(s.get("replicas", [])) >= 1, "verifier")
+    lens = [45, 70, 23, 90, 61, 38, 130, 17]
+    with concurrent.futures.ThreadPoolExecutor(len(lens)) as ex:
+        res = list(ex.map(lambda i: generate_ids(gw, ids_of(lens[i], 40 + i), 4), range(len(lens))))
+    check(all(r[0] == "OK" for r in res), "requests: %s" % [r[0] for r in res])
+    calls = {}
+    for m in re.finditer(r"request (\S+): prompt rows (\d+)\.\.(\d+) of (\d+) prefilled",
+                         v.text()):
+        calls.setdefault(m.group(1), []).append((int(m.group(2)), int(m.group(3)),
+                                                 int(m.group(4))))
+    print("prefill calls: %s" % sorted(calls.values()), flush=True)
+    check(sorted(c[0][2] for c in calls.values()) == sorted(n - 1 for n in lens),
+          "prefilled prompts: %s" % sorted(calls.values()))
+    for rid, cs in calls.items():
+        at = 0
+        for a, b, end in cs:
+            check(a == at and a % 32 == 0 and b == min(a + 32, end),
+                  "request %s: prompt rows %d..%d of %d: off the grid of 32 (calls %s)" %
+                  (rid, a, b, end, cs))
+            at = b
+        check(at == cs[0][2], "request %s: prefilled to %d of %d" % (rid, at, cs[0][2]))
 
 
 def case_prefill():
