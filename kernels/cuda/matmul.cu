@@ -940,19 +940,23 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
                    const tdm_weight *ws, const int *outs)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
-    if (c->bulk && R > 0) { /* x split once for every weight cuBLAS takes */
+    if (c->bulk && R > 0) { /* x split once per group of weights cuBLAS takes */
         float *by[MMT_MAXJOBS];
         const uint16_t *bw[MMT_MAXJOBS];
         int bo[MMT_MAXJOBS], nb = 0;
         for (int i = 0; i < n; i++) {
             if (outs[i] <= 0)
                 continue;
-            if (nb < MMT_MAXJOBS && cuda_bulk_takes(c, x, ws[i].data, ws[i].dtype, in)) {
-                by[nb] = ys[i];
-                bw[nb] = (const uint16_t *)ws[i].data;
-                bo[nb++] = outs[i];
-            } else {
+            if (!cuda_bulk_takes(c, x, ws[i].data, ws[i].dtype, in)) {
                 cuda_matmul(ctx, ys[i], x, ws[i], R, in, outs[i], 0);
+                continue;
+            }
+            by[nb] = ys[i];
+            bw[nb] = (const uint16_t *)ws[i].data;
+            bo[nb++] = outs[i];
+            if (nb == MMT_MAXJOBS) {
+                cuda_bulk_matmul_n(c, x, R, in, nb, by, bw, bo, 0);
+                nb = 0;
             }
         }
         if (nb)

@@ -89,15 +89,57 @@ static tdm_weight put_weight(tdm_backend *be, const void *h, const float *ref, s
 
 /* ---- matmul ----------------------------------------------------------- */
 
-static float *run_matmul(tdm_backend *be, const float *x, const void *wh, const float *wref,
-                         tdm_dtype dt, size_t wbytes, const float *y0, int R, int in, int out,
-                         int acc, int rowwise)
+/* One matmul's inputs: x [R, in], a weight [out, in] in dtype dt (wh as
+ * stored, wref the values it holds in fp32), y0 [R, out] for accumulate. */
+typedef struct mm_case {
+    int R, in, out;
+    tdm_dtype dt;
+    size_t wb;
+    void *wh;
+    float *wref, *x, *y0;
+} mm_case;
+
+static mm_case mm_case_make(int R, int in, int out, tdm_dtype dt)
 {
-    tdm_weight w = put_weight(be, wh, wref, (size_t)out * in, dt, wbytes);
-    float *dx = ct_put(be, x, (size_t)R * in * 4);
+    mm_case c = {R, in, out, dt, 0, NULL, NULL, NULL, NULL};
+    const size_t nw = (size_t)out * in;
+    float *wv = malloc(nw * 4);
+    c.wref = malloc(nw * 4);
+    c.x = malloc((size_t)R * in * 4);
+    c.y0 = malloc((size_t)R * out * 4);
+    ct_fill(wv, nw, 0.5f);
+    ct_fill(c.x, (size_t)R * in, 1.0f);
+    ct_fill(c.y0, (size_t)R * out, 1.0f);
+    c.wh = make_weight(wv, nw, dt, c.wref, &c.wb);
+    free(wv);
+    return c;
+}
+
+static void mm_case_free(mm_case *c)
+{
+    free(c->wh);
+    free(c->wref);
+    free(c->x);
+    free(c->y0);
+}
+
+/* "R=.. in=.. out=.. dtype[ accumulate]" */
+static void mm_case_name(const mm_case *c, int acc, char *buf, size_t len)
+{
+    snprintf(buf, len, "R=%d in=%d out=%d %s%s", c->R, c->in, c->out, tdm_dtype_name(c->dt),
+             acc ? " accumulate" : "");
+}
+
+/* The case's y on backend be (host copy; the caller frees): one call, or
+ * (rowwise) one call a row. */
+static float *run_matmul(tdm_backend *be, const mm_case *c, int acc, int rowwise)
+{
+    const int R = c->R, in = c->in, out = c->out;
+    tdm_weight w = put_weight(be, c->wh, c->wref, (size_t)out * in, c->dt, c->wb);
+    float *dx = ct_put(be, c->x, (size_t)R * in * 4);
     float *dy = ct_put(be, NULL, (size_t)R * out * 4);
     if (acc)
-        be->upload(be->ctx, dy, y0, (size_t)R * out * 4);
+        be->upload(be->ctx, dy, c->y0, (size_t)R * out * 4);
     else
         ct_poison(be, dy, (size_t)R * out * 4);
     if (rowwise)
@@ -128,33 +170,21 @@ static void test_matmul(void)
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
         for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++)
             for (int acc = 0; acc < 2; acc++) {
-                int R = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
-                size_t nw = (size_t)out * in, wb;
-                float *wv = malloc(nw * 4), *wref = malloc(nw * 4);
-                float *x = malloc((size_t)R * in * 4), *y0 = malloc((size_t)R * out * 4);
-                ct_fill(wv, nw, 0.5f);
-                ct_fill(x, (size_t)R * in, 1.0f);
-                ct_fill(y0, (size_t)R * out, 1.0f);
-                void *wh = make_weight(wv, nw, dts[d], wref, &wb);
-                float *yc = run_matmul(CPU, x, wh, wref, dts[d], wb, y0, R, in, out, acc, 0);
-                float *yg = run_matmul(G, x, wh, wref, dts[d], wb, y0, R, in, out, acc, 0);
+                mm_case c = mm_case_make(shapes[s][0], shapes[s][1], shapes[s][2], dts[d]);
+                const size_t n = (size_t)c.R * c.out;
+                float *yc = run_matmul(CPU, &c, acc, 0);
+                float *yg = run_matmul(G, &c, acc, 0);
                 char cas[96];
-                snprintf(cas, sizeof(cas), "R=%d in=%d out=%d %s%s", R, in, out,
-                         tdm_dtype_name(dts[d]), acc ? " accumulate" : "");
-                report("matmul", cas, ct_nerr(yg, yc, (size_t)R * out), 1e-5);
-                if (R > 1 && !acc) {
-                    float *yr = run_matmul(G, x, wh, wref, dts[d], wb, y0, R, in, out, 0, 1);
-                    report_same("matmul", "  rows one by one == batched", yr, yg,
-                                (size_t)R * out * 4);
+                mm_case_name(&c, acc, cas, sizeof(cas));
+                report("matmul", cas, ct_nerr(yg, yc, n), 1e-5);
+                if (c.R > 1 && !acc) {
+                    float *yr = run_matmul(G, &c, 0, 1);
+                    report_same("matmul", "  rows one by one == batched", yr, yg, n * 4);
                     free(yr);
                 }
                 free(yc);
                 free(yg);
-                free(wh);
-                free(wv);
-                free(wref);
-                free(x);
-                free(y0);
+                mm_case_free(&c);
             }
 }
 
@@ -302,44 +332,31 @@ static void test_bulk(void)
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
         for (int d = 0; d < 2; d++)
             for (int acc = 0; acc < 2; acc++) {
-                const tdm_dtype dt = d ? TDM_DTYPE_F32 : TDM_DTYPE_BF16;
-                const int R = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
-                size_t nw = (size_t)out * in, wb;
-                float *wv = malloc(nw * 4), *wref = malloc(nw * 4);
-                float *x = malloc((size_t)R * in * 4), *y0 = malloc((size_t)R * out * 4);
-                ct_fill(wv, nw, 0.5f);
-                ct_fill(x, (size_t)R * in, 1.0f);
-                ct_fill(y0, (size_t)R * out, 1.0f);
-                void *wh = make_weight(wv, nw, dt, wref, &wb);
-                float *yc = run_matmul(CPU, x, wh, wref, dt, wb, y0, R, in, out, acc, 0);
-                float *ye = run_matmul(G, x, wh, wref, dt, wb, y0, R, in, out, acc, 0);
+                mm_case c = mm_case_make(shapes[s][0], shapes[s][1], shapes[s][2],
+                                         d ? TDM_DTYPE_F32 : TDM_DTYPE_BF16);
+                const size_t n = (size_t)c.R * c.out;
+                float *yc = run_matmul(CPU, &c, acc, 0);
+                float *ye = run_matmul(G, &c, acc, 0);
                 float *yb[2];
                 for (int t = 0; t < 2; t++) {
-                    if (!G->bulk(G->ctx, R)) {
-                        printf("bulk           %d rows refused: FAIL\n", R);
+                    if (!G->bulk(G->ctx, c.R)) {
+                        printf("bulk           %d rows refused: FAIL\n", c.R);
                         failures++;
                     }
-                    yb[t] = run_matmul(G, x, wh, wref, dt, wb, y0, R, in, out, acc, 0);
+                    yb[t] = run_matmul(G, &c, acc, 0);
                     G->bulk(G->ctx, 0);
                 }
                 char cas[96];
-                snprintf(cas, sizeof(cas), "R=%d in=%d out=%d %s%s", R, in, out, tdm_dtype_name(dt),
-                         acc ? " accumulate" : "");
-                report("bulk matmul", cas, ct_nerr(yb[0], yc, (size_t)R * out), 1e-5);
-                report_same("bulk matmul", "  twice: the same bits", yb[0], yb[1],
-                            (size_t)R * out * 4);
-                if (dt != TDM_DTYPE_BF16)
-                    report_same("bulk matmul", "  not bf16: the exact path", yb[0], ye,
-                                (size_t)R * out * 4);
+                mm_case_name(&c, acc, cas, sizeof(cas));
+                report("bulk matmul", cas, ct_nerr(yb[0], yc, n), 1e-5);
+                report_same("bulk matmul", "  twice: the same bits", yb[0], yb[1], n * 4);
+                if (c.dt != TDM_DTYPE_BF16)
+                    report_same("bulk matmul", "  not bf16: the exact path", yb[0], ye, n * 4);
                 free(yb[0]);
                 free(yb[1]);
                 free(yc);
                 free(ye);
-                free(wh);
-                free(wv);
-                free(wref);
-                free(x);
-                free(y0);
+                mm_case_free(&c);
             }
     /* matmul_n over three bf16 weights and one fp32, and matmul_silu */
     const fuse_case cases[] = {
