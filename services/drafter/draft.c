@@ -316,18 +316,24 @@ static tdm_status model_settle(dseq *q, tdm_error *err)
  * waits for at most one chunk of another sequence's prompt. */
 #define CATCH_UP_CHUNK 256
 
-/* Committed tokens a model drafter leaves to a block's first step, which
- * runs them before its drafts: together at most MAX_PENDING rows. */
-static int lag_of(const dseq *q)
+/* Committed tokens a block's first step runs before its drafts, at most:
+ * what a verdict adds (the block's accepted drafts and the bonus token),
+ * within MAX_PENDING rows with the drafts. A longer lead (a prompt after an
+ * open, the tokens of a pause) is prefilled first, all but its last token:
+ * the engine's prefill path takes many rows at once (on CUDA through cuBLAS
+ * from 16 rows), where a draft step's rows take the exact kernel, and the
+ * block's first step keeps room for a block drafted ahead. */
+static int lead_max(const dseq *q)
 {
-    const int lag = MAX_PENDING - q->block_size;
-    return lag < 1 ? 1 : lag;
+    int lead = q->block_size + 1;
+    if (lead > MAX_PENDING - q->block_size)
+        lead = MAX_PENDING - q->block_size;
+    return lead < 1 ? 1 : lead;
 }
 
-/* Before a block's first step: the model holds all but the last few
- * committed tokens (at most MAX_PENDING - MAX_BLOCK of them are left to the
- * first step), prefilled at most `max` at a time (0: all; catch_up). Nothing
- * may be pending. */
+/* Before a block's first step: creates the model's sequence, and prefills
+ * a lead longer than lead_max up to the last committed token, at most `max`
+ * tokens at a time (0: all; catch_up). Nothing may be pending. */
 static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
 {
     if (!d->rt)
@@ -343,20 +349,20 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
         q->held = 0;
         t_created = timed ? now_us() : 0;
     }
-    int want = q->n - lag_of(q);
+    if (q->n - q->held <= lead_max(q))
+        return TDM_OK;
+    int want = q->n - 1; /* the last token's row gives the first draft */
     if (max > 0 && want > q->held + max)
         want = q->held + max;
-    if (want > q->held) {
-        tdm_status rc = tdm_seq_prefill(q->seq, q->tokens + q->held, want - q->held, NULL, err);
-        if (rc != TDM_OK)
-            return rc;
-        __atomic_fetch_add(&d->prefilled, (uint64_t)(want - q->held), __ATOMIC_RELAXED);
-        if (timed)
-            tdm_log_debug(LOG, "sequence %llu: created in %.2f ms, %d tokens prefilled in %.2f ms",
-                          (unsigned long long)q->id, (t_created - t0) * 1e-3, want - q->held,
-                          (now_us() - t_created) * 1e-3);
-        q->held = want;
-    }
+    tdm_status rc = tdm_seq_prefill(q->seq, q->tokens + q->held, want - q->held, NULL, err);
+    if (rc != TDM_OK)
+        return rc;
+    __atomic_fetch_add(&d->prefilled, (uint64_t)(want - q->held), __ATOMIC_RELAXED);
+    if (timed)
+        tdm_log_debug(LOG, "sequence %llu: created in %.2f ms, %d tokens prefilled in %.2f ms",
+                      (unsigned long long)q->id, (t_created - t0) * 1e-3, want - q->held,
+                      (now_us() - t_created) * 1e-3);
+    q->held = want;
     return TDM_OK;
 }
 
@@ -369,7 +375,7 @@ static bool catching_up(const drafter *d, const dseq *q)
         return false;
     if (!q->seq)
         return true;
-    return q->n - lag_of(q) > q->held;
+    return q->n - q->held > lead_max(q);
 }
 
 /* Whether a message (or the stream's end) waits for the stream thread. */

@@ -759,6 +759,13 @@ def case_catch_up():
     ones = [i for i, o in enumerate(order) if o[0] == 1]
     check(len(ones) >= 4 and firsts and ones[3] < min(firsts),
           "sequence 1's fourth block landed after a long sequence's first: %s" % order)
+    # A lead longer than a verdict brings (block + 1 tokens) is prefilled
+    # up to its last token, whose row starts the first block: 15 of the short
+    # prompt, 2999 of each long one (a drafter that leaves the prompt's last
+    # 61 tokens to its first draft step runs them through the exact kernel).
+    want = (len(short) - 1) + sum(len(t) - 1 for t in longs.values())
+    got = counter(d.addr(), "/tandem.v1.Drafter/Describe", "prefilled_tokens")
+    check(got == want, "the drafter prefilled %s prompt tokens, not %d" % (got, want))
     check(d.p.poll() is None, "the drafter is still running")
 
 
