@@ -13,7 +13,40 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#ifdef CPU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <stdio.h>
+
+void cpu_check_range(const void *p, size_t bytes, const char *what)
+{
+    void *bad = __asan_region_is_poisoned((void *)(uintptr_t)p, bytes);
+    if (!bad)
+        return;
+    fprintf(stderr, "cpu backend: %s: %zu bytes from %p reach poisoned memory at %p\n", what, bytes,
+            p, bad);
+    __asan_describe_address(bad);
+    abort();
+}
+#endif
+
 /* --- memory ------------------------------------------------------------- */
+
+#ifdef CPU_ASAN
+static void cpu_poison(void *p, size_t n, int poison)
+{
+    if (poison)
+        __asan_poison_memory_region(p, n);
+    else
+        __asan_unpoison_memory_region(p, n);
+}
+#else
+static void cpu_poison(void *p, size_t n, int poison)
+{
+    (void)p;
+    (void)n;
+    (void)poison;
+}
+#endif
 
 /* Every block carries a 64-byte header holding the length of its mapping,
  * or 0 for a heap block. Blocks of a MiB and more are mapped: the kernel
@@ -22,6 +55,13 @@
  * sized for the largest step costs no memory until it is used. */
 #define CPU_BLOCK_HEADER 64
 #define CPU_MAP_MIN ((size_t)1 << 20)
+
+/* A mapping's length to its last page's end. */
+static size_t cpu_map_span(size_t len)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (len + page - 1) / page * page;
+}
 
 static void *cpu_alloc(void *ctx, size_t nbytes)
 {
@@ -44,6 +84,13 @@ static void *cpu_alloc(void *ctx, size_t nbytes)
             return NULL;
         memset(base, 0, len);
     }
+    /* Under AddressSanitizer the header and everything past nbytes (the
+     * rounding, and a mapping's last page) are poisoned, as the heap's
+     * redzones would be: a read or write past a buffer is reported, also in
+     * a mapped block, which has no redzones of its own. */
+    const size_t span = n >= CPU_MAP_MIN ? cpu_map_span(len) : len;
+    cpu_poison(base, CPU_BLOCK_HEADER, 1);
+    cpu_poison(base + CPU_BLOCK_HEADER + nbytes, span - CPU_BLOCK_HEADER - nbytes, 1);
     return base + CPU_BLOCK_HEADER;
 }
 
@@ -53,11 +100,15 @@ static void cpu_free(void *ctx, void *p)
     if (!p)
         return;
     char *base = (char *)p - CPU_BLOCK_HEADER;
+    cpu_poison(base, CPU_BLOCK_HEADER, 0);
     const size_t len = *(size_t *)base;
-    if (len)
+    if (len) {
+        /* a mapping's shadow outlives it: the next one there starts clean */
+        cpu_poison(base, cpu_map_span(len), 0);
         munmap(base, len);
-    else
+    } else {
         free(base);
+    }
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t n)
@@ -299,7 +350,7 @@ static float gdn_inorm(const float *x, int Dk)
 }
 
 /* out[e] = Σ_d S[d, e]·x[d] over S [Dk, Dv], d in increasing order. */
-static void gdn_st_dot(const float *S, const float *x, int Dk, int Dv, float *out)
+CPU_UNCHECKED static void gdn_st_dot(const float *S, const float *x, int Dk, int Dv, float *out)
 {
     for (int e = 0; e < Dv; e++)
         out[e] = 0;
@@ -314,8 +365,8 @@ static void gdn_st_dot(const float *S, const float *x, int Dk, int Dv, float *ou
  * update with k as read, ik = gdn_inorm(k), and v; kn gets the normalised
  * k, kv is scratch. The recurrent rows and a replay both go through here, so
  * a replayed state is bit for bit the one the rows left. */
-static void gdn_advance(float *S, const float *k, float ik, const float *v, float decay, float beta,
-                        int Dk, int Dv, float *kn, float *kv)
+CPU_UNCHECKED static void gdn_advance(float *S, const float *k, float ik, const float *v,
+                                      float decay, float beta, int Dk, int Dv, float *kn, float *kv)
 {
     for (int d = 0; d < Dk; d++)
         kn[d] = k[d] * ik;
@@ -338,6 +389,9 @@ static void gdn_replay_rows(float *S, const float *rec, int n, int hv, int Hk, i
 {
     const int hk = hv / (Hv / Hk);
     const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
+    cpu_check_range(S, (size_t)Dk * (size_t)Dv * sizeof(float), "delta rule state");
+    cpu_check_range(rec, (size_t)n * tdm_gdn_input_floats(Hk, Hv, Dk, Dv) * sizeof(float),
+                    "delta rule record");
     for (int i = 0; i < n; i++) {
         const float *r = rec + (size_t)i * tdm_gdn_input_floats(Hk, Hv, Dk, Dv);
         gdn_advance(S, r + (size_t)hk * (size_t)Dk, r[kd + vd + 2 * (size_t)Hv + (size_t)hk],
@@ -380,8 +434,12 @@ static void gdn_task(void *vp, int u)
         float g, b;
         gdn_gate(&a->gt, row * (size_t)Hv + (size_t)hv, hv, &g, &b);
         const float decay = expf(g), ik = gdn_inorm(k, Dk);
+        float *out = a->out + (row * (size_t)Hv + (size_t)hv) * (size_t)Dv;
+        cpu_check_range(S, hs * sizeof(float), "delta rule state");
+        cpu_check_range(v, (size_t)Dv * sizeof(float), "delta rule v");
+        cpu_check_range(out, (size_t)Dv * sizeof(float), "delta rule output");
         gdn_advance(S, k, ik, v, decay, b, Dk, Dv, kn, kv);
-        gdn_st_dot(S, qn, Dk, Dv, a->out + (row * (size_t)Hv + (size_t)hv) * (size_t)Dv);
+        gdn_st_dot(S, qn, Dk, Dv, out);
         if (sg->inputs) {
             /* the record's row: k by the first v-head of its k-head */
             float *rr =

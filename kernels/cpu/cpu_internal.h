@@ -9,8 +9,35 @@
 #include "pool.h"
 #include "status.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Under AddressSanitizer the innermost loops (the matmul's tiles, the delta
+ * rule's state updates) run uninstrumented (CPU_UNCHECKED): a check on
+ * every load and store made them most of a sanitizer build's time. Their
+ * callers check each operand's whole range first (cpu_check_range), so a
+ * call that reaches past a buffer or into freed memory is still reported,
+ * with the buffer's allocation, and the process aborts. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CPU_ASAN 1
+#endif
+#endif
+#ifdef CPU_ASAN
+#define CPU_UNCHECKED __attribute__((no_sanitize("address")))
+void cpu_check_range(const void *p, size_t bytes, const char *what);
+#else
+#define CPU_UNCHECKED
+static inline void cpu_check_range(const void *p, size_t bytes, const char *what)
+{
+    (void)p;
+    (void)bytes;
+    (void)what;
+}
+#endif
 
 typedef struct cpu_ctx {
     tdm_pool *pool;

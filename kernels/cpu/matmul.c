@@ -26,19 +26,20 @@ typedef struct mm_args {
     int cols; /* columns per chunk, a multiple of 8 */
 } mm_args;
 
-static inline float mm_w(const void *w, tdm_dtype dt, size_t i)
+CPU_UNCHECKED static inline float mm_w(const void *w, tdm_dtype dt, size_t i)
 {
     return dt == TDM_DTYPE_BF16 ? cpu_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-static inline void mm_store(const mm_args *a, int r, int o, float s)
+CPU_UNCHECKED static inline void mm_store(const mm_args *a, int r, int o, float s)
 {
     float *yp = a->y + (size_t)r * (size_t)a->out + (size_t)o;
     *yp = a->acc ? *yp + s : s;
 }
 
 /* Portable path: the same 8-lane structure with an array. */
-static float mm_dot_portable(const float *x, const void *w, tdm_dtype dt, size_t wo, int in)
+CPU_UNCHECKED static float mm_dot_portable(const float *x, const void *w, tdm_dtype dt, size_t wo,
+                                           int in)
 {
     float acc[8] = {0};
     int k = 0;
@@ -54,7 +55,7 @@ static float mm_dot_portable(const float *x, const void *w, tdm_dtype dt, size_t
 }
 
 #if defined(__x86_64__)
-#define MM_AVX __attribute__((target("avx2,fma")))
+#define MM_AVX CPU_UNCHECKED __attribute__((target("avx2,fma")))
 
 MM_AVX static inline __m256 mm_load8(const void *w, tdm_dtype dt, size_t i)
 {
@@ -207,7 +208,7 @@ MM_AVX static void mm_avx2(const mm_args *a, int o0, int o1)
 }
 #endif
 
-static void mm_task(void *vp, int chunk)
+CPU_UNCHECKED static void mm_task(void *vp, int chunk)
 {
     const mm_args *a = vp;
     int o0 = chunk * a->cols, o1 = o0 + a->cols;
@@ -239,6 +240,9 @@ void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int i
     cols = (cols + 7) & ~7;
     if ((size_t)R * (size_t)in * (size_t)out < 32768)
         cols = (out + 7) & ~7;
+    cpu_check_range(x, (size_t)R * (size_t)in * sizeof(float), "matmul x");
+    cpu_check_range(w.data, (size_t)out * (size_t)in * tdm_dtype_size(w.dtype), "matmul weights");
+    cpu_check_range(y, (size_t)R * (size_t)out * sizeof(float), "matmul y");
     mm_args a = {y, x, w.data, w.dtype, R, in, out, accumulate, c->use_avx2, cols};
     tdm_pool_run(c->pool, mm_task, &a, (out + cols - 1) / cols);
 }
