@@ -67,8 +67,11 @@ int tdm_sampling_argmax(const float *logits, int vocab)
     return best;
 }
 
-/* Sort context for qsort: descending probability, ascending id on ties, so
- * the support chosen by top-k / top-p is deterministic. */
+/* The support's order: descending probability, ascending id on ties, so
+ * the support chosen by top-k / top-p is deterministic. Only its first
+ * tokens are ever needed: top-k selects k of them before sorting, and top-p
+ * sorts the tokens above a threshold whose mass reaches top_p, not the
+ * vocabulary (a sort of 10^5 ids a sampled row). */
 static _Thread_local const float *tl_sort_probs;
 
 static int cmp_desc(const void *a, const void *b)
@@ -80,6 +83,90 @@ static int cmp_desc(const void *a, const void *b)
     if (pa < pb)
         return 1;
     return (ia > ib) - (ia < ib);
+}
+
+static void sort_desc(int *order, int n, const float *probs)
+{
+    tl_sort_probs = probs;
+    qsort(order, (size_t)n, sizeof(int), cmp_desc);
+}
+
+static inline bool before(const float *p, int a, int b)
+{
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+}
+
+static inline void swap_int(int *a, int *b)
+{
+    int t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Moves the k first of order[0..n) in the support's order to order[0..k),
+ * unsorted (quickselect; median-of-three pivots). */
+static void select_first(int *order, int n, int k, const float *p)
+{
+    int lo = 0, hi = n;
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2, last = hi - 1;
+        if (before(p, order[mid], order[lo]))
+            swap_int(&order[mid], &order[lo]);
+        if (before(p, order[last], order[lo]))
+            swap_int(&order[last], &order[lo]);
+        if (before(p, order[mid], order[last]))
+            swap_int(&order[mid], &order[last]);
+        const int pivot = order[last]; /* the median of the three */
+        int store = lo;
+        for (int i = lo; i < last; i++)
+            if (before(p, order[i], pivot))
+                swap_int(&order[i], &order[store++]);
+        swap_int(&order[store], &order[last]);
+        if (store == k)
+            return;
+        if (store < k)
+            lo = store + 1;
+        else
+            hi = store;
+    }
+}
+
+/* A probability's binary exponent (its float's biased exponent field):
+ * larger exponents hold larger probabilities. */
+static inline int prob_exponent(float p)
+{
+    uint32_t u;
+    memcpy(&u, &p, sizeof(u));
+    return (int)((u >> 23) & 0xff);
+}
+
+/* order[0..n): the tokens whose probability's exponent is at least E, for
+ * the largest E that gives at least `count` of them whose mass reaches
+ * `mass` (every token when none does), in id order: the support's first n
+ * tokens, as every other token is less likely than each of them. Two passes
+ * over the vocabulary: a histogram of the exponents, then the tokens. */
+static int candidates(int *order, const float *probs, int vocab, int count, double mass)
+{
+    int nb[256] = {0};
+    double mb[256] = {0};
+    for (int i = 0; i < vocab; i++) {
+        const int e = prob_exponent(probs[i]);
+        nb[e]++;
+        mb[e] += probs[i];
+    }
+    int E = 255, n = 0;
+    double m = 0.0;
+    for (; E > 0; E--) {
+        n += nb[E];
+        m += mb[E];
+        if (n >= count && m >= mass)
+            break;
+    }
+    n = 0;
+    for (int i = 0; i < vocab; i++)
+        if (prob_exponent(probs[i]) >= E)
+            order[n++] = i;
+    return n;
 }
 
 int tdm_sampling_probs(const tdm_sampling *s, const float *logits, int vocab, float *probs,
@@ -110,29 +197,44 @@ int tdm_sampling_probs(const tdm_sampling *s, const float *logits, int vocab, fl
     if (!use_k && !use_p)
         return vocab;
 
-    for (int i = 0; i < vocab; i++)
-        order[i] = i;
-    tl_sort_probs = probs;
-    qsort(order, (size_t)vocab, sizeof(int), cmp_desc);
-    int keep = use_k ? (int)s->top_k : vocab;
+    /* order[0..n): the support's first n tokens, sorted */
+    int n;
+    if (use_k) {
+        const int c = candidates(order, probs, vocab, (int)s->top_k, 0.0);
+        n = (int)s->top_k;
+        select_first(order, c, n, probs);
+    } else {
+        n = candidates(order, probs, vocab, 1, (double)s->top_p);
+    }
+    sort_desc(order, n, probs);
+    int keep = n;
     if (use_p) {
         double mass = 0.0;
-        int n = 0;
-        while (n < keep) {
-            mass += probs[order[n]];
-            n++;
+        int m = 0;
+        while (m < keep) {
+            mass += probs[order[m]];
+            m++;
             if (mass >= (double)s->top_p)
                 break;
         }
-        keep = n;
+        if (m == n && mass < (double)s->top_p && !use_k && n < vocab) {
+            /* the sums in another order fell short of top_p: the whole order */
+            for (int i = 0; i < vocab; i++)
+                order[i] = i;
+            sort_desc(order, vocab, probs);
+            for (; m < vocab && mass < (double)s->top_p; m++)
+                mass += probs[order[m]];
+        }
+        keep = m;
     }
     double kept = 0.0;
     for (int i = 0; i < keep; i++)
         kept += probs[order[i]];
-    for (int i = keep; i < vocab; i++)
-        probs[order[i]] = 0.0f;
+    /* the support renormalised, marked by its sign; then every other token 0 */
     for (int i = 0; i < keep; i++)
-        probs[order[i]] = (float)((double)probs[order[i]] / kept);
+        probs[order[i]] = -(float)((double)probs[order[i]] / kept);
+    for (int i = 0; i < vocab; i++)
+        probs[i] = probs[i] < 0.0f ? -probs[i] : 0.0f;
     return keep;
 }
 
