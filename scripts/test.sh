@@ -2,7 +2,7 @@
 # The test command: installs what it needs, builds tandem twice (plain, and
 # with AddressSanitizer + UndefinedBehaviorSanitizer) and runs every test in
 # both builds, runs every libFuzzer harness for a bounded time
-# (TANDEM_TEST_FUZZ_SECONDS each, default 30; 0 skips them; each harness
+# (TANDEM_TEST_FUZZ_SECONDS each, default 15; 0 skips them; each harness
 # counts as one test), and builds the Release configuration (warnings are
 # errors in every one; -O3 warns where -O2 does not). Ends with one summary
 # line over all of it.
@@ -19,7 +19,7 @@ jobs="$(nproc)"
 status=0
 pass=0
 fail=0
-fuzz_secs="${TANDEM_TEST_FUZZ_SECONDS:-30}"
+fuzz_secs="${TANDEM_TEST_FUZZ_SECONDS:-15}"
 # Each section's start, with the minutes and seconds since the command began.
 mark() { printf '== %s (at %dm%02ds)\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
 
