@@ -852,11 +852,27 @@ def case_restart():
     if check(later and later[0][2] > len(prompt) + 1 + (first[-1][2] - len(prompt) - 1 if first
                                                           else 0),
              "the restarted drafter's blocks (from position %s)" % (later and later[0][2])):
+        import numpy as np
         for (_, rnd, pos, drafts) in later[:3]:
             want = mtp_reference(model, out[:pos - 1], BLOCK)
-            check(want is not None and drafts == want[:len(drafts)],
+            if not check(want is not None, "tandem logits for position %d" % pos):
+                continue
+            # The head was primed with the hidden states the verifier decoded
+            # position by position; the reference prefills the whole context,
+            # whose rows round differently (the chunked delta rule). The two
+            # may part only at a draft whose reference logits tie to rounding.
+            j = next((i for i, (a, b) in enumerate(zip(drafts, want)) if a != b), None)
+            if j is None:
+                continue
+            lg = np.load(os.path.join(st.TMP, "mtp-ref.npy"))
+            row = lg[lg.shape[0] - BLOCK + j]
+            gap = float(row.max() - row[drafts[j]])
+            check(gap <= 1e-3 * max(1.0, float(np.abs(row).max())),
                   "after the restart, round %d block at position %d: drafter %s, tandem logits "
-                  "%s" % (rnd, pos, drafts, want))
+                  "%s: draft %d is %.6f below the reference's best" %
+                  (rnd, pos, drafts, want, j, gap))
+            print("round %d: drafts part at %d, where the reference's logits differ by %.2e" %
+                  (rnd, j, gap), flush=True)
     stop_all()
 
 
