@@ -32,7 +32,9 @@
 # strategy, the verifier's capacity, plain decoding through the services),
 # "drain" (32 sequences of the 4B shape moved to a second
 # verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
-# (tandem doctor on this machine), DRAFT_VOCABS (the 4b part's drafter, and
+# (tandem doctor on this machine), "sampled" (the 4B target's plain decoding
+# of sampled requests against greedy at batch 1, 8 and 32; SAMPLING sets
+# temperature,top_p,top_k, default 1.0,0.95,0), DRAFT_VOCABS (the 4b part's drafter, and
 # the engine part's 0.8B draft rounds, with draft vocabularies of the N lowest
 # ids too; 0: the whole vocabulary), "mtp" (the 4B shape with a random MTP head
 # drafting for it: a = 0.6, 0.8, 1.0 at block 3, blocks 2 and 4 and batch 8
@@ -372,6 +374,20 @@ run)
             done
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
+            ;;
+        sampled)
+            # plain decoding of sampled requests (SAMPLING: temperature,top_p,top_k;
+            # default 1.0,0.95,0) beside greedy: what the verifier's host-side
+            # distribution of each sampled row costs a round
+            echo "== 4B target, sampled (${SAMPLING:-1.0,0.95,0}) against greedy" | tee -a "$SUM"
+            [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
+            start_stack sampled "$W/t4b" --max-context 8192 ${VFLAGS:-} || continue
+            V="--vocab 248320"
+            for c in 1 8 32; do
+                n=$((c == 1 ? REQ1 : 2 * c))
+                load "greedy plain b$c" "$c" "$n" off $V
+                load "sampled plain b$c" "$c" "$n" off $V --sampling "${SAMPLING:-1.0,0.95,0}"
+            done
             ;;
         nopoll)
             # the exchange without busy polling (busy_poll 0ms on both sides)

@@ -1,13 +1,18 @@
 /*
  * spec_client.c - the load of the speculation benchmark: N requests of
  * random token-id prompts sent to a running gateway's Generate by C
- * concurrent clients, greedy, ignoring EOS, with one speculation setting.
+ * concurrent clients, greedy (or sampled: --sampling), ignoring EOS, with
+ * one speculation setting.
  *
  *   bench_spec_client --gateway HOST:PORT [--requests N] [--concurrency C]
  *       [--prompt-len L] [--tokens T] [--seed S] [--mode off|auto|on]
  *       [--block K] [--fixed] [--record FILE] [--check FILE]
  *       [--vocab V] [--verifier HOST:PORT] [--drafter HOST:PORT]
+ *       [--sampling TEMPERATURE,TOP_P,TOP_K]
  *
+ * --sampling samples every request (request i seeded with S + i), so that
+ * the load pays the host's distribution of each sampled row (verifier and
+ * drafter); it is refused with --check (a greedy run's tokens).
  * Prints one line, "key=value ..." : tokens/s over the wall time of the
  * whole load, the median of the requests' own decode rates, mean accepted
  * drafts per speculative round, the acceptance per drafted token, the
@@ -56,6 +61,9 @@ static struct {
     uint64_t seed;
     Tandem__V1__SpeculationMode mode;
     int block, fixed;
+    int sampled; /* --sampling given */
+    float temperature, top_p;
+    uint32_t top_k;
     job *jobs;
     int next;
     pthread_mutex_t mu;
@@ -84,6 +92,15 @@ static void run_job(tdm_rpc_channel *ch, job *j)
     sp.block_size = (uint32_t)g.block;
     sp.fixed_block_size = g.fixed;
     req.speculation = &sp;
+    Tandem__V1__SamplingParams sa = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    if (g.sampled) {
+        sa.temperature = g.temperature;
+        sa.top_p = g.top_p;
+        sa.top_k = g.top_k;
+        sa.seed_choice_case = TANDEM__V1__SAMPLING_PARAMS__SEED_CHOICE_SEED;
+        sa.seed = g.seed + (uint64_t)(j - g.jobs);
+        req.sampling = &sa;
+    }
     tdm_rpc_stream *st = NULL;
     tdm_error err = {0};
     tdm_rpc_call_options opt = {.timeout_ms = 600000};
@@ -331,7 +348,20 @@ int main(int argc, char **argv)
             g.vocab = (uint32_t)strtoul(v, NULL, 10), i++;
         else if (!strcmp(a, "--fixed"))
             g.fixed = 1;
-        else if (!strcmp(a, "--record"))
+        else if (!strcmp(a, "--sampling")) {
+            unsigned k = 0;
+            if (sscanf(v, "%f,%f,%u", &g.temperature, &g.top_p, &k) != 3 ||
+                !(g.temperature > 0.0f)) {
+                fprintf(stderr,
+                        "bench_spec_client: --sampling wants TEMPERATURE>0,TOP_P,TOP_K, "
+                        "got '%s'\n",
+                        v);
+                return 2;
+            }
+            g.top_k = k;
+            g.sampled = 1;
+            i++;
+        } else if (!strcmp(a, "--record"))
             record = v, i++;
         else if (!strcmp(a, "--check"))
             check = v, i++;
@@ -350,6 +380,11 @@ int main(int argc, char **argv)
     }
     if (g.requests < 1 || g.concurrency < 1 || g.prompt_len < 1 || g.tokens < 1 || g.vocab < 11)
         return 2;
+    if (g.sampled && check) {
+        fprintf(stderr,
+                "bench_spec_client: --check compares greedy outputs; not with --sampling\n");
+        return 2;
+    }
     g.jobs = calloc((size_t)g.requests, sizeof(job));
     /* Prompts from a fixed stream: the same seed, the same prompts. */
     uint64_t x = g.seed * 0x9e3779b97f4a7c15ull + 1;

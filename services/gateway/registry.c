@@ -36,6 +36,7 @@ typedef struct gw_replica {
     size_t packed_load_len;
     int64_t last_seen_ms;
     uint32_t inflight; /* requests this gateway has sent it and not seen end */
+    bool suspect;      /* a request could not reach it since it last heartbeat */
 } gw_replica;
 
 /* The verifier instance that last served a prompt prefix (a chained hash of
@@ -358,6 +359,7 @@ static tdm_status handle_heartbeat(tdm_rpc_call *call, const ProtobufCMessage *r
     if (idx >= 0) {
         gw_replica *rep = &r->items[idx];
         rep->last_seen_ms = now_ms();
+        rep->suspect = false;
         if (rq->load) {
             rep->active_sequences = rq->load->active_sequences;
             rep->free_slots = rq->load->free_slots;
@@ -630,9 +632,14 @@ static bool fresh(const gw_registry *r, const gw_replica *a, int64_t now)
     return now - a->last_seen_ms <= 2 * r->heartbeat_ms + 250;
 }
 
-/* Whether a is a better pick than b: fresh over stale, then the lighter load. */
+/* Whether a is a better pick than b: one no request failed to reach over a
+ * suspect, then fresh over stale, then the lighter load. (A replica that
+ * died and one that merely missed heartbeats are both stale; only the dead
+ * one turned a request away.) */
 static bool better(const gw_registry *r, const gw_replica *a, const gw_replica *b, int64_t now)
 {
+    if (a->suspect != b->suspect)
+        return !a->suspect;
     bool fa = fresh(r, a, now), fb = fresh(r, b, now);
     if (fa != fb)
         return fa;
@@ -925,6 +932,7 @@ void gw_registry_suspect(gw_registry *r, const char *replica_id, const char *ins
         int64_t stale = now_ms() - 2 * r->heartbeat_ms - 251;
         if (r->items[i].last_seen_ms > stale)
             r->items[i].last_seen_ms = stale;
+        r->items[i].suspect = true;
     }
     pthread_mutex_unlock(&r->mu);
 }

@@ -108,9 +108,10 @@ void gw_registry_unpick(gw_registry *r, const gw_pick *p);
 /* The address and role of a registered replica; false when none has that id. */
 bool gw_registry_address(gw_registry *r, const char *replica_id, char *address, size_t len,
                          Tandem__V1__Role *role);
-/* A request could not reach this replica instance: it counts as having
- * missed its heartbeats (picked only when no other is left) until it
- * heartbeats again. */
+/* A request could not reach this replica instance: until it heartbeats
+ * again it counts as having missed its heartbeats, and it is picked only
+ * when every other candidate is suspect too (behind replicas that merely
+ * missed heartbeats, which may still serve). */
 void gw_registry_suspect(gw_registry *r, const char *replica_id, const char *instance_id);
 
 /* Fills model_name, model_fingerprint and the drafters that pair with it in a

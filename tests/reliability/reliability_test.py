@@ -760,7 +760,8 @@ def case_restart():
 
 def case_stale_pick():
     """A replica that stopped heartbeating is not picked while a live one of
-    its role is there, although its TTL has not run out."""
+    its role is there, although its TTL has not run out; one that turned a
+    request away is picked after one that only stopped heartbeating."""
     gw = st.gateway("--tokenizer", e2e.TOKENIZER, "--heartbeat-interval", "200ms",
                     "--replica-ttl", "60s")
     a = st.replica("verifier", gw, "--model", e2e.TARGET, "--replica-id", "va")
@@ -775,6 +776,32 @@ def case_stale_pick():
     check(all(r[0] == "OK" for r in res) and set(served) == {"vb"},
           "requests with a silent va: %s %s" % ([r[0] for r in res], served))
     a.p.send_signal(signal.SIGCONT)
+    del b
+    e2e.stop_all()
+
+    # A verifier that died (its requests fail to connect) goes behind one
+    # that only stopped heartbeating (its registration cut off, its port
+    # serving): both are stale, but only the dead one turned a request away.
+    # Before, the pick took the dead one again on every retry (a tie at
+    # load 0) and the request failed UNAVAILABLE with a live verifier there.
+    gw = st.gateway("--tokenizer", e2e.TOKENIZER, "--heartbeat-interval", "200ms",
+                    "--replica-ttl", "60s")
+    a = st.replica("verifier", gw, "--model", e2e.TARGET, "--replica-id", "va")
+    st.wait_status(gw, lambda s: len(s.get("replicas", [])) == 1, "va")
+    proxy = Proxy(gw.port)
+    b = st.start("verifier", "--gateway", "127.0.0.1:%d" % proxy.port, "--model", e2e.TARGET,
+                 "--replica-id", "vb")
+    st.wait_status(gw, lambda s: len(s.get("replicas", [])) == 2, "va and vb")
+    proxy.mode = "drop"  # vb's heartbeats stop reaching the gateway
+    a.stop(signal.SIGKILL)
+    time.sleep(1.0)  # both have missed five heartbeats
+    res = [e2e.generate(gw, e2e.prompts(4)[i], max_tokens=4, timeout=20) for i in range(4)]
+    served = [r[4] and r[4]["stats"]["verifier"] for r in res]
+    check(all(r[0] == "OK" for r in res) and set(served) == {"vb"},
+          "requests with va dead and vb silent: %s %s" % ([(r[0], r[1]) for r in res], served))
+    check("verifier va unreachable" in gw.text(),
+          "the first request tried va and went on to vb:\n" + gw.text()[-2000:])
+    proxy.close()
     del b
     e2e.stop_all()
 
