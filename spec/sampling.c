@@ -74,26 +74,21 @@ int tdm_sampling_argmax(const float *logits, int vocab)
  * vocabulary (a sort of 10^5 ids a sampled row). */
 static _Thread_local const float *tl_sort_probs;
 
+static inline bool before(const float *p, int a, int b)
+{
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+}
+
 static int cmp_desc(const void *a, const void *b)
 {
-    int ia = *(const int *)a, ib = *(const int *)b;
-    float pa = tl_sort_probs[ia], pb = tl_sort_probs[ib];
-    if (pa > pb)
-        return -1;
-    if (pa < pb)
-        return 1;
-    return (ia > ib) - (ia < ib);
+    const int ia = *(const int *)a, ib = *(const int *)b;
+    return before(tl_sort_probs, ia, ib) ? -1 : before(tl_sort_probs, ib, ia) ? 1 : 0;
 }
 
 static void sort_desc(int *order, int n, const float *probs)
 {
     tl_sort_probs = probs;
     qsort(order, (size_t)n, sizeof(int), cmp_desc);
-}
-
-static inline bool before(const float *p, int a, int b)
-{
-    return p[a] > p[b] || (p[a] == p[b] && a < b);
 }
 
 static inline void swap_int(int *a, int *b)
