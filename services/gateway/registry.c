@@ -855,6 +855,13 @@ static tdm_status pick(gw_registry *r, bool want_drafter, const Tandem__V1__Desc
         if (from && strcmp(d->replica_id, from->verifier_id) == 0)
             continue;
         verifiers++;
+        if (from && r->items[i].suspect) {
+            /* a moving request has tokens streamed: no second try elsewhere */
+            snprintf(refused, sizeof(refused),
+                     "verifier %s could not be reached by a request since its last heartbeat",
+                     d->replica_id);
+            continue;
+        }
         tdm_compat_refusal gref;
         if (tdm_compat_check_gateway(gateway, d, &gref, 1) > 0 ||
             (from && tdm_compat_check_replicas(&was, d, &gref, 1) > 0)) {

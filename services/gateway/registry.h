@@ -97,7 +97,8 @@ tdm_status gw_registry_pick(gw_registry *r, bool want_drafter,
                             const Tandem__V1__Descriptor *gateway, const int32_t *prompt,
                             size_t n_prompt, gw_pick *out, tdm_error *err);
 /* The same for a request leaving the verifier of `from` (a drain or a
- * crash; NULL: a new request): never that verifier, and only one the
+ * crash; NULL: a new request): never that verifier nor a suspect one
+ * (gw_registry_suspect), and only one the
  * same-role rules (snapshot-layout, snapshot-model) pass with it, so that
  * the request continues on the same model. UNAVAILABLE naming the rule
  * when none is left. */
