@@ -663,7 +663,7 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
         nthreads = tdm_cpu_count();
     tdm_backend *be = calloc(1, sizeof(*be));
     cpu_ctx *c = calloc(1, sizeof(*c));
-    if (!be || !c || !(c->pool = tdm_pool_create(nthreads))) {
+    if (!be || !c || !(c->pool = tdm_pool_create(nthreads, true))) {
         free(be);
         free(c);
         return NULL;

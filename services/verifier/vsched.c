@@ -16,6 +16,7 @@
 #include "defs.h"
 #include "feature_stream.h"
 #include "log.h"
+#include "pool.h"
 #include "timing_lock.h"
 #include "prefix_cache.h"
 #include "request_check.h"
@@ -145,6 +146,7 @@ typedef struct vround_seq {
     int accepted;
     int32_t next;
     int next_block; /* block length asked for next; 0 pauses drafting */
+    tdm_verdict v;  /* the verdict on its rows (verdicts) */
     bool unverified; /* its block came and went unverified (plain_measure) */
     int commit;     /* drafts its verdict keeps, committed once the messages are out;
                        -1: nothing to commit (no drafts, or the request failed) */
@@ -172,6 +174,7 @@ typedef struct vround {
     int n_drop;
     tdm_step_buf out;     /* logits and argmaxes (grown on demand) */
     uint8_t *want_hidden; /* [max_sequences]: the sequence's drafter takes hidden states */
+    int *sampled;         /* [max_sequences]: the sampled sequences (verdicts) */
     float *hidden;        /* [hidden_rows, H]: the step's (or a prefill's) hidden states */
     size_t hidden_rows;
     float *feat_row; /* [TDM_FEAT_MAX_SPECS * H]: one row of several specs */
@@ -315,7 +318,11 @@ struct vsched {
     _Atomic uint64_t feature_rows_shm, feature_bytes_shm, feature_ring_full;
     _Atomic uint64_t feature_puts_shm, feature_puts_grpc;
     _Atomic double feature_put_us_shm, feature_put_us_grpc;
-    void *vscratch; /* rejection sampling's scratch (scheduler thread) */
+    /* The sampled rows' distributions of a round, computed across cores:
+     * one scratch for rejection sampling per chunk of the pool's jobs. */
+    tdm_pool *vpool;
+    void **vscratch;
+    int n_vscratch;
     /* NULL: prefix_cache off. Used by the scheduler thread and, for
      * FetchPrefix and a fetched prefix's import, by RPC handler threads:
      * every use holds pmu, the innermost lock (taken under mu, never the
@@ -2102,8 +2109,10 @@ static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n, int max_cont
 }
 
 /* The verdict on one sequence's rows: how many drafts it keeps and the token
- * that follows them. */
-static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
+ * that follows them. Reads only the round and the request's sampling, so the
+ * round's sequences may be judged on several threads at once, each with a
+ * scratch of its own. */
+static tdm_verdict verdict_of(const vsched *s, const vround *rd, const vround_seq *q, void *scratch)
 {
     vreq *r = q->r;
     const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
@@ -2113,9 +2122,9 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
     /* The first row decides the token at this position of the sequence. */
     const uint32_t position = (uint32_t)(r->prompt_len + r->n_out);
     if (q->k == 0) {
-        v.next_token = greedy ? am[0]
-                              : tdm_verify_sample_one(&r->sampling, r->seed, position, lg, s->vocab,
-                                                      s->vscratch);
+        v.next_token =
+            greedy ? am[0]
+                   : tdm_verify_sample_one(&r->sampling, r->seed, position, lg, s->vocab, scratch);
         return v;
     }
     const Tandem__V1__DraftBlock *b = q->block->block;
@@ -2133,7 +2142,7 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
         tdm_verify_block_argmax(am, s->vocab, b->tokens, q->k, dd, &v);
     else
         tdm_verify_block(&r->sampling, r->seed, position, lg, s->vocab, b->tokens, q->k, dd,
-                         s->vscratch, &v);
+                         scratch, &v);
     if (tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "
@@ -2141,6 +2150,50 @@ static tdm_verdict verdict_of(vsched *s, vround *rd, vround_seq *q)
                       r->request_id, b->round, q->k, b->position, v.accepted, rd->t_wait,
                       rd->t_step, rd->fixed, rd->cost, r->ad.accept_rate);
     return v;
+}
+
+/* The sampled sequences of a round, judged on the verdict pool: each chunk
+ * claims sequences until none is left. */
+typedef struct verdict_job {
+    const vsched *s;
+    vround *rd;
+    const int *idx; /* the sampled sequences' indices in rd->seqs */
+    int n;
+    atomic_int next;
+} verdict_job;
+
+static void verdict_chunk(void *arg, int chunk)
+{
+    verdict_job *j = arg;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        vround_seq *q = &j->rd->seqs[j->idx[i]];
+        q->v = verdict_of(j->s, j->rd, q, j->s->vscratch[chunk]);
+    }
+}
+
+/* Every sequence's verdict on a stepped round. A greedy one reads its
+ * argmaxes; a sampled one computes each row's distribution over the
+ * vocabulary (a few ms a row at 248k tokens), so two or more go to the pool,
+ * where the result does not depend on which thread judges which sequence. */
+static void verdicts(vsched *s, vround *rd)
+{
+    int *idx = rd->sampled;
+    int n = 0;
+    for (int i = 0; i < rd->n; i++) {
+        vround_seq *q = &rd->seqs[i];
+        if (tdm_sampling_is_greedy(&q->r->sampling))
+            q->v = verdict_of(s, rd, q, NULL);
+        else
+            idx[n++] = i;
+    }
+    if (n < 2 || s->n_vscratch < 2) {
+        for (int i = 0; i < n; i++)
+            rd->seqs[idx[i]].v = verdict_of(s, rd, &rd->seqs[idx[i]], s->vscratch[0]);
+        return;
+    }
+    verdict_job j = {.s = s, .rd = rd, .idx = idx, .n = n};
+    atomic_init(&j.next, 0);
+    tdm_pool_run(s->vpool, verdict_chunk, &j, n < s->n_vscratch ? n : s->n_vscratch);
 }
 
 /* What the sequence's drafter hears next (under mu): a verdict on its block,
@@ -2249,6 +2302,8 @@ static void round_store(vsched *s, vreq *r, const vround_seq *q, int accepted)
 static void verify_emit(vsched *s, vround *rd)
 {
     bool any_spec = false;
+    if (rd->rc == TDM_OK)
+        verdicts(s, rd);
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
         vreq *r = q->r;
@@ -2257,7 +2312,7 @@ static void verify_emit(vsched *s, vround *rd)
             req_fail(s, r, rd->rc, rd->err.msg);
             continue;
         }
-        tdm_verdict v = verdict_of(s, rd, q);
+        const tdm_verdict v = q->v;
         if (s->prefix)
             round_store(s, r, q, v.accepted);
         q->commit = q->k > 0 ? v.accepted : -1;
@@ -2641,6 +2696,7 @@ static void round_init(vround *rd, int cap)
     rd->ntok = tdm_xcalloc((size_t)cap, sizeof(*rd->ntok));
     rd->eseqs = tdm_xcalloc((size_t)cap, sizeof(*rd->eseqs));
     rd->want_hidden = tdm_xcalloc((size_t)cap, sizeof(*rd->want_hidden));
+    rd->sampled = tdm_xcalloc((size_t)cap, sizeof(*rd->sampled));
     /* A sequence sends at most one Close a round, plus the waiting ones
      * retired at admission (at most cap: they are admitted as they retire). */
     rd->closes = tdm_xcalloc((size_t)cap * 2 + 1, sizeof(*rd->closes));
@@ -2655,11 +2711,42 @@ static void round_free(vround *rd)
     free(rd->ntok);
     free(rd->eseqs);
     free(rd->want_hidden);
+    free(rd->sampled);
     free(rd->hidden);
     free(rd->feat_row);
     free(rd->closes);
     free(rd->drop);
     tdm_step_buf_free(&rd->out);
+}
+
+/* The sampled verdicts' pool: a thread a core up to 8 (a round of 32
+ * sampled sequences verifying 4 drafts has up to 160 rows to judge), each
+ * with its scratch; its idle workers sleep, leaving the cores to the
+ * backend and the exchange between rounds. */
+#define VERDICT_THREADS_MAX 8
+
+static void verdict_pool_init(vsched *s)
+{
+    int n = tdm_cpu_count();
+    if (n > VERDICT_THREADS_MAX)
+        n = VERDICT_THREADS_MAX;
+    if (n > s->p.max_sequences)
+        n = s->p.max_sequences;
+    s->vpool = n > 1 ? tdm_pool_create(n, false) : NULL;
+    if (!s->vpool)
+        n = 1;
+    s->n_vscratch = n;
+    s->vscratch = tdm_xcalloc((size_t)n, sizeof(*s->vscratch));
+    for (int i = 0; i < n; i++)
+        s->vscratch[i] = tdm_xmalloc(tdm_verify_scratch_bytes(s->vocab));
+}
+
+static void verdict_pool_free(vsched *s)
+{
+    tdm_pool_destroy(s->vpool);
+    for (int i = 0; i < s->n_vscratch; i++)
+        free(s->vscratch[i]);
+    free(s->vscratch);
 }
 
 /* Times steps on throwaway sequences before the verifier serves: for n = 1,
@@ -2771,7 +2858,7 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
     snprintf(s->limits, sizeof(s->limits), "%s", p->limits ? p->limits : "max_sequences");
     s->p.limits = s->limits;
     s->active = tdm_xcalloc((size_t)s->p.max_sequences, sizeof(*s->active));
-    s->vscratch = tdm_xmalloc(tdm_verify_scratch_bytes(s->vocab));
+    verdict_pool_init(s);
     round_init(&s->rd, s->p.max_sequences);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->dacc_mu, NULL);
@@ -2805,7 +2892,7 @@ tdm_status vsched_create(const vsched_params *p, vsched **out, tdm_error *err)
         vlinks_destroy(s->links);
         round_free(&s->rd);
         free(s->active);
-        free(s->vscratch);
+        verdict_pool_free(s);
         free(s);
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED, "cannot start the scheduler");
     }
@@ -2873,7 +2960,7 @@ void vsched_destroy(vsched *s)
     round_free(rd);
     tdm_prefix_cache_destroy(s->prefix);
     free(s->active);
-    free(s->vscratch);
+    verdict_pool_free(s);
     free(s);
 }
 

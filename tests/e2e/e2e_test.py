@@ -369,6 +369,13 @@ def case_sampling():
           (N, cells, chi, df, crit), flush=True)
     check(chi < crit, "sampled sequences do not follow the target distribution: chi2 %.1f >= "
           "%.1f" % (chi, crit))
+    # A seeded request's tokens do not depend on the batch it shared, nor on
+    # which of the verifier's threads judged its rows: some again, one by one.
+    again = [generate(gw, prompt, max_tokens=3, mode="SPECULATION_MODE_ON", block=2, fixed=True,
+                      sampling=sampling(i), ignore_eos=True) for i in range(48)]
+    differ = [i for i in range(48) if again[i][0] != "OK" or again[i][2] != res[i][2]]
+    check(not differ, "seeded requests alone gave other tokens than in a batch: %s" %
+          ["%d: %s / %s" % (i, res[i][2], again[i][2]) for i in differ[:5]])
     stop_all()
 
 

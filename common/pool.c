@@ -21,6 +21,7 @@ typedef struct pool_worker {
 
 struct tdm_pool {
     int n;
+    int spin; /* polls before an idle worker sleeps */
     pool_worker *workers;
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
@@ -66,7 +67,7 @@ static void *pool_main(void *vp)
         int spins = 0;
         while ((g = (uint32_t)(atomic_load_explicit(&p->job, memory_order_acquire) >> 32)) ==
                    seen &&
-               !atomic_load(&p->stop) && spins < POOL_SPIN) {
+               !atomic_load(&p->stop) && spins < p->spin) {
             pool_relax();
             spins++;
         }
@@ -93,7 +94,7 @@ static void *pool_main(void *vp)
     }
 }
 
-tdm_pool *tdm_pool_create(int nthreads)
+tdm_pool *tdm_pool_create(int nthreads, bool spin)
 {
     if (nthreads < 1)
         nthreads = 1;
@@ -101,6 +102,7 @@ tdm_pool *tdm_pool_create(int nthreads)
     if (!p)
         return NULL;
     p->n = nthreads;
+    p->spin = spin ? POOL_SPIN : 0;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
     p->workers = calloc((size_t)nthreads, sizeof(pool_worker));
