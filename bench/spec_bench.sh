@@ -33,7 +33,8 @@
 # "drain" (32 sequences of the 4B shape moved to a second
 # verifier by SIGTERM: time to drained, bytes and time a move), "doctor"
 # (tandem doctor on this machine), "sampled" (the 4B target's plain decoding
-# of sampled requests against greedy at batch 1, 8 and 32; SAMPLING sets
+# of sampled requests against greedy at batch 1, 8 and 32, and speculated
+# by the 0.8B-shaped drafter at fixed block 4; SAMPLING sets
 # temperature,top_p,top_k, default 1.0,0.95,0), DRAFT_VOCABS (the 4b part's drafter, and
 # the engine part's 0.8B draft rounds, with draft vocabularies of the N lowest
 # ids too; 0: the whole vocabulary), "mtp" (the 4B shape with a random MTP head
@@ -388,6 +389,24 @@ run)
                 load "greedy plain b$c" "$c" "$n" off $V
                 load "sampled plain b$c" "$c" "$n" off $V --sampling "${SAMPLING:-1.0,0.95,0}"
             done
+            # the same sampled requests speculated, fixed block 4, by the
+            # 0.8B-shaped drafter (its first DRAFT_VOCABS vocabulary): what
+            # drawing each draft costs the drafter
+            [ -d "$W/d08" ] || "$B/bench_make_model" --shape 0.8b --out "$W/d08" >/dev/null
+            nv="$(echo "${DRAFT_VOCABS:-0}" | awk '{print $1}')" DFLAGS=""
+            if [ "$nv" != 0 ]; then
+                seq 0 $((nv - 1)) >"$W/dvocab-$nv.txt"
+                DFLAGS="--draft-vocab $W/dvocab-$nv.txt"
+            fi
+            start_drafter sampled tandem-drafter "$W/d08" off 8 &&
+                for c in 1 8 32; do
+                    n=$((c == 1 ? REQ1 : 2 * c))
+                    load "sampled fixed 4 b$c" "$c" "$n" on $V --block 4 --fixed \
+                        --sampling "${SAMPLING:-1.0,0.95,0}"
+                done
+            DFLAGS=""
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
             ;;
         nopoll)
             # the exchange without busy polling (busy_poll 0ms on both sides)

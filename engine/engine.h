@@ -91,6 +91,9 @@ void tdm_model_set_graphs(tdm_model *m, int on);
 tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err);
 /* Tokens the model's logits cover: its draft vocabulary's, or all. */
 int tdm_model_draft_vocab_size(const tdm_model *m);
+/* The token id of entry t of a logits row of that width: t itself without a
+ * draft vocabulary. */
+int32_t tdm_model_draft_vocab_id(const tdm_model *m, int t);
 /* Sizes the workspace for forward steps of up to `rows` rows now
  * (tdm_capacity_workspace_bytes), so that such steps allocate nothing;
  * RESOURCE_EXHAUSTED when the backend cannot hold it. */
@@ -228,6 +231,31 @@ tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *con
 tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
                          const int *nlead, const int *k, const int32_t *const *forced,
                          int32_t *const *drafts, tdm_error *err);
+
+/* A sequence's sampled draft chain (tdm_seq_draft_sampled): its settings,
+ * each draft's uniform draw, and where each draft's distribution goes. */
+typedef struct tdm_draft_sampling {
+    float temperature, top_p; /* tdm_sampling's (spec/sampling.h) */
+    uint32_t top_k;
+    const double *u; /* [k]: draft j's uniform in [0, 1) */
+    /* host [k, tdm_model_draft_vocab_size]: draft j's distribution,
+     * tdm_sampling_probs' probabilities (0 outside the support), entry t
+     * for the token tdm_model_draft_vocab_id(m, t) */
+    float *probs;
+} tdm_draft_sampling;
+
+/* tdm_seq_draft where sequence i with sampling[i] set draws its drafts
+ * (tdm_sampling_probs + tdm_sampling_draw with u[j], as a verify call's
+ * logits would give on the host) instead of taking the argmax; with the
+ * backend's sample_to it runs on the device like a greedy chain, each
+ * draft fed to the next step there (on CUDA a draw may differ from the
+ * host's where u lies within rounding of a cumulative boundary; its
+ * distribution is the one it was drawn from). sampling NULL, or an entry
+ * NULL: greedy. */
+tdm_status tdm_seq_draft_sampled(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                                 const int *nlead, const int *k,
+                                 const tdm_draft_sampling *const *sampling,
+                                 int32_t *const *drafts, tdm_error *err);
 
 /* Keeps the first n_accepted + 1 positions of the pending verify (-1 <=
  * n_accepted < ntokens) and leaves the sequence exactly as if only those had

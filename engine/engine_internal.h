@@ -98,6 +98,10 @@ struct tdm_model {
     tdm_draft_vocab dv; /* every logits row over these ids alone (drafters) */
     int32_t *draft_ids; /* backend memory [draft_cap]: tdm_seq_draft's tokens */
     int draft_cap;
+    /* backend memory [draft_probs_rows, draft vocabulary]: a sampled chain's
+     * distributions, a row per draft (tdm_seq_draft_sampled) */
+    float *draft_probs;
+    size_t draft_probs_rows;
     int graphs;       /* steps go through the backend's graph slots (tdm_model_set_graphs) */
     tdm_group *group; /* a tensor-parallel model's ranks (group.c); NULL for one model */
 };

@@ -527,6 +527,8 @@ void tdm_model_destroy(tdm_model *m)
         m->be->free(m->be->ctx, m->ws.block);
     if (m->draft_ids)
         m->be->free(m->be->ctx, m->draft_ids);
+    if (m->draft_probs)
+        m->be->free(m->be->ctx, m->draft_probs);
     free(m->layers);
     free(m->dir);
     free(m->inv_freq);
@@ -555,6 +557,11 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
 int tdm_model_draft_vocab_size(const tdm_model *m)
 {
     return m->dv.n ? m->dv.n : m->cfg.vocab_size;
+}
+
+int32_t tdm_model_draft_vocab_id(const tdm_model *m, int t)
+{
+    return m->dv.n ? m->dv.ids[t] : t;
 }
 
 const tdm_model_config *tdm_model_get_config(const tdm_model *m)

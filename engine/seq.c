@@ -22,6 +22,7 @@
 #include "engine_internal.h"
 #include "alloc.h"
 #include "capacity.h"
+#include "sampling.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -908,21 +909,46 @@ tdm_status tdm_seq_verify_out(tdm_seq *const *seqs, int nseq, const int32_t *con
 
 /* ---- drafting ------------------------------------------------------------ */
 
-/* tdm_seq_draft as separate verify calls, the argmaxes read on the host. */
+/* Draft j of a sampled sequence from its row of logits over the whole
+ * vocabulary: the distribution (entry t for the model's draft vocabulary
+ * id t) into probs, the token drawn with u. scratch: [V] floats + [V] ints. */
+static int32_t draw_host(const tdm_model *m, const tdm_draft_sampling *ds, double u,
+                         const float *logits, float *probs, void *scratch)
+{
+    const int V = m->cfg.vocab_size, Vl = tdm_model_draft_vocab_size(m);
+    const tdm_sampling sp = {ds->temperature, ds->top_p, ds->top_k};
+    float *p = scratch;
+    tdm_sampling_probs(&sp, logits, V, p, (int *)(p + V));
+    for (int t = 0; t < Vl; t++)
+        probs[t] = p[tdm_model_draft_vocab_id(m, t)];
+    return tdm_sampling_draw(p, V, u);
+}
+
+/* tdm_seq_draft as separate verify calls, the argmaxes (or a sampled
+ * sequence's logits) read on the host. */
 static tdm_status draft_calls(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
                               const int *nlead, const int *k, const int32_t *const *forced,
-                              int32_t *const *drafts, tdm_error *err)
+                              const tdm_draft_sampling *const *sampling, int32_t *const *drafts,
+                              tdm_error *err)
 {
+    const tdm_model *m = seqs[0]->m;
+    const size_t V = (size_t)m->cfg.vocab_size, Vl = (size_t)tdm_model_draft_vocab_size(m);
     int kmax = 0, R0 = 0;
+    bool sampled = false;
     for (int i = 0; i < nseq; i++) {
         kmax = k[i] > kmax ? k[i] : kmax;
         R0 += nlead[i];
+        sampled = sampled || (sampling && sampling[i]);
     }
+    const size_t Rmax = (size_t)(R0 > nseq ? R0 : nseq);
     tdm_seq **sq = tdm_xmalloc((size_t)nseq * sizeof(*sq));
     const int32_t **tp = tdm_xmalloc((size_t)nseq * sizeof(*tp));
     int *nt = tdm_xmalloc((size_t)nseq * sizeof(int)),
         *idx = tdm_xmalloc((size_t)nseq * sizeof(int));
-    int32_t *am = tdm_xmalloc((size_t)(R0 > nseq ? R0 : nseq) * sizeof(int32_t));
+    int32_t *am = tdm_xmalloc(Rmax * sizeof(int32_t));
+    uint8_t *want = sampled ? tdm_xmalloc((size_t)nseq) : NULL;
+    float *logits = sampled ? tdm_xmalloc(Rmax * V * sizeof(float)) : NULL;
+    void *scratch = sampled ? tdm_xmalloc(V * (sizeof(float) + sizeof(int))) : NULL;
     tdm_status rc = TDM_OK;
     for (int s = 0; s < kmax && rc == TDM_OK; s++) {
         int n = 0;
@@ -933,14 +959,21 @@ static tdm_status draft_calls(tdm_seq *const *seqs, int nseq, const int32_t *con
             sq[n] = seqs[i];
             tp[n] = s == 0 ? lead[i] : &drafts[i][s - 1];
             nt[n] = s == 0 ? nlead[i] : 1;
+            if (want)
+                want[n] = sampling[i] != NULL;
             n++;
         }
-        const tdm_step_out o = {.argmax = am};
+        const tdm_step_out o = {.argmax = am, .logits = logits, .want_logits = want};
         rc = tdm_seq_verify_out(sq, n, tp, nt, &o, err);
         for (int x = 0, row = 0; rc == TDM_OK && x < n; x++) {
             row += nt[x];
             const int i = idx[x];
-            drafts[i][s] = forced ? forced[i][s] : am[row - 1];
+            const tdm_draft_sampling *ds = sampling ? sampling[i] : NULL;
+            int32_t t = am[row - 1];
+            if (ds)
+                t = draw_host(m, ds, ds->u[s], logits + (size_t)(row - 1) * V,
+                              ds->probs + (size_t)s * Vl, scratch);
+            drafts[i][s] = forced ? forced[i][s] : t;
         }
     }
     if (rc != TDM_OK)
@@ -951,6 +984,9 @@ static tdm_status draft_calls(tdm_seq *const *seqs, int nseq, const int32_t *con
     free(nt);
     free(idx);
     free(am);
+    free(want);
+    free(logits);
+    free(scratch);
     return rc;
 }
 
@@ -959,23 +995,59 @@ typedef struct draft_saved {
     int n_past, pending, base, verifying;
 } draft_saved;
 
-tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
-                         const int *nlead, const int *k, const int32_t *const *forced,
-                         int32_t *const *drafts, tdm_error *err)
+/* Grows the model's draft-chain outputs (backend memory) to nseq chains of
+ * kmax tokens, and with `sampled` a distribution row per token. */
+static tdm_status draft_bufs(tdm_model *m, int kmax, int nseq, bool sampled, tdm_error *err)
+{
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    if (m->draft_cap < kmax * nseq) {
+        int32_t *ids = be->alloc(bx, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
+        if (!ids)
+            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                                 "backend out of memory for %d draft tokens", kmax * nseq);
+        if (m->draft_ids)
+            be->free(bx, m->draft_ids);
+        m->draft_ids = ids;
+        m->draft_cap = kmax * nseq;
+    }
+    const size_t rows = (size_t)kmax * (size_t)nseq, Vl = (size_t)tdm_model_draft_vocab_size(m);
+    if (sampled && m->draft_probs_rows < rows) {
+        float *p = be->alloc(bx, rows * Vl * sizeof(float));
+        if (!p)
+            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                                 "backend out of memory for %zu draft distributions of %zu",
+                                 rows, Vl);
+        if (m->draft_probs)
+            be->free(bx, m->draft_probs);
+        m->draft_probs = p;
+        m->draft_probs_rows = rows;
+    }
+    return TDM_OK;
+}
+
+static tdm_status draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                        const int *nlead, const int *k, const int32_t *const *forced,
+                        const tdm_draft_sampling *const *sampling, int32_t *const *drafts,
+                        tdm_error *err)
 {
     if (nseq <= 0)
         return TDM_OK;
     tdm_status rc = check_batch(seqs, nseq, 1, err);
     if (rc != TDM_OK)
         return rc;
-    if (seqs[0]->ranks)
+    bool sampled = false;
+    for (int i = 0; sampling && i < nseq; i++)
+        sampled = sampled || sampling[i];
+    if (seqs[0]->ranks && !sampled)
         return tdm_group_draft(seqs, nseq, lead, nlead, k, forced, drafts, err);
     tdm_model *m = seqs[0]->m;
     tdm_backend *be = m->be;
     void *bx = be->ctx;
     /* A tensor-parallel rank gathers its logits between steps (copies):
-     * separate verify calls. */
-    bool device = be->argmax_to && be->embed_dev && !m->comm;
+     * separate verify calls (a group's sampled chains too). */
+    bool device = be->argmax_to && be->embed_dev && !m->comm && !seqs[0]->ranks &&
+                  (!sampled || be->sample_to);
     int kmax = 0, R0 = 0;
     for (int i = 0; i < nseq; i++) {
         const tdm_seq *s = seqs[i];
@@ -996,7 +1068,7 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
         R0 += nlead[i];
     }
     if (!device)
-        return draft_calls(seqs, nseq, lead, nlead, k, forced, drafts, err);
+        return draft_calls(seqs, nseq, lead, nlead, k, forced, sampling, drafts, err);
 
     /* Longest chains first (step s runs a prefix of them), then most lead
      * rows: fewer shapes, so fewer graphs. */
@@ -1014,18 +1086,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     rc = ws_ensure(m, Rmax, err);
     for (int i = 0; rc == TDM_OK && i < nseq; i++)
         rc = kv_ensure(seqs[i], seqs[i]->n_past + nlead[i] + k[i] - 1, err);
-    if (rc == TDM_OK && m->draft_cap < kmax * nseq) {
-        int32_t *ids = be->alloc(bx, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
-        if (!ids) {
-            rc = tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
-                               "backend out of memory for %d draft tokens", kmax * nseq);
-        } else {
-            if (m->draft_ids)
-                be->free(bx, m->draft_ids);
-            m->draft_ids = ids;
-            m->draft_cap = kmax * nseq;
-        }
-    }
+    if (rc == TDM_OK)
+        rc = draft_bufs(m, kmax, nseq, sampled, err);
     if (rc != TDM_OK) {
         free(ord);
         return rc;
@@ -1034,6 +1096,8 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     int *counts = tdm_xmalloc((size_t)nseq * sizeof(int));
     int32_t *rows = tdm_xmalloc((size_t)nseq * sizeof(int32_t));
     int32_t *host = tdm_xmalloc((size_t)kmax * (size_t)nseq * sizeof(int32_t));
+    tdm_sample_row *srows = sampled ? tdm_xcalloc((size_t)nseq, sizeof(*srows)) : NULL;
+    const size_t Vl = (size_t)tdm_model_draft_vocab_size(m);
     draft_saved *saved = tdm_xmalloc((size_t)nseq * sizeof(*saved));
     for (int x = 0; x < nseq; x++) {
         sq[x] = seqs[ord[x]];
@@ -1052,7 +1116,9 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     key = tdm_key_mix(key, (uint64_t)m->ws.rows);
     key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->draft_ids);
     key = tdm_key_mix(key, (uint64_t)m->dv.n);
-    key = tdm_key_mix(key, ((uint64_t)nseq << 1) | (forced != NULL));
+    key = tdm_key_mix(key, ((uint64_t)nseq << 2) | ((uint64_t)sampled << 1) | (forced != NULL));
+    if (sampled)
+        key = tdm_key_mix(key, (uint64_t)(uintptr_t)m->draft_probs);
     for (int x = 0; x < nseq; x++)
         key = tdm_key_mix(key, ((uint64_t)k[ord[x]] << 40) | ((uint64_t)nlead[ord[x]] << 8) |
                                    (uint64_t)sq[x]->p.strategy);
@@ -1081,8 +1147,21 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
             }
             st.R = R;
             fwd_ops(m, &st);
-            be->argmax_to(bx, m->draft_ids + (size_t)s * (size_t)nseq, m->ws.logits, rows, n,
-                          tdm_model_draft_vocab_size(m), m->dv.n ? m->dv.map : NULL);
+            int32_t *out = m->draft_ids + (size_t)s * (size_t)nseq;
+            const int32_t *map = m->dv.n ? m->dv.map : NULL;
+            if (sampled) {
+                /* greedy rows (zeroed settings) take the argmax there too */
+                for (int x = 0; x < n; x++) {
+                    const tdm_draft_sampling *ds = sampling[ord[x]];
+                    srows[x] = ds ? (tdm_sample_row){ds->temperature, ds->top_p, ds->top_k, 0,
+                                                     ds->u[s]}
+                                  : (tdm_sample_row){0};
+                }
+                be->sample_to(bx, out, m->draft_probs + (size_t)s * (size_t)nseq * Vl,
+                              m->ws.logits, rows, n, (int)Vl, map, srows);
+            } else {
+                be->argmax_to(bx, out, m->ws.logits, rows, n, (int)Vl, map);
+            }
             for (int x = 0; x < n; x++) {
                 sq[x]->n_past += counts[x];
                 sq[x]->pending += counts[x];
@@ -1100,6 +1179,13 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
         }
     }
     be->download(bx, host, m->draft_ids, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
+    for (int x = 0; sampled && x < nseq; x++) {
+        const tdm_draft_sampling *ds = sampling[ord[x]];
+        for (int s = 0; ds && s < k[ord[x]]; s++)
+            be->download(bx, ds->probs + (size_t)s * Vl,
+                         m->draft_probs + ((size_t)s * (size_t)nseq + (size_t)x) * Vl,
+                         Vl * sizeof(float));
+    }
     be->sync(bx);
     for (int x = 0; x < nseq; x++) {
         const int i = ord[x];
@@ -1116,8 +1202,24 @@ tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *l
     free(counts);
     free(rows);
     free(host);
+    free(srows);
     free(saved);
     return TDM_OK;
+}
+
+tdm_status tdm_seq_draft(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                         const int *nlead, const int *k, const int32_t *const *forced,
+                         int32_t *const *drafts, tdm_error *err)
+{
+    return draft(seqs, nseq, lead, nlead, k, forced, NULL, drafts, err);
+}
+
+tdm_status tdm_seq_draft_sampled(tdm_seq *const *seqs, int nseq, const int32_t *const *lead,
+                                 const int *nlead, const int *k,
+                                 const tdm_draft_sampling *const *sampling,
+                                 int32_t *const *drafts, tdm_error *err)
+{
+    return draft(seqs, nseq, lead, nlead, k, NULL, sampling, drafts, err);
 }
 
 tdm_status tdm_seq_step(tdm_seq *const *seqs, int nseq, const int32_t *const *tokens,

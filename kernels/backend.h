@@ -274,8 +274,18 @@ struct tdm_backend {
      * vocabulary's token ids); out backend memory [nrows], rows host. */
     void (*argmax_to)(void *ctx, int32_t *out, const float *x, const int32_t *rows, int nrows,
                       int n, const int32_t *map);
+    /* Optional, with argmax_to (NULL: a sampled drafter draws on the host
+     * step by step). For i < nrows, out[i] = the token sample would draw
+     * from x[rows[i], 0..n) under srows[i] (map[that token] when map is
+     * given), and for a row that does not sample greedily (temperature > 0,
+     * top_k != 1) probs[i, 0..n) = the distribution it drew from:
+     * tdm_sampling_probs' probabilities, 0 outside the support (a greedy
+     * row's is left as it was). out and probs backend memory [nrows] and
+     * [nrows, n]; rows and srows host. An op like argmax_to. */
+    void (*sample_to)(void *ctx, int32_t *out, float *probs, const float *x, const int32_t *rows,
+                      int nrows, int n, const int32_t *map, const tdm_sample_row *srows);
     /* y[r,:] = embed[ids[r], :] for r < R, ids backend memory [R] (written
-     * by argmax_to earlier in the same step); embed [vocab, H]. */
+     * by argmax_to or sample_to earlier in the same step); embed [vocab, H]. */
     void (*embed_dev)(void *ctx, float *y, tdm_weight embed, const int32_t *ids, int R, int H);
     /* In-place softmax per row of n (fp32). */
     void (*softmax)(void *ctx, float *x, int R, int n);

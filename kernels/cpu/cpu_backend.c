@@ -706,5 +706,6 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->embed_dev = cpu_embed_dev;
     be->softmax = cpu_softmax;
     be->sample = cpu_sample;
+    be->sample_to = cpu_sample_to;
     return be;
 }

@@ -58,5 +58,9 @@ void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int i
 
 /* The sample slot (sample.c): spec/sampling.c's draw, bit for bit. */
 void cpu_sample(void *ctx, int32_t *out, const float *x, int R, int n, const tdm_sample_row *rows);
+/* The sample_to slot: the same draws, from chosen rows, with their
+ * distributions (backend.h). */
+void cpu_sample_to(void *ctx, int32_t *out, float *probs, const float *x, const int32_t *rows,
+                   int nrows, int n, const int32_t *map, const tdm_sample_row *srows);
 
 #endif

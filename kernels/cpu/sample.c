@@ -12,7 +12,10 @@
 
 typedef struct sample_args {
     int32_t *out;
+    float *probs; /* NULL: scratch of the task's own; else [R, n] */
     const float *x;
+    const int32_t *xrows; /* NULL: row r of x for row r */
+    const int32_t *map;
     const tdm_sample_row *rows;
     int n;
 } sample_args;
@@ -22,17 +25,21 @@ static void sample_task(void *vp, int r)
     const sample_args *a = vp;
     const tdm_sample_row *row = &a->rows[r];
     const tdm_sampling s = {row->temperature, row->top_p, row->top_k};
-    const float *x = a->x + (size_t)r * (size_t)a->n;
+    const float *x = a->x + (size_t)(a->xrows ? a->xrows[r] : r) * (size_t)a->n;
+    int32_t t;
     if (tdm_sampling_is_greedy(&s)) {
-        a->out[r] = tdm_sampling_argmax(x, a->n);
-        return;
+        t = tdm_sampling_argmax(x, a->n);
+    } else {
+        float *probs = a->probs ? a->probs + (size_t)r * (size_t)a->n
+                                : tdm_xmalloc(sizeof(float) * (size_t)a->n);
+        int *order = tdm_xmalloc(sizeof(int) * (size_t)a->n);
+        tdm_sampling_probs(&s, x, a->n, probs, order);
+        t = tdm_sampling_draw(probs, a->n, row->u);
+        free(order);
+        if (!a->probs)
+            free(probs);
     }
-    float *probs = tdm_xmalloc(sizeof(float) * (size_t)a->n);
-    int *order = tdm_xmalloc(sizeof(int) * (size_t)a->n);
-    tdm_sampling_probs(&s, x, a->n, probs, order);
-    a->out[r] = tdm_sampling_draw(probs, a->n, row->u);
-    free(order);
-    free(probs);
+    a->out[r] = a->map ? a->map[t] : t;
 }
 
 void cpu_sample(void *ctx, int32_t *out, const float *x, int R, int n, const tdm_sample_row *rows)
@@ -40,6 +47,17 @@ void cpu_sample(void *ctx, int32_t *out, const float *x, int R, int n, const tdm
     cpu_ctx *c = ctx;
     if (R <= 0 || n <= 0)
         return;
-    sample_args a = {out, x, rows, n};
+    sample_args a = {out, NULL, x, NULL, NULL, rows, n};
     tdm_pool_run(c->pool, sample_task, &a, R);
+}
+
+/* Backend memory is host memory here. */
+void cpu_sample_to(void *ctx, int32_t *out, float *probs, const float *x, const int32_t *rows,
+                   int nrows, int n, const int32_t *map, const tdm_sample_row *srows)
+{
+    cpu_ctx *c = ctx;
+    if (nrows <= 0 || n <= 0)
+        return;
+    sample_args a = {out, probs, x, rows, map, srows, n};
+    tdm_pool_run(c->pool, sample_task, &a, nrows);
 }

@@ -723,6 +723,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->embed_dev = cuda_embed_dev;
     be->softmax = cuda_softmax;
     be->sample = cu_sample;
+    be->sample_to = cuda_sample_to;
     if (c->stats) {
         be->embed = st_embed;
         be->matmul = st_matmul;

@@ -369,7 +369,8 @@ __device__ void draw_decide(draw_smem &sm, int shift, unsigned keep, unsigned lo
 }
 
 __global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(int32_t *out, const float *x, int n, const tdm_sample_row *rows, float *spill)
+    sample_kernel(int32_t *out, const float *x, int n, const tdm_sample_row *rows, float *spill,
+                  const int32_t *xrows, const int32_t *map)
 {
     cuda_kernel_begin();
     extern __shared__ float draw_dyn[];
@@ -377,9 +378,9 @@ __global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_T
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank(), tid = (int)threadIdx.x;
     const tdm_sample_row s = rows[blockIdx.y];
-    const float *xr = x + (size_t)blockIdx.y * (size_t)n;
+    const float *xr = x + (size_t)(xrows ? xrows[blockIdx.y] : (int)blockIdx.y) * (size_t)n;
     if (!(s.temperature > 0.0f) || s.top_k == 1) {
-        argmax_row(cluster, xr, n, &out[blockIdx.y], NULL);
+        argmax_row(cluster, xr, n, &out[blockIdx.y], map);
         return;
     }
     const int b0 = sample_begin(n, rank), len = sample_begin(n, rank + 1) - b0;
@@ -597,7 +598,8 @@ __global__ void __cluster_dims__(SAMPLE_SPLITS, 1, 1) __launch_bounds__(SAMPLE_T
         }
         /* No run exceeds u: rounding left it above the total mass, and the
          * reference then takes the last token in the support. */
-        out[blockIdx.y] = first != INT_MAX ? first : (lastall >= 0 ? lastall : 0);
+        const int t = first != INT_MAX ? first : (lastall >= 0 ? lastall : 0);
+        out[blockIdx.y] = map ? map[t] : t;
     }
     cluster.sync(); /* block 0 has read the others' results: they may exit */
 }
@@ -633,8 +635,24 @@ void cuda_sample(void *ctx, int32_t *out, const float *x, int R, int n, const td
         spill = c->sample_spill;
     }
     cuda_launch(c, sample_kernel, dim3(SAMPLE_SPLITS, (unsigned)R), SAMPLE_THREADS, smem, ids, x, n,
-                drows, spill);
+                drows, spill, (const int32_t *)NULL, (const int32_t *)NULL);
     CUDA_CHECK(
         cudaMemcpyAsync(out, ids, (size_t)R * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+/* The rows' probabilities are worked out in probs itself (the spill of
+ * cuda_sample's kernel), where the drafter finds the distribution each
+ * token was drawn from. */
+void cuda_sample_to(void *ctx, int32_t *out, float *probs, const float *x, const int32_t *rows,
+                    int nrows, int n, const int32_t *map, const tdm_sample_row *srows)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (nrows <= 0 || n <= 0)
+        return;
+    const int32_t *drows = (const int32_t *)cuda_stage(c, rows, (size_t)nrows * sizeof(int32_t));
+    const tdm_sample_row *dsrows =
+        (const tdm_sample_row *)cuda_stage(c, srows, (size_t)nrows * sizeof(tdm_sample_row));
+    cuda_launch(c, sample_kernel, dim3(SAMPLE_SPLITS, (unsigned)nrows), SAMPLE_THREADS, 0, out, x,
+                n, dsrows, probs, drows, map);
 }

@@ -138,6 +138,12 @@ typedef struct dstream {
     tdm_step_buf out; /* a draft pass's logits and argmaxes */
     float *probs;
     int *order;
+    /* sampled draft chains (chain_probs): [cap, MAX_BLOCK] uniforms, [cap]
+     * settings, [cap, MAX_BLOCK, draft vocabulary] distributions */
+    double *cu;
+    tdm_draft_sampling *csamp;
+    float *cprobs;
+    size_t cprobs_cap;
     /* one pass's scratch, sized for max_sequences */
     struct dtarget *targets;
     int *stepped;
@@ -808,6 +814,38 @@ static void apply(dstream *st, const Tandem__V1__DraftRequest *m, double t_arriv
 
 /* ---- drafting ------------------------------------------------------------- */
 
+/* The uniform that draws a sampled request's draft at position pos. */
+static double draft_uniform(const dseq *q, int pos)
+{
+    tdm_rng rng;
+    tdm_rng_seed_at(&rng, q->seed, (uint64_t)pos, TDM_DRAW_DRAFT);
+    return tdm_rng_uniform(&rng);
+}
+
+/* Keeps draft j's distribution in b: the tokens of p[0..n) with a
+ * probability, in id order, entry t for the model's id t of its draft
+ * vocabulary (m NULL: the id is t), and the drawn token's probability. */
+static void keep_dist(dblock *b, int j, const float *p, int n, const tdm_model *m)
+{
+    int support = 0;
+    for (int t = 0; t < n; t++)
+        support += p[t] > 0.0f;
+    b->dist_ids[j] = tdm_xmalloc((size_t)(support ? support : 1) * sizeof(uint32_t));
+    b->dist_probs[j] = tdm_xmalloc((size_t)(support ? support : 1) * sizeof(float));
+    b->probs[j] = 0.0f;
+    int k = 0;
+    for (int t = 0; t < n && k < support; t++)
+        if (p[t] > 0.0f) {
+            const int32_t id = m ? tdm_model_draft_vocab_id(m, t) : t;
+            b->dist_ids[j][k] = (uint32_t)id;
+            b->dist_probs[j][k] = p[t];
+            if (id == b->drafts[j])
+                b->probs[j] = p[t];
+            k++;
+        }
+    b->dist_n[j] = k;
+}
+
 /* Picks the next draft token into b at j, the token at `pos` of the
  * sequence: the row's argmax for greedy settings, else a draw from its
  * logits (with the distribution sent), keyed by the request's seed and pos. */
@@ -820,22 +858,9 @@ static void draw(dstream *st, dseq *q, dblock *b, const float *logits, int32_t a
         b->probs[j] = 1.0f;
         return;
     }
-    int support = tdm_sampling_probs(&q->sampling, logits, V, st->probs, st->order);
-    tdm_rng rng;
-    tdm_rng_seed_at(&rng, q->seed, (uint64_t)pos, TDM_DRAW_DRAFT);
-    int x = tdm_sampling_draw(st->probs, V, tdm_rng_uniform(&rng));
-    b->drafts[j] = x;
-    b->probs[j] = st->probs[x];
-    b->dist_ids[j] = tdm_xmalloc((size_t)support * sizeof(uint32_t));
-    b->dist_probs[j] = tdm_xmalloc((size_t)support * sizeof(float));
-    int n = 0;
-    for (int t = 0; t < V && n < support; t++)
-        if (st->probs[t] > 0.0f) {
-            b->dist_ids[j][n] = (uint32_t)t;
-            b->dist_probs[j][n] = st->probs[t];
-            n++;
-        }
-    b->dist_n[j] = n;
+    tdm_sampling_probs(&q->sampling, logits, V, st->probs, st->order);
+    b->drafts[j] = tdm_sampling_draw(st->probs, V, draft_uniform(q, pos));
+    keep_dist(b, j, st->probs, V, NULL);
 }
 
 /* What a sequence drafts in a pass: its block (first step: the tokens the
@@ -930,6 +955,32 @@ static int oracle_front(dstream *st, int n)
 }
 #endif
 
+/* Room for the sampled chains of a pass of `live` blocks: their uniforms,
+ * settings and distributions (a draft vocabulary's floats a draft, in the
+ * model's pinned host memory), grown on demand. False when the host cannot
+ * hold them. */
+static bool chain_probs(dstream *st, int live)
+{
+    tdm_model *m = st->d->rt->model;
+    const size_t need = (size_t)live * MAX_BLOCK * (size_t)tdm_model_draft_vocab_size(m);
+    if (st->cprobs_cap >= need)
+        return true;
+    float *p = tdm_model_host_alloc(m, need * sizeof(float));
+    if (!p) {
+        tdm_log_warn(LOG, "no host memory for %zu draft distributions' floats: sampled blocks "
+                          "go step by step", need);
+        return false;
+    }
+    tdm_model_host_free(m, st->cprobs);
+    st->cprobs = p;
+    st->cprobs_cap = need;
+    free(st->cu);
+    free(st->csamp);
+    st->cu = tdm_xmalloc((size_t)live * MAX_BLOCK * sizeof(double));
+    st->csamp = tdm_xmalloc((size_t)live * sizeof(*st->csamp));
+    return true;
+}
+
 /* The greedy blocks of a pass drafted on the device (tdm_seq_draft: the k
  * steps of every sequence in one launch, each step's argmax fed to the
  * next without a trip to the host); those targets are marked done. An
@@ -945,14 +996,42 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
     int32_t **dp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
     int32_t *fbuf = tdm_xmalloc((size_t)live * (MAX_BLOCK + 1) * sizeof(int32_t));
     const int32_t **fp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
+    const tdm_draft_sampling **sp = tdm_xcalloc((size_t)live, sizeof(*sp));
+    const tdm_model *m = st->d->rt->model;
+    const size_t Vl = (size_t)tdm_model_draft_vocab_size(m);
     bool forced = false;
-    int n = 0;
+    /* Sampled blocks as chains too, where the host holds their
+     * distributions; else, and in the controlled-acceptance build (whose
+     * proposals are greedy), step by step. */
+    bool sampled = false;
+#ifndef TANDEM_BENCH_ORACLE
+    for (int i = 0; i < live; i++)
+        sampled = sampled || (!tg[i].q->greedy && !tg[i].stop);
+    sampled = sampled && chain_probs(st, live);
+#endif
+    int n = 0, ns = 0;
     for (int i = 0; i < live; i++) {
         dtarget *t = &tg[i];
         const int len = t->k + t->ahead; /* the chain's tokens */
-        if (!t->q->greedy || t->stop || t->k < 1)
+        if (t->stop || t->k < 1)
             continue;
         int32_t *f = fbuf + (size_t)n * (MAX_BLOCK + 1);
+        if (!t->q->greedy) {
+            /* a sampled block (never drafted ahead): each draft drawn on
+             * the device with the uniform its position gives it, its
+             * distribution brought back with the drafts */
+            if (t->ahead || !sampled)
+                continue;
+            tdm_draft_sampling *ds = &st->csamp[ns];
+            double *u = st->cu + (size_t)ns * MAX_BLOCK;
+            for (int j = 0; j < t->k; j++)
+                u[j] = draft_uniform(t->q, t->q->n + j);
+            *ds = (tdm_draft_sampling){t->q->sampling.temperature, t->q->sampling.top_p,
+                                       t->q->sampling.top_k, u,
+                                       st->cprobs + (size_t)ns * MAX_BLOCK * Vl};
+            sp[n] = ds;
+            ns++;
+        }
 #ifdef TANDEM_BENCH_ORACLE
         if (!oracle_block(st, t->q, t->ahead, len, f))
             continue;
@@ -973,7 +1052,9 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
         tdm_error err = {0};
         const double t0 = now_us();
         tdm_status rc =
-            tdm_seq_draft(st->eseqs, n, st->tp, st->nrows, kk, forced ? fp : NULL, dp, &err);
+            ns > 0 ? tdm_seq_draft_sampled(st->eseqs, n, st->tp, st->nrows, kk, sp, dp, &err)
+                   : tdm_seq_draft(st->eseqs, n, st->tp, st->nrows, kk, forced ? fp : NULL, dp,
+                                   &err);
         const double chain = now_us() - t0;
         if (rc != TDM_OK)
             tdm_log_error(LOG, "draft pass failed: %s", err.msg);
@@ -1002,7 +1083,10 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
             for (int j = 0; j + 1 < len; j++)
                 q->prow[q->np++] = t->ahead ? t->chain[j] : t->b->drafts[j];
             for (int j = 0; j < t->k; j++)
-                t->b->probs[j] = 1.0f;
+                if (sp[x])
+                    keep_dist(t->b, j, sp[x]->probs + (size_t)j * Vl, (int)Vl, m);
+                else
+                    t->b->probs[j] = 1.0f;
             t->b->k = t->k;
         }
     }
@@ -1011,6 +1095,7 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
     free(dp);
     free(fbuf);
     free(fp);
+    free(sp);
 }
 
 /* The MTP head's pass over the nw sequences in st->bs: primes each one's
@@ -1585,6 +1670,10 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         it = next;
     }
     tdm_step_buf_free(&st.out);
+    if (st.cprobs)
+        tdm_model_host_free(d->rt->model, st.cprobs);
+    free(st.cu);
+    free(st.csamp);
     tdm_feat_map_close(&st.shm);
     pthread_mutex_unlock(&d->model_mu);
     free(st.probs);

@@ -22,6 +22,7 @@
  * One line per check. Without a GPU: "skipped: no CUDA device", exit 77.
  */
 #include "cuda_test.h"
+#include "draft_sampled_steps.h"
 #include "draft_vocab_steps.h"
 #include "steps.h"
 #include "util.h"
@@ -278,6 +279,7 @@ int main(void)
         check_one_key(gpu, names[i], 0x5eed0000ull + i, &eager);
         check_draft_forms(gpu, names[i], &eager);
         draft_vocab_check(names[i], gpu);
+        draft_sampled_check(names[i], gpu);
         steps_run_free(&eager);
         tdm_model_destroy(m);
     }

@@ -154,6 +154,34 @@ void steps_run_script(tdm_model *m, steps_run *r)
         OK(tdm_seq_commit(B, (round + 1) % 2, &err));
     }
 
+    /* Sampled drafting (tdm_seq_draft_sampled): D draws 3 drafts under
+     * top-k 5 at temperature 0.9 beside B's 2 greedy ones in one call (a
+     * graph's first and second sight), then both roll back. D's drafts'
+     * distributions are kept, and a row of every draft's id. */
+    for (int round = 0; round < 2; round++) {
+        tdm_seq *b[] = {D, B};
+        int32_t ld[1] = {tok(V)}, lb[1] = {tok(V)};
+        const int32_t *lead[] = {ld, lb};
+        const int nlead[] = {1, 1}, k[] = {3, 2};
+        int32_t dd[3], db[2];
+        int32_t *const drafts[] = {dd, db};
+        const double u[3] = {0.1 + 0.6 * round, 0.5, 0.93};
+        float *lg = lbuf(m, 4);
+        const tdm_draft_sampling ds = {0.9f, 0.0f, 5, u, lg};
+        const tdm_draft_sampling *sp[] = {&ds, NULL};
+        OK(tdm_seq_draft_sampled(b, 2, lead, nlead, k, sp, drafts, &err));
+        float *ids = lg + 3 * (size_t)V;
+        for (int j = 0; j < V; j++)
+            ids[j] = -1.0f;
+        for (int j = 0; j < 3; j++)
+            ids[j] = (float)dd[j];
+        for (int j = 0; j < 2; j++)
+            ids[3 + j] = (float)db[j];
+        keep(m, r, lg, 4);
+        OK(tdm_seq_commit(D, round, &err));
+        OK(tdm_seq_commit(B, round - 1, &err));
+    }
+
     /* A block drafted ahead of its verdict: a second chain on top of the
      * first one's pending rows (its lead the first chain's last draft),
      * then commits that keep some of the rows, or none (the ahead block's

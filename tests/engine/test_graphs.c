@@ -19,6 +19,7 @@
  *    again, the drafts and the primed logits those of the plain CPU backend.
  */
 #include "bench_util.h"
+#include "draft_sampled_steps.h"
 #include "draft_vocab_steps.h"
 #include "mtp.h"
 #include "steps.h"
@@ -107,6 +108,10 @@ FK_OP(argmax_to,
       (ctx, out, x, rows, nr, n, map))
 FK_OP(embed_dev, (void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H),
       (ctx, y, e, ids, R, H))
+FK_OP(sample_to,
+      (void *ctx, int32_t *out, float *probs, const float *x, const int32_t *rows, int nr, int n,
+       const int32_t *map, const tdm_sample_row *srows),
+      (ctx, out, probs, x, rows, nr, n, map, srows))
 #undef FK_OP
 
 /* Every other slot: counted when called inside a step. */
@@ -201,6 +206,7 @@ static tdm_backend fake_backend(tdm_backend *cpu)
     b.softmax = fk_softmax;
     b.argmax_to = fk_argmax_to;
     b.embed_dev = fk_embed_dev;
+    b.sample_to = fk_sample_to;
     return b;
 }
 
@@ -438,6 +444,8 @@ int main(void)
     check_draft_forms("f32_gqa", cpu);
     draft_vocab_check("f32_gqa", cpu);
     draft_vocab_check("bf16_alt", cpu);
+    draft_sampled_check("f32_gqa", cpu);
+    draft_sampled_check("bf16_alt", &fake);
     check_script("f32_gqa", cpu, &fake, 3);
     check_script("bf16_alt", cpu, &fake, 2);
     check_script("f32_odd", cpu, &fake, 0);

@@ -1,0 +1,158 @@
+/* draft_sampled_steps.c - see draft_sampled_steps.h. */
+#include "draft_sampled_steps.h"
+#include "sampling.h"
+#include "steps.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PROMPT = 9, NSEQ = 3, KMAX = 4 };
+
+static tdm_seq *seq_of(tdm_model *m, int salt)
+{
+    tdm_error err;
+    const int V = tdm_model_get_config(m)->vocab_size;
+    const tdm_seq_params p = {.strategy = tdm_model_backend(m)->gdn_replay ? TDM_STATE_REPLAY
+                                                                           : TDM_STATE_EXTRA_BUFFER,
+                              .max_draft = 8};
+    int32_t prompt[PROMPT];
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)((i * 37 + salt * 101 + 11) % V);
+    tdm_seq *s;
+    CHECK(tdm_seq_create(m, &p, &s, &err) == TDM_OK, "%s", err.msg);
+    CHECK(tdm_seq_prefill(s, prompt, PROMPT, NULL, &err) == TDM_OK, "%s", err.msg);
+    return s;
+}
+
+/* The settings tried: neither cut, top-k, top-p, both, a flat temperature. */
+static const tdm_sampling settings[] = {
+    {1.0f, 0.0f, 0}, {0.8f, 0.0f, 7}, {1.0f, 0.8f, 0}, {0.6f, 0.9f, 20}, {2.5f, 0.0f, 0},
+};
+
+/* One call of three sequences on m (device chains where m's backend has
+ * them) against verify calls on r (the same model), settings a and b for
+ * the sampled two. */
+static void one_call(const char *name, tdm_model *m, tdm_model *r, int a, int b, int round)
+{
+    tdm_error err;
+    const int V = tdm_model_get_config(m)->vocab_size, Vl = tdm_model_draft_vocab_size(m);
+    const bool exact = strcmp(tdm_model_backend(m)->name, "cpu") == 0;
+    tdm_seq *sq[NSEQ], *rq[NSEQ];
+    for (int i = 0; i < NSEQ; i++) {
+        sq[i] = seq_of(m, i + 3 * round);
+        rq[i] = seq_of(r, i + 3 * round);
+    }
+    const int k[NSEQ] = {KMAX, 2, 3};
+    const tdm_sampling *set[NSEQ] = {&settings[a], NULL, &settings[b]};
+    int32_t lead[NSEQ], drafts[NSEQ][KMAX];
+    double u[NSEQ][KMAX];
+    float *probs[NSEQ];
+    tdm_draft_sampling ds[NSEQ];
+    const tdm_draft_sampling *sp[NSEQ];
+    const int32_t *lp[NSEQ];
+    int32_t *dp[NSEQ];
+    int one[NSEQ];
+    for (int i = 0; i < NSEQ; i++) {
+        lead[i] = (int32_t)((round * 53 + i * 29 + 5) % V);
+        lp[i] = &lead[i];
+        dp[i] = drafts[i];
+        one[i] = 1;
+        for (int j = 0; j < KMAX; j++)
+            u[i][j] = fmod(0.137 + 0.618033988749895 * (double)(1 + j + 7 * i + 31 * round), 1.0);
+        probs[i] = calloc((size_t)KMAX * (size_t)Vl, sizeof(float));
+        CHECK(probs[i], "out of memory");
+        if (set[i])
+            ds[i] = (tdm_draft_sampling){set[i]->temperature, set[i]->top_p, set[i]->top_k, u[i],
+                                         probs[i]};
+        sp[i] = set[i] ? &ds[i] : NULL;
+    }
+    CHECK(tdm_seq_draft_sampled(sq, NSEQ, lp, one, k, sp, dp, &err) == TDM_OK, "%s: %s", name,
+          err.msg);
+
+    /* The definition: a verify call a draft, the draw on the host. */
+    float *lg = malloc((size_t)V * sizeof(float)), *p = malloc((size_t)V * sizeof(float));
+    int *order = malloc((size_t)V * sizeof(int));
+    CHECK(lg && p && order, "out of memory");
+    for (int i = 0; i < NSEQ; i++) {
+        int32_t prev = lead[i];
+        for (int j = 0; j < k[i]; j++) {
+            const int32_t *tp = &prev;
+            const int nt = 1;
+            const tdm_step_out o = {.logits = lg};
+            CHECK(tdm_seq_verify_out(&rq[i], 1, &tp, &nt, &o, &err) == TDM_OK, "%s", err.msg);
+            int32_t want;
+            if (!set[i]) {
+                want = tdm_sampling_argmax(lg, V);
+            } else {
+                tdm_sampling_probs(set[i], lg, V, p, order);
+                want = tdm_sampling_draw(p, V, u[i][j]);
+                double worst = 0.0;
+                int support_m = 0, support_r = 0, apart = 0;
+                for (int t = 0; t < Vl; t++) {
+                    const float got = probs[i][(size_t)j * Vl + t];
+                    const float ref = p[tdm_model_draft_vocab_id(m, t)];
+                    const double d = fabs((double)got - (double)ref);
+                    worst = d > worst ? d : worst;
+                    support_m += got > 0.0f;
+                    support_r += ref > 0.0f;
+                    apart += (got > 0.0f) != (ref > 0.0f);
+                }
+                CHECK(exact ? worst == 0.0 : worst <= 1e-6,
+                      "%s: sequence %d (T %g, top_p %g, top_k %u) draft %d: a probability "
+                      "differs from the host's by %g",
+                      name, i, (double)set[i]->temperature, (double)set[i]->top_p, set[i]->top_k,
+                      j, worst);
+                CHECK(apart == 0, "%s: sequence %d draft %d: supports of %d and %d tokens differ",
+                      name, i, j, support_m, support_r);
+            }
+            CHECK(drafts[i][j] == want,
+                  "%s: sequence %d (%s) draft %d: %d, drawn on the host from the verify call's "
+                  "logits: %d",
+                  name, i, set[i] ? "sampled" : "greedy", j, drafts[i][j], want);
+            prev = want;
+        }
+    }
+    /* Both keep one draft: the same state either way. */
+    for (int i = 0; i < NSEQ; i++) {
+        CHECK(tdm_seq_commit(sq[i], 1, &err) == TDM_OK && tdm_seq_commit(rq[i], 1, &err) == TDM_OK,
+              "%s", err.msg);
+        CHECK(steps_same_state(sq[i], rq[i]), "%s: sequence %d: states differ after the commit",
+              name, i);
+        tdm_seq_destroy(sq[i]);
+        tdm_seq_destroy(rq[i]);
+        free(probs[i]);
+    }
+    free(lg);
+    free(p);
+    free(order);
+}
+
+void draft_sampled_check(const char *name, tdm_backend *be)
+{
+    tdm_error err;
+    tdm_model *m = fixture_model(name, be), *r = fixture_model(name, be);
+    tdm_model *mv = fixture_model(name, be), *rv = fixture_model(name, be);
+    const int V = tdm_model_get_config(m)->vocab_size;
+    int n;
+    int32_t *ids = every_third_ids(V, &n);
+    CHECK(tdm_model_set_draft_vocab(mv, ids, n, &err) == TDM_OK &&
+              tdm_model_set_draft_vocab(rv, ids, n, &err) == TDM_OK,
+          "%s: %s", name, err.msg);
+    const int ns = (int)(sizeof(settings) / sizeof(settings[0]));
+    for (int a = 0; a < ns; a++) {
+        one_call(name, m, r, a, (a + 2) % ns, a);
+        one_call(name, mv, rv, a, (a + 3) % ns, a + ns);
+    }
+    printf("%s: sampled draft chains (%d settings, a greedy chain beside, with and without a draft "
+           "vocabulary of %d) draw the host's drafts from distributions %s the host's\n",
+           name, ns, n, strcmp(be->name, "cpu") == 0 ? "equal to" : "within 1e-6 of");
+    free(ids);
+    tdm_model_destroy(m);
+    tdm_model_destroy(r);
+    tdm_model_destroy(mv);
+    tdm_model_destroy(rv);
+}
