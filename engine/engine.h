@@ -178,6 +178,13 @@ typedef struct tdm_step_out {
      * sequences want_hidden flags (NULL: the same sequences' rows as logits). */
     float *hidden;
     const uint8_t *want_hidden;
+    /* NULL, or per sequence [nseq]: a sequence whose logits come back and
+     * whose settings here sample (temperature > 0, top_k != 1) gets its rows
+     * as tdm_sampling_probs' probabilities under them instead (0 outside the
+     * support), computed where the logits are: on the device with the
+     * backend's sample_to, else on the host. Not for a model with a draft
+     * vocabulary. u is unused. */
+    const tdm_sample_row *probs_of;
 } tdm_step_out;
 
 /* tdm_seq_prefill with a choice of what comes back: logits, argmax and

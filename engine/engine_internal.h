@@ -102,6 +102,12 @@ struct tdm_model {
      * distributions, a row per draft (tdm_seq_draft_sampled) */
     float *draft_probs;
     size_t draft_probs_rows;
+    /* backend memory [step_probs_rows, vocabulary] and [step_probs_rows]: a
+     * step's rows turned into probabilities (tdm_step_out.probs_of) and
+     * sample_to's draws, unused */
+    float *step_probs;
+    int32_t *step_probs_ids;
+    size_t step_probs_rows;
     int graphs;       /* steps go through the backend's graph slots (tdm_model_set_graphs) */
     tdm_group *group; /* a tensor-parallel model's ranks (group.c); NULL for one model */
 };

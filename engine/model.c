@@ -529,6 +529,10 @@ void tdm_model_destroy(tdm_model *m)
         m->be->free(m->be->ctx, m->draft_ids);
     if (m->draft_probs)
         m->be->free(m->be->ctx, m->draft_probs);
+    if (m->step_probs)
+        m->be->free(m->be->ctx, m->step_probs);
+    if (m->step_probs_ids)
+        m->be->free(m->be->ctx, m->step_probs_ids);
     free(m->layers);
     free(m->dir);
     free(m->inv_freq);

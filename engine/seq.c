@@ -488,6 +488,88 @@ static void spread_rows(const tdm_model *m, float *logits, const uint8_t *want, 
                                    m->cfg.vocab_size);
 }
 
+static bool samples(const tdm_sample_row *r)
+{
+    return r->temperature > 0.0f && r->top_k != 1;
+}
+
+/* A step's wanted logits to the host, the rows of sequences that
+ * out->probs_of samples as their probabilities (tdm_step_out): on the
+ * backend (sample_to into the model's scratch, then downloaded in their
+ * place) or, without it, on the host after the download. Returns how many
+ * rows the host still has to turn (host_rows, host_of: the row and its
+ * settings); 0 when the backend did. Host memory of the lists: [R]. */
+static int download_logits(tdm_model *m, const tdm_step_out *out, const int *row0,
+                           const int *counts, int nseq, int R, int32_t *host_rows,
+                           tdm_sample_row *host_of, uint8_t *want)
+{
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    const size_t V = (size_t)m->cfg.vocab_size, Vl = (size_t)tdm_model_draft_vocab_size(m);
+    int n = 0;
+    for (int i = 0; i < nseq; i++) {
+        const bool wanted = !out->want_logits || out->want_logits[i];
+        const bool turned = wanted && out->probs_of && samples(&out->probs_of[i]);
+        want[i] = wanted && !turned;
+        for (int r = row0[i]; turned && r < row0[i] + counts[i]; r++) {
+            host_rows[n] = r;
+            host_of[n++] = out->probs_of[i];
+        }
+    }
+    download_rows(be, bx, out->logits, m->ws.logits, V, Vl, want, row0, counts, nseq);
+    if (n == 0)
+        return 0;
+    if (!be->sample_to) {
+        for (int j = 0; j < n; j++)
+            be->download(bx, out->logits + (size_t)host_rows[j] * V,
+                         m->ws.logits + (size_t)host_rows[j] * Vl, Vl * sizeof(float));
+        return n;
+    }
+    if (m->step_probs_rows < (size_t)R) {
+        float *p = be->alloc(bx, (size_t)R * V * sizeof(float));
+        int32_t *ids = be->alloc(bx, (size_t)R * sizeof(int32_t));
+        if (!p || !ids) {
+            /* the host turns them */
+            be->free(bx, p);
+            be->free(bx, ids);
+            for (int j = 0; j < n; j++)
+                be->download(bx, out->logits + (size_t)host_rows[j] * V,
+                             m->ws.logits + (size_t)host_rows[j] * Vl, Vl * sizeof(float));
+            return n;
+        }
+        be->free(bx, m->step_probs);
+        be->free(bx, m->step_probs_ids);
+        m->step_probs = p;
+        m->step_probs_ids = ids;
+        m->step_probs_rows = (size_t)R;
+    }
+    be->sample_to(bx, m->step_probs_ids, m->step_probs, m->ws.logits, host_rows, n, (int)V, NULL,
+                  host_of);
+    for (int j = 0; j < n; j++)
+        be->download(bx, out->logits + (size_t)host_rows[j] * V, m->step_probs + (size_t)j * V,
+                     V * sizeof(float));
+    return 0;
+}
+
+/* download_logits' rows left to the host, after the sync. */
+static void host_probs(const tdm_model *m, float *logits, const int32_t *rows,
+                       const tdm_sample_row *of, int n)
+{
+    if (n == 0)
+        return;
+    const size_t V = (size_t)m->cfg.vocab_size;
+    float *p = tdm_xmalloc(V * sizeof(float));
+    int *order = tdm_xmalloc(V * sizeof(int));
+    for (int j = 0; j < n; j++) {
+        const tdm_sampling sp = {of[j].temperature, of[j].top_p, of[j].top_k};
+        float *row = logits + (size_t)rows[j] * V;
+        tdm_sampling_probs(&sp, row, (int)V, p, order);
+        memcpy(row, p, V * sizeof(float));
+    }
+    free(p);
+    free(order);
+}
+
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
                           const int *counts, int verify, int prefill, const tdm_step_out *out,
                           tdm_error *err)
@@ -499,6 +581,10 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         R += counts[i];
     if (R == 0)
         return TDM_OK;
+    if (out && out->probs_of && m->dv.n)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "a step's probabilities are not taken on a model with a draft "
+                             "vocabulary");
     tdm_status rc = ws_ensure(m, R, err);
     for (int i = 0; rc == TDM_OK && i < nseq; i++)
         rc = kv_ensure(seqs[i], seqs[i]->n_past + counts[i], err);
@@ -556,9 +642,19 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         gather_logits(m, R, &st);
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)Vl);
-    if (out && out->logits)
+    int32_t *host_rows = NULL;
+    tdm_sample_row *host_of = NULL;
+    int n_host = 0;
+    if (out && out->logits && out->probs_of) {
+        host_rows = tdm_xmalloc((size_t)R * sizeof(*host_rows));
+        host_of = tdm_xmalloc((size_t)R * sizeof(*host_of));
+        uint8_t *want = tdm_xmalloc((size_t)nseq);
+        n_host = download_logits(m, out, st.row0, counts, nseq, R, host_rows, host_of, want);
+        free(want);
+    } else if (out && out->logits) {
         download_rows(be, bx, out->logits, m->ws.logits, V, Vl, out->want_logits, st.row0, counts,
                       nseq);
+    }
     if (out && out->hidden) /* ws.xn holds the final norm's output (fwd_ops) */
         download_rows(be, bx, out->hidden, m->ws.xn, H, H,
                       out->want_hidden ? out->want_hidden : out->want_logits, st.row0, counts,
@@ -569,6 +665,9 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
             out->argmax[r] = m->dv.ids[out->argmax[r]];
     if (m->dv.n && out && out->logits)
         spread_rows(m, out->logits, out->want_logits, st.row0, counts, nseq);
+    host_probs(m, out ? out->logits : NULL, host_rows, host_of, n_host);
+    free(host_rows);
+    free(host_of);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
     step_scratch_free(&st);
@@ -1395,5 +1494,5 @@ void tdm_step_buf_free(tdm_step_buf *b)
 
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b)
 {
-    return (tdm_step_out){b->logit_rows ? b->logits : NULL, b->want, b->argmax, NULL, NULL};
+    return (tdm_step_out){b->logit_rows ? b->logits : NULL, b->want, b->argmax, NULL, NULL, NULL};
 }

@@ -1,11 +1,19 @@
 #include "verify.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
 size_t tdm_verify_scratch_bytes(int vocab)
 {
     return (size_t)vocab * (2 * sizeof(float) + sizeof(int));
+}
+
+int tdm_verify_sample_probs(uint64_t seed, uint32_t position, const float *probs, int vocab)
+{
+    tdm_rng rng;
+    tdm_rng_seed_at(&rng, seed, position, TDM_DRAW_TARGET);
+    return tdm_sampling_draw(probs, vocab, tdm_rng_uniform(&rng));
 }
 
 int tdm_verify_sample_one(const tdm_sampling *s, uint64_t seed, uint32_t position,
@@ -16,9 +24,7 @@ int tdm_verify_sample_one(const tdm_sampling *s, uint64_t seed, uint32_t positio
     float *p = scratch;
     int *order = (int *)(p + 2 * (size_t)vocab);
     tdm_sampling_probs(s, logits, vocab, p, order);
-    tdm_rng rng;
-    tdm_rng_seed_at(&rng, seed, position, TDM_DRAW_TARGET);
-    return tdm_sampling_draw(p, vocab, tdm_rng_uniform(&rng));
+    return tdm_verify_sample_probs(seed, position, p, vocab);
 }
 
 /* -1 when a draft token or a distribution id is outside the vocabulary. */
@@ -59,6 +65,22 @@ static float draft_prob(const tdm_draft_dist *d, uint32_t drafted, uint32_t x)
     return 0.0f;
 }
 
+/* Rejection sampling over rows that are logits (given false: each row's
+ * distribution worked out into scratch) or already distributions. */
+static int sampled_block(const tdm_sampling *s, uint64_t seed, uint32_t position, const float *rows,
+                         bool given, int vocab, const uint32_t *drafts, int k,
+                         const tdm_draft_dist *dists, void *scratch, tdm_verdict *out);
+
+int tdm_verify_block_probs(const tdm_sampling *s, uint64_t seed, uint32_t position,
+                           const float *target_probs, int vocab, const uint32_t *drafts, int k,
+                           const tdm_draft_dist *dists, void *scratch, tdm_verdict *out)
+{
+    if (check_block(vocab, drafts, k, dists) < 0)
+        return -1;
+    return sampled_block(s, seed, position, target_probs, true, vocab, drafts, k, dists, scratch,
+                         out);
+}
+
 int tdm_verify_block(const tdm_sampling *s, uint64_t seed, uint32_t position,
                      const float *target_logits, int vocab, const uint32_t *drafts, int k,
                      const tdm_draft_dist *dists, void *scratch, tdm_verdict *out)
@@ -81,14 +103,33 @@ int tdm_verify_block(const tdm_sampling *s, uint64_t seed, uint32_t position,
         return 0;
     }
 
-    float *p = scratch;
-    float *resid = p + vocab;
+    return sampled_block(s, seed, position, target_logits, false, vocab, drafts, k, dists, scratch,
+                         out);
+}
+
+/* Row i's distribution: the given row, or worked out into p. */
+static const float *row_probs(const tdm_sampling *s, const float *rows, bool given, int vocab,
+                              int i, float *p, int *order)
+{
+    const float *row = rows + (size_t)i * (size_t)vocab;
+    if (given)
+        return row;
+    tdm_sampling_probs(s, row, vocab, p, order);
+    return p;
+}
+
+static int sampled_block(const tdm_sampling *s, uint64_t seed, uint32_t position, const float *rows,
+                         bool given, int vocab, const uint32_t *drafts, int k,
+                         const tdm_draft_dist *dists, void *scratch, tdm_verdict *out)
+{
+    float *pbuf = scratch;
+    float *resid = pbuf + vocab;
     int *order = (int *)(resid + vocab);
     tdm_rng rng;
     for (int i = 0; i < k; i++) {
         tdm_rng_seed_at(&rng, seed, position + (uint32_t)i, TDM_DRAW_TARGET);
         const tdm_draft_dist *d = dists ? &dists[i] : NULL;
-        tdm_sampling_probs(s, target_logits + (size_t)i * vocab, vocab, p, order);
+        const float *p = row_probs(s, rows, given, vocab, i, pbuf, order);
         uint32_t x = drafts[i];
         float px = p[x];
         float qx = draft_prob(d, x, x);
@@ -133,7 +174,7 @@ int tdm_verify_block(const tdm_sampling *s, uint64_t seed, uint32_t position,
         out->next_token = next;
         return 0;
     }
-    tdm_sampling_probs(s, target_logits + (size_t)k * vocab, vocab, p, order);
+    const float *p = row_probs(s, rows, given, vocab, k, pbuf, order);
     tdm_rng_seed_at(&rng, seed, position + (uint32_t)k, TDM_DRAW_TARGET);
     out->accepted = k;
     out->next_token = tdm_sampling_draw(p, vocab, tdm_rng_uniform(&rng));

@@ -51,6 +51,14 @@ int tdm_verify_block(const tdm_sampling *s, uint64_t seed, uint32_t position,
                      const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
                      tdm_verdict *out);
 
+/* Sampling settings from the target's distributions instead of its logits:
+ * target_probs (k+1, vocab), each row tdm_sampling_probs' probabilities
+ * under s (a step's tdm_step_out.probs_of), so no row is worked out again
+ * here. The verdict tdm_verify_block gives for those rows' logits. */
+int tdm_verify_block_probs(const tdm_sampling *s, uint64_t seed, uint32_t position,
+                           const float *target_probs, int vocab, const uint32_t *drafts, int k,
+                           const tdm_draft_dist *dists, void *scratch, tdm_verdict *out);
+
 /* Greedy settings from the target's argmax per row (k + 1 ids) instead of
  * its logits: the verdict tdm_verify_block gives for greedy settings, and
  * the same -1 for a block with a token outside the vocabulary. */
@@ -63,6 +71,9 @@ int tdm_verify_block_argmax(const int32_t *target_argmax, int vocab, const uint3
 int tdm_verify_sample_one(const tdm_sampling *s, uint64_t seed, uint32_t position,
                           const float *logits, int vocab,
                           void *scratch);
+
+/* tdm_verify_sample_one from the row's distribution (as above). */
+int tdm_verify_sample_probs(uint64_t seed, uint32_t position, const float *probs, int vocab);
 
 size_t tdm_verify_scratch_bytes(int vocab);
 

@@ -1003,12 +1003,15 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
     /* Sampled blocks as chains too, where the host holds their
      * distributions; else, and in the controlled-acceptance build (whose
      * proposals are greedy), step by step. */
+#ifdef TANDEM_BENCH_ORACLE
     bool sampled = false;
-#ifndef TANDEM_BENCH_ORACLE
-    for (int i = 0; i < live; i++)
-        sampled = sampled || (!tg[i].q->greedy && !tg[i].stop);
-    sampled = sampled && chain_probs(st, live);
+#else
+    bool sampled = true;
 #endif
+    bool any = false;
+    for (int i = 0; i < live; i++)
+        any = any || (!tg[i].q->greedy && !tg[i].stop);
+    sampled = sampled && any && chain_probs(st, live);
     int n = 0, ns = 0;
     for (int i = 0; i < live; i++) {
         dtarget *t = &tg[i];

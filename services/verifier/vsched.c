@@ -175,6 +175,7 @@ typedef struct vround {
     tdm_step_buf out;     /* logits and argmaxes (grown on demand) */
     uint8_t *want_hidden; /* [max_sequences]: the sequence's drafter takes hidden states */
     int *sampled;         /* [max_sequences]: the sampled sequences (verdicts) */
+    tdm_sample_row *probs_of; /* [max_sequences]: each sequence's settings (run_step) */
     float *hidden;        /* [hidden_rows, H]: the step's (or a prefill's) hidden states */
     size_t hidden_rows;
     float *feat_row; /* [TDM_FEAT_MAX_SPECS * H]: one row of several specs */
@@ -2032,11 +2033,16 @@ static void run_step(vsched *s, vround *rd)
         return;
     bool any_feat = false;
     for (int i = 0; i < rd->n; i++) {
-        rd->out.want[i] = !tdm_sampling_is_greedy(&rd->seqs[i].r->sampling);
+        const tdm_sampling *sp = &rd->seqs[i].r->sampling;
+        rd->out.want[i] = !tdm_sampling_is_greedy(sp);
+        rd->probs_of[i] = (tdm_sample_row){sp->temperature, sp->top_p, sp->top_k, 0, 0.0};
         rd->want_hidden[i] = rd->seqs[i].r->feat;
         any_feat |= rd->seqs[i].r->feat;
     }
     tdm_step_out o = tdm_step_buf_out(&rd->out);
+    /* A sampled sequence's rows come back as its distributions, worked out
+     * on the device (verdict_of). */
+    o.probs_of = rd->probs_of;
     if (any_feat) {
         /* Only sequences whose drafter takes hidden states bring theirs back. */
         hidden_reserve(s, (size_t)rd->n_rows);
@@ -2116,15 +2122,14 @@ static tdm_verdict verdict_of(const vsched *s, const vround *rd, const vround_se
 {
     vreq *r = q->r;
     const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
-    const float *lg = greedy ? NULL : rd->out.logits + (size_t)q->row * (size_t)s->vocab;
+    /* a sampled sequence's rows: its distributions (probs_of in run_step) */
+    const float *pr = greedy ? NULL : rd->out.logits + (size_t)q->row * (size_t)s->vocab;
     const int32_t *am = rd->out.argmax + q->row;
     tdm_verdict v = {0};
     /* The first row decides the token at this position of the sequence. */
     const uint32_t position = (uint32_t)(r->prompt_len + r->n_out);
     if (q->k == 0) {
-        v.next_token =
-            greedy ? am[0]
-                   : tdm_verify_sample_one(&r->sampling, r->seed, position, lg, s->vocab, scratch);
+        v.next_token = greedy ? am[0] : tdm_verify_sample_probs(r->seed, position, pr, s->vocab);
         return v;
     }
     const Tandem__V1__DraftBlock *b = q->block->block;
@@ -2141,8 +2146,8 @@ static tdm_verdict verdict_of(const vsched *s, const vround *rd, const vround_se
     if (greedy)
         tdm_verify_block_argmax(am, s->vocab, b->tokens, q->k, dd, &v);
     else
-        tdm_verify_block(&r->sampling, r->seed, position, lg, s->vocab, b->tokens, q->k, dd,
-                         scratch, &v);
+        tdm_verify_block_probs(&r->sampling, r->seed, position, pr, s->vocab, b->tokens, q->k, dd,
+                               scratch, &v);
     if (tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "
@@ -2697,6 +2702,7 @@ static void round_init(vround *rd, int cap)
     rd->eseqs = tdm_xcalloc((size_t)cap, sizeof(*rd->eseqs));
     rd->want_hidden = tdm_xcalloc((size_t)cap, sizeof(*rd->want_hidden));
     rd->sampled = tdm_xcalloc((size_t)cap, sizeof(*rd->sampled));
+    rd->probs_of = tdm_xcalloc((size_t)cap, sizeof(*rd->probs_of));
     /* A sequence sends at most one Close a round, plus the waiting ones
      * retired at admission (at most cap: they are admitted as they retire). */
     rd->closes = tdm_xcalloc((size_t)cap * 2 + 1, sizeof(*rd->closes));
@@ -2712,6 +2718,7 @@ static void round_free(vround *rd)
     free(rd->eseqs);
     free(rd->want_hidden);
     free(rd->sampled);
+    free(rd->probs_of);
     free(rd->hidden);
     free(rd->feat_row);
     free(rd->closes);

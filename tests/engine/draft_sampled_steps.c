@@ -131,6 +131,69 @@ static void one_call(const char *name, tdm_model *m, tdm_model *r, int a, int b,
     free(order);
 }
 
+/* A verify call whose sampled sequences' rows come back as distributions
+ * (tdm_step_out.probs_of) against the same call's logits turned on the
+ * host; a greedy sequence's rows stay logits. */
+static void probs_of_check(const char *name, tdm_model *m, tdm_model *r)
+{
+    tdm_error err;
+    const int V = tdm_model_get_config(m)->vocab_size, B = 3;
+    const bool exact = strcmp(tdm_model_backend(m)->name, "cpu") == 0;
+    tdm_seq *sq[NSEQ], *rq[NSEQ];
+    int32_t blocks[NSEQ][3];
+    const int32_t *tp[NSEQ];
+    int nt[NSEQ];
+    tdm_sample_row of[NSEQ];
+    for (int i = 0; i < NSEQ; i++) {
+        sq[i] = seq_of(m, 40 + i);
+        rq[i] = seq_of(r, 40 + i);
+        for (int j = 0; j < B; j++)
+            blocks[i][j] = (int32_t)((i * 71 + j * 13 + 2) % V);
+        tp[i] = blocks[i];
+        nt[i] = B;
+        const tdm_sampling *st = &settings[(i * 2 + 1) % 5];
+        of[i] = i == 1 ? (tdm_sample_row){0} /* greedy */
+                       : (tdm_sample_row){st->temperature, st->top_p, st->top_k, 0, 0.0};
+    }
+    float *got = calloc((size_t)NSEQ * B * V, sizeof(float)),
+          *lg = calloc((size_t)NSEQ * B * V, sizeof(float)), *p = malloc((size_t)V * 4);
+    int *order = malloc((size_t)V * sizeof(int));
+    CHECK(got && lg && p && order, "out of memory");
+    tdm_step_out o = {.logits = got, .probs_of = of};
+    CHECK(tdm_seq_verify_out(sq, NSEQ, tp, nt, &o, &err) == TDM_OK, "%s: %s", name, err.msg);
+    o = (tdm_step_out){.logits = lg};
+    CHECK(tdm_seq_verify_out(rq, NSEQ, tp, nt, &o, &err) == TDM_OK, "%s: %s", name, err.msg);
+    for (int i = 0; i < NSEQ; i++)
+        for (int j = 0; j < B; j++) {
+            const float *g = got + (size_t)(i * B + j) * V, *l = lg + (size_t)(i * B + j) * V;
+            const tdm_sampling st = {of[i].temperature, of[i].top_p, of[i].top_k};
+            const float *want = l;
+            if (i != 1) {
+                tdm_sampling_probs(&st, l, V, p, order);
+                want = p;
+            }
+            double worst = 0.0;
+            int apart = 0;
+            for (int t = 0; t < V; t++) {
+                const double d = fabs((double)g[t] - (double)want[t]);
+                worst = d > worst ? d : worst;
+                apart += i != 1 && (g[t] > 0.0f) != (want[t] > 0.0f);
+            }
+            CHECK((exact || i == 1 ? worst == 0.0 : worst <= 1e-6) && apart == 0,
+                  "%s: sequence %d row %d: %s differ from the host's by %g (%d tokens in one "
+                  "support only)",
+                  name, i, j, i == 1 ? "logits" : "probabilities", worst, apart);
+        }
+    for (int i = 0; i < NSEQ; i++) {
+        tdm_seq_destroy(sq[i]);
+        tdm_seq_destroy(rq[i]);
+    }
+    free(got);
+    free(lg);
+    free(p);
+    free(order);
+}
+
 void draft_sampled_check(const char *name, tdm_backend *be)
 {
     tdm_error err;
@@ -142,13 +205,16 @@ void draft_sampled_check(const char *name, tdm_backend *be)
     CHECK(tdm_model_set_draft_vocab(mv, ids, n, &err) == TDM_OK &&
               tdm_model_set_draft_vocab(rv, ids, n, &err) == TDM_OK,
           "%s: %s", name, err.msg);
+    probs_of_check(name, m, r);
+    CHECK(tdm_model_draft_vocab_size(mv) == n, "%s: draft vocabulary", name);
     const int ns = (int)(sizeof(settings) / sizeof(settings[0]));
     for (int a = 0; a < ns; a++) {
         one_call(name, m, r, a, (a + 2) % ns, a);
         one_call(name, mv, rv, a, (a + 3) % ns, a + ns);
     }
-    printf("%s: sampled draft chains (%d settings, a greedy chain beside, with and without a draft "
-           "vocabulary of %d) draw the host's drafts from distributions %s the host's\n",
+    printf("%s: a verify call's sampled rows as distributions, and sampled draft chains (%d "
+           "settings, a greedy chain beside, with and without a draft vocabulary of %d): the "
+           "host's drafts, from distributions %s the host's\n",
            name, ns, n, strcmp(be->name, "cpu") == 0 ? "equal to" : "within 1e-6 of");
     free(ids);
     tdm_model_destroy(m);

@@ -8,7 +8,10 @@
 
 #include "engine.h"
 
-/* On fixture `name` loaded onto be, with and without a draft vocabulary:
+/* On fixture `name` loaded onto be: a verify call whose sampled sequences'
+ * rows come back as distributions (tdm_step_out.probs_of) against its
+ * logits turned on the host (tdm_sampling_probs), a greedy one's logits
+ * untouched. With and without a draft vocabulary:
  * three sequences draft in one call (two sampled under settings that cut
  * the support by top-k, top-p, both or neither, one greedy), each against
  * the same model drafting by verify calls, each draft drawn on the host

@@ -112,6 +112,20 @@ static int generate(const tdm_sampling *ts, const tdm_sampling *ds, int k, int s
                                       scratch, &v);
             if (rc != 0)
                 return -1;
+            /* The same rows as distributions (a step's probs_of) give the
+             * same verdict, and so does a plain row's draw. */
+            float prows[9][V];
+            for (int i = 0; i <= k; i++)
+                tdm_sampling_probs(ts, logits[i], V, prows[i], order);
+            tdm_verdict vp;
+            CHECK(tdm_verify_block_probs(ts, seed, (uint32_t)n, &prows[0][0], V, drafts, k, dists,
+                                         scratch, &vp) == 0 &&
+                      vp.accepted == v.accepted && vp.next_token == v.next_token,
+                  "verdict from distributions (%d, %d) against from logits (%d, %d)", vp.accepted,
+                  vp.next_token, v.accepted, v.next_token);
+            CHECK(tdm_verify_sample_probs(seed, (uint32_t)n, prows[0], V) ==
+                      tdm_verify_sample_one(ts, seed, (uint32_t)n, logits[0], V, scratch),
+                  "a plain row's draw from its distribution");
             if (mode == VERIFY_NO_RESIDUAL && v.accepted < k) {
                 /* Wrong: correction drawn from p instead of max(0, p - q). */
                 v.next_token = tdm_verify_sample_one(ts, seed, (uint32_t)(n + v.accepted),
