@@ -378,8 +378,8 @@ run)
             ;;
         sampled)
             # plain decoding of sampled requests (SAMPLING: temperature,top_p,top_k;
-            # default 1.0,0.95,0) beside greedy: what the verifier's host-side
-            # distribution of each sampled row costs a round
+            # default 1.0,0.95,0) beside greedy: what a sampled row costs the
+            # verifier a round (its distribution and its draw)
             echo "== 4B target, sampled (${SAMPLING:-1.0,0.95,0}) against greedy" | tee -a "$SUM"
             [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
             start_stack sampled "$W/t4b" --max-context 8192 ${VFLAGS:-} || continue

@@ -642,8 +642,8 @@ void cuda_sample(void *ctx, int32_t *out, const float *x, int R, int n, const td
 }
 
 /* The rows' probabilities are worked out in probs itself (the spill of
- * cuda_sample's kernel), where the drafter finds the distribution each
- * token was drawn from. */
+ * cuda_sample's kernel), where the caller (a drafter's chain, a verify
+ * step's probs_of) finds the distribution each token was drawn from. */
 void cuda_sample_to(void *ctx, int32_t *out, float *probs, const float *x, const int32_t *rows,
                     int nrows, int n, const int32_t *map, const tdm_sample_row *srows)
 {

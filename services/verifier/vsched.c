@@ -319,8 +319,8 @@ struct vsched {
     _Atomic uint64_t feature_rows_shm, feature_bytes_shm, feature_ring_full;
     _Atomic uint64_t feature_puts_shm, feature_puts_grpc;
     _Atomic double feature_put_us_shm, feature_put_us_grpc;
-    /* The sampled rows' distributions of a round, computed across cores:
-     * one scratch for rejection sampling per chunk of the pool's jobs. */
+    /* A round's sampled verdicts, judged across cores: one scratch for
+     * rejection sampling per chunk of the pool's jobs. */
     tdm_pool *vpool;
     void **vscratch;
     int n_vscratch;
@@ -2041,7 +2041,7 @@ static void run_step(vsched *s, vround *rd)
     }
     tdm_step_out o = tdm_step_buf_out(&rd->out);
     /* A sampled sequence's rows come back as its distributions, worked out
-     * on the device (verdict_of). */
+     * where the logits are (on the device for CUDA; verdict_of reads them). */
     o.probs_of = rd->probs_of;
     if (any_feat) {
         /* Only sequences whose drafter takes hidden states bring theirs back. */
@@ -2177,9 +2177,10 @@ static void verdict_chunk(void *arg, int chunk)
 }
 
 /* Every sequence's verdict on a stepped round. A greedy one reads its
- * argmaxes; a sampled one computes each row's distribution over the
- * vocabulary (a few ms a row at 248k tokens), so two or more go to the pool,
- * where the result does not depend on which thread judges which sequence. */
+ * argmaxes; a sampled one draws from its rows' distributions, and on a
+ * rejection from the residual over the whole vocabulary (a pass over 248k
+ * floats), so two or more go to the pool, where the result does not depend
+ * on which thread judges which sequence. */
 static void verdicts(vsched *s, vround *rd)
 {
     int *idx = rd->sampled;
@@ -2727,9 +2728,9 @@ static void round_free(vround *rd)
 }
 
 /* The sampled verdicts' pool: a thread a core up to 8 (a round of 32
- * sampled sequences verifying 4 drafts has up to 160 rows to judge), each
- * with its scratch; its idle workers sleep, leaving the cores to the
- * backend and the exchange between rounds. */
+ * sampled sequences has 32 draws over the vocabulary, and a residual for
+ * each rejection), each with its scratch; its idle workers sleep, leaving
+ * the cores to the backend and the exchange between rounds. */
 #define VERDICT_THREADS_MAX 8
 
 static void verdict_pool_init(vsched *s)
