@@ -138,10 +138,12 @@ typedef struct dstream {
     tdm_step_buf out; /* a draft pass's logits and argmaxes */
     float *probs;
     int *order;
-    /* sampled draft chains (chain_probs): [cap, MAX_BLOCK] uniforms, [cap]
-     * settings, [cap, MAX_BLOCK, draft vocabulary] distributions */
+    /* sampled draft chains (chain_probs): a uniform and a distribution of
+     * a draft vocabulary a draft, settings a block */
     double *cu;
+    int cu_cap;
     tdm_draft_sampling *csamp;
+    int csamp_cap;
     float *cprobs;
     size_t cprobs_cap;
     /* one pass's scratch, sized for max_sequences */
@@ -955,29 +957,37 @@ static int oracle_front(dstream *st, int n)
 }
 #endif
 
-/* Room for the sampled chains of a pass of `live` blocks: their uniforms,
- * settings and distributions (a draft vocabulary's floats a draft, in the
- * model's pinned host memory), grown on demand. False when the host cannot
- * hold them. */
-static bool chain_probs(dstream *st, int live)
+/* Room for the sampled chains of a pass: `blocks` of them, `drafts` in
+ * all: their settings, uniforms and distributions (a draft vocabulary's
+ * floats a draft, in the model's pinned host memory), grown on demand.
+ * False when the host cannot hold them. */
+static bool chain_probs(dstream *st, int blocks, int drafts)
 {
     tdm_model *m = st->d->rt->model;
-    const size_t need = (size_t)live * MAX_BLOCK * (size_t)tdm_model_draft_vocab_size(m);
-    if (st->cprobs_cap >= need)
-        return true;
-    float *p = tdm_model_host_alloc(m, need * sizeof(float));
-    if (!p) {
-        tdm_log_warn(LOG, "no host memory for %zu draft distributions' floats: sampled blocks "
-                          "go step by step", need);
-        return false;
+    const size_t need = (size_t)drafts * (size_t)tdm_model_draft_vocab_size(m);
+    if (st->cprobs_cap < need) {
+        float *p = tdm_model_host_alloc(m, need * sizeof(float));
+        if (!p) {
+            tdm_log_warn(LOG,
+                         "no host memory for %d draft distributions of %d tokens: sampled "
+                         "blocks go step by step",
+                         drafts, tdm_model_draft_vocab_size(m));
+            return false;
+        }
+        tdm_model_host_free(m, st->cprobs);
+        st->cprobs = p;
+        st->cprobs_cap = need;
     }
-    tdm_model_host_free(m, st->cprobs);
-    st->cprobs = p;
-    st->cprobs_cap = need;
-    free(st->cu);
-    free(st->csamp);
-    st->cu = tdm_xmalloc((size_t)live * MAX_BLOCK * sizeof(double));
-    st->csamp = tdm_xmalloc((size_t)live * sizeof(*st->csamp));
+    if (st->cu_cap < drafts) {
+        free(st->cu);
+        st->cu = tdm_xmalloc((size_t)drafts * sizeof(double));
+        st->cu_cap = drafts;
+    }
+    if (st->csamp_cap < blocks) {
+        free(st->csamp);
+        st->csamp = tdm_xmalloc((size_t)blocks * sizeof(*st->csamp));
+        st->csamp_cap = blocks;
+    }
     return true;
 }
 
@@ -1008,11 +1018,14 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
 #else
     bool sampled = true;
 #endif
-    bool any = false;
+    int nblocks = 0, ndrafts = 0;
     for (int i = 0; i < live; i++)
-        any = any || (!tg[i].q->greedy && !tg[i].stop);
-    sampled = sampled && any && chain_probs(st, live);
-    int n = 0, ns = 0;
+        if (!tg[i].q->greedy && !tg[i].stop && !tg[i].ahead && tg[i].k >= 1) {
+            nblocks++;
+            ndrafts += tg[i].k;
+        }
+    sampled = sampled && nblocks > 0 && chain_probs(st, nblocks, ndrafts);
+    int n = 0, ns = 0, nd = 0;
     for (int i = 0; i < live; i++) {
         dtarget *t = &tg[i];
         const int len = t->k + t->ahead; /* the chain's tokens */
@@ -1025,15 +1038,14 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
              * distribution brought back with the drafts */
             if (t->ahead || !sampled)
                 continue;
-            tdm_draft_sampling *ds = &st->csamp[ns];
-            double *u = st->cu + (size_t)ns * MAX_BLOCK;
+            tdm_draft_sampling *ds = &st->csamp[ns++];
+            double *u = st->cu + nd;
             for (int j = 0; j < t->k; j++)
                 u[j] = draft_uniform(t->q, t->q->n + j);
             *ds = (tdm_draft_sampling){t->q->sampling.temperature, t->q->sampling.top_p,
-                                       t->q->sampling.top_k, u,
-                                       st->cprobs + (size_t)ns * MAX_BLOCK * Vl};
+                                       t->q->sampling.top_k, u, st->cprobs + (size_t)nd * Vl};
+            nd += t->k;
             sp[n] = ds;
-            ns++;
         }
 #ifdef TANDEM_BENCH_ORACLE
         if (!oracle_block(st, t->q, t->ahead, len, f))
