@@ -991,9 +991,10 @@ static bool chain_probs(dstream *st, int blocks, int drafts)
     return true;
 }
 
-/* The greedy blocks of a pass drafted on the device (tdm_seq_draft: the k
- * steps of every sequence in one launch, each step's argmax fed to the
- * next without a trip to the host); those targets are marked done. An
+/* The blocks of a pass drafted on the device (tdm_seq_draft, or
+ * tdm_seq_draft_sampled when some sample: the k steps of every sequence in
+ * one launch, each step's argmax or draw fed to the next without a trip to
+ * the host); those targets are marked done. An
  * ahead block's chain is one longer: its first token is the guess of the
  * verifier's next token. In the controlled-acceptance build the proposals
  * are worked out first and forced, so the model still runs every row; a
