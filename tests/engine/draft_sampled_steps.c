@@ -205,20 +205,47 @@ void draft_sampled_check(const char *name, tdm_backend *be)
     CHECK(tdm_model_set_draft_vocab(mv, ids, n, &err) == TDM_OK &&
               tdm_model_set_draft_vocab(rv, ids, n, &err) == TDM_OK,
           "%s: %s", name, err.msg);
+    /* The same backend without sample_to: chains by verify calls drawing
+     * on the host, a step's distributions turned on the host. */
+    tdm_backend host = *be;
+    host.destroy = NULL;
+    host.sample_to = NULL;
+    tdm_model *mh = fixture_model(name, &host), *mhv = fixture_model(name, &host);
+    CHECK(tdm_model_set_draft_vocab(mhv, ids, n, &err) == TDM_OK, "%s: %s", name, err.msg);
     probs_of_check(name, m, r);
-    CHECK(tdm_model_draft_vocab_size(mv) == n, "%s: draft vocabulary", name);
+    probs_of_check(name, mh, r);
+    /* A step's distributions on a model with a draft vocabulary: refused. */
+    {
+        tdm_seq *q = seq_of(mv, 1);
+        const int32_t t = 3;
+        const int32_t *tp = &t;
+        const int one = 1;
+        float *lg = malloc((size_t)V * sizeof(float));
+        const tdm_sample_row of = {1.0f, 0.0f, 0, 0, 0.0};
+        const tdm_step_out o = {.logits = lg, .probs_of = &of};
+        CHECK(lg && tdm_seq_verify_out(&q, 1, &tp, &one, &o, &err) == TDM_ERR_INVALID_ARGUMENT &&
+                  strstr(err.msg, "draft vocabulary"),
+              "%s: distributions of a model with a draft vocabulary: %s", name, err.msg);
+        free(lg);
+        tdm_seq_destroy(q);
+    }
     const int ns = (int)(sizeof(settings) / sizeof(settings[0]));
     for (int a = 0; a < ns; a++) {
         one_call(name, m, r, a, (a + 2) % ns, a);
         one_call(name, mv, rv, a, (a + 3) % ns, a + ns);
+        one_call(name, mh, r, a, (a + 1) % ns, a + 2 * ns);
+        one_call(name, mhv, rv, a, (a + 4) % ns, a + 3 * ns);
     }
     printf("%s: a verify call's sampled rows as distributions, and sampled draft chains (%d "
-           "settings, a greedy chain beside, with and without a draft vocabulary of %d): the "
-           "host's drafts, from distributions %s the host's\n",
+           "settings, a greedy chain beside, with and without a draft vocabulary of %d, with "
+           "and without the backend's sample_to): the host's drafts, from distributions %s the "
+           "host's\n",
            name, ns, n, strcmp(be->name, "cpu") == 0 ? "equal to" : "within 1e-6 of");
     free(ids);
     tdm_model_destroy(m);
     tdm_model_destroy(r);
     tdm_model_destroy(mv);
     tdm_model_destroy(rv);
+    tdm_model_destroy(mh);
+    tdm_model_destroy(mhv);
 }

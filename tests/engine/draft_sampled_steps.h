@@ -19,7 +19,9 @@
  * verify call's logits. The drafts must be the same, and each draft's
  * distribution the host's: to the bit on the CPU backend, within 1e-6 with
  * the same support on others. A commit after them leaves both sequences
- * the same state. Exits on a failure. */
+ * the same state. Both again on the backend without sample_to (the
+ * engine's host paths); a step's distributions on a model with a draft
+ * vocabulary are refused. Exits on a failure. */
 void draft_sampled_check(const char *name, tdm_backend *be);
 
 #endif
