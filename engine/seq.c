@@ -490,22 +490,46 @@ static void spread_rows(const tdm_model *m, float *logits, const uint8_t *want, 
 
 static bool samples(const tdm_sample_row *r)
 {
-    return r->temperature > 0.0f && r->top_k != 1;
+    const tdm_sampling s = {r->temperature, r->top_p, r->top_k};
+    return !tdm_sampling_is_greedy(&s);
+}
+
+/* Room on the backend for R rows of probabilities (download_logits). */
+static bool step_probs_fit(tdm_model *m, int R)
+{
+    tdm_backend *be = m->be;
+    void *bx = be->ctx;
+    if (m->step_probs_rows >= (size_t)R)
+        return true;
+    float *p = be->alloc(bx, (size_t)R * (size_t)m->cfg.vocab_size * sizeof(float));
+    int32_t *ids = be->alloc(bx, (size_t)R * sizeof(int32_t));
+    if (!p || !ids) {
+        be->free(bx, p);
+        be->free(bx, ids);
+        return false;
+    }
+    be->free(bx, m->step_probs);
+    be->free(bx, m->step_probs_ids);
+    m->step_probs = p;
+    m->step_probs_ids = ids;
+    m->step_probs_rows = (size_t)R;
+    return true;
 }
 
 /* A step's wanted logits to the host, the rows of sequences that
  * out->probs_of samples as their probabilities (tdm_step_out): on the
  * backend (sample_to into the model's scratch, then downloaded in their
- * place) or, without it, on the host after the download. Returns how many
- * rows the host still has to turn (host_rows, host_of: the row and its
- * settings); 0 when the backend did. Host memory of the lists: [R]. */
+ * place) or, without it or room for it, on the host after the download.
+ * Returns how many rows the host still has to turn (host_rows, host_of: the
+ * row and its settings); 0 when the backend did. Host memory of the lists:
+ * [R]. The model has no draft vocabulary (fwd_run). */
 static int download_logits(tdm_model *m, const tdm_step_out *out, const int *row0,
                            const int *counts, int nseq, int R, int32_t *host_rows,
                            tdm_sample_row *host_of, uint8_t *want)
 {
     tdm_backend *be = m->be;
     void *bx = be->ctx;
-    const size_t V = (size_t)m->cfg.vocab_size, Vl = (size_t)tdm_model_draft_vocab_size(m);
+    const size_t V = (size_t)m->cfg.vocab_size;
     int n = 0;
     for (int i = 0; i < nseq; i++) {
         const bool wanted = !out->want_logits || out->want_logits[i];
@@ -516,39 +540,17 @@ static int download_logits(tdm_model *m, const tdm_step_out *out, const int *row
             host_of[n++] = out->probs_of[i];
         }
     }
-    download_rows(be, bx, out->logits, m->ws.logits, V, Vl, want, row0, counts, nseq);
-    if (n == 0)
-        return 0;
-    if (!be->sample_to) {
-        for (int j = 0; j < n; j++)
-            be->download(bx, out->logits + (size_t)host_rows[j] * V,
-                         m->ws.logits + (size_t)host_rows[j] * Vl, Vl * sizeof(float));
-        return n;
-    }
-    if (m->step_probs_rows < (size_t)R) {
-        float *p = be->alloc(bx, (size_t)R * V * sizeof(float));
-        int32_t *ids = be->alloc(bx, (size_t)R * sizeof(int32_t));
-        if (!p || !ids) {
-            /* the host turns them */
-            be->free(bx, p);
-            be->free(bx, ids);
-            for (int j = 0; j < n; j++)
-                be->download(bx, out->logits + (size_t)host_rows[j] * V,
-                             m->ws.logits + (size_t)host_rows[j] * Vl, Vl * sizeof(float));
-            return n;
-        }
-        be->free(bx, m->step_probs);
-        be->free(bx, m->step_probs_ids);
-        m->step_probs = p;
-        m->step_probs_ids = ids;
-        m->step_probs_rows = (size_t)R;
-    }
-    be->sample_to(bx, m->step_probs_ids, m->step_probs, m->ws.logits, host_rows, n, (int)V, NULL,
-                  host_of);
+    download_rows(be, bx, out->logits, m->ws.logits, V, V, want, row0, counts, nseq);
+    const bool device = n > 0 && be->sample_to && step_probs_fit(m, R);
+    if (device)
+        be->sample_to(bx, m->step_probs_ids, m->step_probs, m->ws.logits, host_rows, n, (int)V,
+                      NULL, host_of);
     for (int j = 0; j < n; j++)
-        be->download(bx, out->logits + (size_t)host_rows[j] * V, m->step_probs + (size_t)j * V,
+        be->download(bx, out->logits + (size_t)host_rows[j] * V,
+                     device ? m->step_probs + (size_t)j * V
+                            : m->ws.logits + (size_t)host_rows[j] * V,
                      V * sizeof(float));
-    return 0;
+    return device ? 0 : n;
 }
 
 /* download_logits' rows left to the host, after the sync. */

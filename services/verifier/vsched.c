@@ -2192,14 +2192,13 @@ static void verdicts(vsched *s, vround *rd)
         else
             idx[n++] = i;
     }
-    if (n < 2 || s->n_vscratch < 2) {
-        for (int i = 0; i < n; i++)
-            rd->seqs[idx[i]].v = verdict_of(s, rd, &rd->seqs[idx[i]], s->vscratch[0]);
-        return;
-    }
     verdict_job j = {.s = s, .rd = rd, .idx = idx, .n = n};
     atomic_init(&j.next, 0);
-    tdm_pool_run(s->vpool, verdict_chunk, &j, n < s->n_vscratch ? n : s->n_vscratch);
+    const int chunks = n < s->n_vscratch ? n : s->n_vscratch; /* one: on this thread */
+    if (s->vpool)
+        tdm_pool_run(s->vpool, verdict_chunk, &j, chunks);
+    else if (chunks > 0)
+        verdict_chunk(&j, 0);
 }
 
 /* What the sequence's drafter hears next (under mu): a verdict on its block,

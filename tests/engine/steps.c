@@ -40,6 +40,18 @@ static void keep(tdm_model *m, steps_run *r, float *lg, int rows)
     tdm_model_host_free(m, lg);
 }
 
+/* A row of draft ids kept like logits: drafts[0][0..k[0]), then
+ * drafts[1][0..k[1]), ..., then -1 to the row's end. */
+static void id_row(float *row, int V, const int32_t *const *drafts, const int *k, int n)
+{
+    int x = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < k[i]; j++)
+            row[x++] = (float)drafts[i][j];
+    while (x < V)
+        row[x++] = -1.0f;
+}
+
 static _Thread_local tdm_error err;
 
 #define OK(call) CHECK((call) == TDM_OK, "%s: %s", #call, err.msg)
@@ -143,12 +155,7 @@ void steps_run_script(tdm_model *m, steps_run *r)
         int32_t *const drafts[] = {dd, db};
         OK(tdm_seq_draft(b, 2, lead, nlead, k, round == 3 ? forced : NULL, drafts, &err));
         float *lg = lbuf(m, 1);
-        for (int j = 0; j < V; j++)
-            lg[j] = -1.0f;
-        for (int j = 0; j < 3; j++)
-            lg[j] = (float)dd[j];
-        for (int j = 0; j < 2; j++)
-            lg[3 + j] = (float)db[j];
+        id_row(lg, V, (const int32_t *const *)drafts, k, 2);
         keep(m, r, lg, 1);
         OK(tdm_seq_commit(D, round % 4, &err));
         OK(tdm_seq_commit(B, (round + 1) % 2, &err));
@@ -170,13 +177,7 @@ void steps_run_script(tdm_model *m, steps_run *r)
         const tdm_draft_sampling ds = {0.9f, 0.0f, 5, u, lg};
         const tdm_draft_sampling *sp[] = {&ds, NULL};
         OK(tdm_seq_draft_sampled(b, 2, lead, nlead, k, sp, drafts, &err));
-        float *ids = lg + 3 * (size_t)V;
-        for (int j = 0; j < V; j++)
-            ids[j] = -1.0f;
-        for (int j = 0; j < 3; j++)
-            ids[j] = (float)dd[j];
-        for (int j = 0; j < 2; j++)
-            ids[3 + j] = (float)db[j];
+        id_row(lg + 3 * (size_t)V, V, (const int32_t *const *)drafts, k, 2);
         keep(m, r, lg, 4);
         OK(tdm_seq_commit(D, round, &err));
         OK(tdm_seq_commit(B, round - 1, &err));
@@ -197,11 +198,9 @@ void steps_run_script(tdm_model *m, steps_run *r)
         const int32_t *lead2[] = {&dd[1], &db[1]};
         OK(tdm_seq_draft(b, 2, lead2, nlead, k, NULL, ahead, &err));
         float *lg = lbuf(m, 1);
-        for (int j = 0; j < V; j++)
-            lg[j] = -1.0f;
         const int32_t *all[] = {dd, db, ad, ab};
-        for (int j = 0; j < 8; j++)
-            lg[j] = (float)all[j / 2][j % 2];
+        const int two[] = {2, 2, 2, 2};
+        id_row(lg, V, all, two, 4);
         keep(m, r, lg, 1);
         OK(tdm_seq_commit(D, round - 1, &err));
         OK(tdm_seq_commit(B, (round * 2 + 1) % 4, &err));
