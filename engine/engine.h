@@ -178,14 +178,31 @@ typedef struct tdm_step_out {
      * sequences want_hidden flags (NULL: the same sequences' rows as logits). */
     float *hidden;
     const uint8_t *want_hidden;
-    /* NULL, or per sequence [nseq]: a sequence whose logits come back and
+    /* NULL, or per sequence [nseq]: a sequence whose logits are wanted and
      * whose settings here sample (temperature > 0, top_k != 1) gets its rows
-     * as tdm_sampling_probs' probabilities under them instead (0 outside the
-     * support), computed where the logits are: on the device with the
-     * backend's sample_to, else on the host. Not for a model with a draft
-     * vocabulary. u is unused. */
+     * turned into tdm_sampling_probs' probabilities under them (0 outside
+     * the support) and kept where the logits are (on the device with the
+     * backend's sample_to, else on the host, in its rows of logits): they
+     * do not come back, and instead
+     *  - drawn[i] = the token tdm_sampling_draw draws from its last row's
+     *    distribution with the uniform probs_of[i].u (the draw of plain
+     *    decoding, or of a verify block whose drafts all stand);
+     *  - picked[r], for each of its other rows r, = row r's probability of
+     *    the token row r + 1 takes (its draft: the acceptance test's p).
+     * tdm_step_probs_fetch brings a kept row's distribution to the host
+     * afterwards (a rejected draft's residual). Not for a model with a
+     * draft vocabulary. */
     const tdm_sample_row *probs_of;
+    int32_t *drawn; /* host [nseq], with probs_of */
+    float *picked;  /* host [rows], with probs_of */
 } tdm_step_out;
+
+/* After a step on m with probs_of (and before m's next call): the kept
+ * distributions of the step's rows `rows` (numbered as in the step) into
+ * logits + row * vocab (host), where its logits would have come. A row the
+ * step did not keep is refused (INVALID_ARGUMENT). */
+tdm_status tdm_step_probs_fetch(tdm_model *m, float *logits, const int *rows, int n,
+                                tdm_error *err);
 
 /* tdm_seq_prefill with a choice of what comes back: logits, argmax and
  * hidden, each for every position (want_logits is unused). */
@@ -203,6 +220,8 @@ typedef struct tdm_step_buf {
     float *logits;   /* [logits_cap, vocab]; NULL until a step wants logits */
     int32_t *argmax; /* [rows] */
     uint8_t *want;   /* [rows]: per sequence of a step, its logits are wanted */
+    int32_t *drawn;  /* [rows]: per sequence, tdm_step_out.drawn */
+    float *picked;   /* [rows]: tdm_step_out.picked */
     size_t rows, logits_cap;
     size_t logit_rows; /* the reserved step's: 0, no logits (tdm_step_buf_out) */
 } tdm_step_buf;

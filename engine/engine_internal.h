@@ -102,12 +102,20 @@ struct tdm_model {
      * distributions, a row per draft (tdm_seq_draft_sampled) */
     float *draft_probs;
     size_t draft_probs_rows;
-    /* backend memory [step_probs_rows, vocabulary] and [step_probs_rows]: a
-     * step's rows turned into probabilities (tdm_step_out.probs_of) and
-     * sample_to's draws, unused */
+    /* backend memory [step_probs_rows, vocabulary], [step_probs_rows] and
+     * [step_probs_rows]: a step's rows turned into probabilities
+     * (tdm_step_out.probs_of), sample_to's draws and each row's pick */
     float *step_probs;
     int32_t *step_probs_ids;
+    float *step_probs_pick;
     size_t step_probs_rows;
+    /* The last step's kept rows (tdm_step_probs_fetch): step row
+     * kept_rows[j] is in step_probs + j * vocab where kept_dev, else in
+     * kept_host + row * vocab. The model's next forward pass drops them. */
+    int32_t *kept_rows; /* host [kept_cap] */
+    int kept_n, kept_cap;
+    bool kept_dev;
+    float *kept_host;
     int graphs;       /* steps go through the backend's graph slots (tdm_model_set_graphs) */
     tdm_group *group; /* a tensor-parallel model's ranks (group.c); NULL for one model */
 };
@@ -173,6 +181,10 @@ tdm_status tdm_group_draft(tdm_seq *const *seqs, int nseq, const int32_t *const 
                            int32_t *const *drafts, tdm_error *err);
 tdm_status tdm_group_commit(tdm_seq *s, int n_accepted, tdm_error *err);
 tdm_status tdm_group_reserve_kv(tdm_seq *s, int n, tdm_error *err);
+/* tdm_step_probs_fetch on rank 0's model, on its thread (the only rank a
+ * step's probs_of reaches: group.c rank_out). */
+tdm_status tdm_group_probs_fetch(tdm_group *g, float *logits, const int *rows, int n,
+                                 tdm_error *err);
 /* A group's sequence's committed state in the whole model's snapshot layout
  * (l: tdm_snap_layout_expected of the checkpoint's config), out of the
  * ranks' slices into payload, or from payload into a new sequence's

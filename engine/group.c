@@ -510,6 +510,25 @@ tdm_status tdm_group_reserve_kv(tdm_seq *s, int n, tdm_error *err)
     return group_run(s->m->group, call_rank, &a, err);
 }
 
+typedef struct fetch_args {
+    float *logits;
+    const int *rows;
+    int n;
+} fetch_args;
+
+static tdm_status fetch_rank(tdm_group *g, int r, void *arg, tdm_error *err)
+{
+    const fetch_args *a = arg;
+    return r == 0 ? tdm_step_probs_fetch(g->ranks[0], a->logits, a->rows, a->n, err) : TDM_OK;
+}
+
+tdm_status tdm_group_probs_fetch(tdm_group *g, float *logits, const int *rows, int n,
+                                 tdm_error *err)
+{
+    fetch_args a = {logits, rows, n};
+    return group_run(g, fetch_rank, &a, err);
+}
+
 /* ---- state snapshots -------------------------------------------------------- */
 
 /* A group's snapshot is in the whole model's layout (snapshot.h, from the

@@ -533,6 +533,9 @@ void tdm_model_destroy(tdm_model *m)
         m->be->free(m->be->ctx, m->step_probs);
     if (m->step_probs_ids)
         m->be->free(m->be->ctx, m->step_probs_ids);
+    if (m->step_probs_pick)
+        m->be->free(m->be->ctx, m->step_probs_pick);
+    free(m->kept_rows);
     free(m->layers);
     free(m->dir);
     free(m->inv_freq);

@@ -494,82 +494,175 @@ static bool samples(const tdm_sample_row *r)
     return !tdm_sampling_is_greedy(&s);
 }
 
-/* Room on the backend for R rows of probabilities (download_logits). */
+/* Room on the backend for R rows of probabilities, their draws and their
+ * picks (keep_rows); the picks' ids into the rows stay below 2^31. */
 static bool step_probs_fit(tdm_model *m, int R)
 {
     tdm_backend *be = m->be;
     void *bx = be->ctx;
     if (m->step_probs_rows >= (size_t)R)
         return true;
+    if ((size_t)R * (size_t)m->cfg.vocab_size > (size_t)INT32_MAX)
+        return false;
     float *p = be->alloc(bx, (size_t)R * (size_t)m->cfg.vocab_size * sizeof(float));
     int32_t *ids = be->alloc(bx, (size_t)R * sizeof(int32_t));
-    if (!p || !ids) {
+    float *pick = be->alloc(bx, (size_t)R * sizeof(float));
+    if (!p || !ids || !pick) {
         be->free(bx, p);
         be->free(bx, ids);
+        be->free(bx, pick);
         return false;
     }
     be->free(bx, m->step_probs);
     be->free(bx, m->step_probs_ids);
+    be->free(bx, m->step_probs_pick);
     m->step_probs = p;
     m->step_probs_ids = ids;
+    m->step_probs_pick = pick;
     m->step_probs_rows = (size_t)R;
     return true;
 }
 
-/* A step's wanted logits to the host, the rows of sequences that
- * out->probs_of samples as their probabilities (tdm_step_out): on the
- * backend (sample_to into the model's scratch, then downloaded in their
- * place) or, without it or room for it, on the host after the download.
- * Returns how many rows the host still has to turn (host_rows, host_of: the
- * row and its settings); 0 when the backend did. Host memory of the lists:
- * [R]. The model has no draft vocabulary (fwd_run). */
-static int download_logits(tdm_model *m, const tdm_step_out *out, const int *row0,
-                           const int *counts, int nseq, int R, int32_t *host_rows,
-                           tdm_sample_row *host_of, uint8_t *want)
+/* A step's kept rows while it runs (keep_rows, keep_finish). */
+typedef struct keep_list {
+    int n;
+    int32_t *rows;      /* [R]: the step's rows kept, in order */
+    tdm_sample_row *of; /* [R]: each one's settings, with its sequence's uniform */
+    int32_t *ids;       /* [R]: the backend's draws (a host copy) */
+    int32_t *pick_at;   /* [R]: the picks' ids into step_probs (j * vocab + token) */
+    float *picks;       /* [R]: a host copy of the picks, in row order */
+    uint8_t *kept;      /* [nseq]: the sequence's rows are kept */
+    uint8_t *want;      /* [nseq]: its logits come back as they are */
+    bool dev;           /* turned on the backend */
+} keep_list;
+
+/* A step's wanted logits to the host, except the rows of sequences that
+ * out->probs_of samples: turned into their distributions and kept
+ * (tdm_step_out). On the backend: sample_to into the model's scratch, each
+ * row's pick (its probability of the next row's token) gathered from there
+ * by embed as from a table of one column, the draws and picks downloaded.
+ * Without sample_to or room for it: the rows downloaded as logits, for
+ * keep_finish to turn on the host after the sync. The model has no draft
+ * vocabulary (fwd_run). */
+static void keep_rows(tdm_model *m, const tdm_step_out *out, const fwd_step *st, const int *counts,
+                      int nseq, keep_list *k)
 {
     tdm_backend *be = m->be;
     void *bx = be->ctx;
     const size_t V = (size_t)m->cfg.vocab_size;
-    int n = 0;
+    const int R = st->R;
+    *k = (keep_list){
+        .rows = tdm_xmalloc((size_t)R * sizeof(int32_t)),
+        .of = tdm_xmalloc((size_t)R * sizeof(tdm_sample_row)),
+        .ids = tdm_xmalloc((size_t)R * sizeof(int32_t)),
+        .pick_at = tdm_xmalloc((size_t)R * sizeof(int32_t)),
+        .picks = tdm_xmalloc((size_t)R * sizeof(float)),
+        .kept = tdm_xmalloc((size_t)nseq),
+        .want = tdm_xmalloc((size_t)nseq),
+    };
     for (int i = 0; i < nseq; i++) {
         const bool wanted = !out->want_logits || out->want_logits[i];
-        const bool turned = wanted && out->probs_of && samples(&out->probs_of[i]);
-        want[i] = wanted && !turned;
-        for (int r = row0[i]; turned && r < row0[i] + counts[i]; r++) {
-            host_rows[n] = r;
-            host_of[n++] = out->probs_of[i];
+        k->kept[i] = wanted && samples(&out->probs_of[i]);
+        k->want[i] = wanted && !k->kept[i];
+        for (int r = st->row0[i]; k->kept[i] && r < st->row0[i] + counts[i]; r++) {
+            k->rows[k->n] = r;
+            k->of[k->n++] = out->probs_of[i];
         }
     }
-    download_rows(be, bx, out->logits, m->ws.logits, V, V, want, row0, counts, nseq);
-    const bool device = n > 0 && be->sample_to && step_probs_fit(m, R);
-    if (device)
-        be->sample_to(bx, m->step_probs_ids, m->step_probs, m->ws.logits, host_rows, n, (int)V,
-                      NULL, host_of);
-    for (int j = 0; j < n; j++)
-        be->download(bx, out->logits + (size_t)host_rows[j] * V,
-                     device ? m->step_probs + (size_t)j * V
-                            : m->ws.logits + (size_t)host_rows[j] * V,
-                     V * sizeof(float));
-    return device ? 0 : n;
+    download_rows(be, bx, out->logits, m->ws.logits, V, V, k->want, st->row0, counts, nseq);
+    k->dev = k->n > 0 && be->sample_to && step_probs_fit(m, R);
+    if (!k->dev) {
+        for (int j = 0; j < k->n; j++)
+            be->download(bx, out->logits + (size_t)k->rows[j] * V,
+                         m->ws.logits + (size_t)k->rows[j] * V, V * sizeof(float));
+        return;
+    }
+    be->sample_to(bx, m->step_probs_ids, m->step_probs, m->ws.logits, k->rows, k->n, (int)V, NULL,
+                  k->of);
+    int np = 0;
+    for (int i = 0, j = 0; i < nseq; i++)
+        for (int c = 0; k->kept[i] && c < counts[i]; c++, j++)
+            if (c + 1 < counts[i])
+                k->pick_at[np++] = (int32_t)((size_t)j * V) + st->ids[k->rows[j] + 1];
+    if (np > 0) {
+        const tdm_weight table = {m->step_probs, TDM_DTYPE_F32};
+        be->embed(bx, m->step_probs_pick, table, k->pick_at, np, 1);
+        be->download(bx, k->picks, m->step_probs_pick, (size_t)np * sizeof(float));
+    }
+    be->download(bx, k->ids, m->step_probs_ids, (size_t)k->n * sizeof(int32_t));
 }
 
-/* download_logits' rows left to the host, after the sync. */
-static void host_probs(const tdm_model *m, float *logits, const int32_t *rows,
-                       const tdm_sample_row *of, int n)
+/* After the step's sync: the kept rows turned on the host where keep_rows
+ * left them as logits, each kept sequence's draw and picks into out, and
+ * the model's record of the rows for tdm_step_probs_fetch. */
+static void keep_finish(tdm_model *m, const tdm_step_out *out, const fwd_step *st,
+                        const int *counts, int nseq, keep_list *k)
 {
-    if (n == 0)
-        return;
     const size_t V = (size_t)m->cfg.vocab_size;
-    float *p = tdm_xmalloc(V * sizeof(float));
-    int *order = tdm_xmalloc(V * sizeof(int));
-    for (int j = 0; j < n; j++) {
-        const tdm_sampling sp = {of[j].temperature, of[j].top_p, of[j].top_k};
-        float *row = logits + (size_t)rows[j] * V;
-        tdm_sampling_probs(&sp, row, (int)V, p, order);
-        memcpy(row, p, V * sizeof(float));
+    if (!k->dev && k->n > 0) {
+        float *p = tdm_xmalloc(V * sizeof(float));
+        int *order = tdm_xmalloc(V * sizeof(int));
+        for (int j = 0; j < k->n; j++) {
+            const tdm_sampling sp = {k->of[j].temperature, k->of[j].top_p, k->of[j].top_k};
+            float *row = out->logits + (size_t)k->rows[j] * V;
+            tdm_sampling_probs(&sp, row, (int)V, p, order);
+            memcpy(row, p, V * sizeof(float));
+        }
+        free(p);
+        free(order);
     }
-    free(p);
-    free(order);
+    for (int i = 0, j = 0, np = 0; i < nseq; i++)
+        for (int c = 0; k->kept[i] && c < counts[i]; c++, j++) {
+            const int r = st->row0[i] + c;
+            const float *row = out->logits + (size_t)r * V;
+            if (c + 1 < counts[i]) {
+                const float p = k->dev ? k->picks[np++] : row[st->ids[r + 1]];
+                if (out->picked)
+                    out->picked[r] = p;
+            } else if (out->drawn) {
+                out->drawn[i] = k->dev ? k->ids[j] : tdm_sampling_draw(row, (int)V, k->of[j].u);
+            }
+        }
+    if (k->n > m->kept_cap) {
+        free(m->kept_rows);
+        m->kept_rows = tdm_xmalloc((size_t)k->n * sizeof(int32_t));
+        m->kept_cap = k->n;
+    }
+    memcpy(m->kept_rows, k->rows, (size_t)k->n * sizeof(int32_t));
+    m->kept_n = k->n;
+    m->kept_dev = k->dev;
+    m->kept_host = out->logits;
+    free(k->rows);
+    free(k->of);
+    free(k->ids);
+    free(k->pick_at);
+    free(k->picks);
+    free(k->kept);
+    free(k->want);
+}
+
+tdm_status tdm_step_probs_fetch(tdm_model *m, float *logits, const int *rows, int n, tdm_error *err)
+{
+    if (m->group)
+        return tdm_group_probs_fetch(m->group, logits, rows, n, err);
+    tdm_backend *be = m->be;
+    const size_t V = (size_t)m->cfg.vocab_size;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < m->kept_n && m->kept_rows[j] != rows[i])
+            j++;
+        if (j == m->kept_n)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "step row %d was not kept by the model's last call", rows[i]);
+        float *dst = logits + (size_t)rows[i] * V;
+        if (m->kept_dev)
+            be->download(be->ctx, dst, m->step_probs + (size_t)j * V, V * sizeof(float));
+        else if (dst != m->kept_host + (size_t)rows[i] * V)
+            memcpy(dst, m->kept_host + (size_t)rows[i] * V, V * sizeof(float));
+    }
+    if (m->kept_dev && n > 0)
+        be->sync(be->ctx);
+    return TDM_OK;
 }
 
 static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const int32_t *const *toks,
@@ -583,6 +676,7 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         R += counts[i];
     if (R == 0)
         return TDM_OK;
+    m->kept_n = 0;
     if (out && out->probs_of && m->dv.n)
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "a step's probabilities are not taken on a model with a draft "
@@ -644,15 +738,10 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
         gather_logits(m, R, &st);
     if (out && out->argmax)
         be->argmax(bx, out->argmax, m->ws.logits, R, (int)Vl);
-    int32_t *host_rows = NULL;
-    tdm_sample_row *host_of = NULL;
-    int n_host = 0;
-    if (out && out->logits && out->probs_of) {
-        host_rows = tdm_xmalloc((size_t)R * sizeof(*host_rows));
-        host_of = tdm_xmalloc((size_t)R * sizeof(*host_of));
-        uint8_t *want = tdm_xmalloc((size_t)nseq);
-        n_host = download_logits(m, out, st.row0, counts, nseq, R, host_rows, host_of, want);
-        free(want);
+    keep_list kl = {0};
+    const bool keep = out && out->logits && out->probs_of;
+    if (keep) {
+        keep_rows(m, out, &st, counts, nseq, &kl);
     } else if (out && out->logits) {
         download_rows(be, bx, out->logits, m->ws.logits, V, Vl, out->want_logits, st.row0, counts,
                       nseq);
@@ -667,9 +756,8 @@ static tdm_status fwd_run(tdm_model *m, tdm_seq *const *seqs, int nseq, const in
             out->argmax[r] = m->dv.ids[out->argmax[r]];
     if (m->dv.n && out && out->logits)
         spread_rows(m, out->logits, out->want_logits, st.row0, counts, nseq);
-    host_probs(m, out ? out->logits : NULL, host_rows, host_of, n_host);
-    free(host_rows);
-    free(host_of);
+    if (keep)
+        keep_finish(m, out, &st, counts, nseq, &kl);
     for (int i = 0; i < nseq; i++)
         seqs[i]->n_past += counts[i];
     step_scratch_free(&st);
@@ -1476,8 +1564,12 @@ tdm_status tdm_step_buf_reserve(tdm_step_buf *b, tdm_model *m, size_t rows, size
     if (rows > b->rows) {
         free(b->argmax);
         free(b->want);
+        free(b->drawn);
+        free(b->picked);
         b->argmax = tdm_xmalloc(rows * sizeof(int32_t));
         b->want = tdm_xmalloc(rows);
+        b->drawn = tdm_xmalloc(rows * sizeof(int32_t));
+        b->picked = tdm_xmalloc(rows * sizeof(float));
         b->rows = rows;
     }
     b->m = m;
@@ -1491,10 +1583,16 @@ void tdm_step_buf_free(tdm_step_buf *b)
         tdm_model_host_free(b->m, b->logits);
     free(b->argmax);
     free(b->want);
+    free(b->drawn);
+    free(b->picked);
     *b = (tdm_step_buf){0};
 }
 
 tdm_step_out tdm_step_buf_out(const tdm_step_buf *b)
 {
-    return (tdm_step_out){b->logit_rows ? b->logits : NULL, b->want, b->argmax, NULL, NULL, NULL};
+    return (tdm_step_out){.logits = b->logit_rows ? b->logits : NULL,
+                          .want_logits = b->want,
+                          .argmax = b->argmax,
+                          .drawn = b->drawn,
+                          .picked = b->picked};
 }

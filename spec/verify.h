@@ -51,14 +51,6 @@ int tdm_verify_block(const tdm_sampling *s, uint64_t seed, uint32_t position,
                      const uint32_t *drafts, int k, const tdm_draft_dist *dists, void *scratch,
                      tdm_verdict *out);
 
-/* Sampling settings from the target's distributions instead of its logits:
- * target_probs (k+1, vocab), each row tdm_sampling_probs' probabilities
- * under s (a step's tdm_step_out.probs_of), so no row is worked out again
- * here. The verdict tdm_verify_block gives for those rows' logits. */
-int tdm_verify_block_probs(const tdm_sampling *s, uint64_t seed, uint32_t position,
-                           const float *target_probs, int vocab, const uint32_t *drafts, int k,
-                           const tdm_draft_dist *dists, void *scratch, tdm_verdict *out);
-
 /* Greedy settings from the target's argmax per row (k + 1 ids) instead of
  * its logits: the verdict tdm_verify_block gives for greedy settings, and
  * the same -1 for a block with a token outside the vocabulary. */
@@ -72,8 +64,23 @@ int tdm_verify_sample_one(const tdm_sampling *s, uint64_t seed, uint32_t positio
                           const float *logits, int vocab,
                           void *scratch);
 
-/* tdm_verify_sample_one from the row's distribution (as above). */
-int tdm_verify_sample_probs(uint64_t seed, uint32_t position, const float *probs, int vocab);
+/* tdm_verify_block's sampled verdict in parts, for a caller that keeps the
+ * target's distributions where they were worked out (a step's
+ * tdm_step_out.probs_of) and brings back only what a verdict reads:
+ *  - tdm_verify_accepted: how many drafts stand, from target_px[i] = row i's
+ *    probability of drafts[i] (tdm_step_out.picked); dists as above, the
+ *    ids already checked;
+ *  - fewer than k: the token is tdm_verify_residual's, from the first
+ *    rejected row's distribution (that row's position, draft and dist;
+ *    scratch: tdm_verify_scratch_bytes);
+ *  - all k: the token is tdm_sampling_draw's from row k's distribution with
+ *    tdm_verify_bonus_uniform at position + k (tdm_step_out.drawn, with
+ *    that uniform as the row's u). So is plain decoding's, k = 0. */
+int tdm_verify_accepted(uint64_t seed, uint32_t position, const float *target_px,
+                        const uint32_t *drafts, int k, const tdm_draft_dist *dists);
+int tdm_verify_residual(uint64_t seed, uint32_t position, const float *target_probs, int vocab,
+                        uint32_t draft, const tdm_draft_dist *dist, void *scratch);
+double tdm_verify_bonus_uniform(uint64_t seed, uint32_t position);
 
 size_t tdm_verify_scratch_bytes(int vocab);
 

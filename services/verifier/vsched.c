@@ -174,7 +174,8 @@ typedef struct vround {
     int n_drop;
     tdm_step_buf out;     /* logits and argmaxes (grown on demand) */
     uint8_t *want_hidden; /* [max_sequences]: the sequence's drafter takes hidden states */
-    int *sampled;         /* [max_sequences]: the sampled sequences (verdicts) */
+    int *sampled;         /* [max_sequences]: the sequences with a rejection (verdicts) */
+    int *fetch;           /* [max_sequences]: their rejected rows */
     tdm_sample_row *probs_of; /* [max_sequences]: each sequence's settings (run_step) */
     float *hidden;        /* [hidden_rows, H]: the step's (or a prefill's) hidden states */
     size_t hidden_rows;
@@ -2035,13 +2036,18 @@ static void run_step(vsched *s, vround *rd)
     for (int i = 0; i < rd->n; i++) {
         const tdm_sampling *sp = &rd->seqs[i].r->sampling;
         rd->out.want[i] = !tdm_sampling_is_greedy(sp);
-        rd->probs_of[i] = (tdm_sample_row){sp->temperature, sp->top_p, sp->top_k, 0, 0.0};
+        /* its last row's draw: plain decoding's, or the bonus token's */
+        const vreq *r = rd->seqs[i].r;
+        const uint32_t last = (uint32_t)(r->prompt_len + r->n_out + rd->seqs[i].k);
+        rd->probs_of[i] = (tdm_sample_row){sp->temperature, sp->top_p, sp->top_k, 0,
+                                           tdm_verify_bonus_uniform(r->seed, last)};
         rd->want_hidden[i] = rd->seqs[i].r->feat;
         any_feat |= rd->seqs[i].r->feat;
     }
     tdm_step_out o = tdm_step_buf_out(&rd->out);
-    /* A sampled sequence's rows come back as its distributions, worked out
-     * where the logits are (on the device for CUDA; verdict_of reads them). */
+    /* A sampled sequence's rows stay where the logits are, as its
+     * distributions (on the device for CUDA): its draw and its drafts'
+     * probabilities come back, and verdicts fetches a row a rejection needs. */
     o.probs_of = rd->probs_of;
     if (any_feat) {
         /* Only sequences whose drafter takes hidden states bring theirs back. */
@@ -2114,27 +2120,10 @@ static bool emit_tokens_locked(vreq *r, const int32_t *toks, int n, int max_cont
     return false;
 }
 
-/* The verdict on one sequence's rows: how many drafts it keeps and the token
- * that follows them. Reads only the round and the request's sampling, so the
- * round's sequences may be judged on several threads at once, each with a
- * scratch of its own. */
-static tdm_verdict verdict_of(const vsched *s, const vround *rd, const vround_seq *q, void *scratch)
+/* A sequence's drafts' distributions, as its block sent them. */
+static void block_dists(const Tandem__V1__DraftBlock *b, int k, tdm_draft_dist *dd)
 {
-    vreq *r = q->r;
-    const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
-    /* a sampled sequence's rows: its distributions (probs_of in run_step) */
-    const float *pr = greedy ? NULL : rd->out.logits + (size_t)q->row * (size_t)s->vocab;
-    const int32_t *am = rd->out.argmax + q->row;
-    tdm_verdict v = {0};
-    /* The first row decides the token at this position of the sequence. */
-    const uint32_t position = (uint32_t)(r->prompt_len + r->n_out);
-    if (q->k == 0) {
-        v.next_token = greedy ? am[0] : tdm_verify_sample_probs(r->seed, position, pr, s->vocab);
-        return v;
-    }
-    const Tandem__V1__DraftBlock *b = q->block->block;
-    tdm_draft_dist dd[TDM_MAX_DRAFT_BLOCK];
-    for (int j = 0; j < q->k; j++) {
+    for (int j = 0; j < k; j++) {
         dd[j].n = 0;
         if (b->n_dists) {
             dd[j].n = (int)b->dists[j]->n_ids;
@@ -2142,27 +2131,76 @@ static tdm_verdict verdict_of(const vsched *s, const vround *rd, const vround_se
             dd[j].probs = b->dists[j]->probs;
         }
     }
-    /* take_blocks checked the ids: neither call can refuse the block. */
-    if (greedy)
+}
+
+/* The token at the sequence's position in the round. */
+static uint32_t round_position(const vround_seq *q)
+{
+    return (uint32_t)(q->r->prompt_len + q->r->n_out);
+}
+
+/* The verdict on one sequence's rows, as far as the step's outputs decide
+ * it: how many drafts it keeps, and the token that follows them unless a
+ * draft was rejected under sampling (next_token -1: the rejected row's
+ * distribution decides it, verdict_residual). Greedy: its argmaxes.
+ * Sampled: its drafts' probabilities and its last row's draw (run_step's
+ * probs_of). take_blocks checked the ids. */
+static tdm_verdict verdict_of(const vsched *s, const vround *rd, int i)
+{
+    const vround_seq *q = &rd->seqs[i];
+    const vreq *r = q->r;
+    const int32_t *am = rd->out.argmax + q->row;
+    const bool greedy = tdm_sampling_is_greedy(&r->sampling); /* as want[] in run_step */
+    tdm_verdict v = {0, greedy ? am[0] : rd->out.drawn[i]};
+    if (q->k == 0)
+        return v;
+    const Tandem__V1__DraftBlock *b = q->block->block;
+    tdm_draft_dist dd[TDM_MAX_DRAFT_BLOCK];
+    block_dists(b, q->k, dd);
+    if (greedy) {
         tdm_verify_block_argmax(am, s->vocab, b->tokens, q->k, dd, &v);
-    else
-        tdm_verify_block_probs(&r->sampling, r->seed, position, pr, s->vocab, b->tokens, q->k, dd,
-                               scratch, &v);
-    if (tdm_log_get_level() <= TDM_LOG_DEBUG)
-        tdm_log_debug(LOG,
-                      "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "
-                      "ms, step %.2f ms, cost %.2f + %.2f a draft, acceptance estimate %.2f",
-                      r->request_id, b->round, q->k, b->position, v.accepted, rd->t_wait,
-                      rd->t_step, rd->fixed, rd->cost, r->ad.accept_rate);
+        return v;
+    }
+    v.accepted = tdm_verify_accepted(r->seed, round_position(q), rd->out.picked + q->row, b->tokens,
+                                     q->k, dd);
+    if (v.accepted < q->k)
+        v.next_token = -1;
     return v;
 }
 
-/* The sampled sequences of a round, judged on the verdict pool: each chunk
- * claims sequences until none is left. */
+static void verdict_log(const vround *rd, const vround_seq *q)
+{
+    if (q->k == 0 || tdm_log_get_level() > TDM_LOG_DEBUG)
+        return;
+    const Tandem__V1__DraftBlock *b = q->block->block;
+    tdm_log_debug(LOG,
+                  "request %s round %u: %d drafts from position %u, accepted %d; wait %.2f "
+                  "ms, step %.2f ms, cost %.2f + %.2f a draft, acceptance estimate %.2f",
+                  q->r->request_id, b->round, q->k, b->position, q->v.accepted, rd->t_wait,
+                  rd->t_step, rd->fixed, rd->cost, q->r->ad.accept_rate);
+}
+
+/* A sampled sequence's token after its first rejected draft: from that
+ * row's distribution, fetched into the step's logits (verdicts). Reads only
+ * the round and the request, so sequences may be judged on several threads
+ * at once, each with a scratch of its own. */
+static void verdict_residual(const vsched *s, const vround *rd, vround_seq *q, void *scratch)
+{
+    const int i = q->v.accepted;
+    const Tandem__V1__DraftBlock *b = q->block->block;
+    tdm_draft_dist dd[TDM_MAX_DRAFT_BLOCK];
+    block_dists(b, q->k, dd);
+    const float *p = rd->out.logits + (size_t)(q->row + i) * (size_t)s->vocab;
+    q->v.next_token = tdm_verify_residual(q->r->seed, round_position(q) + (uint32_t)i, p, s->vocab,
+                                          b->tokens[i], &dd[i], scratch);
+}
+
+/* The rejections of a round, judged on the verdict pool: each chunk claims
+ * sequences until none is left. */
 typedef struct verdict_job {
     const vsched *s;
     vround *rd;
-    const int *idx; /* the sampled sequences' indices in rd->seqs */
+    const int *idx; /* the sequences' indices in rd->seqs */
     int n;
     atomic_int next;
 } verdict_job;
@@ -2170,27 +2208,35 @@ typedef struct verdict_job {
 static void verdict_chunk(void *arg, int chunk)
 {
     verdict_job *j = arg;
-    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
-        vround_seq *q = &j->rd->seqs[j->idx[i]];
-        q->v = verdict_of(j->s, j->rd, q, j->s->vscratch[chunk]);
-    }
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;)
+        verdict_residual(j->s, j->rd, &j->rd->seqs[j->idx[i]], j->s->vscratch[chunk]);
 }
 
 /* Every sequence's verdict on a stepped round. A greedy one reads its
- * argmaxes; a sampled one draws from its rows' distributions, and on a
- * rejection from the residual over the whole vocabulary (a pass over 248k
- * floats), so two or more go to the pool, where the result does not depend
- * on which thread judges which sequence. */
+ * argmaxes; a sampled one its drafts' probabilities and its draw. Where a
+ * sampled draft was rejected, that row's distribution is fetched (all of a
+ * round's in one call) and the token drawn from the residual over the
+ * vocabulary (a pass over 248k floats): two or more such go to the pool,
+ * where the result does not depend on which thread judges which. */
 static void verdicts(vsched *s, vround *rd)
 {
-    int *idx = rd->sampled;
+    int *idx = rd->sampled, *rows = rd->fetch;
     int n = 0;
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
-        if (tdm_sampling_is_greedy(&q->r->sampling))
-            q->v = verdict_of(s, rd, q, NULL);
-        else
-            idx[n++] = i;
+        q->v = verdict_of(s, rd, i);
+        if (q->v.next_token >= 0)
+            continue;
+        rows[n] = q->row + q->v.accepted;
+        idx[n++] = i;
+    }
+    if (n > 0) {
+        tdm_error err = {0};
+        rd->rc = tdm_step_probs_fetch(s->p.model, rd->out.logits, rows, n, &err);
+        if (rd->rc != TDM_OK) {
+            rd->err = err;
+            return;
+        }
     }
     verdict_job j = {.s = s, .rd = rd, .idx = idx, .n = n};
     atomic_init(&j.next, 0);
@@ -2199,6 +2245,8 @@ static void verdicts(vsched *s, vround *rd)
         tdm_pool_run(s->vpool, verdict_chunk, &j, chunks);
     else if (chunks > 0)
         verdict_chunk(&j, 0);
+    for (int i = 0; i < rd->n; i++)
+        verdict_log(rd, &rd->seqs[i]);
 }
 
 /* What the sequence's drafter hears next (under mu): a verdict on its block,
@@ -2702,6 +2750,7 @@ static void round_init(vround *rd, int cap)
     rd->eseqs = tdm_xcalloc((size_t)cap, sizeof(*rd->eseqs));
     rd->want_hidden = tdm_xcalloc((size_t)cap, sizeof(*rd->want_hidden));
     rd->sampled = tdm_xcalloc((size_t)cap, sizeof(*rd->sampled));
+    rd->fetch = tdm_xcalloc((size_t)cap, sizeof(*rd->fetch));
     rd->probs_of = tdm_xcalloc((size_t)cap, sizeof(*rd->probs_of));
     /* A sequence sends at most one Close a round, plus the waiting ones
      * retired at admission (at most cap: they are admitted as they retire). */
@@ -2718,6 +2767,7 @@ static void round_free(vround *rd)
     free(rd->eseqs);
     free(rd->want_hidden);
     free(rd->sampled);
+    free(rd->fetch);
     free(rd->probs_of);
     free(rd->hidden);
     free(rd->feat_row);

@@ -260,8 +260,14 @@ def case_tensor_parallel():
     each strategy; splits the model does not allow, and prefix caching, are
     refused at start naming why."""
     ps = prompts(8 if st.ARGS.quick else 24)
-    gw, v, d = stack("extra_buffer", None)
+    # Seeded sampled requests too: their rows' distributions stay on rank 0,
+    # which a rejected draft's residual fetches from.
+    sampled = lambda i: {"temperature": 0.8, "top_p": 0.95, "seed": str(77 + i)}  # noqa: E731
+    spec = lambda i: generate(gw, ps[i], mode="SPECULATION_MODE_ON", block=4,  # noqa: E731
+                              fixed=True, sampling=sampled(i))
+    gw, v, d = stack("extra_buffer", "model")
     baseline = [r[2] for r in parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)]
+    baseline_sampled = [r[2] for r in parallel(spec, range(len(ps)))]
     stop_all()
     for tp, strategy in ((2, "extra_buffer"), (2, "no_buffer"), (4, "replay")):
         gw, v, d = stack(strategy, "model", extra_verifier_args=("--tensor-parallel", str(tp)))
@@ -284,6 +290,13 @@ def case_tensor_parallel():
                   (tp, strategy, mode, len(ps), rounds), flush=True)
             if block:
                 check(rounds > 0, "tp %d: no speculative round ran" % tp)
+        res = parallel(spec, range(len(ps)))
+        for i, r in enumerate(res):
+            check(r[0] == "OK" and r[2] == baseline_sampled[i],
+                  "tp %d %s sampled prompt %d: %s %s ids %s != one verifier's %s" %
+                  (tp, strategy, i, r[0], r[1], r[2], baseline_sampled[i]))
+        print("tensor_parallel %d, %s: %d seeded sampled prompts as one verifier" %
+              (tp, strategy, len(ps)), flush=True)
         stop_all()
     # refusals at start, naming the cause
     for args, want in ((("--tensor-parallel", "3"), "num_attention_heads (4) is not a multiple of 3"),):

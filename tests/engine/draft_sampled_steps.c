@@ -131,43 +131,58 @@ static void one_call(const char *name, tdm_model *m, tdm_model *r, int a, int b,
     free(order);
 }
 
-/* A verify call whose sampled sequences' rows come back as distributions
+/* A verify call whose sampled sequences' rows are kept as distributions
  * (tdm_step_out.probs_of) against the same call's logits turned on the
- * host; a greedy sequence's rows stay logits. */
+ * host: each kept sequence's draw from its last row, each other row's
+ * probability of the next row's token, and every kept row fetched
+ * afterwards; a greedy sequence's rows stay logits and are not kept. */
+enum { NP = 4 };
 static void probs_of_check(const char *name, tdm_model *m, tdm_model *r)
 {
     tdm_error err;
-    const int V = tdm_model_get_config(m)->vocab_size, B = 3;
+    const int V = tdm_model_get_config(m)->vocab_size;
     const bool exact = strcmp(tdm_model_backend(m)->name, "cpu") == 0;
-    tdm_seq *sq[NSEQ], *rq[NSEQ];
-    int32_t blocks[NSEQ][3];
-    const int32_t *tp[NSEQ];
-    int nt[NSEQ];
-    tdm_sample_row of[NSEQ];
-    for (int i = 0; i < NSEQ; i++) {
+    const int nt[NP] = {3, 3, 1, 4}; /* sequence 1 greedy; 2 a plain row */
+    tdm_seq *sq[NP], *rq[NP];
+    int32_t blocks[NP][4];
+    const int32_t *tp[NP];
+    tdm_sample_row of[NP];
+    int row0[NP], rows = 0;
+    for (int i = 0; i < NP; i++) {
         sq[i] = seq_of(m, 40 + i);
         rq[i] = seq_of(r, 40 + i);
-        for (int j = 0; j < B; j++)
+        for (int j = 0; j < nt[i]; j++)
             blocks[i][j] = (int32_t)((i * 71 + j * 13 + 2) % V);
         tp[i] = blocks[i];
-        nt[i] = B;
+        row0[i] = rows;
+        rows += nt[i];
         const tdm_sampling *st = &settings[(i * 2 + 1) % 5];
         of[i] = i == 1 ? (tdm_sample_row){0} /* greedy */
-                       : (tdm_sample_row){st->temperature, st->top_p, st->top_k, 0, 0.0};
+                       : (tdm_sample_row){st->temperature, st->top_p, st->top_k, 0,
+                                          fmod(0.29 + 0.618033988749895 * i, 1.0)};
     }
-    float *got = calloc((size_t)NSEQ * B * V, sizeof(float)),
-          *lg = calloc((size_t)NSEQ * B * V, sizeof(float)), *p = malloc((size_t)V * 4);
+    float *got = calloc((size_t)rows * V, sizeof(float)), *lg = calloc((size_t)rows * V, 4),
+          *fx = calloc((size_t)rows * V, sizeof(float)), *picked = calloc((size_t)rows, 4),
+          *p = malloc((size_t)V * 4);
     int *order = malloc((size_t)V * sizeof(int));
-    CHECK(got && lg && p && order, "out of memory");
-    tdm_step_out o = {.logits = got, .probs_of = of};
-    CHECK(tdm_seq_verify_out(sq, NSEQ, tp, nt, &o, &err) == TDM_OK, "%s: %s", name, err.msg);
+    int32_t drawn[NP];
+    CHECK(got && lg && fx && picked && p && order, "out of memory");
+    tdm_step_out o = {.logits = got, .probs_of = of, .drawn = drawn, .picked = picked};
+    CHECK(tdm_seq_verify_out(sq, NP, tp, nt, &o, &err) == TDM_OK, "%s: %s", name, err.msg);
     o = (tdm_step_out){.logits = lg};
-    CHECK(tdm_seq_verify_out(rq, NSEQ, tp, nt, &o, &err) == TDM_OK, "%s: %s", name, err.msg);
-    for (int i = 0; i < NSEQ; i++)
-        for (int j = 0; j < B; j++) {
-            const float *g = got + (size_t)(i * B + j) * V, *l = lg + (size_t)(i * B + j) * V;
+    CHECK(tdm_seq_verify_out(rq, NP, tp, nt, &o, &err) == TDM_OK, "%s: %s", name, err.msg);
+    /* Every kept row, fetched into another buffer than the step's. */
+    int kept[4 * NP], nk = 0;
+    for (int i = 0; i < NP; i++)
+        for (int j = 0; i != 1 && j < nt[i]; j++)
+            kept[nk++] = row0[i] + j;
+    CHECK(tdm_step_probs_fetch(m, fx, kept, nk, &err) == TDM_OK, "%s: %s", name, err.msg);
+    for (int i = 0; i < NP; i++)
+        for (int j = 0; j < nt[i]; j++) {
+            const int row = row0[i] + j;
+            const float *l = lg + (size_t)row * V;
             const tdm_sampling st = {of[i].temperature, of[i].top_p, of[i].top_k};
-            const float *want = l;
+            const float *g = i == 1 ? got + (size_t)row * V : fx + (size_t)row * V, *want = l;
             if (i != 1) {
                 tdm_sampling_probs(&st, l, V, p, order);
                 want = p;
@@ -182,14 +197,44 @@ static void probs_of_check(const char *name, tdm_model *m, tdm_model *r)
             CHECK((exact || i == 1 ? worst == 0.0 : worst <= 1e-6) && apart == 0,
                   "%s: sequence %d row %d: %s differ from the host's by %g (%d tokens in one "
                   "support only)",
-                  name, i, j, i == 1 ? "logits" : "probabilities", worst, apart);
+                  name, i, j, i == 1 ? "logits" : "fetched probabilities", worst, apart);
+            if (i == 1)
+                continue;
+            if (j + 1 < nt[i]) {
+                const float pw = p[blocks[i][j + 1]];
+                const double d = fabs((double)picked[row] - (double)pw);
+                CHECK(exact ? d == 0.0 : d <= 1e-6,
+                      "%s: sequence %d row %d: picked %.9g, the host's probability of the next "
+                      "row's token %d is %.9g",
+                      name, i, j, (double)picked[row], blocks[i][j + 1], (double)pw);
+            } else {
+                const int w = tdm_sampling_draw(p, V, of[i].u);
+                CHECK(drawn[i] == w, "%s: sequence %d: drew %d from its last row, the host %d",
+                      name, i, drawn[i], w);
+            }
         }
-    for (int i = 0; i < NSEQ; i++) {
+    /* A row the step did not keep, and rows after the model's next call. */
+    const int greedy_row = row0[1];
+    CHECK(tdm_step_probs_fetch(m, fx, &greedy_row, 1, &err) == TDM_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "not kept"),
+          "%s: a greedy row fetched: %s", name, err.msg);
+    for (int i = 0; i < NP; i++)
+        CHECK(tdm_seq_commit(sq[i], -1, &err) == TDM_OK, "%s: %s", name, err.msg);
+    {
+        const int one = 1;
+        o = (tdm_step_out){.logits = got};
+        CHECK(tdm_seq_verify_out(sq, 1, tp, &one, &o, &err) == TDM_OK, "%s: %s", name, err.msg);
+        CHECK(tdm_step_probs_fetch(m, fx, kept, 1, &err) == TDM_ERR_INVALID_ARGUMENT,
+              "%s: a row fetched after the next call was not refused", name);
+    }
+    for (int i = 0; i < NP; i++) {
         tdm_seq_destroy(sq[i]);
         tdm_seq_destroy(rq[i]);
     }
     free(got);
     free(lg);
+    free(fx);
+    free(picked);
     free(p);
     free(order);
 }
@@ -222,7 +267,8 @@ void draft_sampled_check(const char *name, tdm_backend *be)
         const int one = 1;
         float *lg = malloc((size_t)V * sizeof(float));
         const tdm_sample_row of = {1.0f, 0.0f, 0, 0, 0.0};
-        const tdm_step_out o = {.logits = lg, .probs_of = &of};
+        int32_t drawn;
+        const tdm_step_out o = {.logits = lg, .probs_of = &of, .drawn = &drawn};
         CHECK(lg && tdm_seq_verify_out(&q, 1, &tp, &one, &o, &err) == TDM_ERR_INVALID_ARGUMENT &&
                   strstr(err.msg, "draft vocabulary"),
               "%s: distributions of a model with a draft vocabulary: %s", name, err.msg);
@@ -236,7 +282,8 @@ void draft_sampled_check(const char *name, tdm_backend *be)
         one_call(name, mh, r, a, (a + 1) % ns, a + 2 * ns);
         one_call(name, mhv, rv, a, (a + 4) % ns, a + 3 * ns);
     }
-    printf("%s: a verify call's sampled rows as distributions, and sampled draft chains (%d "
+    printf("%s: a verify call's sampled rows kept as distributions (draws, picks, fetches), and "
+           "sampled draft chains (%d "
            "settings, a greedy chain beside, with and without a draft vocabulary of %d, with "
            "and without the backend's sample_to): the host's drafts, from distributions %s the "
            "host's\n",

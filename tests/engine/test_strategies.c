@@ -239,7 +239,7 @@ static void step_out(tdm_model *m, const char *name)
         }
         memset(lb, 0xff, (size_t)rows * V * 4); /* NaN: rows not asked for stay so */
         CHECK(tdm_seq_step(a, N, bp, nt, la, &err) == TDM_OK, "%s", err.msg);
-        const tdm_step_out out = {lb, masks[round], am, NULL, NULL, NULL};
+        const tdm_step_out out = {.logits = lb, .want_logits = masks[round], .argmax = am};
         CHECK(tdm_seq_step_out(b, N, bp, nt, &out, &err) == TDM_OK, "%s", err.msg);
         for (int i = 0, r = 0; i < N; i++)
             for (int j = 0; j < nt[i]; j++, r++) {

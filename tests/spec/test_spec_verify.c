@@ -112,18 +112,26 @@ static int generate(const tdm_sampling *ts, const tdm_sampling *ds, int k, int s
                                       scratch, &v);
             if (rc != 0)
                 return -1;
-            /* The same rows as distributions (a step's probs_of) give the
-             * same verdict, and so does a plain row's draw. */
-            float prows[9][V];
+            /* The verdict in parts, from the rows' distributions (a step's
+             * probs_of: the drafts' probabilities, the last row's draw, the
+             * first rejected row's residual), is the same, and so is a
+             * plain row's draw. */
+            float prows[9][V], px[8];
             for (int i = 0; i <= k; i++)
                 tdm_sampling_probs(ts, logits[i], V, prows[i], order);
-            tdm_verdict vp;
-            CHECK(tdm_verify_block_probs(ts, seed, (uint32_t)n, &prows[0][0], V, drafts, k, dists,
-                                         scratch, &vp) == 0 &&
-                      vp.accepted == v.accepted && vp.next_token == v.next_token,
-                  "verdict from distributions (%d, %d) against from logits (%d, %d)", vp.accepted,
+            for (int i = 0; i < k; i++)
+                px[i] = prows[i][drafts[i]];
+            tdm_verdict vp = {tdm_verify_accepted(seed, (uint32_t)n, px, drafts, k, dists), -1};
+            vp.next_token =
+                vp.accepted < k
+                    ? tdm_verify_residual(seed, (uint32_t)(n + vp.accepted), prows[vp.accepted], V,
+                                          drafts[vp.accepted], &dists[vp.accepted], scratch)
+                    : tdm_sampling_draw(prows[k], V,
+                                        tdm_verify_bonus_uniform(seed, (uint32_t)(n + k)));
+            CHECK(vp.accepted == v.accepted && vp.next_token == v.next_token,
+                  "verdict in parts (%d, %d) against from logits (%d, %d)", vp.accepted,
                   vp.next_token, v.accepted, v.next_token);
-            CHECK(tdm_verify_sample_probs(seed, (uint32_t)n, prows[0], V) ==
+            CHECK(tdm_sampling_draw(prows[0], V, tdm_verify_bonus_uniform(seed, (uint32_t)n)) ==
                       tdm_verify_sample_one(ts, seed, (uint32_t)n, logits[0], V, scratch),
                   "a plain row's draw from its distribution");
             if (mode == VERIFY_NO_RESIDUAL && v.accepted < k) {
