@@ -19,6 +19,7 @@
 #include "alloc.h"
 #include "capacity.h"
 #include "engine_internal.h"
+#include "sampling.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -44,6 +45,8 @@ struct tdm_mtp {
     int graphs;              /* draft chains through the backend's graph slots */
     int32_t *dids;           /* backend [dcap]: drafts on the device, [step, sequence] */
     int dcap;
+    float *dprobs;      /* backend [dprobs_rows, draft vocabulary]: sampled drafts' */
+    int dprobs_rows;    /* distributions on the device, [step, sequence] */
     tdm_draft_vocab dv; /* the draft vocabulary (tdm_mtp_set_vocab); n 0: the whole one */
 };
 
@@ -147,6 +150,7 @@ void tdm_mtp_destroy(tdm_mtp *h)
         be->free(be->ctx, h->y[0]);
         be->free(be->ctx, h->y[1]);
         be->free(be->ctx, h->dids);
+        be->free(be->ctx, h->dprobs);
         tdm_draft_vocab_free(be, &h->dv);
     }
     tdm_model_destroy(h->own);
@@ -181,6 +185,11 @@ void tdm_mtp_set_graphs(tdm_mtp *h, int on)
 int tdm_mtp_vocab_size(const tdm_mtp *h)
 {
     return h->dv.n ? h->dv.n : h->m->cfg.vocab_size;
+}
+
+int32_t tdm_mtp_vocab_id(const tdm_mtp *h, int t)
+{
+    return h->dv.n ? h->dv.ids[t] : t;
 }
 
 /* ---- sequences --------------------------------------------------------- */
@@ -500,13 +509,49 @@ static tdm_status dids_ensure(tdm_mtp *h, int n, tdm_error *err)
     return TDM_OK;
 }
 
-tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
-                           const int32_t *const *forced, int32_t *const *drafts, float *logits,
-                           tdm_error *err)
+/* Room on the backend for n sampled drafts' distributions of vd floats. */
+static tdm_status dprobs_ensure(tdm_mtp *h, int n, size_t vd, tdm_error *err)
+{
+    if (n <= h->dprobs_rows)
+        return TDM_OK;
+    tdm_backend *be = h->m->be;
+    float *p = be->alloc(be->ctx, (size_t)n * vd * sizeof(float));
+    if (!p)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "backend out of memory for %d MTP draft distributions of %zu", n, vd);
+    be->free(be->ctx, h->dprobs);
+    h->dprobs = p;
+    h->dprobs_rows = n;
+    return TDM_OK;
+}
+
+/* A sampled draft on the host: row x's logits (vd of them) turned into
+ * ds's distribution of step j and drawn with its uniform; the token id. */
+static int32_t mtp_draw_host(const tdm_mtp *h, const tdm_draft_sampling *ds, int j, int x,
+                             size_t vd, float *row, int *order)
+{
+    tdm_backend *be = h->m->be;
+    be->download(be->ctx, row, h->m->ws.logits + (size_t)x * vd, vd * sizeof(float));
+    be->sync(be->ctx);
+    const tdm_sampling sp = {ds->temperature, ds->top_p, ds->top_k};
+    float *p = ds->probs + (size_t)j * vd;
+    tdm_sampling_probs(&sp, row, (int)vd, p, order);
+    return tdm_mtp_vocab_id(h, tdm_sampling_draw(p, (int)vd, ds->u[j]));
+}
+
+static tdm_status mtp_draft(tdm_mtp_seq *const *seqs, int nseq, const int *k,
+                            const int32_t *const *forced, const tdm_draft_sampling *const *sampling,
+                            int32_t *const *drafts, float *logits, tdm_error *err)
 {
     tdm_status rc = check_batch(seqs, nseq, err);
     if (rc != TDM_OK)
         return rc;
+    bool sampled = false;
+    for (int i = 0; sampling && i < nseq; i++)
+        sampled = sampled || sampling[i];
+    if (sampled && forced)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "forced proposals and sampled drafts in one MTP call");
     tdm_mtp *h = seqs[0]->h;
     tdm_model *m = h->m;
     tdm_backend *be = m->be;
@@ -527,9 +572,11 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     }
     /* On the device: each step's argmax stays there and feeds the next
      * step's embedding; the drafts come back in one download at the end. */
-    const bool device = !logits && be->argmax_to && be->embed_dev;
+    const bool device = !logits && be->argmax_to && be->embed_dev && (!sampled || be->sample_to);
+    const size_t vd = (size_t)tdm_mtp_vocab_size(h);
     if ((rc = rows_ensure(h, nseq, err)) != TDM_OK ||
-        (device && (rc = dids_ensure(h, kmax * nseq, err)) != TDM_OK))
+        (device && (rc = dids_ensure(h, kmax * nseq, err)) != TDM_OK) ||
+        (device && sampled && (rc = dprobs_ensure(h, kmax * nseq, vd, err)) != TDM_OK))
         return rc;
     for (int i = 0; i < nseq; i++)
         if ((rc = kv_ensure(seqs[i], seqs[i]->n_past + k[i] - 1 + (seqs[i]->carry >= 0), err)) !=
@@ -558,6 +605,9 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     size_t *out0 = tdm_xmalloc((size_t)nseq * sizeof(size_t)); /* each one's first logits row */
     int *na = tdm_xmalloc((size_t)kmax * sizeof(int));         /* sequences drafting at step j */
     int *saved = tdm_xmalloc(2 * (size_t)nseq * sizeof(int));
+    tdm_sample_row *srows = sampled ? tdm_xcalloc((size_t)nseq, sizeof(*srows)) : NULL;
+    float *hrow = sampled && !device ? tdm_xmalloc(vd * sizeof(float)) : NULL;
+    int *horder = sampled && !device ? tdm_xmalloc(vd * sizeof(int)) : NULL;
     for (int i = 0, o = 0; i < nseq; o += k[i], i++) {
         ones[i] = 1;
         rows[i] = i;
@@ -598,7 +648,9 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     key = tdm_key_mix(key, (uint64_t)m->ws.rows);
     key = tdm_key_mix(key, (uint64_t)(uintptr_t)h->y[0]);
     key = tdm_key_mix(key, (uint64_t)(uintptr_t)h->dids);
-    key = tdm_key_mix(key, ((uint64_t)nseq << 1) | (forced != NULL));
+    key = tdm_key_mix(key, ((uint64_t)nseq << 2) | ((uint64_t)sampled << 1) | (forced != NULL));
+    if (sampled)
+        key = tdm_key_mix(key, (uint64_t)(uintptr_t)h->dprobs);
     for (int x = 0; x < nseq; x++)
         key = tdm_key_mix(key, (uint64_t)k[ord[x]]);
     for (int x = 0; x < nseq; x++) {
@@ -621,6 +673,19 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
             /* The drafting sequences' y through the LM head (or its draft
              * vocabulary's rows). */
             be->matmul(bx, m->ws.logits, y, head, na[j], (int)H, (int)Vd, 0); /* [na, Vd] */
+            if (device && sampled) {
+                /* greedy rows (zeroed settings) take the argmax there too */
+                for (int x = 0; x < na[j]; x++) {
+                    const tdm_draft_sampling *ds = sampling[ord[x]];
+                    srows[x] =
+                        ds ? (tdm_sample_row){ds->temperature, ds->top_p, ds->top_k, 0, ds->u[j]}
+                           : (tdm_sample_row){0};
+                }
+                be->sample_to(bx, h->dids + (size_t)j * nseq, h->dprobs + (size_t)j * nseq * Vd,
+                              m->ws.logits, rows, na[j], (int)Vd, h->dv.n ? h->dv.map : NULL,
+                              srows);
+                continue;
+            }
             if (device) {
                 be->argmax_to(bx, h->dids + (size_t)j * nseq, m->ws.logits, rows, na[j], (int)Vd,
                               h->dv.n ? h->dv.map : NULL);
@@ -629,7 +694,11 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
             be->argmax(bx, am, m->ws.logits, na[j], (int)Vd);
             for (int x = 0; x < na[j]; x++) {
                 const int i = ord[x];
-                drafts[i][j] = forced ? forced[i][j] : h->dv.n ? h->dv.ids[am[x]] : am[x];
+                const tdm_draft_sampling *ds = sampled ? sampling[i] : NULL;
+                drafts[i][j] = forced    ? forced[i][j]
+                               : ds      ? mtp_draw_host(h, ds, j, x, Vd, hrow, horder)
+                               : h->dv.n ? h->dv.ids[am[x]]
+                                         : am[x];
                 if (logits) /* the row's first Vd values; spread out below */
                     be->download(bx, logits + (out0[i] + (size_t)j) * V,
                                  m->ws.logits + (size_t)x * Vd, Vd * sizeof(float));
@@ -652,6 +721,13 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
                      H * sizeof(float));
     if (device)
         be->download(bx, am, h->dids, (size_t)kmax * (size_t)nseq * sizeof(int32_t));
+    for (int x = 0; device && sampled && x < nseq; x++) {
+        const tdm_draft_sampling *ds = sampling[ord[x]];
+        for (int j = 0; ds && j < k[ord[x]]; j++)
+            be->download(bx, ds->probs + (size_t)j * Vd,
+                         h->dprobs + ((size_t)j * (size_t)nseq + (size_t)x) * Vd,
+                         Vd * sizeof(float));
+    }
     be->sync(bx);
     for (int x = 0; device && x < nseq; x++)
         for (int j = 0; j < k[ord[x]]; j++)
@@ -670,7 +746,24 @@ tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
     free(out0);
     free(na);
     free(saved);
+    free(srows);
+    free(hrow);
+    free(horder);
     return TDM_OK;
+}
+
+tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
+                           const int32_t *const *forced, int32_t *const *drafts, float *logits,
+                           tdm_error *err)
+{
+    return mtp_draft(seqs, nseq, k, forced, NULL, drafts, logits, err);
+}
+
+tdm_status tdm_mtp_draft_sampled(tdm_mtp_seq *const *seqs, int nseq, const int *k,
+                                 const tdm_draft_sampling *const *sampling, int32_t *const *drafts,
+                                 tdm_error *err)
+{
+    return mtp_draft(seqs, nseq, k, NULL, sampling, drafts, NULL, err);
 }
 
 tdm_status tdm_mtp_draft(tdm_mtp_seq *s, int k, int32_t *drafts, float *logits, tdm_error *err)

@@ -70,8 +70,10 @@ const tdm_model_config *tdm_mtp_get_config(const tdm_mtp *h);
  * before its first draft: FAILED_PRECONDITION the second time;
  * INVALID_ARGUMENT naming the first entry out of order or range. */
 tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *err);
-/* Tokens a draft can be: the draft vocabulary's, or the model's. */
+/* Tokens a draft can be: the draft vocabulary's, or the model's; the id of
+ * the t-th of them. */
 int tdm_mtp_vocab_size(const tdm_mtp *h);
+int32_t tdm_mtp_vocab_id(const tdm_mtp *h, int t);
 /* Whether a draft's steps after its first go through the backend's graph
  * slots (backend.h: graph_begin), as one launch on a backend with graphs
  * and device drafting; off by default. The same bits either way. */
@@ -120,6 +122,19 @@ tdm_status tdm_mtp_prime_n(tdm_mtp_seq *const *seqs, int nseq, const float *cons
 tdm_status tdm_mtp_draft_n(tdm_mtp_seq *const *seqs, int nseq, const int *k,
                            const int32_t *const *forced, int32_t *const *drafts, float *logits,
                            tdm_error *err);
+
+/* tdm_mtp_draft_n where sequence i with sampling[i] set draws its drafts
+ * (tdm_sampling_probs + tdm_sampling_draw with u[j] over its draft
+ * vocabulary's logits) instead of taking the argmax, its distributions
+ * into sampling[i]->probs ([k[i], tdm_mtp_vocab_size], entry t for the
+ * token tdm_mtp_vocab_id(h, t)), as tdm_seq_draft_sampled does for a
+ * model: with the backend's sample_to on the device like a greedy chain
+ * (on CUDA a draw may differ from the host's where u lies within rounding
+ * of a cumulative boundary), else on the host. sampling NULL, or an entry
+ * NULL: greedy. */
+tdm_status tdm_mtp_draft_sampled(tdm_mtp_seq *const *seqs, int nseq, const int *k,
+                                 const tdm_draft_sampling *const *sampling, int32_t *const *drafts,
+                                 tdm_error *err);
 
 /* Keeps positions 0 .. position-1 of the cache (0 <= position <= length);
  * an attention cache needs nothing else. Unless position == length, the

@@ -25,8 +25,9 @@
  * the FeatureChunks before them). A verdict rolls the head back to `primed`
  * (its draft rows go), then a pass primes the new rows and drafts k tokens
  * greedily, all sequences of the pass batched (tdm_mtp_prime_n,
- * tdm_mtp_draft_n). Sampled requests get the same greedy drafts, sent as
- * one-hot distributions: the verifier's rejection sampling stays exact.
+ * tdm_mtp_draft_n). Sampled requests draw their drafts on the device
+ * (tdm_mtp_draft_sampled), as a model drafter's chains do, and send their
+ * distributions.
  *
  * Colocated, the rows come through the verifier's shared-memory ring
  * (feature_shm.h): a FeatureShmOffer is answered once the segment is mapped
@@ -824,10 +825,22 @@ static double draft_uniform(const dseq *q, int pos)
     return tdm_rng_uniform(&rng);
 }
 
+/* A drafted distribution's entries: the model's draft vocabulary, or the
+ * MTP head's; the token of entry t. */
+static int draft_width(const drafter *d)
+{
+    return d->rt ? tdm_model_draft_vocab_size(d->rt->model) : tdm_mtp_vocab_size(d->head->mtp);
+}
+
+static int32_t draft_id(const drafter *d, int t)
+{
+    return d->rt ? tdm_model_draft_vocab_id(d->rt->model, t) : tdm_mtp_vocab_id(d->head->mtp, t);
+}
+
 /* Keeps draft j's distribution in b: the tokens of p[0..n) with a
- * probability, in id order, entry t for the model's id t of its draft
- * vocabulary (m NULL: the id is t), and the drawn token's probability. */
-static void keep_dist(dblock *b, int j, const float *p, int n, const tdm_model *m)
+ * probability, in id order, entry t for d's draft_id t (d NULL: the id is
+ * t), and the drawn token's probability. */
+static void keep_dist(dblock *b, int j, const float *p, int n, const drafter *d)
 {
     int support = 0;
     for (int t = 0; t < n; t++)
@@ -838,7 +851,7 @@ static void keep_dist(dblock *b, int j, const float *p, int n, const tdm_model *
     int k = 0;
     for (int t = 0; t < n && k < support; t++)
         if (p[t] > 0.0f) {
-            const int32_t id = m ? tdm_model_draft_vocab_id(m, t) : t;
+            const int32_t id = d ? draft_id(d, t) : t;
             b->dist_ids[j][k] = (uint32_t)id;
             b->dist_probs[j][k] = p[t];
             if (id == b->drafts[j])
@@ -963,18 +976,22 @@ static int oracle_front(dstream *st, int n)
  * False when the host cannot hold them. */
 static bool chain_probs(dstream *st, int blocks, int drafts)
 {
-    tdm_model *m = st->d->rt->model;
-    const size_t need = (size_t)drafts * (size_t)tdm_model_draft_vocab_size(m);
+    /* a model's pinned memory; an MTP head's plain */
+    tdm_model *m = st->d->rt ? st->d->rt->model : NULL;
+    const size_t need = (size_t)drafts * (size_t)draft_width(st->d);
     if (st->cprobs_cap < need) {
-        float *p = tdm_model_host_alloc(m, need * sizeof(float));
+        float *p = m ? tdm_model_host_alloc(m, need * sizeof(float)) : malloc(need * sizeof(float));
         if (!p) {
             tdm_log_warn(LOG,
                          "no host memory for %d draft distributions of %d tokens: sampled "
-                         "blocks go step by step",
-                         drafts, tdm_model_draft_vocab_size(m));
+                         "blocks go %s",
+                         drafts, draft_width(st->d), m ? "step by step" : "greedy");
             return false;
         }
-        tdm_model_host_free(m, st->cprobs);
+        if (m)
+            tdm_model_host_free(m, st->cprobs);
+        else
+            free(st->cprobs);
         st->cprobs = p;
         st->cprobs_cap = need;
     }
@@ -1008,8 +1025,7 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
     int32_t *fbuf = tdm_xmalloc((size_t)live * (MAX_BLOCK + 1) * sizeof(int32_t));
     const int32_t **fp = tdm_xmalloc((size_t)live * sizeof(int32_t *));
     const tdm_draft_sampling **sp = tdm_xcalloc((size_t)live, sizeof(*sp));
-    const tdm_model *m = st->d->rt->model;
-    const size_t Vl = (size_t)tdm_model_draft_vocab_size(m);
+    const size_t Vl = (size_t)draft_width(st->d);
     bool forced = false;
     /* Sampled blocks as chains too, where the host holds their
      * distributions; else, and in the controlled-acceptance build (whose
@@ -1100,7 +1116,7 @@ static void draft_chains(dstream *st, dtarget *tg, int live)
                 q->prow[q->np++] = t->ahead ? t->chain[j] : t->b->drafts[j];
             for (int j = 0; j < t->k; j++)
                 if (sp[x])
-                    keep_dist(t->b, j, sp[x]->probs + (size_t)j * Vl, (int)Vl, m);
+                    keep_dist(t->b, j, sp[x]->probs + (size_t)j * Vl, (int)Vl, st->d);
                 else
                     t->b->probs[j] = 1.0f;
             t->b->k = t->k;
@@ -1158,16 +1174,48 @@ static void mtp_pass(dstream *st, int nw)
     if (nf > 0 && (rc = tdm_mtp_draft_n(st->mseqs, nf, st->mk, st->mforced, st->mdrafts, NULL,
                                         &err)) != TDM_OK)
         tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", nf, err.msg);
+    /* The others' sampled requests draw their drafts, each with the uniform
+     * its position gives it, where the host holds their distributions; else
+     * they take greedy drafts as one-hot distributions (exact either way). */
+    const size_t W = (size_t)draft_width(st->d);
+    int nb = 0, nd = 0;
+    for (int i = nf; i < n; i++)
+        if (!st->bs[i]->greedy) {
+            nb++;
+            nd += st->mk[i];
+        }
+    const tdm_draft_sampling **sp = NULL;
+    if (nb > 0 && chain_probs(st, nb, nd)) {
+        sp = tdm_xcalloc((size_t)n, sizeof(*sp));
+        for (int i = nf, ns = 0, at = 0; i < n; i++) {
+            const dseq *q = st->bs[i];
+            if (q->greedy)
+                continue;
+            double *u = st->cu + at;
+            for (int j = 0; j < st->mk[i]; j++)
+                u[j] = draft_uniform(q, q->n + j);
+            st->csamp[ns] = (tdm_draft_sampling){q->sampling.temperature, q->sampling.top_p,
+                                                 q->sampling.top_k, u, st->cprobs + (size_t)at * W};
+            sp[i] = &st->csamp[ns++];
+            at += st->mk[i];
+        }
+    }
     if (rc == TDM_OK && n > nf &&
-        (rc = tdm_mtp_draft_n(st->mseqs + nf, n - nf, st->mk + nf, NULL, st->mdrafts + nf, NULL,
-                              &err)) != TDM_OK)
+        (rc = sp ? tdm_mtp_draft_sampled(st->mseqs + nf, n - nf, st->mk + nf, sp + nf,
+                                         st->mdrafts + nf, &err)
+                 : tdm_mtp_draft_n(st->mseqs + nf, n - nf, st->mk + nf, NULL, st->mdrafts + nf,
+                                   NULL, &err)) != TDM_OK)
         tdm_log_error(LOG, "MTP draft pass of %d sequences failed: %s", n - nf, err.msg);
     for (int i = 0; i < n && rc == TDM_OK; i++) {
         dseq *q = st->bs[i];
         for (int j = 0; j < st->mk[i]; j++)
-            q->b.probs[j] = 1.0f; /* greedy: a one-hot distribution */
+            if (sp && sp[i])
+                keep_dist(&q->b, j, sp[i]->probs + (size_t)j * W, (int)W, st->d);
+            else
+                q->b.probs[j] = 1.0f; /* greedy: a one-hot distribution */
         q->b.k = st->mk[i];
     }
+    free(sp);
 }
 
 /* Drafts for every sequence that wants a block (ahead: every sequence whose
@@ -1348,11 +1396,14 @@ static tdm_status send_block(dstream *st, dseq *q, const dblock *b, uint32_t rou
         blk.dists = dp;
     }
     if (tdm_log_get_level() <= TDM_LOG_DEBUG) {
-        char ids[MAX_BLOCK * 8 + 1] = "";
+        char ids[MAX_BLOCK * 8 + 1] = "", dists[MAX_BLOCK * 12 + 32] = "";
         for (int j = 0, used = 0; j < b->k; j++)
             used += snprintf(ids + used, sizeof(ids) - (size_t)used, " %d", (int)b->drafts[j]);
-        tdm_log_debug(LOG, "sequence %llu round %u: block at position %u:%s",
-                      (unsigned long long)q->id, round, position, ids);
+        for (int j = 0, used = 0; blk.n_dists && j < b->k; j++)
+            used += snprintf(dists + used, sizeof(dists) - (size_t)used, "%s %d",
+                             j ? "" : "; supports of its distributions:", b->dist_n[j]);
+        tdm_log_debug(LOG, "sequence %llu round %u: block at position %u:%s%s",
+                      (unsigned long long)q->id, round, position, ids, dists);
     }
     Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
     r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK;
@@ -1686,8 +1737,10 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         it = next;
     }
     tdm_step_buf_free(&st.out);
-    if (st.cprobs)
+    if (st.cprobs && d->rt)
         tdm_model_host_free(d->rt->model, st.cprobs);
+    else
+        free(st.cprobs);
     free(st.cu);
     free(st.csamp);
     tdm_feat_map_close(&st.shm);

@@ -30,7 +30,7 @@ static void run(tdm_backend *be, const char *dir, const char *name, mtp_steps_ou
     CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
     CHECK(tdm_mtp_create(m, &h, &err) == TDM_OK, "%s: %s", name, err.msg);
     CHECK(tdm_mtp_open(dir, be, &h2, &err) == TDM_OK, "%s: %s", name, err.msg);
-    mtp_steps_check(name, m, h, h2, out);
+    mtp_steps_check(name, dir, m, h, h2, out);
     tdm_mtp_destroy(h2);
     tdm_mtp_destroy(h);
     tdm_model_destroy(m);

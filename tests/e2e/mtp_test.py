@@ -15,6 +15,10 @@ Cases:
              `tandem logits --mtp-out --mtp-draft`, which runs the head on
              the CPU from the full model, an independent path to the hidden
              states; sampled requests complete with speculative rounds
+  sampling   sampled requests drafted by the head follow the target's
+             distribution (chi-square against `tandem logits`), the blocks
+             carrying the head's distributions; seeded requests alone give
+             the tokens they gave in a batch
   refusals   an MTP drafter against a verifier of another model
              (drafter-target-model) and against a verifier that streams no
              hidden states (drafter-features), named in `tandem status`, in
@@ -52,6 +56,7 @@ usage: mtp_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import random
 import re
@@ -352,7 +357,7 @@ def case_greedy():
                        if a[0] == "OK" and b[0] == "OK" and a[2] == b[2] and len(a[2]) == 20)
             check(same == len(many), "%d prompts: %d speculative outputs equal the plain ones" %
                   (len(many), same))
-            # Sampled requests: greedy drafts as one-hot distributions.
+            # Sampled requests (their drafts drawn: the sampling case).
             samp = {"temperature": 0.8, "top_p": 0.95, "seed": "5"}
             r1 = generate(gw, ps[0], sampling=samp)
             r2 = generate(gw, ps[0], sampling=samp)
@@ -378,6 +383,80 @@ def case_greedy():
           "every draft accepted: %s" % c)
     check(c.get("drafter_failures", 0) == 0 and "WARN  drafter: sequence" not in d.text(),
           "no sequence error:\n" + d.text()[-3000:])
+    stop_all()
+
+
+def case_sampling():
+    """Sampled requests drafted by the MTP head follow the target's
+    distribution (chi-square over the first three tokens under top-k 3,
+    against `tandem logits`), the drafter's blocks carrying the head's own
+    distributions (supports of up to 3 tokens, not one-hot); seeded requests
+    sent again one by one give the tokens they gave in a batch."""
+    import numpy as np  # Debian's python3-numpy
+    model = mtp_model()
+    gw, v, d, s = stack(model, "bf16")
+    prompt = prompts(1, seed=5)[0]
+    K = 3
+
+    def top(ids):
+        out = os.path.join(st.TMP, "l.npy")
+        rc, so, se = st.run([st.ARGS.cli, "logits", "--model", model, "--ids",
+                             ",".join(map(str, ids)), "--out", out])
+        if rc != 0:
+            raise SystemExit("FAIL: tandem logits: %s" % se)
+        lg = np.load(out)[-1].astype(float).tolist()
+        idx = sorted(range(len(lg)), key=lambda i: (-lg[i], i))[:K]
+        e = [math.exp(lg[i] - lg[idx[0]]) for i in idx]
+        return {i: x / sum(e) for i, x in zip(idx, e)}
+
+    expect = {}
+    for a, pa in top(prompt).items():
+        for b, pb in top(prompt + [a]).items():
+            for c, pc in top(prompt + [a, b]).items():
+                expect[(a, b, c)] = pa * pb * pc
+    N = 600 if st.ARGS.quick else 1500
+    sampling = lambda i: {"temperature": 1.0, "top_k": K, "seed": str(500 + i)}  # noqa: E731
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as ex:
+        res = list(ex.map(lambda i: generate(gw, prompt, max_tokens=3, sampling=sampling(i)),
+                          range(N)))
+    counts, rounds = {}, 0
+    for r in res:
+        if check(r[0] == "OK" and len(r[2]) == 3, "sampled request: %s %s %s" % r[:3]):
+            counts[tuple(r[2])] = counts.get(tuple(r[2]), 0) + 1
+            rounds += int(r[3]["stats"].get("speculative_rounds", 0))
+    check(rounds >= N // 2, "too few speculative rounds (%d) for %d requests" % (rounds, N))
+    outside = sum(n for k, n in counts.items() if k not in expect)
+    check(outside == 0, "%d samples outside the target's top-%d support" % (outside, K))
+    chi, cells, pool_e, pool_o = 0.0, 0, 0.0, 0
+    for k, p in expect.items():
+        e, o = p * N, counts.get(k, 0)
+        if e < 5:
+            pool_e += e
+            pool_o += o
+            continue
+        chi += (o - e) ** 2 / e
+        cells += 1
+    if pool_e >= 5:
+        chi += (pool_o - pool_e) ** 2 / pool_e
+        cells += 1
+    df = cells - 1
+    h = 2.0 / (9.0 * df)
+    crit = df * (1 - h + 3.090 * math.sqrt(h)) ** 3  # chi-square upper 0.001
+    supports = [int(x) for m in re.finditer(r"supports of its distributions:((?: \d+)+)", d.text())
+                for x in m.group(1).split()]
+    print("sampling: %d samples, %d cells, chi2 %.1f, df %d, critical(0.001) %.1f; %d drafts "
+          "sent with distributions, supports %d..%d" % (N, cells, chi, df, crit, len(supports),
+                                                         min(supports or [0]),
+                                                         max(supports or [0])), flush=True)
+    check(chi < crit, "sampled sequences do not follow the target distribution: chi2 %.1f >= "
+          "%.1f" % (chi, crit))
+    check(len(supports) >= rounds and max(supports or [0]) > 1 and max(supports) <= K,
+          "the drafter's sampled blocks: %d drafts with distributions in %d rounds, supports "
+          "%s" % (len(supports), rounds, sorted(set(supports))))
+    again = [generate(gw, prompt, max_tokens=3, sampling=sampling(i)) for i in range(24)]
+    differ = [i for i in range(24) if again[i][0] != "OK" or again[i][2] != res[i][2]]
+    check(not differ, "seeded requests alone gave other tokens than in a batch: %s" %
+          ["%d: %s / %s" % (i, res[i][2], again[i][2]) for i in differ[:5]])
     stop_all()
 
 
@@ -965,7 +1044,7 @@ def case_malformed():
     stop_all()
 
 
-CASES = {"greedy": case_greedy, "refusals": case_refusals, "no_head": case_no_head,
+CASES = {"greedy": case_greedy, "sampling": case_sampling, "refusals": case_refusals, "no_head": case_no_head,
          "restart": case_restart, "malformed": case_malformed, "shm": case_shm,
          "vocab": case_vocab}
 

@@ -1,5 +1,6 @@
 /* mtp_steps.c - see mtp_steps.h. */
 #include "mtp_steps.h"
+#include "sampling.h"
 #include "util.h"
 
 #include <math.h>
@@ -230,7 +231,127 @@ static void vocab(const char *name, tdm_model *m, const float *hid, const int32_
     free(ids);
 }
 
-void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mtp_steps_out *out)
+/* Sampled drafts (tdm_mtp_draft_sampled) against their definition: three
+ * sequences draft in one call, two sampled under settings that cut the
+ * support by top-k, top-p, both or neither, one greedy; on heads opened from
+ * dir with the whole vocabulary and with every third token, through the
+ * backend's sample_to (graphs on: the second round replays the first's
+ * shape with other uniforms) and on the backend without it (the host's
+ * draws). Each sequence against the same head drafting the same tokens as
+ * forced proposals with their logits: a sampled draft must be
+ * tdm_sampling_draw's from tdm_sampling_probs of its row with its uniform,
+ * and its distribution that row's (to the bit on the CPU backend, within
+ * 1e-6 with the same support on others); a greedy one the row's argmax. */
+static void sampled(const char *name, tdm_backend *be, const char *dir, const float *hid,
+                    const int32_t *next, int n, size_t V)
+{
+    static const tdm_sampling set[] = {
+        {1.0f, 0.0f, 0}, {0.8f, 0.0f, 7}, {1.0f, 0.8f, 0}, {0.6f, 0.9f, 20}, {2.5f, 0.0f, 0},
+    };
+    enum { NS = 3 };
+    tdm_error err;
+    tdm_backend host = *be;
+    host.destroy = NULL;
+    host.sample_to = NULL;
+    const bool exact = strcmp(be->name, "cpu") == 0;
+    int nv;
+    int32_t *ids = every_third_ids((int)V, &nv);
+    float *lg = malloc((size_t)K * V * 4), *p = malloc(V * 4);
+    int *order = malloc(V * sizeof(int));
+    CHECK(lg && p && order, "out of memory");
+    int checked = 0;
+    for (int mode = 0; mode < 4; mode++) { /* bit 0: a draft vocabulary; bit 1: no sample_to */
+        tdm_backend *b = mode & 2 ? &host : be;
+        tdm_mtp *h, *r;
+        CHECK(tdm_mtp_open(dir, b, &h, &err) == TDM_OK && tdm_mtp_open(dir, b, &r, &err) == TDM_OK,
+              "%s: %s", name, err.msg);
+        tdm_mtp_set_graphs(h, 1);
+        CHECK(!(mode & 1) || (tdm_mtp_set_vocab(h, ids, nv, &err) == TDM_OK &&
+                              tdm_mtp_set_vocab(r, ids, nv, &err) == TDM_OK),
+              "%s: %s", name, err.msg);
+        const size_t W = (size_t)tdm_mtp_vocab_size(h);
+        for (int round = 0; round < 2; round++) {
+            const int k[NS] = {K, 2, 3};
+            const tdm_sampling *st[NS] = {&set[(round + mode) % 5], NULL,
+                                          &set[(round + 2 * mode + 2) % 5]};
+            tdm_mtp_seq *q[NS], *rq[NS];
+            double u[NS][K];
+            float *probs[NS];
+            tdm_draft_sampling ds[NS];
+            const tdm_draft_sampling *sp[NS];
+            int32_t d[NS][K], *dp[NS];
+            for (int i = 0; i < NS; i++) {
+                q[i] = mseq(h, 0);
+                rq[i] = mseq(r, 0);
+                prime(q[i], hid, next, n - i, NULL);
+                prime(rq[i], hid, next, n - i, NULL);
+                for (int j = 0; j < K; j++)
+                    u[i][j] = fmod(0.137 + 0.618033988749895 *
+                                               (double)(1 + j + 7 * i + 31 * round + 97 * mode),
+                                   1.0);
+                probs[i] = calloc((size_t)K * W, sizeof(float));
+                CHECK(probs[i], "out of memory");
+                if (st[i])
+                    ds[i] = (tdm_draft_sampling){st[i]->temperature, st[i]->top_p, st[i]->top_k,
+                                                 u[i], probs[i]};
+                sp[i] = st[i] ? &ds[i] : NULL;
+                dp[i] = d[i];
+            }
+            CHECK(tdm_mtp_draft_sampled(q, NS, k, sp, dp, &err) == TDM_OK, "%s: %s", name, err.msg);
+            for (int i = 0; i < NS; i++) {
+                const int32_t *fp = d[i];
+                int32_t rd[K], *rdp = rd;
+                CHECK(tdm_mtp_draft_n(&rq[i], 1, &k[i], &fp, &rdp, lg, &err) == TDM_OK, "%s: %s",
+                      name, err.msg);
+                for (int j = 0; j < k[i]; j++) {
+                    const float *row = lg + (size_t)j * V;
+                    int32_t want;
+                    if (!st[i]) {
+                        want = (int32_t)argmax_row(row, (int)V);
+                    } else {
+                        tdm_sampling_probs(st[i], row, (int)V, p, order);
+                        want = tdm_sampling_draw(p, (int)V, u[i][j]);
+                        double worst = 0.0;
+                        int apart = 0;
+                        for (size_t t = 0; t < W; t++) {
+                            const float g = probs[i][(size_t)j * W + t];
+                            const float ref = p[tdm_mtp_vocab_id(h, (int)t)];
+                            const double dd = fabs((double)g - (double)ref);
+                            worst = dd > worst ? dd : worst;
+                            apart += (g > 0.0f) != (ref > 0.0f);
+                        }
+                        CHECK((exact ? worst == 0.0 : worst <= 1e-6) && apart == 0,
+                              "%s (mode %d round %d): sequence %d (T %g, top_p %g, top_k %u) "
+                              "draft %d: its distribution differs from its row's by %g (%d "
+                              "tokens in one support only)",
+                              name, mode, round, i, (double)st[i]->temperature,
+                              (double)st[i]->top_p, st[i]->top_k, j, worst, apart);
+                    }
+                    CHECK(d[i][j] == want,
+                          "%s (mode %d round %d): sequence %d (%s) draft %d: %d, from its row "
+                          "on the host %d",
+                          name, mode, round, i, st[i] ? "sampled" : "greedy", j, d[i][j], want);
+                    checked++;
+                }
+                tdm_mtp_seq_destroy(q[i]);
+                tdm_mtp_seq_destroy(rq[i]);
+                free(probs[i]);
+            }
+        }
+        tdm_mtp_destroy(h);
+        tdm_mtp_destroy(r);
+    }
+    printf("%s: %d sampled and greedy MTP drafts drawn as their rows' distributions give them "
+           "(whole vocabulary and %d tokens, with and without sample_to)\n",
+           name, checked, nv);
+    free(ids);
+    free(lg);
+    free(p);
+    free(order);
+}
+
+void mtp_steps_check(const char *name, const char *dir, tdm_model *m, tdm_mtp *h, tdm_mtp *h2,
+                     mtp_steps_out *out)
 {
     const tdm_model_config *c = tdm_model_get_config(m);
     const size_t H = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
@@ -292,6 +413,7 @@ void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mt
 
     batch(name, h, hid, T0 + 3, H, V);
     vocab(name, m, hid, next, T0 + 3, V);
+    sampled(name, tdm_model_backend(m), dir, hid, next, T0 + 3, V);
 
     /* A head opened from the folder: the same bits. */
     tdm_mtp_seq *o = mseq(h2, 0);

@@ -22,10 +22,11 @@ typedef struct mtp_steps_out {
     int rows;
 } mtp_steps_out;
 
-/* Runs the checks on head h of model m (h2: the same head loaded another
- * way); exits on a failure naming `name`. *out gets what came back (free it
- * with mtp_steps_out_free). */
-void mtp_steps_check(const char *name, tdm_model *m, tdm_mtp *h, tdm_mtp *h2, mtp_steps_out *out);
+/* Runs the checks on head h of model m loaded from dir (h2: the same head
+ * loaded another way); exits on a failure naming `name`. *out gets what
+ * came back (free it with mtp_steps_out_free). */
+void mtp_steps_check(const char *name, const char *dir, tdm_model *m, tdm_mtp *h, tdm_mtp *h2,
+                     mtp_steps_out *out);
 void mtp_steps_out_free(mtp_steps_out *o);
 
 #endif

@@ -129,7 +129,7 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
     CHECK(tdm_capacity_mtp_weight_bytes(c, 2) == want + 2 * (5 * H + 2 * D),
           "%s: tdm_capacity_mtp_weight_bytes %zu", name, tdm_capacity_mtp_weight_bytes(c, 2));
     mtp_steps_out o;
-    mtp_steps_check(name, m, h, h2, &o);
+    mtp_steps_check(name, dir, m, h, h2, &o);
     mtp_steps_out_free(&o);
     tdm_mtp_destroy(h2);
     tdm_mtp_destroy(h);
