@@ -39,7 +39,8 @@
 # the engine part's 0.8B draft rounds, with draft vocabularies of the N lowest
 # ids too; 0: the whole vocabulary), "mtp" (the 4B shape with a random MTP head
 # drafting for it: a = 0.6, 0.8, 1.0 at block 3, blocks 2 and 4 and batch 8
-# at a = 0.8, the feature stream's counters), "demomtp" (the demo target's
+# at a = 0.8, the feature stream's counters; the real head greedy and sampled
+# at fixed block 3), "demomtp" (the demo target's
 # MTP head against plain decoding), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
 # exchange's floor; bench_exchange_bench: the exchange's transport by part, on gRPC and on
 # the exchange lane, threaded as the
@@ -304,8 +305,13 @@ run)
             # the oracle looks runs up by their prompt; --check goes by request
             cat "$W/truth-m.txt" "$W/truth-m8.txt" >"$W/truth-mall.txt"
             DFLAGS="--drafter-kind mtp"
+            # the real head adaptive, then at fixed block 3 greedy and sampled
+            # (SAMPLING): what drawing a sampled request's drafts costs the head
             start_drafter mtp-real tandem-drafter "$W/t4bm" off 8 &&
-                load "mtp: real head adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt"
+                load "mtp: real head adaptive b1" 1 "$REQ1" auto $V --check "$W/truth-m.txt" &&
+                load "mtp: real head fixed 3 b1" 1 "$REQ1" on $V --block 3 --fixed &&
+                load "mtp: real head fixed 3 sampled b1" 1 "$REQ1" on $V --block 3 --fixed \
+                    --sampling "${SAMPLING:-1.0,0.95,0}"
             # how the pair shares the GPU, as status and doctor see it
             "$B/tandem" status --gateway "$GW" >"$LOGS/status-mtp.log" 2>&1
             grep -E 'GPU' "$LOGS/status-mtp.log" | sed 's/^ */mtp: status: /' | tee -a "$SUM"
