@@ -1995,6 +1995,13 @@ static int by_rows_desc(const void *a, const void *b)
     return x->r->id < y->r->id ? -1 : x->r->id > y->r->id;
 }
 
+/* The position of the sequence that its first row in the round decides
+ * (row i decides the one after i drafts). */
+static uint32_t round_position(const vround_seq *q)
+{
+    return (uint32_t)(q->r->prompt_len + q->r->n_out);
+}
+
 /* 5. One batched forward pass over every live sequence: its last token, then
  * its drafts. Greedy sequences bring back only each row's argmax. */
 static void run_step(vsched *s, vround *rd)
@@ -2037,10 +2044,10 @@ static void run_step(vsched *s, vround *rd)
         const tdm_sampling *sp = &rd->seqs[i].r->sampling;
         rd->out.want[i] = !tdm_sampling_is_greedy(sp);
         /* its last row's draw: plain decoding's, or the bonus token's */
-        const vreq *r = rd->seqs[i].r;
-        const uint32_t last = (uint32_t)(r->prompt_len + r->n_out + rd->seqs[i].k);
-        rd->probs_of[i] = (tdm_sample_row){sp->temperature, sp->top_p, sp->top_k, 0,
-                                           tdm_verify_bonus_uniform(r->seed, last)};
+        const vround_seq *q = &rd->seqs[i];
+        rd->probs_of[i] = (tdm_sample_row){
+            sp->temperature, sp->top_p, sp->top_k, 0,
+            tdm_verify_bonus_uniform(q->r->seed, round_position(q) + (uint32_t)q->k)};
         rd->want_hidden[i] = rd->seqs[i].r->feat;
         any_feat |= rd->seqs[i].r->feat;
     }
@@ -2131,12 +2138,6 @@ static void block_dists(const Tandem__V1__DraftBlock *b, int k, tdm_draft_dist *
             dd[j].probs = b->dists[j]->probs;
         }
     }
-}
-
-/* The token at the sequence's position in the round. */
-static uint32_t round_position(const vround_seq *q)
-{
-    return (uint32_t)(q->r->prompt_len + q->r->n_out);
 }
 
 /* The verdict on one sequence's rows, as far as the step's outputs decide
