@@ -40,7 +40,7 @@
 # ids too; 0: the whole vocabulary), "mtp" (the 4B shape with a random MTP head
 # drafting for it: a = 0.6, 0.8, 1.0 at block 3, blocks 2 and 4 and batch 8
 # at a = 0.8, the feature stream's counters; the real head greedy and sampled
-# at fixed block 3), "demomtp" (the demo target's
+# at fixed block 3; MTP_HEADBENCH=0 skips the head's own steps), "demomtp" (the demo target's
 # MTP head against plain decoding), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
 # exchange's floor; bench_exchange_bench: the exchange's transport by part, on gRPC and on
 # the exchange lane, threaded as the
@@ -294,6 +294,7 @@ run)
             # the head's own steps first (prime 3 rows, draft 3), graphs on and off
             vl="${MTP_VOCABS:-0}"
             for g in on off; do
+                [ "${MTP_HEADBENCH:-1}" = 1 ] || break
                 timeout 120 "$B/bench_mtp_bench" --model "$W/t4bm" --graphs $g --backend \
                     "${BACKEND:-cuda}" --vocab "0,${vl// /,}" 2>&1 | sed 's/^/mtp head: /' |
                     tee -a "$SUM"
