@@ -192,6 +192,16 @@ int32_t tdm_mtp_vocab_id(const tdm_mtp *h, int t)
     return h->dv.n ? h->dv.ids[t] : t;
 }
 
+void *tdm_mtp_host_alloc(tdm_mtp *h, size_t nbytes)
+{
+    return tdm_model_host_alloc(h->m, nbytes);
+}
+
+void tdm_mtp_host_free(tdm_mtp *h, void *p)
+{
+    tdm_model_host_free(h->m, p);
+}
+
 /* ---- sequences --------------------------------------------------------- */
 
 static size_t kv_row_bytes(const tdm_mtp *h)

@@ -74,6 +74,10 @@ tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *e
  * the t-th of them. */
 int tdm_mtp_vocab_size(const tdm_mtp *h);
 int32_t tdm_mtp_vocab_id(const tdm_mtp *h, int t);
+/* tdm_model_host_alloc and tdm_model_host_free of the head's model: host
+ * memory a draft's distributions come back into fastest. */
+void *tdm_mtp_host_alloc(tdm_mtp *h, size_t nbytes);
+void tdm_mtp_host_free(tdm_mtp *h, void *p);
 /* Whether a draft's steps after its first go through the backend's graph
  * slots (backend.h: graph_begin), as one launch on a backend with graphs
  * and device drafting; off by default. The same bits either way. */

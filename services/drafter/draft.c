@@ -837,6 +837,23 @@ static int32_t draft_id(const drafter *d, int t)
     return d->rt ? tdm_model_draft_vocab_id(d->rt->model, t) : tdm_mtp_vocab_id(d->head->mtp, t);
 }
 
+/* The drafting model's fastest host memory (pinned where it is on a GPU):
+ * nbytes of it, or old freed (nbytes 0; NULL is fine). */
+static void *draft_host(const drafter *d, void *old, size_t nbytes)
+{
+    if (nbytes == 0) {
+        if (!old)
+            return NULL;
+        if (d->rt)
+            tdm_model_host_free(d->rt->model, old);
+        else
+            tdm_mtp_host_free(d->head->mtp, old);
+        return NULL;
+    }
+    return d->rt ? tdm_model_host_alloc(d->rt->model, nbytes)
+                 : tdm_mtp_host_alloc(d->head->mtp, nbytes);
+}
+
 /* Keeps draft j's distribution in b: the tokens of p[0..n) with a
  * probability, in id order, entry t for d's draft_id t (d NULL: the id is
  * t), and the drawn token's probability. */
@@ -976,22 +993,17 @@ static int oracle_front(dstream *st, int n)
  * False when the host cannot hold them. */
 static bool chain_probs(dstream *st, int blocks, int drafts)
 {
-    /* a model's pinned memory; an MTP head's plain */
-    tdm_model *m = st->d->rt ? st->d->rt->model : NULL;
     const size_t need = (size_t)drafts * (size_t)draft_width(st->d);
     if (st->cprobs_cap < need) {
-        float *p = m ? tdm_model_host_alloc(m, need * sizeof(float)) : malloc(need * sizeof(float));
+        float *p = draft_host(st->d, NULL, need * sizeof(float));
         if (!p) {
             tdm_log_warn(LOG,
                          "no host memory for %d draft distributions of %d tokens: sampled "
                          "blocks go %s",
-                         drafts, draft_width(st->d), m ? "step by step" : "greedy");
+                         drafts, draft_width(st->d), st->d->rt ? "step by step" : "greedy");
             return false;
         }
-        if (m)
-            tdm_model_host_free(m, st->cprobs);
-        else
-            free(st->cprobs);
+        draft_host(st->d, st->cprobs, 0);
         st->cprobs = p;
         st->cprobs_cap = need;
     }
@@ -1737,10 +1749,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         it = next;
     }
     tdm_step_buf_free(&st.out);
-    if (st.cprobs && d->rt)
-        tdm_model_host_free(d->rt->model, st.cprobs);
-    else
-        free(st.cprobs);
+    draft_host(d, st.cprobs, 0);
     free(st.cu);
     free(st.csamp);
     tdm_feat_map_close(&st.shm);
