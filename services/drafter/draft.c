@@ -23,11 +23,11 @@
  * with the token after it: primed = n - 1 once the rows of a message are in)
  * and the rows received but not yet primed (fin: an open's, a verdict's and
  * the FeatureChunks before them). A verdict rolls the head back to `primed`
- * (its draft rows go), then a pass primes the new rows and drafts k tokens
- * greedily, all sequences of the pass batched (tdm_mtp_prime_n,
- * tdm_mtp_draft_n). Sampled requests draw their drafts on the device
- * (tdm_mtp_draft_sampled), as a model drafter's chains do, and send their
- * distributions.
+ * (its draft rows go), then a pass primes the new rows and drafts k tokens,
+ * all sequences of the pass batched (tdm_mtp_prime_n, then
+ * tdm_mtp_draft_n: the head's argmax for greedy requests;
+ * tdm_mtp_draft_sampled: sampled requests' drafts drawn on the device, as a
+ * model drafter's chains do, and sent with their distributions).
  *
  * Colocated, the rows come through the verifier's shared-memory ring
  * (feature_shm.h): a FeatureShmOffer is answered once the segment is mapped
