@@ -9,9 +9,12 @@
 #include "engine.h"
 
 /* On fixture `name` loaded onto be: a verify call whose sampled sequences'
- * rows come back as distributions (tdm_step_out.probs_of) against its
- * logits turned on the host (tdm_sampling_probs), a greedy one's logits
- * untouched. With and without a draft vocabulary:
+ * rows are kept as distributions (tdm_step_out.probs_of) against its
+ * logits turned on the host (tdm_sampling_probs): each sequence's draw
+ * from its last row, each other row's probability of the next row's token,
+ * every kept row fetched (tdm_step_probs_fetch), a greedy one's logits
+ * untouched and not kept, nothing kept after the next call. With and
+ * without a draft vocabulary:
  * three sequences draft in one call (two sampled under settings that cut
  * the support by top-k, top-p, both or neither, one greedy), each against
  * the same model drafting by verify calls, each draft drawn on the host
