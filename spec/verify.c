@@ -132,18 +132,8 @@ static int residual_draw(tdm_rng *rng, const float *p, int vocab, uint32_t x,
      * Sampling from p is then the exact answer. */
     if (mass <= 0.0)
         return tdm_sampling_draw(p, vocab, tdm_rng_uniform(rng));
-    const double v = tdm_rng_uniform(rng) * mass;
-    int next = -1;
-    double acc = 0.0;
-    for (int t = 0; t < vocab; t++) {
-        if (resid[t] <= 0.0f)
-            continue;
-        acc += resid[t];
-        next = t;
-        if (v < acc)
-            break;
-    }
-    return next;
+    /* the residual unnormalised: the uniform scaled to its mass */
+    return tdm_sampling_draw(resid, vocab, tdm_rng_uniform(rng) * mass);
 }
 
 int tdm_verify_residual(uint64_t seed, uint32_t position, const float *target_probs, int vocab,

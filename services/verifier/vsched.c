@@ -2043,11 +2043,14 @@ static void run_step(vsched *s, vround *rd)
     for (int i = 0; i < rd->n; i++) {
         const tdm_sampling *sp = &rd->seqs[i].r->sampling;
         rd->out.want[i] = !tdm_sampling_is_greedy(sp);
-        /* its last row's draw: plain decoding's, or the bonus token's */
+        /* a sampled one's last row's draw: plain decoding's, or the bonus
+         * token's */
         const vround_seq *q = &rd->seqs[i];
         rd->probs_of[i] = (tdm_sample_row){
             sp->temperature, sp->top_p, sp->top_k, 0,
-            tdm_verify_bonus_uniform(q->r->seed, round_position(q) + (uint32_t)q->k)};
+            rd->out.want[i]
+                ? tdm_verify_bonus_uniform(q->r->seed, round_position(q) + (uint32_t)q->k)
+                : 0.0};
         rd->want_hidden[i] = rd->seqs[i].r->feat;
         any_feat |= rd->seqs[i].r->feat;
     }

@@ -25,7 +25,6 @@ usage: e2e_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
 import argparse
 import concurrent.futures
 import json
-import math
 import os
 import re
 import signal
@@ -307,14 +306,6 @@ def case_tensor_parallel():
         print("refused: %s" % " ".join(args), flush=True)
 
 
-def softmax_topk(logits, k, temperature=1.0):
-    idx = sorted(range(len(logits)), key=lambda i: (-logits[i], i))[:k]
-    m = max(logits[i] for i in idx)
-    e = [math.exp((logits[i] - m) / temperature) for i in idx]
-    s = sum(e)
-    return {i: x / s for i, x in zip(idx, e)}
-
-
 def target_logits(ids):
     """Logits of the last position after ids, from `tandem logits` (the engine
     is matched against transformers by the engine tests)."""
@@ -337,12 +328,12 @@ def case_sampling():
     check(code == "OK", "Tokenize: %s %s" % (code, details))
     pids = [int(x) for x in resp["ids"]]
     K = 3
-    p1 = softmax_topk(target_logits(pids), K)
+    p1 = st.softmax_topk(target_logits(pids), K)
     expect = {}
     for a, pa in p1.items():
-        p2 = softmax_topk(target_logits(pids + [a]), K)
+        p2 = st.softmax_topk(target_logits(pids + [a]), K)
         for b, pb in p2.items():
-            p3 = softmax_topk(target_logits(pids + [a, b]), K)
+            p3 = st.softmax_topk(target_logits(pids + [a, b]), K)
             for c, pc in p3.items():
                 expect[(a, b, c)] = pa * pb * pc
     N = 600 if st.ARGS.quick else 2400
@@ -362,24 +353,9 @@ def case_sampling():
           (spec_rounds, N))
     outside = sum(n for k, n in counts.items() if k not in expect)
     check(outside == 0, "%d samples outside the target's top-%d support" % (outside, K))
-    chi, cells, pool_e, pool_o = 0.0, 0, 0.0, 0
-    for k, p in expect.items():
-        e = p * N
-        o = counts.get(k, 0)
-        if e < 5:
-            pool_e += e
-            pool_o += o
-            continue
-        chi += (o - e) ** 2 / e
-        cells += 1
-    if pool_e >= 5:
-        chi += (pool_o - pool_e) ** 2 / pool_e
-        cells += 1
-    df = cells - 1
-    h = 2.0 / (9.0 * df)
-    crit = df * (1 - h + 3.090 * math.sqrt(h)) ** 3  # chi-square upper 0.001
-    print("sampling: %d samples, %d cells, chi2 %.1f, df %d, critical(0.001) %.1f" %
-          (N, cells, chi, df, crit), flush=True)
+    chi, df, crit = st.chi_square(expect, counts, N)
+    print("sampling: %d samples, chi2 %.1f, df %d, critical(0.001) %.1f" % (N, chi, df, crit),
+          flush=True)
     check(chi < crit, "sampled sequences do not follow the target distribution: chi2 %.1f >= "
           "%.1f" % (chi, crit))
     # A seeded request's tokens do not depend on the batch it shared, nor on

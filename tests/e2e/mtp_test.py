@@ -56,7 +56,6 @@ usage: mtp_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
 import argparse
 import concurrent.futures
 import json
-import math
 import os
 import random
 import re
@@ -404,10 +403,7 @@ def case_sampling():
                              ",".join(map(str, ids)), "--out", out])
         if rc != 0:
             raise SystemExit("FAIL: tandem logits: %s" % se)
-        lg = np.load(out)[-1].astype(float).tolist()
-        idx = sorted(range(len(lg)), key=lambda i: (-lg[i], i))[:K]
-        e = [math.exp(lg[i] - lg[idx[0]]) for i in idx]
-        return {i: x / sum(e) for i, x in zip(idx, e)}
+        return st.softmax_topk(np.load(out)[-1].astype(float).tolist(), K)
 
     expect = {}
     for a, pa in top(prompt).items():
@@ -427,25 +423,11 @@ def case_sampling():
     check(rounds >= N // 2, "too few speculative rounds (%d) for %d requests" % (rounds, N))
     outside = sum(n for k, n in counts.items() if k not in expect)
     check(outside == 0, "%d samples outside the target's top-%d support" % (outside, K))
-    chi, cells, pool_e, pool_o = 0.0, 0, 0.0, 0
-    for k, p in expect.items():
-        e, o = p * N, counts.get(k, 0)
-        if e < 5:
-            pool_e += e
-            pool_o += o
-            continue
-        chi += (o - e) ** 2 / e
-        cells += 1
-    if pool_e >= 5:
-        chi += (pool_o - pool_e) ** 2 / pool_e
-        cells += 1
-    df = cells - 1
-    h = 2.0 / (9.0 * df)
-    crit = df * (1 - h + 3.090 * math.sqrt(h)) ** 3  # chi-square upper 0.001
+    chi, df, crit = st.chi_square(expect, counts, N)
     supports = [int(x) for m in re.finditer(r"supports of its distributions:((?: \d+)+)", d.text())
                 for x in m.group(1).split()]
-    print("sampling: %d samples, %d cells, chi2 %.1f, df %d, critical(0.001) %.1f; %d drafts "
-          "sent with distributions, supports %d..%d" % (N, cells, chi, df, crit, len(supports),
+    print("sampling: %d samples, chi2 %.1f, df %d, critical(0.001) %.1f; %d drafts "
+          "sent with distributions, supports %d..%d" % (N, chi, df, crit, len(supports),
                                                          min(supports or [0]),
                                                          max(supports or [0])), flush=True)
     check(chi < crit, "sampled sequences do not follow the target distribution: chi2 %.1f >= "

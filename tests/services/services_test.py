@@ -16,6 +16,7 @@ usage: services_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import shutil
@@ -230,6 +231,36 @@ def generate(gw, req, timeout=120.0):
         if "complete" in m:
             done = m["complete"]
     return code, details, ids, text, done
+
+
+def softmax_topk(logits, k, temperature=1.0):
+    """The distribution sampling gives a row of logits under top-k (ties to
+    the lower id), as {token: probability}."""
+    idx = sorted(range(len(logits)), key=lambda i: (-logits[i], i))[:k]
+    m = max(logits[i] for i in idx)
+    e = [math.exp((logits[i] - m) / temperature) for i in idx]
+    return {i: x / sum(e) for i, x in zip(idx, e)}
+
+
+def chi_square(expect, counts, n):
+    """Pearson's statistic of counts (outcome: observed, n in all) against
+    expect (outcome: probability), cells expected below 5 pooled; returns
+    (chi2, df, the 0.001 upper critical value by Wilson-Hilferty)."""
+    chi, cells, pool_e, pool_o = 0.0, 0, 0.0, 0
+    for k, p in expect.items():
+        e, o = p * n, counts.get(k, 0)
+        if e < 5:
+            pool_e += e
+            pool_o += o
+            continue
+        chi += (o - e) ** 2 / e
+        cells += 1
+    if pool_e >= 5:
+        chi += (pool_o - pool_e) ** 2 / pool_e
+        cells += 1
+    df = cells - 1
+    h = 2.0 / (9.0 * df)
+    return chi, df, df * (1 - h + 3.090 * math.sqrt(h)) ** 3
 
 
 def status(gw):
