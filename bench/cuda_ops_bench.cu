@@ -14,7 +14,7 @@
  * between two events on the backend's stream, so (t1 - t0) / N is GPU time
  * per call with back-to-back launches, not the host's launch cost (which a
  * replayed graph does not pay either). Ops that stage host arguments
- * (embed, rope, attention, conv, delta rule) also queue one small host to
+ * (embed, attn_prep, attention, conv, delta rule) also queue one small host to
  * device copy per call, which a replayed graph does not; the "staging copy"
  * line times that copy alone, to subtract. A cell marked '*' was queued
  * slower than the spin lasted: there it is host-bound. argmax reads its
@@ -76,9 +76,7 @@ enum {
     OP_RMSNORM,
     OP_QNORM,
     OP_GATED,
-    OP_SPLIT,
-    OP_ROPE,
-    OP_MUL_SIGMOID,
+    OP_ATTN_PREP,
     OP_SILU_MUL,
     OP_CONV,
     OP_GDN,
@@ -227,14 +225,9 @@ static void run_op(bench *B, int op, const layout *L, int ctx)
     case OP_GATED:
         be->rmsnorm_gated(bx, B->o2, B->o, B->z, B->gnorm_w, R * s->Hv, s->Dv, 1e-6f);
         break;
-    case OP_SPLIT:
-        be->split_qgate(bx, B->q, B->gate, B->qg, R, s->nH, s->D);
-        break;
-    case OP_ROPE:
-        be->rope(bx, B->q, B->pos, B->inv_freq_h, R, s->nH, s->D, s->rot);
-        break;
-    case OP_MUL_SIGMOID:
-        be->mul_sigmoid(bx, B->q, B->gate, (size_t)R * s->nH * s->D);
+    case OP_ATTN_PREP: /* k and v: any rows of the right length (x and z are longer) */
+        be->attn_prep(bx, B->q, B->gate, B->qg, B->x, B->z, B->qnorm_w, B->qnorm_w, 1e-6f, B->pos,
+                      B->inv_freq_h, s->rot, as, L->nseq, s->nH, s->nKV, s->D);
         break;
     case OP_SILU_MUL:
         be->silu_mul(bx, B->h1, B->h1, B->h2, (size_t)R * s->I);
@@ -247,7 +240,7 @@ static void run_op(bench *B, int op, const layout *L, int ctx)
                           gs, L->nseq, s->Hk, s->Hv, s->Dk, s->Dv);
         break;
     case OP_ATTENTION:
-        be->attention(bx, B->q, B->q, as, L->nseq, s->nH, s->nKV, s->D);
+        be->attention(bx, B->qg, B->q, B->gate, as, L->nseq, s->nH, s->nKV, s->D);
         break;
     case OP_SOFTMAX:
         be->softmax(bx, B->logits, R, s->V);
@@ -460,13 +453,11 @@ static void run_shape(const shape *s, const int *ctxs, int nctx, int reps)
         {OP_RMSNORM, "rmsnorm (hidden)"},
         {OP_QNORM, "rmsnorm (q heads)"},
         {OP_GATED, "rmsnorm_gated (v heads)"},
-        {OP_SPLIT, "split_qgate"},
-        {OP_ROPE, "rope (q)"},
-        {OP_MUL_SIGMOID, "mul_sigmoid"},
+        {OP_ATTN_PREP, "attn_prep (q, k, caches)"},
         {OP_SILU_MUL, "silu_mul"},
         {OP_CONV, "conv_silu"},
         {OP_GDN, "gdn_recurrent"},
-        {OP_ATTENTION, "attention"},
+        {OP_ATTENTION, "attention (gated)"},
         {OP_SOFTMAX, "softmax (vocab)"},
         {OP_ARGMAX, "argmax (vocab, wall)"},
         {OP_STAGE, "staging copy (64 B)"},

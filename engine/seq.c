@@ -291,20 +291,14 @@ void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const i
     const tdm_weight ws[] = {lw->q_proj, lw->k_proj, lw->v_proj};
     const int outs[] = {2 * QD, KD, KD};
     project(be, w->xn, R, H, 3, ys, ws, outs);
-    be->split_qgate(bx, w->q, w->gate, w->qg, R, nH, D); /* [R, nH, D] each */
-    be->rmsnorm(bx, w->q, w->q, lw->q_norm, R * nH, D, eps, 1);
-    be->rmsnorm(bx, w->k, w->k, lw->k_norm, R * nKV, D, eps, 1);
-    be->rope(bx, w->q, pos, m->inv_freq, R, nH, D, c->rot_dim);
-    be->rope(bx, w->k, pos, m->inv_freq, R, nKV, D, c->rot_dim);
     for (int i = 0; i < nseg; i++) {
-        const size_t r0 = (size_t)as[i].row0 * (size_t)KD;
-        be->kv_store(bx, k_cache[i], v_cache[i], w->k + r0, w->v + r0, as[i].n_past, as[i].nrows,
-                     KD);
         as[i].k_cache = k_cache[i];
         as[i].v_cache = v_cache[i];
     }
-    be->attention(bx, w->o, w->q, as, nseg, nH, nKV, D); /* [R, nH, D] */
-    be->mul_sigmoid(bx, w->o, w->gate, (size_t)R * (size_t)QD);
+    /* q, gate [R, nH, D]; the rows' k and v into the caches */
+    be->attn_prep(bx, w->q, w->gate, w->qg, w->k, w->v, lw->q_norm, lw->k_norm, eps, pos,
+                  m->inv_freq, c->rot_dim, as, nseg, nH, nKV, D);
+    be->attention(bx, w->o, w->q, w->gate, as, nseg, nH, nKV, D); /* [R, nH, D] */
     residual_add(m, w->o, lw->o_proj, R, QD); /* x += */
 }
 

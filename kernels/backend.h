@@ -103,8 +103,8 @@ static inline size_t tdm_gdn_input_floats(int Hk, int Hv, int Dk, int Dv)
 typedef struct tdm_attn_seg {
     int row0, nrows;
     int n_past;
-    const float *k_cache; /* [>= n_past + nrows, nKV, D] */
-    const float *v_cache; /* [>= n_past + nrows, nKV, D] */
+    float *k_cache; /* [>= n_past + nrows, nKV, D]; attn_prep writes the segment's rows */
+    float *v_cache; /* [>= n_past + nrows, nKV, D] */
 } tdm_attn_seg;
 
 /* One row's sampling settings in a sample call (tdm_sampling of
@@ -224,21 +224,24 @@ struct tdm_backend {
     /* Gated RMSNorm: y = w * x / rms(x) * silu(z), per row of n; w [n] f32. */
     void (*rmsnorm_gated)(void *ctx, float *y, const float *x, const float *z, const float *w,
                           int R, int n, float eps);
-    /* Splits q_proj output [R, nH, 2D] per head into q [R, nH, D] and gate [R, nH, D]. */
-    void (*split_qgate)(void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D);
-    /* Rotate-half RoPE on the first rot_dim dims of each head of x [R, nH, D],
-     * in place; positions [R] host; inv_freq [rot_dim/2] host. */
-    void (*rope)(void *ctx, float *x, const int32_t *positions, const float *inv_freq, int R,
-                 int nH, int D, int rot_dim);
-    /* Writes rows k,v [nrows, nKV*D] into the caches at row `at`. */
-    void (*kv_store)(void *ctx, float *k_cache, float *v_cache, const float *k, const float *v,
-                     int at, int nrows, int kv_width);
+    /* An attention layer's rows between its projections and attention, for
+     * the R rows of segs (an attention call's segments, caches included):
+     * q and gate [R, nH, D] are each head's first and second D values of
+     * qg [R, nH, 2D]; q, and k [R, nKV, D] (read only), are RMS-normed per
+     * head by q_norm and k_norm [D] (zero-centred, eps), then rotated
+     * (rotate-half RoPE) on their first rot_dim dims at positions [R]
+     * (host; inv_freq [rot_dim/2] host); the rotated k rows and the v rows
+     * [R, nKV, D] go into each segment's caches at rows n_past ... What
+     * split, rmsnorm, rope and a copy into the caches give, in one call. */
+    void (*attn_prep)(void *ctx, float *q, float *gate, const float *qg, const float *k,
+                      const float *v, const float *q_norm, const float *k_norm, float eps,
+                      const int32_t *positions, const float *inv_freq, int rot_dim,
+                      const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D);
     /* Causal attention: out [R, nH, D] from q [R, nH, D] (roped) against each
-     * segment's cache; GQA (kv head = h / (nH/nKV)), scale D^-0.5, fp32 softmax. */
-    void (*attention)(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
-                      int nH, int nKV, int D);
-    /* y = y * sigmoid(gate), n values. */
-    void (*mul_sigmoid)(void *ctx, float *y, const float *gate, size_t n);
+     * segment's cache; GQA (kv head = h / (nH/nKV)), scale D^-0.5, fp32
+     * softmax; then, where gate [R, nH, D] is given, out *= sigmoid(gate). */
+    void (*attention)(void *ctx, float *out, const float *q, const float *gate,
+                      const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D);
     /* y = silu(a) * b, n values. y may alias a. */
     void (*silu_mul)(void *ctx, float *y, const float *a, const float *b, size_t n);
     /* Depthwise causal conv of width K over pre-conv inputs x [R, C] with the

@@ -250,20 +250,30 @@ static void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_f
     }
 }
 
-static void cpu_kv_store(void *ctx, float *kc, float *vc, const float *k, const float *v, int at,
-                         int nrows, int width)
+/* The split, norms and rotations of an attention layer's rows; k's rows are
+ * normed and rotated in the caches, where they are copied first. */
+static void cpu_attn_prep(void *ctx, float *q, float *gate, const float *qg, const float *k,
+                          const float *v, const float *q_norm, const float *k_norm, float eps,
+                          const int32_t *pos, const float *inv_freq, int rot,
+                          const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
 {
-    (void)ctx;
-    size_t n = (size_t)nrows * (size_t)width * sizeof(float);
-    memcpy(kc + (size_t)at * (size_t)width, k, n);
-    memcpy(vc + (size_t)at * (size_t)width, v, n);
-}
-
-static void cpu_mul_sigmoid(void *ctx, float *y, const float *gate, size_t n)
-{
-    (void)ctx;
-    for (size_t i = 0; i < n; i++)
-        y[i] = y[i] * sigmoid(gate[i]);
+    int R = 0;
+    for (int i = 0; i < nseg; i++)
+        R += segs[i].nrows;
+    cpu_split_qgate(ctx, q, gate, qg, R, nH, D);
+    cpu_rmsnorm(ctx, q, q, q_norm, R * nH, D, eps, 1);
+    cpu_rope(ctx, q, pos, inv_freq, R, nH, D, rot);
+    const size_t W = (size_t)nKV * (size_t)D;
+    for (int i = 0; i < nseg; i++) {
+        const tdm_attn_seg *sg = &segs[i];
+        float *kc = sg->k_cache + (size_t)sg->n_past * W,
+              *vc = sg->v_cache + (size_t)sg->n_past * W;
+        const size_t off = (size_t)sg->row0 * W, n = (size_t)sg->nrows * W * sizeof(float);
+        memcpy(kc, k + off, n);
+        memcpy(vc, v + off, n);
+        cpu_rmsnorm(ctx, kc, kc, k_norm, sg->nrows * nKV, D, eps, 1);
+        cpu_rope(ctx, kc, pos + sg->row0, inv_freq, sg->nrows, nKV, D, rot);
+    }
 }
 
 static void cpu_silu_mul(void *ctx, float *y, const float *a, const float *b, size_t n)
@@ -489,7 +499,7 @@ static void cpu_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk,
 
 typedef struct attn_args {
     float *out;
-    const float *q;
+    const float *q, *gate;
     const tdm_attn_seg *segs;
     int nseg, nH, nKV, D;
 } attn_args;
@@ -575,16 +585,21 @@ static void attn_task(void *vp, int u)
     float inv = 1.0f / sum;
     for (int d = 0; d < D; d++)
         o[d] = ob[d] * inv;
+    if (a->gate) {
+        const float *g = a->gate + (row * (size_t)nH + (size_t)h) * (size_t)D;
+        for (int d = 0; d < D; d++)
+            o[d] = o[d] * sigmoid(g[d]);
+    }
 }
 
-static void cpu_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
-                          int nH, int nKV, int D)
+static void cpu_attention(void *ctx, float *out, const float *q, const float *gate,
+                          const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
 {
     cpu_ctx *c = ctx;
     int rows = 0;
     for (int i = 0; i < nseg; i++)
         rows += segs[i].nrows;
-    attn_args a = {out, q, segs, nseg, nH, nKV, D};
+    attn_args a = {out, q, gate, segs, nseg, nH, nKV, D};
     tdm_pool_run(c->pool, attn_task, &a, rows * nH);
 }
 
@@ -692,11 +707,8 @@ tdm_backend *tdm_backend_cpu_create(int nthreads)
     be->matmul = cpu_matmul_slot;
     be->rmsnorm = cpu_rmsnorm;
     be->rmsnorm_gated = cpu_rmsnorm_gated;
-    be->split_qgate = cpu_split_qgate;
-    be->rope = cpu_rope;
-    be->kv_store = cpu_kv_store;
+    be->attn_prep = cpu_attn_prep;
     be->attention = cpu_attention;
-    be->mul_sigmoid = cpu_mul_sigmoid;
     be->silu_mul = cpu_silu_mul;
     be->conv_silu = cpu_conv_silu;
     be->gdn_recurrent = cpu_gdn_recurrent;

@@ -1,8 +1,9 @@
 /*
  * attention.cu - causal GQA attention: out [R, nH, D] = softmax(q·Kᵀ · D^-0.5) · V per (row,
- * head), the row at position n_past + i of its segment seeing cache entries 0 .. n_past + i.
- * q [R, nH, D]; the caches [positions, nKV, D] (row stride nKV·D), 16-byte aligned; D % 4 == 0,
- * D <= ATT_MAXD; query head h reads kv head h / (nH / nKV).
+ * head), the row at position n_past + i of its segment seeing cache entries 0 .. n_past + i,
+ * times sigmoid(gate) where a gate [R, nH, D] is given (the product mul_sigmoid would make of the
+ * stored value). q [R, nH, D]; the caches [positions, nKV, D] (row stride nKV·D), 16-byte aligned;
+ * D % 4 == 0, D <= ATT_MAXD; query head h reads kv head h / (nH / nKV).
  *
  * Invariants a change must keep (the GPU tests check them to the bit):
  *  - A row's result is a function of its own q and keys (and the head shapes) alone: never of
@@ -30,6 +31,7 @@
  * Measurements behind ATT_SPLITS and ATT_TKMAX, and earlier designs: NOTES.md.
  */
 #include "attention.cuh"
+#include "matmul.cuh"
 #include "seglist.cuh"
 
 #include <cooperative_groups.h>
@@ -308,13 +310,24 @@ __device__ __forceinline__ void att_warp(const float *qs, const float *kc, const
     }
 }
 
+/* Where a block's output goes: out (and gate) [R, nH, D] from element `at`,
+ * the first of the block's heads in its row; xs: the output's bf16 parts for
+ * the matmul that reads it next (matmul.cuh), or NULL. */
+typedef struct att_out {
+    float *out;
+    const float *gate;
+    uint32_t *xs;
+    size_t at;
+} att_out;
+
 /* Merges n partials (part(i): o [GP][D], m [GP], l [GP]) in order i. The
  * result goes to dst as a partial, or, when dst is NULL, to the output:
- * out_h [D] = O / L for the first nh head slots, out_h = orow + h·D. All
- * threads of the block call it; it ends with a barrier. */
+ * out_h [D] = O / L for the first nh head slots (times sigmoid(gate_h) where
+ * the gate is given), out_h at ao.at + h·D. All threads of the block call
+ * it; it ends with a barrier. */
 template <int GP, typename Part>
 __device__ __forceinline__ void att_merge(Part part, int n, int D, float *fac, float *dst,
-                                          float *orow, int nh)
+                                          const att_out &ao, int nh)
 {
     const int t = (int)threadIdx.x, od = GP * D;
     if (t < GP) {
@@ -335,27 +348,45 @@ __device__ __forceinline__ void att_merge(Part part, int n, int D, float *fac, f
         }
     }
     __syncthreads();
-    for (int idx = t; idx < od; idx += ATT_THREADS) {
-        const int h = idx / D;
-        float O = 0.0f;
-        for (int i = 0; i < n; i++)
-            O = fmaf(part(i)[idx], fac[i * GP + h], O);
-        if (dst)
+    if (dst) {
+        for (int idx = t; idx < od; idx += ATT_THREADS) {
+            const int h = idx / D;
+            float O = 0.0f;
+            for (int i = 0; i < n; i++)
+                O = fmaf(part(i)[idx], fac[i * GP + h], O);
             dst[idx] = O;
-        else if (h < nh)
-            orow[idx] = __fmul_rn(O, 1.0f / fac[ATT_MERGE * GP + h]);
+        }
+    } else {
+        for (int i4 = 4 * t; i4 < nh * D; i4 += 4 * ATT_THREADS) {
+            const int h = i4 / D; /* D % 4 == 0: the four share a head */
+            const float rl = 1.0f / fac[ATT_MERGE * GP + h];
+            float y[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float O = 0.0f;
+                for (int i = 0; i < n; i++)
+                    O = fmaf(part(i)[i4 + e], fac[i * GP + h], O);
+                y[e] = __fmul_rn(O, rl);
+                if (ao.gate)
+                    y[e] = __fmul_rn(y[e], cuda_sigmoid(ao.gate[ao.at + (size_t)i4 + e]));
+            }
+            const float4 v = make_float4(y[0], y[1], y[2], y[3]);
+            *(float4 *)(ao.out + ao.at + i4) = v;
+            if (ao.xs)
+                cuda_xs_put4(ao.xs, ao.at + (size_t)i4, v);
+        }
     }
     __syncthreads();
 }
 
 /* The partial of keys [k0, k1) for the block's GP heads into dst (shared),
- * or, when dst is NULL (the row has one split), the output rows orow. The
+ * or, when dst is NULL (the row has one split), the output (ao). The
  * merge of a single partial is exact (c = 1, sums of one term), so writing
  * O / L here gives the bits a merge of one split would. */
 template <int GP, int NC>
 __device__ __forceinline__ void att_block_partial(const float *qs, const att_row &ar, size_t kvw,
                                                   int D, int k0, int k1, float scale, float *work,
-                                                  float *fac, float *dst, float *orow, int nh)
+                                                  float *fac, float *dst, const att_out &ao, int nh)
 {
     constexpr int TK = att_tk(GP, NC);
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
@@ -380,7 +411,7 @@ __device__ __forceinline__ void att_block_partial(const float *qs, const att_row
     }
     __syncthreads();
     att_merge<GP>([=](int i) { return (const float *)(work + i * psz); }, ATT_WARPS, D, fac, dst,
-                  orow, nh);
+                  ao, nh);
 }
 
 /* The block's query heads into qs [GP][D] (zeros for slots past the group). */
@@ -408,8 +439,8 @@ __device__ __forceinline__ int att_heads(int nH, int nKV, int gp, int *kh, int *
 template <int GP, int NC>
 __global__ void __cluster_dims__(ATT_SPLITS, 1, 1)
     __launch_bounds__(ATT_THREADS, att_split_minb(GP, NC))
-        att_split_kernel(float *out, const float *q, const tdm_attn_seg *segs, int nseg, int nH,
-                         int nKV, int D)
+        att_split_kernel(float *out, const float *gate, uint32_t *xs, const float *q,
+                         const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
 {
     cuda_kernel_begin();
     extern __shared__ float4 att_smem[];
@@ -429,24 +460,24 @@ __global__ void __cluster_dims__(ATT_SPLITS, 1, 1)
     float *qs = (float *)att_smem, *work = qs + GP * D;
     float *part = work + att_work(GP, NC, D), *fac = part + att_psz(GP, D);
     const size_t kvw = (size_t)nKV * (size_t)D;
-    float *orow = out + ((size_t)ar.row * (size_t)nH + (size_t)h0) * (size_t)D;
+    const att_out ao = {out, gate, xs, ((size_t)ar.row * (size_t)nH + (size_t)h0) * (size_t)D};
     att_load_q(qs, q, ar.row, h0, nh, nH, D, GP);
     att_block_partial<GP, NC>(qs, ar, kvw, D, att_split_begin(ar.nkeys, ns, rank),
                               att_split_begin(ar.nkeys, ns, rank + 1), 1.0f / sqrtf((float)D), work,
-                              fac, ns == 1 ? (float *)NULL : part, orow, nh);
+                              fac, ns == 1 ? (float *)NULL : part, ao, nh);
     if (ns == 1)
         return;
     cluster.sync(); /* every split's partial is in its block's shared memory */
     if (rank == 0)
         att_merge<GP>([&](int i) { return (const float *)cluster.map_shared_rank(part, i); }, ns, D,
-                      fac, (float *)NULL, orow, nh);
+                      fac, (float *)NULL, ao, nh);
     cluster.sync(); /* block 0 has read them: the others may exit */
 }
 
 template <int GP, int NC>
 __global__ void __launch_bounds__(ATT_THREADS, 1)
-    att_row_kernel(float *out, const float *q, const tdm_attn_seg *segs, int nseg, int nH, int nKV,
-                   int D)
+    att_row_kernel(float *out, const float *gate, uint32_t *xs, const float *q,
+                   const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
 {
     cuda_kernel_begin();
     extern __shared__ float4 att_smem[];
@@ -459,23 +490,23 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     float *qs = (float *)att_smem, *work = qs + GP * D;
     float *parts = work + att_work(GP, NC, D), *fac = parts + ATT_SPLITS * psz;
     const size_t kvw = (size_t)nKV * (size_t)D;
-    float *orow = out + ((size_t)ar.row * (size_t)nH + (size_t)h0) * (size_t)D;
+    const att_out ao = {out, gate, xs, ((size_t)ar.row * (size_t)nH + (size_t)h0) * (size_t)D};
     att_load_q(qs, q, ar.row, h0, nh, nH, D, GP);
     for (int s = 0; s < ns; s++)
         att_block_partial<GP, NC>(qs, ar, kvw, D, att_split_begin(ar.nkeys, ns, s),
                                   att_split_begin(ar.nkeys, ns, s + 1), 1.0f / sqrtf((float)D),
-                                  work, fac, ns == 1 ? (float *)NULL : parts + s * psz, orow, nh);
+                                  work, fac, ns == 1 ? (float *)NULL : parts + s * psz, ao, nh);
     if (ns > 1)
         att_merge<GP>([=](int i) { return (const float *)(parts + i * psz); }, ns, D, fac,
-                      (float *)NULL, orow, nh);
+                      (float *)NULL, ao, nh);
 }
 
 /* Raises a kernel's dynamic shared memory limit to what its largest head
  * dim needs, once per device (the first call of a shape runs eagerly, never
  * inside a graph capture). */
 template <bool CLUSTER, int GP, int NC>
-static void att_prepare(void (*kernel)(float *, const float *, const tdm_attn_seg *, int, int, int,
-                                       int),
+static void att_prepare(void (*kernel)(float *, const float *, uint32_t *, const float *,
+                                       const tdm_attn_seg *, int, int, int, int),
                         int device)
 {
     static std::atomic<unsigned long long> done{0};
@@ -489,8 +520,8 @@ static void att_prepare(void (*kernel)(float *, const float *, const tdm_attn_se
 }
 
 template <int GP, int NC>
-static void att_launch(cuda_ctx *c, float *out, const float *q, const tdm_attn_seg *d, int nseg,
-                       int R, int nH, int nKV, int D)
+static void att_launch(cuda_ctx *c, float *out, const float *gate, uint32_t *xs, const float *q,
+                       const tdm_attn_seg *d, int nseg, int R, int nH, int nKV, int D)
 {
     const int G = nH / nKV, ng = (G + GP - 1) / GP;
     const bool cluster = R * nKV * ng < ATT_CLUSTER_UNITS;
@@ -499,32 +530,21 @@ static void att_launch(cuda_ctx *c, float *out, const float *q, const tdm_attn_s
         if (!c->replaying)
             att_prepare<true, GP, NC>(att_split_kernel<GP, NC>, c->device);
         const dim3 grid((unsigned)(ATT_SPLITS * R), (unsigned)(nKV * ng));
-        cuda_launch(c, att_split_kernel<GP, NC>, grid, ATT_THREADS, smem, out, q, d, nseg, nH, nKV,
-                    D);
+        cuda_launch(c, att_split_kernel<GP, NC>, grid, ATT_THREADS, smem, out, gate, xs, q, d, nseg,
+                    nH, nKV, D);
     } else {
         if (!c->replaying)
             att_prepare<false, GP, NC>(att_row_kernel<GP, NC>, c->device);
         const dim3 grid((unsigned)R, (unsigned)(nKV * ng));
-        cuda_launch(c, att_row_kernel<GP, NC>, grid, ATT_THREADS, smem, out, q, d, nseg, nH, nKV,
-                    D);
+        cuda_launch(c, att_row_kernel<GP, NC>, grid, ATT_THREADS, smem, out, gate, xs, q, d, nseg,
+                    nH, nKV, D);
     }
 }
 
-void cuda_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *segs, int nseg,
-                    int nH, int nKV, int D)
+/* The kernel instance for the head shapes. */
+static void att_dispatch(cuda_ctx *c, float *out, const float *gate, uint32_t *xs, const float *q,
+                         const tdm_attn_seg *d, int nseg, int R, int nH, int nKV, int D)
 {
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    TDM_ASSERT(D > 0 && D <= ATT_MAXD && D % 4 == 0 && nKV > 0 && nH % nKV == 0);
-    int R = 0;
-    for (int i = 0; i < nseg; i++) {
-        R += segs[i].nrows;
-        /* cache rows are read as float4s (cp.async, __ldg) */
-        TDM_ASSERT(((uintptr_t)segs[i].k_cache | (uintptr_t)segs[i].v_cache) % 16 == 0);
-    }
-    if (R == 0 || nH == 0)
-        return;
-    const tdm_attn_seg *d =
-        (const tdm_attn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_attn_seg));
     /* Head slots per block: the group size rounded up to a power of two,
      * at most 8, and at most 16 float4s of q per lane. */
     const int G = nH / nKV, nc = (D + 127) / 128 == 3 ? 4 : (D + 127) / 128;
@@ -533,7 +553,7 @@ void cuda_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *s
         gp *= 2;
 #define ATT_CASE(GP, NC)                                                                           \
     if (gp == GP && nc == NC)                                                                      \
-        return att_launch<GP, NC>(c, out, q, d, nseg, R, nH, nKV, D);
+        return att_launch<GP, NC>(c, out, gate, xs, q, d, nseg, R, nH, nKV, D);
     ATT_CASE(1, 1)
     ATT_CASE(2, 1)
     ATT_CASE(4, 1)
@@ -546,5 +566,30 @@ void cuda_attention(void *ctx, float *out, const float *q, const tdm_attn_seg *s
     ATT_CASE(2, 4)
 #undef ATT_CASE
     TDM_ASSERT(gp == 4 && nc == 4); /* the only shape left */
-    att_launch<4, 4>(c, out, q, d, nseg, R, nH, nKV, D);
+    att_launch<4, 4>(c, out, gate, xs, q, d, nseg, R, nH, nKV, D);
+}
+
+/* Also writes the output's parts for the matmul that reads it next (o_proj),
+ * whatever R: the rows that matmul takes are not known here. */
+void cuda_attention(void *ctx, float *out, const float *q, const float *gate,
+                    const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    TDM_ASSERT(D > 0 && D <= ATT_MAXD && D % 4 == 0 && nKV > 0 && nH % nKV == 0);
+    TDM_ASSERT((uintptr_t)out % 16 == 0); /* written as float4s */
+    int R = 0;
+    for (int i = 0; i < nseg; i++) {
+        R += segs[i].nrows;
+        /* cache rows are read as float4s (cp.async, __ldg) */
+        TDM_ASSERT(((uintptr_t)segs[i].k_cache | (uintptr_t)segs[i].v_cache) % 16 == 0);
+    }
+    if (R == 0 || nH == 0)
+        return;
+    const tdm_attn_seg *d =
+        (const tdm_attn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_attn_seg));
+    const size_t n = (size_t)R * (size_t)nH * (size_t)D;
+    uint32_t *xs = cuda_xs_target(c, n);
+    att_dispatch(c, out, gate, xs, q, d, nseg, R, nH, nKV, D);
+    if (xs)
+        cuda_xs_written(c, out, n, xs);
 }

@@ -2,6 +2,7 @@
  * backend.cu - the CUDA backend's lifetime, memory and copies, the staging
  * ring for host-side arguments, and the table of op slots (backend.h).
  */
+#include "attn_prep.cuh"
 #include "attention.cuh"
 #include "elementwise.cuh"
 #include "gdn.cuh"
@@ -128,11 +129,8 @@ enum {
     ST_MATMUL,
     ST_RMSNORM,
     ST_RMSNORM_GATED,
-    ST_SPLIT,
-    ST_ROPE,
-    ST_KV_STORE,
+    ST_ATTN_PREP,
     ST_ATTENTION,
-    ST_MUL_SIGMOID,
     ST_SILU_MUL,
     ST_CONV,
     ST_GDN,
@@ -144,9 +142,9 @@ enum {
     ST_N
 };
 static const char *const st_names[ST_N] = {
-    "embed",      "matmul",    "rmsnorm",     "rmsnorm_gated", "split_qgate", "rope",
-    "kv_store",   "attention", "mul_sigmoid", "silu_mul",      "conv_silu",   "gdn_recurrent",
-    "gdn_replay", "argmax",    "softmax",     "sample",        "download"};
+    "embed",     "matmul",   "rmsnorm",   "rmsnorm_gated", "attn_prep",
+    "attention", "silu_mul", "conv_silu", "gdn_recurrent", "gdn_replay",
+    "argmax",    "softmax",  "sample",    "download"};
 
 #define ST_MAXEV 4096
 
@@ -227,21 +225,15 @@ ST_WRAP(rmsnorm_gated, ST_RMSNORM_GATED,
         (void *ctx, float *y, const float *x, const float *z, const float *w, int R, int n,
          float eps),
         (ctx, y, x, z, w, R, n, eps))
-ST_WRAP(split_qgate, ST_SPLIT,
-        (void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D),
-        (ctx, q, gate, qg, R, nH, D))
-ST_WRAP(rope, ST_ROPE,
-        (void *ctx, float *x, const int32_t *pos, const float *f, int R, int nH, int D, int rot),
-        (ctx, x, pos, f, R, nH, D, rot))
-ST_WRAP(kv_store, ST_KV_STORE,
-        (void *ctx, float *kc, float *vc, const float *k, const float *v, int at, int n, int w),
-        (ctx, kc, vc, k, v, at, n, w))
+ST_WRAP(attn_prep, ST_ATTN_PREP,
+        (void *ctx, float *q, float *gate, const float *qg, const float *k, const float *v,
+         const float *qn, const float *kn, float eps, const int32_t *pos, const float *f, int rot,
+         const tdm_attn_seg *s, int n, int nH, int nKV, int D),
+        (ctx, q, gate, qg, k, v, qn, kn, eps, pos, f, rot, s, n, nH, nKV, D))
 ST_WRAP(attention, ST_ATTENTION,
-        (void *ctx, float *out, const float *q, const tdm_attn_seg *s, int n, int nH, int nKV,
-         int D),
-        (ctx, out, q, s, n, nH, nKV, D))
-ST_WRAP(mul_sigmoid, ST_MUL_SIGMOID, (void *ctx, float *y, const float *g, size_t n),
-        (ctx, y, g, n))
+        (void *ctx, float *out, const float *q, const float *g, const tdm_attn_seg *s, int n,
+         int nH, int nKV, int D),
+        (ctx, out, q, g, s, n, nH, nKV, D))
 ST_WRAP(silu_mul, ST_SILU_MUL, (void *ctx, float *y, const float *a, const float *b, size_t n),
         (ctx, y, a, b, n))
 ST_WRAP(conv_silu, ST_CONV,
@@ -709,11 +701,8 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->bulk = cuda_bulk;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
-    be->split_qgate = cuda_split_qgate;
-    be->rope = cuda_rope;
-    be->kv_store = cuda_kv_store;
+    be->attn_prep = cuda_attn_prep;
     be->attention = cuda_attention;
-    be->mul_sigmoid = cuda_mul_sigmoid;
     be->silu_mul = cuda_silu_mul;
     be->conv_silu = cuda_conv_silu;
     be->gdn_recurrent = cuda_gdn_recurrent;
@@ -731,11 +720,8 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         be->matmul_n = NULL; /* each projection timed on its own */
         be->rmsnorm = st_rmsnorm;
         be->rmsnorm_gated = st_rmsnorm_gated;
-        be->split_qgate = st_split_qgate;
-        be->rope = st_rope;
-        be->kv_store = st_kv_store;
+        be->attn_prep = st_attn_prep;
         be->attention = st_attention;
-        be->mul_sigmoid = st_mul_sigmoid;
         be->silu_mul = st_silu_mul;
         be->conv_silu = st_conv_silu;
         be->gdn_recurrent = st_gdn_recurrent;

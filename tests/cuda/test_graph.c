@@ -14,7 +14,7 @@
  *     eagerly, and every logit and state still matches.
  *  3. The slots directly: a key's first step runs eagerly, the second is
  *     captured, the third replays with new staged arguments (embed ids,
- *     kv_store destination) and gives their results; a replay of another
+ *     attn_prep's segments) and gives their results; a replay of another
  *     shape returns 1 with its output untouched; a key that keeps
  *     mismatching stays eager.
  *  4. TANDEM_CUDA_OPSTATS=1 leaves the graph slots NULL.
@@ -187,27 +187,41 @@ static void check_slots(tdm_backend *g)
     }
     printf("PASS slots: a key mismatching twice in a row stays eager\n");
 
-    /* kv_store: the destination (cache pointers and row) is staged. */
-    const int W = 32, NR = 3;
+    /* attn_prep: the segments (cache pointers and rows) are staged. One head
+     * of 32 for q and for k: its v rows land as they are, its k rows as the
+     * eager step's (the same values and positions). */
+    enum { W = 32, NR = 3 };
     const uint64_t K2 = 0x5678;
-    float kh[NR * W], vh[NR * W];
+    float kh[NR * W], vh[NR * W], qgh[2 * NR * W], nh[W], inv[8];
+    const int32_t pos[NR] = {3, 4, 5};
     ct_fill(kh, NR * W, 1.0f);
     ct_fill(vh, NR * W, 1.0f);
+    ct_fill(qgh, 2 * NR * W, 1.0f);
+    ct_fill(nh, W, 0.5f);
+    for (int i = 0; i < 8; i++)
+        inv[i] = 1.0f / (float)(1 + i);
     float *k = ct_put(g, kh, sizeof(kh)), *v = ct_put(g, vh, sizeof(vh));
+    float *qg = ct_put(g, qgh, sizeof(qgh)), *nw = ct_put(g, nh, sizeof(nh));
+    float *q = ct_put(g, NULL, sizeof(kh)), *gate = ct_put(g, NULL, sizeof(kh));
     const size_t cbytes = 16 * (size_t)W * sizeof(float);
-    float *kc[3], *vc[3];
+    float *kc[3], *vc[3], *k0 = NULL;
     const int at[3] = {0, 5, 11};
     for (int i = 0; i < 3; i++) {
         kc[i] = ct_put(g, NULL, cbytes);
         vc[i] = ct_put(g, NULL, cbytes);
-        CHECK(g->graph_begin(x, K2) == (i > 0), "kv_store step %d: wrong mode", i);
-        g->kv_store(x, kc[i], vc[i], k, v, at[i], NR, W);
-        CHECK(g->graph_end(x) == 0, "kv_store step %d refused", i);
+        const tdm_attn_seg as = {0, NR, at[i], kc[i], vc[i]};
+        CHECK(g->graph_begin(x, K2) == (i > 0), "attn_prep step %d: wrong mode", i);
+        g->attn_prep(x, q, gate, qg, k, v, nw, nw, 1e-6f, pos, inv, 16, &as, 1, 1, 1, W);
+        CHECK(g->graph_end(x) == 0, "attn_prep step %d refused", i);
         g->sync(x);
         float *hk = ct_get(g, kc[i], cbytes), *hv = ct_get(g, vc[i], cbytes);
-        CHECK(memcmp(hk + (size_t)at[i] * W, kh, sizeof(kh)) == 0 &&
+        if (i == 0) {
+            k0 = malloc(sizeof(kh));
+            memcpy(k0, hk, sizeof(kh));
+        }
+        CHECK(memcmp(hk + (size_t)at[i] * W, k0, sizeof(kh)) == 0 &&
                   memcmp(hv + (size_t)at[i] * W, vh, sizeof(vh)) == 0,
-              "kv_store step %d (%s): rows not at %d of its own caches", i,
+              "attn_prep step %d (%s): rows not at %d of its own caches", i,
               i == 0   ? "eager"
               : i == 1 ? "captured"
                        : "replayed",
@@ -215,7 +229,8 @@ static void check_slots(tdm_backend *g)
         free(hk);
         free(hv);
     }
-    printf("PASS slots: kv_store eager, captured, replayed into other caches at another row\n");
+    free(k0);
+    printf("PASS slots: attn_prep eager, captured, replayed into other caches at another row\n");
 
     const tdm_cuda_graph_stats s1 = stats_of(g);
     CHECK(s1.captured - s0.captured == 3 && s1.replayed - s0.replayed == 2 &&
@@ -229,9 +244,9 @@ static void check_slots(tdm_backend *g)
         g->free(x, kc[i]);
         g->free(x, vc[i]);
     }
-    g->free(x, k);
-    g->free(x, v);
-    g->free(x, y);
+    void *bufs[] = {k, v, qg, nw, q, gate, y};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++)
+        g->free(x, bufs[i]);
     g->free(x, (void *)e.data);
 }
 

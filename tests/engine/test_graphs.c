@@ -80,18 +80,15 @@ FK_OP(rmsnorm_gated,
       (void *ctx, float *y, const float *x, const float *z, const float *w, int R, int n,
        float eps),
       (ctx, y, x, z, w, R, n, eps))
-FK_OP(split_qgate, (void *ctx, float *q, float *gate, const float *qg, int R, int nH, int D),
-      (ctx, q, gate, qg, R, nH, D))
-FK_OP(rope,
-      (void *ctx, float *x, const int32_t *pos, const float *f, int R, int nH, int D, int rot),
-      (ctx, x, pos, f, R, nH, D, rot))
-FK_OP(kv_store,
-      (void *ctx, float *kc, float *vc, const float *k, const float *v, int at, int n, int w),
-      (ctx, kc, vc, k, v, at, n, w))
+FK_OP(attn_prep,
+      (void *ctx, float *q, float *gate, const float *qg, const float *k, const float *v,
+       const float *qn, const float *kn, float eps, const int32_t *pos, const float *f, int rot,
+       const tdm_attn_seg *s, int n, int nH, int nKV, int D),
+      (ctx, q, gate, qg, k, v, qn, kn, eps, pos, f, rot, s, n, nH, nKV, D))
 FK_OP(attention,
-      (void *ctx, float *out, const float *q, const tdm_attn_seg *s, int n, int nH, int nKV, int D),
-      (ctx, out, q, s, n, nH, nKV, D))
-FK_OP(mul_sigmoid, (void *ctx, float *y, const float *g, size_t n), (ctx, y, g, n))
+      (void *ctx, float *out, const float *q, const float *g, const tdm_attn_seg *s, int n, int nH,
+       int nKV, int D),
+      (ctx, out, q, g, s, n, nH, nKV, D))
 FK_OP(silu_mul, (void *ctx, float *y, const float *a, const float *b, size_t n), (ctx, y, a, b, n))
 FK_OP(conv_silu,
       (void *ctx, float *y, const float *x, const float *w, const tdm_conv_seg *s, int n, int C,
@@ -193,11 +190,8 @@ static tdm_backend fake_backend(tdm_backend *cpu)
     b.matmul = fk_matmul;
     b.rmsnorm = fk_rmsnorm;
     b.rmsnorm_gated = fk_rmsnorm_gated;
-    b.split_qgate = fk_split_qgate;
-    b.rope = fk_rope;
-    b.kv_store = fk_kv_store;
+    b.attn_prep = fk_attn_prep;
     b.attention = fk_attention;
-    b.mul_sigmoid = fk_mul_sigmoid;
     b.silu_mul = fk_silu_mul;
     b.conv_silu = fk_conv_silu;
     b.gdn_recurrent = fk_gdn_recurrent;
