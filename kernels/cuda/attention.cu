@@ -570,7 +570,7 @@ static void att_dispatch(cuda_ctx *c, float *out, const float *gate, uint32_t *x
 }
 
 /* Also writes the output's parts for the matmul that reads it next (o_proj),
- * whatever R: the rows that matmul takes are not known here. */
+ * where that matmul takes its R rows as parts. */
 void cuda_attention(void *ctx, float *out, const float *q, const float *gate,
                     const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
 {
@@ -588,7 +588,7 @@ void cuda_attention(void *ctx, float *out, const float *q, const float *gate,
     const tdm_attn_seg *d =
         (const tdm_attn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_attn_seg));
     const size_t n = (size_t)R * (size_t)nH * (size_t)D;
-    uint32_t *xs = cuda_xs_target(c, n);
+    uint32_t *xs = cuda_xs_rows(R) ? cuda_xs_target(c, n) : NULL;
     att_dispatch(c, out, gate, xs, q, d, nseg, R, nH, nKV, D);
     if (xs)
         cuda_xs_written(c, out, n, xs);
