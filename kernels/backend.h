@@ -225,14 +225,15 @@ struct tdm_backend {
     void (*rmsnorm_gated)(void *ctx, float *y, const float *x, const float *z, const float *w,
                           int R, int n, float eps);
     /* An attention layer's rows between its projections and attention, for
-     * the R rows of segs (an attention call's segments, caches included):
-     * q and gate [R, nH, D] are each head's first and second D values of
-     * qg [R, nH, 2D]; q, and k [R, nKV, D] (read only), are RMS-normed per
-     * head by q_norm and k_norm [D] (zero-centred, eps), then rotated
-     * (rotate-half RoPE) on their first rot_dim dims at positions [R]
-     * (host; inv_freq [rot_dim/2] host); the rotated k rows and the v rows
-     * [R, nKV, D] go into each segment's caches at rows n_past ... What
-     * split, rmsnorm, rope and a copy into the caches give, in one call. */
+     * the rows of segs (an attention call's segments, caches included; row
+     * r indexes every array by row as in attention): q and gate [R, nH, D]
+     * are each head's first and second D values of qg [R, nH, 2D]; q, and
+     * k [R, nKV, D] (read only), are RMS-normed per head by q_norm and
+     * k_norm [D] (zero-centred, eps), then rotated (rotate-half RoPE) on
+     * their first rot_dim dims at positions[r] (host; inv_freq [rot_dim/2]
+     * host); the rotated k rows and the v rows [R, nKV, D] go into each
+     * segment's caches at rows n_past ... What split, rmsnorm, rope and a
+     * copy into the caches give, in one call. */
     void (*attn_prep)(void *ctx, float *q, float *gate, const float *qg, const float *k,
                       const float *v, const float *q_norm, const float *k_norm, float eps,
                       const int32_t *positions, const float *inv_freq, int rot_dim,

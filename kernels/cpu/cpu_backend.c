@@ -257,22 +257,20 @@ static void cpu_attn_prep(void *ctx, float *q, float *gate, const float *qg, con
                           const int32_t *pos, const float *inv_freq, int rot,
                           const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
 {
-    int R = 0;
-    for (int i = 0; i < nseg; i++)
-        R += segs[i].nrows;
-    cpu_split_qgate(ctx, q, gate, qg, R, nH, D);
-    cpu_rmsnorm(ctx, q, q, q_norm, R * nH, D, eps, 1);
-    cpu_rope(ctx, q, pos, inv_freq, R, nH, D, rot);
-    const size_t W = (size_t)nKV * (size_t)D;
+    const size_t W = (size_t)nKV * (size_t)D, QW = (size_t)nH * (size_t)D;
     for (int i = 0; i < nseg; i++) {
         const tdm_attn_seg *sg = &segs[i];
-        float *kc = sg->k_cache + (size_t)sg->n_past * W,
-              *vc = sg->v_cache + (size_t)sg->n_past * W;
-        const size_t off = (size_t)sg->row0 * W, n = (size_t)sg->nrows * W * sizeof(float);
-        memcpy(kc, k + off, n);
-        memcpy(vc, v + off, n);
-        cpu_rmsnorm(ctx, kc, kc, k_norm, sg->nrows * nKV, D, eps, 1);
-        cpu_rope(ctx, kc, pos + sg->row0, inv_freq, sg->nrows, nKV, D, rot);
+        const int n = sg->nrows;
+        float *qr = q + (size_t)sg->row0 * QW;
+        cpu_split_qgate(ctx, qr, gate + (size_t)sg->row0 * QW, qg + (size_t)sg->row0 * 2 * QW, n,
+                        nH, D);
+        cpu_rmsnorm(ctx, qr, qr, q_norm, n * nH, D, eps, 1);
+        cpu_rope(ctx, qr, pos + sg->row0, inv_freq, n, nH, D, rot);
+        float *kc = sg->k_cache + (size_t)sg->n_past * W, *vc = sg->v_cache + (size_t)sg->n_past * W;
+        memcpy(kc, k + (size_t)sg->row0 * W, (size_t)n * W * sizeof(float));
+        memcpy(vc, v + (size_t)sg->row0 * W, (size_t)n * W * sizeof(float));
+        cpu_rmsnorm(ctx, kc, kc, k_norm, n * nKV, D, eps, 1);
+        cpu_rope(ctx, kc, pos + sg->row0, inv_freq, n, nKV, D, rot);
     }
 }
 

@@ -13,12 +13,14 @@
  *    butterfly over the warp; y = (x · 1/rms) · (1 + w).
  *  - RoPE is the CPU backend's formula with accurate cosf/sinf of inv_freq[i] · position.
  *
- * Work split: a warp per (row, head) unit, the row's nH query heads first, then its nKV key
- * heads (whose warp also copies the head's v row); PREP_WARPS warps a block. A unit's values go
+ * Work split: a warp per (row, head) unit, rows in segment order (seglist.cuh), a row's nH query
+ * heads first, then its nKV key heads (whose warp also copies the head's v row); PREP_WARPS
+ * warps a block. A unit's values go
  * through the warp's D floats of shared memory between the norm and the rotation, which pairs
  * values a lane does not hold. D % 4 == 0, D <= 4 · 32 · PREP_MAX_G, 16-byte aligned rows.
  */
 #include "attn_prep.cuh"
+#include "seglist.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -29,15 +31,22 @@
 typedef struct prep_args {
     float *q, *gate;
     const float *qg, *k, *v, *q_norm, *k_norm;
-    const int32_t *pos;       /* staged [R] */
+    const int32_t *pos;       /* staged, by row: [the last segment row + 1] */
     const float *inv_freq;    /* staged [rot / 2] */
     const tdm_attn_seg *segs; /* staged [nseg] */
-    int nseg, R, nH, nKV, D, half;
+    int nseg, R, nH, nKV, D, half; /* R: the segments' rows in all */
     float eps;
     int pad; /* 0 */
 } prep_args;
 /* Passed by value: no padding bytes (graph replays compare argument bytes). */
 static_assert(sizeof(prep_args) == 10 * sizeof(void *) + 8 * sizeof(int), "prep_args is packed");
+
+struct prep_units {
+    __device__ int operator()(const tdm_attn_seg &s) const
+    {
+        return s.nrows;
+    }
+};
 
 template <int G> __global__ void __launch_bounds__(PREP_WARPS * 32) prep_kernel(prep_args a)
 {
@@ -48,7 +57,11 @@ template <int G> __global__ void __launch_bounds__(PREP_WARPS * 32) prep_kernel(
     const long long u = (long long)blockIdx.x * PREP_WARPS + warp;
     if (u >= (long long)a.R * heads)
         return; /* the whole warp: no block barrier below */
-    const int r = (int)(u / heads), h = (int)(u % heads), D = a.D, ng = D / 4;
+    int first;
+    const int si = cuda_seg_find(a.segs, a.nseg, (int)(u / heads), prep_units(), &first);
+    const tdm_attn_seg sg = a.segs[si]; /* si >= 0: u is below the units */
+    const int i = (int)(u / heads) - first, r = sg.row0 + i, h = (int)(u % heads);
+    const int D = a.D, ng = D / 4;
     const bool isq = h < a.nH;
     const int kh = h - a.nH;
     const float *src = isq ? a.qg + ((size_t)r * (size_t)a.nH + (size_t)h) * 2 * (size_t)D
@@ -95,12 +108,7 @@ template <int G> __global__ void __launch_bounds__(PREP_WARPS * 32) prep_kernel(
         for (int gi = lane; gi < ng; gi += 32)
             *(float4 *)(a.gate + o + 4 * gi) = *(const float4 *)(src + D + 4 * gi);
     } else {
-        int si = 0;
-        while (si + 1 < a.nseg && r >= a.segs[si].row0 + a.segs[si].nrows)
-            si++;
-        const tdm_attn_seg sg = a.segs[si];
-        const size_t at =
-            ((size_t)(sg.n_past + r - sg.row0) * (size_t)a.nKV + (size_t)kh) * (size_t)D;
+        const size_t at = ((size_t)(sg.n_past + i) * (size_t)a.nKV + (size_t)kh) * (size_t)D;
         dst = sg.k_cache + at;
         vdst = sg.v_cache + at;
         vsrc = a.v + ((size_t)r * (size_t)a.nKV + (size_t)kh) * (size_t)D;
@@ -122,9 +130,11 @@ void cuda_attn_prep(void *ctx, float *q, float *gate, const float *qg, const flo
                     const tdm_attn_seg *segs, int nseg, int nH, int nKV, int D)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
-    int R = 0;
+    int R = 0, rows = 0; /* rows: the last segment row + 1 */
     for (int i = 0; i < nseg; i++) {
         R += segs[i].nrows;
+        if (segs[i].nrows > 0 && segs[i].row0 + segs[i].nrows > rows)
+            rows = segs[i].row0 + segs[i].nrows;
         TDM_ASSERT(((uintptr_t)segs[i].k_cache | (uintptr_t)segs[i].v_cache) % 16 == 0);
     }
     if (R == 0 || nH + nKV == 0)
@@ -142,7 +152,7 @@ void cuda_attn_prep(void *ctx, float *q, float *gate, const float *qg, const flo
     a.v = v;
     a.q_norm = q_norm;
     a.k_norm = k_norm;
-    a.pos = (const int32_t *)cuda_stage(c, positions, (size_t)R * sizeof(int32_t));
+    a.pos = (const int32_t *)cuda_stage(c, positions, (size_t)rows * sizeof(int32_t));
     a.inv_freq =
         half > 0 ? (const float *)cuda_stage(c, inv_freq, (size_t)half * sizeof(float)) : NULL;
     a.segs = (const tdm_attn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_attn_seg));
