@@ -225,6 +225,14 @@ static void print_timeline(const counters *a, const counters *b)
                : 0.0,
            dtk > 0 ? (counter(b, "draft_time_us_total") - counter(a, "draft_time_us_total")) / dtk
                    : 0.0);
+    /* the commit phase by part, a round's mean (vsched_commit_part) */
+    static const char *const cparts[] = {"verdicts", "emit", "retire", "states"};
+    printf(" cparts_us");
+    for (size_t i = 0; i < sizeof(cparts) / sizeof(cparts[0]); i++) {
+        char k[64];
+        snprintf(k, sizeof(k), "round_commit_%s_us_total", cparts[i]);
+        printf("%s%s:%.1f", i ? "," : "=", cparts[i], (counter(b, k) - counter(a, k)) / rounds);
+    }
     /* the verifier's parts of the exchange, a message's mean (vlink.h) */
     static const char *const parts[][2] = {
         {"send", "sends"}, {"queue", "writes"}, {"write", "writes"}, {"deliver", "delivers"}};

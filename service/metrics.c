@@ -793,6 +793,18 @@ static const counter_row counter_rows[] = {
     PHASE("step", NULL),
     PHASE("commit", NULL),
     PHASE("send", NULL),
+    ROWL_US("verifier", "round_commit_verdicts_us_total",
+            "tandem_verifier_round_commit_seconds_total", "part", "verdicts",
+            "The round's commit phase by part: verdicts (the step's outputs read, a sampled "
+            "rejection's row fetched and its residual drawn), emit (tokens out, the adaptive "
+            "rule, the drafters' next messages), retire (finished requests), states (accepted "
+            "drafts committed); the parts add up to the commit phase."),
+    ROWL_US("verifier", "round_commit_emit_us_total", "tandem_verifier_round_commit_seconds_total",
+            "part", "emit", NULL),
+    ROWL_US("verifier", "round_commit_retire_us_total",
+            "tandem_verifier_round_commit_seconds_total", "part", "retire", NULL),
+    ROWL_US("verifier", "round_commit_states_us_total",
+            "tandem_verifier_round_commit_seconds_total", "part", "states", NULL),
 
     /* drafter */
     ROW("drafter", "draft_streams", "tandem_drafter_draft_streams", GAUGE,

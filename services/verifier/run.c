@@ -213,6 +213,12 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         out[n++] = (tdm_service_counter){names[p][1], c.phase_p50_us[p]};
         out[n++] = (tdm_service_counter){names[p][2], c.phase_p99_us[p]};
     }
+    /* The commit phase by part (vsched_commit_part's order). */
+    static const char *const parts[VSCHED_COMMIT_PARTS] = {
+        "round_commit_verdicts_us_total", "round_commit_emit_us_total",
+        "round_commit_retire_us_total", "round_commit_states_us_total"};
+    for (int p = 0; p < VSCHED_COMMIT_PARTS && n < max; p++)
+        out[n++] = (tdm_service_counter){parts[p], c.commit_part_us[p]};
     return n;
 }
 

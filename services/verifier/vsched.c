@@ -183,6 +183,7 @@ typedef struct vround {
     tdm_status rc;   /* the step's status; != OK fails every sequence in it */
     tdm_error err;
     double t_wait, t_step;
+    double t_verdicts;     /* ms verdicts() took this round */
     double cost, fixed;    /* per drafted token and per speculating sequence (adaptive.h) */
     /* The step, or a drafter for a block of it, ran a shape for the first
      * time (a CUDA graph captured, steps run eagerly): the round's time says
@@ -2359,8 +2360,10 @@ static void round_store(vsched *s, vreq *r, const vround_seq *q, int accepted)
 static void verify_emit(vsched *s, vround *rd)
 {
     bool any_spec = false;
+    const double t0 = now_ms();
     if (rd->rc == TDM_OK)
         verdicts(s, rd);
+    rd->t_verdicts = now_ms() - t0;
     for (int i = 0; i < rd->n; i++) {
         vround_seq *q = &rd->seqs[i];
         vreq *r = q->r;
@@ -2548,7 +2551,7 @@ static void post_cost(vsched *s, const vround *rd, double post_ms)
 
 /* Adds one round's timeline (t[0] its start, t[i + 1] the end of phase i)
  * to the counters. */
-static void record_timeline(vsched *s, const double *t)
+static void record_timeline(vsched *s, const double *t, const double *commit_parts)
 {
     pthread_mutex_lock(&s->mu);
     float *row = s->phase_us[s->n_phase++ % TDM_ARRAY_LEN(s->phase_us)];
@@ -2558,6 +2561,8 @@ static void record_timeline(vsched *s, const double *t)
         if (i != VSCHED_IDLE) /* counted as it passes (admit_and_retire) */
             s->counters.phase_total_us[i] += us;
     }
+    for (int i = 0; i < VSCHED_COMMIT_PARTS; i++)
+        s->counters.commit_part_us[i] += commit_parts[i] * 1e3;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -2723,14 +2728,22 @@ static bool sched_round(vsched *s)
     /* The verdicts go out before the commits (the drafters draft while this
      * thread queues them); the commit phase counts both sides of the send. */
     verify_emit(s, rd);
+    const double t_emitted = now_ms();
     retire_finished(s, rd);
     const double t_sending = now_ms();
     send_messages(s, rd);
     const double t_sent = now_ms();
     commit_round(s, rd);
-    t[VSCHED_COMMIT + 1] = t_sending + (now_ms() - t_sent);
+    const double t_committed = now_ms();
+    t[VSCHED_COMMIT + 1] = t_sending + (t_committed - t_sent);
     t[VSCHED_SEND + 1] = t[VSCHED_COMMIT + 1] + (t_sent - t_sending);
-    record_timeline(s, t);
+    const double parts[VSCHED_COMMIT_PARTS] = {
+        [VSCHED_COMMIT_VERDICTS] = rd->t_verdicts,
+        [VSCHED_COMMIT_EMIT] = t_emitted - t[VSCHED_STEP + 1] - rd->t_verdicts,
+        [VSCHED_COMMIT_RETIRE] = t_sending - t_emitted,
+        [VSCHED_COMMIT_STATES] = t_committed - t_sent,
+    };
+    record_timeline(s, t, parts);
     post_cost(s, rd, t[VSCHED_SEND + 1] - t[VSCHED_STEP + 1]);
     return true;
 }

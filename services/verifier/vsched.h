@@ -176,6 +176,17 @@ typedef enum {
     VSCHED_PHASES
 } vsched_phase;
 
+/* The commit phase's parts, in the order they run. */
+typedef enum {
+    VSCHED_COMMIT_VERDICTS, /* the step's outputs read into verdicts (a sampled
+                               rejection's row fetched, its residual drawn) */
+    VSCHED_COMMIT_EMIT,     /* per sequence: tokens out, stats, the adaptive rule,
+                               the drafter's next message planned */
+    VSCHED_COMMIT_RETIRE,   /* finished requests retired, memory counted */
+    VSCHED_COMMIT_STATES,   /* accepted drafts committed into the states */
+    VSCHED_COMMIT_PARTS
+} vsched_commit_part;
+
 typedef struct vsched_counters {
     uint64_t requests, active, waiting, rounds, spec_rounds, drafted, accepted, tokens;
     uint64_t drafter_failures, cancelled;
@@ -212,6 +223,9 @@ typedef struct vsched_counters {
      * The totals add up to uptime_us but for the round in progress. */
     double phase_total_us[VSCHED_PHASES];
     double phase_p50_us[VSCHED_PHASES], phase_p99_us[VSCHED_PHASES];
+    /* The commit phase's total by part (vsched_commit_part); the parts add
+     * up to phase_total_us[VSCHED_COMMIT]. */
+    double commit_part_us[VSCHED_COMMIT_PARTS];
     double uptime_us; /* since the scheduler thread started */
     /* For metrics: rounds that verified at least one block; sequence rounds
      * decoded plainly while the adaptive rule had speculation off, and the

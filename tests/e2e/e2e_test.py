@@ -476,8 +476,8 @@ PHASES = ["idle", "admit", "prefill", "wait", "step", "commit", "send"]
 def case_timeline():
     """The verifier's round timeline accounts for all of its scheduler's time:
     over a workload, the phases' totals grow by the scheduler's uptime and by
-    the wall time this client measured, within 5 %; the exchange excludes the
-    drafter's own drafting time."""
+    the wall time this client measured, within 5 %; the commit phase's parts
+    add up to it; the exchange excludes the drafter's own drafting time."""
     gw, v, d = stack("extra_buffer", "model", block=4)
     path = "/tandem.v1.Verifier/Describe"
     ps = prompts(8)
@@ -517,6 +517,16 @@ def case_timeline():
           "the round phases add up to %.0f us, the scheduler ran %.0f us" % (total, uptime))
     for ph in ("idle", "step", "commit", "wait"):
         check(d_phase[ph] > 0, "no time counted in phase %s" % ph)
+    # The commit phase by part: the parts add up to it (each round's parts
+    # are differences of the same clock readings as its phases).
+    parts = {p: b["round_commit_%s_us_total" % p] - a["round_commit_%s_us_total" % p]
+             for p in ("verdicts", "emit", "retire", "states")}
+    print("commit phase by part, us: %s" % {k: round(x) for k, x in parts.items()}, flush=True)
+    check(abs(sum(parts.values()) - d_phase["commit"]) <= 0.01 * d_phase["commit"] + 10,
+          "the commit phase's parts add up to %.0f us, the phase to %.0f us" %
+          (sum(parts.values()), d_phase["commit"]))
+    for p in ("verdicts", "emit", "states"):
+        check(parts[p] > 0, "no time counted in the commit phase's part %s" % p)
     check(d_phase["idle"] >= 0.5 * 0.5e6 * 0.9,
           "idle %.0f us although the verifier idled 2 x 0.5 s" % d_phase["idle"])
     check(b["draft_time_per_token_p50_us"] > 0, "drafter time per token not measured")
