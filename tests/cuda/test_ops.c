@@ -47,12 +47,17 @@ static void report(const char *op, const char *cas, double err, double thr)
         failures++;
 }
 
-static void report_same(const char *op, const char *cas, const void *a, const void *b, size_t n)
+/* A bit-identity check whose comparison the caller made (several buffers). */
+static void report_identical(const char *op, const char *cas, int ok)
 {
-    int ok = memcmp(a, b, n) == 0;
     printf("%-14s %-44s %s\n", op, cas, ok ? "bit-identical ok" : "FAIL (bits differ)");
     if (!ok)
         failures++;
+}
+
+static void report_same(const char *op, const char *cas, const void *a, const void *b, size_t n)
+{
+    report_identical(op, cas, memcmp(a, b, n) == 0);
 }
 
 /* A weight matrix in the given dtype from fp32 values; *ref gets the values
@@ -663,6 +668,26 @@ static void test_norm_invariance(void)
         }
 }
 
+/* Segments of segs[i] = {nrows, n_past} rows in order, their caches
+ * [cap[i], W] uploaded to be from kc[i] and vc[i]. */
+static void segs_put(tdm_backend *be, tdm_attn_seg *as, const int (*segs)[2], int nseg,
+                     float *const *kc, float *const *vc, const int *cap, int W)
+{
+    for (int i = 0, r = 0; i < nseg; i++) {
+        as[i] = (tdm_attn_seg){r, segs[i][0], segs[i][1], ct_put(be, kc[i], (size_t)cap[i] * W * 4),
+                               ct_put(be, vc[i], (size_t)cap[i] * W * 4)};
+        r += segs[i][0];
+    }
+}
+
+static void segs_free(tdm_backend *be, const tdm_attn_seg *as, int nseg)
+{
+    for (int i = 0; i < nseg; i++) {
+        be->free(be->ctx, as[i].k_cache);
+        be->free(be->ctx, as[i].v_cache);
+    }
+}
+
 /* attn_prep against the CPU's split, norms, rotations and copies: q and the
  * caches' k rows by normalised error, gate and v rows exactly, cache rows
  * outside the segments' untouched; and the same bits with each segment run
@@ -713,12 +738,7 @@ static void test_attn_prep(void)
             ct_poison(be, dq, N * 4);
             ct_poison(be, dg, N * 4);
             tdm_attn_seg as[NSEG];
-            for (int i = 0, r = 0; i < NSEG; i++) {
-                as[i] = (tdm_attn_seg){r, segs[i][0], segs[i][1],
-                                       ct_put(be, cache[i], (size_t)cap[i] * W * 4),
-                                       ct_put(be, cache[i], (size_t)cap[i] * W * 4)};
-                r += segs[i][0];
-            }
+            segs_put(be, as, segs, NSEG, cache, cache, cap, W);
             if (b < 2)
                 be->attn_prep(be->ctx, dq, dg, dqg, dk, dv, dqn, dkn, 1e-6f, pos, inv, rot, as,
                               NSEG, nH, nKV, D);
@@ -731,9 +751,8 @@ static void test_attn_prep(void)
             for (int i = 0; i < NSEG; i++) {
                 kc[b][i] = ct_get(be, as[i].k_cache, (size_t)cap[i] * W * 4);
                 vc[b][i] = ct_get(be, as[i].v_cache, (size_t)cap[i] * W * 4);
-                be->free(be->ctx, as[i].k_cache);
-                be->free(be->ctx, as[i].v_cache);
             }
+            segs_free(be, as, NSEG);
             void *bufs[] = {dqg, dk, dv, dqn, dkn, dq, dg};
             for (size_t j = 0; j < TDM_ARRAY_LEN(bufs); j++)
                 be->free(be->ctx, bufs[j]);
@@ -758,16 +777,12 @@ static void test_attn_prep(void)
                     memcmp(kc[1][i] + at + n, cache[i] + at + n, 2 * (size_t)W * 4) == 0;
         }
         report("attn_prep", "  k rows in the caches", kerr, 1e-5);
-        printf("%-14s %-44s %s\n", "attn_prep", "  v rows in the caches, the rest untouched",
-               same_v && rest ? "bit-identical ok" : "FAIL");
-        failures += !(same_v && rest);
+        report_identical("attn_prep", "  v rows in the caches, the rest untouched", same_v && rest);
         report_same("attn_prep", "  q: segments one by one == batched", q[2], q[1], N * 4);
         int seg_same = 1;
         for (int i = 0; i < NSEG; i++)
             seg_same &= memcmp(kc[2][i], kc[1][i], (size_t)cap[i] * W * 4) == 0;
-        printf("%-14s %-44s %s\n", "attn_prep", "  caches: segments one by one == batched",
-               seg_same ? "bit-identical ok" : "FAIL (bits differ)");
-        failures += !seg_same;
+        report_identical("attn_prep", "  caches: segments one by one == batched", seg_same);
         for (int b = 0; b < 3; b++) {
             free(q[b]);
             free(gate[b]);
@@ -908,12 +923,7 @@ static void test_attention(void)
             float *dout = ct_put(be, NULL, N * 4);
             ct_poison(be, dout, N * 4);
             tdm_attn_seg as[8];
-            for (int i = 0, r = 0; i < nseg; i++) {
-                as[i] = (tdm_attn_seg){r, segs[i][0], segs[i][1],
-                                       ct_put(be, kc[i], (size_t)cap[i] * W * 4),
-                                       ct_put(be, vc[i], (size_t)cap[i] * W * 4)};
-                r += segs[i][0];
-            }
+            segs_put(be, as, segs, nseg, kc, vc, cap, W);
             if (b < 2) {
                 be->attention(be->ctx, dout, dq, dg, as, nseg, nH, nKV, D);
             } else { /* each segment alone */
@@ -921,10 +931,7 @@ static void test_attention(void)
                     be->attention(be->ctx, dout, dq, dg, &as[i], 1, nH, nKV, D);
             }
             out[b] = ct_get(be, dout, N * 4);
-            for (int i = 0; i < nseg; i++) {
-                be->free(be->ctx, as[i].k_cache);
-                be->free(be->ctx, as[i].v_cache);
-            }
+            segs_free(be, as, nseg);
             be->free(be->ctx, dq);
             be->free(be->ctx, dg);
             be->free(be->ctx, dout);
@@ -975,22 +982,14 @@ static void test_attention_long(void)
             float *dout = ct_put(be, NULL, (size_t)R * nH * D * 4);
             ct_poison(be, dout, (size_t)R * nH * D * 4);
             tdm_attn_seg as[8];
-            for (int i = 0, r = 0; i < nseg; i++) {
-                as[i] = (tdm_attn_seg){r, segs[i][0], segs[i][1],
-                                       ct_put(be, kc[i], (size_t)cap[i] * W * 4),
-                                       ct_put(be, vc[i], (size_t)cap[i] * W * 4)};
-                r += segs[i][0];
-            }
+            segs_put(be, as, segs, nseg, kc, vc, cap, W);
             if (b < 2)
                 be->attention(be->ctx, dout, dq, NULL, as, nseg, nH, nKV, D);
             else
                 for (int i = 0; i < nseg; i++)
                     be->attention(be->ctx, dout, dq, NULL, &as[i], 1, nH, nKV, D);
             out[b] = ct_get(be, dout, (size_t)R * nH * D * 4);
-            for (int i = 0; i < nseg; i++) {
-                be->free(be->ctx, as[i].k_cache);
-                be->free(be->ctx, as[i].v_cache);
-            }
+            segs_free(be, as, nseg);
             be->free(be->ctx, dq);
             be->free(be->ctx, dout);
         }
