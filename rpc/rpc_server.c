@@ -662,6 +662,13 @@ tdm_status tdm_rpc_server_create(const tdm_rpc_server_options *opt, tdm_rpc_serv
     grpc_arg args[3];
     grpc_channel_args cargs;
     tdm_rpc__size_args(args, &cargs, opt->max_message_bytes, NULL);
+    /* gRPC binds with SO_REUSEPORT by default: a second server given a port
+     * another one already serves would share it, and each would receive
+     * some of the other's calls. A port in use is an error instead. */
+    args[cargs.num_args].type = GRPC_ARG_INTEGER;
+    args[cargs.num_args].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[cargs.num_args].value.integer = 0;
+    cargs.num_args++;
     s->srv = grpc_server_create(&cargs, NULL);
     /* Polling workers of one process contend for gRPC's one poller and make
      * each other's messages wait: one polls. */

@@ -103,8 +103,12 @@ check $([ "$owner" = 10001 ]; echo $?) "/var/lib/tandem belongs to 10001 (is $ow
 
 # The services, started from the image, pair and generate.
 mount -t proc proc "$rootfs/proc"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-gp=$(port) vp=$(port) dp=$(port)
+# three ports free now, and distinct (each socket stays bound until all are picked)
+read -r gp vp dp < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(3)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
 start() { # start NAME ARGS...
   local name="$1"; shift
   (cd / && exec chroot --userspec=10001:10001 "$rootfs" /usr/bin/env HOME=/var/lib/tandem \

@@ -549,6 +549,19 @@ def case_refusals():
     check(len(status(gw)["replicas"]) == 6, "still serving after bad input")
     code, _, resp = unary(gw.addr(), "/tandem.v1.Registry/Heartbeat", {"replica_id": "nobody"})
     check(code == "OK" and resp["known"] is False, "heartbeat of an unknown replica: known=false")
+    # A service given a port another one serves does not start beside it
+    # (gRPC would share it by SO_REUSEPORT, each taking some of the other's
+    # calls): it stops naming the address, and the first goes on serving.
+    d = Proc("drafter", binary("tandem-drafter"),
+             ["--listen", gw.addr(), "--health-listen", "127.0.0.1:0", "--gateway", gw.addr()])
+    PROCS.append(d)
+    try:
+        rc = d.p.wait(30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 1 and "cannot listen on '%s'" % gw.addr() in d.text(),
+          "a drafter on the gateway's port: rc %s\n%s" % (rc, d.text()))
+    check(len(status(gw)["replicas"]) == 6, "the gateway serves on after the clash")
 
 
 def case_ttl():
