@@ -48,6 +48,20 @@ MODEL = "demo"
 PROMPT = "def fibonacci(n):\n    "
 
 
+def gw_settled(gw, timeout=10.0):
+    """Waits until the gateway has counted every request it started (each as
+    completed, failed or cancelled)."""
+    path = "/tandem.v1.Gateway/GetStatus"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ended = sum(counter(gw.addr(), path, "generate_" + k)
+                    for k in ("completed", "failed", "cancelled"))
+        if ended >= counter(gw.addr(), path, "generate_requests"):
+            return
+        time.sleep(0.01)
+    check(False, "the gateway still had requests in flight after %.0f s" % timeout)
+
+
 def demo(name):
     return os.path.join(ARGS.source, "models", name)
 
@@ -268,7 +282,10 @@ def case_http():
             counter(v.addr(), "/tandem.v1.Verifier/Describe", "active_sequences") != 0:
         time.sleep(0.01)
 
-    # A client that disconnects mid-stream cancels its sequence.
+    # A client that disconnects mid-stream cancels its sequence. The gateway
+    # counts a request as it ends, which may come after the verifier freed its
+    # sequence: the closes above are counted before the baseline is read.
+    gw_settled(gw)
     cancelled = counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled")
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     long_req = json.dumps(dict(body, max_tokens=4000, ignore_eos=True, stream=True)).encode()
@@ -299,6 +316,7 @@ def case_http():
     while time.time() < deadline and "status CANCELLED" not in gw.text():
         time.sleep(0.05)
     check("status CANCELLED" in gw.text(), "the gateway logged the request as cancelled")
+    gw_settled(gw)
     check(counter(gw.addr(), "/tandem.v1.Gateway/GetStatus", "generate_cancelled") == cancelled + 1,
           "the gateway counted the cancelled requests")
     # The same for a whole (non-streamed) response: noticed at the next tokens.
@@ -321,6 +339,7 @@ def case_http():
         time.sleep(0.01)
     print("disconnect (whole response): sequence freed after %s ms" %
           ("%.1f" % (freed * 1e3) if freed is not None else "never"), flush=True)
+    gw_settled(gw)
     check(freed is not None and counter(gw.addr(), "/tandem.v1.Gateway/GetStatus",
                                         "generate_cancelled") == cancelled + 2,
           "a client that went away before its whole response cancelled its sequence")
