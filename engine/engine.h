@@ -98,6 +98,15 @@ int32_t tdm_model_draft_vocab_id(const tdm_model *m, int t);
  * (tdm_capacity_workspace_bytes), so that such steps allocate nothing;
  * RESOURCE_EXHAUSTED when the backend cannot hold it. */
 tdm_status tdm_model_reserve_workspace(tdm_model *m, int rows, tdm_error *err);
+/* Prefills a prompt of `tokens` tokens (id 0) on a throwaway sequence, so
+ * that what a backend sets up on the first prompt it prefills is done before
+ * a service serves (on CUDA, cuBLAS for the prompts' matmuls: its start took
+ * a drafter's first open 69 ms on one H100, and that open's wait was taken
+ * for what every open costs). */
+tdm_status tdm_model_warm_prompt(tdm_model *m, tdm_state_strategy strategy, int tokens,
+                                 tdm_error *err);
+/* A prompt long enough for each backend's prompt path (CUDA: cuBLAS from 16 rows). */
+#define TDM_WARM_PROMPT_TOKENS 64
 /* Host memory the engine downloads into fastest (CUDA: page-locked), for
  * logits buffers; NULL when exhausted. Free it with tdm_model_host_free, on
  * the same model, before the model is destroyed. */

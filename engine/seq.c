@@ -110,6 +110,22 @@ tdm_status tdm_model_reserve_workspace(tdm_model *m, int rows, tdm_error *err)
     return ws_ensure(m, rows, err);
 }
 
+tdm_status tdm_model_warm_prompt(tdm_model *m, tdm_state_strategy strategy, int tokens,
+                                 tdm_error *err)
+{
+    if (tokens < 1)
+        return TDM_OK;
+    int32_t *ids = tdm_xcalloc((size_t)tokens, sizeof(int32_t));
+    tdm_seq_params p = {.strategy = strategy};
+    tdm_seq *s = NULL;
+    tdm_status rc = tdm_seq_create(m, &p, &s, err);
+    if (rc == TDM_OK)
+        rc = tdm_seq_prefill(s, ids, tokens, NULL, err);
+    tdm_seq_destroy(s);
+    free(ids);
+    return rc;
+}
+
 /* ---- KV capacity --------------------------------------------------------- */
 
 static tdm_status kv_ensure(tdm_seq *s, int need, tdm_error *err)

@@ -334,6 +334,18 @@ double tdm_accept_memory_rate(const tdm_accept_memory *m)
     return m->trials < 0.4 ? -1.0 : m->accepted / m->trials;
 }
 
+void tdm_open_cost_note(tdm_open_cost *c, double ms)
+{
+    if (!(ms >= 0) || !isfinite(ms))
+        return;
+    c->ms[c->n++ % 3] = ms;
+}
+
+double tdm_open_cost_ms(const tdm_open_cost *c)
+{
+    return c->n < 3 ? -1.0 : tdm_median3(c->ms);
+}
+
 double tdm_run_ahead_gain(double accept, int k, double chain_ms, double verify_ms)
 {
     if (k <= 0 || !(chain_ms >= 0) || !(verify_ms >= 0))

@@ -168,6 +168,25 @@ double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge);
  * some five rounds are known. */
 double tdm_accept_memory_rate(const tdm_accept_memory *m);
 
+/* ---- what an open costs ----------------------------------------------------
+ *
+ * How long a sequence waits for its first block after an open (its drafter
+ * catching up on its tokens), over the verifier's last three opens: their
+ * median, and unknown while fewer were seen. open_cost (tdm_adaptive_params)
+ * starts a request paused where its tokens would not repay an open, so one
+ * slow open (a cold drafter's first prompt: 69 ms on one H100 where opens take
+ * about 1) held in a moving average kept every later request from opening,
+ * and so from ever measuring a faster one. */
+typedef struct tdm_open_cost {
+    double ms[3];
+    uint64_t n;
+} tdm_open_cost;
+
+/* An open's wait, ms (not finite or < 0: ignored). */
+void tdm_open_cost_note(tdm_open_cost *c, double ms);
+/* The median of the last three opens' waits, ms; -1 while fewer were seen. */
+double tdm_open_cost_ms(const tdm_open_cost *c);
+
 /* ---- drafting ahead of verdicts (run-ahead) --------------------------------
  *
  * A drafter on a device of its own may draft the block of round r + 1 while

@@ -115,6 +115,7 @@ typedef struct dseq {
     bool timed;
     double t_taken, t_pass0, t_chain, t_pass1;
     bool first_sight; /* its pass ran a step shape for the first time (DraftBlock) */
+    bool prep_first;  /* so did its catch-up since its last block (model_prepare) */
     struct dseq *next;
 } dseq;
 
@@ -363,9 +364,13 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
     int want = q->n - 1; /* the last token's row gives the first draft */
     if (max > 0 && want > q->held + max)
         want = q->held + max;
+    const uint64_t fs = tdm_runtime_graph_first_sights(d->rt);
     tdm_status rc = tdm_seq_prefill(q->seq, q->tokens + q->held, want - q->held, NULL, err);
     if (rc != TDM_OK)
         return rc;
+    /* A prompt length seen for the first time runs eagerly or is captured:
+     * the open's wait then says nothing of what opens cost from now on. */
+    q->prep_first |= tdm_runtime_graph_first_sights(d->rt) != fs;
     __atomic_fetch_add(&d->prefilled, (uint64_t)(want - q->held), __ATOMIC_RELAXED);
     if (timed)
         tdm_log_debug(LOG, "sequence %llu: created in %.2f ms, %d tokens prefilled in %.2f ms",
@@ -1710,7 +1715,8 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
             const bool first = tdm_runtime_graph_first_sights(d->rt ? d->rt : d->head) != fs;
             for (dseq *q = st.seqs; q && !ahead; q = q->next)
                 if (q->picked) {
-                    q->first_sight = first;
+                    q->first_sight = first || q->prep_first;
+                    q->prep_first = false;
                     q->t_pass0 = t0;
                     q->t_pass1 = t1;
                 }
@@ -1885,7 +1891,8 @@ static tdm_status warm_chains(drafter *d, int block, tdm_error *err)
     return rc;
 }
 
-/* Times the model drafter's draft passes before it serves, for its
+/* Prefills a prompt on a throwaway sequence (tdm_model_warm_prompt), then
+ * times the model drafter's draft passes before it serves, for its
  * Descriptor's draft_pass_costs: a block of `block` tokens for each of n = 1,
  * 2, 4, 8, 16 throwaway sequences (at most max_sequences), after one lead
  * row; each shape runs until it runs without a first sight (on CUDA graphs
@@ -1922,6 +1929,8 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     tdm_status rc = TDM_OK;
     const int lock = tdm_timing_lock_acquire(d->rt->device_uuid, TDM_TIMING_LOCK_WAIT_MS, LOG);
     const double t_start = now_us();
+    /* The first prompt's set-up, before the timings and the first open. */
+    rc = tdm_model_warm_prompt(m, d->strategy, TDM_WARM_PROMPT_TOKENS, &err);
     for (int n = 1; n <= MOST && n <= d->max_sequences && rc == TDM_OK; n *= 2) {
         for (; made < n && rc == TDM_OK; made++) {
             tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};

@@ -286,7 +286,10 @@ struct vsched {
     _Atomic double plain_round_ms; /* and the whole step's */
     double exchange_ms;            /* moving average of the exchange (scheduler thread, under mu) */
     /* How long a sequence waits for its first block after an open (the
-     * drafter catching up on its tokens), moving average in ms; 0: none seen. */
+     * drafter catching up on its tokens): the last opens' waits
+     * (tdm_open_cost, scheduler thread), and what they say in ms (<= 0:
+     * not known yet). */
+    tdm_open_cost opens;
     _Atomic double open_ms;
     /* What a round costs after its step (commits, verdicts, tokens out, the
      * drafters' messages), scheduler thread: moving averages of a plain
@@ -1926,8 +1929,10 @@ static void take_blocks(vsched *s, vround *rd)
                 if (r->after_open && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     s->open_wait_us_total += (r->t_got - r->t_asked) * 1e3;
                     s->open_waits++;
-                    if (!(b->first_sight && s->first_share < FIRST_SIGHT_ONE_OFF))
-                        ema_ms(&s->open_ms, r->t_got - r->t_asked);
+                    if (!(b->first_sight && s->first_share < FIRST_SIGHT_ONE_OFF)) {
+                        tdm_open_cost_note(&s->opens, r->t_got - r->t_asked);
+                        atomic_store(&s->open_ms, tdm_open_cost_ms(&s->opens));
+                    }
                 }
                 if (!r->after_open && !r->block_ahead && r->t_asked > 0 && r->t_got >= r->t_asked) {
                     double us = (r->t_got - r->t_asked) * 1e3 - (double)b->draft_micros;
@@ -2829,7 +2834,8 @@ static void verdict_pool_free(vsched *s)
     free(s->vscratch);
 }
 
-/* Times steps on throwaway sequences before the verifier serves: for n = 1,
+/* Prefills a prompt on a throwaway sequence (tdm_model_warm_prompt), then
+ * times steps on throwaway sequences before the verifier serves: for n = 1,
  * 2, 4, 8, 16 sequences (at most max_sequences; larger batches are
  * extrapolated), a plain step (one row each) and a verify step (1 + 4 rows
  * each, or 1 + max_draft, then committed with nothing accepted). Each pair
@@ -2856,6 +2862,8 @@ static void warm_steps(vsched *s)
         plain_n[i] = 1;
         verify_n[i] = k + 1;
     }
+    /* The first prompt's set-up, before the timings and the first request. */
+    rc = tdm_model_warm_prompt(s->p.model, s->p.strategy, TDM_WARM_PROMPT_TOKENS, &err);
     for (int n = 1; n <= WARM_SEQS && n <= s->p.max_sequences && rc == TDM_OK; n *= 2) {
         for (; made < n && rc == TDM_OK; made++) {
             tdm_seq_params sp = {.strategy = s->p.strategy, .max_draft = k};

@@ -482,6 +482,46 @@ static void test_adaptive_unmeasured_costs(void)
           a.pauses, a.cost);
 }
 
+/* What an open costs: unknown until three opens were seen, then their
+ * median, so one slow open (a cold drafter's first prompt, 69 ms where opens
+ * take about 1) neither starts the requests after it paused nor stays the
+ * estimate; the rule then opens a request its tokens repay. */
+static void test_open_cost(void)
+{
+    tdm_open_cost c = {0};
+    CHECK(tdm_open_cost_ms(&c) < 0, "no open seen: %.2f", tdm_open_cost_ms(&c));
+    tdm_open_cost_note(&c, 69.0);
+    tdm_open_cost_note(&c, NAN);
+    tdm_open_cost_note(&c, -1.0);
+    tdm_open_cost_note(&c, 1.2);
+    CHECK(tdm_open_cost_ms(&c) < 0, "two opens (and two waits not taken): %.2f",
+          tdm_open_cost_ms(&c));
+    tdm_open_cost_note(&c, 0.9);
+    CHECK(tdm_open_cost_ms(&c) == 1.2, "69, 1.2 and 0.9 ms: median %.2f", tdm_open_cost_ms(&c));
+    tdm_open_cost_note(&c, 1.1);
+    tdm_open_cost_note(&c, 70.0);
+    CHECK(tdm_open_cost_ms(&c) == 1.1, "0.9, 1.1 and 70 ms: median %.2f", tdm_open_cost_ms(&c));
+    /* a 128-token request at a plain round of 0.2 ms, drafts that pay */
+    tdm_adaptive_params p = {.k_max = 4,
+                             .k_initial = 4,
+                             .min_gain = 0.05,
+                             .pause_tokens = 32,
+                             .min_rounds = 4,
+                             .cost_prior = 0.3,
+                             .fixed_prior = 0.1,
+                             .tokens_left = 128};
+    tdm_adaptive a;
+    p.open_cost = tdm_open_cost_ms(&c) / 0.2;
+    tdm_adaptive_init(&a, &p);
+    CHECK(a.k_next > 0, "opens of 1.1 ms: the request opens, k %d (%s)", a.k_next,
+          a.pause_why ? a.pause_why : "-");
+    p.open_cost = 69.0 / 0.2;
+    tdm_adaptive_init(&a, &p);
+    CHECK(
+        a.k_next == 0 && a.pause_why && !strcmp(a.pause_why, "its tokens would not repay the open"),
+        "an open of 69 ms starts it paused: k %d (%s)", a.k_next, a.pause_why ? a.pause_why : "-");
+}
+
 /* The plain round a speculative round is judged against: measured where a
  * round of that batch size ran plainly within TDM_STEPTIME_PLAIN_FRESH
  * rounds, else the line fitted to every step. Shaped as the 2-core CPU at
@@ -869,6 +909,7 @@ int main(void)
     test_adaptive_never_loses();
     test_adaptive_unmeasured_costs();
     test_steptime_plain();
+    test_open_cost();
     test_adaptive_memory_recovers();
     test_adaptive_probe_worth();
     test_run_ahead_gain();
