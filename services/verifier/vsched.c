@@ -356,6 +356,22 @@ static double prior(vsched *s, _Atomic double *cost_ms)
     return ms > 0 && seq > 0 ? ms / seq : -1.0;
 }
 
+/* The same at a batch of n sequences: in plain steps per sequence of a
+ * plain round of n as measured or fitted (tdm_steptime_plain), where one is
+ * known, else of the current batch's. A request of a burst is admitted to a
+ * batch the last round did not have: judged at the last round's (one
+ * sequence, the tail of a load before), a cost measured at batch 8 read as
+ * 0.3 of a step where at 32 it is 1.5 (the demo pair on one H100: a burst
+ * of 32 opened on the drafter, 0.88x plain). Scheduler thread. */
+static double prior_at(vsched *s, _Atomic double *cost_ms, int n)
+{
+    double round;
+    const double ms = atomic_load(cost_ms);
+    if (!(ms > 0) || n < 1 || !tdm_steptime_plain(&s->st, n, &round) || !(round > 0))
+        return prior(s, cost_ms);
+    return ms / (round / n);
+}
+
 /* y at x from the points (xs[i], ys[i]), xs ascending: linear between them;
  * outside them, the nearest point's y, or where extend is set, the line
  * through the last two. */
@@ -2577,23 +2593,30 @@ static void record_timeline(vsched *s, const double *t, const double *commit_par
     pthread_mutex_unlock(&s->mu);
 }
 
-/* A fresh request that was queued on a guess of what a draft costs (none
- * measured then) decides its start again as its prompt's prefill ends (its
- * open waits for that: open_first), at the batch it then runs in: from what
- * earlier requests have measured since, or else from the steps timed before
- * serving (warm_cost). Under mu. */
+/* A fresh adaptive request decides its start again at the batch it runs in
+ * (the one it was queued to may have been another's): as its prefill starts,
+ * or, where it was queued on a guess of what a draft costs (none measured
+ * then), as its prefill ends (its open waits for that: open_first), from
+ * what earlier requests have measured since. Costs as measured (prior_at),
+ * or else from the steps timed before serving (warm_cost). Scheduler thread,
+ * under mu. */
 static void judge_start_locked(vsched *s, vreq *r)
 {
-    double c = prior(s, &s->cost_ms_ema);
+    const int n = s->n_active;
+    double c = prior_at(s, &s->cost_ms_ema, n);
     const bool guessed = !(c > 0);
     if (guessed)
-        c = warm_cost(s, r, s->n_active);
+        c = warm_cost(s, r, n);
     if (!(c > 0))
         return;
     tdm_adaptive_params p = r->ad.p;
     p.cost_prior = c;
     p.cost_guessed = guessed;
-    p.fixed_prior = prior(s, &s->fixed_ms_ema);
+    p.fixed_prior = prior_at(s, &s->fixed_ms_ema, n);
+    double round;
+    const double open = atomic_load(&s->open_ms);
+    if (open > 0 && tdm_steptime_plain(&s->st, n, &round) && round > 0)
+        p.open_cost = open / round;
     tdm_adaptive_init(&r->ad, &p);
     tdm_log_debug(LOG,
                   "request %s: speculation starts %s at a batch of %d, block %d; cost %.2f + "
@@ -2619,15 +2642,16 @@ static void open_first(vsched *s, vreq *r, bool at_start)
     if (!r->open_first)
         return;
     pthread_mutex_lock(&s->mu);
-    const bool guess = r->spec && !r->seeded && !r->continued && r->ad.rounds == 0 &&
-                       r->ad.cost_win.guess && !r->ad.p.fixed;
+    const bool fresh =
+        r->spec && !r->seeded && !r->continued && r->ad.rounds == 0 && !r->ad.p.fixed;
+    const bool guess = fresh && r->ad.cost_win.guess;
     /* A start on a guess of the costs (a fresh verifier) waits for the
      * prompt's prefill to end: a burst of requests is admitted by then, and
      * each judges its start at the batch it runs in, not at the batch of one
      * that the first of them was admitted to. */
     const bool now =
         r->open_first && (at_start ? !(guess && warm_cost(s, r, 1) > 0) : !r->prefilling);
-    if (now && guess)
+    if (now && fresh)
         judge_start_locked(s, r);
     const bool open =
         now && r->spec && r->link && r->ad.k_next > 0 && !r->cancelled && !r->finished;
