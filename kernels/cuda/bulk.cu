@@ -11,7 +11,12 @@
  * for bit, which backend.h allows for a prompt's prefill. In a recorded step the GEMMs are
  * captured into the step's graph with the kernels around them (the workspace is set, so cuBLAS
  * allocates nothing there) and a replay launches none of them. Everything else (decode, verify,
- * drafts, short prefills, other weight types) keeps matmul.cu.
+ * drafts, short prefills, other weight types) keeps matmul.cu, and so do weights of fewer than
+ * TDM_CUDA_BULK_MIN_WEIGHTS elements (cuda_backend.h): a small matrix stays in L2 across the
+ * exact kernel's row groups, where cuBLAS's three launches cost more than the products (the demo
+ * target's 256-wide layers, one H100: prompts of 16, 64 and 256 tokens 0.38, 0.52 and 1.42 ms
+ * through cuBLAS, 0.32, 0.48 and 1.34 exact; the 0.8B shape's, whose k and v projections of
+ * 0.5M elements now stay exact, the same 2.83 ms at 64 tokens).
  *
  * The answer depends on R alone, so a prompt split the same way gets the same bits every time
  * (cuBLAS picks its algorithm from the shapes; the prefix cache's fixed grid relies on that).
@@ -23,6 +28,7 @@
  * in slices of at most BULK_C_BYTES (an LM head's 248320 columns do not fit at once).
  */
 #include "common.cuh"
+#include "cuda_backend.h"
 #include "matmul.cuh"
 
 #include <cublas_v2.h>
@@ -88,10 +94,10 @@ void cuda_bulk_destroy(cuda_ctx *c)
 }
 
 /* Whether a matmul of these operands goes to cuBLAS now. */
-int cuda_bulk_takes(const cuda_ctx *c, const float *x, const void *w, tdm_dtype dt, int in)
+int cuda_bulk_takes(const cuda_ctx *c, const float *x, const void *w, tdm_dtype dt, int in, int out)
 {
     return c->bulk && dt == TDM_DTYPE_BF16 && in % 8 == 0 && (uintptr_t)w % 16 == 0 &&
-           (uintptr_t)x % 16 == 0;
+           (uintptr_t)x % 16 == 0 && (size_t)in * (size_t)out >= TDM_CUDA_BULK_MIN_WEIGHTS;
 }
 
 /* xs [3, R, in] = x's exact bf16 parts: hi keeps x's top 8 significand bits (the low 16 bits of

@@ -33,6 +33,10 @@
 extern "C" {
 #endif
 
+/* Inside a prompt prefill's call (backend.h bulk), bf16 weights of at least
+ * this many elements take cuBLAS; smaller ones the exact kernel (bulk.cu). */
+#define TDM_CUDA_BULK_MIN_WEIGHTS ((size_t)1 << 20)
+
 /* Number of CUDA devices usable by this process; 0 when there is no GPU or no
  * driver. *why (may be NULL) receives a short reason when 0. */
 int tdm_cuda_device_count(char *why, size_t why_len);

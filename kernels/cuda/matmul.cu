@@ -904,7 +904,7 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || out <= 0)
         return;
-    if (cuda_bulk_takes(c, x, w.data, w.dtype, in)) {
+    if (cuda_bulk_takes(c, x, w.data, w.dtype, in, out)) {
         const uint16_t *wd = (const uint16_t *)w.data;
         cuda_bulk_matmul_n(c, x, R, in, 1, &y, &wd, &out, accumulate);
         return;
@@ -947,7 +947,7 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
         for (int i = 0; i < n; i++) {
             if (outs[i] <= 0)
                 continue;
-            if (!cuda_bulk_takes(c, x, ws[i].data, ws[i].dtype, in)) {
+            if (!cuda_bulk_takes(c, x, ws[i].data, ws[i].dtype, in, outs[i])) {
                 cuda_matmul(ctx, ys[i], x, ws[i], R, in, outs[i], 0);
                 continue;
             }
@@ -994,8 +994,8 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (R <= 0 || out <= 0)
         return;
-    if (cuda_bulk_takes(c, x, gate.data, gate.dtype, in) &&
-        cuda_bulk_takes(c, x, up.data, up.dtype, in)) {
+    if (cuda_bulk_takes(c, x, gate.data, gate.dtype, in, out) &&
+        cuda_bulk_takes(c, x, up.data, up.dtype, in, out)) {
         cuda_bulk_matmul_silu(c, y, x, (const uint16_t *)gate.data, (const uint16_t *)up.data, R,
                               in, out);
         return;

@@ -24,8 +24,10 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
 int cuda_bulk(void *ctx, int R);
 void cuda_bulk_destroy(cuda_ctx *c);
 /* Whether a matmul of these operands goes to cuBLAS now (inside a bulk
- * call, bf16 weights, the vector paths' alignment). */
-int cuda_bulk_takes(const cuda_ctx *c, const float *x, const void *w, tdm_dtype dt, int in);
+ * call, bf16 weights of at least TDM_CUDA_BULK_MIN_WEIGHTS elements, the vector
+ * paths' alignment). */
+int cuda_bulk_takes(const cuda_ctx *c, const float *x, const void *w, tdm_dtype dt, int in,
+                    int out);
 /* cuda_matmul_n (with accumulate) and cuda_matmul_silu on cuBLAS: equal to
  * them up to rounding. */
 void cuda_bulk_matmul_n(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,

@@ -322,14 +322,16 @@ static void test_fused_matmuls(void)
 }
 
 /* A prompt prefill's matmuls (backend.h: bulk): inside a bulk call of 16
- * rows or more, bf16 matmuls take cuBLAS on x's exact bf16 parts. Against
- * the CPU backend to fp32 rounding; the same inputs give the same bits
- * twice; fewer rows are refused; other weights stay on the exact path, bit
- * for bit; an output wider than one scratch slice (100000 columns at 130
- * rows) is done in slices. */
+ * rows or more, bf16 matmuls of TDM_CUDA_BULK_MIN_WEIGHTS elements or more
+ * take cuBLAS on x's exact bf16 parts. Against the CPU backend to fp32
+ * rounding; the same inputs give the same bits twice; fewer rows are
+ * refused; other weights (fp32, or bf16 below the size) stay on the exact
+ * path, bit for bit; an output wider than one scratch slice (100000 columns
+ * at 130 rows) is done in slices. */
 static void test_bulk(void)
 {
-    const int shapes[][3] = {{16, 2560, 520}, {63, 1024, 66}, {130, 64, 100000}, {96, 136, 300}};
+    const int shapes[][3] = {{16, 2560, 520}, {63, 1024, 1100}, {130, 64, 100000},
+                             {96, 136, 7712}, {63, 1024, 66},   {96, 136, 300}};
     int took = G->bulk(G->ctx, 15);
     G->bulk(G->ctx, 0);
     printf("%-14s %-44s %s\n", "bulk", "15 rows: refused", took ? "FAIL (taken)" : "ok");
@@ -357,6 +359,9 @@ static void test_bulk(void)
                 report_same("bulk matmul", "  twice: the same bits", yb[0], yb[1], n * 4);
                 if (c.dt != TDM_DTYPE_BF16)
                     report_same("bulk matmul", "  not bf16: the exact path", yb[0], ye, n * 4);
+                else if ((size_t)c.in * (size_t)c.out < TDM_CUDA_BULK_MIN_WEIGHTS)
+                    report_same("bulk matmul", "  a small weight: the exact path", yb[0], ye,
+                                n * 4);
                 free(yb[0]);
                 free(yb[1]);
                 free(yc);
@@ -368,7 +373,7 @@ static void test_bulk(void)
         {80,
          1024,
          4,
-         {520, 66, 64, 33},
+         {1040, 66, 64, 1030},
          {TDM_DTYPE_BF16, TDM_DTYPE_BF16, TDM_DTYPE_F32, TDM_DTYPE_BF16},
          0},
         {64, 2560, 2, {1040, 1040}, {TDM_DTYPE_BF16, TDM_DTYPE_BF16}, 1},
