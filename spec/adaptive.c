@@ -395,6 +395,14 @@ bool tdm_steptime_wants_plain(const tdm_steptime *m, int n)
     return n >= 1 && n <= TDM_STEPTIME_PLAIN_MAX && !plain_fresh(m, n);
 }
 
+double tdm_steptime_cost_at(const tdm_steptime *m, double cost_ms, int n)
+{
+    double round;
+    if (!(cost_ms > 0) || n < 1 || !tdm_steptime_plain(m, n, &round) || !(round > 0))
+        return -1.0;
+    return cost_ms / (round / n);
+}
+
 bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out)
 {
     if (plain_fresh(m, n)) {

@@ -356,20 +356,15 @@ static double prior(vsched *s, _Atomic double *cost_ms)
     return ms > 0 && seq > 0 ? ms / seq : -1.0;
 }
 
-/* The same at a batch of n sequences: in plain steps per sequence of a
- * plain round of n as measured or fitted (tdm_steptime_plain), where one is
- * known, else of the current batch's. A request of a burst is admitted to a
- * batch the last round did not have: judged at the last round's (one
- * sequence, the tail of a load before), a cost measured at batch 8 read as
- * 0.3 of a step where at 32 it is 1.5 (the demo pair on one H100: a burst
- * of 32 opened on the drafter, 0.88x plain). Scheduler thread. */
+/* The same at a batch of n sequences (tdm_steptime_cost_at), where that
+ * batch's plain round is known, else at the current batch's: a request of a
+ * burst is admitted to a batch the last round did not have (the demo pair on
+ * one H100: a burst of 32 judged at one sequence opened on the drafter,
+ * 0.88x plain). Scheduler thread. */
 static double prior_at(vsched *s, _Atomic double *cost_ms, int n)
 {
-    double round;
-    const double ms = atomic_load(cost_ms);
-    if (!(ms > 0) || n < 1 || !tdm_steptime_plain(&s->st, n, &round) || !(round > 0))
-        return prior(s, cost_ms);
-    return ms / (round / n);
+    const double c = tdm_steptime_cost_at(&s->st, atomic_load(cost_ms), n);
+    return c > 0 ? c : prior(s, cost_ms);
 }
 
 /* y at x from the points (xs[i], ys[i]), xs ascending: linear between them;

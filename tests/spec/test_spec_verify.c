@@ -522,6 +522,43 @@ static void test_open_cost(void)
         "an open of 69 ms starts it paused: k %d (%s)", a.k_next, a.pause_why ? a.pause_why : "-");
 }
 
+/* A cost in ms is judged in plain steps of the batch a request joins: the
+ * demo pair on one H100, plain rounds of 0.197 ms at one sequence and 0.56
+ * at 32, a draft measured at 0.06 ms a sequence. At one sequence it is 0.3
+ * of a step (speculation pays), at 32 it is 3.4 (it loses, and a request of
+ * a burst of 32 starts paused instead of opening on the drafter). */
+static void test_cost_at_batch(void)
+{
+    tdm_steptime m = {0};
+    CHECK(tdm_steptime_cost_at(&m, 0.06, 1) < 0, "no round known: %.2f",
+          tdm_steptime_cost_at(&m, 0.06, 1));
+    for (int i = 0; i < 4; i++) {
+        tdm_steptime_tick(&m);
+        tdm_steptime_add_plain(&m, 1, 0.197);
+        tdm_steptime_add_plain(&m, 32, 0.56);
+        tdm_steptime_add(&m, 1, 0.197);
+        tdm_steptime_add(&m, 32, 0.56);
+    }
+    const double c1 = tdm_steptime_cost_at(&m, 0.06, 1), c32 = tdm_steptime_cost_at(&m, 0.06, 32);
+    CHECK(fabs(c1 - 0.06 / 0.197) < 1e-9 && fabs(c32 - 0.06 / (0.56 / 32)) < 1e-9,
+          "a 0.06 ms draft: %.3f of a step at 1, %.3f at 32", c1, c32);
+    CHECK(tdm_steptime_cost_at(&m, -1.0, 32) < 0, "no cost measured: unknown");
+    tdm_adaptive_params p = {.k_max = 4,
+                             .k_initial = 4,
+                             .min_gain = 0.05,
+                             .pause_tokens = 32,
+                             .min_rounds = 4,
+                             .fixed_prior = 0.1,
+                             .tokens_left = 128};
+    tdm_adaptive a;
+    p.cost_prior = c1;
+    tdm_adaptive_init(&a, &p);
+    CHECK(a.k_next > 0, "at one sequence it opens: k %d", a.k_next);
+    p.cost_prior = c32;
+    tdm_adaptive_init(&a, &p);
+    CHECK(a.k_next == 0, "at 32 it starts paused: k %d", a.k_next);
+}
+
 /* The plain round a speculative round is judged against: measured where a
  * round of that batch size ran plainly within TDM_STEPTIME_PLAIN_FRESH
  * rounds, else the line fitted to every step. Shaped as the 2-core CPU at
@@ -910,6 +947,7 @@ int main(void)
     test_adaptive_unmeasured_costs();
     test_steptime_plain();
     test_open_cost();
+    test_cost_at_batch();
     test_adaptive_memory_recovers();
     test_adaptive_probe_worth();
     test_run_ahead_gain();
