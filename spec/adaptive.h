@@ -245,8 +245,9 @@ bool tdm_steptime_plain(const tdm_steptime *m, int n, double *out);
  * earlier rounds at whatever batch) in plain steps per sequence of a round
  * of n sequences, the batch a request joins: cost_ms / (plain round of n /
  * n). -1 where the cost or that round is not known. A burst's requests
- * arrive while the last round may hold one sequence; judged at that round, a
- * cost measured at batch 8 read as 0.3 of a step where at 32 it is 1.5. */
+ * arrive while the last round may hold one sequence; judged at that round,
+ * the demo pair's draft read as 0.37 of a step where at the 32 they join it
+ * is 9.3 (one H100). */
 double tdm_steptime_cost_at(const tdm_steptime *m, double cost_ms, int n);
 /* The costs of a round of `seqs` sequences, `spec` of them speculating, that
  * drafted `drafted` tokens in all and took `round_ms` (waiting for blocks and
