@@ -18,8 +18,8 @@
 #    (bench_drafter_oracle) at a = 0.6, 0.8, 0.9, 1.0, block 4, with and
 #    without run-ahead, adaptive at a = 0.8, blocks 2 and 8 at a = 0.8, and
 #    a = 0.8 block 4 at batch 8 and 32;
-#  - the demo pair (models/demo-*): plain, adaptive and fixed block 4 at
-#    batch 1, 8 and 32;
+#  - the demo pair (models/demo-*): plain, adaptive, plain again and fixed
+#    block 4 at batch 1, 8 and 32;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
 #    0.8B decode at batch 1), the upper bound of a round, and a request's
 #    sequence created, prefilled (4B: 64 and 512 tokens, with prompt
@@ -443,8 +443,12 @@ run)
             ds="${DEMO_SCALE:-4}"
             for c in 1 8 32; do
                 n=$((c == 1 ? ds * REQ1 : ds * c))
+                # plain on both sides of adaptive: the loads are short (0.3 s at
+                # b32, DEMO_SCALE 4) and drift by a few % between runs, about
+                # the 3 % the adaptive rule may lose at most
                 load "demo plain b$c" "$c" "$n" off --vocab "$dv" --record "$W/demo-b$c.txt"
                 load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" --check "$W/demo-b$c.txt"
+                load "demo plain b$c (again)" "$c" "$n" off --vocab "$dv" --check "$W/demo-b$c.txt"
                 load "demo fixed 4 b$c" "$c" "$n" on --vocab "$dv" --block 4 --fixed \
                     --check "$W/demo-b$c.txt"
             done
