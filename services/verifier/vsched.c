@@ -490,6 +490,18 @@ static double open_cost(vsched *s)
     return ms > 0 && round > 0 ? ms / round : -1.0;
 }
 
+/* The same at a batch of n sequences, where that batch's plain round is
+ * known (tdm_steptime_plain), else at the current batch's, as prior_at.
+ * Scheduler thread. */
+static double open_cost_at(vsched *s, int n)
+{
+    double round;
+    const double ms = atomic_load(&s->open_ms);
+    if (ms > 0 && n > 0 && tdm_steptime_plain(&s->st, n, &round) && round > 0)
+        return ms / round;
+    return open_cost(s);
+}
+
 /* The share of rounds with a first sight up to which they are one-offs
  * (vsched.first_share). */
 #define FIRST_SIGHT_ONE_OFF 0.5
@@ -2608,10 +2620,7 @@ static void judge_start_locked(vsched *s, vreq *r)
     p.cost_prior = c;
     p.cost_guessed = guessed;
     p.fixed_prior = prior_at(s, &s->fixed_ms_ema, n);
-    double round;
-    const double open = atomic_load(&s->open_ms);
-    if (open > 0 && tdm_steptime_plain(&s->st, n, &round) && round > 0)
-        p.open_cost = open / round;
+    p.open_cost = open_cost_at(s, n);
     tdm_adaptive_init(&r->ad, &p);
     tdm_log_debug(LOG,
                   "request %s: speculation starts %s at a batch of %d, block %d; cost %.2f + "

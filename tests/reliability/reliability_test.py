@@ -670,13 +670,10 @@ def case_bad_drafter():
     e2e.stop_all()
 
 
-def case_first_sight():
-    """Rounds whose drafter ran a step shape for the first time (DraftBlock
-    first_sight: a CUDA graph captured) teach the adaptive rule nothing while
-    they are one-offs: a drafter that is right but slow only in such rounds
-    keeps speculating, where the same drafter without the flag is paused as
-    too slow. Once most rounds are first sights (shapes that keep changing),
-    their time is what rounds cost, and it is learnt."""
+def fake_drafter_stage():
+    """A gateway and a verifier at debug level for a FakeDrafter, and a prompt
+    with its 48 plain tokens: (gateway, verifier, tokenizer fingerprint,
+    prompt, plain result, the prompt's ids)."""
     gw = st.gateway("--tokenizer", e2e.TOKENIZER, "--replica-ttl", "60s")
     v = st.replica("verifier", gw, "--model", e2e.TARGET, "--replica-id", "v1", "--log-level",
                    "debug")
@@ -687,6 +684,17 @@ def case_first_sight():
     check(plain[0] == "OK" and len(plain[2]) == 48, "plain: %s %s" % (plain[0], plain[1]))
     ids = [int(x) for x in call(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": prompt})[2][0]
            ["ids"]]
+    return gw, v, fp, prompt, plain, ids
+
+
+def case_first_sight():
+    """Rounds whose drafter ran a step shape for the first time (DraftBlock
+    first_sight: a CUDA graph captured) teach the adaptive rule nothing while
+    they are one-offs: a drafter that is right but slow only in such rounds
+    keeps speculating, where the same drafter without the flag is paused as
+    too slow. Once most rounds are first sights (shapes that keep changing),
+    their time is what rounds cost, and it is learnt."""
+    gw, v, fp, prompt, plain, ids = fake_drafter_stage()
     # the flagged drafter first: the slow one's rounds would raise the
     # verifier's cost prior for the requests after it
     long_plain = e2e.generate(gw, prompt, max_tokens=160, mode="SPECULATION_MODE_OFF",
@@ -734,16 +742,7 @@ def case_slow_open():
     In a moving average it was the first open's alone, so no request opened
     again and none measured a faster one. Read from the verifier's debug
     line of each request's priors."""
-    gw = st.gateway("--tokenizer", e2e.TOKENIZER, "--replica-ttl", "60s")
-    v = st.replica("verifier", gw, "--model", e2e.TARGET, "--replica-id", "v1", "--log-level",
-                   "debug")
-    s = st.wait_status(gw, lambda s: len(s.get("replicas", [])) >= 1, "verifier")
-    fp = s["replicas"][0]["descriptor"]["tokenizer_fingerprint"]
-    prompt = e2e.prompts(3)[1]
-    plain = e2e.generate(gw, prompt, max_tokens=48, mode="SPECULATION_MODE_OFF", ignore_eos=True)
-    check(plain[0] == "OK" and len(plain[2]) == 48, "plain: %s %s" % (plain[0], plain[1]))
-    ids = [int(x) for x in call(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": prompt})[2][0]
-           ["ids"]]
+    gw, v, fp, prompt, plain, ids = fake_drafter_stage()
     fd = FakeDrafter(gw, "slow_open", fp)
     fd.reference = ids + plain[2]
     for i in range(3):
