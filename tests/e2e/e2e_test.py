@@ -1056,6 +1056,7 @@ def main():
         CASES[st.ARGS.case]()
     finally:
         stop_all()
+        st.remove_workdir()
     print("%s: %.1f s, %d failure(s)" % (st.ARGS.case, time.time() - t0, len(st.FAILURES)))
     return 1 if st.FAILURES else 0
 

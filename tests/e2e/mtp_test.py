@@ -1047,6 +1047,7 @@ def main():
         if st.FAILURES:
             for p in STOPPED:
                 print("---- log of %s\n%s" % (p.name, p.text()[-6000:]))
+        st.remove_workdir()
     print("%s: %.1f s, %d failure(s)" % (st.ARGS.case, time.time() - t0, len(st.FAILURES)))
     return 1 if st.FAILURES else 0
 

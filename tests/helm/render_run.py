@@ -21,6 +21,7 @@ import argparse
 import base64
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -286,6 +287,9 @@ def inside():
         if ht.FAILURES:
             for p in pods:
                 print(p.logs())
+            print("work directory kept: %s" % root)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def check_exchange(vpod, objs):

@@ -23,10 +23,12 @@ with OK (or was cancelled by --max), 1 otherwise, 2 for usage errors.
 As a module: load_messages(), call_unary(), call_stream().
 """
 import argparse
+import atexit
 import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,7 +61,10 @@ def load_messages(source=DEFAULT_SOURCE, extra_protos=(), workdir=None):
     key = (source, tuple(extra_protos))
     if key in _loaded:
         return
-    out = workdir or tempfile.mkdtemp(prefix="tandem-interop-")
+    out = workdir
+    if out is None:  # generated here, removed when the process ends
+        out = tempfile.mkdtemp(prefix="tandem-interop-")
+        atexit.register(shutil.rmtree, out, True)
     groups = [(os.path.join(source, "proto"), _find_protos(source))]
     if extra_protos:
         groups.append((source, list(extra_protos)))

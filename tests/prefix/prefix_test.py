@@ -840,6 +840,7 @@ def main():
             for p in st.PROCS:
                 print("---- log of %s (%s)" % (p.name, p.log_path))
                 print(p.text()[-4000:])
+        st.remove_workdir()
     print("%s: %.1f s" % (a.case, time.time() - t0))
     if st.FAILURES:
         print("%d check(s) failed" % len(st.FAILURES))

@@ -1234,6 +1234,7 @@ def main():
             for p in st.PROCS:
                 print("---- log of %s (%s)" % (p.name, p.log_path))
                 print(p.text()[-6000:])
+        st.remove_workdir()
     if st.FAILURES:
         print("%d check(s) failed" % len(st.FAILURES))
         sys.exit(1)

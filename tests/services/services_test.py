@@ -32,6 +32,14 @@ TMP = None
 FAILURES = []
 
 
+def remove_workdir():
+    """A passed case's work directory goes; a failed one's stays for its logs."""
+    if FAILURES:
+        print("work directory kept: %s" % TMP)
+    else:
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
 def check(cond, what):
     if not cond:
         FAILURES.append(what)
@@ -1043,7 +1051,7 @@ def main():
         if FAILURES:
             for p in PROCS:
                 print("---- log of %s (%s)\n%s" % (p.name, p.log_path, p.text()[-6000:]))
-        shutil.rmtree(TMP, ignore_errors=True)
+        remove_workdir()
     if FAILURES:
         print("%d check(s) failed" % len(FAILURES))
         sys.exit(1)
