@@ -18,8 +18,9 @@
 #    (bench_drafter_oracle) at a = 0.6, 0.8, 0.9, 1.0, block 4, with and
 #    without run-ahead, adaptive at a = 0.8, blocks 2 and 8 at a = 0.8, and
 #    a = 0.8 block 4 at batch 8 and 32;
-#  - the demo pair (models/demo-*): plain, adaptive, plain again and fixed
-#    block 4 at batch 1, 8 and 32;
+#  - the demo pair (models/demo-*): plain, then DEMO_PAIRS times adaptive and
+#    plain again, and fixed block 4, at batch 1, 8 and 32; each adaptive load
+#    against the plain loads beside it, and the median of those ratios;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
 #    0.8B decode at batch 1), the upper bound of a round, and a request's
 #    sequence created, prefilled (4B: 64 and 512 tokens, with prompt
@@ -53,7 +54,8 @@
 # VFLAGS (more verifier flags for the 4b and demo parts), DRAFTER_FLAGS (more
 # flags for every drafter, e.g. "--log-level debug": its sequences' model state
 # created, prefilled and freed, timed), DEMO_SCALE (the demo
-# part's requests a load, as a multiple of its batch; default 4), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
+# part's requests a load, as a multiple of its batch; default 4), DEMO_PAIRS (its
+# adaptive loads at each batch, each followed by a plain one; default 1), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows), RUNAHEAD (default "off on"; "auto": the verifier decides whether
@@ -199,6 +201,25 @@ run)
             "$@" 2>>"$LOGS/client.log" | tr '\n' ' ')"
         printf '%-34s %s\n' "$tag" "$line" >>"$SUM"
         printf '%-30s %s\n' "$tag" "$line" | short
+    }
+    # The demo part's adaptive loads at batch $1 against the plain loads on
+    # their two sides: each ratio, and their median.
+    demo_verdict() {
+        grep -E "^demo (plain|adaptive) b$1( |$)" "$SUM" | grep -v "fixed" |
+            sed -E 's/^demo (plain|adaptive) .*tokens_per_s=([0-9.]+).*/\1 \2/' |
+            awk -v c="$1" '{ kind[NR] = $1; tps[NR] = $2 }
+                END {
+                    n = 0
+                    for (i = 2; i < NR; i++)
+                        if (kind[i] == "adaptive" && kind[i - 1] == "plain" && kind[i + 1] == "plain")
+                            r[++n] = tps[i] / ((tps[i - 1] + tps[i + 1]) / 2)
+                    if (!n) exit
+                    line = ""
+                    for (i = 1; i <= n; i++) line = line sprintf(" %.3f", r[i])
+                    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
+                    m = n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2
+                    printf "demo adaptive b%d x plain beside it: median %.3f of%s\n", c, m, line
+                }' | tee -a "$SUM"
     }
     # VCORES, DCORES: the cores the verifier and the drafter run on (taskset
     # lists); on the CPU backend, a drafter on cores of its own is what a
@@ -443,12 +464,17 @@ run)
             ds="${DEMO_SCALE:-4}"
             for c in 1 8 32; do
                 n=$((c == 1 ? ds * REQ1 : ds * c))
-                # plain on both sides of adaptive: the loads are short (0.3 s at
-                # b32, DEMO_SCALE 4) and drift by a few % between runs, about
-                # the 3 % the adaptive rule may lose at most
+                # plain on both sides of each adaptive load: the loads are short
+                # (0.3 s at b32, DEMO_SCALE 4) and drift by a few % between runs,
+                # about the 3 % the adaptive rule may lose at most; DEMO_PAIRS
+                # (default 1) adaptive loads, each against the mean of the plain
+                # loads beside it, and the median of those ratios
                 load "demo plain b$c" "$c" "$n" off --vocab "$dv" --record "$W/demo-b$c.txt"
-                load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" --check "$W/demo-b$c.txt"
-                load "demo plain b$c (again)" "$c" "$n" off --vocab "$dv" --check "$W/demo-b$c.txt"
+                for i in $(seq 1 "${DEMO_PAIRS:-1}"); do
+                    load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" --check "$W/demo-b$c.txt"
+                    load "demo plain b$c (again)" "$c" "$n" off --vocab "$dv" --check "$W/demo-b$c.txt"
+                done
+                demo_verdict "$c"
                 load "demo fixed 4 b$c" "$c" "$n" on --vocab "$dv" --block 4 --fixed \
                     --check "$W/demo-b$c.txt"
             done
