@@ -52,7 +52,7 @@ run)
         timeout 300 "$t" 2>&1 | tee "$OUT/$(basename "$t").log" | grep -vE " ok$" | tail -20
     done
     if [ "${MEMCHECK:-1}" = 1 ]; then
-        for t in ops model graph gdn_chunk; do
+        for t in ops model graph gdn; do
             [ -x "$B/cuda_test_$t" ] || continue
             echo "== memcheck $t"
             timeout 300 compute-sanitizer --tool memcheck --leak-check full "$B/cuda_test_$t" \

@@ -13,11 +13,11 @@
  * same way whatever the batch or block it is in, so a verified position has
  * the same bits as the same position decoded alone: that is what makes the
  * commit strategies bit-identical to sequential decoding. A prompt chunk
- * lets the backend run the delta rule in its chunked form
- * (tdm_gdn_seg.chunked), which equals the recurrent form to rounding, and
- * its matmuls on faster paths equal to rounding (backend.h: bulk). The CUDA
- * backend takes the first for chunks of 64 rows or more and the second from
- * 16 rows; the CPU backend takes neither.
+ * lets the backend run its matmuls on faster paths equal to rounding
+ * (backend.h: bulk): the CUDA backend takes them from 16 rows, the CPU
+ * backend never. Its delta rule is the recurrent form too (a chunked form,
+ * 64 positions a sequential step, was slower on the H100 at every length:
+ * kernels/cuda/NOTES.md).
  */
 #include "engine_internal.h"
 #include "alloc.h"
@@ -177,7 +177,7 @@ typedef struct fwd_step {
     tdm_seq *const *seqs;
     const int *counts; /* [nseq] rows of each sequence */
     int nseq, R;
-    int prefill; /* a prompt chunk: the delta rule may run chunked */
+    int prefill; /* a prompt chunk: the matmuls may take the backend's bulk paths */
     /* 0: no output; 1: final norm (ws.xn) and LM head (ws.logits); 2: the
      * final norm alone (hidden states wanted, no logits or argmax) */
     int logits;
@@ -238,7 +238,7 @@ static void step_scratch_free(fwd_step *st)
  * receive by value). The model fixes weights and sizes; the workspace block
  * and its row capacity fix every activation pointer; the rows per sequence,
  * the per-position-state kind of each and whether logits and a prompt's
- * chunked delta rule run fix the op sequence and every size. What changes
+ * faster matmuls (bulk) run fix the op sequence and every size. What changes
  * from step to step (token ids, positions, KV lengths, cache and state
  * pointers) reaches the ops through host arrays they stage, and stays out of
  * the key, so decode steps of one batch shape share one graph however long
@@ -396,8 +396,7 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
                                           .state = rst,
                                           .states_out = rout,
                                           .inputs = rin,
-                                          .replayed = rin ? (int)off : 0,
-                                          .chunked = st->prefill && !cout};
+                                          .replayed = rin ? (int)off : 0};
             }
             be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
             const tdm_gdn_gates gt = {w->a, w->b, lw->A_log, lw->dt_bias};
@@ -457,8 +456,8 @@ static void gather_logits(tdm_model *m, int R, fwd_step *st)
 
 /* Runs counts[i] tokens of seqs[i] for all i as one batch of rows. verify:
  * extra_buffer sequences keep per-position states in conv_x/rec_x (their
- * committed states stay untouched). prefill: a prompt, whose delta rule the
- * backend may run in the chunked form. out (NULL: nothing back) says which
+ * committed states stay untouched). prefill: a prompt, whose matmuls the
+ * backend may run on its faster paths (bulk). out (NULL: nothing back) says which
  * logits rows and argmaxes the host gets (tdm_step_out). Advances every
  * n_past. On a backend with graphs the ops are one bracketed step (fwd_key);
  * argmax and logits come back after it. */

@@ -80,11 +80,6 @@ typedef struct tdm_gdn_seg {
      * gdn_replay later advances it by the rows that were accepted. */
     float *inputs;
     int replayed;
-    /* Set for prompt prefill (states_out, inputs NULL): the backend may run
-     * long segments in the chunked form, which equals the recurrent form up
-     * to rounding but not bit for bit. The exactness contract below then
-     * holds for the rows that follow the prefill, not for its own rows. */
-    int chunked;
 } tdm_gdn_seg;
 
 /* Floats of one row of a delta rule's record (tdm_gdn_seg.inputs): k as
@@ -191,8 +186,8 @@ struct tdm_backend {
      * of R rows (one sequence; no states_out, no record), and bulk(ctx, 0)
      * after them. A nonzero answer says the backend takes faster paths for
      * that call's matmuls, equal to the exact ones up to rounding but not
-     * bit for bit (as the chunked delta rule is: the exactness contract
-     * holds for the rows that follow the prefill, not for its own rows).
+     * bit for bit (the exactness contract holds for the rows that follow
+     * the prefill, not for its own rows).
      * A backend answers from R alone, so the same prompt split the same way
      * gives the same bits, and a graph key (which fixes R) fixes the
      * answer; the ops in between may be bracketed by graph_begin/end. */
@@ -263,7 +258,7 @@ struct tdm_backend {
      * rows 0 .. nrows-1 of its record (inputs), with the arithmetic
      * gdn_recurrent used when it wrote them, so the state is bit for bit the
      * one gdn_recurrent would have left after those rows (row0, states_out,
-     * replayed and chunked are unused). Segments may belong to different
+     * and replayed are unused). Segments may belong to different
      * layers of one model. */
     void (*gdn_replay)(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk,
                        int Dv);

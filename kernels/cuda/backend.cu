@@ -540,7 +540,6 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->mm_xs);
         cudaFree(c->mm_ys);
         cudaFree(c->mm_up);
-        cudaFree(c->gdn_gb);
         cuda_bulk_destroy(c);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);

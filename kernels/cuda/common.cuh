@@ -80,8 +80,7 @@ typedef struct cuda_ctx {
     uint32_t *mm_xs;    /* matmul.cu: activations split into bf16 parts (cuda_xs_*) */
     uint32_t *mm_ys;    /* matmul.cu: a gate/up pair's output in parts, for down */
     float *mm_up;       /* matmul.cu: matmul_silu's up products off the tensor-core path */
-    float *gdn_gb;      /* gdn.cu: g and beta [2][R][Hv] for chunked segments */
-    size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_ys_cap, mm_up_cap, gdn_gb_cap;
+    size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_ys_cap, mm_up_cap;
     /* Kernels launched (counted in replays too), and which output the
      * kernel launched last left split into bf16 parts: xs_n values from
      * xs_src in xs_parts, valid while xs_launch == nlaunch (matmul.cu). */

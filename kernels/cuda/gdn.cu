@@ -18,12 +18,9 @@
  *    rows and record rows both go through gdn_advance, whose every product and difference is an
  *    explicit rounding (fmaf, __fmul_rn, __fsub_rn), and the record keeps k as read and the
  *    decay, beta and 1/|k| the step computed.
- *  - The gates here and in gdn_gates_kernel (for the chunked form) are one function, gdn_gate.
  *  - Conv: every output is the same K-term fmaf sum whatever the chunking; the window is written
  *    in place only by the thread of chunk 0, the one thread that reads the old window (chunks
  *    start CONV_CHUNK >= K-1 rows apart).
- *  - Only prompt-prefill segments of GDN_CHUNK_MIN rows or more may leave this form (to
- *    gdn_chunk.cu, equal to rounding only, as backend.h allows).
  *
  * Layout: conv x, y [R, C], w [C, K]. Delta rule: qkv rows [R, qkv_stride], q [Hk, Dk] at 0, k at
  * Hk·Dk, v [Hv, Dv] at 2·Hk·Dk; v-head h reads k-head h / (Hv/Hk); a, b [R, Hv]; out [R, Hv, Dv];
@@ -38,7 +35,6 @@
  * memory and registers. The design's history and measurements: NOTES.md.
  */
 #include "gdn.cuh"
-#include "gdn_chunk.cuh"
 #include "seglist.cuh"
 
 #include <math.h>
@@ -173,17 +169,6 @@ __device__ __forceinline__ void gdn_gate(float a, float b, float A_log, float dt
     const float sp = u > 20.0f ? u : log1pf(expf(u));
     *g = -expf(A_log) * sp;
     *beta = cuda_sigmoid(b);
-}
-
-/* g, beta [R, Hv] for the chunked form (gdn_chunk.cu takes them as arrays). */
-__global__ void gdn_gates_kernel(float *g, float *beta, const tdm_gdn_gates gt, int R, int Hv)
-{
-    cuda_kernel_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)R * (size_t)Hv)
-        return;
-    const int h = (int)(i % (size_t)Hv);
-    gdn_gate(gt.a[i], gt.b[i], gt.A_log[h], gt.dt_bias[h], &g[i], &beta[i]);
 }
 
 /* Sums over a thread's P rows (P % 4 == 0) in four interleaved chains,
@@ -632,35 +617,6 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 1024 && Dv > 0);
     if (nseg <= 0 || Hv <= 0)
         return;
-    /* Prompt-prefill segments of at least one chunk go to the chunked form
-     * (gdn_chunk.cu); the rest run here. */
-    int nchunked = 0;
-    for (int i = 0; i < nseg; i++)
-        nchunked += segs[i].chunked && !segs[i].states_out && segs[i].nrows >= GDN_CHUNK_MIN;
-    if (nchunked && cuda_gdn_chunked_fits(c, Dk)) {
-        /* The chunked form takes the gates as arrays: every row's, once. */
-        int R = 0;
-        for (int i = 0; i < nseg; i++)
-            R = segs[i].row0 + segs[i].nrows > R ? segs[i].row0 + segs[i].nrows : R;
-        const size_t n = (size_t)R * (size_t)Hv;
-        float *g =
-            (float *)cuda_grow(c, (void **)&c->gdn_gb, &c->gdn_gb_cap, 2 * n * sizeof(float));
-        float *beta = g + n;
-        cuda_launch(c, gdn_gates_kernel, cuda_blocks(n, 256), 256, 0, g, beta, gt, R, Hv);
-        tdm_gdn_seg *rest = (tdm_gdn_seg *)malloc((size_t)nseg * sizeof(tdm_gdn_seg));
-        TDM_ASSERT(rest != NULL);
-        int nrest = 0;
-        for (int i = 0; i < nseg; i++) {
-            if (segs[i].chunked && !segs[i].states_out && segs[i].nrows >= GDN_CHUNK_MIN)
-                cuda_gdn_chunked(c, out, qkv, qkv_stride, g, beta, &segs[i], Hk, Hv, Dk, Dv);
-            else
-                rest[nrest++] = segs[i];
-        }
-        if (nrest)
-            cuda_gdn_recurrent(ctx, out, qkv, qkv_stride, gt, rest, nrest, Hk, Hv, Dk, Dv);
-        free(rest);
-        return;
-    }
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_gdn_seg));
     const int vec = Dk % 4 == 0 && Dv % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;
@@ -688,7 +644,7 @@ void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int H
     TDM_ASSERT(r != NULL);
     int maxrows = 1;
     for (int i = 0; i < nseg; i++) {
-        r[i] = tdm_gdn_seg{0, 0, segs[i].state, NULL, segs[i].inputs, segs[i].nrows, 0};
+        r[i] = tdm_gdn_seg{0, 0, segs[i].state, NULL, segs[i].inputs, segs[i].nrows};
         maxrows = segs[i].nrows > maxrows ? segs[i].nrows : maxrows;
     }
     const tdm_gdn_seg *d =

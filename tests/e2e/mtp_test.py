@@ -920,7 +920,7 @@ def case_restart():
                 continue
             # The head was primed with the hidden states the verifier decoded
             # position by position; the reference prefills the whole context,
-            # whose rows round differently (the chunked delta rule). The two
+            # whose rows round differently (its matmuls on cuBLAS). The two
             # may part only at a draft whose reference logits tie to rounding.
             j = next((i for i, (a, b) in enumerate(zip(drafts, want)) if a != b), None)
             if j is None:

@@ -1,32 +1,27 @@
 /*
- * test_gdn_chunk.c - the chunked gated delta rule (kernels/cuda/gdn_chunk.cu)
- * against the recurrent one (be->gdn_recurrent with chunked = 0) on the GPU,
- * and both against the double-precision recurrence (gdn_chunk_ref.c).
+ * test_gdn.c - the gated delta rule on the GPU (kernels/cuda/gdn.cu, as a
+ * prompt's prefill calls it: one long segment, no record) against the
+ * double-precision recurrence (gdn_ref.c).
  *
  * Shapes: the 4B model's (Hk=16, Hv=32, Dk=Dv=128), a small odd one (Hk=2,
  * Hv=6, Dk=40, Dv=48: key groups not a multiple of 32, a half-filled column
  * tile) and the largest key head (Hk=1, Hv=2, Dk=256, Dv=80). Segment
- * lengths 64, 100, 1000 and 4096, starting at row 2 of the call. Decays by
+ * lengths 1, 64, 100, 1000 and 4096, starting at row 2 of the call. Decays by
  * head: weak (g in (-0.05, 0)), moderate (-0.7, -0.02), strong (-8.5, -3.9),
- * from the gates' inputs a, b, A_log and dt_bias (the recurrent form makes
- * its gates from them; the chunked form and the reference take g and β
- * computed here the same way in fp32); β in (0, 1); a random initial state.
- * The chunked form is also reached through be->gdn_recurrent with a
- * chunked segment (gates made on the GPU).
+ * from the gates' inputs a, b, A_log and dt_bias (the kernel makes its gates
+ * from them; the reference takes g and β computed here the same way in
+ * fp32); β in (0, 1); a random initial state.
  *
- * Checks, by normalised error ‖a − b‖ / ‖b‖: outputs and final state of
- * chunked vs recurrent, and of each vs the double reference, against 1e-5.
- * Each fp32 path is ~3e-7 from the truth (the recurrence and the chunked form
- * alike: the chunked form's products run over at most 64 positions or Dk
- * keys, and its decay factors are exponentials of short sums); 1e-5 leaves a
- * margin of ~30, while a wrong index or term gives 1e-3 or more. Also: rows
- * outside the segment are not written (outputs poisoned with NaN first), and
- * a second chunked run gives the same bits. For length 4096 it prints the
- * GPU time of both forms (CUDA events on the backend's stream).
+ * Checks, by normalised error ‖a − b‖ / ‖b‖: outputs and final state against
+ * the reference, against 1e-5. The fp32 recurrence is ~3e-7 from the truth
+ * over 4096 positions; 1e-5 leaves a margin of ~30, while a wrong index or
+ * term gives 1e-3 or more. Also: rows outside the segment are not written
+ * (outputs poisoned with NaN first), and three runs give the same bits.
+ * For each length it prints the kernel's GPU time (CUDA events on the
+ * backend's stream, after a first run of the same case).
  */
 #include "cuda_test.h"
-#include "gdn_chunk.cuh"
-#include "gdn_chunk_ref.h"
+#include "gdn_ref.h"
 
 #include <math.h>
 #include <string.h>
@@ -51,14 +46,8 @@ static void report_ok(const char *cas, const char *what, int ok)
         failures++;
 }
 
-/* How a run reaches a form: the recurrent kernel through the backend, the
- * chunked one directly with host-made gates, or through the backend with a
- * chunked segment (gates made on the GPU). */
-enum { GC_RECURRENT, GC_CHUNKED, GC_BACKEND_CHUNKED };
-
 typedef struct gc_run {
-    int form;
-    float *out, *qkv, *g, *beta;
+    float *out, *qkv;
     tdm_gdn_gates gt;
     tdm_gdn_seg seg;
     int stride, Hk, Hv, Dk, Dv;
@@ -67,12 +56,8 @@ typedef struct gc_run {
 static void gc_op(void *arg)
 {
     gc_run *r = arg;
-    if (r->form == GC_CHUNKED)
-        tdm_cuda_gdn_chunked(G->ctx, r->out, r->qkv, r->stride, r->g, r->beta, &r->seg, r->Hk,
-                             r->Hv, r->Dk, r->Dv);
-    else
-        G->gdn_recurrent(G->ctx, r->out, r->qkv, r->stride, r->gt, &r->seg, 1, r->Hk, r->Hv, r->Dk,
-                         r->Dv);
+    G->gdn_recurrent(G->ctx, r->out, r->qkv, r->stride, r->gt, &r->seg, 1, r->Hk, r->Hv, r->Dk,
+                     r->Dv);
 }
 
 /* g and β as backend.h's gdn_recurrent makes them (fp32, the CPU backend's
@@ -95,19 +80,16 @@ typedef struct gc_result {
     float ms;
 } gc_result;
 
-/* One run of a form over the segment from state st0; device inputs given. */
-static gc_result gc_do(int form, float *dqkv, float *dg, float *db, tdm_gdn_gates gt,
-                       const float *st0, int n, int Hk, int Hv, int Dk, int Dv)
+/* One run over the segment from state st0; device inputs given. */
+static gc_result gc_do(float *dqkv, tdm_gdn_gates gt, const float *st0, int n, int Hk, int Hv,
+                       int Dk, int Dv)
 {
     const int R = n + ROW0 + 1;
     const size_t hs = (size_t)Hv * Dk * Dv, no = (size_t)R * Hv * Dv;
-    gc_run r = {form,
-                ct_put(G, NULL, no * 4),
+    gc_run r = {ct_put(G, NULL, no * 4),
                 dqkv,
-                dg,
-                db,
                 gt,
-                {.row0 = ROW0, .nrows = n, .chunked = form != GC_RECURRENT},
+                {.row0 = ROW0, .nrows = n},
                 2 * Hk * Dk + Hv * Dv,
                 Hk,
                 Hv,
@@ -149,14 +131,12 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
             ga[(size_t)r * Hv + h] *= h % 3 == 0 ? 2.75f : h % 3 == 1 ? 2.0f : 0.75f;
     gc_gates(g, beta, ga, gb, al, dt, R, Hv);
     float *dqkv = ct_put(G, qkv, (size_t)R * stride * 4);
-    float *dg = ct_put(G, g, M * 4), *db = ct_put(G, beta, M * 4);
     float *dga = ct_put(G, ga, M * 4), *dgb = ct_put(G, gb, M * 4);
     float *dal = ct_put(G, al, Hv * 4), *ddt = ct_put(G, dt, Hv * 4);
     const tdm_gdn_gates gt = {dga, dgb, dal, ddt};
-    gc_result rec = gc_do(GC_RECURRENT, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
-    gc_result chk = gc_do(GC_CHUNKED, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
-    gc_result again = gc_do(GC_CHUNKED, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
-    gc_result viab = gc_do(GC_BACKEND_CHUNKED, dqkv, dg, db, gt, st0, n, Hk, Hv, Dk, Dv);
+    gc_result warm = gc_do(dqkv, gt, st0, n, Hk, Hv, Dk, Dv); /* the shape's first launch */
+    gc_result rec = gc_do(dqkv, gt, st0, n, Hk, Hv, Dk, Dv);
+    gc_result again = gc_do(dqkv, gt, st0, n, Hk, Hv, Dk, Dv);
 
     double *oref = malloc(nseg * sizeof(double)), *sref = malloc(hs * sizeof(double));
     float *of = malloc(nseg * 4), *sf = malloc(hs * 4);
@@ -172,31 +152,25 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
 
     char cas[64];
     snprintf(cas, sizeof(cas), "Hk=%d Hv=%d Dk=%d Dv=%d n=%d", Hk, Hv, Dk, Dv, n);
-    const float *oc = chk.out + ROW0 * row, *orr = rec.out + ROW0 * row;
-    report(cas, "out: chunked vs recurrent", ct_nerr(oc, orr, nseg), 1e-5);
-    report(cas, "state: chunked vs recurrent", ct_nerr(chk.state, rec.state, hs), 1e-5);
-    report(cas, "out: chunked vs double", ct_nerr(oc, of, nseg), 1e-5);
-    report(cas, "state: chunked vs double", ct_nerr(chk.state, sf, hs), 1e-5);
-    report(cas, "out: recurrent vs double", ct_nerr(orr, of, nseg), 1e-5);
-    report(cas, "state: recurrent vs double", ct_nerr(rec.state, sf, hs), 1e-5);
-    report(cas, "out: backend chunked vs chunked", ct_nerr(viab.out + ROW0 * row, oc, nseg), 1e-5);
-    report(cas, "state: backend chunked vs chunked", ct_nerr(viab.state, chk.state, hs), 1e-5);
+    const float *orr = rec.out + ROW0 * row;
+    report(cas, "out: vs double", ct_nerr(orr, of, nseg), 1e-5);
+    report(cas, "state: vs double", ct_nerr(rec.state, sf, hs), 1e-5);
     /* Poison is all-ones bytes: rows before and after the segment keep it. */
     int untouched = 1;
     for (size_t i = 0; i < row * ROW0; i++)
-        untouched &= isnan(chk.out[i]);
+        untouched &= isnan(rec.out[i]);
     for (size_t i = (size_t)(ROW0 + n) * row; i < (size_t)R * row; i++)
-        untouched &= isnan(chk.out[i]);
+        untouched &= isnan(rec.out[i]);
     report_ok(cas, "rows outside the segment kept", untouched);
-    report_ok(cas, "second chunked run: same bits",
-              memcmp(again.out, chk.out, (size_t)R * row * 4) == 0 &&
-                  memcmp(again.state, chk.state, hs * 4) == 0);
-    if (n == 4096)
-        printf("%-34s time: recurrent %.3f ms, chunked %.3f ms (%.1fx)\n", cas, rec.ms, chk.ms,
-               rec.ms / chk.ms);
+    report_ok(cas, "three runs: same bits",
+              memcmp(again.out, rec.out, (size_t)R * row * 4) == 0 &&
+                  memcmp(again.state, rec.state, hs * 4) == 0 &&
+                  memcmp(warm.out, rec.out, (size_t)R * row * 4) == 0 &&
+                  memcmp(warm.state, rec.state, hs * 4) == 0);
+    printf("%-34s time: %.3f ms (%.3f us a row)\n", cas, rec.ms, 1e3 * rec.ms / n);
 
-    gc_result *all[4] = {&rec, &chk, &again, &viab};
-    for (int i = 0; i < 4; i++) {
+    gc_result *all[3] = {&warm, &rec, &again};
+    for (int i = 0; i < 3; i++) {
         free(all[i]->out);
         free(all[i]->state);
     }
@@ -205,8 +179,6 @@ static void test_case(int Hk, int Hv, int Dk, int Dv, int n)
     free(of);
     free(sf);
     G->free(G->ctx, dqkv);
-    G->free(G->ctx, dg);
-    G->free(G->ctx, db);
     G->free(G->ctx, dga);
     G->free(G->ctx, dgb);
     G->free(G->ctx, dal);
@@ -227,7 +199,7 @@ int main(void)
     G = ct_gpu();
     /* Hk, Hv, Dk, Dv */
     const int shapes[][4] = {{16, 32, 128, 128}, {2, 6, 40, 48}, {1, 2, 256, 80}};
-    const int lengths[] = {64, 100, 1000, 4096};
+    const int lengths[] = {1, 64, 100, 1000, 4096};
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
         for (size_t l = 0; l < TDM_ARRAY_LEN(lengths); l++)
             test_case(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], lengths[l]);
