@@ -212,7 +212,9 @@ double tdm_run_ahead_gain(double accept, int k, double chain_ms, double verify_m
  * judged on the very rounds speculation runs.
  * The plain round of n sequences is the one measured as such (a round in
  * which none of them verified drafts) within the last
- * TDM_STEPTIME_PLAIN_FRESH rounds, where there is one; else the fit's. The
+ * TDM_STEPTIME_PLAIN_FRESH rounds, where there is one; else the fit's, or
+ * where the recent steps all had one row count (no line through them) the
+ * last one measured at any time. The
  * fit alone is not enough: it extrapolates from the speculative rounds' rows
  * to n rows, and where a step's time is not a line in its rows (a CPU's
  * row tiles) or the drafter computed beside those steps (two processes on

@@ -623,6 +623,36 @@ static void test_steptime_plain(void)
           "beyond the table: the line's %.3f", t);
 }
 
+/* A long run of rounds of one row count (fixed blocks of 8 at one
+ * sequence: 9-row verify steps of 4.28 ms, as on one H100 with the 4B
+ * shape) leaves no line through the steps. The plain round of one sequence
+ * measured before them (3.7 ms) must still stand, stale as it is: time
+ * proportional to rows puts it at 0.48 ms, and a draft that costs 0.3 plain
+ * steps then reads as 3.2, which starts the next adaptive requests paused. */
+static void test_steptime_one_row_count(void)
+{
+    tdm_steptime m = {0};
+    double t = 0, f, c;
+    tdm_steptime_add_plain(&m, 1, 3.7);
+    for (int i = 0; i < 100; i++) {
+        tdm_steptime_add(&m, 1, 3.7);
+        tdm_steptime_tick(&m);
+    }
+    for (unsigned i = 0; i < 2 * TDM_STEPTIME_PLAIN_FRESH; i++) {
+        tdm_steptime_add(&m, 9, 4.28);
+        tdm_steptime_tick(&m);
+    }
+    CHECK(tdm_steptime_wants_plain(&m, 1), "the plain round of one sequence is stale");
+    CHECK(tdm_steptime_plain(&m, 1, &t) && t == 3.7,
+          "one row count: the stale measured round, %.3f", t);
+    CHECK(tdm_steptime_round_cost(&m, 1, 1, 8, 8.28 + 4.28, 0.0, &f, &c) &&
+              fabs(c - (12.56 - 3.7) / (8 * 3.7)) < 1e-9,
+          "a draft of the run: %.3f plain steps", c);
+    /* never measured plainly: rows in proportion, as before */
+    CHECK(tdm_steptime_plain(&m, 2, &t) && fabs(t - 2 * 4.28 / 9) < 1e-6,
+          "one row count, nothing measured at 2: %.3f", t);
+}
+
 static void test_adaptive(void)
 {
     tdm_adaptive_params p = {
@@ -948,6 +978,7 @@ int main(void)
     test_steptime_plain();
     test_open_cost();
     test_cost_at_batch();
+    test_steptime_one_row_count();
     test_adaptive_memory_recovers();
     test_adaptive_probe_worth();
     test_run_ahead_gain();
