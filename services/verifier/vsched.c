@@ -491,15 +491,12 @@ static double open_cost(vsched *s)
 }
 
 /* The same at a batch of n sequences, where that batch's plain round is
- * known (tdm_steptime_plain), else at the current batch's, as prior_at.
- * Scheduler thread. */
+ * known, else at the current batch's, as prior_at (a round of n sequences
+ * is n plain steps of one). Scheduler thread. */
 static double open_cost_at(vsched *s, int n)
 {
-    double round;
-    const double ms = atomic_load(&s->open_ms);
-    if (ms > 0 && n > 0 && tdm_steptime_plain(&s->st, n, &round) && round > 0)
-        return ms / round;
-    return open_cost(s);
+    const double c = tdm_steptime_cost_at(&s->st, atomic_load(&s->open_ms), n);
+    return c > 0 ? c / n : open_cost(s);
 }
 
 /* The share of rounds with a first sight up to which they are one-offs

@@ -309,6 +309,21 @@ static double u01(uint64_t *y)
     return (double)(*y >> 11) / 9007199254740992.0;
 }
 
+/* The rule's parameters as the verifier sets them (vsched.c: a gain of 5 %
+ * asked for, pauses of 32 tokens, four rounds before a switch-off), a first
+ * block of at most 4; the limit, the priors and the tokens each test's own. */
+static tdm_adaptive_params serving(int k_max, double cost, double fixed, int tokens_left)
+{
+    return (tdm_adaptive_params){.k_max = k_max,
+                                 .k_initial = 4,
+                                 .min_gain = 0.05,
+                                 .pause_tokens = 32,
+                                 .min_rounds = 4,
+                                 .cost_prior = cost,
+                                 .fixed_prior = fixed,
+                                 .tokens_left = tokens_left};
+}
+
 /* Drafts accepted of a block of k, each with probability a up to the first
  * rejected one. */
 static int accepted_of(uint64_t *y, int k, double a)
@@ -374,15 +389,8 @@ static void test_adaptive_never_loses(void)
     uint64_t y = 0x2545f4914f6cdd1dull;
     for (size_t i = 0; i < sizeof(costs) / sizeof(costs[0]); i++)
         for (int tokens = 128; tokens <= 512; tokens *= 4) {
-            tdm_adaptive_params p = {.k_max = 8,
-                                     .k_initial = 4,
-                                     .min_gain = 0.05,
-                                     .pause_tokens = 32,
-                                     .min_rounds = 4,
-                                     .cost_prior = costs[i][0],
-                                     .fixed_prior = costs[i][1],
-                                     .open_cost = costs[i][2],
-                                     .tokens_left = tokens};
+            tdm_adaptive_params p = serving(8, costs[i][0], costs[i][1], tokens);
+            p.open_cost = costs[i][2];
             double sum = 0;
             tdm_accept_memory mem = {0};
             for (int r = 0; r < 50; r++)
@@ -404,15 +412,8 @@ static void test_adaptive_never_loses(void)
  * least 1.1x plain (c 0.38, f 0.07, open 5). */
 static void test_adaptive_memory_recovers(void)
 {
-    tdm_adaptive_params p = {.k_max = 8,
-                             .k_initial = 4,
-                             .min_gain = 0.05,
-                             .pause_tokens = 32,
-                             .min_rounds = 4,
-                             .cost_prior = 0.38,
-                             .fixed_prior = 0.07,
-                             .open_cost = 5,
-                             .tokens_left = 128};
+    tdm_adaptive_params p = serving(8, 0.38, 0.07, 128);
+    p.open_cost = 5;
     uint64_t y = 0x51ed270b27c3a5f1ull;
     tdm_accept_memory mem = {0};
     double lost = 0;
@@ -448,9 +449,7 @@ static void test_adaptive_memory_recovers(void)
  * drafter that pays. */
 static void test_adaptive_unmeasured_costs(void)
 {
-    tdm_adaptive_params p = {
-        .k_max = 4, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 32, .min_rounds = 4,
-        .cost_prior = -1, .fixed_prior = -1, .tokens_left = 128};
+    tdm_adaptive_params p = serving(4, -1, -1, 128);
     uint64_t y = 0x9e3779b97f4a7c15ull;
     double sum = 0;
     for (int r = 0; r < 50; r++) {
@@ -502,14 +501,7 @@ static void test_open_cost(void)
     tdm_open_cost_note(&c, 70.0);
     CHECK(tdm_open_cost_ms(&c) == 1.1, "0.9, 1.1 and 70 ms: median %.2f", tdm_open_cost_ms(&c));
     /* a 128-token request at a plain round of 0.2 ms, drafts that pay */
-    tdm_adaptive_params p = {.k_max = 4,
-                             .k_initial = 4,
-                             .min_gain = 0.05,
-                             .pause_tokens = 32,
-                             .min_rounds = 4,
-                             .cost_prior = 0.3,
-                             .fixed_prior = 0.1,
-                             .tokens_left = 128};
+    tdm_adaptive_params p = serving(4, 0.3, 0.1, 128);
     tdm_adaptive a;
     p.open_cost = tdm_open_cost_ms(&c) / 0.2;
     tdm_adaptive_init(&a, &p);
@@ -543,13 +535,7 @@ static void test_cost_at_batch(void)
     CHECK(fabs(c1 - 0.06 / 0.197) < 1e-9 && fabs(c32 - 0.06 / (0.56 / 32)) < 1e-9,
           "a 0.06 ms draft: %.3f of a step at 1, %.3f at 32", c1, c32);
     CHECK(tdm_steptime_cost_at(&m, -1.0, 32) < 0, "no cost measured: unknown");
-    tdm_adaptive_params p = {.k_max = 4,
-                             .k_initial = 4,
-                             .min_gain = 0.05,
-                             .pause_tokens = 32,
-                             .min_rounds = 4,
-                             .fixed_prior = 0.1,
-                             .tokens_left = 128};
+    tdm_adaptive_params p = serving(4, 0, 0.1, 128);
     tdm_adaptive a;
     p.cost_prior = c1;
     tdm_adaptive_init(&a, &p);
@@ -580,8 +566,7 @@ static void test_steptime_plain(void)
     CHECK(tdm_steptime_plain(&m, 8, &t) && fabs(t - 6.0) < 1e-6,
           "the line's plain 8-row round: %.3f", t);
     tdm_steptime_round_cost(&m, 8, 8, 32, 14.0, 0.0, &f, &c);
-    tdm_adaptive_params p = {
-        .k_max = 4, .k_initial = 4, .min_gain = 0.05, .pause_tokens = 32, .min_rounds = 4};
+    tdm_adaptive_params p = serving(4, 0, 0, 0);
     tdm_adaptive line, measured;
     tdm_adaptive_init(&line, &p);
     tdm_adaptive_init(&measured, &p);
@@ -856,14 +841,7 @@ static void test_adaptive(void)
  * rejected blocks and a pause of 32 (S 1.53 after an accepted probe). */
 static void test_adaptive_probe_worth(void)
 {
-    tdm_adaptive_params p = {.k_max = 4,
-                             .k_initial = 4,
-                             .min_gain = 0.05,
-                             .pause_tokens = 32,
-                             .min_rounds = 4,
-                             .cost_prior = 0.76,
-                             .fixed_prior = 0.15,
-                             .tokens_left = 1000};
+    tdm_adaptive_params p = serving(4, 0.76, 0.15, 1000);
     tdm_adaptive a;
     tdm_adaptive_init(&a, &p);
     CHECK(a.k_next == 0, "c 0.76, f 0.15 at a = 0.7: should start paused, k %d", a.k_next);
