@@ -273,8 +273,8 @@ void tdm_service_set_device(tdm_service *s, const char *uuid, bool mps)
     s->desc->device_mps = uuid && uuid[0] && mps;
 }
 
-void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, int block, const double *ms,
-                                 int n)
+void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, const int *blocks,
+                                 const double *ms, int n)
 {
     Tandem__V1__Descriptor *d = s->desc;
     for (size_t i = 0; i < d->n_draft_pass_costs; i++)
@@ -286,7 +286,7 @@ void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, int block
         Tandem__V1__DraftPassCost *c = tdm_xmalloc(sizeof(*c));
         tandem__v1__draft_pass_cost__init(c);
         c->sequences = (uint32_t)sequences[i];
-        c->block = (uint32_t)block;
+        c->block = (uint32_t)blocks[i];
         c->millis = (float)ms[i];
         d->draft_pass_costs[i] = c;
     }

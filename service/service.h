@@ -73,11 +73,11 @@ const Tandem__V1__Descriptor *tdm_service_descriptor(const tdm_service *s);
  * and device_mps (its work there goes through an MPS server); call from the
  * setup callback, before the service starts. */
 void tdm_service_set_device(tdm_service *s, const char *uuid, bool mps);
-/* Sets the descriptor's draft_pass_costs: a pass drafting `block` tokens for
- * each of sequences[i] sequences took ms[i]; call from a model drafter's
+/* Sets the descriptor's draft_pass_costs: a pass drafting blocks[i] tokens
+ * for each of sequences[i] sequences took ms[i]; call from a model drafter's
  * setup callback, before the service starts. */
-void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, int block, const double *ms,
-                                 int n);
+void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, const int *blocks,
+                                 const double *ms, int n);
 /* A value a rule left to be measured at start (tdm_cfg_set_resolved),
  * reflected in the descriptor where it appears there (max_sequences); call
  * from the setup callback. Refuses an explicitly set value. */

@@ -10,6 +10,7 @@
  * a model drafter with a = 0.8 was paused in most rounds); the costs move
  * faster, as they change with the batch. */
 #define ACCEPT_WEIGHT 0.1
+
 #define EMA_WEIGHT 0.3
 #define PRIOR_ACCEPT 0.7
 #define PRIOR_COST 0.1
@@ -52,16 +53,88 @@ static void tokens_done(tdm_adaptive *a, int n)
         a->p.tokens_left = a->p.tokens_left > n ? a->p.tokens_left - n : 1;
 }
 
+/* What a position past the blocks being run keeps of its observations a
+ * round: its estimate fades back to the pooled rate in some 35 rounds. A
+ * position estimated low on a few blocks, and then never run because of
+ * that estimate, would otherwise keep it for good (simulated, requests whose
+ * drafts were accepted at 0.8 each drafted blocks of one for as long as
+ * their second position read 0.53). */
+#define POSITION_KEEP 0.98
+
+void tdm_accept_positions_note(tdm_accept_positions *p, int k, int n)
+{
+    if (k > TDM_ADAPTIVE_POSITIONS)
+        k = TDM_ADAPTIVE_POSITIONS;
+    for (int i = 0; i < k && i <= n; i++) {
+        p->hit[i] = (1.0 - ACCEPT_WEIGHT) * p->hit[i] + ACCEPT_WEIGHT * (i < n);
+        p->weight[i] = (1.0 - ACCEPT_WEIGHT) * p->weight[i] + ACCEPT_WEIGHT;
+    }
+    for (int i = k < 0 ? 0 : k; i < TDM_ADAPTIVE_POSITIONS; i++) {
+        p->hit[i] *= POSITION_KEEP;
+        p->weight[i] *= POSITION_KEEP;
+    }
+}
+
+double tdm_accept_positions_rate(const tdm_accept_positions *p, int i, double pooled)
+{
+    if (i < 0 || i >= TDM_ADAPTIVE_POSITIONS)
+        return pooled;
+    return p->hit[i] + (1.0 - p->weight[i]) * pooled;
+}
+
+/* S(k); optimistic: each position's unobserved weight accepted for sure
+ * instead of at the pooled rate (what the most a drafter could be there
+ * would yield; it fades as the position is observed). */
+static double speedup_of(const tdm_adaptive *a, int k, bool optimistic)
+{
+    double run = 1.0, expected = 1.0;
+    for (int i = 0; i < k; i++) {
+        run *= tdm_accept_positions_rate(&a->pos, i, optimistic ? 1.0 : a->accept_rate);
+        expected += run;
+    }
+    return expected / (1.0 + a->fixed + a->cost * k);
+}
+
 /* The best S(k), k <= kmax, and its k. */
-static double best_speedup(const tdm_adaptive *a, int kmax, int *k_best)
+static double best_speedup_of(const tdm_adaptive *a, int kmax, bool optimistic, int *k_best)
 {
     double best = 0;
-    for (int k = 1; k <= kmax; k++)
-        if (tdm_adaptive_speedup(a, k) > best) {
-            best = tdm_adaptive_speedup(a, k);
+    for (int k = 1; k <= kmax; k++) {
+        const double s = speedup_of(a, k, optimistic);
+        if (s > best) {
+            best = s;
             *k_best = k;
         }
+    }
     return best;
+}
+
+static double best_speedup(const tdm_adaptive *a, int kmax, int *k_best)
+{
+    return best_speedup_of(a, kmax, false, k_best);
+}
+
+/* Where speculation does not pay on the estimates of `on`, whether what was
+ * not observed could make it pay (optimistic S(k), the block that favours
+ * at most kmax long, its tokens repaying an open, the credit covering the
+ * open and the round): then a runs that block, once in the request, as a
+ * probe whose outcome decides (choose). */
+static bool explore(tdm_adaptive *a, const tdm_adaptive *on, int kmax)
+{
+    int k = 0;
+    const double best = a->explores > 0 ? 0 : best_speedup_of(on, kmax, true, &k);
+    if (best < 1.0 + a->p.min_gain || !open_repays(a, best))
+        return false;
+    const double cost = (a->p.open_cost > 0 ? a->p.open_cost : 0) + on->fixed + on->cost * k;
+    if (cost > a->p.explore_credit)
+        return false;
+    a->explore_spent += cost;
+    a->k_next = k;
+    a->explores++;
+    a->probing = a->exploring = true;
+    a->since_start = 0;
+    a->accepted_since_start = 0;
+    return true;
 }
 
 void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
@@ -76,6 +149,10 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->accept_rate = a->p.accept_prior;
     a->accepted_ema = a->p.accept_prior;
     a->trials_ema = 1.0;
+    a->pos = a->p.accept_positions;
+    a->explores = 0;
+    a->explore_spent = 0;
+    a->exploring = false;
     a->cost = a->p.cost_prior > 0 ? a->p.cost_prior : PRIOR_COST;
     a->fixed = a->p.fixed_prior > 0 ? a->p.fixed_prior : 0.0;
     a->k_next = a->p.k_initial;
@@ -99,7 +176,9 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
          * back at that speed-up must exceed what opening it on the drafter
          * costs. */
         const double best = best_speedup(a, a->p.k_initial, &a->k_next);
-        if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
+        if (best < 1.0 + a->p.min_gain && explore(a, a, a->p.k_initial)) {
+            /* positions not seen yet could make it pay: one block sees them */
+        } else if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
             /* Not worth it here even if this sequence drafts well: start
              * paused and let the probes find out. */
             a->k_next = 0;
@@ -113,9 +192,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
 
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
 {
-    double al = a->accept_rate;
-    double expected = al >= 1.0 ? (double)(k + 1) : (1.0 - pow(al, k + 1)) / (1.0 - al);
-    return expected / (1.0 + a->fixed + a->cost * k);
+    return speedup_of(a, k, false);
 }
 
 static void switch_off(tdm_adaptive *a, bool probing, const char *why)
@@ -154,10 +231,15 @@ static void choose(tdm_adaptive *a)
          * it pays by min_gain, from the block the estimate favours, and
          * runs min_rounds rounds before it may stop again. */
         a->probing = false;
+        const bool explored = a->exploring;
+        a->exploring = false;
         if (a->accepted_since_start == 0 || best_s < 1.0 + a->p.min_gain) {
             switch_off(a, true,
-                       a->accepted_since_start == 0 ? "the probe's draft was rejected"
-                                                    : "the probe's estimates would not pay");
+                       a->accepted_since_start == 0
+                           ? (explored ? "the exploring block's first draft was rejected"
+                                       : "the probe's draft was rejected")
+                           : (explored ? "the exploring block's estimates would not pay"
+                                       : "the probe's estimates would not pay"));
             return;
         }
         a->since_start = 0;
@@ -230,6 +312,16 @@ static void cost_step(double *est, tdm_cost_window *w, double x)
     *est = (1.0 - EMA_WEIGHT) * *est + EMA_WEIGHT * m;
 }
 
+/* A block of k drafts, n accepted: the pooled estimate and the positions'. */
+static void note_acceptance(tdm_adaptive *a, int k, int n)
+{
+    const int trials = n + (n < k);
+    a->accepted_ema = (1.0 - ACCEPT_WEIGHT) * a->accepted_ema + ACCEPT_WEIGHT * n;
+    a->trials_ema = (1.0 - ACCEPT_WEIGHT) * a->trials_ema + ACCEPT_WEIGHT * trials;
+    a->accept_rate = a->trials_ema > 0 ? a->accepted_ema / a->trials_ema : PRIOR_ACCEPT;
+    tdm_accept_positions_note(&a->pos, k, n);
+}
+
 void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double cost_per_draft,
                            double fixed_cost)
 {
@@ -239,10 +331,7 @@ void tdm_adaptive_on_round(tdm_adaptive *a, int drafted, int accepted, double co
     if (drafted <= 0)
         return;
     a->accepted_since_start += accepted;
-    const int trials = accepted + (accepted < drafted);
-    a->accepted_ema = (1.0 - ACCEPT_WEIGHT) * a->accepted_ema + ACCEPT_WEIGHT * accepted;
-    a->trials_ema = (1.0 - ACCEPT_WEIGHT) * a->trials_ema + ACCEPT_WEIGHT * trials;
-    a->accept_rate = a->trials_ema > 0 ? a->accepted_ema / a->trials_ema : PRIOR_ACCEPT;
+    note_acceptance(a, drafted, accepted);
     cost_step(&a->cost, &a->cost_win, cost_per_draft);
     cost_step(&a->fixed, &a->fixed_win, fixed_cost);
     if (a->p.fixed) {
@@ -283,15 +372,23 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
          * of its speed. Where the drafter's acceptance on earlier requests
          * is below the prior, it is judged at that acceptance instead (the
          * remembered acceptance moves back towards the prior as requests
-         * start paused, so a later request tries again). */
+         * start paused, so a later request tries again). Where it could
+         * not, a position not seen yet may still be explored (explore),
+         * judged on everything the request measured. */
+        const tdm_adaptive measured = *a;
         a->accepted_ema = a->p.accept_prior;
         a->trials_ema = 1.0;
-        const double hit = (1.0 - ACCEPT_WEIGHT) * a->p.accept_prior + ACCEPT_WEIGHT;
-        a->accept_rate = a->p.accept_prior < PRIOR_ACCEPT ? a->p.accept_prior : hit;
-        int k;
-        const double best = best_speedup(a, a->p.k_max, &k);
-        const double judged = a->accept_rate;
         a->accept_rate = a->p.accept_prior;
+        a->pos = a->p.accept_positions;
+        tdm_adaptive hit = *a;
+        if (a->p.accept_prior >= PRIOR_ACCEPT)
+            note_acceptance(&hit, 1, 1);
+        int k;
+        const double best = best_speedup(&hit, a->p.k_max, &k);
+        const double judged = hit.accept_rate;
+        if ((best < 1.0 + a->p.min_gain || !open_repays(a, best)) &&
+            explore(a, &measured, a->p.k_max))
+            return;
         if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
             a->paused_left = a->pause_len;
             a->pause_why = best < 1.0 + a->p.min_gain ? "a probe could not restart it"
@@ -317,6 +414,14 @@ void tdm_accept_memory_note(tdm_accept_memory *m, int k, int n)
         return;
     m->accepted = (1.0 - ACCEPT_WEIGHT) * m->accepted + ACCEPT_WEIGHT * n;
     m->trials = (1.0 - ACCEPT_WEIGHT) * m->trials + ACCEPT_WEIGHT * (n + (n < k));
+    tdm_accept_positions_note(&m->pos, k, n);
+}
+
+void tdm_accept_memory_tokens(tdm_accept_memory *m, int n, double explore_spent)
+{
+    m->credit += PROBE_SHARE * (n > 0 ? n : 0) - (explore_spent > 0 ? explore_spent : 0);
+    if (m->credit > TDM_EXPLORE_CREDIT_MAX)
+        m->credit = TDM_EXPLORE_CREDIT_MAX;
 }
 
 double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge)
@@ -326,6 +431,11 @@ double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge)
     const double a = m->accepted / m->trials;
     if (nudge && a < PRIOR_ACCEPT)
         m->accepted = 0.9 * m->accepted + 0.1 * PRIOR_ACCEPT * m->trials;
+    if (nudge) /* the positions' observations fade: exploring sees them again */
+        for (int i = 0; i < TDM_ADAPTIVE_POSITIONS; i++) {
+            m->pos.hit[i] *= 0.9;
+            m->pos.weight[i] *= 0.9;
+        }
     return a < 0.02 ? 0.02 : a > PRIOR_ACCEPT ? PRIOR_ACCEPT : a;
 }
 

@@ -22,8 +22,10 @@
  *    the rule's guess until three are in: a guess is not a measurement (EMA
  *    steps away from it kept requests speculating some eight rounds where a
  *    draft costs more than a plain step, the CPU at eight streams);
- *  - with k drafts a round yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
- *    costs 1 + f + c*k steps, so the expected speed-up is
+ *  - with k drafts a round yields E(k) = 1 + a_0 + a_0 a_1 + ... +
+ *    a_0 ... a_(k-1) tokens, a_i the acceptance at position i (below:
+ *    around a; where every position's is a, E(k) = (1 - a^(k+1)) / (1 - a)),
+ *    and costs 1 + f + c*k steps, so the expected speed-up is
  *    S(k) = E(k) / (1 + f + c*k);
  *  - the next block length is the k in [1, k_max] with the largest S(k);
  *  - if the best S(k) has been below 1 (speculation loses) for min_rounds
@@ -47,7 +49,17 @@
  *    remembered acceptance instead where that is below the prior); else
  *    the pause goes on.
  * A sequence starts from cost_prior; if speculation would not pay even at
- * the prior acceptance, it starts paused (and probes like any pause). It
+ * the prior acceptance, it starts paused (and probes like any pause), unless
+ * what was not observed could make it pay: judged with each position's
+ * unobserved weight (1 - weight[i], below) accepted for sure instead of at
+ * the pooled rate, a block of the length that judgement favours is run once
+ * in the request (an exploring block, decided by its outcome as a probe
+ * is; at its start, else where a probe would not run), so that what a
+ * longer block yields is measured instead of assumed away for good. It
+ * costs the open and the round, f + c*k plain steps beside it, and is run
+ * only where the drafter's exploring credit (explore_credit: a hundredth of
+ * a plain step for every token its requests generated) covers that:
+ * exploring never costs more than 1 % of plain decoding's speed. It
  * also starts paused where the tokens it may still generate cannot win back
  * what opening it on the drafter costs (open_cost: tokens_left x (1 - 1/S)
  * must exceed it). (A probe's open costs less: the drafter catches up on the
@@ -59,6 +71,31 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+/* ---- acceptance by position ------------------------------------------------
+ *
+ * A draft's chance of being accepted where every draft before it in its
+ * block was, by its position in the block (0: the first draft). A real
+ * drafter's rises along the block (the demo pair on one H100: 0.80 for the
+ * first draft, 0.89-0.95 for the later ones): one rate for every position,
+ * read off blocks of one, understates what a block of four yields, and the
+ * rule never tried one. hit[i] is a moving average (weight 0.1 an
+ * observation) of position i's outcomes (1 accepted, 0 rejected) started at
+ * 0, and weight[i] the weight observed so far (1 - 0.9^observations); the
+ * estimate at i is hit[i] + (1 - weight[i]) x a pooled rate, so that a
+ * position seen rarely reads as the pooled rate, and one never seen, as it. */
+#define TDM_ADAPTIVE_POSITIONS 64
+
+typedef struct tdm_accept_positions {
+    double hit[TDM_ADAPTIVE_POSITIONS], weight[TDM_ADAPTIVE_POSITIONS];
+} tdm_accept_positions;
+
+/* A block of k drafts of which the first n were accepted: positions
+ * 0..n-1 accepted, position n (where n < k) rejected, the later ones not
+ * seen. */
+void tdm_accept_positions_note(tdm_accept_positions *p, int k, int n);
+/* The estimate at position i around the pooled rate. */
+double tdm_accept_positions_rate(const tdm_accept_positions *p, int i, double pooled);
 
 typedef struct tdm_adaptive_params {
     int k_max;          /* most drafts per round (verifier and drafter limits) */
@@ -76,6 +113,8 @@ typedef struct tdm_adaptive_params {
      * this drafter's drafts were accepted at on earlier requests; outside
      * (0, 1): 0.7. */
     double accept_prior;
+    /* ... and by position (tdm_accept_memory's; zero: nothing seen). */
+    tdm_accept_positions accept_positions;
     double fixed_prior; /* starting estimate of f; < 0: 0 */
     bool fixed;         /* true: always k_initial, never switch off (benchmarks, tests) */
     /* Tokens the sequence loses while its drafter opens it (catches up on
@@ -83,6 +122,9 @@ typedef struct tdm_adaptive_params {
      * measured on earlier opens; <= 0: none known. */
     double open_cost;
     int tokens_left; /* tokens the request may still generate (counted down); <= 0: unknown */
+    /* Plain steps the request may spend on an exploring block (the
+     * drafter's tdm_accept_memory.credit); <= 0: none. */
+    double explore_credit;
 } tdm_adaptive_params;
 
 /* A cost's last three measurements (their median moves the estimate).
@@ -97,8 +139,9 @@ typedef struct tdm_cost_window {
 
 typedef struct tdm_adaptive {
     tdm_adaptive_params p;
-    double accept_rate; /* accepted / trials */
+    double accept_rate; /* accepted / trials, over every position */
     double accepted_ema, trials_ema;
+    tdm_accept_positions pos; /* by position, around accept_rate */
     double cost;        /* EMA of per-draft-token cost relative to a plain step */
     double fixed;       /* EMA of the per-round cost of speculating, relative to a plain step */
     int k_next;         /* block length for the next round; 0 = speculation paused */
@@ -110,6 +153,9 @@ typedef struct tdm_adaptive {
     int pauses;         /* times speculation was switched off */
     int probes;         /* rounds run to test whether it pays again */
     bool probing;       /* the next round is a probe, whose outcome decides */
+    int explores;       /* exploring blocks (at most one) */
+    double explore_spent; /* plain steps they cost (open and round), as judged */
+    bool exploring;       /* the next round is such a block (and probing) */
     int below;          /* rounds in a row whose estimates say speculation loses */
     int lost;           /* rounds in a row whose costs lose even with every draft accepted */
     tdm_cost_window cost_win, fixed_win;
@@ -150,18 +196,32 @@ double tdm_median3(const double *x);
  * losing rounds. */
 typedef struct tdm_accept_memory {
     double accepted, trials;
+    tdm_accept_positions pos; /* by position (a request's accept_positions) */
+    /* Plain steps its requests may spend on exploring blocks: a hundredth
+     * a token generated, less what exploring blocks cost (below 0 after
+     * several requests explored at once: a debt later tokens repay); at
+     * most TDM_EXPLORE_CREDIT_MAX. */
+    double credit;
 } tdm_accept_memory;
+
+#define TDM_EXPLORE_CREDIT_MAX 32.0
 
 /* A speculative round: k drafts, n accepted. */
 void tdm_accept_memory_note(tdm_accept_memory *m, int k, int n);
+/* n tokens generated by its requests (any round), and their exploring
+ * blocks' cost, plain steps (tdm_adaptive.explore_spent's growth). */
+void tdm_accept_memory_tokens(tdm_accept_memory *m, int n, double explore_spent);
 /* The acceptance, within [0.02, 0.7]; -1 until some five rounds are known.
  * Capped at the rule's prior: history only makes a drafter's requests more
  * careful (measured on one H200, a higher prior from a drafter that is right
  * opened more requests at batch 8 on the demo pair, 0.83-0.86x plain, where
- * what an open costs the batch is not counted).
- * nudge (a request starts paused): a low acceptance moves a tenth of the way
- * back to the rule's prior (0.7), so that after a dozen requests without
- * speculation one tries again, instead of never. */
+ * what an open costs the batch is not counted); the positions a drafter's
+ * blocks reached (tdm_accept_memory.pos) say what it measured there.
+ * nudge (a request starts paused): a low acceptance moves a tenth of the
+ * way back to the rule's prior (0.7), and what each position observed fades
+ * by a tenth (its estimate towards the pooled rate, its optimism up), so
+ * that after a dozen requests without speculation one tries again, instead
+ * of never (a position read low, then never run, kept its estimate). */
 double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge);
 /* The acceptance per draft as measured (accepted / trials, where a round's
  * trials are its accepted drafts and the rejected one), uncapped; -1 until

@@ -214,14 +214,18 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
                d->device_mps ? ", through an MPS server" : "");
     else if (d->cpus[0])
         printf("           CPUs %s of host %s\n", d->cpus, d->host_id[0] ? d->host_id : "?");
-    if (d->n_draft_pass_costs > 0) {
-        printf("           a draft pass of %u tokens (timed before serving):",
-               d->draft_pass_costs[0]->block);
-        for (size_t i = 0; i < d->n_draft_pass_costs; i++)
-            printf("%s %u sequence%s %.3f ms", i ? "," : "", d->draft_pass_costs[i]->sequences,
-                   d->draft_pass_costs[i]->sequences == 1 ? "" : "s",
-                   (double)d->draft_pass_costs[i]->millis);
-        printf("\n");
+    /* one line a block length, as reported (the drafter's block first) */
+    for (size_t i = 0; i < d->n_draft_pass_costs; i++) {
+        const Tandem__V1__DraftPassCost *c = d->draft_pass_costs[i];
+        if (i == 0 || c->block != d->draft_pass_costs[i - 1]->block)
+            printf("%s           a draft pass of %u token%s (timed before serving):", i ? "\n" : "",
+                   c->block, c->block == 1 ? "" : "s");
+        else
+            printf(",");
+        printf(" %u sequence%s %.3f ms", c->sequences, c->sequences == 1 ? "" : "s",
+               (double)c->millis);
+        if (i + 1 == d->n_draft_pass_costs)
+            printf("\n");
     }
     printf("           heartbeat %.1fs ago", r->heartbeat_age_ms / 1000.0);
     if (r->load)

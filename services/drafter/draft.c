@@ -1895,10 +1895,14 @@ static tdm_status warm_chains(drafter *d, int block, tdm_error *err)
  * times the model drafter's draft passes before it serves, for its
  * Descriptor's draft_pass_costs: a block of `block` tokens for each of n = 1,
  * 2, 4, 8, 16 throwaway sequences (at most max_sequences), after one lead
- * row; each shape runs until it runs without a first sight (on CUDA graphs
- * a chain runs eagerly, then is captured), then the median of three is
- * kept. A verifier's adaptive rule starts from them until its rounds measure
- * what a draft costs: without them, a fresh verifier's first requests all
+ * row, then (block > 1) a block of one token for one sequence: what a pass
+ * costs whatever its length is the line through the two of one sequence
+ * (on one H100 the demo drafter's blocks of one read 0.68-0.92 plain steps
+ * a draft where blocks of four read 0.55, and a rule that charged each
+ * draft the pass's own cost never tried the longer block). Each shape runs
+ * until it runs without a first sight (on CUDA graphs a chain runs eagerly,
+ * then is captured), then the median of three is kept. A verifier's adaptive rule starts from them
+ * until its rounds measure what a draft costs: without them, a fresh verifier's first requests all
  * open on the drafter to find out. A failure reports nothing (not an error:
  * the rule then starts from its own guess). */
 static void time_passes(drafter *d, tdm_service *svc, int block)
@@ -1908,8 +1912,8 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     tdm_seq *seqs[MOST] = {0};
     const int32_t tok = 0, *leads[MOST];
     int32_t drafts[MOST][MAX_BLOCK], *dps[MOST];
-    int nlead[MOST], ks[MOST], made = 0, sizes[MOST], n_sizes = 0;
-    double ms[MOST];
+    int nlead[MOST], ks[MOST], made = 0, sizes[MOST + 1], blocks[MOST + 1], n_sizes = 0;
+    double ms[MOST + 1];
 #ifdef TANDEM_BENCH_ORACLE
     const int32_t forced[MAX_BLOCK] = {0};
     const int32_t *fps[MOST];
@@ -1931,13 +1935,26 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     const double t_start = now_us();
     /* The first prompt's set-up, before the timings and the first open. */
     rc = tdm_model_warm_prompt(m, d->strategy, TDM_WARM_PROMPT_TOKENS, &err);
-    for (int n = 1; n <= MOST && n <= d->max_sequences && rc == TDM_OK; n *= 2) {
+    /* the passes of `block` at n = 1, 2, 4, ...; then one of a block of one */
+    int shape_n[MOST + 1], shape_k[MOST + 1], n_shapes = 0;
+    for (int n = 1; n <= MOST && n <= d->max_sequences; n *= 2) {
+        shape_n[n_shapes] = n;
+        shape_k[n_shapes++] = block;
+    }
+    if (block > 1) {
+        shape_n[n_shapes] = 1;
+        shape_k[n_shapes++] = 1;
+    }
+    for (int sh = 0; sh < n_shapes && rc == TDM_OK; sh++) {
+        const int n = shape_n[sh];
         for (; made < n && rc == TDM_OK; made++) {
             tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
             rc = tdm_seq_create(m, &p, &seqs[made], &err);
             if (rc == TDM_OK)
                 rc = tdm_seq_prefill(seqs[made], &tok, 1, NULL, &err);
         }
+        for (int i = 0; i < n; i++)
+            ks[i] = shape_k[sh];
         double t[3];
         for (int j = 0, timed = 0; timed < 3 && rc == TDM_OK; j++) {
             const uint64_t fs = tdm_runtime_graph_first_sights(d->rt);
@@ -1951,6 +1968,7 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
         }
         if (rc == TDM_OK) {
             sizes[n_sizes] = n;
+            blocks[n_sizes] = shape_k[sh];
             ms[n_sizes++] = tdm_median3(t);
         }
     }
@@ -1970,13 +1988,13 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     if (getenv("TANDEM_BENCH_HIDE_DEVICE"))
         n_sizes = 0;
 #endif
-    tdm_service_set_draft_costs(svc, sizes, block, ms, n_sizes);
-    char line[256];
+    tdm_service_set_draft_costs(svc, sizes, blocks, ms, n_sizes);
+    char line[320];
     size_t used = 0;
     for (int i = 0; i < n_sizes && used < sizeof(line); i++)
-        used += (size_t)snprintf(line + used, sizeof(line) - used, "%s%d: %.3f ms", i ? ", " : "",
-                                 sizes[i], ms[i]);
-    tdm_log_info(LOG, "draft passes of %d tokens timed in %.0f ms (sequences: a pass): %s", block,
+        used += (size_t)snprintf(line + used, sizeof(line) - used, "%s%d x %d: %.3f ms",
+                                 i ? ", " : "", sizes[i], blocks[i], ms[i]);
+    tdm_log_info(LOG, "draft passes timed in %.0f ms (sequences x tokens each: a pass): %s",
                  (now_us() - t_start) * 1e-3, line);
 }
 

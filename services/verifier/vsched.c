@@ -67,11 +67,15 @@ struct vreq {
     /* speculation (scheduler thread, except the block fields: under mu) */
     vlink *link; /* a reference while the request holds it */
     char drafter_id[128];
-    /* What its drafter reported a draft costs it (draft_pass_costs), ms a
-     * drafted token in passes of dcost_n[i] sequences; n_dcost 0: nothing. */
+    /* What its drafter reported a draft costs it (draft_pass_costs): ms a
+     * drafted token in passes of dcost_n[i] sequences, beside what a pass
+     * costs whatever its length (dpass_ms; 0 where not reported); n_dcost
+     * 0: nothing. */
     int n_dcost;
     int dcost_n[TDM_REQ_MAX_DRAFT_COSTS];
     double dcost_ms[TDM_REQ_MAX_DRAFT_COSTS];
+    double dpass_ms;
+    double explore_charged; /* ad.explore_spent charged to its drafter's credit */
     bool spec;             /* speculating with link */
     bool run_ahead;        /* its drafter may draft ahead of verdicts (not on this GPU) */
     bool opened;           /* the drafter knows this sequence */
@@ -94,9 +98,9 @@ struct vreq {
     char spec_note[320];
     char ahead_off[240]; /* " (no run-ahead: why)" where it is not asked for; "" */
     /* What the adaptive rule did, for the stats while it speculates with
-     * pauses (fill_stats), and the pauses, probes and rounds it says. */
+     * pauses (fill_stats), and the pauses, probes, rounds and exploring blocks it says. */
     char ad_note[560];
-    int noted[3];
+    int noted[4];
     /* Feature stream (drafter.proto), scheduler thread: what its drafter
      * takes, and the rows of committed positions not yet sent to it. Only
      * a sequence with feat set has hidden states brought back by its steps. */
@@ -383,25 +387,63 @@ static double interp(const int *xs, const double *ys, int m, int x, bool extend)
     return ys[i] + w * (ys[i + 1] - ys[i]);
 }
 
+/* r's drafter's draft_pass_costs (checked: tdm_req_check_run): its passes of
+ * its block (the first entry's), ascending by sequences, and a pass of one
+ * token for one sequence. What a pass costs whatever its length (dpass_ms)
+ * is the line through the two passes of one sequence; each drafted token
+ * costs the rest. */
+static void draft_costs_of(vreq *r, const Tandem__V1__DrafterAssignment *da)
+{
+    const uint32_t block = da->n_draft_pass_costs ? da->draft_pass_costs[0]->block : 0;
+    double one_block = -1, one_token = -1;
+    for (size_t i = 0; i < da->n_draft_pass_costs; i++) {
+        const Tandem__V1__DraftPassCost *c = da->draft_pass_costs[i];
+        if (c->sequences == 1 && c->block == 1)
+            one_token = c->millis;
+        if (c->block != block ||
+            (r->n_dcost > 0 && (int)c->sequences <= r->dcost_n[r->n_dcost - 1]))
+            continue;
+        if (c->sequences == 1)
+            one_block = c->millis;
+        r->dcost_n[r->n_dcost] = (int)c->sequences;
+        r->dcost_ms[r->n_dcost++] = c->millis;
+    }
+    r->dpass_ms = 0;
+    if (block > 1 && one_block > 0 && one_token > 0) {
+        const double pass = one_token - (one_block - one_token) / (block - 1);
+        r->dpass_ms = pass < 0 ? 0 : pass > one_token ? one_token : pass;
+    }
+    for (int i = 0; i < r->n_dcost; i++) {
+        const double rest = r->dcost_ms[i] - r->dpass_ms;
+        r->dcost_ms[i] = (rest > 0 ? rest : 0) / ((double)r->dcost_n[i] * block);
+    }
+}
+
 /* The starting guess of what a drafted token costs a sequence of r's in a
  * batch of n, in plain steps of it, from what was timed before serving: the
  * verifier's own steps (warm_steps: a plain step, and what a verify adds a
  * draft) and the drafter's passes (its Descriptor's draft_pass_costs); -1
  * where either is missing (an n-gram or MTP drafter reports none: without
  * its part the guess would say only what verifying costs, and the rule keeps
- * its own). The exchange is not in it. On two CPU cores a verified row and a draft cost
+ * its own). The exchange is not in it; what the drafter's pass costs
+ * whatever its length is *pass, in the same unit (a round's share of each
+ * sequence: the pass drafts them all). On two CPU cores a verified row and a draft cost
  * more than a plain step per sequence of eight, so speculation that cannot
  * pay starts paused instead of opening every first request on the drafter
  * to find out; on a GPU both are cheap, and the guess is about the rule's
  * own. */
-static double warm_cost(const vsched *s, const vreq *r, int n)
+static double warm_cost(const vsched *s, const vreq *r, int n, double *pass)
 {
+    *pass = 0;
     if (s->n_warm == 0 || r->n_dcost == 0)
         return -1.0;
     const double plain = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true);
     const double draft = interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false) +
                          interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
-    return plain > 0 ? draft / (plain / n) : -1.0;
+    if (!(plain > 0))
+        return -1.0;
+    *pass = r->dpass_ms / plain;
+    return draft / (plain / n);
 }
 
 /* The entry of drafter `id` (under dacc_mu); a new one (the oldest's slot
@@ -421,23 +463,33 @@ static dacc *dacc_find_locked(vsched *s, const char *id, bool add)
     return d;
 }
 
-/* A speculative round of drafter id: k drafts, n accepted. */
-static void dacc_note(vsched *s, const char *id, int k, int n)
+/* A round of a request of drafter id: k drafts, n accepted (k 0: a plain
+ * step), `tokens` generated, and what its exploring blocks cost since the
+ * last round (tdm_accept_memory_tokens). */
+static void dacc_note(vsched *s, const char *id, int k, int n, int tokens, double explored)
 {
-    if (k <= 0)
-        return;
     pthread_mutex_lock(&s->dacc_mu);
-    tdm_accept_memory_note(&dacc_find_locked(s, id, true)->m, k, n);
+    dacc *d = dacc_find_locked(s, id, true);
+    if (k > 0)
+        tdm_accept_memory_note(&d->m, k, n);
+    tdm_accept_memory_tokens(&d->m, tokens, explored);
     pthread_mutex_unlock(&s->dacc_mu);
 }
 
 /* Drafter id's acceptance on earlier requests (tdm_accept_memory_prior;
- * nudge: a request starts paused); -1 where not known. */
-static double dacc_prior(vsched *s, const char *id, bool nudge)
+ * nudge: a request starts paused); -1 where not known. pos and credit
+ * (where not NULL): its acceptance by position and its exploring credit
+ * (zero where not known). */
+static double dacc_prior(vsched *s, const char *id, bool nudge, tdm_accept_positions *pos,
+                         double *credit)
 {
     pthread_mutex_lock(&s->dacc_mu);
     dacc *d = dacc_find_locked(s, id, false);
     const double a = d ? tdm_accept_memory_prior(&d->m, nudge) : -1.0;
+    if (pos && d)
+        *pos = d->m.pos;
+    if (credit)
+        *credit = d ? d->m.credit : 0;
     pthread_mutex_unlock(&s->dacc_mu);
     return a;
 }
@@ -468,7 +520,8 @@ static bool ahead_pays(vsched *s, const vreq *r, int k, char *why, size_t len)
     pthread_mutex_unlock(&s->mu);
     const double verify = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true) +
                           n * k * interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false);
-    const double chain = n * k * interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
+    const double chain =
+        r->dpass_ms + n * k * interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
     double a = dacc_rate(s, r->drafter_id);
     if (a < 0)
         a = 0.7;
@@ -1244,14 +1297,13 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
     }
     if (da) {
         snprintf(r->drafter_id, sizeof(r->drafter_id), "%s", da->replica_id);
-        /* Checked (tdm_req_check_run); ascending by sequences, as reported. */
-        for (size_t i = 0; i < da->n_draft_pass_costs; i++) {
-            const Tandem__V1__DraftPassCost *c = da->draft_pass_costs[i];
-            if (r->n_dcost > 0 && (int)c->sequences <= r->dcost_n[r->n_dcost - 1])
-                break;
-            r->dcost_n[r->n_dcost] = (int)c->sequences;
-            r->dcost_ms[r->n_dcost++] = c->millis / ((double)c->sequences * c->block);
-        }
+        draft_costs_of(r, da);
+        /* The drafter's acceptance on earlier requests, and by position;
+         * seeded requests keep the rule's prior. */
+        tdm_accept_positions positions = {{0}, {0}};
+        double credit = 0;
+        const double accept_prior =
+            r->seeded ? -1.0 : dacc_prior(s, da->replica_id, false, &positions, &credit);
         tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
@@ -1260,12 +1312,13 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   /* What speculation costs here is known from earlier
                                    * requests; seeded ones keep the fixed prior. */
                                   .cost_prior = r->seeded ? -1.0 : prior(s, &s->cost_ms_ema),
-                                  .accept_prior =
-                                      r->seeded ? -1.0 : dacc_prior(s, da->replica_id, false),
+                                  .accept_prior = accept_prior,
+                                  .accept_positions = positions,
                                   .fixed_prior = r->seeded ? -1.0 : prior(s, &s->fixed_ms_ema),
                                   .fixed = da->fixed_block_size,
                                   .open_cost = r->seeded ? -1.0 : open_cost(s),
-                                  .tokens_left = r->max_tokens - r->n_out};
+                                  .tokens_left = r->max_tokens - r->n_out,
+                                  .explore_credit = credit};
         tdm_adaptive_init(&r->ad, &ap);
         if (tdm_log_get_level() <= TDM_LOG_DEBUG)
             tdm_log_debug(LOG,
@@ -1275,7 +1328,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                           r->ad.accept_rate, r->ad.fixed, r->ad.cost, ap.open_cost,
                           ap.tokens_left);
         if (!r->seeded && r->ad.k_next == 0)
-            dacc_prior(s, da->replica_id, true); /* one more request without speculation */
+            dacc_prior(s, da->replica_id, true, NULL, NULL); /* one more without speculation */
         /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
         r->link = vlinks_get(s->links, da->address, &lerr);
@@ -1411,15 +1464,16 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->drafter = r->drafter_id;
     /* Written when its numbers change, not at every token's stats: a Run
      * takes them under mu, which the round's emit takes per sequence. */
-    const int noted[3] = {r->ad.pauses, r->ad.probes, r->ad.rounds};
+    const int noted[4] = {r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.explores};
     const bool ad = r->spec && r->ad.pauses > 0;
     if (ad && (!r->ad_note[0] || memcmp(noted, r->noted, sizeof(noted)) != 0)) {
         memcpy(r->noted, noted, sizeof(noted));
         snprintf(r->ad_note, sizeof(r->ad_note),
-                 "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
-                 "rounds; last: %s, at acceptance %.2f, %.2f + %.2f a draft)",
-                 r->ahead_off, r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.pause_why,
-                 r->ad.pause_at[0], r->ad.pause_at[2], r->ad.pause_at[1]);
+                 "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d exploring "
+                 "block(s), %d speculative rounds; last: %s, at acceptance %.2f, %.2f + %.2f a "
+                 "draft)",
+                 r->ahead_off, r->ad.pauses, r->ad.probes, r->ad.explores, r->ad.rounds,
+                 r->ad.pause_why, r->ad.pause_at[0], r->ad.pause_at[2], r->ad.pause_at[1]);
     }
     st->speculation = ad ? r->ad_note : r->spec_note;
     st->seed = r->seed;
@@ -2108,11 +2162,16 @@ static void run_step(vsched *s, vround *rd)
     }
     tdm_log_debug(LOG, "step: %d sequences, %d rows, %.3f ms", rd->n, rd->n_rows, rd->t_step);
     /* What speculating and each drafted token cost, against the plain round
-     * the model predicts; the exchange is the part that does not grow with
-     * the drafts. */
+     * the model predicts; the exchange and the drafter's pass whatever its
+     * length (its draft_pass_costs) are the part that does not grow with the
+     * drafts. */
     int spec = 0;
+    double pass_ms = 0; /* the longest of the drafters' passes whatever their length */
     for (int i = 0; i < rd->n; i++)
-        spec += rd->seqs[i].k > 0;
+        if (rd->seqs[i].k > 0) {
+            spec++;
+            pass_ms = rd->seqs[i].r->dpass_ms > pass_ms ? rd->seqs[i].r->dpass_ms : pass_ms;
+        }
     rd->n_spec = spec;
     double plain_round;
     if (tdm_steptime_plain(&s->st, rd->n, &plain_round)) {
@@ -2121,7 +2180,7 @@ static void run_step(vsched *s, vround *rd)
     }
     if (!rd->first_sight &&
         tdm_steptime_round_cost(&s->st, rd->n, spec, rd->drafted, rd->t_wait + rd->t_step,
-                                s->exchange_ms, &rd->fixed, &rd->cost)) {
+                                s->exchange_ms + pass_ms, &rd->fixed, &rd->cost)) {
         const double seq_ms = plain_round / rd->n;
         /* and what speculating adds after the step, as measured on the
          * rounds before (post_cost) */
@@ -2291,7 +2350,6 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     if (q->unverified) {
         /* Its block said nothing: the rule goes on as it was. */
     } else if (q->got) {
-        dacc_note(s, r->drafter_id, q->k, v->accepted);
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
                               r->after_open || r->seeded ? -1.0 : rd->fixed);
@@ -2302,6 +2360,13 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
         if (!r->seeded)
             tdm_adaptive_set_costs(&r->ad, prior(s, &s->cost_ms_ema), prior(s, &s->fixed_ms_ema));
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
+    }
+    if (!q->unverified) {
+        /* the drafter's acceptance, and its exploring credit: tokens in,
+         * exploring blocks out (charged as decided) */
+        const double explored = r->ad.explore_spent - r->explore_charged;
+        r->explore_charged = r->ad.explore_spent;
+        dacc_note(s, r->drafter_id, q->got ? q->k : 0, v->accepted, v->accepted + 1, explored);
     }
     s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
     r->after_open = false;
@@ -2607,16 +2672,18 @@ static void record_timeline(vsched *s, const double *t, const double *commit_par
 static void judge_start_locked(vsched *s, vreq *r)
 {
     const int n = s->n_active;
-    double c = prior_at(s, &s->cost_ms_ema, n);
+    double c = prior_at(s, &s->cost_ms_ema, n), pass = 0;
     const bool guessed = !(c > 0);
     if (guessed)
-        c = warm_cost(s, r, n);
+        c = warm_cost(s, r, n, &pass);
     if (!(c > 0))
         return;
     tdm_adaptive_params p = r->ad.p;
     p.cost_prior = c;
     p.cost_guessed = guessed;
     p.fixed_prior = prior_at(s, &s->fixed_ms_ema, n);
+    if (guessed) /* the drafter's pass, which measured rounds put in f */
+        p.fixed_prior = (p.fixed_prior > 0 ? p.fixed_prior : 0) + pass;
     p.open_cost = open_cost_at(s, n);
     tdm_adaptive_init(&r->ad, &p);
     tdm_log_debug(LOG,
@@ -2650,8 +2717,9 @@ static void open_first(vsched *s, vreq *r, bool at_start)
      * prompt's prefill to end: a burst of requests is admitted by then, and
      * each judges its start at the batch it runs in, not at the batch of one
      * that the first of them was admitted to. */
+    double pass;
     const bool now =
-        r->open_first && (at_start ? !(guess && warm_cost(s, r, 1) > 0) : !r->prefilling);
+        r->open_first && (at_start ? !(guess && warm_cost(s, r, 1, &pass) > 0) : !r->prefilling);
     if (now && fresh)
         judge_start_locked(s, r);
     const bool open =
@@ -2715,6 +2783,7 @@ static void reopen_drafters(vsched *s, vround *rd)
         tdm_adaptive_params ap = r->ad.p;
         ap.tokens_left = r->max_tokens - r->n_out;
         ap.accept_prior = -1.0; /* a new drafter: its acceptance is not known */
+        ap.accept_positions = (tdm_accept_positions){{0}, {0}};
         tdm_adaptive_init(&r->ad, &ap);
         r->opened = true;
         r->after_open = true;
