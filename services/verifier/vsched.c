@@ -2346,7 +2346,7 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     /* A request with an explicit seed must give the same output every time:
      * its block lengths follow acceptance only (the cost stays at its prior),
      * so wall-clock timing never shifts its random stream. */
-    const int pauses = r->ad.pauses;
+    const int pauses = r->ad.pauses, explores = r->ad.explores;
     if (q->unverified) {
         /* Its block said nothing: the rule goes on as it was. */
     } else if (q->got) {
@@ -2369,6 +2369,7 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
         dacc_note(s, r->drafter_id, q->got ? q->k : 0, v->accepted, v->accepted + 1, explored);
     }
     s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
+    s->counters.adaptive_explores += (uint64_t)(r->ad.explores > explores ? r->ad.explores - explores : 0);
     r->after_open = false;
     q->accepted = v->accepted;
     q->next = v->next_token;
