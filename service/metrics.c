@@ -614,10 +614,6 @@ static const counter_row counter_rows[] = {
         "off."),
     ROW("verifier", "adaptive_switch_offs", "tandem_spec_decode_adaptive_switch_offs_total",
         COUNTER, "Times the adaptive rule switched speculation off for a sequence."),
-    ROW("verifier", "adaptive_explores", "tandem_spec_decode_adaptive_explores_total", COUNTER,
-        "Exploring blocks: blocks the adaptive rule ran where its estimates said speculation "
-        "would not pay but acceptance it had not observed might, paid from the drafter's "
-        "exploring credit."),
     ROW("verifier", "plain_measure_rounds", "tandem_spec_decode_plain_measure_rounds_total",
         COUNTER,
         "Rounds run plainly, their draft blocks unverified, to measure the plain round that "

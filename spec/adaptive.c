@@ -82,59 +82,18 @@ double tdm_accept_positions_rate(const tdm_accept_positions *p, int i, double po
     return p->hit[i] + (1.0 - p->weight[i]) * pooled;
 }
 
-/* S(k); optimistic: each position's unobserved weight accepted for sure
- * instead of at the pooled rate (what the most a drafter could be there
- * would yield; it fades as the position is observed). */
-static double speedup_of(const tdm_adaptive *a, int k, bool optimistic)
-{
-    double run = 1.0, expected = 1.0;
-    for (int i = 0; i < k; i++) {
-        run *= tdm_accept_positions_rate(&a->pos, i, optimistic ? 1.0 : a->accept_rate);
-        expected += run;
-    }
-    return expected / (1.0 + a->fixed + a->cost * k);
-}
-
 /* The best S(k), k <= kmax, and its k. */
-static double best_speedup_of(const tdm_adaptive *a, int kmax, bool optimistic, int *k_best)
+static double best_speedup(const tdm_adaptive *a, int kmax, int *k_best)
 {
     double best = 0;
     for (int k = 1; k <= kmax; k++) {
-        const double s = speedup_of(a, k, optimistic);
+        const double s = tdm_adaptive_speedup(a, k);
         if (s > best) {
             best = s;
             *k_best = k;
         }
     }
     return best;
-}
-
-static double best_speedup(const tdm_adaptive *a, int kmax, int *k_best)
-{
-    return best_speedup_of(a, kmax, false, k_best);
-}
-
-/* Where speculation does not pay on the estimates of `on`, whether what was
- * not observed could make it pay (optimistic S(k), the block that favours
- * at most kmax long, its tokens repaying an open, the credit covering the
- * open and the round): then a runs that block, once in the request, as a
- * probe whose outcome decides (choose). */
-static bool explore(tdm_adaptive *a, const tdm_adaptive *on, int kmax)
-{
-    int k = 0;
-    const double best = a->explores > 0 ? 0 : best_speedup_of(on, kmax, true, &k);
-    if (best < 1.0 + a->p.min_gain || !open_repays(a, best))
-        return false;
-    const double cost = (a->p.open_cost > 0 ? a->p.open_cost : 0) + on->fixed + on->cost * k;
-    if (cost > a->p.explore_credit)
-        return false;
-    a->explore_spent += cost;
-    a->k_next = k;
-    a->explores++;
-    a->probing = a->exploring = true;
-    a->since_start = 0;
-    a->accepted_since_start = 0;
-    return true;
 }
 
 void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
@@ -150,9 +109,6 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->accepted_ema = a->p.accept_prior;
     a->trials_ema = 1.0;
     a->pos = a->p.accept_positions;
-    a->explores = 0;
-    a->explore_spent = 0;
-    a->exploring = false;
     a->cost = a->p.cost_prior > 0 ? a->p.cost_prior : PRIOR_COST;
     a->fixed = a->p.fixed_prior > 0 ? a->p.fixed_prior : 0.0;
     a->k_next = a->p.k_initial;
@@ -176,9 +132,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
          * back at that speed-up must exceed what opening it on the drafter
          * costs. */
         const double best = best_speedup(a, a->p.k_initial, &a->k_next);
-        if (best < 1.0 + a->p.min_gain && explore(a, a, a->p.k_initial)) {
-            /* positions not seen yet could make it pay: one block sees them */
-        } else if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
+        if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
             /* Not worth it here even if this sequence drafts well: start
              * paused and let the probes find out. */
             a->k_next = 0;
@@ -192,7 +146,12 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
 
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k)
 {
-    return speedup_of(a, k, false);
+    double run = 1.0, expected = 1.0;
+    for (int i = 0; i < k; i++) {
+        run *= tdm_accept_positions_rate(&a->pos, i, a->accept_rate);
+        expected += run;
+    }
+    return expected / (1.0 + a->fixed + a->cost * k);
 }
 
 static void switch_off(tdm_adaptive *a, bool probing, const char *why)
@@ -231,15 +190,10 @@ static void choose(tdm_adaptive *a)
          * it pays by min_gain, from the block the estimate favours, and
          * runs min_rounds rounds before it may stop again. */
         a->probing = false;
-        const bool explored = a->exploring;
-        a->exploring = false;
         if (a->accepted_since_start == 0 || best_s < 1.0 + a->p.min_gain) {
             switch_off(a, true,
-                       a->accepted_since_start == 0
-                           ? (explored ? "the exploring block's first draft was rejected"
-                                       : "the probe's draft was rejected")
-                           : (explored ? "the exploring block's estimates would not pay"
-                                       : "the probe's estimates would not pay"));
+                       a->accepted_since_start == 0 ? "the probe's draft was rejected"
+                                                    : "the probe's estimates would not pay");
             return;
         }
         a->since_start = 0;
@@ -372,10 +326,7 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
          * of its speed. Where the drafter's acceptance on earlier requests
          * is below the prior, it is judged at that acceptance instead (the
          * remembered acceptance moves back towards the prior as requests
-         * start paused, so a later request tries again). Where it could
-         * not, a position not seen yet may still be explored (explore),
-         * judged on everything the request measured. */
-        const tdm_adaptive measured = *a;
+         * start paused, so a later request tries again). */
         a->accepted_ema = a->p.accept_prior;
         a->trials_ema = 1.0;
         a->accept_rate = a->p.accept_prior;
@@ -386,9 +337,6 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
         int k;
         const double best = best_speedup(&hit, a->p.k_max, &k);
         const double judged = hit.accept_rate;
-        if ((best < 1.0 + a->p.min_gain || !open_repays(a, best)) &&
-            explore(a, &measured, a->p.k_max))
-            return;
         if (best < 1.0 + a->p.min_gain || !open_repays(a, best)) {
             a->paused_left = a->pause_len;
             a->pause_why = best < 1.0 + a->p.min_gain ? "a probe could not restart it"
@@ -417,13 +365,6 @@ void tdm_accept_memory_note(tdm_accept_memory *m, int k, int n)
     tdm_accept_positions_note(&m->pos, k, n);
 }
 
-void tdm_accept_memory_tokens(tdm_accept_memory *m, int n, double explore_spent)
-{
-    m->credit += PROBE_SHARE * (n > 0 ? n : 0) - (explore_spent > 0 ? explore_spent : 0);
-    if (m->credit > TDM_EXPLORE_CREDIT_MAX)
-        m->credit = TDM_EXPLORE_CREDIT_MAX;
-}
-
 double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge)
 {
     if (m->trials < 0.4)
@@ -431,7 +372,7 @@ double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge)
     const double a = m->accepted / m->trials;
     if (nudge && a < PRIOR_ACCEPT)
         m->accepted = 0.9 * m->accepted + 0.1 * PRIOR_ACCEPT * m->trials;
-    if (nudge) /* the positions' observations fade: exploring sees them again */
+    if (nudge) /* the positions' observations fade: a later request tries them again */
         for (int i = 0; i < TDM_ADAPTIVE_POSITIONS; i++) {
             m->pos.hit[i] *= 0.9;
             m->pos.weight[i] *= 0.9;

@@ -167,7 +167,6 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"exchange_streams_grpc", (double)c.exchange_streams_grpc},
         {"adaptive_off_rounds", (double)c.adaptive_off_rounds},
         {"adaptive_switch_offs", (double)c.adaptive_switch_offs},
-        {"adaptive_explores", (double)c.adaptive_explores},
         {"plain_measure_rounds", (double)c.plain_measure_rounds},
         {"kv_cache_bytes", (double)c.kv_bytes},
         {"recurrent_state_bytes", (double)c.recurrent_bytes},

@@ -75,7 +75,6 @@ struct vreq {
     int dcost_n[TDM_REQ_MAX_DRAFT_COSTS];
     double dcost_ms[TDM_REQ_MAX_DRAFT_COSTS];
     double dpass_ms;
-    double explore_charged; /* ad.explore_spent charged to its drafter's credit */
     bool spec;             /* speculating with link */
     bool run_ahead;        /* its drafter may draft ahead of verdicts (not on this GPU) */
     bool opened;           /* the drafter knows this sequence */
@@ -98,9 +97,9 @@ struct vreq {
     char spec_note[320];
     char ahead_off[240]; /* " (no run-ahead: why)" where it is not asked for; "" */
     /* What the adaptive rule did, for the stats while it speculates with
-     * pauses (fill_stats), and the pauses, probes, rounds and exploring blocks it says. */
+     * pauses (fill_stats), and the pauses, probes and rounds it says. */
     char ad_note[560];
-    int noted[4];
+    int noted[3];
     /* Feature stream (drafter.proto), scheduler thread: what its drafter
      * takes, and the rows of committed positions not yet sent to it. Only
      * a sequence with feat set has hidden states brought back by its steps. */
@@ -463,33 +462,26 @@ static dacc *dacc_find_locked(vsched *s, const char *id, bool add)
     return d;
 }
 
-/* A round of a request of drafter id: k drafts, n accepted (k 0: a plain
- * step), `tokens` generated, and what its exploring blocks cost since the
- * last round (tdm_accept_memory_tokens). */
-static void dacc_note(vsched *s, const char *id, int k, int n, int tokens, double explored)
+/* A speculative round of drafter id: k drafts, n accepted. */
+static void dacc_note(vsched *s, const char *id, int k, int n)
 {
+    if (k <= 0)
+        return;
     pthread_mutex_lock(&s->dacc_mu);
-    dacc *d = dacc_find_locked(s, id, true);
-    if (k > 0)
-        tdm_accept_memory_note(&d->m, k, n);
-    tdm_accept_memory_tokens(&d->m, tokens, explored);
+    tdm_accept_memory_note(&dacc_find_locked(s, id, true)->m, k, n);
     pthread_mutex_unlock(&s->dacc_mu);
 }
 
 /* Drafter id's acceptance on earlier requests (tdm_accept_memory_prior;
- * nudge: a request starts paused); -1 where not known. pos and credit
- * (where not NULL): its acceptance by position and its exploring credit
- * (zero where not known). */
-static double dacc_prior(vsched *s, const char *id, bool nudge, tdm_accept_positions *pos,
-                         double *credit)
+ * nudge: a request starts paused); -1 where not known. pos (where not
+ * NULL): its acceptance by position (zero where not known). */
+static double dacc_prior(vsched *s, const char *id, bool nudge, tdm_accept_positions *pos)
 {
     pthread_mutex_lock(&s->dacc_mu);
     dacc *d = dacc_find_locked(s, id, false);
     const double a = d ? tdm_accept_memory_prior(&d->m, nudge) : -1.0;
     if (pos && d)
         *pos = d->m.pos;
-    if (credit)
-        *credit = d ? d->m.credit : 0;
     pthread_mutex_unlock(&s->dacc_mu);
     return a;
 }
@@ -1301,9 +1293,8 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         /* The drafter's acceptance on earlier requests, and by position;
          * seeded requests keep the rule's prior. */
         tdm_accept_positions positions = {{0}, {0}};
-        double credit = 0;
         const double accept_prior =
-            r->seeded ? -1.0 : dacc_prior(s, da->replica_id, false, &positions, &credit);
+            r->seeded ? -1.0 : dacc_prior(s, da->replica_id, false, &positions);
         tdm_adaptive_params ap = {.k_max = (int)da->block_size, /* the drafter's limit too */
                                   .k_initial = (int)da->block_size,
                                   .min_gain = 0.05,
@@ -1317,8 +1308,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                                   .fixed_prior = r->seeded ? -1.0 : prior(s, &s->fixed_ms_ema),
                                   .fixed = da->fixed_block_size,
                                   .open_cost = r->seeded ? -1.0 : open_cost(s),
-                                  .tokens_left = r->max_tokens - r->n_out,
-                                  .explore_credit = credit};
+                                  .tokens_left = r->max_tokens - r->n_out};
         tdm_adaptive_init(&r->ad, &ap);
         if (tdm_log_get_level() <= TDM_LOG_DEBUG)
             tdm_log_debug(LOG,
@@ -1328,7 +1318,7 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                           r->ad.accept_rate, r->ad.fixed, r->ad.cost, ap.open_cost,
                           ap.tokens_left);
         if (!r->seeded && r->ad.k_next == 0)
-            dacc_prior(s, da->replica_id, true, NULL, NULL); /* one more without speculation */
+            dacc_prior(s, da->replica_id, true, NULL); /* one more without speculation */
         /* The Draft stream is opened here, before the lock: it may connect. */
         tdm_error lerr = {0};
         r->link = vlinks_get(s->links, da->address, &lerr);
@@ -1464,16 +1454,15 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->drafter = r->drafter_id;
     /* Written when its numbers change, not at every token's stats: a Run
      * takes them under mu, which the round's emit takes per sequence. */
-    const int noted[4] = {r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.explores};
+    const int noted[3] = {r->ad.pauses, r->ad.probes, r->ad.rounds};
     const bool ad = r->spec && r->ad.pauses > 0;
     if (ad && (!r->ad_note[0] || memcmp(noted, r->noted, sizeof(noted)) != 0)) {
         memcpy(r->noted, noted, sizeof(noted));
         snprintf(r->ad_note, sizeof(r->ad_note),
-                 "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d exploring "
-                 "block(s), %d speculative rounds; last: %s, at acceptance %.2f, %.2f + %.2f a "
-                 "draft)",
-                 r->ahead_off, r->ad.pauses, r->ad.probes, r->ad.explores, r->ad.rounds,
-                 r->ad.pause_why, r->ad.pause_at[0], r->ad.pause_at[2], r->ad.pause_at[1]);
+                 "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
+                 "rounds; last: %s, at acceptance %.2f, %.2f + %.2f a draft)",
+                 r->ahead_off, r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.pause_why,
+                 r->ad.pause_at[0], r->ad.pause_at[2], r->ad.pause_at[1]);
     }
     st->speculation = ad ? r->ad_note : r->spec_note;
     st->seed = r->seed;
@@ -2346,10 +2335,11 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     /* A request with an explicit seed must give the same output every time:
      * its block lengths follow acceptance only (the cost stays at its prior),
      * so wall-clock timing never shifts its random stream. */
-    const int pauses = r->ad.pauses, explores = r->ad.explores;
+    const int pauses = r->ad.pauses;
     if (q->unverified) {
         /* Its block said nothing: the rule goes on as it was. */
     } else if (q->got) {
+        dacc_note(s, r->drafter_id, q->k, v->accepted);
         tdm_adaptive_on_round(&r->ad, q->k, v->accepted,
                               r->after_open || r->seeded ? -1.0 : rd->cost,
                               r->after_open || r->seeded ? -1.0 : rd->fixed);
@@ -2361,15 +2351,7 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
             tdm_adaptive_set_costs(&r->ad, prior(s, &s->cost_ms_ema), prior(s, &s->fixed_ms_ema));
         tdm_adaptive_on_plain_token(&r->ad); /* counts a pause down */
     }
-    if (!q->unverified) {
-        /* the drafter's acceptance, and its exploring credit: tokens in,
-         * exploring blocks out (charged as decided) */
-        const double explored = r->ad.explore_spent - r->explore_charged;
-        r->explore_charged = r->ad.explore_spent;
-        dacc_note(s, r->drafter_id, q->got ? q->k : 0, v->accepted, v->accepted + 1, explored);
-    }
     s->counters.adaptive_switch_offs += (uint64_t)(r->ad.pauses - pauses);
-    s->counters.adaptive_explores += (uint64_t)(r->ad.explores > explores ? r->ad.explores - explores : 0);
     r->after_open = false;
     q->accepted = v->accepted;
     q->next = v->next_token;

@@ -234,7 +234,6 @@ typedef struct vsched_counters {
      * rounds run plainly to measure a plain round (the adaptive rule's
      * baseline), their blocks unverified. */
     uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs, plain_measure_rounds;
-    uint64_t adaptive_explores; /* exploring blocks the adaptive rule ran */
     uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
     /* State snapshots: exported, imported, dropped unused after
      * snapshot_ttl, and imported ones waiting for their Run now. */

@@ -244,8 +244,7 @@ def case_promtool():
     rounds = value(vm, "tandem_verifier_rounds_total")
     check(sr and 0 < sr <= rounds, "speculative rounds %s of %s" % (sr, rounds))
     check(value(vm, "tandem_spec_decode_adaptive_off_rounds_total") is not None and
-          value(vm, "tandem_spec_decode_adaptive_switch_offs_total") is not None and
-          value(vm, "tandem_spec_decode_adaptive_explores_total") is not None,
+          value(vm, "tandem_spec_decode_adaptive_switch_offs_total") is not None,
           "adaptive-rule counters exported")
     check(value(vm, "tandem_num_requests_max") == 8, "capacity = max_sequences")
     check(value(vm, "tandem_num_requests_running") == 0 and

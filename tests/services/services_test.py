@@ -669,7 +669,7 @@ def case_timing_lock():
     d = start("drafter", "--gateway", gw.addr(), "--replica-id", "d1", "--model", m,
               ready=False)
     time.sleep(1.5)
-    held = [p.name for p in (v, d) if re.search(r"steps timed|draft passes of \d+ tokens timed",
+    held = [p.name for p in (v, d) if re.search(r"steps timed|draft passes timed",
                                                  p.text())]
     check(not held, "nothing times while the lock is held: %s timed" % held)
     released = time.time()
@@ -678,7 +678,7 @@ def case_timing_lock():
     v.wait_ready()
     d.wait_ready()
     wait_status(gw, lambda s: replica_ids(s) == ["d1", "v1"], "both registered")
-    for p, what in ((v, r"steps timed in"), (d, r"draft passes of \d+ tokens timed in")):
+    for p, what in ((v, r"steps timed in"), (d, r"draft passes timed in")):
         # The line is logged once the lock is taken: after the release (a
         # process that started late under load waited less than the 1.5 s).
         waited = re.search(r"^(\S+) INFO  (verifier|drafter): waited (\d+) ms for another "

@@ -345,9 +345,8 @@ static int accepted_of(uint64_t *y, int k, double a)
  * at a draft cost c and a round cost f (both in plain steps, as the rule
  * measures them), and p->open_cost plain steps each time the drafter opens
  * the sequence (its start and every probe): its time in plain steps. mem:
- * the drafter's acceptance on earlier requests and its exploring credit,
- * kept as the verifier keeps them (the request's priors; its rounds and
- * tokens noted). */
+ * the drafter's acceptance on earlier requests, kept as the verifier keeps
+ * it (the request's priors; its rounds noted). */
 static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, double acc,
                                     double acc_later, double c, double f, uint64_t *y,
                                     tdm_accept_memory *mem)
@@ -356,7 +355,6 @@ static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, do
     tdm_adaptive_params pp = *p;
     pp.accept_prior = tdm_accept_memory_prior(mem, false);
     pp.accept_positions = mem->pos;
-    pp.explore_credit = mem->credit;
     tdm_adaptive_init(&s, &pp);
     if (s.k_next == 0)
         tdm_accept_memory_prior(mem, true);
@@ -379,7 +377,6 @@ static double adaptive_request_cost(const tdm_adaptive_params *p, int tokens, do
         tdm_accept_memory_note(mem, s.k_next, got);
         tdm_adaptive_on_round(&s, s.k_next, got, c, f);
     }
-    tdm_accept_memory_tokens(mem, tokens, s.explore_spent);
     return cost / tokens;
 }
 
@@ -522,37 +519,6 @@ static void test_accept_positions(void)
            first_long, speed);
     CHECK(first_long >= 0 && first_long <= 4, "blocks of two or more from request %d", first_long);
     CHECK(speed >= 1.3, "requests 5-20 at %.3f x plain", speed);
-}
-
-/* Exploring blocks. A fresh drafter (nothing remembered) whose drafts are
- * accepted at 0.8 for a block's first and 0.95 for each later one, at c
- * 0.35 and f 0.6, open 2: at the prior acceptance (0.7 each) no block pays
- * (S(k) <= 0.95), so without exploring every request stays plain (1.00x);
- * with the drafter's exploring credit (a hundredth of a plain step a token)
- * a request explores once the credit covers a block, sees the later
- * positions, and 60 requests of 128 tokens run at least 1.15x plain (the
- * best fixed block, 8: 1.45x). A drafter that is never right loses at most
- * 3 % to its exploring (test_adaptive_never_loses, with credit). */
-static void test_adaptive_explores(void)
-{
-    tdm_adaptive_params p = serving(8, 0.35, 0.6, 128);
-    p.k_initial = 8;
-    p.open_cost = 2;
-    double with = 0, without = 0;
-    uint64_t y = 0x9e3779b97f4a7c15ull;
-    tdm_accept_memory mem = {0}, none = {0};
-    int explored = 0;
-    for (int r = 0; r < 60; r++) {
-        const double before = mem.credit;
-        with += adaptive_request_cost(&p, 128, 0.8, 0.95, 0.35, 0.6, &y, &mem);
-        explored += mem.credit < before;
-        none.credit = 0; /* no credit: never explores */
-        without += adaptive_request_cost(&p, 128, 0.8, 0.95, 0.35, 0.6, &y, &none);
-    }
-    printf("exploring: 60 requests %.3f x plain (%d spent credit), without it %.3f x plain\n",
-           60 / with, explored, 60 / without);
-    CHECK(60 / without < 1.01, "without exploring: %.3f x plain", 60 / without);
-    CHECK(60 / with >= 1.15, "with exploring: %.3f x plain", 60 / with);
 }
 
 /* Where nothing measured the costs yet (the first requests of a verifier:
@@ -1072,7 +1038,6 @@ static void test_run_ahead_gain(void)
 int main(void)
 {
     test_accept_positions();
-    test_adaptive_explores();
     test_greedy();
     test_ngram();
     test_adaptive();
