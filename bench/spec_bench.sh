@@ -55,7 +55,8 @@
 # flags for every drafter, e.g. "--log-level debug": its sequences' model state
 # created, prefilled and freed, timed), DEMO_SCALE (the demo
 # part's requests a load, as a multiple of its batch; default 4), DEMO_PAIRS (its
-# adaptive loads at each batch, each followed by a plain one; default 1), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
+# adaptive loads at each batch, each followed by a plain one; default 1), DEMO_FIXED_FIRST (1:
+# its fixed block 4 load also before them, so that they start from what it measured), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows), RUNAHEAD (default "off on"; "auto": the verifier decides whether
@@ -470,6 +471,13 @@ run)
                 # (default 1) adaptive loads, each against the mean of the plain
                 # loads beside it, and the median of those ratios
                 load "demo plain b$c" "$c" "$n" off --vocab "$dv" --record "$W/demo-b$c.txt"
+                # DEMO_FIXED_FIRST=1: the fixed block's load first, so that the
+                # adaptive loads start from what it measured (the verifier
+                # remembers a drafter's acceptance by position), as where
+                # fixed-block and adaptive requests share a drafter
+                [ "${DEMO_FIXED_FIRST:-0}" = 1 ] &&
+                    load "demo fixed 4 b$c (first)" "$c" "$n" on --vocab "$dv" --block 4 --fixed \
+                        --check "$W/demo-b$c.txt"
                 for i in $(seq 1 "${DEMO_PAIRS:-1}"); do
                     load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" --check "$W/demo-b$c.txt"
                     load "demo plain b$c (again)" "$c" "$n" off --vocab "$dv" --check "$W/demo-b$c.txt"
