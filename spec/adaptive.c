@@ -10,7 +10,6 @@
  * a model drafter with a = 0.8 was paused in most rounds); the costs move
  * faster, as they change with the batch. */
 #define ACCEPT_WEIGHT 0.1
-
 #define EMA_WEIGHT 0.3
 #define PRIOR_ACCEPT 0.7
 #define PRIOR_COST 0.1

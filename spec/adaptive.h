@@ -68,12 +68,11 @@
  * block was, by its position in the block (0: the first draft). A real
  * drafter's rises along the block (the demo pair on one H100: 0.80 for the
  * first draft, 0.89-0.95 for the later ones): one rate for every position,
- * read off blocks of one, understates what a block of four yields, and the
- * rule never tried one. hit[i] is a moving average (weight 0.1 an
- * observation) of position i's outcomes (1 accepted, 0 rejected) started at
- * 0, and weight[i] the weight observed so far (1 - 0.9^observations); the
- * estimate at i is hit[i] + (1 - weight[i]) x a pooled rate, so that a
- * position seen rarely reads as the pooled rate, and one never seen, as it. */
+ * read off short blocks, understates what longer ones yield. hit[i] is a moving average (weight 0.1
+ * an observation) of position i's outcomes (1 accepted, 0 rejected) started at 0, and weight[i] the
+ * weight observed so far (1 - 0.9^observations); the estimate at i is hit[i] + (1 - weight[i]) x a
+ * pooled rate, so that a position seen rarely reads as the pooled rate, and one never seen, as it.
+ */
 #define TDM_ADAPTIVE_POSITIONS 64
 
 typedef struct tdm_accept_positions {
