@@ -56,7 +56,8 @@
 # created, prefilled and freed, timed), DEMO_SCALE (the demo
 # part's requests a load, as a multiple of its batch; default 4), DEMO_PAIRS (its
 # adaptive loads at each batch, each followed by a plain one; default 1), DEMO_FIXED_FIRST (1:
-# its fixed block 4 load also before them, so that they start from what it measured), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
+# its fixed block 4 load also before them, so that they start from what it measured),
+# DEMO_PROMPTS (text: prompts cut from tools/*.py and tokenized; default random ids), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows), RUNAHEAD (default "off on"; "auto": the verifier decides whether
@@ -460,6 +461,28 @@ run)
             dv="$(grep -o '"vocab_size": *[0-9]*' models/demo-target/config.json | grep -o '[0-9]*$')"
             start_stack demo "$root/models/demo-target" ${VFLAGS:-} || continue
             start_drafter demo tandem-drafter "$root/models/demo-drafter" on 8 || continue
+            # DEMO_PROMPTS=text: prompts cut from this repository's Python
+            # sources and tokenized (the demo pair was trained on Python),
+            # instead of random ids, after which the two models rarely agree
+            dp=""
+            if [ "${DEMO_PROMPTS:-random}" = text ]; then
+                python3 - "$root" "$B/tandem" "$root/models/demo-target/tokenizer.json" \
+                    >"$W/demo-prompts.txt" <<'PY' || continue
+import glob, os, subprocess, sys
+root, cli, tok = sys.argv[1:4]
+text = "".join(open(p, encoding="utf-8").read()
+               for p in sorted(glob.glob(os.path.join(root, "tools", "*.py"))))
+step = max(1, (len(text) - 400) // 64)
+for i in range(64):
+    cut = text[i * step:i * step + 160 + (i * 37) % 160]
+    ids = subprocess.run([cli, "tokenize", "--tokenizer", tok, "-"], input=cut,
+                         capture_output=True, text=True, check=True).stdout.split()
+    print(" ".join(ids))
+PY
+                dp="--prompts $W/demo-prompts.txt"
+                echo "demo prompts: 64 cuts of tools/*.py, $(wc -w <"$W/demo-prompts.txt") tokens" |
+                    tee -a "$SUM"
+            fi
             # the demo pair is fast: more requests, for steadier numbers
             # (DEMO_SCALE times the batch, default 4)
             ds="${DEMO_SCALE:-4}"
@@ -470,20 +493,20 @@ run)
                 # about the 3 % the adaptive rule may lose at most; DEMO_PAIRS
                 # (default 1) adaptive loads, each against the mean of the plain
                 # loads beside it, and the median of those ratios
-                load "demo plain b$c" "$c" "$n" off --vocab "$dv" --record "$W/demo-b$c.txt"
+                load "demo plain b$c" "$c" "$n" off --vocab "$dv" $dp --record "$W/demo-b$c.txt"
                 # DEMO_FIXED_FIRST=1: the fixed block's load first, so that the
                 # adaptive loads start from what it measured (the verifier
                 # remembers a drafter's acceptance by position), as where
                 # fixed-block and adaptive requests share a drafter
                 [ "${DEMO_FIXED_FIRST:-0}" = 1 ] &&
-                    load "demo fixed 4 b$c (first)" "$c" "$n" on --vocab "$dv" --block 4 --fixed \
+                    load "demo fixed 4 b$c (first)" "$c" "$n" on --vocab "$dv" $dp --block 4 --fixed \
                         --check "$W/demo-b$c.txt"
                 for i in $(seq 1 "${DEMO_PAIRS:-1}"); do
-                    load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" --check "$W/demo-b$c.txt"
-                    load "demo plain b$c (again)" "$c" "$n" off --vocab "$dv" --check "$W/demo-b$c.txt"
+                    load "demo adaptive b$c" "$c" "$n" auto --vocab "$dv" $dp --check "$W/demo-b$c.txt"
+                    load "demo plain b$c (again)" "$c" "$n" off --vocab "$dv" $dp --check "$W/demo-b$c.txt"
                 done
                 demo_verdict "$c"
-                load "demo fixed 4 b$c" "$c" "$n" on --vocab "$dv" --block 4 --fixed \
+                load "demo fixed 4 b$c" "$c" "$n" on --vocab "$dv" $dp --block 4 --fixed \
                     --check "$W/demo-b$c.txt"
             done
             stop "$dpid" "$vpid" "$gpid"

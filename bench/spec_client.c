@@ -5,7 +5,7 @@
  * one speculation setting.
  *
  *   bench_spec_client --gateway HOST:PORT [--requests N] [--concurrency C]
- *       [--prompt-len L] [--tokens T] [--seed S] [--mode off|auto|on]
+ *       [--prompt-len L | --prompts FILE] [--tokens T] [--seed S] [--mode off|auto|on]
  *       [--block K] [--fixed] [--record FILE] [--check FILE]
  *       [--vocab V] [--verifier HOST:PORT] [--drafter HOST:PORT]
  *       [--sampling TEMPERATURE,TOP_P,TOP_K]
@@ -20,7 +20,10 @@
  * failures. --record writes each request's prompt and output ids (the
  * oracle drafter's input); --check compares every output with such a file
  * (a greedy run must give the same tokens with and without speculation).
- * Prompt ids are drawn from 10..V-1 (default V 200010). With --verifier,
+ * Prompt ids are drawn from 10..V-1 (default V 200010), or with --prompts
+ * taken from FILE, a prompt's token ids a line (request i the line i modulo
+ * their count: e.g. tokenized text, where a drafter that fits the text is
+ * right from the first rounds, as it is not after random ids). With --verifier,
  * a second line gives the verifier's round timeline over the load: the mean
  * time per round in each phase (from its counters' growth), the exchange's
  * median and 99th percentile and the drafter's time per draft token (over
@@ -331,7 +334,7 @@ static int read_runs(const char *path, uint32_t **runs, int *lens, int max)
 
 int main(int argc, char **argv)
 {
-    const char *record = NULL, *check = NULL;
+    const char *record = NULL, *check = NULL, *prompts = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--gateway"))
@@ -369,7 +372,9 @@ int main(int argc, char **argv)
             g.top_k = k;
             g.sampled = 1;
             i++;
-        } else if (!strcmp(a, "--record"))
+        } else if (!strcmp(a, "--prompts"))
+            prompts = v, i++;
+        else if (!strcmp(a, "--record"))
             record = v, i++;
         else if (!strcmp(a, "--check"))
             check = v, i++;
@@ -394,9 +399,35 @@ int main(int argc, char **argv)
         return 2;
     }
     g.jobs = calloc((size_t)g.requests, sizeof(job));
+    if (prompts) {
+        enum { MOST = 4096 };
+        static uint32_t *pr[MOST];
+        static int pl[MOST];
+        const int np = read_runs(prompts, pr, pl, MOST);
+        for (int i = 0; i < np; i++)
+            for (int t = 0; t < pl[i] || pl[i] < 1; t++)
+                if (pl[i] < 1 || pr[i][t] >= g.vocab) {
+                    fprintf(stderr,
+                            "bench_spec_client: --prompts %s: line %d: %s (ids below %u, one "
+                            "prompt a line)\n",
+                            prompts, i + 1, pl[i] < 1 ? "no ids" : "an id past the vocabulary",
+                            g.vocab);
+                    return 2;
+                }
+        if (np <= 0) {
+            fprintf(stderr, "bench_spec_client: --prompts %s: no prompts (token ids a line)\n",
+                    prompts);
+            return 2;
+        }
+        for (int r = 0; r < g.requests; r++) {
+            g.jobs[r].prompt = malloc((size_t)pl[r % np] * sizeof(uint32_t));
+            memcpy(g.jobs[r].prompt, pr[r % np], (size_t)pl[r % np] * sizeof(uint32_t));
+            g.jobs[r].n_prompt = pl[r % np];
+        }
+    }
     /* Prompts from a fixed stream: the same seed, the same prompts. */
     uint64_t x = g.seed * 0x9e3779b97f4a7c15ull + 1;
-    for (int r = 0; r < g.requests; r++) {
+    for (int r = 0; r < g.requests && !prompts; r++) {
         g.jobs[r].prompt = malloc((size_t)g.prompt_len * sizeof(uint32_t));
         g.jobs[r].n_prompt = g.prompt_len;
         for (int i = 0; i < g.prompt_len; i++) {
