@@ -332,6 +332,36 @@ static int read_runs(const char *path, uint32_t **runs, int *lens, int max)
     return n;
 }
 
+/* --prompts: request r takes line r modulo their count (the jobs share
+ * the lines). Returns 0, or says what is wrong with the file. */
+static int take_prompts(const char *path)
+{
+    enum { MOST = 4096 };
+    static uint32_t *lines[MOST];
+    static int lens[MOST];
+    const int n = read_runs(path, lines, lens, MOST);
+    if (n <= 0) {
+        fprintf(stderr, "bench_spec_client: --prompts %s: %s\n", path,
+                n < 0 ? "cannot be read" : "no prompts (a prompt's token ids a line)");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int bad = lens[i] < 1;
+        for (int t = 0; t < lens[i] && !bad; t++)
+            bad = lines[i][t] >= g.vocab;
+        if (bad) {
+            fprintf(stderr, "bench_spec_client: --prompts %s: line %d: %s (ids below %u)\n", path,
+                    i + 1, lens[i] < 1 ? "no ids" : "an id past the vocabulary", g.vocab);
+            return -1;
+        }
+    }
+    for (int r = 0; r < g.requests; r++) {
+        g.jobs[r].prompt = lines[r % n];
+        g.jobs[r].n_prompt = lens[r % n];
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *record = NULL, *check = NULL, *prompts = NULL;
@@ -399,32 +429,8 @@ int main(int argc, char **argv)
         return 2;
     }
     g.jobs = calloc((size_t)g.requests, sizeof(job));
-    if (prompts) {
-        enum { MOST = 4096 };
-        static uint32_t *pr[MOST];
-        static int pl[MOST];
-        const int np = read_runs(prompts, pr, pl, MOST);
-        for (int i = 0; i < np; i++)
-            for (int t = 0; t < pl[i] || pl[i] < 1; t++)
-                if (pl[i] < 1 || pr[i][t] >= g.vocab) {
-                    fprintf(stderr,
-                            "bench_spec_client: --prompts %s: line %d: %s (ids below %u, one "
-                            "prompt a line)\n",
-                            prompts, i + 1, pl[i] < 1 ? "no ids" : "an id past the vocabulary",
-                            g.vocab);
-                    return 2;
-                }
-        if (np <= 0) {
-            fprintf(stderr, "bench_spec_client: --prompts %s: no prompts (token ids a line)\n",
-                    prompts);
-            return 2;
-        }
-        for (int r = 0; r < g.requests; r++) {
-            g.jobs[r].prompt = malloc((size_t)pl[r % np] * sizeof(uint32_t));
-            memcpy(g.jobs[r].prompt, pr[r % np], (size_t)pl[r % np] * sizeof(uint32_t));
-            g.jobs[r].n_prompt = pl[r % np];
-        }
-    }
+    if (prompts && take_prompts(prompts) != 0)
+        return 2;
     /* Prompts from a fixed stream: the same seed, the same prompts. */
     uint64_t x = g.seed * 0x9e3779b97f4a7c15ull + 1;
     for (int r = 0; r < g.requests && !prompts; r++) {

@@ -1926,7 +1926,6 @@ static void time_passes(drafter *d, tdm_service *svc, int block)
     for (int i = 0; i < MOST; i++) {
         leads[i] = &tok;
         nlead[i] = 1;
-        ks[i] = block;
         dps[i] = drafts[i];
     }
     tdm_error err = {0};

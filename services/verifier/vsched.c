@@ -425,7 +425,7 @@ static void draft_costs_of(vreq *r, const Tandem__V1__DrafterAssignment *da)
  * where either is missing (an n-gram or MTP drafter reports none: without
  * its part the guess would say only what verifying costs, and the rule keeps
  * its own). The exchange is not in it; what the drafter's pass costs
- * whatever its length is *pass, in the same unit (a round's share of each
+ * whatever its length is *pass (where not NULL), in the same unit (a round's share of each
  * sequence: the pass drafts them all). On two CPU cores a verified row and a draft cost
  * more than a plain step per sequence of eight, so speculation that cannot
  * pay starts paused instead of opening every first request on the drafter
@@ -433,7 +433,8 @@ static void draft_costs_of(vreq *r, const Tandem__V1__DrafterAssignment *da)
  * own. */
 static double warm_cost(const vsched *s, const vreq *r, int n, double *pass)
 {
-    *pass = 0;
+    if (pass)
+        *pass = 0;
     if (s->n_warm == 0 || r->n_dcost == 0)
         return -1.0;
     const double plain = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true);
@@ -441,7 +442,8 @@ static double warm_cost(const vsched *s, const vreq *r, int n, double *pass)
                          interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
     if (!(plain > 0))
         return -1.0;
-    *pass = r->dpass_ms / plain;
+    if (pass)
+        *pass = r->dpass_ms / plain;
     return draft / (plain / n);
 }
 
@@ -2700,9 +2702,8 @@ static void open_first(vsched *s, vreq *r, bool at_start)
      * prompt's prefill to end: a burst of requests is admitted by then, and
      * each judges its start at the batch it runs in, not at the batch of one
      * that the first of them was admitted to. */
-    double pass;
     const bool now =
-        r->open_first && (at_start ? !(guess && warm_cost(s, r, 1, &pass) > 0) : !r->prefilling);
+        r->open_first && (at_start ? !(guess && warm_cost(s, r, 1, NULL) > 0) : !r->prefilling);
     if (now && fresh)
         judge_start_locked(s, r);
     const bool open =
