@@ -269,6 +269,35 @@ static void project(tdm_backend *be, const float *x, int R, int in, int n, float
         be->matmul(be->ctx, ys[i], x, ws[i], R, in, outs[i], 0);
 }
 
+/* w->xn = rmsnorm(w->x) (weights norm, zero-centred), then the projections
+ * that read it: ys[i] = xn · ws[i]ᵀ, or with up (n == 1) ys[0] =
+ * silu(xn · ws[0]ᵀ) ⊙ (xn · upᵀ); in one backend call where the backend has
+ * one. */
+static void norm_project(tdm_model *m, const float *norm, int R, int n, float *const *ys,
+                         const tdm_weight *ws, const tdm_weight *up, const int *outs)
+{
+    tdm_backend *be = m->be;
+    tdm_workspace *w = &m->ws;
+    const int H = m->cfg.hidden_size;
+    const float eps = (float)m->cfg.rms_norm_eps;
+    if (be->norm_matmul) {
+        be->norm_matmul(be->ctx, w->xn, w->x, norm, eps, 1, R, H, n, ys, ws, up, outs);
+        return;
+    }
+    be->rmsnorm(be->ctx, w->xn, w->x, norm, R, H, eps, 1);
+    if (!up) {
+        project(be, w->xn, R, H, n, ys, ws, outs);
+    } else if (be->matmul_silu) {
+        be->matmul_silu(be->ctx, ys[0], w->xn, ws[0], *up, R, H, outs[0]);
+    } else {
+        float *const yg[] = {ys[0], w->h2}; /* gate, up */
+        const tdm_weight wg[] = {ws[0], *up};
+        const int og[] = {outs[0], outs[0]};
+        project(be, w->xn, R, H, 2, yg, wg, og);
+        be->silu_mul(be->ctx, ys[0], ys[0], w->h2, (size_t)R * (size_t)outs[0]);
+    }
+}
+
 /* Whether the LM head's rows come from several ranks' slices (a rank of one
  * computes whole rows in place). */
 static int gathers(const tdm_model *m)
@@ -297,16 +326,15 @@ void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const i
     const tdm_model_config *c = &m->cfg;
     tdm_backend *be = m->be;
     void *bx = be->ctx;
-    const int H = c->hidden_size, nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
+    const int nH = c->num_heads, nKV = c->num_kv_heads, D = c->head_dim;
     const int QD = nH * D, KD = nKV * D;
     const float eps = (float)c->rms_norm_eps;
     tdm_workspace *w = &m->ws;
-    be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
     /* qg [R, nH, 2D], k and v [R, nKV, D] */
     float *const ys[] = {w->qg, w->k, w->v};
     const tdm_weight ws[] = {lw->q_proj, lw->k_proj, lw->v_proj};
     const int outs[] = {2 * QD, KD, KD};
-    project(be, w->xn, R, H, 3, ys, ws, outs);
+    norm_project(m, lw->input_norm, R, 3, ys, ws, NULL, outs);
     for (int i = 0; i < nseg; i++) {
         as[i].k_cache = k_cache[i];
         as[i].v_cache = v_cache[i];
@@ -320,21 +348,11 @@ void tdm_fwd_attention(tdm_model *m, const tdm_layer_weights *lw, int R, const i
 
 void tdm_fwd_mlp(tdm_model *m, const tdm_layer_weights *lw, int R)
 {
-    const tdm_model_config *c = &m->cfg;
-    tdm_backend *be = m->be;
-    void *bx = be->ctx;
-    const int H = c->hidden_size, I = c->intermediate_size;
+    const int I = m->cfg.intermediate_size;
     tdm_workspace *w = &m->ws;
-    be->rmsnorm(bx, w->xn, w->x, lw->post_norm, R, H, (float)c->rms_norm_eps, 1);
-    if (be->matmul_silu) {
-        be->matmul_silu(bx, w->h1, w->xn, lw->gate, lw->up, R, H, I); /* [R, I] */
-    } else {
-        float *const ys[] = {w->h1, w->h2}; /* gate, up [R, I] */
-        const tdm_weight ws[] = {lw->gate, lw->up};
-        const int outs[] = {I, I};
-        project(be, w->xn, R, H, 2, ys, ws, outs);
-        be->silu_mul(bx, w->h1, w->h1, w->h2, (size_t)R * (size_t)I);
-    }
+    float *const ys[] = {w->h1}; /* silu(gate) ⊙ up [R, I] */
+    const int outs[] = {I};
+    norm_project(m, lw->post_norm, R, 1, ys, &lw->gate, &lw->up, outs);
     residual_add(m, w->h1, lw->down, R, I); /* x += */
 }
 
@@ -365,12 +383,11 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
     for (int L = 0; L < c->num_layers; L++) {
         const tdm_layer_weights *lw = &m->layers[L];
         if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
-            be->rmsnorm(bx, w->xn, w->x, lw->input_norm, R, H, eps, 1);
             /* qkv [R, C], z [R, Hv*Dv], b and a [R, Hv] */
             float *const ys[] = {w->qkv, w->z, w->b, w->a};
             const tdm_weight ws[] = {lw->in_qkv, lw->in_z, lw->in_b, lw->in_a};
             const int outs[] = {C, VD, Hv, Hv};
-            project(be, w->xn, R, H, 4, ys, ws, outs);
+            norm_project(m, lw->input_norm, R, 4, ys, ws, NULL, outs);
             for (int i = 0; i < nseq; i++) {
                 tdm_seq *s = st->seqs[i];
                 float *cst = s->conv[L], *rst = s->rec[L], *cout = NULL, *rout = NULL;
@@ -416,16 +433,22 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
         }
         tdm_fwd_mlp(m, lw, R);
     }
-    if (st->logits) {
+    if (st->logits == 1) {
+        /* [R, vocab]; [R, draft vocabulary]; or the rank's slice, in its
+         * place among the ranks' */
+        float *y = w->logits;
+        tdm_weight head = m->lm_head;
+        int out = c->vocab_size;
+        if (gathers(m)) {
+            y = w->gathered + (size_t)m->comm->rank * (size_t)R * (size_t)m->shard.vocab_n;
+            out = m->shard.vocab_n;
+        } else if (m->dv.n) {
+            head = m->dv.head;
+            out = m->dv.n;
+        }
+        norm_project(m, m->final_norm, R, 1, &y, &head, NULL, &out);
+    } else if (st->logits) {
         be->rmsnorm(bx, w->xn, w->x, m->final_norm, R, H, eps, 1);
-        if (st->logits == 1 && gathers(m)) /* the rank's slice, in its place among the ranks' */
-            be->matmul(bx,
-                       w->gathered + (size_t)m->comm->rank * (size_t)R * (size_t)m->shard.vocab_n,
-                       w->xn, m->lm_head, R, H, m->shard.vocab_n, 0);
-        else if (st->logits == 1 && m->dv.n) /* [R, draft vocabulary] */
-            be->matmul(bx, w->logits, w->xn, m->dv.head, R, H, m->dv.n, 0);
-        else if (st->logits == 1)
-            be->matmul(bx, w->logits, w->xn, m->lm_head, R, H, c->vocab_size, 0); /* [R, vocab] */
     }
 }
 

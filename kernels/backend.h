@@ -213,6 +213,16 @@ struct tdm_backend {
      * in one launch where the backend can). */
     void (*matmul_silu)(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
                         int in, int out);
+    /* Optional (NULL: the caller calls rmsnorm, then matmul_n or
+     * matmul_silu). A norm and the projections that read it, in fewer
+     * launches where the backend can: xn [R, in] = rmsnorm(x) as rmsnorm
+     * (w, eps, zero_centred) writes it (xn is not x), then, with up NULL,
+     * ys[i] = xn · ws[i]ᵀ for i < n as matmul_n gives them, or, with up
+     * (n == 1), ys[0] = silu(xn · ws[0]ᵀ) ⊙ (xn · upᵀ) as matmul_silu gives
+     * it. Bit for bit what those calls give. The arrays are host memory. */
+    void (*norm_matmul)(void *ctx, float *xn, const float *x, const float *w, float eps,
+                        int zero_centred, int R, int in, int n, float *const *ys,
+                        const tdm_weight *ws, const tdm_weight *up, const int *outs);
     /* y = x / rms(x) * (zero_centred ? 1 + w : w), per row of n; w [n] f32. y may be x. */
     void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int R, int n, float eps,
                     int zero_centred);

@@ -697,6 +697,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->matmul = cuda_matmul;
     be->matmul_n = cuda_matmul_n;
     be->matmul_silu = cuda_matmul_silu;
+    be->norm_matmul = cuda_norm_matmul;
     be->bulk = cuda_bulk;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
@@ -717,6 +718,7 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         be->matmul = st_matmul;
         be->matmul_silu = st_matmul_silu;
         be->matmul_n = NULL; /* each projection timed on its own */
+        be->norm_matmul = NULL; /* the norm and the products timed apart */
         be->rmsnorm = st_rmsnorm;
         be->rmsnorm_gated = st_rmsnorm_gated;
         be->attn_prep = st_attn_prep;

@@ -36,6 +36,7 @@
  */
 #include "matmul.cuh"
 #include "elementwise.cuh"
+#include "norm.cuh"
 
 #include <cooperative_groups.h>
 
@@ -362,15 +363,35 @@ template <int N> __device__ __forceinline__ void mmt_wait(void)
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* A norm applied to x as the matmul reads it (mmt_norm): where a step's x
+ * is split, its pair of values per row is first normalized as cuda_rmsnorm
+ * would (inv: the rows' 1 / rms; w: the norm's weights at the pair), and
+ * written out as cuda_rmsnorm writes y (xn: row r0's pair, NULL: this block
+ * does not write it). */
+struct mmt_nstep {
+    const float *inv;
+    float2 w;
+    int zero_centred;
+    float *xn;    /* at row r0, element k of the pair */
+    int in, rows; /* rows of the group that exist */
+};
+
 /* raw[G][64] split into part words (mmt_sword): lane l splits the pair
- * 2l, 2l + 1 of every row. */
+ * 2l, 2l + 1 of every row, normalized first where ns is given. */
 template <int G>
-__device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, int lane)
+__device__ __forceinline__ void mmt_xsplit(uint32_t *spl, const float *raw, int lane,
+                                           const mmt_nstep *ns)
 {
     const int t = lane >> 3, j = (lane & 7) >> 1, wd = lane & 1;
 #pragma unroll
     for (int rr = 0; rr < G; rr++) {
-        const float2 v = *(const float2 *)(raw + rr * MMT_K + 2 * lane);
+        float2 v = *(const float2 *)(raw + rr * MMT_K + 2 * lane);
+        if (ns) {
+            v.x = cuda_norm_one(v.x, ns->inv[rr], ns->w.x, ns->zero_centred);
+            v.y = cuda_norm_one(v.y, ns->inv[rr], ns->w.y, ns->zero_centred);
+            if (ns->xn && rr < ns->rows)
+                *(float2 *)(ns->xn + (size_t)rr * (size_t)ns->in) = v;
+        }
         uint32_t w3[3];
         mmt_split(v.x, v.y, &w3[0], &w3[1], &w3[2]);
 #pragma unroll
@@ -512,6 +533,69 @@ typedef struct mmt_jobs {
 static_assert(sizeof(mmt_jobs) == MMT_MAXJOBS * sizeof(mmt_job) + 2 * sizeof(int),
               "mmt_jobs is packed");
 
+/* An RMSNorm of x before the products (rows of one group of 2, in % 8 == 0,
+ * in <= CUDA_NORM_REG_MAX): every block works out its rows' 1 / rms as
+ * norm.cu does (the same sums in the same order, T threads a row emulated by
+ * its warps), normalizes each step's x as it splits it, and the blocks of
+ * the first weight's first m-block (one per k-block) write the normalized
+ * rows to xn, as cuda_rmsnorm would have. */
+typedef struct mmt_norm {
+    float *xn;
+    const float *w; /* [in] */
+    float eps;
+    int zero_centred;
+    int T; /* cuda_norm_threads(in) */
+    int pad;
+} mmt_norm;
+static_assert(sizeof(mmt_norm) == 2 * sizeof(void *) + 4 * sizeof(int), "mmt_norm is packed");
+
+/* The norm's weights at lane's pair of step s (zeros past in). */
+__device__ __forceinline__ float2 mmt_nload(const float *w, int s, int in, int lane)
+{
+    const int k = s * MMT_K + 2 * lane;
+    return k < in ? __ldg((const float2 *)(w + k)) : make_float2(0.0f, 0.0f);
+}
+
+/* inv[rr] = 1 / rms of row r0 + rr (G rows; 0 rows past R read as zeros),
+ * with norm.cu's sums: virtual warp vw of a row (T / 32 of them) is run by
+ * warp (rr · T / 32 + vw) % MMT_WARPS, its lane l taking thread vw · 32 + l's
+ * groups. Every thread of the block calls it (one barrier). */
+template <int G>
+__device__ __forceinline__ void mmt_norm_inv(float *inv, const float *x, int r0, int R, int in,
+                                             const mmt_norm &nm, int warp, int lane)
+{
+    __shared__ float nsum[G][32];
+    const int nw = nm.T / 32, ng = in / 4;
+    for (int p = warp; p < G * nw; p += MMT_WARPS) {
+        const int rr = p / nw, vw = p - rr * nw, r = r0 + rr;
+        float ss = 0.0f;
+        if (r < R) {
+            const float4 *xr = (const float4 *)(x + (size_t)r * (size_t)in);
+            float4 v[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const int gi = vw * 32 + lane + q * nm.T;
+                v[q] = gi < ng ? __ldcg(xr + gi) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (vw * 32 + lane + q * nm.T < ng)
+                    ss = cuda_norm_sq4(v[q], ss);
+        }
+        ss = cuda_warp_sum(ss);
+        if (lane == 0)
+            nsum[rr][vw] = ss;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < G; rr++) {
+        float s = 0.0f;
+        for (int i = 0; i < nw; i++)
+            s += nsum[rr][i];
+        inv[rr] = cuda_norm_inv(s, in, nm.eps);
+    }
+}
+
 /* Output m, group row rr: each part's column summed over warps in order,
  * then the parts hi + mid + lo. */
 template <int G>
@@ -551,11 +635,12 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
  * 4 fit, unless its waves are fuller at 3 (mmt_fill; groups of 2 rows use
  * fewer than 128 registers either way, so 4 fit whatever MINB says).
  * Measurements in NOTES.md. */
-template <int G, int MINB, bool PAIR>
+template <int G, int MINB, bool PAIR, bool NORM>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
-    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
-               int rgroups)
+    mmt_kernel(const mmt_jobs jobs, const mmt_norm nm, const float *__restrict__ x,
+               const uint32_t *xs, int R, int in, int rgroups)
 {
+    static_assert(!NORM || G == 2, "a norm is fused only where the warps split x");
     constexpr int D = MMT_D, MT = mmt_group<G>::MT, PR = mmt_group<G>::PR;
     constexpr bool SPLIT = mmt_group<G>::SPLIT; /* else x comes split ahead in xs */
     /* bytes: a warp's ring stage (fp32 rows, or part-rows), its split words */
@@ -600,11 +685,15 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
      * are requested before waiting for the kernel before this one
      * (programmatic dependent launch); x is copied once it is readable. */
     mmt_wfrag f[D];
+    float2 nwv[D]; /* NORM: the norm's weights at the lane's pair of each stage's step */
     int s = s0 + warp;
 #pragma unroll
     for (int u = 0; u < D - 1; u++)
-        if (s + MMT_WARPS * u < s1)
+        if (s + MMT_WARPS * u < s1) {
             mmt_wstep(&f[u], wr, s + MMT_WARPS * u);
+            if constexpr (NORM)
+                nwv[u] = mmt_nload(nm.w, s + MMT_WARPS * u, in, lane);
+        }
     cuda_kernel_begin();
 #pragma unroll
     for (int u = 0; u < D - 1; u++) {
@@ -615,6 +704,16 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                 mmt_xscopy<G>(ring_s + u * STAGE, xs, r0, R, s + MMT_WARPS * u, steps, lane);
         }
         mmt_commit();
+    }
+    /* NORM: the rows' 1 / rms while the first steps' x arrive; this block
+     * writes the normalized rows where it is the first weight's first
+     * m-block. */
+    float ninv[G];
+    float *nxn = NULL;
+    if constexpr (NORM) {
+        mmt_norm_inv<G>(ninv, x, r0, R, in, nm, warp, lane);
+        if (ji == 0 && mb == 0)
+            nxn = nm.xn + (size_t)r0 * (size_t)in;
     }
     /* SPLIT: acc[mt][0][e], rows 16 mt + g + 8 (e / 2) (features), column
      * 2t + e % 2; else acc[mt][nb][e], part-row 16 mt + g + 8 (e / 2),
@@ -636,6 +735,8 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                 const int il = (u + D - 1) % D;
                 if (sl < s1) {
                     mmt_wstep(&f[il], wr, sl);
+                    if constexpr (NORM)
+                        nwv[il] = mmt_nload(nm.w, sl, in, lane);
                     if constexpr (SPLIT)
                         mmt_xcopy<G>((float *)(ring + il * STAGE), x, r0, R, sl, in, lane);
                     else
@@ -645,7 +746,15 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
                 mmt_wait<D - 1>();
                 __syncwarp();
                 if constexpr (SPLIT) {
-                    mmt_xsplit<G>(spl, (const float *)(ring + u * STAGE), lane);
+                    if constexpr (NORM) {
+                        const int k = sc * MMT_K + 2 * lane;
+                        const mmt_nstep ns = {
+                            ninv, nwv[u], nm.zero_centred, nxn && k < in ? nxn + k : NULL,
+                            in,   R - r0};
+                        mmt_xsplit<G>(spl, (const float *)(ring + u * STAGE), lane, &ns);
+                    } else {
+                        mmt_xsplit<G>(spl, (const float *)(ring + u * STAGE), lane, NULL);
+                    }
                     __syncwarp();
                     mmt_step_cols((float(*)[4])acc, &f[u], spl, g, t);
                 } else {
@@ -782,12 +891,18 @@ static int mmt_kblocks(int in, int out)
 }
 
 /* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch;
- * where ups (NULL: none) has ups[i], ys[i] = silu(x · ws[i]ᵀ) ⊙ (x · ups[i]ᵀ). */
+ * where ups (NULL: none) has ups[i], ys[i] = silu(x · ws[i]ᵀ) ⊙ (x · ups[i]ᵀ).
+ * norm (NULL: none; rows in one group of 2): x normalized first (mmt_norm). */
 static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
                        const uint16_t *const *ws, const uint16_t *const *ups, const int *outs,
-                       int accumulate)
+                       int accumulate, const mmt_norm *norm)
 {
     const int G = mmt_group_rows(R), rgroups = (R + G - 1) / G;
+    TDM_ASSERT(!norm || G == 2);
+    mmt_norm nm;
+    memset(&nm, 0, sizeof(nm));
+    if (norm)
+        nm = *norm;
     mmt_jobs jobs;
     memset(&jobs, 0, sizeof(jobs));
     jobs.n = n;
@@ -861,16 +976,19 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     const bool pair = ups && ups[0];
     for (int i = 0; i < n; i++)
         TDM_ASSERT(!ups || !ups[i] == !pair); /* pairs launch apart from single weights */
-#define MMT_LAUNCH(G, MINB)                                                                        \
-    cuda_launch_cluster(c, pair ? mmt_kernel<G, MINB, true> : mmt_kernel<G, MINB, false>,          \
-                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, x,      \
+#define MMT_LAUNCH(G, MINB, NORM)                                                                  \
+    cuda_launch_cluster(c,                                                                         \
+                        pair ? mmt_kernel<G, MINB, true, NORM> : mmt_kernel<G, MINB, false, NORM>, \
+                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, nm, x,  \
                         (const uint32_t *)xs, R, in, rgroups)
-    if (G == 2)
-        one_wave ? MMT_LAUNCH(2, 1) : MMT_LAUNCH(2, 4);
+    if (G == 2 && norm)
+        one_wave ? MMT_LAUNCH(2, 1, true) : MMT_LAUNCH(2, 4, true);
+    else if (G == 2)
+        one_wave ? MMT_LAUNCH(2, 1, false) : MMT_LAUNCH(2, 4, false);
     else if (G == 5)
-        three ? MMT_LAUNCH(5, 3) : MMT_LAUNCH(5, 4);
+        three ? MMT_LAUNCH(5, 3, false) : MMT_LAUNCH(5, 4, false);
     else
-        three ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
+        three ? MMT_LAUNCH(10, 3, false) : MMT_LAUNCH(10, 4, false);
 #undef MMT_LAUNCH
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
@@ -913,7 +1031,7 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
     if (vec && w.dtype == TDM_DTYPE_BF16) {
         const uint16_t *wd = (const uint16_t *)w.data;
-        mmt_matmul(c, x, R, in, 1, &y, &wd, NULL, &out, accumulate);
+        mmt_matmul(c, x, R, in, 1, &y, &wd, NULL, &out, accumulate, NULL);
         return;
     }
     /* Rows per block: the fewest that hold the whole call (up to 16), so a
@@ -977,7 +1095,7 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
             gw[ng] = (const uint16_t *)ws[i].data;
             go[ng++] = outs[i];
             if (ng == MMT_MAXJOBS) {
-                mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0);
+                mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0, NULL);
                 ng = 0;
             }
         } else {
@@ -985,7 +1103,7 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
         }
     }
     if (ng)
-        mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0);
+        mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0, NULL);
 }
 
 void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
@@ -1004,7 +1122,7 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
     if (xvec && gate.dtype == TDM_DTYPE_BF16 && up.dtype == TDM_DTYPE_BF16 &&
         (uintptr_t)gate.data % 16 == 0 && (uintptr_t)up.data % 16 == 0) {
         const uint16_t *wg = (const uint16_t *)gate.data, *wu = (const uint16_t *)up.data;
-        mmt_matmul(c, x, R, in, 1, &y, &wg, &wu, &out, 0);
+        mmt_matmul(c, x, R, in, 1, &y, &wg, &wu, &out, 0, NULL);
         return;
     }
     /* Other weights: the two products, then silu_mul (up in scratch). */
@@ -1013,4 +1131,36 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
     cuda_matmul(ctx, y, x, gate, R, in, out, 0);
     cuda_matmul(ctx, u, x, up, R, in, out, 0);
     cuda_silu_mul(ctx, y, y, u, (size_t)R * (size_t)out);
+}
+
+/* Where the products take x through the warps (one group of 2 rows) on the
+ * tensor cores, one launch: each block normalizes the rows as it reads them
+ * (mmt_norm); elsewhere the norm, then the products, as the separate ops. */
+void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, float eps,
+                      int zero_centred, int R, int in, int n, float *const *ys,
+                      const tdm_weight *ws, const tdm_weight *up, const int *outs)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (R <= 0 || in <= 0)
+        return;
+    TDM_ASSERT(xn != x && (!up || n == 1));
+    bool fuse = !c->bulk && mmt_group_rows(R) == 2 && n <= MMT_MAXJOBS && in % 8 == 0 &&
+                in <= CUDA_NORM_REG_MAX && ((uintptr_t)x | (uintptr_t)xn | (uintptr_t)w) % 16 == 0;
+    for (int i = 0; i < n && fuse; i++)
+        fuse = outs[i] > 0 && ws[i].dtype == TDM_DTYPE_BF16 && (uintptr_t)ws[i].data % 16 == 0;
+    if (up && fuse)
+        fuse = up->dtype == TDM_DTYPE_BF16 && (uintptr_t)up->data % 16 == 0;
+    if (!fuse) {
+        cuda_rmsnorm(ctx, xn, x, w, R, in, eps, zero_centred);
+        if (up)
+            cuda_matmul_silu(ctx, ys[0], xn, ws[0], *up, R, in, outs[0]);
+        else
+            cuda_matmul_n(ctx, xn, R, in, n, ys, ws, outs);
+        return;
+    }
+    const uint16_t *wd[MMT_MAXJOBS], *wu = up ? (const uint16_t *)up->data : NULL;
+    for (int i = 0; i < n; i++)
+        wd[i] = (const uint16_t *)ws[i].data;
+    const mmt_norm nm = {xn, w, eps, zero_centred, cuda_norm_threads(in), 0};
+    mmt_matmul(c, x, R, in, n, ys, wd, up ? &wu : NULL, outs, 0, &nm);
 }

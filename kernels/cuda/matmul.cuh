@@ -18,6 +18,13 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
 void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_weight up, int R,
                       int in, int out);
 
+/* backend.h's norm_matmul: xn = rmsnorm(x), then cuda_matmul_n of xn (up
+ * NULL) or cuda_matmul_silu of xn with ws[0] and *up, bit for bit; decode
+ * rows (one or two) in one launch. */
+void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, float eps,
+                      int zero_centred, int R, int in, int n, float *const *ys,
+                      const tdm_weight *ws, const tdm_weight *up, const int *outs);
+
 /* ---- a prompt prefill's matmuls on cuBLAS (bulk.cu) ----------------------- */
 
 /* backend.h's bulk slot. */

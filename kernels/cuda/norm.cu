@@ -33,6 +33,7 @@
 #define NORM_WARP_ROWS 4
 #define NORM_MAX_G 8 /* groups of 4 per thread held in registers */
 #define NORM_REG_MAX (1024 * NORM_MAX_G * 4)
+static_assert(NORM_REG_MAX == CUDA_NORM_REG_MAX, "norm.cuh names the same limit");
 
 typedef struct norm_args {
     float *y;
@@ -78,21 +79,13 @@ __device__ __forceinline__ void norm_store(float *p, int gi, int n, int vec, flo
         p[i + 3] = v.w;
 }
 
-__device__ __forceinline__ float norm_sq4(float4 v, float ss)
-{
-    ss = fmaf(v.x, v.x, ss);
-    ss = fmaf(v.y, v.y, ss);
-    ss = fmaf(v.z, v.z, ss);
-    return fmaf(v.w, v.w, ss);
-}
-
 /* One output value: the CPU backend's formulas. */
 __device__ __forceinline__ float norm_one(float x, float inv, float w, float z, bool gated,
                                           int zero_centred)
 {
     if (gated)
         return (w * (x * inv)) * cuda_silu(z);
-    return (x * inv) * (zero_centred ? 1.0f + w : w);
+    return cuda_norm_one(x, inv, w, zero_centred);
 }
 
 __device__ __forceinline__ float4 norm_four(float4 x, float inv, float4 w, float4 z, bool gated,
@@ -143,11 +136,11 @@ template <int G, bool GATED> __global__ void norm_kernel(norm_args a)
             wv[k] = norm_load(a.w, gi, n, a.vec);
             if (GATED)
                 zv[k] = norm_load(a.z + off, gi, n, a.vec);
-            ss = norm_sq4(xv[k], ss);
+            ss = cuda_norm_sq4(xv[k], ss);
         }
     }
     ss = norm_row_sum(ss, T, red);
-    const float inv = 1.0f / sqrtf(ss / (float)n + a.eps);
+    const float inv = cuda_norm_inv(ss, n, a.eps);
 #pragma unroll
     for (int k = 0; k < G; k++) {
         const int gi = t + k * T;
@@ -170,9 +163,9 @@ template <bool GATED> __global__ void norm_long_kernel(norm_args a)
     const size_t off = (size_t)blockIdx.x * (size_t)n;
     float ss = 0.0f;
     for (int gi = t; gi < ng; gi += 1024)
-        ss = norm_sq4(norm_load(a.x + off, gi, n, a.vec), ss);
+        ss = cuda_norm_sq4(norm_load(a.x + off, gi, n, a.vec), ss);
     ss = norm_row_sum(ss, 1024, red);
-    const float inv = 1.0f / sqrtf(ss / (float)n + a.eps);
+    const float inv = cuda_norm_inv(ss, n, a.eps);
     for (int gi = t; gi < ng; gi += 1024) {
         const float4 x = norm_load(a.x + off, gi, n, a.vec), w = norm_load(a.w, gi, n, a.vec);
         const float4 z = GATED ? norm_load(a.z + off, gi, n, a.vec) : x;
@@ -183,6 +176,15 @@ template <bool GATED> __global__ void norm_long_kernel(norm_args a)
     }
 }
 
+int cuda_norm_threads(int n)
+{
+    const int ng = (n + 3) / 4;
+    if (ng <= 32 * NORM_MAX_G)
+        return 32;
+    const int T = 32 * ((ng + 127) / 128);
+    return T > 1024 ? 1024 : T;
+}
+
 template <bool GATED> static void norm_go(cuda_ctx *c, norm_args a)
 {
     const int ng = (a.n + 3) / 4;
@@ -191,19 +193,10 @@ template <bool GATED> static void norm_go(cuda_ctx *c, norm_args a)
         cuda_launch(c, norm_long_kernel<GATED>, (unsigned)a.R, 1024, 0, a);
         return;
     }
-    int g;
-    unsigned blocks;
-    if (ng <= 32 * NORM_MAX_G) {
-        a.T = 32;
-        g = (ng + 31) / 32;
-        blocks = (unsigned)((a.R + NORM_WARP_ROWS - 1) / NORM_WARP_ROWS);
-    } else {
-        a.T = 32 * ((ng + 127) / 128);
-        if (a.T > 1024)
-            a.T = 1024;
-        g = (ng + a.T - 1) / a.T;
-        blocks = (unsigned)a.R;
-    }
+    a.T = cuda_norm_threads(a.n);
+    const int g = (ng + a.T - 1) / a.T;
+    const unsigned blocks =
+        a.T == 32 ? (unsigned)((a.R + NORM_WARP_ROWS - 1) / NORM_WARP_ROWS) : (unsigned)a.R;
     const unsigned threads = a.T == 32 ? 32 * NORM_WARP_ROWS : (unsigned)a.T;
     if (g <= 1)
         cuda_launch(c, norm_kernel<1, GATED>, blocks, threads, 0, a);

@@ -321,6 +321,141 @@ static void test_fused_matmuls(void)
     }
 }
 
+/* norm_matmul (a norm with the projections that read it) against the same
+ * backend's rmsnorm and then matmul_n or matmul_silu, bit for bit in xn and
+ * every output (one launch for decode rows on bf16 weights; other calls
+ * take the separate ops), against the CPU backend's separate ops, and row
+ * by row == batched. The row lengths cover every thread layout of the norm
+ * (norm.cu: a warp a row up to 1024 values, 5, 8 and 18 warps beyond), a
+ * length not a multiple of 64, a plain (not zero-centred) norm, and an fp32
+ * weight beside bf16 ones. */
+typedef struct nm_case {
+    fuse_case f;
+    int zero_centred;
+} nm_case;
+
+/* mode 0: norm_matmul, one call; 1: norm_matmul row by row; 2: rmsnorm,
+ * then matmul_n or matmul_silu. y[j] and *xn: host copies (caller frees). */
+static void run_norm_matmul(tdm_backend *be, const nm_case *nc, const fuse_in *fi, const float *nw,
+                            int mode, float **y, float **xn)
+{
+    const fuse_case *fc = &nc->f;
+    const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
+    tdm_weight w[4];
+    for (int j = 0; j < fc->n; j++)
+        w[j] =
+            put_weight(be, fi->wh[j], fi->wref[j], (size_t)fc->outs[j] * in, fc->dt[j], fi->wb[j]);
+    float *dx = ct_put(be, fi->x, (size_t)R * in * 4), *dw = ct_put(be, nw, (size_t)in * 4);
+    float *dn = ct_put(be, NULL, (size_t)R * in * 4), *dy[4];
+    ct_poison(be, dn, (size_t)R * in * 4);
+    for (int j = 0; j < nout; j++) {
+        dy[j] = ct_put(be, NULL, (size_t)R * fc->outs[j] * 4);
+        ct_poison(be, dy[j], (size_t)R * fc->outs[j] * 4);
+    }
+    const float eps = 1e-6f;
+    const int zc = nc->zero_centred;
+    for (int r0 = 0; r0 < R; r0 += mode == 1 ? 1 : R) {
+        const int nr = mode == 1 ? 1 : R;
+        float *yr[4];
+        for (int j = 0; j < nout; j++)
+            yr[j] = dy[j] + (size_t)r0 * fc->outs[j];
+        float *xr = dx + (size_t)r0 * in, *nr_ = dn + (size_t)r0 * in;
+        if (mode < 2) {
+            be->norm_matmul(be->ctx, nr_, xr, dw, eps, zc, nr, in, nout, yr, w,
+                            fc->silu ? &w[1] : NULL, fc->outs);
+        } else {
+            be->rmsnorm(be->ctx, nr_, xr, dw, nr, in, eps, zc);
+            if (fc->silu)
+                be->matmul_silu(be->ctx, yr[0], nr_, w[0], w[1], nr, in, fc->outs[0]);
+            else
+                for (int j = 0; j < fc->n; j++)
+                    be->matmul(be->ctx, yr[j], nr_, w[j], nr, in, fc->outs[j], 0);
+        }
+    }
+    for (int j = 0; j < nout; j++) {
+        y[j] = ct_get(be, dy[j], (size_t)R * fc->outs[j] * 4);
+        be->free(be->ctx, dy[j]);
+    }
+    *xn = ct_get(be, dn, (size_t)R * in * 4);
+    for (int j = 0; j < fc->n; j++)
+        be->free(be->ctx, (void *)w[j].data);
+    be->free(be->ctx, dx);
+    be->free(be->ctx, dw);
+    be->free(be->ctx, dn);
+}
+
+static void test_norm_matmul(void)
+{
+    const tdm_dtype B = TDM_DTYPE_BF16, F = TDM_DTYPE_F32;
+    const nm_case cases[] = {
+        {{1, 1024, 4, {6144, 2048, 16, 16}, {B, B, B, B}, 0}, 1}, /* 0.8B in_proj */
+        {{2, 1024, 4, {6144, 2048, 16, 16}, {B, B, B, B}, 0}, 1},
+        {{1, 1024, 2, {3584, 3584}, {B, B}, 1}, 1},          /* 0.8B gate/up */
+        {{1, 1024, 1, {16384}, {B}, 0}, 1},                  /* a draft vocabulary's head */
+        {{1, 2560, 3, {8192, 1024, 1024}, {B, B, B}, 0}, 1}, /* 4B q, k, v */
+        {{2, 2560, 2, {9216, 9216}, {B, B}, 1}, 1},
+        {{2, 4096, 2, {100, 40}, {B, B}, 0}, 0},
+        {{2, 9216, 2, {40, 40}, {B, B}, 1}, 1},
+        {{2, 520, 2, {33, 20}, {B, B}, 0}, 1},
+        {{1, 520, 3, {33, 20, 9}, {B, F, B}, 0}, 1},
+        {{3, 1024, 2, {3584, 3584}, {B, B}, 1}, 1}, /* verify rows: separate ops */
+        {{9, 2560, 4, {8192, 4096, 32, 32}, {B, B, B, B}, 0}, 1},
+    };
+    for (size_t ci = 0; ci < TDM_ARRAY_LEN(cases); ci++) {
+        const fuse_case *fc = &cases[ci].f;
+        const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
+        fuse_in fi;
+        float *x = malloc((size_t)R * in * 4), *nw = malloc((size_t)in * 4);
+        ct_fill(x, (size_t)R * in, 2.0f);
+        ct_fill(nw, (size_t)in, 0.5f);
+        fi.x = x;
+        for (int j = 0; j < fc->n; j++) {
+            const size_t n = (size_t)fc->outs[j] * in;
+            float *wv = malloc(n * 4);
+            fi.wref[j] = malloc(n * 4);
+            ct_fill(wv, n, 0.5f);
+            fi.wh[j] = make_weight(wv, n, fc->dt[j], fi.wref[j], &fi.wb[j]);
+            free(wv);
+        }
+        float *yf[4], *yr[4], *ys[4], *yc[4], *nf, *nr, *ns, *ncpu;
+        run_norm_matmul(G, &cases[ci], &fi, nw, 0, yf, &nf);
+        run_norm_matmul(G, &cases[ci], &fi, nw, 1, yr, &nr);
+        run_norm_matmul(G, &cases[ci], &fi, nw, 2, ys, &ns);
+        run_norm_matmul(CPU, &cases[ci], &fi, nw, 2, yc, &ncpu);
+        char cas[96];
+        snprintf(cas, sizeof(cas), "R=%d in=%d %s%s", R, in, fc->silu ? "gate/up" : "norm",
+                 cases[ci].zero_centred ? "" : " (plain)");
+        const size_t nx = (size_t)R * in;
+        report("norm_matmul", cas, ct_nerr(nf, ncpu, nx), 1e-5);
+        report_same("norm_matmul", "  xn == rmsnorm", nf, ns, nx * 4);
+        if (R > 1)
+            report_same("norm_matmul", "  xn rows one by one == batched", nr, nf, nx * 4);
+        for (int j = 0; j < nout; j++) {
+            const size_t ny = (size_t)R * fc->outs[j];
+            snprintf(cas, sizeof(cas), "  R=%d in=%d out=%d %s", R, in, fc->outs[j],
+                     tdm_dtype_name(fc->dt[j]));
+            report("norm_matmul", cas, ct_nerr(yf[j], yc[j], ny), 1e-5);
+            report_same("norm_matmul", "  == the separate ops", yf[j], ys[j], ny * 4);
+            if (R > 1)
+                report_same("norm_matmul", "  rows one by one == batched", yr[j], yf[j], ny * 4);
+            free(yf[j]);
+            free(yr[j]);
+            free(ys[j]);
+            free(yc[j]);
+        }
+        free(nf);
+        free(nr);
+        free(ns);
+        free(ncpu);
+        for (int j = 0; j < fc->n; j++) {
+            free(fi.wh[j]);
+            free(fi.wref[j]);
+        }
+        free(x);
+        free(nw);
+    }
+}
+
 /* A prompt prefill's matmuls (backend.h: bulk): inside a bulk call of 16
  * rows or more, bf16 matmuls of TDM_CUDA_BULK_MIN_WEIGHTS elements or more
  * take cuBLAS on x's exact bf16 parts. Against the CPU backend to fp32
@@ -1532,6 +1667,7 @@ int main(void)
     CPU = ct_cpu();
     test_matmul();
     test_fused_matmuls();
+    test_norm_matmul();
     test_bulk();
     test_producer_split();
     test_copy_n();
