@@ -346,7 +346,7 @@ static void run_norm_matmul(tdm_backend *be, const nm_case *nc, const fuse_in *f
         w[j] =
             put_weight(be, fi->wh[j], fi->wref[j], (size_t)fc->outs[j] * in, fc->dt[j], fi->wb[j]);
     float *dx = ct_put(be, fi->x, (size_t)R * in * 4), *dw = ct_put(be, nw, (size_t)in * 4);
-    float *dn = ct_put(be, NULL, (size_t)R * in * 4), *dy[4];
+    float *dn = ct_put(be, NULL, (size_t)R * in * 4), *dy[4], *du = NULL;
     ct_poison(be, dn, (size_t)R * in * 4);
     for (int j = 0; j < nout; j++) {
         dy[j] = ct_put(be, NULL, (size_t)R * fc->outs[j] * 4);
@@ -365,11 +365,17 @@ static void run_norm_matmul(tdm_backend *be, const nm_case *nc, const fuse_in *f
                             fc->silu ? &w[1] : NULL, fc->outs);
         } else {
             be->rmsnorm(be->ctx, nr_, xr, dw, nr, in, eps, zc);
-            if (fc->silu)
+            if (fc->silu && be->matmul_silu) {
                 be->matmul_silu(be->ctx, yr[0], nr_, w[0], w[1], nr, in, fc->outs[0]);
-            else
+            } else if (fc->silu) { /* the CPU backend: the products, then silu_mul */
+                du = ct_put(be, NULL, (size_t)R * fc->outs[1] * 4);
+                be->matmul(be->ctx, yr[0], nr_, w[0], nr, in, fc->outs[0], 0);
+                be->matmul(be->ctx, du, nr_, w[1], nr, in, fc->outs[1], 0);
+                be->silu_mul(be->ctx, yr[0], yr[0], du, (size_t)nr * fc->outs[0]);
+            } else {
                 for (int j = 0; j < fc->n; j++)
                     be->matmul(be->ctx, yr[j], nr_, w[j], nr, in, fc->outs[j], 0);
+            }
         }
     }
     for (int j = 0; j < nout; j++) {
@@ -382,6 +388,7 @@ static void run_norm_matmul(tdm_backend *be, const nm_case *nc, const fuse_in *f
     be->free(be->ctx, dx);
     be->free(be->ctx, dw);
     be->free(be->ctx, dn);
+    be->free(be->ctx, du);
 }
 
 static void test_norm_matmul(void)
@@ -398,6 +405,7 @@ static void test_norm_matmul(void)
         {{2, 9216, 2, {40, 40}, {B, B}, 1}, 1},
         {{2, 520, 2, {33, 20}, {B, B}, 0}, 1},
         {{1, 520, 3, {33, 20, 9}, {B, F, B}, 0}, 1},
+        {{1, 1024, 1, {20000}, {B}, 0}, 1},         /* several waves: separate ops */
         {{3, 1024, 2, {3584, 3584}, {B, B}, 1}, 1}, /* verify rows: separate ops */
         {{9, 2560, 4, {8192, 4096, 32, 32}, {B, B, B, B}, 0}, 1},
     };
