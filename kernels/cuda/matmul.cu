@@ -534,20 +534,18 @@ static_assert(sizeof(mmt_jobs) == MMT_MAXJOBS * sizeof(mmt_job) + 2 * sizeof(int
               "mmt_jobs is packed");
 
 /* An RMSNorm of x before the products (rows of one group of 2, in % 8 == 0,
- * in <= CUDA_NORM_REG_MAX): every block works out its rows' 1 / rms as
- * norm.cu does (the same sums in the same order, T threads a row emulated by
- * its warps), normalizes each step's x as it splits it, and the blocks of
- * the first weight's first m-block (one per k-block) write the normalized
- * rows to xn, as cuda_rmsnorm would have. */
+ * rows that norm.cu gives one warp: in <= 1024): every block works out its
+ * rows' 1 / rms as norm.cu does (the same sums in the same order),
+ * normalizes each step's x as it splits it, and the blocks of the first
+ * weight's first m-block (one per k-block) write the normalized rows to xn,
+ * as cuda_rmsnorm would have. */
 typedef struct mmt_norm {
     float *xn;
     const float *w; /* [in] */
     float eps;
     int zero_centred;
-    int T; /* cuda_norm_threads(in) */
-    int pad;
 } mmt_norm;
-static_assert(sizeof(mmt_norm) == 2 * sizeof(void *) + 4 * sizeof(int), "mmt_norm is packed");
+static_assert(sizeof(mmt_norm) == 2 * sizeof(void *) + 2 * sizeof(int), "mmt_norm is packed");
 
 /* The norm's weights at lane's pair of step s (zeros past in). */
 __device__ __forceinline__ float2 mmt_nload(const float *w, int s, int in, int lane)
@@ -556,42 +554,37 @@ __device__ __forceinline__ float2 mmt_nload(const float *w, int s, int in, int l
     return k < in ? __ldg((const float2 *)(w + k)) : make_float2(0.0f, 0.0f);
 }
 
-/* inv[rr] = 1 / rms of row r0 + rr (G rows; 0 for rows past R),
- * with norm.cu's sums: virtual warp vw of a row (T / 32 of them) is run by
- * warp (rr · T / 32 + vw) % MMT_WARPS, its lane l taking thread vw · 32 + l's
- * groups. Every thread of the block calls it (one barrier). */
+/* inv[rr] = 1 / rms of row r0 + rr (G rows; 0 for rows past R), with
+ * norm.cu's sums for a row of one warp: warp rr takes row r0 + rr, its lane
+ * l the groups of 4 l, l + 32, ... (at most 8). Every thread of the block
+ * calls it (one barrier). */
 template <int G>
 __device__ __forceinline__ void mmt_norm_inv(float *inv, const float *x, int r0, int R, int in,
-                                             const mmt_norm &nm, int warp, int lane)
+                                             float eps, int warp, int lane)
 {
-    __shared__ float nsum[G][32];
-    const int nw = nm.T / 32, ng = in / 4, rows = min(G, R - r0);
-    for (int p = warp; p < rows * nw; p += MMT_WARPS) {
-        const int rr = p / nw, vw = p - rr * nw;
-        const float4 *xr = (const float4 *)(x + (size_t)(r0 + rr) * (size_t)in);
-        float4 v[8]; /* a row's groups a thread: at most 8 (CUDA_NORM_REG_MAX) */
+    static_assert(G <= MMT_WARPS, "a warp a row");
+    __shared__ float nsum[G];
+    const int ng = in / 4, rows = min(G, R - r0);
+    if (warp < rows) {
+        const float4 *xr = (const float4 *)(x + (size_t)(r0 + warp) * (size_t)in);
+        float4 v[8];
 #pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const int gi = vw * 32 + lane + q * nm.T;
-            v[q] = gi < ng ? __ldcg(xr + gi) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        for (int q = 0; q < 8; q++)
+            v[q] = lane + 32 * q < ng ? __ldcg(xr + lane + 32 * q)
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float ss = 0.0f;
 #pragma unroll
         for (int q = 0; q < 8; q++)
-            if (vw * 32 + lane + q * nm.T < ng)
+            if (lane + 32 * q < ng)
                 ss = cuda_norm_sq4(v[q], ss);
         ss = cuda_warp_sum(ss);
         if (lane == 0)
-            nsum[rr][vw] = ss;
+            nsum[warp] = ss;
     }
     __syncthreads();
 #pragma unroll
-    for (int rr = 0; rr < G; rr++) {
-        float s = 0.0f;
-        for (int i = 0; i < nw && rr < rows; i++)
-            s += nsum[rr][i];
-        inv[rr] = rr < rows ? cuda_norm_inv(s, in, nm.eps) : 0.0f; /* rows past R: zeros */
-    }
+    for (int rr = 0; rr < G; rr++)
+        inv[rr] = rr < rows ? cuda_norm_inv(nsum[rr], in, eps) : 0.0f; /* rows past R: zeros */
 }
 
 /* Output m, group row rr: each part's column summed over warps in order,
@@ -709,7 +702,7 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     float ninv[G];
     float *nxn = NULL;
     if constexpr (NORM) {
-        mmt_norm_inv<G>(ninv, x, r0, R, in, nm, warp, lane);
+        mmt_norm_inv<G>(ninv, x, r0, R, in, nm.eps, warp, lane);
         if (ji == 0 && mb == 0)
             nxn = nm.xn + (size_t)r0 * (size_t)in;
     }
@@ -1142,14 +1135,15 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
     cuda_silu_mul(ctx, y, y, u, (size_t)R * (size_t)out);
 }
 
-/* Where the products take x through the warps (one group of 2 rows) on the
- * tensor cores and all their blocks run at once (4 a multiprocessor), one
- * launch: each block normalizes the rows as it reads them (mmt_norm);
- * elsewhere the norm, then the products, as the separate ops. A launch of
- * several waves would pay the norm's reads again in every wave's blocks: on
- * the 4B shape (the gate/up pair, 576 blocks; the LM head, 7,760) fusing
- * those made a decode step 4 % slower (3.59 to 3.74 ms, H100), where fusing
- * the one-wave launches of the 0.8B shape made its step 4.5 % faster. */
+/* One launch where the products take x through the warps (one group of 2
+ * rows) on the tensor cores, the norm's row is one warp's (in <= 1024) and
+ * every block runs at once (4 a multiprocessor): each block normalizes the
+ * rows as it reads them (mmt_norm). Elsewhere the norm, then the products,
+ * as the separate ops. Measured on one H100 (NOTES.md): the 0.8B shape's
+ * decode step, every norm fused, 6 % faster; on the 4B shape (rows of 2,560,
+ * five warps' sums a block) fusing lost, 0.6 % with one-wave launches only,
+ * 4 % with the gate/up pair and the LM head too (a norm in every block of
+ * every wave). */
 void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, float eps,
                       int zero_centred, int R, int in, int n, float *const *ys,
                       const tdm_weight *ws, const tdm_weight *up, const int *outs)
@@ -1159,7 +1153,8 @@ void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, floa
         return;
     TDM_ASSERT(xn != x && (!up || n == 1));
     bool fuse = !c->bulk && mmt_group_rows(R) == 2 && n <= MMT_MAXJOBS && in % 8 == 0 &&
-                in <= CUDA_NORM_REG_MAX && ((uintptr_t)x | (uintptr_t)xn | (uintptr_t)w) % 16 == 0;
+                cuda_norm_threads(in) == 32 &&
+                ((uintptr_t)x | (uintptr_t)xn | (uintptr_t)w) % 16 == 0;
     for (int i = 0; i < n && fuse; i++)
         fuse = outs[i] > 0 && ws[i].dtype == TDM_DTYPE_BF16 && (uintptr_t)ws[i].data % 16 == 0;
     if (up && fuse)
@@ -1177,6 +1172,6 @@ void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, floa
     const uint16_t *wd[MMT_MAXJOBS], *wu = up ? (const uint16_t *)up->data : NULL;
     for (int i = 0; i < n; i++)
         wd[i] = (const uint16_t *)ws[i].data;
-    const mmt_norm nm = {xn, w, eps, zero_centred, cuda_norm_threads(in), 0};
+    const mmt_norm nm = {xn, w, eps, zero_centred};
     mmt_matmul(c, x, R, in, n, ys, wd, up ? &wu : NULL, outs, 0, &nm);
 }

@@ -33,7 +33,6 @@
 #define NORM_WARP_ROWS 4
 #define NORM_MAX_G 8 /* groups of 4 per thread held in registers */
 #define NORM_REG_MAX (1024 * NORM_MAX_G * 4)
-static_assert(NORM_REG_MAX == CUDA_NORM_REG_MAX, "norm.cuh names the same limit");
 
 typedef struct norm_args {
     float *y;

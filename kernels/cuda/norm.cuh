@@ -14,11 +14,9 @@
  * of 32 consecutive threads sums by butterfly (cuda_warp_sum), and the
  * warps' sums are added in warp order from zero. */
 
-/* Rows longer than this take norm.cu's two-pass kernel (no fused form). */
-#define CUDA_NORM_REG_MAX (1024 * 8 * 4)
-
-/* Threads of a row of n values (n <= CUDA_NORM_REG_MAX): a warp up to n =
- * 1024, then 32 * ceil(groups / 128), at most 1024. */
+/* Threads of a row of n values: a warp up to n = 1024, then
+ * 32 * ceil(groups / 128), at most 1024 (rows longer than 32,768 values: a
+ * two-pass kernel with the same layout at 1024). */
 int cuda_norm_threads(int n);
 
 __device__ __forceinline__ float cuda_norm_sq4(float4 v, float ss)

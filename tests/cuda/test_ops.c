@@ -325,10 +325,10 @@ static void test_fused_matmuls(void)
  * backend's rmsnorm and then matmul_n or matmul_silu, bit for bit in xn and
  * every output (one launch for decode rows on bf16 weights; other calls
  * take the separate ops), against the CPU backend's separate ops, and row
- * by row == batched. The row lengths cover every thread layout of the norm
- * (norm.cu: a warp a row up to 1024 values, 5, 8 and 18 warps beyond), a
- * length not a multiple of 64, a plain (not zero-centred) norm, and an fp32
- * weight beside bf16 ones. */
+ * by row == batched. Fused: rows of up to 1024 values (one warp's in
+ * norm.cu), a length not a multiple of 64, a plain (not zero-centred) norm;
+ * the separate ops: longer rows (5, 8 and 18 warps a row), an fp32 weight
+ * beside bf16 ones, a launch of several waves, verify and batch rows. */
 typedef struct nm_case {
     fuse_case f;
     int zero_centred;
