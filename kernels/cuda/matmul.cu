@@ -626,10 +626,10 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
  * 4 fit, unless its waves are fuller at 3 (mmt_fill; groups of 2 rows use
  * fewer than 128 registers either way, so 4 fit whatever MINB says).
  * Measurements in NOTES.md. */
-template <int G, int MINB, bool PAIR, bool NORM>
-__global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
-    mmt_kernel(const mmt_jobs jobs, const mmt_norm nm, const float *__restrict__ x,
-               const uint32_t *xs, int R, int in, int rgroups)
+template <int G, bool PAIR, bool NORM>
+__device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &nm,
+                                         const float *__restrict__ x, const uint32_t *xs, int R,
+                                         int in, int rgroups)
 {
     static_assert(!NORM || G == 2, "a norm is fused only where the warps split x");
     constexpr int D = MMT_D, MT = mmt_group<G>::MT, PR = mmt_group<G>::PR;
@@ -858,6 +858,28 @@ __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
         *cnt = 0; /* ready for the next call */
 }
 
+/* The kernels: without a norm, the arguments they always had; with one
+ * (rows of one group of 2), the norm's too. (With an unused mmt_norm
+ * argument in every launch the 4B decode step measured 0.5 % slower than the
+ * tree before, H100, three interleaved pairs, where the instructions of
+ * every kernel it runs were the same: only the argument differed. These
+ * kernels' PTX is the tree before's again.) */
+template <int G, int MINB, bool PAIR>
+__global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
+    mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
+               int rgroups)
+{
+    mmt_body<G, PAIR, false>(jobs, mmt_norm{}, x, xs, R, in, rgroups);
+}
+
+template <int MINB, bool PAIR>
+__global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
+    mmt_norm_kernel(const mmt_jobs jobs, const mmt_norm nm, const float *__restrict__ x, int R,
+                    int in)
+{
+    mmt_body<2, PAIR, true>(jobs, nm, x, NULL, R, in, 1);
+}
+
 /* How full a call's waves are when `slots` blocks run at once: blocks over
  * the slots of its whole waves (1: the last wave as full as the others). A
  * call of many waves whose last one runs a few blocks streams most of a
@@ -901,10 +923,6 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
 {
     const int G = mmt_group_rows(R), rgroups = (R + G - 1) / G;
     TDM_ASSERT(!norm || G == 2);
-    mmt_norm nm;
-    memset(&nm, 0, sizeof(nm));
-    if (norm)
-        nm = *norm;
     mmt_jobs jobs;
     memset(&jobs, 0, sizeof(jobs));
     jobs.n = n;
@@ -978,19 +996,23 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     const bool pair = ups && ups[0];
     for (int i = 0; i < n; i++)
         TDM_ASSERT(!ups || !ups[i] == !pair); /* pairs launch apart from single weights */
-#define MMT_LAUNCH(G, MINB, NORM)                                                                  \
-    cuda_launch_cluster(c,                                                                         \
-                        pair ? mmt_kernel<G, MINB, true, NORM> : mmt_kernel<G, MINB, false, NORM>, \
-                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, nm, x,  \
+#define MMT_LAUNCH(G, MINB)                                                                        \
+    cuda_launch_cluster(c, pair ? mmt_kernel<G, MINB, true> : mmt_kernel<G, MINB, false>,          \
+                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, x,      \
                         (const uint32_t *)xs, R, in, rgroups)
+#define MMT_LAUNCH_NORM(MINB)                                                                      \
+    cuda_launch_cluster(c, pair ? mmt_norm_kernel<MINB, true> : mmt_norm_kernel<MINB, false>,      \
+                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, *norm,  \
+                        x, R, in)
     if (G == 2 && norm)
-        one_wave ? MMT_LAUNCH(2, 1, true) : MMT_LAUNCH(2, 4, true);
+        one_wave ? MMT_LAUNCH_NORM(1) : MMT_LAUNCH_NORM(4);
     else if (G == 2)
-        one_wave ? MMT_LAUNCH(2, 1, false) : MMT_LAUNCH(2, 4, false);
+        one_wave ? MMT_LAUNCH(2, 1) : MMT_LAUNCH(2, 4);
     else if (G == 5)
-        three ? MMT_LAUNCH(5, 3, false) : MMT_LAUNCH(5, 4, false);
+        three ? MMT_LAUNCH(5, 3) : MMT_LAUNCH(5, 4);
     else
-        three ? MMT_LAUNCH(10, 3, false) : MMT_LAUNCH(10, 4, false);
+        three ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
+#undef MMT_LAUNCH_NORM
 #undef MMT_LAUNCH
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
