@@ -2,9 +2,10 @@
  * matmul.cu - y [R, out] (+)= x [R, in] · wᵀ with w [out, in] in bf16, fp16 or fp32 and x, y in
  * fp32, all row-major and dense (row strides in and out); fp32 accumulation of the exact weight
  * values. matmul_n runs several weights that share x in one launch; matmul_silu makes
- * y = silu(x · gateᵀ) ⊙ (x · upᵀ). bf16 weights take the tensor cores (mmt_kernel): each x is
- * split exactly into bf16 parts hi + mid + lo (mmt_split), so every product of a weight with a
- * part is exact in fp32 and no activation is rounded. Other weights take CUDA cores (mm_kernel).
+ * y = silu(x · gateᵀ) ⊙ (x · upᵀ); norm_matmul applies the RMSNorm ahead of them as x is read
+ * (decode rows). bf16 weights take the tensor cores (mmt_kernel): each x is split exactly into
+ * bf16 parts hi + mid + lo (mmt_split), so every product of a weight with a part is exact in
+ * fp32 and no activation is rounded. Other weights take CUDA cores (mm_kernel).
  *
  * Invariants a change must keep (the GPU tests check each to the bit):
  *  - Batch invariance (backend.h): a row's bits depend on its own x, on w and on (in, out)
@@ -19,7 +20,8 @@
  *  - Strategies that give the same bits and must go on doing so: weights as the mma's A operand
  *    (groups of 2 rows) or as its B operand (groups of 5 or 10); split-k sums through a cluster
  *    or through global memory; x parts from the producer (cuda_xs_put4) or from the matmul's own
- *    split kernel; matmul_n and matmul_silu against separate matmuls and silu_mul; the launch
+ *    split kernel; matmul_n and matmul_silu against separate matmuls and silu_mul;
+ *    norm_matmul (a norm applied as x is split) against rmsnorm then the products; the launch
  *    bounds (MINB), which may change registers but never the arithmetic.
  *  - The path depends on w's dtype, `in` and the 16-byte alignment of w and x, never on R.
  *  - Weights are finite: past `in` (in % 64 != 0) a lane rereads its row's last chunk, whose
