@@ -905,14 +905,19 @@ static int mmt_kblocks(int in, int out)
     return kb < 1 ? 1 : kb;
 }
 
+/* m-blocks of a weight of `out` rows (a gate/up pair: 16 outputs a block). */
+static int mmt_mblocks(int out, bool pair)
+{
+    const int bm = pair ? MMT_M / 2 : MMT_M;
+    return (out + bm - 1) / bm;
+}
+
 /* Blocks of mmt_matmul's launch for one group of rows (R <= 2). */
 static size_t mmt_blocks_one_group(int in, int n, const int *outs, bool pair)
 {
     size_t blocks = 0;
-    for (int i = 0; i < n; i++) {
-        const int bm = pair ? MMT_M / 2 : MMT_M;
-        blocks += (size_t)((outs[i] + bm - 1) / bm) * (size_t)mmt_kblocks(in, outs[i]);
-    }
+    for (int i = 0; i < n; i++)
+        blocks += (size_t)mmt_mblocks(outs[i], pair) * (size_t)mmt_kblocks(in, outs[i]);
     return blocks;
 }
 
@@ -945,9 +950,9 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         jobs.cluster = 1;
     for (int i = 0; i < n; i++) {
         const uint16_t *up = ups ? ups[i] : NULL;
-        const int KB = kbs[i], bm = up ? MMT_M / 2 : MMT_M;
+        const int KB = kbs[i];
         TDM_ASSERT(!up || !accumulate);
-        mblocks[i] = (outs[i] + bm - 1) / bm;
+        mblocks[i] = mmt_mblocks(outs[i], up != NULL);
         jobs.j[i] =
             (mmt_job){ys[i], ws[i], up, NULL, NULL, NULL, outs[i], KB, (int)blocks, accumulate};
         blocks += (size_t)mblocks[i] * (size_t)KB * (size_t)rgroups;
@@ -1165,9 +1170,10 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
  * rows as it reads them (mmt_norm). Elsewhere the norm, then the products,
  * as the separate ops. Measured on one H100 (NOTES.md): the 0.8B shape's
  * decode step, every norm fused, 6 % faster; on the 4B shape (rows of 2,560,
- * five warps' sums a block) fusing lost, 0.6 % with one-wave launches only,
- * 4 % with the gate/up pair and the LM head too (a norm in every block of
- * every wave). */
+ * five warps' sums a block) fusing the one-wave launches gained nothing
+ * (3.665 -> 3.688 ms, most of it the unused argument of mmt_kernel below),
+ * and with the gate/up pair and the LM head too it lost 4 % (a norm in every
+ * block of every wave). */
 void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, float eps,
                       int zero_centred, int R, int in, int n, float *const *ys,
                       const tdm_weight *ws, const tdm_weight *up, const int *outs)

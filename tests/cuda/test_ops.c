@@ -211,6 +211,34 @@ typedef struct fuse_in {
     size_t wb[4];
 } fuse_in;
 
+/* Fresh random inputs of a case: x [R, in] of values up to xmax, each
+ * weight as stored (wh) and as the values it holds (wref). */
+static fuse_in fuse_in_make(const fuse_case *fc, float xmax)
+{
+    fuse_in fi = {0};
+    float *x = malloc((size_t)fc->R * fc->in * 4);
+    ct_fill(x, (size_t)fc->R * fc->in, xmax);
+    fi.x = x;
+    for (int j = 0; j < fc->n; j++) {
+        const size_t nw = (size_t)fc->outs[j] * fc->in;
+        float *wv = malloc(nw * 4);
+        fi.wref[j] = malloc(nw * 4);
+        ct_fill(wv, nw, 0.5f);
+        fi.wh[j] = make_weight(wv, nw, fc->dt[j], fi.wref[j], &fi.wb[j]);
+        free(wv);
+    }
+    return fi;
+}
+
+static void fuse_in_free(const fuse_case *fc, fuse_in *fi)
+{
+    for (int j = 0; j < fc->n; j++) {
+        free(fi->wh[j]);
+        free(fi->wref[j]);
+    }
+    free((void *)fi->x);
+}
+
 /* y[j]: host copies of the outputs (caller frees). */
 static void run_fused(tdm_backend *be, const fuse_case *fc, const fuse_in *fi, int mode, float **y)
 {
@@ -280,18 +308,7 @@ static void test_fused_matmuls(void)
     for (size_t ci = 0; ci < TDM_ARRAY_LEN(cases); ci++) {
         const fuse_case *fc = &cases[ci];
         const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
-        fuse_in fi;
-        float *x = malloc((size_t)R * in * 4);
-        ct_fill(x, (size_t)R * in, 2.0f);
-        fi.x = x;
-        for (int j = 0; j < fc->n; j++) {
-            const size_t nw = (size_t)fc->outs[j] * in;
-            float *wv = malloc(nw * 4);
-            fi.wref[j] = malloc(nw * 4);
-            ct_fill(wv, nw, 0.5f);
-            fi.wh[j] = make_weight(wv, nw, fc->dt[j], fi.wref[j], &fi.wb[j]);
-            free(wv);
-        }
+        fuse_in fi = fuse_in_make(fc, 2.0f);
         /* fused, row by row (GPU); separate ops (GPU, CPU) */
         float *yf[4], *yr[4], *ys[4], *yc[4];
         run_fused(G, fc, &fi, 0, yf);
@@ -313,11 +330,7 @@ static void test_fused_matmuls(void)
             free(ys[j]);
             free(yc[j]);
         }
-        for (int j = 0; j < fc->n; j++) {
-            free(fi.wh[j]);
-            free(fi.wref[j]);
-        }
-        free(x);
+        fuse_in_free(fc, &fi);
     }
 }
 
@@ -412,19 +425,9 @@ static void test_norm_matmul(void)
     for (size_t ci = 0; ci < TDM_ARRAY_LEN(cases); ci++) {
         const fuse_case *fc = &cases[ci].f;
         const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
-        fuse_in fi;
-        float *x = malloc((size_t)R * in * 4), *nw = malloc((size_t)in * 4);
-        ct_fill(x, (size_t)R * in, 2.0f);
+        fuse_in fi = fuse_in_make(fc, 2.0f);
+        float *nw = malloc((size_t)in * 4);
         ct_fill(nw, (size_t)in, 0.5f);
-        fi.x = x;
-        for (int j = 0; j < fc->n; j++) {
-            const size_t n = (size_t)fc->outs[j] * in;
-            float *wv = malloc(n * 4);
-            fi.wref[j] = malloc(n * 4);
-            ct_fill(wv, n, 0.5f);
-            fi.wh[j] = make_weight(wv, n, fc->dt[j], fi.wref[j], &fi.wb[j]);
-            free(wv);
-        }
         float *yf[4], *yr[4], *ys[4], *yc[4], *nf, *nr, *ns, *ncpu;
         run_norm_matmul(G, &cases[ci], &fi, nw, 0, yf, &nf);
         run_norm_matmul(G, &cases[ci], &fi, nw, 1, yr, &nr);
@@ -455,11 +458,7 @@ static void test_norm_matmul(void)
         free(nr);
         free(ns);
         free(ncpu);
-        for (int j = 0; j < fc->n; j++) {
-            free(fi.wh[j]);
-            free(fi.wref[j]);
-        }
-        free(x);
+        fuse_in_free(fc, &fi);
         free(nw);
     }
 }
@@ -523,18 +522,7 @@ static void test_bulk(void)
     };
     for (size_t k = 0; k < TDM_ARRAY_LEN(cases); k++) {
         const fuse_case *fc = &cases[k];
-        fuse_in fi = {0};
-        float *x = malloc((size_t)fc->R * fc->in * 4);
-        ct_fill(x, (size_t)fc->R * fc->in, 1.0f);
-        fi.x = x;
-        float *wv[4];
-        for (int j = 0; j < fc->n; j++) {
-            const size_t nw = (size_t)fc->outs[j] * fc->in;
-            wv[j] = malloc(nw * 4);
-            fi.wref[j] = malloc(nw * 4);
-            ct_fill(wv[j], nw, 0.5f);
-            fi.wh[j] = make_weight(wv[j], nw, fc->dt[j], fi.wref[j], &fi.wb[j]);
-        }
+        fuse_in fi = fuse_in_make(fc, 1.0f);
         float *yc[4] = {0}, *yb[4] = {0};
         run_fused(CPU, fc, &fi, 2, yc);
         G->bulk(G->ctx, fc->R);
@@ -549,12 +537,7 @@ static void test_bulk(void)
             free(yb[j]);
             free(yc[j]);
         }
-        for (int j = 0; j < fc->n; j++) {
-            free(wv[j]);
-            free(fi.wref[j]);
-            free(fi.wh[j]);
-        }
-        free(x);
+        fuse_in_free(fc, &fi);
     }
 }
 
