@@ -614,6 +614,14 @@ static const counter_row counter_rows[] = {
         "off."),
     ROW("verifier", "adaptive_switch_offs", "tandem_spec_decode_adaptive_switch_offs_total",
         COUNTER, "Times the adaptive rule switched speculation off for a sequence."),
+    ROW("verifier", "adaptive_scores", "tandem_spec_decode_adaptive_scores_total", COUNTER,
+        "Scores weighed: a paused greedy sequence's drafter judged on the tokens decoded "
+        "without it."),
+    ROW("verifier", "adaptive_scored_positions",
+        "tandem_spec_decode_adaptive_scored_positions_total", COUNTER,
+        "Positions those scores judged a draft at."),
+    ROW("verifier", "adaptive_score_restarts", "tandem_spec_decode_adaptive_score_restarts_total",
+        COUNTER, "Scores after which the adaptive rule restarted speculation."),
     ROW("verifier", "plain_measure_rounds", "tandem_spec_decode_plain_measure_rounds_total",
         COUNTER,
         "Rounds run plainly, their draft blocks unverified, to measure the plain round that "
@@ -821,6 +829,10 @@ static const counter_row counter_rows[] = {
          "used", "Blocks drafted ahead of their verdict, by whether they stood."),
     ROWL("drafter", "ahead_blocks_dropped", "tandem_drafter_ahead_blocks_total", COUNTER, "outcome",
          "dropped", NULL),
+    ROW("drafter", "scores", "tandem_drafter_scores_total", COUNTER,
+        "Scoring opens answered: a paused sequence's positions judged against its drafts."),
+    ROW("drafter", "scored_positions", "tandem_drafter_scored_positions_total", COUNTER,
+        "Positions those scoring opens judged."),
     ROW("drafter", "prefilled_tokens", "tandem_drafter_prefilled_tokens_total", COUNTER,
         "Tokens a model drafter ran outside its draft passes: prompts and catch-ups (about the "
         "prompts' sum while its sequences' states hold)."),

@@ -166,12 +166,31 @@ tdm_status tdm_req_check_sequence_open(const Tandem__V1__SequenceOpen *o, int vo
             return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                                  "SequenceOpen.tokens[%zu] = %u is outside the vocabulary (0..%d)",
                                  i, o->tokens[i], vocab - 1);
-    if (o->block_size < 1 || o->block_size > (uint32_t)max_block)
+    if (o->score) {
+        if (o->block_size != 0)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "SequenceOpen.score with block_size %u (a score drafts no block: "
+                                 "0)",
+                                 o->block_size);
+        if (o->score_from < 1 || o->score_from > o->n_tokens)
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "SequenceOpen.score_from %u is outside 1..%zu (its tokens)",
+                                 o->score_from, o->n_tokens);
+    } else if (o->block_size < 1 || o->block_size > (uint32_t)max_block) {
         return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
                              "SequenceOpen.block_size %u is outside 1..%d", o->block_size,
                              max_block);
+    }
     if (tdm_req_check_sampling(o->sampling, err) != TDM_OK)
         return tdm_error_prefix(err, "SequenceOpen");
+    if (o->score) {
+        const tdm_sampling sp = tdm_req_sampling(o->sampling);
+        if (!tdm_sampling_is_greedy(&sp))
+            return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                                 "SequenceOpen.score for a sequence that samples (greedy only: "
+                                 "a sampled draft is not accepted exactly where it equals the "
+                                 "token)");
+    }
     return TDM_OK;
 }
 

@@ -117,6 +117,11 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->accepted_since_start = 0;
     a->pause_len = a->p.pause_tokens;
     a->pauses = 0;
+    a->score_len = a->p.pause_tokens > 0 ? a->p.pause_tokens : 1;
+    a->score_left = a->score_len;
+    a->scores = 0;
+    a->score_starts = 0;
+    a->scored = false;
     a->probes = 0;
     a->probing = false;
     a->below = 0;
@@ -168,6 +173,20 @@ static void switch_off(tdm_adaptive *a, bool probing, const char *why)
     a->accepted_since_start = 0;
     a->below = 0;
     a->lost = 0;
+    a->score_len = a->p.pause_tokens > 0 ? a->p.pause_tokens : 1;
+    a->score_left = a->score_len;
+    a->scored = false;
+}
+
+/* The best S(k) with every draft accepted: below 1, the costs alone lose. */
+static double ceiling_speedup(const tdm_adaptive *a)
+{
+    double ceiling = 0;
+    for (int k = 1; k <= a->p.k_max; k++) {
+        const double s = (double)(k + 1) / (1.0 + a->fixed + a->cost * k);
+        ceiling = s > ceiling ? s : ceiling;
+    }
+    return ceiling;
 }
 
 static void choose(tdm_adaptive *a)
@@ -215,12 +234,7 @@ static void choose(tdm_adaptive *a)
      * even if every draft were accepted. The acceptance estimate's noise,
      * which min_rounds waits out, cannot change that; two rounds in a row
      * (one slow round is not a cost) switch it off. */
-    double ceiling = 0;
-    for (int k = 1; k <= a->p.k_max; k++) {
-        const double s = (double)(k + 1) / (1.0 + a->fixed + a->cost * k);
-        ceiling = s > ceiling ? s : ceiling;
-    }
-    a->lost = ceiling < 1.0 ? a->lost + 1 : 0;
+    a->lost = ceiling_speedup(a) < 1.0 ? a->lost + 1 : 0;
     if (a->lost >= 2) {
         switch_off(a, false, "costs lose even with every draft accepted");
         return;
@@ -309,6 +323,8 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
     tokens_done(a, 1);
     if (a->k_next > 0 || a->p.fixed)
         return;
+    if (a->score_left > 0)
+        a->score_left--;
     if (--a->paused_left <= 0) {
         /* Probe: one cheap round tells whether acceptance has recovered
          * (choose: its outcome decides). The estimate starts over from the
@@ -325,11 +341,14 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
          * of its speed. Where the drafter's acceptance on earlier requests
          * is below the prior, it is judged at that acceptance instead (the
          * remembered acceptance moves back towards the prior as requests
-         * start paused, so a later request tries again). */
-        a->accepted_ema = a->p.accept_prior;
-        a->trials_ema = 1.0;
-        a->accept_rate = a->p.accept_prior;
-        a->pos = a->p.accept_positions;
+         * start paused, so a later request tries again). Estimates that
+         * scores measured in this pause stand instead of the prior. */
+        if (!a->scored) {
+            a->accepted_ema = a->p.accept_prior;
+            a->trials_ema = 1.0;
+            a->accept_rate = a->p.accept_prior;
+            a->pos = a->p.accept_positions;
+        }
         tdm_adaptive hit = *a;
         if (a->p.accept_prior >= PRIOR_ACCEPT)
             note_acceptance(&hit, 1, 1);
@@ -351,6 +370,63 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
         a->since_start = 0;
         a->accepted_since_start = 0;
     }
+}
+
+bool tdm_adaptive_score_due(const tdm_adaptive *a)
+{
+    return a->k_next == 0 && !a->p.fixed && a->score_left <= 0 &&
+           ceiling_speedup(a) >= 1.0 + a->p.min_gain;
+}
+
+int tdm_score_rounds(const uint8_t *hits, int n, int k, void (*fn)(void *, int, int), void *user)
+{
+    int rounds = 0;
+    for (int j = 0; j < n && k > 0;) {
+        int acc = 0;
+        while (acc < k && j + acc < n && hits[j + acc])
+            acc++;
+        if (acc < k && j + acc >= n)
+            break; /* runs past the positions scored: its outcome is not known */
+        fn(user, k, acc);
+        rounds++;
+        j += acc + 1; /* then the verifier's token: the correction, or the bonus */
+    }
+    return rounds;
+}
+
+static void note_scored_round(void *user, int k, int n)
+{
+    note_acceptance(user, k, n);
+}
+
+void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n)
+{
+    if (a->k_next > 0 || a->p.fixed)
+        return;
+    a->scores++;
+    if (tdm_score_rounds(hits, n, a->p.k_max, note_scored_round, a) > 0)
+        a->scored = true;
+    int k = 1;
+    const double best = best_speedup(a, a->p.k_max, &k);
+    if (a->scored && best >= 1.0 + a->p.min_gain && open_repays(a, best)) {
+        /* Measured on rounds as a block would run them: speculation
+         * restarts as after a probe whose draft was accepted. */
+        a->k_next = k;
+        a->paused_left = 0;
+        a->probing = false;
+        a->since_start = 0;
+        a->accepted_since_start = 0;
+        a->below = 0;
+        a->lost = 0;
+        a->scored = false;
+        a->score_starts++;
+        a->score_len = a->p.pause_tokens > 0 ? a->p.pause_tokens : 1;
+        a->score_left = a->score_len;
+        return;
+    }
+    const int most = 32 * (a->p.pause_tokens > 0 ? a->p.pause_tokens : 1);
+    a->score_len = a->score_len * 2 < most ? a->score_len * 2 : most;
+    a->score_left = a->score_len;
 }
 
 /* ---- a drafter's acceptance across requests --------------------------------- */

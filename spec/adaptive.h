@@ -54,6 +54,22 @@
  * what opening it on the drafter costs (open_cost: tokens_left x (1 - 1/S)
  * must exceed it). (A probe's open costs less: the drafter catches up on the
  * tokens of the pause alone.)
+ * Scoring: while paused, a greedy sequence's model drafter may be asked how
+ * its drafts would have fared on the tokens decoded since it last saw the
+ * sequence (drafter.proto, DraftScore): under greedy decoding a draft is
+ * accepted exactly where it is the token decoded there, so the positions
+ * replay as the rounds blocks of k_max would have run, each weighed as a
+ * speculative round's acceptance (tdm_adaptive_on_scored). Where the
+ * estimate then pays by min_gain and the tokens left repay the open,
+ * speculation restarts at the block it favours; otherwise the next score
+ * comes after twice as many tokens (at most 32 x pause_tokens). Without it a
+ * drafter judged at the prior acceptance where that does not pay (the demo
+ * pair on one H100: a block of 4 gains 16 % at 0.77 a draft, rising along the
+ * block) is never run, so never measured. A score costs the sequence nothing
+ * (it decodes on; the answer comes when it comes), only the drafter a
+ * catch-up it makes anyway at the next open; it is asked for only where
+ * some acceptance could pay at the costs of now (every draft accepted pays
+ * by min_gain).
  * Every decision is counted so that it is visible in the request's stats.
  */
 #ifndef TANDEM_SPEC_ADAPTIVE_H
@@ -137,6 +153,11 @@ typedef struct tdm_adaptive {
     int since_start;    /* rounds since speculation last (re)started */
     int accepted_since_start; /* drafts accepted in those rounds */
     int pauses;         /* times speculation was switched off */
+    int score_left;     /* plain tokens before the next score (while paused) */
+    int score_len;      /* tokens between scores: pause_tokens, doubling while none restarts */
+    int scores;         /* scores weighed */
+    int score_starts;   /* times a score restarted speculation */
+    bool scored;        /* this pause's estimates are scored ones: a probe keeps them */
     int probes;         /* rounds run to test whether it pays again */
     bool probing;       /* the next round is a probe, whose outcome decides */
     int below;          /* rounds in a row whose estimates say speculation loses */
@@ -163,6 +184,22 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a);
  * (<= 0: keep the estimate), e.g. as measured on other requests at the
  * verifier's current batch; the next probe is judged on them. */
 void tdm_adaptive_set_costs(tdm_adaptive *a, double cost, double fixed);
+
+/* Whether a score is due: paused, score_left counted down, and some
+ * acceptance would pay at the costs of now. */
+bool tdm_adaptive_score_due(const tdm_adaptive *a);
+
+/* A score's positions (hits[i]: 1 where the drafter's greedy draft was the
+ * token decoded there): weighed as the rounds of k_max drafts they replay;
+ * restarts speculation where the estimate pays (k_next > 0 after). */
+void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n);
+
+/* The rounds of k drafts that n scored positions replay, in order: each is
+ * (drafts accepted, drafts tried) = (the hits in a row from its start, at
+ * most k), and the next starts after it and the token the verifier would
+ * have decided. fn is called with (user, k, accepted) for each; returns how
+ * many. */
+int tdm_score_rounds(const uint8_t *hits, int n, int k, void (*fn)(void *, int, int), void *user);
 
 /* Expected speed-up S(k) under the current estimates. */
 double tdm_adaptive_speedup(const tdm_adaptive *a, int k);

@@ -116,6 +116,12 @@ typedef struct dseq {
     double t_taken, t_pass0, t_chain, t_pass1;
     bool first_sight; /* its pass ran a step shape for the first time (DraftBlock) */
     bool prep_first;  /* so did its catch-up since its last block (model_prepare) */
+    /* A scoring open (drafter.proto, DraftScore): positions from score_from
+     * on are scored into hits (hits[0] at position hits_at) as its catch-up
+     * reaches them. */
+    bool scoring;
+    int score_from, hits_at, n_hits, hits_cap;
+    uint8_t *hits;
     struct dseq *next;
 } dseq;
 
@@ -165,6 +171,7 @@ typedef struct dstream {
      * MAX_BLOCK], and one pointer a sequence); NULL in tandem-drafter */
     int32_t *mfbuf;
     const int32_t **mforced;
+    int32_t *score_am; /* a scoring catch-up chunk's argmaxes [CATCH_UP_CHUNK] */
     /* The verifier's shared-memory ring, mapped once its offer checked out
      * (handler thread); shm_why: why there is none, when an offer failed. */
     tdm_feat_map shm;
@@ -234,6 +241,7 @@ static void dseq_free(dstream *st, dseq *q)
     tdm_mtp_seq_destroy(q->mseq);
     tdm_feat_in_free(&q->fin);
     free(q->tokens);
+    free(q->hits);
     free(q);
     st->n_seqs--;
     __atomic_fetch_sub(&st->d->open_sequences, 1, __ATOMIC_RELAXED);
@@ -422,6 +430,116 @@ static void catch_up(dstream *st)
     }
 }
 
+#ifdef TANDEM_BENCH_ORACLE
+#include "oracle.h"
+#endif
+
+/* The token the drafter proposes at position `pos` of q's tokens extended by
+ * `ext` (n_ext of them): its own choice, or in the benchmark's
+ * controlled-acceptance build the oracle's. */
+static int32_t propose_at(const dstream *st, const dseq *q, int pos, const int32_t *ext, int n_ext,
+                          int32_t own)
+{
+#ifdef TANDEM_BENCH_ORACLE
+    const int32_t f = tdm_bench_oracle(q->tokens, pos, ext, n_ext, own, st->d->vocab);
+    return f < 0 ? own : f;
+#else
+    (void)st;
+    (void)q;
+    (void)pos;
+    (void)ext;
+    (void)n_ext;
+    return own;
+#endif
+}
+
+/* Answers q's scoring open with the positions scored so far: the DraftScore
+ * (drafter.proto). */
+static tdm_status score_send(dstream *st, dseq *q, tdm_error *err)
+{
+    Tandem__V1__DraftScore sc = TANDEM__V1__DRAFT_SCORE__INIT;
+    sc.sequence_id = q->id;
+    sc.position = (uint32_t)q->hits_at;
+    sc.hits.data = q->hits;
+    sc.hits.len = (size_t)q->n_hits;
+    Tandem__V1__DraftResponse r = TANDEM__V1__DRAFT_RESPONSE__INIT;
+    r.kind_case = TANDEM__V1__DRAFT_RESPONSE__KIND_SCORE;
+    r.score = &sc;
+    q->scoring = false;
+    __atomic_fetch_add(&st->d->scores, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->d->scored, (uint64_t)q->n_hits, __ATOMIC_RELAXED);
+    return dstream_write(st, &r, err);
+}
+
+/* One chunk of q's scoring catch-up: prefills at most CATCH_UP_CHUNK of its
+ * tokens up to the last (whose row predicts a token not decoded yet), the
+ * rows that predict a position from score_from on with their argmax, each
+ * scored against the token there (as the drafter's block would propose it:
+ * propose_at); then, caught up, sends the DraftScore. */
+static tdm_status score_chunk(dstream *st, dseq *q, tdm_error *err)
+{
+    drafter *d = st->d;
+    if (!q->seq) {
+        tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
+        tdm_status rc = tdm_seq_create(d->rt->model, &p, &q->seq, err);
+        if (rc != TDM_OK)
+            return rc;
+        q->held = 0;
+    }
+    const int want = q->n - 1, first = q->score_from - 1; /* the row that predicts score_from */
+    if (q->held < want) {
+        int end = want < q->held + CATCH_UP_CHUNK ? want : q->held + CATCH_UP_CHUNK;
+        if (q->held < first && end > first)
+            end = first; /* the rows before it need no argmax */
+        const int m = end - q->held;
+        tdm_status rc;
+        if (q->held >= first) {
+            if (!st->score_am)
+                st->score_am = tdm_xmalloc(CATCH_UP_CHUNK * sizeof(int32_t));
+            const tdm_step_out out = {.argmax = st->score_am};
+            rc = tdm_seq_prefill_out(q->seq, q->tokens + q->held, m, &out, err);
+            if (rc == TDM_OK && q->n_hits + m > q->hits_cap) {
+                q->hits_cap = q->n_hits + m > 2 * q->hits_cap ? q->n_hits + m : 2 * q->hits_cap;
+                q->hits = tdm_xrealloc(q->hits, (size_t)q->hits_cap);
+            }
+            for (int i = 0; rc == TDM_OK && i < m; i++) {
+                const int pos = q->held + i + 1;
+                if (q->n_hits == 0)
+                    q->hits_at = pos;
+                q->hits[q->n_hits++] =
+                    propose_at(st, q, pos, NULL, 0, st->score_am[i]) == q->tokens[pos];
+            }
+        } else {
+            rc = tdm_seq_prefill(q->seq, q->tokens + q->held, m, NULL, err);
+        }
+        if (rc != TDM_OK)
+            return rc;
+        __atomic_fetch_add(&d->prefilled, (uint64_t)m, __ATOMIC_RELAXED);
+        q->held = end;
+        if (q->held < want)
+            return TDM_OK;
+    }
+    return score_send(st, q, err);
+}
+
+/* Scores the sequences that asked for it, a chunk at a time, until none is
+ * left or a message waits (a verdict's block goes first). */
+static void score_pending(dstream *st)
+{
+    for (dseq *q = st->seqs; q; q = q->next) {
+        while (q->scoring) {
+            tdm_error err = {0};
+            if (score_chunk(st, q, &err) != TDM_OK) {
+                q->scoring = false;
+                send_error(st, q->id, err.msg);
+                break;
+            }
+            if (message_waiting(st))
+                return;
+        }
+    }
+}
+
 /* The sequence of id `id`, created empty when the stream does not hold it;
  * NULL (answered with a SequenceError) when max_sequences are held. */
 static dseq *dseq_get(dstream *st, uint64_t id)
@@ -535,9 +653,17 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
         send_error(st, o->sequence_id, err.msg);
         return;
     }
+    if (o->score && (!d->rt || d->head)) {
+        send_error(st, o->sequence_id,
+                   "SequenceOpen.score: this drafter drafts without a model of its own, so it "
+                   "scores no positions");
+        return;
+    }
     dseq *q = dseq_get(st, o->sequence_id);
     if (!q)
         return;
+    if (q->scoring && score_send(st, q, &err) != TDM_OK)
+        return; /* the stream ended under us */
     /* A resume keeps the model state of the common prefix (model_settle). */
     block_clear(&q->b);
     ahead_clear(q);
@@ -582,8 +708,15 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
         dseq_remove(st, q);
         return;
     }
-    q->want = true;
     q->sent = false;
+    if (o->score) {
+        q->scoring = true;
+        q->score_from = (int)o->score_from;
+        q->hits_at = q->n;
+        q->n_hits = 0;
+        return;
+    }
+    q->want = true;
 }
 
 static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_arrived)
@@ -917,13 +1050,9 @@ typedef struct dtarget {
     bool stop;
 } dtarget;
 
-#ifdef TANDEM_BENCH_ORACLE
-#include "oracle.h"
-#endif
-
-/* The token the drafter proposes at position `pos` of q's tokens extended by
- * `ext` (n_ext of them): its own choice, or in the benchmark's
- * controlled-acceptance build the oracle's. */
+/* The token the drafter proposes after q's tokens extended by `ext` (n_ext
+ * of them); the controlled-acceptance build's oracle: -1 where no recorded
+ * run continues them. */
 static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int n_ext, int32_t own)
 {
 #ifdef TANDEM_BENCH_ORACLE
@@ -1601,10 +1730,21 @@ static void *reader_main(void *arg)
 
 /* Whether some sequence wants a block (one left by a catch-up that a
  * message cut short), or would draft ahead in an idle moment. */
-static bool work_pending(const dstream *st)
+static bool blocks_pending(const dstream *st)
 {
     for (const dseq *q = st->seqs; q; q = q->next)
         if (q->want || q->ahead_want)
+            return true;
+    return false;
+}
+
+/* ... or a scoring open waits for its catch-up. */
+static bool work_pending(const dstream *st)
+{
+    if (blocks_pending(st))
+        return true;
+    for (const dseq *q = st->seqs; q; q = q->next)
+        if (q->scoring)
             return true;
     return false;
 }
@@ -1703,8 +1843,11 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         }
         if (!any) {
             pthread_mutex_lock(&st.mu);
-            ahead = !st.head && !behind && work_pending(&st);
+            ahead = !st.head && !behind && blocks_pending(&st);
             pthread_mutex_unlock(&st.mu);
+            /* Scores last: nothing waits for them but the estimates. */
+            if (!ahead && !behind && !message_waiting(&st))
+                score_pending(&st);
         }
         if (any || ahead) {
             const uint64_t fs = tdm_runtime_graph_first_sights(d->rt ? d->rt : d->head);
@@ -1755,6 +1898,7 @@ static tdm_status draft_stream(tdm_rpc_call *call, tdm_error *err, void *user)
         it = next;
     }
     tdm_step_buf_free(&st.out);
+    free(st.score_am);
     draft_host(d, st.cprobs, 0);
     free(st.cu);
     free(st.csamp);
@@ -1794,6 +1938,8 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"ahead_blocks_used", (double)__atomic_load_n(&d->ahead_used, __ATOMIC_RELAXED)},
         {"ahead_blocks_dropped", (double)__atomic_load_n(&d->ahead_dropped, __ATOMIC_RELAXED)},
         {"prefilled_tokens", (double)__atomic_load_n(&d->prefilled, __ATOMIC_RELAXED)},
+        {"scores", (double)__atomic_load_n(&d->scores, __ATOMIC_RELAXED)},
+        {"scored_positions", (double)__atomic_load_n(&d->scored, __ATOMIC_RELAXED)},
         {"max_sequences", (double)d->max_sequences},
         {"feature_rows_shm", (double)__atomic_load_n(&d->feat_rows_shm, __ATOMIC_RELAXED)},
         {"feature_bytes_shm", (double)__atomic_load_n(&d->feat_bytes_shm, __ATOMIC_RELAXED)},

@@ -46,6 +46,8 @@ typedef struct drafter {
     /* tokens a model drafter prefilled outside its draft passes (prompts,
      * catch-ups): about the prompts' sum while its sequences' states hold */
     uint64_t prefilled;
+    /* scoring opens answered, and the positions they scored */
+    uint64_t scores, scored;
     /* Where the blocks that answer verdicts spent their time, microseconds
      * summed over timed_blocks (block_stage_us_total: draft.c's stages). */
     uint64_t timed_blocks, stage_us[5];

@@ -678,6 +678,7 @@ again:
         da.address = pick.drafter_addr;
         da.device_uuid = pick.drafter_device;
         da.device_mps = pick.drafter_mps;
+        da.scores = pick.drafter_scores;
         da.host_id = pick.drafter_host;
         da.cpus = pick.drafter_cpus;
         for (size_t c = 0; c < pick.n_drafter_costs; c++)

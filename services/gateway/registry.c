@@ -809,6 +809,9 @@ static void take_drafter_locked(gw_registry *r, const gw_replica *v, gw_pick *ou
         snprintf(out->drafter_addr, sizeof(out->drafter_addr), "%s", dr->desc->address);
         snprintf(out->drafter_device, sizeof(out->drafter_device), "%s", dr->desc->device_uuid);
         out->drafter_mps = dr->desc->device_mps;
+        out->drafter_scores =
+            dr->desc->drafter_kind == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL &&
+            dr->desc->protocol && (dr->desc->protocol->major > 1 || dr->desc->protocol->minor >= 3);
         snprintf(out->drafter_host, sizeof(out->drafter_host), "%s", dr->desc->host_id);
         snprintf(out->drafter_cpus, sizeof(out->drafter_cpus), "%s", dr->desc->cpus);
         /* Registration checked their number (tdm_req_check_descriptor). */

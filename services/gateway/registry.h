@@ -60,6 +60,7 @@ typedef struct gw_pick {
     char drafter_id[128], drafter_addr[256]; /* empty: no drafter */
     char drafter_device[72];                 /* its device_uuid ("" on the CPU) */
     bool drafter_mps;                        /* its device_mps */
+    bool drafter_scores; /* a model drafter of protocol >= 1.3: it answers scoring opens */
     char drafter_host[72];                   /* its host_id */
     char drafter_cpus[TDM_CPULIST_TEXT_MAX + 1]; /* its cpus */
     /* its draft_pass_costs */

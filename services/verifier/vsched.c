@@ -78,6 +78,9 @@ struct vreq {
     bool spec;             /* speculating with link */
     bool run_ahead;        /* its drafter may draft ahead of verdicts (not on this GPU) */
     bool opened;           /* the drafter knows this sequence */
+    bool scores;           /* its drafter answers scoring opens (DrafterAssignment.scores) */
+    bool scoring;          /* a scoring open awaits its DraftScore (under mu) */
+    int score_from, score_end; /* ... for positions [score_from, score_end) */
     bool awaiting;         /* a block was asked for and has not arrived */
     bool after_open;       /* the awaited block follows an open: its wait includes a prefill */
     double t_asked, t_got; /* when the awaited block was asked for and arrived */
@@ -99,7 +102,7 @@ struct vreq {
     /* What the adaptive rule did, for the stats while it speculates with
      * pauses (fill_stats), and the pauses, probes and rounds it says. */
     char ad_note[560];
-    int noted[3];
+    int noted[4];
     /* Feature stream (drafter.proto), scheduler thread: what its drafter
      * takes, and the rows of committed positions not yet sent to it. Only
      * a sequence with feat set has hidden states brought back by its steps. */
@@ -136,7 +139,7 @@ struct vreq {
 };
 
 /* What a round sends a sequence's drafter after its step. */
-typedef enum { MSG_NONE, MSG_OPEN, MSG_VERDICT } msg_kind;
+typedef enum { MSG_NONE, MSG_OPEN, MSG_VERDICT, MSG_SCORE } msg_kind;
 
 /* One live sequence of a round. */
 typedef struct vround_seq {
@@ -661,12 +664,60 @@ static void take_delivered_locked(vsched *s, vreq *r, Tandem__V1__DraftResponse 
     }
 }
 
+/* A scored round's acceptance into the drafter's memory (dacc_note). */
+typedef struct score_mem {
+    vsched *s;
+    const char *id;
+} score_mem;
+
+static void score_memory(void *user, int k, int n)
+{
+    const score_mem *m = user;
+    dacc_note(m->s, m->id, k, n);
+}
+
+/* A scoring open's answer (under mu): positions from where the drafter's
+ * model stood to the sequence's last token when it was sent, weighed by the
+ * adaptive rule as the rounds they replay (tdm_adaptive_on_scored); the
+ * drafter's memory takes them too. A restart opens the sequence with its
+ * next round (plan_message_locked). Positions outside what was sent, or
+ * before what was asked, are a faulty drafter's: dropped. */
+static void take_score_locked(vsched *s, vreq *r, const Tandem__V1__DraftScore *sc)
+{
+    r->scoring = false;
+    if ((int64_t)sc->position < r->score_from ||
+        (int64_t)sc->position + (int64_t)sc->hits.len > r->score_end) {
+        tdm_log_warn(LOG,
+                     "request %s: drafter %s scored positions %u..%zu where %d..%d were asked "
+                     "for; dropped",
+                     r->request_id, r->drafter_id, sc->position, sc->position + sc->hits.len,
+                     r->score_from, r->score_end);
+        return;
+    }
+    if (r->ad.k_next > 0)
+        return; /* a probe reopened it meanwhile: its rounds measure */
+    const int k_before = r->ad.k_next;
+    tdm_adaptive_on_scored(&r->ad, sc->hits.data, (int)sc->hits.len);
+    score_mem mem = {s, r->drafter_id};
+    tdm_score_rounds(sc->hits.data, (int)sc->hits.len, r->ad.p.k_max, score_memory, &mem);
+    s->counters.scores++;
+    s->counters.scored_positions += sc->hits.len;
+    if (r->ad.k_next > k_before)
+        s->counters.score_restarts++;
+    tdm_log_debug(LOG,
+                  "request %s: %zu positions scored from %u: acceptance %.2f; speculation %s "
+                  "(block %d)",
+                  r->request_id, sc->hits.len, sc->position, r->ad.accept_rate,
+                  r->ad.k_next > 0 ? "restarts" : "stays paused", r->ad.k_next);
+}
+
 static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *resp)
 {
     vsched *s = user;
     uint64_t id =
         resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_BLOCK   ? resp->block->sequence_id
         : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR ? resp->error->sequence_id
+        : resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_SCORE ? resp->score->sequence_id
                                                                     : 0;
     bool keep = false;
     pthread_mutex_lock(&s->mu);
@@ -693,7 +744,10 @@ static void on_draft_message(void *user, vlink *l, Tandem__V1__DraftResponse *re
             keep = true;
         }
         sched_wake(s);
-    } else if (r && r->spec && r->awaiting &&
+    } else if (r && r->spec && r->scoring &&
+               resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_SCORE) {
+        take_score_locked(s, r, resp->score);
+    } else if (r && r->spec && (r->awaiting || r->scoring) &&
                resp->kind_case == TANDEM__V1__DRAFT_RESPONSE__KIND_ERROR) {
         req_drop_spec_locked(r, "off: drafter reported: %s", resp->error->message);
         sched_wake(s);
@@ -875,6 +929,24 @@ static void send_open(vsched *s, vreq *r, int block)
     /* Every committed token, `last` included (it sits right after them). */
     r->tokens[r->n_tokens] = r->last;
     send_open_n(s, r, block, r->n_tokens + 1);
+}
+
+/* A scoring open (drafter.proto): block 0, the positions planned
+ * (plan_message_locked). */
+static void send_score(vsched *s, vreq *r)
+{
+    r->tokens[r->n_tokens] = r->last;
+    Tandem__V1__SequenceOpen open = TANDEM__V1__SEQUENCE_OPEN__INIT;
+    open.sequence_id = r->id;
+    open.n_tokens = (size_t)r->n_tokens + 1;
+    open.tokens = (uint32_t *)r->tokens;
+    open.round = r->round;
+    open.score = true;
+    open.score_from = (uint32_t)r->score_from;
+    Tandem__V1__DraftRequest m = TANDEM__V1__DRAFT_REQUEST__INIT;
+    m.kind_case = TANDEM__V1__DRAFT_REQUEST__KIND_OPEN;
+    m.open = &open;
+    send_msg(s, r, &m);
 }
 
 static void send_verdict(vsched *s, vreq *r, int accepted, int32_t next, int block)
@@ -1357,6 +1429,10 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         }
         if (r->link) {
             r->spec = true;
+            /* Scores (drafter.proto) judge a greedy sequence's model drafter
+             * while it is paused. */
+            r->scores = da->scores && !r->feat && !da->fixed_block_size &&
+                        tdm_sampling_is_greedy(&r->sampling);
             /* A drafter on this verifier's own GPU would draft ahead in the
              * verifier's time (through MPS too: the two then share its
              * bandwidth, bench/RESULTS.md); so would one on its CPU cores. */
@@ -1456,15 +1532,17 @@ static void fill_stats(vreq *r, vsched_output *o)
     st->drafter = r->drafter_id;
     /* Written when its numbers change, not at every token's stats: a Run
      * takes them under mu, which the round's emit takes per sequence. */
-    const int noted[3] = {r->ad.pauses, r->ad.probes, r->ad.rounds};
+    const int noted[4] = {r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.scores};
     const bool ad = r->spec && r->ad.pauses > 0;
     if (ad && (!r->ad_note[0] || memcmp(noted, r->noted, sizeof(noted)) != 0)) {
         memcpy(r->noted, noted, sizeof(noted));
         snprintf(r->ad_note, sizeof(r->ad_note),
-                 "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d speculative "
-                 "rounds; last: %s, at acceptance %.2f, %.2f + %.2f a draft)",
-                 r->ahead_off, r->ad.pauses, r->ad.probes, r->ad.rounds, r->ad.pause_why,
-                 r->ad.pause_at[0], r->ad.pause_at[2], r->ad.pause_at[1]);
+                 "on%s, switched off %d time(s) by the adaptive rule (%d probe(s), %d score(s) "
+                 "of which %d restarted it, %d speculative rounds; last: %s, at acceptance %.2f, "
+                 "%.2f + %.2f a draft)",
+                 r->ahead_off, r->ad.pauses, r->ad.probes, r->ad.scores, r->ad.score_starts,
+                 r->ad.rounds, r->ad.pause_why, r->ad.pause_at[0], r->ad.pause_at[2],
+                 r->ad.pause_at[1]);
     }
     st->speculation = ad ? r->ad_note : r->spec_note;
     st->seed = r->seed;
@@ -2372,8 +2450,16 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
         q->msg = MSG_OPEN; /* (re)open: the drafter syncs to our tokens */
         r->opened = true;
         r->after_open = true;
+    } else if (r->scores && !r->scoring && tdm_adaptive_score_due(&r->ad)) {
+        /* Paused: the drafter scores the tokens decoded without it (its
+         * answer comes when it comes: take_score_locked). */
+        q->msg = MSG_SCORE;
+        r->opened = true;
+        r->scoring = true;
+        r->score_from = r->prompt_len;
+        r->score_end = r->n_tokens + 1; /* every committed token and `last` (send_open) */
     }
-    if (q->msg != MSG_NONE) {
+    if (q->msg == MSG_OPEN || q->msg == MSG_VERDICT) {
         r->round++;
         r->awaiting = r->ad.k_next > 0;
     }
@@ -2581,6 +2667,10 @@ static void send_messages(vsched *s, vround *rd)
          * retired, which only this thread does. */
         if (q->msg == MSG_NONE || !q->r->link)
             continue;
+        if (q->msg == MSG_SCORE) {
+            send_score(s, q->r);
+            continue;
+        }
         q->r->t_asked = now_ms();
         if (q->msg == MSG_OPEN)
             send_open(s, q->r, q->next_block);

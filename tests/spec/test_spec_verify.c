@@ -972,6 +972,92 @@ static void test_adaptive_probe_worth(void)
           b.probes, b.pause_why ? b.pause_why : "-");
 }
 
+static void note_round(void *user, int k, int n)
+{
+    int *rounds = user; /* [0]: count, then (k, n) pairs */
+    rounds[1 + 2 * rounds[0]] = k;
+    rounds[2 + 2 * rounds[0]] = n;
+    rounds[0]++;
+}
+
+/* Scores: positions replay as the rounds a block would run (a hand-worked
+ * case), and a paused sequence restarts on scores where its drafter pays,
+ * stays paused (scoring half as often) where it does not, and is not scored
+ * where the costs alone lose. The demo pair on one H100 at one stream: a
+ * draft costs c 0.55 and the exchange f 0.1 a plain step, where a = 0.7
+ * (the prior) pays by no block, and the drafter's drafts are accepted at
+ * 0.80 first and 0.92 later in a block (a block of 4 gains 16 %). */
+static void test_adaptive_scores(void)
+{
+    /* 1 1 0 | 1 1 1 1 (4 accepted, the bonus at 7) | 0 | 0 | 1 ... past the end */
+    const uint8_t hits[] = {1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 1};
+    int got[1 + 2 * 16] = {0};
+    const int n = tdm_score_rounds(hits, (int)sizeof(hits), 4, note_round, got);
+    const int want[] = {4, 2, 4, 4, 4, 0, 4, 0};
+    CHECK(n == 4 && got[0] == 4 && !memcmp(got + 1, want, sizeof(want)),
+          "replayed rounds: %d, (%d,%d) (%d,%d) (%d,%d) (%d,%d); want 4: (4,2) (4,4) (4,0) (4,0)",
+          n, got[1], got[2], got[3], got[4], got[5], got[6], got[7], got[8]);
+
+    tdm_adaptive_params p = serving(4, 0.55, 0.1, 2000);
+    tdm_adaptive a;
+    tdm_adaptive_init(&a, &p);
+    CHECK(a.k_next == 0 && !tdm_adaptive_score_due(&a),
+          "c 0.55, f 0.1: starts paused, no score yet");
+    int t = 0;
+    for (; t < 100 && !tdm_adaptive_score_due(&a); t++)
+        tdm_adaptive_on_plain_token(&a);
+    CHECK(t == 32, "a score is due after pause_tokens (32) tokens: after %d", t);
+    uint64_t y = 7;
+    uint8_t h[64];
+    for (int i = 0; i < 64;) { /* a drafter at 0.80 first, 0.92 later, in rounds of 4 */
+        const int acc = accepted_by_position(&y, 4, 0.80, 0.92);
+        for (int j = 0; j < acc && i < 64; j++)
+            h[i++] = 1;
+        if (i < 64)
+            h[i++] = acc == 4; /* the verifier's token: a draft there was the next block's */
+    }
+    tdm_adaptive_on_scored(&a, h, 64);
+    CHECK(a.k_next >= 2 && a.scores == 1 && a.score_starts == 1 &&
+              tdm_adaptive_speedup(&a, a.k_next) >= 1.05,
+          "scored at 0.80 / 0.92: speculation should restart at a block >= 2 that pays: k %d, "
+          "S(k) %.3f, %d score(s)",
+          a.k_next, tdm_adaptive_speedup(&a, a.k_next > 0 ? a.k_next : 4), a.scores);
+
+    tdm_adaptive b;
+    tdm_adaptive_init(&b, &p);
+    for (int i = 0; i < 32; i++)
+        tdm_adaptive_on_plain_token(&b);
+    for (int i = 0; i < 64; i++)
+        h[i] = u01(&y) < 0.3;
+    tdm_adaptive_on_scored(&b, h, 64);
+    CHECK(b.k_next == 0 && b.scores == 1 && !tdm_adaptive_score_due(&b),
+          "scored at 0.3: stays paused (k %d)", b.k_next);
+    for (t = 0; t < 200 && !tdm_adaptive_score_due(&b); t++)
+        tdm_adaptive_on_plain_token(&b);
+    CHECK(t == 64, "after a score that did not restart, the next after 64 tokens: %d", t);
+    CHECK(b.accept_rate < 0.6,
+          "the scores' acceptance stands through the pause's probe check: %.2f", b.accept_rate);
+
+    /* Costs that lose even with every draft accepted: nothing to score. */
+    const tdm_adaptive_params pc = serving(4, 1.5, 0.5, 2000);
+    tdm_adaptive c;
+    tdm_adaptive_init(&c, &pc);
+    for (t = 0; t < 500; t++) {
+        tdm_adaptive_on_plain_token(&c);
+        CHECK(!tdm_adaptive_score_due(&c), "c 1.5, f 0.5: a score fell due at %d tokens", t);
+        if (tdm_adaptive_score_due(&c))
+            break;
+    }
+    /* A fixed block is never paused, never scored. */
+    tdm_adaptive_params pf = p;
+    pf.fixed = true;
+    tdm_adaptive f;
+    tdm_adaptive_init(&f, &pf);
+    tdm_adaptive_on_scored(&f, hits, (int)sizeof(hits));
+    CHECK(f.k_next == 4 && f.scores == 0 && !tdm_adaptive_score_due(&f),
+          "a fixed block is not scored: k %d", f.k_next);
+}
+
 /* Drafting ahead: tdm_run_ahead_gain against a simulation of the rounds'
  * timeline (the drafter's chain and the verify step at once, a draft per
  * position accepted with probability a, the guess of the next token right
@@ -1049,6 +1135,7 @@ int main(void)
     test_steptime_one_row_count();
     test_adaptive_memory_recovers();
     test_adaptive_probe_worth();
+    test_adaptive_scores();
     test_run_ahead_gain();
     test_lossless();
     if (failures) {
