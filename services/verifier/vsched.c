@@ -1429,10 +1429,6 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
         }
         if (r->link) {
             r->spec = true;
-            /* Scores (drafter.proto) judge a greedy sequence's model drafter
-             * while it is paused. */
-            r->scores = da->scores && !r->feat && !da->fixed_block_size &&
-                        tdm_sampling_is_greedy(&r->sampling);
             /* A drafter on this verifier's own GPU would draft ahead in the
              * verifier's time (through MPS too: the two then share its
              * bandwidth, bench/RESULTS.md); so would one on its CPU cores. */
@@ -1440,6 +1436,14 @@ tdm_status vsched_submit(vsched *s, const Tandem__V1__RunRequest *req, vreq **ou
                 tdm_gpu_sharing(s->p.device_uuid, s->p.device_mps, da->device_uuid, da->device_mps);
             const bool cores = (!s->p.device_uuid || !s->p.device_uuid[0]) && !da->device_uuid[0] &&
                                tdm_cores_shared(s->p.host_id, s->p.cpus, da->host_id, da->cpus);
+            /* Scores (drafter.proto) judge a greedy sequence's model drafter
+             * while it is paused, in time the sequence does not wait for:
+             * not where the drafter computes on this verifier's CPU cores,
+             * whose plain steps its catch-ups would slow (two cores, the
+             * demo pair at one stream: 0.88 of plain, against 0.98
+             * unscored). */
+            r->scores = da->scores && !r->feat && !da->fixed_block_size && !cores &&
+                        tdm_sampling_is_greedy(&r->sampling);
             char loss[160] = "";
             r->run_ahead = share == TDM_GPU_APART && !cores &&
                            ahead_pays(s, r, (int)da->block_size, loss, sizeof(loss));

@@ -776,6 +776,112 @@ def case_catch_up():
     check(d.p.poll() is None, "the drafter is still running")
 
 
+def case_scores():
+    """Scoring opens (drafter.proto, DraftScore). The target's greedy tokens
+    after two prompts come from the verifier (plain decoding); a Python
+    client in the verifier's place then asks the model drafter to score
+    them, and each position's hit must be what the drafter's own block says
+    there: a sequence opened on the tokens before the position with a block
+    of one, whose draft is the token or not (the draft pass's path, not the
+    catch-up's prefill). A second score on the same sequence scores only the
+    tokens added since the first. A drafter on the target's own weights
+    scores every position a hit (its greedy tokens are the verifier's). Bad
+    scoring opens get a SequenceError naming what is wrong, and the stream
+    goes on."""
+    gw, v, d = stack("extra_buffer", "model", block=4)
+    dt = st.replica("drafter", gw, "--model", TARGET, "--draft-block-size", "4")
+    seqs = []
+    for p in prompts(2):
+        code, details, resp = st.unary(gw.addr(), "/tandem.v1.Gateway/Tokenize", {"text": p})
+        check(code == "OK", "Tokenize: %s %s" % (code, details))
+        ids = [int(x) for x in resp["ids"]]
+        r = st.generate(gw, {"token_ids": {"ids": ids}, "max_tokens": 40, "ignore_eos": True,
+                             "speculation": {"mode": "SPECULATION_MODE_OFF"}})
+        check(r[0] == "OK" and len(r[2]) == 40, "plain generation: %s %s" % (r[0], r[1]))
+        seqs.append((ids, ids + r[2]))
+
+    def scored(ds, sid, toks, frm, **bad):
+        m = ds.req_cls()
+        m.open.sequence_id = sid
+        m.open.tokens.extend(toks)
+        m.open.round = 1
+        m.open.score = True
+        m.open.score_from = frm
+        for k, val in bad.items():
+            if k == "temperature":
+                m.open.sampling.temperature = val
+            else:
+                setattr(m.open, k, val)
+        ds.put(m)
+        for r in ds.responses:
+            kind = r.WhichOneof("kind")
+            if kind == "score":
+                check(r.score.sequence_id == sid, "a score for sequence %d, not %d" %
+                      (r.score.sequence_id, sid))
+                return r.score.position, list(r.score.hits)
+            if kind == "error":
+                return None, r.error.message
+        return None, "the stream ended"
+
+    def first_draft(ds, sid, toks):
+        m = ds.req_cls()
+        m.open.sequence_id = sid
+        m.open.tokens.extend(toks)
+        m.open.block_size = 1
+        m.open.round = 1
+        ds.put(m)
+        for r in ds.responses:
+            if r.WhichOneof("kind") == "block":
+                c = ds.req_cls()
+                c.close.sequence_id = sid
+                ds.put(c)
+                return r.block.tokens[0]
+            if r.WhichOneof("kind") == "error":
+                return None
+        return None
+
+    with st.DraftStream(d.addr(), timeout=300) as ds:
+        sid = 1000
+        for i, (prompt, toks) in enumerate(seqs):
+            ref = []
+            for pos in range(len(prompt), len(toks)):
+                sid += 1
+                ref.append(1 if first_draft(ds, sid, toks[:pos]) == toks[pos] else 0)
+            mid = len(prompt) + 17
+            pos1, hits1 = scored(ds, i + 1, toks[:mid], len(prompt))
+            pos2, hits2 = scored(ds, i + 1, toks, len(prompt))
+            print("prompt %d: %d positions, %d hits by the blocks; scored %s from %s, then %s "
+                  "from %s" % (i, len(ref), sum(ref), hits1, pos1, hits2, pos2), flush=True)
+            check(pos1 == len(prompt) and hits1 == ref[:17],
+                  "prompt %d: first score %s from %s, the blocks say %s from %d" %
+                  (i, hits1, pos1, ref[:17], len(prompt)))
+            check(pos2 == mid and hits2 == ref[17:],
+                  "prompt %d: second score %s from %s, the blocks say %s from %d" %
+                  (i, hits2, pos2, ref[17:], mid))
+        check(0 < sum(ref) < len(ref), "the demo drafter should be right at some positions and "
+              "wrong at others: %s" % ref)
+        # bad scoring opens: refused by name; the stream goes on
+        prompt, toks = seqs[0]
+        for bad, want in (({"temperature": 1.0}, "samples"), ({"block_size": 4}, "block_size"),
+                          ({"score_from": 0}, "score_from"),
+                          ({"score_from": len(toks) + 1}, "score_from")):
+            frm = bad.pop("score_from", len(prompt))
+            pos, msg = scored(ds, 77, toks, frm, **bad)
+            check(pos is None and want in msg, "a scoring open with %s (score_from %d): %s" %
+                  (bad, frm, msg))
+        pos, hits = scored(ds, 78, toks, len(prompt))
+        check(pos == len(prompt) and len(hits) == len(toks) - len(prompt),
+              "after the refusals a scoring open is answered: %s from %s" % (hits, pos))
+    got = counter(d.addr(), "/tandem.v1.Drafter/Describe", "scores")
+    check(got == 5, "the drafter counts 5 scores answered, not %s" % got)
+    with st.DraftStream(dt.addr(), timeout=300) as ds:
+        for i, (prompt, toks) in enumerate(seqs):
+            pos, hits = scored(ds, i + 1, toks, len(prompt))
+            check(pos == len(prompt) and hits == [1] * (len(toks) - len(prompt)),
+                  "a drafter on the target's weights: every position a hit, got %s from %s" %
+                  (hits, pos))
+
+
 def case_first_round():
     """A request that speculates from its start verifies the drafter's first
     block in its first step: every round of a fixed-block request speculates,
@@ -1040,7 +1146,7 @@ def case_lane():
     stop_all()
 
 
-CASES = {"first_round": case_first_round, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
+CASES = {"scores": case_scores, "first_round": case_first_round, "shared_drafter": case_shared_drafter, "features": case_features, "greedy": case_greedy, "sampling": case_sampling, "drafter_kill": case_drafter_kill,
          "cancel": case_cancel, "incompatible": case_incompatible, "timeline": case_timeline,
          "tensor_parallel": case_tensor_parallel, "catch_up": case_catch_up,
          "plain_measure": case_plain_measure, "fresh_start": case_fresh_start, "lane": case_lane}
