@@ -25,6 +25,16 @@ static int pause_floor(const tdm_adaptive *a, int n)
     return need > n ? (int)ceil(need) : n;
 }
 
+/* Plain tokens between a paused sequence's scores: pause_tokens. Not more
+ * after a score that did not restart it, as probes back off: the drafter
+ * catches up on every token either way (at a score, or at the next open),
+ * and text turns in tens of tokens (the demo pair's first 32 positions after
+ * a prompt accept about half as often as the next 64). */
+static int score_every(const tdm_adaptive *a)
+{
+    return a->p.pause_tokens > 0 ? a->p.pause_tokens : 1;
+}
+
 /* Notes why speculation stops now, and the estimates it stops on. */
 static void note_pause(tdm_adaptive *a, const char *why)
 {
@@ -117,8 +127,7 @@ void tdm_adaptive_init(tdm_adaptive *a, const tdm_adaptive_params *p)
     a->accepted_since_start = 0;
     a->pause_len = a->p.pause_tokens;
     a->pauses = 0;
-    a->score_len = a->p.pause_tokens > 0 ? a->p.pause_tokens : 1;
-    a->score_left = a->score_len;
+    a->score_left = score_every(a);
     a->scores = 0;
     a->score_starts = 0;
     a->scored = false;
@@ -173,8 +182,7 @@ static void switch_off(tdm_adaptive *a, bool probing, const char *why)
     a->accepted_since_start = 0;
     a->below = 0;
     a->lost = 0;
-    a->score_len = a->p.pause_tokens > 0 ? a->p.pause_tokens : 1;
-    a->score_left = a->score_len;
+    a->score_left = score_every(a);
     a->scored = false;
 }
 
@@ -420,13 +428,10 @@ void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n)
         a->lost = 0;
         a->scored = false;
         a->score_starts++;
-        a->score_len = a->p.pause_tokens > 0 ? a->p.pause_tokens : 1;
-        a->score_left = a->score_len;
+        a->score_left = score_every(a);
         return;
     }
-    const int most = 32 * (a->p.pause_tokens > 0 ? a->p.pause_tokens : 1);
-    a->score_len = a->score_len * 2 < most ? a->score_len * 2 : most;
-    a->score_left = a->score_len;
+    a->score_left = score_every(a);
 }
 
 /* ---- a drafter's acceptance across requests --------------------------------- */

@@ -62,7 +62,7 @@
  * speculative round's acceptance (tdm_adaptive_on_scored). Where the
  * estimate then pays by min_gain and the tokens left repay the open,
  * speculation restarts at the block it favours; otherwise the next score
- * comes after twice as many tokens (at most 32 x pause_tokens). Without it a
+ * comes after pause_tokens more. Without it a
  * drafter judged at the prior acceptance where that does not pay (the demo
  * pair on one H100: a block of 4 gains 16 % at 0.77 a draft, rising along the
  * block) is never run, so never measured. A score costs the sequence nothing
@@ -154,7 +154,6 @@ typedef struct tdm_adaptive {
     int accepted_since_start; /* drafts accepted in those rounds */
     int pauses;         /* times speculation was switched off */
     int score_left;     /* plain tokens before the next score (while paused) */
-    int score_len;      /* tokens between scores: pause_tokens, doubling while none restarts */
     int scores;         /* scores weighed */
     int score_starts;   /* times a score restarted speculation */
     bool scored;        /* this pause's estimates are scored ones: a probe keeps them */

@@ -982,7 +982,7 @@ static void note_round(void *user, int k, int n)
 
 /* Scores: positions replay as the rounds a block would run (a hand-worked
  * case), and a paused sequence restarts on scores where its drafter pays,
- * stays paused (scoring half as often) where it does not, and is not scored
+ * stays paused (scored again after as many tokens) where it does not, and is not scored
  * where the costs alone lose. The demo pair on one H100 at one stream: a
  * draft costs c 0.55 and the exchange f 0.1 a plain step, where a = 0.7
  * (the prior) pays by no block, and the drafter's drafts are accepted at
@@ -1034,7 +1034,7 @@ static void test_adaptive_scores(void)
           "scored at 0.3: stays paused (k %d)", b.k_next);
     for (t = 0; t < 200 && !tdm_adaptive_score_due(&b); t++)
         tdm_adaptive_on_plain_token(&b);
-    CHECK(t == 64, "after a score that did not restart, the next after 64 tokens: %d", t);
+    CHECK(t == 32, "after a score that did not restart, the next after 32 tokens: %d", t);
     CHECK(b.accept_rate < 0.6,
           "the scores' acceptance stands through the pause's probe check: %.2f", b.accept_rate);
 
