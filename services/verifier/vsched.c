@@ -2858,6 +2858,7 @@ static void reopen_drafters(vsched *s, vround *rd)
         }
         r->link = l;
         r->spec = true;
+        r->scoring = false; /* a score asked of the drafter that failed never comes */
         tdm_adaptive_params ap = r->ad.p;
         ap.tokens_left = r->max_tokens - r->n_out;
         ap.accept_prior = -1.0; /* a new drafter: its acceptance is not known */
