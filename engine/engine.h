@@ -79,6 +79,7 @@ size_t tdm_model_weight_bytes(const tdm_model *m);
  * On by default; no effect on a backend without graphs. Results are the
  * same bits either way. */
 void tdm_model_set_graphs(tdm_model *m, int on);
+int tdm_model_graphs(const tdm_model *m);
 /* A drafter's model drafting from n token ids only (ascending, each once,
  * within the vocabulary), as FR-Spec and SGLang's speculative token maps do:
  * every step's LM head then reads those rows alone (a copy, [n, H], loaded

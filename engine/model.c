@@ -591,6 +591,11 @@ size_t tdm_model_weight_bytes(const tdm_model *m)
     return m->store.weight_bytes;
 }
 
+int tdm_model_graphs(const tdm_model *m)
+{
+    return m->graphs;
+}
+
 void tdm_model_set_graphs(tdm_model *m, int on)
 {
     m->graphs = on != 0;
