@@ -434,19 +434,18 @@ static void catch_up(dstream *st)
 #include "oracle.h"
 #endif
 
-/* The token the drafter proposes at position `pos` of q's tokens extended by
- * `ext` (n_ext of them): its own choice, or in the benchmark's
- * controlled-acceptance build the oracle's. */
-static int32_t propose_at(const dstream *st, const dseq *q, int pos, const int32_t *ext, int n_ext,
-                          int32_t own)
+/* The token the drafter proposes after q's first n tokens extended by `ext`
+ * (n_ext of them): its own choice, or in the benchmark's controlled-acceptance
+ * build the oracle's (-1 where no recorded run continues them). */
+static int32_t propose_after(const dstream *st, const dseq *q, int n, const int32_t *ext, int n_ext,
+                             int32_t own)
 {
 #ifdef TANDEM_BENCH_ORACLE
-    const int32_t f = tdm_bench_oracle(q->tokens, pos, ext, n_ext, own, st->d->vocab);
-    return f < 0 ? own : f;
+    return tdm_bench_oracle(q->tokens, n, ext, n_ext, own, st->d->vocab);
 #else
     (void)st;
     (void)q;
-    (void)pos;
+    (void)n;
     (void)ext;
     (void)n_ext;
     return own;
@@ -475,7 +474,7 @@ static tdm_status score_send(dstream *st, dseq *q, tdm_error *err)
  * tokens up to the last (whose row predicts a token not decoded yet), the
  * rows that predict a position from score_from on with their argmax, each
  * scored against the token there (as the drafter's block would propose it:
- * propose_at); then, caught up, sends the DraftScore. */
+ * propose_after); then, caught up, sends the DraftScore. */
 static tdm_status score_chunk(dstream *st, dseq *q, tdm_error *err)
 {
     drafter *d = st->d;
@@ -513,8 +512,8 @@ static tdm_status score_chunk(dstream *st, dseq *q, tdm_error *err)
                 const int pos = q->held + i + 1;
                 if (q->n_hits == 0)
                     q->hits_at = pos;
-                q->hits[q->n_hits++] =
-                    propose_at(st, q, pos, NULL, 0, st->score_am[i]) == q->tokens[pos];
+                const int32_t own = st->score_am[i], f = propose_after(st, q, pos, NULL, 0, own);
+                q->hits[q->n_hits++] = (f < 0 ? own : f) == q->tokens[pos];
             }
         } else {
             rc = tdm_seq_prefill(q->seq, q->tokens + q->held, m, NULL, err);
@@ -1058,20 +1057,10 @@ typedef struct dtarget {
     bool stop;
 } dtarget;
 
-/* The token the drafter proposes after q's tokens extended by `ext` (n_ext
- * of them); the controlled-acceptance build's oracle: -1 where no recorded
- * run continues them. */
+/* The token the drafter proposes after q's tokens extended by `ext`. */
 static int32_t propose(const dstream *st, const dseq *q, const int32_t *ext, int n_ext, int32_t own)
 {
-#ifdef TANDEM_BENCH_ORACLE
-    return tdm_bench_oracle(q->tokens, q->n, ext, n_ext, own, st->d->vocab);
-#else
-    (void)st;
-    (void)q;
-    (void)ext;
-    (void)n_ext;
-    return own;
-#endif
+    return propose_after(st, q, q->n, ext, n_ext, own);
 }
 
 #ifdef TANDEM_BENCH_ORACLE
