@@ -18,6 +18,9 @@ Cases:
                 rule when speculation is required, plain service otherwise
   catch_up      a verdict's block is answered while the drafter catches up on
                 other sequences' long prompts
+  scores        a scoring open's hits are the drafter's own blocks' outcomes at
+                each position (all hits for a drafter on the target's weights);
+                bad scoring opens are refused by name
 
 usage: e2e_test.py CASE --cli PATH --gateway PATH --verifier PATH --drafter PATH
                    --source ROOT [--quick]
