@@ -696,13 +696,12 @@ static void take_score_locked(vsched *s, vreq *r, const Tandem__V1__DraftScore *
     }
     if (r->ad.k_next > 0)
         return; /* a probe reopened it meanwhile: its rounds measure */
-    const int k_before = r->ad.k_next;
     tdm_adaptive_on_scored(&r->ad, sc->hits.data, (int)sc->hits.len);
     score_mem mem = {s, r->drafter_id};
     tdm_score_rounds(sc->hits.data, (int)sc->hits.len, r->ad.p.k_max, score_memory, &mem);
     s->counters.scores++;
     s->counters.scored_positions += sc->hits.len;
-    if (r->ad.k_next > k_before)
+    if (r->ad.k_next > 0)
         s->counters.score_restarts++;
     tdm_log_debug(LOG,
                   "request %s: %zu positions scored from %u: acceptance %.2f; speculation %s "
