@@ -414,24 +414,22 @@ void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n)
     a->scores++;
     if (tdm_score_rounds(hits, n, a->p.k_max, note_scored_round, a) > 0)
         a->scored = true;
+    a->score_left = score_every(a);
     int k = 1;
     const double best = best_speedup(a, a->p.k_max, &k);
-    if (a->scored && best >= 1.0 + a->p.min_gain && open_repays(a, best)) {
-        /* Measured on rounds as a block would run them: speculation
-         * restarts as after a probe whose draft was accepted. */
-        a->k_next = k;
-        a->paused_left = 0;
-        a->probing = false;
-        a->since_start = 0;
-        a->accepted_since_start = 0;
-        a->below = 0;
-        a->lost = 0;
-        a->scored = false;
-        a->score_starts++;
-        a->score_left = score_every(a);
+    if (!a->scored || best < 1.0 + a->p.min_gain || !open_repays(a, best))
         return;
-    }
-    a->score_left = score_every(a);
+    /* Measured on rounds as a block would run them: speculation restarts as
+     * after a probe whose draft was accepted. */
+    a->k_next = k;
+    a->paused_left = 0;
+    a->probing = false;
+    a->since_start = 0;
+    a->accepted_since_start = 0;
+    a->below = 0;
+    a->lost = 0;
+    a->scored = false;
+    a->score_starts++;
 }
 
 /* ---- a drafter's acceptance across requests --------------------------------- */

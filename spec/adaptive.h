@@ -62,10 +62,10 @@
  * speculative round's acceptance (tdm_adaptive_on_scored). Where the
  * estimate then pays by min_gain and the tokens left repay the open,
  * speculation restarts at the block it favours; otherwise the next score
- * comes after pause_tokens more. Without it a
- * drafter judged at the prior acceptance where that does not pay (the demo
- * pair on one H100: a block of 4 gains 16 % at 0.77 a draft, rising along the
- * block) is never run, so never measured. A score costs the sequence nothing
+ * comes after pause_tokens more. Without it a drafter judged at the prior
+ * acceptance where that does not pay (the demo pair on one H100: a block of 4
+ * gains 12-16 % at 0.77 a draft, rising along the block) is never run, so
+ * never measured. A score costs the sequence nothing
  * (it decodes on; the answer comes when it comes), only the drafter a
  * catch-up it makes anyway at the next open; it is asked for only where
  * some acceptance could pay at the costs of now (every draft accepted pays
