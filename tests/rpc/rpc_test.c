@@ -682,6 +682,9 @@ static void test_malformed(void)
         void *o = NULL;
         size_t ol = 0;
         tdm_status st = tdm_rpc_unary_raw(f.ch, ECHO_SAY, buf, n, &o, &ol, NULL, &err);
+        if (st != TDM_OK && st != TDM_ERR_INVALID_ARGUMENT)
+            fprintf(stderr, "random request %d (%zu bytes): status %d: %s\n", i, n, (int)st,
+                    err.msg);
         CHECK(st == TDM_OK || st == TDM_ERR_INVALID_ARGUMENT);
         decoded += st == TDM_OK;
         refused += st == TDM_ERR_INVALID_ARGUMENT;
