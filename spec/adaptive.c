@@ -402,17 +402,26 @@ int tdm_score_rounds(const uint8_t *hits, int n, int k, void (*fn)(void *, int, 
     return rounds;
 }
 
+typedef struct scored_into {
+    tdm_adaptive *a;
+    tdm_accept_memory *m;
+} scored_into;
+
 static void note_scored_round(void *user, int k, int n)
 {
-    note_acceptance(user, k, n);
+    const scored_into *to = user;
+    note_acceptance(to->a, k, n);
+    if (to->m)
+        tdm_accept_memory_note(to->m, k, n);
 }
 
-void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n)
+void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n, tdm_accept_memory *m)
 {
     if (a->k_next > 0 || a->p.fixed)
         return;
     a->scores++;
-    if (tdm_score_rounds(hits, n, a->p.k_max, note_scored_round, a) > 0)
+    scored_into to = {a, m};
+    if (tdm_score_rounds(hits, n, a->p.k_max, note_scored_round, &to) > 0)
         a->scored = true;
     a->score_left = score_every(a);
     int k = 1;

@@ -189,9 +189,12 @@ void tdm_adaptive_set_costs(tdm_adaptive *a, double cost, double fixed);
 bool tdm_adaptive_score_due(const tdm_adaptive *a);
 
 /* A score's positions (hits[i]: 1 where the drafter's greedy draft was the
- * token decoded there): weighed as the rounds of k_max drafts they replay;
- * restarts speculation where the estimate pays (k_next > 0 after). */
-void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n);
+ * token decoded there): weighed as the rounds of k_max drafts they replay,
+ * into the drafter's memory m too (NULL: none); restarts speculation where
+ * the estimate pays (k_next > 0 after). */
+struct tdm_accept_memory;
+void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n,
+                            struct tdm_accept_memory *m);
 
 /* The rounds of k drafts that n scored positions replay, in order: each is
  * (drafts accepted, drafts tried) = (the hits in a row from its start, at

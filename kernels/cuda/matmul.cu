@@ -1171,7 +1171,8 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
  * as the separate ops. Measured on one H100 (NOTES.md): the 0.8B shape's
  * decode step, every norm fused, 6 % faster; on the 4B shape (rows of 2,560,
  * five warps' sums a block) fusing the one-wave launches gained nothing
- * (3.665 -> 3.688 ms, most of it the unused argument of mmt_kernel below),
+ * (3.665 -> 3.688 ms, most of it an unused norm argument every mmt_kernel
+ * launch then carried; the norm has mmt_norm_kernel now),
  * and with the gate/up pair and the LM head too it lost 4 % (a norm in every
  * block of every wave). */
 void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, float eps,

@@ -349,6 +349,16 @@ static int lead_max(const dseq *q)
     return lead < 1 ? 1 : lead;
 }
 
+/* The model's sequence for q, created (empty) where it has none. */
+static tdm_status model_seq(drafter *d, dseq *q, tdm_error *err)
+{
+    if (q->seq)
+        return TDM_OK;
+    tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
+    q->held = 0;
+    return tdm_seq_create(d->rt->model, &p, &q->seq, err);
+}
+
 /* Before a block's first step: creates the model's sequence, and prefills
  * a lead longer than lead_max up to the last committed token, at most `max`
  * tokens at a time (0: all; catch_up). Nothing may be pending. */
@@ -360,11 +370,9 @@ static tdm_status model_prepare(drafter *d, dseq *q, int max, tdm_error *err)
     const double t0 = timed ? now_us() : 0;
     double t_created = t0;
     if (!q->seq) {
-        tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
-        tdm_status rc = tdm_seq_create(d->rt->model, &p, &q->seq, err);
+        tdm_status rc = model_seq(d, q, err);
         if (rc != TDM_OK)
             return rc;
-        q->held = 0;
         t_created = timed ? now_us() : 0;
     }
     if (q->n - q->held <= lead_max(q))
@@ -478,13 +486,9 @@ static tdm_status score_send(dstream *st, dseq *q, tdm_error *err)
 static tdm_status score_chunk(dstream *st, dseq *q, tdm_error *err)
 {
     drafter *d = st->d;
-    if (!q->seq) {
-        tdm_seq_params p = {.strategy = d->strategy, .max_draft = TDM_MAX_DRAFT_BLOCK};
-        tdm_status rc = tdm_seq_create(d->rt->model, &p, &q->seq, err);
-        if (rc != TDM_OK)
-            return rc;
-        q->held = 0;
-    }
+    tdm_status rc = model_seq(d, q, err);
+    if (rc != TDM_OK)
+        return rc;
     const int want = q->n - 1, first = q->score_from - 1; /* the row that predicts score_from */
     if (q->held < want) {
         /* Eagerly: its row counts and positions are new at every score, and
@@ -498,7 +502,6 @@ static tdm_status score_chunk(dstream *st, dseq *q, tdm_error *err)
         if (q->held < first && end > first)
             end = first; /* the rows before it need no argmax */
         const int m = end - q->held;
-        tdm_status rc;
         if (q->held >= first) {
             if (!st->score_am)
                 st->score_am = tdm_xmalloc(CATCH_UP_CHUNK * sizeof(int32_t));

@@ -664,18 +664,6 @@ static void take_delivered_locked(vsched *s, vreq *r, Tandem__V1__DraftResponse 
     }
 }
 
-/* A scored round's acceptance into the drafter's memory (dacc_note). */
-typedef struct score_mem {
-    vsched *s;
-    const char *id;
-} score_mem;
-
-static void score_memory(void *user, int k, int n)
-{
-    const score_mem *m = user;
-    dacc_note(m->s, m->id, k, n);
-}
-
 /* A scoring open's answer (under mu): positions from where the drafter's
  * model stood to the sequence's last token when it was sent, weighed by the
  * adaptive rule as the rounds they replay (tdm_adaptive_on_scored); the
@@ -696,9 +684,10 @@ static void take_score_locked(vsched *s, vreq *r, const Tandem__V1__DraftScore *
     }
     if (r->ad.k_next > 0)
         return; /* a probe reopened it meanwhile: its rounds measure */
-    tdm_adaptive_on_scored(&r->ad, sc->hits.data, (int)sc->hits.len);
-    score_mem mem = {s, r->drafter_id};
-    tdm_score_rounds(sc->hits.data, (int)sc->hits.len, r->ad.p.k_max, score_memory, &mem);
+    pthread_mutex_lock(&s->dacc_mu);
+    tdm_adaptive_on_scored(&r->ad, sc->hits.data, (int)sc->hits.len,
+                           &dacc_find_locked(s, r->drafter_id, true)->m);
+    pthread_mutex_unlock(&s->dacc_mu);
     s->counters.scores++;
     s->counters.scored_positions += sc->hits.len;
     if (r->ad.k_next > 0)

@@ -1016,7 +1016,7 @@ static void test_adaptive_scores(void)
         if (i < 64)
             h[i++] = acc == 4; /* the verifier's token: a draft there was the next block's */
     }
-    tdm_adaptive_on_scored(&a, h, 64);
+    tdm_adaptive_on_scored(&a, h, 64, NULL);
     CHECK(a.k_next >= 2 && a.scores == 1 && a.score_starts == 1 &&
               tdm_adaptive_speedup(&a, a.k_next) >= 1.05,
           "scored at 0.80 / 0.92: speculation should restart at a block >= 2 that pays: k %d, "
@@ -1029,7 +1029,7 @@ static void test_adaptive_scores(void)
         tdm_adaptive_on_plain_token(&b);
     for (int i = 0; i < 64; i++)
         h[i] = u01(&y) < 0.3;
-    tdm_adaptive_on_scored(&b, h, 64);
+    tdm_adaptive_on_scored(&b, h, 64, NULL);
     CHECK(b.k_next == 0 && b.scores == 1 && !tdm_adaptive_score_due(&b),
           "scored at 0.3: stays paused (k %d)", b.k_next);
     for (t = 0; t < 200 && !tdm_adaptive_score_due(&b); t++)
@@ -1053,7 +1053,7 @@ static void test_adaptive_scores(void)
     pf.fixed = true;
     tdm_adaptive f;
     tdm_adaptive_init(&f, &pf);
-    tdm_adaptive_on_scored(&f, hits, (int)sizeof(hits));
+    tdm_adaptive_on_scored(&f, hits, (int)sizeof(hits), NULL);
     CHECK(f.k_next == 4 && f.scores == 0 && !tdm_adaptive_score_due(&f),
           "a fixed block is not scored: k %d", f.k_next);
 }
