@@ -193,8 +193,13 @@ static void draft_request(const ProtobufCMessage *m, const uint8_t *data, size_t
     if (rc != TDM_OK)
         return;
     FUZZ_CHECK(req->open->n_tokens >= 1, "tokens");
-    FUZZ_CHECK(req->open->block_size >= 1 && req->open->block_size <= TDM_MAX_DRAFT_BLOCK,
-               "block size");
+    if (req->open->score)
+        FUZZ_CHECK(req->open->block_size == 0 && req->open->score_from >= 1 &&
+                       req->open->score_from <= req->open->n_tokens,
+                   "score open");
+    else
+        FUZZ_CHECK(req->open->block_size >= 1 && req->open->block_size <= TDM_MAX_DRAFT_BLOCK,
+                   "block size");
     use_sampling(req->open->sampling, data, size);
 }
 
