@@ -258,10 +258,11 @@ static void print_timeline(const counters *a, const counters *b)
     printf(" plain_measured=%.0f",
            counter(b, "plain_measure_rounds") - counter(a, "plain_measure_rounds"));
     /* paused sequences' drafters scored, and the scores that restarted speculation */
-    printf(" scores=%.0f scored=%.0f score_restarts=%.0f",
+    printf(" scores=%.0f scored=%.0f score_restarts=%.0f cost_relaxes=%.0f",
            counter(b, "adaptive_scores") - counter(a, "adaptive_scores"),
            counter(b, "adaptive_scored_positions") - counter(a, "adaptive_scored_positions"),
-           counter(b, "adaptive_score_restarts") - counter(a, "adaptive_score_restarts"));
+           counter(b, "adaptive_score_restarts") - counter(a, "adaptive_score_restarts"),
+           counter(b, "adaptive_cost_relaxes") - counter(a, "adaptive_cost_relaxes"));
     /* the Draft streams by exchange transport, since the verifier started */
     printf(" exchange_streams=shm:%.0f,grpc:%.0f", counter(b, "exchange_streams_shm"),
            counter(b, "exchange_streams_grpc"));

@@ -622,6 +622,10 @@ static const counter_row counter_rows[] = {
         "Positions those scores judged a draft at."),
     ROW("verifier", "adaptive_score_restarts", "tandem_spec_decode_adaptive_score_restarts_total",
         COUNTER, "Scores after which the adaptive rule restarted speculation."),
+    ROW("verifier", "adaptive_cost_relaxes", "tandem_spec_decode_adaptive_cost_relaxes_total",
+        COUNTER,
+        "Requests that started paused on measured costs that lose even with every draft "
+        "accepted, and moved them a tenth of the way back to what was timed before serving."),
     ROW("verifier", "plain_measure_rounds", "tandem_spec_decode_plain_measure_rounds_total",
         COUNTER,
         "Rounds run plainly, their draft blocks unverified, to measure the plain round that "

@@ -186,8 +186,7 @@ static void switch_off(tdm_adaptive *a, bool probing, const char *why)
     a->scored = false;
 }
 
-/* The best S(k) with every draft accepted: below 1, the costs alone lose. */
-static double ceiling_speedup(const tdm_adaptive *a)
+double tdm_adaptive_ceiling(const tdm_adaptive *a)
 {
     double ceiling = 0;
     for (int k = 1; k <= a->p.k_max; k++) {
@@ -242,7 +241,7 @@ static void choose(tdm_adaptive *a)
      * even if every draft were accepted. The acceptance estimate's noise,
      * which min_rounds waits out, cannot change that; two rounds in a row
      * (one slow round is not a cost) switch it off. */
-    a->lost = ceiling_speedup(a) < 1.0 ? a->lost + 1 : 0;
+    a->lost = tdm_adaptive_ceiling(a) < 1.0 ? a->lost + 1 : 0;
     if (a->lost >= 2) {
         switch_off(a, false, "costs lose even with every draft accepted");
         return;
@@ -383,7 +382,25 @@ void tdm_adaptive_on_plain_token(tdm_adaptive *a)
 bool tdm_adaptive_score_due(const tdm_adaptive *a)
 {
     return a->k_next == 0 && !a->p.fixed && a->score_left <= 0 &&
-           ceiling_speedup(a) >= 1.0 + a->p.min_gain;
+           tdm_adaptive_ceiling(a) >= 1.0 + a->p.min_gain;
+}
+
+static bool relax(double *x, double timed)
+{
+    if (!(*x > 0) || !isfinite(*x) || !(timed > 0) || timed >= *x)
+        return false;
+    *x += 0.1 * (timed - *x);
+    return true;
+}
+
+bool tdm_adaptive_relax_costs(const tdm_adaptive *a, double *cost, double *fixed, double timed_cost,
+                              double timed_fixed)
+{
+    if (a->k_next > 0 || a->p.fixed || tdm_adaptive_ceiling(a) >= 1.0 + a->p.min_gain)
+        return false;
+    const bool c = relax(cost, timed_cost);
+    const bool f = relax(fixed, timed_fixed);
+    return c || f;
 }
 
 int tdm_score_rounds(const uint8_t *hits, int n, int k, void (*fn)(void *, int, int), void *user)

@@ -188,6 +188,23 @@ void tdm_adaptive_set_costs(tdm_adaptive *a, double cost, double fixed);
  * acceptance would pay at the costs of now. */
 bool tdm_adaptive_score_due(const tdm_adaptive *a);
 
+/* The best speed-up over plain decoding with every draft accepted, at the
+ * estimated costs: below 1 + min_gain the costs alone keep it paused, and
+ * nothing (no score, no probe) would measure the drafter again. */
+double tdm_adaptive_ceiling(const tdm_adaptive *a);
+
+/* The costs a started from (tdm_adaptive_init), as measured on speculative
+ * rounds (plain steps: *cost a draft, *fixed a round), where they alone keep
+ * it paused (tdm_adaptive_ceiling below 1 + min_gain): each moves a tenth of
+ * the way back towards what was timed before serving (timed_cost,
+ * timed_fixed), where that is lower and known (> 0). Returns whether they
+ * moved. Costs are measured only while requests speculate, so costs that read
+ * so dear, with no score or probe due, would stand for good; relaxed a tenth
+ * a request that starts on them, a later request is scored again, and its
+ * rounds, if it restarts, measure them afresh. */
+bool tdm_adaptive_relax_costs(const tdm_adaptive *a, double *cost, double *fixed, double timed_cost,
+                              double timed_fixed);
+
 /* A score's positions (hits[i]: 1 where the drafter's greedy draft was the
  * token decoded there): weighed as the rounds of k_max drafts they replay,
  * into the drafter's memory m too (NULL: none); restarts speculation where

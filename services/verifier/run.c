@@ -171,6 +171,7 @@ static size_t counters(void *arg, tdm_service_counter *out, size_t max)
         {"adaptive_scores", (double)c.scores},
         {"adaptive_scored_positions", (double)c.scored_positions},
         {"adaptive_score_restarts", (double)c.score_restarts},
+        {"adaptive_cost_relaxes", (double)c.cost_relaxes},
         {"kv_cache_bytes", (double)c.kv_bytes},
         {"recurrent_state_bytes", (double)c.recurrent_bytes},
         {"conv_state_bytes", (double)c.conv_bytes},

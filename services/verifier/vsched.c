@@ -2729,6 +2729,36 @@ static void record_timeline(vsched *s, const double *t, const double *commit_par
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Where the measured costs alone keep r paused (tdm_adaptive_ceiling: no
+ * score or probe due), they move a tenth of the way back towards what was
+ * timed before serving (tdm_adaptive_relax_costs): a draft as the verify steps timed
+ * here and the drafter's reported passes price it, and the part that does not
+ * grow with the drafts as the drafter's pass and the exchange last measured.
+ * cost and fixed are the measured costs at a batch of n (plain steps).
+ * Measured on one H100, a few dear first rounds (1.0-1.1 plain steps a draft
+ * on the demo pair, against 0.55 timed) held every later request paused for
+ * the rest of a load. Scheduler thread, under mu. */
+static void relax_costs_locked(vsched *s, vreq *r, int n, double cost, double fixed)
+{
+    double pass = 0;
+    const double timed = warm_cost(s, r, n, &pass);
+    const double cost_ms = atomic_load(&s->cost_ms_ema), fixed_ms = atomic_load(&s->fixed_ms_ema);
+    if (!(timed > 0) || !(cost > 0) || !(cost_ms > 0))
+        return;
+    const double step_ms = cost_ms / cost; /* a plain step's share of a sequence at n */
+    double c = cost, f = fixed;
+    if (!tdm_adaptive_relax_costs(&r->ad, &c, &f, timed, pass + s->exchange_ms / step_ms))
+        return;
+    atomic_store(&s->cost_ms_ema, c * step_ms);
+    if (f != fixed)
+        atomic_store(&s->fixed_ms_ema, fixed_ms * f / fixed);
+    s->counters.cost_relaxes++;
+    tdm_log_debug(LOG,
+                  "request %s: the measured costs (%.2f + %.2f a draft) lose even with every "
+                  "draft accepted; relaxed to %.2f + %.2f towards the timed %.2f a draft",
+                  r->request_id, fixed, cost, f, c, timed);
+}
+
 /* A fresh adaptive request decides its start again at the batch it runs in
  * (the one it was queued to may have been another's): as its prefill starts,
  * or, where it was queued on a guess of what a draft costs (none measured
@@ -2753,6 +2783,8 @@ static void judge_start_locked(vsched *s, vreq *r)
         p.fixed_prior = (p.fixed_prior > 0 ? p.fixed_prior : 0) + pass;
     p.open_cost = open_cost_at(s, n);
     tdm_adaptive_init(&r->ad, &p);
+    if (!guessed)
+        relax_costs_locked(s, r, n, p.cost_prior, p.fixed_prior);
     tdm_log_debug(LOG,
                   "request %s: speculation starts %s at a batch of %d, block %d; cost %.2f + "
                   "%.2f a draft (%s)",

@@ -235,8 +235,10 @@ typedef struct vsched_counters {
      * baseline), their blocks unverified. */
     uint64_t speculative_steps, adaptive_off_rounds, adaptive_switch_offs, plain_measure_rounds;
     /* Scores of paused greedy sequences' drafters weighed, the positions
-     * they scored, and the scores that restarted speculation. */
-    uint64_t scores, scored_positions, score_restarts;
+     * they scored, and the scores that restarted speculation; requests
+     * whose start relaxed measured costs that lost even with every draft
+     * accepted (relax_costs_locked). */
+    uint64_t scores, scored_positions, score_restarts, cost_relaxes;
     uint64_t accepted_at[TDM_MAX_DRAFT_BLOCK];
     /* State snapshots: exported, imported, dropped unused after
      * snapshot_ttl, and imported ones waiting for their Run now. */

@@ -1058,6 +1058,70 @@ static void test_adaptive_scores(void)
           "a fixed block is not scored: k %d", f.k_next);
 }
 
+/* Measured costs at which no acceptance pays hold every request paused, with
+ * nothing due that would measure them again: each such start relaxes them
+ * towards what was timed before serving, until a request is scored again. */
+static void test_adaptive_relax_costs(void)
+{
+    /* The demo pair on one H100: drafts measured at 1.05 plain steps, 0.55 timed. */
+    double c = 1.05, f = 0.30;
+    const double timed_c = 0.55, timed_f = 0.15;
+    int starts = 0;
+    bool due = false;
+    for (; starts < 50 && !due; starts++) {
+        tdm_adaptive a;
+        const tdm_adaptive_params p = serving(4, c, f, 2000);
+        tdm_adaptive_init(&a, &p);
+        CHECK(a.k_next == 0, "start %d at %.3f + %.3f: starts paused", starts, f, c);
+        for (int t = 0; t < 32; t++)
+            tdm_adaptive_on_plain_token(&a);
+        due = tdm_adaptive_score_due(&a);
+        const double c0 = c, f0 = f;
+        const bool moved = tdm_adaptive_relax_costs(&a, &c, &f, timed_c, timed_f);
+        CHECK(moved == !due, "start %d: relaxed %d where a score is %s", starts, moved,
+              due ? "due" : "not due");
+        if (moved)
+            CHECK(fabs(c - (c0 + 0.1 * (timed_c - c0))) < 1e-12 &&
+                      fabs(f - (f0 + 0.1 * (timed_f - f0))) < 1e-12,
+                  "a tenth of the way: %.4f + %.4f from %.4f + %.4f", f, c, f0, c0);
+    }
+    CHECK(due && starts <= 6,
+          "a request should be scored again within a few starts: %d starts, at %.3f + %.3f", starts,
+          f, c);
+
+    /* Never past what was timed, and never up towards it. */
+    double lo_c = 0.90, lo_f = 0.9; /* c timed dearer still; at 0.9 + 0.2 none pays */
+    tdm_adaptive a;
+    for (int i = 0; i < 200; i++) {
+        const tdm_adaptive_params p = serving(4, lo_c, lo_f, 2000);
+        tdm_adaptive_init(&a, &p);
+        tdm_adaptive_relax_costs(&a, &lo_c, &lo_f, 1.0, 0.2);
+    }
+    CHECK(lo_c == 0.90 && lo_f >= 0.2 && lo_f < 0.21,
+          "c timed dearer stays 0.90 (%.3f); f relaxes towards 0.2, never past it: %.4f", lo_c,
+          lo_f);
+
+    /* Paused for its acceptance, not its costs: the costs stand. */
+    tdm_adaptive_params pa = serving(4, 0.55, 0.1, 2000);
+    pa.accept_prior = 0.1;
+    tdm_adaptive b;
+    tdm_adaptive_init(&b, &pa);
+    double bc = 0.55, bf = 0.1;
+    CHECK(b.k_next == 0 && !tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05) && bc == 0.55,
+          "a request paused at acceptance 0.1 on costs that could pay relaxes nothing");
+
+    /* A fixed block, and a speculating request, relax nothing. */
+    tdm_adaptive_params pf = serving(4, 1.5, 0.5, 2000);
+    pf.fixed = true;
+    tdm_adaptive_init(&b, &pf);
+    bc = 1.5;
+    bf = 0.5;
+    CHECK(!tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05), "a fixed block relaxes nothing");
+    tdm_adaptive_init(&b, &pa);
+    b.k_next = 2;
+    CHECK(!tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05), "a speculating request neither");
+}
+
 /* Drafting ahead: tdm_run_ahead_gain against a simulation of the rounds'
  * timeline (the drafter's chain and the verify step at once, a draft per
  * position accepted with probability a, the guess of the next token right
@@ -1136,6 +1200,7 @@ int main(void)
     test_adaptive_memory_recovers();
     test_adaptive_probe_worth();
     test_adaptive_scores();
+    test_adaptive_relax_costs();
     test_run_ahead_gain();
     test_lossless();
     if (failures) {
