@@ -2053,9 +2053,15 @@ static void take_blocks(vsched *s, vround *rd)
                     }
                 }
             } else {
-                /* Drafts past the context are not verified: a block may
-                 * bring at most the positions left. */
+                /* Drafts past the context, or past the tokens the request
+                 * still emits (a round emits its accepted drafts and one
+                 * more), are not verified: a block may bring at most the
+                 * positions left. So the request's last token is never run
+                 * through the model, as in a plain request, and its final
+                 * round verifies no row it cannot use. */
                 int room = s->p.max_context - (r->n_tokens + 1) - 1;
+                const int emits = r->max_tokens - r->n_out - 1;
+                room = emits < room ? emits : room;
                 q->k = (int)b->n_tokens < room ? (int)b->n_tokens : (room > 0 ? room : 0);
                 q->got = true;
                 rd->first_sight |= b->first_sight;

@@ -67,16 +67,17 @@ DESCRIBE = "/tandem.v1.Verifier/Describe"
 
 # ---- the stacks ---------------------------------------------------------------------
 
-def stack(cache, *vargs, drafter=True, gwargs=()):
+def stack(cache, *vargs, drafter=True, gwargs=(), drafter_model=None):
     """A gateway, a verifier (prefix_cache on or off, block BLOCK) and a model
-    drafter."""
+    drafter (the demo drafter, or drafter_model)."""
     gw = st.gateway("--tokenizer", e2e.TOKENIZER, *gwargs)
     v = st.replica("verifier", gw, "--model", e2e.TARGET, "--state-strategy", "extra_buffer",
                    "--max-draft-tokens", "8", "--prefix-cache", "on" if cache else "off",
                    "--prefix-cache-block", str(BLOCK), *vargs)
     d = None
     if drafter:
-        d = st.replica("drafter", gw, "--model", e2e.DRAFTER, "--state-strategy", "extra_buffer",
+        d = st.replica("drafter", gw, "--model", drafter_model or e2e.DRAFTER,
+                       "--state-strategy", "extra_buffer",
                        "--draft-block-size", "4")
         st.wait_status(gw, lambda s: len(s.get("pairs", [])) >= 1, "verifier/drafter pair")
     else:
@@ -224,6 +225,42 @@ def case_identical():
     for i, (ids, _) in enumerate(out):
         check(ids == want[0, True][i % len(ps)], "concurrent prompt %d: %s vs %s" %
               (i, ids, want[0, True][i % len(ps)]))
+    stop_all()
+    final_round()
+
+
+def final_round():
+    """A request's final round verifies only the drafts it can still emit,
+    so its last token is never run through the model and the blocks it
+    stores end before it, speculative or not. A drafter on the target's own
+    weights has every draft accepted; in fixed blocks of 4 most lengths end
+    inside a block, whose drafts past the last token were verified (and the
+    state past it stored) before."""
+    gw, v, _ = stack(True, drafter_model=e2e.TARGET)
+    ps = prompts(gw)
+    shared = ps[0][:165] + ps[6]
+    check(len(shared) >= 12 * BLOCK, "a prompt of %d tokens to cut from" % len(shared))
+    model = Model()
+    spec = {"mode": "SPECULATION_MODE_ON", "block_size": 4, "fixed_block_size": True}
+    for m in range(2, 10):
+        # The prompt and its m tokens end a block; its first token its own,
+        # so that no other length's blocks match it.
+        p = [100 + m] + shared[1:12 * BLOCK - m]
+        req = {"token_ids": {"ids": p}, "max_tokens": m, "ignore_eos": True,
+               "speculation": spec}
+        code, details, ids, _, done = st.generate(gw, req)
+        check(code == "OK", "Generate: %s %s" % (code, details))
+        stats = (done or {}).get("stats", {})
+        check(int(stats.get("accepted_tokens", 0)) > 0 or m < 3,
+              "%d tokens: drafts on the target's weights accepted: %s" % (m, stats))
+        model.run(p, ids)
+        turn = p + ids + ps[5][-3:]
+        out, got = generate(gw, turn, False)
+        expect = model.run(turn, out)
+        check(int(got.get("cached_prompt_tokens", 0)) == expect == 11 * BLOCK,
+              "%d tokens speculated in blocks of 4: the next turn found %s cached, the model "
+              "says %d (the block the last token ends is not stored)" %
+              (m, got.get("cached_prompt_tokens"), expect))
     stop_all()
 
 
