@@ -1372,9 +1372,12 @@ static void test_busy_poll(void)
     m = NULL;
     req.text = "late";
     req.delay_ms = 30; /* the server waits before it answers */
+    /* Timed from before the write: the server's pause starts once it has the
+     * message, which may be before this thread, descheduled, returns from the
+     * write. */
+    const double t0 = now_s();
     CHECK_ST(tdm_rpc_stream_write(s, &req.base, &err), TDM_OK, &err);
     const long before = thread_sleeps();
-    const double t0 = now_s();
     CHECK_ST(tdm_rpc_stream_read(s, &m, &err), TDM_OK, &err);
     const double waited = now_s() - t0;
     const long slept = thread_sleeps() - before;
