@@ -625,7 +625,8 @@ static const counter_row counter_rows[] = {
     ROW("verifier", "adaptive_cost_relaxes", "tandem_spec_decode_adaptive_cost_relaxes_total",
         COUNTER,
         "Requests that started paused on measured costs that lose even with every draft "
-        "accepted, and moved them a tenth of the way back to what was timed before serving."),
+        "accepted, and moved them back towards what was timed before serving (0.1 / n of the "
+        "way each at a batch of n)."),
     ROW("verifier", "plain_measure_rounds", "tandem_spec_decode_plain_measure_rounds_total",
         COUNTER,
         "Rounds run plainly, their draft blocks unverified, to measure the plain round that "

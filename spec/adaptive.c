@@ -385,21 +385,22 @@ bool tdm_adaptive_score_due(const tdm_adaptive *a)
            tdm_adaptive_ceiling(a) >= 1.0 + a->p.min_gain;
 }
 
-static bool relax(double *x, double timed)
+static bool relax(double *x, double timed, double step)
 {
     if (!(*x > 0) || !isfinite(*x) || !(timed > 0) || timed >= *x)
         return false;
-    *x += 0.1 * (timed - *x);
+    *x += step * (timed - *x);
     return true;
 }
 
 bool tdm_adaptive_relax_costs(const tdm_adaptive *a, double *cost, double *fixed, double timed_cost,
-                              double timed_fixed)
+                              double timed_fixed, double step)
 {
-    if (a->k_next > 0 || a->p.fixed || tdm_adaptive_ceiling(a) >= 1.0 + a->p.min_gain)
+    if (a->k_next > 0 || a->p.fixed || tdm_adaptive_ceiling(a) >= 1.0 + a->p.min_gain ||
+        !(step > 0 && step <= 1))
         return false;
-    const bool c = relax(cost, timed_cost);
-    const bool f = relax(fixed, timed_fixed);
+    const bool c = relax(cost, timed_cost, step);
+    const bool f = relax(fixed, timed_fixed, step);
     return c || f;
 }
 

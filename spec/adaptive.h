@@ -195,15 +195,15 @@ double tdm_adaptive_ceiling(const tdm_adaptive *a);
 
 /* The costs a started from (tdm_adaptive_init), as measured on speculative
  * rounds (plain steps: *cost a draft, *fixed a round), where they alone keep
- * it paused (tdm_adaptive_ceiling below 1 + min_gain): each moves a tenth of
- * the way back towards what was timed before serving (timed_cost,
- * timed_fixed), where that is lower and known (> 0). Returns whether they
- * moved. Costs are measured only while requests speculate, so costs that read
- * so dear, with no score or probe due, would stand for good; relaxed a tenth
- * a request that starts on them, a later request is scored again, and its
- * rounds, if it restarts, measure them afresh. */
+ * it paused (tdm_adaptive_ceiling below 1 + min_gain): each moves the share
+ * `step` (0..1) of the way back towards what was timed before serving
+ * (timed_cost, timed_fixed), where that is lower and known (> 0). Returns
+ * whether they moved. Costs are measured only while requests speculate, so
+ * costs that read so dear, with no score or probe due, would stand for good;
+ * relaxed a little each request that starts on them, a later request is
+ * scored again, and its rounds, if it restarts, measure them afresh. */
 bool tdm_adaptive_relax_costs(const tdm_adaptive *a, double *cost, double *fixed, double timed_cost,
-                              double timed_fixed);
+                              double timed_fixed, double step);
 
 /* A score's positions (hits[i]: 1 where the drafter's greedy draft was the
  * token decoded there): weighed as the rounds of k_max drafts they replay,

@@ -2736,14 +2736,16 @@ static void record_timeline(vsched *s, const double *t, const double *commit_par
 }
 
 /* Where the measured costs alone keep r paused (tdm_adaptive_ceiling: no
- * score or probe due), they move a tenth of the way back towards what was
- * timed before serving (tdm_adaptive_relax_costs): a draft as the verify steps timed
- * here and the drafter's reported passes price it, and the part that does not
- * grow with the drafts as the drafter's pass and the exchange last measured.
- * cost and fixed are the measured costs at a batch of n (plain steps).
- * Measured on one H100, a few dear first rounds (1.0-1.1 plain steps a draft
- * on the demo pair, against 0.55 timed) held every later request paused for
- * the rest of a load. Scheduler thread, under mu. */
+ * score or probe due), they move back towards what was timed before serving
+ * (tdm_adaptive_relax_costs): a draft as the verify steps timed here and the
+ * drafter's reported passes price it, and the part that does not grow with
+ * the drafts as the drafter's pass and the exchange last measured. A tenth of
+ * the way over a batch's worth of starts (0.1 / n each, at a batch of n): a
+ * burst of 32 requests moves them as far as one request does at one stream,
+ * not 97 % of the way. cost and fixed are the measured costs at a batch of n
+ * (plain steps). Measured on one H100, a few dear first rounds (1.0-1.1
+ * plain steps a draft on the demo pair, against 0.55 timed) held every later
+ * request paused for the rest of a load. Scheduler thread, under mu. */
 static void relax_costs_locked(vsched *s, vreq *r, int n, double cost, double fixed)
 {
     double pass = 0;
@@ -2753,7 +2755,8 @@ static void relax_costs_locked(vsched *s, vreq *r, int n, double cost, double fi
         return;
     const double step_ms = cost_ms / cost; /* a plain step's share of a sequence at n */
     double c = cost, f = fixed;
-    if (!tdm_adaptive_relax_costs(&r->ad, &c, &f, timed, pass + s->exchange_ms / step_ms))
+    if (!tdm_adaptive_relax_costs(&r->ad, &c, &f, timed, pass + s->exchange_ms / step_ms,
+                                  0.1 / (n > 1 ? n : 1)))
         return;
     atomic_store(&s->cost_ms_ema, c * step_ms);
     if (f != fixed)

@@ -1077,7 +1077,7 @@ static void test_adaptive_relax_costs(void)
             tdm_adaptive_on_plain_token(&a);
         due = tdm_adaptive_score_due(&a);
         const double c0 = c, f0 = f;
-        const bool moved = tdm_adaptive_relax_costs(&a, &c, &f, timed_c, timed_f);
+        const bool moved = tdm_adaptive_relax_costs(&a, &c, &f, timed_c, timed_f, 0.1);
         CHECK(moved == !due, "start %d: relaxed %d where a score is %s", starts, moved,
               due ? "due" : "not due");
         if (moved)
@@ -1095,7 +1095,7 @@ static void test_adaptive_relax_costs(void)
     for (int i = 0; i < 200; i++) {
         const tdm_adaptive_params p = serving(4, lo_c, lo_f, 2000);
         tdm_adaptive_init(&a, &p);
-        tdm_adaptive_relax_costs(&a, &lo_c, &lo_f, 1.0, 0.2);
+        tdm_adaptive_relax_costs(&a, &lo_c, &lo_f, 1.0, 0.2, 0.1);
     }
     CHECK(lo_c == 0.90 && lo_f >= 0.2 && lo_f < 0.21,
           "c timed dearer stays 0.90 (%.3f); f relaxes towards 0.2, never past it: %.4f", lo_c,
@@ -1107,7 +1107,7 @@ static void test_adaptive_relax_costs(void)
     tdm_adaptive b;
     tdm_adaptive_init(&b, &pa);
     double bc = 0.55, bf = 0.1;
-    CHECK(b.k_next == 0 && !tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05) && bc == 0.55,
+    CHECK(b.k_next == 0 && !tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05, 0.1) && bc == 0.55,
           "a request paused at acceptance 0.1 on costs that could pay relaxes nothing");
 
     /* A fixed block, and a speculating request, relax nothing. */
@@ -1116,10 +1116,10 @@ static void test_adaptive_relax_costs(void)
     tdm_adaptive_init(&b, &pf);
     bc = 1.5;
     bf = 0.5;
-    CHECK(!tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05), "a fixed block relaxes nothing");
+    CHECK(!tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05, 0.1), "a fixed block relaxes nothing");
     tdm_adaptive_init(&b, &pa);
     b.k_next = 2;
-    CHECK(!tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05), "a speculating request neither");
+    CHECK(!tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05, 0.1), "a speculating request neither");
 }
 
 /* Drafting ahead: tdm_run_ahead_gain against a simulation of the rounds'
