@@ -2433,7 +2433,10 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     r->after_open = false;
     q->accepted = v->accepted;
     q->next = v->next_token;
-    q->next_block = r->ad.k_next;
+    /* No more drafts than the request can still use: the next round emits
+     * its accepted drafts and one token more (with one token left, none). */
+    const int usable = r->max_tokens - r->n_out - 1;
+    q->next_block = r->ad.k_next < usable ? r->ad.k_next : usable > 0 ? usable : 0;
     if (q->got && !q->unverified && tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s: next block %d (expected speed-up %.2f at block %d), "
@@ -2444,7 +2447,7 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
                       r->ad.probes);
     if (q->got) {
         q->msg = MSG_VERDICT; /* on its block; block 0 pauses it */
-    } else if (r->ad.k_next > 0) {
+    } else if (q->next_block > 0) {
         q->msg = MSG_OPEN; /* (re)open: the drafter syncs to our tokens */
         r->opened = true;
         r->after_open = true;
@@ -2459,7 +2462,7 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     }
     if (q->msg == MSG_OPEN || q->msg == MSG_VERDICT) {
         r->round++;
-        r->awaiting = r->ad.k_next > 0;
+        r->awaiting = q->next_block > 0;
     }
     /* What an ahead block of the next round must have assumed to stand. */
     r->last_all = q->msg == MSG_VERDICT && q->k > 0 && v->accepted == q->k &&
