@@ -365,9 +365,21 @@ def case_sampling():
     # which of the verifier's threads judged its rows: some again, one by one.
     again = [generate(gw, prompt, max_tokens=3, mode="SPECULATION_MODE_ON", block=2, fixed=True,
                       sampling=sampling(i), ignore_eos=True) for i in range(48)]
-    differ = [i for i in range(48) if again[i][0] != "OK" or again[i][2] != res[i][2]]
-    check(not differ, "seeded requests alone gave other tokens than in a batch: %s" %
-          ["%d: %s / %s" % (i, res[i][2], again[i][2]) for i in differ[:5]])
+    # A request whose drafter missed draft_timeout_ms went on plainly (the
+    # speculation stat says so), which draws other tokens: those are left out
+    # (a loaded machine), but not most.
+    def spec_of(r):
+        return ((r[4] or {}).get("stats") or {}).get("speculation", "")
+
+    def dropped(r):
+        return r[0] == "OK" and "no block within" in spec_of(r)
+    kept = [i for i in range(48) if not dropped(res[i]) and not dropped(again[i])]
+    differ = [i for i in kept if again[i][0] != "OK" or again[i][2] != res[i][2]]
+    check(len(kept) >= 40 and not differ,
+          "seeded requests alone gave other tokens than in a batch (%d of 48 compared, the "
+          "rest timed out on the drafter): %s" %
+          (len(kept), ["%d: %s / %s (%s / %s)" % (i, res[i][2], again[i][2], spec_of(res[i]),
+                                                   spec_of(again[i])) for i in differ[:5]]))
     stop_all()
 
 
