@@ -205,14 +205,6 @@ double tdm_adaptive_ceiling(const tdm_adaptive *a);
 bool tdm_adaptive_relax_costs(const tdm_adaptive *a, double *cost, double *fixed, double timed_cost,
                               double timed_fixed, double step);
 
-/* A score's positions (hits[i]: 1 where the drafter's greedy draft was the
- * token decoded there): weighed as the rounds of k_max drafts they replay,
- * into the drafter's memory m too (NULL: none); restarts speculation where
- * the estimate pays (k_next > 0 after). */
-struct tdm_accept_memory;
-void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n,
-                            struct tdm_accept_memory *m);
-
 /* The rounds of k drafts that n scored positions replay, in order: each is
  * (drafts accepted, drafts tried) = (the hits in a row from its start, at
  * most k), and the next starts after it and the token the verifier would
@@ -256,6 +248,12 @@ double tdm_accept_memory_prior(tdm_accept_memory *m, bool nudge);
  * trials are its accepted drafts and the rejected one), uncapped; -1 until
  * some five rounds are known. */
 double tdm_accept_memory_rate(const tdm_accept_memory *m);
+
+/* A score's positions (hits[i]: 1 where the drafter's greedy draft was the
+ * token decoded there): weighed as the rounds of k_max drafts they replay
+ * (tdm_score_rounds), into the drafter's memory m too (NULL: none); restarts
+ * speculation where the estimate pays (k_next > 0 after). */
+void tdm_adaptive_on_scored(tdm_adaptive *a, const uint8_t *hits, int n, tdm_accept_memory *m);
 
 /* ---- what an open costs ----------------------------------------------------
  *

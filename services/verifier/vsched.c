@@ -2010,6 +2010,19 @@ static void await_blocks(vsched *s, vround *rd)
     rd->t_wait = now_ms() - t0;
 }
 
+/* The drafts r's next round can use: no more than the positions left in the
+ * context, nor than the tokens the request still emits (a round emits its
+ * accepted drafts and one token more; with one token left, none). So its
+ * last token is never run through the model, as in a plain request, and no
+ * row is drafted or verified for a token it cannot emit. Under mu. */
+static int draft_room(const vsched *s, const vreq *r)
+{
+    const int context = s->p.max_context - (r->n_tokens + 1) - 1;
+    const int emits = r->max_tokens - r->n_out - 1;
+    const int room = context < emits ? context : emits;
+    return room > 0 ? room : 0;
+}
+
 /* Why a block cannot be verified as it is (a drafter is input like any
  * other), or NULL when it can. */
 static const char *block_fault(const vsched *s, const vreq *r, const Tandem__V1__DraftBlock *b,
@@ -2053,16 +2066,10 @@ static void take_blocks(vsched *s, vround *rd)
                     }
                 }
             } else {
-                /* Drafts past the context, or past the tokens the request
-                 * still emits (a round emits its accepted drafts and one
-                 * more), are not verified: a block may bring at most the
-                 * positions left. So the request's last token is never run
-                 * through the model, as in a plain request, and its final
-                 * round verifies no row it cannot use. */
-                int room = s->p.max_context - (r->n_tokens + 1) - 1;
-                const int emits = r->max_tokens - r->n_out - 1;
-                room = emits < room ? emits : room;
-                q->k = (int)b->n_tokens < room ? (int)b->n_tokens : (room > 0 ? room : 0);
+                /* A block drafted ahead, or a first one, may bring more
+                 * than the request can use: the rest is not verified. */
+                const int room = draft_room(s, r);
+                q->k = (int)b->n_tokens < room ? (int)b->n_tokens : room;
                 q->got = true;
                 rd->first_sight |= b->first_sight;
                 /* After an open the wait includes the drafter's prefill:
@@ -2433,10 +2440,8 @@ static void plan_message_locked(vsched *s, vround *rd, vround_seq *q, const tdm_
     r->after_open = false;
     q->accepted = v->accepted;
     q->next = v->next_token;
-    /* No more drafts than the request can still use: the next round emits
-     * its accepted drafts and one token more (with one token left, none). */
-    const int usable = r->max_tokens - r->n_out - 1;
-    q->next_block = r->ad.k_next < usable ? r->ad.k_next : usable > 0 ? usable : 0;
+    const int room = draft_room(s, r);
+    q->next_block = r->ad.k_next < room ? r->ad.k_next : room;
     if (q->got && !q->unverified && tdm_log_get_level() <= TDM_LOG_DEBUG)
         tdm_log_debug(LOG,
                       "request %s: next block %d (expected speed-up %.2f at block %d), "
