@@ -103,6 +103,7 @@ typedef struct dseq {
     bool stuck;     /* catching up failed: answered with an empty block */
     bool sent;      /* it went out; its verdict is awaited */
     int block_size; /* drafts asked for */
+    int answered;   /* drafts of the block the last verdict answered (0 after an open) */
     uint32_t round;
     dblock b;
     /* the block drafted ahead for round + 1 */
@@ -335,15 +336,17 @@ static tdm_status model_settle(dseq *q, tdm_error *err)
 #define CATCH_UP_CHUNK 256
 
 /* Committed tokens a block's first step runs before its drafts, at most:
- * what a verdict adds (the block's accepted drafts and the bonus token),
- * within MAX_PENDING rows with the drafts. A longer lead (a prompt after an
+ * what a verdict adds (the accepted drafts of the block it answered, or of
+ * one as long as this one, and the bonus token), within MAX_PENDING rows
+ * with the drafts. A verdict that asks for a shorter block (a request's
+ * last round) thus adds no prefill. A longer lead (a prompt after an
  * open, the tokens of a pause) is prefilled first, all but its last token:
  * the engine's prefill path takes many rows at once (on CUDA through cuBLAS
  * from 16 rows), where a draft step's rows take the exact kernel, and the
  * block's first step keeps room for a block drafted ahead. */
 static int lead_max(const dseq *q)
 {
-    int lead = q->block_size + 1;
+    int lead = (q->answered > q->block_size ? q->answered : q->block_size) + 1;
     if (lead > MAX_PENDING - q->block_size)
         lead = MAX_PENDING - q->block_size;
     return lead < 1 ? 1 : lead;
@@ -711,6 +714,7 @@ static void apply_open(dstream *st, const Tandem__V1__SequenceOpen *o, double t_
     q->run_ahead = o->run_ahead && d->run_ahead && d->rt && q->greedy;
     q->round = o->round;
     q->block_size = (int)o->block_size;
+    q->answered = 0;
     q->t_msg = t_arrived;
     q->timed = false;
     if (model_settle(q, &err) != TDM_OK) {
@@ -780,6 +784,7 @@ static void apply_verdict(dstream *st, const Tandem__V1__Verdict *v, double t_ar
      * assumption out and it wants another block at all (drafter.proto). */
     bool confirmed =
         q->ahead_sent && a == q->b.k && (int32_t)v->next_token == q->assumed && v->block_size > 0;
+    q->answered = q->b.k;
     block_clear(&q->b);
     if (confirmed) {
         /* The verifier takes the block drafted ahead: it is now the

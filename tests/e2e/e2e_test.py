@@ -17,7 +17,8 @@ Cases:
   incompatible  drafters refused by a rule: FAILED_PRECONDITION naming the
                 rule when speculation is required, plain service otherwise
   catch_up      a verdict's block is answered while the drafter catches up on
-                other sequences' long prompts
+                other sequences' long prompts; a verdict asking for a shorter
+                block (a request's last round) brings no prefill
   scores        a scoring open's hits are the drafter's own blocks' outcomes at
                 each position (all hits for a drafter on the target's weights);
                 bad scoring opens are refused by name
@@ -730,7 +731,8 @@ def case_catch_up():
     each in one piece, answers sequence 1 only after a whole prompt)."""
     import random
     gw = st.gateway("--tokenizer", TOKENIZER)
-    d = st.replica("drafter", gw, "--model", DRAFTER, "--draft-block-size", "4")
+    d = st.replica("drafter", gw, "--model", DRAFTER, "--draft-block-size", "4",
+                   "--run-ahead", "on")
     ds = st.DraftStream(d.addr(), timeout=120)
     req_cls = ds.req_cls
     rnd = random.Random(5)
@@ -792,7 +794,65 @@ def case_catch_up():
     want = (len(short) - 1) + sum(len(t) - 1 for t in longs.values())
     got = counter(d.addr(), "/tandem.v1.Drafter/Describe", "prefilled_tokens")
     check(got == want, "the drafter prefilled %s prompt tokens, not %d" % (got, want))
+    short_last_block(d, req_cls, short)
     check(d.p.poll() is None, "the drafter is still running")
+
+
+def short_last_block(d, req_cls, prompt):
+    """A verdict that asks for a shorter block than the one it answers (a
+    request's last round) brings the drafter no prefill, also after a block
+    drafted ahead stood (whose verdict leaves the model with none of the
+    block's rows). Sequence 9 drafts 3 a block and ahead of its verdicts;
+    round 1's verdict takes the ahead block and asks for 63 after it (too
+    many to draft a third block ahead: with the 3 rows the model lacks they
+    pass the 65 rows a sequence may hold pending), round 2's accepts all 3
+    drafts and asks for 1: the 4 tokens it adds run with that draft's step
+    (a drafter that sizes a verdict's lead by the block it asks for, not by
+    the one it answers, prefills 3 of them first)."""
+    before = counter(d.addr(), "/tandem.v1.Drafter/Describe", "prefilled_tokens")
+    n = len(prompt)
+    got = []  # (round, ahead, drafts) of each block, as it landed
+    m = req_cls()
+    m.open.sequence_id = 9
+    m.open.tokens.extend(prompt)
+    m.open.block_size = 3
+    m.open.round = 1
+    m.open.run_ahead = True
+    with st.DraftStream(d.addr(), timeout=120) as ds:
+        ds.put(m)
+
+        def verdict(rnd, accepted, nxt, block):
+            v = req_cls()
+            v.verdict.sequence_id = 9
+            v.verdict.round = rnd
+            v.verdict.accepted = accepted
+            v.verdict.next_token = nxt
+            v.verdict.block_size = block
+            v.verdict.position = n + accepted + 1
+            ds.put(v)
+            return n + accepted + 1
+
+        for r in ds.responses:
+            kind = r.WhichOneof("kind")
+            if kind == "error":
+                got.append(r.error.message)
+                break
+            if kind != "block":
+                continue
+            b = r.block
+            got.append((b.round, b.ahead, len(b.tokens)))
+            if b.round == 2 and b.ahead and len(got) == 2:
+                n = verdict(1, 3, b.assumed_token, 63)
+                n = verdict(2, len(b.tokens), 5, 1)
+            elif b.round == 3 or len(got) > 2:
+                break
+    print("a short last block after an ahead block stood: %s" % got, flush=True)
+    check(got == [(1, False, 3), (2, True, 3), (3, False, 1)],
+          "blocks (round, ahead, drafts): %s, not round 1, round 2 ahead, round 3 of one draft"
+          % got)
+    prefilled = counter(d.addr(), "/tandem.v1.Drafter/Describe", "prefilled_tokens") - before
+    check(prefilled == len(prompt) - 1, "the drafter prefilled %s tokens for sequence 9, not "
+          "only its prompt's %d" % (prefilled, len(prompt) - 1))
 
 
 def case_scores():
