@@ -104,7 +104,8 @@ install -m 0755 "$root/docker/entrypoint.sh" "$rootfs/usr/local/bin/tandem-entry
 # A build with the CUDA backend links the CUDA runtime, which no Debian package
 # holds (runtime-deps.sh leaves it to the CUDA base image): it goes in beside
 # the binaries, which then start on a machine without a GPU and pick the cpu
-# backend there.
+# backend there. cuBLAS is opened only by a prefill on a GPU, so this image
+# goes without it.
 ldd "${bins[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
   case "$(readlink -f "$lib")" in
     */cuda*/* | */libcudart*) cp -L "$lib" "$rootfs/usr/local/lib/" ;;

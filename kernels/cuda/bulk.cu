@@ -21,8 +21,12 @@
  * The answer depends on R alone, so a prompt split the same way gets the same bits every time
  * (cuBLAS picks its algorithm from the shapes; the prefix cache's fixed grid relies on that).
  * TANDEM_CUDA_BULK=0 in the environment keeps every matmul exact (bench, tests). Where cuBLAS
- * cannot start (no device memory for its handle or workspace) the backend says so once and
- * stays exact.
+ * cannot start (not installed, or no device memory for its handle or workspace) the backend says
+ * so once and stays exact.
+ *
+ * cuBLAS is opened (dlopen) at the first call that takes it, not linked: its libraries'
+ * initializers cost 0.4 s of CPU at every start of a process that loads them, which a CPU run,
+ * a CLI command or a service that never prefills a long prompt would pay for nothing.
  *
  * Scratch: x's parts [3R, in] bf16 and the GEMM's output [3R, columns] fp32, the columns taken
  * in slices of at most BULK_C_BYTES (an LM head's 248320 columns do not fit at once).
@@ -33,6 +37,8 @@
 
 #include <cublas_v2.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +50,64 @@
 #define BULK_MIN_ROWS 16
 #define BULK_WORKSPACE ((size_t)32 << 20)
 #define BULK_C_BYTES ((size_t)64 << 20)
+
+/* ---- cuBLAS, opened at first use -------------------------------------------- */
+
+#define CB_STR_(x) #x
+#define CB_STR(x) CB_STR_(x) /* a name after macro expansion (cublasCreate: cublasCreate_v2) */
+/* The major version this build was compiled against: its soname. */
+#define CUBLAS_SONAME "libcublas.so." CB_STR(CUBLAS_VER_MAJOR)
+
+/* cublasGemmEx has a C++ overload (64-bit sizes): the C one. */
+typedef cublasStatus_t (*cb_gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                        int, int, const void *, const void *, cudaDataType, int,
+                                        const void *, cudaDataType, int, const void *, void *,
+                                        cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+
+static struct {
+    decltype(&cublasCreate) create;
+    decltype(&cublasDestroy) destroy;
+    decltype(&cublasSetStream) set_stream;
+    decltype(&cublasSetWorkspace) set_workspace;
+    cb_gemm_ex_fn gemm_ex;
+    decltype(&cublasGetStatusString) status_string;
+    char error[256]; /* "" once every function above is resolved */
+} cb;
+static pthread_once_t cb_once = PTHREAD_ONCE_INIT;
+
+template <typename F> static bool cb_sym(void *h, const char *name, F *f)
+{
+    *f = (F)dlsym(h, name);
+    if (!*f)
+        snprintf(cb.error, sizeof(cb.error), "%s has no %s", CUBLAS_SONAME, name);
+    return *f != NULL;
+}
+
+static void cb_open(void)
+{
+    void *h = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(cb.error, sizeof(cb.error), "%s", e ? e : CUBLAS_SONAME ": cannot be opened");
+        return;
+    }
+    if (cb_sym(h, CB_STR(cublasCreate), &cb.create) &&
+        cb_sym(h, CB_STR(cublasDestroy), &cb.destroy) &&
+        cb_sym(h, CB_STR(cublasSetStream), &cb.set_stream) &&
+        cb_sym(h, CB_STR(cublasSetWorkspace), &cb.set_workspace) &&
+        cb_sym(h, CB_STR(cublasGemmEx), &cb.gemm_ex) &&
+        cb_sym(h, CB_STR(cublasGetStatusString), &cb.status_string))
+        return;
+    dlclose(h); /* cb.error names the missing function */
+}
+
+int tdm_cuda_cublas_open(char *why, size_t why_len)
+{
+    pthread_once(&cb_once, cb_open);
+    if (why && why_len)
+        snprintf(why, why_len, "%s", cb.error);
+    return cb.error[0] ? -1 : 0;
+}
 
 int cuda_bulk(void *ctx, int R)
 {
@@ -57,22 +121,31 @@ int cuda_bulk(void *ctx, int R)
             c->bulk_off = 1;
             return 0;
         }
+        char why[256];
+        if (tdm_cuda_cublas_open(why, sizeof(why)) != 0) {
+            fprintf(stderr,
+                    "tandem cuda: cuBLAS did not start (%s); prompt prefill keeps the exact "
+                    "matmuls\n",
+                    why);
+            c->bulk_off = 1;
+            return 0;
+        }
         cublasHandle_t h = NULL;
         void *ws = NULL;
-        cublasStatus_t st = cublasCreate(&h);
+        cublasStatus_t st = cb.create(&h);
         if (st == CUBLAS_STATUS_SUCCESS && cuda_malloc(c, &ws, BULK_WORKSPACE) != cudaSuccess)
             st = CUBLAS_STATUS_ALLOC_FAILED;
         if (st == CUBLAS_STATUS_SUCCESS)
-            st = cublasSetStream(h, c->stream);
+            st = cb.set_stream(h, c->stream);
         if (st == CUBLAS_STATUS_SUCCESS)
-            st = cublasSetWorkspace(h, ws, BULK_WORKSPACE);
+            st = cb.set_workspace(h, ws, BULK_WORKSPACE);
         if (st != CUBLAS_STATUS_SUCCESS) {
             fprintf(stderr,
                     "tandem cuda: cuBLAS did not start (%s); prompt prefill keeps the exact "
                     "matmuls\n",
-                    cublasGetStatusString(st));
+                    cb.status_string(st));
             if (h)
-                cublasDestroy(h);
+                cb.destroy(h);
             cudaFree(ws);
             c->bulk_off = 1;
             return 0;
@@ -87,7 +160,7 @@ int cuda_bulk(void *ctx, int R)
 void cuda_bulk_destroy(cuda_ctx *c)
 {
     if (c->cublas)
-        cublasDestroy((cublasHandle_t)c->cublas);
+        cb.destroy((cublasHandle_t)c->cublas);
     cudaFree(c->bulk_ws);
     cudaFree(c->bulk_x);
     cudaFree(c->bulk_c);
@@ -172,12 +245,12 @@ static void bulk_gemm(cuda_ctx *c, float *C, const uint16_t *xs, const uint16_t 
         return;
     const float one = 1.0f, zero = 0.0f;
     const cublasStatus_t st =
-        cublasGemmEx((cublasHandle_t)c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, oc, 3 * R, in, &one,
-                     w + (size_t)o0 * (size_t)in, CUDA_R_16BF, in, xs, CUDA_R_16BF, in, &zero, C,
-                     CUDA_R_32F, oc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cb.gemm_ex((cublasHandle_t)c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, oc, 3 * R, in, &one,
+                   w + (size_t)o0 * (size_t)in, CUDA_R_16BF, in, xs, CUDA_R_16BF, in, &zero, C,
+                   CUDA_R_32F, oc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "tandem cuda: cublasGemmEx (%d x %d x %d): %s\n", oc, 3 * R, in,
-                cublasGetStatusString(st));
+                cb.status_string(st));
         abort();
     }
 }

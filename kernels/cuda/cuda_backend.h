@@ -37,6 +37,11 @@ extern "C" {
  * this many elements take cuBLAS; smaller ones the exact kernel (bulk.cu). */
 #define TDM_CUDA_BULK_MIN_WEIGHTS ((size_t)1 << 20)
 
+/* Opens cuBLAS (the soname of the major this build was compiled against),
+ * once a process, for a prompt prefill's matmuls (bulk.cu); needs no GPU.
+ * 0, or -1 with *why (may be NULL) naming what is missing. */
+int tdm_cuda_cublas_open(char *why, size_t why_len);
+
 /* Number of CUDA devices usable by this process; 0 when there is no GPU or no
  * driver. *why (may be NULL) receives a short reason when 0. */
 int tdm_cuda_device_count(char *why, size_t why_len);

@@ -278,15 +278,25 @@ static void check_libraries(doctor *d, const cli_gpu_probe *p)
             add(d, "cuda-runtime", DOCTOR_SEVERITY_OK, NULL, "CUDA runtime %s (%s)%s", v,
                 p->runtime.soname, built ? "" : "; this build does not use it");
     }
-    /* tandem's CUDA backend needs neither library (only the benchmarks link
-     * cuBLAS); their versions are reported for the record. */
+    /* The CUDA backend opens cuBLAS at a prompt's first prefill of 16 rows
+     * or more (kernels/cuda/bulk.cu); without it those stay on the exact
+     * kernels, which is slower, not wrong. */
     if (p->cublas.found)
-        add(d, "cublas", DOCTOR_SEVERITY_OK, NULL, "cuBLAS %d.%d.%d (%s)",
+        add(d, "cublas", DOCTOR_SEVERITY_OK, NULL, "cuBLAS %d.%d.%d (%s)%s",
             p->cublas.version / 10000, p->cublas.version / 100 % 100, p->cublas.version % 100,
+            p->cublas.soname,
+            built ? "; a prompt's prefill on CUDA runs its large matmuls on it"
+                  : "; this build does not use it");
+    else if (built && p->device_count > 0)
+        add(d, "cublas", DOCTOR_SEVERITY_WARNING,
+            "install cuBLAS of the toolkit this build used (libcublas), or add its lib64 folder "
+            "to LD_LIBRARY_PATH",
+            "cuBLAS not found (tried %s): a prompt's prefill on CUDA keeps the exact matmuls, "
+            "slower from 16 tokens on",
             p->cublas.soname);
     else
-        add(d, "cublas", DOCTOR_SEVERITY_OK, NULL,
-            "cuBLAS not found (%s); the services do not need it", p->cublas.soname);
+        add(d, "cublas", DOCTOR_SEVERITY_OK, NULL, "cuBLAS not found (%s); %s", p->cublas.soname,
+            built ? "no GPU here would use it" : "this build does not use it");
     int nv = p->nccl.version;
     if (p->nccl.found && nv >= 10000) /* since 2.9: major*10000 + minor*100 + patch */
         add(d, "nccl", DOCTOR_SEVERITY_OK, NULL, "NCCL %d.%d.%d (%s)", nv / 10000, nv / 100 % 100,

@@ -212,6 +212,17 @@ def case_fake_driver():
     elif "sm_90" in build["gpu_archs"].split(","):
         check(gpu and gpu[0]["severity"] == "ok" and "native code" in gpu[0]["message"],
               "sm_90 runs natively on 9.0: %s" % gpu)
+    # cuBLAS, which a CUDA build opens for a prompt's prefill: with a GPU
+    # here, found is said with its use, missing is a warning.
+    cb = [f for f in findings if f["check"] == "cublas"]
+    if build["cuda_runtime"]:
+        check(len(cb) == 1 and (
+            (cb[0]["severity"] == "ok" and "prefill on CUDA runs" in cb[0]["message"]) or
+            (cb[0]["severity"] == "warning" and "keeps the exact matmuls" in cb[0]["message"])),
+            "cuBLAS on a CUDA build with a GPU: %s" % cb)
+    else:
+        check(len(cb) == 1 and cb[0]["severity"] == "ok" and
+              "does not use it" in cb[0]["message"], "cuBLAS on a CPU-only build: %s" % cb)
     # cuInit failing: named with the driver's words; an error only for backend cuda.
     rc, findings, text = doctor(env=fake(init=100))
     gpu = [f for f in findings if f["check"] == "gpu"]
