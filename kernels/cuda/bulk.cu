@@ -63,6 +63,8 @@ typedef cublasStatus_t (*cb_gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cubla
                                         int, int, const void *, const void *, cudaDataType, int,
                                         const void *, cudaDataType, int, const void *, void *,
                                         cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+/* (unevaluated: it compiles only where the header declares exactly that one) */
+static_assert(sizeof(static_cast<cb_gemm_ex_fn>(&cublasGemmEx)) > 0, "cublasGemmEx's C form");
 
 static struct {
     decltype(&cublasCreate) create;
