@@ -281,13 +281,24 @@ static void check_libraries(doctor *d, const cli_gpu_probe *p)
     /* The CUDA backend opens cuBLAS at a prompt's first prefill of 16 rows
      * or more (kernels/cuda/bulk.cu); without it those stay on the exact
      * kernels, which is slower, not wrong. */
-    if (p->cublas.found)
+    const bool gpu_here = built && p->device_count > 0;
+    /* It opens the major of the build's CUDA (cuBLAS's majors follow CUDA's). */
+    if (p->cublas.found && built && p->cublas.version && p->cublas.version / 10000 != built / 1000)
+        add(d, "cublas", gpu_here ? DOCTOR_SEVERITY_WARNING : DOCTOR_SEVERITY_OK,
+            gpu_here ? "install cuBLAS of the toolkit this build used (libcublas), or add its "
+                       "lib64 folder to LD_LIBRARY_PATH"
+                     : NULL,
+            "cuBLAS %d.%d.%d found (%s), but this build opens libcublas.so.%d: a prompt's prefill "
+            "on CUDA keeps the exact matmuls, slower from 16 tokens on",
+            p->cublas.version / 10000, p->cublas.version / 100 % 100, p->cublas.version % 100,
+            p->cublas.soname, built / 1000);
+    else if (p->cublas.found)
         add(d, "cublas", DOCTOR_SEVERITY_OK, NULL, "cuBLAS %d.%d.%d (%s)%s",
             p->cublas.version / 10000, p->cublas.version / 100 % 100, p->cublas.version % 100,
             p->cublas.soname,
             built ? "; a prompt's prefill on CUDA runs its large matmuls on it"
                   : "; this build does not use it");
-    else if (built && p->device_count > 0)
+    else if (gpu_here)
         add(d, "cublas", DOCTOR_SEVERITY_WARNING,
             "install cuBLAS of the toolkit this build used (libcublas), or add its lib64 folder "
             "to LD_LIBRARY_PATH",
