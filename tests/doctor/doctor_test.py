@@ -223,6 +223,21 @@ def case_fake_driver():
     else:
         check(len(cb) == 1 and cb[0]["severity"] == "ok" and
               "does not use it" in cb[0]["message"], "cuBLAS on a CPU-only build: %s" % cb)
+    # A cuBLAS of another major found first: a CUDA build, which opens its
+    # own major's, warns; a CPU-only build does not use it.
+    e = fake()
+    e["LD_LIBRARY_PATH"] = ARGS.fake_cublas + ":" + e["LD_LIBRARY_PATH"]
+    rc, findings, text = doctor(env=e)
+    cb = [f for f in findings if f["check"] == "cublas"]
+    major = build["cuda_runtime"].split(".")[0]
+    if build["cuda_runtime"] and major != "12":
+        check(len(cb) == 1 and cb[0]["severity"] == "warning" and
+              "cuBLAS 12.4.0 found" in cb[0]["message"] and
+              "opens libcublas.so.%s" % major in cb[0]["message"],
+              "cuBLAS 12 beside a CUDA %s build: %s" % (major, cb))
+    elif not build["cuda_runtime"]:
+        check(len(cb) == 1 and cb[0]["severity"] == "ok" and "cuBLAS 12.4.0" in cb[0]["message"],
+              "cuBLAS 12 beside a CPU-only build: %s" % cb)
     # cuInit failing: named with the driver's words; an error only for backend cuda.
     rc, findings, text = doctor(env=fake(init=100))
     gpu = [f for f in findings if f["check"] == "gpu"]
@@ -464,6 +479,8 @@ def main():
     ap.add_argument("--cli", required=True)
     ap.add_argument("--gateway", required=True)
     ap.add_argument("--fake-driver", required=True, help="folder of the stand-in libcuda.so.1")
+    ap.add_argument("--fake-cublas", required=True,
+                    help="folder of a stand-in libcublas.so of major 12")
     ap.add_argument("--source", required=True)
     ARGS = ap.parse_args()
     TMP = tempfile.mkdtemp(prefix="tandem-doctor-")
