@@ -281,33 +281,37 @@ static void check_libraries(doctor *d, const cli_gpu_probe *p)
     /* The CUDA backend opens cuBLAS at a prompt's first prefill of 16 rows
      * or more (kernels/cuda/bulk.cu); without it those stay on the exact
      * kernels, which is slower, not wrong. */
-    const bool gpu_here = built && p->device_count > 0;
-    /* It opens the major of the build's CUDA (cuBLAS's majors follow CUDA's). */
-    if (p->cublas.found && built && p->cublas.version && p->cublas.version / 10000 != built / 1000)
-        add(d, "cublas", gpu_here ? DOCTOR_SEVERITY_WARNING : DOCTOR_SEVERITY_OK,
-            gpu_here ? "install cuBLAS of the toolkit this build used (libcublas), or add its "
-                       "lib64 folder to LD_LIBRARY_PATH"
-                     : NULL,
-            "cuBLAS %d.%d.%d found (%s), but this build opens libcublas.so.%d: a prompt's prefill "
-            "on CUDA keeps the exact matmuls, slower from 16 tokens on",
-            p->cublas.version / 10000, p->cublas.version / 100 % 100, p->cublas.version % 100,
-            p->cublas.soname, built / 1000);
-    else if (p->cublas.found)
+    /* It opens libcublas.so.<the build's CUDA major> (cuBLAS's majors follow
+     * CUDA's): missing, or another major found, it cannot. */
+    const bool other_major =
+        p->cublas.found && built && p->cublas.version && p->cublas.version / 10000 != built / 1000;
+    if (p->cublas.found && !other_major) {
         add(d, "cublas", DOCTOR_SEVERITY_OK, NULL, "cuBLAS %d.%d.%d (%s)%s",
             p->cublas.version / 10000, p->cublas.version / 100 % 100, p->cublas.version % 100,
             p->cublas.soname,
             built ? "; a prompt's prefill on CUDA runs its large matmuls on it"
                   : "; this build does not use it");
-    else if (gpu_here)
-        add(d, "cublas", DOCTOR_SEVERITY_WARNING,
-            "install cuBLAS of the toolkit this build used (libcublas), or add its lib64 folder "
-            "to LD_LIBRARY_PATH",
-            "cuBLAS not found (tried %s): a prompt's prefill on CUDA keeps the exact matmuls, "
-            "slower from 16 tokens on",
-            p->cublas.soname);
-    else
-        add(d, "cublas", DOCTOR_SEVERITY_OK, NULL, "cuBLAS not found (%s); %s", p->cublas.soname,
-            built ? "no GPU here would use it" : "this build does not use it");
+    } else if (!built) {
+        add(d, "cublas", DOCTOR_SEVERITY_OK, NULL,
+            "cuBLAS not found (%s); this build does not use it", p->cublas.soname);
+    } else {
+        char what[160];
+        if (other_major)
+            snprintf(what, sizeof(what),
+                     "cuBLAS %d.%d.%d found (%s), but this build opens "
+                     "libcublas.so.%d",
+                     p->cublas.version / 10000, p->cublas.version / 100 % 100,
+                     p->cublas.version % 100, p->cublas.soname, built / 1000);
+        else
+            snprintf(what, sizeof(what), "cuBLAS not found (tried %s)", p->cublas.soname);
+        const bool gpu_here = p->device_count > 0;
+        add(d, "cublas", gpu_here ? DOCTOR_SEVERITY_WARNING : DOCTOR_SEVERITY_OK,
+            gpu_here ? "install cuBLAS of the toolkit this build used (libcublas), or add its "
+                       "lib64 folder to LD_LIBRARY_PATH"
+                     : NULL,
+            "%s: a prompt's prefill on CUDA keeps the exact matmuls, slower from 16 tokens on%s",
+            what, gpu_here ? "" : " (no GPU here would use it)");
+    }
     int nv = p->nccl.version;
     if (p->nccl.found && nv >= 10000) /* since 2.9: major*10000 + minor*100 + patch */
         add(d, "nccl", DOCTOR_SEVERITY_OK, NULL, "NCCL %d.%d.%d (%s)", nv / 10000, nv / 100 % 100,

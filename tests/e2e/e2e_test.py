@@ -724,6 +724,29 @@ def case_shared_drafter():
     check(all(n and n > 0 for n in served), "both verifiers should serve requests: %s" % served)
 
 
+def open_msg(req_cls, sid, toks, block, run_ahead=False):
+    """A DraftRequest opening sequence sid on toks at round 1."""
+    m = req_cls()
+    m.open.sequence_id = sid
+    m.open.tokens.extend(toks)
+    m.open.block_size = block
+    m.open.round = 1
+    m.open.run_ahead = run_ahead
+    return m
+
+
+def verdict_msg(req_cls, sid, rnd, accepted, next_token, block, position):
+    """A DraftRequest with sequence sid's verdict on its round rnd."""
+    v = req_cls()
+    v.verdict.sequence_id = sid
+    v.verdict.round = rnd
+    v.verdict.accepted = accepted
+    v.verdict.next_token = next_token
+    v.verdict.block_size = block
+    v.verdict.position = position
+    return v
+
+
 def case_catch_up():
     """A verdict's block does not wait for other sequences' catch-up. A Python
     client in the verifier's place holds sequence 1 in rounds on one Draft
@@ -744,15 +767,7 @@ def case_catch_up():
     short = [rnd.randrange(1, 4000) for _ in range(16)]
     longs = {sid: [rnd.randrange(1, 4000) for _ in range(3000)] for sid in (2, 3, 4)}
 
-    def open_msg(sid, toks):
-        m = req_cls()
-        m.open.sequence_id = sid
-        m.open.tokens.extend(toks)
-        m.open.block_size = 4
-        m.open.round = 1
-        return m
-
-    ds.put(open_msg(1, short))
+    ds.put(open_msg(req_cls, 1, short, 4))
     order = []  # (sequence, round) of each block, as it landed
     n1 = len(short)
     errors = []
@@ -770,17 +785,11 @@ def case_catch_up():
                 if b.round == 1:
                     # the long sequences open beside it, then its verdict
                     for sid, toks in longs.items():
-                        ds.put(open_msg(sid, toks))
+                        ds.put(open_msg(req_cls, sid, toks, 4))
                 if b.round < 6:
-                    v = req_cls()
-                    v.verdict.sequence_id = 1
-                    v.verdict.round = b.round
-                    v.verdict.accepted = 0
-                    v.verdict.next_token = (b.tokens[0] + 1) % 4000 if b.tokens else 7
-                    v.verdict.block_size = 4
-                    v.verdict.position = n1 + 1
+                    nxt = (b.tokens[0] + 1) % 4000 if b.tokens else 7
+                    ds.put(verdict_msg(req_cls, 1, b.round, 0, nxt, 4, n1 + 1))
                     n1 += 1
-                    ds.put(v)
             if all(any(o[0] == sid for o in order) for sid in longs) and \
                     sum(1 for o in order if o[0] == 1) >= 4:
                 break
@@ -817,24 +826,11 @@ def short_last_block(d, req_cls, prompt):
     before = counter(d.addr(), "/tandem.v1.Drafter/Describe", "prefilled_tokens")
     n = len(prompt)
     got = []  # (round, ahead, drafts) of each block, as it landed
-    m = req_cls()
-    m.open.sequence_id = 9
-    m.open.tokens.extend(prompt)
-    m.open.block_size = 3
-    m.open.round = 1
-    m.open.run_ahead = True
     with st.DraftStream(d.addr(), timeout=120) as ds:
-        ds.put(m)
+        ds.put(open_msg(req_cls, 9, prompt, 3, run_ahead=True))
 
         def verdict(rnd, accepted, nxt, block):
-            v = req_cls()
-            v.verdict.sequence_id = 9
-            v.verdict.round = rnd
-            v.verdict.accepted = accepted
-            v.verdict.next_token = nxt
-            v.verdict.block_size = block
-            v.verdict.position = n + accepted + 1
-            ds.put(v)
+            ds.put(verdict_msg(req_cls, 9, rnd, accepted, nxt, block, n + accepted + 1))
             return n + accepted + 1
 
         for r in ds.responses:
