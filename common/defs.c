@@ -10,13 +10,11 @@
 #include <string.h>
 
 #define NAME(e, n, served) n,
-#define SERVED(e, n, served) served,
 
 static const char *const role_names[] = {"unspecified", TDM_ROLES(NAME)};
 static const char *const strategy_names[] = {"unspecified", TDM_STATE_STRATEGIES(NAME)};
 static const char *const backend_names[] = {"unspecified", TDM_BACKENDS(NAME)};
 static const char *const kind_names[] = {"unspecified", TDM_DRAFTER_KINDS(NAME)};
-static const bool kind_served[] = {false, TDM_DRAFTER_KINDS(SERVED)};
 
 /* Each list entry's proto value is its position from 1. */
 #define POS(e, n, served) POS_##e,
@@ -53,11 +51,6 @@ const char *tdm_role_name(int v)
     return name_at(role_names, LEN(role_names), v);
 }
 
-int tdm_role_parse(const char *s)
-{
-    return parse_in(role_names, LEN(role_names), s);
-}
-
 const char *tdm_drafter_kind_name(int v)
 {
     return name_at(kind_names, LEN(kind_names), v);
@@ -66,11 +59,6 @@ const char *tdm_drafter_kind_name(int v)
 int tdm_drafter_kind_parse(const char *s)
 {
     return parse_in(kind_names, LEN(kind_names), s);
-}
-
-bool tdm_drafter_kind_served(int v)
-{
-    return v > 0 && (size_t)v < LEN(kind_served) && kind_served[v];
 }
 
 const char *tdm_state_strategy_name(tdm_state_strategy st)

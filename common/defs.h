@@ -88,10 +88,7 @@ int tdm_backend_kind_parse(const char *name);
 /* Names by proto value (1-based; 0 and unknown values give "unspecified"),
  * and the proto value of a name (0 when it is none of them). */
 const char *tdm_role_name(int proto_value);
-int tdm_role_parse(const char *name);
 const char *tdm_drafter_kind_name(int proto_value);
 int tdm_drafter_kind_parse(const char *name);
-/* Whether this build serves a drafter kind (its `served` flag). */
-bool tdm_drafter_kind_served(int proto_value);
 
 #endif

@@ -146,7 +146,6 @@ struct tdm_seq {
  * each call below runs the same call on every rank's model or sequences, on
  * the ranks' threads, and returns rank 0's results. */
 void tdm_group_destroy(tdm_group *g);
-int tdm_group_size(const tdm_group *g);
 void tdm_group_set_graphs(tdm_group *g, int on);
 tdm_status tdm_group_reserve_workspace(tdm_group *g, int rows, tdm_error *err);
 /* A prefix-cache block of a group's sequence in the checkpoint's layout

@@ -222,11 +222,6 @@ void tdm_group_destroy(tdm_group *g)
     group_free(g);
 }
 
-int tdm_group_size(const tdm_group *g)
-{
-    return g->n;
-}
-
 void tdm_group_set_graphs(tdm_group *g, int on)
 {
     for (int r = 0; r < g->n; r++)

@@ -67,11 +67,6 @@ bool tdm_http_request_peer_closed(const tdm_http_request *req)
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-const char *tdm_http_request_method(const tdm_http_request *req)
-{
-    return req->method;
-}
-
 const char *tdm_http_request_path(const tdm_http_request *req)
 {
     return req->path;

@@ -76,7 +76,6 @@ typedef tdm_status (*tdm_http_handler)(const tdm_http_request *req, tdm_http_res
                                        tdm_error *err, void *arg);
 
 /* What a handler may read of its request. */
-const char *tdm_http_request_method(const tdm_http_request *req); /* "GET" */
 const char *tdm_http_request_path(const tdm_http_request *req);   /* "/metrics" */
 /* A header (case-insensitive name) or query argument; NULL when absent. */
 const char *tdm_http_request_header(const tdm_http_request *req, const char *name);
