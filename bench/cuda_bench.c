@@ -4,7 +4,8 @@
  *   bench_cuda_bench [--shape 0.8b|4b] [--batch 1,8] [--k 0,4,8,16] [--steps N]
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
- *                    [--context N] [--model DIR] [--tp N] [--draft 2,4] [--draft-vocab N]
+ *                    [--context N] [--model DIR] [--tp N] [--draft 2,4] [--draft-lead 1,2]
+ *                    [--draft-vocab N]
  *                    [--prefill 64,512]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
@@ -42,7 +43,12 @@
  * --draft K,... adds, per batch size, a drafter's round: a greedy draft
  * chain of K tokens after one lead token (tdm_seq_draft: on the device, one
  * graph) and the commit of all its rows, what a drafter runs for a block
- * that was accepted whole. --draft-vocab N makes the model draft from the
+ * that was accepted whole. --draft-lead 1,2 times each chain after one lead
+ * row and again after two (both rows of the first step), as a drafter's chain does after
+ * a verdict that accepted the whole block before it: the block's last draft,
+ * which no step has run yet, and the verifier's bonus token (the catch-up
+ * folded into the next block's first step); that is the drafter's part of an
+ * a = 1.0 round. --draft-vocab N makes the model draft from the
  * token ids 0..N-1 alone (tdm_model_set_draft_vocab: every step's LM head
  * reads N rows), as a drafter with draft_vocab does.
  * --prefill N,... adds, before each variant's rows, a request's life on one
@@ -98,9 +104,9 @@ static double median(double *v, int n)
 static tdm_state_strategy strategy = TDM_STATE_EXTRA_BUFFER; /* --strategy */
 
 /* A drafter's round (--draft): median ms of a greedy chain of k drafts after
- * one lead token, and the commit of its k rows, for `batch` sequences
- * continuing from a 32-token prompt. */
-static double time_draft(tdm_model *m, int batch, int k, int steps)
+ * nlead lead tokens, and the commit of its nlead + k - 1 rows, for `batch`
+ * sequences continuing from a 32-token prompt. */
+static double time_draft(tdm_model *m, int batch, int nlead, int k, int steps)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
     tdm_seq_params p = {strategy, k, 0};
@@ -113,24 +119,25 @@ static double time_draft(tdm_model *m, int batch, int k, int steps)
         if (tdm_seq_create(m, &p, &seqs[b], &err) != TDM_OK ||
             tdm_seq_prefill(seqs[b], prompt, 32, NULL, &err) != TDM_OK)
             die("prefill", err.msg);
-    int32_t lead[64], drafts[64][16];
+    int32_t lead[64][2], drafts[64][16];
     const int32_t *lp[64];
     int32_t *dp[64];
-    int one[64], ks[64];
+    int nl[64], ks[64];
     double *t = malloc((size_t)(steps + 2) * sizeof(double));
     for (int s = 0; s < steps + 2; s++) { /* two warm-up rounds */
         for (int b = 0; b < batch; b++) {
-            lead[b] = (s * 31 + b * 17 + 1) % V;
-            lp[b] = &lead[b];
+            for (int j = 0; j < nlead; j++)
+                lead[b][j] = (s * 31 + b * 17 + j * 7 + 1) % V;
+            lp[b] = lead[b];
             dp[b] = drafts[b];
-            one[b] = 1;
+            nl[b] = nlead;
             ks[b] = k;
         }
         double t0 = bench_now();
-        if (tdm_seq_draft(seqs, batch, lp, one, ks, NULL, dp, &err) != TDM_OK)
+        if (tdm_seq_draft(seqs, batch, lp, nl, ks, NULL, dp, &err) != TDM_OK)
             die("draft", err.msg);
         for (int b = 0; b < batch; b++)
-            if (tdm_seq_commit(seqs[b], k - 1, &err) != TDM_OK)
+            if (tdm_seq_commit(seqs[b], nlead + k - 2, &err) != TDM_OK)
                 die("commit", err.msg);
         tdm_model_backend(m)->sync(tdm_model_backend(m)->ctx);
         if (s >= 2)
@@ -370,6 +377,7 @@ int main(int argc, char **argv)
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8",
                *ks_arg = "0,4,8,16", *drafts_arg = "", *prefill_arg = "";
     const char *outs = "logits", *variants = "", *model_dir = NULL;
+    const char *leads_arg = "1";
     int steps = 20, stats = 0, graphs = 1, draft_vocab = 0, header = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
@@ -389,6 +397,8 @@ int main(int argc, char **argv)
             batches = argv[i + 1];
         else if (!strcmp(argv[i], "--draft"))
             drafts_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--draft-lead"))
+            leads_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--draft-vocab"))
             draft_vocab = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--k"))
@@ -435,6 +445,10 @@ int main(int argc, char **argv)
     int ks[8], bs[8], dks[8];
     const int nks = bench_ints(ks_arg, ks, 8, 0, 16), nbs = bench_ints(batches, bs, 8, 1, 64);
     const int ndk = drafts_arg[0] ? bench_ints(drafts_arg, dks, 8, 1, 16) : 0;
+    int leads[2];
+    const int nlead = bench_ints(leads_arg, leads, 2, 1, 2);
+    if (nlead < 0)
+        die("--draft-lead takes 1 or 2 lead rows (a list: 1,2), not", leads_arg);
     int pns[8];
     const int npn = prefill_arg[0] ? bench_ints(prefill_arg, pns, 8, 1, 65536) : 0;
     if (nks < 0 || nbs < 0 || ndk < 0 || npn < 0)
@@ -549,12 +563,17 @@ int main(int argc, char **argv)
                            ms / floor_ms, batch * (ks[i] + 1) / ms * 1e3);
                     fflush(stdout);
                 }
-                for (int i = 0; argmax_only && i < ndk; i++) {
-                    double ms = time_draft(m, batch, dks[i], steps);
-                    printf("| %s | drafts | %s | %d | draft k=%d + commit | %.3f (%.3f a draft) | "
-                           "%.2f a draft | %.0f |\n",
-                           vname, s->name, batch, dks[i], ms, ms / dks[i], ms / dks[i] / floor_ms,
-                           batch * dks[i] / ms * 1e3);
+                for (int i = 0; argmax_only && i < ndk * nlead; i++) {
+                    const int dk = dks[i / nlead], nl = leads[i % nlead];
+                    double ms = time_draft(m, batch, nl, dk, steps);
+                    char lead[24] = "";
+                    if (nl > 1)
+                        snprintf(lead, sizeof(lead), " after %d", nl);
+                    printf(
+                        "| %s | drafts | %s | %d | draft k=%d%s + commit | %.3f (%.3f a draft) | "
+                        "%.2f a draft | %.0f |\n",
+                        vname, s->name, batch, dk, lead, ms, ms / dk, ms / dk / floor_ms,
+                        batch * dk / ms * 1e3);
                     fflush(stdout);
                 }
             }

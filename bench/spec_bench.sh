@@ -22,7 +22,9 @@
 #    plain again, and fixed block 4, at batch 1, 8 and 32; each adaptive load
 #    against the plain loads beside it, and the median of those ratios;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
-#    0.8B decode at batch 1), the upper bound of a round, and a request's
+#    0.8B decode and draft chains after one lead row and after two, the round
+#    after a block accepted whole), the upper bound of a round (the 4b part
+#    prints each a = 1.0 block 4 load against it), and a request's
 #    sequence created, prefilled (4B: 64 and 512 tokens, with prompt
 #    prefill's cuBLAS matmuls off and on; 0.8B: 3 and 64) and destroyed.
 # PARTS may add "demoahead" (the demo pair at controlled acceptance, block
@@ -223,6 +225,37 @@ run)
                     printf "demo adaptive b%d x plain beside it: median %.3f of%s\n", c, m, line
                 }' | tee -a "$SUM"
     }
+    # Each a = 1.0, block 4 load of the 4b part against the engine's bound
+    # of its round, where this call's engine part timed it: the drafter's
+    # chain of 4 after two lead rows (the block before was accepted whole:
+    # its last draft and the bonus token) with its commit, plus the 4B
+    # verify step of 4 drafts, for 5 tokens. Two readings: the load's
+    # tokens/s (its requests' prompts prefilled too, which the bound has
+    # not) and its mean round without the prompts' prefill share.
+    bound_verdict() {
+        local v4 line tag nv elog chain
+        [ -f "$LOGS/engine_4b.log" ] || return 0
+        v4="$(grep -E '\| 4b \| 1 \| verify k=4 \|' "$LOGS/engine_4b.log" | tail -1 |
+            awk -F'|' '{ gsub(/ /, "", $7); print $7 }')"
+        [ -n "$v4" ] || return 0
+        grep -E '^a=1\.0 fixed 4 ahead=[a-z]+( v[0-9]+)? b1 ' "$SUM" | while read -r line; do
+            tag="$(sed -E 's/ +tokens_per_s=.*//' <<<"$line")"
+            nv="$(sed -nE 's/.* v([0-9]+) b1$/\1/p' <<<"$tag")"
+            elog="$LOGS/engine_0.8b${nv:+_v$nv}.log"
+            [ -f "$elog" ] || continue
+            chain="$(grep -E '\| draft k=4 after 2 \+ commit \|' "$elog" | tail -1 |
+                awk -F'|' '{ split($7, a, " "); print a[1] }')"
+            [ -n "$chain" ] || continue
+            awk -v tag="$tag" -v c="$chain" -v v="$v4" -v line="$line" 'BEGIN {
+                n = split(line, f, " ")
+                for (i = 1; i <= n; i++) { split(f[i], kv, "="); val[kv[1]] = kv[2] }
+                b = 5 / (c + v) * 1e3
+                printf "%s x engine bound (chain of 4 after 2 lead rows %.3f + verify k=4 %.3f = %.3f ms: %.1f tok/s): tokens/s %.3f; rounds without the prompts prefill %.3f (round %.0f us, prefill share %.0f)\n",
+                    tag, c, v, c + v, b, val["tokens_per_s"] / b,
+                    (c + v) * 1e3 / (val["round_us"] - val["prefill_us"]), val["round_us"], val["prefill_us"]
+            }' | tee -a "$SUM"
+        done
+    }
     # VCORES, DCORES: the cores the verifier and the drafter run on (taskset
     # lists); on the CPU backend, a drafter on cores of its own is what a
     # drafter on its own GPU is on the GPU machine
@@ -247,13 +280,13 @@ run)
                 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                 tee "$LOGS/engine_4b.log" | tee -a "$SUM" | tail -20
             timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --draft 2,4 \
-                --prefill 3,64 --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
+                --draft-lead 1,2 --prefill 3,64 --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                 tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -14
             for nv in ${DRAFT_VOCABS:-}; do
                 [ "$nv" = 0 ] && continue
                 timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
-                    --draft-vocab "$nv" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
-                    tee "$LOGS/engine_0.8b_v$nv.log" | tee -a "$SUM" | tail -6
+                    --draft-lead 1,2 --draft-vocab "$nv" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
+                    tee "$LOGS/engine_0.8b_v$nv.log" | tee -a "$SUM" | tail -8
             done
             ;;
         4b)
@@ -306,6 +339,7 @@ run)
             DFLAGS=""
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
+            bound_verdict
             ;;
         mtp)
             # The 4B shape with a random MTP head (bench_make_model --mtp):
