@@ -1,12 +1,10 @@
 #include "buildinfo.h"
+#include "revision.h" /* TANDEM_GIT_REVISION (revision.cmake) */
 
 #include <grpc/grpc.h>
 
 #ifndef TANDEM_VERSION
 #define TANDEM_VERSION "0.0.0"
-#endif
-#ifndef TANDEM_GIT_REVISION
-#define TANDEM_GIT_REVISION "unknown"
 #endif
 #ifndef TANDEM_BUILD_TYPE
 #define TANDEM_BUILD_TYPE ""
