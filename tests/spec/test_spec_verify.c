@@ -1122,6 +1122,60 @@ static void test_adaptive_relax_costs(void)
     CHECK(!tdm_adaptive_relax_costs(&b, &bc, &bf, 0.3, 0.05, 0.1), "a speculating request neither");
 }
 
+/* Relaxed towards what speculating alone costs at the request's batch
+ * (tdm_adaptive_timed_alone), with the timings one H100 gave the demo pair
+ * (verifier: plain steps and what a verify adds a draft; drafter: passes of
+ * 1 x 8, 16 x 8 and 1 x 1 tokens). At a batch of 32 no start of the
+ * bench's three loads of 512 requests is ever scored: one sequence
+ * restarting there makes the whole batch wait on its drafter. Towards the
+ * costs of all 32 speculating, sharing the drafter's passes, the same starts
+ * were scored, restarted alone, and adaptive read 0.95-0.97 of plain. At one
+ * stream both are the same. */
+static void test_adaptive_relax_alone(void)
+{
+    const double pass = 0.121 - (0.721 - 0.121) / 7; /* a pass whatever its length */
+    const double token1 = (0.721 - pass) / 8, token16 = (1.266 - pass) / (16 * 8);
+    const double plain32 = 0.408 + (0.408 - 0.307) / 8 * 16, verify32 = 0.002, exchange = 0.01;
+    double tc, tf;
+    tdm_adaptive_timed_alone(plain32, 32, verify32, token1, pass, exchange, &tc, &tf);
+    CHECK(fabs(tc - (verify32 + token1) / (plain32 / 32)) < 1e-12 && tc > 4.5 && tc < 4.7 &&
+              fabs(tf - (pass + exchange) / (plain32 / 32)) < 1e-12,
+          "alone at 32: %.3f + %.3f a draft", tf, tc);
+    const double shared_c = (verify32 + token16) / (plain32 / 32);
+    const double shared_f = pass / plain32 + exchange / (plain32 / 32);
+    /* starts at the costs measured there: 4.30 + 10.06 a draft */
+    for (int alone = 1; alone >= 0; alone--) {
+        double c = 10.06, f = 4.30;
+        int scored_at = -1;
+        for (int start = 0; start < 3 * 512 && scored_at < 0; start++) {
+            tdm_adaptive a;
+            const tdm_adaptive_params p = serving(4, c, f, 2000);
+            tdm_adaptive_init(&a, &p);
+            for (int t = 0; t < 32; t++)
+                tdm_adaptive_on_plain_token(&a);
+            if (tdm_adaptive_score_due(&a))
+                scored_at = start;
+            else
+                tdm_adaptive_relax_costs(&a, &c, &f, alone ? tc : shared_c, alone ? tf : shared_f,
+                                         0.1 / 32);
+        }
+        if (alone)
+            CHECK(scored_at < 0 && c >= tc && f <= 4.30,
+                  "alone: no start of 1536 at a batch of 32 is scored (%d), costs %.3f + %.3f",
+                  scored_at, f, c);
+        else
+            CHECK(scored_at >= 0, "towards the shared costs (%.3f + %.3f) a start is scored: %d",
+                  shared_f, shared_c, scored_at);
+    }
+    /* At one stream speculating alone is all there is: the same targets. */
+    tdm_adaptive_timed_alone(0.177, 1, 0.012, token1, pass, exchange, &tc, &tf);
+    CHECK(fabs(tc - (0.012 + token1) / 0.177) < 1e-12 && tc > 0.5 && tc < 0.6 &&
+              fabs(tf - (pass / 0.177 + exchange / 0.177)) < 1e-12,
+          "at one stream: %.3f + %.3f a draft", tf, tc);
+    tdm_adaptive_timed_alone(0, 8, 0.01, 0.1, 0.1, 0.1, &tc, &tf);
+    CHECK(tc == -1.0 && tf == -1.0, "no plain step timed: nothing to relax towards");
+}
+
 /* Drafting ahead: tdm_run_ahead_gain against a simulation of the rounds'
  * timeline (the drafter's chain and the verify step at once, a draft per
  * position accepted with probability a, the guess of the next token right
@@ -1201,6 +1255,7 @@ int main(void)
     test_adaptive_probe_worth();
     test_adaptive_scores();
     test_adaptive_relax_costs();
+    test_adaptive_relax_alone();
     test_run_ahead_gain();
     test_lossless();
     if (failures) {
