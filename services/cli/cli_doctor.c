@@ -278,11 +278,10 @@ static void check_libraries(doctor *d, const cli_gpu_probe *p)
             add(d, "cuda-runtime", DOCTOR_SEVERITY_OK, NULL, "CUDA runtime %s (%s)%s", v,
                 p->runtime.soname, built ? "" : "; this build does not use it");
     }
-    /* The CUDA backend opens cuBLAS at a prompt's first prefill of 16 rows
-     * or more (kernels/cuda/bulk.cu); without it those stay on the exact
-     * kernels, which is slower, not wrong. */
-    /* It opens libcublas.so.<the build's CUDA major> (cuBLAS's majors follow
-     * CUDA's): missing, or another major found, it cannot. */
+    /* The CUDA backend opens libcublas.so.<the build's CUDA major> (cuBLAS's
+     * majors follow CUDA's) at a prompt's first prefill of 16 rows or more
+     * (kernels/cuda/bulk.cu): missing, or another major found, those stay on
+     * the exact kernels, which is slower, not wrong. */
     const bool other_major =
         p->cublas.found && built && p->cublas.version && p->cublas.version / 10000 != built / 1000;
     if (p->cublas.found && !other_major) {
