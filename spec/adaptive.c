@@ -404,15 +404,15 @@ bool tdm_adaptive_relax_costs(const tdm_adaptive *a, double *cost, double *fixed
     return c || f;
 }
 
-void tdm_adaptive_timed_alone(double plain_ms, int n, double verify_ms, double token_ms,
-                              double pass_ms, double exchange_ms, double *cost, double *fixed)
+void tdm_adaptive_timed(double plain_ms, int n, int drafted, double verify_ms, double token_ms,
+                        double pass_ms, double exchange_ms, double *cost, double *fixed)
 {
     *cost = *fixed = -1.0;
-    if (!(plain_ms > 0) || n < 1)
+    if (!(plain_ms > 0) || n < 1 || drafted < 1)
         return;
     const double share = plain_ms / n;
     *cost = ((verify_ms > 0 ? verify_ms : 0) + (token_ms > 0 ? token_ms : 0)) / share;
-    *fixed = ((pass_ms > 0 ? pass_ms : 0) + (exchange_ms > 0 ? exchange_ms : 0)) / share;
+    *fixed = ((pass_ms > 0 ? pass_ms / drafted : 0) + (exchange_ms > 0 ? exchange_ms : 0)) / share;
 }
 
 int tdm_score_rounds(const uint8_t *hits, int n, int k, void (*fn)(void *, int, int), void *user)

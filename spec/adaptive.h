@@ -205,20 +205,23 @@ double tdm_adaptive_ceiling(const tdm_adaptive *a);
 bool tdm_adaptive_relax_costs(const tdm_adaptive *a, double *cost, double *fixed, double timed_cost,
                               double timed_fixed, double step);
 
-/* What a sequence's speculation costs it, in plain steps of the sequence
- * (plain_ms / n, a plain step of its batch of n shared by its sequences), when
- * it speculates alone: the batch's other sequences decode plainly and every
- * round waits for its block. *cost a draft: what verifying one adds to the
- * step (verify_ms) and what the drafter takes for one token of one sequence
- * (token_ms); *fixed a round: the drafter's pass whatever its length (pass_ms)
- * and the exchange (exchange_ms). What tdm_adaptive_relax_costs relaxes
- * towards: a request that restarts restarts alone, and at a batch of n the
- * batch waits on its drafter (the demo pair on one H100 at a batch of 32: 4.6
- * plain steps of a sequence a draft alone, 0.6 with all 32 speculating and
- * sharing the drafter's passes, and measured 10). -1 in both where plain_ms
- * or n is not positive. */
-void tdm_adaptive_timed_alone(double plain_ms, int n, double verify_ms, double token_ms,
-                              double pass_ms, double exchange_ms, double *cost, double *fixed);
+/* What speculation costs a sequence, in plain steps of it (plain_ms / n, a
+ * plain step of its batch of n shared by its sequences), when `drafted` of
+ * the batch's sequences speculate and share the drafter's passes (n: the
+ * whole batch; 1: it alone, the others decoding plainly while every round
+ * waits for its block). *cost a draft: what verifying one adds to the step
+ * (verify_ms) and what the drafter takes for one token of one sequence in a
+ * pass of `drafted` (token_ms); *fixed a round: its share of the drafter's
+ * pass whatever its length (pass_ms / drafted) and the exchange
+ * (exchange_ms). The verifier's guess before any round is measured prices
+ * the whole batch speculating; what tdm_adaptive_relax_costs relaxes towards
+ * prices it alone, since a request that restarts restarts alone and at a
+ * batch of n the batch waits on its drafter (the demo pair on one H100 at a
+ * batch of 32: 4.6 plain steps of a sequence a draft alone, 0.6 with all 32
+ * speculating, and measured 10). -1 in both where plain_ms, n or drafted
+ * is not positive. */
+void tdm_adaptive_timed(double plain_ms, int n, int drafted, double verify_ms, double token_ms,
+                        double pass_ms, double exchange_ms, double *cost, double *fixed);
 
 /* The rounds of k drafts that n scored positions replay, in order: each is
  * (drafts accepted, drafts tried) = (the hits in a row from its start, at

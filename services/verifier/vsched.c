@@ -421,8 +421,26 @@ static void draft_costs_of(vreq *r, const Tandem__V1__DrafterAssignment *da)
     }
 }
 
+/* What speculation costs a sequence of r's at a batch of n, in plain steps
+ * of it, from what was timed before serving (tdm_adaptive_timed): `drafted`
+ * of the batch speculating and sharing the drafter's passes, and the exchange
+ * at exchange_ms; -1 in both where the verifier's steps or the drafter's
+ * passes were not timed. */
+static void timed_costs(const vsched *s, const vreq *r, int n, int drafted, double exchange_ms,
+                        double *cost, double *fixed)
+{
+    *cost = *fixed = -1.0;
+    if (s->n_warm == 0 || r->n_dcost == 0)
+        return;
+    tdm_adaptive_timed(interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true), n, drafted,
+                       interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false),
+                       interp(r->dcost_n, r->dcost_ms, r->n_dcost, drafted, false), r->dpass_ms,
+                       exchange_ms, cost, fixed);
+}
+
 /* The starting guess of what a drafted token costs a sequence of r's in a
- * batch of n, in plain steps of it, from what was timed before serving: the
+ * batch of n, in plain steps of it, from what was timed before serving
+ * (timed_costs, the whole batch drafted): the
  * verifier's own steps (warm_steps: a plain step, and what a verify adds a
  * draft) and the drafter's passes (its Descriptor's draft_pass_costs); -1
  * where either is missing (an n-gram or MTP drafter reports none: without
@@ -436,18 +454,11 @@ static void draft_costs_of(vreq *r, const Tandem__V1__DrafterAssignment *da)
  * own. */
 static double warm_cost(const vsched *s, const vreq *r, int n, double *pass)
 {
+    double cost, fixed;
+    timed_costs(s, r, n, n, 0, &cost, &fixed);
     if (pass)
-        *pass = 0;
-    if (s->n_warm == 0 || r->n_dcost == 0)
-        return -1.0;
-    const double plain = interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true);
-    const double draft = interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false) +
-                         interp(r->dcost_n, r->dcost_ms, r->n_dcost, n, false);
-    if (!(plain > 0))
-        return -1.0;
-    if (pass)
-        *pass = r->dpass_ms / plain;
-    return draft / (plain / n);
+        *pass = cost > 0 ? fixed : 0;
+    return cost;
 }
 
 /* The entry of drafter `id` (under dacc_mu); a new one (the oldest's slot
@@ -2746,7 +2757,7 @@ static void record_timeline(vsched *s, const double *t, const double *commit_par
 /* Where the measured costs alone keep r paused (tdm_adaptive_ceiling: no
  * score or probe due), they move back towards what was timed before serving
  * (tdm_adaptive_relax_costs), priced as r would speculate if it restarted:
- * alone in its batch (tdm_adaptive_timed_alone), a draft as the verify steps
+ * alone in its batch (timed_costs with one sequence drafted), a draft as the verify steps
  * timed here and the drafter's reported pass of one sequence price it, and
  * the part that does not grow with the drafts as the drafter's pass and the
  * exchange last measured, all borne by the whole batch. (Priced as if the
@@ -2764,15 +2775,12 @@ static void record_timeline(vsched *s, const double *t, const double *commit_par
 static void relax_costs_locked(vsched *s, vreq *r, int n, double cost, double fixed)
 {
     const double cost_ms = atomic_load(&s->cost_ms_ema), fixed_ms = atomic_load(&s->fixed_ms_ema);
-    if (s->n_warm == 0 || r->n_dcost == 0 || !(cost > 0) || !(cost_ms > 0))
+    if (!(cost > 0) || !(cost_ms > 0))
         return;
     /* As this request would speculate if it restarted: alone in its batch,
      * its drafter drafting it alone (the drafter's pass of one sequence). */
     double timed, timed_fixed;
-    tdm_adaptive_timed_alone(interp(s->warm_n, s->warm_plain_ms, s->n_warm, n, true), n,
-                             interp(s->warm_n, s->warm_draft_ms, s->n_warm, n, false),
-                             interp(r->dcost_n, r->dcost_ms, r->n_dcost, 1, false), r->dpass_ms,
-                             s->exchange_ms, &timed, &timed_fixed);
+    timed_costs(s, r, n, 1, s->exchange_ms, &timed, &timed_fixed);
     if (!(timed > 0))
         return;
     double c = cost, f = fixed;

@@ -1123,7 +1123,7 @@ static void test_adaptive_relax_costs(void)
 }
 
 /* Relaxed towards what speculating alone costs at the request's batch
- * (tdm_adaptive_timed_alone), with the timings one H100 gave the demo pair
+ * (tdm_adaptive_timed, one sequence drafted), with the timings one H100 gave the demo pair
  * (verifier: plain steps and what a verify adds a draft; drafter: passes of
  * 1 x 8, 16 x 8 and 1 x 1 tokens). At a batch of 32 no start of the
  * bench's three loads of 512 requests is ever scored: one sequence
@@ -1137,12 +1137,16 @@ static void test_adaptive_relax_alone(void)
     const double token1 = (0.721 - pass) / 8, token16 = (1.266 - pass) / (16 * 8);
     const double plain32 = 0.408 + (0.408 - 0.307) / 8 * 16, verify32 = 0.002, exchange = 0.01;
     double tc, tf;
-    tdm_adaptive_timed_alone(plain32, 32, verify32, token1, pass, exchange, &tc, &tf);
+    tdm_adaptive_timed(plain32, 32, 1, verify32, token1, pass, exchange, &tc, &tf);
     CHECK(fabs(tc - (verify32 + token1) / (plain32 / 32)) < 1e-12 && tc > 4.5 && tc < 4.7 &&
               fabs(tf - (pass + exchange) / (plain32 / 32)) < 1e-12,
           "alone at 32: %.3f + %.3f a draft", tf, tc);
-    const double shared_c = (verify32 + token16) / (plain32 / 32);
-    const double shared_f = pass / plain32 + exchange / (plain32 / 32);
+    /* all 32 drafted, sharing the drafter's passes: the verifier's guess */
+    double shared_c, shared_f;
+    tdm_adaptive_timed(plain32, 32, 32, verify32, token16, pass, exchange, &shared_c, &shared_f);
+    CHECK(fabs(shared_c - (verify32 + token16) / (plain32 / 32)) < 1e-12 && shared_c < 0.7 &&
+              fabs(shared_f - (pass / plain32 + exchange / (plain32 / 32))) < 1e-12,
+          "shared at 32: %.3f + %.3f a draft", shared_f, shared_c);
     /* starts at the costs measured there: 4.30 + 10.06 a draft */
     for (int alone = 1; alone >= 0; alone--) {
         double c = 10.06, f = 4.30;
@@ -1168,12 +1172,14 @@ static void test_adaptive_relax_alone(void)
                   shared_f, shared_c, scored_at);
     }
     /* At one stream speculating alone is all there is: the same targets. */
-    tdm_adaptive_timed_alone(0.177, 1, 0.012, token1, pass, exchange, &tc, &tf);
+    tdm_adaptive_timed(0.177, 1, 1, 0.012, token1, pass, exchange, &tc, &tf);
     CHECK(fabs(tc - (0.012 + token1) / 0.177) < 1e-12 && tc > 0.5 && tc < 0.6 &&
               fabs(tf - (pass / 0.177 + exchange / 0.177)) < 1e-12,
           "at one stream: %.3f + %.3f a draft", tf, tc);
-    tdm_adaptive_timed_alone(0, 8, 0.01, 0.1, 0.1, 0.1, &tc, &tf);
+    tdm_adaptive_timed(0, 8, 1, 0.01, 0.1, 0.1, 0.1, &tc, &tf);
     CHECK(tc == -1.0 && tf == -1.0, "no plain step timed: nothing to relax towards");
+    tdm_adaptive_timed(0.4, 8, 0, 0.01, 0.1, 0.1, 0.1, &tc, &tf);
+    CHECK(tc == -1.0 && tf == -1.0, "no sequence drafted: no cost");
 }
 
 /* Drafting ahead: tdm_run_ahead_gain against a simulation of the rounds'
