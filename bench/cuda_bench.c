@@ -5,7 +5,7 @@
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
  *                    [--context N] [--model DIR] [--tp N] [--draft 2,4] [--draft-lead 1,2]
- *                    [--draft-vocab N]
+ *                    [--draft-vocab N] [--between DIR]
  *                    [--prefill 64,512]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
@@ -50,7 +50,12 @@
  * folded into the next block's first step); that is the drafter's part of an
  * a = 1.0 round. --draft-vocab N makes the model draft from the
  * token ids 0..N-1 alone (tdm_model_set_draft_vocab: every step's LM head
- * reads N rows), as a drafter with draft_vocab does.
+ * reads N rows), as a drafter with draft_vocab does. --between DIR loads a
+ * second checkpoint (a target: bench_make_model's) on the same device and,
+ * before each timed chain, runs its verify step of 1 + k tokens on one
+ * sequence and commits it, untimed: the chain then starts as a drafter's does
+ * in the services, on a device whose caches the verifier's step has just
+ * swept, and its row reads "after a verify" beside the row timed back to back.
  * --prefill N,... adds, before each variant's rows, a request's life on one
  * sequence: its creation, the prefill of an N-token prompt with nothing
  * brought back (as the verifier prefills), and its destruction, each timed
@@ -105,8 +110,10 @@ static tdm_state_strategy strategy = TDM_STATE_EXTRA_BUFFER; /* --strategy */
 
 /* A drafter's round (--draft): median ms of a greedy chain of k drafts after
  * nlead lead tokens, and the commit of its nlead + k - 1 rows, for `batch`
- * sequences continuing from a 32-token prompt. */
-static double time_draft(tdm_model *m, int batch, int nlead, int k, int steps)
+ * sequences continuing from a 32-token prompt. Where `target` is set
+ * (--between), each chain follows a verify step of 1 + k tokens on one
+ * sequence of it and that step's commit, run to an idle device and not timed. */
+static double time_draft(tdm_model *m, tdm_model *target, int batch, int nlead, int k, int steps)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
     tdm_seq_params p = {strategy, k, 0};
@@ -119,6 +126,17 @@ static double time_draft(tdm_model *m, int batch, int nlead, int k, int steps)
         if (tdm_seq_create(m, &p, &seqs[b], &err) != TDM_OK ||
             tdm_seq_prefill(seqs[b], prompt, 32, NULL, &err) != TDM_OK)
             die("prefill", err.msg);
+    tdm_seq *ts = NULL;
+    if (target) {
+        const int TV = tdm_model_get_config(target)->vocab_size;
+        tdm_seq_params tpar = {strategy, k, 0};
+        int32_t tprompt[32];
+        for (int i = 0; i < 32; i++)
+            tprompt[i] = (i * 7919 + 13) % TV;
+        if (tdm_seq_create(target, &tpar, &ts, &err) != TDM_OK ||
+            tdm_seq_prefill(ts, tprompt, 32, NULL, &err) != TDM_OK)
+            die("the target's prefill", err.msg);
+    }
     int32_t lead[64][2], drafts[64][16];
     const int32_t *lp[64];
     int32_t *dp[64];
@@ -132,6 +150,18 @@ static double time_draft(tdm_model *m, int batch, int nlead, int k, int steps)
             dp[b] = drafts[b];
             nl[b] = nlead;
             ks[b] = k;
+        }
+        if (ts) {
+            int32_t vt[17], ids[17];
+            for (int j = 0; j <= k; j++)
+                vt[j] = (s * 29 + j * 11 + 3) % tdm_model_get_config(target)->vocab_size;
+            const int32_t *vp = vt;
+            const int nv = k + 1;
+            const tdm_step_out o = {.argmax = ids};
+            if (tdm_seq_step_out(&ts, 1, &vp, &nv, &o, &err) != TDM_OK ||
+                tdm_seq_commit(ts, k, &err) != TDM_OK)
+                die("the target's verify", err.msg);
+            tdm_model_backend(target)->sync(tdm_model_backend(target)->ctx);
         }
         double t0 = bench_now();
         if (tdm_seq_draft(seqs, batch, lp, nl, ks, NULL, dp, &err) != TDM_OK)
@@ -147,6 +177,8 @@ static double time_draft(tdm_model *m, int batch, int nlead, int k, int steps)
     free(t);
     for (int b = 0; b < batch; b++)
         tdm_seq_destroy(seqs[b]);
+    if (ts)
+        tdm_seq_destroy(ts);
     return med;
 }
 
@@ -377,7 +409,7 @@ int main(int argc, char **argv)
     const char *sh = "0.8b", *dir = "/tmp/tandem_cuda_bench", *batches = "1,8",
                *ks_arg = "0,4,8,16", *drafts_arg = "", *prefill_arg = "";
     const char *outs = "logits", *variants = "", *model_dir = NULL;
-    const char *leads_arg = "1";
+    const char *leads_arg = "1", *between = NULL;
     int steps = 20, stats = 0, graphs = 1, draft_vocab = 0, header = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
@@ -399,6 +431,8 @@ int main(int argc, char **argv)
             drafts_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--draft-lead"))
             leads_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--between"))
+            between = argv[i + 1];
         else if (!strcmp(argv[i], "--draft-vocab"))
             draft_vocab = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--k"))
@@ -478,7 +512,7 @@ int main(int argc, char **argv)
     }
     tdm_error err;
     tdm_backend *be = NULL;
-    tdm_model *m = NULL;
+    tdm_model *m = NULL, *target = NULL;
     double floor_ms = 0;
     /* Variants: ';'-separated environments, each loaded afresh (the
      * backend reads its environment when created); "" is the default. */
@@ -512,6 +546,14 @@ int main(int argc, char **argv)
             if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
             die("load", err.msg);
         tdm_model_set_graphs(m, graphs);
+        if (between) {
+            if (tdm_model_load(between, be, &target, &err) != TDM_OK)
+                die("--between", err.msg);
+            tdm_model_set_graphs(target, graphs);
+            if (floor_ms == 0)
+                printf("each chain's row again after a verify step of %s's (%.3f GB of weights)\n",
+                       between, (double)tdm_model_weight_bytes(target) / 1e9);
+        }
         if (draft_vocab > 0) {
             const int V = tdm_model_get_config(m)->vocab_size;
             int32_t *ids = malloc((size_t)V * sizeof(int32_t));
@@ -563,12 +605,13 @@ int main(int argc, char **argv)
                            ms / floor_ms, batch * (ks[i] + 1) / ms * 1e3);
                     fflush(stdout);
                 }
-                for (int i = 0; argmax_only && i < ndk * nlead; i++) {
-                    const int dk = dks[i / nlead], nl = leads[i % nlead];
-                    double ms = time_draft(m, batch, nl, dk, steps);
-                    char lead[24] = "";
-                    if (nl > 1)
-                        snprintf(lead, sizeof(lead), " after %d", nl);
+                for (int i = 0; argmax_only && i < ndk * nlead * (target ? 2 : 1); i++) {
+                    const int j = i % (ndk * nlead), dk = dks[j / nlead], nl = leads[j % nlead];
+                    tdm_model *tm = i >= ndk * nlead ? target : NULL;
+                    double ms = time_draft(m, tm, batch, nl, dk, steps);
+                    char lead[48] = "";
+                    snprintf(lead, sizeof(lead), "%s%s", nl > 1 ? " after 2" : "",
+                             tm ? ", after a verify" : "");
                     printf(
                         "| %s | drafts | %s | %d | draft k=%d%s + commit | %.3f (%.3f a draft) | "
                         "%.2f a draft | %.0f |\n",
@@ -581,6 +624,9 @@ int main(int argc, char **argv)
         variant = strtok_r(NULL, ";", &vsave);
         if (variant) {
             vname = variant;
+            if (target)
+                tdm_model_destroy(target);
+            target = NULL;
             tdm_model_destroy(m);
             be->destroy(be);
         }
@@ -598,6 +644,8 @@ int main(int argc, char **argv)
            (unsigned long long)gs.captured, (unsigned long long)gs.replayed,
            (unsigned long long)gs.refused, (unsigned long long)gs.eager,
            (unsigned long long)gs.evicted);
+    if (target)
+        tdm_model_destroy(target);
     tdm_model_destroy(m);
 #ifdef TANDEM_HAVE_NCCL
     for (int r = 0; r < tp; r++) { /* a rank's communicator before its backend */

@@ -23,7 +23,8 @@
 #    against the plain loads beside it, and the median of those ratios;
 #  - the engine's own steps (bench_cuda_bench: 4B verify k = 0, 2, 4, 8 and
 #    0.8B decode and draft chains after one lead row and after two, the round
-#    after a block accepted whole), the upper bound of a round (the 4b part
+#    after a block accepted whole; with DRAFT_VOCABS, again each after a verify
+#    step of the 4B target's, as the services run it), the upper bound of a round (the 4b part
 #    prints each a = 1.0 block 4 load against it), and a request's
 #    sequence created, prefilled (4B: 64 and 512 tokens, with prompt
 #    prefill's cuBLAS matmuls off and on; 0.8B: 3 and 64) and destroyed.
@@ -233,7 +234,7 @@ run)
     # tokens/s (its requests' prompts prefilled too, which the bound has
     # not) and its mean round without the prompts' prefill share.
     bound_verdict() {
-        local v4 line tag nv elog chain
+        local v4 line tag nv elog chain after
         [ -f "$LOGS/engine_4b.log" ] || return 0
         v4="$(grep -E '\| 4b \| 1 \| verify k=4 \|' "$LOGS/engine_4b.log" | tail -1 |
             awk -F'|' '{ gsub(/ /, "", $7); print $7 }')"
@@ -246,13 +247,21 @@ run)
             chain="$(grep -E '\| draft k=4 after 2 \+ commit \|' "$elog" | tail -1 |
                 awk -F'|' '{ split($7, a, " "); print a[1] }')"
             [ -n "$chain" ] || continue
-            awk -v tag="$tag" -v c="$chain" -v v="$v4" -v line="$line" 'BEGIN {
+            # the same chain timed after a verify step of the 4B target's
+            # (--between): the drafter's part as it starts in the services
+            after="$(grep -E '\| draft k=4 after 2, after a verify \+ commit \|' "$elog" | tail -1 |
+                awk -F'|' '{ split($7, a, " "); print a[1] }')"
+            awk -v tag="$tag" -v c="$chain" -v a="${after:-0}" -v v="$v4" -v line="$line" 'BEGIN {
                 n = split(line, f, " ")
                 for (i = 1; i <= n; i++) { split(f[i], kv, "="); val[kv[1]] = kv[2] }
                 b = 5 / (c + v) * 1e3
                 printf "%s x engine bound (chain of 4 after 2 lead rows %.3f + verify k=4 %.3f = %.3f ms: %.1f tok/s): tokens/s %.3f; rounds without the prompts prefill %.3f (round %.0f us, prefill share %.0f)\n",
                     tag, c, v, c + v, b, val["tokens_per_s"] / b,
                     (c + v) * 1e3 / (val["round_us"] - val["prefill_us"]), val["round_us"], val["prefill_us"]
+                if (a > 0)
+                    printf "%s x the bound with the chain timed after a verify step (%.3f ms: %.1f tok/s): tokens/s %.3f; rounds without the prompts prefill %.3f\n",
+                        tag, a, 5 / (a + v) * 1e3, val["tokens_per_s"] / (5 / (a + v) * 1e3),
+                        (a + v) * 1e3 / (val["round_us"] - val["prefill_us"])
             }' | tee -a "$SUM"
         done
     }
@@ -282,16 +291,19 @@ run)
             timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --draft 2,4 \
                 --draft-lead 1,2 --prefill 3,64 --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                 tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -14
+            # the 4B target's verify before each chain (--between): the
+            # chain as the services run it, after the verifier's step
+            [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
             for nv in ${DRAFT_VOCABS:-}; do
                 [ "$nv" = 0 ] && continue
                 timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
-                    --draft-lead 1,2 --draft-vocab "$nv" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
+                    --draft-lead 1,2 --draft-vocab "$nv" --between "$W/t4b" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                     tee "$LOGS/engine_0.8b_v$nv.log" | tee -a "$SUM" | tail -8
             done
             ;;
         4b)
             echo "== 4B target, 0.8B drafter" | tee -a "$SUM"
-            "$B/bench_make_model" --shape 4b --out "$W/t4b" | tee -a "$SUM"
+            [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" | tee -a "$SUM"
             "$B/bench_make_model" --shape 0.8b --out "$W/d08" | tee -a "$SUM"
             start_stack 4b "$W/t4b" --max-context 8192 ${VFLAGS:-} || continue
             V="--vocab 248320"
