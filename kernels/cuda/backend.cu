@@ -114,6 +114,7 @@ void *cuda_grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
         cuda_retire(c, *buf);
         *buf = p;
         *cap = n;
+        c->grown++;
     }
     return *buf;
 }

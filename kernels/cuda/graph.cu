@@ -27,6 +27,16 @@
  * op whose launch configuration follows what it stages (a row's key count,
  * say), which no key built by the engine can carry.
  *
+ * A graph names the scratch buffers of its capture. Where a larger step has
+ * since replaced one (cuda_grow: c->grown counts the replacements), a replay
+ * folds to another hash: the graph is outgrown, not wrong. It is dropped and
+ * its key measured and captured again, as after a mismatch, but neither
+ * counted as a miss nor reported (before, every process that ran graphs
+ * warned once as its warm-up outgrew its first graphs, and a key outgrown
+ * twice before a good replay stayed eager). A mismatch with nothing grown
+ * since the capture means what it says: the key misses something the
+ * launches carry.
+ *
  * Policy: at most GR_GRAPHS graphs, least recently used evicted first; keys
  * seen once are remembered apart (GR_SEEN, also LRU), so one-off shapes
  * such as prompt chunks of odd lengths never push a graph out. A key whose
@@ -55,6 +65,7 @@ typedef struct gr_graph {
     unsigned char *dev;   /* device [cap]: where the graph's kernels read them */
     size_t cap, bytes;    /* bytes: what the capture staged */
     uint64_t shape;       /* the capture's hash */
+    uint64_t grown;       /* c->grown when it was captured */
     cudaEvent_t uploaded; /* after the last copy out of host */
     int misses;           /* mismatches since the key's last good replay */
 } gr_graph;
@@ -280,9 +291,14 @@ int cuda_graph_end(void *ctx)
         }
         g->bytes = G->off;
         g->shape = c->shape;
+        g->grown = c->grown;
         G->stats.captured++;
     } else if (G->overflow || G->off != g->bytes || c->shape != g->shape) {
         G->stats.refused++;
+        if (g->grown != c->grown) { /* outgrown: captured before scratch was replaced */
+            gr_drop(c, g, g->misses);
+            return 1;
+        }
         if (!G->warned) {
             G->warned = 1;
             tdm_log_warn("cuda",

@@ -17,7 +17,13 @@
  *     attn_prep's segments) and gives their results; a replay of another
  *     shape returns 1 with its output untouched; a key that keeps
  *     mismatching stays eager.
- *  4. TANDEM_CUDA_OPSTATS=1 leaves the graph slots NULL.
+ *  4. An outgrown graph: a matmul's step captured, then a larger matmul run
+ *     eagerly replaces the scratch the graph names; the step's next replay
+ *     is refused (graph_end 1) and the key is measured and captured again.
+ *     Twice in a row with no good replay between, and the key still does not
+ *     stay eager (outgrown is not a mismatch); the eager result's bits every
+ *     time.
+ *  5. TANDEM_CUDA_OPSTATS=1 leaves the graph slots NULL.
  *
  * One line per check. Without a GPU: "skipped: no CUDA device", exit 77.
  */
@@ -281,6 +287,72 @@ static void check_draft_forms(tdm_backend *gpu, const char *name, const steps_ru
     tdm_model_destroy(m);
 }
 
+/* 4. */
+static void check_outgrown(tdm_backend *g)
+{
+    void *x = g->ctx;
+    const uint64_t K = 0x9abc;
+    enum { R = 8, IN = 128, OUT = T_H, BR = 10, BOUT = 64 };
+    const int big_in[2] = {16384, 65536}; /* each needs more split-x scratch than any before */
+    const size_t wmax = (size_t)big_in[1] * BOUT;
+    float *wf = malloc(wmax * sizeof(float)), *xh = malloc((size_t)BR * big_in[1] * sizeof(float));
+    uint16_t *wb = malloc(wmax * sizeof(uint16_t));
+    ct_fill(wf, wmax, 0.05f);
+    ct_fill(xh, (size_t)BR * big_in[1], 1.0f);
+    for (size_t i = 0; i < wmax; i++)
+        wb[i] = ct_f32_to_bf16(wf[i]);
+    const tdm_weight ws = {ct_put(g, wb, (size_t)IN * OUT * sizeof(uint16_t)), TDM_DTYPE_BF16};
+    const tdm_weight wl = {ct_put(g, wb, wmax * sizeof(uint16_t)), TDM_DTYPE_BF16};
+    const float *xd = ct_put(g, xh, (size_t)BR * big_in[1] * sizeof(float));
+    float *y = ct_put(g, NULL, (size_t)R * OUT * sizeof(float));
+    float *yl = ct_put(g, NULL, (size_t)BR * BOUT * sizeof(float));
+    g->matmul(x, y, xd, ws, R, IN, OUT, 0); /* the eager bits, outside any step */
+    float *ref = fetch_rows(g, y, R);       /* OUT == T_H: R rows of it */
+    const tdm_cuda_graph_stats s0 = stats_of(g);
+    for (int round = 0; round < 3; round++) {
+        static const char *const sight[3] = {"measured", "captured", "replayed"};
+        /* measured and captured; replayed only after the last outgrowing,
+         * so the two are one after the other with no good replay between */
+        for (int k = 0; k < (round == 2 ? 3 : 2); k++) {
+            ct_poison(g, y, (size_t)R * OUT * sizeof(float));
+            CHECK(g->graph_begin(x, K) == (k > 0), "round %d: the step is not %s", round, sight[k]);
+            g->matmul(x, y, xd, ws, R, IN, OUT, 0);
+            CHECK(g->graph_end(x) == 0, "round %d: the %s step was refused", round, sight[k]);
+            float *h = fetch_rows(g, y, R);
+            CHECK(memcmp(h, ref, (size_t)R * OUT * sizeof(float)) == 0,
+                  "round %d: the %s step's bits are not the eager ones", round, sight[k]);
+            free(h);
+        }
+        if (round == 2)
+            break;
+        /* A larger matmul, eagerly: it replaces the split-x scratch. */
+        g->matmul(x, yl, xd, wl, BR, big_in[round], BOUT, 0);
+        ct_poison(g, y, (size_t)R * OUT * sizeof(float));
+        CHECK(g->graph_begin(x, K) == 1, "round %d: no replay after the larger step", round);
+        g->matmul(x, y, xd, ws, R, IN, OUT, 0);
+        CHECK(g->graph_end(x) == 1,
+              "round %d: a replay naming replaced scratch was not refused (did the %d-wide "
+              "matmul grow nothing?)",
+              round, big_in[round]);
+        g->matmul(x, y, xd, ws, R, IN, OUT, 0);
+        float *h = fetch_rows(g, y, R);
+        CHECK(memcmp(h, ref, (size_t)R * OUT * sizeof(float)) == 0,
+              "round %d: the eager rerun's bits differ", round);
+        free(h);
+    }
+    const tdm_cuda_graph_stats s1 = stats_of(g);
+    CHECK(s1.refused - s0.refused == 2 && s1.captured - s0.captured == 3,
+          "outgrown twice: %llu refused, %llu captured (want 2 and 3)",
+          (unsigned long long)(s1.refused - s0.refused),
+          (unsigned long long)(s1.captured - s0.captured));
+    printf("PASS outgrown: a graph outgrown by a larger step is refused and captured again, twice "
+           "in a row with no replay between, bits equal to eager\n");
+    free(ref);
+    free(wf);
+    free(xh);
+    free(wb);
+}
+
 int main(void)
 {
     ct_require_gpu();
@@ -299,6 +371,7 @@ int main(void)
         tdm_model_destroy(m);
     }
     check_slots(gpu);
+    check_outgrown(gpu);
     gpu->destroy(gpu);
     check_opstats();
     printf("cuda graph: all checks passed\n");
