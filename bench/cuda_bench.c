@@ -546,7 +546,7 @@ int main(int argc, char **argv)
             if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
             die("load", err.msg);
         tdm_model_set_graphs(m, graphs);
-        if (between) {
+        if (between && ndk > 0) { /* only the draft rows run it */
             if (tdm_model_load(between, be, &target, &err) != TDM_OK)
                 die("--between", err.msg);
             tdm_model_set_graphs(target, graphs);

@@ -291,11 +291,11 @@ run)
             timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0,4 --draft 2,4 \
                 --draft-lead 1,2 --prefill 3,64 --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                 tee "$LOGS/engine_0.8b.log" | tee -a "$SUM" | tail -14
-            # the 4B target's verify before each chain (--between): the
-            # chain as the services run it, after the verifier's step
-            [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
             for nv in ${DRAFT_VOCABS:-}; do
                 [ "$nv" = 0 ] && continue
+                # the 4B target's verify before each chain (--between): the
+                # chain as the services run it, after the verifier's step
+                [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
                 timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
                     --draft-lead 1,2 --draft-vocab "$nv" --between "$W/t4b" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
                     tee "$LOGS/engine_0.8b_v$nv.log" | tee -a "$SUM" | tail -8

@@ -2757,15 +2757,9 @@ static void record_timeline(vsched *s, const double *t, const double *commit_par
 /* Where the measured costs alone keep r paused (tdm_adaptive_ceiling: no
  * score or probe due), they move back towards what was timed before serving
  * (tdm_adaptive_relax_costs), priced as r would speculate if it restarted:
- * alone in its batch (timed_costs with one sequence drafted), a draft as the verify steps
- * timed here and the drafter's reported pass of one sequence price it, and
- * the part that does not grow with the drafts as the drafter's pass and the
- * exchange last measured, all borne by the whole batch. (Priced as if the
- * whole batch speculated, sharing the drafter's passes, the targets at a
- * batch of 32 of the demo pair on one H100 were 0.6 plain steps a draft
- * against 4.6 alone: the costs relaxed from a measured 10 to below 1,
- * requests restarted alone and the batch waited on them, adaptive at 0.95 to
- * 0.97 of plain.) A tenth of
+ * alone in its batch (timed_costs with one sequence drafted; adaptive.h's
+ * tdm_adaptive_timed says why not the whole batch), with the exchange last
+ * measured. A tenth of
  * the way over a batch's worth of starts (0.1 / n each, at a batch of n): a
  * burst of 32 requests moves them as far as one request does at one stream,
  * not 97 % of the way. cost and fixed are the measured costs at a batch of n
@@ -2777,8 +2771,6 @@ static void relax_costs_locked(vsched *s, vreq *r, int n, double cost, double fi
     const double cost_ms = atomic_load(&s->cost_ms_ema), fixed_ms = atomic_load(&s->fixed_ms_ema);
     if (!(cost > 0) || !(cost_ms > 0))
         return;
-    /* As this request would speculate if it restarted: alone in its batch,
-     * its drafter drafting it alone (the drafter's pass of one sequence). */
     double timed, timed_fixed;
     timed_costs(s, r, n, 1, s->exchange_ms, &timed, &timed_fixed);
     if (!(timed > 0))
