@@ -1394,6 +1394,225 @@ static void test_gdn(void)
         }
 }
 
+/* ---- the conv inside the delta rule (conv_gdn) ------------------------------------ */
+
+/* One call's segments for conv_gdn, with a state mode each: 0 both states
+ * in place; 1 per-row states_out for both; 2 the replay strategy's verify:
+ * the conv's per-row windows, the delta rule's record (from `replayed`
+ * record rows already there) and its state left as is. */
+typedef struct cg_set {
+    const char *name;
+    int n, replayed;
+    int rows[MAXSEG], mode[MAXSEG];
+} cg_set;
+
+typedef struct cg_bufs {
+    float *x, *w, *y, *out, *a, *b, *al, *dt;
+    float *cst[MAXSEG], *cso[MAXSEG], *gst[MAXSEG], *gso[MAXSEG], *rec[MAXSEG];
+} cg_bufs;
+
+typedef struct cg_dims {
+    int Hk, Hv, Dk, Dv, K, C, R;
+    size_t hs, width;
+} cg_dims;
+
+static void cg_put(cg_bufs *d, const cg_bufs *h, const cg_set *ss, const cg_dims *m)
+{
+    const size_t S = (size_t)m->K - 1, C = (size_t)m->C, R = (size_t)m->R;
+    d->x = ct_put(G, h->x, R * C * 4);
+    d->w = ct_put(G, h->w, C * (size_t)m->K * 4);
+    d->y = ct_put(G, NULL, R * C * 4);
+    d->out = ct_put(G, NULL, R * (size_t)m->Hv * (size_t)m->Dv * 4);
+    ct_poison(G, d->out, R * (size_t)m->Hv * (size_t)m->Dv * 4);
+    d->a = ct_put(G, h->a, R * (size_t)m->Hv * 4);
+    d->b = ct_put(G, h->b, R * (size_t)m->Hv * 4);
+    d->al = ct_put(G, h->al, (size_t)m->Hv * 4);
+    d->dt = ct_put(G, h->dt, (size_t)m->Hv * 4);
+    for (int i = 0; i < ss->n; i++) {
+        const size_t n = (size_t)ss->rows[i], mode = (size_t)ss->mode[i];
+        d->cst[i] = ct_put(G, h->cst[i], S * C * 4);
+        d->gst[i] = ct_put(G, h->gst[i], m->hs * 4);
+        d->cso[i] = mode ? ct_put(G, NULL, 2 * n * S * C * 4) : NULL;
+        d->gso[i] = mode == 1 ? ct_put(G, NULL, 2 * n * m->hs * 4) : NULL;
+        d->rec[i] =
+            mode == 2 ? ct_put(G, h->rec[i], ((size_t)ss->replayed + 2 * n) * m->width * 4) : NULL;
+        if (mode) /* two rounds' worth, poisoned */
+            ct_poison(G, d->cso[i], 2 * n * S * C * 4);
+        if (mode == 1)
+            ct_poison(G, d->gso[i], 2 * n * m->hs * 4);
+        if (mode == 2)
+            ct_poison(G, d->rec[i] + (size_t)ss->replayed * m->width, 2 * n * m->width * 4);
+    }
+}
+
+/* Round `round` (0, 1) of the segments, fused or as conv_silu then
+ * gdn_recurrent; a second round continues from the states the first left
+ * (per-row buffers: the second half). */
+static void cg_run(const cg_bufs *d, const cg_set *ss, const cg_dims *m, int fused, int round)
+{
+    tdm_conv_seg cs[MAXSEG];
+    tdm_gdn_seg gs[MAXSEG];
+    const size_t S = (size_t)m->K - 1, C = (size_t)m->C;
+    for (int i = 0, r = 0; i < ss->n; i++) {
+        const size_t n = (size_t)ss->rows[i], off = (size_t)round * n;
+        cs[i] =
+            (tdm_conv_seg){r, ss->rows[i], d->cst[i], d->cso[i] ? d->cso[i] + off * S * C : NULL};
+        gs[i] = (tdm_gdn_seg){.row0 = r,
+                              .nrows = ss->rows[i],
+                              .state = d->gst[i],
+                              .states_out = d->gso[i] ? d->gso[i] + off * m->hs : NULL,
+                              .inputs = d->rec[i],
+                              .replayed = d->rec[i] ? ss->replayed + (int)off : 0};
+        r += ss->rows[i];
+    }
+    const tdm_gdn_gates gt = {d->a, d->b, d->al, d->dt};
+    if (fused) {
+        G->conv_gdn(G->ctx, d->out, d->y, d->x, d->w, m->K, cs, gt, gs, ss->n, m->Hk, m->Hv, m->Dk,
+                    m->Dv);
+    } else {
+        G->conv_silu(G->ctx, d->y, d->x, d->w, cs, ss->n, m->C, m->K);
+        G->gdn_recurrent(G->ctx, d->out, d->y, m->C, gt, gs, ss->n, m->Hk, m->Hv, m->Dk, m->Dv);
+    }
+}
+
+/* Every output and state of the two runs, bit for bit. */
+static int cg_same(const cg_bufs *f, const cg_bufs *u, const cg_set *ss, const cg_dims *m)
+{
+    const size_t S = (size_t)m->K - 1, C = (size_t)m->C;
+    int ok = 1;
+#define CG_CMP(A, B, N)                                                                            \
+    do {                                                                                           \
+        void *ha = ct_get(G, (A), (N)), *hb = ct_get(G, (B), (N));                                 \
+        ok &= memcmp(ha, hb, (N)) == 0;                                                            \
+        free(ha);                                                                                  \
+        free(hb);                                                                                  \
+    } while (0)
+    CG_CMP(f->out, u->out, (size_t)m->R * (size_t)m->Hv * (size_t)m->Dv * 4);
+    for (int i = 0; i < ss->n; i++) {
+        const size_t n = (size_t)ss->rows[i];
+        CG_CMP(f->cst[i], u->cst[i], S * C * 4);
+        CG_CMP(f->gst[i], u->gst[i], m->hs * 4);
+        if (f->cso[i])
+            CG_CMP(f->cso[i], u->cso[i], 2 * n * S * C * 4);
+        if (f->gso[i])
+            CG_CMP(f->gso[i], u->gso[i], 2 * n * m->hs * 4);
+        if (f->rec[i])
+            CG_CMP(f->rec[i], u->rec[i], ((size_t)ss->replayed + 2 * n) * m->width * 4);
+    }
+#undef CG_CMP
+    return ok;
+}
+
+static void cg_free(cg_bufs *d, const cg_set *ss)
+{
+    void *p[] = {d->x, d->w, d->y, d->out, d->a, d->b, d->al, d->dt};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(p); i++)
+        G->free(G->ctx, p[i]);
+    for (int i = 0; i < ss->n; i++) {
+        G->free(G->ctx, d->cst[i]);
+        G->free(G->ctx, d->cso[i]);
+        G->free(G->ctx, d->gst[i]);
+        G->free(G->ctx, d->gso[i]);
+        G->free(G->ctx, d->rec[i]);
+    }
+}
+
+/* conv_gdn against conv_silu then gdn_recurrent, the same bits: shapes
+ * where the conv runs inside the delta rule's kernel (the 0.8B and 4B heads,
+ * key heads of 40 and 256, several v-heads a k-head) and where it does not
+ * (keys of 16, a window of 3); segments in place (decode rows, batches of
+ * 40 sequences, a prompt longer than a chunk of staged rows), with per-row
+ * states, and verify blocks with records; each twice, the second call from
+ * the states the first left. */
+static void test_conv_gdn(void)
+{
+    /* Hk, Hv, Dk, Dv, K */
+    const int shapes[][5] = {{16, 16, 128, 128, 4}, {16, 32, 128, 128, 4}, {2, 6, 40, 48, 4},
+                             {1, 2, 256, 80, 4},    {4, 8, 16, 16, 4},     {2, 4, 64, 64, 3}};
+    static const cg_set sets[] = {
+        {"decode", 1, 0, {1}, {0}},
+        {"8 x 1", MAXSEG, 0, {1, 1, 1, 1, 1, 1, 1, 1}, {0}},
+        {"prompt 70 + verify 5 + 2", 3, 0, {70, 5, 2}, {0, 1, 0}},
+        {"verify records", 3, 3, {5, 1, 9}, {2, 2, 1}},
+        {"short rows", 4, 0, {2, 1, 3, 1}, {0, 1, 0, 0}},
+    };
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+        for (size_t k = 0; k < TDM_ARRAY_LEN(sets); k++) {
+            const cg_set *ss = &sets[k];
+            cg_dims m = {.Hk = shapes[s][0],
+                         .Hv = shapes[s][1],
+                         .Dk = shapes[s][2],
+                         .Dv = shapes[s][3],
+                         .K = shapes[s][4]};
+            m.C = 2 * m.Hk * m.Dk + m.Hv * m.Dv;
+            m.hs = (size_t)m.Hv * (size_t)m.Dk * (size_t)m.Dv;
+            m.width = tdm_gdn_input_floats(m.Hk, m.Hv, m.Dk, m.Dv);
+            {
+                m.R = 0;
+                for (int i = 0; i < ss->n; i++)
+                    m.R += ss->rows[i];
+                const size_t S = (size_t)m.K - 1, C = (size_t)m.C, R = (size_t)m.R;
+                cg_bufs h = {0}, f, u;
+                h.x = malloc(R * C * 4);
+                h.w = malloc(C * (size_t)m.K * 4);
+                h.a = malloc(R * (size_t)m.Hv * 4);
+                h.b = malloc(R * (size_t)m.Hv * 4);
+                h.al = malloc((size_t)m.Hv * 4);
+                h.dt = malloc((size_t)m.Hv * 4);
+                CHECK(h.x && h.w && h.a && h.b && h.al && h.dt, "out of memory");
+                ct_fill(h.x, R * C, 3.0f);
+                ct_fill(h.w, C * (size_t)m.K, 1.0f);
+                ct_fill(h.a, R * (size_t)m.Hv, 6.0f);
+                ct_fill(h.b, R * (size_t)m.Hv, 6.0f);
+                ct_fill(h.al, (size_t)m.Hv, 0.75f);
+                ct_fill(h.dt, (size_t)m.Hv, 1.0f);
+                for (int i = 0; i < ss->n; i++) {
+                    h.cst[i] = malloc(S * C * 4);
+                    h.gst[i] = malloc(m.hs * 4);
+                    CHECK(h.cst[i] && h.gst[i], "out of memory");
+                    ct_fill(h.cst[i], S * C, 3.0f);
+                    ct_fill(h.gst[i], m.hs, 0.5f);
+                    if (ss->mode[i] == 2) {
+                        const size_t nr = (size_t)ss->replayed + 2 * (size_t)ss->rows[i];
+                        h.rec[i] = malloc(nr * m.width * 4);
+                        CHECK(h.rec[i], "out of memory");
+                        ct_fill(h.rec[i], nr * m.width, 0.5f);
+                        for (int r = 0; r < ss->replayed; r++) /* decay, beta, 1/|k| > 0 */
+                            for (size_t j = (size_t)m.Hk * m.Dk + (size_t)m.Hv * m.Dv; j < m.width;
+                                 j++)
+                                h.rec[i][(size_t)r * m.width + j] =
+                                    0.5f + 0.5f * fabsf(h.rec[i][(size_t)r * m.width + j]);
+                    }
+                }
+                cg_put(&f, &h, ss, &m);
+                cg_put(&u, &h, ss, &m);
+                int ok = 1;
+                for (int round = 0; round < 2; round++) {
+                    cg_run(&f, ss, &m, 1, round);
+                    cg_run(&u, ss, &m, 0, round);
+                    ok &= cg_same(&f, &u, ss, &m);
+                }
+                char cas[96];
+                snprintf(cas, sizeof(cas), "Hk=%d Hv=%d Dk=%d Dv=%d K=%d, %s, twice", m.Hk, m.Hv,
+                         m.Dk, m.Dv, m.K, ss->name);
+                report_identical("conv_gdn", cas, ok);
+                cg_free(&f, ss);
+                cg_free(&u, ss);
+                free(h.x);
+                free(h.w);
+                free(h.a);
+                free(h.b);
+                free(h.al);
+                free(h.dt);
+                for (int i = 0; i < ss->n; i++) {
+                    free(h.cst[i]);
+                    free(h.gst[i]);
+                    free(h.rec[i]);
+                }
+            }
+        }
+}
+
 /* ---- argmax and softmax ------------------------------------------------------------ */
 
 static void test_sample(void)
@@ -1672,6 +1891,7 @@ int main(void)
     test_attention_long();
     test_conv();
     test_gdn();
+    test_conv_gdn();
     test_sample();
     test_sampling();
     test_sampling_chi2();
