@@ -415,14 +415,10 @@ static void fwd_ops(tdm_model *m, const fwd_step *st)
                                           .inputs = rin,
                                           .replayed = rin ? (int)off : 0};
             }
+            be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
             const tdm_gdn_gates gt = {w->a, w->b, lw->A_log, lw->dt_bias};
-            if (be->conv_gdn) { /* o [R, Hv, Dv] */
-                be->conv_gdn(bx, w->o, w->qkvc, w->qkv, lw->conv_w, K, st->cs, gt, st->gs, nseq, Hk,
-                             Hv, Dk, Dv);
-            } else {
-                be->conv_silu(bx, w->qkvc, w->qkv, lw->conv_w, st->cs, nseq, C, K); /* [R, C] */
-                be->gdn_recurrent(bx, w->o, w->qkvc, C, gt, st->gs, nseq, Hk, Hv, Dk, Dv);
-            }
+            be->gdn_recurrent(bx, w->o, w->qkvc, C, gt, st->gs, nseq, Hk, Hv, Dk,
+                              Dv); /* o [R, Hv, Dv] */
             be->rmsnorm_gated(bx, w->o2, w->o, w->z, lw->gnorm, R * Hv, Dv, eps);
             residual_add(m, w->o2, lw->out_proj, R, VD); /* x += */
         } else {

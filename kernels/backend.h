@@ -264,13 +264,6 @@ struct tdm_backend {
      * softplus, threshold 20), and beta = sigmoid(b). out [R, Hv, Dv]. */
     void (*gdn_recurrent)(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
                           const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv);
-    /* Optional: conv_silu over x [R, C] (C = 2*Hk*Dk + Hv*Dv) with cs, then
-     * gdn_recurrent on its output with gs (qkv_stride C), the same bits as
-     * the two; y [R, C] is scratch the backend may use for the conv's
-     * output. cs[i] and gs[i] are the same rows. */
-    void (*conv_gdn)(void *ctx, float *out, float *y, const float *x, const float *w, int K,
-                     const tdm_conv_seg *cs, tdm_gdn_gates gt, const tdm_gdn_seg *gs, int nseg,
-                     int Hk, int Hv, int Dk, int Dv);
     /* The replay strategy's commit: each segment's state advanced in place by
      * rows 0 .. nrows-1 of its record (inputs), with the arithmetic
      * gdn_recurrent used when it wrote them, so the state is bit for bit the

@@ -541,7 +541,6 @@ static void cu_destroy(tdm_backend *be)
         cudaFree(c->mm_xs);
         cudaFree(c->mm_ys);
         cudaFree(c->mm_up);
-        cudaFree(c->gdn_count);
         cuda_bulk_destroy(c);
         for (int i = 0; i < c->nretired; i++)
             cudaFree(c->retired[i]);
@@ -708,7 +707,6 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
     be->silu_mul = cuda_silu_mul;
     be->conv_silu = cuda_conv_silu;
     be->gdn_recurrent = cuda_gdn_recurrent;
-    be->conv_gdn = cuda_conv_gdn;
     be->gdn_replay = cuda_gdn_replay;
     be->argmax = cu_argmax;
     be->argmax_to = cuda_argmax_to;
@@ -729,7 +727,6 @@ extern "C" tdm_backend *tdm_backend_cuda_create(int device, tdm_error *err)
         be->silu_mul = st_silu_mul;
         be->conv_silu = st_conv_silu;
         be->gdn_recurrent = st_gdn_recurrent;
-        be->conv_gdn = NULL; /* the conv and the delta rule timed apart */
         be->gdn_replay = st_gdn_replay;
         be->argmax = st_argmax;
         be->softmax = st_softmax;

@@ -81,8 +81,6 @@ typedef struct cuda_ctx {
     uint32_t *mm_ys;    /* matmul.cu: a gate/up pair's output in parts, for down */
     float *mm_up;       /* matmul.cu: matmul_silu's up products off the tensor-core path */
     size_t mm_part_cap, mm_count_cap, mm_xs_cap, mm_ys_cap, mm_up_cap;
-    int *gdn_count; /* gdn.cu: conv_gdn's readers of a k-head's windows, per segment */
-    size_t gdn_count_cap;
     /* Scratch buffers replaced so far (cuda_grow): a graph captured before
      * one was replaced may name it (graph.cu: outgrown graphs). */
     uint64_t grown;

@@ -290,140 +290,6 @@ __device__ __forceinline__ void gdn_stage_wait(void)
     __syncthreads();
 }
 
-/* ---- the conv inside the delta rule (CONV) ------------------------------
- * A block convolves the channels it reads as they sit in its staged rows:
- * k [Dk] at 0, its v columns [ncols] at PS, q [Dk] at so + 4; slot u of
- * 0 .. 2·Dk + ncols - 1 walks them in that order. Each thread keeps its
- * slots for the whole segment, their windows in shared memory between
- * chunks, so every output is conv_kernel's K-term fmaf sum and SiLU. */
-#define GDN_CONV_K 4
-
-/* Slot u's place in a staged row; *ch its channel of qkv [C]. */
-__device__ __forceinline__ int gdn_conv_slot(int u, int Dk, int ncols, int PS, int so, int hk,
-                                             int hv, int Hk, int Dv, int e0, size_t *ch)
-{
-    const size_t kd = (size_t)Hk * (size_t)Dk;
-    if (u < Dk) {
-        *ch = kd + (size_t)hk * (size_t)Dk + (size_t)u;
-        return u;
-    }
-    if (u < Dk + ncols) {
-        *ch = 2 * kd + (size_t)hv * (size_t)Dv + (size_t)(e0 + u - Dk);
-        return PS + u - Dk;
-    }
-    *ch = (size_t)hk * (size_t)Dk + (size_t)(u - Dk - ncols);
-    return so + 4 + u - Dk - ncols;
-}
-
-/* Whether this block writes slot u's windows: v columns by their block; k
- * and q, which every column tile of the k-head's v-heads reads, by its
- * first (the record's writer of k). */
-__device__ __forceinline__ bool gdn_conv_owns(int u, int Dk, int ncols, int hv, int Hk, int Hv)
-{
-    return (u >= Dk && u < Dk + ncols) || (blockIdx.x == 0 && hv % (Hv / Hk) == 0);
-}
-
-/* The chunk's nr staged rows (segment rows c0 ..) convolved in place: a
- * thread's NU slots u = tid, tid + 128, ... side by side, each slot's
- * window carried in cwin [slot, K-1], weights cwt [slot, K]; the window
- * after each row into the segment's states_out where it has one. */
-template <int NU>
-__device__ __forceinline__ void gdn_conv_rows(float *sm, int srow, int nr, int c0, float *cwin,
-                                              const float *cwt, const tdm_conv_seg &cg, int stride,
-                                              int Dk, int ncols, int PS, int so, int hk, int hv,
-                                              int Hk, int Hv, int Dv, int e0)
-{
-    constexpr int CS = GDN_CONV_K - 1;
-    const size_t C = (size_t)stride;
-    const int nch = 2 * Dk + ncols;
-    float wv[NU][GDN_CONV_K], win[NU][CS];
-    int slot[NU];
-    size_t ch[NU];
-    bool on[NU], own[NU];
-#pragma unroll
-    for (int i = 0; i < NU; i++) {
-        const int u = (int)threadIdx.x + i * (int)blockDim.x;
-        on[i] = u < nch;
-        slot[i] = gdn_conv_slot(on[i] ? u : 0, Dk, ncols, PS, so, hk, hv, Hk, Dv, e0, &ch[i]);
-        own[i] = on[i] && cg.states_out && gdn_conv_owns(u, Dk, ncols, hv, Hk, Hv);
-#pragma unroll
-        for (int j = 0; j < GDN_CONV_K; j++)
-            wv[i][j] = on[i] ? cwt[u * GDN_CONV_K + j] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < CS; j++)
-            win[i][j] = on[i] ? cwin[u * CS + j] : 0.0f;
-    }
-    for (int j = 0; j < nr; j++) {
-#pragma unroll
-        for (int i = 0; i < NU; i++) {
-            if (!on[i])
-                continue;
-            float *p = sm + (size_t)j * (size_t)srow + slot[i];
-            const float xv = *p;
-            float acc = 0.0f;
-#pragma unroll
-            for (int t = 0; t < CS; t++)
-                acc = fmaf(wv[i][t], win[i][t], acc);
-            acc = fmaf(wv[i][CS], xv, acc);
-            *p = cuda_silu(acc);
-#pragma unroll
-            for (int t = 0; t + 1 < CS; t++)
-                win[i][t] = win[i][t + 1];
-            win[i][CS - 1] = xv;
-            if (own[i]) {
-                float *o = cg.states_out + (size_t)(c0 + j) * CS * C + ch[i];
-#pragma unroll
-                for (int t = 0; t < CS; t++)
-                    o[(size_t)t * C] = win[i][t];
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < NU; i++)
-        if (on[i])
-#pragma unroll
-            for (int t = 0; t < CS; t++)
-                cwin[((int)threadIdx.x + i * (int)blockDim.x) * CS + t] = win[i][t];
-}
-
-/* A block's arrival among the readers of its k-head's windows, taken by
- * thread 0 once the old windows are read (staged with the first chunk);
- * the value is used only at the end (gdn_conv_back), so nothing waits for
- * it on the way. */
-__device__ __forceinline__ int gdn_conv_arrive(int *ccount, int hk, int Hk)
-{
-    return atomicAdd(ccount + (size_t)blockIdx.z * (size_t)Hk + (size_t)hk, 1);
-}
-
-/* The windows after the segment back in place (a segment without
- * states_out). A block's v columns are its own. Its k and q windows every
- * block of the k-head read at the start, so the last of them to have read
- * writes them (arrived, thread 0's gdn_conv_arrive): arrivals are counted
- * per (segment, k-head) in ccount, which that block sets back to zero. */
-__device__ __forceinline__ void gdn_conv_back(const float *cwin, const tdm_conv_seg &cg, int stride,
-                                              int *ccount, int arrived, int Dk, int ncols, int hk,
-                                              int hv, int Hk, int Hv, int Dv, int e0)
-{
-    constexpr int CS = GDN_CONV_K - 1;
-    const size_t C = (size_t)stride;
-    __shared__ int last;
-    if (threadIdx.x == 0) {
-        last = arrived == (int)gridDim.x * (Hv / Hk) - 1;
-        if (last)
-            ccount[(size_t)blockIdx.z * (size_t)Hk + (size_t)hk] = 0;
-    }
-    __syncthreads();
-    for (int u = (int)threadIdx.x; u < 2 * Dk + ncols; u += (int)blockDim.x) {
-        if (!last && (u < Dk || u >= Dk + ncols))
-            continue;
-        size_t ch;
-        (void)gdn_conv_slot(u, Dk, ncols, 0, 0, hk, hv, Hk, Dv, e0, &ch);
-#pragma unroll
-        for (int j = 0; j < CS; j++)
-            cg.state[(size_t)j * C + ch] = cwin[u * CS + j];
-    }
-}
-
 /* P: state rows per thread; SL: lanes per value column (P * SL >= Dk).
  * A segment with a record first advances the state by its record rows
  * 0 .. replayed-1 (no output), then runs its rows from qkv, writing each
@@ -445,11 +311,10 @@ enum { GDN_PLAIN, GDN_RECORD, GDN_COMMIT };
  * the next one's state update. */
 static constexpr int gdn_unroll = 2;
 
-template <int P, int SL, int MODE, bool CONV>
+template <int P, int SL, int MODE>
 __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
     gdn_kernel(float *out, const float *qkv, int stride, const tdm_gdn_gates gt,
-               const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec, int width, int rc,
-               const tdm_conv_seg *csegs, const float *cw, int *ccount)
+               const tdm_gdn_seg *segs, int Hk, int Hv, int Dk, int Dv, int vec, int width, int rc)
 {
     extern __shared__ float4 gdn_smem4[];
     float *sm = (float *)gdn_smem4;
@@ -462,36 +327,13 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
     const int hv = (int)blockIdx.y, hk = hv / (Hv / Hk);
     const int e0 = (int)blockIdx.x * COLS, e = e0 + bc;
     const size_t hs = (size_t)Dk * (size_t)Dv, dv = (size_t)Dv;
+    cuda_kernel_begin();
+    const bool live = e < Dv, whole = live && d0 + P <= Dk;
+    const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
     const int nrep = REC && sg.inputs ? sg.replayed : 0; /* record rows first */
     const int nstep = COMMIT ? 0 : sg.nrows;
     if (nrep + nstep == 0)
         return; /* the whole block: no barrier below is reached */
-    /* CONV: the conv's weights (before the wait: they are the model's) and
-     * windows of the block's channels (k, its v columns, q:
-     * gdn_conv_slot), in with the first chunk */
-    int conv_arrived = 0; /* thread 0's gdn_conv_arrive */
-    const int ncols = min(COLS, Dv - e0), nch = 2 * Dk + ncols;
-    float *const cwin = sm + (size_t)rc * (size_t)gdn_row_floats(PS, COLS, true);
-    float *const cwt = cwin + (size_t)(2 * PS + COLS) * (size_t)(GDN_CONV_K - 1);
-    if constexpr (CONV) {
-        for (int u = tid; u < nch; u += GDN_WARPS * 32) {
-            size_t ch;
-            gdn_conv_slot(u, Dk, ncols, PS, PS + COLS, hk, hv, Hk, Dv, e0, &ch);
-            if (((uintptr_t)cw & 15) == 0) {
-                const unsigned d = (unsigned)__cvta_generic_to_shared(cwt + u * GDN_CONV_K);
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d),
-                             "l"(cw + ch * GDN_CONV_K)
-                             : "memory");
-            } else {
-#pragma unroll
-                for (int j = 0; j < GDN_CONV_K; j++)
-                    gdn_cp4(cwt + u * GDN_CONV_K + j, cw + ch * GDN_CONV_K + j);
-            }
-        }
-    }
-    cuda_kernel_begin();
-    const bool live = e < Dv, whole = live && d0 + P <= Dk;
-    const size_t kd = (size_t)Hk * (size_t)Dk, vd = (size_t)Hv * (size_t)Dv;
     float S[P];
     float *const stp = sg.state + (size_t)hv * hs + (size_t)d0 * dv + (size_t)e;
     if (whole) {
@@ -502,17 +344,6 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
 #pragma unroll
         for (int t = 0; t < P; t++)
             S[t] = live && d0 + t < Dk ? stp[(size_t)t * dv] : 0.0f;
-    }
-    if constexpr (CONV) {
-        const tdm_conv_seg cg = csegs[blockIdx.z];
-        const size_t C = (size_t)stride;
-        for (int u = tid; u < nch; u += GDN_WARPS * 32) {
-            size_t ch;
-            gdn_conv_slot(u, Dk, ncols, PS, PS + COLS, hk, hv, Hk, Dv, e0, &ch);
-#pragma unroll
-            for (int j = 0; j < GDN_CONV_K - 1; j++)
-                gdn_cp4(cwin + u * (GDN_CONV_K - 1) + j, cg.state + (size_t)j * C + ch);
-        }
     }
 
     /* the record's rows: k, v, then 1/|k|, decay, beta in slots 1..3 */
@@ -604,14 +435,6 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
                 }
             }
             gdn_stage_wait();
-            if constexpr (CONV) {
-                if (c0 == 0 && tid == 0 && !csegs[blockIdx.z].states_out)
-                    conv_arrived = gdn_conv_arrive(ccount, hk, Hk);
-                gdn_conv_rows<(2 * PS + COLS + GDN_WARPS * 32 - 1) / (GDN_WARPS * 32)>(
-                    sm, srow, nr, c0, cwin, cwt, csegs[blockIdx.z], stride, Dk, ncols, PS, so, hk,
-                    hv, Hk, Hv, Dv, e0);
-                __syncthreads();
-            }
             /* The rows' norms and gates. Warp w takes rows w, w + 4, ...,
              * two at a time: lane l sums the squares of elements 4l .. 4l+3
              * of every 128, then a butterfly over the warp, while the lanes
@@ -731,11 +554,6 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
             }
         }
     }
-    if constexpr (CONV) {
-        if (nstep > 0 && !csegs[blockIdx.z].states_out)
-            gdn_conv_back(cwin, csegs[blockIdx.z], stride, ccount, conv_arrived, Dk, ncols, hk, hv,
-                          Hk, Hv, Dv, e0);
-    }
     const bool back = COMMIT || (!sg.states_out && !sg.inputs);
     if (back) {
         if (whole) {
@@ -751,55 +569,29 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, MODE == GDN_COMMIT ? 5 : 1)
     }
 }
 
-/* P and SL for Dk alone (32 state rows a thread and SL the power of two
- * that covers Dk; small heads take 8 or 16 rows a thread), so a position
- * computes the same bits in every call. */
-static void gdn_shape(int Dk, int *p, int *sl)
-{
-    *p = Dk <= 8 ? 8 : Dk <= 32 ? 16 : 32;
-    *sl = 1;
-    while (*p * *sl < Dk)
-        *sl *= 2;
-}
-
-/* The conv's shared memory beside the rows (CONV): windows and weights of
- * up to 2·PS + COLS channels. */
-static size_t gdn_conv_floats(int ps, int cols)
-{
-    return (size_t)(2 * ps + cols) * (size_t)(2 * GDN_CONV_K - 1);
-}
-
-/* The launch for Dk (gdn_shape). Rows are staged in chunks of up to 32
- * that fit in 48 KB with the conv's windows and weights (CONV: cs, cw,
- * ccount; gdn_conv_rows). */
-template <int MODE, bool CONV>
+/* The launch for Dk: P and SL from Dk alone (32 state rows a thread and SL
+ * the power of two that covers Dk; small heads take 8 or 16 rows a thread),
+ * so a position computes the same bits in every call. Rows are staged in
+ * chunks of up to 32 that fit in 48 KB. */
+template <int MODE>
 static void gdn_launch(cuda_ctx *c, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
                        const tdm_gdn_seg *d, int nseg, int maxrows, int Hk, int Hv, int Dk, int Dv,
-                       int vec, const tdm_conv_seg *cs, const float *cw, int *ccount)
+                       int vec)
 {
-    int p, sl;
-    gdn_shape(Dk, &p, &sl);
+    int p = Dk <= 8 ? 8 : Dk <= 32 ? 16 : 32, sl = 1;
+    while (p * sl < Dk)
+        sl *= 2;
     const int cols = GDN_WARPS * 32 / sl;
     const int rowf = gdn_row_floats(p * sl, cols, MODE != GDN_COMMIT);
-    const size_t convf = CONV ? gdn_conv_floats(p * sl, cols) : 0;
-    int rc = (48 * 1024 - (int)(convf * sizeof(float))) / (rowf * (int)sizeof(float));
+    int rc = 48 * 1024 / (rowf * (int)sizeof(float));
     rc = rc > 32 ? 32 : rc < 1 ? 1 : rc;
     rc = rc > maxrows ? maxrows : rc;
-    const size_t smem = ((size_t)rc * (size_t)rowf + convf) * sizeof(float);
+    const size_t smem = (size_t)rc * (size_t)rowf * sizeof(float);
     const dim3 grid((unsigned)((Dv + cols - 1) / cols), (unsigned)Hv, (unsigned)nseg);
 #define GDN_LAUNCH(P, SL)                                                                          \
-    cuda_launch(c, gdn_kernel<P, SL, MODE, CONV>, grid, GDN_WARPS * 32, smem, out, qkv,            \
-                qkv_stride, gt, d, Hk, Hv, Dk, Dv, vec, (int)tdm_gdn_input_floats(Hk, Hv, Dk, Dv), \
-                rc, cs, cw, ccount)
-    if constexpr (CONV) {
-        /* gdn_conv_fits: 32 rows a thread */
-        if (sl == 2)
-            GDN_LAUNCH(32, 2);
-        else if (sl == 4)
-            GDN_LAUNCH(32, 4);
-        else
-            GDN_LAUNCH(32, 8);
-    } else if (p == 8)
+    cuda_launch(c, gdn_kernel<P, SL, MODE>, grid, GDN_WARPS * 32, smem, out, qkv, qkv_stride, gt,  \
+                d, Hk, Hv, Dk, Dv, vec, (int)tdm_gdn_input_floats(Hk, Hv, Dk, Dv), rc)
+    if (p == 8)
         GDN_LAUNCH(8, 1);
     else if (p == 16 && sl == 1)
         GDN_LAUNCH(16, 1);
@@ -818,20 +610,6 @@ static void gdn_launch(cuda_ctx *c, float *out, const float *qkv, int qkv_stride
 #undef GDN_LAUNCH
 }
 
-/* Rows staged for the delta rule: whether a record is among the segments,
- * and the longest segment (the chunk from the rows alone: a record's row
- * count is staged and changes between replays of a graph, a launch's
- * shape does not). */
-static void gdn_rows(const tdm_gdn_seg *segs, int nseg, int *rec, int *maxrows)
-{
-    *rec = 0;
-    *maxrows = 1;
-    for (int i = 0; i < nseg; i++) {
-        *rec |= segs[i].inputs != NULL;
-        *maxrows = segs[i].nrows > *maxrows ? segs[i].nrows : *maxrows;
-    }
-}
-
 void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
                         const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
 {
@@ -842,60 +620,17 @@ void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride,
     const tdm_gdn_seg *d =
         (const tdm_gdn_seg *)cuda_stage(c, segs, (size_t)nseg * sizeof(tdm_gdn_seg));
     const int vec = Dk % 4 == 0 && Dv % 4 == 0 && qkv_stride % 4 == 0 && (uintptr_t)qkv % 16 == 0;
-    int rec, maxrows;
-    gdn_rows(segs, nseg, &rec, &maxrows);
-    if (rec)
-        gdn_launch<GDN_RECORD, false>(c, out, qkv, qkv_stride, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv,
-                                      vec, NULL, NULL, NULL);
-    else
-        gdn_launch<GDN_PLAIN, false>(c, out, qkv, qkv_stride, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv,
-                                     vec, NULL, NULL, NULL);
-}
-
-/* Whether the conv runs inside the delta rule (gdn_conv_rows): a window of
- * GDN_CONV_K, 32 state rows a thread, and the staged rows' conv area in
- * the block's 48 KB with room for at least 8 rows. */
-static bool gdn_conv_fits(int K, int Dk)
-{
-    int p, sl;
-    gdn_shape(Dk, &p, &sl);
-    if (K != GDN_CONV_K || p != 32 || sl < 2 || sl > 8)
-        return false;
-    const int cols = GDN_WARPS * 32 / sl, rowf = gdn_row_floats(p * sl, cols, true);
-    return (gdn_conv_floats(p * sl, cols) + 8 * (size_t)rowf) * sizeof(float) <= 48 * 1024;
-}
-
-void cuda_conv_gdn(void *ctx, float *out, float *y, const float *x, const float *w, int K,
-                   const tdm_conv_seg *cs, tdm_gdn_gates gt, const tdm_gdn_seg *gs, int nseg,
-                   int Hk, int Hv, int Dk, int Dv)
-{
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    TDM_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dk <= 1024 && Dv > 0);
-    const int C = 2 * Hk * Dk + Hv * Dv;
-    if (!gdn_conv_fits(K, Dk)) {
-        cuda_conv_silu(ctx, y, x, w, cs, nseg, C, K);
-        cuda_gdn_recurrent(ctx, out, y, C, gt, gs, nseg, Hk, Hv, Dk, Dv);
-        return;
+    /* the chunk from the rows alone: a record's row count is staged
+     * (it changes between replays of a graph), a launch's shape is not */
+    int rec = 0, maxrows = 1;
+    for (int i = 0; i < nseg; i++) {
+        rec |= segs[i].inputs != NULL;
+        maxrows = segs[i].nrows > maxrows ? segs[i].nrows : maxrows;
     }
-    if (nseg <= 0 || Hv <= 0)
-        return;
-    for (int i = 0; i < nseg; i++)
-        TDM_ASSERT(cs[i].row0 == gs[i].row0 && cs[i].nrows == gs[i].nrows);
-    const tdm_gdn_seg *d =
-        (const tdm_gdn_seg *)cuda_stage(c, gs, (size_t)nseg * sizeof(tdm_gdn_seg));
-    const tdm_conv_seg *dc =
-        (const tdm_conv_seg *)cuda_stage(c, cs, (size_t)nseg * sizeof(tdm_conv_seg));
-    int *count = (int *)cuda_grow(c, (void **)&c->gdn_count, &c->gdn_count_cap,
-                                  (size_t)nseg * (size_t)Hk * sizeof(int));
-    const int vec = Dk % 4 == 0 && Dv % 4 == 0 && C % 4 == 0 && (uintptr_t)x % 16 == 0;
-    int rec, maxrows;
-    gdn_rows(gs, nseg, &rec, &maxrows);
     if (rec)
-        gdn_launch<GDN_RECORD, true>(c, out, x, C, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv, vec, dc, w,
-                                     count);
+        gdn_launch<GDN_RECORD>(c, out, qkv, qkv_stride, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv, vec);
     else
-        gdn_launch<GDN_PLAIN, true>(c, out, x, C, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv, vec, dc, w,
-                                    count);
+        gdn_launch<GDN_PLAIN>(c, out, qkv, qkv_stride, gt, d, nseg, maxrows, Hk, Hv, Dk, Dv, vec);
 }
 
 void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv)
@@ -916,6 +651,5 @@ void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int H
         (const tdm_gdn_seg *)cuda_stage(c, r, (size_t)nseg * sizeof(tdm_gdn_seg));
     free(r);
     /* no step rows: vec (their alignment) is unused; the kernel checks the record's */
-    gdn_launch<GDN_COMMIT, false>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, maxrows, Hk, Hv, Dk,
-                                  Dv, 0, NULL, NULL, NULL);
+    gdn_launch<GDN_COMMIT>(c, NULL, NULL, 0, tdm_gdn_gates{}, d, nseg, maxrows, Hk, Hv, Dk, Dv, 0);
 }

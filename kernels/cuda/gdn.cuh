@@ -9,11 +9,6 @@ void cuda_conv_silu(void *ctx, float *y, const float *x, const float *w, const t
                     int nseg, int C, int K);
 void cuda_gdn_recurrent(void *ctx, float *out, const float *qkv, int qkv_stride, tdm_gdn_gates gt,
                         const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv);
-/* backend.h conv_gdn: the conv inside the delta rule's kernel where
- * gdn_conv_fits (a window of 4, heads of 33 to 256 keys), else the two ops. */
-void cuda_conv_gdn(void *ctx, float *out, float *y, const float *x, const float *w, int K,
-                   const tdm_conv_seg *cs, tdm_gdn_gates gt, const tdm_gdn_seg *gs, int nseg,
-                   int Hk, int Hv, int Dk, int Dv);
 /* backend.h gdn_replay: one launch for all segments (layers, sequences). */
 void cuda_gdn_replay(void *ctx, const tdm_gdn_seg *segs, int nseg, int Hk, int Hv, int Dk, int Dv);
 
