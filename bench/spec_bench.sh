@@ -48,7 +48,10 @@
 # MTP head against plain decoding), "nopoll" (a = 0.8 and 1.0 with busy polling off), "rpc" (bench_rpc_bench: the transport's own round trip, the
 # exchange's floor; bench_exchange_bench: the exchange's transport by part, on gRPC and on
 # the exchange lane, threaded as the
-# services thread it) and "cudatests" (the CUDA tests).
+# services thread it), "share" (the 4B target and the 0.8B drafter on one GPU under MPS,
+# a = 0.8 and 1.0 at fixed block 4, run-ahead off and on, with the two held to shares of the
+# multiprocessors: SHARES, VERIFIER:DRAFTER percentages, default "100:100 50:50 65:35") and
+# "cudatests" (the CUDA tests).
 # Environment: PARTS (default "engine 4b demo"), REQ1 (requests at batch 1,
 # default 12), TOKENS (default 128), PROMPT_LEN (default 64), ACCEPTS (default "0.6 0.8 0.9 1.0"),
 # BACKEND (default cuda; cpu tries the script out on a machine without a GPU),
@@ -578,6 +581,49 @@ PY
                 done
             done
             load "demo plain b1 (again)" 1 "$n" off --vocab "$dv" --check "$W/demo-ahead.txt"
+            stop "$dpid" "$vpid" "$gpid"
+            dpid="" vpid="" gpid=""
+            ;;
+        share)
+            # The 4B target and the 0.8B oracle drafter on one GPU (run with
+            # MPS=1), a = ACCEPTS (default 0.8 1.0), fixed block 4 at batch 1,
+            # run-ahead off and on, each process held to a percentage of the
+            # multiprocessors (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): SHARES is a
+            # list of VERIFIER:DRAFTER percentages (default "100:100 50:50
+            # 65:35"), each with its own plain load. Whether drafting ahead
+            # pays on a GPU the two share once neither can take all of it.
+            # The first DRAFT_VOCABS entry is the drafter's.
+            echo "== one GPU: run-ahead with shares of the multiprocessors" | tee -a "$SUM"
+            [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] ||
+                echo "share: no MPS server: the shares are not enforced" | tee -a "$SUM"
+            [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" | tee -a "$SUM"
+            [ -d "$W/d08" ] || "$B/bench_make_model" --shape 0.8b --out "$W/d08" | tee -a "$SUM"
+            V="--vocab 248320"
+            nv="${DRAFT_VOCABS:-0}"
+            nv="${nv%% *}" vt=""
+            if [ "$nv" != 0 ]; then
+                seq 0 $((nv - 1)) >"$W/dvocab-$nv.txt"
+                DFLAGS="--draft-vocab $W/dvocab-$nv.txt" vt=" v$nv"
+            fi
+            vpin0="$VPIN"
+            for sh in ${SHARES:-100:100 50:50 65:35}; do
+                vp="${sh%%:*}" dp="${sh##*:}"
+                VPIN="$vpin0 env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$vp"
+                start_stack "share-$vp" "$W/t4b" --max-context 8192 ${VFLAGS:-} || continue
+                load "share $vp:$dp: plain b1" 1 "$REQ1" off $V --record "$W/truth-share.txt"
+                for a in ${ACCEPTS:-0.8 1.0}; do
+                    for ra in ${RUNAHEAD:-off on}; do
+                        start_drafter "share-$vp-$dp-$a-$ra" bench_drafter_oracle "$W/d08" "$ra" 8 \
+                            TANDEM_BENCH_ORACLE="$W/truth-share.txt" TANDEM_BENCH_ACCEPT="$a" \
+                            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="$dp" \
+                            $([ "$ra" = on ] && echo $HIDE) || continue
+                        load "share $vp:$dp: a=$a fixed 4 ahead=$ra$vt b1" 1 "$REQ1" on $V \
+                            --block 4 --fixed --check "$W/truth-share.txt"
+                    done
+                done
+            done
+            VPIN="$vpin0"
+            DFLAGS=""
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
             ;;
