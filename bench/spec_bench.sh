@@ -210,6 +210,15 @@ run)
         printf '%-34s %s\n' "$tag" "$line" >>"$SUM"
         printf '%-30s %s\n' "$tag" "$line" | short
     }
+    # A drafter's draft vocabulary of the N lowest ids (draft_vocab): its
+    # flag in DFLAGS and " vN" in vt for the loads' tags; 0 or empty: the
+    # whole vocabulary, no flag.
+    draft_vocab() { # N
+        DFLAGS="" vt=""
+        [ -n "$1" ] && [ "$1" != 0 ] || return 0
+        seq 0 $(($1 - 1)) >"$W/dvocab-$1.txt"
+        DFLAGS="--draft-vocab $W/dvocab-$1.txt" vt=" v$1"
+    }
     # The demo part's adaptive loads at batch $1 against the plain loads on
     # their two sides: each ratio, and their median.
     demo_verdict() {
@@ -326,11 +335,7 @@ run)
             # DRAFT_VOCABS: the drafter's draft vocabularies (draft_vocab) of the
             # N lowest ids; 0: the whole vocabulary.
             for nv in ${DRAFT_VOCABS:-0}; do
-            DFLAGS="" vt=""
-            if [ "$nv" != 0 ]; then
-                seq 0 $((nv - 1)) >"$W/dvocab-$nv.txt"
-                DFLAGS="--draft-vocab $W/dvocab-$nv.txt" vt=" v$nv"
-            fi
+            draft_vocab "$nv"
             for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
                 for ra in ${RUNAHEAD:-off on}; do
                     start_drafter "oracle-$a-$ra-$nv" bench_drafter_oracle "$W/d08" "$ra" 8 \
@@ -472,11 +477,7 @@ run)
             # 0.8B-shaped drafter (its first DRAFT_VOCABS vocabulary): what
             # drawing each draft costs the drafter
             [ -d "$W/d08" ] || "$B/bench_make_model" --shape 0.8b --out "$W/d08" >/dev/null
-            nv="$(echo "${DRAFT_VOCABS:-0}" | awk '{print $1}')" DFLAGS=""
-            if [ "$nv" != 0 ]; then
-                seq 0 $((nv - 1)) >"$W/dvocab-$nv.txt"
-                DFLAGS="--draft-vocab $W/dvocab-$nv.txt"
-            fi
+            draft_vocab ${DRAFT_VOCABS:-0} # the first entry
             start_drafter sampled tandem-drafter "$W/d08" off 8 &&
                 for c in 1 8 32; do
                     n=$((c == 1 ? REQ1 : 2 * c))
@@ -599,12 +600,7 @@ PY
             [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" | tee -a "$SUM"
             [ -d "$W/d08" ] || "$B/bench_make_model" --shape 0.8b --out "$W/d08" | tee -a "$SUM"
             V="--vocab 248320"
-            nv="${DRAFT_VOCABS:-0}"
-            nv="${nv%% *}" vt=""
-            if [ "$nv" != 0 ]; then
-                seq 0 $((nv - 1)) >"$W/dvocab-$nv.txt"
-                DFLAGS="--draft-vocab $W/dvocab-$nv.txt" vt=" v$nv"
-            fi
+            draft_vocab ${DRAFT_VOCABS:-0} # the first entry
             vpin0="$VPIN"
             for sh in ${SHARES:-100:100 50:50 65:35}; do
                 vp="${sh%%:*}" dp="${sh##*:}"
