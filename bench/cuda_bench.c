@@ -5,7 +5,7 @@
  *                    [--dir TMP] [--stats] [--graphs on|off] [--out logits|argmax|logits,argmax]
  *                    [--variants "K=V K=V;K=V"] [--strategy extra_buffer|no_buffer|replay]
  *                    [--context N] [--model DIR] [--tp N] [--draft 2,4] [--draft-lead 1,2]
- *                    [--draft-vocab N] [--between DIR]
+ *                    [--draft-vocab N] [--between DIR] [--weights fp8]
  *                    [--prefill 64,512]
  *
  * Writes a random bf16 checkpoint with the shape of Qwen3.5-0.8B or -4B
@@ -56,6 +56,8 @@
  * sequence and commits it, untimed: the chain then starts as a drafter's does
  * in the services, on a device whose caches the verifier's step has just
  * swept, and its row reads "after a verify" beside the row timed back to back.
+ * --weights fp8 rounds the model's matrices to FP8 (tdm_model_set_weights_fp8),
+ * as a drafter with `weights fp8` does (the --between target stays as it is).
  * --prefill N,... adds, before each variant's rows, a request's life on one
  * sequence: its creation, the prefill of an N-token prompt with nothing
  * brought back (as the verifier prefills), and its destruction, each timed
@@ -410,7 +412,7 @@ int main(int argc, char **argv)
                *ks_arg = "0,4,8,16", *drafts_arg = "", *prefill_arg = "";
     const char *outs = "logits", *variants = "", *model_dir = NULL;
     const char *leads_arg = "1", *between = NULL;
-    int steps = 20, stats = 0, graphs = 1, draft_vocab = 0, header = 0;
+    int steps = 20, stats = 0, graphs = 1, draft_vocab = 0, header = 0, fp8 = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--stats")) {
             stats = 1;
@@ -435,7 +437,11 @@ int main(int argc, char **argv)
             between = argv[i + 1];
         else if (!strcmp(argv[i], "--draft-vocab"))
             draft_vocab = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--k"))
+        else if (!strcmp(argv[i], "--weights")) {
+            if (strcmp(argv[i + 1], "fp8") != 0 && strcmp(argv[i + 1], "checkpoint") != 0)
+                die("--weights takes checkpoint or fp8, not", argv[i + 1]);
+            fp8 = !strcmp(argv[i + 1], "fp8");
+        } else if (!strcmp(argv[i], "--k"))
             ks_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--prefill"))
             prefill_arg = argv[i + 1];
@@ -546,6 +552,13 @@ int main(int argc, char **argv)
             if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
             die("load", err.msg);
         tdm_model_set_graphs(m, graphs);
+        if (fp8) {
+            int nc = 0, nk = 0;
+            if (tdm_model_set_weights_fp8(m, &nc, &nk, &err) != TDM_OK)
+                die("--weights fp8", err.msg);
+            if (floor_ms == 0)
+                printf("FP8 weights: %d matrices rounded, %d kept\n", nc, nk);
+        }
         if (between && ndk > 0) { /* only the draft rows run it */
             if (tdm_model_load(between, be, &target, &err) != TDM_OK)
                 die("--between", err.msg);

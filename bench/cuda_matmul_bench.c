@@ -99,7 +99,7 @@ static double time_launch(tdm_backend *be, const mlaunch *l, int R, int reps, in
         for (size_t i = 0; i < nw; i++)
             wh[i] = bench_bf16(0.05f * bench_urand());
         for (int c = 0; c < copies; c++) {
-            w[c][j] = (tdm_weight){be->alloc(be->ctx, nw * 2), TDM_DTYPE_BF16};
+            w[c][j] = (tdm_weight){be->alloc(be->ctx, nw * 2), TDM_DTYPE_BF16, 0};
             if (!w[c][j].data) {
                 fprintf(stderr, "cuda_matmul_bench: out of device memory\n");
                 exit(1);
@@ -237,7 +237,7 @@ int main(int argc, char **argv)
                 /* round 0 warms up; then the best of three averages */
                 double t0 = bench_now();
                 for (int it = 0; it < reps; it++) {
-                    tdm_weight w = {wd[it % copies], TDM_DTYPE_BF16};
+                    tdm_weight w = {wd[it % copies], TDM_DTYPE_BF16, 0};
                     be->matmul(be->ctx, yd, xd, w, R, s->in, s->out, 0);
                 }
                 be->sync(be->ctx);

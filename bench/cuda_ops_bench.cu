@@ -214,7 +214,7 @@ static void run_op(bench *B, int op, const layout *L, int ctx)
     }
     switch (op) {
     case OP_EMBED:
-        be->embed(bx, B->x, tdm_weight{B->embed, TDM_DTYPE_BF16}, B->ids, R, s->H);
+        be->embed(bx, B->x, tdm_weight{B->embed, TDM_DTYPE_BF16, 0}, B->ids, R, s->H);
         break;
     case OP_RMSNORM:
         be->rmsnorm(bx, B->x, B->x, B->norm_w, R, s->H, 1e-6f, 1);

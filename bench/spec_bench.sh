@@ -66,7 +66,9 @@
 # DEMO_PROMPTS (text: prompts cut from tools/*.py and tokenized; default random ids), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
 # N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
-# drafter's rows), RUNAHEAD (default "off on"; "auto": the verifier decides whether
+# drafter's rows), DRAFT_WEIGHTS (the 4b part's drafter weights, default
+# "checkpoint"; "checkpoint fp8" runs its oracle loads with both, the engine
+# part's draft rows too), RUNAHEAD (default "off on"; "auto": the verifier decides whether
 # the drafter drafts ahead, as in serving; "on" makes it), MPS (1: every process of the
 # run joins one CUDA MPS server started for it, so the verifier's and the
 # drafter's kernels share the GPU at once instead of taking turns as two
@@ -251,10 +253,11 @@ run)
         v4="$(grep -E '\| 4b \| 1 \| verify k=4 \|' "$LOGS/engine_4b.log" | tail -1 |
             awk -F'|' '{ gsub(/ /, "", $7); print $7 }')"
         [ -n "$v4" ] || return 0
-        grep -E '^a=1\.0 fixed 4 ahead=[a-z]+( v[0-9]+)? b1 ' "$SUM" | while read -r line; do
+        grep -E '^a=1\.0 fixed 4 ahead=[a-z]+( v[0-9]+)?( fp8)? b1 ' "$SUM" | while read -r line; do
             tag="$(sed -E 's/ +tokens_per_s=.*//' <<<"$line")"
-            nv="$(sed -nE 's/.* v([0-9]+) b1$/\1/p' <<<"$tag")"
-            elog="$LOGS/engine_0.8b${nv:+_v$nv}.log"
+            nv="$(sed -nE 's/.* v([0-9]+)( fp8)? b1$/\1/p' <<<"$tag")"
+            wl="" && grep -q ' fp8 b1$' <<<"$tag" && wl="_fp8"
+            elog="$LOGS/engine_0.8b${nv:+_v$nv}$wl.log"
             [ -f "$elog" ] || continue
             chain="$(grep -E '\| draft k=4 after 2 \+ commit \|' "$elog" | tail -1 |
                 awk -F'|' '{ split($7, a, " "); print a[1] }')"
@@ -308,9 +311,12 @@ run)
                 # the 4B target's verify before each chain (--between): the
                 # chain as the services run it, after the verifier's step
                 [ -d "$W/t4b" ] || "$B/bench_make_model" --shape 4b --out "$W/t4b" >/dev/null
-                timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
-                    --draft-lead 1,2 --draft-vocab "$nv" --between "$W/t4b" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
-                    tee "$LOGS/engine_0.8b_v$nv.log" | tee -a "$SUM" | tail -8
+                for wt in ${DRAFT_WEIGHTS:-checkpoint}; do
+                    wl="" && [ "$wt" = checkpoint ] || wl="_$wt"
+                    timeout 300 "$B/bench_cuda_bench" --shape 0.8b --batch 1 --k 0 --draft 2,4 \
+                        --draft-lead 1,2 --draft-vocab "$nv" --weights "$wt" --between "$W/t4b" --steps 20 --out argmax --strategy replay --dir "$W/engine" 2>&1 |
+                        tee "$LOGS/engine_0.8b_v$nv$wl.log" | tee -a "$SUM" | tail -8
+                done
             done
             ;;
         4b)
@@ -335,7 +341,9 @@ run)
             # DRAFT_VOCABS: the drafter's draft vocabularies (draft_vocab) of the
             # N lowest ids; 0: the whole vocabulary.
             for nv in ${DRAFT_VOCABS:-0}; do
+            for wt in ${DRAFT_WEIGHTS:-checkpoint}; do
             draft_vocab "$nv"
+            [ "$wt" = checkpoint ] || DFLAGS="$DFLAGS --weights $wt" vt="$vt $wt"
             for a in ${ACCEPTS:-0.6 0.8 0.9 1.0}; do
                 for ra in ${RUNAHEAD:-off on}; do
                     start_drafter "oracle-$a-$ra-$nv" bench_drafter_oracle "$W/d08" "$ra" 8 \
@@ -356,7 +364,8 @@ run)
                 done
             done
             done
-            DFLAGS=""
+            done
+            DFLAGS="
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
             bound_verdict

@@ -90,6 +90,21 @@ int tdm_model_graphs(const tdm_model *m);
  * FAILED_PRECONDITION the second time and on a tensor-parallel model;
  * INVALID_ARGUMENT naming the first entry out of order or range. */
 tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err);
+/* A drafter's model computing with its matrices rounded to FP8 E4M3, one
+ * power-of-two scale a matrix (kernels/backend.h, TDM_DTYPE_FP8): every
+ * matrix the layers' projections and an untied or draft-vocabulary LM head
+ * read, whose rows are a multiple of 64 values and whose range a scale
+ * covers, is replaced by its codes (a step streams half the bytes of bf16);
+ * the embedding table stays as loaded. Each rounded weight is the E4M3 value
+ * nearest weight · 2^-scale, ties to even, with the least scale that keeps
+ * the largest magnitude within 448; outputs are then exactly those of a
+ * checkpoint holding the rounded values. Once per model, before its first
+ * step; a draft vocabulary set later is rounded as it loads. *converted and
+ * *kept (either may be NULL) get the matrices rounded and left as they were.
+ * FAILED_PRECONDITION on a tensor-parallel model or the second time;
+ * RESOURCE_EXHAUSTED when the backend cannot hold a rounded copy. */
+tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, tdm_error *err);
+int tdm_model_weights_fp8(const tdm_model *m);
 /* Tokens the model's logits cover: its draft vocabulary's, or all. */
 int tdm_model_draft_vocab_size(const tdm_model *m);
 /* The token id of entry t of a logits row of that width: t itself without a

@@ -117,6 +117,7 @@ struct tdm_model {
     bool kept_dev;
     float *kept_host;
     int graphs;       /* steps go through the backend's graph slots (tdm_model_set_graphs) */
+    int fp8;          /* matrices rounded to FP8 (tdm_model_set_weights_fp8) */
     tdm_group *group; /* a tensor-parallel model's ranks (group.c); NULL for one model */
 };
 

@@ -37,6 +37,14 @@ void tdm_weight_store_free(tdm_backend *be, tdm_weight_store *s)
     memset(s, 0, sizeof(*s));
 }
 
+static float bf16_to_f32(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
 static float half_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -543,6 +551,152 @@ void tdm_model_destroy(tdm_model *m)
     free(m);
 }
 
+/* ---- FP8 weights (tdm_model_set_weights_fp8) ------------------------------ */
+
+/* Forgets backend memory p of the model's store: freed, with the host block
+ * it aliases; nothing where the store does not hold it (a mapped
+ * checkpoint). */
+static void store_release(tdm_model *m, const void *p)
+{
+    tdm_weight_store *s = &m->store;
+    for (size_t i = 0; i < s->nowned; i++)
+        if (s->owned[i] == p) {
+            m->be->free(m->be->ctx, s->owned[i]);
+            s->owned[i] = s->owned[--s->nowned];
+            return;
+        }
+    for (size_t i = 0; i < s->nhost; i++)
+        if (s->host[i] == p) {
+            free(s->host[i]);
+            s->host[i] = s->host[--s->nhost];
+            return;
+        }
+}
+
+/* w [rows, cols] replaced by its FP8 codes (tdm_model_set_weights_fp8);
+ * *done false where it stays as it is (cols not a multiple of 64, no scale
+ * covering its range, already FP8, f16). */
+static tdm_status fp8_round(tdm_model *m, tdm_weight *w, int64_t rows, int64_t cols, bool *done,
+                            tdm_error *err)
+{
+    *done = false;
+    if (!w->data || cols % 64 || (w->dtype != TDM_DTYPE_BF16 && w->dtype != TDM_DTYPE_F32))
+        return TDM_OK;
+    tdm_backend *be = m->be;
+    const size_t n = (size_t)rows * (size_t)cols, es = tdm_dtype_size(w->dtype);
+    void *src = malloc(n * es);
+    uint8_t *codes = malloc(n);
+    if (!src || !codes) {
+        free(src);
+        free(codes);
+        return tdm_error_oom(err, n * (es + 1), "a matrix's FP8 rounding");
+    }
+    be->download(be->ctx, src, w->data, n * es);
+    be->sync(be->ctx);
+    const uint16_t *hb = src;
+    const float *hf = src;
+#define FP8_AT(i) (w->dtype == TDM_DTYPE_BF16 ? bf16_to_f32(hb[i]) : hf[i])
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float a = fabsf(FP8_AT(i));
+        amax = a > amax || a != a ? a : amax;
+    }
+    int e = 0;
+    if (tdm_fp8_scale_exp(amax, &e) != 0) {
+        free(src);
+        free(codes);
+        return TDM_OK;
+    }
+    for (size_t i = 0; i < n; i++)
+        codes[i] = tdm_fp8_encode(FP8_AT(i), e);
+#undef FP8_AT
+    free(src);
+    int owned = 0;
+    const void *dev = be->weight_map(be->ctx, codes, n, &owned);
+    if (!dev) {
+        free(codes);
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "backend out of memory for a matrix's FP8 codes (%zu bytes)", n);
+    }
+    if (owned) {
+        track(&m->store.owned, &m->store.nowned, &m->store.capowned, (void *)dev);
+        free(codes);
+    } else {
+        track(&m->store.host, &m->store.nhost, &m->store.caphost, codes);
+    }
+    store_release(m, w->data);
+    m->store.weight_bytes = m->store.weight_bytes - n * es + n;
+    *w = (tdm_weight){dev, TDM_DTYPE_FP8, e};
+    *done = true;
+    return TDM_OK;
+}
+
+typedef struct fp8_mat {
+    tdm_weight *w;
+    int64_t rows, cols;
+} fp8_mat;
+
+tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, tdm_error *err)
+{
+    if (m->group || m->comm)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
+                             "FP8 weights on a tensor-parallel model");
+    if (m->fp8)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "the weights are FP8 already");
+    const tdm_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    const int64_t VD = (int64_t)c->lin_v_heads * c->lin_v_dim;
+    const int64_t QD = (int64_t)c->num_heads * c->head_dim;
+    const int64_t KD = (int64_t)c->num_kv_heads * c->head_dim;
+    const int64_t C = tdm_capacity_conv_dim(c);
+    int nc = 0, nk = 0;
+    fp8_mat mats[16];
+    for (int l = 0; l <= c->num_layers; l++) {
+        int nm = 0;
+        if (l == c->num_layers) { /* the LM head, unless it is the embedding */
+            if (m->lm_head.data != m->embed.data)
+                mats[nm++] = (fp8_mat){&m->lm_head, c->vocab_size, H};
+            if (m->dv.n)
+                mats[nm++] = (fp8_mat){&m->dv.head, m->dv.n, H};
+        } else {
+            tdm_layer_weights *lw = &m->layers[l];
+            if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
+                mats[nm++] = (fp8_mat){&lw->in_qkv, C, H};
+                mats[nm++] = (fp8_mat){&lw->in_z, VD, H};
+                mats[nm++] = (fp8_mat){&lw->in_b, c->lin_v_heads, H};
+                mats[nm++] = (fp8_mat){&lw->in_a, c->lin_v_heads, H};
+                mats[nm++] = (fp8_mat){&lw->out_proj, H, VD};
+            } else {
+                mats[nm++] = (fp8_mat){&lw->q_proj, 2 * QD, H};
+                mats[nm++] = (fp8_mat){&lw->k_proj, KD, H};
+                mats[nm++] = (fp8_mat){&lw->v_proj, KD, H};
+                mats[nm++] = (fp8_mat){&lw->o_proj, H, QD};
+            }
+            mats[nm++] = (fp8_mat){&lw->gate, I, H};
+            mats[nm++] = (fp8_mat){&lw->up, I, H};
+            mats[nm++] = (fp8_mat){&lw->down, H, I};
+        }
+        for (int i = 0; i < nm; i++) {
+            bool done = false;
+            tdm_status rc = fp8_round(m, mats[i].w, mats[i].rows, mats[i].cols, &done, err);
+            if (rc != TDM_OK)
+                return rc;
+            done ? nc++ : nk++;
+        }
+    }
+    m->fp8 = 1;
+    if (converted)
+        *converted = nc;
+    if (kept)
+        *kept = nk;
+    return TDM_OK;
+}
+
+int tdm_model_weights_fp8(const tdm_model *m)
+{
+    return m->fp8;
+}
+
 tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err)
 {
     if (m->group || m->comm)
@@ -554,10 +708,18 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
     if (rc != TDM_OK)
         return rc;
     /* A step streams the vocabulary's rows instead of the whole LM head
-     * (of the same width and dtype; the embedding, when tied, is then only
-     * indexed). */
+     * (the embedding, when tied, is then only indexed). */
     const size_t rows = m->store.weight_bytes - before;
-    m->store.weight_bytes = before - rows / (size_t)n * (size_t)m->cfg.vocab_size + rows;
+    m->store.weight_bytes =
+        before -
+        (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size * tdm_dtype_size(m->lm_head.dtype) +
+        rows;
+    if (m->fp8) {
+        bool done = false;
+        rc = fp8_round(m, &m->dv.head, n, m->cfg.hidden_size, &done, err);
+        if (rc != TDM_OK)
+            return tdm_error_prefix(err, "draft vocabulary");
+    }
     return TDM_OK;
 }
 

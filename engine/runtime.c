@@ -295,6 +295,20 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
     return TDM_OK;
 }
 
+tdm_status tdm_runtime_set_weights_fp8(tdm_runtime *rt, const char *component, tdm_error *err)
+{
+    const size_t before = tdm_model_weight_bytes(rt->model);
+    int nc = 0, nk = 0;
+    tdm_status rc = tdm_model_set_weights_fp8(rt->model, &nc, &nk, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, "weights fp8");
+    tdm_log_info(component,
+                 "weights fp8: %d matrices rounded to FP8 E4M3, %d as stored; a step streams "
+                 "%.3f GB of weights (%.3f as stored)",
+                 nc, nk, (double)tdm_model_weight_bytes(rt->model) / 1e9, (double)before / 1e9);
+    return TDM_OK;
+}
+
 tdm_status tdm_runtime_set_draft_vocab(tdm_runtime *rt, const char *path, const char *component,
                                        tdm_error *err)
 {

@@ -69,6 +69,11 @@ void tdm_runtime_graph_stats_get(const tdm_runtime *rt, tdm_runtime_graph_stats 
  * cost, and not counted.) */
 uint64_t tdm_runtime_graph_first_sights(const tdm_runtime *rt);
 
+/* A drafter model's matrices rounded to FP8 (tdm_model_set_weights_fp8),
+ * before its draft vocabulary is set; what it rounded is logged under
+ * component. */
+tdm_status tdm_runtime_set_weights_fp8(tdm_runtime *rt, const char *component, tdm_error *err);
+
 /* A drafter's draft vocabulary: the token ids of the file at path
  * (tdm_token_list_read) for its MTP head (tdm_mtp_set_vocab) or its model
  * (tdm_model_set_draft_vocab); "" leaves the whole vocabulary. Errors name

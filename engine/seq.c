@@ -617,7 +617,7 @@ static void keep_rows(tdm_model *m, const tdm_step_out *out, const fwd_step *st,
             if (c + 1 < counts[i])
                 k->pick_at[np++] = (int32_t)((size_t)j * V) + st->ids[k->rows[j] + 1];
     if (np > 0) {
-        const tdm_weight table = {m->step_probs, TDM_DTYPE_F32};
+        const tdm_weight table = {m->step_probs, TDM_DTYPE_F32, 0};
         be->embed(bx, m->step_probs_pick, table, k->pick_at, np, 1);
         be->download(bx, k->picks, m->step_probs_pick, (size_t)np * sizeof(float));
     }

@@ -41,6 +41,13 @@ typedef enum tdm_dtype {
     TDM_DTYPE_F32 = 0,
     TDM_DTYPE_BF16 = 1,
     TDM_DTYPE_F16 = 2,
+    /* OCP FP8 E4M3 (finite: max 448, subnormals from 2^-9) codes, one per
+     * weight, each standing for code · 2^scale_exp (tdm_weight). A matrix
+     * of them computes exactly as the bf16 matrix of those values would:
+     * every such value is a bf16 (tdm_fp8_value), so the two give the same
+     * bits on every path of a backend. Only matrices read by the matmul
+     * slots come in it, with `in` a multiple of 64. */
+    TDM_DTYPE_FP8 = 3,
 } tdm_dtype;
 
 size_t tdm_dtype_size(tdm_dtype dt);
@@ -50,7 +57,25 @@ const char *tdm_dtype_name(tdm_dtype dt);
 typedef struct tdm_weight {
     const void *data; /* backend memory */
     tdm_dtype dtype;
+    int scale_exp; /* TDM_DTYPE_FP8: every code stands for code · 2^scale_exp; else 0 */
 } tdm_weight;
+
+/* FP8 E4M3 weights (TDM_DTYPE_FP8). The exponents a matrix may take, so
+ * that every value code · 2^e is a normal bf16 (and float). */
+#define TDM_FP8_EXP_MIN (-100)
+#define TDM_FP8_EXP_MAX 15
+
+/* The value of E4M3 code c times 2^e (exact). */
+float tdm_fp8_value(uint8_t c, int e);
+/* The scale exponent for a matrix whose largest magnitude is amax: the
+ * least e in [TDM_FP8_EXP_MIN, TDM_FP8_EXP_MAX] with amax · 2^-e <= 448,
+ * 0 for amax == 0; *e set, returns 0. Returns -1 where none fits: amax not
+ * finite, too large, or nonzero and at most 2^(TDM_FP8_EXP_MIN - 10), half
+ * the smallest code, where every weight would round to zero. */
+int tdm_fp8_scale_exp(float amax, int *e);
+/* The E4M3 code nearest v · 2^-e, ties to the even code (|v| · 2^-e <=
+ * 448, as tdm_fp8_scale_exp's e gives). */
+uint8_t tdm_fp8_encode(float v, int e);
 
 /* One sequence's rows in a causal-conv call. The state holds the last K-1
  * pre-conv inputs, oldest first: [K-1, C]. */

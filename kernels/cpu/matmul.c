@@ -1,5 +1,5 @@
 /*
- * matmul.c - y [R,out] (+)= x [R,in] · wᵀ for fp32 and bf16 weights.
+ * matmul.c - y [R,out] (+)= x [R,in] · wᵀ for fp32, bf16 and fp8 (E4M3, scaled) weights.
  *
  * Threads claim chunks of output columns. Every (row, column) dot product
  * follows one fixed order of operations: one 8-lane accumulator over the
@@ -23,12 +23,16 @@ typedef struct mm_args {
     const void *w;
     tdm_dtype dt;
     int R, in, out, acc, avx2;
-    int cols; /* columns per chunk, a multiple of 8 */
+    int cols;       /* columns per chunk, a multiple of 8 */
+    float lut[256]; /* TDM_DTYPE_FP8: each code's value, scale included */
 } mm_args;
 
-CPU_UNCHECKED static inline float mm_w(const void *w, tdm_dtype dt, size_t i)
+CPU_UNCHECKED static inline float mm_w(const mm_args *a, size_t i)
 {
-    return dt == TDM_DTYPE_BF16 ? cpu_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+    if (a->dt == TDM_DTYPE_FP8)
+        return a->lut[((const uint8_t *)a->w)[i]];
+    return a->dt == TDM_DTYPE_BF16 ? cpu_bf16_to_f32(((const uint16_t *)a->w)[i])
+                                   : ((const float *)a->w)[i];
 }
 
 CPU_UNCHECKED static inline void mm_store(const mm_args *a, int r, int o, float s)
@@ -38,45 +42,49 @@ CPU_UNCHECKED static inline void mm_store(const mm_args *a, int r, int o, float 
 }
 
 /* Portable path: the same 8-lane structure with an array. */
-CPU_UNCHECKED static float mm_dot_portable(const float *x, const void *w, tdm_dtype dt, size_t wo,
-                                           int in)
+CPU_UNCHECKED static float mm_dot_portable(const mm_args *a, const float *x, size_t wo)
 {
+    const int in = a->in;
     float acc[8] = {0};
     int k = 0;
     for (; k + 8 <= in; k += 8)
         for (int l = 0; l < 8; l++)
-            acc[l] += mm_w(w, dt, wo + (size_t)k + (size_t)l) * x[k + l];
+            acc[l] += mm_w(a, wo + (size_t)k + (size_t)l) * x[k + l];
     float s = 0;
     for (int l = 0; l < 8; l++)
         s += acc[l];
     for (; k < in; k++)
-        s += mm_w(w, dt, wo + (size_t)k) * x[k];
+        s += mm_w(a, wo + (size_t)k) * x[k];
     return s;
 }
 
 #if defined(__x86_64__)
 #define MM_AVX CPU_UNCHECKED __attribute__((target("avx2,fma")))
 
-MM_AVX static inline __m256 mm_load8(const void *w, tdm_dtype dt, size_t i)
+MM_AVX static inline __m256 mm_load8(const mm_args *a, size_t i)
 {
-    if (dt == TDM_DTYPE_BF16) {
-        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (a->dt == TDM_DTYPE_BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)a->w + i));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
-    return _mm256_loadu_ps((const float *)w + i);
+    if (a->dt == TDM_DTYPE_FP8) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)a->w + i));
+        return _mm256_i32gather_ps(a->lut, _mm256_cvtepu8_epi32(b), 4);
+    }
+    return _mm256_loadu_ps((const float *)a->w + i);
 }
 
 /* Lanes summed in order 0..7, then the scalar tail from k8. */
-MM_AVX static inline float mm_finish(__m256 acc, const float *x, const void *w, tdm_dtype dt,
-                                     size_t wo, int k8, int in)
+MM_AVX static inline float mm_finish(const mm_args *a, __m256 acc, const float *x, size_t wo,
+                                     int k8)
 {
     float t[8];
     _mm256_storeu_ps(t, acc);
     float s = 0;
     for (int l = 0; l < 8; l++)
         s += t[l];
-    for (int k = k8; k < in; k++)
-        s += mm_w(w, dt, wo + (size_t)k) * x[k];
+    for (int k = k8; k < a->in; k++)
+        s += mm_w(a, wo + (size_t)k) * x[k];
     return s;
 }
 
@@ -89,8 +97,8 @@ MM_AVX static void mm_tile_4x2(const mm_args *a, int r, int o)
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
            c30 = c00, c31 = c00;
     for (int k = 0; k < K8; k += 8) {
-        __m256 w0 = mm_load8(a->w, a->dt, w0o + (size_t)k);
-        __m256 w1 = mm_load8(a->w, a->dt, w1o + (size_t)k);
+        __m256 w0 = mm_load8(a, w0o + (size_t)k);
+        __m256 w1 = mm_load8(a, w1o + (size_t)k);
         __m256 v = _mm256_loadu_ps(x0 + k);
         c00 = _mm256_fmadd_ps(w0, v, c00);
         c01 = _mm256_fmadd_ps(w1, v, c01);
@@ -104,14 +112,14 @@ MM_AVX static void mm_tile_4x2(const mm_args *a, int r, int o)
         c30 = _mm256_fmadd_ps(w0, v, c30);
         c31 = _mm256_fmadd_ps(w1, v, c31);
     }
-    mm_store(a, r, o, mm_finish(c00, x0, a->w, a->dt, w0o, K8, in));
-    mm_store(a, r, o + 1, mm_finish(c01, x0, a->w, a->dt, w1o, K8, in));
-    mm_store(a, r + 1, o, mm_finish(c10, x1, a->w, a->dt, w0o, K8, in));
-    mm_store(a, r + 1, o + 1, mm_finish(c11, x1, a->w, a->dt, w1o, K8, in));
-    mm_store(a, r + 2, o, mm_finish(c20, x2, a->w, a->dt, w0o, K8, in));
-    mm_store(a, r + 2, o + 1, mm_finish(c21, x2, a->w, a->dt, w1o, K8, in));
-    mm_store(a, r + 3, o, mm_finish(c30, x3, a->w, a->dt, w0o, K8, in));
-    mm_store(a, r + 3, o + 1, mm_finish(c31, x3, a->w, a->dt, w1o, K8, in));
+    mm_store(a, r, o, mm_finish(a, c00, x0, w0o, K8));
+    mm_store(a, r, o + 1, mm_finish(a, c01, x0, w1o, K8));
+    mm_store(a, r + 1, o, mm_finish(a, c10, x1, w0o, K8));
+    mm_store(a, r + 1, o + 1, mm_finish(a, c11, x1, w1o, K8));
+    mm_store(a, r + 2, o, mm_finish(a, c20, x2, w0o, K8));
+    mm_store(a, r + 2, o + 1, mm_finish(a, c21, x2, w1o, K8));
+    mm_store(a, r + 3, o, mm_finish(a, c30, x3, w0o, K8));
+    mm_store(a, r + 3, o + 1, mm_finish(a, c31, x3, w1o, K8));
 }
 
 /* 1 row x 4 columns: four independent chains keep the FMA unit busy while
@@ -125,15 +133,15 @@ MM_AVX static void mm_tile_1x4(const mm_args *a, int r, int o)
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
     for (int k = 0; k < K8; k += 8) {
         __m256 v = _mm256_loadu_ps(x0 + k);
-        c0 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w0o + (size_t)k), v, c0);
-        c1 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w1o + (size_t)k), v, c1);
-        c2 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w2o + (size_t)k), v, c2);
-        c3 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w3o + (size_t)k), v, c3);
+        c0 = _mm256_fmadd_ps(mm_load8(a, w0o + (size_t)k), v, c0);
+        c1 = _mm256_fmadd_ps(mm_load8(a, w1o + (size_t)k), v, c1);
+        c2 = _mm256_fmadd_ps(mm_load8(a, w2o + (size_t)k), v, c2);
+        c3 = _mm256_fmadd_ps(mm_load8(a, w3o + (size_t)k), v, c3);
     }
-    mm_store(a, r, o, mm_finish(c0, x0, a->w, a->dt, w0o, K8, in));
-    mm_store(a, r, o + 1, mm_finish(c1, x0, a->w, a->dt, w1o, K8, in));
-    mm_store(a, r, o + 2, mm_finish(c2, x0, a->w, a->dt, w2o, K8, in));
-    mm_store(a, r, o + 3, mm_finish(c3, x0, a->w, a->dt, w3o, K8, in));
+    mm_store(a, r, o, mm_finish(a, c0, x0, w0o, K8));
+    mm_store(a, r, o + 1, mm_finish(a, c1, x0, w1o, K8));
+    mm_store(a, r, o + 2, mm_finish(a, c2, x0, w2o, K8));
+    mm_store(a, r, o + 3, mm_finish(a, c3, x0, w3o, K8));
 }
 
 /* 1 row x 2 columns: the rows left over after 4-row tiles, run on the
@@ -146,11 +154,11 @@ MM_AVX static void mm_tile_1x2(const mm_args *a, int r, int o)
     __m256 c0 = _mm256_setzero_ps(), c1 = c0;
     for (int k = 0; k < K8; k += 8) {
         __m256 v = _mm256_loadu_ps(x0 + k);
-        c0 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w0o + (size_t)k), v, c0);
-        c1 = _mm256_fmadd_ps(mm_load8(a->w, a->dt, w1o + (size_t)k), v, c1);
+        c0 = _mm256_fmadd_ps(mm_load8(a, w0o + (size_t)k), v, c0);
+        c1 = _mm256_fmadd_ps(mm_load8(a, w1o + (size_t)k), v, c1);
     }
-    mm_store(a, r, o, mm_finish(c0, x0, a->w, a->dt, w0o, K8, in));
-    mm_store(a, r, o + 1, mm_finish(c1, x0, a->w, a->dt, w1o, K8, in));
+    mm_store(a, r, o, mm_finish(a, c0, x0, w0o, K8));
+    mm_store(a, r, o + 1, mm_finish(a, c1, x0, w1o, K8));
 }
 
 MM_AVX static void mm_tile_1x1(const mm_args *a, int r, int o)
@@ -160,8 +168,8 @@ MM_AVX static void mm_tile_1x1(const mm_args *a, int r, int o)
     const size_t wo = (size_t)o * (size_t)in;
     __m256 c = _mm256_setzero_ps();
     for (int k = 0; k < K8; k += 8)
-        c = _mm256_fmadd_ps(mm_load8(a->w, a->dt, wo + (size_t)k), _mm256_loadu_ps(x0 + k), c);
-    mm_store(a, r, o, mm_finish(c, x0, a->w, a->dt, wo, K8, in));
+        c = _mm256_fmadd_ps(mm_load8(a, wo + (size_t)k), _mm256_loadu_ps(x0 + k), c);
+    mm_store(a, r, o, mm_finish(a, c, x0, wo, K8));
 }
 
 /* Rows [r0, r1) x columns [o0, o1). With four rows or more, column pairs
@@ -224,9 +232,9 @@ CPU_UNCHECKED static void mm_task(void *vp, int chunk)
 #endif
     for (int o = o0; o < o1; o++)
         for (int r = 0; r < a->R; r++)
-            mm_store(a, r, o,
-                     mm_dot_portable(a->x + (size_t)r * (size_t)a->in, a->w, a->dt,
-                                     (size_t)o * (size_t)a->in, a->in));
+            mm_store(
+                a, r, o,
+                mm_dot_portable(a, a->x + (size_t)r * (size_t)a->in, (size_t)o * (size_t)a->in));
 }
 
 void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int in, int out,
@@ -243,6 +251,9 @@ void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int i
     cpu_check_range(x, (size_t)R * (size_t)in * sizeof(float), "matmul x");
     cpu_check_range(w.data, (size_t)out * (size_t)in * tdm_dtype_size(w.dtype), "matmul weights");
     cpu_check_range(y, (size_t)R * (size_t)out * sizeof(float), "matmul y");
-    mm_args a = {y, x, w.data, w.dtype, R, in, out, accumulate, c->use_avx2, cols};
+    mm_args a = {y, x, w.data, w.dtype, R, in, out, accumulate, c->use_avx2, cols, {0}};
+    if (w.dtype == TDM_DTYPE_FP8)
+        for (int i = 0; i < 256; i++)
+            a.lut[i] = tdm_fp8_value((uint8_t)i, w.scale_exp);
     tdm_pool_run(c->pool, mm_task, &a, (out + cols - 1) / cols);
 }

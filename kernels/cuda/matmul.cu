@@ -5,7 +5,10 @@
  * y = silu(x · gateᵀ) ⊙ (x · upᵀ); norm_matmul applies the RMSNorm ahead of them as x is read
  * (decode rows). bf16 weights take the tensor cores (mmt_kernel): each x is split exactly into
  * bf16 parts hi + mid + lo (mmt_split), so every product of a weight with a part is exact in
- * fp32 and no activation is rounded. Other weights take CUDA cores (mm_kernel).
+ * fp32 and no activation is rounded. FP8 weights (backend.h) take the same kernels: a lane
+ * loads a step's 16 codes a row in one 16-byte load and turns them into the bf16 values they
+ * stand for (mmt_f8), so they give the bits of the bf16 matrix of those values on every path.
+ * Other weights take CUDA cores (mm_kernel).
  *
  * Invariants a change must keep (the GPU tests check each to the bit):
  *  - Batch invariance (backend.h): a row's bits depend on its own x, on w and on (in, out)
@@ -24,6 +27,7 @@
  *    norm_matmul (a norm applied as x is split) against rmsnorm then the products; the launch
  *    bounds (MINB), which may change registers but never the arithmetic.
  *  - The path depends on w's dtype, `in` and the 16-byte alignment of w and x, never on R.
+ *    FP8 weights come with in % 64 == 0 and aligned x (the engine makes no others).
  *  - Weights are finite: past `in` (in % 64 != 0) a lane rereads its row's last chunk, whose
  *    products with the zero x parts there must add nothing.
  *
@@ -273,34 +277,79 @@ struct mmt_wfrag {
  * pairs keeps the one-weight kernel's registers as they were: folding both
  * into one cost verify blocks 5 %. */
 struct mmt_wrows {
-    const uint16_t *row[4];
-    int lim; /* the last chunk of a row, from element 16t */
+    const unsigned char *row[4]; /* bytes */
+    int lim;                     /* the last chunk of a row, from element 16t */
+    uint32_t mul[4];             /* F8: each row's scale (mmt_f8) */
 };
 
-template <bool PAIR>
-__device__ __forceinline__ mmt_wrows mmt_wrows_of(const uint16_t *w0, const uint16_t *w1, int o0,
-                                                  int out, int in, int t)
+/* F8: bytes of an element 1, else 2 (bf16). */
+template <bool PAIR, bool F8>
+__device__ __forceinline__ mmt_wrows mmt_wrows_of(const void *w0, const void *w1, uint32_t mul0,
+                                                  uint32_t mul1, int o0, int out, int in, int t)
 {
     mmt_wrows wr;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int o = PAIR ? o0 + 8 * (i & 1) : o0 + 8 * i;
-        wr.row[i] =
-            (PAIR && i >= 2 ? w1 : w0) + (size_t)(o < out ? o : out - 1) * (size_t)in + 16 * t;
+        wr.row[i] = (const unsigned char *)(PAIR && i >= 2 ? w1 : w0) +
+                    ((size_t)(o < out ? o : out - 1) * (size_t)in + 16 * t) * (F8 ? 1 : 2);
+        wr.mul[i] = PAIR && i >= 2 ? mul1 : mul0;
     }
     wr.lim = in - 8 - 16 * t;
     return wr;
 }
 
-/* Step s's weights (in % 8 == 0, so a chunk from k < in lies within the row). */
+/* Step s's weights (in % 8 == 0, so a chunk from k < in lies within the row).
+ * F8 (in % 64 == 0): the step's 16 codes a row in v[i][0], expanded by
+ * mmt_f8 when the step computes. */
+template <bool F8>
 __device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int s)
 {
     const int k0 = min(s * MMT_K, wr.lim), k1 = min(s * MMT_K + 8, wr.lim);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + k0));
-        f->v[i][1] = __ldg((const uint4 *)(wr.row[i] + k1));
+        if constexpr (F8) {
+            f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + s * MMT_K));
+        } else {
+            f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + 2 * k0));
+            f->v[i][1] = __ldg((const uint4 *)(wr.row[i] + 2 * k1));
+        }
     }
+}
+
+/* Two E4M3 codes (the low and high byte of c) as the bf16 pair of their
+ * values times the row's scale: cvt gives their f16 values exactly (every
+ * E4M3 value is a normal f16); moving the f16 exponent and top mantissa bits
+ * down by 3 makes the bf16 of value · 2^-112 (normal: f16 exponents are
+ * 2^-14 and up), and mul, by the bf16 2^(112 + e), lands exactly on value ·
+ * 2^e (normal for TDM_FP8_EXP_MIN <= e <= TDM_FP8_EXP_MAX). Zero stays
+ * zero, with its sign. */
+__device__ __forceinline__ void mmt_f8x4(uint32_t c, uint32_t mul, uint32_t *lo, uint32_t *hi)
+{
+    uint32_t h0, h1;
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(c));
+    const uint32_t b0 = (h0 & 0x80008000u) | ((h0 >> 3) & 0x0fff0fffu);
+    const uint32_t b1 = (h1 & 0x80008000u) | ((h1 >> 3) & 0x0fff0fffu);
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(*lo) : "r"(b0), "r"(mul));
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(*hi) : "r"(b1), "r"(mul));
+}
+
+/* A step's F8 codes (mmt_wstep) as the bf16 fragment words of their values. */
+__device__ __forceinline__ mmt_wfrag mmt_f8(const mmt_wfrag &r, const mmt_wrows &wr)
+{
+    mmt_wfrag f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint4 c = r.v[i][0];
+        mmt_f8x4(c.x, wr.mul[i], &f.v[i][0].x, &f.v[i][0].y);
+        mmt_f8x4(c.y, wr.mul[i], &f.v[i][0].z, &f.v[i][0].w);
+        mmt_f8x4(c.z, wr.mul[i], &f.v[i][1].x, &f.v[i][1].y);
+        mmt_f8x4(c.w, wr.mul[i], &f.v[i][1].z, &f.v[i][1].w);
+    }
+    return f;
 }
 
 __device__ __forceinline__ uint32_t mmt_word(const uint4 *c, int i)
@@ -518,12 +567,13 @@ __device__ __forceinline__ void mmt_step_rows(float (*acc)[4][4], const mmt_wfra
 
 typedef struct mmt_job {
     float *y;
-    const uint16_t *w;
-    const uint16_t *w_up; /* non-NULL: y = silu(x·wᵀ) ⊙ (x·w_upᵀ), 16 outputs a block */
+    const void *w;        /* bf16, or F8 codes (the launch's weights all one or all the other) */
+    const void *w_up;     /* non-NULL: y = silu(x·wᵀ) ⊙ (x·w_upᵀ), 16 outputs a block */
     float *part;          /* split k: [KB][R][out] ([KB][R][2·out] for a pair) */
     unsigned *count;      /* split k: [mblocks][rgroups] */
     uint32_t *ys;         /* non-NULL (a pair): y's bf16 parts for the matmul after */
     int out, KB, block0, accumulate;
+    uint32_t mul, mul_up; /* F8: mmt_f8's scale words of w and w_up */
 } mmt_job;
 
 typedef struct mmt_jobs {
@@ -628,7 +678,7 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
  * 4 fit, unless its waves are fuller at 3 (mmt_fill; groups of 2 rows use
  * fewer than 128 registers either way, so 4 fit whatever MINB says).
  * Measurements in NOTES.md. */
-template <int G, bool PAIR, bool NORM>
+template <int G, bool PAIR, bool NORM, bool F8>
 __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &nm,
                                          const float *__restrict__ x, const uint32_t *xs, int R,
                                          int in, int rgroups)
@@ -655,7 +705,8 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
      * cluster rank kb. */
     const bool clus = jobs.cluster > 1;
     const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
-    const mmt_wrows wr = mmt_wrows_of<PAIR>(jb.w, jb.w_up, m0 + g, out, in, t);
+    const mmt_wrows wr =
+        mmt_wrows_of<PAIR, F8>(jb.w, jb.w_up, jb.mul, jb.mul_up, m0 + g, out, in, t);
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     unsigned char *ring = (unsigned char *)sm + warp * D * STAGE;
@@ -683,7 +734,7 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
 #pragma unroll
     for (int u = 0; u < D - 1; u++)
         if (s + MMT_WARPS * u < s1) {
-            mmt_wstep(&f[u], wr, s + MMT_WARPS * u);
+            mmt_wstep<F8>(&f[u], wr, s + MMT_WARPS * u);
             if constexpr (NORM)
                 nwv[u] = mmt_nload(nm.w, s + MMT_WARPS * u, in, lane);
         }
@@ -727,7 +778,7 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
             if (sc < s1) {
                 const int il = (u + D - 1) % D;
                 if (sl < s1) {
-                    mmt_wstep(&f[il], wr, sl);
+                    mmt_wstep<F8>(&f[il], wr, sl);
                     if constexpr (NORM)
                         nwv[il] = mmt_nload(nm.w, sl, in, lane);
                     if constexpr (SPLIT)
@@ -738,6 +789,12 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
                 mmt_commit(); /* one group per step, empty or not */
                 mmt_wait<D - 1>();
                 __syncwarp();
+                mmt_wfrag fx;
+                const mmt_wfrag *fu = &f[u];
+                if constexpr (F8) {
+                    fx = mmt_f8(f[u], wr);
+                    fu = &fx;
+                }
                 if constexpr (SPLIT) {
                     if constexpr (NORM) {
                         const int k = sc * MMT_K + 2 * lane;
@@ -749,9 +806,9 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
                         mmt_xsplit<G>(spl, (const float *)(ring + u * STAGE), lane, NULL);
                     }
                     __syncwarp();
-                    mmt_step_cols((float(*)[4])acc, &f[u], spl, g, t);
+                    mmt_step_cols((float(*)[4])acc, fu, spl, g, t);
                 } else {
-                    mmt_step_rows<MT>(acc, &f[u], ring_s + u * STAGE, rowoff, khalf, sw);
+                    mmt_step_rows<MT>(acc, fu, ring_s + u * STAGE, rowoff, khalf, sw);
                 }
                 __syncwarp(); /* the stage (and spl) is rewritten by a later step */
             }
@@ -866,20 +923,20 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
  * tree before, H100, three interleaved pairs, where the instructions of
  * every kernel it runs were the same: only the argument differed. These
  * kernels' PTX is the tree before's again.) */
-template <int G, int MINB, bool PAIR>
+template <int G, int MINB, bool PAIR, bool F8>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
                int rgroups)
 {
-    mmt_body<G, PAIR, false>(jobs, mmt_norm{}, x, xs, R, in, rgroups);
+    mmt_body<G, PAIR, false, F8>(jobs, mmt_norm{}, x, xs, R, in, rgroups);
 }
 
-template <int MINB, bool PAIR>
+template <int MINB, bool PAIR, bool F8>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_norm_kernel(const mmt_jobs jobs, const mmt_norm nm, const float *__restrict__ x, int R,
                     int in)
 {
-    mmt_body<2, PAIR, true>(jobs, nm, x, NULL, R, in, 1);
+    mmt_body<2, PAIR, true, F8>(jobs, nm, x, NULL, R, in, 1);
 }
 
 /* How full a call's waves are when `slots` blocks run at once: blocks over
@@ -921,13 +978,35 @@ static size_t mmt_blocks_one_group(int in, int n, const int *outs, bool pair)
     return blocks;
 }
 
+/* mmt_f8's scale word of an F8 weight: the bf16 2^(112 + e), twice. */
+static uint32_t mmt_f8_mul(tdm_weight w)
+{
+    if (w.dtype != TDM_DTYPE_FP8)
+        return 0;
+    TDM_ASSERT(w.scale_exp >= TDM_FP8_EXP_MIN && w.scale_exp <= TDM_FP8_EXP_MAX);
+    const uint32_t b = (uint32_t)(127 + 112 + w.scale_exp) << 7;
+    return b | b << 16;
+}
+
+/* Whether the tensor cores take w (bf16 or F8, 16-byte aligned). */
+static bool mmt_takes(tdm_weight w)
+{
+    return (w.dtype == TDM_DTYPE_BF16 || w.dtype == TDM_DTYPE_FP8) && (uintptr_t)w.data % 16 == 0;
+}
+
 /* ys[i] [R, outs[i]] (+)= x · ws[i]ᵀ for i < n (n <= MMT_MAXJOBS), one launch;
  * where ups (NULL: none) has ups[i], ys[i] = silu(x · ws[i]ᵀ) ⊙ (x · ups[i]ᵀ).
- * norm (NULL: none; rows in one group of 2): x normalized first (mmt_norm). */
+ * Every weight of a launch has one dtype (mmt_takes). norm (NULL: none;
+ * rows in one group of 2): x normalized first (mmt_norm). */
 static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float *const *ys,
-                       const uint16_t *const *ws, const uint16_t *const *ups, const int *outs,
-                       int accumulate, const mmt_norm *norm)
+                       const tdm_weight *ws, const tdm_weight *ups, const int *outs, int accumulate,
+                       const mmt_norm *norm)
 {
+    const bool f8 = ws[0].dtype == TDM_DTYPE_FP8;
+    for (int i = 0; i < n; i++)
+        TDM_ASSERT(mmt_takes(ws[i]) && (ws[i].dtype == TDM_DTYPE_FP8) == f8 &&
+                   (!ups || !ups[i].data || ups[i].dtype == ws[i].dtype));
+    TDM_ASSERT(!f8 || (in % MMT_K == 0 && (uintptr_t)x % 16 == 0));
     const int G = mmt_group_rows(R), rgroups = (R + G - 1) / G;
     TDM_ASSERT(!norm || G == 2);
     mmt_jobs jobs;
@@ -949,12 +1028,22 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     if (jobs.cluster > MMT_CLUSTER_MAX)
         jobs.cluster = 1;
     for (int i = 0; i < n; i++) {
-        const uint16_t *up = ups ? ups[i] : NULL;
+        const void *up = ups ? ups[i].data : NULL;
         const int KB = kbs[i];
         TDM_ASSERT(!up || !accumulate);
         mblocks[i] = mmt_mblocks(outs[i], up != NULL);
-        jobs.j[i] =
-            (mmt_job){ys[i], ws[i], up, NULL, NULL, NULL, outs[i], KB, (int)blocks, accumulate};
+        jobs.j[i] = (mmt_job){ys[i],
+                              ws[i].data,
+                              up,
+                              NULL,
+                              NULL,
+                              NULL,
+                              outs[i],
+                              KB,
+                              (int)blocks,
+                              accumulate,
+                              mmt_f8_mul(ws[i]),
+                              up ? mmt_f8_mul(ups[i]) : 0u};
         blocks += (size_t)mblocks[i] * (size_t)KB * (size_t)rgroups;
         if (KB > 1 && jobs.cluster == 1) {
             part_floats += (size_t)KB * (size_t)R * (size_t)outs[i] * (up ? 2 : 1);
@@ -972,8 +1061,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
             if (jobs.j[i].KB > 1 && jobs.cluster == 1) {
                 jobs.j[i].part = part;
                 jobs.j[i].count = count;
-                part +=
-                    (size_t)jobs.j[i].KB * (size_t)R * (size_t)outs[i] * (ups && ups[i] ? 2 : 1);
+                part += (size_t)jobs.j[i].KB * (size_t)R * (size_t)outs[i] *
+                        (ups && ups[i].data ? 2 : 1);
                 count += (size_t)mblocks[i] * (size_t)rgroups;
             }
     }
@@ -992,7 +1081,7 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     }
     /* A gate/up pair leaves y's parts for the down projection (its own
      * buffer: this launch reads mm_xs). */
-    const bool yparts = ups && ups[0] && n == 1 && outs[0] % MMT_K == 0 && cuda_xs_rows(R) &&
+    const bool yparts = ups && ups[0].data && n == 1 && outs[0] % MMT_K == 0 && cuda_xs_rows(R) &&
                         (uintptr_t)ys[0] % 16 == 0;
     if (yparts)
         jobs.j[0].ys = (uint32_t *)cuda_grow(c, (void **)&c->mm_ys, &c->mm_ys_cap,
@@ -1000,17 +1089,21 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     const bool one_wave = blocks <= (size_t)3 * (size_t)c->sm_count;
     const bool three =
         one_wave || mmt_fill(blocks, 3 * c->sm_count) > mmt_fill(blocks, 4 * c->sm_count);
-    const bool pair = ups && ups[0];
+    const bool pair = ups && ups[0].data;
     for (int i = 0; i < n; i++)
-        TDM_ASSERT(!ups || !ups[i] == !pair); /* pairs launch apart from single weights */
+        TDM_ASSERT(!ups || !ups[i].data == !pair); /* pairs launch apart from single weights */
+#define MMT_KERNEL(G, MINB)                                                                        \
+    (pair ? (f8 ? mmt_kernel<G, MINB, true, true> : mmt_kernel<G, MINB, true, false>)              \
+          : (f8 ? mmt_kernel<G, MINB, false, true> : mmt_kernel<G, MINB, false, false>))
+#define MMT_NORM_KERNEL(MINB)                                                                      \
+    (pair ? (f8 ? mmt_norm_kernel<MINB, true, true> : mmt_norm_kernel<MINB, true, false>)          \
+          : (f8 ? mmt_norm_kernel<MINB, false, true> : mmt_norm_kernel<MINB, false, false>))
 #define MMT_LAUNCH(G, MINB)                                                                        \
-    cuda_launch_cluster(c, pair ? mmt_kernel<G, MINB, true> : mmt_kernel<G, MINB, false>,          \
-                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, x,      \
-                        (const uint32_t *)xs, R, in, rgroups)
+    cuda_launch_cluster(c, MMT_KERNEL(G, MINB), (unsigned)blocks, MMT_WARPS * 32, 0,               \
+                        (unsigned)jobs.cluster, jobs, x, (const uint32_t *)xs, R, in, rgroups)
 #define MMT_LAUNCH_NORM(MINB)                                                                      \
-    cuda_launch_cluster(c, pair ? mmt_norm_kernel<MINB, true> : mmt_norm_kernel<MINB, false>,      \
-                        (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, *norm,  \
-                        x, R, in)
+    cuda_launch_cluster(c, MMT_NORM_KERNEL(MINB), (unsigned)blocks, MMT_WARPS * 32, 0,             \
+                        (unsigned)jobs.cluster, jobs, *norm, x, R, in)
     if (G == 2 && norm)
         one_wave ? MMT_LAUNCH_NORM(1) : MMT_LAUNCH_NORM(4);
     else if (G == 2)
@@ -1021,6 +1114,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         three ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
 #undef MMT_LAUNCH_NORM
 #undef MMT_LAUNCH
+#undef MMT_NORM_KERNEL
+#undef MMT_KERNEL
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
 }
@@ -1060,9 +1155,8 @@ void cuda_matmul(void *ctx, float *y, const float *x, tdm_weight w, int R, int i
     }
     /* The vector paths need every row of w and x 16-byte aligned. */
     const int vec = in % 8 == 0 && ((uintptr_t)w.data % 16) == 0 && ((uintptr_t)x % 16) == 0;
-    if (vec && w.dtype == TDM_DTYPE_BF16) {
-        const uint16_t *wd = (const uint16_t *)w.data;
-        mmt_matmul(c, x, R, in, 1, &y, &wd, NULL, &out, accumulate, NULL);
+    if ((vec && mmt_takes(w)) || w.dtype == TDM_DTYPE_FP8) {
+        mmt_matmul(c, x, R, in, 1, &y, &w, NULL, &out, accumulate, NULL);
         return;
     }
     /* Rows per block: the fewest that hold the whole call (up to 16), so a
@@ -1112,18 +1206,23 @@ void cuda_matmul_n(void *ctx, const float *x, int R, int in, int n, float *const
             cuda_bulk_matmul_n(c, x, R, in, nb, by, bw, bo, 0);
         return;
     }
-    /* Tensor-core weights in groups of up to MMT_MAXJOBS per launch; any
-     * other weight alone. Each output gets exactly what cuda_matmul gives. */
+    /* Tensor-core weights of one dtype in groups of up to MMT_MAXJOBS per
+     * launch; any other weight alone. Each output gets exactly what
+     * cuda_matmul gives. */
     float *gy[MMT_MAXJOBS];
-    const uint16_t *gw[MMT_MAXJOBS];
+    tdm_weight gw[MMT_MAXJOBS];
     int go[MMT_MAXJOBS], ng = 0;
     const int xvec = in % 8 == 0 && ((uintptr_t)x % 16) == 0;
     for (int i = 0; i < n; i++) {
         if (R <= 0 || outs[i] <= 0)
             continue;
-        if (xvec && ws[i].dtype == TDM_DTYPE_BF16 && (uintptr_t)ws[i].data % 16 == 0) {
+        if (xvec && mmt_takes(ws[i])) {
+            if (ng && gw[0].dtype != ws[i].dtype) {
+                mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0, NULL);
+                ng = 0;
+            }
             gy[ng] = ys[i];
-            gw[ng] = (const uint16_t *)ws[i].data;
+            gw[ng] = ws[i];
             go[ng++] = outs[i];
             if (ng == MMT_MAXJOBS) {
                 mmt_matmul(c, x, R, in, ng, gy, gw, NULL, go, 0, NULL);
@@ -1150,10 +1249,8 @@ void cuda_matmul_silu(void *ctx, float *y, const float *x, tdm_weight gate, tdm_
         return;
     }
     const int xvec = in % 8 == 0 && ((uintptr_t)x % 16) == 0;
-    if (xvec && gate.dtype == TDM_DTYPE_BF16 && up.dtype == TDM_DTYPE_BF16 &&
-        (uintptr_t)gate.data % 16 == 0 && (uintptr_t)up.data % 16 == 0) {
-        const uint16_t *wg = (const uint16_t *)gate.data, *wu = (const uint16_t *)up.data;
-        mmt_matmul(c, x, R, in, 1, &y, &wg, &wu, &out, 0, NULL);
+    if (xvec && mmt_takes(gate) && mmt_takes(up) && gate.dtype == up.dtype) {
+        mmt_matmul(c, x, R, in, 1, &y, &gate, &up, &out, 0, NULL);
         return;
     }
     /* Other weights: the two products, then silu_mul (up in scratch). */
@@ -1187,9 +1284,9 @@ void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, floa
                 cuda_norm_threads(in) == 32 &&
                 ((uintptr_t)x | (uintptr_t)xn | (uintptr_t)w) % 16 == 0;
     for (int i = 0; i < n && fuse; i++)
-        fuse = outs[i] > 0 && ws[i].dtype == TDM_DTYPE_BF16 && (uintptr_t)ws[i].data % 16 == 0;
+        fuse = outs[i] > 0 && mmt_takes(ws[i]) && ws[i].dtype == ws[0].dtype;
     if (up && fuse)
-        fuse = up->dtype == TDM_DTYPE_BF16 && (uintptr_t)up->data % 16 == 0;
+        fuse = mmt_takes(*up) && up->dtype == ws[0].dtype;
     if (fuse)
         fuse = mmt_blocks_one_group(in, n, outs, up != NULL) <= (size_t)4 * (size_t)c->sm_count;
     if (!fuse) {
@@ -1200,9 +1297,6 @@ void cuda_norm_matmul(void *ctx, float *xn, const float *x, const float *w, floa
             cuda_matmul_n(ctx, xn, R, in, n, ys, ws, outs);
         return;
     }
-    const uint16_t *wd[MMT_MAXJOBS], *wu = up ? (const uint16_t *)up->data : NULL;
-    for (int i = 0; i < n; i++)
-        wd[i] = (const uint16_t *)ws[i].data;
     const mmt_norm nm = {xn, w, eps, zero_centred};
-    mmt_matmul(c, x, R, in, n, ys, wd, up ? &wu : NULL, outs, 0, &nm);
+    mmt_matmul(c, x, R, in, n, ys, ws, up, outs, 0, &nm);
 }

@@ -2173,6 +2173,8 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
         tdm_service_set_device(svc, d->head->device_uuid, d->head->device_mps);
     } else if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL) {
         tdm_status rc = tdm_runtime_open_cfg(cfg, LOG, &d->rt, err);
+        if (rc == TDM_OK && strcmp(tdm_cfg_str(cfg, "weights"), "fp8") == 0)
+            rc = tdm_runtime_set_weights_fp8(d->rt, LOG, err);
         if (rc == TDM_OK)
             rc = tdm_runtime_set_draft_vocab(d->rt, tdm_cfg_str(cfg, "draft_vocab"), LOG, err);
         if (rc != TDM_OK)

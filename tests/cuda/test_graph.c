@@ -141,7 +141,7 @@ static void check_slots(tdm_backend *g)
     const uint64_t K = 0x1234;
     float table[T_V * T_H];
     ct_fill(table, T_V * T_H, 1.0f);
-    tdm_weight e = {ct_put(g, table, sizeof(table)), TDM_DTYPE_F32};
+    tdm_weight e = {ct_put(g, table, sizeof(table)), TDM_DTYPE_F32, 0};
     float *y = ct_put(g, NULL, 2 * T_H * sizeof(float));
     const tdm_cuda_graph_stats s0 = stats_of(g);
 
@@ -303,8 +303,8 @@ static void check_outgrown(tdm_backend *g)
     ct_fill(xh, (size_t)BR * big_in[1], 1.0f);
     for (size_t i = 0; i < wmax; i++)
         wb[i] = ct_f32_to_bf16(wf[i]);
-    const tdm_weight ws = {ct_put(g, wb, (size_t)IN * OUT * sizeof(uint16_t)), TDM_DTYPE_BF16};
-    const tdm_weight wl = {ct_put(g, wb, wmax * sizeof(uint16_t)), TDM_DTYPE_BF16};
+    const tdm_weight ws = {ct_put(g, wb, (size_t)IN * OUT * sizeof(uint16_t)), TDM_DTYPE_BF16, 0};
+    const tdm_weight wl = {ct_put(g, wb, wmax * sizeof(uint16_t)), TDM_DTYPE_BF16, 0};
     const float *xd = ct_put(g, xh, (size_t)BR * big_in[1] * sizeof(float));
     float *y = ct_put(g, NULL, (size_t)R * OUT * sizeof(float));
     float *yl = ct_put(g, NULL, (size_t)BR * BOUT * sizeof(float));

@@ -22,7 +22,10 @@
  *  - 3e-5: the gated delta rule over whole segments, where rounding
  *    differences of each position feed the state the next position reads.
  * fp16 weights: the CPU backend has no fp16 matmul or embedding, so the
- * reference gets the same values converted exactly to fp32.
+ * reference gets the same values converted exactly to fp32. FP8 weights
+ * (E4M3 codes of one scale) run on both backends, and on the GPU they must
+ * give the bits of the bf16 matrix of the values they stand for, on every
+ * path (test_fp8).
  * Batching: matmul, the norms, attention, conv and the delta rule must give
  * the same bits for rows run in one call as for each segment (or row) run
  * alone. That also pits the two attention kernels against each other (a
@@ -61,10 +64,26 @@ static void report_same(const char *op, const char *cas, const void *a, const vo
 }
 
 /* A weight matrix in the given dtype from fp32 values; *ref gets the values
- * it actually holds, in fp32 (what the CPU reference multiplies by). */
+ * it actually holds, in fp32 (what the CPU reference multiplies by). FP8:
+ * the codes, then their scale exponent as an int (put_weight). */
 static void *make_weight(const float *v, size_t n, tdm_dtype dt, float *ref, size_t *bytes)
 {
     *bytes = n * tdm_dtype_size(dt);
+    if (dt == TDM_DTYPE_FP8) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < n; i++)
+            amax = fmaxf(amax, fabsf(v[i]));
+        int e = 0;
+        if (tdm_fp8_scale_exp(amax, &e) != 0)
+            abort();
+        unsigned char *h = malloc(n + sizeof(int));
+        for (size_t i = 0; i < n; i++) {
+            h[i] = tdm_fp8_encode(v[i], e);
+            ref[i] = tdm_fp8_value(h[i], e);
+        }
+        memcpy(h + n, &e, sizeof(int));
+        return h;
+    }
     void *h = malloc(*bytes);
     for (size_t i = 0; i < n; i++) {
         if (dt == TDM_DTYPE_F32) {
@@ -88,8 +107,11 @@ static tdm_weight put_weight(tdm_backend *be, const void *h, const float *ref, s
                              tdm_dtype dt, size_t bytes)
 {
     if (be == CPU && dt == TDM_DTYPE_F16)
-        return (tdm_weight){ct_put(be, ref, n * 4), TDM_DTYPE_F32};
-    return (tdm_weight){ct_put(be, h, bytes), dt};
+        return (tdm_weight){ct_put(be, ref, n * 4), TDM_DTYPE_F32, 0};
+    int e = 0;
+    if (dt == TDM_DTYPE_FP8)
+        memcpy(&e, (const unsigned char *)h + n, sizeof(int));
+    return (tdm_weight){ct_put(be, h, bytes), dt, e};
 }
 
 /* ---- matmul ----------------------------------------------------------- */
@@ -171,10 +193,12 @@ static void test_matmul(void)
                              {4, 9216, 16},  {2, 3584, 70},   {16, 512, 36},    {17, 4096, 9},
                              {40, 1024, 66}, {1, 2560, 2560}, {17, 2560, 1024}, {9, 4096, 96},
                              {33, 520, 70},  {1, 9216, 64},   {24, 136, 300}};
-    const tdm_dtype dts[] = {TDM_DTYPE_F32, TDM_DTYPE_BF16, TDM_DTYPE_F16};
+    const tdm_dtype dts[] = {TDM_DTYPE_F32, TDM_DTYPE_BF16, TDM_DTYPE_F16, TDM_DTYPE_FP8};
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
         for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++)
             for (int acc = 0; acc < 2; acc++) {
+                if (dts[d] == TDM_DTYPE_FP8 && shapes[s][1] % 64)
+                    continue; /* FP8 matrices have rows of whole 64-value steps */
                 mm_case c = mm_case_make(shapes[s][0], shapes[s][1], shapes[s][2], dts[d]);
                 const size_t n = (size_t)c.R * c.out;
                 float *yc = run_matmul(CPU, &c, acc, 0);
@@ -212,8 +236,9 @@ typedef struct fuse_in {
 } fuse_in;
 
 /* Fresh random inputs of a case: x [R, in] of values up to xmax, each
- * weight as stored (wh) and as the values it holds (wref). */
-static fuse_in fuse_in_make(const fuse_case *fc, float xmax)
+ * weight (values up to 0.5 · wscale) as stored (wh) and as the values it
+ * holds (wref). */
+static fuse_in fuse_in_scaled(const fuse_case *fc, float xmax, float wscale)
 {
     fuse_in fi = {0};
     float *x = malloc((size_t)fc->R * fc->in * 4);
@@ -224,10 +249,17 @@ static fuse_in fuse_in_make(const fuse_case *fc, float xmax)
         float *wv = malloc(nw * 4);
         fi.wref[j] = malloc(nw * 4);
         ct_fill(wv, nw, 0.5f);
+        for (size_t i = 0; i < nw; i++)
+            wv[i] *= wscale;
         fi.wh[j] = make_weight(wv, nw, fc->dt[j], fi.wref[j], &fi.wb[j]);
         free(wv);
     }
     return fi;
+}
+
+static fuse_in fuse_in_make(const fuse_case *fc, float xmax)
+{
+    return fuse_in_scaled(fc, xmax, 1.0f);
 }
 
 static void fuse_in_free(const fuse_case *fc, fuse_in *fi)
@@ -460,6 +492,102 @@ static void test_norm_matmul(void)
         free(ncpu);
         fuse_in_free(fc, &fi);
         free(nw);
+    }
+}
+
+/* FP8 weights: on the GPU, the bits of the bf16 matrices of the values
+ * they stand for, in every product slot and path (decode rows through the
+ * warps, verify and batch rows split ahead, split k through clusters and
+ * through memory, a gate/up pair, a norm fused in, several weights a launch,
+ * FP8 beside bf16 weights), at scales near both ends of the exponent range;
+ * against the CPU backend's FP8 products as every op is. */
+static void test_fp8(void)
+{
+    const tdm_dtype B = TDM_DTYPE_BF16, E = TDM_DTYPE_FP8;
+    const struct {
+        nm_case c;
+        float wscale;
+    } cases[] = {
+        {{{1, 1024, 4, {6144, 2048, 16, 16}, {E, E, E, E}, 0}, 1}, 1.0f}, /* 0.8B in_proj */
+        {{{2, 1024, 4, {6144, 2048, 16, 16}, {E, E, E, E}, 0}, 1}, 1.0f},
+        {{{5, 1024, 4, {6144, 2048, 16, 16}, {E, E, E, E}, 0}, 1}, 1.0f},
+        {{{1, 1024, 2, {3584, 3584}, {E, E}, 1}, 1}, 1.0f}, /* 0.8B gate/up */
+        {{{9, 1024, 2, {3584, 3584}, {E, E}, 1}, 1}, 1.0f},
+        {{{1, 3584, 1, {1024}, {E}, 0}, 1}, 1.0f}, /* 0.8B down: split k */
+        {{{3, 3584, 1, {1024}, {E}, 0}, 1}, 1.0f},
+        {{{1, 1024, 1, {16384}, {E}, 0}, 1}, 1.0f}, /* a draft vocabulary's head */
+        {{{17, 2048, 2, {1024, 40}, {E, E}, 0}, 0}, 1.0f},
+        {{{40, 512, 3, {130, 64, 33}, {E, B, E}, 0}, 1}, 1.0f}, /* beside bf16 */
+        {{{2, 1024, 3, {64, 200, 96}, {B, E, B}, 0}, 1}, 1.0f},
+        {{{1, 1024, 2, {96, 96}, {E, E}, 0}, 1}, 0x1p-90f},
+        {{{9, 1024, 2, {96, 96}, {E, E}, 1}, 1}, 0x1p-90f},
+        {{{2, 1024, 2, {96, 96}, {E, E}, 0}, 1}, 0x1p20f},
+    };
+    for (size_t ci = 0; ci < TDM_ARRAY_LEN(cases); ci++) {
+        const nm_case *n8 = &cases[ci].c;
+        const fuse_case *fc = &n8->f;
+        const int R = fc->R, in = fc->in, nout = fc->silu ? 1 : fc->n;
+        fuse_in f8 = fuse_in_scaled(fc, 2.0f, cases[ci].wscale);
+        /* the same values as bf16 matrices */
+        nm_case nb = *n8;
+        fuse_in fb = f8;
+        int exact = 1;
+        for (int j = 0; j < fc->n; j++) {
+            const size_t nw = (size_t)fc->outs[j] * in;
+            float *back = malloc(nw * 4);
+            nb.f.dt[j] = B;
+            fb.wh[j] = make_weight(f8.wref[j], nw, B, back, &fb.wb[j]);
+            exact &= memcmp(back, f8.wref[j], nw * 4) == 0;
+            free(back);
+        }
+        char cas[96];
+        snprintf(cas, sizeof(cas), "R=%d in=%d n=%d%s scale %g", R, in, fc->n,
+                 fc->silu ? " gate/up" : "", (double)cases[ci].wscale);
+        report_identical("fp8", cas, exact); /* every FP8 value is a bf16 */
+        float *y8[4], *yb[4], *s8[4], *sb[4], *yc[4], *xn8, *xnb, *xnc;
+        for (int mode = 0; mode < 3; mode += 2) { /* fused, then the separate ops */
+            run_fused(G, fc, &f8, mode, mode ? s8 : y8);
+            run_fused(G, &nb.f, &fb, mode, mode ? sb : yb);
+        }
+        run_fused(CPU, fc, &f8, 2, yc);
+        for (int j = 0; j < nout; j++) {
+            const size_t ny = (size_t)R * fc->outs[j];
+            snprintf(cas, sizeof(cas), "  out=%d %s", fc->outs[j], tdm_dtype_name(fc->dt[j]));
+            report("fp8", cas, ct_nerr(y8[j], yc[j], ny), 1e-5);
+            report_same("fp8",
+                        fc->silu ? "  matmul_silu == on bf16 values"
+                                 : "  matmul_n == on bf16 values",
+                        y8[j], yb[j], ny * 4);
+            report_same("fp8", "  matmul == on bf16 values", s8[j], sb[j], ny * 4);
+            free(y8[j]);
+            free(yb[j]);
+            free(s8[j]);
+            free(sb[j]);
+            free(yc[j]);
+        }
+        if (R <= 2 || ci % 2 == 0) {
+            float *nw = malloc((size_t)in * 4);
+            ct_fill(nw, (size_t)in, 0.5f);
+            run_norm_matmul(G, n8, &f8, nw, 0, y8, &xn8);
+            run_norm_matmul(G, &nb, &fb, nw, 0, yb, &xnb);
+            run_norm_matmul(CPU, n8, &f8, nw, 2, yc, &xnc);
+            report_same("fp8", "  norm_matmul xn == on bf16 values", xn8, xnb, (size_t)R * in * 4);
+            for (int j = 0; j < nout; j++) {
+                const size_t ny = (size_t)R * fc->outs[j];
+                report("fp8", "  norm_matmul vs the CPU", ct_nerr(y8[j], yc[j], ny), 1e-5);
+                report_same("fp8", "  norm_matmul == on bf16 values", y8[j], yb[j], ny * 4);
+                free(y8[j]);
+                free(yb[j]);
+                free(yc[j]);
+            }
+            free(xn8);
+            free(xnb);
+            free(xnc);
+            free(nw);
+        }
+        for (int j = 0; j < fc->n; j++)
+            free(fb.wh[j]);
+        fuse_in_free(fc, &f8);
     }
 }
 
@@ -1659,6 +1787,7 @@ int main(void)
     test_matmul();
     test_fused_matmuls();
     test_norm_matmul();
+    test_fp8();
     test_bulk();
     test_producer_split();
     test_copy_n();

@@ -41,7 +41,7 @@ static void matmul_case(int short_y, int short_x, int short_w, int freed_x, int 
     float *yy = big_y ? y + (ny - (size_t)R * OUT) : y;
     if (freed_x)
         be->free(be->ctx, x);
-    be->matmul(be->ctx, yy, x, (tdm_weight){w, TDM_DTYPE_F32}, R, IN, OUT, 0);
+    be->matmul(be->ctx, yy, x, (tdm_weight){w, TDM_DTYPE_F32, 0}, R, IN, OUT, 0);
 }
 
 static void replay_case(int short_state)
