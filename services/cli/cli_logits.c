@@ -5,6 +5,7 @@
  *   tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]
  *                 [--strategy extra_buffer|no_buffer|replay] [--threads N]
  *                 [--hidden-out FILE.npy] [--mtp-out FILE.npy [--mtp-draft K]]
+ *                 [--weights checkpoint|fp8]
  *
  * The --ids are a prefill; each --then is a continuation through the cache
  * (one multi-token forward). With --strategy, each continuation runs as a
@@ -15,7 +16,9 @@
  * on them: primed at every position p with the token at p + 1 (after the
  * last position, the target's argmax), then K - 1 greedy draft rows; it
  * writes the head's logits [positions + K - 1, vocab], row r for the head's
- * row at position r, and prints the K drafts.
+ * row at position r, and prints the K drafts. --weights fp8 computes with the
+ * model's matrices rounded to FP8, as a drafter with weights fp8 does
+ * (tdm_model_set_weights_fp8).
  */
 #include "cli.h"
 
@@ -37,14 +40,17 @@ static void logits_usage(FILE *out)
         "usage: tandem logits --model DIR --ids 1,2,3 [--then 4,5 ...] [--out FILE.npy | --top K]\n"
         "                     [--strategy extra_buffer|no_buffer|replay] [--threads N]\n"
         "                     [--hidden-out FILE.npy]\n"
-        "                     [--mtp-out FILE.npy [--mtp-draft K] [--mtp-next ID]]\n\n"
+        "                     [--mtp-out FILE.npy [--mtp-draft K] [--mtp-next ID]]\n"
+        "                     [--weights checkpoint|fp8]\n\n"
         "Runs the ids as a prefill, then each --then as a continuation through the cache,\n"
         "and writes the float32 logits of every position as one .npy [positions, vocab]\n"
         "(--out) or prints the top K tokens of each position (--top, default 5).\n"
         "--hidden-out writes the hidden states after the final norm [positions, hidden].\n"
         "--mtp-out runs the checkpoint's MTP head on them (each position with the next\n"
         "token; after the last, the target's argmax or --mtp-next), drafts K tokens\n"
-        "(default 1), writes its logits [positions + K - 1, vocab] and prints the drafts.\n");
+        "(default 1), writes its logits [positions + K - 1, vocab] and prints the drafts.\n"
+        "--weights fp8 rounds the model's matrices to FP8 E4M3 first, as a drafter with\n"
+        "weights fp8 does.\n");
 }
 
 /* Parses "1,2,3" into a new array; returns its length or -1. */
@@ -165,7 +171,7 @@ int cli_logits(int argc, char **argv)
 {
     const char *model = NULL, *out = NULL, *strategy = NULL, *hidden_out = NULL, *mtp_out = NULL;
     const char *calls_s[LOGITS_MAX_CALLS];
-    int ncalls = 0, top = 5, threads = 0, mtp_draft = 1;
+    int ncalls = 0, top = 5, threads = 0, mtp_draft = 1, fp8 = 0;
     long mtp_next = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -210,6 +216,12 @@ int cli_logits(int argc, char **argv)
             strategy = val;
         } else if (strcmp(a, "--threads") == 0) {
             threads = atoi(val);
+        } else if (strcmp(a, "--weights") == 0) {
+            if (strcmp(val, "fp8") != 0 && strcmp(val, "checkpoint") != 0) {
+                fprintf(stderr, "tandem logits: --weights is checkpoint or fp8, not '%s'\n", val);
+                return 2;
+            }
+            fp8 = strcmp(val, "fp8") == 0;
         } else if (strcmp(a, "--hidden-out") == 0) {
             hidden_out = val;
         } else if (strcmp(a, "--mtp-out") == 0) {
@@ -269,7 +281,8 @@ int cli_logits(int argc, char **argv)
         fprintf(stderr, "tandem logits: cannot start the CPU backend\n");
         goto done;
     }
-    if (tdm_model_load(model, be, &m, &err) != TDM_OK) {
+    if (tdm_model_load(model, be, &m, &err) != TDM_OK ||
+        (fp8 && tdm_model_set_weights_fp8(m, NULL, NULL, &err) != TDM_OK)) {
         fprintf(stderr, "tandem logits: %s\n", err.msg);
         goto done;
     }
