@@ -150,6 +150,8 @@ def case_greedy():
     # verdicts (run-ahead) under two strategies.
     runs = [(dr, strat, ()) for dr in ("model", "ngram")
             for strat in ("extra_buffer", "no_buffer") + (("replay",) if dr == "model" else ())]
+    # The model drafter computing with its matrices rounded to FP8.
+    runs += [("model", "replay", ("--weights", "fp8"))]
     # A verifier asks for run-ahead only of a drafter on cores of its own.
     apart = cores_apart()
     if apart:
@@ -157,10 +159,11 @@ def case_greedy():
     else:
         print("one CPU: no drafter on cores of its own, so no run-ahead stacks", flush=True)
     for drafter, strategy, extra in runs:
+        ahead = "--run-ahead" in extra
         gw, v, d = stack(strategy, drafter, extra_drafter_args=extra,
-                         cpus=apart if extra else (None, None))
+                         cpus=apart if ahead else (None, None))
         if extra:
-            strategy += " run-ahead"
+            strategy += " run-ahead" if ahead else " " + " ".join(extra)
         plain = parallel(lambda p: generate(gw, p, mode="SPECULATION_MODE_OFF"), ps)
         for i, r in enumerate(plain):
             check(r[0] == "OK" and r[4], "plain prompt %d: %s %s" % (i, r[0], r[1]))
@@ -193,7 +196,7 @@ def case_greedy():
             check(spec_rounds > 0, "%s/%s block %d: no speculative round ran; the requests' "
                   "speculation stats: %s" % (drafter, strategy, block, sorted(
                       {r[4]["stats"].get("speculation", "") for r in res if r[4]})))
-            if extra:
+            if ahead:
                 used = sum(int(r[4]["stats"].get("ahead_blocks", 0)) for r in res if r[4])
                 print("  blocks drafted ahead that stood: %d" % used, flush=True)
                 stood += used
@@ -206,7 +209,7 @@ def case_greedy():
                 prefilled, prefilled_before = total - prefilled_before, total
                 if not extra:
                     prefill_ref.setdefault(block, prefilled)
-                elif block in prefill_ref:
+                elif ahead and block in prefill_ref:
                     print("  drafter prefilled %d tokens (%d without run-ahead)" %
                           (prefilled, prefill_ref[block]), flush=True)
                     check(prefilled <= prefill_ref[block],
@@ -218,7 +221,7 @@ def case_greedy():
         # How many stand at a block size depends on whether the drafter is
         # idle before each verdict (none may at one block size on a loaded
         # machine); over the stack's sizes some must.
-        check(stood > 0 or not extra, "%s: no ahead block ever stood" % strategy)
+        check(stood > 0 or not ahead, "%s: no ahead block ever stood" % strategy)
         if drafter == "ngram" and not st.ARGS.quick:
             # A lookup needs no per-vocabulary buffers (an n-gram drafter's
             # vocabulary is every id: they took 8 GiB a stream); threads and
@@ -595,6 +598,16 @@ def case_incompatible():
     check(code == "OK" and ids == plain, "auto mode with a block-16 drafter: %s %s" %
           (code, details))
     stop_all()
+    # FP8 weights round a drafter model's matrices: an n-gram drafter has none.
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "ngram",
+                           "--tokenizer", TOKENIZER, "--weights", "fp8"])
+    check(rc != 0 and "fp8-weights-for-model-drafter" in out and
+          "weights=fp8 (flag:--weights)" in out and "drafter_kind=ngram" in out,
+          "weights fp8 with an n-gram drafter:\n" + out + err)
+    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--model", DRAFTER,
+                           "--weights", "fp8"])
+    check(rc == 0 and re.search(r"^weights: +fp8 +# flag", out, re.M),
+          "weights fp8 with a model drafter:\n" + out + err)
 
 
 def case_features():
