@@ -365,7 +365,7 @@ run)
             done
             done
             done
-            DFLAGS="
+            DFLAGS=""
             stop "$dpid" "$vpid" "$gpid"
             dpid="" vpid="" gpid=""
             bound_verdict

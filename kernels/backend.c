@@ -2,6 +2,7 @@
 #include "backend.h"
 
 #include <math.h>
+#include <string.h>
 
 size_t tdm_dtype_size(tdm_dtype dt)
 {
@@ -55,18 +56,31 @@ int tdm_fp8_scale_exp(float amax, int *e)
     return 0;
 }
 
+/* m >> s rounded to nearest, ties to even (0 < s < 32). */
+static uint32_t rne_shift(uint32_t m, int s)
+{
+    const uint32_t r = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1);
+    return r + (rem > half || (rem == half && (r & 1u)));
+}
+
 uint8_t tdm_fp8_encode(float v, int e)
 {
-    const uint8_t sign = signbit(v) ? 0x80 : 0;
-    const float a = fabsf(ldexpf(v, -e)); /* exact: v a normal float, a <= 448 */
-    /* Below 2^-6 the codes step by 2^-9; from 2^E (E >= -6) by 2^(E-3),
-     * and code = 8 (E + 7) + the steps past 2^E. Rounding a to its step
-     * (rintf: ties to even) lands on the next binade's first code where it
-     * carries, and a tie's even step is the even code. */
-    if (a < 0x1p-6f)
-        return (uint8_t)(sign | (int)rintf(a * 512.0f));
-    int x;
-    (void)frexpf(a, &x); /* a = f · 2^x, f in [0.5, 1): E = x - 1 */
-    const int E = x - 1, q = (int)rintf(ldexpf(a, 3 - E)); /* 8 .. 16 */
-    return (uint8_t)(sign | (8 * (E + 7) + q - 8));
+    uint32_t u;
+    memcpy(&u, &v, sizeof(u));
+    const uint8_t sign = (u >> 31) ? 0x80 : 0;
+    const int fe = (int)((u >> 23) & 0xff);
+    if (fe == 0) /* zero, or a float subnormal: below 2^-126 · 2^-e, nothing */
+        return sign;
+    /* |v| · 2^-e = 1.m · 2^E with m the 23 fraction bits: the codes step by
+     * 2^(E-3) from 2^E (E >= -6) and by 2^-9 below 2^-6, so the step count
+     * is the 24-bit significand shifted right by 20, or by 20 + (-6 - E),
+     * rounded to nearest even; code = 8 (E + 7) + steps - 8 above 2^-6, the
+     * steps below (a carry lands on the next binade's first code either
+     * way, and a tie's even step is the even code). */
+    const int E = fe - 127 - e;
+    const uint32_t m = (u & 0x7fffffu) | 0x800000u;
+    if (E >= -6)
+        return (uint8_t)(sign | (8 * (E + 7) + (int)rne_shift(m, 20) - 8));
+    const int s = 20 + (-6 - E);
+    return (uint8_t)(sign | (s >= 32 ? 0 : (int)rne_shift(m, s)));
 }
