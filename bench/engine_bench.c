@@ -2,6 +2,7 @@
  * engine_bench.c - CPU speed of the hybrid-model engine.
  *
  *   bench_engine_bench [--model DIR] [--fixture DIR] [--threads N] [--steps N]
+ *                      [--weights checkpoint|fp8]
  *   bench_engine_bench --generate DIR   (only write the random model)
  *
  * For each model: decode tokens/s at batch 1 and 8, and the time of one
@@ -10,6 +11,7 @@
  * weights streamed per step ÷ measured bandwidth (memcpy, and a read-only
  * sweep). Without --model it generates a random ~100M-parameter Qwen3.5-shaped
  * bf16 checkpoint (hidden 768, 12 layers 3:1, vocab 32000) in a temp folder.
+ * --weights fp8 rounds the matrices to FP8 first (tdm_model_set_weights_fp8).
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -122,6 +124,8 @@ static tdm_seq *seq_new(tdm_model *m, tdm_state_strategy s, int max_draft, int p
     return q;
 }
 
+static int fp8;
+
 static void bench_model(const char *label, const char *dir, int threads, int steps, double copy_bw,
                         double read_bw)
 {
@@ -130,6 +134,8 @@ static void bench_model(const char *label, const char *dir, int threads, int ste
     tdm_error err;
     if (tdm_model_load(dir, be, &m, &err) != TDM_OK)
         die(dir, &err);
+    if (fp8 && tdm_model_set_weights_fp8(m, NULL, NULL, &err) != TDM_OK)
+        die("--weights fp8", &err);
     const tdm_model_config *c = tdm_model_get_config(m);
     const int V = c->vocab_size;
     double wb = (double)tdm_model_weight_bytes(m);
@@ -255,7 +261,14 @@ int main(int argc, char **argv)
             threads = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--steps") == 0)
             steps = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--generate") == 0) {
+        else if (strcmp(argv[i], "--weights") == 0) {
+            if (strcmp(argv[i + 1], "fp8") != 0 && strcmp(argv[i + 1], "checkpoint") != 0) {
+                fprintf(stderr, "engine_bench: --weights takes checkpoint or fp8, not %s\n",
+                        argv[i + 1]);
+                return 2;
+            }
+            fp8 = strcmp(argv[i + 1], "fp8") == 0;
+        } else if (strcmp(argv[i], "--generate") == 0) {
             gen_model(argv[i + 1]);
             printf("wrote a random ~100M-parameter bf16 model to %s\n", argv[i + 1]);
             return 0;
