@@ -104,7 +104,6 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
  * FAILED_PRECONDITION on a tensor-parallel model or the second time;
  * RESOURCE_EXHAUSTED when the backend cannot hold a rounded copy. */
 tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, tdm_error *err);
-int tdm_model_weights_fp8(const tdm_model *m);
 /* Tokens the model's logits cover: its draft vocabulary's, or all. */
 int tdm_model_draft_vocab_size(const tdm_model *m);
 /* The token id of entry t of a logits row of that width: t itself without a

@@ -692,11 +692,6 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
     return TDM_OK;
 }
 
-int tdm_model_weights_fp8(const tdm_model *m)
-{
-    return m->fp8;
-}
-
 tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err)
 {
     if (m->group || m->comm)

@@ -45,6 +45,7 @@
 #include "norm.cuh"
 
 #include <cooperative_groups.h>
+#include <type_traits>
 
 #include <string.h>
 
@@ -276,23 +277,23 @@ struct mmt_wfrag {
  * nothing; the sums are the same bits). A separate kernel instance for
  * pairs keeps the one-weight kernel's registers as they were: folding both
  * into one cost verify blocks 5 %. */
-struct mmt_wrows {
-    const unsigned char *row[4]; /* bytes */
-    int lim;                     /* the last chunk of a row, from element 16t */
-    uint32_t mul[4];             /* F8: each row's scale (mmt_f8) */
+template <bool F8> struct mmt_wrows {
+    const typename std::conditional<F8, uint8_t, uint16_t>::type *row[4]; /* F8: codes */
+    int lim;         /* the last chunk of a row, from element 16t */
+    uint32_t mul[4]; /* F8: each row's scale (mmt_f8) */
 };
 
-/* F8: bytes of an element 1, else 2 (bf16). */
 template <bool PAIR, bool F8>
-__device__ __forceinline__ mmt_wrows mmt_wrows_of(const void *w0, const void *w1, uint32_t mul0,
-                                                  uint32_t mul1, int o0, int out, int in, int t)
+__device__ __forceinline__ mmt_wrows<F8> mmt_wrows_of(const void *w0, const void *w1, uint32_t mul0,
+                                                      uint32_t mul1, int o0, int out, int in, int t)
 {
-    mmt_wrows wr;
+    typedef typename std::conditional<F8, uint8_t, uint16_t>::type elem;
+    mmt_wrows<F8> wr;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int o = PAIR ? o0 + 8 * (i & 1) : o0 + 8 * i;
-        wr.row[i] = (const unsigned char *)(PAIR && i >= 2 ? w1 : w0) +
-                    ((size_t)(o < out ? o : out - 1) * (size_t)in + 16 * t) * (F8 ? 1 : 2);
+        wr.row[i] = (const elem *)(PAIR && i >= 2 ? w1 : w0) +
+                    (size_t)(o < out ? o : out - 1) * (size_t)in + 16 * t;
         wr.mul[i] = PAIR && i >= 2 ? mul1 : mul0;
     }
     wr.lim = in - 8 - 16 * t;
@@ -303,7 +304,7 @@ __device__ __forceinline__ mmt_wrows mmt_wrows_of(const void *w0, const void *w1
  * F8 (in % 64 == 0): the step's 16 codes a row in v[i][0], expanded by
  * mmt_f8 when the step computes. */
 template <bool F8>
-__device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int s)
+__device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows<F8> &wr, int s)
 {
     const int k0 = min(s * MMT_K, wr.lim), k1 = min(s * MMT_K + 8, wr.lim);
 #pragma unroll
@@ -311,8 +312,8 @@ __device__ __forceinline__ void mmt_wstep(mmt_wfrag *f, const mmt_wrows &wr, int
         if constexpr (F8) {
             f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + s * MMT_K));
         } else {
-            f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + 2 * k0));
-            f->v[i][1] = __ldg((const uint4 *)(wr.row[i] + 2 * k1));
+            f->v[i][0] = __ldg((const uint4 *)(wr.row[i] + k0));
+            f->v[i][1] = __ldg((const uint4 *)(wr.row[i] + k1));
         }
     }
 }
@@ -338,7 +339,7 @@ __device__ __forceinline__ void mmt_f8x4(uint32_t c, uint32_t mul, uint32_t *lo,
 }
 
 /* A step's F8 codes (mmt_wstep) as the bf16 fragment words of their values. */
-__device__ __forceinline__ mmt_wfrag mmt_f8(const mmt_wfrag &r, const mmt_wrows &wr)
+__device__ __forceinline__ mmt_wfrag mmt_f8(const mmt_wfrag &r, const mmt_wrows<true> &wr)
 {
     mmt_wfrag f;
 #pragma unroll
@@ -573,7 +574,6 @@ typedef struct mmt_job {
     unsigned *count;      /* split k: [mblocks][rgroups] */
     uint32_t *ys;         /* non-NULL (a pair): y's bf16 parts for the matmul after */
     int out, KB, block0, accumulate;
-    uint32_t mul, mul_up; /* F8: mmt_f8's scale words of w and w_up */
 } mmt_job;
 
 typedef struct mmt_jobs {
@@ -584,6 +584,13 @@ typedef struct mmt_jobs {
 /* Passed by value: no padding bytes (graph replays compare argument bytes). */
 static_assert(sizeof(mmt_jobs) == MMT_MAXJOBS * sizeof(mmt_job) + 2 * sizeof(int),
               "mmt_jobs is packed");
+
+/* F8 launches: each job's mmt_f8 scale words (of w and w_up), an argument of
+ * the F8 kernels alone, so that the bf16 kernels' arguments stay what they
+ * were (an unused argument cost a 4B decode step 0.5 %, below). */
+typedef struct mmt_scales {
+    uint32_t mul[MMT_MAXJOBS], mul_up[MMT_MAXJOBS];
+} mmt_scales;
 
 /* An RMSNorm of x before the products (rows of one group of 2, in % 8 == 0,
  * rows that norm.cu gives one warp: in <= 1024): every block works out its
@@ -680,8 +687,8 @@ __device__ __forceinline__ void mmt_pair_parts(const mmt_job &jb, int m0, int r0
  * Measurements in NOTES.md. */
 template <int G, bool PAIR, bool NORM, bool F8>
 __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &nm,
-                                         const float *__restrict__ x, const uint32_t *xs, int R,
-                                         int in, int rgroups)
+                                         const mmt_scales &sc, const float *__restrict__ x,
+                                         const uint32_t *xs, int R, int in, int rgroups)
 {
     static_assert(!NORM || G == 2, "a norm is fused only where the warps split x");
     constexpr int D = MMT_D, MT = mmt_group<G>::MT, PR = mmt_group<G>::PR;
@@ -705,8 +712,8 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
      * cluster rank kb. */
     const bool clus = jobs.cluster > 1;
     const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
-    const mmt_wrows wr =
-        mmt_wrows_of<PAIR, F8>(jb.w, jb.w_up, jb.mul, jb.mul_up, m0 + g, out, in, t);
+    const mmt_wrows<F8> wr = mmt_wrows_of<PAIR, F8>(jb.w, jb.w_up, F8 ? sc.mul[ji] : 0u,
+                                                    F8 ? sc.mul_up[ji] : 0u, m0 + g, out, in, t);
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     unsigned char *ring = (unsigned char *)sm + warp * D * STAGE;
@@ -923,20 +930,37 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
  * tree before, H100, three interleaved pairs, where the instructions of
  * every kernel it runs were the same: only the argument differed. These
  * kernels' PTX is the tree before's again.) */
-template <int G, int MINB, bool PAIR, bool F8>
+template <int G, int MINB, bool PAIR>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_kernel(const mmt_jobs jobs, const float *__restrict__ x, const uint32_t *xs, int R, int in,
                int rgroups)
 {
-    mmt_body<G, PAIR, false, F8>(jobs, mmt_norm{}, x, xs, R, in, rgroups);
+    mmt_body<G, PAIR, false, false>(jobs, mmt_norm{}, mmt_scales{}, x, xs, R, in, rgroups);
 }
 
-template <int MINB, bool PAIR, bool F8>
+template <int MINB, bool PAIR>
 __global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
     mmt_norm_kernel(const mmt_jobs jobs, const mmt_norm nm, const float *__restrict__ x, int R,
                     int in)
 {
-    mmt_body<2, PAIR, true, F8>(jobs, nm, x, NULL, R, in, 1);
+    mmt_body<2, PAIR, true, false>(jobs, nm, mmt_scales{}, x, NULL, R, in, 1);
+}
+
+/* The same for FP8 weights. */
+template <int G, int MINB, bool PAIR>
+__global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
+    mmt_f8_kernel(const mmt_jobs jobs, const mmt_scales sc, const float *__restrict__ x,
+                  const uint32_t *xs, int R, int in, int rgroups)
+{
+    mmt_body<G, PAIR, false, true>(jobs, mmt_norm{}, sc, x, xs, R, in, rgroups);
+}
+
+template <int MINB, bool PAIR>
+__global__ void __launch_bounds__(MMT_WARPS * 32, MINB)
+    mmt_f8_norm_kernel(const mmt_jobs jobs, const mmt_norm nm, const mmt_scales sc,
+                       const float *__restrict__ x, int R, int in)
+{
+    mmt_body<2, PAIR, true, true>(jobs, nm, sc, x, NULL, R, in, 1);
 }
 
 /* How full a call's waves are when `slots` blocks run at once: blocks over
@@ -1011,6 +1035,8 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     TDM_ASSERT(!norm || G == 2);
     mmt_jobs jobs;
     memset(&jobs, 0, sizeof(jobs));
+    mmt_scales sc;
+    memset(&sc, 0, sizeof(sc));
     jobs.n = n;
     size_t blocks = 0, part_floats = 0, counters = 0;
     int mblocks[MMT_MAXJOBS], kbs[MMT_MAXJOBS] = {0};
@@ -1032,18 +1058,10 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         const int KB = kbs[i];
         TDM_ASSERT(!up || !accumulate);
         mblocks[i] = mmt_mblocks(outs[i], up != NULL);
-        jobs.j[i] = (mmt_job){ys[i],
-                              ws[i].data,
-                              up,
-                              NULL,
-                              NULL,
-                              NULL,
-                              outs[i],
-                              KB,
-                              (int)blocks,
-                              accumulate,
-                              mmt_f8_mul(ws[i]),
-                              up ? mmt_f8_mul(ups[i]) : 0u};
+        jobs.j[i] = (mmt_job){ys[i], ws[i].data, up, NULL,        NULL,
+                              NULL,  outs[i],    KB, (int)blocks, accumulate};
+        sc.mul[i] = mmt_f8_mul(ws[i]);
+        sc.mul_up[i] = up ? mmt_f8_mul(ups[i]) : 0u;
         blocks += (size_t)mblocks[i] * (size_t)KB * (size_t)rgroups;
         if (KB > 1 && jobs.cluster == 1) {
             part_floats += (size_t)KB * (size_t)R * (size_t)outs[i] * (up ? 2 : 1);
@@ -1092,18 +1110,22 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
     const bool pair = ups && ups[0].data;
     for (int i = 0; i < n; i++)
         TDM_ASSERT(!ups || !ups[i].data == !pair); /* pairs launch apart from single weights */
-#define MMT_KERNEL(G, MINB)                                                                        \
-    (pair ? (f8 ? mmt_kernel<G, MINB, true, true> : mmt_kernel<G, MINB, true, false>)              \
-          : (f8 ? mmt_kernel<G, MINB, false, true> : mmt_kernel<G, MINB, false, false>))
-#define MMT_NORM_KERNEL(MINB)                                                                      \
-    (pair ? (f8 ? mmt_norm_kernel<MINB, true, true> : mmt_norm_kernel<MINB, true, false>)          \
-          : (f8 ? mmt_norm_kernel<MINB, false, true> : mmt_norm_kernel<MINB, false, false>))
 #define MMT_LAUNCH(G, MINB)                                                                        \
-    cuda_launch_cluster(c, MMT_KERNEL(G, MINB), (unsigned)blocks, MMT_WARPS * 32, 0,               \
-                        (unsigned)jobs.cluster, jobs, x, (const uint32_t *)xs, R, in, rgroups)
+    (f8 ? cuda_launch_cluster(c,                                                                   \
+                              pair ? mmt_f8_kernel<G, MINB, true> : mmt_f8_kernel<G, MINB, false>, \
+                              (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs,   \
+                              sc, x, (const uint32_t *)xs, R, in, rgroups)                         \
+        : cuda_launch_cluster(c, pair ? mmt_kernel<G, MINB, true> : mmt_kernel<G, MINB, false>,    \
+                              (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs,   \
+                              x, (const uint32_t *)xs, R, in, rgroups))
 #define MMT_LAUNCH_NORM(MINB)                                                                      \
-    cuda_launch_cluster(c, MMT_NORM_KERNEL(MINB), (unsigned)blocks, MMT_WARPS * 32, 0,             \
-                        (unsigned)jobs.cluster, jobs, *norm, x, R, in)
+    (f8 ? cuda_launch_cluster(                                                                     \
+              c, pair ? mmt_f8_norm_kernel<MINB, true> : mmt_f8_norm_kernel<MINB, false>,          \
+              (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, *norm, sc, x, R,  \
+              in)                                                                                  \
+        : cuda_launch_cluster(                                                                     \
+              c, pair ? mmt_norm_kernel<MINB, true> : mmt_norm_kernel<MINB, false>,                \
+              (unsigned)blocks, MMT_WARPS * 32, 0, (unsigned)jobs.cluster, jobs, *norm, x, R, in))
     if (G == 2 && norm)
         one_wave ? MMT_LAUNCH_NORM(1) : MMT_LAUNCH_NORM(4);
     else if (G == 2)
@@ -1114,8 +1136,6 @@ static void mmt_matmul(cuda_ctx *c, const float *x, int R, int in, int n, float 
         three ? MMT_LAUNCH(10, 3) : MMT_LAUNCH(10, 4);
 #undef MMT_LAUNCH_NORM
 #undef MMT_LAUNCH
-#undef MMT_NORM_KERNEL
-#undef MMT_KERNEL
     if (yparts)
         cuda_xs_written(c, ys[0], (size_t)R * (size_t)outs[0], jobs.j[0].ys);
 }
