@@ -712,8 +712,18 @@ __device__ __forceinline__ void mmt_body(const mmt_jobs &jobs, const mmt_norm &n
      * cluster rank kb. */
     const bool clus = jobs.cluster > 1;
     const int m0 = mb * (pair ? MMT_M / 2 : MMT_M), r0 = rg * G;
-    const mmt_wrows<F8> wr = mmt_wrows_of<PAIR, F8>(jb.w, jb.w_up, F8 ? sc.mul[ji] : 0u,
-                                                    F8 ? sc.mul_up[ji] : 0u, m0 + g, out, in, t);
+    /* the job's scale words (F8), by selects: indexing the argument with ji
+     * would copy it to local memory */
+    uint32_t mul = 0, mul_up = 0;
+    if constexpr (F8) {
+#pragma unroll
+        for (int i = 0; i < MMT_MAXJOBS; i++)
+            if (ji == i) {
+                mul = sc.mul[i];
+                mul_up = sc.mul_up[i];
+            }
+    }
+    const mmt_wrows<F8> wr = mmt_wrows_of<PAIR, F8>(jb.w, jb.w_up, mul, mul_up, m0 + g, out, in, t);
     const int steps = (in + MMT_K - 1) / MMT_K;
     const int s0 = (int)((long long)kb * steps / KB), s1 = (int)((long long)(kb + 1) * steps / KB);
     unsigned char *ring = (unsigned char *)sm + warp * D * STAGE;
