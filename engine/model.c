@@ -8,11 +8,13 @@
 #include "engine_internal.h"
 #include "alloc.h"
 #include "capacity.h"
+#include "pool.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const prefixes[] = {"model.language_model.", "model."};
 
@@ -573,11 +575,44 @@ static void store_release(tdm_model *m, const void *p)
         }
 }
 
-/* w [rows, cols] replaced by its FP8 codes (tdm_model_set_weights_fp8);
- * *done false where it stays as it is (cols not a multiple of 64, no scale
- * covering its range, already FP8, f16). */
-static tdm_status fp8_round(tdm_model *m, tdm_weight *w, int64_t rows, int64_t cols, bool *done,
-                            tdm_error *err)
+/* A matrix's rounding over the host's cores: pass 0 finds each chunk's
+ * largest magnitude, pass 1 writes the codes. */
+#define FP8_CHUNK ((size_t)1 << 20)
+typedef struct fp8_job {
+    const void *src;
+    tdm_dtype dt;
+    size_t n;
+    int pass, e;
+    float *amax; /* [chunks] */
+    uint8_t *codes;
+} fp8_job;
+
+static void fp8_task(void *arg, int chunk)
+{
+    fp8_job *j = arg;
+    const size_t i0 = (size_t)chunk * FP8_CHUNK, i1 = i0 + FP8_CHUNK < j->n ? i0 + FP8_CHUNK : j->n;
+    const uint16_t *hb = j->src;
+    const float *hf = j->src;
+#define FP8_AT(i) (j->dt == TDM_DTYPE_BF16 ? bf16_to_f32(hb[i]) : hf[i])
+    if (j->pass == 0) {
+        float amax = 0.0f;
+        for (size_t i = i0; i < i1; i++) {
+            const float a = fabsf(FP8_AT(i));
+            amax = a > amax || a != a ? a : amax;
+        }
+        j->amax[chunk] = amax;
+    } else {
+        for (size_t i = i0; i < i1; i++)
+            j->codes[i] = tdm_fp8_encode(FP8_AT(i), j->e);
+    }
+#undef FP8_AT
+}
+
+/* w [rows, cols] replaced by its FP8 codes (tdm_model_set_weights_fp8),
+ * rounded on pool's threads; *done false where it stays as it is (cols not a
+ * multiple of 64, no scale covering its range, already FP8, f16). */
+static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, tdm_weight *w, int64_t rows, int64_t cols,
+                            bool *done, tdm_error *err)
 {
     *done = false;
     if (!w->data || cols % 64 || (w->dtype != TDM_DTYPE_BF16 && w->dtype != TDM_DTYPE_F32))
@@ -593,23 +628,22 @@ static tdm_status fp8_round(tdm_model *m, tdm_weight *w, int64_t rows, int64_t c
     }
     be->download(be->ctx, src, w->data, n * es);
     be->sync(be->ctx);
-    const uint16_t *hb = src;
-    const float *hf = src;
-#define FP8_AT(i) (w->dtype == TDM_DTYPE_BF16 ? bf16_to_f32(hb[i]) : hf[i])
+    const int nch = (int)((n + FP8_CHUNK - 1) / FP8_CHUNK);
+    float *amaxs = tdm_xmalloc((size_t)nch * sizeof(float));
+    fp8_job job = {src, w->dtype, n, 0, 0, amaxs, codes};
+    tdm_pool_run(pool, fp8_task, &job, nch);
     float amax = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        const float a = fabsf(FP8_AT(i));
-        amax = a > amax || a != a ? a : amax;
-    }
-    int e = 0;
-    if (tdm_fp8_scale_exp(amax, &e) != 0) {
+    for (int i = 0; i < nch; i++)
+        amax = amaxs[i] > amax || amaxs[i] != amaxs[i] ? amaxs[i] : amax;
+    free(amaxs);
+    if (tdm_fp8_scale_exp(amax, &job.e) != 0) {
         free(src);
         free(codes);
         return TDM_OK;
     }
-    for (size_t i = 0; i < n; i++)
-        codes[i] = tdm_fp8_encode(FP8_AT(i), e);
-#undef FP8_AT
+    job.pass = 1;
+    tdm_pool_run(pool, fp8_task, &job, nch);
+    const int e = job.e;
     free(src);
     int owned = 0;
     const void *dev = be->weight_map(be->ctx, codes, n, &owned);
@@ -651,6 +685,11 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
     const int64_t C = tdm_capacity_conv_dim(c);
     int nc = 0, nk = 0;
     fp8_mat mats[16];
+    tdm_pool *pool = tdm_pool_create((int)sysconf(_SC_NPROCESSORS_ONLN), false);
+    if (!pool)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "FP8 weights: cannot start threads to round the matrices");
+    tdm_status rc = TDM_OK;
     for (int l = 0; l <= c->num_layers; l++) {
         int nm = 0;
         if (l == c->num_layers) { /* the LM head, unless it is the embedding */
@@ -676,14 +715,18 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
             mats[nm++] = (fp8_mat){&lw->up, I, H};
             mats[nm++] = (fp8_mat){&lw->down, H, I};
         }
-        for (int i = 0; i < nm; i++) {
+        for (int i = 0; i < nm && rc == TDM_OK; i++) {
             bool done = false;
-            tdm_status rc = fp8_round(m, mats[i].w, mats[i].rows, mats[i].cols, &done, err);
-            if (rc != TDM_OK)
-                return rc;
-            done ? nc++ : nk++;
+            rc = fp8_round(m, pool, mats[i].w, mats[i].rows, mats[i].cols, &done, err);
+            if (done)
+                nc++;
+            else
+                nk++;
         }
     }
+    tdm_pool_destroy(pool);
+    if (rc != TDM_OK)
+        return rc;
     m->fp8 = 1;
     if (converted)
         *converted = nc;
@@ -711,7 +754,12 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
         rows;
     if (m->fp8) {
         bool done = false;
-        rc = fp8_round(m, &m->dv.head, n, m->cfg.hidden_size, &done, err);
+        tdm_pool *pool = tdm_pool_create((int)sysconf(_SC_NPROCESSORS_ONLN), false);
+        if (!pool)
+            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                                 "draft vocabulary: cannot start threads to round its rows to FP8");
+        rc = fp8_round(m, pool, &m->dv.head, n, m->cfg.hidden_size, &done, err);
+        tdm_pool_destroy(pool);
         if (rc != TDM_OK)
             return tdm_error_prefix(err, "draft vocabulary");
     }
