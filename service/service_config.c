@@ -1003,7 +1003,7 @@ static tdm_status check_mtp_head(const tdm_cfg *cfg, tdm_error *err)
 }
 
 /* weights fp8 rounds a drafter model's matrices: an n-gram drafter has none,
- * an MTP head drafts with the verifier's own weights. */
+ * and an MTP head's are not rounded. */
 static tdm_status check_weights(const tdm_cfg *cfg, tdm_error *err)
 {
     if (strcmp(tdm_cfg_str(cfg, "weights"), "fp8") != 0 ||
@@ -1012,7 +1012,7 @@ static tdm_status check_weights(const tdm_cfg *cfg, tdm_error *err)
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                         "%s rounds a drafter model's matrices, but %s has none of its own; unset "
+                         "%s rounds a drafter model's matrices, but %s drafts without one; unset "
                          "weights or set drafter_kind to model",
                          tdm_cfg_describe(cfg, "weights", a, sizeof(a)),
                          tdm_cfg_describe(cfg, "drafter_kind", b, sizeof(b)));
