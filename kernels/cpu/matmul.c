@@ -14,6 +14,7 @@
 #include "cpu_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -25,15 +26,28 @@ typedef struct mm_args {
     const void *w;
     tdm_dtype dt;
     int R, in, out, acc, avx2;
-    int cols;       /* columns per chunk, a multiple of 8 */
-    float lut[256]; /* TDM_DTYPE_FP8: each code's value, scale included */
-    float f8mul;    /* TDM_DTYPE_FP8: 2^(120 + scale), mm_load8's */
+    int cols;    /* columns per chunk, a multiple of 8 */
+    float scale; /* TDM_DTYPE_FP8: 2^scale_exp */
 } mm_args;
+
+/* FP8 codes into floats: a code's bits moved into a float's (sign to 31,
+ * eeee mmm to 26..20) are its value times 2^-120, a tiny normal or subnormal
+ * float exactly; times 2^120, exactly its value (at most 448); times the
+ * matrix's scale, exactly the weight (tdm_fp8_value). */
+#define MM_F8_UNBIAS 0x1p120f
+
+CPU_UNCHECKED static inline float mm_f8(const mm_args *a, uint8_t c)
+{
+    const uint32_t u = ((uint32_t)(c & 0x80) << 24) | ((uint32_t)(c & 0x7f) << 20);
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f * MM_F8_UNBIAS * a->scale;
+}
 
 CPU_UNCHECKED static inline float mm_w(const mm_args *a, size_t i)
 {
     if (a->dt == TDM_DTYPE_FP8)
-        return a->lut[((const uint8_t *)a->w)[i]];
+        return mm_f8(a, ((const uint8_t *)a->w)[i]);
     return a->dt == TDM_DTYPE_BF16 ? cpu_bf16_to_f32(((const uint16_t *)a->w)[i])
                                    : ((const float *)a->w)[i];
 }
@@ -70,16 +84,14 @@ MM_AVX static inline __m256 mm_load8(const mm_args *a, size_t i)
         __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)a->w + i));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
-    if (a->dt == TDM_DTYPE_FP8) {
-        /* A code's bits moved into a float's (sign to 31, eeee mmm to 26..20)
-         * are its value times 2^-120, a tiny normal or subnormal float
-         * exactly; times 2^(120 + scale), exactly its value. */
+    if (a->dt == TDM_DTYPE_FP8) { /* mm_f8, 8 at a time */
         const __m256i c =
             _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)a->w + i)));
         const __m256i f =
             _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24),
                             _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), 20));
-        return _mm256_mul_ps(_mm256_castsi256_ps(f), _mm256_set1_ps(a->f8mul));
+        const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(f), _mm256_set1_ps(MM_F8_UNBIAS));
+        return _mm256_mul_ps(v, _mm256_set1_ps(a->scale));
     }
     return _mm256_loadu_ps((const float *)a->w + i);
 }
@@ -261,11 +273,16 @@ void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int i
     cpu_check_range(x, (size_t)R * (size_t)in * sizeof(float), "matmul x");
     cpu_check_range(w.data, (size_t)out * (size_t)in * tdm_dtype_size(w.dtype), "matmul weights");
     cpu_check_range(y, (size_t)R * (size_t)out * sizeof(float), "matmul y");
-    mm_args a = {y, x, w.data, w.dtype, R, in, out, accumulate, c->use_avx2, cols, {0}, 0.0f};
-    if (w.dtype == TDM_DTYPE_FP8) {
-        for (int i = 0; i < 256; i++)
-            a.lut[i] = tdm_fp8_value((uint8_t)i, w.scale_exp);
-        a.f8mul = ldexpf(1.0f, 120 + w.scale_exp);
-    }
+    mm_args a = {y,
+                 x,
+                 w.data,
+                 w.dtype,
+                 R,
+                 in,
+                 out,
+                 accumulate,
+                 c->use_avx2,
+                 cols,
+                 w.dtype == TDM_DTYPE_FP8 ? ldexpf(1.0f, w.scale_exp) : 1.0f};
     tdm_pool_run(c->pool, mm_task, &a, (out + cols - 1) / cols);
 }

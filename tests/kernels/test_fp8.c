@@ -10,8 +10,8 @@
  *    within 448, and refusals outside its range;
  *  - the CPU matmul on FP8 weights (every code but NaN among them) gives the
  *    bits of the same matmul on the f32 matrix of the values they stand for
- *    (decode rows, 4-row tiles, accumulate), on the AVX2 and portable paths
- *    alike.
+ *    (decode rows, 4-row tiles, accumulate, scales from 2^-100 to 2^15), on
+ *    the AVX2 and portable paths alike.
  */
 #include "backend.h"
 #include "check.h" /* tests/config */
@@ -127,6 +127,9 @@ static void check_scale(void)
 static void check_matmul(void)
 {
     const int shapes[][3] = {{1, 64, 40}, {2, 128, 33}, {4, 256, 9}, {7, 192, 70}, {13, 64, 5}};
+    /* scales across the whole range (a code's value times 2^15 is past what
+     * one float multiply from the code's bits can reach) */
+    const int exps[] = {TDM_FP8_EXP_MIN, -11, 0, 8, TDM_FP8_EXP_MAX};
     for (int avx = 1; avx >= 0; avx--) {
         if (!avx)
             setenv("TANDEM_CPU_NO_SIMD", "1", 1);
@@ -141,9 +144,9 @@ static void check_matmul(void)
             float *vals = be->alloc(be->ctx, nw * 4), *x = be->alloc(be->ctx, (size_t)R * in * 4);
             float *y8 = be->alloc(be->ctx, (size_t)R * out * 4),
                   *yf = be->alloc(be->ctx, (size_t)R * out * 4);
-            const int e = -11;
+            const int e = exps[s % (sizeof(exps) / sizeof(exps[0]))];
             for (size_t i = 0; i < nw; i++) {
-                codes[i] = tdm_fp8_encode(0.2f * urand(), e);
+                codes[i] = tdm_fp8_encode(ldexpf(0.2f * urand(), e + 9), e);
                 if (i % 3 == 0) /* every code but NaN, subnormals and zeros included */
                     codes[i] = (uint8_t)((i / 3) % 254 + ((i / 3) % 254 >= 0x7f));
                 vals[i] = tdm_fp8_value(codes[i], e);
@@ -156,8 +159,9 @@ static void check_matmul(void)
                 be->matmul(be->ctx, y8, x, (tdm_weight){codes, TDM_DTYPE_FP8, e}, R, in, out, acc);
                 be->matmul(be->ctx, yf, x, (tdm_weight){vals, TDM_DTYPE_F32, 0}, R, in, out, acc);
                 CHECK(memcmp(y8, yf, (size_t)R * out * 4) == 0,
-                      "R=%d in=%d out=%d%s%s: FP8 products differ from those of their values", R,
-                      in, out, acc ? " accumulate" : "", avx ? "" : " (portable)");
+                      "R=%d in=%d out=%d scale 2^%d%s%s: FP8 products differ from those of their "
+                      "values",
+                      R, in, out, e, acc ? " accumulate" : "", avx ? "" : " (portable)");
             }
             be->free(be->ctx, codes);
             be->free(be->ctx, vals);
