@@ -670,6 +670,28 @@ typedef struct fp8_mat {
     int64_t rows, cols;
 } fp8_mat;
 
+/* mats[0..n) rounded (fp8_round) on one pool of the host's cores; *nc and
+ * *nk count those rounded and those left as they were. */
+static tdm_status fp8_round_all(tdm_model *m, const fp8_mat *mats, int n, int *nc, int *nk,
+                                tdm_error *err)
+{
+    tdm_pool *pool = tdm_pool_create((int)sysconf(_SC_NPROCESSORS_ONLN), false);
+    if (!pool)
+        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
+                             "cannot start threads to round matrices to FP8");
+    tdm_status rc = TDM_OK;
+    for (int i = 0; i < n && rc == TDM_OK; i++) {
+        bool done = false;
+        rc = fp8_round(m, pool, mats[i].w, mats[i].rows, mats[i].cols, &done, err);
+        if (done)
+            (*nc)++;
+        else
+            (*nk)++;
+    }
+    tdm_pool_destroy(pool);
+    return rc;
+}
+
 tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, tdm_error *err)
 {
     if (m->group || m->comm)
@@ -683,48 +705,35 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
     const int64_t QD = (int64_t)c->num_heads * c->head_dim;
     const int64_t KD = (int64_t)c->num_kv_heads * c->head_dim;
     const int64_t C = tdm_capacity_conv_dim(c);
-    int nc = 0, nk = 0;
-    fp8_mat mats[16];
-    tdm_pool *pool = tdm_pool_create((int)sysconf(_SC_NPROCESSORS_ONLN), false);
-    if (!pool)
-        return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
-                             "FP8 weights: cannot start threads to round the matrices");
-    tdm_status rc = TDM_OK;
-    for (int l = 0; l <= c->num_layers; l++) {
-        int nm = 0;
-        if (l == c->num_layers) { /* the LM head, unless it is the embedding */
-            if (m->lm_head.data != m->embed.data)
-                mats[nm++] = (fp8_mat){&m->lm_head, c->vocab_size, H};
-            if (m->dv.n)
-                mats[nm++] = (fp8_mat){&m->dv.head, m->dv.n, H};
+    /* every layer's projections, then the LM head unless it is the
+     * embedding, and a draft vocabulary's rows */
+    fp8_mat *mats = tdm_xmalloc(((size_t)c->num_layers * 8 + 2) * sizeof(fp8_mat));
+    int nm = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        tdm_layer_weights *lw = &m->layers[l];
+        if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
+            mats[nm++] = (fp8_mat){&lw->in_qkv, C, H};
+            mats[nm++] = (fp8_mat){&lw->in_z, VD, H};
+            mats[nm++] = (fp8_mat){&lw->in_b, c->lin_v_heads, H};
+            mats[nm++] = (fp8_mat){&lw->in_a, c->lin_v_heads, H};
+            mats[nm++] = (fp8_mat){&lw->out_proj, H, VD};
         } else {
-            tdm_layer_weights *lw = &m->layers[l];
-            if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
-                mats[nm++] = (fp8_mat){&lw->in_qkv, C, H};
-                mats[nm++] = (fp8_mat){&lw->in_z, VD, H};
-                mats[nm++] = (fp8_mat){&lw->in_b, c->lin_v_heads, H};
-                mats[nm++] = (fp8_mat){&lw->in_a, c->lin_v_heads, H};
-                mats[nm++] = (fp8_mat){&lw->out_proj, H, VD};
-            } else {
-                mats[nm++] = (fp8_mat){&lw->q_proj, 2 * QD, H};
-                mats[nm++] = (fp8_mat){&lw->k_proj, KD, H};
-                mats[nm++] = (fp8_mat){&lw->v_proj, KD, H};
-                mats[nm++] = (fp8_mat){&lw->o_proj, H, QD};
-            }
-            mats[nm++] = (fp8_mat){&lw->gate, I, H};
-            mats[nm++] = (fp8_mat){&lw->up, I, H};
-            mats[nm++] = (fp8_mat){&lw->down, H, I};
+            mats[nm++] = (fp8_mat){&lw->q_proj, 2 * QD, H};
+            mats[nm++] = (fp8_mat){&lw->k_proj, KD, H};
+            mats[nm++] = (fp8_mat){&lw->v_proj, KD, H};
+            mats[nm++] = (fp8_mat){&lw->o_proj, H, QD};
         }
-        for (int i = 0; i < nm && rc == TDM_OK; i++) {
-            bool done = false;
-            rc = fp8_round(m, pool, mats[i].w, mats[i].rows, mats[i].cols, &done, err);
-            if (done)
-                nc++;
-            else
-                nk++;
-        }
+        mats[nm++] = (fp8_mat){&lw->gate, I, H};
+        mats[nm++] = (fp8_mat){&lw->up, I, H};
+        mats[nm++] = (fp8_mat){&lw->down, H, I};
     }
-    tdm_pool_destroy(pool);
+    if (m->lm_head.data != m->embed.data)
+        mats[nm++] = (fp8_mat){&m->lm_head, c->vocab_size, H};
+    if (m->dv.n)
+        mats[nm++] = (fp8_mat){&m->dv.head, m->dv.n, H};
+    int nc = 0, nk = 0;
+    tdm_status rc = fp8_round_all(m, mats, nm, &nc, &nk, err);
+    free(mats);
     if (rc != TDM_OK)
         return rc;
     m->fp8 = 1;
@@ -753,14 +762,9 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
         (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size * tdm_dtype_size(m->lm_head.dtype) +
         rows;
     if (m->fp8) {
-        bool done = false;
-        tdm_pool *pool = tdm_pool_create((int)sysconf(_SC_NPROCESSORS_ONLN), false);
-        if (!pool)
-            return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
-                                 "draft vocabulary: cannot start threads to round its rows to FP8");
-        rc = fp8_round(m, pool, &m->dv.head, n, m->cfg.hidden_size, &done, err);
-        tdm_pool_destroy(pool);
-        if (rc != TDM_OK)
+        const fp8_mat head = {&m->dv.head, n, m->cfg.hidden_size};
+        int nc = 0, nk = 0;
+        if ((rc = fp8_round_all(m, &head, 1, &nc, &nk, err)) != TDM_OK)
             return tdm_error_prefix(err, "draft vocabulary");
     }
     return TDM_OK;

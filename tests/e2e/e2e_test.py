@@ -150,8 +150,12 @@ def case_greedy():
     # verdicts (run-ahead) under two strategies.
     runs = [(dr, strat, ()) for dr in ("model", "ngram")
             for strat in ("extra_buffer", "no_buffer") + (("replay",) if dr == "model" else ())]
-    # The model drafter computing with its matrices rounded to FP8.
-    runs += [("model", "replay", ("--weights", "fp8"))]
+    # The model drafter computing with its matrices rounded to FP8, its LM
+    # head a draft vocabulary's rows (rounded as they load).
+    vocab = os.path.join(st.TMP, "fp8-draft-vocab.txt")
+    with open(vocab, "w") as f:
+        f.write("\n".join(str(t) for t in range(0, 4096, 2)) + "\n")
+    runs += [("model", "replay", ("--weights", "fp8", "--draft-vocab", vocab))]
     # A verifier asks for run-ahead only of a drafter on cores of its own.
     apart = cores_apart()
     if apart:
