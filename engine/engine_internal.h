@@ -226,6 +226,22 @@ tdm_status tdm_model_load_matrix_cols(tdm_model *m, const char *name, int64_t ro
 tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_prefix, int64_t rows,
                                       int64_t cols, const int32_t *ids, int n, tdm_weight *w,
                                       tdm_error *err);
+/* A matrix to round to FP8 (tdm_model_set_weights_fp8): the weight, and its
+ * shape [rows, cols]. */
+typedef struct tdm_fp8_mat {
+    tdm_weight *w;
+    int64_t rows, cols;
+} tdm_fp8_mat;
+/* The most matrices tdm_layer_fp8_mats gives for a layer. */
+#define TDM_LAYER_FP8_MATS 8
+/* A decoder layer's projections into out[] (at most TDM_LAYER_FP8_MATS);
+ * how many. */
+int tdm_layer_fp8_mats(const tdm_model_config *c, tdm_layer_weights *lw, tdm_fp8_mat *out);
+/* mats[0..n), placed in m->into's store, each replaced by its FP8 codes
+ * (tdm_model_set_weights_fp8's rounding) on one pool of the host's cores;
+ * *nc and *nk count those rounded and those left as they were. */
+tdm_status tdm_model_round_fp8(tdm_model *m, const tdm_fp8_mat *mats, int n, int *nc, int *nk,
+                               tdm_error *err);
 /* Checks ids (ascending, each once, within the vocabulary: INVALID_ARGUMENT
  * naming the first that is not) and loads their LM-head rows into
  * m->into's store; FAILED_PRECONDITION when dv holds a vocabulary already. */

@@ -555,12 +555,12 @@ void tdm_model_destroy(tdm_model *m)
 
 /* ---- FP8 weights (tdm_model_set_weights_fp8) ------------------------------ */
 
-/* Forgets backend memory p of the model's store: freed, with the host block
+/* Forgets backend memory p of m->into's store: freed, with the host block
  * it aliases; nothing where the store does not hold it (a mapped
  * checkpoint). */
 static void store_release(tdm_model *m, const void *p)
 {
-    tdm_weight_store *s = &m->store;
+    tdm_weight_store *s = m->into;
     for (size_t i = 0; i < s->nowned; i++)
         if (s->owned[i] == p) {
             m->be->free(m->be->ctx, s->owned[i]);
@@ -608,9 +608,10 @@ static void fp8_task(void *arg, int chunk)
 #undef FP8_AT
 }
 
-/* w [rows, cols] replaced by its FP8 codes (tdm_model_set_weights_fp8),
- * rounded on pool's threads; *done false where it stays as it is (cols not a
- * multiple of 64, no scale covering its range, already FP8, f16). */
+/* w [rows, cols] of m->into's store replaced by its FP8 codes
+ * (tdm_model_set_weights_fp8), rounded on pool's threads; *done false where
+ * it stays as it is (cols not a multiple of 64, no scale covering its range,
+ * already FP8, f16). */
 static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, tdm_weight *w, int64_t rows, int64_t cols,
                             bool *done, tdm_error *err)
 {
@@ -652,28 +653,22 @@ static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, tdm_weight *w, int64_t
         return tdm_error_set(err, TDM_ERR_RESOURCE_EXHAUSTED,
                              "backend out of memory for a matrix's FP8 codes (%zu bytes)", n);
     }
+    tdm_weight_store *st = m->into;
     if (owned) {
-        track(&m->store.owned, &m->store.nowned, &m->store.capowned, (void *)dev);
+        track(&st->owned, &st->nowned, &st->capowned, (void *)dev);
         free(codes);
     } else {
-        track(&m->store.host, &m->store.nhost, &m->store.caphost, codes);
+        track(&st->host, &st->nhost, &st->caphost, codes);
     }
     store_release(m, w->data);
-    m->store.weight_bytes = m->store.weight_bytes - n * es + n;
+    st->weight_bytes = st->weight_bytes - n * es + n;
     *w = (tdm_weight){dev, TDM_DTYPE_FP8, e};
     *done = true;
     return TDM_OK;
 }
 
-typedef struct fp8_mat {
-    tdm_weight *w;
-    int64_t rows, cols;
-} fp8_mat;
-
-/* mats[0..n) rounded (fp8_round) on one pool of the host's cores; *nc and
- * *nk count those rounded and those left as they were. */
-static tdm_status fp8_round_all(tdm_model *m, const fp8_mat *mats, int n, int *nc, int *nk,
-                                tdm_error *err)
+tdm_status tdm_model_round_fp8(tdm_model *m, const tdm_fp8_mat *mats, int n, int *nc, int *nk,
+                               tdm_error *err)
 {
     tdm_pool *pool = tdm_pool_create((int)sysconf(_SC_NPROCESSORS_ONLN), false);
     if (!pool)
@@ -692,6 +687,31 @@ static tdm_status fp8_round_all(tdm_model *m, const fp8_mat *mats, int n, int *n
     return rc;
 }
 
+int tdm_layer_fp8_mats(const tdm_model_config *c, tdm_layer_weights *lw, tdm_fp8_mat *out)
+{
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    const int64_t VD = (int64_t)c->lin_v_heads * c->lin_v_dim;
+    const int64_t QD = (int64_t)c->num_heads * c->head_dim;
+    const int64_t KD = (int64_t)c->num_kv_heads * c->head_dim;
+    int n = 0;
+    if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
+        out[n++] = (tdm_fp8_mat){&lw->in_qkv, tdm_capacity_conv_dim(c), H};
+        out[n++] = (tdm_fp8_mat){&lw->in_z, VD, H};
+        out[n++] = (tdm_fp8_mat){&lw->in_b, c->lin_v_heads, H};
+        out[n++] = (tdm_fp8_mat){&lw->in_a, c->lin_v_heads, H};
+        out[n++] = (tdm_fp8_mat){&lw->out_proj, H, VD};
+    } else {
+        out[n++] = (tdm_fp8_mat){&lw->q_proj, 2 * QD, H};
+        out[n++] = (tdm_fp8_mat){&lw->k_proj, KD, H};
+        out[n++] = (tdm_fp8_mat){&lw->v_proj, KD, H};
+        out[n++] = (tdm_fp8_mat){&lw->o_proj, H, QD};
+    }
+    out[n++] = (tdm_fp8_mat){&lw->gate, I, H};
+    out[n++] = (tdm_fp8_mat){&lw->up, I, H};
+    out[n++] = (tdm_fp8_mat){&lw->down, H, I};
+    return n;
+}
+
 tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, tdm_error *err)
 {
     if (m->group || m->comm)
@@ -700,39 +720,20 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
     if (m->fp8)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "the weights are FP8 already");
     const tdm_model_config *c = &m->cfg;
-    const int64_t H = c->hidden_size, I = c->intermediate_size;
-    const int64_t VD = (int64_t)c->lin_v_heads * c->lin_v_dim;
-    const int64_t QD = (int64_t)c->num_heads * c->head_dim;
-    const int64_t KD = (int64_t)c->num_kv_heads * c->head_dim;
-    const int64_t C = tdm_capacity_conv_dim(c);
+    const int64_t H = c->hidden_size;
     /* every layer's projections, then the LM head unless it is the
      * embedding, and a draft vocabulary's rows */
-    fp8_mat *mats = tdm_xmalloc(((size_t)c->num_layers * 8 + 2) * sizeof(fp8_mat));
+    tdm_fp8_mat *mats =
+        tdm_xmalloc(((size_t)c->num_layers * TDM_LAYER_FP8_MATS + 2) * sizeof(tdm_fp8_mat));
     int nm = 0;
-    for (int l = 0; l < c->num_layers; l++) {
-        tdm_layer_weights *lw = &m->layers[l];
-        if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
-            mats[nm++] = (fp8_mat){&lw->in_qkv, C, H};
-            mats[nm++] = (fp8_mat){&lw->in_z, VD, H};
-            mats[nm++] = (fp8_mat){&lw->in_b, c->lin_v_heads, H};
-            mats[nm++] = (fp8_mat){&lw->in_a, c->lin_v_heads, H};
-            mats[nm++] = (fp8_mat){&lw->out_proj, H, VD};
-        } else {
-            mats[nm++] = (fp8_mat){&lw->q_proj, 2 * QD, H};
-            mats[nm++] = (fp8_mat){&lw->k_proj, KD, H};
-            mats[nm++] = (fp8_mat){&lw->v_proj, KD, H};
-            mats[nm++] = (fp8_mat){&lw->o_proj, H, QD};
-        }
-        mats[nm++] = (fp8_mat){&lw->gate, I, H};
-        mats[nm++] = (fp8_mat){&lw->up, I, H};
-        mats[nm++] = (fp8_mat){&lw->down, H, I};
-    }
+    for (int l = 0; l < c->num_layers; l++)
+        nm += tdm_layer_fp8_mats(c, &m->layers[l], mats + nm);
     if (m->lm_head.data != m->embed.data)
-        mats[nm++] = (fp8_mat){&m->lm_head, c->vocab_size, H};
+        mats[nm++] = (tdm_fp8_mat){&m->lm_head, c->vocab_size, H};
     if (m->dv.n)
-        mats[nm++] = (fp8_mat){&m->dv.head, m->dv.n, H};
+        mats[nm++] = (tdm_fp8_mat){&m->dv.head, m->dv.n, H};
     int nc = 0, nk = 0;
-    tdm_status rc = fp8_round_all(m, mats, nm, &nc, &nk, err);
+    tdm_status rc = tdm_model_round_fp8(m, mats, nm, &nc, &nk, err);
     free(mats);
     if (rc != TDM_OK)
         return rc;
@@ -762,9 +763,9 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
         (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size * tdm_dtype_size(m->lm_head.dtype) +
         rows;
     if (m->fp8) {
-        const fp8_mat head = {&m->dv.head, n, m->cfg.hidden_size};
+        const tdm_fp8_mat head = {&m->dv.head, n, m->cfg.hidden_size};
         int nc = 0, nk = 0;
-        if ((rc = fp8_round_all(m, &head, 1, &nc, &nk, err)) != TDM_OK)
+        if ((rc = tdm_model_round_fp8(m, &head, 1, &nc, &nk, err)) != TDM_OK)
             return tdm_error_prefix(err, "draft vocabulary");
     }
     return TDM_OK;

@@ -48,6 +48,7 @@ struct tdm_mtp {
     float *dprobs;      /* backend [dprobs_rows, draft vocabulary]: sampled drafts' */
     int dprobs_rows;    /* distributions on the device, [step, sequence] */
     tdm_draft_vocab dv; /* the draft vocabulary (tdm_mtp_set_vocab); n 0: the whole one */
+    int fp8;            /* matrices rounded to FP8 (tdm_mtp_set_weights_fp8) */
 };
 
 struct tdm_mtp_seq {
@@ -167,6 +168,18 @@ const tdm_model_config *tdm_mtp_get_config(const tdm_mtp *h)
     return &h->m->cfg;
 }
 
+/* mats[0..n), of the head's store, rounded to FP8. */
+static tdm_status mtp_round(tdm_mtp *h, const tdm_fp8_mat *mats, int n, int *nc, int *nk,
+                            tdm_error *err)
+{
+    tdm_model *m = h->m;
+    tdm_weight_store *saved = m->into;
+    m->into = &h->store;
+    tdm_status rc = tdm_model_round_fp8(m, mats, n, nc, nk, err);
+    m->into = saved;
+    return rc;
+}
+
 tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *err)
 {
     tdm_model *m = h->m;
@@ -174,7 +187,49 @@ tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *e
     m->into = &h->store;
     tdm_status rc = tdm_draft_vocab_load(m, ids, n, &h->dv, err);
     m->into = saved;
+    if (rc == TDM_OK && h->fp8) {
+        const tdm_fp8_mat head = {&h->dv.head, n, m->cfg.hidden_size};
+        int nc = 0, nk = 0;
+        if ((rc = mtp_round(h, &head, 1, &nc, &nk, err)) != TDM_OK)
+            return tdm_error_prefix(err, "draft vocabulary");
+    }
     return rc;
+}
+
+tdm_status tdm_mtp_set_weights_fp8(tdm_mtp *h, tdm_mtp_fp8 *got, tdm_error *err)
+{
+    if (h->fp8)
+        return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "the weights are FP8 already");
+    tdm_model *m = h->m;
+    const int64_t H = m->cfg.hidden_size;
+    tdm_mtp_fp8 r = {.before = h->store.weight_bytes};
+    /* fc's two halves, the decoder layer's projections, a draft
+     * vocabulary's rows */
+    tdm_fp8_mat mats[2 + TDM_LAYER_FP8_MATS + 1] = {{&h->fc_e, H, H}, {&h->fc_h, H, H}};
+    int nm = 2 + tdm_layer_fp8_mats(&m->cfg, &h->layer, mats + 2);
+    if (h->dv.n)
+        mats[nm++] = (tdm_fp8_mat){&h->dv.head, h->dv.n, H};
+    tdm_status rc = mtp_round(h, mats, nm, &r.converted, &r.kept, err);
+    if (rc != TDM_OK)
+        return rc;
+    /* The LM head: a head-only model's own, where not the embedding; the
+     * target's (tdm_mtp_create) is the target's to round. */
+    if (h->own && h->own->lm_head.data != h->own->embed.data) {
+        const tdm_fp8_mat head = {&h->own->lm_head, h->own->cfg.vocab_size, H};
+        int nc = 0, nk = 0;
+        if ((rc = tdm_model_round_fp8(h->own, &head, 1, &nc, &nk, err)) != TDM_OK)
+            return tdm_error_prefix(err, "LM head");
+        r.converted += nc;
+        r.kept += nk;
+        r.lm_head = nc ? TDM_MTP_FP8_HEAD_ROUNDED : TDM_MTP_FP8_HEAD_KEPT;
+    } else {
+        r.lm_head = h->own ? TDM_MTP_FP8_HEAD_TIED : TDM_MTP_FP8_HEAD_TARGETS;
+    }
+    h->fp8 = 1;
+    r.after = h->store.weight_bytes;
+    if (got)
+        *got = r;
+    return TDM_OK;
 }
 
 void tdm_mtp_set_graphs(tdm_mtp *h, int on)

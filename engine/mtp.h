@@ -70,6 +70,31 @@ const tdm_model_config *tdm_mtp_get_config(const tdm_mtp *h);
  * before its first draft: FAILED_PRECONDITION the second time;
  * INVALID_ARGUMENT naming the first entry out of order or range. */
 tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *err);
+/* What tdm_mtp_set_weights_fp8 did: matrices rounded and left as stored
+ * (the LM head's among them where it rounded it), the head's own weights'
+ * bytes before and after, and what became of the LM head. */
+typedef enum tdm_mtp_fp8_head {
+    TDM_MTP_FP8_HEAD_ROUNDED, /* an untied LM head of the head's own load: rounded */
+    TDM_MTP_FP8_HEAD_KEPT,    /* the same, left as stored (no scale covers it) */
+    TDM_MTP_FP8_HEAD_TIED,    /* the embedding: stays as stored (a draft vocabulary's rows
+                                 are the head's own, and rounded) */
+    TDM_MTP_FP8_HEAD_TARGETS, /* the target's (tdm_mtp_create): the target's own rounding
+                                 (tdm_model_set_weights_fp8) decides */
+} tdm_mtp_fp8_head;
+typedef struct tdm_mtp_fp8 {
+    int converted, kept;
+    size_t before, after;
+    tdm_mtp_fp8_head lm_head;
+} tdm_mtp_fp8;
+/* The head computing with its matrices rounded to FP8 E4M3 as
+ * tdm_model_set_weights_fp8 rounds a model's: mtp.fc's two halves, the
+ * decoder layer's projections, a draft vocabulary's rows (one set later is
+ * rounded as it loads) and, for tdm_mtp_open, an untied LM head; the
+ * embedding and the norms stay as loaded. Drafts are then exactly those of a
+ * checkpoint holding the rounded values. Once per head, before its first
+ * prime: FAILED_PRECONDITION the second time; RESOURCE_EXHAUSTED when the
+ * backend cannot hold a rounded copy. got: NULL, or what it did. */
+tdm_status tdm_mtp_set_weights_fp8(tdm_mtp *h, tdm_mtp_fp8 *got, tdm_error *err);
 /* Tokens a draft can be: the draft vocabulary's, or the model's; the id of
  * the t-th of them. */
 int tdm_mtp_vocab_size(const tdm_mtp *h);

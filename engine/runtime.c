@@ -295,8 +295,33 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
     return TDM_OK;
 }
 
+static tdm_status mtp_set_weights_fp8(tdm_runtime *rt, const char *component, tdm_error *err)
+{
+    tdm_mtp_fp8 r;
+    tdm_status rc = tdm_mtp_set_weights_fp8(rt->mtp, &r, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, "weights fp8");
+    static const char *const head[] = {
+        [TDM_MTP_FP8_HEAD_ROUNDED] = "rounded",
+        [TDM_MTP_FP8_HEAD_KEPT] = "as stored (no scale covers its range)",
+        [TDM_MTP_FP8_HEAD_TIED] = "the embedding, as stored",
+        [TDM_MTP_FP8_HEAD_TARGETS] = "the target's",
+    };
+    tdm_log_info(component,
+                 "weights fp8: %d matrices of the MTP head rounded to FP8 E4M3, %d as stored; "
+                 "its own weights %.3f GB (%.3f as stored); the LM head: %s%s",
+                 r.converted, r.kept, (double)r.after / 1e9, (double)r.before / 1e9,
+                 head[r.lm_head],
+                 tdm_mtp_vocab_size(rt->mtp) < tdm_mtp_get_config(rt->mtp)->vocab_size
+                     ? " (drafts read the draft vocabulary's rows, rounded)"
+                     : "");
+    return TDM_OK;
+}
+
 tdm_status tdm_runtime_set_weights_fp8(tdm_runtime *rt, const char *component, tdm_error *err)
 {
+    if (rt->mtp)
+        return mtp_set_weights_fp8(rt, component, err);
     const size_t before = tdm_model_weight_bytes(rt->model);
     int nc = 0, nk = 0;
     tdm_status rc = tdm_model_set_weights_fp8(rt->model, &nc, &nk, err);

@@ -69,9 +69,10 @@ void tdm_runtime_graph_stats_get(const tdm_runtime *rt, tdm_runtime_graph_stats 
  * cost, and not counted.) */
 uint64_t tdm_runtime_graph_first_sights(const tdm_runtime *rt);
 
-/* A drafter model's matrices rounded to FP8 (tdm_model_set_weights_fp8),
- * before its draft vocabulary is set; what it rounded is logged under
- * component. */
+/* A drafter's matrices rounded to FP8: its model's
+ * (tdm_model_set_weights_fp8) or its MTP head's (tdm_mtp_set_weights_fp8),
+ * a draft vocabulary's rows with them whether set before or after; what it
+ * rounded is logged under component. */
 tdm_status tdm_runtime_set_weights_fp8(tdm_runtime *rt, const char *component, tdm_error *err);
 
 /* A drafter's draft vocabulary: the token ids of the file at path

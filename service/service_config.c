@@ -443,12 +443,12 @@ static const tdm_cfg_key drafter_keys[] = {
      "outside them is never proposed. Outputs are the same either way; acceptance is what it "
      "costs. Empty: the whole vocabulary."},
     {"weights", TDM_CFG_ENUM, "checkpoint", "checkpoint|fp8", 0, 0, 0, NULL, GRP_SPEC,
-     "drafter_kind model: what the drafter's matrices compute with. checkpoint: the values "
-     "stored. fp8: every projection matrix and its LM head (a draft vocabulary's rows, or an "
-     "untied head) rounded to FP8 E4M3 with one power-of-two scale a matrix, the embedding "
-     "table as stored: a draft step streams half the matrix bytes. Drafts then come from the "
-     "rounded model, so acceptance may move a little; the verifier's outputs are the same "
-     "either way."},
+     "drafter_kind model or mtp: what the drafter's matrices compute with. checkpoint: the "
+     "values stored. fp8: every projection matrix (a model's layers, or an MTP head's fc and "
+     "layer) and its LM head (a draft vocabulary's rows, or an untied head) rounded to FP8 "
+     "E4M3 with one power-of-two scale a matrix, the embedding table as stored: a draft step "
+     "streams half the matrix bytes. Drafts then come from the rounded matrices, so "
+     "acceptance may move a little; the verifier's outputs are the same either way."},
     {"run_ahead", TDM_CFG_ENUM, "auto", "auto|on|off", 0, 0, TDM_CFG_AUTO, NULL, GRP_SPEC,
      "Draft the next block while the verifier verifies this one, assuming it is accepted "
      "whole (used only when the verdict bears that out; greedy requests); auto: on for a model "
@@ -1002,18 +1002,18 @@ static tdm_status check_mtp_head(const tdm_cfg *cfg, tdm_error *err)
                          tdm_cfg_describe(cfg, "model", b, sizeof(b)));
 }
 
-/* weights fp8 rounds a drafter model's matrices: an n-gram drafter has none,
- * and an MTP head's are not rounded. */
+/* weights fp8 rounds a drafter's matrices (its model's or its MTP head's):
+ * an n-gram drafter has none. */
 static tdm_status check_weights(const tdm_cfg *cfg, tdm_error *err)
 {
     if (strcmp(tdm_cfg_str(cfg, "weights"), "fp8") != 0 ||
-        tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) ==
-            TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MODEL)
+        tdm_drafter_kind_parse(tdm_cfg_str(cfg, "drafter_kind")) !=
+            TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM)
         return TDM_OK;
     char a[512], b[512];
     return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION,
-                         "%s rounds a drafter model's matrices, but %s drafts without one; unset "
-                         "weights or set drafter_kind to model",
+                         "%s rounds a drafter's matrices, but %s drafts without any; unset "
+                         "weights or set drafter_kind to model or mtp",
                          tdm_cfg_describe(cfg, "weights", a, sizeof(a)),
                          tdm_cfg_describe(cfg, "drafter_kind", b, sizeof(b)));
 }
@@ -1269,7 +1269,7 @@ static const tdm_cfg_check drafter_checks[] = {CHECKS_COMMON,
                                                {"mtp-drafter-needs-head", check_mtp_head},
                                                {"mtp-drafts-after-verdicts", check_mtp_run_ahead},
                                                {"draft-vocab-needs-lm-head", check_draft_vocab},
-                                               {"fp8-weights-for-model-drafter", check_weights}};
+                                               {"fp8-weights-need-matrices", check_weights}};
 
 const tdm_cfg_schema tdm_svc_gateway_schema = {
     "tandem-gateway",

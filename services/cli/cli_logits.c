@@ -17,8 +17,8 @@
  * last position, the target's argmax), then K - 1 greedy draft rows; it
  * writes the head's logits [positions + K - 1, vocab], row r for the head's
  * row at position r, and prints the K drafts. --weights fp8 computes with the
- * model's matrices rounded to FP8, as a drafter with weights fp8 does
- * (tdm_model_set_weights_fp8).
+ * model's matrices rounded to FP8, and the MTP head's, as a drafter with
+ * weights fp8 does (tdm_model_set_weights_fp8, tdm_mtp_set_weights_fp8).
  */
 #include "cli.h"
 
@@ -49,8 +49,8 @@ static void logits_usage(FILE *out)
         "--mtp-out runs the checkpoint's MTP head on them (each position with the next\n"
         "token; after the last, the target's argmax or --mtp-next), drafts K tokens\n"
         "(default 1), writes its logits [positions + K - 1, vocab] and prints the drafts.\n"
-        "--weights fp8 rounds the model's matrices to FP8 E4M3 first, as a drafter with\n"
-        "weights fp8 does.\n");
+        "--weights fp8 rounds the model's matrices (and the MTP head's) to FP8 E4M3\n"
+        "first, as a drafter with weights fp8 does.\n");
 }
 
 /* Parses "1,2,3" into a new array; returns its length or -1. */
@@ -107,13 +107,15 @@ static void print_top(const float *row, int V, int k, int pos)
     printf("\n");
 }
 
-/* --mtp-out: the MTP head primed at every position (hidden [total, H], the
- * next token of each; after the last, `last_next`, or the target's argmax
- * there when it is negative), then k - 1 draft rows; writes [total + k - 1,
- * vocab] to path and prints the drafts. 0 or 1. */
-static int logits_mtp(tdm_model *m, int32_t *const *ids, const int *nids, int ncalls, int total,
-                      const float *logits, const float *hidden, int k, int32_t last_next,
-                      const char *path)
+/* --mtp-out: model's MTP head, loaded as a drafter loads it (tdm_mtp_open:
+ * with its own embedding and LM head; rounded to FP8 where fp8 is set),
+ * primed at every position (hidden [total, H], the next token of each; after
+ * the last, `last_next`, or the target's argmax there when it is negative),
+ * then k - 1 draft rows; writes [total + k - 1, vocab] to path and prints
+ * the drafts. 0 or 1. */
+static int logits_mtp(const char *model, tdm_backend *be, tdm_model *m, int32_t *const *ids,
+                      const int *nids, int ncalls, int total, const float *logits,
+                      const float *hidden, int k, int32_t last_next, int fp8, const char *path)
 {
     const int V = tdm_model_get_config(m)->vocab_size;
     int rc = 1;
@@ -138,7 +140,9 @@ static int logits_mtp(tdm_model *m, int32_t *const *ids, const int *nids, int nc
             next[total - 1] = i;
     if (last_next >= 0)
         next[total - 1] = last_next;
-    if (tdm_mtp_create(m, &h, &err) != TDM_OK || tdm_mtp_seq_create(h, 0, &q, &err) != TDM_OK ||
+    if (tdm_mtp_open(model, be, &h, &err) != TDM_OK ||
+        (fp8 && tdm_mtp_set_weights_fp8(h, NULL, &err) != TDM_OK) ||
+        tdm_mtp_seq_create(h, 0, &q, &err) != TDM_OK ||
         tdm_mtp_prime(q, hidden, next, total, out, &err) != TDM_OK ||
         tdm_mtp_draft(q, k, drafts, dl, &err) != TDM_OK) {
         fprintf(stderr, "tandem logits: %s\n", err.msg);
@@ -337,8 +341,8 @@ int cli_logits(int argc, char **argv)
                 mtp_next, V - 1);
         goto done;
     }
-    if (mtp_out && logits_mtp(m, ids, nids, ncalls, total, logits, hidden, mtp_draft,
-                              (int32_t)mtp_next, mtp_out) != 0)
+    if (mtp_out && logits_mtp(model, be, m, ids, nids, ncalls, total, logits, hidden, mtp_draft,
+                              (int32_t)mtp_next, fp8, mtp_out) != 0)
         goto done;
     rc = 0;
 done:

@@ -2165,6 +2165,8 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
     d->ngram_max = 4;
     if (tdm_drafter_kind_parse(kind) == TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_MTP) {
         tdm_status rc = tdm_runtime_open_mtp_cfg(cfg, LOG, &d->head, err);
+        if (rc == TDM_OK && strcmp(tdm_cfg_str(cfg, "weights"), "fp8") == 0)
+            rc = tdm_runtime_set_weights_fp8(d->head, LOG, err);
         if (rc != TDM_OK)
             return rc;
         const tdm_model_config *mc = tdm_mtp_get_config(d->head->mtp);

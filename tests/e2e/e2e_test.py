@@ -602,16 +602,18 @@ def case_incompatible():
     check(code == "OK" and ids == plain, "auto mode with a block-16 drafter: %s %s" %
           (code, details))
     stop_all()
-    # FP8 weights round a drafter model's matrices: an n-gram drafter has none.
+    # FP8 weights round a drafter's matrices (its model's or its MTP head's):
+    # an n-gram drafter has none.
     rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "ngram",
                            "--tokenizer", TOKENIZER, "--weights", "fp8"])
-    check(rc != 0 and "fp8-weights-for-model-drafter" in out and
+    check(rc != 0 and "fp8-weights-need-matrices" in out and
           "weights=fp8 (flag:--weights)" in out and "drafter_kind=ngram" in out,
           "weights fp8 with an n-gram drafter:\n" + out + err)
-    rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--model", DRAFTER,
-                           "--weights", "fp8"])
-    check(rc == 0 and re.search(r"^weights: +fp8 +# flag", out, re.M),
-          "weights fp8 with a model drafter:\n" + out + err)
+    for kind, model in (("model", DRAFTER), ("mtp", TARGET)):
+        rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", kind,
+                               "--model", model, "--weights", "fp8"])
+        check(rc == 0 and re.search(r"^weights: +fp8 +# flag", out, re.M),
+              "weights fp8 with drafter_kind %s:\n%s%s" % (kind, out, err))
 
 
 def case_features():

@@ -38,6 +38,8 @@ Cases:
              by `tandem logits --mtp-out` (of the model's row by `tandem
              logits`); an n-gram drafter and malformed lists refused, naming
              the file, the line and the token
+  fp8        weights fp8 on the MTP head: outputs unchanged, the drafts those
+             of a checkpoint whose head and LM head numpy rounded to FP8
   shm        the colocated feature stream (feature_transport): greedy
              outputs with shm equal those with grpc and plain decoding over
              many prompts, the rows really going by shared memory (counters,
@@ -587,8 +589,9 @@ def case_vocab():
         return np.load(ref)[pos - 1] if check(rc == 0, "tandem logits: rc %d %s%s" %
                                               (rc, so, se)) else None
 
-    vocab_drafts("mtp", model, path, listed, V, ps, head_row)
-    vocab_drafts("model", model, path, listed, V, ps, model_row)
+    logged = ["drafting from the %d tokens of %s (of %d)" % (len(listed), path, V)]
+    vocab_drafts("mtp", model, ("--draft-vocab", path), logged, listed, ps, head_row)
+    vocab_drafts("model", model, ("--draft-vocab", path), logged, listed, ps, model_row)
     # Refusals: a drafter without an LM head, lists that are no lists of this model's ids.
     rc, out, err = st.run([st.ARGS.drafter, "--check-config", "--drafter-kind", "ngram",
                            "--draft-vocab", path])
@@ -616,17 +619,61 @@ def case_vocab():
           "a good list passes --check-config:\n" + out)
 
 
-def vocab_drafts(kind, model, path, listed, V, ps, row_of):
-    """A drafter of `kind` (the MTP head, or the model drafting for itself)
-    with the list: greedy outputs the plain ones, drafts only listed tokens,
-    each block's first draft the best listed token of row_of(context,
-    position) (the head's or the model's row by `tandem logits` on the CPU
-    with the whole vocabulary; None: not checked); sampled requests complete
-    speculating."""
+def case_fp8():
+    """weights fp8 on the MTP drafter: mtp.fc's two halves, the head's layer's
+    projections and the untied LM head rounded to FP8 E4M3 at start (the
+    drafter logs 9 rounded, and the MLP's down projection, 96 values a row,
+    kept as stored; 10 with a draft vocabulary's rows). Outputs stay the plain ones, and each block's first draft
+    is the best token of the head's row by `tandem logits --mtp-out` on a
+    checkpoint whose head and LM head numpy rounded
+    (tests/engine/fp8_check.py), the target's layers as stored: the verifier's
+    hidden states are the stored target's. With a draft vocabulary (every
+    third token) its rows are rounded as a matrix of their own, and the
+    reference rounds those rows so."""
     import numpy as np
-    gw, v, d, s = stack(model, "f32", drafter_args=("--draft-vocab", path), kind=kind)
-    check("drafting from the %d tokens of %s (of %d)" % (len(listed), path, V) in d.text(),
-          "%s: the drafter logs its vocabulary:\n%s" % (kind, d.text()[-2000:]))
+    sys.path.insert(0, os.path.join(st.ARGS.source, "tests", "engine"))
+    import fp8_check
+    model = mtp_model()
+    with open(os.path.join(model, "config.json")) as f:
+        V = json.load(f)["text_config"]["vocab_size"]
+    ps = prompts(4 if st.ARGS.quick else 8, seed=17)
+    listed = list(range(0, V, 3))
+    path = st.write("fp8-vocab.txt", "\n".join(map(str, listed)) + "\n")
+    head = lambda name: name.startswith("mtp.") or name == "lm_head.weight"  # noqa: E731
+    for vocab in (None, path):
+        ref = os.path.join(st.TMP, "fp8-ref-%s" % ("vocab" if vocab else "whole"))
+        if not os.path.exists(ref):
+            fp8_check.rounded_copy(model, ref, head,
+                                   rows={"lm_head.weight": listed} if vocab else None)
+
+        def head_row(ctx, pos, ref=ref):  # the rounded head's row predicting position pos
+            if mtp_reference(ref, ctx[:pos - 1], 1, ctx[pos - 1]) is None:
+                return None
+            return np.load(os.path.join(st.TMP, "mtp-ref.npy"))[pos - 2]
+
+        logged = ["weights fp8: %d matrices of the MTP head rounded to FP8 E4M3, 1 as "
+                  "stored" % (10 if vocab else 9), "the LM head: rounded"]
+        dargs = ("--weights", "fp8")
+        if vocab:
+            dargs += ("--draft-vocab", vocab)
+            logged += ["drafts read the draft vocabulary's rows, rounded"]
+        vocab_drafts("mtp", model, dargs, logged, listed if vocab else list(range(V)), ps,
+                     head_row)
+
+
+def vocab_drafts(kind, model, dargs, logged, listed, ps, row_of):
+    """A drafter of `kind` (the MTP head, or the model drafting for itself)
+    started with dargs (a draft vocabulary of the tokens listed; weights),
+    whose log says each of `logged`: greedy outputs the plain ones, drafts
+    only listed tokens, each block's first draft the best listed token of
+    row_of(context, position) (the head's or the model's row by `tandem
+    logits` on the CPU with the whole vocabulary; None: not checked); sampled
+    requests complete speculating."""
+    import numpy as np
+    gw, v, d, s = stack(model, "f32", drafter_args=dargs, kind=kind)
+    kind = " ".join((kind,) + tuple(dargs))
+    for line in logged:
+        check(line in d.text(), "%s: the drafter logs '%s':\n%s" % (kind, line, d.text()[-2000:]))
     plain, spec = run_prompts(gw, ps)
     same_outputs("draft_vocab, %s" % kind, plain, spec)
     blocks = blocks_of(d)
@@ -1028,7 +1075,7 @@ def case_malformed():
 
 CASES = {"greedy": case_greedy, "sampling": case_sampling, "refusals": case_refusals, "no_head": case_no_head,
          "restart": case_restart, "malformed": case_malformed, "shm": case_shm,
-         "vocab": case_vocab}
+         "vocab": case_vocab, "fp8": case_fp8}
 
 
 def main():

@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
 """`tandem logits --weights fp8` against the same model with its matrices
 rounded here, independently of the engine: numpy rounds every projection
-matrix (and an untied LM head) to the nearest FP8 E4M3 value (the OCP table,
-ties to the even code) under the least power-of-two scale that keeps the
-largest magnitude within 448, writes the rounded values as a bf16 checkpoint,
-and the engine's logits from the original checkpoint with --weights fp8 must
-be those of the rounded checkpoint, bit for bit. Bad values get a clear error."""
+matrix (and an untied LM head, and an MTP head's: mtp.fc's two halves, each
+on its own scale, and its layer's) to the nearest FP8 E4M3 value (the OCP
+table, ties to the even code) under the least power-of-two scale that keeps
+the largest magnitude within 448, writes the rounded values as a bf16
+checkpoint, and the engine's logits (and its MTP head's logits and drafts)
+from the original checkpoint with --weights fp8 must be those of the rounded
+checkpoint, bit for bit. Where the model has an MTP head, a checkpoint with
+the target's matrices rounded but not the head's gives other MTP logits
+(the head is rounded too). Bad values get a clear error.
+
+    fp8_check.py TANDEM MODEL_DIR
+    fp8_check.py TANDEM --make BENCH_MAKE_MODEL   (a tiny random checkpoint of
+        the release layout: untied LM head, MTP head, a shard and its index)
+"""
 import json
 import os
 import shutil
@@ -15,8 +24,6 @@ import sys
 import tempfile
 
 import numpy as np
-
-tandem, model = sys.argv[1], sys.argv[2]
 
 # The 127 non-negative finite E4M3 magnitudes by code (0x7f is NaN).
 CODES = np.array([(c & 7) * 2.0**-9 if c < 8 else (1 + (c & 7) / 8) * 2.0 ** ((c >> 3) - 7)
@@ -63,58 +70,135 @@ def write_st(path, head, tensors):
         f.write(struct.pack("<Q", len(h)) + h + blob)
 
 
-def logits(mdir, extra):
+def round_bf16(buf, shape, cols=None):
+    """bf16 bytes of a [rows, cols] matrix rounded (in column blocks of
+    `cols`, each on its own scale); the scales used."""
+    w = (np.frombuffer(buf, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    w = w.reshape(shape[0], shape[1]).astype(np.float64)
+    cols = cols or shape[1]
+    out, es = np.empty_like(w), []
+    for c in range(0, shape[1], cols):
+        out[:, c:c + cols], e = rounded(w[:, c:c + cols])
+        es.append(e)
+    r32 = out.astype(np.float32)
+    assert (r32.astype(np.float64) == out).all()  # exact in f32
+    bits = r32.view(np.uint32)
+    assert (bits & 0xFFFF == 0).all(), "a rounded value is not a bf16"
+    return (bits >> 16).astype(np.uint16).tobytes(), es
+
+
+def rounded_copy(model, rdir, which=lambda name: True, rows=None):
+    """model's checkpoint into rdir with its matrices rounded (those whose
+    names `which` takes); how many matrices and which scales. rows: None, or
+    {name: ids} for matrices of which only those rows are rounded, as a matrix
+    of their own (a draft vocabulary's rows of the LM head), the others kept."""
+    os.makedirs(rdir)
+    nround, scales = 0, set()
+    for f in os.listdir(model):
+        src = os.path.join(model, f)
+        if not os.path.isfile(src):
+            continue
+        if not f.endswith(".safetensors"):
+            shutil.copy(src, rdir)
+            continue
+        head, data = read_st(src)
+        tensors = {}
+        for name, t in head.items():
+            if name == "__metadata__":
+                continue
+            a, b = t["data_offsets"]
+            buf = data[a:b]
+            product = name.endswith(PRODUCTS + ("lm_head.weight",)) or name == "mtp.fc.weight"
+            if t["dtype"] == "BF16" and product and which(name) \
+                    and not name.startswith(("model.visual.", "visual.")) \
+                    and t["shape"][1] % 64 == 0:
+                half = t["shape"][1] // 2 if name == "mtp.fc.weight" else None
+                if rows and name in rows:
+                    ids = np.array(rows[name])
+                    m = np.frombuffer(buf, np.uint16).reshape(t["shape"]).copy()
+                    sub, es = round_bf16(m[ids].tobytes(), [len(ids), t["shape"][1]])
+                    m[ids] = np.frombuffer(sub, np.uint16).reshape(len(ids), -1)
+                    buf = m.tobytes()
+                else:
+                    buf, es = round_bf16(buf, t["shape"], half)
+                nround += len(es)
+                scales.update(es)
+            tensors[name] = (t["dtype"], t["shape"], bytes(buf))
+        write_st(os.path.join(rdir, f), head, tensors)
+    return nround, scales
+
+
+def logits(tandem, tmp, mdir, extra, mtp=False):
     out = os.path.join(tmp, "l.npy")
+    mout = os.path.join(tmp, "m.npy")
     p = subprocess.run([tandem, "logits", "--model", mdir, "--ids", "1,5,9,14,2,7",
-                        "--then", "3,8", "--out", out] + extra, capture_output=True, text=True)
+                        "--then", "3,8", "--out", out] + extra +
+                       (["--mtp-out", mout, "--mtp-draft", "4"] if mtp else []),
+                       capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"FAIL: tandem logits {extra}: rc {p.returncode}\n{p.stderr}")
-    return np.load(out)
+    if not mtp:
+        return np.load(out)
+    return np.load(out), np.load(mout), p.stdout.strip()
 
 
-with tempfile.TemporaryDirectory() as tmp:
-    head, data = read_st(os.path.join(model, "model.safetensors"))
-    cfg = json.load(open(os.path.join(model, "config.json")))
-    tensors, nround, scales = {}, 0, set()
-    for name, t in head.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        buf = data[a:b]
-        if t["dtype"] == "BF16" and name.endswith(PRODUCTS + ("lm_head.weight",)) \
-                and t["shape"][1] % 64 == 0:
-            w = (np.frombuffer(buf, np.uint16).astype(np.uint32) << 16).view(np.float32)
-            r, e = rounded(w.astype(np.float64))
-            r32 = r.astype(np.float32)
-            assert (r32.astype(np.float64) == r).all(), name  # exact in f32
-            bits = r32.view(np.uint32)
-            assert (bits & 0xFFFF == 0).all(), f"{name}: a rounded value is not a bf16"
-            buf = (bits >> 16).astype(np.uint16).tobytes()
-            nround += 1
-            scales.add(e)
-        tensors[name] = (t["dtype"], t["shape"], bytes(buf))
-    assert nround >= 4 * cfg["num_hidden_layers"], nround
-    rdir = os.path.join(tmp, "rounded")
-    os.makedirs(rdir)
-    for f in os.listdir(model):
-        if f != "model.safetensors" and os.path.isfile(os.path.join(model, f)):
-            shutil.copy(os.path.join(model, f), rdir)
-    write_st(os.path.join(rdir, "model.safetensors"), head, tensors)
+def same(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
-    ref = logits(rdir, [])
-    got = logits(model, ["--weights", "fp8"])
-    plain = logits(model, [])
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), \
-        f"fp8 logits differ from the rounded checkpoint's: max|d| {np.abs(got - ref).max()}"
-    assert not np.array_equal(got, plain), "fp8 logits equal the checkpoint's: nothing was rounded"
-    d = float(np.abs(got - plain).max() / np.abs(plain).max())
-    agree = float((got.argmax(1) == plain.argmax(1)).mean())
-    print(f"{os.path.basename(model)}: --weights fp8 == numpy's rounding of {nround} matrices "
-          f"(scales 2^{min(scales)}..2^{max(scales)}) bit for bit; against the checkpoint "
-          f"max|d|/max {d:.3g}, argmax agreement {agree:.2f}")
 
-    p = subprocess.run([tandem, "logits", "--model", model, "--ids", "1", "--weights", "fp4"],
-                       capture_output=True, text=True)
-    assert p.returncode == 2 and "--weights is checkpoint or fp8" in p.stderr, p.stderr
-print("fp8 weights: ok")
+def main():
+    tandem = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        if sys.argv[2] == "--make":
+            model = os.path.join(tmp, "tiny-release")
+            subprocess.run([sys.argv[3], "--shape", "tiny", "--out", model, "--layout", "release"],
+                           check=True, capture_output=True)
+        else:
+            model = sys.argv[2]
+        cfg = json.load(open(os.path.join(model, "config.json")))
+        cfg = cfg.get("text_config", cfg)
+        names = set()
+        for f in os.listdir(model):
+            if f.endswith(".safetensors"):
+                names.update(read_st(os.path.join(model, f))[0])
+        has_mtp = "mtp.fc.weight" in names
+        rdir = os.path.join(tmp, "rounded")
+        nround, scales = rounded_copy(model, rdir)
+        assert nround >= 4 * cfg["num_hidden_layers"], nround
+
+        ref = logits(tandem, tmp, rdir, [])
+        got = logits(tandem, tmp, model, ["--weights", "fp8"])
+        plain = logits(tandem, tmp, model, [])
+        assert same(got, ref), \
+            f"fp8 logits differ from the rounded checkpoint's: max|d| {np.abs(got - ref).max()}"
+        assert not np.array_equal(got, plain), \
+            "fp8 logits equal the checkpoint's: nothing was rounded"
+        d = float(np.abs(got - plain).max() / np.abs(plain).max())
+        agree = float((got.argmax(1) == plain.argmax(1)).mean())
+        print(f"{os.path.basename(model)}: --weights fp8 == numpy's rounding of {nround} matrices "
+              f"(scales 2^{min(scales)}..2^{max(scales)}) bit for bit; against the checkpoint "
+              f"max|d|/max {d:.3g}, argmax agreement {agree:.2f}")
+
+        if has_mtp:
+            _, mref, dref = logits(tandem, tmp, rdir, [], mtp=True)
+            _, mgot, dgot = logits(tandem, tmp, model, ["--weights", "fp8"], mtp=True)
+            assert same(mgot, mref), "fp8 MTP logits differ from the rounded checkpoint's: " \
+                f"max|d| {np.abs(mgot - mref).max()}"
+            assert dgot == dref, (dgot, dref)
+            tdir = os.path.join(tmp, "target-rounded")
+            rounded_copy(model, tdir, lambda name: not name.startswith("mtp."))
+            _, mtarget, _ = logits(tandem, tmp, tdir, [], mtp=True)
+            assert not same(mgot, mtarget), "fp8 MTP logits: the head's matrices were not rounded"
+            d = float(np.abs(mgot - mtarget).max() / np.abs(mref).max())
+            print(f"{os.path.basename(model)}: the MTP head's logits with --weights fp8 == the "
+                  f"rounded checkpoint's bit for bit ({dgot}); rounding the target alone gives "
+                  f"others (max|d|/max {d:.3g})")
+
+        p = subprocess.run([tandem, "logits", "--model", model, "--ids", "1", "--weights", "fp4"],
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and "--weights is checkpoint or fp8" in p.stderr, p.stderr
+    print("fp8 weights: ok")
+
+
+if __name__ == "__main__":
+    main()
