@@ -4,6 +4,7 @@
  *
  *   bench_mtp_bench --model DIR [--vocab 0,32768,16384] [--k 3] [--rows 3]
  *                   [--iters 50] [--backend cuda|cpu] [--graphs on|off]
+ *                   [--weights checkpoint|fp8]
  *
  * DIR is a checkpoint with an MTP head (bench_make_model --mtp). The head is
  * opened as the drafter opens it (tdm_mtp_open: the head, the embedding and
@@ -15,8 +16,10 @@
  * backend drafts there). Printed: the median wall time of the prime and of
  * the draft call (each ends by waiting for the device), and the draft per
  * token. --graphs (default on) runs a draft's steps after its first as one
- * CUDA graph (tdm_mtp_set_graphs), or launches every kernel one by one. Beside them the bytes a
- * draft step streams: the head's own weights and the LM head's rows.
+ * CUDA graph (tdm_mtp_set_graphs), or launches every kernel one by one.
+ * --weights fp8 rounds the head's matrices to FP8 as a drafter with weights
+ * fp8 does (tdm_mtp_set_weights_fp8). Beside them the bytes a draft step
+ * streams: the head's own weights and the LM head's rows.
  */
 #include "bench_util.h"
 #include "engine.h"
@@ -45,7 +48,7 @@ static double median(double *v, int n)
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *vocabs = "0,32768", *backend = "cuda";
-    int k = 3, rows = 3, iters = 50, graphs = 1;
+    int k = 3, rows = 3, iters = 50, graphs = 1, fp8 = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc)
             die("option without a value", argv[i]);
@@ -63,7 +66,11 @@ int main(int argc, char **argv)
             backend = argv[++i];
         else if (!strcmp(argv[i], "--graphs"))
             graphs = !strcmp(argv[++i], "on");
-        else
+        else if (!strcmp(argv[i], "--weights")) {
+            fp8 = !strcmp(argv[++i], "fp8");
+            if (!fp8 && strcmp(argv[i], "checkpoint") != 0)
+                die("--weights", "checkpoint or fp8");
+        } else
             die("unknown option", argv[i]);
     }
     if (!dir || k < 1 || k > 16 || rows < 1 || rows > 17 || iters < 1)
@@ -108,6 +115,11 @@ int main(int argc, char **argv)
                 die("draft vocabulary", err.msg);
             free(ids);
         }
+        tdm_mtp_fp8 r8 = {0};
+        if (fp8 && tdm_mtp_set_weights_fp8(h, &r8, &err) != TDM_OK)
+            die("--weights fp8", err.msg);
+        /* bytes an LM head row's value takes: FP8 where rounded */
+        const size_t es = fp8 && (nv[v] || r8.lm_head == TDM_MTP_FP8_HEAD_ROUNDED) ? 1 : 2;
         const int n = T0 + rows;
         float *hid = malloc((size_t)n * (size_t)H * sizeof(float));
         int32_t *next = malloc((size_t)n * sizeof(int32_t));
@@ -142,15 +154,14 @@ int main(int argc, char **argv)
             }
         }
         const double mp = median(tp, iters), md = median(td, iters);
-        const size_t es = 2; /* bf16 */
         const double lm_mb = (double)(nv[v] ? (size_t)nv[v] : (size_t)V) * (size_t)H * es / 1e6;
         /* the head's own weights count the vocabulary's rows it copied */
         const double head_mb = (double)tdm_mtp_weight_bytes(h) / 1e6 - (nv[v] ? lm_mb : 0);
-        printf("graphs %s, vocab %6d: prime %d rows %7.1f us, draft k=%d %7.1f us (%6.1f a token); "
+        printf("%sgraphs %s, vocab %6d: prime %d rows %7.1f us, draft k=%d %7.1f us (%6.1f a token); "
                "a draft "
                "step streams %.0f MB of head layer and fc + %.0f MB of LM head rows; prime + draft "
                "%.1f us\n",
-               graphs ? "on" : "off", nv[v] ? nv[v] : V, rows, mp, k, md, md / k, head_mb, lm_mb,
+               fp8 ? "fp8, " : "", graphs ? "on" : "off", nv[v] ? nv[v] : V, rows, mp, k, md, md / k, head_mb, lm_mb,
                mp + md);
         fflush(stdout);
         tdm_mtp_seq_destroy(s);

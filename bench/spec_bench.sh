@@ -64,7 +64,9 @@
 # adaptive loads at each batch, each followed by a plain one; default 1), DEMO_FIXED_FIRST (1:
 # its fixed block 4 load also before them, so that they start from what it measured),
 # DEMO_PROMPTS (text: prompts cut from tools/*.py and tokenized; default random ids), MTP_TRANSPORTS (default "shm grpc"), MTP_VOCABS (draft vocabularies of the
-# N lowest ids, default "0": the whole vocabulary), MTP_VFLAGS and MTP_DFLAGS
+# N lowest ids, default "0": the whole vocabulary), MTP_WEIGHTS (the MTP head's
+# weights, default "checkpoint"; "checkpoint fp8" runs the head's own steps and
+# its oracle loads with both), MTP_VFLAGS and MTP_DFLAGS
 # (more verifier and drafter flags for the mtp part), REAL (0: the 4b part skips the real
 # drafter's rows), DRAFT_WEIGHTS (the 4b part's drafter weights, default
 # "checkpoint"; "checkpoint fp8" runs its oracle loads with both, the engine
@@ -379,11 +381,13 @@ run)
             "$B/bench_make_model" --shape "${MTP_SHAPE:-4b}" --mtp --out "$W/t4bm" | tee -a "$SUM"
             # the head's own steps first (prime 3 rows, draft 3), graphs on and off
             vl="${MTP_VOCABS:-0}"
+            for wt in ${MTP_WEIGHTS:-checkpoint}; do
             for g in on off; do
                 [ "${MTP_HEADBENCH:-1}" = 1 ] || break
                 timeout 120 "$B/bench_mtp_bench" --model "$W/t4bm" --graphs $g --backend \
-                    "${BACKEND:-cuda}" --vocab "0,${vl// /,}" 2>&1 | sed 's/^/mtp head: /' |
-                    tee -a "$SUM"
+                    "${BACKEND:-cuda}" --vocab "0,${vl// /,}" --weights "$wt" 2>&1 |
+                    sed 's/^/mtp head: /' | tee -a "$SUM"
+            done
             done
             start_stack mtp "$W/t4bm" --max-context 8192 ${MTP_VFLAGS:-} || continue
             V="--vocab $(grep -o '"vocab_size": *[0-9]*' "$W/t4bm/config.json" | head -1 | grep -o '[0-9]*$')"
@@ -406,18 +410,21 @@ run)
                 tee -a "$SUM"
             # MTP_VOCABS: draft vocabularies (draft_vocab) of the N lowest ids
             # (a byte-level BPE's merge order, roughly by frequency); 0: all.
+            # MTP_WEIGHTS: the head's weights (weights), each a run of its own.
             for nv in ${MTP_VOCABS:-0}; do
+            for wt in ${MTP_WEIGHTS:-checkpoint}; do
                 vflag="" vt=""
                 if [ "$nv" != 0 ]; then
                     seq 0 $((nv - 1)) >"$W/vocab-$nv.txt"
                     vflag="--draft-vocab $W/vocab-$nv.txt" vt=" v$nv"
                 fi
+                [ "$wt" = checkpoint ] || vflag="$vflag --weights $wt" vt="$vt $wt"
             for a in ${MTP_ACCEPTS:-0.6 0.8 1.0}; do
                 # the feature stream through shared memory (colocated: what
                 # auto picks on one host) and through gRPC messages
                 for tr in ${MTP_TRANSPORTS:-shm grpc}; do
                     DFLAGS="--drafter-kind mtp --feature-transport $tr $vflag ${MTP_DFLAGS:-}"
-                    start_drafter "mtp-$a-$tr-$nv" bench_drafter_oracle "$W/t4bm" off 8 \
+                    start_drafter "mtp-$a-$tr-$nv-$wt" bench_drafter_oracle "$W/t4bm" off 8 \
                         TANDEM_BENCH_ORACLE="$W/truth-mall.txt" TANDEM_BENCH_ACCEPT="$a" || continue
                     load "mtp: a=$a fixed 3 $tr$vt b1" 1 "$REQ1" on $V --block 3 --fixed \
                         --check "$W/truth-m.txt"
@@ -435,6 +442,7 @@ run)
                     load "mtp: a=$a fixed 3 $tr$vt b8" 8 32 on $V --block 3 --fixed \
                         --check "$W/truth-m8.txt"
                 done
+            done
             done
             done
             curl -s 127.0.0.1:7712/metrics | grep -E '^tandem_spec_decode_feature' |
