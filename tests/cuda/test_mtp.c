@@ -12,6 +12,8 @@
  *  - Graphs (tdm_mtp_set_graphs): rounds of a verdict's prime and a draft
  *    chain of two sequences, with a draft vocabulary and without, replayed
  *    as CUDA graphs, give the drafts of the same rounds run eagerly.
+ *  - All of it again with FP8 weights (the model's and the heads' matrices
+ *    rounded: tdm_model_set_weights_fp8, tdm_mtp_set_weights_fp8).
  */
 #include "bench_util.h"
 #include "cuda_test.h"
@@ -22,23 +24,31 @@
 
 static const bench_shape tiny = {"tiny", 64, 8, 96, 2, 1, 32, 2, 4, 16, 16, 320};
 
-static void run(tdm_backend *be, const char *dir, const char *name, mtp_steps_out *out)
+/* fp8: the model and both heads with their matrices rounded to FP8
+ * (tdm_model_set_weights_fp8, tdm_mtp_set_weights_fp8). */
+static void run(tdm_backend *be, const char *dir, const char *name, int fp8, mtp_steps_out *out)
 {
     tdm_model *m;
     tdm_mtp *h, *h2;
     tdm_error err;
     CHECK(tdm_model_load(dir, be, &m, &err) == TDM_OK, "%s: %s", name, err.msg);
+    CHECK(!fp8 || tdm_model_set_weights_fp8(m, NULL, NULL, &err) == TDM_OK, "%s: %s", name,
+          err.msg);
     CHECK(tdm_mtp_create(m, &h, &err) == TDM_OK, "%s: %s", name, err.msg);
     CHECK(tdm_mtp_open(dir, be, &h2, &err) == TDM_OK, "%s: %s", name, err.msg);
-    mtp_steps_check(name, dir, m, h, h2, out);
+    CHECK(!fp8 || (tdm_mtp_set_weights_fp8(h, NULL, &err) == TDM_OK &&
+                   tdm_mtp_set_weights_fp8(h2, NULL, &err) == TDM_OK),
+          "%s: %s", name, err.msg);
+    mtp_steps_check(name, dir, m, h, h2, fp8, out);
     tdm_mtp_destroy(h2);
     tdm_mtp_destroy(h);
     tdm_model_destroy(m);
 }
 
 /* Rounds of prime (1-3 rows, no logits) and draft (k 2-4) on two sequences,
- * on a head with graphs and on one without: the same drafts every round. */
-static void graphs(tdm_backend *gpu, const char *dir, int vocab)
+ * on a head with graphs and on one without: the same drafts every round.
+ * fp8: the heads' matrices rounded to FP8. */
+static void graphs(tdm_backend *gpu, const char *dir, int vocab, int fp8)
 {
     tdm_error err;
     tdm_mtp *h[2];
@@ -57,6 +67,7 @@ static void graphs(tdm_backend *gpu, const char *dir, int vocab)
         CHECK(tdm_mtp_open(dir, gpu, &h[b], &err) == TDM_OK, "%s", err.msg);
         tdm_mtp_set_graphs(h[b], b);
         CHECK(!vocab || tdm_mtp_set_vocab(h[b], ids, 64, &err) == TDM_OK, "%s", err.msg);
+        CHECK(!fp8 || tdm_mtp_set_weights_fp8(h[b], NULL, &err) == TDM_OK, "%s", err.msg);
         for (int i = 0; i < 2; i++) {
             CHECK(tdm_mtp_seq_create(h[b], 0, &q[b][i], &err) == TDM_OK, "%s", err.msg);
             CHECK(tdm_mtp_prime(q[b][i], hid, next, 8 + i, NULL, &err) == TDM_OK, "%s", err.msg);
@@ -81,14 +92,15 @@ static void graphs(tdm_backend *gpu, const char *dir, int vocab)
         }
         for (int i = 0; i < 2; i++)
             CHECK(memcmp(d[0][i], d[1][i], (size_t)k[i] * sizeof(int32_t)) == 0,
-                  "vocab %d, round %d, sequence %d: drafts with graphs differ from eager ones",
-                  vocab, r, i);
+                  "vocab %d fp8 %d, round %d, sequence %d: drafts with graphs differ from "
+                  "eager ones",
+                  vocab, fp8, r, i);
     }
     tdm_cuda_graph_stats_get(gpu, &g1);
     CHECK(g1.replayed > g0.replayed, "no MTP graph was replayed");
-    printf("MTP graphs%s: %d rounds, drafts equal to eager ones; %llu graphs captured, %llu "
+    printf("MTP graphs%s%s: %d rounds, drafts equal to eager ones; %llu graphs captured, %llu "
            "replayed\n",
-           vocab ? " with a draft vocabulary" : "", ROUNDS,
+           vocab ? " with a draft vocabulary" : "", fp8 ? ", FP8 weights" : "", ROUNDS,
            (unsigned long long)(g1.captured - g0.captured),
            (unsigned long long)(g1.replayed - g0.replayed));
     for (int b = 0; b < 2; b++) {
@@ -114,22 +126,25 @@ int main(void)
         CHECK(bench_write_model_layout(dir, &tiny, cases[i].flags, cases[i].shard, msg,
                                        sizeof(msg)) == 0,
               "%s", msg);
-        mtp_steps_out g, c;
-        run(gpu, dir, cases[i].name, &g);
-        run(cpu, dir, cases[i].name, &c);
-        const size_t V = (size_t)tiny.V;
-        const double ep = ct_nerr(g.prime, c.prime, (size_t)g.rows * V);
-        CHECK(memcmp(g.drafts, c.drafts, sizeof(g.drafts)) == 0, "%s: GPU and CPU drafts differ",
-              cases[i].name);
-        const double ed = ct_nerr(g.draft, c.draft, MTP_STEPS_DRAFTS * V);
-        printf("%s: GPU vs CPU MTP logits nerr %.3g (primed rows), %.3g (drafts); thr 1e-5\n",
-               cases[i].name, ep, ed);
-        CHECK(ep <= 1e-5 && ed <= 1e-5, "%s: GPU MTP logits differ from the CPU backend's",
-              cases[i].name);
-        mtp_steps_out_free(&g);
-        mtp_steps_out_free(&c);
-        graphs(gpu, dir, 0);
-        graphs(gpu, dir, 1);
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            mtp_steps_out g, c;
+            run(gpu, dir, cases[i].name, fp8, &g);
+            run(cpu, dir, cases[i].name, fp8, &c);
+            const size_t V = (size_t)tiny.V;
+            const double ep = ct_nerr(g.prime, c.prime, (size_t)g.rows * V);
+            CHECK(memcmp(g.drafts, c.drafts, sizeof(g.drafts)) == 0,
+                  "%s%s: GPU and CPU drafts differ", cases[i].name, fp8 ? " fp8" : "");
+            const double ed = ct_nerr(g.draft, c.draft, MTP_STEPS_DRAFTS * V);
+            printf("%s%s: GPU vs CPU MTP logits nerr %.3g (primed rows), %.3g (drafts); thr "
+                   "1e-5\n",
+                   cases[i].name, fp8 ? " fp8" : "", ep, ed);
+            CHECK(ep <= 1e-5 && ed <= 1e-5, "%s%s: GPU MTP logits differ from the CPU backend's",
+                  cases[i].name, fp8 ? " fp8" : "");
+            mtp_steps_out_free(&g);
+            mtp_steps_out_free(&c);
+            graphs(gpu, dir, 0, fp8);
+            graphs(gpu, dir, 1, fp8);
+        }
         dir_remove(dir);
     }
     gpu->destroy(gpu);

@@ -24,9 +24,12 @@ typedef struct mtp_steps_out {
 
 /* Runs the checks on head h of model m loaded from dir (h2: the same head
  * loaded another way); exits on a failure naming `name`. *out gets what
- * came back (free it with mtp_steps_out_free). */
+ * came back (free it with mtp_steps_out_free). fp8: m, h and h2 compute with
+ * FP8 weights; the draft vocabulary's checks, on fresh heads of m whose rows
+ * must give the whole head's logits, are then left out (a vocabulary's rows
+ * round on a scale of their own). */
 void mtp_steps_check(const char *name, const char *dir, tdm_model *m, tdm_mtp *h, tdm_mtp *h2,
-                     mtp_steps_out *out);
+                     int fp8, mtp_steps_out *out);
 void mtp_steps_out_free(mtp_steps_out *o);
 
 #endif

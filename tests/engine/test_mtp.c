@@ -7,14 +7,17 @@
  * incomplete head naming the missing tensor, more than one MTP layer as
  * unimplemented; the head's tensors do not count as the target's streamed
  * weights; a head opened from the folder computes the bits of one created
- * from the loaded model.
+ * from the loaded model. FP8 weights (tdm_mtp_set_weights_fp8) round the
+ * head's matrices of whole 64-value rows and an untied LM head of its own
+ * load, and halve their bytes.
  *
  * Rows (mtp_steps.c, shared with the CUDA test): a prime in one call or in
  * chunks gives the same bits; the first draft is the last primed row's
  * argmax with its logits; drafts in two calls are the drafts of one call;
  * after a rollback to the primed prefix and a prime of the verified rows,
  * logits and drafts are those of a fresh sequence primed with every row at
- * once (the draft rows' KV entries are dead). Misuse (prime over draft rows,
+ * once (the draft rows' KV entries are dead); all of it with FP8 weights
+ * too. Misuse (prime over draft rows,
  * draft with nothing primed, a rollback past the end) is refused. The
  * numbers themselves are checked against an independent implementation by
  * mtp_check.py.
@@ -129,7 +132,34 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
     CHECK(tdm_capacity_mtp_weight_bytes(c, 2) == want + 2 * (5 * H + 2 * D),
           "%s: tdm_capacity_mtp_weight_bytes %zu", name, tdm_capacity_mtp_weight_bytes(c, 2));
     mtp_steps_out o;
-    mtp_steps_check(name, dir, m, h, h2, &o);
+    mtp_steps_check(name, dir, m, h, h2, 0, &o);
+    mtp_steps_out_free(&o);
+    /* FP8 weights: the head's matrices whose rows are whole steps of 64
+     * values (all but the MLP's down projection, I = 96 values a row) at a
+     * byte each, an untied LM head of its own load with them; the row
+     * contract holds as for bf16 (the target's matrices rounded too). */
+    tdm_mtp_fp8 r1, r2;
+    CHECK(tdm_model_set_weights_fp8(m, NULL, NULL, &err) == TDM_OK &&
+              tdm_mtp_set_weights_fp8(h, &r1, &err) == TDM_OK &&
+              tdm_mtp_set_weights_fp8(h2, &r2, &err) == TDM_OK,
+          "%s: fp8: %s", name, err.msg);
+    const int untied = flags & BENCH_LAYOUT_RELEASE;
+    const size_t rounded = 2 * H * H + 2 * QD * H + 2 * KD * H + H * QD + 2 * I * H;
+    CHECK(r1.converted == 8 && r1.kept == 1 && r1.before == want && r1.after == want - rounded &&
+              r1.lm_head == TDM_MTP_FP8_HEAD_TARGETS,
+          "%s: fp8 head from the model: %d rounded, %d kept, %zu -> %zu bytes, LM head %d", name,
+          r1.converted, r1.kept, r1.before, r1.after, (int)r1.lm_head);
+    CHECK(r2.converted == 8 + untied && r2.kept == 1 && r2.after == want - rounded &&
+              r2.lm_head == (untied ? TDM_MTP_FP8_HEAD_ROUNDED : TDM_MTP_FP8_HEAD_TIED),
+          "%s: fp8 head of its own load: %d rounded, %d kept, %zu bytes, LM head %d", name,
+          r2.converted, r2.kept, r2.after, (int)r2.lm_head);
+    CHECK(tdm_mtp_weight_bytes(h2) == want - rounded, "%s: fp8 head weights %zu bytes", name,
+          tdm_mtp_weight_bytes(h2));
+    CHECK(tdm_mtp_set_weights_fp8(h2, NULL, &err) == TDM_ERR_FAILED_PRECONDITION,
+          "%s: fp8 twice", name);
+    char fname[64];
+    snprintf(fname, sizeof(fname), "%s fp8", name);
+    mtp_steps_check(fname, dir, m, h, h2, 1, &o);
     mtp_steps_out_free(&o);
     tdm_mtp_destroy(h2);
     tdm_mtp_destroy(h);
