@@ -380,12 +380,13 @@ run)
             echo "== 4B target with an MTP head" | tee -a "$SUM"
             "$B/bench_make_model" --shape "${MTP_SHAPE:-4b}" --mtp --out "$W/t4bm" | tee -a "$SUM"
             # the head's own steps first (prime 3 rows, draft 3), graphs on and off
-            vl="${MTP_VOCABS:-0}"
+            # the whole vocabulary, then each of MTP_VOCABS once
+            vl="$(echo 0 ${MTP_VOCABS:-0} | tr ' ' '\n' | awk '!seen[$0]++' | paste -sd,)"
             for wt in ${MTP_WEIGHTS:-checkpoint}; do
             for g in on off; do
                 [ "${MTP_HEADBENCH:-1}" = 1 ] || break
                 timeout 120 "$B/bench_mtp_bench" --model "$W/t4bm" --graphs $g --backend \
-                    "${BACKEND:-cuda}" --vocab "0,${vl// /,}" --weights "$wt" 2>&1 |
+                    "${BACKEND:-cuda}" --vocab "$vl" --weights "$wt" 2>&1 |
                     sed 's/^/mtp head: /' | tee -a "$SUM"
             done
             done
