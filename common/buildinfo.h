@@ -21,7 +21,7 @@ const tdm_build_info *tdm_build_info_get(void);
 
 /* Protocol version spoken by this build (Descriptor.protocol). */
 #define TDM_PROTOCOL_MAJOR 1
-#define TDM_PROTOCOL_MINOR 3
+#define TDM_PROTOCOL_MINOR 4
 /* Layout version of state snapshots this build reads and writes. */
 #define TDM_SNAPSHOT_LAYOUT_VERSION 1
 

@@ -275,6 +275,14 @@ tdm_status tdm_req_check_descriptor(const Tandem__V1__Descriptor *d, tdm_error *
     tdm_cpulist cpus;
     if (d->cpus[0] && tdm_cpulist_parse(d->cpus, &cpus, err) != TDM_OK)
         return tdm_error_prefix(err, "descriptor.cpus");
+    if (d->weights[0] && strcmp(d->weights, "checkpoint") != 0 && strcmp(d->weights, "fp8") != 0)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.weights must be empty, checkpoint or fp8, got '%.32s'",
+                             d->weights);
+    if (d->draft_vocab_size > d->vocab_size)
+        return tdm_error_set(err, TDM_ERR_INVALID_ARGUMENT,
+                             "descriptor.draft_vocab_size %u exceeds its vocab_size %u",
+                             d->draft_vocab_size, d->vocab_size);
     tdm_status rc = check_draft_costs(d->draft_pass_costs, d->n_draft_pass_costs,
                                       "descriptor.draft_pass_costs", err);
     if (rc != TDM_OK)

@@ -1468,6 +1468,7 @@ Tandem__V1__Descriptor *tdm_svc_descriptor_of_build(Tandem__V1__Role role, const
     d->target_model_fingerprint = dup_str("");
     d->host_id = dup_str("");
     d->cpus = dup_str("");
+    d->weights = dup_str("");
     return d;
 }
 
@@ -1578,6 +1579,22 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
             return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
         }
         d->vocab_size = (uint32_t)mc.vocab_size;
+        if (role == TANDEM__V1__ROLE__ROLE_DRAFTER &&
+            d->drafter_kind != TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM) {
+            /* what it drafts from, and with */
+            free(d->weights);
+            d->weights = dup_str(tdm_cfg_str(cfg, "weights"));
+            const char *vocab = tdm_cfg_str(cfg, "draft_vocab");
+            int32_t *ids = NULL;
+            int n = 0;
+            if (vocab[0] && tdm_token_list_read(vocab, mc.vocab_size, &ids, &n, err) != TDM_OK) {
+                tdm_error_prefix(err, "draft_vocab %s", vocab);
+                tdm_svc_descriptor_free(d);
+                return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
+            }
+            free(ids);
+            d->draft_vocab_size = (uint32_t)n;
+        }
     }
     if (role == TANDEM__V1__ROLE__ROLE_VERIFIER || d->features_needed) {
         /* How rows may travel (feature_transport): auto allows both. */
@@ -1628,6 +1645,7 @@ void tdm_svc_descriptor_free(Tandem__V1__Descriptor *d)
     free(d->target_model_fingerprint);
     free(d->host_id);
     free(d->cpus);
+    free(d->weights);
     for (size_t i = 0; i < d->n_feature_transports; i++)
         free(d->feature_transports[i]);
     free(d->feature_transports);

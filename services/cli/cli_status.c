@@ -196,9 +196,14 @@ static void print_replica(const Tandem__V1__ReplicaStatus *r)
         printf("max_draft_tokens %u, ", d->max_draft_tokens);
     if (d->role == TANDEM__V1__ROLE__ROLE_VERIFIER && d->tensor_parallel > 1)
         printf("tensor_parallel %u, ", d->tensor_parallel);
-    if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER)
+    if (d->role == TANDEM__V1__ROLE__ROLE_DRAFTER) {
         printf("%s drafter, draft_block_size %u, ", tdm_drafter_kind_name(d->drafter_kind),
                d->draft_block_size);
+        if (d->draft_vocab_size)
+            printf("draft_vocab %u of %u tokens, ", d->draft_vocab_size, d->vocab_size);
+        if (d->weights[0])
+            printf("weights %s, ", d->weights);
+    }
     printf("state %s, prefix_cache %s, max_sequences %u\n",
            tdm_state_strategy_name(tdm_state_strategy_from_proto(d->state_strategy)),
            d->prefix_cache ? "on" : "off", d->max_sequences);

@@ -674,6 +674,18 @@ def vocab_drafts(kind, model, dargs, logged, listed, ps, row_of):
     kind = " ".join((kind,) + tuple(dargs))
     for line in logged:
         check(line in d.text(), "%s: the drafter logs '%s':\n%s" % (kind, line, d.text()[-2000:]))
+    # What it drafts from and with, in its descriptor and `tandem status`.
+    weights = "fp8" if "fp8" in dargs else "checkpoint"
+    nv = len(listed) if "--draft-vocab" in dargs else 0
+    dd = next((r["descriptor"] for r in s["replicas"]
+               if r["descriptor"]["replica_id"] == "d-mtp"), {})
+    check(dd.get("weights") == weights and dd.get("draft_vocab_size", 0) == nv,
+          "%s: descriptor weights %s, draft_vocab_size %s" %
+          (kind, dd.get("weights"), dd.get("draft_vocab_size")))
+    rc, out, err = st.run([st.ARGS.cli, "status", "--gateway", gw.addr()])
+    want = ("draft_vocab %d of %d tokens, " % (nv, dd.get("vocab_size", 0)) if nv else "") + \
+        "weights %s, " % weights
+    check(rc == 0 and want in out, "%s: tandem status prints '%s':\n%s%s" % (kind, want, out, err))
     plain, spec = run_prompts(gw, ps)
     same_outputs("draft_vocab, %s" % kind, plain, spec)
     blocks = blocks_of(d)

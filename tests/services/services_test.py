@@ -550,7 +550,13 @@ def case_refusals():
                        "descriptor.draft_pass_costs[0]: 0 sequences"),
                       ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", draft_pass_costs=[
                           {"sequences": 1, "block": 4, "millis": 1}] * 9)},
-                       "descriptor.draft_pass_costs has 9 entries, at most 8")]:
+                       "descriptor.draft_pass_costs has 9 entries, at most 8"),
+                      # what its drafts come from, and with
+                      ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", weights="fp4")},
+                       "descriptor.weights must be empty, checkpoint or fp8, got 'fp4'"),
+                      ({"descriptor": fake_descriptor("x", "ROLE_DRAFTER", vocab_size=100,
+                                                      draft_vocab_size=101)},
+                       "descriptor.draft_vocab_size 101 exceeds its vocab_size 100")]:
         code, details, _ = unary(gw.addr(), "/tandem.v1.Registry/RegisterReplica", bad)
         check(code == "INVALID_ARGUMENT" and word in details,
               "bad registration %s -> %s %s" % (bad, code, details))
