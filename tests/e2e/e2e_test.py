@@ -1116,7 +1116,9 @@ def fresh_start_burst(attempt):
     check(rc == 0 and "a draft pass of 4 tokens (timed before serving): 1 sequence " in out and
           "a draft pass of 1 token (timed before serving): 1 sequence " in out,
           "tandem status prints the drafter's draft passes:\n" + out)
-    ps = prompts(8)
+    # Prompts of some 1,000 characters: while the first is prefilled the
+    # others arrive, and each judges its start as its own prefill ends.
+    ps = [(p + " ") * 5 for p in prompts(8)]
     spec = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_ON", block=4,
                                        ignore_eos=True), ps, workers=8)
     plain = parallel(lambda p: generate(gw, p, max_tokens=32, mode="SPECULATION_MODE_OFF",
