@@ -212,6 +212,7 @@ tdm_status tdm_mtp_set_weights_fp8(tdm_mtp *h, tdm_mtp_fp8 *got, tdm_error *err)
     tdm_status rc = mtp_round(h, mats, nm, &r.converted, &r.kept, err);
     if (rc != TDM_OK)
         return rc;
+    r.vocab_rows = h->dv.n && h->dv.head.dtype == TDM_DTYPE_FP8;
     /* The LM head: a head-only model's own, where not the embedding; the
      * target's (tdm_mtp_create) is the target's to round. */
     if (h->own && h->own->lm_head.data != h->own->embed.data) {

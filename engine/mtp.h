@@ -75,7 +75,7 @@ tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *e
  * bytes before and after, and what became of the LM head. */
 typedef enum tdm_mtp_fp8_head {
     TDM_MTP_FP8_HEAD_ROUNDED, /* an untied LM head of the head's own load: rounded */
-    TDM_MTP_FP8_HEAD_KEPT,    /* the same, left as stored (no scale covers it) */
+    TDM_MTP_FP8_HEAD_KEPT,    /* the same, left as stored (tdm_model_set_weights_fp8 says when) */
     TDM_MTP_FP8_HEAD_TIED,    /* the embedding: stays as stored (a draft vocabulary's rows
                                  are the head's own, and rounded) */
     TDM_MTP_FP8_HEAD_TARGETS, /* the target's (tdm_mtp_create): the target's own rounding
@@ -85,6 +85,7 @@ typedef struct tdm_mtp_fp8 {
     int converted, kept;
     size_t before, after;
     tdm_mtp_fp8_head lm_head;
+    int vocab_rows; /* a draft vocabulary's rows were among those rounded */
 } tdm_mtp_fp8;
 /* The head computing with its matrices rounded to FP8 E4M3 as
  * tdm_model_set_weights_fp8 rounds a model's: mtp.fc's two halves, the

@@ -303,7 +303,8 @@ static tdm_status mtp_set_weights_fp8(tdm_runtime *rt, const char *component, td
         return tdm_error_prefix(err, "weights fp8");
     static const char *const head[] = {
         [TDM_MTP_FP8_HEAD_ROUNDED] = "rounded",
-        [TDM_MTP_FP8_HEAD_KEPT] = "as stored (no scale covers its range)",
+        [TDM_MTP_FP8_HEAD_KEPT] = "as stored (its rows are no whole steps of 64 values, or "
+                                  "no scale covers its range)",
         [TDM_MTP_FP8_HEAD_TIED] = "the embedding, as stored",
         [TDM_MTP_FP8_HEAD_TARGETS] = "the target's",
     };
@@ -312,9 +313,7 @@ static tdm_status mtp_set_weights_fp8(tdm_runtime *rt, const char *component, td
                  "its own weights %.3f GB (%.3f as stored); the LM head: %s%s",
                  r.converted, r.kept, (double)r.after / 1e9, (double)r.before / 1e9,
                  head[r.lm_head],
-                 tdm_mtp_vocab_size(rt->mtp) < tdm_mtp_get_config(rt->mtp)->vocab_size
-                     ? " (drafts read the draft vocabulary's rows, rounded)"
-                     : "");
+                 r.vocab_rows ? " (drafts read the draft vocabulary's rows, rounded)" : "");
     return TDM_OK;
 }
 
