@@ -295,24 +295,34 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
     return TDM_OK;
 }
 
+/* What tdm_mtp_set_weights_fp8 did with the LM head, for the log. */
+static const char *mtp_lm_head_name(tdm_mtp_fp8_head h)
+{
+    switch (h) {
+    case TDM_MTP_FP8_HEAD_ROUNDED:
+        return "rounded";
+    case TDM_MTP_FP8_HEAD_KEPT:
+        return "as stored (its rows are no whole steps of 64 values, or no scale covers its "
+               "range)";
+    case TDM_MTP_FP8_HEAD_TIED:
+        return "the embedding, as stored";
+    case TDM_MTP_FP8_HEAD_TARGETS:
+        break;
+    }
+    return "the target's";
+}
+
 static tdm_status mtp_set_weights_fp8(tdm_runtime *rt, const char *component, tdm_error *err)
 {
     tdm_mtp_fp8 r;
     tdm_status rc = tdm_mtp_set_weights_fp8(rt->mtp, &r, err);
     if (rc != TDM_OK)
         return tdm_error_prefix(err, "weights fp8");
-    static const char *const head[] = {
-        [TDM_MTP_FP8_HEAD_ROUNDED] = "rounded",
-        [TDM_MTP_FP8_HEAD_KEPT] = "as stored (its rows are no whole steps of 64 values, or "
-                                  "no scale covers its range)",
-        [TDM_MTP_FP8_HEAD_TIED] = "the embedding, as stored",
-        [TDM_MTP_FP8_HEAD_TARGETS] = "the target's",
-    };
     tdm_log_info(component,
                  "weights fp8: %d matrices of the MTP head rounded to FP8 E4M3, %d as stored; "
                  "its own weights %.3f GB (%.3f as stored); the LM head: %s%s",
                  r.converted, r.kept, (double)r.after / 1e9, (double)r.before / 1e9,
-                 head[r.lm_head],
+                 mtp_lm_head_name(r.lm_head),
                  r.vocab_rows ? " (drafts read the draft vocabulary's rows, rounded)" : "");
     return TDM_OK;
 }
