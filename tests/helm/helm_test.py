@@ -544,9 +544,10 @@ def case_check_config():
               "check-config refuses the %s verifier's file with a drafter on exchange_transport "
               "%s: rc %d\n%s" % (mode, other, r.returncode, r.stdout))
     # A draft vocabulary rendered by the chart passes the MTP drafter's own
-    # check of the list against the model (the demo target carries a head).
+    # check of the list against the model (the demo target carries a head),
+    # with its matrices rounded to FP8.
     r = template("--set", "models.target=%s/models/demo-target,speculative.drafterKind=mtp,"
-                 "speculative.draftVocab=5 9 4095" % src, "--show-only",
+                 "speculative.draftVocab=5 9 4095,drafter.weights=fp8" % src, "--show-only",
                  "templates/configmap.yaml")
     if check(r.returncode == 0, "render the ConfigMap with a draft vocabulary: %s" % r.stderr):
         data = yaml.safe_load(r.stdout)["data"]
@@ -558,6 +559,7 @@ def case_check_config():
         r = sh([ARGS.cli, "check-config", "--verifier", vfile, "--drafter", dfile, "--verbose"])
         check(r.returncode == 0 and re.search(r"^draft_vocab: +%s" % re.escape(
             root + "/etc/tandem/config/draft-vocab.txt"), r.stdout, re.M) and
+              re.search(r"^weights: +fp8", r.stdout, re.M) and
               "1 pair(s) compatible" in r.stdout,
               "tandem check-config on the chart's MTP drafter with a draft vocabulary: rc %d\n"
               "%s%s" % (r.returncode, r.stdout, r.stderr))

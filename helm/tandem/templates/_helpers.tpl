@@ -85,6 +85,9 @@ with the values keys in place of the config files.
 {{- if and $s.draftVocab (eq $s.drafterKind "ngram") -}}
 {{- fail (printf "draft_vocab (values speculative.draftVocab) is set, but drafter_kind=%s (values speculative.drafterKind) drafts without an LM head to restrict; unset draft_vocab or set drafter_kind to model or mtp (check draft-vocab-needs-lm-head)" $s.drafterKind) -}}
 {{- end -}}
+{{- if and (eq $v.drafter.weights "fp8") (eq $s.drafterKind "ngram") -}}
+{{- fail (printf "weights=fp8 (values drafter.weights) rounds a drafter's matrices, but drafter_kind=%s (values speculative.drafterKind) drafts without any; unset weights or set drafter_kind to model or mtp (check fp8-weights-need-matrices)" $s.drafterKind) -}}
+{{- end -}}
 {{- if and (eq $s.featureTransport "shm") (ne $v.drafter.mode "colocated") -}}
 {{- fail "feature_transport=shm (values speculative.featureTransport) needs drafter.mode=colocated: a remote drafter's pod has its own /dev/shm, so the verifier's shared-memory ring cannot reach it; set featureTransport to grpc or auto (or empty: the chart picks), or drafter.mode to colocated" -}}
 {{- end -}}
