@@ -157,12 +157,11 @@ int main(int argc, char **argv)
         const double lm_mb = (double)(nv[v] ? (size_t)nv[v] : (size_t)V) * (size_t)H * es / 1e6;
         /* the head's own weights count the vocabulary's rows it copied */
         const double head_mb = (double)tdm_mtp_weight_bytes(h) / 1e6 - (nv[v] ? lm_mb : 0);
-        printf("%sgraphs %s, vocab %6d: prime %d rows %7.1f us, draft k=%d %7.1f us (%6.1f a token); "
-               "a draft "
-               "step streams %.0f MB of head layer and fc + %.0f MB of LM head rows; prime + draft "
-               "%.1f us\n",
-               fp8 ? "fp8, " : "", graphs ? "on" : "off", nv[v] ? nv[v] : V, rows, mp, k, md, md / k, head_mb, lm_mb,
-               mp + md);
+        printf("%sgraphs %s, vocab %6d: prime %d rows %7.1f us, draft k=%d %7.1f us (%6.1f a "
+               "token); a draft step streams %.0f MB of head layer and fc + %.0f MB of LM head "
+               "rows; prime + draft %.1f us\n",
+               fp8 ? "fp8, " : "", graphs ? "on" : "off", nv[v] ? nv[v] : V, rows, mp, k, md,
+               md / k, head_mb, lm_mb, mp + md);
         fflush(stdout);
         tdm_mtp_seq_destroy(s);
         tdm_mtp_destroy(h);

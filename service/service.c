@@ -273,6 +273,11 @@ void tdm_service_set_device(tdm_service *s, const char *uuid, bool mps)
     s->desc->device_mps = uuid && uuid[0] && mps;
 }
 
+void tdm_service_set_draft_vocab(tdm_service *s, int n)
+{
+    s->desc->draft_vocab_size = n > 0 ? (uint32_t)n : 0;
+}
+
 void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, const int *blocks,
                                  const double *ms, int n)
 {

@@ -78,6 +78,10 @@ void tdm_service_set_device(tdm_service *s, const char *uuid, bool mps);
  * setup callback, before the service starts. */
 void tdm_service_set_draft_costs(tdm_service *s, const int *sequences, const int *blocks,
                                  const double *ms, int n);
+/* Sets the descriptor's draft_vocab_size: the tokens a model or MTP drafter's
+ * drafts come from, as its draft vocabulary loaded (0: the whole vocabulary);
+ * call from the setup callback, before the service starts. */
+void tdm_service_set_draft_vocab(tdm_service *s, int n);
 /* A value a rule left to be measured at start (tdm_cfg_set_resolved),
  * reflected in the descriptor where it appears there (max_sequences); call
  * from the setup callback. Refuses an explicitly set value. */

@@ -1581,19 +1581,10 @@ tdm_status tdm_svc_descriptor_build(const tdm_cfg *cfg, Tandem__V1__Descriptor *
         d->vocab_size = (uint32_t)mc.vocab_size;
         if (role == TANDEM__V1__ROLE__ROLE_DRAFTER &&
             d->drafter_kind != TANDEM__V1__DRAFTER_KIND__DRAFTER_KIND_NGRAM) {
-            /* what it drafts from, and with */
+            /* what it drafts with (what it drafts from is set once its
+             * list is loaded: tdm_service_set_draft_vocab) */
             free(d->weights);
             d->weights = dup_str(tdm_cfg_str(cfg, "weights"));
-            const char *vocab = tdm_cfg_str(cfg, "draft_vocab");
-            int32_t *ids = NULL;
-            int n = 0;
-            if (vocab[0] && tdm_token_list_read(vocab, mc.vocab_size, &ids, &n, err) != TDM_OK) {
-                tdm_error_prefix(err, "draft_vocab %s", vocab);
-                tdm_svc_descriptor_free(d);
-                return err ? err->code : TDM_ERR_INVALID_ARGUMENT;
-            }
-            free(ids);
-            d->draft_vocab_size = (uint32_t)n;
         }
     }
     if (role == TANDEM__V1__ROLE__ROLE_VERIFIER || d->features_needed) {

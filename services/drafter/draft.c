@@ -2169,6 +2169,8 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
             rc = tdm_runtime_set_weights_fp8(d->head, LOG, err);
         if (rc != TDM_OK)
             return rc;
+        if (tdm_cfg_str(cfg, "draft_vocab")[0])
+            tdm_service_set_draft_vocab(svc, tdm_mtp_vocab_size(d->head->mtp));
         const tdm_model_config *mc = tdm_mtp_get_config(d->head->mtp);
         d->vocab = mc->vocab_size;
         d->hidden = mc->hidden_size;
@@ -2181,6 +2183,8 @@ tdm_status drafter_setup(tdm_service *svc, void *arg, tdm_error *err)
             rc = tdm_runtime_set_draft_vocab(d->rt, tdm_cfg_str(cfg, "draft_vocab"), LOG, err);
         if (rc != TDM_OK)
             return rc;
+        if (tdm_cfg_str(cfg, "draft_vocab")[0])
+            tdm_service_set_draft_vocab(svc, tdm_model_draft_vocab_size(d->rt->model));
         d->vocab = tdm_model_get_config(d->rt->model)->vocab_size;
         d->strategy = d->rt->strategy;
         const char *uuid = d->rt->device_uuid;

@@ -155,8 +155,8 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
           r2.converted, r2.kept, r2.after, (int)r2.lm_head);
     CHECK(tdm_mtp_weight_bytes(h2) == want - rounded, "%s: fp8 head weights %zu bytes", name,
           tdm_mtp_weight_bytes(h2));
-    CHECK(tdm_mtp_set_weights_fp8(h2, NULL, &err) == TDM_ERR_FAILED_PRECONDITION,
-          "%s: fp8 twice", name);
+    CHECK(tdm_mtp_set_weights_fp8(h2, NULL, &err) == TDM_ERR_FAILED_PRECONDITION, "%s: fp8 twice",
+          name);
     char fname[64];
     snprintf(fname, sizeof(fname), "%s fp8", name);
     mtp_steps_check(fname, dir, m, h, h2, 1, &o);
