@@ -623,9 +623,10 @@ def case_fp8():
     """weights fp8 on the MTP drafter: mtp.fc's two halves, the head's layer's
     projections and the untied LM head rounded to FP8 E4M3 at start (the
     drafter logs 9 rounded, and the MLP's down projection, 96 values a row,
-    kept as stored; 10 with a draft vocabulary's rows). Outputs stay the plain ones, and each block's first draft
-    is the best token of the head's row by `tandem logits --mtp-out` on a
-    checkpoint whose head and LM head numpy rounded
+    kept as stored; 10 with a draft vocabulary's rows). Outputs stay the plain
+    ones, and each block's first draft is the best token of the head's row by
+    `tandem logits --mtp-out` on a checkpoint whose head and LM head numpy
+    rounded
     (tests/engine/fp8_check.py), the target's layers as stored: the verifier's
     hidden states are the stored target's. With a draft vocabulary (every
     third token) its rows are rounded as a matrix of their own, and the
@@ -642,9 +643,7 @@ def case_fp8():
     head = lambda name: name.startswith("mtp.") or name == "lm_head.weight"  # noqa: E731
     for vocab in (None, path):
         ref = os.path.join(st.TMP, "fp8-ref-%s" % ("vocab" if vocab else "whole"))
-        if not os.path.exists(ref):
-            fp8_check.rounded_copy(model, ref, head,
-                                   rows={"lm_head.weight": listed} if vocab else None)
+        fp8_check.rounded_copy(model, ref, head, rows={"lm_head.weight": listed} if vocab else None)
 
         def head_row(ctx, pos, ref=ref):  # the rounded head's row predicting position pos
             if mtp_reference(ref, ctx[:pos - 1], 1, ctx[pos - 1]) is None:
