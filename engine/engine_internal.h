@@ -227,10 +227,15 @@ tdm_status tdm_model_load_matrix_rows(tdm_model *m, const char *name, int with_p
                                       int64_t cols, const int32_t *ids, int n, tdm_weight *w,
                                       tdm_error *err);
 /* A matrix to round to FP8 (tdm_model_set_weights_fp8): the weight, and its
- * shape [rows, cols]. */
+ * shape [rows, cols]. scale_of: NULL, the least scale that covers the
+ * matrix; else rows of that matrix ([scale_rows, cols], FP8 already or not),
+ * rounded under its scale (a draft vocabulary's rows of an LM head: the
+ * head's rows rounded, whichever is rounded first). */
 typedef struct tdm_fp8_mat {
     tdm_weight *w;
     int64_t rows, cols;
+    const tdm_weight *scale_of;
+    int64_t scale_rows;
 } tdm_fp8_mat;
 /* The most matrices tdm_layer_fp8_mats gives for a layer. */
 #define TDM_LAYER_FP8_MATS 8

@@ -608,43 +608,92 @@ static void fp8_task(void *arg, int chunk)
 #undef FP8_AT
 }
 
-/* w [rows, cols] of m->into's store replaced by its FP8 codes
+/* n values of w (dtype bf16 or f32) brought to the host: malloc'd, NULL
+ * where the host has no room. */
+static void *fp8_download(tdm_model *m, const tdm_weight *w, size_t n)
+{
+    void *h = malloc(n * tdm_dtype_size(w->dtype));
+    if (h) {
+        m->be->download(m->be->ctx, h, w->data, n * tdm_dtype_size(w->dtype));
+        m->be->sync(m->be->ctx);
+    }
+    return h;
+}
+
+/* The largest magnitude of n values at src (NaN where one is). */
+static float fp8_amax(tdm_pool *pool, const void *src, tdm_dtype dt, size_t n)
+{
+    const int nch = (int)((n + FP8_CHUNK - 1) / FP8_CHUNK);
+    float *amaxs = tdm_xmalloc((size_t)nch * sizeof(float));
+    fp8_job job = {src, dt, n, 0, 0, amaxs, NULL};
+    tdm_pool_run(pool, fp8_task, &job, nch);
+    float amax = 0.0f;
+    for (int i = 0; i < nch; i++)
+        amax = amaxs[i] > amax || amaxs[i] != amaxs[i] ? amaxs[i] : amax;
+    free(amaxs);
+    return amax;
+}
+
+/* The scale mat's values are rounded under (tdm_fp8_mat); -1 where none
+ * covers them, or their matrix's. src: mat's values on the host. */
+static tdm_status fp8_scale(tdm_model *m, tdm_pool *pool, const tdm_fp8_mat *mat, const void *src,
+                            size_t n, int *e, tdm_error *err)
+{
+    const tdm_weight *of = mat->scale_of;
+    if (of && of->dtype == TDM_DTYPE_FP8) {
+        *e = of->scale_exp;
+        return TDM_OK;
+    }
+    float amax;
+    if (of) {
+        if (of->dtype != TDM_DTYPE_BF16 && of->dtype != TDM_DTYPE_F32) {
+            *e = -1000;
+            return TDM_OK;
+        }
+        const size_t no = (size_t)mat->scale_rows * (size_t)mat->cols;
+        void *h = fp8_download(m, of, no);
+        if (!h)
+            return tdm_error_oom(err, no * tdm_dtype_size(of->dtype), "a matrix's FP8 scale");
+        amax = fp8_amax(pool, h, of->dtype, no);
+        free(h);
+    } else {
+        amax = fp8_amax(pool, src, mat->w->dtype, n);
+    }
+    if (tdm_fp8_scale_exp(amax, e) != 0)
+        *e = -1000;
+    return TDM_OK;
+}
+
+/* mat's matrix, of m->into's store, replaced by its FP8 codes
  * (tdm_model_set_weights_fp8), rounded on pool's threads; *done false where
  * it stays as it is (cols not a multiple of 64, no scale covering its range,
  * already FP8, f16). */
-static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, tdm_weight *w, int64_t rows, int64_t cols,
-                            bool *done, tdm_error *err)
+static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, const tdm_fp8_mat *mat, bool *done,
+                            tdm_error *err)
 {
     *done = false;
-    if (!w->data || cols % 64 || (w->dtype != TDM_DTYPE_BF16 && w->dtype != TDM_DTYPE_F32))
+    tdm_weight *w = mat->w;
+    if (!w->data || mat->cols % 64 || (w->dtype != TDM_DTYPE_BF16 && w->dtype != TDM_DTYPE_F32))
         return TDM_OK;
     tdm_backend *be = m->be;
-    const size_t n = (size_t)rows * (size_t)cols, es = tdm_dtype_size(w->dtype);
-    void *src = malloc(n * es);
+    const size_t n = (size_t)mat->rows * (size_t)mat->cols, es = tdm_dtype_size(w->dtype);
+    void *src = fp8_download(m, w, n);
     uint8_t *codes = malloc(n);
     if (!src || !codes) {
         free(src);
         free(codes);
         return tdm_error_oom(err, n * (es + 1), "a matrix's FP8 rounding");
     }
-    be->download(be->ctx, src, w->data, n * es);
-    be->sync(be->ctx);
-    const int nch = (int)((n + FP8_CHUNK - 1) / FP8_CHUNK);
-    float *amaxs = tdm_xmalloc((size_t)nch * sizeof(float));
-    fp8_job job = {src, w->dtype, n, 0, 0, amaxs, codes};
-    tdm_pool_run(pool, fp8_task, &job, nch);
-    float amax = 0.0f;
-    for (int i = 0; i < nch; i++)
-        amax = amaxs[i] > amax || amaxs[i] != amaxs[i] ? amaxs[i] : amax;
-    free(amaxs);
-    if (tdm_fp8_scale_exp(amax, &job.e) != 0) {
+    int e = 0;
+    tdm_status rc = fp8_scale(m, pool, mat, src, n, &e, err);
+    if (rc != TDM_OK || e < TDM_FP8_EXP_MIN) {
         free(src);
         free(codes);
-        return TDM_OK;
+        return rc;
     }
-    job.pass = 1;
+    const int nch = (int)((n + FP8_CHUNK - 1) / FP8_CHUNK);
+    fp8_job job = {src, w->dtype, n, 1, e, NULL, codes};
     tdm_pool_run(pool, fp8_task, &job, nch);
-    const int e = job.e;
     free(src);
     int owned = 0;
     const void *dev = be->weight_map(be->ctx, codes, n, &owned);
@@ -677,7 +726,7 @@ tdm_status tdm_model_round_fp8(tdm_model *m, const tdm_fp8_mat *mats, int n, int
     tdm_status rc = TDM_OK;
     for (int i = 0; i < n && rc == TDM_OK; i++) {
         bool done = false;
-        rc = fp8_round(m, pool, mats[i].w, mats[i].rows, mats[i].cols, &done, err);
+        rc = fp8_round(m, pool, &mats[i], &done, err);
         if (done)
             (*nc)++;
         else
@@ -695,20 +744,20 @@ int tdm_layer_fp8_mats(const tdm_model_config *c, tdm_layer_weights *lw, tdm_fp8
     const int64_t KD = (int64_t)c->num_kv_heads * c->head_dim;
     int n = 0;
     if (lw->kind == TDM_LAYER_LINEAR_ATTENTION) {
-        out[n++] = (tdm_fp8_mat){&lw->in_qkv, tdm_capacity_conv_dim(c), H};
-        out[n++] = (tdm_fp8_mat){&lw->in_z, VD, H};
-        out[n++] = (tdm_fp8_mat){&lw->in_b, c->lin_v_heads, H};
-        out[n++] = (tdm_fp8_mat){&lw->in_a, c->lin_v_heads, H};
-        out[n++] = (tdm_fp8_mat){&lw->out_proj, H, VD};
+        out[n++] = (tdm_fp8_mat){.w = &lw->in_qkv, .rows = tdm_capacity_conv_dim(c), .cols = H};
+        out[n++] = (tdm_fp8_mat){.w = &lw->in_z, .rows = VD, .cols = H};
+        out[n++] = (tdm_fp8_mat){.w = &lw->in_b, .rows = c->lin_v_heads, .cols = H};
+        out[n++] = (tdm_fp8_mat){.w = &lw->in_a, .rows = c->lin_v_heads, .cols = H};
+        out[n++] = (tdm_fp8_mat){.w = &lw->out_proj, .rows = H, .cols = VD};
     } else {
-        out[n++] = (tdm_fp8_mat){&lw->q_proj, 2 * QD, H};
-        out[n++] = (tdm_fp8_mat){&lw->k_proj, KD, H};
-        out[n++] = (tdm_fp8_mat){&lw->v_proj, KD, H};
-        out[n++] = (tdm_fp8_mat){&lw->o_proj, H, QD};
+        out[n++] = (tdm_fp8_mat){.w = &lw->q_proj, .rows = 2 * QD, .cols = H};
+        out[n++] = (tdm_fp8_mat){.w = &lw->k_proj, .rows = KD, .cols = H};
+        out[n++] = (tdm_fp8_mat){.w = &lw->v_proj, .rows = KD, .cols = H};
+        out[n++] = (tdm_fp8_mat){.w = &lw->o_proj, .rows = H, .cols = QD};
     }
-    out[n++] = (tdm_fp8_mat){&lw->gate, I, H};
-    out[n++] = (tdm_fp8_mat){&lw->up, I, H};
-    out[n++] = (tdm_fp8_mat){&lw->down, H, I};
+    out[n++] = (tdm_fp8_mat){.w = &lw->gate, .rows = I, .cols = H};
+    out[n++] = (tdm_fp8_mat){.w = &lw->up, .rows = I, .cols = H};
+    out[n++] = (tdm_fp8_mat){.w = &lw->down, .rows = H, .cols = I};
     return n;
 }
 
@@ -720,23 +769,30 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
     if (m->fp8)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "the weights are FP8 already");
     const tdm_model_config *c = &m->cfg;
-    const int64_t H = c->hidden_size;
-    /* every layer's projections, then the LM head unless it is the
-     * embedding, and a draft vocabulary's rows */
+    const int64_t H = c->hidden_size, V = c->vocab_size;
+    const bool tied = m->lm_head.data == m->embed.data;
+    const size_t head_es = tdm_dtype_size(m->lm_head.dtype);
+    /* every layer's projections, the LM head (tied: the embedding's table,
+     * which then reads the rounded values), and a draft vocabulary's rows:
+     * the rounded head's */
     tdm_fp8_mat *mats =
         tdm_xmalloc(((size_t)c->num_layers * TDM_LAYER_FP8_MATS + 2) * sizeof(tdm_fp8_mat));
     int nm = 0;
     for (int l = 0; l < c->num_layers; l++)
         nm += tdm_layer_fp8_mats(c, &m->layers[l], mats + nm);
-    if (m->lm_head.data != m->embed.data)
-        mats[nm++] = (tdm_fp8_mat){&m->lm_head, c->vocab_size, H};
+    mats[nm++] = (tdm_fp8_mat){&m->lm_head, V, H, NULL, 0};
     if (m->dv.n)
-        mats[nm++] = (tdm_fp8_mat){&m->dv.head, m->dv.n, H};
+        mats[nm++] = (tdm_fp8_mat){&m->dv.head, m->dv.n, H, &m->lm_head, V};
     int nc = 0, nk = 0;
     tdm_status rc = tdm_model_round_fp8(m, mats, nm, &nc, &nk, err);
     free(mats);
     if (rc != TDM_OK)
         return rc;
+    if (tied)
+        m->embed = m->lm_head;
+    /* With a draft vocabulary a step streams its rows, not the head's. */
+    if (m->dv.n && m->lm_head.dtype == TDM_DTYPE_FP8)
+        m->into->weight_bytes += (size_t)V * (size_t)H * (head_es - 1);
     m->fp8 = 1;
     if (converted)
         *converted = nc;
@@ -763,9 +819,10 @@ tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, td
         (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size * tdm_dtype_size(m->lm_head.dtype) +
         rows;
     if (m->fp8) {
-        const tdm_fp8_mat head = {&m->dv.head, n, m->cfg.hidden_size};
+        const tdm_fp8_mat dvm = {&m->dv.head, n, m->cfg.hidden_size, &m->lm_head,
+                                 m->cfg.vocab_size};
         int nc = 0, nk = 0;
-        if ((rc = tdm_model_round_fp8(m, &head, 1, &nc, &nk, err)) != TDM_OK)
+        if ((rc = tdm_model_round_fp8(m, &dvm, 1, &nc, &nk, err)) != TDM_OK)
             return tdm_error_prefix(err, "draft vocabulary");
     }
     return TDM_OK;

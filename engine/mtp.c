@@ -188,9 +188,10 @@ tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *e
     tdm_status rc = tdm_draft_vocab_load(m, ids, n, &h->dv, err);
     m->into = saved;
     if (rc == TDM_OK && h->fp8) {
-        const tdm_fp8_mat head = {&h->dv.head, n, m->cfg.hidden_size};
+        const tdm_fp8_mat rows = {&h->dv.head, n, m->cfg.hidden_size, &m->lm_head,
+                                  m->cfg.vocab_size};
         int nc = 0, nk = 0;
-        if ((rc = mtp_round(h, &head, 1, &nc, &nk, err)) != TDM_OK)
+        if ((rc = mtp_round(h, &rows, 1, &nc, &nk, err)) != TDM_OK)
             return tdm_error_prefix(err, "draft vocabulary");
     }
     return rc;
@@ -201,31 +202,33 @@ tdm_status tdm_mtp_set_weights_fp8(tdm_mtp *h, tdm_mtp_fp8 *got, tdm_error *err)
     if (h->fp8)
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "the weights are FP8 already");
     tdm_model *m = h->m;
-    const int64_t H = m->cfg.hidden_size;
-    tdm_mtp_fp8 r = {.before = h->store.weight_bytes};
+    const int64_t H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    tdm_mtp_fp8 r = {.before = h->store.weight_bytes, .lm_head = TDM_MTP_FP8_HEAD_TARGETS};
+    /* A head-only load's LM head (tied: the embedding's table, which then
+     * reads the rounded values); the target's (tdm_mtp_create) is the
+     * target's to round. */
+    if (h->own) {
+        tdm_model *own = h->own;
+        r.tied = own->lm_head.data == own->embed.data;
+        const tdm_fp8_mat head = {&own->lm_head, V, H, NULL, 0};
+        tdm_status rc = tdm_model_round_fp8(own, &head, 1, &r.converted, &r.kept, err);
+        if (rc != TDM_OK)
+            return tdm_error_prefix(err, "LM head");
+        r.lm_head = r.converted ? TDM_MTP_FP8_HEAD_ROUNDED : TDM_MTP_FP8_HEAD_KEPT;
+        if (r.tied)
+            own->embed = own->lm_head;
+    }
     /* fc's two halves, the decoder layer's projections, a draft
-     * vocabulary's rows */
-    tdm_fp8_mat mats[2 + TDM_LAYER_FP8_MATS + 1] = {{&h->fc_e, H, H}, {&h->fc_h, H, H}};
+     * vocabulary's rows (the LM head's, under its scale) */
+    tdm_fp8_mat mats[2 + TDM_LAYER_FP8_MATS + 1] = {{&h->fc_e, H, H, NULL, 0},
+                                                    {&h->fc_h, H, H, NULL, 0}};
     int nm = 2 + tdm_layer_fp8_mats(&m->cfg, &h->layer, mats + 2);
     if (h->dv.n)
-        mats[nm++] = (tdm_fp8_mat){&h->dv.head, h->dv.n, H};
+        mats[nm++] = (tdm_fp8_mat){&h->dv.head, h->dv.n, H, &m->lm_head, V};
     tdm_status rc = mtp_round(h, mats, nm, &r.converted, &r.kept, err);
     if (rc != TDM_OK)
         return rc;
     r.vocab_rows = h->dv.n && h->dv.head.dtype == TDM_DTYPE_FP8;
-    /* The LM head: a head-only model's own, where not the embedding; the
-     * target's (tdm_mtp_create) is the target's to round. */
-    if (h->own && h->own->lm_head.data != h->own->embed.data) {
-        const tdm_fp8_mat head = {&h->own->lm_head, h->own->cfg.vocab_size, H};
-        int nc = 0, nk = 0;
-        if ((rc = tdm_model_round_fp8(h->own, &head, 1, &nc, &nk, err)) != TDM_OK)
-            return tdm_error_prefix(err, "LM head");
-        r.converted += nc;
-        r.kept += nk;
-        r.lm_head = nc ? TDM_MTP_FP8_HEAD_ROUNDED : TDM_MTP_FP8_HEAD_KEPT;
-    } else {
-        r.lm_head = h->own ? TDM_MTP_FP8_HEAD_TIED : TDM_MTP_FP8_HEAD_TARGETS;
-    }
     h->fp8 = 1;
     r.after = h->store.weight_bytes;
     if (got)

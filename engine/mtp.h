@@ -74,10 +74,8 @@ tdm_status tdm_mtp_set_vocab(tdm_mtp *h, const int32_t *ids, int n, tdm_error *e
  * (the LM head's among them where it rounded it), the head's own weights'
  * bytes before and after, and what became of the LM head. */
 typedef enum tdm_mtp_fp8_head {
-    TDM_MTP_FP8_HEAD_ROUNDED, /* an untied LM head of the head's own load: rounded */
+    TDM_MTP_FP8_HEAD_ROUNDED, /* the LM head of the head's own load: rounded */
     TDM_MTP_FP8_HEAD_KEPT,    /* the same, left as stored (tdm_model_set_weights_fp8 says when) */
-    TDM_MTP_FP8_HEAD_TIED,    /* the embedding: stays as stored (a draft vocabulary's rows
-                                 are the head's own, and rounded) */
     TDM_MTP_FP8_HEAD_TARGETS, /* the target's (tdm_mtp_create): the target's own rounding
                                  (tdm_model_set_weights_fp8) decides */
 } tdm_mtp_fp8_head;
@@ -85,16 +83,19 @@ typedef struct tdm_mtp_fp8 {
     int converted, kept;
     size_t before, after;
     tdm_mtp_fp8_head lm_head;
+    int tied;       /* that LM head is the embedding's table (rounded: both read it so) */
     int vocab_rows; /* a draft vocabulary's rows were among those rounded */
 } tdm_mtp_fp8;
 /* The head computing with its matrices rounded to FP8 E4M3 as
  * tdm_model_set_weights_fp8 rounds a model's: mtp.fc's two halves, the
- * decoder layer's projections, a draft vocabulary's rows (one set later is
- * rounded as it loads) and, for tdm_mtp_open, an untied LM head; the
- * embedding and the norms stay as loaded. Drafts are then exactly those of a
- * checkpoint holding the rounded values. Once per head, before its first
- * prime: FAILED_PRECONDITION the second time; RESOURCE_EXHAUSTED when the
- * backend cannot hold a rounded copy. got: NULL, or what it did. */
+ * decoder layer's projections, for tdm_mtp_open the LM head (a tied one is
+ * the embedding's table, which then reads the rounded values), and a draft
+ * vocabulary's rows, which are the LM head's rounded under its scale (one
+ * set later is rounded as it loads); the norms stay as loaded. Drafts are
+ * then exactly those of a checkpoint holding the rounded values. Once per
+ * head, before its first prime: FAILED_PRECONDITION the second time;
+ * RESOURCE_EXHAUSTED when the backend cannot hold a rounded copy. got: NULL,
+ * or what it did. */
 tdm_status tdm_mtp_set_weights_fp8(tdm_mtp *h, tdm_mtp_fp8 *got, tdm_error *err);
 /* Tokens a draft can be: the draft vocabulary's, or the model's; the id of
  * the t-th of them. */

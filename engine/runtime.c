@@ -296,16 +296,14 @@ tdm_status tdm_runtime_open_mtp_cfg(const tdm_cfg *cfg, const char *component, t
 }
 
 /* What tdm_mtp_set_weights_fp8 did with the LM head, for the log. */
-static const char *mtp_lm_head_name(tdm_mtp_fp8_head h)
+static const char *mtp_lm_head_name(const tdm_mtp_fp8 *r)
 {
-    switch (h) {
+    switch (r->lm_head) {
     case TDM_MTP_FP8_HEAD_ROUNDED:
-        return "rounded";
+        return r->tied ? "rounded, with the embedding tied to it" : "rounded";
     case TDM_MTP_FP8_HEAD_KEPT:
         return "as stored (its rows are no whole steps of 64 values, or no scale covers its "
                "range)";
-    case TDM_MTP_FP8_HEAD_TIED:
-        return "the embedding, as stored";
     case TDM_MTP_FP8_HEAD_TARGETS:
         break;
     }
@@ -322,7 +320,7 @@ static tdm_status mtp_set_weights_fp8(tdm_runtime *rt, const char *component, td
                  "weights fp8: %d matrices of the MTP head rounded to FP8 E4M3, %d as stored; "
                  "its own weights %.3f GB (%.3f as stored); the LM head: %s%s",
                  r.converted, r.kept, (double)r.after / 1e9, (double)r.before / 1e9,
-                 mtp_lm_head_name(r.lm_head),
+                 mtp_lm_head_name(&r),
                  r.vocab_rows ? " (drafts read the draft vocabulary's rows, rounded)" : "");
     return TDM_OK;
 }

@@ -46,7 +46,8 @@ typedef enum tdm_dtype {
      * of them computes exactly as the bf16 matrix of those values would:
      * every such value is a bf16 (tdm_fp8_value), so the two give the same
      * bits on every path of a backend. Only matrices read by the matmul
-     * slots come in it, with `in` a multiple of 64. */
+     * slots come in it, with `in` a multiple of 64, and the embedding op's
+     * table (a tied LM head's). */
     TDM_DTYPE_FP8 = 3,
 } tdm_dtype;
 

@@ -6,6 +6,7 @@
  */
 #include "elementwise.cuh"
 
+#include <math.h>
 #include <stdint.h>
 
 #define EW_THREADS 256
@@ -17,15 +18,30 @@ static int ew_aligned(const void *a, const void *b, const void *c)
     return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
 }
 
-__global__ void embed_kernel(float *y, const void *e, tdm_dtype dt, const int32_t *ids, int R,
-                             int H)
+/* scale: 2^scale_exp for FP8 codes. A code's bits moved into a float's
+ * (sign to 31, eeee mmm to 26..20) are its value times 2^-120 exactly, so
+ * times 2^120 and the scale, exactly the weight (tdm_fp8_value). */
+__global__ void embed_kernel(float *y, const void *e, tdm_dtype dt, float scale, const int32_t *ids,
+                             int R, int H)
 {
     cuda_kernel_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)R * (size_t)H)
         return;
     const size_t r = i / (size_t)H, c = i % (size_t)H;
-    y[i] = ids[r] < 0 ? 0.0f : cuda_wload(e, dt, (size_t)ids[r] * (size_t)H + c);
+    if (ids[r] < 0) {
+        y[i] = 0.0f;
+    } else if (dt == TDM_DTYPE_FP8) {
+        const unsigned u = ((const uint8_t *)e)[(size_t)ids[r] * (size_t)H + c];
+        y[i] = __uint_as_float(((u & 0x80u) << 24) | ((u & 0x7fu) << 20)) * 0x1p120f * scale;
+    } else {
+        y[i] = cuda_wload(e, dt, (size_t)ids[r] * (size_t)H + c);
+    }
+}
+
+static float embed_scale(tdm_weight e)
+{
+    return e.dtype == TDM_DTYPE_FP8 ? ldexpf(1.0f, e.scale_exp) : 1.0f;
 }
 
 void cuda_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)
@@ -36,7 +52,7 @@ void cuda_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, in
     const int32_t *dids = (const int32_t *)cuda_stage(c, ids, (size_t)R * sizeof(int32_t));
     const size_t n = (size_t)R * (size_t)H;
     cuda_launch(c, embed_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, e.data, e.dtype,
-                dids, R, H);
+                embed_scale(e), dids, R, H);
 }
 
 void cuda_embed_dev(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R, int H)
@@ -46,7 +62,7 @@ void cuda_embed_dev(void *ctx, float *y, tdm_weight e, const int32_t *ids, int R
         return;
     const size_t n = (size_t)R * (size_t)H;
     cuda_launch(c, embed_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, y, e.data, e.dtype,
-                ids, R, H);
+                embed_scale(e), ids, R, H);
 }
 
 /* y[i] = f(a[i], b[i]) for 4 elements from i, float4 when the pointers are

@@ -368,6 +368,8 @@ int main(void)
         check_one_key(gpu, names[i], 0x5eed0000ull + i, &eager);
         check_draft_forms(gpu, names[i], &eager);
         draft_vocab_check(names[i], gpu);
+        if (tdm_model_get_config(m)->hidden_size % 64 == 0) /* FP8 rows: whole 64-value steps */
+            draft_vocab_fp8_check(names[i], gpu);
         draft_sampled_check(names[i], gpu);
         steps_run_free(&eager);
         tdm_model_destroy(m);

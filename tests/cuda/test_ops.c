@@ -760,9 +760,11 @@ static void test_producer_split(void)
 
 /* ---- embedding ---------------------------------------------------------- */
 
+/* Every dtype, FP8 among them (a tied LM head rounded: its table is the
+ * embedding's), against the CPU backend and the table's own values. */
 static void test_embed(void)
 {
-    const tdm_dtype dts[] = {TDM_DTYPE_F32, TDM_DTYPE_BF16, TDM_DTYPE_F16};
+    const tdm_dtype dts[] = {TDM_DTYPE_F32, TDM_DTYPE_BF16, TDM_DTYPE_F16, TDM_DTYPE_FP8};
     const int V = 50, H = 72, R = 9;
     for (size_t d = 0; d < TDM_ARRAY_LEN(dts); d++) {
         float *ev = malloc((size_t)V * H * 4), *eref = malloc((size_t)V * H * 4);
@@ -786,6 +788,12 @@ static void test_embed(void)
         char cas[64];
         snprintf(cas, sizeof(cas), "V=%d H=%d R=%d %s", V, H, R, tdm_dtype_name(dts[d]));
         report("embed", cas, ct_nerr(out[1], out[0], (size_t)R * H), 0);
+        /* the rows of the values the table holds (FP8: tdm_fp8_value's) */
+        int same = 1;
+        for (int r = 0; r < R; r++)
+            same &= memcmp(out[1] + (size_t)r * H, eref + (size_t)ids[r] * H,
+                           (size_t)H * sizeof(float)) == 0;
+        report_identical("embed", "  the table's values", same);
         free(out[0]);
         free(out[1]);
         free(eh);

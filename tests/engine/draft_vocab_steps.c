@@ -1,5 +1,6 @@
 /* draft_vocab_steps.c - see draft_vocab_steps.h. */
 #include "draft_vocab_steps.h"
+#include "safetensors.h"
 #include "steps.h"
 #include "util.h"
 
@@ -157,4 +158,121 @@ void draft_vocab_check(const char *name, tdm_backend *be)
     tdm_model_destroy(whole);
     tdm_model_destroy(dv);
     tdm_model_destroy(dvc);
+}
+
+/* The n rows of the checkpoint's LM head (the embedding's table when tied)
+ * of least largest magnitude, ascending; whether their largest is below half
+ * the head's (so a scale of their own would be finer than the head's). */
+static bool least_rows(const char *dir, bool tied, int V, int H, int32_t *ids, int n)
+{
+    tdm_st_file *f;
+    tdm_error err;
+    CHECK(tdm_st_open(dir, &f, &err) == TDM_OK, "%s", err.msg);
+    const char *suffix = tied ? "embed_tokens.weight" : "lm_head.weight";
+    const tdm_st_tensor *t = NULL;
+    for (size_t i = 0; i < tdm_st_count(f) && !t; i++) {
+        const tdm_st_tensor *c = tdm_st_at(f, i);
+        const size_t nl = strlen(c->name), sl = strlen(suffix);
+        if (nl >= sl && strcmp(c->name + nl - sl, suffix) == 0 && strncmp(c->name, "mtp.", 4))
+            t = c;
+    }
+    CHECK(t && t->numel == (int64_t)V * H &&
+              (t->dtype == TDM_ST_DTYPE_BF16 || t->dtype == TDM_ST_DTYPE_F32),
+          "%s: the LM head's tensor (%s)", dir, suffix);
+    float *amax = calloc((size_t)V, sizeof(float));
+    float all = 0.0f;
+    for (int r = 0; r < V; r++) {
+        for (int i = 0; i < H; i++) {
+            const size_t k = (size_t)r * H + (size_t)i;
+            float v;
+            if (t->dtype == TDM_ST_DTYPE_F32) {
+                memcpy(&v, (const char *)t->data + 4 * k, 4);
+            } else {
+                uint16_t b;
+                memcpy(&b, (const char *)t->data + 2 * k, 2);
+                const uint32_t u = (uint32_t)b << 16;
+                memcpy(&v, &u, 4);
+            }
+            amax[r] = fmaxf(amax[r], fabsf(v));
+        }
+        all = fmaxf(all, amax[r]);
+    }
+    float most = 0.0f;
+    for (int j = 0; j < n; j++) { /* the least of those not taken */
+        int b = -1;
+        for (int r = 0; r < V; r++)
+            if (amax[r] >= 0.0f && (b < 0 || amax[r] < amax[b]))
+                b = r;
+        most = fmaxf(most, amax[b]);
+        amax[b] = -1.0f;
+    }
+    for (int r = 0, j = 0; r < V; r++) /* ascending */
+        if (amax[r] < 0.0f)
+            ids[j++] = r;
+    free(amax);
+    tdm_st_close(f);
+    return most < 0.5f * all;
+}
+
+void draft_vocab_fp8_check(const char *name, tdm_backend *be)
+{
+    tdm_error err;
+    char dir[600];
+    snprintf(dir, sizeof(dir), "%s/%s/model", TANDEM_ENGINE_FIXTURES, name);
+    tdm_model *whole = fixture_model(name, be), *before = fixture_model(name, be),
+              *after = fixture_model(name, be);
+    const tdm_model_config *c = tdm_model_get_config(whole);
+    const int V = c->vocab_size;
+    enum { N = 4 };
+    int32_t ids[N];
+    CHECK(least_rows(dir, c->tie_word_embeddings, V, c->hidden_size, ids, N),
+          "%s: no rows of the LM head lie below half its largest magnitude", name);
+    const size_t stored = tdm_model_weight_bytes(whole);
+    CHECK(tdm_model_set_weights_fp8(whole, NULL, NULL, &err) == TDM_OK &&
+              tdm_model_set_draft_vocab(before, ids, N, &err) == TDM_OK &&
+              tdm_model_set_weights_fp8(before, NULL, NULL, &err) == TDM_OK &&
+              tdm_model_set_weights_fp8(after, NULL, NULL, &err) == TDM_OK &&
+              tdm_model_set_draft_vocab(after, ids, N, &err) == TDM_OK,
+          "%s: %s", name, err.msg);
+    /* The rounded model streams a byte a value of the head (the head alone
+     * saves V·H bytes or more); the vocabulary's streams its rows instead
+     * (either order). */
+    const size_t H = (size_t)c->hidden_size, wb = tdm_model_weight_bytes(whole);
+    CHECK(wb + (size_t)V * H <= stored &&
+              tdm_model_weight_bytes(before) == tdm_model_weight_bytes(after) &&
+              tdm_model_weight_bytes(before) == wb - (size_t)(V - N) * H,
+          "%s: fp8 weight bytes %zu (stored %zu), with the vocabulary %zu set before, %zu after",
+          name, wb, stored, tdm_model_weight_bytes(before), tdm_model_weight_bytes(after));
+    int32_t prompt[PROMPT];
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)((i * 29 + 5) % V);
+    tdm_model *ms[3] = {whole, before, after};
+    float *l[3];
+    const int32_t block[BLOCK] = {prompt[2], prompt[9], ids[0]};
+    const int32_t *bp = block;
+    const int nb = BLOCK;
+    for (int i = 0; i < 3; i++) {
+        tdm_seq *s = seq_of(ms[i], prompt);
+        l[i] = malloc((size_t)BLOCK * V * sizeof(float));
+        const tdm_step_out o = {.logits = l[i]};
+        CHECK(tdm_seq_verify_out(&s, 1, &bp, &nb, &o, &err) == TDM_OK, "%s", err.msg);
+        tdm_seq_destroy(s);
+    }
+    const double tol = 1e-5 * (double)max_abs(l[0], (size_t)BLOCK * V);
+    for (int i = 1; i < 3; i++)
+        for (int r = 0; r < BLOCK; r++)
+            for (int j = 0; j < N; j++) {
+                const double w = l[0][(size_t)r * V + ids[j]], d = l[i][(size_t)r * V + ids[j]];
+                CHECK(fabs(d - w) <= tol,
+                      "%s: vocabulary set %s the rounding: row %d, token %d: logit %.9g, the "
+                      "rounded model's %.9g",
+                      name, i == 1 ? "before" : "after", r, ids[j], d, w);
+            }
+    printf("%s: fp8: a draft vocabulary of the %d least rows (set before or after the rounding) "
+           "gives the rounded model's logits\n",
+           name, N);
+    for (int i = 0; i < 3; i++) {
+        free(l[i]);
+        tdm_model_destroy(ms[i]);
+    }
 }

@@ -16,5 +16,13 @@
  * same either way; and a commit after them leaves the states of a model
  * without a vocabulary. Exits on a failure. */
 void draft_vocab_check(const char *name, tdm_backend *be);
+/* With FP8 weights (tdm_model_set_weights_fp8), on fixture `name` (rows of
+ * whole 64-value steps): a vocabulary of the LM head's rows of least
+ * magnitude (where a scale of their own, finer than the head's, could round
+ * a value otherwise: below the head's normal range), set before the rounding
+ * and after it, streams the same bytes and gives the listed logits of the
+ * whole rounded model: its rows are the rounded head's. Exits on a
+ * failure. */
+void draft_vocab_fp8_check(const char *name, tdm_backend *be);
 
 #endif

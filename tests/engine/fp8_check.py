@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`tandem logits --weights fp8` against the same model with its matrices
 rounded here, independently of the engine: numpy rounds every projection
-matrix (and an untied LM head, and an MTP head's: mtp.fc's two halves, each
+matrix (and the LM head: a tied one is the embedding's table, so the
+embedding is rounded with it; and an MTP head's: mtp.fc's two halves, each
 on its own scale, and its layer's) to the nearest FP8 E4M3 value (the OCP
 table, ties to the even code) under the least power-of-two scale that keeps
 the largest magnitude within 448, writes the rounded values as a bf16
@@ -87,12 +88,14 @@ def round_bf16(buf, shape, cols=None):
     return (bits >> 16).astype(np.uint16).tobytes(), es
 
 
-def rounded_copy(model, rdir, which=lambda name: True, rows=None):
+def rounded_copy(model, rdir, which=lambda name: True):
     """model's checkpoint into rdir with its matrices rounded (those whose
-    names `which` takes); how many matrices and which scales. rows: None, or
-    {name: ids} for matrices of which only those rows are rounded, as a matrix
-    of their own (a draft vocabulary's rows of the LM head), the others kept."""
+    names `which` takes; a tied LM head is the embedding's table, taken as
+    "lm_head.weight"); how many matrices and which scales. A draft
+    vocabulary's rows are rows of the rounded LM head."""
     os.makedirs(rdir)
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    tied = cfg.get("text_config", cfg).get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
     nround, scales = 0, set()
     for f in os.listdir(model):
         src = os.path.join(model, f)
@@ -108,19 +111,14 @@ def rounded_copy(model, rdir, which=lambda name: True, rows=None):
                 continue
             a, b = t["data_offsets"]
             buf = data[a:b]
-            product = name.endswith(PRODUCTS + ("lm_head.weight",)) or name == "mtp.fc.weight"
-            if t["dtype"] == "BF16" and product and which(name) \
+            as_head = "lm_head.weight" if tied and name.endswith("embed_tokens.weight") \
+                and not name.startswith("mtp.") else name
+            product = as_head.endswith(PRODUCTS + ("lm_head.weight",)) or name == "mtp.fc.weight"
+            if t["dtype"] == "BF16" and product and which(as_head) \
                     and not name.startswith(("model.visual.", "visual.")) \
                     and t["shape"][1] % 64 == 0:
                 half = t["shape"][1] // 2 if name == "mtp.fc.weight" else None
-                if rows and name in rows:
-                    ids = np.array(rows[name])
-                    m = np.frombuffer(buf, np.uint16).reshape(t["shape"]).copy()
-                    sub, es = round_bf16(m[ids].tobytes(), [len(ids), t["shape"][1]])
-                    m[ids] = np.frombuffer(sub, np.uint16).reshape(len(ids), -1)
-                    buf = m.tobytes()
-                else:
-                    buf, es = round_bf16(buf, t["shape"], half)
+                buf, es = round_bf16(buf, t["shape"], half)
                 nround += len(es)
                 scales.update(es)
             tensors[name] = (t["dtype"], t["shape"], bytes(buf))

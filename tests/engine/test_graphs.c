@@ -438,6 +438,8 @@ int main(void)
     check_draft_forms("f32_gqa", cpu);
     draft_vocab_check("f32_gqa", cpu);
     draft_vocab_check("bf16_alt", cpu);
+    draft_vocab_fp8_check("f32_gqa", cpu);
+    draft_vocab_fp8_check("bf16_realdims", cpu);
     draft_sampled_check("f32_gqa", cpu);
     draft_sampled_check("bf16_alt", &fake);
     check_script("f32_gqa", cpu, &fake, 3);

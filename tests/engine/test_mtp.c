@@ -136,8 +136,9 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
     mtp_steps_out_free(&o);
     /* FP8 weights: the head's matrices whose rows are whole steps of 64
      * values (all but the MLP's down projection, I = 96 values a row) at a
-     * byte each, an untied LM head of its own load with them; the row
-     * contract holds as for bf16 (the target's matrices rounded too). */
+     * byte each, the LM head of its own load with them (tied: the
+     * embedding's table, which the head then embeds from); the row contract
+     * holds as for bf16 (the target's matrices rounded too). */
     tdm_mtp_fp8 r1, r2;
     CHECK(tdm_model_set_weights_fp8(m, NULL, NULL, &err) == TDM_OK &&
               tdm_mtp_set_weights_fp8(h, &r1, &err) == TDM_OK &&
@@ -149,10 +150,10 @@ static void heads(tdm_backend *be, const char *name, int flags, size_t shard)
               r1.lm_head == TDM_MTP_FP8_HEAD_TARGETS,
           "%s: fp8 head from the model: %d rounded, %d kept, %zu -> %zu bytes, LM head %d", name,
           r1.converted, r1.kept, r1.before, r1.after, (int)r1.lm_head);
-    CHECK(r2.converted == 8 + untied && r2.kept == 1 && r2.after == want - rounded &&
-              r2.lm_head == (untied ? TDM_MTP_FP8_HEAD_ROUNDED : TDM_MTP_FP8_HEAD_TIED),
-          "%s: fp8 head of its own load: %d rounded, %d kept, %zu bytes, LM head %d", name,
-          r2.converted, r2.kept, r2.after, (int)r2.lm_head);
+    CHECK(r2.converted == 9 && r2.kept == 1 && r2.after == want - rounded &&
+              r2.lm_head == TDM_MTP_FP8_HEAD_ROUNDED && r2.tied == !untied,
+          "%s: fp8 head of its own load: %d rounded, %d kept, %zu bytes, LM head %d, tied %d", name,
+          r2.converted, r2.kept, r2.after, (int)r2.lm_head, r2.tied);
     CHECK(tdm_mtp_weight_bytes(h2) == want - rounded, "%s: fp8 head weights %zu bytes", name,
           tdm_mtp_weight_bytes(h2));
     CHECK(tdm_mtp_set_weights_fp8(h2, NULL, &err) == TDM_ERR_FAILED_PRECONDITION, "%s: fp8 twice",

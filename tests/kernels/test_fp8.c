@@ -11,7 +11,9 @@
  *  - the CPU matmul on FP8 weights (every code but NaN among them) gives the
  *    bits of the same matmul on the f32 matrix of the values they stand for
  *    (decode rows, 4-row tiles, accumulate, scales from 2^-100 to 2^15), on
- *    the AVX2 and portable paths alike.
+ *    the AVX2 and portable paths alike;
+ *  - the embedding op on an FP8 table (a tied LM head rounded) gives each
+ *    row's values by the table above, every code but NaN among them.
  */
 #include "backend.h"
 #include "check.h" /* tests/config */
@@ -173,12 +175,43 @@ static void check_matmul(void)
     }
 }
 
+static void check_embed(void)
+{
+    const int V = 40, H = 96, R = 5;
+    const int exps[] = {TDM_FP8_EXP_MIN, -7, 0, TDM_FP8_EXP_MAX};
+    tdm_backend *be = tdm_backend_cpu_create(1);
+    CHECK(be != NULL, "no CPU backend");
+    if (!be)
+        return;
+    uint8_t *codes = be->alloc(be->ctx, (size_t)V * H);
+    float *y = be->alloc(be->ctx, (size_t)R * H * 4);
+    for (size_t i = 0; i < (size_t)V * H; i++) /* every code but NaN */
+        codes[i] = (uint8_t)(i % 254 + (i % 254 >= 0x7f));
+    const int32_t ids[] = {0, 39, -1, 17, 3}; /* -1: a row of zeros */
+    for (size_t k = 0; k < sizeof(exps) / sizeof(exps[0]); k++) {
+        const int e = exps[k];
+        be->embed(be->ctx, y, (tdm_weight){codes, TDM_DTYPE_FP8, e}, ids, R, H);
+        int bad = 0;
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < H; i++) {
+                const uint8_t c = ids[r] < 0 ? 0 : codes[(size_t)ids[r] * H + i];
+                const double want = (c & 0x80 ? -1 : 1) * ldexp(table_value(c & 0x7f), e);
+                bad += (double)y[(size_t)r * H + i] != want;
+            }
+        CHECK(bad == 0, "embed, scale 2^%d: %d of %d values are not the table's", e, bad, R * H);
+    }
+    be->free(be->ctx, codes);
+    be->free(be->ctx, y);
+    be->destroy(be);
+}
+
 int main(void)
 {
     check_values();
     check_encode();
     check_scale();
     check_matmul();
+    check_embed();
     printf("%s\n", g_failures ? "fp8: FAILED" : "fp8: all checks passed");
     return g_failures ? 1 : 0;
 }
