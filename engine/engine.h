@@ -92,10 +92,12 @@ int tdm_model_graphs(const tdm_model *m);
 tdm_status tdm_model_set_draft_vocab(tdm_model *m, const int32_t *ids, int n, tdm_error *err);
 /* A drafter's model computing with its matrices rounded to FP8 E4M3, one
  * power-of-two scale a matrix (kernels/backend.h, TDM_DTYPE_FP8): every
- * matrix the layers' projections and an untied or draft-vocabulary LM head
- * read, whose rows are a multiple of 64 values and whose range a scale
- * covers, is replaced by its codes (a step streams half the bytes of bf16);
- * the embedding table stays as loaded. Each rounded weight is the E4M3 value
+ * matrix the layers' projections and the LM head read, whose rows are a
+ * multiple of 64 values and whose range a scale covers, is replaced by its
+ * codes (a step streams half the bytes of bf16). A tied LM head is the
+ * embedding's table, which then reads the rounded values; an untied
+ * embedding stays as loaded. A draft vocabulary's rows are the rounded
+ * head's (under its scale). Each rounded weight is the E4M3 value
  * nearest weight · 2^-scale, ties to even, with the least scale that keeps
  * the largest magnitude within 448; outputs are then exactly those of a
  * checkpoint holding the rounded values. Once per model, before its first
