@@ -634,22 +634,22 @@ static float fp8_amax(tdm_pool *pool, const void *src, tdm_dtype dt, size_t n)
     return amax;
 }
 
-/* The scale mat's values are rounded under (tdm_fp8_mat); -1 where none
- * covers them, or their matrix's. src: mat's values on the host. */
+/* The scale mat's values are rounded under (tdm_fp8_mat); *covered false
+ * where none covers them, or their matrix's. src: mat's values on the host. */
 static tdm_status fp8_scale(tdm_model *m, tdm_pool *pool, const tdm_fp8_mat *mat, const void *src,
-                            size_t n, int *e, tdm_error *err)
+                            size_t n, int *e, bool *covered, tdm_error *err)
 {
     const tdm_weight *of = mat->scale_of;
+    *covered = false;
     if (of && of->dtype == TDM_DTYPE_FP8) {
         *e = of->scale_exp;
+        *covered = true;
         return TDM_OK;
     }
     float amax;
     if (of) {
-        if (of->dtype != TDM_DTYPE_BF16 && of->dtype != TDM_DTYPE_F32) {
-            *e = -1000;
+        if (of->dtype != TDM_DTYPE_BF16 && of->dtype != TDM_DTYPE_F32)
             return TDM_OK;
-        }
         const size_t no = (size_t)mat->scale_rows * (size_t)mat->cols;
         void *h = fp8_download(m, of, no);
         if (!h)
@@ -659,14 +659,14 @@ static tdm_status fp8_scale(tdm_model *m, tdm_pool *pool, const tdm_fp8_mat *mat
     } else {
         amax = fp8_amax(pool, src, mat->w->dtype, n);
     }
-    if (tdm_fp8_scale_exp(amax, e) != 0)
-        *e = -1000;
+    *covered = tdm_fp8_scale_exp(amax, e) == 0;
     return TDM_OK;
 }
 
 /* mat's matrix, of m->into's store, replaced by its FP8 codes
- * (tdm_model_set_weights_fp8), rounded on pool's threads; *done false where
- * it stays as it is (cols not a multiple of 64, no scale covering its range,
+ * (tdm_model_set_weights_fp8), rounded on pool's threads; m's embedding
+ * follows where it is that matrix (a tied LM head). *done false where it
+ * stays as it is (cols not a multiple of 64, no scale covering its range,
  * already FP8, f16). */
 static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, const tdm_fp8_mat *mat, bool *done,
                             tdm_error *err)
@@ -685,8 +685,9 @@ static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, const tdm_fp8_mat *mat
         return tdm_error_oom(err, n * (es + 1), "a matrix's FP8 rounding");
     }
     int e = 0;
-    tdm_status rc = fp8_scale(m, pool, mat, src, n, &e, err);
-    if (rc != TDM_OK || e < TDM_FP8_EXP_MIN) {
+    bool covered = false;
+    tdm_status rc = fp8_scale(m, pool, mat, src, n, &e, &covered, err);
+    if (rc != TDM_OK || !covered) {
         free(src);
         free(codes);
         return rc;
@@ -709,9 +710,12 @@ static tdm_status fp8_round(tdm_model *m, tdm_pool *pool, const tdm_fp8_mat *mat
     } else {
         track(&st->host, &st->nhost, &st->caphost, codes);
     }
-    store_release(m, w->data);
+    const void *old = w->data;
+    store_release(m, old);
     st->weight_bytes = st->weight_bytes - n * es + n;
     *w = (tdm_weight){dev, TDM_DTYPE_FP8, e};
+    if (m->embed.data == old)
+        m->embed = *w;
     *done = true;
     return TDM_OK;
 }
@@ -770,7 +774,6 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
         return tdm_error_set(err, TDM_ERR_FAILED_PRECONDITION, "the weights are FP8 already");
     const tdm_model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, V = c->vocab_size;
-    const bool tied = m->lm_head.data == m->embed.data;
     const size_t head_es = tdm_dtype_size(m->lm_head.dtype);
     /* every layer's projections, the LM head (tied: the embedding's table,
      * which then reads the rounded values), and a draft vocabulary's rows:
@@ -788,8 +791,6 @@ tdm_status tdm_model_set_weights_fp8(tdm_model *m, int *converted, int *kept, td
     free(mats);
     if (rc != TDM_OK)
         return rc;
-    if (tied)
-        m->embed = m->lm_head;
     /* With a draft vocabulary a step streams its rows, not the head's. */
     if (m->dv.n && m->lm_head.dtype == TDM_DTYPE_FP8)
         m->into->weight_bytes += (size_t)V * (size_t)H * (head_es - 1);

@@ -215,8 +215,6 @@ tdm_status tdm_mtp_set_weights_fp8(tdm_mtp *h, tdm_mtp_fp8 *got, tdm_error *err)
         if (rc != TDM_OK)
             return tdm_error_prefix(err, "LM head");
         r.lm_head = r.converted ? TDM_MTP_FP8_HEAD_ROUNDED : TDM_MTP_FP8_HEAD_KEPT;
-        if (r.tied)
-            own->embed = own->lm_head;
     }
     /* fc's two halves, the decoder layer's projections, a draft
      * vocabulary's rows (the LM head's, under its scale) */

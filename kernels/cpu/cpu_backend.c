@@ -165,8 +165,9 @@ static void cpu_embed(void *ctx, float *y, tdm_weight e, const int32_t *ids, int
                 yr[i] = cpu_bf16_to_f32(w[i]);
         } else if (e.dtype == TDM_DTYPE_FP8) {
             const uint8_t *w = (const uint8_t *)e.data + off;
+            const float scale = ldexpf(1.0f, e.scale_exp);
             for (int i = 0; i < H; i++)
-                yr[i] = tdm_fp8_value(w[i], e.scale_exp);
+                yr[i] = cpu_fp8_to_f32(w[i], scale);
         } else {
             memcpy(yr, (const float *)e.data + off, (size_t)H * sizeof(float));
         }

@@ -52,6 +52,20 @@ static inline float cpu_bf16_to_f32(uint16_t h)
     return f;
 }
 
+/* An FP8 E4M3 code's weight (backend.h, TDM_DTYPE_FP8), scale = 2^scale_exp:
+ * the code's bits moved into a float's (sign to 31, eeee mmm to 26..20) are
+ * its value times 2^-120, a tiny normal or subnormal float exactly; times
+ * 2^120, exactly its value (at most 448); times the scale, exactly the
+ * weight (tdm_fp8_value). */
+#define CPU_F8_UNBIAS 0x1p120f
+static inline float cpu_fp8_to_f32(uint8_t c, float scale)
+{
+    const uint32_t u = ((uint32_t)(c & 0x80) << 24) | ((uint32_t)(c & 0x7f) << 20);
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f * CPU_F8_UNBIAS * scale;
+}
+
 /* y [R,out] (+)= x [R,in] · wᵀ on the pool. */
 void cpu_matmul(cpu_ctx *c, float *y, const float *x, tdm_weight w, int R, int in, int out,
                 int accumulate);

@@ -30,18 +30,10 @@ typedef struct mm_args {
     float scale; /* TDM_DTYPE_FP8: 2^scale_exp */
 } mm_args;
 
-/* FP8 codes into floats: a code's bits moved into a float's (sign to 31,
- * eeee mmm to 26..20) are its value times 2^-120, a tiny normal or subnormal
- * float exactly; times 2^120, exactly its value (at most 448); times the
- * matrix's scale, exactly the weight (tdm_fp8_value). */
-#define MM_F8_UNBIAS 0x1p120f
-
+/* FP8 codes into floats: cpu_fp8_to_f32, the AVX2 path 8 at a time. */
 CPU_UNCHECKED static inline float mm_f8(const mm_args *a, uint8_t c)
 {
-    const uint32_t u = ((uint32_t)(c & 0x80) << 24) | ((uint32_t)(c & 0x7f) << 20);
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f * MM_F8_UNBIAS * a->scale;
+    return cpu_fp8_to_f32(c, a->scale);
 }
 
 CPU_UNCHECKED static inline float mm_w(const mm_args *a, size_t i)
@@ -90,7 +82,7 @@ MM_AVX static inline __m256 mm_load8(const mm_args *a, size_t i)
         const __m256i f =
             _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24),
                             _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), 20));
-        const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(f), _mm256_set1_ps(MM_F8_UNBIAS));
+        const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(f), _mm256_set1_ps(CPU_F8_UNBIAS));
         return _mm256_mul_ps(v, _mm256_set1_ps(a->scale));
     }
     return _mm256_loadu_ps((const float *)a->w + i);
